@@ -1,0 +1,1 @@
+//! The qkv lesson pipeline.

@@ -1,0 +1,1 @@
+//! Figures for the qkv lesson.

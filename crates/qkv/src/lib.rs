@@ -1,0 +1,1 @@
+//! qkv: scaled dot-product attention on the CPU.

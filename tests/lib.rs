@@ -1,0 +1,1 @@
+//! Support crate for the end-to-end tests in `e2e/`; it has no code of its own.

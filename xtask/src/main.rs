@@ -1,0 +1,2 @@
+//! qkv command line.
+fn main() {}
