@@ -1,0 +1,111 @@
+//! The blocked path: for each block of queries, `S = Q_b·Kᵀ` with a GEMM, softmax by rows, then
+//! `O_b = P_b·V`. Blocks run in parallel; each writes only its own output rows, so the result is
+//! the same bit for bit whatever the thread count.
+
+use ndarray::linalg::general_mat_mul;
+use ndarray::{Array2, ArrayView2, ArrayViewMut2, Axis, s};
+use rayon::prelude::*;
+
+use crate::error::AttentionError;
+use crate::mask::MaskSet;
+use crate::real::Real;
+use crate::shape::Shape;
+
+/// Queries per block: large enough for the GEMMs to run near full speed, small enough that a
+/// block's `[QUERY_BLOCK, n_keys]` score matrix stays modest.
+const QUERY_BLOCK: usize = 64;
+
+/// One finished block of queries: its output rows, weights, and scores (when asked for).
+struct Block<T> {
+    output: Array2<T>,
+    weights: Array2<T>,
+    scores: Option<Array2<T>>,
+}
+
+/// Computes attention for a checked problem into `out`, and into `matrices` (scores, weights)
+/// when asked.
+pub(crate) fn attend<T: Real>(
+    shape: &Shape,
+    q: ArrayView2<T>,
+    k: ArrayView2<T>,
+    v: ArrayView2<T>,
+    masks: &MaskSet<'_, '_, T>,
+    mut out: ArrayViewMut2<T>,
+    matrices: Option<(ArrayViewMut2<T>, ArrayViewMut2<T>)>,
+) -> Result<(), AttentionError> {
+    let kt = k.t();
+    let n_blocks = shape.n_queries.div_ceil(QUERY_BLOCK);
+    let blocks: Vec<Block<T>> = (0..n_blocks)
+        .into_par_iter()
+        .map(|b| {
+            let first = b * QUERY_BLOCK;
+            let rows = first..(first + QUERY_BLOCK).min(shape.n_queries);
+            let keep_scores = matrices.is_some();
+            attend_block(q.slice(s![rows, ..]), first, kt, v, masks, keep_scores)
+        })
+        .collect::<Result<_, _>>()?;
+    let (mut scores, mut weights) = matrices.unzip();
+    for (b, block) in blocks.into_iter().enumerate() {
+        let rows = s![b * QUERY_BLOCK..b * QUERY_BLOCK + block.output.nrows(), ..];
+        out.slice_mut(rows).assign(&block.output);
+        if let (Some(w), Some(sc), Some(raw)) = (weights.as_mut(), scores.as_mut(), block.scores) {
+            w.slice_mut(rows).assign(&block.weights);
+            sc.slice_mut(rows).assign(&raw);
+        }
+    }
+    Ok(())
+}
+
+/// One block of queries starting at query `first`.
+fn attend_block<T: Real>(
+    q: ArrayView2<T>,
+    first: usize,
+    kt: ArrayView2<T>,
+    v: ArrayView2<T>,
+    masks: &MaskSet<'_, '_, T>,
+    keep_scores: bool,
+) -> Result<Block<T>, AttentionError> {
+    let scale = T::from_f64_round(masks.scale);
+    let n_keys = kt.ncols();
+    // Row-major by construction, so every row below is a contiguous slice.
+    let mut p = Array2::zeros((q.nrows(), n_keys));
+    general_mat_mul(scale, &q, &kt, T::zero(), &mut p);
+    for (r, mut row) in p.axis_iter_mut(Axis(0)).enumerate() {
+        let row = row.as_slice_mut().expect("row-major");
+        if !masks.is_unmasked() {
+            masks.apply_row(first + r, 0..n_keys, row);
+        }
+    }
+    let scores = keep_scores.then(|| p.clone());
+    for (r, mut row) in p.axis_iter_mut(Axis(0)).enumerate() {
+        let row = row.as_slice_mut().expect("row-major");
+        softmax_in_place(row, first + r)?;
+    }
+    let mut o = Array2::zeros((q.nrows(), v.ncols()));
+    general_mat_mul(T::one(), &p, &v, T::zero(), &mut o);
+    Ok(Block { output: o, weights: p, scores })
+}
+
+/// Softmax of one score row in place. Hidden entries (`-inf`) become 0; a row with nothing
+/// visible becomes all 0.
+fn softmax_in_place<T: Real>(row: &mut [T], query_idx: usize) -> Result<(), AttentionError> {
+    // Finite inputs can still overflow to `inf` (or `inf - inf = NaN`) in the dot product.
+    if row.iter().any(|x| x.is_nan() || *x == T::infinity()) {
+        return Err(AttentionError::ScoreOverflow { query_idx, ty: T::NAME });
+    }
+    let max = row.iter().copied().fold(T::neg_infinity(), T::max);
+    if max == T::neg_infinity() {
+        row.fill(T::zero());
+        return Ok(());
+    }
+    let mut sum = T::zero();
+    for x in row.iter_mut() {
+        *x = (*x - max).exp();
+        sum = sum + *x;
+    }
+    let inv = T::one() / sum;
+    for x in row.iter_mut() {
+        *x = *x * inv;
+    }
+    Ok(())
+}

@@ -1,0 +1,178 @@
+//! The engine's typed errors: each names the argument at fault and the shapes involved.
+
+use std::fmt;
+
+/// A shape, printed as `[3, 2]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dims(pub Vec<usize>);
+
+impl fmt::Display for Dims {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("[")?;
+        for (i, d) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{d}")?;
+        }
+        f.write_str("]")
+    }
+}
+
+impl From<&[usize]> for Dims {
+    fn from(dims: &[usize]) -> Self {
+        Dims(dims.to_vec())
+    }
+}
+
+/// Everything that can be wrong with a call into the engine.
+///
+/// Messages are sentences meant for the person who wrote the call: they name the argument, say
+/// what was found and what was expected, and why the engine needs it.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AttentionError {
+    /// Keys and queries have different widths, so `q · k` is undefined. This is also what scoring
+    /// a query against values of another width (the lesson's "common trap") runs into.
+    #[error(
+        "keys have width {key_width} but queries have width {query_width}: each key is compared \
+         with a query by a dot product, so both need the same width (queries {queries}, keys {keys})"
+    )]
+    KeyWidth {
+        /// Width of each query (`d_k` as the queries see it).
+        query_width: usize,
+        /// Width of each key.
+        key_width: usize,
+        /// Full shape of the queries.
+        queries: Dims,
+        /// Full shape of the keys.
+        keys: Dims,
+    },
+    /// Values and keys come in pairs; their counts differ.
+    #[error(
+        "values have {value_rows} rows but keys have {key_rows}: every key needs exactly one value \
+         to hand over (keys {keys}, values {values})"
+    )]
+    ValueRows {
+        /// Number of keys.
+        key_rows: usize,
+        /// Number of values.
+        value_rows: usize,
+        /// Full shape of the keys.
+        keys: Dims,
+        /// Full shape of the values.
+        values: Dims,
+    },
+    /// An argument with nothing in it where something is needed.
+    #[error("{argument} {shape} is empty: {why}")]
+    Empty {
+        /// Which argument.
+        argument: &'static str,
+        /// Its shape.
+        shape: Dims,
+        /// Why it may not be empty.
+        why: &'static str,
+    },
+    /// An input element that is NaN or infinite.
+    #[error("{argument}{index} is {value}: attention needs finite inputs")]
+    NonFinite {
+        /// Which argument.
+        argument: &'static str,
+        /// Where, printed as `[row, column]`.
+        index: Dims,
+        /// The value found.
+        value: f64,
+    },
+    /// A mask or bias whose shape does not match the scores it applies to.
+    #[error("{argument} has shape {found} but the scores it masks have shape {expected}")]
+    MaskShape {
+        /// Which mask.
+        argument: &'static str,
+        /// The shape it needs.
+        expected: Dims,
+        /// The shape it has.
+        found: Dims,
+    },
+    /// Query heads cannot be shared out evenly over key/value heads (grouped-query attention).
+    #[error(
+        "{query_heads} query heads cannot share {kv_heads} key/value heads: the number of query \
+         heads must be a positive multiple of the number of key/value heads"
+    )]
+    HeadCount {
+        /// Heads in the queries.
+        query_heads: usize,
+        /// Heads in the keys and values.
+        kv_heads: usize,
+    },
+    /// Two multi-head arguments disagree on an axis they must share.
+    #[error("{argument} has shape {found} but must agree with {other} {other_shape} on the {axis} axis")]
+    AxisMismatch {
+        /// The argument at fault.
+        argument: &'static str,
+        /// Its shape.
+        found: Dims,
+        /// The argument it must agree with.
+        other: &'static str,
+        /// That argument's shape.
+        other_shape: Dims,
+        /// The axis, by name (`batch`, `n_keys`, ...).
+        axis: &'static str,
+    },
+    /// A projection matrix whose shape does not fit the embeddings or the other projections.
+    #[error("{argument} has shape {found} but must be {expected}: {why}")]
+    ProjectionShape {
+        /// Which projection.
+        argument: &'static str,
+        /// The shape it needs (`0` stands for "any").
+        expected: String,
+        /// The shape it has.
+        found: Dims,
+        /// Why.
+        why: &'static str,
+    },
+    /// A query index outside the queries (for [`trace_query`](crate::trace_query)).
+    #[error("query_idx {index} is out of range: there are {n_queries} queries")]
+    QueryIndex {
+        /// The index asked for.
+        index: usize,
+        /// How many queries there are.
+        n_queries: usize,
+    },
+    /// A scale that is NaN or infinite.
+    #[error("scale is {value}: the score multiplier must be finite")]
+    InvalidScale {
+        /// The scale given.
+        value: f64,
+    },
+    /// A flat slice whose length does not match the shape it is said to have.
+    #[error("{argument} has {len} elements but a {rows} × {cols} matrix needs {}", rows * cols)]
+    SliceLength {
+        /// Which argument.
+        argument: &'static str,
+        /// Its length.
+        len: usize,
+        /// Rows claimed.
+        rows: usize,
+        /// Columns claimed.
+        cols: usize,
+    },
+    /// An output buffer of the wrong shape (for [`attention_into`](crate::attention_into)).
+    #[error("output has shape {found} but the attention result has shape {expected}")]
+    OutputShape {
+        /// The shape the result has.
+        expected: Dims,
+        /// The buffer's shape.
+        found: Dims,
+    },
+    /// A score that overflowed the element type although every input was finite.
+    #[error(
+        "the scaled score of query {query_idx} overflowed {ty}: its inputs are finite but too \
+         large for their dot product; compute in f64 or scale the inputs down"
+    )]
+    ScoreOverflow {
+        /// The query whose scores overflowed.
+        query_idx: usize,
+        /// The element type.
+        ty: &'static str,
+    },
+}

@@ -1,0 +1,242 @@
+//! Masks and options: which keys each query may see, extra score terms, and the scale.
+//!
+//! Masking is written once, in [`MaskSet::apply_row`]; the reference and every fast path call it
+//! (or, for whole blocks, [`MaskSet::visible_keys`]), so they cannot disagree about what is hidden.
+
+use std::ops::Range;
+
+use ndarray::{ArrayView1, ArrayView2};
+
+use crate::error::{AttentionError, Dims};
+use crate::real::Real;
+use crate::shape::Shape;
+
+/// Causal masking: a query may not see keys that come after it.
+///
+/// With as many queries as keys both alignments agree: query `i` sees keys `0..=i`. When there
+/// are fewer queries than keys they differ:
+/// - [`CausalMask::BottomRight`] treats the queries as the *last* `n_queries` positions of the
+///   key sequence (decoding with a cache of earlier keys): query `i` sees keys
+///   `0..=i + n_keys - n_queries`. The last query sees every key.
+/// - [`CausalMask::TopLeft`] treats the queries as the *first* positions: query `i` sees keys
+///   `0..=i` (PyTorch's `is_causal`).
+///
+/// With more queries than keys, bottom-right alignment hides every key from the first
+/// `n_queries - n_keys` queries; those rows follow the fully-masked-row rule (all-zero weights,
+/// zero output).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CausalMask {
+    /// Align the last query with the last key (the default).
+    #[default]
+    BottomRight,
+    /// Align the first query with the first key.
+    TopLeft,
+}
+
+/// A boolean `[n_queries, n_keys]` mask: `true` where the query may attend to the key.
+#[derive(Debug, Clone)]
+pub struct KeepMask<'a>(ArrayView2<'a, bool>);
+
+impl<'a> KeepMask<'a> {
+    /// Wraps a `[n_queries, n_keys]` view; `true` keeps a (query, key) pair.
+    pub fn new(keep: ArrayView2<'a, bool>) -> Self {
+        KeepMask(keep)
+    }
+}
+
+/// A boolean `[n_keys]` mask over keys: `false` marks padding that no query may see.
+#[derive(Debug, Clone)]
+pub struct KeyPadding<'a>(ArrayView1<'a, bool>);
+
+impl<'a> KeyPadding<'a> {
+    /// Wraps a `[n_keys]` view; `true` marks a real key, `false` padding.
+    pub fn new(real_keys: ArrayView1<'a, bool>) -> Self {
+        KeyPadding(real_keys)
+    }
+}
+
+/// An additive `[n_queries, n_keys]` term added to the scaled scores (relative-position biases,
+/// ALiBi). `-inf` hides the pair, exactly like a mask; NaN and `+inf` are errors.
+#[derive(Debug, Clone)]
+pub struct AdditiveBias<'a, T>(ArrayView2<'a, T>);
+
+impl<'a, T: Real> AdditiveBias<'a, T> {
+    /// Wraps a `[n_queries, n_keys]` view of terms added after scaling.
+    pub fn new(bias: ArrayView2<'a, T>) -> Self {
+        AdditiveBias(bias)
+    }
+}
+
+/// How to run attention: the scale and any masks. All masks combine: a pair is kept only if
+/// every mask keeps it.
+///
+/// A query whose keys are all hidden gets all-zero weights and a zero output (never NaN): it has
+/// nothing to attend to, and zero is what a sum over no values is.
+#[derive(Debug, Clone)]
+pub struct AttentionOptions<'a, T> {
+    scale: Option<T>,
+    causal: Option<CausalMask>,
+    keep: Option<KeepMask<'a>>,
+    padding: Option<KeyPadding<'a>>,
+    bias: Option<AdditiveBias<'a, T>>,
+}
+
+impl<T> Default for AttentionOptions<'_, T> {
+    fn default() -> Self {
+        AttentionOptions { scale: None, causal: None, keep: None, padding: None, bias: None }
+    }
+}
+
+impl<'a, T: Real> AttentionOptions<'a, T> {
+    /// No masks, scale `1 / sqrt(d_k)`.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Multiplies raw dot products by `scale` instead of `1 / sqrt(d_k)`.
+    pub fn scale(mut self, scale: T) -> Self {
+        self.scale = Some(scale);
+        self
+    }
+
+    /// Hides keys after each query, aligned as [`CausalMask`] describes.
+    pub fn causal(mut self, mask: CausalMask) -> Self {
+        self.causal = Some(mask);
+        self
+    }
+
+    /// Keeps only the (query, key) pairs that `mask` marks `true`.
+    pub fn keep_mask(mut self, mask: KeepMask<'a>) -> Self {
+        self.keep = Some(mask);
+        self
+    }
+
+    /// Hides padding keys from every query.
+    pub fn key_padding(mut self, padding: KeyPadding<'a>) -> Self {
+        self.padding = Some(padding);
+        self
+    }
+
+    /// Adds `bias` to the scaled scores.
+    pub fn bias(mut self, bias: AdditiveBias<'a, T>) -> Self {
+        self.bias = Some(bias);
+        self
+    }
+
+    /// The causal mask, if any.
+    pub fn causal_mask(&self) -> Option<CausalMask> {
+        self.causal
+    }
+
+    /// Whether no mask or bias is set (only the scale may differ from the default).
+    pub fn is_unmasked(&self) -> bool {
+        self.causal.is_none() && self.keep.is_none() && self.padding.is_none() && self.bias.is_none()
+    }
+
+    /// Checks every mask against the score shape and resolves the scale.
+    pub(crate) fn resolve(&self, shape: &Shape) -> Result<MaskSet<'_, 'a, T>, AttentionError> {
+        let scores = Dims(vec![shape.n_queries, shape.n_keys]);
+        let check2 = |argument, dims: &[usize]| {
+            if dims == scores.0.as_slice() {
+                Ok(())
+            } else {
+                Err(AttentionError::MaskShape { argument, expected: scores.clone(), found: dims.into() })
+            }
+        };
+        if let Some(KeepMask(keep)) = &self.keep {
+            check2("keep_mask", keep.shape())?;
+        }
+        if let Some(KeyPadding(padding)) = &self.padding
+            && padding.len() != shape.n_keys
+        {
+            return Err(AttentionError::MaskShape {
+                argument: "key_padding",
+                expected: Dims(vec![shape.n_keys]),
+                found: padding.shape().into(),
+            });
+        }
+        if let Some(AdditiveBias(bias)) = &self.bias {
+            check2("bias", bias.shape())?;
+            for ((i, j), &b) in bias.indexed_iter() {
+                if b.is_nan() || b == T::infinity() {
+                    return Err(AttentionError::NonFinite {
+                        argument: "bias",
+                        index: Dims(vec![i, j]),
+                        value: b.to_f64_exact(),
+                    });
+                }
+            }
+        }
+        let scale = match self.scale {
+            Some(s) if !s.is_finite() => {
+                return Err(AttentionError::InvalidScale { value: s.to_f64_exact() });
+            }
+            Some(s) => s.to_f64_exact(),
+            None => 1.0 / (shape.key_dim as f64).sqrt(),
+        };
+        Ok(MaskSet { options: self, shape: *shape, scale })
+    }
+}
+
+/// Options checked against a [`Shape`]: every index inside is in range.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct MaskSet<'o, 'a, T> {
+    options: &'o AttentionOptions<'a, T>,
+    shape: Shape,
+    /// The score multiplier, in f64; paths narrow it to their element type.
+    pub(crate) scale: f64,
+}
+
+impl<T: Real> MaskSet<'_, '_, T> {
+    /// Whether only the scale applies (no mask, no bias), so a path may skip [`Self::apply_row`].
+    pub(crate) fn is_unmasked(&self) -> bool {
+        self.options.is_unmasked()
+    }
+
+    /// Keys that the causal mask leaves visible to query `query_idx` (all keys without one).
+    /// Other masks may hide more inside this range.
+    pub(crate) fn visible_keys(&self, query_idx: usize) -> Range<usize> {
+        let n_keys = self.shape.n_keys;
+        let last = match self.options.causal {
+            None => return 0..n_keys,
+            Some(CausalMask::TopLeft) => query_idx as isize,
+            Some(CausalMask::BottomRight) => {
+                query_idx as isize + n_keys as isize - self.shape.n_queries as isize
+            }
+        };
+        0..((last + 1).clamp(0, n_keys as isize) as usize)
+    }
+
+    /// Applies every mask and the bias to query `query_idx`'s scaled scores over keys
+    /// `keys.start..keys.end` (`row[j]` belongs to key `keys.start + j`): adds the bias and writes
+    /// `-inf` where a pair is hidden. Returns whether any key in the row stays visible.
+    pub(crate) fn apply_row<U: Real>(&self, query_idx: usize, keys: Range<usize>, row: &mut [U]) -> bool {
+        debug_assert_eq!(row.len(), keys.len());
+        let visible = self.visible_keys(query_idx);
+        let o = self.options;
+        let mut any = false;
+        for (j, s) in keys.zip(row.iter_mut()) {
+            let mut keep = visible.contains(&j);
+            if let Some(KeepMask(m)) = &o.keep {
+                keep &= m[[query_idx, j]];
+            }
+            if let Some(KeyPadding(p)) = &o.padding {
+                keep &= p[j];
+            }
+            if keep && let Some(AdditiveBias(b)) = &o.bias {
+                let b = b[[query_idx, j]];
+                if b == T::neg_infinity() {
+                    keep = false;
+                } else {
+                    *s = *s + U::from_f64_round(b.to_f64_exact());
+                }
+            }
+            if keep {
+                any = true;
+            } else {
+                *s = U::neg_infinity();
+            }
+        }
+        any
+    }
+}

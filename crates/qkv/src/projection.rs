@@ -1,0 +1,85 @@
+//! Self-attention from embeddings: every token's query, key and value are projections of its own
+//! embedding.
+
+use ndarray::{Array2, ArrayView2};
+
+use crate::attention::attention;
+use crate::error::AttentionError;
+use crate::mask::AttentionOptions;
+use crate::real::Real;
+use crate::shape::check_finite;
+
+/// The learned projections of a self-attention layer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Projections<T> {
+    /// `W_Q`, `[d_model, d_k]`.
+    pub w_q: Array2<T>,
+    /// `W_K`, `[d_model, d_k]`.
+    pub w_k: Array2<T>,
+    /// `W_V`, `[d_model, d_v]`.
+    pub w_v: Array2<T>,
+    /// Optional output projection `W_O`, `[d_v, d_out]`.
+    pub w_o: Option<Array2<T>>,
+}
+
+/// Queries, keys and values projected from one sequence of embeddings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Projected<T> {
+    /// `Q = X·W_Q`, `[n, d_k]`.
+    pub queries: Array2<T>,
+    /// `K = X·W_K`, `[n, d_k]`.
+    pub keys: Array2<T>,
+    /// `V = X·W_V`, `[n, d_v]`.
+    pub values: Array2<T>,
+}
+
+impl<T: Real> Projections<T> {
+    /// Projects embeddings `x` (`[n, d_model]`) to queries, keys and values.
+    pub fn project(&self, x: ArrayView2<T>) -> Result<Projected<T>, AttentionError> {
+        check_finite("x", &x)?;
+        let d_model = x.ncols();
+        for (argument, w) in [("w_q", &self.w_q), ("w_k", &self.w_k), ("w_v", &self.w_v)] {
+            if w.nrows() != d_model {
+                return Err(AttentionError::ProjectionShape {
+                    argument,
+                    expected: format!("[{d_model}, _]"),
+                    found: w.shape().into(),
+                    why: "it multiplies embeddings from the right, so its rows must match d_model",
+                });
+            }
+            check_finite(argument, w)?;
+        }
+        if self.w_k.ncols() != self.w_q.ncols() {
+            return Err(AttentionError::ProjectionShape {
+                argument: "w_k",
+                expected: format!("[{d_model}, {}]", self.w_q.ncols()),
+                found: self.w_k.shape().into(),
+                why: "queries and keys meet in a dot product, so w_k needs as many columns as w_q",
+            });
+        }
+        Ok(Projected { queries: x.dot(&self.w_q), keys: x.dot(&self.w_k), values: x.dot(&self.w_v) })
+    }
+
+    /// Self-attention of `x` over itself, then `W_O` if present: `[n, d_out]` (or `[n, d_v]`).
+    pub fn self_attention(
+        &self,
+        x: ArrayView2<T>,
+        options: &AttentionOptions<T>,
+    ) -> Result<Array2<T>, AttentionError> {
+        let p = self.project(x)?;
+        let out = attention(p.queries.view(), p.keys.view(), p.values.view(), options)?;
+        match &self.w_o {
+            None => Ok(out),
+            Some(w_o) if w_o.nrows() == out.ncols() => {
+                check_finite("w_o", w_o)?;
+                Ok(out.dot(w_o))
+            }
+            Some(w_o) => Err(AttentionError::ProjectionShape {
+                argument: "w_o",
+                expected: format!("[{}, _]", out.ncols()),
+                found: w_o.shape().into(),
+                why: "it maps the attention output, so its rows must match d_v",
+            }),
+        }
+    }
+}

@@ -1,0 +1,109 @@
+//! Shape validation at the public boundary: once a [`Shape`] exists, the paths inside take it as given.
+
+use ndarray::{ArrayBase, ArrayView2, Data, Dimension};
+
+use crate::error::{AttentionError, Dims};
+use crate::real::Real;
+
+/// The validated sizes of one attention problem (one batch element, one head).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shape {
+    /// Number of queries (`n_q`).
+    pub n_queries: usize,
+    /// Number of keys and of values (`n_k`).
+    pub n_keys: usize,
+    /// Width of queries and keys (`d_k`).
+    pub key_dim: usize,
+    /// Width of values and of the output (`d_v`).
+    pub value_dim: usize,
+}
+
+impl Shape {
+    /// Checks that `q: [n_q, d_k]`, `k: [n_k, d_k]`, `v: [n_k, d_v]` fit together, that there is at
+    /// least one key, that widths are positive and that every element is finite.
+    pub fn check<T: Real>(
+        q: &ArrayView2<T>,
+        k: &ArrayView2<T>,
+        v: &ArrayView2<T>,
+    ) -> Result<Shape, AttentionError> {
+        let shape = Shape::of_dims(q.shape(), k.shape(), v.shape())?;
+        check_finite("queries", q)?;
+        check_finite("keys", k)?;
+        check_finite("values", v)?;
+        Ok(shape)
+    }
+
+    /// The shape checks alone, without looking at elements. The last two axes of each shape are
+    /// the matrix; leading (batch, head) axes are only reported in errors, so that a message
+    /// names the shapes that were passed.
+    pub(crate) fn of_dims(q: &[usize], k: &[usize], v: &[usize]) -> Result<Shape, AttentionError> {
+        let last2 = |d: &[usize]| (d[d.len() - 2], d[d.len() - 1]);
+        let (n_queries, query_width) = last2(q);
+        let (n_keys, key_width) = last2(k);
+        let (value_rows, value_dim) = last2(v);
+        if key_width != query_width {
+            return Err(AttentionError::KeyWidth {
+                query_width,
+                key_width,
+                queries: q.into(),
+                keys: k.into(),
+            });
+        }
+        if value_rows != n_keys {
+            return Err(AttentionError::ValueRows {
+                key_rows: n_keys,
+                value_rows,
+                keys: k.into(),
+                values: v.into(),
+            });
+        }
+        if n_keys == 0 {
+            return Err(AttentionError::Empty {
+                argument: "keys",
+                shape: k.into(),
+                why: "softmax needs at least one key to share the attention among",
+            });
+        }
+        if key_width == 0 {
+            return Err(AttentionError::Empty {
+                argument: "keys",
+                shape: k.into(),
+                why: "queries and keys need at least one component to take a dot product",
+            });
+        }
+        if value_dim == 0 {
+            return Err(AttentionError::Empty {
+                argument: "values",
+                shape: v.into(),
+                why: "each value needs at least one component to blend",
+            });
+        }
+        Ok(Shape { n_queries, n_keys, key_dim: key_width, value_dim })
+    }
+
+    /// Multiply-adds in `Q·Kᵀ` and `P·V` together, times two: the FLOP count benchmarks report.
+    pub fn flops(&self) -> f64 {
+        2.0 * self.n_queries as f64 * self.n_keys as f64 * (self.key_dim + self.value_dim) as f64
+    }
+}
+
+/// Fails with the index of the first NaN or infinite element of `a`.
+pub(crate) fn check_finite<S, T, D>(argument: &'static str, a: &ArrayBase<S, D>) -> Result<(), AttentionError>
+where
+    S: Data<Elem = T>,
+    T: Real,
+    D: Dimension,
+{
+    let Some(flat) = a.iter().position(|x| !x.is_finite()) else {
+        return Ok(());
+    };
+    // `iter` walks in logical row-major order, so the flat position unravels against the shape.
+    let mut index = vec![0; a.ndim()];
+    let mut rest = flat;
+    for (slot, &len) in index.iter_mut().zip(a.shape()).rev() {
+        *slot = rest % len;
+        rest /= len;
+    }
+    let value = a.iter().nth(flat).map_or(f64::NAN, |x| x.to_f64_exact());
+    Err(AttentionError::NonFinite { argument, index: Dims(index), value })
+}

@@ -1,0 +1,105 @@
+//! Bad input is a typed error whose message names the argument and the shapes.
+
+use ndarray::{Array4, array};
+use qkv::{AttentionError, AttentionOptions, KeepMask};
+
+fn check(err: AttentionError, expected: &str) {
+    assert_eq!(err.to_string(), expected);
+}
+
+#[test]
+fn scoring_against_values_is_the_common_trap() {
+    // The lesson's trap: values (width 1) passed where keys (width 2) belong.
+    let q = array![[0.0, 1.0]];
+    let v = array![[2.0], [6.0], [4.0]];
+    let err = qkv::attention(q.view(), v.view(), v.view(), &AttentionOptions::new()).unwrap_err();
+    check(
+        err,
+        "keys have width 1 but queries have width 2: each key is compared with a query by a dot product, \
+         so both need the same width (queries [1, 2], keys [3, 1])",
+    );
+}
+
+#[test]
+fn shape_errors_name_both_shapes() {
+    let q = array![[1.0_f32, 0.0]];
+    let k = array![[1.0_f32, 0.0], [0.0, 1.0]];
+    let v = array![[1.0_f32], [2.0], [3.0]];
+    let o = AttentionOptions::new();
+    check(
+        qkv::attention(q.view(), k.view(), v.view(), &o).unwrap_err(),
+        "values have 3 rows but keys have 2: every key needs exactly one value to hand over (keys [2, 2], values [3, 1])",
+    );
+    let empty = ndarray::Array2::<f32>::zeros((0, 2));
+    let empty_v = ndarray::Array2::<f32>::zeros((0, 1));
+    check(
+        qkv::attention(q.view(), empty.view(), empty_v.view(), &o).unwrap_err(),
+        "keys [0, 2] is empty: softmax needs at least one key to share the attention among",
+    );
+    let mask = ndarray::Array2::from_elem((2, 3), true);
+    let masked = AttentionOptions::new().keep_mask(KeepMask::new(mask.view()));
+    check(
+        qkv::attention(q.view(), k.view(), v.slice(ndarray::s![..2, ..]), &masked).unwrap_err(),
+        "keep_mask has shape [2, 3] but the scores it masks have shape [1, 2]",
+    );
+}
+
+#[test]
+fn non_finite_inputs_are_named_by_index() {
+    let q = array![[1.0, 0.0], [0.0, f64::NAN]];
+    let k = array![[1.0, 0.0]];
+    let v = array![[1.0]];
+    check(
+        qkv::attention(q.view(), k.view(), v.view(), &AttentionOptions::new()).unwrap_err(),
+        "queries[1, 1] is NaN: attention needs finite inputs",
+    );
+    check(
+        qkv::attention(k.view(), k.view(), v.view(), &AttentionOptions::new().scale(f64::INFINITY))
+            .unwrap_err(),
+        "scale is inf: the score multiplier must be finite",
+    );
+}
+
+#[test]
+fn f32_overflow_in_the_dot_product_is_an_error() {
+    let q = array![[1e30_f32, 1e30]];
+    let v = array![[1.0_f32]];
+    let err = qkv::attention(q.view(), q.view(), v.view(), &AttentionOptions::new()).unwrap_err();
+    assert!(matches!(err, AttentionError::ScoreOverflow { query_idx: 0, ty: "f32" }), "{err}");
+}
+
+#[test]
+fn multi_head_errors() {
+    let q = Array4::<f32>::zeros((2, 3, 4, 8));
+    let k = Array4::<f32>::zeros((2, 2, 5, 8));
+    let v = Array4::<f32>::zeros((2, 2, 5, 8));
+    check(
+        qkv::multi_head_attention(q.view(), k.view(), v.view(), &AttentionOptions::new()).unwrap_err(),
+        "3 query heads cannot share 2 key/value heads: the number of query heads must be a positive multiple of the number of key/value heads",
+    );
+    let k1 = Array4::<f32>::zeros((1, 1, 5, 8));
+    check(
+        qkv::multi_head_attention(q.view(), k1.view(), v.view(), &AttentionOptions::new()).unwrap_err(),
+        "keys has shape [1, 1, 5, 8] but must agree with queries [2, 3, 4, 8] on the batch axis",
+    );
+    let k7 = Array4::<f32>::zeros((2, 1, 5, 7));
+    let v7 = Array4::<f32>::zeros((2, 1, 5, 8));
+    check(
+        qkv::multi_head_attention(q.view(), k7.view(), v7.view(), &AttentionOptions::new()).unwrap_err(),
+        "keys have width 7 but queries have width 8: each key is compared with a query by a dot product, so both need the same width (queries [2, 3, 4, 8], keys [2, 1, 5, 7])",
+    );
+}
+
+#[test]
+fn trace_and_slices_report_their_argument() {
+    let k = array![[1.0, 0.0]];
+    let v = array![[1.0]];
+    check(
+        qkv::trace_query(k.view(), k.view(), v.view(), 3, &AttentionOptions::new()).unwrap_err(),
+        "query_idx 3 is out of range: there are 1 queries",
+    );
+    check(
+        qkv::matrix("keys", &[1.0, 2.0, 3.0], 2, 2).unwrap_err(),
+        "keys has 3 elements but a 2 × 2 matrix needs 4",
+    );
+}

@@ -1,0 +1,60 @@
+//! Multi-head and grouped-query attention against the reference, head by head; self-attention
+//! from embeddings against projecting by hand.
+
+use ndarray::{Array2, Array4, s};
+use qkv::{AttentionOptions, CausalMask, Projections};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::problem::assert_close;
+
+fn random4(rng: &mut ChaCha8Rng, shape: (usize, usize, usize, usize)) -> Array4<f32> {
+    Array4::from_shape_simple_fn(shape, || rng.random_range(-1.0..1.0))
+}
+
+#[test]
+fn grouped_query_heads_read_their_shared_kv_head() {
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    for (q_heads, kv_heads) in [(1, 1), (4, 4), (8, 2), (6, 1)] {
+        let (batch, n_q, n_k, d_k, d_v) = (2, 17, 23, 8, 5);
+        let q = random4(&mut rng, (batch, q_heads, n_q, d_k));
+        let k = random4(&mut rng, (batch, kv_heads, n_k, d_k));
+        let v = random4(&mut rng, (batch, kv_heads, n_k, d_v));
+        let opts = AttentionOptions::new().causal(CausalMask::BottomRight);
+        let out = qkv::multi_head_attention(q.view(), k.view(), v.view(), &opts).unwrap();
+        assert_eq!(out.shape(), [batch, q_heads, n_q, d_v]);
+        for b in 0..batch {
+            for h in 0..q_heads {
+                let kv = h / (q_heads / kv_heads);
+                let want = qkv::reference::attention(
+                    q.slice(s![b, h, .., ..]),
+                    k.slice(s![b, kv, .., ..]),
+                    v.slice(s![b, kv, .., ..]),
+                    &opts,
+                )
+                .unwrap();
+                let got = out.slice(s![b, h, .., ..]).to_owned();
+                assert_close(&format!("batch {b} head {h}"), &got, &want.output, 4.0);
+            }
+        }
+    }
+}
+
+#[test]
+fn self_attention_projects_then_attends() {
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    let mut m = |r, c| Array2::from_shape_simple_fn((r, c), || rng.random_range(-1.0..1.0));
+    let x: Array2<f64> = m(7, 6);
+    let proj = Projections { w_q: m(6, 4), w_k: m(6, 4), w_v: m(6, 3), w_o: Some(m(3, 2)) };
+    let got = proj.self_attention(x.view(), &AttentionOptions::new()).unwrap();
+    let (q, k, v) = (x.dot(&proj.w_q), x.dot(&proj.w_k), x.dot(&proj.w_v));
+    let want = qkv::reference::attention(q.view(), k.view(), v.view(), &AttentionOptions::new()).unwrap();
+    assert_close("self-attention", &got, &want.output.dot(proj.w_o.as_ref().unwrap()), 10.0);
+
+    let bad = Projections { w_k: m(6, 3), ..proj };
+    let err = bad.project(x.view()).unwrap_err().to_string();
+    assert_eq!(
+        err,
+        "w_k has shape [6, 3] but must be [6, 4]: queries and keys meet in a dot product, so w_k needs as many columns as w_q"
+    );
+}

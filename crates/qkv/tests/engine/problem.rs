@@ -1,0 +1,103 @@
+//! Random attention problems for the tests, and the one tolerance helper they all use.
+
+use ndarray::{Array1, Array2};
+use qkv::{AdditiveBias, AttentionOptions, CausalMask, KeepMask, KeyPadding, Real};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+/// Which masks a random problem carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MaskKind {
+    None,
+    CausalBottomRight,
+    CausalTopLeft,
+    /// A random keep-mask in which some rows hide every key.
+    KeepWithEmptyRows,
+    /// Padding that hides every key but the first.
+    Padding,
+    /// A random bias, `-inf` in places.
+    Bias,
+}
+
+pub const MASK_KINDS: [MaskKind; 6] = [
+    MaskKind::None,
+    MaskKind::CausalBottomRight,
+    MaskKind::CausalTopLeft,
+    MaskKind::KeepWithEmptyRows,
+    MaskKind::Padding,
+    MaskKind::Bias,
+];
+
+/// Inputs of one attention problem, with the data its masks borrow from.
+pub struct Problem<T> {
+    pub q: Array2<T>,
+    pub k: Array2<T>,
+    pub v: Array2<T>,
+    pub mask: MaskKind,
+    keep: Array2<bool>,
+    padding: Array1<bool>,
+    bias: Array2<T>,
+}
+
+impl<T: Real> Problem<T> {
+    /// Entries uniform in `[-magnitude, magnitude]`.
+    pub fn random(
+        seed: u64,
+        (n_q, n_k, d_k, d_v): (usize, usize, usize, usize),
+        magnitude: f64,
+        mask: MaskKind,
+    ) -> Self {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let matrix = |rows, cols, rng: &mut ChaCha8Rng| {
+            Array2::from_shape_simple_fn((rows, cols), || {
+                T::from_f64_round(rng.random_range(-1.0..=1.0) * magnitude)
+            })
+        };
+        let q = matrix(n_q, d_k, &mut rng);
+        let k = matrix(n_k, d_k, &mut rng);
+        let v = matrix(n_k, d_v, &mut rng);
+        let keep = Array2::from_shape_fn((n_q, n_k), |(i, _)| i % 3 != 1 && rng.random_bool(0.6));
+        let padding = Array1::from_shape_fn(n_k, |j| j == 0);
+        let bias = Array2::from_shape_simple_fn((n_q, n_k), || {
+            if rng.random_bool(0.2) {
+                T::neg_infinity()
+            } else {
+                T::from_f64_round(rng.random_range(-2.0..2.0))
+            }
+        });
+        Problem { q, k, v, mask, keep, padding, bias }
+    }
+
+    pub fn options(&self) -> AttentionOptions<'_, T> {
+        let o = AttentionOptions::new();
+        match self.mask {
+            MaskKind::None => o,
+            MaskKind::CausalBottomRight => o.causal(CausalMask::BottomRight),
+            MaskKind::CausalTopLeft => o.causal(CausalMask::TopLeft),
+            MaskKind::KeepWithEmptyRows => o.keep_mask(KeepMask::new(self.keep.view())),
+            MaskKind::Padding => o.key_padding(KeyPadding::new(self.padding.view())),
+            MaskKind::Bias => o.bias(AdditiveBias::new(self.bias.view())),
+        }
+    }
+}
+
+/// The tolerance every comparison with the reference uses, stated once:
+/// `|got - want| <= tol · bound`, with `tol` = 1e-12 for f64 and 2e-5 for f32, and `bound` the
+/// size of the quantity's condition: rounding in a score of size `s` moves a weight by about
+/// `eps · s`, and an output by that times the largest value. Use [`error_bound`] to get it.
+pub fn assert_close<T: Real>(what: &str, got: &Array2<T>, want: &Array2<f64>, bound: f64) {
+    let tol = if T::NAME == "f32" { 2e-5 } else { 1e-12 };
+    assert_eq!(got.shape(), want.shape(), "{what}: shapes differ");
+    for ((idx, g), w) in got.indexed_iter().zip(want.iter()) {
+        let g = g.to_f64_exact();
+        assert!((g - w).abs() <= tol * bound, "{what}{idx:?}: got {g}, want {w} (tol {tol} x {bound})");
+    }
+}
+
+/// The bounds for weights and outputs of a problem: `(1 + max |s|)` and that times `(1 + max |v|)`.
+pub fn error_bound<T: Real>(reference: &qkv::Attention<f64>, v: &Array2<T>) -> (f64, f64) {
+    let max_score = reference.scores.iter().filter(|s| s.is_finite()).fold(0.0_f64, |m, s| m.max(s.abs()));
+    let max_value = v.iter().fold(0.0_f64, |m, x| m.max(x.to_f64_exact().abs()));
+    let weights = 1.0 + max_score;
+    (weights, weights * (1.0 + max_value))
+}

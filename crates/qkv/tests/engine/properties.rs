@@ -1,0 +1,138 @@
+//! Properties attention has whatever the inputs: checked on the reference and the fast paths.
+
+use ndarray::{Array2, s};
+use proptest::prelude::*;
+use qkv::{AdditiveBias, AttentionOptions, CausalMask};
+
+use crate::problem::{MASK_KINDS, MaskKind, Problem};
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn weights_are_distributions_and_outputs_are_blends(
+        seed in any::<u64>(), n_q in 1usize..40, n_k in 1usize..40, d in 1usize..9, mask in 0usize..6,
+    ) {
+        let p = Problem::<f64>::random(seed, (n_q, n_k, d, d), 3.0, MASK_KINDS[mask]);
+        let r = qkv::attention_with_weights(p.q.view(), p.k.view(), p.v.view(), &p.options()).unwrap();
+        for (i, row) in r.weights.rows().into_iter().enumerate() {
+            let sum: f64 = row.sum();
+            prop_assert!(row.iter().all(|a| (0.0..=1.0).contains(a)));
+            // A row whose keys are all hidden is all zero and its output is zero; otherwise it sums to 1.
+            if sum == 0.0 {
+                prop_assert!(r.output.row(i).iter().all(|o| *o == 0.0));
+                continue;
+            }
+            prop_assert!((sum - 1.0).abs() < 1e-12, "row {i} sums to {sum}");
+            // Each output component lies between the min and max of the values it blends.
+            for c in 0..d {
+                let blended = row.iter().zip(p.v.column(c)).filter(|(a, _)| **a > 0.0).map(|(_, x)| *x);
+                let (lo, hi) = blended.fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), x| (l.min(x), h.max(x)));
+                let o = r.output[[i, c]];
+                prop_assert!(o >= lo - 1e-12 && o <= hi + 1e-12, "output {o} outside [{lo}, {hi}]");
+            }
+        }
+    }
+
+    #[test]
+    fn permuting_keys_with_values_changes_nothing(seed in any::<u64>(), n_k in 2usize..30, shift in 1usize..29) {
+        let p = Problem::<f64>::random(seed, (5, n_k, 4, 3), 2.0, MaskKind::None);
+        let order: Vec<usize> = (0..n_k).map(|j| (j + shift) % n_k).collect();
+        let k2 = p.k.select(ndarray::Axis(0), &order);
+        let v2 = p.v.select(ndarray::Axis(0), &order);
+        let a = qkv::attention(p.q.view(), p.k.view(), p.v.view(), &AttentionOptions::new()).unwrap();
+        let b = qkv::attention(p.q.view(), k2.view(), v2.view(), &AttentionOptions::new()).unwrap();
+        prop_assert!(a.iter().zip(b.iter()).all(|(x, y)| (x - y).abs() < 1e-12));
+    }
+
+    #[test]
+    fn adding_a_constant_to_every_score_keeps_the_weights(seed in any::<u64>(), c in -50.0f64..50.0) {
+        let p = Problem::<f64>::random(seed, (6, 11, 3, 2), 2.0, MaskKind::None);
+        let shift = Array2::from_elem((6, 11), c);
+        let plain = qkv::attention_with_weights(p.q.view(), p.k.view(), p.v.view(), &AttentionOptions::new()).unwrap();
+        let opts = AttentionOptions::new().bias(AdditiveBias::new(shift.view()));
+        let shifted = qkv::attention_with_weights(p.q.view(), p.k.view(), p.v.view(), &opts).unwrap();
+        prop_assert!(plain.weights.iter().zip(shifted.weights.iter()).all(|(x, y)| (x - y).abs() < 1e-12));
+    }
+
+    #[test]
+    fn causal_first_query_returns_first_value(seed in any::<u64>(), n in 1usize..50, d_v in 1usize..6) {
+        let p = Problem::<f32>::random(seed, (n, n, 4, d_v), 5.0, MaskKind::None);
+        let opts = AttentionOptions::new().causal(CausalMask::TopLeft);
+        let out = qkv::attention(p.q.view(), p.k.view(), p.v.view(), &opts).unwrap();
+        prop_assert_eq!(out.row(0), p.v.row(0));
+    }
+}
+
+#[test]
+fn results_do_not_depend_on_thread_count() {
+    for mask in MASK_KINDS {
+        let p = Problem::<f32>::random(3, (300, 257, 16, 8), 2.0, mask);
+        let run = |threads| {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            pool.install(|| {
+                qkv::attention_with_weights(p.q.view(), p.k.view(), p.v.view(), &p.options()).unwrap()
+            })
+        };
+        let (one, two, three) = (run(1), run(2), run(3));
+        assert!(one == two && two == three, "{mask:?}: results differ between 1, 2 and 3 threads");
+    }
+}
+
+#[test]
+fn huge_scores_give_finite_results() {
+    let q = ndarray::array![[100.0_f32, -100.0], [-100.0, 100.0]];
+    let k = ndarray::array![[100.0_f32, 0.0], [0.0, 100.0], [-100.0, -100.0]];
+    let v = ndarray::array![[1.0_f32], [2.0], [3.0]];
+    // Scores reach ±1e4 / sqrt(2): exp without the max shift would overflow f32.
+    let out = qkv::attention(q.view(), k.view(), v.view(), &AttentionOptions::new()).unwrap();
+    assert!(out.iter().all(|x| x.is_finite()));
+    assert_eq!(out.slice(s![.., 0]).to_vec(), vec![1.0, 2.0]);
+}
+
+#[test]
+fn every_key_hidden_gives_zero_output_never_nan() {
+    let q = ndarray::array![[1.0_f64, 2.0]];
+    let k = ndarray::array![[1.0, 0.0], [0.0, 1.0]];
+    let v = ndarray::array![[5.0, 6.0], [7.0, 8.0]];
+    let padding = ndarray::array![false, false];
+    let opts = AttentionOptions::new().key_padding(qkv::KeyPadding::new(padding.view()));
+    let r = qkv::attention_with_weights(q.view(), k.view(), v.view(), &opts).unwrap();
+    assert_eq!(r.output, ndarray::array![[0.0, 0.0]]);
+    assert_eq!(*r.weights, ndarray::array![[0.0, 0.0]]);
+    let t = qkv::trace_query(q.view(), k.view(), v.view(), 0, &opts).unwrap();
+    assert_eq!((t.max, t.sum, t.output), (None, 0.0, vec![0.0, 0.0]));
+}
+
+#[test]
+fn causal_alignments_when_queries_are_fewer_than_keys() {
+    // Two queries over four keys: bottom-right treats them as positions 2 and 3; top-left as 0 and 1.
+    let q = Array2::<f64>::zeros((2, 1));
+    let k = Array2::<f64>::zeros((4, 1));
+    let v = ndarray::array![[1.0], [2.0], [3.0], [4.0]];
+    let visible = |mask| {
+        let r =
+            qkv::attention_with_weights(q.view(), k.view(), v.view(), &AttentionOptions::new().causal(mask))
+                .unwrap();
+        r.weights.mapv(|w| u8::from(w > 0.0))
+    };
+    assert_eq!(visible(CausalMask::BottomRight), ndarray::array![[1, 1, 1, 0], [1, 1, 1, 1]]);
+    assert_eq!(visible(CausalMask::TopLeft), ndarray::array![[1, 0, 0, 0], [1, 1, 0, 0]]);
+}
+
+#[test]
+fn keep_mask_padding_and_bias_hide_exactly_their_pairs() {
+    let q = Array2::<f64>::zeros((2, 1));
+    let k = Array2::<f64>::zeros((3, 1));
+    let v = ndarray::array![[1.0], [2.0], [3.0]];
+    let keep = ndarray::array![[true, false, true], [true, true, true]];
+    let padding = ndarray::array![true, true, false];
+    let bias = ndarray::array![[0.0, f64::NEG_INFINITY, 0.0], [0.0, 0.0, 0.0]];
+    let opts = AttentionOptions::new()
+        .keep_mask(qkv::KeepMask::new(keep.view()))
+        .key_padding(qkv::KeyPadding::new(padding.view()))
+        .bias(AdditiveBias::new(bias.view()));
+    let r = qkv::attention_with_weights(q.view(), k.view(), v.view(), &opts).unwrap();
+    assert_eq!(*r.weights, ndarray::array![[1.0, 0.0, 0.0], [0.5, 0.5, 0.0]]);
+    assert_eq!(r.output, ndarray::array![[1.0], [1.5]]);
+}
