@@ -1,1 +1,4 @@
-//! End-to-end tests of the whole qkv pipeline: the xtask binary, content checks, the calculator.
+//! End-to-end tests of the whole workspace, driving the real `xtask` binary as a user would.
+
+mod attend;
+mod support;

@@ -1,2 +1,41 @@
-//! qkv command line.
-fn main() {}
+//! qkv's command line: `build-content`, `attend`, `bench`. The only code in the workspace that
+//! reads or writes files; each subcommand lives in its own module.
+
+mod attend;
+mod cli;
+
+use std::process::ExitCode;
+
+use cli::UsageError;
+
+const HELP: &str = "\
+usage: cargo xtask <command> [options]
+
+commands:
+  build-content [--check] [--out DIR]   recompute the lesson under content/ and write the site
+  attend [options]                      the authors' calculator: attention on numbers you give it
+  bench [--quick] [--json FILE]         benchmark qkv against its peers
+
+`cargo xtask attend --help` lists the calculator's options.";
+
+fn main() -> ExitCode {
+    let mut args = std::env::args().skip(1);
+    let command = args.next();
+    let rest: Vec<String> = args.collect();
+    let result = match command.as_deref() {
+        Some("attend") => attend::run(rest),
+        Some("help" | "--help" | "-h") => {
+            println!("{HELP}");
+            Ok(())
+        }
+        Some(other) => cli::usage(format!("unknown command `{other}`\n\n{HELP}")),
+        None => cli::usage(HELP),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(if e.is::<UsageError>() { 2 } else { 1 })
+        }
+    }
+}

@@ -1,0 +1,32 @@
+//! Running the `xtask` binary and reading what it printed.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+/// The result of one `cargo xtask ...` run.
+pub struct Run {
+    pub status: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// Runs `xtask` with `args`, from the workspace root.
+pub fn xtask(args: &[&str]) -> Run {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask sits in the workspace root");
+    let Output { status, stdout, stderr } =
+        Command::new(env!("CARGO_BIN_EXE_xtask")).args(args).current_dir(root).output().expect("xtask runs");
+    Run {
+        status: status.code().unwrap_or(-1),
+        stdout: String::from_utf8(stdout).expect("utf-8 stdout"),
+        stderr: String::from_utf8(stderr).expect("utf-8 stderr"),
+    }
+}
+
+/// Whether `python3 -c "import numpy"` works; prints why a test skips when it does not.
+pub fn numpy_available(test: &str) -> bool {
+    let ok = Command::new("python3").args(["-c", "import numpy"]).output().is_ok_and(|o| o.status.success());
+    if !ok {
+        eprintln!("{test}: skipped: python3 with numpy is not installed (`.ci/run` installs it)");
+    }
+    ok
+}
