@@ -2,6 +2,7 @@
 //! reads or writes files; each subcommand lives in its own module.
 
 mod attend;
+mod build_content;
 mod cli;
 
 use std::process::ExitCode;
@@ -24,6 +25,7 @@ fn main() -> ExitCode {
     let rest: Vec<String> = args.collect();
     let result = match command.as_deref() {
         Some("attend") => attend::run(rest),
+        Some("build-content") => build_content::run(rest),
         Some("help" | "--help" | "-h") => {
             println!("{HELP}");
             Ok(())

@@ -1,0 +1,560 @@
+//! Evaluation: every declaration computed once with the engine's deterministic f64 reference path,
+//! references between blocks resolved (across sections too), results kept as [`Node`] trees.
+
+use std::collections::HashMap;
+
+use ndarray::Array2;
+
+use crate::error::Problem;
+use crate::examples::{AttentionDecl, Decl, DeclKind, Field, Input, Mask};
+use crate::values::{Miss, Node};
+
+/// The resolved inputs of an attention example.
+#[derive(Debug, Clone)]
+pub(crate) struct AttentionInputs {
+    pub tokens: Option<Vec<String>>,
+    pub queries: Vec<Vec<f64>>,
+    pub keys: Vec<Vec<f64>>,
+    pub values: Vec<Vec<f64>>,
+    pub mask: Option<Mask>,
+    pub scale: Option<f64>,
+}
+
+impl AttentionInputs {
+    /// Labels of the query rows: the tokens when there is one per row, else `1..`.
+    pub(crate) fn query_labels(&self) -> Vec<String> {
+        labels(&self.tokens, self.queries.len())
+    }
+
+    /// Labels of the key rows.
+    pub(crate) fn key_labels(&self) -> Vec<String> {
+        labels(&self.tokens, self.keys.len())
+    }
+
+    /// Engine options for these inputs; `keep` must outlive them.
+    pub(crate) fn options<'a>(&self, keep: &'a Option<Array2<bool>>) -> qkv::AttentionOptions<'a, f64> {
+        let mut options = qkv::AttentionOptions::new();
+        if let Some(s) = self.scale {
+            options = options.scale(s);
+        }
+        if self.mask == Some(Mask::Causal) {
+            options = options.causal(qkv::CausalMask::BottomRight);
+        }
+        if let Some(k) = keep {
+            options = options.keep_mask(qkv::KeepMask::new(k.view()));
+        }
+        options
+    }
+
+    /// The explicit keep table as an array, if one was given.
+    pub(crate) fn keep_array(&self) -> Option<Array2<bool>> {
+        match &self.mask {
+            Some(Mask::Keep(rows)) => {
+                let n = rows.first().map_or(0, Vec::len);
+                Array2::from_shape_vec((rows.len(), n), rows.concat()).ok()
+            }
+            _ => None,
+        }
+    }
+}
+
+fn labels(tokens: &Option<Vec<String>>, n: usize) -> Vec<String> {
+    match tokens {
+        Some(t) if t.len() == n => t.clone(),
+        _ => (1..=n).map(|i| i.to_string()).collect(),
+    }
+}
+
+/// A matrix from rows (all rows have equal length; checked when the inputs were read).
+pub(crate) fn array(rows: &[Vec<f64>]) -> Array2<f64> {
+    let n = rows.first().map_or(0, Vec::len);
+    Array2::from_shape_vec((rows.len(), n), rows.concat()).unwrap_or_else(|_| Array2::zeros((0, 0)))
+}
+
+/// What an attention example computed.
+#[derive(Debug, Clone)]
+pub(crate) struct AttentionResult {
+    pub scores: Array2<f64>,
+    pub weights: Array2<f64>,
+    pub output: Array2<f64>,
+    pub traces: Vec<qkv::QueryTrace>,
+}
+
+/// The computed part of a record, kept typed for the generators.
+#[derive(Debug, Clone)]
+pub(crate) enum Computed {
+    Attention { inputs: AttentionInputs, result: Result<AttentionResult, String> },
+    Softmax(qkv::QueryTrace),
+    Dot { q: Vec<f64>, k: Vec<f64>, trace: qkv::QueryTrace },
+    WeightedSum { weights: Vec<f64>, values: Vec<f64>, terms: Vec<f64>, output: f64 },
+}
+
+/// One evaluated declaration.
+#[derive(Debug, Clone)]
+pub(crate) struct Record {
+    pub computed: Computed,
+    pub node: Node,
+}
+
+/// All declarations of the lesson, evaluated on demand with memoisation.
+pub(crate) struct Evaluator<'d> {
+    /// Section id of each document.
+    pub sections: &'d [String],
+    /// Declarations by qualified id `section.id`.
+    pub decls: HashMap<String, &'d Decl>,
+    records: HashMap<String, Option<Record>>,
+    /// Qualified ids of blocks that failed to parse: references to them stay quiet (the block's
+    /// own error says what is wrong).
+    pub broken: std::collections::HashSet<String>,
+    pub problems: Vec<Problem>,
+}
+
+/// A resolved path: the record's qualified id and the path inside it.
+pub(crate) struct Target<'p> {
+    pub key: String,
+    pub rest: Vec<&'p str>,
+}
+
+impl<'d> Evaluator<'d> {
+    pub(crate) fn new(sections: &'d [String], decls: HashMap<String, &'d Decl>) -> Self {
+        Self { sections, decls, records: HashMap::new(), broken: Default::default(), problems: Vec::new() }
+    }
+
+    /// Splits `path` (written in document `doc`) into a declaration and the rest:
+    /// `attention.sentence.love.output` names section `attention`; `sentence.love.output` is local.
+    pub(crate) fn target<'p>(&self, doc: usize, path: &'p str) -> Result<Target<'p>, String> {
+        let segments: Vec<&str> = path.split('.').collect();
+        if segments.len() >= 2 && self.sections.iter().any(|s| s == segments[0]) {
+            let key = format!("{}.{}", segments[0], segments[1]);
+            if self.decls.contains_key(&key) {
+                return Ok(Target { key, rest: segments[2..].to_vec() });
+            }
+        }
+        let key = format!("{}.{}", self.sections[doc], segments[0]);
+        if self.decls.contains_key(&key) {
+            return Ok(Target { key, rest: segments[1..].to_vec() });
+        }
+        let qualified = segments.get(..2).map(|s| s.join("."));
+        if self.broken.contains(&key) || qualified.is_some_and(|q| self.broken.contains(&q)) {
+            return Err(String::new());
+        }
+        let mut known: Vec<String> = self
+            .decls
+            .keys()
+            .filter_map(|k| {
+                let (s, id) = k.split_once('.')?;
+                Some(if s == self.sections[doc] { id.to_string() } else { k.clone() })
+            })
+            .collect();
+        known.sort();
+        Err(format!("an example id: {}", known.join(", ")))
+    }
+
+    /// Resolves `path` to a node, evaluating what it needs. Errors say what was expected.
+    pub(crate) fn resolve(&mut self, doc: usize, path: &str) -> Result<Node, String> {
+        let target = self.target(doc, path)?;
+        let Some(record) = self.record(&target.key) else {
+            // The declaration's own error is reported; this reference adds nothing.
+            return Err(String::new());
+        };
+        match record.node.lookup(&target.rest) {
+            Ok(node) => Ok(node.clone()),
+            Err(Miss { segment, known }) => {
+                let prefix: Vec<&str> =
+                    path.split('.').take(path.split('.').count() - target.rest.len() + segment).collect();
+                if known.is_empty() {
+                    Err(format!("`{}` is a single value; nothing below it", prefix.join(".")))
+                } else {
+                    Err(format!("after `{}`: one of {}", prefix.join("."), known.join(", ")))
+                }
+            }
+        }
+    }
+
+    /// The record of a declaration (evaluated once); `None` if it failed (a problem was recorded).
+    pub(crate) fn record(&mut self, key: &str) -> Option<Record> {
+        if let Some(r) = self.records.get(key) {
+            return r.clone();
+        }
+        // Mark in progress so a reference cycle fails instead of recursing forever.
+        self.records.insert(key.to_string(), None);
+        let decl = *self.decls.get(key)?;
+        let record = self.evaluate(decl);
+        self.records.insert(key.to_string(), record.clone());
+        record
+    }
+
+    fn fail(
+        &mut self,
+        decl: &Decl,
+        at: usize,
+        message: impl Into<String>,
+        found: impl Into<String>,
+        expected: impl Into<String>,
+    ) {
+        self.problems.push(Problem::new(decl.doc, at, message, found, expected));
+    }
+
+    fn vector(&mut self, decl: &Decl, field: &Field<Input<Vec<f64>>>, name: &str) -> Option<Vec<f64>> {
+        match &field.value {
+            Input::Literal(xs) => Some(xs.clone()),
+            Input::Ref(path) => match self.resolve(decl.doc, path) {
+                Ok(node) => match node.as_vector() {
+                    Some(v) => Some(v),
+                    None => {
+                        self.fail(
+                            decl,
+                            field.at,
+                            format!("`{name}` refers to a value that is not a list of numbers"),
+                            path.clone(),
+                            "a path to a list, e.g. `other.weights`",
+                        );
+                        None
+                    }
+                },
+                Err(expected) => {
+                    self.fail(decl, field.at, format!("unknown reference `{path}`"), path.clone(), expected);
+                    None
+                }
+            },
+        }
+    }
+
+    fn matrix(
+        &mut self,
+        decl: &Decl,
+        field: &Field<Input<Vec<Vec<f64>>>>,
+        name: &str,
+    ) -> Option<Vec<Vec<f64>>> {
+        match &field.value {
+            Input::Literal(rows) => Some(rows.clone()),
+            Input::Ref(path) => match self.resolve(decl.doc, path) {
+                Ok(node) => match node.as_matrix() {
+                    Some(m) => Some(m),
+                    None => {
+                        self.fail(
+                            decl,
+                            field.at,
+                            format!("`{name}` refers to a value that is not a matrix"),
+                            path.clone(),
+                            "a path to rows of numbers, e.g. `other.values`",
+                        );
+                        None
+                    }
+                },
+                Err(expected) => {
+                    self.fail(decl, field.at, format!("unknown reference `{path}`"), path.clone(), expected);
+                    None
+                }
+            },
+        }
+    }
+
+    fn evaluate(&mut self, decl: &Decl) -> Option<Record> {
+        match &decl.kind {
+            DeclKind::Attention(a) => self.attention(decl, a),
+            DeclKind::Softmax { scores } => {
+                let scores = self.vector(decl, scores, "scores")?;
+                // A softmax is one attention row: one query of width 1 against keys holding the scores.
+                let q = Array2::from_elem((1, 1), 1.0);
+                let k = Array2::from_shape_vec((scores.len(), 1), scores.clone()).ok()?;
+                let v = Array2::zeros((scores.len(), 1));
+                let trace = self.engine(
+                    decl,
+                    qkv::trace_query(
+                        q.view(),
+                        k.view(),
+                        v.view(),
+                        0,
+                        &qkv::AttentionOptions::new().scale(1.0),
+                    ),
+                )?;
+                let node = Node::Map(vec![
+                    ("scores", Node::vector(&trace.scores)),
+                    ("max", Node::Number(trace.max.unwrap_or(f64::NAN))),
+                    ("shifted", Node::vector(&trace.shifted)),
+                    ("exp", Node::vector(&trace.exponentials)),
+                    ("sum", Node::Number(trace.sum)),
+                    ("weights", Node::vector(&trace.weights)),
+                ]);
+                Some(Record { computed: Computed::Softmax(trace), node })
+            }
+            DeclKind::Dot { q, k } => {
+                let (q_at, k_at) = (q.at, k.at);
+                let q = self.vector(decl, q, "q")?;
+                let k = self.vector(decl, k, "k")?;
+                if q.len() != k.len() || q.is_empty() {
+                    self.fail(
+                        decl,
+                        k_at.max(q_at),
+                        format!("`q` has {} numbers but `k` has {}", q.len(), k.len()),
+                        format!("{k:?}"),
+                        "q and k of the same length",
+                    );
+                    return None;
+                }
+                let qa = Array2::from_shape_vec((1, q.len()), q.clone()).ok()?;
+                let ka = Array2::from_shape_vec((1, k.len()), k.clone()).ok()?;
+                let v = Array2::zeros((1, 1));
+                let trace = self.engine(
+                    decl,
+                    qkv::trace_query(qa.view(), ka.view(), v.view(), 0, &qkv::AttentionOptions::new()),
+                )?;
+                let node = Node::Map(vec![
+                    ("q", Node::vector(&q)),
+                    ("k", Node::vector(&k)),
+                    ("d_k", Node::Number(q.len() as f64)),
+                    ("sqrt_d_k", Node::Number((q.len() as f64).sqrt())),
+                    ("dot", Node::Number(trace.dot_products[0])),
+                    ("scale", Node::Number(trace.scale)),
+                    ("scaled", Node::Number(trace.scores[0])),
+                ]);
+                Some(Record { computed: Computed::Dot { q, k, trace }, node })
+            }
+            DeclKind::WeightedSum { weights, values } => {
+                let at = values.at;
+                let weights = self.vector(decl, weights, "weights")?;
+                let values = self.vector(decl, values, "values")?;
+                if weights.len() != values.len() {
+                    self.fail(
+                        decl,
+                        at,
+                        format!("`weights` has {} numbers but `values` has {}", weights.len(), values.len()),
+                        format!("{values:?}"),
+                        "one value per weight",
+                    );
+                    return None;
+                }
+                let terms: Vec<f64> = weights.iter().zip(&values).map(|(a, v)| a * v).collect();
+                let output = terms.iter().sum();
+                let node = Node::Map(vec![
+                    ("weights", Node::vector(&weights)),
+                    ("values", Node::vector(&values)),
+                    ("terms", Node::vector(&terms)),
+                    ("output", Node::Number(output)),
+                ]);
+                Some(Record { computed: Computed::WeightedSum { weights, values, terms, output }, node })
+            }
+            DeclKind::Figure(_) => None,
+        }
+    }
+
+    fn engine<T>(&mut self, decl: &Decl, result: Result<T, qkv::AttentionError>) -> Option<T> {
+        match result {
+            Ok(t) => Some(t),
+            Err(e) => {
+                self.fail(
+                    decl,
+                    decl.start,
+                    format!("the engine rejected example `{}`: {e}", decl.id),
+                    format!("id = \"{}\"", decl.id),
+                    "inputs of matching shapes",
+                );
+                None
+            }
+        }
+    }
+
+    fn attention(&mut self, decl: &Decl, a: &AttentionDecl) -> Option<Record> {
+        let n = self.problems.len();
+        let base = match &a.from {
+            Some(from) => match self.target(decl.doc, &from.value) {
+                Ok(t) if t.rest.is_empty() => match self.record(&t.key).map(|r| r.computed) {
+                    Some(Computed::Attention { inputs, .. }) => Some(inputs),
+                    Some(_) => {
+                        self.fail(
+                            decl,
+                            from.at,
+                            format!("`from` names `{}`, which is not an attention example", from.value),
+                            from.value.clone(),
+                            "the id of a `qkv attention` block",
+                        );
+                        None
+                    }
+                    None => None,
+                },
+                Ok(_) => {
+                    self.fail(
+                        decl,
+                        from.at,
+                        format!("`from = \"{}\"` names a value, not an example", from.value),
+                        from.value.clone(),
+                        "just the example id, such as `sentence` or `attention.sentence`",
+                    );
+                    None
+                }
+                Err(expected) => {
+                    self.fail(
+                        decl,
+                        from.at,
+                        format!("unknown reference `{}`", from.value),
+                        from.value.clone(),
+                        expected,
+                    );
+                    None
+                }
+            },
+            None => None,
+        };
+        if a.from.is_some() && base.is_none() {
+            return None;
+        }
+        let mut inputs = base.unwrap_or(AttentionInputs {
+            tokens: None,
+            queries: Vec::new(),
+            keys: Vec::new(),
+            values: Vec::new(),
+            mask: None,
+            scale: None,
+        });
+        if let Some(t) = &a.tokens {
+            inputs.tokens = Some(t.value.clone());
+        }
+        if let Some(x) = &a.x {
+            let x = self.matrix(decl, x, "x");
+            let ws: Vec<_> = [(&a.w_q, "w_q"), (&a.w_k, "w_k"), (&a.w_v, "w_v")]
+                .into_iter()
+                .map(|(w, name)| w.as_ref().and_then(|w| self.matrix(decl, w, name)))
+                .collect();
+            if let (Some(x), [Some(w_q), Some(w_k), Some(w_v)]) = (x, ws.as_slice()) {
+                let projections =
+                    qkv::Projections { w_q: array(w_q), w_k: array(w_k), w_v: array(w_v), w_o: None };
+                let projected = self.engine(decl, projections.project(array(&x).view()))?;
+                let rows = |m: &Array2<f64>| m.rows().into_iter().map(|r| r.to_vec()).collect::<Vec<_>>();
+                inputs.queries = rows(&projected.queries);
+                inputs.keys = rows(&projected.keys);
+                inputs.values = rows(&projected.values);
+            }
+        }
+        for (field, name, slot) in [
+            (&a.queries, "queries", &mut inputs.queries),
+            (&a.keys, "keys", &mut inputs.keys),
+            (&a.values, "values", &mut inputs.values),
+        ] {
+            if let Some(f) = field
+                && let Some(m) = self.matrix(decl, f, name)
+            {
+                *slot = m;
+            }
+        }
+        if let Some(m) = &a.mask {
+            inputs.mask = Some(m.value.clone());
+        }
+        if let Some(s) = &a.scale {
+            inputs.scale = Some(s.value);
+        }
+        if self.problems.len() > n {
+            return None;
+        }
+        if let Some(tokens) = &a.tokens
+            && tokens.value.len() != inputs.keys.len()
+        {
+            self.fail(
+                decl,
+                tokens.at,
+                format!(
+                    "`tokens` names {} tokens but there are {} keys",
+                    tokens.value.len(),
+                    inputs.keys.len()
+                ),
+                format!("{:?}", tokens.value),
+                "one token name per key row",
+            );
+            return None;
+        }
+        let (q, k, v) = (array(&inputs.queries), array(&inputs.keys), array(&inputs.values));
+        let keep = inputs.keep_array();
+        let options = inputs.options(&keep);
+        let computed = qkv::reference::attention(q.view(), k.view(), v.view(), &options).and_then(|full| {
+            let traces = (0..q.nrows())
+                .map(|i| qkv::trace_query(q.view(), k.view(), v.view(), i, &options))
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(AttentionResult {
+                scores: full.scores.into_inner(),
+                weights: full.weights.into_inner(),
+                output: full.output,
+                traces,
+            })
+        });
+        let result = match (computed, a.expect_error) {
+            (Ok(r), false) => Ok(r),
+            (Err(e), true) => Err(e.to_string()),
+            (Err(e), false) => {
+                self.fail(decl, decl.id_at, format!("the engine rejected example `{}`: {e}", decl.id), format!("id = \"{}\"", decl.id), "queries and keys of equal width, one value row per key, or `expect_error = true` to show the error");
+                return None;
+            }
+            (Ok(_), true) => {
+                self.fail(
+                    decl,
+                    decl.id_at,
+                    format!(
+                        "example `{}` has `expect_error = true` but the engine computed it without error",
+                        decl.id
+                    ),
+                    format!("id = \"{}\"", decl.id),
+                    "inputs the engine rejects, or no `expect_error`",
+                );
+                return None;
+            }
+        };
+        let node = attention_node(&inputs, &result);
+        Some(Record { computed: Computed::Attention { inputs, result }, node })
+    }
+}
+
+fn rows_node(labels: &[String], rows: &[Vec<f64>]) -> Node {
+    Node::labelled(labels, rows.iter().map(|r| Node::vector(r)))
+}
+
+fn matrix_node(row_labels: &[String], col_labels: &[String], m: &Array2<f64>) -> Node {
+    Node::labelled(
+        row_labels,
+        m.rows().into_iter().map(|r| Node::labelled(col_labels, r.iter().map(|&x| Node::Number(x)))),
+    )
+}
+
+fn attention_node(inputs: &AttentionInputs, result: &Result<AttentionResult, String>) -> Node {
+    let (ql, kl) = (inputs.query_labels(), inputs.key_labels());
+    let d_k = inputs.queries.first().map_or(0, Vec::len) as f64;
+    let mut fields = vec![
+        ("tokens", Node::numbered(inputs.tokens.iter().flatten().map(|t| Node::Text(t.clone())))),
+        ("queries", rows_node(&ql, &inputs.queries)),
+        ("keys", rows_node(&kl, &inputs.keys)),
+        ("values", rows_node(&kl, &inputs.values)),
+        ("d_k", Node::Number(d_k)),
+        ("sqrt_d_k", Node::Number(d_k.sqrt())),
+    ];
+    match result {
+        Err(e) => fields.push(("error", Node::Text(e.clone()))),
+        Ok(r) => {
+            fields.push(("scale", Node::Number(r.traces.first().map_or(f64::NAN, |t| t.scale))));
+            fields.push(("scores", matrix_node(&ql, &kl, &r.scores)));
+            fields.push(("weights", matrix_node(&ql, &kl, &r.weights)));
+            fields.push((
+                "output",
+                rows_node(&ql, &r.output.rows().into_iter().map(|x| x.to_vec()).collect::<Vec<_>>()),
+            ));
+            let per_query = ql.iter().zip(&r.traces).map(|(_, t)| {
+                Node::Map(vec![
+                    ("query", Node::vector(&t.query)),
+                    ("dot", Node::labelled(&kl, t.dot_products.iter().map(|&x| Node::Number(x)))),
+                    ("scores", Node::labelled(&kl, t.scores.iter().map(|&x| Node::Number(x)))),
+                    ("max", Node::Number(t.max.unwrap_or(f64::NAN))),
+                    ("shifted", Node::labelled(&kl, t.shifted.iter().map(|&x| Node::Number(x)))),
+                    ("exp", Node::labelled(&kl, t.exponentials.iter().map(|&x| Node::Number(x)))),
+                    ("sum", Node::Number(t.sum)),
+                    ("weights", Node::labelled(&kl, t.weights.iter().map(|&x| Node::Number(x)))),
+                    ("terms", rows_node(&kl, &t.weighted_values)),
+                    ("output", Node::vector(&t.output)),
+                ])
+            });
+            // Per-query traces sit beside the fields, so `sentence.love.output` reads naturally;
+            // a field name wins over a token of the same name.
+            let mut items: Vec<(String, Node)> =
+                fields.into_iter().map(|(k, n)| (k.to_string(), n)).collect();
+            items.extend(ql.iter().cloned().zip(per_query));
+            return Node::List(items);
+        }
+    }
+    Node::List(fields.into_iter().map(|(k, n)| (k.to_string(), n)).collect())
+}

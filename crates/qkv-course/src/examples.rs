@@ -1,0 +1,561 @@
+//! Declarations: `qkv` blocks parsed from TOML into typed inputs, with every field's position.
+//!
+//! A numeric field holds either a literal (`keys = [[1, 0], [0, 1]]`) or a reference to another
+//! block's value (`keys = "sentence.values"`), resolved when the block is evaluated.
+
+use toml::Spanned;
+use toml::de::{DeTable, DeValue};
+
+use crate::document::{Block, first_line};
+use crate::error::Problem;
+use crate::figures::FigureKind;
+
+/// A numeric input: a literal, or a reference to be resolved at evaluation.
+#[derive(Debug, Clone)]
+pub(crate) enum Input<T> {
+    Literal(T),
+    Ref(String),
+}
+
+/// A field's value with the source offset of its text (for errors).
+#[derive(Debug, Clone)]
+pub(crate) struct Field<T> {
+    pub value: T,
+    pub at: usize,
+}
+
+/// The inputs of a `qkv attention` block as written (before `from` and references are resolved).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct AttentionDecl {
+    pub from: Option<Field<String>>,
+    pub tokens: Option<Field<Vec<String>>>,
+    pub queries: Option<Field<Input<Vec<Vec<f64>>>>>,
+    pub keys: Option<Field<Input<Vec<Vec<f64>>>>>,
+    pub values: Option<Field<Input<Vec<Vec<f64>>>>>,
+    pub x: Option<Field<Input<Vec<Vec<f64>>>>>,
+    pub w_q: Option<Field<Input<Vec<Vec<f64>>>>>,
+    pub w_k: Option<Field<Input<Vec<Vec<f64>>>>>,
+    pub w_v: Option<Field<Input<Vec<Vec<f64>>>>>,
+    pub mask: Option<Field<Mask>>,
+    pub scale: Option<Field<f64>>,
+    pub expect_error: bool,
+}
+
+/// Which keys each query may see.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Mask {
+    /// Query `i` sees keys `0..=i` (aligned at the bottom right when counts differ).
+    Causal,
+    /// An explicit `[n_q][n_k]` table, true = may attend.
+    Keep(Vec<Vec<bool>>),
+}
+
+/// A `qkv figure` block.
+#[derive(Debug, Clone)]
+pub(crate) struct FigureDecl {
+    pub kind: FigureKind,
+    pub example: Option<Field<String>>,
+    pub query: Option<Field<String>>,
+    pub caption: String,
+    pub seed: u64,
+    pub trials: usize,
+    pub dims: Vec<usize>,
+}
+
+/// What a block declares.
+#[derive(Debug, Clone)]
+pub(crate) enum DeclKind {
+    Attention(Box<AttentionDecl>),
+    Softmax { scores: Field<Input<Vec<f64>>> },
+    Dot { q: Field<Input<Vec<f64>>>, k: Field<Input<Vec<f64>>> },
+    WeightedSum { weights: Field<Input<Vec<f64>>>, values: Field<Input<Vec<f64>>> },
+    Figure(Box<FigureDecl>),
+}
+
+/// One declaration, from one `qkv` block.
+#[derive(Debug, Clone)]
+pub(crate) struct Decl {
+    pub doc: usize,
+    pub id: String,
+    pub id_at: usize,
+    pub start: usize,
+    pub kind: DeclKind,
+}
+
+/// The block kinds and the fields each accepts.
+const KINDS: &[(&str, &[&str])] = &[
+    (
+        "attention",
+        &[
+            "id",
+            "from",
+            "tokens",
+            "queries",
+            "keys",
+            "values",
+            "x",
+            "w_q",
+            "w_k",
+            "w_v",
+            "mask",
+            "scale",
+            "expect_error",
+        ],
+    ),
+    ("softmax", &["id", "scores"]),
+    ("dot", &["id", "q", "k"]),
+    ("weighted-sum", &["id", "weights", "values"]),
+    ("figure", &["id", "kind", "example", "query", "caption", "seed", "trials", "dims"]),
+];
+
+/// Reads one block into a declaration, or every problem in it.
+pub(crate) fn parse(doc: usize, block: &Block) -> Result<Decl, Vec<Problem>> {
+    let Some(&(kind, allowed)) = KINDS.iter().find(|(k, _)| *k == block.kind) else {
+        let names: Vec<_> = KINDS.iter().map(|(k, _)| format!("`qkv {k}`")).collect();
+        return Err(vec![Problem::new(
+            doc,
+            block.start,
+            format!("unknown block kind `qkv {}`", block.kind),
+            first_line(&block.content_line()),
+            format!("one of {}", names.join(", ")),
+        )]);
+    };
+    let table = match DeTable::parse(&block.content) {
+        Ok(t) => t.into_inner(),
+        Err(e) => {
+            let at = e.span().map_or(0, |s| s.start);
+            let offset = block.source_offset(at);
+            return Err(vec![Problem::new(
+                doc,
+                offset,
+                format!("malformed `qkv {kind}` block: {}", e.message().trim()),
+                line_at(&block.content, at),
+                "TOML: `name = value` lines, numbers in lists like `[[1, 0], [0, 1]]`, text in quotes",
+            )]);
+        }
+    };
+    let mut reader = Reader { doc, block, problems: Vec::new() };
+    for (key, value) in table.iter() {
+        if !allowed.contains(&key.get_ref().as_ref()) {
+            let hint = closest(key.get_ref(), allowed)
+                .map(|k| format!(" (did you mean `{k}`?)"))
+                .unwrap_or_default();
+            reader.problem(
+                key.span().start,
+                format!("unknown field `{}` in a `qkv {kind}` block{hint}", key.get_ref()),
+                format!("{} = {}", key.get_ref(), reader.snippet(value)),
+                format!("one of: {}", allowed.join(", ")),
+            );
+        }
+    }
+    let get = |name: &str| table.get(name);
+    let id = match get("id") {
+        Some(v) => reader.identifier(v),
+        None => {
+            reader.problem(
+                0,
+                format!("`qkv {kind}` block has no `id`"),
+                first_line(&block.content),
+                "`id = \"name\"`",
+            );
+            None
+        }
+    };
+    let kind = match kind {
+        "attention" => {
+            let a = AttentionDecl {
+                from: get("from").and_then(|v| reader.string(v, "a reference to another attention example")),
+                tokens: get("tokens").and_then(|v| reader.strings(v)),
+                queries: get("queries").and_then(|v| reader.matrix(v)),
+                keys: get("keys").and_then(|v| reader.matrix(v)),
+                values: get("values").and_then(|v| reader.matrix(v)),
+                x: get("x").and_then(|v| reader.matrix(v)),
+                w_q: get("w_q").and_then(|v| reader.matrix(v)),
+                w_k: get("w_k").and_then(|v| reader.matrix(v)),
+                w_v: get("w_v").and_then(|v| reader.matrix(v)),
+                mask: get("mask").and_then(|v| reader.mask(v)),
+                scale: get("scale").and_then(|v| reader.number(v)),
+                expect_error: get("expect_error").and_then(|v| reader.boolean(v)).unwrap_or(false),
+            };
+            if a.from.is_none() && a.x.is_none() {
+                for (name, field) in [("queries", &a.queries), ("keys", &a.keys), ("values", &a.values)] {
+                    if field.is_none() {
+                        reader.problem(
+                            0,
+                            format!("attention example has no `{name}`"),
+                            first_line(&block.content),
+                            format!("`{name} = [[...], ...]`, or `x` with `w_q`, `w_k`, `w_v`, or `from = \"other\"`"),
+                        );
+                    }
+                }
+            }
+            if a.x.is_some() {
+                for (name, field) in [("w_q", &a.w_q), ("w_k", &a.w_k), ("w_v", &a.w_v)] {
+                    if field.is_none() {
+                        reader.problem(
+                            0,
+                            format!("attention example has `x` but no `{name}`"),
+                            first_line(&block.content),
+                            "all three projections `w_q`, `w_k`, `w_v` next to `x`",
+                        );
+                    }
+                }
+            }
+            DeclKind::Attention(Box::new(a))
+        }
+        "softmax" => match reader.required(&table, "scores", Reader::vector) {
+            Some(scores) => DeclKind::Softmax { scores },
+            None => return Err(reader.problems),
+        },
+        "dot" => {
+            let q = reader.required(&table, "q", Reader::vector);
+            let k = reader.required(&table, "k", Reader::vector);
+            match (q, k) {
+                (Some(q), Some(k)) => DeclKind::Dot { q, k },
+                _ => return Err(reader.problems),
+            }
+        }
+        "weighted-sum" => {
+            let weights = reader.required(&table, "weights", Reader::vector);
+            let values = reader.required(&table, "values", Reader::vector);
+            match (weights, values) {
+                (Some(weights), Some(values)) => DeclKind::WeightedSum { weights, values },
+                _ => return Err(reader.problems),
+            }
+        }
+        _ => {
+            let figure_kind = get("kind").and_then(|v| reader.figure_kind(v));
+            let figure = figure_kind.map(|kind| FigureDecl {
+                kind,
+                example: get("example").and_then(|v| reader.string(v, "the id of an attention example")),
+                query: get("query").and_then(|v| reader.string(v, "a token of the example")),
+                caption: get("caption")
+                    .and_then(|v| reader.string(v, "a caption"))
+                    .map(|f| f.value)
+                    .unwrap_or_default(),
+                seed: get("seed").and_then(|v| reader.count(v)).unwrap_or(7) as u64,
+                trials: get("trials").and_then(|v| reader.count(v)).unwrap_or(2000),
+                dims: get("dims")
+                    .and_then(|v| reader.vector(v))
+                    .and_then(|f| match f.value {
+                        Input::Literal(xs) => Some(xs.iter().map(|&x| x.max(1.0) as usize).collect()),
+                        Input::Ref(_) => None,
+                    })
+                    .unwrap_or_else(|| vec![1, 2, 4, 8, 16, 32, 64, 128, 256]),
+            });
+            if get("kind").is_none() {
+                reader.problem(
+                    0,
+                    "figure has no `kind`",
+                    first_line(&block.content),
+                    format!("`kind = \"...\"`, one of: {}", FigureKind::NAMES.join(", ")),
+                );
+            }
+            match figure {
+                Some(f) => DeclKind::Figure(Box::new(f)),
+                None => return Err(reader.problems),
+            }
+        }
+    };
+    match (id, reader.problems.is_empty()) {
+        (Some(id), true) => Ok(Decl { doc, id: id.value, id_at: id.at, start: block.start, kind }),
+        _ => Err(reader.problems),
+    }
+}
+
+impl Block {
+    /// The block's first content line, for messages about the block as a whole.
+    fn content_line(&self) -> String {
+        first_line(&self.content)
+    }
+}
+
+/// The line of `text` containing byte `at`.
+fn line_at(text: &str, at: usize) -> String {
+    let at = at.min(text.len());
+    let start = text[..at].rfind('\n').map_or(0, |i| i + 1);
+    first_line(&text[start..])
+}
+
+/// The allowed name nearest to a misspelt one, if it is close.
+fn closest<'a>(name: &str, allowed: &[&'a str]) -> Option<&'a str> {
+    let distance = |a: &str, b: &str| {
+        let b: Vec<char> = b.chars().collect();
+        let mut row: Vec<usize> = (0..=b.len()).collect();
+        for (i, ca) in a.chars().enumerate() {
+            let mut prev = row[0];
+            row[0] = i + 1;
+            for (j, &cb) in b.iter().enumerate() {
+                let cur = row[j + 1];
+                row[j + 1] = (prev + usize::from(ca != cb)).min(row[j] + 1).min(cur + 1);
+                prev = cur;
+            }
+        }
+        row[b.len()]
+    };
+    allowed.iter().map(|&a| (distance(name, a), a)).filter(|&(d, _)| d <= 2).min().map(|(_, a)| a)
+}
+
+/// Turns TOML values into typed fields, collecting problems with positions.
+struct Reader<'b> {
+    doc: usize,
+    block: &'b Block,
+    problems: Vec<Problem>,
+}
+
+type Value<'i> = Spanned<DeValue<'i>>;
+
+impl Reader<'_> {
+    fn problem(
+        &mut self,
+        content_at: usize,
+        message: impl Into<String>,
+        found: impl Into<String>,
+        expected: impl Into<String>,
+    ) {
+        let at = self.block.source_offset(content_at);
+        self.problems.push(Problem::new(self.doc, at, message, found, expected));
+    }
+
+    fn snippet(&self, v: &Value<'_>) -> String {
+        let s = self.block.content.get(v.span()).unwrap_or("");
+        first_line(s)
+    }
+
+    fn wrong(&mut self, v: &Value<'_>, what: &str, expected: &str) {
+        let found = self.snippet(v);
+        self.problem(v.span().start, format!("expected {what}"), found, expected.to_string());
+    }
+
+    fn required<T>(
+        &mut self,
+        table: &DeTable<'_>,
+        name: &str,
+        read: impl Fn(&mut Self, &Value<'_>) -> Option<T>,
+    ) -> Option<T> {
+        match table.get(name) {
+            Some(v) => read(self, v),
+            None => {
+                let first = first_line(&self.block.content);
+                self.problem(
+                    0,
+                    format!("`qkv {}` block has no `{name}`", self.block.kind),
+                    first,
+                    format!("`{name} = ...`"),
+                );
+                None
+            }
+        }
+    }
+
+    fn identifier(&mut self, v: &Value<'_>) -> Option<Field<String>> {
+        let f = self.string(v, "an identifier")?;
+        let ok =
+            !f.value.is_empty() && f.value.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+        if !ok {
+            self.wrong(
+                v,
+                "an identifier",
+                "letters, digits, `_` and `-`, such as `\"sentence\"` (a dot would break paths)",
+            );
+            return None;
+        }
+        Some(f)
+    }
+
+    fn string(&mut self, v: &Value<'_>, what: &str) -> Option<Field<String>> {
+        match v.get_ref() {
+            DeValue::String(s) => {
+                Some(Field { value: s.to_string(), at: self.block.source_offset(v.span().start + 1) })
+            }
+            _ => {
+                self.wrong(v, &format!("text: {what}"), "a quoted string");
+                None
+            }
+        }
+    }
+
+    fn strings(&mut self, v: &Value<'_>) -> Option<Field<Vec<String>>> {
+        let at = self.block.source_offset(v.span().start);
+        let items = match v.get_ref() {
+            DeValue::Array(a) => {
+                a.iter().map(|x| x.get_ref().as_str().map(str::to_string)).collect::<Option<Vec<_>>>()
+            }
+            _ => None,
+        };
+        match items {
+            Some(value) => Some(Field { value, at }),
+            None => {
+                self.wrong(v, "a list of token names", "`[\"I\", \"love\", \"NLP\"]`");
+                None
+            }
+        }
+    }
+
+    fn boolean(&mut self, v: &Value<'_>) -> Option<bool> {
+        match v.get_ref() {
+            DeValue::Boolean(b) => Some(*b),
+            _ => {
+                self.wrong(v, "true or false", "`true` or `false`");
+                None
+            }
+        }
+    }
+
+    fn count(&mut self, v: &Value<'_>) -> Option<usize> {
+        let x = self.scalar(v)?;
+        if x >= 1.0 && x == x.trunc() && x < 1e9 {
+            Some(x as usize)
+        } else {
+            self.wrong(v, "a positive whole number", "a whole number such as `2000`");
+            None
+        }
+    }
+
+    fn number(&mut self, v: &Value<'_>) -> Option<Field<f64>> {
+        let at = self.block.source_offset(v.span().start);
+        self.scalar(v).map(|value| Field { value, at })
+    }
+
+    /// One finite number.
+    fn scalar(&mut self, v: &Value<'_>) -> Option<f64> {
+        let parsed = match v.get_ref() {
+            DeValue::Integer(i) => {
+                i64::from_str_radix(&i.as_str().replace('_', ""), i.radix()).ok().map(|x| x as f64)
+            }
+            DeValue::Float(f) => f.as_str().replace('_', "").parse::<f64>().ok(),
+            _ => None,
+        };
+        match parsed {
+            Some(x) if x.is_finite() => Some(x),
+            Some(_) => {
+                let found = self.snippet(v);
+                self.problem(
+                    v.span().start,
+                    "non-finite number",
+                    found,
+                    "a finite number (no `inf` or `nan`)",
+                );
+                None
+            }
+            None => {
+                self.wrong(v, "a number", "a number such as `0.5` or `2`");
+                None
+            }
+        }
+    }
+
+    fn vector(&mut self, v: &Value<'_>) -> Option<Field<Input<Vec<f64>>>> {
+        let at = self.block.source_offset(v.span().start);
+        match v.get_ref() {
+            DeValue::String(s) => Some(Field { value: Input::Ref(s.to_string()), at: at + 1 }),
+            DeValue::Array(a) => {
+                let n = self.problems.len();
+                let xs: Vec<f64> = a.iter().filter_map(|x| self.scalar(x)).collect();
+                (self.problems.len() == n).then_some(Field { value: Input::Literal(xs), at })
+            }
+            _ => {
+                self.wrong(v, "a list of numbers or a reference", "`[1, 0]` or `\"example.path\"`");
+                None
+            }
+        }
+    }
+
+    fn matrix(&mut self, v: &Value<'_>) -> Option<Field<Input<Vec<Vec<f64>>>>> {
+        let at = self.block.source_offset(v.span().start);
+        match v.get_ref() {
+            DeValue::String(s) => Some(Field { value: Input::Ref(s.to_string()), at: at + 1 }),
+            DeValue::Array(rows) => {
+                let n = self.problems.len();
+                let mut out = Vec::new();
+                for row in rows.iter() {
+                    match row.get_ref() {
+                        DeValue::Array(xs) => {
+                            out.push(xs.iter().filter_map(|x| self.scalar(x)).collect::<Vec<_>>())
+                        }
+                        // A bare number is a one-wide row: `values = [2, 6, 4]`.
+                        DeValue::Integer(_) | DeValue::Float(_) => {
+                            out.push(self.scalar(row).into_iter().collect());
+                        }
+                        _ => self.wrong(row, "a row of numbers", "a row such as `[1, 0]`"),
+                    }
+                }
+                if self.problems.len() > n {
+                    return None;
+                }
+                if let Some(bad) = out.iter().position(|r| r.len() != out[0].len()) {
+                    let found = self.snippet(&rows[bad]);
+                    self.problem(
+                        rows[bad].span().start,
+                        format!(
+                            "row {} has {} numbers but row 1 has {}",
+                            bad + 1,
+                            out[bad].len(),
+                            out[0].len()
+                        ),
+                        found,
+                        "rows of equal length",
+                    );
+                    return None;
+                }
+                if out.is_empty() || out[0].is_empty() {
+                    self.wrong(v, "at least one row of numbers", "`[[1, 0], [0, 1]]`");
+                    return None;
+                }
+                Some(Field { value: Input::Literal(out), at })
+            }
+            _ => {
+                self.wrong(v, "rows of numbers or a reference", "`[[1, 0], [0, 1]]` or `\"example.keys\"`");
+                None
+            }
+        }
+    }
+
+    fn mask(&mut self, v: &Value<'_>) -> Option<Field<Mask>> {
+        let at = self.block.source_offset(v.span().start);
+        match v.get_ref() {
+            DeValue::String(s) if s == "causal" => Some(Field { value: Mask::Causal, at }),
+            DeValue::Array(rows) => {
+                let table: Option<Vec<Vec<bool>>> = rows
+                    .iter()
+                    .map(|r| {
+                        r.get_ref()
+                            .as_array()
+                            .and_then(|xs| xs.iter().map(|x| x.get_ref().as_bool()).collect())
+                    })
+                    .collect();
+                match table {
+                    Some(t) => Some(Field { value: Mask::Keep(t), at }),
+                    None => {
+                        self.wrong(v, "a mask", "`\"causal\"` or rows of `true`/`false`");
+                        None
+                    }
+                }
+            }
+            _ => {
+                self.wrong(v, "a mask", "`\"causal\"` or rows of `true`/`false` (true = may attend)");
+                None
+            }
+        }
+    }
+
+    fn figure_kind(&mut self, v: &Value<'_>) -> Option<FigureKind> {
+        let name = self.string(v, "a figure kind")?;
+        match FigureKind::from_name(&name.value) {
+            Some(k) => Some(k),
+            None => {
+                let hint = closest(&name.value, FigureKind::NAMES)
+                    .map(|k| format!(" (did you mean `{k}`?)"))
+                    .unwrap_or_default();
+                let found = self.snippet(v);
+                self.problem(
+                    v.span().start,
+                    format!("unknown figure kind `{}`{hint}", name.value),
+                    found,
+                    format!("one of: {}", FigureKind::NAMES.join(", ")),
+                );
+                None
+            }
+        }
+    }
+}

@@ -1,0 +1,345 @@
+//! Figures: what each declared figure shows, computed from the examples (or seeded Monte Carlo),
+//! fingerprinted by a content hash, and rendered with `qkv-plot` only when that hash changes.
+
+mod montecarlo;
+
+use std::f64::consts::PI;
+use std::fmt::Write;
+
+use qkv_plot::{Heatmap, LineChart, QueryDiagram, Scale, ScoreCurves, Series, Size, Vector2, VerticalMarker};
+use sha2::{Digest, Sha256};
+
+use crate::eval::{AttentionInputs, AttentionResult, array};
+use crate::examples::FigureDecl;
+
+/// The kinds of figure a `qkv figure` block can ask for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FigureKind {
+    /// The weight matrix of an example, masked cells marked.
+    Heatmap,
+    /// Keys and one query as arrows in the plane, with that query's weights.
+    QueryDiagram,
+    /// Weights and output as the query sweeps the circle through its current position.
+    ScoreCurve,
+    /// Monte Carlo: variance of `q · k` against `d_k`, raw and divided by `sqrt(d_k)`.
+    ScalingVariance,
+    /// Monte Carlo: the largest softmax weight against `d_k`, raw and scaled scores.
+    ScalingSaturation,
+}
+
+impl FigureKind {
+    /// The names authors write in `kind = "..."`.
+    pub(crate) const NAMES: &'static [&'static str] =
+        &["heatmap", "query-diagram", "score-curve", "scaling-variance", "scaling-saturation"];
+
+    pub(crate) fn from_name(name: &str) -> Option<Self> {
+        Some(match name {
+            "heatmap" => Self::Heatmap,
+            "query-diagram" => Self::QueryDiagram,
+            "score-curve" => Self::ScoreCurve,
+            "scaling-variance" => Self::ScalingVariance,
+            "scaling-saturation" => Self::ScalingSaturation,
+            _ => return None,
+        })
+    }
+
+    /// Whether the figure draws an attention example (and so needs `example`).
+    pub(crate) fn needs_example(self) -> bool {
+        matches!(self, Self::Heatmap | Self::QueryDiagram | Self::ScoreCurve)
+    }
+
+    /// Whether it follows one query (and so needs `query`).
+    pub(crate) fn needs_query(self) -> bool {
+        matches!(self, Self::QueryDiagram | Self::ScoreCurve)
+    }
+}
+
+/// Bumped when the Monte Carlo code changes, so its figures re-render.
+const MONTE_CARLO_VERSION: u32 = 1;
+
+/// Everything a figure needs to be drawn, as `qkv-plot` input.
+#[derive(Debug, Clone)]
+pub(crate) enum Plot {
+    Heatmap(Heatmap),
+    QueryDiagram(QueryDiagram),
+    ScoreCurves(ScoreCurves),
+    Line(LineChart),
+}
+
+/// A figure ready to hash and, if stale, to render.
+#[derive(Debug, Clone)]
+pub(crate) struct Prepared {
+    /// Fingerprint of the figure's inputs (16 hex digits).
+    pub hash: String,
+    /// Alt text describing what the figure shows, with its numbers.
+    pub alt: String,
+    /// Builds the plot input; deferred because Monte Carlo data is only needed when re-rendering.
+    pub plot: Deferred,
+}
+
+/// The plot input, or how to compute it.
+#[derive(Debug, Clone)]
+pub(crate) enum Deferred {
+    Ready(Box<Plot>),
+    Variance { seed: u64, trials: usize, dims: Vec<usize> },
+    Saturation { seed: u64, trials: usize, dims: Vec<usize> },
+}
+
+fn hash_of(text: &str) -> String {
+    let digest = Sha256::digest(text.as_bytes());
+    digest.iter().take(8).fold(String::new(), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
+}
+
+/// Two decimals, for alt text.
+fn two(x: f64) -> String {
+    crate::format::fixed(x, 2)
+}
+
+/// Prepares an example-based figure. `query` is the index of the followed query, if any.
+pub(crate) fn prepare_example(
+    decl: &FigureDecl,
+    inputs: &AttentionInputs,
+    result: &AttentionResult,
+    query: Option<usize>,
+) -> Result<Prepared, String> {
+    let (rows, cols) = (inputs.query_labels(), inputs.key_labels());
+    let weights: Vec<Vec<f64>> = result.weights.rows().into_iter().map(|r| r.to_vec()).collect();
+    let plot = match decl.kind {
+        FigureKind::Heatmap => {
+            let mut h = Heatmap::new(rows.clone(), cols.clone(), weights.clone());
+            h.title = "Attention weights".to_string();
+            if result.traces.iter().any(|t| t.kept.iter().any(|k| !k)) {
+                h.masked = Some(result.traces.iter().map(|t| t.kept.iter().map(|k| !k).collect()).collect());
+            }
+            h.highlight_row = query;
+            h.value_range = Some((0.0, 1.0));
+            Plot::Heatmap(h)
+        }
+        FigureKind::QueryDiagram | FigureKind::ScoreCurve => {
+            let i = query.ok_or("a `query` naming one of the example's tokens")?;
+            if inputs.keys[0].len() != 2 {
+                return Err(format!(
+                    "an example with 2-wide queries and keys to draw in the plane (this one has d_k = {})",
+                    inputs.keys[0].len()
+                ));
+            }
+            let q = &inputs.queries[i];
+            if decl.kind == FigureKind::QueryDiagram {
+                let keys = cols
+                    .iter()
+                    .zip(&inputs.keys)
+                    .map(|(l, k)| Vector2::new(format!("k {l}"), k[0], k[1]))
+                    .collect();
+                let mut d = QueryDiagram::new(
+                    keys,
+                    Vector2::new(format!("q {}", rows[i]), q[0], q[1]),
+                    weights[i].clone(),
+                );
+                d.title = format!("Query “{}” and the keys", rows[i]);
+                Plot::QueryDiagram(d)
+            } else {
+                Plot::ScoreCurves(score_curves(inputs, i, &rows[i])?)
+            }
+        }
+        FigureKind::ScalingVariance | FigureKind::ScalingSaturation => {
+            return Err("an example-free figure".into());
+        }
+    };
+    let alt = match decl.kind {
+        FigureKind::Heatmap => {
+            let rows_text: Vec<String> = rows
+                .iter()
+                .zip(&weights)
+                .map(|(r, w)| {
+                    format!("row {r}: {}", w.iter().map(|&x| two(x)).collect::<Vec<_>>().join(", "))
+                })
+                .collect();
+            format!(
+                "Heatmap of the attention weights, one row per query and one column per key ({}); {}.",
+                cols.join(", "),
+                rows_text.join("; ")
+            )
+        }
+        FigureKind::QueryDiagram => {
+            let i = query.unwrap_or(0);
+            let parts: Vec<String> =
+                cols.iter().zip(&weights[i]).map(|(c, w)| format!("{c} {}", two(*w))).collect();
+            format!(
+                "Arrows for the keys and the query of “{}” in the plane; its weights: {}.",
+                rows[i],
+                parts.join(", ")
+            )
+        }
+        _ => {
+            let i = query.unwrap_or(0);
+            let out: Vec<String> = result.output.row(i).iter().map(|&x| two(x)).collect();
+            format!(
+                "Curves of each key's weight and of the output as the query of “{}” turns around the circle; at its current direction the output is {}.",
+                rows[i],
+                out.join(", ")
+            )
+        }
+    };
+    let hash = hash_of(&format!("{plot:?}|{alt}"));
+    Ok(Prepared { hash, alt, plot: Deferred::Ready(Box::new(plot)) })
+}
+
+/// Sweeps the query's direction around the circle (same length), computing weights and output
+/// with the engine at each angle; the marker sits at the query's own angle.
+fn score_curves(inputs: &AttentionInputs, i: usize, label: &str) -> Result<ScoreCurves, String> {
+    let q = &inputs.queries[i];
+    let radius = q[0].hypot(q[1]);
+    if radius == 0.0 {
+        return Err("a query that is not the zero vector (it has no direction to sweep)".into());
+    }
+    let angle = q[1].atan2(q[0]).rem_euclid(2.0 * PI).to_degrees();
+    let degrees: Vec<f64> = (0..=180).map(|s| f64::from(s) * 2.0).collect();
+    let (k, v) = (array(&inputs.keys), array(&inputs.values));
+    let keep = inputs.keep_array();
+    // The swept query stands alone: it keeps exactly the keys query i may see under the mask.
+    let row_keep = match &inputs.mask {
+        None => None,
+        Some(_) => {
+            let probe = qkv::trace_query(
+                array(&inputs.queries).view(),
+                k.view(),
+                v.view(),
+                i,
+                &inputs.options(&keep),
+            )
+            .map_err(|e| e.to_string())?;
+            Some(
+                ndarray::Array2::from_shape_vec((1, probe.kept.len()), probe.kept)
+                    .map_err(|e| e.to_string())?,
+            )
+        }
+    };
+    let mut options = qkv::AttentionOptions::new();
+    if let Some(s) = inputs.scale {
+        options = options.scale(s);
+    }
+    if let Some(r) = &row_keep {
+        options = options.keep_mask(qkv::KeepMask::new(r.view()));
+    }
+    let n_k = inputs.keys.len();
+    let d_v = inputs.values[0].len();
+    let mut weights = vec![Vec::with_capacity(degrees.len()); n_k];
+    let mut outputs = vec![Vec::with_capacity(degrees.len()); d_v];
+    for &deg in &degrees {
+        let t = deg.to_radians();
+        let q = ndarray::Array2::from_shape_vec((1, 2), vec![radius * t.cos(), radius * t.sin()])
+            .map_err(|e| e.to_string())?;
+        let a =
+            qkv::reference::attention(q.view(), k.view(), v.view(), &options).map_err(|e| e.to_string())?;
+        for (j, series) in weights.iter_mut().enumerate() {
+            series.push(a.weights[[0, j]]);
+        }
+        for (c, series) in outputs.iter_mut().enumerate() {
+            series.push(a.output[[0, c]]);
+        }
+    }
+    let labels = inputs.key_labels();
+    let here: Vec<String> = inputs.queries[i].iter().map(|&x| crate::format::fixed(x, 2)).collect();
+    let out_here =
+        qkv::trace_query(array(&inputs.queries).view(), k.view(), v.view(), i, &inputs.options(&keep))
+            .map_err(|e| e.to_string())?;
+    let out_text: Vec<String> = out_here.output.iter().map(|&x| two(x)).collect();
+    let mut curves = ScoreCurves::new(
+        degrees,
+        labels.iter().zip(weights).map(|(l, w)| Series::new(format!("weight on {l}"), w)).collect(),
+        outputs
+            .into_iter()
+            .enumerate()
+            .map(|(c, o)| {
+                Series::new(if d_v == 1 { "output".to_string() } else { format!("output {}", c + 1) }, o)
+            })
+            .collect(),
+    );
+    curves.title = format!("Sweeping the query of “{label}” around the circle");
+    curves.x_title = "direction of q (degrees)".to_string();
+    curves.marker = Some(VerticalMarker {
+        x: angle,
+        label: format!("q = ({}): output {}", here.join(", "), out_text.join(", ")),
+    });
+    Ok(curves)
+}
+
+/// Prepares a Monte Carlo figure: hashed by its parameters, computed only when rendered.
+pub(crate) fn prepare_scaling(decl: &FigureDecl) -> Prepared {
+    let (seed, trials, dims) = (decl.seed, decl.trials, decl.dims.clone());
+    let dims_text = dims.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
+    let (alt, plot) = match decl.kind {
+        FigureKind::ScalingVariance => (
+            format!(
+                "Line chart over d_k = {dims_text} ({trials} random pairs each, seed {seed}): the variance of q·k grows like d_k, while q·k/√d_k stays near 1."
+            ),
+            Deferred::Variance { seed, trials, dims },
+        ),
+        _ => (
+            format!(
+                "Line chart over d_k = {dims_text} ({trials} random trials each, seed {seed}): without scaling the largest softmax weight climbs toward 1 (saturation); with scaling it stays put."
+            ),
+            Deferred::Saturation { seed, trials, dims },
+        ),
+    };
+    let hash = hash_of(&format!("montecarlo v{MONTE_CARLO_VERSION}|{:?}|{plot:?}|{alt}", decl.kind));
+    Prepared { hash, alt, plot }
+}
+
+/// Draws a prepared figure: SVG text and PNG bytes.
+pub(crate) fn render(prepared: &Prepared) -> Result<qkv_plot::Figure, String> {
+    let plot = match &prepared.plot {
+        Deferred::Ready(p) => (**p).clone(),
+        Deferred::Variance { seed, trials, dims } => {
+            let data = montecarlo::variance(*seed, *trials, dims);
+            let x: Vec<f64> = dims.iter().map(|&d| d as f64).collect();
+            let mut chart = LineChart::new(
+                x.clone(),
+                vec![
+                    Series::new("Var(q·k)", data.raw),
+                    Series::new("Var(q·k / √d_k)", data.scaled),
+                    Series::reference("d_k", x.clone()),
+                    Series::reference("1", vec![1.0; x.len()]),
+                ],
+            );
+            chart.title = "Why divide by √d_k: the spread of the scores".into();
+            chart.x_title = "d_k (width of q and k)".into();
+            chart.y_title = "variance over random pairs".into();
+            chart.x_scale = Scale::Log;
+            chart.y_scale = Scale::Log;
+            chart.markers = true;
+            Plot::Line(chart)
+        }
+        Deferred::Saturation { seed, trials, dims } => {
+            let data = montecarlo::saturation(*seed, *trials, dims).map_err(|e| e.to_string())?;
+            let x: Vec<f64> = dims.iter().map(|&d| d as f64).collect();
+            let mut chart = LineChart::new(
+                x,
+                vec![
+                    Series::new("raw scores q·k", data.raw),
+                    Series::new("scaled scores q·k / √d_k", data.scaled),
+                ],
+            );
+            chart.title = "Largest softmax weight among 8 keys".into();
+            chart.x_title = "d_k (width of q and k)".into();
+            chart.y_title = "mean of the largest weight".into();
+            chart.x_scale = Scale::Log;
+            chart.y_range = Some((0.0, 1.0));
+            chart.markers = true;
+            Plot::Line(chart)
+        }
+    };
+    let result = match &plot {
+        Plot::Heatmap(h) => qkv_plot::heatmap(h, Size::new(560, 460)),
+        Plot::QueryDiagram(d) => qkv_plot::query_diagram(d, Size::square(480)),
+        Plot::ScoreCurves(c) => qkv_plot::score_curves(c, Size::new(720, 420)),
+        Plot::Line(c) => qkv_plot::line_chart(c, Size::new(640, 420)),
+    };
+    result.map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,30 @@
+use super::*;
+
+#[test]
+fn raw_variance_grows_like_d_k_and_scaled_stays_near_one() {
+    let pair = montecarlo::variance(7, 4000, &[1, 16, 256]);
+    for (i, d) in [1.0, 16.0, 256.0].into_iter().enumerate() {
+        assert!((pair.raw[i] / d - 1.0).abs() < 0.15, "Var(q·k) at d_k = {d}: {}", pair.raw[i]);
+        assert!((pair.scaled[i] - 1.0).abs() < 0.15, "scaled variance at d_k = {d}: {}", pair.scaled[i]);
+    }
+}
+
+#[test]
+fn unscaled_softmax_saturates_and_scaled_does_not() {
+    let pair = montecarlo::saturation(7, 2000, &[1, 256]).expect("valid shapes");
+    assert!(pair.raw[1] > 0.9, "raw scores at d_k = 256: {}", pair.raw[1]);
+    assert!(pair.scaled[1] < 0.6, "scaled scores at d_k = 256: {}", pair.scaled[1]);
+}
+
+#[test]
+fn monte_carlo_is_deterministic() {
+    assert_eq!(montecarlo::variance(3, 100, &[4]), montecarlo::variance(3, 100, &[4]));
+}
+
+#[test]
+fn kinds_round_trip_through_their_names() {
+    for name in FigureKind::NAMES {
+        let kind = FigureKind::from_name(name).expect("known");
+        assert_eq!(FigureKind::NAMES[kind as usize], *name);
+    }
+}

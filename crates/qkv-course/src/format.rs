@@ -1,0 +1,91 @@
+//! How numbers are shown: fixed decimals for citations, and the lesson's rule for steps
+//! (exact integers bare, everything else at the lesson's precision, `≈` when rounding shows).
+
+/// A citation's number format: `:2` is two decimals, `:1%` a percentage with one decimal, `:4g`
+/// four decimals but exact integers bare (`0`, not `0.0000`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Format {
+    pub decimals: usize,
+    pub percent: bool,
+    pub bare_integers: bool,
+}
+
+impl Format {
+    /// Parses the part after the last `:` of a citation.
+    pub(crate) fn parse(spec: &str) -> Option<Self> {
+        let (spec, bare_integers) = match spec.strip_suffix('g') {
+            Some(d) => (d, true),
+            None => (spec, false),
+        };
+        let (digits, percent) = match spec.strip_suffix('%') {
+            Some(d) => (d, true),
+            None => (spec, false),
+        };
+        if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        let decimals = digits.parse().ok().filter(|&d: &usize| d <= 12)?;
+        Some(Self { decimals, percent, bare_integers })
+    }
+
+    /// Formats `x`, which the caller has checked is finite.
+    pub(crate) fn apply(self, x: f64) -> String {
+        let x = if self.percent { 100.0 * x } else { x };
+        let decimals = if self.bare_integers && x == x.trunc() { 0 } else { self.decimals };
+        let text = fixed(x, decimals);
+        if self.percent { format!("{text}%") } else { text }
+    }
+}
+
+/// `x` with `decimals` decimals; never prints a negative zero.
+pub(crate) fn fixed(x: f64, decimals: usize) -> String {
+    if x == f64::NEG_INFINITY {
+        return "-∞".to_string();
+    }
+    if x == f64::INFINITY {
+        return "∞".to_string();
+    }
+    let s = format!("{x:.decimals$}");
+    if s.starts_with('-') && s[1..].bytes().all(|b| b == b'0' || b == b'.') { s[1..].to_string() } else { s }
+}
+
+/// A number shown in worked steps: exact integers bare (`1`, `6`), others at `digits` decimals.
+#[derive(Debug, Clone)]
+pub(crate) struct Shown {
+    /// The text as printed.
+    pub text: String,
+    /// The printed value, in units of `10^-digits` (for exact sums of shown terms).
+    pub units: i128,
+    /// Whether the printed text is the value exactly.
+    pub exact: bool,
+}
+
+/// Shows `x` at `digits` decimals following the lesson's rule.
+pub(crate) fn shown(x: f64, digits: usize) -> Shown {
+    let scale = 10f64.powi(digits as i32);
+    if x.is_finite() && x == x.trunc() && x.abs() < 1e15 {
+        let text = fixed(x, 0);
+        return Shown { units: (x as i128) * scale as i128, text, exact: true };
+    }
+    if !x.is_finite() {
+        return Shown { text: fixed(x, 0), units: 0, exact: true };
+    }
+    let text = fixed(x, digits);
+    let value: f64 = text.parse().unwrap_or(x);
+    Shown { units: (value * scale).round() as i128, exact: value == x, text }
+}
+
+/// The relation to print between an expression of shown operands and a shown result:
+/// `=` only when the printed equation is true of the printed numbers.
+pub(crate) fn relation(exact: bool) -> &'static str {
+    if exact { "=" } else { r"\approx" }
+}
+
+/// `=` when the shown terms add up exactly to the shown total and nothing was rounded.
+pub(crate) fn sum_relation(terms: &[Shown], total: &Shown) -> &'static str {
+    let sum: i128 = terms.iter().map(|t| t.units).sum();
+    relation(sum == total.units && terms.iter().all(|t| t.exact) && total.exact)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,46 @@
+use super::*;
+
+fn check_fixed(x: f64, decimals: usize, expected: &str) {
+    assert_eq!(fixed(x, decimals), expected, "fixed({x}, {decimals})");
+}
+
+#[test]
+fn fixed_rounds_and_drops_negative_zero() {
+    check_fixed(4.40653, 2, "4.41");
+    check_fixed(-0.00001, 3, "0.000");
+    check_fixed(-0.5, 4, "-0.5000");
+    check_fixed(f64::NEG_INFINITY, 4, "-∞");
+    check_fixed(6.0, 0, "6");
+}
+
+#[test]
+fn format_specs() {
+    assert_eq!(Format::parse("2"), Some(Format { decimals: 2, percent: false, bare_integers: false }));
+    assert_eq!(Format::parse("0%"), Some(Format { decimals: 0, percent: true, bare_integers: false }));
+    assert_eq!(
+        Format::parse("4g").map(|f| (f.apply(0.0), f.apply(0.25))),
+        Some(("0".into(), "0.2500".into()))
+    );
+    assert_eq!(Format::parse("two"), None);
+    assert_eq!(Format::parse(""), None);
+    assert_eq!(Format::parse("2").map(|f| f.apply(0.7310585)), Some("0.73".to_string()));
+    assert_eq!(Format::parse("0%").map(|f| f.apply(0.66)), Some("66%".to_string()));
+}
+
+#[test]
+fn shown_numbers_say_when_they_are_rounded() {
+    let one = shown(1.0, 4);
+    assert_eq!((one.text.as_str(), one.exact), ("1", true));
+    let w = shown(0.19782, 4);
+    assert_eq!((w.text.as_str(), w.exact, w.units), ("0.1978", false, 1978));
+    let half = shown(0.5, 4);
+    assert_eq!((half.text.as_str(), half.exact), ("0.5000", true));
+}
+
+#[test]
+fn sums_of_rounded_terms_get_approx() {
+    let terms = [shown(0.39564, 4), shown(2.40654, 4), shown(1.60436, 4)];
+    assert_eq!(sum_relation(&terms, &shown(4.40654, 4)), r"\approx");
+    let exact = [shown(1.0, 4), shown(2.0, 4)];
+    assert_eq!(sum_relation(&exact, &shown(3.0, 4)), "=");
+}

@@ -1,0 +1,47 @@
+use super::*;
+use crate::eval::array;
+
+fn sentence() -> AttentionInputs {
+    AttentionInputs {
+        tokens: Some(vec!["I".into(), "love".into(), "NLP".into()]),
+        queries: vec![vec![1.0, 0.0], vec![0.0, 1.0], vec![1.0, 1.0]],
+        keys: vec![vec![1.0, 0.0], vec![0.0, 1.0], vec![1.0, 1.0]],
+        values: vec![vec![2.0], vec![6.0], vec![4.0]],
+        mask: None,
+        scale: None,
+    }
+}
+
+fn trace(inputs: &AttentionInputs, i: usize) -> qkv::QueryTrace {
+    let (q, k, v) = (array(&inputs.queries), array(&inputs.keys), array(&inputs.values));
+    let keep = inputs.keep_array();
+    qkv::trace_query(q.view(), k.view(), v.view(), i, &inputs.options(&keep)).expect("valid example")
+}
+
+#[test]
+fn love_query_worked_steps() {
+    let inputs = sentence();
+    insta::assert_snapshot!(attention_steps(&inputs, &trace(&inputs, 1), "love", DEFAULT_DIGITS));
+}
+
+#[test]
+fn masked_love_query_worked_steps() {
+    let inputs = AttentionInputs { mask: Some(crate::examples::Mask::Causal), ..sentence() };
+    insta::assert_snapshot!(attention_steps(&inputs, &trace(&inputs, 1), "love", DEFAULT_DIGITS));
+}
+
+#[test]
+fn rounded_terms_say_approx_and_exact_ones_say_equals() {
+    let inputs = sentence();
+    let steps = attention_steps(&inputs, &trace(&inputs, 1), "love", DEFAULT_DIGITS);
+    assert!(steps.contains(r"0.3956 + 2.4067 + 1.6044 \approx 4.4067"), "{steps}");
+    let masked = AttentionInputs { mask: Some(crate::examples::Mask::Causal), ..sentence() };
+    let first = attention_steps(&masked, &trace(&masked, 0), "I", DEFAULT_DIGITS);
+    assert!(first.contains(r"\operatorname{output} = 2 = 2"), "{first}");
+}
+
+#[test]
+fn labels_are_escaped_for_tex() {
+    assert_eq!(tex_label("a_b"), r"\text{a\_b}");
+    assert_eq!(tex_label("3"), "3");
+}
