@@ -1,4 +1,5 @@
 //! End-to-end tests of the whole workspace, driving the real `xtask` binary as a user would.
 
 mod attend;
+mod content;
 mod support;

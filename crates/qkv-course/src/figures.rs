@@ -242,7 +242,7 @@ fn score_curves(inputs: &AttentionInputs, i: usize, label: &str) -> Result<Score
         }
     }
     let labels = inputs.key_labels();
-    let here: Vec<String> = inputs.queries[i].iter().map(|&x| crate::format::fixed(x, 2)).collect();
+    let here: Vec<String> = inputs.queries[i].iter().map(|&x| crate::format::shown(x, 2).text).collect();
     let out_here =
         qkv::trace_query(array(&inputs.queries).view(), k.view(), v.view(), i, &inputs.options(&keep))
             .map_err(|e| e.to_string())?;

@@ -40,7 +40,7 @@ fn tuple(xs: &[Shown]) -> String {
     if xs.len() == 1 {
         return tex(&xs[0]);
     }
-    format!("({})", xs.iter().map(tex).collect::<Vec<_>>().join(r",\ "))
+    format!("({})", xs.iter().map(tex).collect::<Vec<_>>().join(", "))
 }
 
 fn shown_all(xs: &[f64], digits: usize) -> Vec<Shown> {
@@ -124,7 +124,8 @@ pub(crate) fn attention_steps(
     let shifted = shown_all(&trace.shifted, digits);
     let _ = writeln!(
         out,
-        "3. **Subtract the max.** The largest score is ${}$; subtracting it gives ${} {}$, so no exponential can overflow.",
+        "3. **Subtract the max.** The largest score is ${}$: $s - {} {} {}$, so no exponential can overflow.",
+        tex(&m),
         tex(&m),
         relation(all_exact(&shifted)),
         tuple(&shifted)
@@ -170,6 +171,10 @@ pub(crate) fn attention_steps(
     let sums: Vec<String> = (0..output.len())
         .map(|c| {
             let column: Vec<Shown> = kept.iter().map(|&j| terms[j][c].clone()).collect();
+            if column.len() == 1 {
+                // One kept key: the output is that term itself.
+                return tex(&output[c]);
+            }
             format!(
                 "{} {} {}",
                 column.iter().map(tex).collect::<Vec<_>>().join(" + "),

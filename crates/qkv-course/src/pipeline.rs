@@ -271,8 +271,14 @@ fn stale_places(sources: &Sources, plan: &Plan) -> Vec<Stale> {
         for ext in ["svg", "png"] {
             let name = format!("figures/{}.{ext}", job.id);
             if !sources.figures.contains(&name) {
+                // Figures sit beside the lesson files, so name them the same way.
+                let folder = sources
+                    .markdown
+                    .first()
+                    .and_then(|f| f.path.rsplit_once(['/', '\\']))
+                    .map_or("", |(d, _)| d);
                 stale.push(Stale {
-                    file: name.clone(),
+                    file: if folder.is_empty() { name.clone() } else { format!("{folder}/{name}") },
                     line: 1,
                     what: format!("figure {}", job.id),
                     expected: "the rendered figure".into(),

@@ -1,0 +1,168 @@
+//! The lesson pipeline end to end: `cargo xtask build-content` on the committed lesson and on
+//! edited copies of it.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::support::{numpy_available, xtask};
+
+fn content_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").join("content")
+}
+
+/// A copy of `content/` in a fresh temporary folder.
+fn copy_of_content() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("temp dir");
+    copy_dir(&content_dir(), &dir.path().join("content"));
+    dir
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    fs::create_dir_all(to).expect("create dir");
+    for entry in fs::read_dir(from).expect("read dir").flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            copy_dir(&path, &to.join(entry.file_name()));
+        } else {
+            fs::copy(&path, to.join(entry.file_name())).expect("copy file");
+        }
+    }
+}
+
+/// Every file under `dir` with its bytes, for "nothing was written" comparisons.
+fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    for entry in fs::read_dir(dir).expect("read dir").flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            out.extend(snapshot(&path));
+        } else {
+            out.push((path.clone(), fs::read(&path).expect("read file")));
+        }
+    }
+    out.sort();
+    out
+}
+
+fn arg(p: &Path) -> &str {
+    p.to_str().expect("utf-8 temp path")
+}
+
+/// rust-analyzer's "generated file is stale → test fails": a plain `cargo test` runs the check.
+#[test]
+fn committed_lesson_is_up_to_date() {
+    let run = xtask(&["build-content", "--check"]);
+    assert_eq!(run.status, 0, "the committed lesson is stale or broken:\n{}", run.stderr);
+}
+
+#[test]
+fn changing_v_love_is_caught_by_check_and_fixed_by_one_build() {
+    let dir = copy_of_content();
+    let content = dir.path().join("content");
+    let out = dir.path().join("site");
+    let lesson = content.join("01-attention.md");
+    let text = fs::read_to_string(&lesson).expect("lesson");
+    let edited = text.replacen("values = [[2], [6], [4]]", "values = [[2], [5], [4]]", 1);
+    assert_ne!(text, edited, "the lesson declares v_love = 6");
+    fs::write(&lesson, &edited).expect("write");
+
+    let check = xtask(&["build-content", "--check", "--content", arg(&content)]);
+    assert_eq!(check.status, 1, "{}", check.stderr);
+    assert!(check.stderr.contains("01-attention.md:"), "{}", check.stderr);
+    assert!(
+        check.stderr.contains("expected 4.01, found 4.41 (citation sentence.love.output)"),
+        "{}",
+        check.stderr
+    );
+    assert!(check.stderr.contains("(steps sentence.love)"), "{}", check.stderr);
+    assert!(check.stderr.contains("(figure love-sweep)"), "{}", check.stderr);
+    assert!(check.stderr.contains("run `cargo xtask build-content`"), "{}", check.stderr);
+
+    let build = xtask(&["build-content", "--content", arg(&content), "--out", arg(&out)]);
+    assert_eq!(build.status, 0, "{}", build.stderr);
+    let again = xtask(&["build-content", "--check", "--content", arg(&content)]);
+    assert_eq!(again.status, 0, "{}", again.stderr);
+
+    let rebuilt = fs::read_to_string(&lesson).expect("lesson");
+    assert!(rebuilt.contains("**[4.01](=sentence.love.output:2)**"), "prose");
+    assert!(rebuilt.contains(r"\approx 4.0056$"), "worked steps");
+    assert!(rebuilt.contains("| love | (0, 1) | (0, 1) | 5 |"), "inputs table");
+    assert!(rebuilt.contains("output:  4.0056"), "laboratory printout");
+    let sweep = fs::read_to_string(content.join("figures/love-sweep.svg")).expect("figure");
+    assert!(sweep.contains("output 4.01"), "figure marker");
+    let page = fs::read_to_string(out.join("attention.html")).expect("page");
+    assert!(page.contains(">4.01</span>"), "page");
+    assert!(!page.contains(">4.41</span>"), "no stale output left on the page");
+    let masked = fs::read_to_string(content.join("02-causal-masking.md")).expect("section 2");
+    assert!(masked.contains("[4.01](=attention.sentence.love.output:2)"), "cross-section citation");
+}
+
+#[test]
+fn a_second_build_changes_nothing() {
+    let dir = copy_of_content();
+    let content = dir.path().join("content");
+    let before = snapshot(&content);
+    let build = xtask(&["build-content", "--content", arg(&content), "--out", arg(&dir.path().join("site"))]);
+    assert_eq!(build.status, 0, "{}", build.stderr);
+    assert!(build.stdout.contains("0 files rewritten, 0 figures re-rendered"), "{}", build.stdout);
+    assert_eq!(before, snapshot(&content));
+    for page in [
+        "index.html",
+        "attention.html",
+        "causal-masking.html",
+        "style.css",
+        "figures/love-sweep.svg",
+        "figures/love-sweep.png",
+    ] {
+        assert!(dir.path().join("site").join(page).is_file(), "{page} missing from the site");
+    }
+}
+
+#[test]
+fn bad_content_fails_with_a_position_and_writes_nothing() {
+    let dir = copy_of_content();
+    let content = dir.path().join("content");
+    let lesson = content.join("01-attention.md");
+    let text = fs::read_to_string(&lesson).expect("lesson");
+    // A stale number (would be rewritten) and a misspelt reference (an error) in the same run.
+    let broken = text.replacen("values = [[2], [6], [4]]", "values = [[2], [5], [4]]", 1).replacen(
+        "(=sentence.I.output:2)",
+        "(=sentence.I.outptu:2)",
+        1,
+    );
+    fs::write(&lesson, &broken).expect("write");
+    let before = snapshot(&content);
+    let out = dir.path().join("site");
+    let build = xtask(&["build-content", "--content", arg(&content), "--out", arg(&out)]);
+    assert_eq!(build.status, 1, "{}", build.stderr);
+    assert!(build.stderr.contains("01-attention.md:"), "{}", build.stderr);
+    assert!(build.stderr.contains("unknown reference `sentence.I.outptu`"), "{}", build.stderr);
+    assert!(build.stderr.contains("nothing was written"), "{}", build.stderr);
+    assert_eq!(before, snapshot(&content), "the author's files were touched");
+    assert!(!out.exists(), "a failed build wrote the site");
+}
+
+#[test]
+fn the_notebook_prints_what_the_lesson_says() {
+    let dir = copy_of_content();
+    let out = dir.path().join("site");
+    let build = xtask(&["build-content", "--content", arg(&dir.path().join("content")), "--out", arg(&out)]);
+    assert_eq!(build.status, 0, "{}", build.stderr);
+    let text = fs::read_to_string(out.join("notebooks/attention-sentence-love.ipynb")).expect("notebook");
+    let nb: serde_json::Value = serde_json::from_str(&text).expect("notebook is JSON");
+    assert_eq!(nb["nbformat"], 4);
+    let cell = &nb["cells"][1];
+    let join = |v: &serde_json::Value| {
+        v.as_array().expect("lines").iter().filter_map(|l| l.as_str()).collect::<String>()
+    };
+    let code = join(&cell["source"]);
+    let expected = join(&cell["outputs"][0]["text"]);
+    assert!(expected.contains("output:  4.4067"), "{expected}");
+    if !numpy_available("the_notebook_prints_what_the_lesson_says") {
+        return;
+    }
+    let run = Command::new("python3").args(["-c", &code]).output().expect("python3 runs");
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    assert_eq!(String::from_utf8_lossy(&run.stdout), expected);
+}
