@@ -140,8 +140,9 @@ impl<'d> Evaluator<'d> {
         }
         let mut known: Vec<String> = self
             .decls
-            .keys()
-            .filter_map(|k| {
+            .iter()
+            .filter(|(_, d)| !matches!(d.kind, DeclKind::Figure(_)))
+            .filter_map(|(k, _)| {
                 let (s, id) = k.split_once('.')?;
                 Some(if s == self.sections[doc] { id.to_string() } else { k.clone() })
             })

@@ -260,6 +260,7 @@ fn score_curves(inputs: &AttentionInputs, i: usize, label: &str) -> Result<Score
     );
     curves.title = format!("Sweeping the query of “{label}” around the circle");
     curves.x_title = "direction of q (degrees)".to_string();
+    curves.x_ticks = Some((0..=8).map(|i| f64::from(i) * 45.0).collect());
     curves.marker = Some(VerticalMarker {
         x: angle,
         label: format!("q = ({}): output {}", here.join(", "), out_text.join(", ")),
@@ -333,10 +334,11 @@ pub(crate) fn render(prepared: &Prepared) -> Result<qkv_plot::Figure, String> {
         }
     };
     let result = match &plot {
-        Plot::Heatmap(h) => qkv_plot::heatmap(h, Size::new(560, 460)),
-        Plot::QueryDiagram(d) => qkv_plot::query_diagram(d, Size::square(480)),
-        Plot::ScoreCurves(c) => qkv_plot::score_curves(c, Size::new(720, 420)),
-        Plot::Line(c) => qkv_plot::line_chart(c, Size::new(640, 420)),
+        // PNGs at two pixels per CSS pixel, so the download stays sharp on high-density screens.
+        Plot::Heatmap(h) => qkv_plot::heatmap(h, Size::new(560, 460).with_png_scale(2)),
+        Plot::QueryDiagram(d) => qkv_plot::query_diagram(d, Size::square(480).with_png_scale(2)),
+        Plot::ScoreCurves(c) => qkv_plot::score_curves(c, Size::new(720, 420).with_png_scale(2)),
+        Plot::Line(c) => qkv_plot::line_chart(c, Size::new(640, 420).with_png_scale(2)),
     };
     result.map_err(|e| e.to_string())
 }

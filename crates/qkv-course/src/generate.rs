@@ -207,7 +207,13 @@ pub(crate) fn softmax_steps(trace: &qkv::QueryTrace, digits: usize) -> String {
         tuple(&scores),
         tuple(&shifted)
     );
-    let _ = writeln!(out, "2. **Exponentiate:** ${} {}$.", relation(all_exact(&exps)), tuple(&exps));
+    let _ = writeln!(
+        out,
+        "2. **Exponentiate:** $e^{{{}}} {} {}$.",
+        tuple(&shifted),
+        relation(all_exact(&exps)),
+        tuple(&exps)
+    );
     let _ = writeln!(
         out,
         "3. **Sum:** ${} {} {}$.",

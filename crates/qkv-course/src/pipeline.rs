@@ -143,6 +143,9 @@ struct Edit {
 /// A figure to (maybe) render.
 struct FigureJob {
     id: String,
+    /// Where the figure's region is, for errors while drawing.
+    doc: usize,
+    at: usize,
     prepared: Prepared,
 }
 
@@ -184,38 +187,36 @@ pub fn build(sources: &Sources) -> Result<Build, ContentErrors> {
                     });
                     figures.push(FigureFile { name: format!("figures/{}.png", job.id), bytes: f.png });
                 }
-                Err(e) => problems.push(format!("figure `{}` could not be drawn: {e}", job.id)),
+                Err(e) => problems.push(Problem::new(
+                    job.doc,
+                    job.at,
+                    format!("figure `{}` could not be drawn: {e}", job.id),
+                    format!("<!-- qkv figure {} -->", job.id),
+                    "data the figure renderer accepts",
+                )),
             }
         }
     }
     if !problems.is_empty() {
-        return Err(ContentErrors(
-            problems
-                .into_iter()
-                .map(|message| ContentError {
-                    file: "content".into(),
-                    line: 1,
-                    column: 1,
-                    message,
-                    found: String::new(),
-                    expected: "figure data qkv-plot accepts".into(),
-                })
-                .collect(),
-        ));
+        return Err(locate(sources, problems));
     }
     let site = html::site(&markdown, &plan.figure_info, plan.notebooks.clone());
     Ok(Build { markdown, stale, figures, site })
 }
 
-/// Every example's full computed record, every intermediate at full precision, one per line:
-/// what the snapshot tests hold.
-pub fn records(sources: &Sources) -> Result<String, ContentErrors> {
+/// Every declaration's full computed record as `(qualified id, listing)`, in reading order: one
+/// line per value, `path = value`, numbers at full precision. What the snapshot tests hold.
+pub fn records(sources: &Sources) -> Result<Vec<(String, String)>, ContentErrors> {
     let plan = plan(sources)?;
-    let mut out = String::new();
-    for (key, node) in &plan.records {
-        node.dump(key, &mut out);
-    }
-    Ok(out)
+    Ok(plan
+        .records
+        .iter()
+        .map(|(key, node)| {
+            let mut out = String::new();
+            node.dump(key, &mut out);
+            (key.clone(), out)
+        })
+        .collect())
 }
 
 /// Whether a figure's committed region carries its current hash and both files exist.
@@ -726,7 +727,7 @@ fn generate_region(
             Ok(Generated {
                 body,
                 what: format!("figure {id}"),
-                figure: Some((FigureJob { id: id.to_string(), prepared }, info)),
+                figure: Some((FigureJob { id: id.to_string(), doc, at: region.start, prepared }, info)),
                 notebook: None,
             })
         }
