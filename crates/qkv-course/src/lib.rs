@@ -1,10 +1,23 @@
 //! The qkv lesson pipeline: markdown in, recomputed numbers, generated blocks, figures and HTML
-//! pages out. String in, string out: it never touches files (xtask does).
+//! pages out. String in, string out: it never touches files (`cargo xtask build-content` does).
 //!
-//! Data flow: each file is parsed ([`document`]) into `qkv` blocks (declarations), citations and
-//! generated regions; declarations are evaluated with the engine ([`eval`]); citations and regions
-//! get their new text ([`generate`], [`figures`]); the differences are the stale places; the
-//! updated markdown is rendered to HTML ([`html`]).
+//! Data flow: each lesson file is parsed (module `document`) into `qkv` blocks (declarations),
+//! citations and generated regions; declarations are evaluated with the engine's f64 reference
+//! path (`eval`); citations and regions get their new text (`generate`, `figures`); where that
+//! differs from the file, the place is stale; the updated markdown is rendered to HTML (`html`).
+//!
+//! ```no_run
+//! use qkv_course::{SourceFile, Sources};
+//! let sources = Sources {
+//!     markdown: vec![SourceFile { path: "content/01-attention.md".into(), text: String::new() }],
+//!     figures: Default::default(),
+//! };
+//! let stale = qkv_course::check(&sources)?;          // what `--check` reports
+//! let build = qkv_course::build(&sources)?;          // updated markdown, figures, site
+//! # Ok::<(), qkv_course::ContentErrors>(())
+//! ```
+//!
+//! The authoring format is described in `content/README.md`.
 
 mod document;
 mod error;
@@ -21,5 +34,5 @@ mod values;
 
 pub use error::{ContentError, ContentErrors};
 pub use pipeline::{
-    Build, FigureFile, OutputFile, SourceFile, Sources, Stale, build, check, records, section_id,
+    Build, FigureFile, OutputFile, SourceFile, Sources, Stale, build, check, records, section_id, stale_report,
 };
