@@ -1,0 +1,146 @@
+//! The rendered figure (SVG text plus PNG bytes), its size, and the one
+//! routine that draws a figure on both backends.
+
+use plotters::coord::Shift;
+use plotters::prelude::*;
+
+use crate::{PlotError, font};
+
+/// One rendered figure: the same picture as SVG text and as PNG bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Figure {
+    /// A standalone SVG document (`<svg …>…</svg>`), deterministic for a given input.
+    pub svg: String,
+    /// An 8-bit RGB PNG of the same picture at [`Figure::width`] × [`Figure::height`] pixels.
+    pub png: Vec<u8>,
+    /// Width in pixels (SVG user units and PNG pixels alike).
+    pub width: u32,
+    /// Height in pixels.
+    pub height: u32,
+}
+
+/// The size of a figure in pixels. SVG user units and PNG pixels are the same.
+///
+/// The default is 640 × 480; square figures (heatmaps of many tokens, the
+/// query diagram) read best at [`Size::square`]`(640)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Size {
+    /// Width in pixels.
+    pub width: u32,
+    /// Height in pixels.
+    pub height: u32,
+}
+
+impl Size {
+    /// The smallest width any figure accepts.
+    pub const MIN_WIDTH: u32 = 240;
+    /// The smallest height any figure accepts.
+    pub const MIN_HEIGHT: u32 = 180;
+
+    /// A `width` × `height` size.
+    pub const fn new(width: u32, height: u32) -> Self {
+        Self { width, height }
+    }
+
+    /// A square `side` × `side` size.
+    pub const fn square(side: u32) -> Self {
+        Self::new(side, side)
+    }
+
+    fn check(self) -> Result<(), PlotError> {
+        // Above this a figure is no longer a course-page picture, and the RGB
+        // buffer would run to hundreds of megabytes.
+        const MAX_SIDE: u32 = 8192;
+        if self.width < Self::MIN_WIDTH || self.height < Self::MIN_HEIGHT {
+            return Err(PlotError::TooSmall {
+                width: self.width,
+                height: self.height,
+                min_width: Self::MIN_WIDTH,
+                min_height: Self::MIN_HEIGHT,
+            });
+        }
+        if self.width > MAX_SIDE || self.height > MAX_SIDE {
+            return Err(PlotError::BadRange {
+                arg: "size",
+                lo: f64::from(self.width),
+                hi: f64::from(MAX_SIDE),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Default for Size {
+    fn default() -> Self {
+        Self::new(640, 480)
+    }
+}
+
+/// The error type of drawing on backend `DB`.
+pub(crate) type DrawResult<DB> =
+    Result<(), DrawingAreaErrorKind<<DB as DrawingBackend>::ErrorType>>;
+
+/// A validated figure that can draw itself on any plotters backend. Drawing
+/// is generic so the SVG and the PNG come from the same code.
+pub(crate) trait Draw {
+    /// The figure's name in error messages.
+    const NAME: &'static str;
+
+    /// Draws the whole figure onto `root`, which covers the full size.
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult<DB>;
+}
+
+/// Draws `figure` as SVG and as PNG at `size`.
+pub(crate) fn render<F: Draw>(figure: &F, size: Size) -> Result<Figure, PlotError> {
+    size.check()?;
+    font::ensure_registered()?;
+    let dims = (size.width, size.height);
+    let draw_error = |e: &dyn std::fmt::Display| PlotError::Draw {
+        figure: F::NAME,
+        message: e.to_string(),
+    };
+
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, dims).into_drawing_area();
+        figure.draw(&root).map_err(|e| draw_error(&e))?;
+        root.present().map_err(|e| draw_error(&e))?;
+    }
+
+    let pixels = size.width as usize * size.height as usize;
+    let mut rgb = vec![255u8; pixels * 3];
+    {
+        let root = BitMapBackend::with_buffer(&mut rgb, dims).into_drawing_area();
+        figure.draw(&root).map_err(|e| draw_error(&e))?;
+        root.present().map_err(|e| draw_error(&e))?;
+    }
+    let png = encode_png(&rgb, size).map_err(|e| PlotError::Encode {
+        figure: F::NAME,
+        message: e.to_string(),
+    })?;
+
+    Ok(Figure {
+        svg,
+        png,
+        width: size.width,
+        height: size.height,
+    })
+}
+
+/// Encodes an RGB buffer as PNG in memory. The encoder settings are fixed, so
+/// the bytes depend only on the pixels.
+fn encode_png(rgb: &[u8], size: Size) -> Result<Vec<u8>, png::EncodingError> {
+    let mut out = Vec::new();
+    let mut encoder = png::Encoder::new(&mut out, size.width, size.height);
+    encoder.set_color(png::ColorType::Rgb);
+    encoder.set_depth(png::BitDepth::Eight);
+    // Figures are flat colour: adaptive filtering with the default
+    // compression keeps them small without slowing the lesson build.
+    encoder.set_compression(png::Compression::Default);
+    encoder.set_filter(png::FilterType::Paeth);
+    encoder.set_adaptive_filter(png::AdaptiveFilterType::Adaptive);
+    let mut writer = encoder.write_header()?;
+    writer.write_image_data(rgb)?;
+    writer.finish()?;
+    Ok(out)
+}

@@ -1,0 +1,1 @@
+//! Tests of the line_chart figure.
