@@ -30,7 +30,10 @@ fn all_lesson_figures(bencher: Bencher) {
             line_chart(black_box(&variance), Size::default()),
             line_chart(black_box(&saturation), Size::default()),
         ];
-        figures.into_iter().map(|f| f.map(|f| f.png.len() + f.svg.len())).sum::<Result<usize, _>>()
+        figures
+            .into_iter()
+            .map(|f| f.map(|f| f.png.len() + f.svg.len()))
+            .sum::<Result<usize, _>>()
     });
 }
 

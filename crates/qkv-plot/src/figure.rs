@@ -144,3 +144,13 @@ fn encode_png(rgb: &[u8], size: Size) -> Result<Vec<u8>, png::EncodingError> {
     writer.finish()?;
     Ok(out)
 }
+
+/// The text content of every `<text>` element of an SVG, in order, for tests
+/// that look for a label or annotation.
+#[cfg(test)]
+pub(crate) fn svg_texts(svg: &str) -> Vec<&str> {
+    svg.split("<text")
+        .skip(1)
+        .filter_map(|t| Some(t.split_once('>')?.1.split_once("</text>")?.0.trim()))
+        .collect()
+}

@@ -1,0 +1,131 @@
+//! The lesson's figures end to end: SVG snapshots, determinism, PNG headers,
+//! and the 32-token stress cases.
+
+#[path = "../fixtures/lesson.rs"]
+mod lesson;
+
+use qkv_plot::{Figure, Size, heatmap, line_chart, query_diagram, score_curves};
+
+/// Width and height from a PNG's IHDR, after checking the signature.
+fn png_size(png: &[u8]) -> (u32, u32) {
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n", "PNG signature");
+    assert_eq!(&png[12..16], b"IHDR");
+    let be = |b: &[u8]| u32::from_be_bytes([b[0], b[1], b[2], b[3]]);
+    (be(&png[16..20]), be(&png[20..24]))
+}
+
+/// The text content of every `<text>` element, in order.
+fn texts(svg: &str) -> Vec<&str> {
+    svg.split("<text")
+        .skip(1)
+        .filter_map(|t| Some(t.split_once('>')?.1.split_once("</text>")?.0.trim()))
+        .collect()
+}
+
+/// Renders twice, checks the two results are byte-identical and the PNG
+/// has the requested size, and returns the figure.
+fn check(render: impl Fn() -> Figure, size: Size) -> Figure {
+    let first = render();
+    let second = render();
+    assert!(first.svg == second.svg, "SVG differs between two renders");
+    assert!(first.png == second.png, "PNG differs between two renders");
+    assert_eq!(png_size(&first.png), (size.width, size.height));
+    assert_eq!((first.width, first.height), (size.width, size.height));
+    assert!(first.svg.starts_with("<svg") && first.svg.trim_end().ends_with("</svg>"));
+    first
+}
+
+#[test]
+fn love_heatmap() {
+    let size = Size::default();
+    let figure = check(|| heatmap(&lesson::love_heatmap(), size).unwrap(), size);
+    for weight in ["0.1978", "0.4011", "0.2483", "0.5035"] {
+        assert!(texts(&figure.svg).contains(&weight), "annotation {weight}");
+    }
+    insta::assert_snapshot!("love_heatmap_svg", figure.svg);
+}
+
+#[test]
+fn causal_heatmap() {
+    let size = Size::default();
+    let figure = check(|| heatmap(&lesson::causal_heatmap(), size).unwrap(), size);
+    assert_eq!(
+        texts(&figure.svg)
+            .iter()
+            .filter(|t| **t == "masked")
+            .count(),
+        3,
+        "three masked cells"
+    );
+    insta::assert_snapshot!("causal_heatmap_svg", figure.svg);
+}
+
+#[test]
+fn love_query_diagram() {
+    let size = Size::square(640);
+    let figure = check(
+        || query_diagram(&lesson::query_diagram(), size).unwrap(),
+        size,
+    );
+    insta::assert_snapshot!("love_query_diagram_svg", figure.svg);
+}
+
+#[test]
+fn angle_sweep_score_curves() {
+    let size = Size::default();
+    let figure = check(
+        || score_curves(&lesson::score_curves(200), size).unwrap(),
+        size,
+    );
+    insta::assert_snapshot!("angle_sweep_score_curves_svg", figure.svg);
+}
+
+#[test]
+fn dot_product_variance_chart() {
+    let size = Size::default();
+    let figure = check(
+        || line_chart(&lesson::variance_chart(), size).unwrap(),
+        size,
+    );
+    insta::assert_snapshot!("dot_product_variance_svg", figure.svg);
+}
+
+#[test]
+fn softmax_saturation_chart() {
+    let size = Size::default();
+    let figure = check(
+        || line_chart(&lesson::saturation_chart(), size).unwrap(),
+        size,
+    );
+    insta::assert_snapshot!("softmax_saturation_svg", figure.svg);
+}
+
+#[test]
+fn thirty_two_tokens_drop_annotations_but_keep_every_label() {
+    for size in [Size::square(640), Size::default()] {
+        let figure = check(|| heatmap(&lesson::random_heatmap(32), size).unwrap(), size);
+        let texts = texts(&figure.svg);
+        // Only the colour bar's few tick labels are numbers: cells are too small to annotate.
+        let numbers = texts.iter().filter(|t| t.parse::<f64>().is_ok()).count();
+        assert!(numbers <= 8, "{numbers} numbers drawn at 32 tokens");
+        // Every token appears as a row label and as a column label.
+        assert_eq!(texts.iter().filter(|t| **t == "compares").count(), 2);
+        assert_eq!(texts.iter().filter(|t| **t == "sentence.").count(), 2);
+        assert!(
+            figure.svg.contains("rotate(270"),
+            "column labels turn vertical"
+        );
+    }
+    let size = Size::square(640);
+    check(
+        || heatmap(&lesson::random_causal_heatmap(32), size).unwrap(),
+        size,
+    );
+}
+
+#[test]
+fn one_token_renders() {
+    let size = Size::default();
+    let figure = check(|| heatmap(&lesson::random_heatmap(1), size).unwrap(), size);
+    assert!(texts(&figure.svg).contains(&"1.00"));
+}
