@@ -6,10 +6,10 @@ use plotters::style::{FontStyle, register_font};
 
 use crate::PlotError;
 
-/// The family name every text style in this crate uses; it is also the
-/// `font-family` written into the SVG, so viewers fall back to their own
-/// sans-serif face.
-pub(crate) const FAMILY: &str = "sans-serif";
+/// The family name every text style in this crate uses. It is also the
+/// `font-family` written into the SVG: viewers that have DejaVu Sans show
+/// exactly the PNG's glyphs, others fall back to their own sans-serif face.
+pub(crate) const FAMILY: &str = "DejaVu Sans, sans-serif";
 
 /// Makes DejaVu Sans (regular and bold) available to plotters' `ab_glyph`
 /// renderer. Bitmap text cannot be drawn without it, and SVG layout uses it to

@@ -386,10 +386,18 @@ impl Draw for Checked<'_> {
             }
         }
         if let Some(i) = spec.highlight_row {
-            root.draw(&Rectangle::new(
-                [(l.grid_x0 - 1, y(i) - 1), (grid_x1 + 1, y(i + 1) + 1)],
-                ACCENT.stroke_width(3),
-            ))?;
+            // Four filled bands rather than a stroked rectangle: the SVG
+            // backend ignores the stroke width of rectangle outlines.
+            let (x0, y0, x1, y1) = (l.grid_x0 - 2, y(i) - 2, grid_x1 + 2, y(i + 1) + 2);
+            let t = 3;
+            for band in [
+                [(x0, y0), (x1, y0 + t)],
+                [(x0, y1 - t), (x1, y1)],
+                [(x0, y0), (x0 + t, y1)],
+                [(x1 - t, y0), (x1, y1)],
+            ] {
+                root.draw(&Rectangle::new(band, ACCENT.filled()))?;
+            }
         }
 
         self.draw_row_labels(root, &l)?;

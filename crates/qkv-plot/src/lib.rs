@@ -28,10 +28,10 @@
 //! 2.37 of the DejaVu fonts) and registered with plotters' `ab_glyph` renderer
 //! on first use, so rendering needs no system font library. The font's
 //! licence (Bitstream Vera derivative, changes in the public domain) ships
-//! beside this crate as `LICENSE-DejaVu.txt`. The SVG names the generic
-//! `sans-serif` family and leaves glyphs to the viewer; layout is measured
-//! with DejaVu Sans, which is wider than most sans-serif faces, so text never
-//! grows past the room it was given.
+//! beside this crate as `LICENSE-DejaVu.txt`. The SVG asks for
+//! `DejaVu Sans, sans-serif` and leaves glyphs to the viewer; layout is
+//! measured with DejaVu Sans, which is wider than most sans-serif faces, so a
+//! fallback face never grows past the room it was given.
 
 mod axes;
 mod error;

@@ -13,7 +13,7 @@ use crate::axes::{Axis, Plot, dashes};
 use crate::figure::{Draw, DrawResult, render};
 use crate::theme::{
     INK, LABEL_SIZE, LegendItem, MARGIN, MARKER, anchored, draw_frame, draw_legend, legend_height,
-    measure, palette, text,
+    measure, palette, text, trimmed,
 };
 use crate::{Figure, PlotError, Size, ticks, validate};
 
@@ -104,6 +104,9 @@ pub struct LineChart {
     pub series: Vec<Series>,
     /// Scale of the x axis.
     pub x_scale: Scale,
+    /// Explicit x tick positions (say every 90 degrees of a sweep); `None`
+    /// picks round numbers. Ticks outside the data are dropped.
+    pub x_ticks: Option<Vec<f64>>,
     /// Scale of the left y axis.
     pub y_scale: Scale,
     /// Fixed left-axis range (widened if data fall outside); `None` fits the data.
@@ -126,6 +129,7 @@ impl LineChart {
             x,
             series,
             x_scale: Scale::Linear,
+            x_ticks: None,
             y_scale: Scale::Linear,
             y_range: None,
             markers: false,
@@ -264,9 +268,18 @@ impl<'a> Checked<'a> {
             x_hi = x_hi.max(marker.x);
         }
         // Only the y axes round outward to whole ticks.
-        let x_ticks = match spec.x_scale {
-            Scale::Linear => ticks::linear(x_lo, x_hi, 6, false),
-            Scale::Log => ticks::log(x_lo, x_hi, 8),
+        let x_ticks = match (&spec.x_ticks, spec.x_scale) {
+            (Some(given), _) => {
+                validate::finite("x_ticks", given, validate::index)?;
+                ticks::Ticks {
+                    values: given.clone(),
+                    labels: given.iter().map(|&v| trimmed(v, 6)).collect(),
+                    lo: x_lo,
+                    hi: x_hi,
+                }
+            }
+            (None, Scale::Linear) => ticks::linear(x_lo, x_hi, 6, false),
+            (None, Scale::Log) => ticks::log(x_lo, x_hi, 8),
         };
         let x_ticks = clamp_ticks(x_ticks, x_lo, x_hi);
         let (lo, hi) = extent(spec.series.iter());

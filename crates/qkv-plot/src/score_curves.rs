@@ -23,6 +23,9 @@ pub struct ScoreCurves {
     pub output_title: String,
     /// The sweep positions, increasing.
     pub x: Vec<f64>,
+    /// Explicit x tick positions, e.g. `[0, 90, 180, 270, 360]` for an angle;
+    /// `None` picks round numbers.
+    pub x_ticks: Option<Vec<f64>>,
     /// One weight series per key, labelled with the key's token.
     pub weights: Vec<Series>,
     /// Output series for the right axis (dashed); may be empty.
@@ -41,6 +44,7 @@ impl ScoreCurves {
             weight_title: "weight".to_owned(),
             output_title: "output".to_owned(),
             x,
+            x_ticks: None,
             weights,
             outputs,
             marker: None,
@@ -77,6 +81,7 @@ fn to_line_chart(spec: &ScoreCurves) -> LineChart {
         x: spec.x.clone(),
         series: spec.weights.clone(),
         x_scale: Scale::Linear,
+        x_ticks: spec.x_ticks.clone(),
         y_scale: Scale::Linear,
         y_range: Some((0.0, 1.0)),
         markers: false,

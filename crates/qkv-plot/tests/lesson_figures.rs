@@ -101,25 +101,43 @@ fn softmax_saturation_chart() {
 }
 
 #[test]
-fn thirty_two_tokens_drop_annotations_but_keep_every_label() {
-    for size in [Size::square(640), Size::default()] {
-        let figure = check(|| heatmap(&lesson::random_heatmap(32), size).unwrap(), size);
-        let texts = texts(&figure.svg);
-        // Only the colour bar's few tick labels are numbers: cells are too small to annotate.
-        let numbers = texts.iter().filter(|t| t.parse::<f64>().is_ok()).count();
-        assert!(numbers <= 8, "{numbers} numbers drawn at 32 tokens");
-        // Every token appears as a row label and as a column label.
-        assert_eq!(texts.iter().filter(|t| **t == "compares").count(), 2);
-        assert_eq!(texts.iter().filter(|t| **t == "sentence.").count(), 2);
-        assert!(
-            figure.svg.contains("rotate(270"),
-            "column labels turn vertical"
-        );
-    }
+fn thirty_two_tokens_drop_annotations_and_thin_labels_only_when_needed() {
+    let count = |texts: &[&str], word: &str| texts.iter().filter(|t| **t == word).count();
+    // Square: every token appears as a row label and as a column label.
     let size = Size::square(640);
-    check(
+    let figure = check(|| heatmap(&lesson::random_heatmap(32), size).unwrap(), size);
+    let square = texts(&figure.svg);
+    assert_eq!(count(&square, "compares"), 2);
+    assert_eq!(count(&square, "sentence."), 2);
+    assert!(
+        figure.svg.contains("rotate(270"),
+        "column labels turn vertical"
+    );
+    // Only the colour bar's few tick labels are numbers: cells are too small to annotate.
+    let numbers = square.iter().filter(|t| t.parse::<f64>().is_ok()).count();
+    assert!(numbers <= 8, "{numbers} numbers drawn at 32 tokens");
+
+    // 640 × 480: rows are too short for 32 labels, so every other one is drawn,
+    // but the highlighted row keeps its label.
+    let size = Size::default();
+    let figure = check(|| heatmap(&lesson::random_heatmap(32), size).unwrap(), size);
+    let wide = texts(&figure.svg);
+    assert_eq!(count(&wide, "The"), 2, "token 0 is labelled");
+    assert_eq!(count(&wide, "attention"), 0, "token 1 is skipped");
+    assert_eq!(
+        count(&wide, "sum"),
+        2,
+        "the highlighted row (16) is labelled"
+    );
+
+    let size = Size::square(640);
+    let figure = check(
         || heatmap(&lesson::random_causal_heatmap(32), size).unwrap(),
         size,
+    );
+    assert!(
+        figure.svg.contains("#F0F0F0"),
+        "masked cells are drawn grey"
     );
 }
 

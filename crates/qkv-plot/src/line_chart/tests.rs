@@ -163,3 +163,20 @@ fn dashes_follow_the_path() {
         vec![vec![(0, 0), (4, 0), (4, 3)], vec![(4, 8), (4, 10)]]
     );
 }
+
+#[test]
+fn explicit_x_ticks_are_kept_inside_the_data() {
+    let mut spec = chart();
+    spec.x_ticks = Some(vec![0.0, 1.0, 2.5, 4.0, 9.0]);
+    let checked = Checked::new(&spec).unwrap();
+    assert_eq!(checked.x_ticks.labels, ["1", "2.5", "4"]);
+    spec.x_ticks = Some(vec![1.0, f64::INFINITY]);
+    check_err(
+        &spec,
+        PlotError::NonFinite {
+            arg: "x_ticks",
+            at: "index 1".to_owned(),
+            value: f64::INFINITY,
+        },
+    );
+}
