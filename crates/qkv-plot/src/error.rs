@@ -96,6 +96,16 @@ pub enum PlotError {
         /// Smallest accepted height.
         min_height: u32,
     },
+    /// A figure size beyond what a course page needs (and the PNG buffer should hold).
+    #[error("size {width}×{height} px is too large: at most {max} px on a side")]
+    TooLarge {
+        /// Requested width in pixels.
+        width: u32,
+        /// Requested height in pixels.
+        height: u32,
+        /// Largest accepted side.
+        max: u32,
+    },
     /// The embedded DejaVu Sans font could not be parsed (a broken build).
     #[error("the embedded DejaVu Sans font could not be loaded")]
     Font,

@@ -37,6 +37,10 @@ impl Size {
     /// The smallest height any figure accepts.
     pub const MIN_HEIGHT: u32 = 180;
 
+    /// The largest side any figure accepts: beyond it a figure is no longer
+    /// a course-page picture and its RGB buffer would run to hundreds of megabytes.
+    pub const MAX_SIDE: u32 = 8192;
+
     /// A `width` × `height` size.
     pub const fn new(width: u32, height: u32) -> Self {
         Self { width, height }
@@ -48,9 +52,6 @@ impl Size {
     }
 
     fn check(self) -> Result<(), PlotError> {
-        // Above this a figure is no longer a course-page picture, and the RGB
-        // buffer would run to hundreds of megabytes.
-        const MAX_SIDE: u32 = 8192;
         if self.width < Self::MIN_WIDTH || self.height < Self::MIN_HEIGHT {
             return Err(PlotError::TooSmall {
                 width: self.width,
@@ -59,11 +60,11 @@ impl Size {
                 min_height: Self::MIN_HEIGHT,
             });
         }
-        if self.width > MAX_SIDE || self.height > MAX_SIDE {
-            return Err(PlotError::BadRange {
-                arg: "size",
-                lo: f64::from(self.width),
-                hi: f64::from(MAX_SIDE),
+        if self.width > Self::MAX_SIDE || self.height > Self::MAX_SIDE {
+            return Err(PlotError::TooLarge {
+                width: self.width,
+                height: self.height,
+                max: Self::MAX_SIDE,
             });
         }
         Ok(())

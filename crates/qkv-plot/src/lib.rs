@@ -13,6 +13,27 @@
 //! | weights (and output) as the query sweeps a path | [`ScoreCurves`] | [`score_curves`] |
 //! | any line chart of labelled series, e.g. the scaling figures | [`LineChart`] | [`line_chart`] |
 //!
+//! ```
+//! use qkv_plot::{Heatmap, Size, heatmap};
+//!
+//! let tokens: Vec<String> = ["I", "love", "NLP"].map(String::from).to_vec();
+//! let mut spec = Heatmap::new(
+//!     tokens.clone(),
+//!     tokens,
+//!     vec![
+//!         vec![0.4011, 0.1978, 0.4011],
+//!         vec![0.1978, 0.4011, 0.4011],
+//!         vec![0.2483, 0.2483, 0.5035],
+//!     ],
+//! );
+//! spec.decimals = 4;
+//! spec.highlight_row = Some(1);
+//! let figure = heatmap(&spec, Size::default())?;
+//! assert!(figure.svg.starts_with("<svg"));
+//! assert!(figure.png.starts_with(b"\x89PNG"));
+//! # Ok::<(), qkv_plot::PlotError>(())
+//! ```
+//!
 //! Inputs are checked at this boundary: a ragged matrix, a label count that
 //! does not match, a non-finite value, empty data, series of different
 //! lengths or a highlighted row out of range is a [`PlotError`] naming the

@@ -45,6 +45,49 @@ fn love_heatmap() {
     insta::assert_snapshot!("love_heatmap_svg", figure.svg);
 }
 
+/// The RGB pixel at `(x, y)` of a PNG.
+fn pixel(png_bytes: &[u8], x: u32, y: u32) -> [u8; 3] {
+    let mut reader = png::Decoder::new(png_bytes)
+        .read_info()
+        .expect("PNG header");
+    let mut buf = vec![0; reader.output_buffer_size()];
+    let info = reader.next_frame(&mut buf).expect("PNG data");
+    assert_eq!(info.color_type, png::ColorType::Rgb);
+    let at = (y * info.width + x) as usize * 3;
+    [buf[at], buf[at + 1], buf[at + 2]]
+}
+
+/// The value of attribute `name` in one SVG tag.
+fn attr<'a>(tag: &'a str, name: &str) -> &'a str {
+    let start = tag.find(&format!(" {name}=\"")).expect(name) + name.len() + 3;
+    &tag[start..start + tag[start..].find('"').expect("closing quote")]
+}
+
+#[test]
+fn png_cells_have_the_svg_colours() {
+    let figure = heatmap(&lesson::love_heatmap(), Size::default()).unwrap();
+    let cells: Vec<&str> = figure
+        .svg
+        .lines()
+        .filter(|l| l.starts_with("<rect") && l.contains("width=\"120\""))
+        .collect();
+    assert_eq!(cells.len(), 9, "one square per weight");
+    for cell in cells {
+        let x: u32 = attr(cell, "x").parse().unwrap();
+        let y: u32 = attr(cell, "y").parse().unwrap();
+        let fill = attr(cell, "fill");
+        let rgb = pixel(&figure.png, x + 8, y + 8);
+        assert_eq!(
+            format!("#{:02X}{:02X}{:02X}", rgb[0], rgb[1], rgb[2]),
+            fill,
+            "cell at ({x}, {y})"
+        );
+    }
+    // The smallest weight (0.1978) is the dark end of viridis, the largest the bright end.
+    assert!(figure.svg.contains("fill=\"#440154\""));
+    assert!(figure.svg.contains("fill=\"#FEE825\""));
+}
+
 #[test]
 fn causal_heatmap() {
     let size = Size::default();

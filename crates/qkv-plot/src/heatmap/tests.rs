@@ -170,6 +170,19 @@ fn too_small_a_size_is_an_error() {
 }
 
 #[test]
+fn too_large_a_size_is_an_error() {
+    let err = heatmap(&uniform(2, 2), Size::new(640, 100_000)).unwrap_err();
+    assert_eq!(
+        err,
+        PlotError::TooLarge {
+            width: 640,
+            height: 100_000,
+            max: Size::MAX_SIDE
+        }
+    );
+}
+
+#[test]
 fn small_matrices_are_annotated_and_large_ones_are_not() {
     let small = Checked::new(&uniform(3, 3)).map(|c| c.annotation_size(100));
     assert!(matches!(small, Ok(Some(size)) if size >= MIN_ANNOTATION));
