@@ -39,6 +39,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             heatmap(&lesson::random_causal_heatmap(32), square),
         ),
         (
+            "heatmap_row32",
+            heatmap(&lesson::random_row(32), Size::default()),
+        ),
+        (
+            "heatmap_row8",
+            heatmap(&lesson::random_row(8), Size::default()),
+        ),
+        (
             "heatmap_one",
             heatmap(&lesson::random_heatmap(1), Size::default()),
         ),

@@ -169,6 +169,8 @@ impl<'a> Checked<'a> {
 
 /// The largest cell side: a few tokens should not fill the page.
 const MAX_CELL: i32 = 120;
+/// Gap between a row label and the grid: clear of the highlight outline.
+const ROW_LABEL_GAP: i32 = GAP + 4;
 /// Width of the colour bar.
 const BAR_WIDTH: i32 = 14;
 /// Length of a colour-bar tick.
@@ -195,6 +197,8 @@ struct Layout {
     /// Height of the column-label band under the grid.
     col_band: i32,
     label_size: f64,
+    /// Size of the column labels (horizontal ones may be a little smaller).
+    col_size: f64,
     left_edge: i32,
     /// Top of the content below the title.
     top: i32,
@@ -232,7 +236,7 @@ impl Checked<'_> {
             .map(|l| measure(&bold(label_size, INK), l).0)
             .max()
             .unwrap_or(0);
-        let left_w = axis_band(&spec.row_title) + row_label_w + GAP;
+        let left_w = axis_band(&spec.row_title) + row_label_w + ROW_LABEL_GAP;
         let avail_w = width - 2 * MARGIN - left_w - right_w;
         let title_band = axis_band(&spec.col_title);
 
@@ -242,15 +246,24 @@ impl Checked<'_> {
                 .min(avail_h / self.n_q as i32)
                 .clamp(1, MAX_CELL)
         };
-        let widest_col = spec
-            .col_labels
-            .iter()
-            .map(|l| measure(&label, l).0)
-            .max()
-            .unwrap_or(0);
         let horizontal_band = GAP + 2 + label_h + GAP + title_band;
         let mut cell = fit_cell(horizontal_band);
-        let vertical_cols = widest_col + GAP > cell;
+        // Column labels stay horizontal if they fit a cell, at full size or
+        // a little smaller; otherwise they turn to read upward.
+        let widest_at = |size: f64| {
+            let style = text(size, INK);
+            spec.col_labels
+                .iter()
+                .map(|l| measure(&style, l).0)
+                .max()
+                .unwrap_or(0)
+        };
+        let smaller = (label_size - 2.0).max(10.0);
+        let horizontal_size = [label_size, smaller]
+            .into_iter()
+            .find(|&size| widest_at(size) + GAP <= cell);
+        let vertical_cols = horizontal_size.is_none();
+        let col_size = horizontal_size.unwrap_or(label_size);
         let (col_labels, col_band) = if vertical_cols {
             let labels: Vec<String> = spec
                 .col_labels
@@ -287,6 +300,7 @@ impl Checked<'_> {
             col_every: if vertical_cols { every(label_h) } else { 1 },
             col_band,
             label_size,
+            col_size,
             left_edge,
             top,
         }
@@ -425,7 +439,7 @@ impl Checked<'_> {
             let cy = l.grid_y0 + i as i32 * l.cell + l.cell / 2;
             root.draw(&Text::new(
                 label.clone(),
-                (l.grid_x0 - GAP - 2, cy),
+                (l.grid_x0 - ROW_LABEL_GAP, cy),
                 anchored(style, HPos::Right, VPos::Center),
             ))?;
         }
@@ -448,7 +462,7 @@ impl Checked<'_> {
         l: &Layout,
         grid_y1: i32,
     ) -> DrawResult<DB> {
-        let style = text(l.label_size, INK);
+        let style = text(l.col_size, INK);
         for (j, label) in l.col_labels.iter().enumerate() {
             if j % l.col_every != 0 {
                 continue;

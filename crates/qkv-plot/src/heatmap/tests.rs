@@ -213,3 +213,36 @@ fn a_single_token_renders_on_the_unit_scale() {
     let figure = heatmap(&spec, Size::default()).unwrap();
     assert!(crate::figure::svg_texts(&figure.svg).contains(&"1.00"));
 }
+
+#[test]
+fn long_labels_are_shortened_with_an_ellipsis() {
+    let mut spec = uniform(2, 2);
+    spec.row_labels[0] = "a".repeat(200);
+    let figure = heatmap(&spec, Size::default()).unwrap();
+    let texts = crate::figure::svg_texts(&figure.svg);
+    let shown = texts
+        .iter()
+        .find(|t| t.starts_with("aaa"))
+        .expect("the long label");
+    assert!(shown.ends_with('…') && shown.len() < 200, "{shown}");
+}
+
+#[test]
+fn labels_that_almost_fit_stay_horizontal_in_a_smaller_size() {
+    let mut spec = uniform(1, 8);
+    spec.col_labels = [
+        "The",
+        "attention",
+        "layer",
+        "compares",
+        "every",
+        "query",
+        "with",
+        "all",
+    ]
+    .map(String::from)
+    .to_vec();
+    let layout = Checked::new(&spec).unwrap().layout(640, 480, 40);
+    assert!(!layout.vertical_cols);
+    assert!(layout.col_size < layout.label_size);
+}

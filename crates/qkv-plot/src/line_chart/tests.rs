@@ -180,3 +180,11 @@ fn explicit_x_ticks_are_kept_inside_the_data() {
         },
     );
 }
+
+#[test]
+fn a_single_point_still_gets_axes() {
+    let spec = LineChart::new(vec![8.0], vec![Series::new("a", vec![0.5])]);
+    let checked = Checked::new(&spec).unwrap();
+    assert!(checked.x_ticks.lo < 8.0 && checked.x_ticks.hi > 8.0);
+    assert!(line_chart(&spec, Size::default()).is_ok());
+}
