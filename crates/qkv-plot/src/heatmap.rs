@@ -349,12 +349,27 @@ impl Draw for Checked<'_> {
         let annotation = self.annotation_size(l.cell);
 
         for i in 0..self.n_q {
+            // Each run of masked cells gets one fill and one continuous
+            // hatch: fewer SVG elements than per-cell hatching, and the
+            // lines run on unbroken across cells and rows.
+            let mut j = 0;
+            while j < self.n_k {
+                if !self.is_masked(i, j) {
+                    j += 1;
+                    continue;
+                }
+                let start = j;
+                while j < self.n_k && self.is_masked(i, j) {
+                    j += 1;
+                }
+                let corners = [(x(start), y(i)), (x(j), y(i + 1))];
+                root.draw(&Rectangle::new(corners, MASK_FILL.filled()))?;
+                draw_hatch(root, corners[0], corners[1])?;
+            }
             for j in 0..self.n_k {
                 let (x0, y0, x1, y1) = (x(j), y(i), x(j + 1), y(i + 1));
                 let (cx, cy) = ((x0 + x1) / 2, (y0 + y1) / 2);
                 if self.is_masked(i, j) {
-                    root.draw(&Rectangle::new([(x0, y0), (x1, y1)], MASK_FILL.filled()))?;
-                    draw_hatch(root, (x0, y0), (x1, y1))?;
                     if let Some(size) = annotation {
                         let style = text(size, MUTED);
                         let word = if measure(&style, "masked").0 <= l.cell - 8 {
@@ -562,7 +577,8 @@ fn draw_hatch<DB: DrawingBackend>(
 ) -> DrawResult<DB> {
     let ((x0, y0), (x1, y1)) = (p0, p1);
     let style = MASK_HATCH.stroke_width(1);
-    let mut c = x0 + y0 + HATCH;
+    // Lines sit on x + y = a multiple of HATCH, so neighbouring runs line up.
+    let mut c = (x0 + y0).div_euclid(HATCH) * HATCH + HATCH;
     while c < x1 + y1 {
         // The line x + y = c, clipped to the rectangle.
         let xa = x0.max(c - y1);
