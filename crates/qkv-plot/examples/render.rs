@@ -39,6 +39,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             heatmap(&lesson::random_causal_heatmap(32), square),
         ),
         (
+            "heatmap_love_2x",
+            heatmap(&lesson::love_heatmap(), Size::default().with_png_scale(2)),
+        ),
+        (
+            "score_curves_2x",
+            score_curves(
+                &lesson::score_curves(200),
+                Size::default().with_png_scale(2),
+            ),
+        ),
+        (
             "heatmap_row32",
             heatmap(&lesson::random_row(32), Size::default()),
         ),

@@ -106,6 +106,14 @@ pub enum PlotError {
         /// Largest accepted side.
         max: u32,
     },
+    /// A PNG scale of zero or above the maximum.
+    #[error("`png_scale` is {png_scale} but must be 1 to {max}")]
+    PngScale {
+        /// The requested scale.
+        png_scale: u32,
+        /// The largest accepted scale.
+        max: u32,
+    },
     /// The embedded DejaVu Sans font could not be parsed (a broken build).
     #[error("the embedded DejaVu Sans font could not be loaded")]
     Font,

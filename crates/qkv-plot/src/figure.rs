@@ -4,6 +4,7 @@
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
+use crate::scaled::Scaled;
 use crate::{PlotError, font};
 
 /// One rendered figure: the same picture as SVG text and as PNG bytes.
@@ -11,24 +12,33 @@ use crate::{PlotError, font};
 pub struct Figure {
     /// A standalone SVG document (`<svg …>…</svg>`), deterministic for a given input.
     pub svg: String,
-    /// An 8-bit RGB PNG of the same picture at [`Figure::width`] × [`Figure::height`] pixels.
+    /// An 8-bit RGB PNG of the same picture, `png_scale` times
+    /// [`Figure::width`] × [`Figure::height`] pixels.
     pub png: Vec<u8>,
-    /// Width in pixels (SVG user units and PNG pixels alike).
+    /// Width in SVG user units (CSS pixels).
     pub width: u32,
-    /// Height in pixels.
+    /// Height in SVG user units.
     pub height: u32,
+    /// How many PNG pixels there are per SVG unit, along each side.
+    pub png_scale: u32,
 }
 
-/// The size of a figure in pixels. SVG user units and PNG pixels are the same.
+/// The size of a figure in CSS pixels (SVG user units), and the PNG's pixel
+/// density.
 ///
-/// The default is 640 × 480; square figures (heatmaps of many tokens, the
-/// query diagram) read best at [`Size::square`]`(640)`.
+/// The default is 640 × 480 at one PNG pixel per unit; square figures
+/// (heatmaps of many tokens, the query diagram) read best at
+/// [`Size::square`]`(640)`. [`Size::with_png_scale`]`(2)` makes a PNG of
+/// twice the width and height, sharp on high-density screens, with the same
+/// layout as the SVG.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Size {
-    /// Width in pixels.
+    /// Width in CSS pixels.
     pub width: u32,
-    /// Height in pixels.
+    /// Height in CSS pixels.
     pub height: u32,
+    /// PNG pixels per CSS pixel along each side, 1 to [`Size::MAX_PNG_SCALE`].
+    pub png_scale: u32,
 }
 
 impl Size {
@@ -41,9 +51,21 @@ impl Size {
     /// a course-page picture and its RGB buffer would run to hundreds of megabytes.
     pub const MAX_SIDE: u32 = 8192;
 
-    /// A `width` × `height` size.
+    /// The largest PNG scale.
+    pub const MAX_PNG_SCALE: u32 = 4;
+
+    /// A `width` × `height` size with a PNG of the same pixel size.
     pub const fn new(width: u32, height: u32) -> Self {
-        Self { width, height }
+        Self {
+            width,
+            height,
+            png_scale: 1,
+        }
+    }
+
+    /// The same size with `png_scale` PNG pixels per CSS pixel.
+    pub const fn with_png_scale(self, png_scale: u32) -> Self {
+        Self { png_scale, ..self }
     }
 
     /// A square `side` × `side` size.
@@ -58,6 +80,12 @@ impl Size {
                 height: self.height,
                 min_width: Self::MIN_WIDTH,
                 min_height: Self::MIN_HEIGHT,
+            });
+        }
+        if !(1..=Self::MAX_PNG_SCALE).contains(&self.png_scale) {
+            return Err(PlotError::PngScale {
+                png_scale: self.png_scale,
+                max: Self::MAX_PNG_SCALE,
             });
         }
         if self.width > Self::MAX_SIDE || self.height > Self::MAX_SIDE {
@@ -108,14 +136,19 @@ pub(crate) fn render<F: Draw>(figure: &F, size: Size) -> Result<Figure, PlotErro
         root.present().map_err(|e| draw_error(&e))?;
     }
 
-    let pixels = size.width as usize * size.height as usize;
-    let mut rgb = vec![255u8; pixels * 3];
+    let scale = size.png_scale;
+    let (png_w, png_h) = (size.width * scale, size.height * scale);
+    let mut rgb = vec![255u8; png_w as usize * png_h as usize * 3];
     {
-        let root = BitMapBackend::with_buffer(&mut rgb, dims).into_drawing_area();
-        figure.draw(&root).map_err(|e| draw_error(&e))?;
-        root.present().map_err(|e| draw_error(&e))?;
+        let bitmap = BitMapBackend::with_buffer(&mut rgb, (png_w, png_h));
+        if scale == 1 {
+            draw_on(figure, bitmap)
+        } else {
+            draw_on(figure, Scaled::new(bitmap, scale))
+        }
+        .map_err(|e| draw_error(&e))?;
     }
-    let png = encode_png(&rgb, size).map_err(|e| PlotError::Encode {
+    let png = encode_png(&rgb, png_w, png_h).map_err(|e| PlotError::Encode {
         figure: F::NAME,
         message: e.to_string(),
     })?;
@@ -125,14 +158,25 @@ pub(crate) fn render<F: Draw>(figure: &F, size: Size) -> Result<Figure, PlotErro
         png,
         width: size.width,
         height: size.height,
+        png_scale: scale,
     })
+}
+
+/// Draws `figure` on `backend` and flushes it.
+fn draw_on<F: Draw, DB: DrawingBackend>(
+    figure: &F,
+    backend: DB,
+) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+    let root = backend.into_drawing_area();
+    figure.draw(&root)?;
+    root.present()
 }
 
 /// Encodes an RGB buffer as PNG in memory. The encoder settings are fixed, so
 /// the bytes depend only on the pixels.
-fn encode_png(rgb: &[u8], size: Size) -> Result<Vec<u8>, png::EncodingError> {
+fn encode_png(rgb: &[u8], width: u32, height: u32) -> Result<Vec<u8>, png::EncodingError> {
     let mut out = Vec::new();
-    let mut encoder = png::Encoder::new(&mut out, size.width, size.height);
+    let mut encoder = png::Encoder::new(&mut out, width, height);
     encoder.set_color(png::ColorType::Rgb);
     encoder.set_depth(png::BitDepth::Eight);
     // Figures are flat colour: adaptive filtering with the default

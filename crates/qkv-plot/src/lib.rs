@@ -61,6 +61,7 @@ mod font;
 mod heatmap;
 mod line_chart;
 mod query_diagram;
+mod scaled;
 mod score_curves;
 mod theme;
 mod ticks;

@@ -72,11 +72,14 @@ pub(crate) fn anchored(style: TextStyle<'static>, h: HPos, v: VPos) -> TextStyle
 
 /// Width and height of `s` in `style`, in pixels, measured with DejaVu Sans.
 pub(crate) fn measure(style: &TextStyle<'_>, s: &str) -> (i32, i32) {
-    match style.font.box_size(s) {
-        Ok((w, h)) => (w as i32, h as i32),
-        // The font is registered before any drawing, so this is only a guard:
-        // a generous estimate keeps the layout from overlapping.
-        Err(_) => (
+    // Layout may be asked for before anything is drawn (tests do): make
+    // sure the measuring font is there, or the guess below would be used.
+    let registered = crate::font::ensure_registered().is_ok();
+    match style.font.box_size(s).ok().filter(|_| registered) {
+        Some((w, h)) => (w as i32, h as i32),
+        // Only a broken build lacks the font: a generous estimate keeps the
+        // layout from overlapping.
+        None => (
             (style.font.get_size() * 0.65 * s.chars().count() as f64) as i32,
             style.font.get_size() as i32,
         ),

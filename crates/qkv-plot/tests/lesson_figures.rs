@@ -29,8 +29,15 @@ fn check(render: impl Fn() -> Figure, size: Size) -> Figure {
     let second = render();
     assert!(first.svg == second.svg, "SVG differs between two renders");
     assert!(first.png == second.png, "PNG differs between two renders");
-    assert_eq!(png_size(&first.png), (size.width, size.height));
-    assert_eq!((first.width, first.height), (size.width, size.height));
+    let scale = size.png_scale;
+    assert_eq!(
+        png_size(&first.png),
+        (size.width * scale, size.height * scale)
+    );
+    assert_eq!(
+        (first.width, first.height, first.png_scale),
+        (size.width, size.height, scale)
+    );
     assert!(first.svg.starts_with("<svg") && first.svg.trim_end().ends_with("</svg>"));
     first
 }
@@ -65,7 +72,17 @@ fn attr<'a>(tag: &'a str, name: &str) -> &'a str {
 
 #[test]
 fn png_cells_have_the_svg_colours() {
-    let figure = heatmap(&lesson::love_heatmap(), Size::default()).unwrap();
+    for scale in [1, 2] {
+        check_cell_colours(scale);
+    }
+}
+
+fn check_cell_colours(scale: u32) {
+    let figure = heatmap(
+        &lesson::love_heatmap(),
+        Size::default().with_png_scale(scale),
+    )
+    .unwrap();
     let cells: Vec<&str> = figure
         .svg
         .lines()
@@ -76,7 +93,7 @@ fn png_cells_have_the_svg_colours() {
         let x: u32 = attr(cell, "x").parse().unwrap();
         let y: u32 = attr(cell, "y").parse().unwrap();
         let fill = attr(cell, "fill");
-        let rgb = pixel(&figure.png, x + 8, y + 8);
+        let rgb = pixel(&figure.png, (x + 8) * scale, (y + 8) * scale);
         assert_eq!(
             format!("#{:02X}{:02X}{:02X}", rgb[0], rgb[1], rgb[2]),
             fill,
@@ -181,6 +198,26 @@ fn thirty_two_tokens_drop_annotations_and_thin_labels_only_when_needed() {
     assert!(
         figure.svg.contains("#F0F0F0"),
         "masked cells are drawn grey"
+    );
+}
+
+#[test]
+fn high_density_png_has_the_same_svg() {
+    let size = Size::default().with_png_scale(2);
+    let sharp = check(
+        || score_curves(&lesson::score_curves(200), size).unwrap(),
+        size,
+    );
+    let plain = score_curves(&lesson::score_curves(200), Size::default()).unwrap();
+    assert_eq!(sharp.svg, plain.svg);
+    assert_ne!(sharp.png, plain.png);
+    let bad = Size::default().with_png_scale(0);
+    assert_eq!(
+        heatmap(&lesson::love_heatmap(), bad),
+        Err(qkv_plot::PlotError::PngScale {
+            png_scale: 0,
+            max: Size::MAX_PNG_SCALE
+        })
     );
 }
 
