@@ -12,9 +12,10 @@ fn main() {
 }
 
 /// Every figure the lesson draws: heatmap 3×3, masked 3×3, query diagram,
-/// score curves (200 points × 3 keys), the two scaling figures.
-#[divan::bench(sample_count = 20)]
-fn all_lesson_figures(bencher: Bencher) {
+/// score curves (200 points × 3 keys), the two scaling figures; PNGs at
+/// 1 and 2 pixels per CSS pixel.
+#[divan::bench(args = [1, 2], sample_count = 20)]
+fn all_lesson_figures(bencher: Bencher, png_scale: u32) {
     let love = lesson::love_heatmap();
     let causal = lesson::causal_heatmap();
     let diagram = lesson::query_diagram();
@@ -23,12 +24,24 @@ fn all_lesson_figures(bencher: Bencher) {
     let saturation = lesson::saturation_chart();
     bencher.bench(|| {
         let figures = [
-            heatmap(black_box(&love), Size::default()),
-            heatmap(black_box(&causal), Size::default()),
+            heatmap(black_box(&love), Size::default().with_png_scale(png_scale)),
+            heatmap(
+                black_box(&causal),
+                Size::default().with_png_scale(png_scale),
+            ),
             query_diagram(black_box(&diagram), Size::square(640)),
-            score_curves(black_box(&curves), Size::default()),
-            line_chart(black_box(&variance), Size::default()),
-            line_chart(black_box(&saturation), Size::default()),
+            score_curves(
+                black_box(&curves),
+                Size::default().with_png_scale(png_scale),
+            ),
+            line_chart(
+                black_box(&variance),
+                Size::default().with_png_scale(png_scale),
+            ),
+            line_chart(
+                black_box(&saturation),
+                Size::default().with_png_scale(png_scale),
+            ),
         ];
         figures
             .into_iter()
