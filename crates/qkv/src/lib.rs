@@ -6,7 +6,7 @@
 //! ([`AttentionOptions`]); a worked trace of one query ([`trace_query`]). Inputs are `ndarray`
 //! views of `f32` or `f64`; [`matrix`] views a flat slice.
 //!
-//! Every path is checked against [`reference`], a plain f64 implementation. Results do not depend
+//! Every path is checked against [`reference`](mod@reference), a plain f64 implementation. Results do not depend
 //! on the number of threads. The engine does no I/O.
 //!
 //! ```
@@ -62,3 +62,8 @@ pub fn matrix<'a, T>(
         cols,
     })
 }
+
+/// The workspace README's embedding example, compiled and run as a doctest so it cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+struct ReadmeExample;
