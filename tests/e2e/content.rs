@@ -166,3 +166,17 @@ fn the_notebook_prints_what_the_lesson_says() {
     assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
     assert_eq!(String::from_utf8_lossy(&run.stdout), expected);
 }
+
+#[test]
+fn a_leftover_figure_is_reported_and_removed() {
+    let dir = copy_of_content();
+    let content = dir.path().join("content");
+    fs::write(content.join("figures/old-figure.svg"), "<svg/>").expect("write");
+    let check = xtask(&["build-content", "--check", "--content", arg(&content)]);
+    assert_eq!(check.status, 1, "{}", check.stderr);
+    assert!(check.stderr.contains("figures/old-figure.svg:1: expected no file"), "{}", check.stderr);
+    let build = xtask(&["build-content", "--content", arg(&content), "--out", arg(&dir.path().join("site"))]);
+    assert_eq!(build.status, 0, "{}", build.stderr);
+    assert!(!content.join("figures/old-figure.svg").exists());
+    assert!(!dir.path().join("site/figures/old-figure.svg").exists());
+}

@@ -54,12 +54,20 @@ pub fn run(args: Vec<String>) -> Result<()> {
     for figure in &build.figures {
         staged.add(&out.join(&figure.name), &figure.bytes)?;
     }
-    for name in sources.figures.iter().filter(|n| !fresh.contains(n.as_str())) {
+    let orphans: BTreeSet<&str> = build.orphans.iter().map(String::as_str).collect();
+    for name in
+        sources.figures.iter().filter(|n| !fresh.contains(n.as_str()) && !orphans.contains(n.as_str()))
+    {
         let bytes = fs::read(content.join(name))
             .with_context(|| format!("reading {}", content.join(name).display()))?;
         staged.add(&out.join(name), &bytes)?;
     }
     staged.commit()?;
+    // Figures no block declares any more go last, once everything else is in place.
+    for orphan in &build.orphans {
+        fs::remove_file(content.join(orphan)).with_context(|| format!("removing {orphan}"))?;
+        println!("removed {orphan}: no figure block declares it");
+    }
 
     for s in &build.stale {
         println!("updated {s}");

@@ -34,5 +34,6 @@ mod values;
 
 pub use error::{ContentError, ContentErrors};
 pub use pipeline::{
-    Build, FigureFile, OutputFile, SourceFile, Sources, Stale, build, check, records, section_id, stale_report,
+    Build, FigureFile, OutputFile, SourceFile, Sources, Stale, build, check, records, section_id,
+    stale_report,
 };

@@ -86,6 +86,8 @@ pub struct Build {
     pub stale: Vec<Stale>,
     /// Figures re-rendered because their inputs changed or their files are missing.
     pub figures: Vec<FigureFile>,
+    /// Figure files no figure block declares any more (`figures/NAME.svg`), to delete.
+    pub orphans: Vec<String>,
     /// Every text file of the site: pages, stylesheet, notebooks, markdown copies.
     pub site: Vec<OutputFile>,
 }
@@ -201,7 +203,8 @@ pub fn build(sources: &Sources) -> Result<Build, ContentErrors> {
         return Err(locate(sources, problems));
     }
     let site = html::site(&markdown, &plan.figure_info, plan.notebooks.clone());
-    Ok(Build { markdown, stale, figures, site })
+    let orphans = orphan_figures(sources, &plan);
+    Ok(Build { markdown, stale, figures, orphans, site })
 }
 
 /// Every declaration's full computed record as `(qualified id, listing)`, in reading order: one
@@ -244,6 +247,16 @@ fn apply(text: &str, edits: &[Edit]) -> String {
     out
 }
 
+/// Figure files that no figure region produces.
+fn orphan_figures(sources: &Sources, plan: &Plan) -> Vec<String> {
+    let wanted: BTreeSet<String> = plan
+        .figures
+        .iter()
+        .flat_map(|j| [format!("figures/{}.svg", j.id), format!("figures/{}.png", j.id)])
+        .collect();
+    sources.figures.iter().filter(|f| !wanted.contains(*f)).cloned().collect()
+}
+
 fn stale_places(sources: &Sources, plan: &Plan) -> Vec<Stale> {
     let mut stale = Vec::new();
     for (file, edits) in sources.markdown.iter().zip(&plan.edits) {
@@ -268,18 +281,25 @@ fn stale_places(sources: &Sources, plan: &Plan) -> Vec<Stale> {
             stale.push(Stale { file: file.path.clone(), line, what: e.what.clone(), expected, found });
         }
     }
+    // Figures sit beside the lesson files, so name them the same way.
+    let folder =
+        sources.markdown.first().and_then(|f| f.path.rsplit_once(['/', '\\'])).map_or("", |(d, _)| d);
+    let shown = |name: &str| if folder.is_empty() { name.to_string() } else { format!("{folder}/{name}") };
+    for orphan in orphan_figures(sources, plan) {
+        stale.push(Stale {
+            file: shown(&orphan),
+            line: 1,
+            what: "figure file no figure block declares".into(),
+            expected: "no file".into(),
+            found: "a leftover figure".into(),
+        });
+    }
     for job in &plan.figures {
         for ext in ["svg", "png"] {
             let name = format!("figures/{}.{ext}", job.id);
             if !sources.figures.contains(&name) {
-                // Figures sit beside the lesson files, so name them the same way.
-                let folder = sources
-                    .markdown
-                    .first()
-                    .and_then(|f| f.path.rsplit_once(['/', '\\']))
-                    .map_or("", |(d, _)| d);
                 stale.push(Stale {
-                    file: if folder.is_empty() { name.clone() } else { format!("{folder}/{name}") },
+                    file: shown(&name),
                     line: 1,
                     what: format!("figure {}", job.id),
                     expected: "the rendered figure".into(),
