@@ -88,6 +88,7 @@ fn changing_v_love_is_caught_by_check_and_fixed_by_one_build() {
     assert!(rebuilt.contains("**[4.01](=sentence.love.output:2)**"), "prose");
     assert!(rebuilt.contains(r"\approx 4.0056$"), "worked steps");
     assert!(rebuilt.contains("| love | (0, 1) | (0, 1) | 5 |"), "inputs table");
+    assert!(rebuilt.contains("| **love** | 0.1978 | 0.4011 | 0.4011 | 1.0000 | 4.0056 |"), "weights table");
     assert!(rebuilt.contains("output:  4.0056"), "laboratory printout");
     let sweep = fs::read_to_string(content.join("figures/love-sweep.svg")).expect("figure");
     assert!(sweep.contains("output 4.01"), "figure marker");

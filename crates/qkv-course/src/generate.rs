@@ -318,7 +318,8 @@ pub(crate) fn inputs_table(inputs: &AttentionInputs) -> String {
     out
 }
 
-/// A matrix (weights or scores) as a markdown table with a row-sum column for weights.
+/// A matrix (weights or scores) as a markdown table; weights get a row-sum column and each
+/// query's output, so the table shows where every row's blend lands.
 pub(crate) fn matrix_table(
     inputs: &AttentionInputs,
     result: &AttentionResult,
@@ -334,14 +335,14 @@ pub(crate) fn matrix_table(
         let _ = write!(out, " {} |", escape_cell(c));
     }
     if with_sum {
-        out.push_str(" row sum |");
+        out.push_str(" row sum | output |");
     }
     out.push_str("\n|:--|");
     for _ in &cols {
         out.push_str("--:|");
     }
     if with_sum {
-        out.push_str("--:|");
+        out.push_str("--:|--:|");
     }
     out.push('\n');
     for (i, r) in rows.iter().enumerate() {
@@ -357,7 +358,11 @@ pub(crate) fn matrix_table(
             );
         }
         if with_sum {
-            let _ = write!(out, " {} |", crate::format::fixed(m.row(i).sum(), digits));
+            let output: Vec<String> =
+                result.output.row(i).iter().map(|&x| crate::format::fixed(x, digits)).collect();
+            let output =
+                if output.len() == 1 { output[0].clone() } else { format!("({})", output.join(", ")) };
+            let _ = write!(out, " {} | {output} |", crate::format::fixed(m.row(i).sum(), digits));
         }
         out.push('\n');
     }
