@@ -106,6 +106,8 @@ pub(crate) struct Evaluator<'d> {
     /// Qualified ids of blocks that failed to parse: references to them stay quiet (the block's
     /// own error says what is wrong).
     pub broken: std::collections::HashSet<String>,
+    /// Declarations being evaluated right now, to catch reference cycles.
+    in_progress: std::collections::HashSet<String>,
     pub problems: Vec<Problem>,
 }
 
@@ -117,7 +119,14 @@ pub(crate) struct Target<'p> {
 
 impl<'d> Evaluator<'d> {
     pub(crate) fn new(sections: &'d [String], decls: HashMap<String, &'d Decl>) -> Self {
-        Self { sections, decls, records: HashMap::new(), broken: Default::default(), problems: Vec::new() }
+        Self {
+            sections,
+            decls,
+            records: HashMap::new(),
+            broken: Default::default(),
+            in_progress: Default::default(),
+            problems: Vec::new(),
+        }
     }
 
     /// Splits `path` (written in document `doc`) into a declaration and the rest:
@@ -177,10 +186,21 @@ impl<'d> Evaluator<'d> {
         if let Some(r) = self.records.get(key) {
             return r.clone();
         }
-        // Mark in progress so a reference cycle fails instead of recursing forever.
-        self.records.insert(key.to_string(), None);
         let decl = *self.decls.get(key)?;
+        if !self.in_progress.insert(key.to_string()) {
+            let mut cycle: Vec<&str> = self.in_progress.iter().map(String::as_str).collect();
+            cycle.sort_unstable();
+            self.fail(
+                decl,
+                decl.id_at,
+                format!("`{}` depends on itself through references", decl.id),
+                format!("id = \"{}\"", decl.id),
+                format!("references that end in literal numbers (blocks involved: {})", cycle.join(", ")),
+            );
+            return None;
+        }
         let record = self.evaluate(decl);
+        self.in_progress.remove(key);
         self.records.insert(key.to_string(), record.clone());
         record
     }

@@ -236,11 +236,7 @@ pub(crate) fn parse(doc: usize, block: &Block) -> Result<Decl, Vec<Problem>> {
                 seed: get("seed").and_then(|v| reader.count(v)).unwrap_or(7) as u64,
                 trials: get("trials").and_then(|v| reader.count(v)).unwrap_or(2000),
                 dims: get("dims")
-                    .and_then(|v| reader.vector(v))
-                    .and_then(|f| match f.value {
-                        Input::Literal(xs) => Some(xs.iter().map(|&x| x.max(1.0) as usize).collect()),
-                        Input::Ref(_) => None,
-                    })
+                    .and_then(|v| reader.counts(v))
                     .unwrap_or_else(|| vec![1, 2, 4, 8, 16, 32, 64, 128, 256]),
             });
             if get("kind").is_none() {
@@ -410,6 +406,22 @@ impl Reader<'_> {
             self.wrong(v, "a positive whole number", "a whole number such as `2000`");
             None
         }
+    }
+
+    /// A list of positive whole numbers, in increasing order (the x axis of a chart).
+    fn counts(&mut self, v: &Value<'_>) -> Option<Vec<usize>> {
+        let items = match v.get_ref() {
+            DeValue::Array(a) => a.iter().map(|x| self.count(x)).collect::<Option<Vec<_>>>()?,
+            _ => {
+                self.wrong(v, "a list of whole numbers", "`[1, 2, 4, 8]`");
+                return None;
+            }
+        };
+        if items.is_empty() || items.windows(2).any(|w| w[0] >= w[1]) {
+            self.wrong(v, "increasing whole numbers", "`[1, 2, 4, 8]`");
+            return None;
+        }
+        Some(items)
     }
 
     fn number(&mut self, v: &Value<'_>) -> Option<Field<f64>> {

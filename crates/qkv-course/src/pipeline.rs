@@ -325,9 +325,11 @@ fn shorten(s: &str) -> String {
 /// Problems with an empty `expected` are consequences of another reported problem (a reference to
 /// a broken block) and are left out.
 fn locate(sources: &Sources, problems: Vec<Problem>) -> ContentErrors {
+    // Should every problem be a consequence (which would be a bug), show them rather than nothing.
+    let all_quiet = problems.iter().all(|p| p.expected.is_empty());
     let mut errors: Vec<ContentError> = problems
         .into_iter()
-        .filter(|p| !p.expected.is_empty())
+        .filter(|p| all_quiet || !p.expected.is_empty())
         .map(|p| {
             let file = &sources.markdown[p.doc];
             let index = LineIndex::new(&file.text);

@@ -182,3 +182,19 @@ fn section_ids_drop_the_number_prefix() {
     assert_eq!(section_id("causal-masking.md"), "causal-masking");
     assert_eq!(section_id("2024.md"), "2024");
 }
+
+#[test]
+fn error_reference_cycle() {
+    let cyclic = ATTENTION.replacen("values = [10, 2]", "values = \"quiz_output.terms\"", 1);
+    assert_ne!(cyclic, ATTENTION);
+    insta::assert_snapshot!(errors(&cyclic));
+}
+
+#[test]
+fn error_figure_dims_must_increase() {
+    insta::assert_snapshot!(errors(&ATTENTION.replacen(
+        "dims = [1, 2, 4, 8, 16, 32, 64, 128, 256]",
+        "dims = [1, 4, 2]",
+        1
+    )));
+}
