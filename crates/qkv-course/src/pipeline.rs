@@ -657,9 +657,12 @@ fn generate_region(
         }
         "figure" => {
             let id = target_arg;
-            let decl = decls
+            let (decl, fig) = decls
                 .iter()
-                .find(|d| d.doc == doc && d.id == id && matches!(d.kind, DeclKind::Figure(_)))
+                .find_map(|d| match &d.kind {
+                    DeclKind::Figure(fig) if d.doc == doc && d.id == id => Some((d, fig)),
+                    _ => None,
+                })
                 .ok_or_else(|| {
                     if eval.broken.contains(&format!("{}.{id}", sections[doc])) {
                         return bad(String::new(), "");
@@ -674,7 +677,6 @@ fn generate_region(
                         &format!("the id of a `qkv figure` block in this file: {}", known.join(", ")),
                     )
                 })?;
-            let DeclKind::Figure(fig) = &decl.kind else { unreachable!("filtered above") };
             let figure_problem = |at: usize, message: String, found: String, expected: String| {
                 Problem::new(doc, at, message, found, expected)
             };
