@@ -501,7 +501,22 @@ impl<'d> Evaluator<'d> {
             (Ok(r), false) => Ok(r),
             (Err(e), true) => Err(e.to_string()),
             (Err(e), false) => {
-                self.fail(decl, decl.id_at, format!("the engine rejected example `{}`: {e}", decl.id), format!("id = \"{}\"", decl.id), "queries and keys of equal width, one value row per key, or `expect_error = true` to show the error");
+                // Point at the field the engine names, when this block wrote it.
+                let at = match &e {
+                    qkv::AttentionError::KeyWidth { .. } => {
+                        a.keys.as_ref().or(a.queries.as_ref()).map(|f| f.at)
+                    }
+                    qkv::AttentionError::ValueRows { .. } => a.values.as_ref().map(|f| f.at),
+                    _ => None,
+                };
+                // An empty `found` is filled with the source line when the error is located.
+                self.fail(
+                    decl,
+                    at.unwrap_or(decl.id_at),
+                    format!("the engine rejected example `{}`: {e}", decl.id),
+                    String::new(),
+                    "queries and keys of equal width, one value row per key, or `expect_error = true` to show the error",
+                );
                 return None;
             }
             (Ok(_), true) => {

@@ -178,8 +178,9 @@ pub(crate) fn parse(doc: usize, block: &Block) -> Result<Decl, Vec<Problem>> {
                 expect_error: get("expect_error").and_then(|v| reader.boolean(v)).unwrap_or(false),
             };
             if a.from.is_none() && a.x.is_none() {
-                for (name, field) in [("queries", &a.queries), ("keys", &a.keys), ("values", &a.values)] {
-                    if field.is_none() {
+                // Only a missing field: one that is present but invalid has its own error already.
+                for name in ["queries", "keys", "values"] {
+                    if get(name).is_none() {
                         reader.problem(
                             0,
                             format!("attention example has no `{name}`"),
@@ -190,8 +191,8 @@ pub(crate) fn parse(doc: usize, block: &Block) -> Result<Decl, Vec<Problem>> {
                 }
             }
             if a.x.is_some() {
-                for (name, field) in [("w_q", &a.w_q), ("w_k", &a.w_k), ("w_v", &a.w_v)] {
-                    if field.is_none() {
+                for name in ["w_q", "w_k", "w_v"] {
+                    if get(name).is_none() {
                         reader.problem(
                             0,
                             format!("attention example has `x` but no `{name}`"),
@@ -500,9 +501,10 @@ impl Reader<'_> {
                     self.problem(
                         rows[bad].span().start,
                         format!(
-                            "row {} has {} numbers but row 1 has {}",
+                            "row {} has {} number{} but row 1 has {}",
                             bad + 1,
                             out[bad].len(),
+                            if out[bad].len() == 1 { "" } else { "s" },
                             out[0].len()
                         ),
                         found,

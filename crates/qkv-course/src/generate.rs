@@ -9,24 +9,36 @@ use crate::format::{Shown, relation, shown, sum_relation};
 /// The default number of decimals in generated steps and tables.
 pub(crate) const DEFAULT_DIGITS: usize = 4;
 
-/// A label as TeX: numbers bare, words in `\text{}` with TeX's special characters escaped.
+/// A label as TeX: numbers bare, words in `\text{}`. Inside `\text{}` everything is literal except
+/// `\`, `{`, `}`, `%` and `$`, which are written as math-mode symbols between text runs.
 pub(crate) fn tex_label(label: &str) -> String {
     if label.bytes().all(|b| b.is_ascii_digit()) {
         return label.to_string();
     }
-    let mut out = String::from(r"\text{");
-    for c in label.chars() {
-        match c {
-            '\\' => out.push_str(r"\textbackslash{}"),
-            '{' | '}' | '#' | '$' | '%' | '&' | '_' => {
-                out.push('\\');
-                out.push(c);
-            }
-            '^' | '~' => out.push(' '),
-            _ => out.push(c),
+    let mut out = String::new();
+    let mut run = String::new();
+    let flush = |run: &mut String, out: &mut String| {
+        if !run.is_empty() {
+            out.push_str(&format!(r"\text{{{run}}}"));
+            run.clear();
         }
+    };
+    for c in label.chars() {
+        let symbol = match c {
+            '\\' => r"\backslash ",
+            '{' => r"\{",
+            '}' => r"\}",
+            '%' => r"\%",
+            '$' => r"\$",
+            _ => {
+                run.push(c);
+                continue;
+            }
+        };
+        flush(&mut run, &mut out);
+        out.push_str(symbol);
     }
-    out.push('}');
+    flush(&mut run, &mut out);
     out
 }
 
@@ -369,8 +381,22 @@ pub(crate) fn matrix_table(
     out
 }
 
+/// A label as table-cell markdown: no HTML, no emphasis, no column breaks.
 fn escape_cell(s: &str) -> String {
-    s.replace('|', r"\|").replace('*', r"\*")
+    let mut out = String::new();
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '|' | '*' | '_' | '`' | '\\' | '[' | ']' => {
+                out.push('\\');
+                out.push(c);
+            }
+            _ => out.push(c),
+        }
+    }
+    out
 }
 
 /// The engine's error for an example declared with `expect_error = true`.

@@ -282,3 +282,6 @@ fn inline_markdown(s: &str) -> String {
     pulldown_cmark::html::push_html(&mut html, events);
     html.trim().trim_start_matches("<p>").trim_end_matches("</p>").to_string()
 }
+
+#[cfg(test)]
+mod tests;

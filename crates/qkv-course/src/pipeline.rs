@@ -334,12 +334,17 @@ fn locate(sources: &Sources, problems: Vec<Problem>) -> ContentErrors {
             let file = &sources.markdown[p.doc];
             let index = LineIndex::new(&file.text);
             let (line, column) = index.position(&file.text, p.at);
+            let found = if p.found.is_empty() {
+                file.text.lines().nth(line - 1).unwrap_or("").trim().to_string()
+            } else {
+                p.found
+            };
             ContentError {
                 file: file.path.clone(),
                 line,
                 column,
                 message: p.message,
-                found: p.found,
+                found,
                 expected: p.expected,
             }
         })
@@ -523,8 +528,7 @@ fn generate_region(
             None => directive.args.push(word),
         }
     }
-    const KINDS: &str =
-        "`steps TARGET`, `table EXAMPLE weights|scores`, `error EXAMPLE`, `lab EXAMPLE.TOKEN`, `figure ID`";
+    const KINDS: &str = "`steps TARGET`, `table EXAMPLE inputs|weights|scores`, `error EXAMPLE`, `lab EXAMPLE.TOKEN`, `figure ID`";
     let target_arg = directive
         .args
         .first()
@@ -554,7 +558,10 @@ fn generate_region(
             })
             .ok_or_else(|| {
                 bad(
-                    format!("`{token}` is not a query of `{target_arg}`"),
+                    format!(
+                        "`{token}` is not a query of `{}`",
+                        target_arg.rsplit_once('.').map_or(target_arg, |(e, _)| e)
+                    ),
                     &format!("one of {}", labels.join(", ")),
                 )
             })

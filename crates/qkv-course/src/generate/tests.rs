@@ -42,6 +42,7 @@ fn rounded_terms_say_approx_and_exact_ones_say_equals() {
 
 #[test]
 fn labels_are_escaped_for_tex() {
-    assert_eq!(tex_label("a_b"), r"\text{a\_b}");
+    assert_eq!(tex_label("a_b"), r"\text{a_b}");
+    assert_eq!(tex_label("50%{x}"), r"\text{50}\%\{\text{x}\}");
     assert_eq!(tex_label("3"), "3");
 }

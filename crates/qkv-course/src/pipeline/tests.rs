@@ -106,74 +106,35 @@ fn text_outside_generated_places_is_untouched() {
     assert_eq!(rebuilt.markdown[0].text, ATTENTION);
 }
 
-// Bad content: each is an error with file:line:column, the offending text and what was expected.
-
+/// Bad content: each fixture in `bad-content/` is a one-file lesson with one mistake; its error
+/// report (file:line:column, offending text, what was expected) is the snapshot.
 #[test]
-fn error_unknown_reference() {
-    insta::assert_snapshot!(errors(&ATTENTION.replacen(
-        "(=sentence.love.output:2)",
-        "(=sentence.lvoe.output:2)",
-        1
-    )));
+fn bad_content() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/pipeline/bad-content");
+    let mut fixtures: Vec<_> =
+        std::fs::read_dir(&dir).expect("fixtures").flatten().map(|e| e.path()).collect();
+    fixtures.sort();
+    assert!(fixtures.len() >= 10, "fixtures missing from {}", dir.display());
+    for path in fixtures {
+        let name = path.file_stem().and_then(|n| n.to_str()).expect("utf-8 name").to_string();
+        let text = std::fs::read_to_string(&path).expect("fixture");
+        let sources = Sources {
+            markdown: vec![SourceFile { path: format!("content/{name}.md"), text }],
+            figures: Default::default(),
+        };
+        match check(&sources) {
+            Ok(stale) => panic!("{name}: expected content errors, got {} stale places", stale.len()),
+            Err(e) => insta::assert_snapshot!(format!("bad_content_{name}"), e.to_string()),
+        }
+    }
 }
 
 #[test]
-fn error_unknown_example() {
-    insta::assert_snapshot!(errors(&ATTENTION.replacen(
-        "(=sentence.love.output:2)",
-        "(=sentense.love.output:2)",
-        1
-    )));
-}
-
-#[test]
-fn error_misspelled_field() {
-    insta::assert_snapshot!(errors(&ATTENTION.replacen(
-        "values = [[2], [6], [4]]",
-        "valuse = [[2], [6], [4]]",
-        1
-    )));
-}
-
-#[test]
-fn error_malformed_block() {
-    insta::assert_snapshot!(errors(&ATTENTION.replacen(
-        "values = [[2], [6], [4]]",
-        "values = [[2], [6], [4]",
-        1
-    )));
-}
-
-#[test]
-fn error_mismatched_shapes() {
-    insta::assert_snapshot!(errors(&ATTENTION.replacen(
-        "keys = [[1, 0], [0, 1], [1, 1]]",
-        "keys = [[1, 0, 0], [0, 1, 0], [1, 1, 0]]",
-        1
-    )));
-}
-
-#[test]
-fn error_non_finite_number() {
-    insta::assert_snapshot!(errors(&ATTENTION.replacen(
-        "values = [[2], [6], [4]]",
-        "values = [[2], [inf], [4]]",
-        1
-    )));
-}
-
-#[test]
-fn error_unknown_figure_kind() {
-    insta::assert_snapshot!(errors(&ATTENTION.replacen("kind = \"heatmap\"", "kind = \"heat-map\"", 1)));
-}
-
-#[test]
-fn error_ragged_rows() {
-    insta::assert_snapshot!(errors(&ATTENTION.replacen(
-        "queries = [[1, 0], [0, 1], [1, 1]]",
-        "queries = [[1, 0], [0], [1, 1]]",
-        1
-    )));
+fn errors_in_the_lesson_point_into_the_lesson() {
+    let report = errors(&ATTENTION.replacen("(=sentence.love.output:2)", "(=sentence.lvoe.output:2)", 1));
+    assert!(report.starts_with("content/01-attention.md:"), "{report}");
+    assert!(report.contains("unknown reference `sentence.lvoe.output`"), "{report}");
+    assert!(report.ends_with("1 error in the lesson source; nothing was written"), "{report}");
 }
 
 #[test]
@@ -181,20 +142,4 @@ fn section_ids_drop_the_number_prefix() {
     assert_eq!(section_id("content/01-attention.md"), "attention");
     assert_eq!(section_id("causal-masking.md"), "causal-masking");
     assert_eq!(section_id("2024.md"), "2024");
-}
-
-#[test]
-fn error_reference_cycle() {
-    let cyclic = ATTENTION.replacen("values = [10, 2]", "values = \"quiz_output.terms\"", 1);
-    assert_ne!(cyclic, ATTENTION);
-    insta::assert_snapshot!(errors(&cyclic));
-}
-
-#[test]
-fn error_figure_dims_must_increase() {
-    insta::assert_snapshot!(errors(&ATTENTION.replacen(
-        "dims = [1, 2, 4, 8, 16, 32, 64, 128, 256]",
-        "dims = [1, 4, 2]",
-        1
-    )));
 }

@@ -1,0 +1,36 @@
+use super::*;
+use crate::pipeline::{Sources, build};
+
+fn page_for(markdown: &str) -> String {
+    let sources = Sources {
+        markdown: vec![SourceFile { path: "content/01-odd.md".into(), text: markdown.into() }],
+        figures: Default::default(),
+    };
+    let built = build(&sources).unwrap_or_else(|e| panic!("{e}"));
+    built.site.into_iter().find(|f| f.name == "odd.html").map(|f| f.text).expect("page")
+}
+
+#[test]
+fn tokens_and_titles_are_escaped() {
+    let page = page_for(concat!(
+        "# Tags & things\n\n",
+        "```qkv attention\nid = \"odd\"\ntokens = [\"<b>\", \"a&b\"]\n",
+        "queries = [[1, 0], [0, 1]]\nkeys = [[1, 0], [0, 1]]\nvalues = [[1], [2]]\n```\n\n",
+        "Output [?](=odd.<b>.output:2).\n\n<!-- qkv table odd weights -->\n<!-- /qkv -->\n\n",
+        "<!-- qkv steps odd.a&b -->\n<!-- /qkv -->\n",
+    ));
+    assert!(!page.contains("<b>"), "raw tag leaked: {page}");
+    assert!(page.contains("<title>Tags &amp; things · qkv</title>"), "{page}");
+    assert!(page.contains("&lt;b&gt;"), "{page}");
+}
+
+#[test]
+fn math_becomes_mathml_and_citations_become_spans() {
+    let page = page_for(concat!(
+        "# M\n\n```qkv dot\nid = \"d\"\nq = [1, 2]\nk = [2, 1]\n```\n\n",
+        "The score $s = q \\cdot k$ is [?](=d.dot:0).\n",
+    ));
+    assert!(page.contains("<math"), "{page}");
+    assert!(page.contains("<span class=\"num\" title=\"d.dot\">4</span>"), "{page}");
+    assert!(!page.contains("qkv dot"), "declarations are data, not prose: {page}");
+}
