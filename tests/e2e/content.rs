@@ -166,6 +166,20 @@ fn the_notebook_prints_what_the_lesson_says() {
     let run = Command::new("python3").args(["-c", &code]).output().expect("python3 runs");
     assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
     assert_eq!(String::from_utf8_lossy(&run.stdout), expected);
+    // The file itself must be a valid nbformat 4 notebook, when nbformat is there to say so.
+    let path = out.join("notebooks/attention-sentence-love.ipynb");
+    let validate = "import sys, nbformat; nbformat.validate(nbformat.read(sys.argv[1], as_version=4))";
+    let has_nbformat =
+        Command::new("python3").args(["-c", "import nbformat"]).output().is_ok_and(|o| o.status.success());
+    if has_nbformat {
+        let check =
+            Command::new("python3").args(["-c", validate, arg(&path)]).output().expect("python3 runs");
+        assert!(check.status.success(), "invalid notebook: {}", String::from_utf8_lossy(&check.stderr));
+    } else {
+        eprintln!(
+            "the_notebook_prints_what_the_lesson_says: nbformat is not installed; notebook schema not validated"
+        );
+    }
 }
 
 #[test]
