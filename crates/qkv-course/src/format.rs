@@ -72,7 +72,10 @@ pub(crate) fn shown(x: f64, digits: usize) -> Shown {
     }
     let text = fixed(x, digits);
     let value: f64 = text.parse().unwrap_or(x);
-    Shown { units: (value * scale).round() as i128, exact: value == x, text }
+    let exact = value == x;
+    // An exact decimal reads best without padding: 0.5, not 0.5000.
+    let text = if exact && text.contains('.') { text.trim_end_matches('0').to_string() } else { text };
+    Shown { units: (value * scale).round() as i128, exact, text }
 }
 
 /// The relation to print between an expression of shown operands and a shown result:

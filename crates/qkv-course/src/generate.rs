@@ -154,13 +154,17 @@ pub(crate) fn attention_steps(
     // 5. Sum over the kept keys.
     let kept_exps: Vec<Shown> = kept.iter().map(|&j| exps[j].clone()).collect();
     let sum = shown(trace.sum, digits);
-    let _ = writeln!(
-        out,
-        "5. **Sum.** ${} {} {}$.",
-        kept_exps.iter().map(tex).collect::<Vec<_>>().join(" + "),
-        sum_relation(&kept_exps, &sum),
-        tex(&sum)
-    );
+    if kept_exps.len() == 1 {
+        let _ = writeln!(out, "5. **Sum.** Only one key is left: the sum is ${}$.", tex(&sum));
+    } else {
+        let _ = writeln!(
+            out,
+            "5. **Sum.** ${} {} {}$.",
+            kept_exps.iter().map(tex).collect::<Vec<_>>().join(" + "),
+            sum_relation(&kept_exps, &sum),
+            tex(&sum)
+        );
+    }
     // 6. Normalize.
     let weights = shown_all(&trace.weights, digits);
     let normal: Vec<String> = (0..keys.len())
@@ -180,13 +184,17 @@ pub(crate) fn attention_steps(
     let _ = writeln!(out, "7. **Weight the values.** ${}$.", term_text.join(r";\quad "));
     // 8. Output: the displayed terms, added, against the displayed output.
     let output = shown_all(&trace.output, digits);
+    if kept.len() == 1 {
+        let _ = writeln!(
+            out,
+            "8. **Output.** With one key left, the output is its value: $\\operatorname{{output}} = {}$.",
+            tuple(&output)
+        );
+        return out;
+    }
     let sums: Vec<String> = (0..output.len())
         .map(|c| {
             let column: Vec<Shown> = kept.iter().map(|&j| terms[j][c].clone()).collect();
-            if column.len() == 1 {
-                // One kept key: the output is that term itself.
-                return tex(&output[c]);
-            }
             format!(
                 "{} {} {}",
                 column.iter().map(tex).collect::<Vec<_>>().join(" + "),

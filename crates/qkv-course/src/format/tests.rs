@@ -34,7 +34,7 @@ fn shown_numbers_say_when_they_are_rounded() {
     let w = shown(0.19782, 4);
     assert_eq!((w.text.as_str(), w.exact, w.units), ("0.1978", false, 1978));
     let half = shown(0.5, 4);
-    assert_eq!((half.text.as_str(), half.exact), ("0.5000", true));
+    assert_eq!((half.text.as_str(), half.exact), ("0.5", true));
 }
 
 #[test]

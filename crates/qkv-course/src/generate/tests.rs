@@ -37,7 +37,7 @@ fn rounded_terms_say_approx_and_exact_ones_say_equals() {
     assert!(steps.contains(r"0.3956 + 2.4067 + 1.6044 \approx 4.4067"), "{steps}");
     let masked = AttentionInputs { mask: Some(crate::examples::Mask::Causal), ..sentence() };
     let first = attention_steps(&masked, &trace(&masked, 0), "I", DEFAULT_DIGITS);
-    assert!(first.contains(r"\operatorname{output} = 2$"), "{first}");
+    assert!(first.contains(r"the output is its value: $\operatorname{output} = 2$"), "{first}");
 }
 
 #[test]

@@ -143,3 +143,51 @@ fn section_ids_drop_the_number_prefix() {
     assert_eq!(section_id("causal-masking.md"), "causal-masking");
     assert_eq!(section_id("2024.md"), "2024");
 }
+
+/// Projections, an explicit keep mask, a custom scale and two-wide values, in one small lesson.
+const FEATURES: &str = r#"# Features
+
+```qkv attention
+id = "projected"
+tokens = ["a", "b"]
+x = [[1, 2], [3, 4]]
+w_q = [[1, 0], [0, 1]]
+w_k = [[0, 1], [1, 0]]
+w_v = [[1, 0, 1], [0, 1, 1]]
+```
+
+```qkv attention
+id = "kept"
+from = "projected"
+mask = [[true, false], [true, true]]
+scale = 0.5
+```
+
+Projected key of b: ([?](=projected.keys.b.1:0), [?](=projected.keys.b.2:0)).
+Output of a under the keep mask: [?](=kept.a.output.3:2).
+
+<!-- qkv steps projected.b -->
+<!-- /qkv -->
+
+<!-- qkv steps kept.a -->
+<!-- /qkv -->
+
+<!-- qkv table kept weights -->
+<!-- /qkv -->
+"#;
+
+#[test]
+fn projections_masks_scales_and_wide_values() {
+    let sources = Sources {
+        markdown: vec![SourceFile { path: "content/01-features.md".into(), text: FEATURES.into() }],
+        figures: Default::default(),
+    };
+    let built = build(&sources).unwrap_or_else(|e| panic!("{e}"));
+    let text = &built.markdown[0].text;
+    // K = X · W_k: b's key is (4, 3).
+    assert!(text.contains("([4](=projected.keys.b.1:0), [3](=projected.keys.b.2:0))"), "{text}");
+    // Under the keep mask, a sees only itself: its output is its value row (1, 2, 3).
+    assert!(text.contains("[3.00](=kept.a.output.3:2)"), "{text}");
+    assert!(text.contains("Multiply by the scale $0.5$"), "{text}");
+    insta::assert_snapshot!("features_lesson", text);
+}
