@@ -85,12 +85,54 @@ pub(crate) enum Deferred {
     Saturation { seed: u64, trials: usize, dims: Vec<usize> },
 }
 
+/// Fingerprint of a figure's inputs. Numbers are rounded to 9 significant digits first, so a last-bit
+/// difference in `exp` between C libraries does not mark a committed figure stale on another machine.
 fn hash_of(text: &str) -> String {
-    let digest = Sha256::digest(text.as_bytes());
+    let digest = Sha256::digest(canonical_numbers(text).as_bytes());
     digest.iter().take(8).fold(String::new(), |mut s, b| {
         let _ = write!(s, "{b:02x}");
         s
     })
+}
+
+/// `text` with every decimal number (`0.40111209267978593`, `1e-5`) rewritten as `{:.8e}`.
+pub(crate) fn canonical_numbers(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = String::with_capacity(text.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let starts_number = bytes[i].is_ascii_digit()
+            && (i == 0 || !(bytes[i - 1].is_ascii_alphanumeric() || bytes[i - 1] == b'_'));
+        if !starts_number {
+            let c = text[i..].chars().next().unwrap_or(' ');
+            out.push(c);
+            i += c.len_utf8();
+            continue;
+        }
+        let mut j = i;
+        while j < bytes.len() && (bytes[j].is_ascii_digit() || bytes[j] == b'.') {
+            j += 1;
+        }
+        if j < bytes.len() && bytes[j] == b'e' {
+            let mut k = j + 1;
+            if k < bytes.len() && bytes[k] == b'-' {
+                k += 1;
+            }
+            if k < bytes.len() && bytes[k].is_ascii_digit() {
+                while k < bytes.len() && bytes[k].is_ascii_digit() {
+                    k += 1;
+                }
+                j = k;
+            }
+        }
+        let token = &text[i..j];
+        match token.parse::<f64>() {
+            Ok(x) if token.contains(['.', 'e']) => out.push_str(&format!("{x:.8e}")),
+            _ => out.push_str(token),
+        }
+        i = j;
+    }
+    out
 }
 
 /// Two decimals, for alt text.

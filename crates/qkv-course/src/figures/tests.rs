@@ -28,3 +28,13 @@ fn kinds_round_trip_through_their_names() {
         assert_eq!(FigureKind::NAMES[kind as usize], *name);
     }
 }
+
+#[test]
+fn hashes_ignore_last_bit_differences() {
+    assert_eq!(
+        canonical_numbers("w: [0.4011120926797859, 1.0], n: 3, x1: 2.5e-7"),
+        "w: [4.01112093e-1, 1.00000000e0], n: 3, x1: 2.50000000e-7"
+    );
+    assert_eq!(hash_of("weights [0.4011120926797859]"), hash_of("weights [0.40111209267978593]"));
+    assert_ne!(hash_of("weights [0.4011]"), hash_of("weights [0.4012]"));
+}
