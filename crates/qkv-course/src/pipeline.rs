@@ -272,14 +272,26 @@ fn stale_places(sources: &Sources, plan: &Plan) -> Vec<Stale> {
                 let (new, old): (Vec<&str>, Vec<&str>) = (e.text.lines().collect(), found.lines().collect());
                 let i = (0..new.len().max(old.len())).find(|&i| new.get(i) != old.get(i)).unwrap_or(0);
                 line += i;
-                let quote =
-                    |s: Option<&&str>| s.map_or("(nothing)".to_string(), |s| format!("`{}`", shorten(s)));
-                (quote(new.get(i)), quote(old.get(i)))
+                match (new.get(i), old.get(i)) {
+                    (Some(n), Some(o)) => {
+                        let (n, o) = differing_window(n, o);
+                        (format!("`{n}`"), format!("`{o}`"))
+                    }
+                    (n, o) => {
+                        let quote = |s: Option<&&str>| {
+                            s.map_or("(nothing)".to_string(), |s| format!("`{}`", shorten(s)))
+                        };
+                        (quote(n), quote(o))
+                    }
+                }
             } else {
                 (e.text.clone(), if found.is_empty() { "(nothing)".to_string() } else { found.to_string() })
             };
             stale.push(Stale { file: file.path.clone(), line, what: e.what.clone(), expected, found });
         }
+        // Citations and regions were gathered separately; list each file top to bottom.
+        let first = stale.iter().position(|s| s.file == file.path).unwrap_or(stale.len());
+        stale[first..].sort_by_key(|s| s.line);
     }
     // Figures sit beside the lesson files, so name them the same way.
     let folder =
@@ -309,6 +321,28 @@ fn stale_places(sources: &Sources, plan: &Plan) -> Vec<Stale> {
         }
     }
     stale
+}
+
+/// The part of two lines around where they first differ, so a long line's change stays visible:
+/// `…the output is 4.01.](figures/love-sweep.svg)` against `…the output is 4.41.](…`.
+fn differing_window(new: &str, old: &str) -> (String, String) {
+    let (new, old) = (new.trim(), old.trim());
+    let (n, o): (Vec<char>, Vec<char>) = (new.chars().collect(), old.chars().collect());
+    let first = n.iter().zip(&o).take_while(|(a, b)| a == b).count();
+    let start = first.saturating_sub(30);
+    let cut = |chars: &[char]| {
+        let end = (start + 70).min(chars.len());
+        let mut out = String::new();
+        if start > 0 {
+            out.push('…');
+        }
+        out.extend(&chars[start..end]);
+        if end < chars.len() {
+            out.push('…');
+        }
+        out
+    };
+    (cut(&n), cut(&o))
 }
 
 fn shorten(s: &str) -> String {
