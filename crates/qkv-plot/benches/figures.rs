@@ -25,28 +25,13 @@ fn all_lesson_figures(bencher: Bencher, png_scale: u32) {
     bencher.bench(|| {
         let figures = [
             heatmap(black_box(&love), Size::default().with_png_scale(png_scale)),
-            heatmap(
-                black_box(&causal),
-                Size::default().with_png_scale(png_scale),
-            ),
+            heatmap(black_box(&causal), Size::default().with_png_scale(png_scale)),
             query_diagram(black_box(&diagram), Size::square(640)),
-            score_curves(
-                black_box(&curves),
-                Size::default().with_png_scale(png_scale),
-            ),
-            line_chart(
-                black_box(&variance),
-                Size::default().with_png_scale(png_scale),
-            ),
-            line_chart(
-                black_box(&saturation),
-                Size::default().with_png_scale(png_scale),
-            ),
+            score_curves(black_box(&curves), Size::default().with_png_scale(png_scale)),
+            line_chart(black_box(&variance), Size::default().with_png_scale(png_scale)),
+            line_chart(black_box(&saturation), Size::default().with_png_scale(png_scale)),
         ];
-        figures
-            .into_iter()
-            .map(|f| f.map(|f| f.png.len() + f.svg.len()))
-            .sum::<Result<usize, _>>()
+        figures.into_iter().map(|f| f.map(|f| f.png.len() + f.svg.len())).sum::<Result<usize, _>>()
     });
 }
 

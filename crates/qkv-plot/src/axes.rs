@@ -8,9 +8,7 @@ use plotters::style::text_anchor::{HPos, VPos};
 
 use crate::Scale;
 use crate::figure::DrawResult;
-use crate::theme::{
-    AXIS, AXIS_TITLE_SIZE, GAP, GRID, INK, LABEL_SIZE, MUTED, anchored, measure, text,
-};
+use crate::theme::{AXIS, AXIS_TITLE_SIZE, GAP, GRID, INK, LABEL_SIZE, MUTED, anchored, measure, text};
 use crate::ticks::Ticks;
 
 /// Length of a tick mark outside the plot rectangle.
@@ -35,12 +33,7 @@ impl Axis {
 
     fn label_width(&self) -> i32 {
         let style = text(LABEL_SIZE, INK);
-        self.ticks
-            .labels
-            .iter()
-            .map(|l| measure(&style, l).0)
-            .max()
-            .unwrap_or(0)
+        self.ticks.labels.iter().map(|l| measure(&style, l).0).max().unwrap_or(0)
     }
 }
 
@@ -72,19 +65,11 @@ impl Plot {
     pub fn place(x: Axis, y: Axis, y2: Option<Axis>, bounds: (i32, i32, i32, i32)) -> Self {
         let (left, top, right, bottom) = bounds;
         let title_band = |t: &str| {
-            if t.is_empty() {
-                0
-            } else {
-                title_height() + GAP
-            }
+            if t.is_empty() { 0 } else { title_height() + GAP }
         };
         let x0 = left + title_band(&y.title) + y.label_width() + GAP + TICK;
         // The last x tick label is centred on the right edge: leave half of it.
-        let x_overhang = x
-            .ticks
-            .labels
-            .last()
-            .map_or(0, |l| measure(&text(LABEL_SIZE, INK), l).0 / 2);
+        let x_overhang = x.ticks.labels.last().map_or(0, |l| measure(&text(LABEL_SIZE, INK), l).0 / 2);
         let x1 = match &y2 {
             Some(a) => right - title_band(&a.title) - a.label_width() - GAP - TICK,
             None => right - x_overhang,
@@ -92,15 +77,7 @@ impl Plot {
         let y1 = bottom - title_band(&x.title) - label_height() - 2 * GAP - TICK;
         // The top y tick label is centred on the top edge: leave half of it.
         let y0 = top + label_height() / 2;
-        Self {
-            x0,
-            y0,
-            x1,
-            y1,
-            x,
-            y,
-            y2,
-        }
+        Self { x0, y0, x1, y1, x, y, y2 }
     }
 
     /// Pixel column of data value `v` on the x axis.
@@ -139,20 +116,11 @@ impl Plot {
     pub fn draw_axes<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult<DB> {
         let line = AXIS.stroke_width(1);
         let label = text(LABEL_SIZE, INK);
-        root.draw(&PathElement::new(
-            vec![(self.x0, self.y1), (self.x1, self.y1)],
-            line,
-        ))?;
-        root.draw(&PathElement::new(
-            vec![(self.x0, self.y0), (self.x0, self.y1)],
-            line,
-        ))?;
+        root.draw(&PathElement::new(vec![(self.x0, self.y1), (self.x1, self.y1)], line))?;
+        root.draw(&PathElement::new(vec![(self.x0, self.y0), (self.x0, self.y1)], line))?;
         for (&v, s) in self.x.ticks.values.iter().zip(&self.x.ticks.labels) {
             let x = self.px(v);
-            root.draw(&PathElement::new(
-                vec![(x, self.y1), (x, self.y1 + TICK)],
-                line,
-            ))?;
+            root.draw(&PathElement::new(vec![(x, self.y1), (x, self.y1 + TICK)], line))?;
             root.draw(&Text::new(
                 s.clone(),
                 (x, self.y1 + TICK + GAP),
@@ -161,10 +129,7 @@ impl Plot {
         }
         for (&v, s) in self.y.ticks.values.iter().zip(&self.y.ticks.labels) {
             let y = self.py(v);
-            root.draw(&PathElement::new(
-                vec![(self.x0 - TICK, y), (self.x0, y)],
-                line,
-            ))?;
+            root.draw(&PathElement::new(vec![(self.x0 - TICK, y), (self.x0, y)], line))?;
             root.draw(&Text::new(
                 s.clone(),
                 (self.x0 - TICK - GAP / 2, y),
@@ -176,10 +141,7 @@ impl Plot {
         if !self.x.title.is_empty() {
             root.draw(&Text::new(
                 self.x.title.clone(),
-                (
-                    (self.x0 + self.x1) / 2,
-                    self.y1 + TICK + 2 * GAP + label_height() + GAP,
-                ),
+                ((self.x0 + self.x1) / 2, self.y1 + TICK + 2 * GAP + label_height() + GAP),
                 anchored(axis.clone(), HPos::Center, VPos::Top),
             ))?;
         }
@@ -188,21 +150,14 @@ impl Plot {
             root.draw(&Text::new(
                 self.y.title.clone(),
                 (x, mid_y),
-                anchored(axis.clone(), HPos::Center, VPos::Center)
-                    .transform(FontTransform::Rotate270),
+                anchored(axis.clone(), HPos::Center, VPos::Center).transform(FontTransform::Rotate270),
             ))?;
         }
         if let Some(y2) = &self.y2 {
-            root.draw(&PathElement::new(
-                vec![(self.x1, self.y0), (self.x1, self.y1)],
-                line,
-            ))?;
+            root.draw(&PathElement::new(vec![(self.x1, self.y0), (self.x1, self.y1)], line))?;
             for (&v, s) in y2.ticks.values.iter().zip(&y2.ticks.labels) {
                 let y = self.py2(v);
-                root.draw(&PathElement::new(
-                    vec![(self.x1, y), (self.x1 + TICK, y)],
-                    line,
-                ))?;
+                root.draw(&PathElement::new(vec![(self.x1, y), (self.x1 + TICK, y)], line))?;
                 root.draw(&Text::new(
                     s.clone(),
                     (self.x1 + TICK + GAP / 2, y),
@@ -240,11 +195,7 @@ pub(crate) fn dashes(points: &[(i32, i32)]) -> Vec<Vec<(i32, i32)>> {
         let mut t = 0.0;
         while t < len {
             let on = phase < DASH;
-            let left = if on {
-                DASH - phase
-            } else {
-                DASH + DASH_GAP - phase
-            };
+            let left = if on { DASH - phase } else { DASH + DASH_GAP - phase };
             let step = left.min(len - t);
             let at = |s: f64| {
                 (

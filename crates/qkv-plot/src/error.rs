@@ -83,9 +83,7 @@ pub enum PlotError {
         max: usize,
     },
     /// A figure size too small to hold the title, axes and labels.
-    #[error(
-        "size {width}×{height} px is too small: the figure needs at least {min_width}×{min_height} px"
-    )]
+    #[error("size {width}×{height} px is too small: the figure needs at least {min_width}×{min_height} px")]
     TooSmall {
         /// Requested width in pixels.
         width: u32,

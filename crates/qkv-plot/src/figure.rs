@@ -56,11 +56,7 @@ impl Size {
 
     /// A `width` × `height` size with a PNG of the same pixel size.
     pub const fn new(width: u32, height: u32) -> Self {
-        Self {
-            width,
-            height,
-            png_scale: 1,
-        }
+        Self { width, height, png_scale: 1 }
     }
 
     /// The same size with `png_scale` PNG pixels per CSS pixel.
@@ -83,17 +79,10 @@ impl Size {
             });
         }
         if !(1..=Self::MAX_PNG_SCALE).contains(&self.png_scale) {
-            return Err(PlotError::PngScale {
-                png_scale: self.png_scale,
-                max: Self::MAX_PNG_SCALE,
-            });
+            return Err(PlotError::PngScale { png_scale: self.png_scale, max: Self::MAX_PNG_SCALE });
         }
         if self.width > Self::MAX_SIDE || self.height > Self::MAX_SIDE {
-            return Err(PlotError::TooLarge {
-                width: self.width,
-                height: self.height,
-                max: Self::MAX_SIDE,
-            });
+            return Err(PlotError::TooLarge { width: self.width, height: self.height, max: Self::MAX_SIDE });
         }
         Ok(())
     }
@@ -106,8 +95,7 @@ impl Default for Size {
 }
 
 /// The error type of drawing on backend `DB`.
-pub(crate) type DrawResult<DB> =
-    Result<(), DrawingAreaErrorKind<<DB as DrawingBackend>::ErrorType>>;
+pub(crate) type DrawResult<DB> = Result<(), DrawingAreaErrorKind<<DB as DrawingBackend>::ErrorType>>;
 
 /// A validated figure that can draw itself on any plotters backend. Drawing
 /// is generic so the SVG and the PNG come from the same code.
@@ -124,10 +112,7 @@ pub(crate) fn render<F: Draw>(figure: &F, size: Size) -> Result<Figure, PlotErro
     size.check()?;
     font::ensure_registered()?;
     let dims = (size.width, size.height);
-    let draw_error = |e: &dyn std::fmt::Display| PlotError::Draw {
-        figure: F::NAME,
-        message: e.to_string(),
-    };
+    let draw_error = |e: &dyn std::fmt::Display| PlotError::Draw { figure: F::NAME, message: e.to_string() };
 
     let mut svg = String::new();
     {
@@ -141,25 +126,13 @@ pub(crate) fn render<F: Draw>(figure: &F, size: Size) -> Result<Figure, PlotErro
     let mut rgb = vec![255u8; png_w as usize * png_h as usize * 3];
     {
         let bitmap = BitMapBackend::with_buffer(&mut rgb, (png_w, png_h));
-        if scale == 1 {
-            draw_on(figure, bitmap)
-        } else {
-            draw_on(figure, Scaled::new(bitmap, scale))
-        }
-        .map_err(|e| draw_error(&e))?;
+        if scale == 1 { draw_on(figure, bitmap) } else { draw_on(figure, Scaled::new(bitmap, scale)) }
+            .map_err(|e| draw_error(&e))?;
     }
-    let png = encode_png(&rgb, png_w, png_h).map_err(|e| PlotError::Encode {
-        figure: F::NAME,
-        message: e.to_string(),
-    })?;
+    let png = encode_png(&rgb, png_w, png_h)
+        .map_err(|e| PlotError::Encode { figure: F::NAME, message: e.to_string() })?;
 
-    Ok(Figure {
-        svg,
-        png,
-        width: size.width,
-        height: size.height,
-        png_scale: scale,
-    })
+    Ok(Figure { svg, png, width: size.width, height: size.height, png_scale: scale })
 }
 
 /// Draws `figure` on `backend` and flushes it.

@@ -10,8 +10,8 @@ use plotters::style::text_anchor::{HPos, VPos};
 
 use crate::figure::{Draw, DrawResult, render};
 use crate::theme::{
-    ACCENT, AXIS, AXIS_TITLE_SIZE, GAP, INK, LABEL_SIZE, MARGIN, MASK_FILL, MASK_HATCH, MUTED,
-    anchored, bold, draw_frame, fit, fixed, luminance, measure, text,
+    ACCENT, AXIS, AXIS_TITLE_SIZE, GAP, INK, LABEL_SIZE, MARGIN, MASK_FILL, MASK_HATCH, MUTED, anchored,
+    bold, draw_frame, fit, fixed, luminance, measure, text,
 };
 use crate::{Figure, PlotError, Size, ticks, validate};
 
@@ -96,12 +96,7 @@ impl<'a> Checked<'a> {
         if let Some(mask) = &spec.masked {
             validate::length("masked", mask.len(), "weights", n_q)?;
             if let Some((row, r)) = mask.iter().enumerate().find(|(_, r)| r.len() != n_k) {
-                return Err(PlotError::Ragged {
-                    arg: "masked",
-                    row,
-                    len: r.len(),
-                    expected: n_k,
-                });
+                return Err(PlotError::Ragged { arg: "masked", row, len: r.len(), expected: n_k });
             }
         }
         let is_masked = |i: usize, j: usize| spec.masked.as_ref().is_some_and(|m| m[i][j]);
@@ -119,24 +114,16 @@ impl<'a> Checked<'a> {
         if let Some(index) = spec.highlight_row
             && index >= n_q
         {
-            return Err(PlotError::OutOfRange {
-                arg: "highlight_row",
-                index,
-                len: n_q,
-            });
+            return Err(PlotError::OutOfRange { arg: "highlight_row", index, len: n_q });
         }
         validate::decimals(spec.decimals)?;
         validate::range("value_range", spec.value_range)?;
         let (lo, hi) = spec.value_range.unwrap_or_else(|| {
             let visible = spec.weights.iter().enumerate().flat_map(|(i, row)| {
-                row.iter()
-                    .enumerate()
-                    .filter(move |&(j, _)| !is_masked(i, j))
-                    .map(|(_, &v)| v)
+                row.iter().enumerate().filter(move |&(j, _)| !is_masked(i, j)).map(|(_, &v)| v)
             });
-            let (lo, hi) = visible.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
-                (lo.min(v), hi.max(v))
-            });
+            let (lo, hi) =
+                visible.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| (lo.min(v), hi.max(v)));
             if !lo.is_finite() {
                 (0.0, 1.0)
             } else if hi > lo {
@@ -148,13 +135,7 @@ impl<'a> Checked<'a> {
                 (lo - 0.5, hi + 0.5)
             }
         });
-        Ok(Self {
-            spec,
-            n_q,
-            n_k,
-            lo,
-            hi,
-        })
+        Ok(Self { spec, n_q, n_k, lo, hi })
     }
 
     fn is_masked(&self, i: usize, j: usize) -> bool {
@@ -211,40 +192,22 @@ impl Checked<'_> {
         let axis_h = measure(&axis, "Ag").1;
         let axis_band = |title: &str| if title.is_empty() { 0 } else { axis_h + GAP };
         // Many tokens get slightly smaller labels before any are dropped.
-        let label_size = if self.n_q.max(self.n_k) > 16 {
-            LABEL_SIZE - 2.0
-        } else {
-            LABEL_SIZE
-        };
+        let label_size = if self.n_q.max(self.n_k) > 16 { LABEL_SIZE - 2.0 } else { LABEL_SIZE };
         let label = text(label_size, INK);
         let label_h = measure(&label, "Ag").1;
 
-        let right_w = 3 * GAP
-            + BAR_WIDTH
-            + TICK
-            + GAP
-            + self.bar_label_width()
-            + GAP
-            + axis_band(&spec.colorbar_title);
-        let row_labels: Vec<String> = spec
-            .row_labels
-            .iter()
-            .map(|l| fit(&bold(label_size, INK), l, width / 5))
-            .collect();
-        let row_label_w = row_labels
-            .iter()
-            .map(|l| measure(&bold(label_size, INK), l).0)
-            .max()
-            .unwrap_or(0);
+        let right_w =
+            3 * GAP + BAR_WIDTH + TICK + GAP + self.bar_label_width() + GAP + axis_band(&spec.colorbar_title);
+        let row_labels: Vec<String> =
+            spec.row_labels.iter().map(|l| fit(&bold(label_size, INK), l, width / 5)).collect();
+        let row_label_w = row_labels.iter().map(|l| measure(&bold(label_size, INK), l).0).max().unwrap_or(0);
         let left_w = axis_band(&spec.row_title) + row_label_w + ROW_LABEL_GAP;
         let avail_w = width - 2 * MARGIN - left_w - right_w;
         let title_band = axis_band(&spec.col_title);
 
         let fit_cell = |band: i32| {
             let avail_h = height - top - MARGIN - band;
-            (avail_w / self.n_k as i32)
-                .min(avail_h / self.n_q as i32)
-                .clamp(1, MAX_CELL)
+            (avail_w / self.n_k as i32).min(avail_h / self.n_q as i32).clamp(1, MAX_CELL)
         };
         let horizontal_band = GAP + 2 + label_h + GAP + title_band;
         let mut cell = fit_cell(horizontal_band);
@@ -252,29 +215,15 @@ impl Checked<'_> {
         // a little smaller; otherwise they turn to read upward.
         let widest_at = |size: f64| {
             let style = text(size, INK);
-            spec.col_labels
-                .iter()
-                .map(|l| measure(&style, l).0)
-                .max()
-                .unwrap_or(0)
+            spec.col_labels.iter().map(|l| measure(&style, l).0).max().unwrap_or(0)
         };
         let smaller = (label_size - 2.0).max(10.0);
-        let horizontal_size = [label_size, smaller]
-            .into_iter()
-            .find(|&size| widest_at(size) + GAP <= cell);
+        let horizontal_size = [label_size, smaller].into_iter().find(|&size| widest_at(size) + GAP <= cell);
         let vertical_cols = horizontal_size.is_none();
         let col_size = horizontal_size.unwrap_or(label_size);
         let (col_labels, col_band) = if vertical_cols {
-            let labels: Vec<String> = spec
-                .col_labels
-                .iter()
-                .map(|l| fit(&label, l, height / 5))
-                .collect();
-            let longest = labels
-                .iter()
-                .map(|l| measure(&label, l).0)
-                .max()
-                .unwrap_or(0);
+            let labels: Vec<String> = spec.col_labels.iter().map(|l| fit(&label, l, height / 5)).collect();
+            let longest = labels.iter().map(|l| measure(&label, l).0).max().unwrap_or(0);
             let band = GAP + 2 + longest + GAP + title_band;
             cell = fit_cell(band);
             (labels, band)
@@ -312,12 +261,7 @@ impl Checked<'_> {
 
     fn bar_label_width(&self) -> i32 {
         let style = text(LABEL_SIZE, INK);
-        self.bar_ticks()
-            .labels
-            .iter()
-            .map(|l| measure(&style, l).0)
-            .max()
-            .unwrap_or(0)
+        self.bar_ticks().labels.iter().map(|l| measure(&style, l).0).max().unwrap_or(0)
     }
 
     /// The annotation size that fits the widest number in a cell, if any does.
@@ -372,16 +316,8 @@ impl Draw for Checked<'_> {
                 if self.is_masked(i, j) {
                     if let Some(size) = annotation {
                         let style = text(size, MUTED);
-                        let word = if measure(&style, "masked").0 <= l.cell - 8 {
-                            "masked"
-                        } else {
-                            "–"
-                        };
-                        root.draw(&Text::new(
-                            word,
-                            (cx, cy),
-                            anchored(style, HPos::Center, VPos::Center),
-                        ))?;
+                        let word = if measure(&style, "masked").0 <= l.cell - 8 { "masked" } else { "–" };
+                        root.draw(&Text::new(word, (cx, cy), anchored(style, HPos::Center, VPos::Center)))?;
                     }
                     continue;
                 }
@@ -402,16 +338,10 @@ impl Draw for Checked<'_> {
         if l.cell >= 8 {
             let rule = WHITE.stroke_width(1);
             for j in 1..self.n_k {
-                root.draw(&PathElement::new(
-                    vec![(x(j), l.grid_y0), (x(j), grid_y1)],
-                    rule,
-                ))?;
+                root.draw(&PathElement::new(vec![(x(j), l.grid_y0), (x(j), grid_y1)], rule))?;
             }
             for i in 1..self.n_q {
-                root.draw(&PathElement::new(
-                    vec![(l.grid_x0, y(i)), (grid_x1, y(i))],
-                    rule,
-                ))?;
+                root.draw(&PathElement::new(vec![(l.grid_x0, y(i)), (grid_x1, y(i))], rule))?;
             }
         }
         if let Some(i) = spec.highlight_row {
@@ -446,11 +376,7 @@ impl Checked<'_> {
             if i % l.row_every != 0 && !highlighted {
                 continue;
             }
-            let style = if highlighted {
-                bold(l.label_size, ACCENT)
-            } else {
-                text(l.label_size, INK)
-            };
+            let style = if highlighted { bold(l.label_size, ACCENT) } else { text(l.label_size, INK) };
             let cy = l.grid_y0 + i as i32 * l.cell + l.cell / 2;
             root.draw(&Text::new(
                 label.clone(),
@@ -484,8 +410,7 @@ impl Checked<'_> {
             }
             let cx = l.grid_x0 + j as i32 * l.cell + l.cell / 2;
             let placed = if l.vertical_cols {
-                anchored(style.clone(), HPos::Right, VPos::Center)
-                    .transform(FontTransform::Rotate270)
+                anchored(style.clone(), HPos::Right, VPos::Center).transform(FontTransform::Rotate270)
             } else {
                 anchored(style.clone(), HPos::Center, VPos::Top)
             };
@@ -521,9 +446,8 @@ impl Checked<'_> {
         let bar_y1 = bar_y0 + bar_h;
         let bar_x0 = grid_x1 + 3 * GAP;
         let bar_x1 = bar_x0 + BAR_WIDTH;
-        let slice_y = |k: i32| {
-            bar_y1 - (f64::from(k) * f64::from(bar_h) / f64::from(BAR_SLICES)).round() as i32
-        };
+        let slice_y =
+            |k: i32| bar_y1 - (f64::from(k) * f64::from(bar_h) / f64::from(BAR_SLICES)).round() as i32;
         for k in 0..BAR_SLICES {
             let t = (f64::from(k) + 0.5) / f64::from(BAR_SLICES);
             root.draw(&Rectangle::new(
@@ -531,20 +455,13 @@ impl Checked<'_> {
                 ViridisRGB::get_color(t).filled(),
             ))?;
         }
-        root.draw(&Rectangle::new(
-            [(bar_x0, bar_y0), (bar_x1, bar_y1)],
-            AXIS.stroke_width(1),
-        ))?;
+        root.draw(&Rectangle::new([(bar_x0, bar_y0), (bar_x1, bar_y1)], AXIS.stroke_width(1)))?;
 
         let ticks = self.bar_ticks();
         let label = text(LABEL_SIZE, INK);
         for (v, s) in ticks.values.iter().zip(&ticks.labels) {
-            let ty =
-                bar_y1 - ((v - self.lo) / (self.hi - self.lo) * f64::from(bar_h)).round() as i32;
-            root.draw(&PathElement::new(
-                vec![(bar_x1, ty), (bar_x1 + TICK, ty)],
-                AXIS.stroke_width(1),
-            ))?;
+            let ty = bar_y1 - ((v - self.lo) / (self.hi - self.lo) * f64::from(bar_h)).round() as i32;
+            root.draw(&PathElement::new(vec![(bar_x1, ty), (bar_x1 + TICK, ty)], AXIS.stroke_width(1)))?;
             root.draw(&Text::new(
                 s.clone(),
                 (bar_x1 + TICK + GAP, ty),

@@ -70,8 +70,6 @@ mod validate;
 pub use error::PlotError;
 pub use figure::{Figure, Size};
 pub use heatmap::{Heatmap, heatmap};
-pub use line_chart::{
-    LineChart, Scale, SecondaryAxis, Series, SeriesStyle, VerticalMarker, line_chart,
-};
+pub use line_chart::{LineChart, Scale, SecondaryAxis, Series, SeriesStyle, VerticalMarker, line_chart};
 pub use query_diagram::{QueryDiagram, Vector2, query_diagram};
 pub use score_curves::{ScoreCurves, score_curves};

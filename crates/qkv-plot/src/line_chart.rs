@@ -12,8 +12,8 @@ use plotters::style::text_anchor::{HPos, VPos};
 use crate::axes::{Axis, Plot, dashes};
 use crate::figure::{Draw, DrawResult, render};
 use crate::theme::{
-    INK, LABEL_SIZE, LegendItem, MARGIN, MARKER, anchored, draw_frame, draw_legend, legend_height,
-    measure, palette, text, trimmed,
+    INK, LABEL_SIZE, LegendItem, MARGIN, MARKER, anchored, draw_frame, draw_legend, legend_height, measure,
+    palette, text, trimmed,
 };
 use crate::{Figure, PlotError, Size, ticks, validate};
 
@@ -53,19 +53,12 @@ pub struct Series {
 impl Series {
     /// A data series.
     pub fn new(label: impl Into<String>, values: Vec<f64>) -> Self {
-        Self {
-            label: label.into(),
-            values,
-            style: SeriesStyle::Data,
-        }
+        Self { label: label.into(), values, style: SeriesStyle::Data }
     }
 
     /// A reference (guide) series.
     pub fn reference(label: impl Into<String>, values: Vec<f64>) -> Self {
-        Self {
-            style: SeriesStyle::Reference,
-            ..Self::new(label, values)
-        }
+        Self { style: SeriesStyle::Reference, ..Self::new(label, values) }
     }
 }
 
@@ -157,17 +150,10 @@ struct Checked<'a> {
     y2_ticks: Option<ticks::Ticks>,
 }
 
-fn check_series(
-    arg: &'static str,
-    series: &[Series],
-    n: usize,
-    scale: Scale,
-) -> Result<(), PlotError> {
+fn check_series(arg: &'static str, series: &[Series], n: usize, scale: Scale) -> Result<(), PlotError> {
     for (s, one) in series.iter().enumerate() {
         validate::length(arg, one.values.len(), "x", n)?;
-        validate::finite(arg, &one.values, |i| {
-            format!("series {s} ({}), index {i}", one.label)
-        })?;
+        validate::finite(arg, &one.values, |i| format!("series {s} ({}), index {i}", one.label))?;
         if scale == Scale::Log
             && let Some(i) = one.values.iter().position(|&v| v <= 0.0)
         {
@@ -182,13 +168,7 @@ fn check_series(
 }
 
 /// Ticks for data spanning `[lo, hi]` (widened to `range` if given).
-fn axis_ticks(
-    lo: f64,
-    hi: f64,
-    range: Option<(f64, f64)>,
-    scale: Scale,
-    expand: bool,
-) -> ticks::Ticks {
+fn axis_ticks(lo: f64, hi: f64, range: Option<(f64, f64)>, scale: Scale, expand: bool) -> ticks::Ticks {
     let (lo, hi) = match range {
         Some((a, b)) => (a.min(lo), b.max(hi)),
         None => (lo, hi),
@@ -203,27 +183,16 @@ fn axis_ticks(
 /// that range: a swept x (an angle, a head size) ends where the data end.
 fn clamp_ticks(t: ticks::Ticks, lo: f64, hi: f64) -> ticks::Ticks {
     let eps = (hi - lo).abs() * 1e-9;
-    let (values, labels) = t
-        .values
-        .into_iter()
-        .zip(t.labels)
-        .filter(|(v, _)| *v >= lo - eps && *v <= hi + eps)
-        .unzip();
+    let (values, labels) =
+        t.values.into_iter().zip(t.labels).filter(|(v, _)| *v >= lo - eps && *v <= hi + eps).unzip();
     let (lo, hi) = if hi > lo { (lo, hi) } else { (t.lo, t.hi) };
-    ticks::Ticks {
-        values,
-        labels,
-        lo,
-        hi,
-    }
+    ticks::Ticks { values, labels, lo, hi }
 }
 
 fn extent<'s>(series: impl Iterator<Item = &'s Series>) -> (f64, f64) {
     series
         .flat_map(|s| s.values.iter())
-        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &v| {
-            (lo.min(v), hi.max(v))
-        })
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &v| (lo.min(v), hi.max(v)))
 }
 
 impl<'a> Checked<'a> {
@@ -231,18 +200,10 @@ impl<'a> Checked<'a> {
         validate::non_empty("x", &spec.x)?;
         validate::finite("x", &spec.x, validate::index)?;
         if let Some(i) = spec.x.windows(2).position(|w| w[1] <= w[0]) {
-            return Err(PlotError::BadRange {
-                arg: "x",
-                lo: spec.x[i],
-                hi: spec.x[i + 1],
-            });
+            return Err(PlotError::BadRange { arg: "x", lo: spec.x[i], hi: spec.x[i + 1] });
         }
         if spec.x_scale == Scale::Log && spec.x[0] <= 0.0 {
-            return Err(PlotError::NotPositive {
-                arg: "x",
-                at: validate::index(0),
-                value: spec.x[0],
-            });
+            return Err(PlotError::NotPositive { arg: "x", at: validate::index(0), value: spec.x[0] });
         }
         validate::non_empty("series", &spec.series)?;
         let n = spec.x.len();
@@ -258,11 +219,7 @@ impl<'a> Checked<'a> {
         if let Some(marker) = &spec.marker {
             validate::finite("marker.x", &[marker.x], |_| "x".to_owned())?;
             if spec.x_scale == Scale::Log && marker.x <= 0.0 {
-                return Err(PlotError::NotPositive {
-                    arg: "marker.x",
-                    at: "x".to_owned(),
-                    value: marker.x,
-                });
+                return Err(PlotError::NotPositive { arg: "marker.x", at: "x".to_owned(), value: marker.x });
             }
             x_lo = x_lo.min(marker.x);
             x_hi = x_hi.max(marker.x);
@@ -288,12 +245,7 @@ impl<'a> Checked<'a> {
             let (lo, hi) = extent(second.series.iter());
             axis_ticks(lo, hi, second.range, Scale::Linear, false)
         });
-        Ok(Self {
-            spec,
-            x_ticks,
-            y_ticks,
-            y2_ticks,
-        })
+        Ok(Self { spec, x_ticks, y_ticks, y2_ticks })
     }
 
     fn legend(&self) -> Vec<LegendItem> {
@@ -321,19 +273,11 @@ impl<'a> Checked<'a> {
             SeriesStyle::Data => {
                 let color = palette(*data);
                 *data += 1;
-                LegendItem {
-                    label: s.label.clone(),
-                    color,
-                    dashed: secondary,
-                    width: 2,
-                }
+                LegendItem { label: s.label.clone(), color, dashed: secondary, width: 2 }
             }
-            SeriesStyle::Reference => LegendItem {
-                label: s.label.clone(),
-                color: RGBColor(150, 150, 150),
-                dashed: true,
-                width: 1,
-            },
+            SeriesStyle::Reference => {
+                LegendItem { label: s.label.clone(), color: RGBColor(150, 150, 150), dashed: true, width: 1 }
+            }
         }
     }
 }
@@ -351,24 +295,13 @@ impl Draw for Checked<'_> {
         let top = top + legend_height(&items, width - 2 * MARGIN);
 
         let plot = Plot::place(
-            Axis {
-                ticks: self.x_ticks.clone(),
-                scale: spec.x_scale,
-                title: spec.x_title.clone(),
-            },
-            Axis {
-                ticks: self.y_ticks.clone(),
-                scale: spec.y_scale,
-                title: spec.y_title.clone(),
-            },
-            self.y2_ticks
-                .as_ref()
-                .zip(spec.secondary.as_ref())
-                .map(|(t, s)| Axis {
-                    ticks: t.clone(),
-                    scale: Scale::Linear,
-                    title: s.title.clone(),
-                }),
+            Axis { ticks: self.x_ticks.clone(), scale: spec.x_scale, title: spec.x_title.clone() },
+            Axis { ticks: self.y_ticks.clone(), scale: spec.y_scale, title: spec.y_title.clone() },
+            self.y2_ticks.as_ref().zip(spec.secondary.as_ref()).map(|(t, s)| Axis {
+                ticks: t.clone(),
+                scale: Scale::Linear,
+                title: s.title.clone(),
+            }),
             (MARGIN, top, width - MARGIN, height - MARGIN),
         );
         plot.draw_grid(root)?;
@@ -382,11 +315,7 @@ impl Draw for Checked<'_> {
                 let style = text(LABEL_SIZE, MARKER);
                 let w = measure(&style, &marker.label).0;
                 // Label on the side of the line with room for it.
-                let (h, lx) = if x + 4 + w <= plot.x1 {
-                    (HPos::Left, x + 4)
-                } else {
-                    (HPos::Right, x - 4)
-                };
+                let (h, lx) = if x + 4 + w <= plot.x1 { (HPos::Left, x + 4) } else { (HPos::Right, x - 4) };
                 root.draw(&Text::new(
                     marker.label.clone(),
                     (lx, plot.y0 + 2),

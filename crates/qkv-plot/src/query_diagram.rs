@@ -10,9 +10,7 @@ use plotters::style::text_anchor::{HPos, VPos};
 
 use crate::axes::{Axis, Plot, dashes};
 use crate::figure::{Draw, DrawResult, render};
-use crate::theme::{
-    AXIS, GAP, INK, LABEL_SIZE, MARGIN, anchored, bold, draw_frame, fixed, measure, palette,
-};
+use crate::theme::{AXIS, GAP, INK, LABEL_SIZE, MARGIN, anchored, bold, draw_frame, fixed, measure, palette};
 use crate::{Figure, PlotError, Scale, Size, ticks, validate};
 
 /// A labelled 2-D vector.
@@ -29,11 +27,7 @@ pub struct Vector2 {
 impl Vector2 {
     /// The vector `(x, y)` labelled `label`.
     pub fn new(label: impl Into<String>, x: f64, y: f64) -> Self {
-        Self {
-            label: label.into(),
-            x,
-            y,
-        }
+        Self { label: label.into(), x, y }
     }
 }
 
@@ -58,14 +52,7 @@ pub struct QueryDiagram {
 impl QueryDiagram {
     /// A diagram of `keys` and `query` with the query's `weights` on the keys.
     pub fn new(keys: Vec<Vector2>, query: Vector2, weights: Vec<f64>) -> Self {
-        Self {
-            title: String::new(),
-            keys,
-            query,
-            weights,
-            decimals: 2,
-            unit_circle: true,
-        }
+        Self { title: String::new(), keys, query, weights, decimals: 2, unit_circle: true }
     }
 }
 
@@ -78,13 +65,9 @@ pub fn query_diagram(spec: &QueryDiagram, size: Size) -> Result<Figure, PlotErro
     validate::non_empty("keys", &spec.keys)?;
     validate::length("weights", spec.weights.len(), "keys", spec.keys.len())?;
     for (i, k) in spec.keys.iter().enumerate() {
-        validate::finite("keys", &[k.x, k.y], |c| {
-            format!("key {i} ({}), coordinate {c}", k.label)
-        })?;
+        validate::finite("keys", &[k.x, k.y], |c| format!("key {i} ({}), coordinate {c}", k.label))?;
     }
-    validate::finite("query", &[spec.query.x, spec.query.y], |c| {
-        format!("coordinate {c}")
-    })?;
+    validate::finite("query", &[spec.query.x, spec.query.y], |c| format!("coordinate {c}"))?;
     validate::finite("weights", &spec.weights, validate::index)?;
     validate::decimals(spec.decimals)?;
     render(&Checked(spec), size)
@@ -101,9 +84,8 @@ impl Checked<'_> {
     fn ticks(&self) -> ticks::Ticks {
         let spec = self.0;
         let all = spec.keys.iter().chain(std::iter::once(&spec.query));
-        let (mut lo, mut hi) = all.fold((0.0f64, 0.0f64), |(lo, hi), v| {
-            (lo.min(v.x).min(v.y), hi.max(v.x).max(v.y))
-        });
+        let (mut lo, mut hi) =
+            all.fold((0.0f64, 0.0f64), |(lo, hi), v| (lo.min(v.x).min(v.y), hi.max(v.x).max(v.y)));
         if spec.unit_circle {
             lo = lo.min(-1.0);
             hi = hi.max(1.0);
@@ -122,11 +104,7 @@ impl Draw for Checked<'_> {
         let top = draw_frame(root, &spec.title)?;
         let (width, height) = root.dim_in_pixel();
         let (width, height) = (width as i32, height as i32);
-        let axis = |ticks: ticks::Ticks| Axis {
-            ticks,
-            scale: Scale::Linear,
-            title: String::new(),
-        };
+        let axis = |ticks: ticks::Ticks| Axis { ticks, scale: Scale::Linear, title: String::new() };
         // Place once to learn the margins, then square the plot and centre it.
         let probe = Plot::place(
             axis(self.ticks()),
@@ -139,25 +117,13 @@ impl Draw for Checked<'_> {
         let right_room = width - MARGIN - probe.x1;
         let block = left_room + side + right_room;
         let x0 = (width - block) / 2 + left_room;
-        let plot = Plot {
-            x0,
-            x1: x0 + side,
-            y0: probe.y0,
-            y1: probe.y0 + side,
-            ..probe
-        };
+        let plot = Plot { x0, x1: x0 + side, y0: probe.y0, y1: probe.y0 + side, ..probe };
         plot.draw_grid(root)?;
 
         // Axes through the origin.
         let (ox, oy) = (plot.px(0.0), plot.py(0.0));
-        root.draw(&PathElement::new(
-            vec![(plot.x0, oy), (plot.x1, oy)],
-            AXIS.stroke_width(1),
-        ))?;
-        root.draw(&PathElement::new(
-            vec![(ox, plot.y0), (ox, plot.y1)],
-            AXIS.stroke_width(1),
-        ))?;
+        root.draw(&PathElement::new(vec![(plot.x0, oy), (plot.x1, oy)], AXIS.stroke_width(1)))?;
+        root.draw(&PathElement::new(vec![(ox, plot.y0), (ox, plot.y1)], AXIS.stroke_width(1)))?;
         if spec.unit_circle {
             let ring: Vec<(i32, i32)> = (0..=180)
                 .map(|k| {
@@ -166,10 +132,7 @@ impl Draw for Checked<'_> {
                 })
                 .collect();
             for dash in dashes(&ring) {
-                root.draw(&PathElement::new(
-                    dash,
-                    RGBColor(170, 170, 170).stroke_width(1),
-                ))?;
+                root.draw(&PathElement::new(dash, RGBColor(170, 170, 170).stroke_width(1)))?;
             }
         }
 
@@ -183,31 +146,14 @@ impl Draw for Checked<'_> {
         // Labels: keys first, then the query, each in the first free spot
         // around its tip.
         let mut placed: Vec<Rect> = Vec::new();
-        let bounds = Rect {
-            x0: MARGIN,
-            y0: top,
-            x1: width - MARGIN,
-            y1: height - MARGIN,
-        };
+        let bounds = Rect { x0: MARGIN, y0: top, x1: width - MARGIN, y1: height - MARGIN };
         for (i, key) in spec.keys.iter().enumerate() {
-            let label = format!(
-                "{}  w = {}",
-                key.label,
-                fixed(spec.weights[i], spec.decimals)
-            );
+            let label = format!("{}  w = {}", key.label, fixed(spec.weights[i], spec.decimals));
             let style = bold(LABEL_SIZE, palette(i));
             draw_label(root, &label, style, (ox, oy), tip(key), bounds, &mut placed)?;
         }
         let style = bold(LABEL_SIZE + 1.0, INK);
-        draw_label(
-            root,
-            &spec.query.label,
-            style,
-            (ox, oy),
-            tip(&spec.query),
-            bounds,
-            &mut placed,
-        )?;
+        draw_label(root, &spec.query.label, style, (ox, oy), tip(&spec.query), bounds, &mut placed)?;
         plot.draw_axes(root)
     }
 }
@@ -231,16 +177,9 @@ fn draw_arrow<DB: DrawingBackend>(
     let half = HEAD_HALF + f64::from(width);
     let base = (f64::from(to.0) - ux * head, f64::from(to.1) - uy * head);
     let pt = |x: f64, y: f64| (x.round() as i32, y.round() as i32);
-    root.draw(&PathElement::new(
-        vec![from, pt(base.0 + ux, base.1 + uy)],
-        color.stroke_width(width),
-    ))?;
+    root.draw(&PathElement::new(vec![from, pt(base.0 + ux, base.1 + uy)], color.stroke_width(width)))?;
     root.draw(&Polygon::new(
-        vec![
-            to,
-            pt(base.0 - uy * half, base.1 + ux * half),
-            pt(base.0 + uy * half, base.1 - ux * half),
-        ],
+        vec![to, pt(base.0 - uy * half, base.1 + ux * half), pt(base.0 + uy * half, base.1 - ux * half)],
         color.filled(),
     ))
 }
@@ -278,33 +217,19 @@ fn draw_label<DB: DrawingBackend>(
 ) -> DrawResult<DB> {
     let (w, h) = measure(&style, label);
     let (dx, dy) = (f64::from(tip.0 - origin.0), f64::from(tip.1 - origin.1));
-    let start = if dx == 0.0 && dy == 0.0 {
-        -std::f64::consts::FRAC_PI_4
-    } else {
-        dy.atan2(dx)
-    };
+    let start = if dx == 0.0 && dy == 0.0 { -std::f64::consts::FRAC_PI_4 } else { dy.atan2(dx) };
     let offset = f64::from(GAP + 6);
     let candidates = (0..16).map(|k| {
         // Alternate sides of the outward direction, widening each time.
-        let turn = f64::from((k + 1) / 2)
-            * std::f64::consts::FRAC_PI_4
-            * if k % 2 == 0 { 1.0 } else { -1.0 };
+        let turn = f64::from((k + 1) / 2) * std::f64::consts::FRAC_PI_4 * if k % 2 == 0 { 1.0 } else { -1.0 };
         let a = start + turn;
         let dist = offset + if k >= 8 { f64::from(h + GAP) } else { 0.0 };
-        let (cx, cy) = (
-            f64::from(tip.0) + a.cos() * dist,
-            f64::from(tip.1) + a.sin() * dist,
-        );
+        let (cx, cy) = (f64::from(tip.0) + a.cos() * dist, f64::from(tip.1) + a.sin() * dist);
         // The box sits on the side the direction points to.
         let bx = cx - f64::from(w) * (1.0 - a.cos()) / 2.0;
         let by = cy - f64::from(h) * (1.0 - a.sin()) / 2.0;
         let (bx, by) = (bx.round() as i32, by.round() as i32);
-        Rect {
-            x0: bx,
-            y0: by,
-            x1: bx + w,
-            y1: by + h,
-        }
+        Rect { x0: bx, y0: by, x1: bx + w, y1: by + h }
     });
     let candidates: Vec<Rect> = candidates.collect();
     let chosen = candidates
@@ -316,15 +241,8 @@ fn draw_label<DB: DrawingBackend>(
     placed.push(chosen);
     // A white halo keeps the label legible over grid lines and arrows.
     root.draw(&Rectangle::new(
-        [
-            (chosen.x0 - 2, chosen.y0 - 1),
-            (chosen.x1 + 2, chosen.y1 + 1),
-        ],
+        [(chosen.x0 - 2, chosen.y0 - 1), (chosen.x1 + 2, chosen.y1 + 1)],
         WHITE.filled(),
     ))?;
-    root.draw(&Text::new(
-        label.to_owned(),
-        (chosen.x0, chosen.y0),
-        anchored(style, HPos::Left, VPos::Top),
-    ))
+    root.draw(&Text::new(label.to_owned(), (chosen.x0, chosen.y0), anchored(style, HPos::Left, VPos::Top)))
 }

@@ -3,9 +3,7 @@
 //! code keeps working in the figure's own (SVG) pixels.
 
 use plotters::prelude::*;
-use plotters_backend::{
-    BackendColor, BackendCoord, BackendStyle, BackendTextStyle, DrawingErrorKind,
-};
+use plotters_backend::{BackendColor, BackendCoord, BackendStyle, BackendTextStyle, DrawingErrorKind};
 
 use crate::font::FAMILY;
 
@@ -19,10 +17,7 @@ pub(crate) struct Scaled<B> {
 impl<B: DrawingBackend> Scaled<B> {
     /// Wraps `inner`, whose size must be `factor` times the logical size.
     pub(crate) fn new(inner: B, factor: u32) -> Self {
-        Self {
-            inner,
-            factor: factor.max(1) as i32,
-        }
+        Self { inner, factor: factor.max(1) as i32 }
     }
 
     fn at(&self, (x, y): BackendCoord) -> BackendCoord {
@@ -30,10 +25,7 @@ impl<B: DrawingBackend> Scaled<B> {
     }
 
     fn style<S: BackendStyle>(&self, style: &S) -> Thick {
-        Thick {
-            color: style.color(),
-            width: style.stroke_width() * self.factor as u32,
-        }
+        Thick { color: style.color(), width: style.stroke_width() * self.factor as u32 }
     }
 }
 
@@ -103,8 +95,7 @@ impl<B: DrawingBackend> DrawingBackend for Scaled<B> {
         if fill {
             self.inner.draw_rect(ul, br, &thick, true)
         } else {
-            self.inner
-                .draw_path([ul, (br.0, ul.1), br, (ul.0, br.1), ul], &thick)
+            self.inner.draw_path([ul, (br.0, ul.1), br, (ul.0, br.1), ul], &thick)
         }
     }
 
@@ -127,8 +118,7 @@ impl<B: DrawingBackend> DrawingBackend for Scaled<B> {
     ) -> Result<(), DrawingErrorKind<Self::ErrorType>> {
         let thick = self.style(style);
         let center = self.at(center);
-        self.inner
-            .draw_circle(center, radius * self.factor as u32, &thick, fill)
+        self.inner.draw_circle(center, radius * self.factor as u32, &thick, fill)
     }
 
     fn fill_polygon<S: BackendStyle, I: IntoIterator<Item = BackendCoord>>(

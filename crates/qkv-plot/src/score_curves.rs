@@ -5,8 +5,7 @@
 mod tests;
 
 use crate::{
-    Figure, LineChart, PlotError, Scale, SecondaryAxis, Series, Size, VerticalMarker, line_chart,
-    validate,
+    Figure, LineChart, PlotError, Scale, SecondaryAxis, Series, Size, VerticalMarker, line_chart, validate,
 };
 
 /// The input of the score-curve figure. The sweep is computed by the lesson
@@ -63,9 +62,7 @@ pub fn score_curves(spec: &ScoreCurves, size: Size) -> Result<Figure, PlotError>
     for (arg, list) in [("weights", &spec.weights), ("outputs", &spec.outputs)] {
         for (s, one) in list.iter().enumerate() {
             validate::length(arg, one.values.len(), "x", spec.x.len())?;
-            validate::finite(arg, &one.values, |i| {
-                format!("series {s} ({}), index {i}", one.label)
-            })?;
+            validate::finite(arg, &one.values, |i| format!("series {s} ({}), index {i}", one.label))?;
         }
     }
     line_chart(&to_line_chart(spec), size)

@@ -79,10 +79,9 @@ pub(crate) fn measure(style: &TextStyle<'_>, s: &str) -> (i32, i32) {
         Some((w, h)) => (w as i32, h as i32),
         // Only a broken build lacks the font: a generous estimate keeps the
         // layout from overlapping.
-        None => (
-            (style.font.get_size() * 0.65 * s.chars().count() as f64) as i32,
-            style.font.get_size() as i32,
-        ),
+        None => {
+            ((style.font.get_size() * 0.65 * s.chars().count() as f64) as i32, style.font.get_size() as i32)
+        }
     }
 }
 
@@ -104,21 +103,13 @@ pub(crate) fn fit(style: &TextStyle<'_>, s: &str, max_width: i32) -> String {
 /// `value` with exactly `decimals` decimals; negative zero prints as zero.
 pub(crate) fn fixed(value: f64, decimals: usize) -> String {
     let s = format!("{value:.decimals$}");
-    if s.starts_with('-') && s[1..].chars().all(|c| c == '0' || c == '.') {
-        s[1..].to_owned()
-    } else {
-        s
-    }
+    if s.starts_with('-') && s[1..].chars().all(|c| c == '0' || c == '.') { s[1..].to_owned() } else { s }
 }
 
 /// `value` with at most `decimals` decimals, trailing zeros dropped.
 pub(crate) fn trimmed(value: f64, decimals: usize) -> String {
     let s = fixed(value, decimals);
-    if s.contains('.') {
-        s.trim_end_matches('0').trim_end_matches('.').to_owned()
-    } else {
-        s
-    }
+    if s.contains('.') { s.trim_end_matches('0').trim_end_matches('.').to_owned() } else { s }
 }
 
 /// Relative luminance of `c` (sRGB, 0 = black, 1 = white), to pick
@@ -126,11 +117,7 @@ pub(crate) fn trimmed(value: f64, decimals: usize) -> String {
 pub(crate) fn luminance(c: RGBColor) -> f64 {
     fn channel(v: u8) -> f64 {
         let v = f64::from(v) / 255.0;
-        if v <= 0.040_45 {
-            v / 12.92
-        } else {
-            ((v + 0.055) / 1.055).powf(2.4)
-        }
+        if v <= 0.040_45 { v / 12.92 } else { ((v + 0.055) / 1.055).powf(2.4) }
     }
     0.2126 * channel(c.0) + 0.7152 * channel(c.1) + 0.0722 * channel(c.2)
 }
@@ -149,11 +136,7 @@ pub(crate) fn draw_frame<DB: DrawingBackend>(
     let style = bold(TITLE_SIZE, INK);
     let shown = fit(&style, title, width as i32 - 2 * MARGIN);
     let (_, h) = measure(&style, &shown);
-    root.draw(&Text::new(
-        shown,
-        (width as i32 / 2, MARGIN),
-        anchored(style, HPos::Center, VPos::Top),
-    ))?;
+    root.draw(&Text::new(shown, (width as i32 / 2, MARGIN), anchored(style, HPos::Center, VPos::Top)))?;
     Ok(MARGIN + h + 2 * GAP)
 }
 
@@ -217,11 +200,7 @@ pub(crate) fn draw_legend<DB: DrawingBackend>(
     let style = text(LABEL_SIZE, INK);
     let (rows, row_height) = legend_rows(items, width);
     for (r, row) in rows.iter().enumerate() {
-        let total: i32 = row
-            .iter()
-            .map(|&i| item_width(&style, &items[i]))
-            .sum::<i32>()
-            - 3 * GAP;
+        let total: i32 = row.iter().map(|&i| item_width(&style, &items[i])).sum::<i32>() - 3 * GAP;
         let mut x = x_mid - total / 2;
         let y = top + r as i32 * row_height + row_height / 2;
         for &i in row {

@@ -50,42 +50,23 @@ pub(crate) fn linear(lo: f64, hi: f64, target: usize, expand: bool) -> Ticks {
         1.0
     };
     let step = multiple * 10f64.powi(exponent);
-    let decimals = if exponent < 0 {
-        (-exponent) as usize
-    } else {
-        0
-    };
+    let decimals = if exponent < 0 { (-exponent) as usize } else { 0 };
     // A small tolerance keeps a tick that floating point puts a hair outside.
     let eps = step * 1e-9;
-    let (lo, hi) = if expand {
-        (
-            (lo / step + 1e-9).floor() * step,
-            (hi / step - 1e-9).ceil() * step,
-        )
-    } else {
-        (lo, hi)
-    };
+    let (lo, hi) =
+        if expand { ((lo / step + 1e-9).floor() * step, (hi / step - 1e-9).ceil() * step) } else { (lo, hi) };
     let first = ((lo - eps) / step).ceil() as i64;
     let last = ((hi + eps) / step).floor() as i64;
     let values: Vec<f64> = (first..=last).map(|k| k as f64 * step).collect();
     let labels = values.iter().map(|&v| fixed(v, decimals)).collect();
-    Ticks {
-        values,
-        labels,
-        lo,
-        hi,
-    }
+    Ticks { values, labels, lo, hi }
 }
 
 /// Ticks at powers of two (or of ten for ranges wider than 2^16), at most
 /// about `target` of them, over `[lo, hi]` widened to whole ticks. Both ends
 /// must be above zero.
 pub(crate) fn log(lo: f64, hi: f64, target: usize) -> Ticks {
-    let (lo, hi) = if hi > lo {
-        (lo, hi)
-    } else {
-        (lo / 2.0, hi * 2.0)
-    };
+    let (lo, hi) = if hi > lo { (lo, hi) } else { (lo / 2.0, hi * 2.0) };
     let span2 = (hi / lo).log2();
     let base: f64 = if span2 <= 16.0 { 2.0 } else { 10.0 };
     let e_lo = (lo.log(base) + 1e-9).floor() as i32;
@@ -102,19 +83,10 @@ pub(crate) fn log(lo: f64, hi: f64, target: usize) -> Ticks {
     }
     let values: Vec<f64> = exponents.iter().map(|&e| base.powi(e)).collect();
     let labels = values.iter().map(|&v| log_label(v)).collect();
-    Ticks {
-        lo: values[0],
-        hi: *values.last().unwrap_or(&hi),
-        values,
-        labels,
-    }
+    Ticks { lo: values[0], hi: *values.last().unwrap_or(&hi), values, labels }
 }
 
 /// A power of two or ten as a plain number where that stays short.
 fn log_label(v: f64) -> String {
-    if (1e-4..1e7).contains(&v) {
-        trimmed(v, 6)
-    } else {
-        format!("{v:e}")
-    }
+    if (1e-4..1e7).contains(&v) { trimmed(v, 6) } else { format!("{v:e}") }
 }

@@ -14,12 +14,7 @@ pub(crate) fn matrix<T>(arg: &'static str, rows: &[Vec<T>]) -> Result<(usize, us
     }
     let expected = first.len();
     if let Some((row, r)) = rows.iter().enumerate().find(|(_, r)| r.len() != expected) {
-        return Err(PlotError::Ragged {
-            arg,
-            row,
-            len: r.len(),
-            expected,
-        });
+        return Err(PlotError::Ragged { arg, row, len: r.len(), expected });
     }
     Ok((rows.len(), expected))
 }
@@ -31,25 +26,12 @@ pub(crate) fn length(
     other: &'static str,
     expected: usize,
 ) -> Result<(), PlotError> {
-    if len == expected {
-        Ok(())
-    } else {
-        Err(PlotError::LengthMismatch {
-            arg,
-            len,
-            other,
-            expected,
-        })
-    }
+    if len == expected { Ok(()) } else { Err(PlotError::LengthMismatch { arg, len, other, expected }) }
 }
 
 /// Checks that `values` is not empty.
 pub(crate) fn non_empty<T>(arg: &'static str, values: &[T]) -> Result<(), PlotError> {
-    if values.is_empty() {
-        Err(PlotError::Empty { arg })
-    } else {
-        Ok(())
-    }
+    if values.is_empty() { Err(PlotError::Empty { arg }) } else { Ok(()) }
 }
 
 /// Checks that every value is finite; `at` describes position `i`.
@@ -59,11 +41,7 @@ pub(crate) fn finite(
     at: impl Fn(usize) -> String,
 ) -> Result<(), PlotError> {
     match values.iter().position(|v| !v.is_finite()) {
-        Some(i) => Err(PlotError::NonFinite {
-            arg,
-            at: at(i),
-            value: values[i],
-        }),
+        Some(i) => Err(PlotError::NonFinite { arg, at: at(i), value: values[i] }),
         None => Ok(()),
     }
 }
@@ -78,10 +56,7 @@ pub(crate) fn decimals(decimals: usize) -> Result<(), PlotError> {
     if decimals <= MAX_DECIMALS {
         Ok(())
     } else {
-        Err(PlotError::TooManyDecimals {
-            decimals,
-            max: MAX_DECIMALS,
-        })
+        Err(PlotError::TooManyDecimals { decimals, max: MAX_DECIMALS })
     }
 }
 

@@ -7,11 +7,7 @@ fn labels(n: usize) -> Vec<String> {
 }
 
 fn uniform(n_q: usize, n_k: usize) -> Heatmap {
-    Heatmap::new(
-        labels(n_q),
-        labels(n_k),
-        vec![vec![1.0 / n_k as f64; n_k]; n_q],
-    )
+    Heatmap::new(labels(n_q), labels(n_k), vec![vec![1.0 / n_k as f64; n_k]; n_q])
 }
 
 /// Renders `spec` and expects exactly `expected`.
@@ -23,53 +19,23 @@ fn check_err(spec: &Heatmap, expected: PlotError) {
 fn ragged_weights_name_the_row() {
     let mut spec = uniform(3, 3);
     spec.weights[2].pop();
-    check_err(
-        &spec,
-        PlotError::Ragged {
-            arg: "weights",
-            row: 2,
-            len: 2,
-            expected: 3,
-        },
-    );
+    check_err(&spec, PlotError::Ragged { arg: "weights", row: 2, len: 2, expected: 3 });
 }
 
 #[test]
 fn empty_weights_are_rejected() {
-    check_err(
-        &Heatmap::new(vec![], vec![], vec![]),
-        PlotError::Empty { arg: "weights" },
-    );
-    check_err(
-        &Heatmap::new(labels(1), vec![], vec![vec![]]),
-        PlotError::Empty { arg: "weights" },
-    );
+    check_err(&Heatmap::new(vec![], vec![], vec![]), PlotError::Empty { arg: "weights" });
+    check_err(&Heatmap::new(labels(1), vec![], vec![vec![]]), PlotError::Empty { arg: "weights" });
 }
 
 #[test]
 fn label_counts_must_match_the_matrix() {
     let mut spec = uniform(3, 2);
     spec.row_labels.pop();
-    check_err(
-        &spec,
-        PlotError::LengthMismatch {
-            arg: "row_labels",
-            len: 2,
-            other: "weights",
-            expected: 3,
-        },
-    );
+    check_err(&spec, PlotError::LengthMismatch { arg: "row_labels", len: 2, other: "weights", expected: 3 });
     let mut spec = uniform(3, 2);
     spec.col_labels.push("extra".to_owned());
-    check_err(
-        &spec,
-        PlotError::LengthMismatch {
-            arg: "col_labels",
-            len: 3,
-            other: "weights",
-            expected: 2,
-        },
-    );
+    check_err(&spec, PlotError::LengthMismatch { arg: "col_labels", len: 3, other: "weights", expected: 2 });
 }
 
 #[test]
@@ -80,10 +46,7 @@ fn non_finite_weight_names_its_cell() {
     assert!(
         matches!(&err, PlotError::NonFinite { arg: "weights", at, value } if at == "row 1, column 0" && value.is_nan())
     );
-    assert_eq!(
-        err.to_string(),
-        "`weights` has the non-finite value NaN at row 1, column 0"
-    );
+    assert_eq!(err.to_string(), "`weights` has the non-finite value NaN at row 1, column 0");
 }
 
 #[test]
@@ -98,88 +61,38 @@ fn masked_cells_may_hold_any_value() {
 fn mask_shape_must_match() {
     let mut spec = uniform(2, 3);
     spec.masked = Some(vec![vec![false; 3]]);
-    check_err(
-        &spec,
-        PlotError::LengthMismatch {
-            arg: "masked",
-            len: 1,
-            other: "weights",
-            expected: 2,
-        },
-    );
+    check_err(&spec, PlotError::LengthMismatch { arg: "masked", len: 1, other: "weights", expected: 2 });
     spec.masked = Some(vec![vec![false; 3], vec![false; 2]]);
-    check_err(
-        &spec,
-        PlotError::Ragged {
-            arg: "masked",
-            row: 1,
-            len: 2,
-            expected: 3,
-        },
-    );
+    check_err(&spec, PlotError::Ragged { arg: "masked", row: 1, len: 2, expected: 3 });
 }
 
 #[test]
 fn highlighted_row_out_of_range() {
     let mut spec = uniform(3, 3);
     spec.highlight_row = Some(3);
-    check_err(
-        &spec,
-        PlotError::OutOfRange {
-            arg: "highlight_row",
-            index: 3,
-            len: 3,
-        },
-    );
+    check_err(&spec, PlotError::OutOfRange { arg: "highlight_row", index: 3, len: 3 });
 }
 
 #[test]
 fn bad_value_range_and_decimals() {
     let mut spec = uniform(2, 2);
     spec.value_range = Some((1.0, 0.0));
-    check_err(
-        &spec,
-        PlotError::BadRange {
-            arg: "value_range",
-            lo: 1.0,
-            hi: 0.0,
-        },
-    );
+    check_err(&spec, PlotError::BadRange { arg: "value_range", lo: 1.0, hi: 0.0 });
     let mut spec = uniform(2, 2);
     spec.decimals = 40;
-    check_err(
-        &spec,
-        PlotError::TooManyDecimals {
-            decimals: 40,
-            max: 8,
-        },
-    );
+    check_err(&spec, PlotError::TooManyDecimals { decimals: 40, max: 8 });
 }
 
 #[test]
 fn too_small_a_size_is_an_error() {
     let err = heatmap(&uniform(2, 2), Size::new(100, 80)).unwrap_err();
-    assert!(matches!(
-        err,
-        PlotError::TooSmall {
-            width: 100,
-            height: 80,
-            ..
-        }
-    ));
+    assert!(matches!(err, PlotError::TooSmall { width: 100, height: 80, .. }));
 }
 
 #[test]
 fn too_large_a_size_is_an_error() {
     let err = heatmap(&uniform(2, 2), Size::new(640, 100_000)).unwrap_err();
-    assert_eq!(
-        err,
-        PlotError::TooLarge {
-            width: 640,
-            height: 100_000,
-            max: Size::MAX_SIDE
-        }
-    );
+    assert_eq!(err, PlotError::TooLarge { width: 640, height: 100_000, max: Size::MAX_SIDE });
 }
 
 #[test]
@@ -199,10 +112,7 @@ fn long_column_labels_turn_vertical_and_thin_out_when_cells_are_tiny() {
     assert!(layout.vertical_cols);
     assert_eq!(layout.col_every, 1, "32 labels fit at 640 px");
     let layout = checked.layout(320, 240, 40);
-    assert!(
-        layout.col_every > 1 && layout.row_every > 1,
-        "labels thin out in a small figure"
-    );
+    assert!(layout.col_every > 1 && layout.row_every > 1, "labels thin out in a small figure");
 }
 
 #[test]
@@ -220,28 +130,15 @@ fn long_labels_are_shortened_with_an_ellipsis() {
     spec.row_labels[0] = "a".repeat(200);
     let figure = heatmap(&spec, Size::default()).unwrap();
     let texts = crate::figure::svg_texts(&figure.svg);
-    let shown = texts
-        .iter()
-        .find(|t| t.starts_with("aaa"))
-        .expect("the long label");
+    let shown = texts.iter().find(|t| t.starts_with("aaa")).expect("the long label");
     assert!(shown.ends_with('…') && shown.len() < 200, "{shown}");
 }
 
 #[test]
 fn labels_that_almost_fit_stay_horizontal_in_a_smaller_size() {
     let mut spec = uniform(1, 8);
-    spec.col_labels = [
-        "The",
-        "attention",
-        "layer",
-        "compares",
-        "every",
-        "query",
-        "with",
-        "all",
-    ]
-    .map(String::from)
-    .to_vec();
+    spec.col_labels =
+        ["The", "attention", "layer", "compares", "every", "query", "with", "all"].map(String::from).to_vec();
     let layout = Checked::new(&spec).unwrap().layout(640, 480, 40);
     assert!(!layout.vertical_cols);
     assert!(layout.col_size < layout.label_size);

@@ -3,10 +3,7 @@
 use super::*;
 
 fn chart() -> LineChart {
-    LineChart::new(
-        vec![1.0, 2.0, 4.0],
-        vec![Series::new("a", vec![1.0, 2.0, 3.0])],
-    )
+    LineChart::new(vec![1.0, 2.0, 4.0], vec![Series::new("a", vec![1.0, 2.0, 3.0])])
 }
 
 fn check_err(spec: &LineChart, expected: PlotError) {
@@ -15,29 +12,15 @@ fn check_err(spec: &LineChart, expected: PlotError) {
 
 #[test]
 fn empty_data_are_rejected() {
-    check_err(
-        &LineChart::new(vec![], vec![]),
-        PlotError::Empty { arg: "x" },
-    );
-    check_err(
-        &LineChart::new(vec![1.0], vec![]),
-        PlotError::Empty { arg: "series" },
-    );
+    check_err(&LineChart::new(vec![], vec![]), PlotError::Empty { arg: "x" });
+    check_err(&LineChart::new(vec![1.0], vec![]), PlotError::Empty { arg: "series" });
 }
 
 #[test]
 fn series_of_another_length_name_both_sizes() {
     let mut spec = chart();
     spec.series.push(Series::new("b", vec![1.0, 2.0]));
-    check_err(
-        &spec,
-        PlotError::LengthMismatch {
-            arg: "series",
-            len: 2,
-            other: "x",
-            expected: 3,
-        },
-    );
+    check_err(&spec, PlotError::LengthMismatch { arg: "series", len: 2, other: "x", expected: 3 });
     let err = line_chart(&spec, Size::default()).unwrap_err();
     assert_eq!(err.to_string(), "`series` has 2 entries but `x` needs 3");
 }
@@ -48,32 +31,18 @@ fn non_finite_values_are_rejected() {
     spec.series[0].values[1] = f64::INFINITY;
     check_err(
         &spec,
-        PlotError::NonFinite {
-            arg: "series",
-            at: "series 0 (a), index 1".to_owned(),
-            value: f64::INFINITY,
-        },
+        PlotError::NonFinite { arg: "series", at: "series 0 (a), index 1".to_owned(), value: f64::INFINITY },
     );
     let mut spec = chart();
     spec.x[2] = f64::NAN;
-    assert!(matches!(
-        line_chart(&spec, Size::default()),
-        Err(PlotError::NonFinite { arg: "x", .. })
-    ));
+    assert!(matches!(line_chart(&spec, Size::default()), Err(PlotError::NonFinite { arg: "x", .. })));
 }
 
 #[test]
 fn x_must_increase() {
     let mut spec = chart();
     spec.x = vec![1.0, 3.0, 2.0];
-    check_err(
-        &spec,
-        PlotError::BadRange {
-            arg: "x",
-            lo: 3.0,
-            hi: 2.0,
-        },
-    );
+    check_err(&spec, PlotError::BadRange { arg: "x", lo: 3.0, hi: 2.0 });
 }
 
 #[test]
@@ -83,53 +52,25 @@ fn log_axes_need_positive_values() {
     spec.series[0].values[0] = 0.0;
     check_err(
         &spec,
-        PlotError::NotPositive {
-            arg: "series",
-            at: "series 0 (a), index 0".to_owned(),
-            value: 0.0,
-        },
+        PlotError::NotPositive { arg: "series", at: "series 0 (a), index 0".to_owned(), value: 0.0 },
     );
     let mut spec = chart();
     spec.x_scale = Scale::Log;
     spec.x[0] = -1.0;
-    check_err(
-        &spec,
-        PlotError::NotPositive {
-            arg: "x",
-            at: "index 0".to_owned(),
-            value: -1.0,
-        },
-    );
+    check_err(&spec, PlotError::NotPositive { arg: "x", at: "index 0".to_owned(), value: -1.0 });
 }
 
 #[test]
 fn secondary_series_are_checked_too() {
     let mut spec = chart();
-    spec.secondary = Some(SecondaryAxis {
-        title: "out".to_owned(),
-        series: vec![],
-        range: None,
-    });
-    check_err(
-        &spec,
-        PlotError::Empty {
-            arg: "secondary.series",
-        },
-    );
+    spec.secondary = Some(SecondaryAxis { title: "out".to_owned(), series: vec![], range: None });
+    check_err(&spec, PlotError::Empty { arg: "secondary.series" });
     spec.secondary = Some(SecondaryAxis {
         title: "out".to_owned(),
         series: vec![Series::new("o", vec![0.0; 4])],
         range: None,
     });
-    check_err(
-        &spec,
-        PlotError::LengthMismatch {
-            arg: "secondary.series",
-            len: 4,
-            other: "x",
-            expected: 3,
-        },
-    );
+    check_err(&spec, PlotError::LengthMismatch { arg: "secondary.series", len: 4, other: "x", expected: 3 });
 }
 
 #[test]
@@ -143,10 +84,7 @@ fn fixed_y_range_widens_to_fit_the_data() {
 #[test]
 fn x_axis_spans_the_data_and_the_marker() {
     let mut spec = chart();
-    spec.marker = Some(VerticalMarker {
-        x: 5.0,
-        label: String::new(),
-    });
+    spec.marker = Some(VerticalMarker { x: 5.0, label: String::new() });
     let checked = Checked::new(&spec).unwrap();
     assert_eq!((checked.x_ticks.lo, checked.x_ticks.hi), (1.0, 5.0));
 }
@@ -158,10 +96,7 @@ fn dashes_follow_the_path() {
     assert_eq!(pieces, vec![vec![(0, 0), (7, 0)], vec![(12, 0), (19, 0)]]);
     // A dash bends round a corner, and a last partial dash is kept.
     let pieces = dashes(&[(0, 0), (4, 0), (4, 10)]);
-    assert_eq!(
-        pieces,
-        vec![vec![(0, 0), (4, 0), (4, 3)], vec![(4, 8), (4, 10)]]
-    );
+    assert_eq!(pieces, vec![vec![(0, 0), (4, 0), (4, 3)], vec![(4, 8), (4, 10)]]);
 }
 
 #[test]
@@ -171,14 +106,7 @@ fn explicit_x_ticks_are_kept_inside_the_data() {
     let checked = Checked::new(&spec).unwrap();
     assert_eq!(checked.x_ticks.labels, ["1", "2.5", "4"]);
     spec.x_ticks = Some(vec![1.0, f64::INFINITY]);
-    check_err(
-        &spec,
-        PlotError::NonFinite {
-            arg: "x_ticks",
-            at: "index 1".to_owned(),
-            value: f64::INFINITY,
-        },
-    );
+    check_err(&spec, PlotError::NonFinite { arg: "x_ticks", at: "index 1".to_owned(), value: f64::INFINITY });
 }
 
 #[test]

@@ -5,62 +5,28 @@ use super::*;
 fn check_linear(lo: f64, hi: f64, expand: bool, expected: &[&str], range: (f64, f64)) {
     let ticks = linear(lo, hi, 5, expand);
     assert_eq!(ticks.labels, expected, "labels for [{lo}, {hi}]");
-    assert!(
-        (ticks.lo - range.0).abs() < 1e-12,
-        "lo {} != {}",
-        ticks.lo,
-        range.0
-    );
-    assert!(
-        (ticks.hi - range.1).abs() < 1e-12,
-        "hi {} != {}",
-        ticks.hi,
-        range.1
-    );
+    assert!((ticks.lo - range.0).abs() < 1e-12, "lo {} != {}", ticks.lo, range.0);
+    assert!((ticks.hi - range.1).abs() < 1e-12, "hi {} != {}", ticks.hi, range.1);
 }
 
 #[test]
 fn unit_interval_in_fifths() {
-    check_linear(
-        0.0,
-        1.0,
-        false,
-        &["0.0", "0.2", "0.4", "0.6", "0.8", "1.0"],
-        (0.0, 1.0),
-    );
+    check_linear(0.0, 1.0, false, &["0.0", "0.2", "0.4", "0.6", "0.8", "1.0"], (0.0, 1.0));
 }
 
 #[test]
 fn weight_range_of_the_love_row() {
-    check_linear(
-        0.1978,
-        0.4011,
-        false,
-        &["0.20", "0.25", "0.30", "0.35", "0.40"],
-        (0.1978, 0.4011),
-    );
+    check_linear(0.1978, 0.4011, false, &["0.20", "0.25", "0.30", "0.35", "0.40"], (0.1978, 0.4011));
 }
 
 #[test]
 fn expanded_range_ends_on_ticks() {
-    check_linear(
-        0.3,
-        9.7,
-        true,
-        &["0", "2", "4", "6", "8", "10"],
-        (0.0, 10.0),
-    );
+    check_linear(0.3, 9.7, true, &["0", "2", "4", "6", "8", "10"], (0.0, 10.0));
 }
 
 #[test]
 fn negative_range_has_no_negative_zero() {
-    check_linear(
-        -1.0,
-        1.0,
-        true,
-        &["-1.0", "-0.5", "0.0", "0.5", "1.0"],
-        (-1.0, 1.0),
-    );
+    check_linear(-1.0, 1.0, true, &["-1.0", "-0.5", "0.0", "0.5", "1.0"], (-1.0, 1.0));
 }
 
 #[test]
@@ -89,8 +55,6 @@ fn wide_log_range_uses_powers_of_ten() {
     let ticks = log(1e-3, 1e6, 10);
     assert_eq!(
         ticks.labels,
-        [
-            "0.001", "0.01", "0.1", "1", "10", "100", "1000", "10000", "100000", "1000000"
-        ]
+        ["0.001", "0.01", "0.1", "1", "10", "100", "1000", "10000", "100000", "1000000"]
     );
 }
