@@ -13,7 +13,9 @@ const HELP: &str = "\
 usage: cargo xtask <command> [options]
 
 commands:
-  build-content [--check] [--out DIR]   recompute the lesson under content/ and write the site
+  build-content [--check] [--out DIR] [--content DIR]
+                                        recompute the lesson under content/ and write the site
+                                        (default target/site); --check writes nothing
   attend [options]                      the authors' calculator: attention on numbers you give it
   bench [--quick] [--json FILE]         benchmark qkv against its peers
 

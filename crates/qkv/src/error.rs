@@ -25,6 +25,11 @@ impl From<&[usize]> for Dims {
     }
 }
 
+/// `1 row`, `3 rows`: messages read as sentences.
+fn count(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
 /// Everything that can be wrong with a call into the engine.
 ///
 /// Messages are sentences meant for the person who wrote the call: they name the argument, say
@@ -50,8 +55,9 @@ pub enum AttentionError {
     },
     /// Values and keys come in pairs; their counts differ.
     #[error(
-        "values have {value_rows} rows but keys have {key_rows}: every key needs exactly one value \
-         to hand over (keys {keys}, values {values})"
+        "values have {} but keys have {key_rows}: every key needs exactly one value \
+         to hand over (keys {keys}, values {values})",
+        count(*value_rows, "row", "rows")
     )]
     ValueRows {
         /// Number of keys.
@@ -131,7 +137,7 @@ pub enum AttentionError {
         why: &'static str,
     },
     /// A query index outside the queries (for [`trace_query`](crate::trace_query)).
-    #[error("query_idx {index} is out of range: there are {n_queries} queries")]
+    #[error("query_idx {index} is out of range for {}", count(*n_queries, "query", "queries"))]
     QueryIndex {
         /// The index asked for.
         index: usize,

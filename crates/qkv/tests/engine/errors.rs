@@ -96,7 +96,7 @@ fn trace_and_slices_report_their_argument() {
     let v = array![[1.0]];
     check(
         qkv::trace_query(k.view(), k.view(), v.view(), 3, &AttentionOptions::new()).unwrap_err(),
-        "query_idx 3 is out of range: there are 1 queries",
+        "query_idx 3 is out of range for 1 query",
     );
     check(
         qkv::matrix("keys", &[1.0, 2.0, 3.0], 2, 2).unwrap_err(),
