@@ -6,6 +6,7 @@ use ndarray::{Array2, ArrayView2, ArrayViewMut2};
 
 use crate::blocked;
 use crate::error::{AttentionError, Dims};
+use crate::flash;
 use crate::mask::AttentionOptions;
 use crate::real::Real;
 use crate::shape::Shape;
@@ -123,5 +124,14 @@ pub(crate) fn run<T: Real>(
     matrices: Option<(ArrayViewMut2<T>, ArrayViewMut2<T>)>,
 ) -> Result<(), AttentionError> {
     let masks = options.resolve(shape)?;
-    blocked::attend(shape, q, k, v, &masks, out, matrices)
+    match matrices {
+        // Output only: the tiled path, unless an intermediate could overflow (then the blocked
+        // path runs, which also names the query whose score overflows).
+        None if flash::stays_finite(&q, &k, &v, &masks) => {
+            flash::attend(shape, q, k, v, &masks, out);
+            Ok(())
+        }
+        // The weights are an `n_q × n_k` matrix by definition: the blocked path fills it.
+        _ => blocked::attend(shape, q, k, v, &masks, out, matrices),
+    }
 }

@@ -193,6 +193,19 @@ impl<T: Real> MaskSet<'_, '_, T> {
         self.options.is_unmasked()
     }
 
+    /// Whether a mask beyond the causal one (keep-mask, padding, bias) applies, so that a tile
+    /// inside the causal range still needs [`Self::apply_row`].
+    pub(crate) fn has_elementwise_masks(&self) -> bool {
+        let o = self.options;
+        o.keep.is_some() || o.padding.is_some() || o.bias.is_some()
+    }
+
+    /// The largest finite `|bias|` (0 without a bias), for bounding the scores.
+    pub(crate) fn bias_magnitude(&self) -> f64 {
+        let Some(AdditiveBias(b)) = &self.options.bias else { return 0.0 };
+        b.iter().filter(|x| x.is_finite()).fold(0.0, |m, x| m.max(x.to_f64_exact().abs()))
+    }
+
     /// Keys that the causal mask leaves visible to query `query_idx` (all keys without one).
     /// Other masks may hide more inside this range.
     pub(crate) fn visible_keys(&self, query_idx: usize) -> Range<usize> {

@@ -1,0 +1,259 @@
+//! The fast output-only path: FlashAttention-2-style tiling with an online softmax.
+//!
+//! Queries are cut into blocks of [`QUERY_BLOCK`] rows and keys into blocks of [`KEY_BLOCK`].
+//! For one query block the key blocks are visited in order: scores `S = Q_b·K_jᵀ` (the scale is
+//! folded into the packed queries), masks where a tile needs them, then the online softmax: the
+//! running row maximum `m` and sum `l`, the rescale `α = exp(m_old - m_new)` of the output
+//! accumulator, and `O += P·V`. Each row is divided by its `l` once, at the end. No
+//! `n_q × n_k` matrix exists: beyond the inputs and the output, memory is the packed keys and
+//! values (`n_k · (d_k + d_v)` scalars) and a few tiles per task.
+//!
+//! Work is split into independent (query block, key split) items and never over a reduction.
+//! Keys are split only when there are few query blocks (decoding), into a number of splits that
+//! depends on the problem size alone, and the partial softmax states are merged in a fixed order:
+//! results are the same bit for bit whatever the number of threads.
+//!
+//! The SIMD arithmetic lives in `kernels`; this module owns the tiling, the masking decisions, the
+//! online softmax and the work split.
+
+use std::ops::Range;
+
+use ndarray::{ArrayView2, ArrayViewMut2, Axis};
+use rayon::prelude::*;
+
+use crate::kernels::{self, KEY_VECTORS, V, Vector};
+use crate::mask::MaskSet;
+use crate::real::Real;
+use crate::shape::Shape;
+
+/// Queries per block: one task's rows. Its scores tile (`QUERY_BLOCK × KEY_BLOCK`), packed
+/// queries and output accumulator stay in L1/L2 while the key blocks stream past.
+pub(crate) const QUERY_BLOCK: usize = 64;
+/// Keys per block: a multiple of the key panel width (32 keys for f32, 16 for f64).
+pub(crate) const KEY_BLOCK: usize = 64;
+/// Problems with fewer query blocks than this also split their keys, so that every core works.
+const SPLIT_BELOW_BLOCKS: usize = 4;
+/// The fewest keys one split handles.
+const SPLIT_KEYS: usize = 1024;
+/// The most splits a query block is cut into.
+const MAX_SPLITS: usize = 16;
+
+/// Whether the fast path can run `q`, `k`, `v` without any intermediate overflowing: every score
+/// (bounded by `scale · max |q_i| · max |k_j| + max |bias|`) and every unnormalised output sum
+/// (bounded by `n_k · max |v|`) stays far below the type's largest value. Otherwise the blocked
+/// path runs, which normalises before it multiplies by `V` and reports a score that overflows.
+pub(crate) fn stays_finite<T: Real>(
+    q: &ArrayView2<T>,
+    k: &ArrayView2<T>,
+    v: &ArrayView2<T>,
+    masks: &MaskSet<'_, '_, T>,
+) -> bool {
+    let largest_norm = |a: &ArrayView2<T>| {
+        a.rows()
+            .into_iter()
+            .map(|r| r.iter().map(|x| x.to_f64_exact().powi(2)).sum::<f64>())
+            .fold(0.0, f64::max)
+            .sqrt()
+    };
+    let limit = T::max_value().to_f64_exact() / 16.0;
+    let score = masks.scale.abs() * largest_norm(q) * largest_norm(k) + masks.bias_magnitude();
+    let value = v.iter().fold(0.0, |m: f64, x| m.max(x.to_f64_exact().abs())) * k.nrows() as f64;
+    score <= limit && value <= limit
+}
+
+/// Computes attention for a checked problem into `out` (`[n_q, d_v]`).
+pub(crate) fn attend<T: Real>(
+    shape: &Shape,
+    q: ArrayView2<T>,
+    k: ArrayView2<T>,
+    v: ArrayView2<T>,
+    masks: &MaskSet<'_, '_, T>,
+    mut out: ArrayViewMut2<T>,
+) {
+    let problem = Problem { shape: *shape, q, packed: Packed::new(k, v), masks };
+    let splits = key_splits(shape);
+    let mut blocks: Vec<ArrayViewMut2<T>> = out.axis_chunks_iter_mut(Axis(0), QUERY_BLOCK).collect();
+    if let [keys] = splits.as_slice() {
+        // One item per block (`with_max_len(1)`): causal blocks differ in cost, and stealing single
+        // blocks keeps both cores busy to the end.
+        blocks.par_iter_mut().enumerate().with_max_len(1).for_each(|(b, out_block)| {
+            let state = problem.attend_block(b * QUERY_BLOCK, out_block.nrows(), keys.clone());
+            state.write(out_block);
+        });
+        return;
+    }
+    let rows = |b: usize| QUERY_BLOCK.min(shape.n_queries - b * QUERY_BLOCK);
+    let items: Vec<(usize, Range<usize>)> =
+        (0..blocks.len()).flat_map(|b| splits.iter().map(move |keys| (b, keys.clone()))).collect();
+    let states: Vec<State<T>> = items
+        .into_par_iter()
+        .with_max_len(1)
+        .map(|(b, keys)| problem.attend_block(b * QUERY_BLOCK, rows(b), keys))
+        .collect();
+    let mut states = states.into_iter();
+    for out_block in &mut blocks {
+        // Merged in split order, the same whichever thread computed each part.
+        let mut merged = states.next().expect("one state per split");
+        for part in states.by_ref().take(splits.len() - 1) {
+            merged.merge(&part);
+        }
+        merged.write(out_block);
+    }
+}
+
+/// The key ranges each query block is split into: one unless the queries are few, and then a
+/// number fixed by `n_k` alone, each a whole number of key blocks.
+fn key_splits(shape: &Shape) -> Vec<Range<usize>> {
+    let n_keys = shape.n_keys;
+    let splits = if shape.n_queries.div_ceil(QUERY_BLOCK) >= SPLIT_BELOW_BLOCKS {
+        1
+    } else {
+        (n_keys / SPLIT_KEYS).clamp(1, MAX_SPLITS)
+    };
+    let len = n_keys.div_ceil(splits).next_multiple_of(KEY_BLOCK);
+    (0..n_keys).step_by(len).map(|start| start..(start + len).min(n_keys)).collect()
+}
+
+/// Keys and values packed once per call, in the layouts the kernels read.
+struct Packed<T: Real> {
+    /// Key panels (see `kernels::pack_key_panel`), zero-padded to whole panels.
+    keys: Vec<V<T>>,
+    /// Value rows, `value_vectors` vectors each, zero-padded past `d_v`.
+    values: Vec<V<T>>,
+    value_vectors: usize,
+}
+
+impl<T: Real> Packed<T> {
+    fn new(k: ArrayView2<T>, v: ArrayView2<T>) -> Self {
+        let width = kernels::key_panel_width::<T>();
+        let panel_len = k.ncols() * KEY_VECTORS;
+        let mut keys = vec![V::<T>::default(); k.nrows().div_ceil(width) * panel_len];
+        keys.par_chunks_mut(panel_len)
+            .enumerate()
+            .for_each(|(p, panel)| kernels::pack_key_panel(k, p * width, panel));
+        let value_vectors = kernels::vectors_for::<T>(v.ncols());
+        let mut values = vec![V::<T>::default(); v.nrows() * value_vectors];
+        // Chunks of rows, so that each task does a useful amount of copying.
+        const ROWS: usize = 256;
+        values.par_chunks_mut(ROWS * value_vectors).enumerate().for_each(|(c, chunk)| {
+            for (r, out) in chunk.chunks_exact_mut(value_vectors).enumerate() {
+                kernels::pack_value_row(v.row(c * ROWS + r), out);
+            }
+        });
+        Packed { keys, values, value_vectors }
+    }
+}
+
+/// Everything a task reads.
+struct Problem<'p, 'o, 'a, T: Real> {
+    shape: Shape,
+    q: ArrayView2<'p, T>,
+    packed: Packed<T>,
+    masks: &'p MaskSet<'o, 'a, T>,
+}
+
+/// The online-softmax state of a block of query rows over some keys: running maximum `m`, running
+/// sum `l` of `exp(s - m)`, and the unnormalised output `o = Σ exp(s - m) · v`.
+struct State<T: Real> {
+    m: Vec<T>,
+    l: Vec<T>,
+    o: Vec<V<T>>,
+    value_vectors: usize,
+}
+
+impl<T: Real> Problem<'_, '_, '_, T> {
+    /// The state of queries `first .. first + rows` over the keys in `keys` (whole key blocks
+    /// from a block boundary, except at the end).
+    fn attend_block(&self, first: usize, rows: usize, keys: Range<usize>) -> State<T> {
+        let (d, dv) = (self.shape.key_dim, self.packed.value_vectors);
+        let masks = self.masks;
+        let width = kernels::key_panel_width::<T>();
+        let s_stride = kernels::vectors_for::<T>(KEY_BLOCK);
+        let mut state = State {
+            m: vec![T::neg_infinity(); rows],
+            l: vec![T::zero(); rows],
+            o: vec![V::<T>::default(); rows * dv],
+            value_vectors: dv,
+        };
+        // Causal: keys from `reach` on are hidden from every row of the block, so their blocks
+        // are skipped; blocks ending by `clean_below` are visible to every row and need no mask.
+        let reach = masks.visible_keys(first + rows - 1).end.min(keys.end);
+        let clean_below = if masks.has_elementwise_masks() { 0 } else { masks.visible_keys(first).end };
+        if keys.start >= reach {
+            return state;
+        }
+        let mut q = vec![T::zero(); rows * d];
+        kernels::pack_queries(self.q, first, rows, T::from_f64_round(masks.scale), &mut q);
+        let mut s = vec![V::<T>::default(); rows * s_stride];
+        let mut alpha = vec![T::one(); rows];
+        for start in (keys.start..reach).step_by(KEY_BLOCK) {
+            let n_keys = KEY_BLOCK.min(reach - start);
+            let panels = n_keys.div_ceil(width);
+            let panel0 = start / width * d * KEY_VECTORS;
+            kernels::scores(&q, d, rows, &self.packed.keys[panel0..], panels, &mut s, s_stride);
+            let used = kernels::vectors_for::<T>(n_keys);
+            let clean = start + n_keys <= clean_below;
+            for r in 0..rows {
+                let row = &mut s[r * s_stride..r * s_stride + used];
+                let scalars = V::<T>::scalars_mut(row);
+                // Lanes past the block's last key (padding in the packed keys) take no part.
+                scalars[n_keys..].fill(T::neg_infinity());
+                if !clean {
+                    masks.apply_row(first + r, start..start + n_keys, &mut scalars[..n_keys]);
+                }
+                let m_old = state.m[r];
+                let m_new = m_old.max(kernels::row_max(row));
+                if m_new == T::neg_infinity() {
+                    // Nothing visible yet: the row contributes nothing and its state stays empty.
+                    row.fill(V::<T>::default());
+                    alpha[r] = T::one();
+                    continue;
+                }
+                alpha[r] = (m_old - m_new).exp();
+                let sum = kernels::exp_and_sum(row, m_new);
+                state.l[r] = state.l[r] * alpha[r] + sum;
+                state.m[r] = m_new;
+            }
+            let values = &self.packed.values[start * dv..];
+            let weights = kernels::Weights { p: &s, stride: s_stride, rows, n_keys };
+            kernels::accumulate_values(weights, &alpha, values, dv, &mut state.o);
+        }
+        state
+    }
+}
+
+impl<T: Real> State<T> {
+    /// Folds `other` (the same rows over other keys) into `self`: both are rescaled to the larger
+    /// maximum before their sums and outputs are added.
+    fn merge(&mut self, other: &State<T>) {
+        let dv = self.value_vectors;
+        for r in 0..self.m.len() {
+            let m = self.m[r].max(other.m[r]);
+            if m == T::neg_infinity() {
+                continue;
+            }
+            let (a, b) = ((self.m[r] - m).exp(), (other.m[r] - m).exp());
+            self.l[r] = self.l[r] * a + other.l[r] * b;
+            self.m[r] = m;
+            let (va, vb) = (V::<T>::splat(a), V::<T>::splat(b));
+            for (x, &y) in self.o[r * dv..(r + 1) * dv].iter_mut().zip(&other.o[r * dv..(r + 1) * dv]) {
+                *x = y.mul_add(vb, x.mul(va));
+            }
+        }
+    }
+
+    /// Writes `o / l` into `out`; a row with nothing visible (`l = 0`) gets zeros.
+    fn write(&self, out: &mut ArrayViewMut2<T>) {
+        let dv = self.value_vectors;
+        for (r, mut out_row) in out.rows_mut().into_iter().enumerate() {
+            let l = self.l[r];
+            let o = V::<T>::scalars(&self.o[r * dv..(r + 1) * dv]);
+            for (x, &acc) in out_row.iter_mut().zip(o) {
+                *x = if l > T::zero() { acc / l } else { T::zero() };
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
