@@ -178,41 +178,60 @@ impl<T: Real> Problem<'_, '_, '_, T> {
         // Causal: keys from `reach` on are hidden from every row of the block, so their blocks
         // are skipped; blocks ending by `clean_below` are visible to every row and need no mask.
         let reach = masks.visible_keys(first + rows - 1).end.min(keys.end);
-        let clean_below = if masks.has_elementwise_masks() { 0 } else { masks.visible_keys(first).end };
+        let elementwise = masks.has_elementwise_masks();
+        let clean_below = if elementwise { 0 } else { masks.visible_keys(first).end };
         if keys.start >= reach {
             return state;
         }
         let mut q = vec![T::zero(); rows * d];
         kernels::pack_queries(self.q, first, rows, T::from_f64_round(masks.scale), &mut q);
         let mut s = vec![V::<T>::default(); rows * s_stride];
-        let mut alpha = vec![T::one(); rows];
+        let mut row_max = vec![V::<T>::default(); rows];
+        let (mut m_prev, mut sums, mut alpha) =
+            (vec![T::zero(); rows], vec![T::zero(); rows], vec![T::one(); rows]);
         for start in (keys.start..reach).step_by(KEY_BLOCK) {
             let n_keys = KEY_BLOCK.min(reach - start);
             let panels = n_keys.div_ceil(width);
             let panel0 = start / width * d * KEY_VECTORS;
-            kernels::scores(&q, d, rows, &self.packed.keys[panel0..], panels, &mut s, s_stride);
+            row_max.fill(V::<T>::splat(T::neg_infinity()));
+            let keys = &self.packed.keys[panel0..];
+            kernels::scores(&q, d, rows, keys, panels, &mut s, s_stride, &mut row_max);
             let used = kernels::vectors_for::<T>(n_keys);
             let clean = start + n_keys <= clean_below;
+            // The maxima the score kernel folded are exact for a tile without masks whose panels
+            // hold only its own keys; otherwise masked pairs, padding or keys past `reach` are in
+            // them, and the row is scanned again.
+            let fused_max = clean && n_keys == panels * width;
             for r in 0..rows {
                 let row = &mut s[r * s_stride..r * s_stride + used];
                 let scalars = V::<T>::scalars_mut(row);
                 // Lanes past the block's last key (padding in the packed keys) take no part.
                 scalars[n_keys..].fill(T::neg_infinity());
-                if !clean {
+                if elementwise {
                     masks.apply_row(first + r, start..start + n_keys, &mut scalars[..n_keys]);
+                } else if !clean {
+                    // Causal alone: hide the keys past the row's visible range, without the
+                    // per-pair checks of `apply_row` (same rule, from `visible_keys`).
+                    let end = masks.visible_keys(first + r).end.clamp(start, start + n_keys);
+                    scalars[end - start..n_keys].fill(T::neg_infinity());
                 }
-                let m_old = state.m[r];
-                let m_new = m_old.max(kernels::row_max(row));
-                if m_new == T::neg_infinity() {
+                let tile_max = if fused_max { row_max[r].reduce_max() } else { kernels::row_max(row) };
+                m_prev[r] = state.m[r];
+                state.m[r] = m_prev[r].max(tile_max);
+                if state.m[r] == T::neg_infinity() {
                     // Nothing visible yet: the row contributes nothing and its state stays empty.
                     row.fill(V::<T>::default());
-                    alpha[r] = T::one();
-                    continue;
+                    sums[r] = T::zero();
+                } else {
+                    sums[r] = kernels::exp_and_sum(row, state.m[r]);
                 }
-                alpha[r] = (m_old - m_new).exp();
-                let sum = kernels::exp_and_sum(row, m_new);
-                state.l[r] = state.l[r] * alpha[r] + sum;
-                state.m[r] = m_new;
+            }
+            kernels::exp_differences(&m_prev, &state.m, &mut alpha);
+            for r in 0..rows {
+                if state.m[r] == T::neg_infinity() {
+                    alpha[r] = T::one();
+                }
+                state.l[r] = state.l[r] * alpha[r] + sums[r];
             }
             let values = &self.packed.values[start * dv..];
             let weights = kernels::Weights { p: &s, stride: s_stride, rows, n_keys };

@@ -96,7 +96,9 @@ pub(crate) fn pack_queries<T: Element + crate::Real>(
 
 /// `S[r, key] = Q_r · K_key` for `rows` packed queries (see [`pack_queries`]) against `panels`
 /// consecutive key panels, into `s` (`rows` rows of `s_stride` vectors, panel `p` at vectors
-/// `KEY_VECTORS·p ..`).
+/// `KEY_VECTORS·p ..`). Also folds each row's scores into `row_max[r]` (lane-wise), so that a
+/// tile that needs no masking has its row maxima without another pass.
+#[allow(clippy::too_many_arguments)] // the operands of one GEMM-like call, each needed
 pub(crate) fn scores<T: Element>(
     q: &[T],
     d: usize,
@@ -105,6 +107,7 @@ pub(crate) fn scores<T: Element>(
     panels: usize,
     s: &mut [V<T>],
     s_stride: usize,
+    row_max: &mut [V<T>],
 ) {
     let panel_len = d * KEY_VECTORS;
     for p in 0..panels {
@@ -113,15 +116,16 @@ pub(crate) fn scores<T: Element>(
             let mr = SCORE_ROWS.min(rows - g);
             let q = &q[g * d..(g + mr) * d];
             let s = &mut s[g * s_stride + p * KEY_VECTORS..];
+            let m = &mut row_max[g..g + mr];
             match mr {
-                8 => score_tile::<T, 8>(q, panel, s, s_stride),
-                7 => score_tile::<T, 7>(q, panel, s, s_stride),
-                6 => score_tile::<T, 6>(q, panel, s, s_stride),
-                5 => score_tile::<T, 5>(q, panel, s, s_stride),
-                4 => score_tile::<T, 4>(q, panel, s, s_stride),
-                3 => score_tile::<T, 3>(q, panel, s, s_stride),
-                2 => score_tile::<T, 2>(q, panel, s, s_stride),
-                _ => score_tile::<T, 1>(q, panel, s, s_stride),
+                8 => score_tile::<T, 8>(q, panel, s, s_stride, m),
+                7 => score_tile::<T, 7>(q, panel, s, s_stride, m),
+                6 => score_tile::<T, 6>(q, panel, s, s_stride, m),
+                5 => score_tile::<T, 5>(q, panel, s, s_stride, m),
+                4 => score_tile::<T, 4>(q, panel, s, s_stride, m),
+                3 => score_tile::<T, 3>(q, panel, s, s_stride, m),
+                2 => score_tile::<T, 2>(q, panel, s, s_stride, m),
+                _ => score_tile::<T, 1>(q, panel, s, s_stride, m),
             }
         }
     }
@@ -130,7 +134,13 @@ pub(crate) fn scores<T: Element>(
 /// One `MR × KEY_VECTORS` register tile of scores: the accumulators stay in registers across
 /// the whole `d` loop and are stored once.
 #[inline(always)]
-fn score_tile<T: Element, const MR: usize>(q: &[T], panel: &[V<T>], s: &mut [V<T>], s_stride: usize) {
+fn score_tile<T: Element, const MR: usize>(
+    q: &[T],
+    panel: &[V<T>],
+    s: &mut [V<T>],
+    s_stride: usize,
+    row_max: &mut [V<T>],
+) {
     let mut acc = [[V::<T>::default(); KEY_VECTORS]; MR];
     for (a, b) in q.chunks_exact(MR).zip(panel.chunks_exact(KEY_VECTORS)) {
         for r in 0..MR {
@@ -142,6 +152,7 @@ fn score_tile<T: Element, const MR: usize>(q: &[T], panel: &[V<T>], s: &mut [V<T
     }
     for (r, acc) in acc.iter().enumerate() {
         s[r * s_stride..r * s_stride + KEY_VECTORS].copy_from_slice(acc);
+        row_max[r] = acc.iter().fold(row_max[r], |m, &x| m.max(x));
     }
 }
 
@@ -152,6 +163,19 @@ pub(crate) fn row_max<T: Element>(row: &[V<T>]) -> T {
         m = m.max(x);
     }
     m.reduce_max()
+}
+
+/// `out[i] = exp(a[i] - b[i])` for `a[i] <= b[i]`: the online softmax's rescale factors of a
+/// block of rows, a vector at a time.
+pub(crate) fn exp_differences<T: Element>(a: &[T], b: &[T], out: &mut [T]) {
+    let lanes = V::<T>::LANES;
+    for ((a, b), out) in a.chunks(lanes).zip(b.chunks(lanes)).zip(out.chunks_mut(lanes)) {
+        let (mut va, mut vb) = ([V::<T>::default()], [V::<T>::default()]);
+        V::<T>::scalars_mut(&mut va)[..a.len()].copy_from_slice(a);
+        V::<T>::scalars_mut(&mut vb)[..b.len()].copy_from_slice(b);
+        let e = [va[0].exp_shifted(vb[0])];
+        out.copy_from_slice(&V::<T>::scalars(&e)[..out.len()]);
+    }
 }
 
 /// Replaces each score `s` in `row` by `exp(s - max)` and returns their sum. Needs `s <= max`

@@ -70,7 +70,8 @@ fn score_and_value_tiles_match_plain_loops() {
         pack_queries(q.view(), 0, rows, 0.5, &mut packed_q);
         let s_stride = panels * KEY_VECTORS;
         let mut s = vec![V::<f32>::splat(f32::NAN); rows * s_stride];
-        scores(&packed_q, d, rows, &keys, panels, &mut s, s_stride);
+        let mut row_max = vec![V::<f32>::splat(f32::NEG_INFINITY); rows];
+        scores(&packed_q, d, rows, &keys, panels, &mut s, s_stride, &mut row_max);
         let want = q.dot(&k.t()) * 0.5;
         let s_scalars = V::<f32>::scalars(&s);
         let lanes = s_stride * V::<f32>::LANES;
