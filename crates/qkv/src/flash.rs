@@ -24,7 +24,7 @@ use rayon::prelude::*;
 use crate::kernels::{self, KEY_VECTORS, V, Vector};
 use crate::mask::MaskSet;
 use crate::real::Real;
-use crate::shape::Shape;
+use crate::shape::{Magnitudes, Shape};
 
 /// Queries per block: one task's rows. Its scores tile (`QUERY_BLOCK × KEY_BLOCK`), packed
 /// queries and output accumulator stay in L1/L2 while the key blocks stream past.
@@ -38,26 +38,20 @@ const SPLIT_KEYS: usize = 1024;
 /// The most splits a query block is cut into.
 const MAX_SPLITS: usize = 16;
 
-/// Whether the fast path can run `q`, `k`, `v` without any intermediate overflowing: every score
-/// (bounded by `scale · max |q_i| · max |k_j| + max |bias|`) and every unnormalised output sum
-/// (bounded by `n_k · max |v|`) stays far below the type's largest value. Otherwise the blocked
-/// path runs, which normalises before it multiplies by `V` and reports a score that overflows.
+/// Whether the fast path can run a problem without any intermediate overflowing: every score
+/// (at most `scale · d · max |q| · max |k| + max |bias|`, by Cauchy-Schwarz) and every
+/// unnormalised output sum (at most `n_k · max |v|`) stays far below the type's largest value.
+/// Otherwise the blocked path runs, which normalises before it multiplies by `V` and reports a
+/// score that overflows.
 pub(crate) fn stays_finite<T: Real>(
-    q: &ArrayView2<T>,
-    k: &ArrayView2<T>,
-    v: &ArrayView2<T>,
+    shape: &Shape,
+    magnitudes: &Magnitudes,
     masks: &MaskSet<'_, '_, T>,
 ) -> bool {
-    let largest_norm = |a: &ArrayView2<T>| {
-        a.rows()
-            .into_iter()
-            .map(|r| r.iter().map(|x| x.to_f64_exact().powi(2)).sum::<f64>())
-            .fold(0.0, f64::max)
-            .sqrt()
-    };
     let limit = T::max_value().to_f64_exact() / 16.0;
-    let score = masks.scale.abs() * largest_norm(q) * largest_norm(k) + masks.bias_magnitude();
-    let value = v.iter().fold(0.0, |m: f64, x| m.max(x.to_f64_exact().abs())) * k.nrows() as f64;
+    let d = shape.key_dim as f64;
+    let score = masks.scale.abs() * d * magnitudes.queries * magnitudes.keys + masks.bias_magnitude();
+    let value = magnitudes.values * shape.n_keys as f64;
     score <= limit && value <= limit
 }
 
@@ -70,14 +64,15 @@ pub(crate) fn attend<T: Real>(
     masks: &MaskSet<'_, '_, T>,
     mut out: ArrayViewMut2<T>,
 ) {
-    let problem = Problem { shape: *shape, q, packed: Packed::new(k, v), masks };
+    let problem = Problem { shape: *shape, q, masks };
     let splits = key_splits(shape);
     let mut blocks: Vec<ArrayViewMut2<T>> = out.axis_chunks_iter_mut(Axis(0), QUERY_BLOCK).collect();
     if let [keys] = splits.as_slice() {
+        let packed = Packed::new(k, v, keys.clone());
         // One item per block (`with_max_len(1)`): causal blocks differ in cost, and stealing single
         // blocks keeps both cores busy to the end.
         blocks.par_iter_mut().enumerate().with_max_len(1).for_each(|(b, out_block)| {
-            let state = problem.attend_block(b * QUERY_BLOCK, out_block.nrows(), keys.clone());
+            let state = problem.attend_block(&packed, b * QUERY_BLOCK, out_block.nrows(), keys.clone());
             state.write(out_block);
         });
         return;
@@ -88,7 +83,12 @@ pub(crate) fn attend<T: Real>(
     let states: Vec<State<T>> = items
         .into_par_iter()
         .with_max_len(1)
-        .map(|(b, keys)| problem.attend_block(b * QUERY_BLOCK, rows(b), keys))
+        .map(|(b, keys)| {
+            // Each task packs its own keys: they are read by few query rows, and a small buffer
+            // per task stays in cache where one large one per call would not.
+            let packed = Packed::new(k, v, keys.clone());
+            problem.attend_block(&packed, b * QUERY_BLOCK, rows(b), keys)
+        })
         .collect();
     let mut states = states.into_iter();
     for out_block in &mut blocks {
@@ -114,8 +114,9 @@ fn key_splits(shape: &Shape) -> Vec<Range<usize>> {
     (0..n_keys).step_by(len).map(|start| start..(start + len).min(n_keys)).collect()
 }
 
-/// Keys and values packed once per call, in the layouts the kernels read.
+/// Keys and values `first_key ..` packed in the layouts the kernels read.
 struct Packed<T: Real> {
+    first_key: usize,
     /// Key panels (see `kernels::pack_key_panel`), zero-padded to whole panels.
     keys: Vec<V<T>>,
     /// Value rows, `value_vectors` vectors each, zero-padded past `d_v`.
@@ -124,7 +125,9 @@ struct Packed<T: Real> {
 }
 
 impl<T: Real> Packed<T> {
-    fn new(k: ArrayView2<T>, v: ArrayView2<T>) -> Self {
+    fn new(k: ArrayView2<T>, v: ArrayView2<T>, keys: Range<usize>) -> Self {
+        let first_key = keys.start;
+        let (k, v) = (k.slice(ndarray::s![keys.clone(), ..]), v.slice(ndarray::s![keys, ..]));
         let width = kernels::key_panel_width::<T>();
         let panel_len = k.ncols() * KEY_VECTORS;
         let mut keys = vec![V::<T>::default(); k.nrows().div_ceil(width) * panel_len];
@@ -140,7 +143,7 @@ impl<T: Real> Packed<T> {
                 kernels::pack_value_row(v.row(c * ROWS + r), out);
             }
         });
-        Packed { keys, values, value_vectors }
+        Packed { first_key, keys, values, value_vectors }
     }
 }
 
@@ -148,7 +151,6 @@ impl<T: Real> Packed<T> {
 struct Problem<'p, 'o, 'a, T: Real> {
     shape: Shape,
     q: ArrayView2<'p, T>,
-    packed: Packed<T>,
     masks: &'p MaskSet<'o, 'a, T>,
 }
 
@@ -164,8 +166,8 @@ struct State<T: Real> {
 impl<T: Real> Problem<'_, '_, '_, T> {
     /// The state of queries `first .. first + rows` over the keys in `keys` (whole key blocks
     /// from a block boundary, except at the end).
-    fn attend_block(&self, first: usize, rows: usize, keys: Range<usize>) -> State<T> {
-        let (d, dv) = (self.shape.key_dim, self.packed.value_vectors);
+    fn attend_block(&self, packed: &Packed<T>, first: usize, rows: usize, keys: Range<usize>) -> State<T> {
+        let (d, dv) = (self.shape.key_dim, packed.value_vectors);
         let masks = self.masks;
         let width = kernels::key_panel_width::<T>();
         let s_stride = kernels::vectors_for::<T>(KEY_BLOCK);
@@ -192,9 +194,9 @@ impl<T: Real> Problem<'_, '_, '_, T> {
         for start in (keys.start..reach).step_by(KEY_BLOCK) {
             let n_keys = KEY_BLOCK.min(reach - start);
             let panels = n_keys.div_ceil(width);
-            let panel0 = start / width * d * KEY_VECTORS;
+            let panel0 = (start - packed.first_key) / width * d * KEY_VECTORS;
             row_max.fill(V::<T>::splat(T::neg_infinity()));
-            let keys = &self.packed.keys[panel0..];
+            let keys = &packed.keys[panel0..];
             kernels::scores(&q, d, rows, keys, panels, &mut s, s_stride, &mut row_max);
             let used = kernels::vectors_for::<T>(n_keys);
             let clean = start + n_keys <= clean_below;
@@ -233,7 +235,7 @@ impl<T: Real> Problem<'_, '_, '_, T> {
                 }
                 state.l[r] = state.l[r] * alpha[r] + sums[r];
             }
-            let values = &self.packed.values[start * dv..];
+            let values = &packed.values[(start - packed.first_key) * dv..];
             let weights = kernels::Weights { p: &s, stride: s_stride, rows, n_keys };
             kernels::accumulate_values(weights, &alpha, values, dv, &mut state.o);
         }
