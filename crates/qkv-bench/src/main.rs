@@ -5,6 +5,7 @@
 //! (`cargo xtask bench` runs exactly that). Without `peers`, candle and the GEMM ceiling are
 //! left out and the rest still runs.
 
+mod alloc;
 mod cases;
 mod measure;
 mod peers;
@@ -14,6 +15,9 @@ use anyhow::{Context, bail};
 
 use crate::cases::{Case, Inputs};
 use crate::report::Row;
+
+#[global_allocator]
+static ALLOCATOR: alloc::Counting = alloc::Counting;
 
 /// What the command line asked for.
 struct Options {

@@ -1,5 +1,5 @@
-//! Timing (median of several runs after a warm-up) and peak memory (the process's high-water
-//! mark, reset before the warm-up run through `/proc/self/clear_refs`).
+//! Timing (median of several runs after a warm-up) and peak memory (heap bytes allocated during
+//! the warm-up run above those live before it, counted by `alloc::Counting`).
 
 use std::time::Instant;
 
@@ -9,8 +9,8 @@ use ndarray::Array4;
 pub struct Measurement {
     pub median_ms: f64,
     pub gflops: f64,
-    /// Peak resident memory during the warm-up run above the resident memory before it, in MB
-    /// (`None` where `/proc` cannot tell).
+    /// Peak heap bytes during the warm-up run above those live before it (the inputs), in MB;
+    /// the output is included.
     pub peak_mb: Option<f64>,
     pub output: Array4<f32>,
 }
@@ -21,15 +21,11 @@ pub fn median(
     flops: f64,
     quick: bool,
 ) -> anyhow::Result<Measurement> {
-    let reset = std::fs::write("/proc/self/clear_refs", "5").is_ok();
-    let before = status_kb("VmRSS:");
+    let before = crate::alloc::reset_peak();
     let start = Instant::now();
     let output = std::hint::black_box(run()?);
     let warm_up = start.elapsed().as_secs_f64();
-    let peak_mb = match (reset, before, status_kb("VmHWM:")) {
-        (true, Some(before), Some(peak)) => Some(peak.saturating_sub(before) as f64 / 1024.0),
-        _ => None,
-    };
+    let peak_mb = Some(crate::alloc::peak().saturating_sub(before) as f64 / (1024.0 * 1024.0));
     let runs = if warm_up > 2.0 {
         3
     } else if quick {
@@ -46,13 +42,6 @@ pub fn median(
     times.sort_by(f64::total_cmp);
     let median = times[runs / 2];
     Ok(Measurement { median_ms: median * 1e3, gflops: flops / median / 1e9, peak_mb, output })
-}
-
-/// A field of `/proc/self/status`, in kB.
-fn status_kb(field: &str) -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with(field))?;
-    line[field.len()..].trim().trim_end_matches("kB").trim().parse().ok()
 }
 
 /// The largest elementwise difference of two outputs.

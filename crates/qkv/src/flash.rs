@@ -29,8 +29,9 @@ use crate::shape::{Magnitudes, Shape};
 /// Queries per block: one task's rows. Its scores tile (`QUERY_BLOCK × KEY_BLOCK`), packed
 /// queries and output accumulator stay in L1/L2 while the key blocks stream past.
 pub(crate) const QUERY_BLOCK: usize = 64;
-/// Keys per block: a multiple of the key panel width (32 keys for f32, 16 for f64).
-pub(crate) const KEY_BLOCK: usize = 64;
+/// Keys per block: a multiple of the key panel width (64 keys for f32, 32 for f64). 128 measured
+/// about 10% faster than 64 (the per-row work of the online softmax is spread over more keys).
+pub(crate) const KEY_BLOCK: usize = 128;
 /// Problems with fewer query blocks than this also split their keys, so that every core works.
 const SPLIT_BELOW_BLOCKS: usize = 4;
 /// The fewest keys one split handles.

@@ -30,16 +30,18 @@ impl Element for f64 {
 pub(crate) type V<T> = <T as Element>::Vector;
 
 /// Vectors of keys per `Q·Kᵀ` microtile: a microtile is `SCORE_ROWS` queries × `KEY_VECTORS ·
-/// LANES` keys (8 × 32 for f32), 16 accumulators, leaving registers for the key loads.
-pub(crate) const KEY_VECTORS: usize = 2;
+/// LANES` keys (6 × 64 for f32), 24 accumulators, leaving registers for the four key loads and
+/// the broadcast query element (the shape of the `gemm` crate's AVX-512 kernel; 8 × 32 measured
+/// the same here).
+pub(crate) const KEY_VECTORS: usize = 4;
 /// Queries per `Q·Kᵀ` microtile.
-pub(crate) const SCORE_ROWS: usize = 8;
+pub(crate) const SCORE_ROWS: usize = 6;
 /// Queries per `P·V` microtile.
 const VALUE_ROWS: usize = 6;
 /// Vectors of value columns per `P·V` microtile: 6 × 4 = 24 accumulators.
 const VALUE_VECTORS: usize = 4;
 
-/// Keys in one packed key panel (32 for f32, 16 for f64).
+/// Keys in one packed key panel (64 for f32, 32 for f64).
 pub(crate) fn key_panel_width<T: Element>() -> usize {
     KEY_VECTORS * V::<T>::LANES
 }
@@ -118,8 +120,6 @@ pub(crate) fn scores<T: Element>(
             let s = &mut s[g * s_stride + p * KEY_VECTORS..];
             let m = &mut row_max[g..g + mr];
             match mr {
-                8 => score_tile::<T, 8>(q, panel, s, s_stride, m),
-                7 => score_tile::<T, 7>(q, panel, s, s_stride, m),
                 6 => score_tile::<T, 6>(q, panel, s, s_stride, m),
                 5 => score_tile::<T, 5>(q, panel, s, s_stride, m),
                 4 => score_tile::<T, 4>(q, panel, s, s_stride, m),
