@@ -53,24 +53,31 @@ pub(crate) fn vectors_for<T: Element>(n: usize) -> usize {
 
 /// Packs keys `first_key ..` (at most [`key_panel_width`] of them) of `k` (`[n_k, d]`) into one
 /// panel: for each component `c`, the vectors `K[first_key .., c]` side by side (zeros past the
-/// last key), so the score kernel reads the panel front to back.
+/// last key), so the score kernel reads the panel front to back. A full panel overwrites every
+/// element; a partial one clears the panel first.
 pub(crate) fn pack_key_panel<T: Element>(k: ArrayView2<T>, first_key: usize, panel: &mut [V<T>]) {
     let width = key_panel_width::<T>();
     let last = (first_key + width).min(k.nrows());
     let out = V::<T>::scalars_mut(panel);
-    out.fill(T::default());
+    if last - first_key < width {
+        out.fill(T::default());
+    }
     for (lane, key) in k.slice(ndarray::s![first_key..last, ..]).rows().into_iter().enumerate() {
-        for (c, &x) in key.iter().enumerate() {
-            out[c * width + lane] = x;
+        let column = out[lane..].iter_mut().step_by(width);
+        // Contiguous rows (the usual case) as slices: ndarray's element iterator is much slower.
+        match key.as_slice() {
+            Some(key) => column.zip(key).for_each(|(o, &x)| *o = x),
+            None => column.zip(key.iter()).for_each(|(o, &x)| *o = x),
         }
     }
 }
 
 /// Packs value row `v_row` (`d_v` scalars) into `out` (`vectors_for(d_v)` vectors, zero-padded).
 pub(crate) fn pack_value_row<T: Element>(v_row: ndarray::ArrayView1<T>, out: &mut [V<T>]) {
-    let out = V::<T>::scalars_mut(out);
-    for (o, &x) in out.iter_mut().zip(v_row) {
-        *o = x;
+    let out = &mut V::<T>::scalars_mut(out)[..v_row.len()];
+    match v_row.as_slice() {
+        Some(row) => out.copy_from_slice(row),
+        None => out.iter_mut().zip(v_row).for_each(|(o, &x)| *o = x),
     }
 }
 
