@@ -34,6 +34,8 @@ pub(crate) const QUERY_BLOCK: usize = 64;
 pub(crate) const KEY_BLOCK: usize = 128;
 /// Problems with fewer query blocks than this also split their keys, so that every core works.
 const SPLIT_BELOW_BLOCKS: usize = 4;
+/// Problems with at most this many queries take their scores straight from the key rows.
+const DIRECT_ROWS: usize = 4;
 /// The fewest keys one split handles.
 const SPLIT_KEYS: usize = 1024;
 /// The most splits a query block is cut into.
@@ -65,11 +67,13 @@ pub(crate) fn attend<T: Real>(
     masks: &MaskSet<'_, '_, T>,
     mut out: ArrayViewMut2<T>,
 ) {
-    let problem = Problem { shape: *shape, q, masks };
+    // Decoding (a few queries, contiguous key rows): scores straight from the key rows.
+    let direct = shape.n_queries <= DIRECT_ROWS && (k.ncols() == 1 || k.strides()[1] == 1);
+    let problem = Problem { shape: *shape, q, k, direct, masks };
     let splits = key_splits(shape);
     let mut blocks: Vec<ArrayViewMut2<T>> = out.axis_chunks_iter_mut(Axis(0), QUERY_BLOCK).collect();
     if let [keys] = splits.as_slice() {
-        let packed = Packed::new(k, v, keys.clone());
+        let packed = Packed::new(k, v, keys.clone(), !direct);
         // One item per block (`with_max_len(1)`): causal blocks differ in cost, and stealing single
         // blocks keeps both cores busy to the end.
         blocks.par_iter_mut().enumerate().with_max_len(1).for_each(|(b, out_block)| {
@@ -87,7 +91,7 @@ pub(crate) fn attend<T: Real>(
         .map(|(b, keys)| {
             // Each task packs its own keys: they are read by few query rows, and a small buffer
             // per task stays in cache where one large one per call would not.
-            let packed = Packed::new(k, v, keys.clone());
+            let packed = Packed::new(k, v, keys.clone(), !direct);
             problem.attend_block(&packed, b * QUERY_BLOCK, rows(b), keys)
         })
         .collect();
@@ -126,12 +130,13 @@ struct Packed<T: Real> {
 }
 
 impl<T: Real> Packed<T> {
-    fn new(k: ArrayView2<T>, v: ArrayView2<T>, keys: Range<usize>) -> Self {
+    fn new(k: ArrayView2<T>, v: ArrayView2<T>, keys: Range<usize>, pack_keys: bool) -> Self {
         let first_key = keys.start;
         let (k, v) = (k.slice(ndarray::s![keys.clone(), ..]), v.slice(ndarray::s![keys, ..]));
         let width = kernels::key_panel_width::<T>();
         let panel_len = k.ncols() * KEY_VECTORS;
-        let mut keys = vec![V::<T>::default(); k.nrows().div_ceil(width) * panel_len];
+        let panels = if pack_keys { k.nrows().div_ceil(width) } else { 0 };
+        let mut keys = vec![V::<T>::default(); panels * panel_len];
         keys.par_chunks_mut(panel_len)
             .enumerate()
             .for_each(|(p, panel)| kernels::pack_key_panel(k, p * width, panel));
@@ -152,6 +157,9 @@ impl<T: Real> Packed<T> {
 struct Problem<'p, 'o, 'a, T: Real> {
     shape: Shape,
     q: ArrayView2<'p, T>,
+    k: ArrayView2<'p, T>,
+    /// Scores from the key rows themselves (`kernels::direct_scores`), no packed keys.
+    direct: bool,
     masks: &'p MaskSet<'o, 'a, T>,
 }
 
@@ -187,7 +195,12 @@ impl<T: Real> Problem<'_, '_, '_, T> {
             return state;
         }
         let mut q = vec![T::zero(); rows * d];
-        kernels::pack_queries(self.q, first, rows, T::from_f64_round(masks.scale), &mut q);
+        let scale = T::from_f64_round(masks.scale);
+        if self.direct {
+            kernels::pack_query_rows(self.q, first, rows, scale, &mut q);
+        } else {
+            kernels::pack_queries(self.q, first, rows, scale, &mut q);
+        }
         let mut s = vec![V::<T>::default(); rows * s_stride];
         let mut row_max = vec![V::<T>::default(); rows];
         let (mut m_prev, mut sums, mut alpha) =
@@ -197,14 +210,19 @@ impl<T: Real> Problem<'_, '_, '_, T> {
             let panels = n_keys.div_ceil(width);
             let panel0 = (start - packed.first_key) / width * d * KEY_VECTORS;
             row_max.fill(V::<T>::splat(T::neg_infinity()));
-            let keys = &packed.keys[panel0..];
-            kernels::scores(&q, d, rows, keys, panels, &mut s, s_stride, &mut row_max);
+            if self.direct {
+                let k = self.k.slice(ndarray::s![start..start + n_keys, ..]);
+                kernels::direct_scores(&q, rows, k, &mut s, s_stride);
+            } else {
+                let keys = &packed.keys[panel0..];
+                kernels::scores(&q, d, rows, keys, panels, &mut s, s_stride, &mut row_max);
+            }
             let used = kernels::vectors_for::<T>(n_keys);
             let clean = start + n_keys <= clean_below;
             // The maxima the score kernel folded are exact for a tile without masks whose panels
             // hold only its own keys; otherwise masked pairs, padding or keys past `reach` are in
             // them, and the row is scanned again.
-            let fused_max = clean && n_keys == panels * width;
+            let fused_max = !self.direct && clean && n_keys == panels * width;
             for r in 0..rows {
                 let row = &mut s[r * s_stride..r * s_stride + used];
                 let scalars = V::<T>::scalars_mut(row);
@@ -270,8 +288,11 @@ impl<T: Real> State<T> {
         for (r, mut out_row) in out.rows_mut().into_iter().enumerate() {
             let l = self.l[r];
             let o = V::<T>::scalars(&self.o[r * dv..(r + 1) * dv]);
-            for (x, &acc) in out_row.iter_mut().zip(o) {
-                *x = if l > T::zero() { acc / l } else { T::zero() };
+            let divide = |(x, &acc): (&mut T, &T)| *x = if l > T::zero() { acc / l } else { T::zero() };
+            // A contiguous row as a slice, so that the divisions vectorise.
+            match out_row.as_slice_mut() {
+                Some(row) => row.iter_mut().zip(o).for_each(divide),
+                None => out_row.iter_mut().zip(o).for_each(divide),
             }
         }
     }

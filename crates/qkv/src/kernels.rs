@@ -103,6 +103,50 @@ pub(crate) fn pack_queries<T: Element + crate::Real>(
     }
 }
 
+/// Queries `first .. first + rows` of `q`, times `scale`, row after row: the layout of
+/// [`direct_scores`].
+pub(crate) fn pack_query_rows<T: Element + crate::Real>(
+    q: ArrayView2<T>,
+    first: usize,
+    rows: usize,
+    scale: T,
+    out: &mut [T],
+) {
+    let d = q.ncols();
+    for (r, out) in out.chunks_exact_mut(d).take(rows).enumerate() {
+        for (o, &x) in out.iter_mut().zip(q.row(first + r)) {
+            *o = x * scale;
+        }
+    }
+}
+
+/// `S[r, j] = Q_r · K_j` for a few query rows (see [`pack_query_rows`]) straight from the key
+/// rows `k` (each contiguous): a dot product per pair, vectorised along `d`. For decoding, where
+/// packing the keys would cost more than using them once.
+pub(crate) fn direct_scores<T: Element + crate::Real>(
+    q: &[T],
+    rows: usize,
+    k: ArrayView2<T>,
+    s: &mut [V<T>],
+    s_stride: usize,
+) {
+    let (d, lanes) = (k.ncols(), V::<T>::LANES);
+    let whole = d / lanes * lanes;
+    let s = V::<T>::scalars_mut(s);
+    let s_stride = s_stride * lanes;
+    for (j, key) in k.rows().into_iter().enumerate() {
+        let key = key.to_slice().expect("the caller passes contiguous key rows");
+        for (r, q_row) in q.chunks_exact(d).take(rows).enumerate() {
+            let mut acc = V::<T>::default();
+            for c in (0..whole).step_by(lanes) {
+                acc = V::<T>::load(&q_row[c..]).mul_add(V::<T>::load(&key[c..]), acc);
+            }
+            let tail = q_row[whole..].iter().zip(&key[whole..]).fold(T::zero(), |a, (&x, &y)| a + x * y);
+            s[r * s_stride + j] = acc.reduce_add() + tail;
+        }
+    }
+}
+
 /// `S[r, key] = Q_r · K_key` for `rows` packed queries (see [`pack_queries`]) against `panels`
 /// consecutive key panels, into `s` (`rows` rows of `s_stride` vectors, panel `p` at vectors
 /// `KEY_VECTORS·p ..`). Also folds each row's scores into `row_max[r]` (lane-wise), so that a

@@ -97,3 +97,20 @@ fn score_and_value_tiles_match_plain_loops() {
         }
     }
 }
+
+#[test]
+fn direct_scores_match_plain_loops() {
+    for (rows, n_keys, d) in [(1, 1, 1), (1, 70, 64), (3, 17, 19), (4, 128, 80)] {
+        let (q, k) = (matrix(rows, d, 4), matrix(n_keys, d, 5));
+        let mut packed_q = vec![0.0; rows * d];
+        pack_query_rows(q.view(), 0, rows, 2.0, &mut packed_q);
+        let s_stride = vectors_for::<f32>(n_keys);
+        let mut s = vec![V::<f32>::splat(f32::NAN); rows * s_stride];
+        direct_scores(&packed_q, rows, k.view(), &mut s, s_stride);
+        let lanes = s_stride * V::<f32>::LANES;
+        for ((i, j), w) in (q.dot(&k.t()) * 2.0).indexed_iter() {
+            let got = V::<f32>::scalars(&s)[i * lanes + j];
+            assert!((got - w).abs() < 1e-4, "S[{i}, {j}] = {got}, want {w} for {rows}x{n_keys}x{d}");
+        }
+    }
+}

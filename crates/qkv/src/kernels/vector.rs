@@ -28,6 +28,8 @@ pub trait Vector: Copy + Send + Sync + Default + 'static {
     fn reduce_max(self) -> Self::Scalar;
     /// `exp(self - shift)` lane-wise, for `self <= shift` (the softmax's range); `-inf` gives 0.
     fn exp_shifted(self, shift: Self) -> Self;
+    /// The first `LANES` scalars of `s` (any alignment).
+    fn load(s: &[Self::Scalar]) -> Self;
     /// The lanes of a slice of vectors, in order.
     fn scalars(v: &[Self]) -> &[Self::Scalar];
     /// The lanes of a slice of vectors, in order, for writing.
@@ -109,6 +111,12 @@ impl Vector for f32x16 {
         p * wide::bytemuck::cast::<i32x16, f32x16>(bits)
     }
 
+    #[inline(always)]
+    fn load(s: &[f32]) -> Self {
+        let lanes: [f32; 16] = s[..16].try_into().expect("16 lanes");
+        f32x16::from(lanes)
+    }
+
     fn scalars(v: &[Self]) -> &[f32] {
         wide::bytemuck::cast_slice(v)
     }
@@ -170,6 +178,12 @@ impl Vector for f64x8 {
         }
         let bits: i64x8 = (n.fast_round_int() + i64x8::splat(1023)) << 52_u32;
         p * wide::bytemuck::cast::<i64x8, f64x8>(bits)
+    }
+
+    #[inline(always)]
+    fn load(s: &[f64]) -> Self {
+        let lanes: [f64; 8] = s[..8].try_into().expect("8 lanes");
+        f64x8::from(lanes)
     }
 
     fn scalars(v: &[Self]) -> &[f64] {
