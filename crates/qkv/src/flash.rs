@@ -53,7 +53,7 @@ pub(crate) fn stays_finite<T: Real>(
 ) -> bool {
     let limit = T::max_value().to_f64_exact() / 16.0;
     let d = shape.key_dim as f64;
-    let score = masks.scale.abs() * d * magnitudes.queries * magnitudes.keys + masks.bias_magnitude();
+    let score = masks.scale.abs() * d * magnitudes.queries * magnitudes.keys + masks.bias_magnitude;
     let value = magnitudes.values * shape.n_keys as f64;
     score <= limit && value <= limit
 }
