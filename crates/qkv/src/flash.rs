@@ -74,11 +74,19 @@ pub(crate) fn attend<T: Real>(
     let mut blocks: Vec<ArrayViewMut2<T>> = out.axis_chunks_iter_mut(Axis(0), QUERY_BLOCK).collect();
     if let [keys] = splits.as_slice() {
         let packed = Packed::new(k, v, keys.clone(), !direct);
-        // One item per block (`with_max_len(1)`): causal blocks differ in cost, and stealing single
-        // blocks keeps both cores busy to the end.
-        blocks.par_iter_mut().enumerate().with_max_len(1).for_each(|(b, out_block)| {
-            let state = problem.attend_block(&packed, b * QUERY_BLOCK, out_block.nrows(), keys.clone());
-            state.write(out_block);
+        // Zig-zag pairs: block i runs with block n-1-i, so that under a causal mask (where block
+        // i's cost grows with i) every item costs about the same; items are taken one at a time
+        // (`with_max_len(1)`) so both cores stay busy to the end.
+        let n = blocks.len();
+        let (front, back) = blocks.split_at_mut(n.div_ceil(2));
+        let mut partners = back.iter_mut().rev();
+        let pairs: Vec<_> =
+            front.iter_mut().enumerate().map(|(i, block)| (i, block, partners.next())).collect();
+        pairs.into_par_iter().with_max_len(1).for_each(|(i, block, partner)| {
+            for (b, out_block) in std::iter::once((i, block)).chain(partner.map(|p| (n - 1 - i, p))) {
+                let state = problem.attend_block(&packed, b * QUERY_BLOCK, out_block.nrows(), keys.clone());
+                state.write(out_block);
+            }
         });
         return;
     }

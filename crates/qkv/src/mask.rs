@@ -231,7 +231,6 @@ impl<T: Real> MaskSet<'_, '_, T> {
         o.keep.is_some() || o.padding.is_some() || o.bias.is_some()
     }
 
-
     /// Keys that the causal mask leaves visible to query `query_idx` (all keys without one).
     /// Other masks may hide more inside this range.
     pub(crate) fn visible_keys(&self, query_idx: usize) -> Range<usize> {
@@ -260,7 +259,9 @@ impl<T: Real> MaskSet<'_, '_, T> {
         row[..lo - keys.start].fill(U::neg_infinity());
         row[hi - keys.start..].fill(U::neg_infinity());
         let hide_where_false = |row: &mut [U], keep: ArrayView1<bool>| match keep.as_slice() {
-            Some(keep) => row.iter_mut().zip(keep).filter(|(_, k)| !**k).for_each(|(s, _)| *s = U::neg_infinity()),
+            Some(keep) => {
+                row.iter_mut().zip(keep).filter(|(_, k)| !**k).for_each(|(s, _)| *s = U::neg_infinity())
+            }
             None => row.iter_mut().zip(keep).filter(|(_, k)| !**k).for_each(|(s, _)| *s = U::neg_infinity()),
         };
         if let Some(KeepMask(m)) = &o.keep {
@@ -271,7 +272,11 @@ impl<T: Real> MaskSet<'_, '_, T> {
         }
         if let Some(AdditiveBias(b)) = &o.bias {
             let add = |(s, &b): (&mut U, &T)| {
-                *s = if b == T::neg_infinity() { U::neg_infinity() } else { *s + U::from_f64_round(b.to_f64_exact()) };
+                *s = if b == T::neg_infinity() {
+                    U::neg_infinity()
+                } else {
+                    *s + U::from_f64_round(b.to_f64_exact())
+                };
             };
             let terms = b.slice(ndarray::s![query_idx, keys.clone()]);
             match terms.as_slice() {
