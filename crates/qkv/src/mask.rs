@@ -192,9 +192,9 @@ impl<'a, T: Real> AttentionOptions<'a, T> {
 /// lanes, so that the pass over `n_q × n_k` terms vectorises.
 fn scan_bias<T: Real>(terms: &[T]) -> (bool, T) {
     let scan = |(bad, largest): (bool, T), &b: &T| {
-        // `b < inf` fails exactly for NaN and +inf; -inf (a hidden pair) counts as 0.
+        // NaN and +inf are errors; -inf (a hidden pair) counts as 0.
         let magnitude = if b.is_finite() { b.abs() } else { T::zero() };
-        (bad | !(b < T::infinity()), if magnitude > largest { magnitude } else { largest })
+        (bad | b.is_nan() | (b == T::infinity()), if magnitude > largest { magnitude } else { largest })
     };
     let mut lanes = [(false, T::zero()); 16];
     let chunks = terms.chunks_exact(16);
