@@ -127,20 +127,27 @@ fn key_splits(shape: &Shape) -> Vec<Range<usize>> {
     (0..n_keys).step_by(len).map(|start| start..(start + len).min(n_keys)).collect()
 }
 
-/// Keys and values `first_key ..` packed in the layouts the kernels read.
-struct Packed<T: Real> {
+/// Keys and values `first_key ..` in the layouts the kernels read.
+struct Packed<'v, T: Real> {
     first_key: usize,
     /// Key panels (see `kernels::pack_key_panel`), zero-padded to whole panels.
     keys: Vec<V<T>>,
-    /// Value rows, `value_vectors` vectors each, zero-padded past `d_v`.
-    values: Vec<V<T>>,
+    /// Value rows, `value_vectors` vectors each.
+    values: Values<'v, T>,
     value_vectors: usize,
 }
 
-impl<T: Real> Packed<T> {
-    fn new(k: ArrayView2<T>, v: ArrayView2<T>, keys: Range<usize>, pack_keys: bool) -> Self {
+/// The values as the `P·V` kernel reads them: the caller's own rows when they are contiguous and
+/// a whole number of vectors wide, otherwise a zero-padded copy.
+enum Values<'v, T: Real> {
+    Borrowed(&'v [T]),
+    Packed(Vec<V<T>>),
+}
+
+impl<'v, T: Real> Packed<'v, T> {
+    fn new(k: ArrayView2<T>, v: ArrayView2<'v, T>, keys: Range<usize>, pack_keys: bool) -> Self {
         let first_key = keys.start;
-        let (k, v) = (k.slice(ndarray::s![keys.clone(), ..]), v.slice(ndarray::s![keys, ..]));
+        let (k, v) = (k.slice(ndarray::s![keys.clone(), ..]), v.slice_move(ndarray::s![keys, ..]));
         let width = kernels::key_panel_width::<T>();
         let panel_len = k.ncols() * KEY_VECTORS;
         let panels = if pack_keys { k.nrows().div_ceil(width) } else { 0 };
@@ -149,6 +156,11 @@ impl<T: Real> Packed<T> {
             .enumerate()
             .for_each(|(p, panel)| kernels::pack_key_panel(k, p * width, panel));
         let value_vectors = kernels::vectors_for::<T>(v.ncols());
+        if v.ncols() % V::<T>::LANES == 0
+            && let Some(values) = v.to_slice()
+        {
+            return Packed { first_key, keys, values: Values::Borrowed(values), value_vectors };
+        }
         let mut values = vec![V::<T>::default(); v.nrows() * value_vectors];
         // Chunks of rows, so that each task does a useful amount of copying.
         const ROWS: usize = 256;
@@ -157,7 +169,16 @@ impl<T: Real> Packed<T> {
                 kernels::pack_value_row(v.row(c * ROWS + r), out);
             }
         });
-        Packed { first_key, keys, values, value_vectors }
+        Packed { first_key, keys, values: Values::Packed(values), value_vectors }
+    }
+
+    /// The values of key `key` onwards, as scalars.
+    fn values_from(&self, key: usize) -> &[T] {
+        let offset = (key - self.first_key) * self.value_vectors * V::<T>::LANES;
+        match &self.values {
+            Values::Borrowed(values) => &values[offset..],
+            Values::Packed(values) => &V::<T>::scalars(values)[offset..],
+        }
     }
 }
 
@@ -262,7 +283,7 @@ impl<T: Real> Problem<'_, '_, '_, T> {
                 }
                 state.l[r] = state.l[r] * alpha[r] + sums[r];
             }
-            let values = &packed.values[(start - packed.first_key) * dv..];
+            let values = packed.values_from(start);
             let weights = kernels::Weights { p: &s, stride: s_stride, rows, n_keys };
             kernels::accumulate_values(weights, &alpha, values, dv, &mut state.o);
         }

@@ -252,19 +252,20 @@ pub(crate) struct Weights<'a, T: Element> {
 }
 
 /// `O_r = α_r · O_r + Σ_{j < n_keys} P[r, j] · V_j` for every row of `weights`: `v` holds the
-/// packed values (`dv` vectors per key, see [`pack_value_row`]), `o` the accumulators (`dv`
-/// vectors per row).
+/// values, `dv · LANES` scalars per key (packed by [`pack_value_row`], or the caller's own rows
+/// when `d_v` is a whole number of vectors; any alignment), `o` the accumulators (`dv` vectors
+/// per row).
 pub(crate) fn accumulate_values<T: Element>(
     weights: Weights<'_, T>,
     alpha: &[T],
-    v: &[V<T>],
+    v: &[T],
     dv: usize,
     o: &mut [V<T>],
 ) {
     let Weights { p, stride: p_stride, rows, n_keys } = weights;
     let p = V::<T>::scalars(p);
     let p_stride = p_stride * V::<T>::LANES;
-    let v = &v[..n_keys * dv];
+    let v = &v[..n_keys * dv * V::<T>::LANES];
     for g in (0..rows).step_by(VALUE_ROWS) {
         let mr = VALUE_ROWS.min(rows - g);
         for c in (0..dv).step_by(VALUE_VECTORS) {
@@ -307,7 +308,7 @@ struct ValueTile<'a, T: Element> {
     p_stride: usize,
     n_keys: usize,
     alpha: &'a [T],
-    v: &'a [V<T>],
+    v: &'a [T],
     dv: usize,
     c: usize,
 }
@@ -324,8 +325,9 @@ impl<T: Element> ValueTile<'_, T> {
                 acc[r][k] = o[r * dv + c + k].mul(a);
             }
         }
-        for (j, v_row) in v.chunks_exact(dv).enumerate() {
-            let v_row = &v_row[c..c + NC];
+        let lanes = V::<T>::LANES;
+        for (j, v_row) in v.chunks_exact(dv * lanes).enumerate() {
+            let v_row: [V<T>; NC] = std::array::from_fn(|k| V::<T>::load(&v_row[(c + k) * lanes..]));
             for r in 0..MR {
                 let w = V::<T>::splat(p_rows[r][j]);
                 for k in 0..NC {

@@ -87,7 +87,7 @@ fn score_and_value_tiles_match_plain_loops() {
         let alpha: Vec<f32> = (0..rows).map(|r| 0.25 * r as f32).collect();
         let mut o = vec![V::<f32>::splat(1.0); rows * dv];
         let weights = Weights { p: &s, stride: s_stride, rows, n_keys };
-        accumulate_values(weights, &alpha, &values, dv, &mut o);
+        accumulate_values(weights, &alpha, V::<f32>::scalars(&values), dv, &mut o);
         let p = Array2::from_shape_fn((rows, n_keys), |(i, j)| s_scalars[i * lanes + j]);
         let o_scalars = V::<f32>::scalars(&o);
         for ((i, c), w) in p.dot(&v).indexed_iter() {
