@@ -96,8 +96,11 @@ pub(crate) fn pack_queries<T: Element + crate::Real>(
         let mr = SCORE_ROWS.min(rows - g);
         let group = &mut out[g * d..(g + mr) * d];
         for r in 0..mr {
-            for (c, &x) in q.row(first + g + r).iter().enumerate() {
-                group[c * mr + r] = x * scale;
+            let column = group[r..].iter_mut().step_by(mr);
+            let row = q.row(first + g + r);
+            match row.as_slice() {
+                Some(row) => column.zip(row).for_each(|(o, &x)| *o = x * scale),
+                None => column.zip(row.iter()).for_each(|(o, &x)| *o = x * scale),
             }
         }
     }
