@@ -152,7 +152,10 @@ impl<'v, T: Real> Packed<'v, T> {
         let panel_len = k.ncols() * KEY_VECTORS;
         let panels = if pack_keys { k.nrows().div_ceil(width) } else { 0 };
         let mut keys = vec![V::<T>::default(); panels * panel_len];
+        // At least 8 panels (512 keys) per task: a small problem packs on one thread instead of
+        // paying for the hand-over.
         keys.par_chunks_mut(panel_len)
+            .with_min_len(8)
             .enumerate()
             .for_each(|(p, panel)| kernels::pack_key_panel(k, p * width, panel));
         let value_vectors = kernels::vectors_for::<T>(v.ncols());
