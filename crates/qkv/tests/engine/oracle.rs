@@ -75,6 +75,18 @@ fn fast_path_matches_reference_on_the_awkward_grid() {
             }
         }
     }
+    // No queries at all, and views whose rows are not contiguous (a column slice, reversed keys).
+    check_fast_path::<f32>(3, (0, 70, 8, 16), 1.0, MaskKind::CausalBottomRight);
+    let p = Problem::<f32>::random(8, (70, 130, 64, 48), 1.0, MaskKind::None);
+    let (q, k, v) = (
+        p.q.slice(ndarray::s![.., ..40]),
+        p.k.slice(ndarray::s![..;-1, ..40]),
+        p.v.slice(ndarray::s![..;-1, ..32]),
+    );
+    let options = qkv::AttentionOptions::new().causal(qkv::CausalMask::TopLeft);
+    let want = qkv::reference::attention(q, k, v, &options).unwrap();
+    let got = qkv::attention(q, k, v, &options).unwrap();
+    assert_close("strided views", &got, &want.output, error_bound(&want, &v.to_owned()).1);
     // Square problems over several tiles with every mask; n = 1000 over itself with the masks
     // that decide tile skipping (the reference takes seconds there in a debug build).
     for mask in MASK_KINDS {
