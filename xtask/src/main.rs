@@ -2,6 +2,7 @@
 //! reads or writes files; each subcommand lives in its own module.
 
 mod attend;
+mod bench;
 mod build_content;
 mod cli;
 
@@ -17,7 +18,8 @@ commands:
                                         recompute the lesson under content/ and write the site
                                         (default target/site); --check writes nothing
   attend [options]                      the authors' calculator: attention on numbers you give it
-  bench [--quick] [--json FILE]         benchmark qkv against its peers
+  bench [--quick] [--json FILE] [--only TEXT] [--python PYTHON]
+                                        benchmark qkv against its peers (release build)
 
 `cargo xtask attend --help` lists the calculator's options.";
 
@@ -28,6 +30,7 @@ fn main() -> ExitCode {
     let result = match command.as_deref() {
         Some("attend") => attend::run(rest),
         Some("build-content") => build_content::run(rest),
+        Some("bench") => bench::run(rest),
         Some("help" | "--help" | "-h") => {
             println!("{HELP}");
             Ok(())

@@ -6,9 +6,10 @@ use ndarray::{Array2, ArrayView2, ArrayViewMut2};
 
 use crate::blocked;
 use crate::error::{AttentionError, Dims};
+use crate::flash;
 use crate::mask::AttentionOptions;
 use crate::real::Real;
-use crate::shape::Shape;
+use crate::shape::{Magnitudes, Shape};
 
 /// Scaled scores `S = Q·Kᵀ · scale (+ bias)`, `[n_queries, n_keys]`; `-inf` where a pair is hidden.
 #[derive(Debug, Clone, PartialEq)]
@@ -73,9 +74,9 @@ pub fn attention<T: Real>(
     v: ArrayView2<T>,
     options: &AttentionOptions<T>,
 ) -> Result<Array2<T>, AttentionError> {
-    let shape = Shape::check(&q, &k, &v)?;
+    let (shape, magnitudes) = Shape::check_measured(&q, &k, &v)?;
     let mut out = Array2::zeros((shape.n_queries, shape.value_dim));
-    run(&shape, q, k, v, options, out.view_mut(), None)?;
+    run(&shape, &magnitudes, q, k, v, options, out.view_mut(), None)?;
     Ok(out)
 }
 
@@ -87,14 +88,14 @@ pub fn attention_into<T: Real>(
     options: &AttentionOptions<T>,
     out: ArrayViewMut2<T>,
 ) -> Result<(), AttentionError> {
-    let shape = Shape::check(&q, &k, &v)?;
+    let (shape, magnitudes) = Shape::check_measured(&q, &k, &v)?;
     if out.shape() != [shape.n_queries, shape.value_dim] {
         return Err(AttentionError::OutputShape {
             expected: Dims(vec![shape.n_queries, shape.value_dim]),
             found: out.shape().into(),
         });
     }
-    run(&shape, q, k, v, options, out, None)
+    run(&shape, &magnitudes, q, k, v, options, out, None)
 }
 
 /// Scaled dot-product attention that also returns the scores and the weight matrix.
@@ -104,17 +105,20 @@ pub fn attention_with_weights<T: Real>(
     v: ArrayView2<T>,
     options: &AttentionOptions<T>,
 ) -> Result<Attention<T>, AttentionError> {
-    let shape = Shape::check(&q, &k, &v)?;
+    let (shape, magnitudes) = Shape::check_measured(&q, &k, &v)?;
     let mut out = Array2::zeros((shape.n_queries, shape.value_dim));
     let mut scores = Array2::zeros((shape.n_queries, shape.n_keys));
     let mut weights = Array2::zeros((shape.n_queries, shape.n_keys));
-    run(&shape, q, k, v, options, out.view_mut(), Some((scores.view_mut(), weights.view_mut())))?;
+    let matrices = Some((scores.view_mut(), weights.view_mut()));
+    run(&shape, &magnitudes, q, k, v, options, out.view_mut(), matrices)?;
     Ok(Attention { scores: Scores(scores), weights: AttentionWeights(weights), output: out })
 }
 
 /// Resolves the masks, then hands a checked problem to a path.
+#[allow(clippy::too_many_arguments)] // one checked problem, passed through unchanged
 pub(crate) fn run<T: Real>(
     shape: &Shape,
+    magnitudes: &Magnitudes,
     q: ArrayView2<T>,
     k: ArrayView2<T>,
     v: ArrayView2<T>,
@@ -123,5 +127,14 @@ pub(crate) fn run<T: Real>(
     matrices: Option<(ArrayViewMut2<T>, ArrayViewMut2<T>)>,
 ) -> Result<(), AttentionError> {
     let masks = options.resolve(shape)?;
-    blocked::attend(shape, q, k, v, &masks, out, matrices)
+    match matrices {
+        // Output only: the tiled path, unless an intermediate could overflow (then the blocked
+        // path runs, which also names the query whose score overflows).
+        None if flash::stays_finite(shape, magnitudes, &masks) => {
+            flash::attend(shape, q, k, v, &masks, out);
+            Ok(())
+        }
+        // The weights are an `n_q × n_k` matrix by definition: the blocked path fills it.
+        _ => blocked::attend(shape, q, k, v, &masks, out, matrices),
+    }
 }

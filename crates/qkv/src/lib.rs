@@ -29,6 +29,8 @@
 mod attention;
 mod blocked;
 mod error;
+mod flash;
+mod kernels;
 mod mask;
 mod multi_head;
 mod projection;

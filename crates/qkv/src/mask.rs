@@ -155,17 +155,27 @@ impl<'a, T: Real> AttentionOptions<'a, T> {
                 found: padding.shape().into(),
             });
         }
+        let mut bias_magnitude = 0.0;
         if let Some(AdditiveBias(bias)) = &self.bias {
             check2("bias", bias.shape())?;
-            for ((i, j), &b) in bias.indexed_iter() {
-                if b.is_nan() || b == T::infinity() {
-                    return Err(AttentionError::NonFinite {
-                        argument: "bias",
-                        index: Dims(vec![i, j]),
-                        value: b.to_f64_exact(),
-                    });
-                }
+            // One pass finds the largest finite |bias| (the fast path bounds its scores with it)
+            // and whether any term is NaN or +inf; only then is the index looked up.
+            let (bad, largest) = match bias.as_slice_memory_order() {
+                Some(terms) => scan_bias(terms),
+                None => scan_bias(&bias.iter().copied().collect::<Vec<_>>()),
+            };
+            if bad {
+                let ((i, j), &b) = bias
+                    .indexed_iter()
+                    .find(|(_, b)| b.is_nan() || **b == T::infinity())
+                    .expect("a bad term was seen");
+                return Err(AttentionError::NonFinite {
+                    argument: "bias",
+                    index: Dims(vec![i, j]),
+                    value: b.to_f64_exact(),
+                });
             }
+            bias_magnitude = largest.to_f64_exact();
         }
         let scale = match self.scale {
             Some(s) if !s.is_finite() => {
@@ -174,8 +184,27 @@ impl<'a, T: Real> AttentionOptions<'a, T> {
             Some(s) => s.to_f64_exact(),
             None => 1.0 / (shape.key_dim as f64).sqrt(),
         };
-        Ok(MaskSet { options: self, shape: *shape, scale })
+        Ok(MaskSet { options: self, shape: *shape, scale, bias_magnitude })
     }
+}
+
+/// Whether any bias term is NaN or `+inf`, and the largest finite `|term|`: sixteen independent
+/// lanes, so that the pass over `n_q × n_k` terms vectorises.
+fn scan_bias<T: Real>(terms: &[T]) -> (bool, T) {
+    let scan = |(bad, largest): (bool, T), &b: &T| {
+        // NaN and +inf are errors; -inf (a hidden pair) counts as 0.
+        let magnitude = if b.is_finite() { b.abs() } else { T::zero() };
+        (bad | b.is_nan() | (b == T::infinity()), if magnitude > largest { magnitude } else { largest })
+    };
+    let mut lanes = [(false, T::zero()); 16];
+    let chunks = terms.chunks_exact(16);
+    let tail = chunks.remainder().iter().fold((false, T::zero()), scan);
+    for chunk in chunks {
+        for (lane, b) in lanes.iter_mut().zip(chunk) {
+            *lane = scan(*lane, b);
+        }
+    }
+    lanes.iter().fold(tail, |(bad, largest), &(b, l)| (bad | b, if l > largest { l } else { largest }))
 }
 
 /// Options checked against a [`Shape`]: every index inside is in range.
@@ -185,12 +214,21 @@ pub(crate) struct MaskSet<'o, 'a, T> {
     shape: Shape,
     /// The score multiplier, in f64; paths narrow it to their element type.
     pub(crate) scale: f64,
+    /// The largest finite `|bias|` (0 without a bias), for bounding the scores.
+    pub(crate) bias_magnitude: f64,
 }
 
 impl<T: Real> MaskSet<'_, '_, T> {
     /// Whether only the scale applies (no mask, no bias), so a path may skip [`Self::apply_row`].
     pub(crate) fn is_unmasked(&self) -> bool {
         self.options.is_unmasked()
+    }
+
+    /// Whether a mask beyond the causal one (keep-mask, padding, bias) applies, so that a tile
+    /// inside the causal range still needs [`Self::apply_row`].
+    pub(crate) fn has_elementwise_masks(&self) -> bool {
+        let o = self.options;
+        o.keep.is_some() || o.padding.is_some() || o.bias.is_some()
     }
 
     /// Keys that the causal mask leaves visible to query `query_idx` (all keys without one).
@@ -212,31 +250,40 @@ impl<T: Real> MaskSet<'_, '_, T> {
     /// `-inf` where a pair is hidden. Returns whether any key in the row stays visible.
     pub(crate) fn apply_row<U: Real>(&self, query_idx: usize, keys: Range<usize>, row: &mut [U]) -> bool {
         debug_assert_eq!(row.len(), keys.len());
-        let visible = self.visible_keys(query_idx);
         let o = self.options;
-        let mut any = false;
-        for (j, s) in keys.zip(row.iter_mut()) {
-            let mut keep = visible.contains(&j);
-            if let Some(KeepMask(m)) = &o.keep {
-                keep &= m[[query_idx, j]];
+        // Each mask in turn over the whole segment (a pass per mask runs far faster than checking
+        // every mask per pair). A hidden pair ends at -inf whichever mask hides it; adding a
+        // finite bias term to -inf leaves it there.
+        let visible = self.visible_keys(query_idx);
+        let (lo, hi) = (visible.start.clamp(keys.start, keys.end), visible.end.clamp(keys.start, keys.end));
+        row[..lo - keys.start].fill(U::neg_infinity());
+        row[hi - keys.start..].fill(U::neg_infinity());
+        let hide_where_false = |row: &mut [U], keep: ArrayView1<bool>| match keep.as_slice() {
+            Some(keep) => {
+                row.iter_mut().zip(keep).filter(|(_, k)| !**k).for_each(|(s, _)| *s = U::neg_infinity())
             }
-            if let Some(KeyPadding(p)) = &o.padding {
-                keep &= p[j];
-            }
-            if keep && let Some(AdditiveBias(b)) = &o.bias {
-                let b = b[[query_idx, j]];
-                if b == T::neg_infinity() {
-                    keep = false;
+            None => row.iter_mut().zip(keep).filter(|(_, k)| !**k).for_each(|(s, _)| *s = U::neg_infinity()),
+        };
+        if let Some(KeepMask(m)) = &o.keep {
+            hide_where_false(row, m.slice(ndarray::s![query_idx, keys.clone()]));
+        }
+        if let Some(KeyPadding(p)) = &o.padding {
+            hide_where_false(row, p.slice(ndarray::s![keys.clone()]));
+        }
+        if let Some(AdditiveBias(b)) = &o.bias {
+            let add = |(s, &b): (&mut U, &T)| {
+                *s = if b == T::neg_infinity() {
+                    U::neg_infinity()
                 } else {
-                    *s = *s + U::from_f64_round(b.to_f64_exact());
-                }
-            }
-            if keep {
-                any = true;
-            } else {
-                *s = U::neg_infinity();
+                    *s + U::from_f64_round(b.to_f64_exact())
+                };
+            };
+            let terms = b.slice(ndarray::s![query_idx, keys.clone()]);
+            match terms.as_slice() {
+                Some(terms) => row.iter_mut().zip(terms).for_each(add),
+                None => row.iter_mut().zip(terms).for_each(add),
             }
         }
-        any
+        row.iter().any(|s| *s != U::neg_infinity())
     }
 }

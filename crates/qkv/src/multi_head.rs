@@ -8,7 +8,7 @@ use crate::attention::run;
 use crate::error::AttentionError;
 use crate::mask::AttentionOptions;
 use crate::real::Real;
-use crate::shape::{Shape, check_finite};
+use crate::shape::{Magnitudes, Shape};
 
 /// Attention for every (batch, query head) pair.
 ///
@@ -45,9 +45,7 @@ pub fn multi_head_attention<T: Real>(
         return Err(AttentionError::HeadCount { query_heads, kv_heads });
     }
     let shape = Shape::of_dims(q.shape(), k.shape(), v.shape())?;
-    check_finite("queries", &q)?;
-    check_finite("keys", &k)?;
-    check_finite("values", &v)?;
+    let magnitudes = Magnitudes::measure(&q, &k, &v)?;
     options.resolve(&shape)?;
 
     let group = query_heads / kv_heads;
@@ -59,6 +57,7 @@ pub fn multi_head_attention<T: Real>(
         let kv = h / group;
         run(
             &shape,
+            &magnitudes,
             q.slice(s![b, h, .., ..]),
             k.slice(s![b, kv, .., ..]),
             v.slice(s![b, kv, .., ..]),

@@ -5,6 +5,8 @@ use std::fmt::{Debug, Display};
 use ndarray::LinalgScalar;
 use num_traits::Float;
 
+use crate::kernels::Element;
+
 mod sealed {
     pub trait Sealed {}
     impl Sealed for f32 {}
@@ -13,9 +15,10 @@ mod sealed {
 
 /// A floating-point element the engine accepts: `f32` or `f64`.
 ///
-/// Sealed so that kernels may specialise on exactly these two types.
+/// Sealed so that kernels may specialise on exactly these two types (`Element` gives each its
+/// SIMD vector type).
 pub trait Real:
-    Float + LinalgScalar + Send + Sync + Debug + Display + Default + sealed::Sealed + 'static
+    Float + LinalgScalar + Send + Sync + Debug + Display + Default + sealed::Sealed + Element + 'static
 {
     /// The name of the type, for messages (`"f32"`, `"f64"`).
     const NAME: &'static str;

@@ -41,6 +41,81 @@ fn awkward_sizes_match_reference() {
     }
 }
 
+/// The fast path's grid: sizes one below, at and above the SIMD width (16), the key panel (32),
+/// the tiles (64) and twice the tile, plus 1 and a size that is not a power of two.
+const GRID_SIZES: [usize; 12] = [1, 2, 15, 16, 17, 63, 64, 65, 127, 128, 129, 1000];
+/// Head widths: below, at and above the SIMD width, and the common 64, 80 and 128.
+const GRID_DIMS: [usize; 7] = [1, 2, 3, 8, 64, 80, 128];
+
+/// The output-only path (the tiled kernel) against the reference, writing into a NaN-filled
+/// output so that an element it forgets fails.
+fn check_fast_path<T: Real>(seed: u64, dims: (usize, usize, usize, usize), magnitude: f64, mask: MaskKind) {
+    let p = Problem::<T>::random(seed, dims, magnitude, mask);
+    let options = p.options();
+    let want = qkv::reference::attention(p.q.view(), p.k.view(), p.v.view(), &options).unwrap();
+    let (_, output_bound) = error_bound(&want, &p.v);
+    let mut out = ndarray::Array2::from_elem((dims.0, dims.3), T::nan());
+    qkv::attention_into(p.q.view(), p.k.view(), p.v.view(), &options, out.view_mut()).unwrap();
+    let ctx = format!("{} {dims:?} x{magnitude} {mask:?} seed {seed}", T::NAME);
+    assert_close(&format!("fast output {ctx}"), &out, &want.output, output_bound);
+}
+
+#[test]
+fn fast_path_matches_reference_on_the_awkward_grid() {
+    // Every size meets every width once (n_q != n_k for most pairs), the masks rotating through.
+    for (i, &n_q) in GRID_SIZES.iter().enumerate() {
+        for (j, &d) in GRID_DIMS.iter().enumerate() {
+            let n_k = GRID_SIZES[(i + 3 * j + 1) % GRID_SIZES.len()];
+            let d_v = GRID_DIMS[(j + i) % GRID_DIMS.len()];
+            let mask = MASK_KINDS[(i + j) % MASK_KINDS.len()];
+            let seed = (i * 100 + j) as u64;
+            check_fast_path::<f32>(seed, (n_q, n_k, d, d_v), 1.0, mask);
+            if n_q * n_k * d <= 200_000 {
+                check_fast_path::<f64>(seed, (n_q, n_k, d, d_v), 1.0, mask);
+            }
+        }
+    }
+    // No queries at all, and views whose rows are not contiguous (a column slice, reversed keys).
+    check_fast_path::<f32>(3, (0, 70, 8, 16), 1.0, MaskKind::CausalBottomRight);
+    let p = Problem::<f32>::random(8, (70, 130, 64, 48), 1.0, MaskKind::None);
+    let (q, k, v) = (
+        p.q.slice(ndarray::s![.., ..40]),
+        p.k.slice(ndarray::s![..;-1, ..40]),
+        p.v.slice(ndarray::s![..;-1, ..32]),
+    );
+    let options = qkv::AttentionOptions::new().causal(qkv::CausalMask::TopLeft);
+    let want = qkv::reference::attention(q, k, v, &options).unwrap();
+    let got = qkv::attention(q, k, v, &options).unwrap();
+    assert_close("strided views", &got, &want.output, error_bound(&want, &v.to_owned()).1);
+    // Square problems over several tiles with every mask; n = 1000 over itself with the masks
+    // that decide tile skipping (the reference takes seconds there in a debug build).
+    for mask in MASK_KINDS {
+        check_fast_path::<f32>(1, (129, 129, 64, 64), 1.0, mask);
+    }
+    for mask in [MaskKind::CausalBottomRight, MaskKind::PaddingBlocks] {
+        check_fast_path::<f32>(2, (1000, 1000, 64, 64), 1.0, mask);
+    }
+}
+
+#[test]
+fn fast_path_keeps_huge_scores_finite() {
+    // Entries up to 40 with d = 64: scores reach about ±1e4.
+    for mask in MASK_KINDS {
+        check_fast_path::<f32>(9, (130, 200, 64, 16), 40.0, mask);
+        check_fast_path::<f64>(10, (70, 65, 64, 16), 40.0, mask);
+    }
+}
+
+#[test]
+fn decoding_splits_match_reference() {
+    // One to a few queries over many keys: the keys are split and the partial states merged.
+    for mask in MASK_KINDS {
+        check_fast_path::<f32>(4, (1, 5000, 64, 64), 1.0, mask);
+        check_fast_path::<f32>(5, (70, 3000, 16, 24), 1.0, mask);
+        check_fast_path::<f64>(6, (2, 2100, 8, 8), 1.0, mask);
+    }
+}
+
 #[test]
 fn huge_scores_stay_finite_and_match() {
     // Scores near ±1e4: without subtracting the row max, exp would overflow.

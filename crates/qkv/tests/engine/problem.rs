@@ -17,15 +17,18 @@ pub enum MaskKind {
     Padding,
     /// A random bias, `-inf` in places.
     Bias,
+    /// Padding that hides every other block of 64 keys: whole tiles with nothing visible.
+    PaddingBlocks,
 }
 
-pub const MASK_KINDS: [MaskKind; 6] = [
+pub const MASK_KINDS: [MaskKind; 7] = [
     MaskKind::None,
     MaskKind::CausalBottomRight,
     MaskKind::CausalTopLeft,
     MaskKind::KeepWithEmptyRows,
     MaskKind::Padding,
     MaskKind::Bias,
+    MaskKind::PaddingBlocks,
 ];
 
 /// Inputs of one attention problem, with the data its masks borrow from.
@@ -57,7 +60,10 @@ impl<T: Real> Problem<T> {
         let k = matrix(n_k, d_k, &mut rng);
         let v = matrix(n_k, d_v, &mut rng);
         let keep = Array2::from_shape_fn((n_q, n_k), |(i, _)| i % 3 != 1 && rng.random_bool(0.6));
-        let padding = Array1::from_shape_fn(n_k, |j| j == 0);
+        let padding = match mask {
+            MaskKind::PaddingBlocks => Array1::from_shape_fn(n_k, |j| (j / 64) % 2 == 0),
+            _ => Array1::from_shape_fn(n_k, |j| j == 0),
+        };
         let bias = Array2::from_shape_simple_fn((n_q, n_k), || {
             if rng.random_bool(0.2) {
                 T::neg_infinity()
@@ -75,7 +81,9 @@ impl<T: Real> Problem<T> {
             MaskKind::CausalBottomRight => o.causal(CausalMask::BottomRight),
             MaskKind::CausalTopLeft => o.causal(CausalMask::TopLeft),
             MaskKind::KeepWithEmptyRows => o.keep_mask(KeepMask::new(self.keep.view())),
-            MaskKind::Padding => o.key_padding(KeyPadding::new(self.padding.view())),
+            MaskKind::Padding | MaskKind::PaddingBlocks => {
+                o.key_padding(KeyPadding::new(self.padding.view()))
+            }
             MaskKind::Bias => o.bias(AdditiveBias::new(self.bias.view())),
         }
     }

@@ -80,6 +80,25 @@ fn results_do_not_depend_on_thread_count() {
 }
 
 #[test]
+fn fast_path_results_do_not_depend_on_thread_count() {
+    // Output only (the tiled path), including decoding shapes whose keys are split across tasks.
+    for mask in MASK_KINDS {
+        for dims in [(300, 257, 16, 8), (1, 5000, 32, 16), (65, 3000, 8, 8)] {
+            let p = Problem::<f32>::random(3, dims, 2.0, mask);
+            let run = |threads| {
+                let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+                pool.install(|| qkv::attention(p.q.view(), p.k.view(), p.v.view(), &p.options()).unwrap())
+            };
+            let (one, two, three) = (run(1), run(2), run(3));
+            assert!(
+                one == two && two == three,
+                "{mask:?} {dims:?}: results differ between 1, 2 and 3 threads"
+            );
+        }
+    }
+}
+
+#[test]
 fn huge_scores_give_finite_results() {
     let q = ndarray::array![[100.0_f32, -100.0], [-100.0, 100.0]];
     let k = ndarray::array![[100.0_f32, 0.0], [0.0, 100.0], [-100.0, -100.0]];

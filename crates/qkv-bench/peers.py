@@ -1,0 +1,169 @@
+#!/usr/bin/env python3
+"""qkv's Python peers: NumPy (matmul, softmax, matmul) and, when installed, PyTorch's fused
+``scaled_dot_product_attention``, timed on the shapes of ``cargo xtask bench`` (f32, d = 64) and
+printed with the same columns.
+
+    python3 crates/qkv-bench/peers.py [--quick] [--json FILE]
+
+Each library runs in its own child process: NumPy's with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE
+removed from the environment (they may be set on this machine and would pin OpenBLAS to a slower
+kernel), PyTorch's with the environment as it is.
+"""
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+D = 64
+# (label, batch, heads, kv_heads, n_q, n_k, causal): the same cases as crates/qkv-bench/src/cases.rs.
+CASES = [
+    ("n=256", 1, 1, 1, 256, 256, False),
+    ("n=1024", 1, 1, 1, 1024, 1024, False),
+    ("n=1024 causal", 1, 1, 1, 1024, 1024, True),
+    ("n=4096", 1, 1, 1, 4096, 4096, False),
+    ("n=4096 causal", 1, 1, 1, 4096, 4096, True),
+    ("n=16384", 1, 1, 1, 16384, 16384, False),
+    ("n=16384 causal", 1, 1, 1, 16384, 16384, True),
+    ("8h n=1024", 1, 8, 8, 1024, 1024, False),
+    ("8h n=1024 causal", 1, 8, 8, 1024, 1024, True),
+    ("gqa 8/2 n=1024", 1, 8, 2, 1024, 1024, False),
+    ("decode 1x16384", 1, 1, 1, 1, 16384, False),
+]
+
+
+def flops(batch, heads, n_q, n_k, causal):
+    full = 4.0 * batch * heads * n_q * n_k * D
+    return full / 2 if causal else full
+
+
+def median_seconds(fn, quick):
+    fn()  # warm-up
+    start = time.perf_counter()
+    fn()
+    once = time.perf_counter() - start
+    runs = 3 if once > 2.0 else (5 if quick else max(7, min(51, int(3.0 / max(once, 1e-4)))))
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def numpy_rows(quick):
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for label, b, h, kv, n_q, n_k, causal in CASES:
+        if quick and n_q * n_k > 4096 * 4096:
+            continue
+        q = rng.uniform(-1, 1, (b, h, n_q, D)).astype(np.float32)
+        k = rng.uniform(-1, 1, (b, kv, n_k, D)).astype(np.float32)
+        v = rng.uniform(-1, 1, (b, kv, n_k, D)).astype(np.float32)
+        k, v = np.repeat(k, h // kv, axis=1), np.repeat(v, h // kv, axis=1)
+        mask = None
+        if causal:
+            mask = np.triu(np.full((n_q, n_k), -np.inf, dtype=np.float32), k=n_k - n_q + 1)
+        scale = np.float32(1.0 / np.sqrt(D))
+
+        def run():
+            s = (q @ np.swapaxes(k, -1, -2)) * scale
+            if mask is not None:
+                s += mask
+            s -= s.max(axis=-1, keepdims=True)
+            np.exp(s, out=s)
+            s /= s.sum(axis=-1, keepdims=True)
+            return s @ v
+
+        t = median_seconds(run, quick)
+        rows.append(row(label, "numpy unfused", b, h, kv, n_q, n_k, causal, os.cpu_count(), t))
+    return rows
+
+
+def torch_rows(quick):
+    try:
+        import torch
+        import torch.nn.functional as F
+    except ImportError:
+        print("PyTorch is not installed: skipping scaled_dot_product_attention", file=sys.stderr)
+        return []
+    rows = []
+    torch.manual_seed(0)
+    for threads in (torch.get_num_threads(), 1):
+        torch.set_num_threads(threads)
+        for label, b, h, kv, n_q, n_k, causal in CASES:
+            if threads == 1 and (quick or n_q * n_k > 4096 * 4096):
+                continue
+            q = torch.rand(b, h, n_q, D) * 2 - 1
+            k = torch.rand(b, kv, n_k, D) * 2 - 1
+            v = torch.rand(b, kv, n_k, D) * 2 - 1
+            gqa = h != kv
+            # Bottom-right causal alignment, as qkv's default (is_causal is top-left; equal when n_q = n_k).
+            kwargs = {"is_causal": causal}
+            if gqa:
+                kwargs["enable_gqa"] = True
+
+            def run():
+                with torch.inference_mode():
+                    return F.scaled_dot_product_attention(q, k, v, **kwargs)
+
+            t = median_seconds(run, quick)
+            rows.append(row(label, f"torch {torch.__version__} sdpa", b, h, kv, n_q, n_k, causal, threads, t))
+    return rows
+
+
+def row(label, implementation, b, h, kv, n_q, n_k, causal, threads, seconds):
+    return {
+        "shape": label,
+        "implementation": implementation,
+        "batch": b,
+        "heads": h,
+        "kv_heads": kv,
+        "n_q": n_q,
+        "n_k": n_k,
+        "d": D,
+        "causal": causal,
+        "threads": threads,
+        "median_ms": seconds * 1e3,
+        "gflops": flops(b, h, n_q, n_k, causal) / seconds / 1e9,
+    }
+
+
+def worker(kind, quick):
+    rows = numpy_rows(quick) if kind == "numpy" else torch_rows(quick)
+    json.dump(rows, sys.stdout)
+
+
+def main():
+    args = sys.argv[1:]
+    quick = "--quick" in args
+    if "--worker" in args:
+        worker(args[args.index("--worker") + 1], quick)
+        return
+    json_path = args[args.index("--json") + 1] if "--json" in args else None
+    rows = []
+    for kind in ("numpy", "torch"):
+        env = dict(os.environ)
+        if kind == "numpy":
+            env.pop("OPENBLAS_CORETYPE", None)
+            env.pop("OPENBLAS_L2_SIZE", None)
+        command = [sys.executable, __file__, "--worker", kind] + (["--quick"] if quick else [])
+        out = subprocess.run(command, env=env, check=True, capture_output=True, text=True)
+        sys.stderr.write(out.stderr)
+        rows += json.loads(out.stdout)
+    print(f"| {'shape (d = 64)':<22} | {'implementation':<36} | {'threads':>7} | {'median ms':>10} | {'GFLOP/s':>8} |")
+    print(f"|{':':-<24}|{':':-<38}|{':':->9}|{':':->12}|{':':->10}|")
+    for r in sorted(rows, key=lambda r: [c[0] for c in CASES].index(r["shape"])):
+        print(f"| {r['shape']:<22} | {r['implementation']:<36} | {r['threads']:>7} | {r['median_ms']:>10.3f} | {r['gflops']:>8.1f} |")
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(rows, f, indent=2)
+        print(f"wrote {json_path}")
+
+
+if __name__ == "__main__":
+    main()

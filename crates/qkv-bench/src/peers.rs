@@ -1,0 +1,148 @@
+//! The implementations the table compares: qkv (all threads, one thread), the f64 reference, an
+//! unfused `ndarray` matmul → softmax → matmul, and with the `peers` feature candle's unfused
+//! attention and the `gemm` crate's f32 GEMM (the ceiling).
+
+use anyhow::Result;
+use ndarray::{Array2, Array4, Axis, s};
+use qkv::{AttentionOptions, CausalMask};
+use rayon::prelude::*;
+
+use crate::cases::{Case, Inputs};
+
+/// One implementation ready to run on one case (inputs already converted, outside the timing).
+pub struct Runner<'a> {
+    pub name: String,
+    /// `Some(n)` to run in a pool of `n` threads; `None` for the default pool.
+    pub threads: Option<usize>,
+    pub run: Box<dyn FnMut() -> Result<Array4<f32>> + Send + 'a>,
+}
+
+/// Problems whose `n_q × n_k` score matrix would not fit comfortably are left to qkv alone.
+const UNFUSED_LIMIT: usize = 16384 * 16384;
+/// The scalar reference runs on the small shapes only.
+const REFERENCE_LIMIT: usize = 256 * 256;
+
+/// Every implementation that applies to `case`, qkv first (the others are checked against it).
+pub fn runners<'a>(case: &Case, inputs: &'a Inputs, quick: bool) -> Result<Vec<Runner<'a>>> {
+    let case = *case;
+    let pairs = case.n_q * case.n_k;
+    let mut runners =
+        vec![Runner { name: "qkv".into(), threads: None, run: Box::new(move || qkv_fast(case, inputs)) }];
+    if pairs <= if quick { 4096 * 4096 } else { UNFUSED_LIMIT } {
+        runners.push(Runner {
+            name: "qkv".into(),
+            threads: Some(1),
+            run: Box::new(move || qkv_fast(case, inputs)),
+        });
+    }
+    if pairs <= REFERENCE_LIMIT && case.heads == 1 {
+        runners.push(Runner {
+            name: "qkv reference (f64)".into(),
+            threads: Some(1),
+            run: Box::new(move || reference(case, inputs)),
+        });
+    }
+    if pairs <= if quick { 4096 * 4096 } else { UNFUSED_LIMIT } {
+        runners.push(Runner {
+            name: "ndarray unfused".into(),
+            threads: None,
+            run: Box::new(move || Ok(ndarray_unfused(case, inputs))),
+        });
+        #[cfg(feature = "peers")]
+        runners.push(candle::runner(case, inputs)?);
+    }
+    Ok(runners)
+}
+
+fn options(case: Case) -> AttentionOptions<'static, f32> {
+    let options = AttentionOptions::new();
+    if case.causal { options.causal(CausalMask::BottomRight) } else { options }
+}
+
+/// The public API as an embedder calls it.
+fn qkv_fast(case: Case, inputs: &Inputs) -> Result<Array4<f32>> {
+    let Inputs { q, k, v } = inputs;
+    if case.batch * case.heads == 1 {
+        let out = qkv::attention(
+            q.slice(s![0, 0, .., ..]),
+            k.slice(s![0, 0, .., ..]),
+            v.slice(s![0, 0, .., ..]),
+            &options(case),
+        )?;
+        return Ok(out.insert_axis(Axis(0)).insert_axis(Axis(0)));
+    }
+    Ok(qkv::multi_head_attention(q.view(), k.view(), v.view(), &options(case))?)
+}
+
+fn reference(case: Case, inputs: &Inputs) -> Result<Array4<f32>> {
+    let Inputs { q, k, v } = inputs;
+    let r = qkv::reference::attention(
+        q.slice(s![0, 0, .., ..]),
+        k.slice(s![0, 0, .., ..]),
+        v.slice(s![0, 0, .., ..]),
+        &options(case),
+    )?;
+    Ok(r.output.mapv(|x| x as f32).insert_axis(Axis(0)).insert_axis(Axis(0)))
+}
+
+/// The textbook three steps with `ndarray` (its `matrixmultiply` GEMM), the queries cut into
+/// blocks of 256 rows that run in parallel.
+fn ndarray_unfused(case: Case, inputs: &Inputs) -> Array4<f32> {
+    const ROWS: usize = 256;
+    let Inputs { q, k, v } = inputs;
+    let group = case.heads / case.kv_heads;
+    let scale = 1.0 / (case.d as f32).sqrt();
+    let tasks: Vec<(usize, usize, usize)> = (0..case.batch)
+        .flat_map(|b| (0..case.heads).flat_map(move |h| (0..case.n_q).step_by(ROWS).map(move |r| (b, h, r))))
+        .collect();
+    let blocks: Vec<Array2<f32>> = tasks
+        .par_iter()
+        .map(|&(b, h, r0)| {
+            let r1 = (r0 + ROWS).min(case.n_q);
+            let kv = h / group;
+            let (qb, kb, vb) =
+                (q.slice(s![b, h, r0..r1, ..]), k.slice(s![b, kv, .., ..]), v.slice(s![b, kv, .., ..]));
+            let mut scores = qb.dot(&kb.t()) * scale;
+            for (i, mut row) in scores.axis_iter_mut(Axis(0)).enumerate() {
+                let visible = if case.causal { r0 + i + 1 + case.n_k - case.n_q } else { case.n_k };
+                row.slice_mut(s![visible.min(case.n_k)..]).fill(f32::NEG_INFINITY);
+                let max = row.fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+                row.mapv_inplace(|x| (x - max).exp());
+                let sum = row.sum();
+                row /= sum;
+            }
+            scores.dot(&vb)
+        })
+        .collect();
+    let mut out = Array4::zeros((case.batch, case.heads, case.n_q, case.d));
+    for (&(b, h, r0), block) in tasks.iter().zip(&blocks) {
+        out.slice_mut(s![b, h, r0..r0 + block.nrows(), ..]).assign(block);
+    }
+    out
+}
+
+/// The machine's f32 GEMM rate, measured with the `gemm` crate.
+pub struct Ceiling {
+    pub label: String,
+    pub gflops: f64,
+    pub median_ms: f64,
+}
+
+/// Times a square f32 GEMM on all threads (`None` without the `peers` feature).
+pub fn gemm_ceiling(quick: bool) -> Option<Ceiling> {
+    #[cfg(feature = "peers")]
+    {
+        Some(ceiling::measure(quick))
+    }
+    #[cfg(not(feature = "peers"))]
+    {
+        let _ = quick;
+        None
+    }
+}
+
+#[cfg(feature = "peers")]
+mod ceiling;
+
+#[cfg(feature = "peers")]
+mod candle;
