@@ -152,10 +152,12 @@ impl<'v, T: Real> Packed<'v, T> {
         let panel_len = k.ncols() * KEY_VECTORS;
         let panels = if pack_keys { k.nrows().div_ceil(width) } else { 0 };
         let mut keys = vec![V::<T>::default(); panels * panel_len];
-        // At least 8 panels (512 keys) per task: a small problem packs on one thread instead of
-        // paying for the hand-over.
+        // Two panels (128 keys) per task, so that even a small problem (n = 256: 4 panels) hands
+        // half its packing to another thread: that thread is then awake when the query blocks
+        // are handed out. At 8 panels per task, n = 256 packed on one thread and its second
+        // thread woke too late to take a block (2 threads ran no faster than 1).
         keys.par_chunks_mut(panel_len)
-            .with_min_len(8)
+            .with_min_len(2)
             .enumerate()
             .for_each(|(p, panel)| kernels::pack_key_panel(k, p * width, panel));
         let value_vectors = kernels::vectors_for::<T>(v.ncols());
