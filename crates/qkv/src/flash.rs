@@ -249,7 +249,18 @@ impl<T: Real> Problem<'_, '_, '_, T> {
                 kernels::direct_scores(&q, rows, k, &mut s, s_stride);
             } else {
                 let keys = &packed.keys[panel0..];
-                kernels::scores(&q, d, rows, keys, panels, &mut s, s_stride, &mut row_max);
+                // A causal tile on the diagonal: each group of rows needs the keys up to its
+                // last row's visible end; the scores past it are hidden below.
+                let trim = !elementwise && start + n_keys > clean_below;
+                let group_keys = |g: usize| {
+                    if trim {
+                        let last = first + (g + kernels::SCORE_ROWS).min(rows) - 1;
+                        masks.visible_keys(last).end.saturating_sub(start)
+                    } else {
+                        usize::MAX
+                    }
+                };
+                kernels::scores(&q, d, rows, keys, panels, &mut s, s_stride, &mut row_max, group_keys);
             }
             let used = kernels::vectors_for::<T>(n_keys);
             let clean = start + n_keys <= clean_below;
@@ -289,8 +300,26 @@ impl<T: Real> Problem<'_, '_, '_, T> {
                 state.l[r] = state.l[r] * alpha[r] + sums[r];
             }
             let values = packed.values_from(start);
-            let weights = kernels::Weights { p: &s, stride: s_stride, rows, n_keys };
-            kernels::accumulate_values(weights, &alpha, values, dv, &mut state.o);
+            if clean || elementwise {
+                let weights = kernels::Weights { p: &s, stride: s_stride, rows, n_keys };
+                kernels::accumulate_values(weights, &alpha, values, dv, &mut state.o);
+            } else {
+                // A causal tile on the diagonal: each group of rows stops at the last key its
+                // last row sees. The weights past it are exact zeros, so the sums are unchanged
+                // and about half of the diagonal's `P·V` work is skipped.
+                for g in (0..rows).step_by(kernels::VALUE_ROWS) {
+                    let mr = kernels::VALUE_ROWS.min(rows - g);
+                    let end = masks.visible_keys(first + g + mr - 1).end.clamp(start, start + n_keys);
+                    let weights = kernels::Weights {
+                        p: &s[g * s_stride..],
+                        stride: s_stride,
+                        rows: mr,
+                        n_keys: end - start,
+                    };
+                    let o = &mut state.o[g * dv..(g + mr) * dv];
+                    kernels::accumulate_values(weights, &alpha[g..g + mr], values, dv, o);
+                }
+            }
         }
         state
     }
