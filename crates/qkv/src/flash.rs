@@ -243,7 +243,6 @@ impl<T: Real> Problem<'_, '_, '_, T> {
             let n_keys = KEY_BLOCK.min(reach - start);
             let panels = n_keys.div_ceil(width);
             let panel0 = (start - packed.first_key) / width * d * KEY_VECTORS;
-            row_max.fill(V::<T>::splat(T::neg_infinity()));
             if self.direct {
                 let k = self.k.slice(ndarray::s![start..start + n_keys, ..]);
                 kernels::direct_scores(&q, rows, k, &mut s, s_stride);

@@ -70,13 +70,23 @@ fn score_and_value_tiles_match_plain_loops() {
         pack_queries(q.view(), 0, rows, 0.5, &mut packed_q);
         let s_stride = panels * KEY_VECTORS;
         let mut s = vec![V::<f32>::splat(f32::NAN); rows * s_stride];
-        let mut row_max = vec![V::<f32>::splat(f32::NEG_INFINITY); rows];
+        // Stale maxima from an earlier tile must not leak into this one.
+        let mut row_max = vec![V::<f32>::splat(1e30); rows];
         scores(&packed_q, d, rows, &keys, panels, &mut s, s_stride, &mut row_max, |_| usize::MAX);
         let want = q.dot(&k.t()) * 0.5;
         let s_scalars = V::<f32>::scalars(&s);
         let lanes = s_stride * V::<f32>::LANES;
         for ((i, j), w) in want.indexed_iter() {
             assert!((s_scalars[i * lanes + j] - w).abs() < 1e-4, "S[{i}, {j}] for {rows}x{n_keys}x{d}");
+        }
+        // The row maxima cover every computed lane (padding included), whatever was in them.
+        for (i, m) in row_max.iter().enumerate() {
+            let row = &s_scalars[i * lanes..i * lanes + panels * width];
+            assert_eq!(
+                m.reduce_max(),
+                row.iter().copied().fold(f32::NEG_INFINITY, f32::max),
+                "max of row {i}"
+            );
         }
 
         let dv = vectors_for::<f32>(d_v);
