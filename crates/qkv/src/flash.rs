@@ -152,10 +152,12 @@ impl<'v, T: Real> Packed<'v, T> {
         let panel_len = k.ncols() * KEY_VECTORS;
         let panels = if pack_keys { k.nrows().div_ceil(width) } else { 0 };
         let mut keys = vec![V::<T>::default(); panels * panel_len];
-        // At least 8 panels (512 keys) per task: a small problem packs on one thread instead of
-        // paying for the hand-over.
+        // Two panels (128 keys) per task, so that even a small problem (n = 256: 4 panels) hands
+        // half its packing to another thread: that thread is then awake when the query blocks
+        // are handed out. At 8 panels per task, n = 256 packed on one thread and its second
+        // thread woke too late to take a block (2 threads ran no faster than 1).
         keys.par_chunks_mut(panel_len)
-            .with_min_len(8)
+            .with_min_len(2)
             .enumerate()
             .for_each(|(p, panel)| kernels::pack_key_panel(k, p * width, panel));
         let value_vectors = kernels::vectors_for::<T>(v.ncols());
@@ -241,13 +243,23 @@ impl<T: Real> Problem<'_, '_, '_, T> {
             let n_keys = KEY_BLOCK.min(reach - start);
             let panels = n_keys.div_ceil(width);
             let panel0 = (start - packed.first_key) / width * d * KEY_VECTORS;
-            row_max.fill(V::<T>::splat(T::neg_infinity()));
             if self.direct {
                 let k = self.k.slice(ndarray::s![start..start + n_keys, ..]);
                 kernels::direct_scores(&q, rows, k, &mut s, s_stride);
             } else {
                 let keys = &packed.keys[panel0..];
-                kernels::scores(&q, d, rows, keys, panels, &mut s, s_stride, &mut row_max);
+                // A causal tile on the diagonal: each group of rows needs the keys up to its
+                // last row's visible end; the scores past it are hidden below.
+                let trim = !elementwise && start + n_keys > clean_below;
+                let group_keys = |g: usize| {
+                    if trim {
+                        let last = first + (g + kernels::SCORE_ROWS).min(rows) - 1;
+                        masks.visible_keys(last).end.saturating_sub(start)
+                    } else {
+                        usize::MAX
+                    }
+                };
+                kernels::scores(&q, d, rows, keys, panels, &mut s, s_stride, &mut row_max, group_keys);
             }
             let used = kernels::vectors_for::<T>(n_keys);
             let clean = start + n_keys <= clean_below;
@@ -287,8 +299,26 @@ impl<T: Real> Problem<'_, '_, '_, T> {
                 state.l[r] = state.l[r] * alpha[r] + sums[r];
             }
             let values = packed.values_from(start);
-            let weights = kernels::Weights { p: &s, stride: s_stride, rows, n_keys };
-            kernels::accumulate_values(weights, &alpha, values, dv, &mut state.o);
+            if clean || elementwise {
+                let weights = kernels::Weights { p: &s, stride: s_stride, rows, n_keys };
+                kernels::accumulate_values(weights, &alpha, values, dv, &mut state.o);
+            } else {
+                // A causal tile on the diagonal: each group of rows stops at the last key its
+                // last row sees. The weights past it are exact zeros, so the sums are unchanged
+                // and about half of the diagonal's `P·V` work is skipped.
+                for g in (0..rows).step_by(kernels::VALUE_ROWS) {
+                    let mr = kernels::VALUE_ROWS.min(rows - g);
+                    let end = masks.visible_keys(first + g + mr - 1).end.clamp(start, start + n_keys);
+                    let weights = kernels::Weights {
+                        p: &s[g * s_stride..],
+                        stride: s_stride,
+                        rows: mr,
+                        n_keys: end - start,
+                    };
+                    let o = &mut state.o[g * dv..(g + mr) * dv];
+                    kernels::accumulate_values(weights, &alpha[g..g + mr], values, dv, o);
+                }
+            }
         }
         state
     }

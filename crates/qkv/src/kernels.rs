@@ -39,7 +39,7 @@ pub(crate) const KEY_VECTORS: usize = 4;
 /// Queries per `Q·Kᵀ` microtile.
 pub(crate) const SCORE_ROWS: usize = 6;
 /// Queries per `P·V` microtile.
-const VALUE_ROWS: usize = 6;
+pub(crate) const VALUE_ROWS: usize = 6;
 /// Vectors of value columns per `P·V` microtile: 6 × 4 = 24 accumulators.
 const VALUE_VECTORS: usize = 4;
 
@@ -154,8 +154,15 @@ pub(crate) fn direct_scores<T: Element + crate::Real>(
 
 /// `S[r, key] = Q_r · K_key` for `rows` packed queries (see [`pack_queries`]) against `panels`
 /// consecutive key panels, into `s` (`rows` rows of `s_stride` vectors, panel `p` at vectors
-/// `KEY_VECTORS·p ..`). Also folds each row's scores into `row_max[r]` (lane-wise), so that a
-/// tile that needs no masking has its row maxima without another pass.
+/// `KEY_VECTORS·p ..`). Also sets `row_max[r]` to the lane-wise maximum of each row's scores, so
+/// that a tile that needs no masking has its row maxima without another pass (the first panel
+/// sets it, the others fold into it: no fill beforehand, which the compiler turned into
+/// scatters).
+///
+/// `group_keys(g)` is how many of the tile's keys the rows of the group starting at row `g`
+/// need (`usize::MAX` for all): a full group of [`SCORE_ROWS`] computes only the vectors that
+/// hold them, and skips the panels past them. The scores it leaves out are stale, so the caller
+/// must hide them (a causal tile on the diagonal, where they are masked anyway).
 #[allow(clippy::too_many_arguments)] // the operands of one GEMM-like call, each needed
 pub(crate) fn scores<T: Element>(
     q: &[T],
@@ -166,49 +173,63 @@ pub(crate) fn scores<T: Element>(
     s: &mut [V<T>],
     s_stride: usize,
     row_max: &mut [V<T>],
+    group_keys: impl Fn(usize) -> usize,
 ) {
     let panel_len = d * KEY_VECTORS;
+    let width = key_panel_width::<T>();
     for p in 0..panels {
         let panel = &keys[p * panel_len..(p + 1) * panel_len];
         for g in (0..rows).step_by(SCORE_ROWS) {
             let mr = SCORE_ROWS.min(rows - g);
+            let needed = group_keys(g).saturating_sub(p * width);
+            if needed == 0 {
+                continue;
+            }
             let q = &q[g * d..(g + mr) * d];
             let s = &mut s[g * s_stride + p * KEY_VECTORS..];
             let m = &mut row_max[g..g + mr];
-            match mr {
-                6 => score_tile::<T, 6>(q, panel, s, s_stride, m),
-                5 => score_tile::<T, 5>(q, panel, s, s_stride, m),
-                4 => score_tile::<T, 4>(q, panel, s, s_stride, m),
-                3 => score_tile::<T, 3>(q, panel, s, s_stride, m),
-                2 => score_tile::<T, 2>(q, panel, s, s_stride, m),
-                _ => score_tile::<T, 1>(q, panel, s, s_stride, m),
+            let first = p == 0;
+            match (mr, vectors_for::<T>(needed)) {
+                (6, 1) => score_tile::<T, 6, 1>(q, panel, s, s_stride, m, first),
+                (6, 2) => score_tile::<T, 6, 2>(q, panel, s, s_stride, m, first),
+                (6, 3) => score_tile::<T, 6, 3>(q, panel, s, s_stride, m, first),
+                (6, _) => score_tile::<T, 6, KEY_VECTORS>(q, panel, s, s_stride, m, first),
+                // Partial groups compute the whole panel: the extra scores are harmless.
+                (5, _) => score_tile::<T, 5, KEY_VECTORS>(q, panel, s, s_stride, m, first),
+                (4, _) => score_tile::<T, 4, KEY_VECTORS>(q, panel, s, s_stride, m, first),
+                (3, _) => score_tile::<T, 3, KEY_VECTORS>(q, panel, s, s_stride, m, first),
+                (2, _) => score_tile::<T, 2, KEY_VECTORS>(q, panel, s, s_stride, m, first),
+                _ => score_tile::<T, 1, KEY_VECTORS>(q, panel, s, s_stride, m, first),
             }
         }
     }
 }
 
-/// One `MR × KEY_VECTORS` register tile of scores: the accumulators stay in registers across
-/// the whole `d` loop and are stored once.
+/// One `MR × NV` register tile of scores (the first `NV` of a panel's [`KEY_VECTORS`]): the
+/// accumulators stay in registers across the whole `d` loop and are stored once. Their maxima
+/// set `row_max` for the `first` panel and fold into it for the others.
 #[inline(always)]
-fn score_tile<T: Element, const MR: usize>(
+fn score_tile<T: Element, const MR: usize, const NV: usize>(
     q: &[T],
     panel: &[V<T>],
     s: &mut [V<T>],
     s_stride: usize,
     row_max: &mut [V<T>],
+    first: bool,
 ) {
-    let mut acc = [[V::<T>::default(); KEY_VECTORS]; MR];
+    let mut acc = [[V::<T>::default(); NV]; MR];
     for (a, b) in q.chunks_exact(MR).zip(panel.chunks_exact(KEY_VECTORS)) {
         for r in 0..MR {
             let a = V::<T>::splat(a[r]);
-            for v in 0..KEY_VECTORS {
+            for v in 0..NV {
                 acc[r][v] = a.mul_add(b[v], acc[r][v]);
             }
         }
     }
     for (r, acc) in acc.iter().enumerate() {
-        s[r * s_stride..r * s_stride + KEY_VECTORS].copy_from_slice(acc);
-        row_max[r] = acc.iter().fold(row_max[r], |m, &x| m.max(x));
+        s[r * s_stride..r * s_stride + NV].copy_from_slice(acc);
+        let start = if first { acc[0] } else { row_max[r] };
+        row_max[r] = acc.iter().fold(start, |m, &x| m.max(x));
     }
 }
 

@@ -70,13 +70,23 @@ fn score_and_value_tiles_match_plain_loops() {
         pack_queries(q.view(), 0, rows, 0.5, &mut packed_q);
         let s_stride = panels * KEY_VECTORS;
         let mut s = vec![V::<f32>::splat(f32::NAN); rows * s_stride];
-        let mut row_max = vec![V::<f32>::splat(f32::NEG_INFINITY); rows];
-        scores(&packed_q, d, rows, &keys, panels, &mut s, s_stride, &mut row_max);
+        // Stale maxima from an earlier tile must not leak into this one.
+        let mut row_max = vec![V::<f32>::splat(1e30); rows];
+        scores(&packed_q, d, rows, &keys, panels, &mut s, s_stride, &mut row_max, |_| usize::MAX);
         let want = q.dot(&k.t()) * 0.5;
         let s_scalars = V::<f32>::scalars(&s);
         let lanes = s_stride * V::<f32>::LANES;
         for ((i, j), w) in want.indexed_iter() {
             assert!((s_scalars[i * lanes + j] - w).abs() < 1e-4, "S[{i}, {j}] for {rows}x{n_keys}x{d}");
+        }
+        // The row maxima cover every computed lane (padding included), whatever was in them.
+        for (i, m) in row_max.iter().enumerate() {
+            let row = &s_scalars[i * lanes..i * lanes + panels * width];
+            assert_eq!(
+                m.reduce_max(),
+                row.iter().copied().fold(f32::NEG_INFINITY, f32::max),
+                "max of row {i}"
+            );
         }
 
         let dv = vectors_for::<f32>(d_v);
@@ -112,5 +122,44 @@ fn direct_scores_match_plain_loops() {
             let got = V::<f32>::scalars(&s)[i * lanes + j];
             assert!((got - w).abs() < 1e-4, "S[{i}, {j}] = {got}, want {w} for {rows}x{n_keys}x{d}");
         }
+    }
+}
+
+#[test]
+fn trimmed_score_tiles_compute_every_score_a_group_needs() {
+    // A causal diagonal: the group starting at row `g` needs keys `..g + 6 + 3`, so full groups
+    // take 1, 2, 3 or 4 vectors of a panel, and the last groups skip the second panel or not.
+    let width = key_panel_width::<f32>();
+    let (rows, n_keys, d) = (64, 128, 64);
+    let (q, k) = (matrix(rows, d, 4), matrix(n_keys, d, 5));
+    let panels = n_keys / width;
+    let mut keys = vec![V::<f32>::default(); panels * d * KEY_VECTORS];
+    for (p, panel) in keys.chunks_exact_mut(d * KEY_VECTORS).enumerate() {
+        pack_key_panel(k.view(), p * width, panel);
+    }
+    let mut packed_q = vec![0.0; rows * d];
+    pack_queries(q.view(), 0, rows, 1.0, &mut packed_q);
+    let s_stride = panels * KEY_VECTORS;
+    let mut s = vec![V::<f32>::splat(f32::NAN); rows * s_stride];
+    let mut row_max = vec![V::<f32>::splat(f32::NEG_INFINITY); rows];
+    let needed = |g: usize| (g + SCORE_ROWS).min(rows) + 3;
+    scores(&packed_q, d, rows, &keys, panels, &mut s, s_stride, &mut row_max, needed);
+    let want = q.dot(&k.t());
+    let s_scalars = V::<f32>::scalars(&s);
+    let lanes = s_stride * V::<f32>::LANES;
+    let mut checked = 0;
+    for ((i, j), w) in want.indexed_iter() {
+        if j < needed(i / SCORE_ROWS * SCORE_ROWS) {
+            assert!((s_scalars[i * lanes + j] - w).abs() < 1e-4, "S[{i}, {j}]");
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, (0..rows).map(|i| needed(i / SCORE_ROWS * SCORE_ROWS)).sum::<usize>());
+    // The row maxima fold only computed scores, and never a NaN left in a skipped one.
+    for (i, m) in row_max.iter().enumerate() {
+        let got = m.reduce_max();
+        let n = needed(i / SCORE_ROWS * SCORE_ROWS);
+        let most = (0..n).map(|j| want[(i, j)]).fold(f32::NEG_INFINITY, f32::max);
+        assert!(got >= most - 1e-4 && got.is_finite(), "max of row {i}: {got}, want at least {most}");
     }
 }

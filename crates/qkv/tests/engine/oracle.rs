@@ -98,6 +98,19 @@ fn fast_path_matches_reference_on_the_awkward_grid() {
 }
 
 #[test]
+fn causal_diagonal_tiles_match_reference() {
+    // Tiles on a causal diagonal compute only the scores and weights each group of rows can see:
+    // diagonals on and off the panel boundaries, rows that see nothing (n_q > n_k, bottom right),
+    // and row counts that leave partial groups of 6.
+    for (n_q, n_k) in [(256, 256), (200, 300), (300, 200), (97, 1000), (130, 70)] {
+        for mask in [MaskKind::CausalBottomRight, MaskKind::CausalTopLeft] {
+            check_fast_path::<f32>(11, (n_q, n_k, 64, 64), 1.0, mask);
+            check_fast_path::<f64>(12, (n_q, n_k, 24, 40), 1.0, mask);
+        }
+    }
+}
+
+#[test]
 fn fast_path_keeps_huge_scores_finite() {
     // Entries up to 40 with d = 64: scores reach about ±1e4.
     for mask in MASK_KINDS {

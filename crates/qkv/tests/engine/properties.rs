@@ -83,7 +83,9 @@ fn results_do_not_depend_on_thread_count() {
 fn fast_path_results_do_not_depend_on_thread_count() {
     // Output only (the tiled path), including decoding shapes whose keys are split across tasks.
     for mask in MASK_KINDS {
-        for dims in [(300, 257, 16, 8), (1, 5000, 32, 16), (65, 3000, 8, 8)] {
+        for dims in
+            [(300, 257, 16, 8), (1, 5000, 32, 16), (65, 3000, 8, 8), (256, 256, 64, 64), (200, 300, 64, 64)]
+        {
             let p = Problem::<f32>::random(3, dims, 2.0, mask);
             let run = |threads| {
                 let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
