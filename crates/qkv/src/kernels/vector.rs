@@ -52,39 +52,60 @@ const fn exp2_taylor<const N: usize>() -> [f64; N] {
 const EXP2_F32: [f64; 7] = exp2_taylor::<7>();
 const EXP2_F64: [f64; 12] = exp2_taylor::<12>();
 
+/// The operations whose code is the same for both vector types, but for the names.
+macro_rules! common_ops {
+    ($vector:ident, $scalar:ident, $lanes:literal) => {
+        #[inline(always)]
+        fn splat(x: $scalar) -> Self {
+            $vector::splat(x)
+        }
+
+        #[inline(always)]
+        fn mul_add(self, a: Self, b: Self) -> Self {
+            $vector::mul_add(self, a, b)
+        }
+
+        #[inline(always)]
+        fn mul(self, a: Self) -> Self {
+            self * a
+        }
+
+        #[inline(always)]
+        fn add(self, a: Self) -> Self {
+            self + a
+        }
+
+        #[inline(always)]
+        fn max(self, a: Self) -> Self {
+            self.fast_max(a)
+        }
+
+        #[inline(always)]
+        fn reduce_add(self) -> $scalar {
+            $vector::reduce_add(self)
+        }
+
+        #[inline(always)]
+        fn load(s: &[$scalar]) -> Self {
+            let lanes: [$scalar; $lanes] = s[..$lanes].try_into().expect("a full vector of lanes");
+            $vector::from(lanes)
+        }
+
+        fn scalars(v: &[Self]) -> &[$scalar] {
+            wide::bytemuck::cast_slice(v)
+        }
+
+        fn scalars_mut(v: &mut [Self]) -> &mut [$scalar] {
+            wide::bytemuck::cast_slice_mut(v)
+        }
+    };
+}
+
 impl Vector for f32x16 {
     type Scalar = f32;
     const LANES: usize = 16;
 
-    #[inline(always)]
-    fn splat(x: f32) -> Self {
-        f32x16::splat(x)
-    }
-
-    #[inline(always)]
-    fn mul_add(self, a: Self, b: Self) -> Self {
-        f32x16::mul_add(self, a, b)
-    }
-
-    #[inline(always)]
-    fn mul(self, a: Self) -> Self {
-        self * a
-    }
-
-    #[inline(always)]
-    fn add(self, a: Self) -> Self {
-        self + a
-    }
-
-    #[inline(always)]
-    fn max(self, a: Self) -> Self {
-        self.fast_max(a)
-    }
-
-    #[inline(always)]
-    fn reduce_add(self) -> f32 {
-        f32x16::reduce_add(self)
-    }
+    common_ops!(f32x16, f32, 16);
 
     #[inline(always)]
     fn reduce_max(self) -> f32 {
@@ -110,55 +131,13 @@ impl Vector for f32x16 {
         let bits: i32x16 = (n.fast_round_int() + i32x16::splat(127)) << 23_u32;
         p * wide::bytemuck::cast::<i32x16, f32x16>(bits)
     }
-
-    #[inline(always)]
-    fn load(s: &[f32]) -> Self {
-        let lanes: [f32; 16] = s[..16].try_into().expect("16 lanes");
-        f32x16::from(lanes)
-    }
-
-    fn scalars(v: &[Self]) -> &[f32] {
-        wide::bytemuck::cast_slice(v)
-    }
-
-    fn scalars_mut(v: &mut [Self]) -> &mut [f32] {
-        wide::bytemuck::cast_slice_mut(v)
-    }
 }
 
 impl Vector for f64x8 {
     type Scalar = f64;
     const LANES: usize = 8;
 
-    #[inline(always)]
-    fn splat(x: f64) -> Self {
-        f64x8::splat(x)
-    }
-
-    #[inline(always)]
-    fn mul_add(self, a: Self, b: Self) -> Self {
-        f64x8::mul_add(self, a, b)
-    }
-
-    #[inline(always)]
-    fn mul(self, a: Self) -> Self {
-        self * a
-    }
-
-    #[inline(always)]
-    fn add(self, a: Self) -> Self {
-        self + a
-    }
-
-    #[inline(always)]
-    fn max(self, a: Self) -> Self {
-        self.fast_max(a)
-    }
-
-    #[inline(always)]
-    fn reduce_add(self) -> f64 {
-        f64x8::reduce_add(self)
-    }
+    common_ops!(f64x8, f64, 8);
 
     #[inline(always)]
     fn reduce_max(self) -> f64 {
@@ -178,19 +157,5 @@ impl Vector for f64x8 {
         }
         let bits: i64x8 = (n.fast_round_int() + i64x8::splat(1023)) << 52_u32;
         p * wide::bytemuck::cast::<i64x8, f64x8>(bits)
-    }
-
-    #[inline(always)]
-    fn load(s: &[f64]) -> Self {
-        let lanes: [f64; 8] = s[..8].try_into().expect("8 lanes");
-        f64x8::from(lanes)
-    }
-
-    fn scalars(v: &[Self]) -> &[f64] {
-        wide::bytemuck::cast_slice(v)
-    }
-
-    fn scalars_mut(v: &mut [Self]) -> &mut [f64] {
-        wide::bytemuck::cast_slice_mut(v)
     }
 }
