@@ -3,7 +3,7 @@
 use ndarray::Array4;
 
 /// One attention problem: `batch × heads` query heads sharing `kv_heads` key/value heads.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, serde::Serialize)]
 pub struct Case {
     pub batch: usize,
     pub heads: usize,

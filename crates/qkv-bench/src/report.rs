@@ -9,18 +9,14 @@ use crate::cases::Case;
 use crate::measure::Measurement;
 use crate::peers::Ceiling;
 
-/// One measured (shape, implementation) pair, as written to JSON.
+/// One measured (shape, implementation) pair, as written to JSON: the case's fields sit flat
+/// beside the measurement.
 #[derive(Debug, Serialize)]
 pub struct Row {
     pub shape: String,
     pub implementation: String,
-    pub batch: usize,
-    pub heads: usize,
-    pub kv_heads: usize,
-    pub n_q: usize,
-    pub n_k: usize,
-    pub d: usize,
-    pub causal: bool,
+    #[serde(flatten)]
+    pub case: Case,
     pub threads: usize,
     pub median_ms: f64,
     pub gflops: f64,
@@ -32,13 +28,7 @@ impl Row {
         Row {
             shape: case.label(),
             implementation: implementation.to_string(),
-            batch: case.batch,
-            heads: case.heads,
-            kv_heads: case.kv_heads,
-            n_q: case.n_q,
-            n_k: case.n_k,
-            d: case.d,
-            causal: case.causal,
+            case: *case,
             threads,
             median_ms: m.median_ms,
             gflops: m.gflops,
@@ -46,18 +36,12 @@ impl Row {
         }
     }
 
-    /// The GEMM ceiling as a row of its own (shape `gemm`, d = the matrix size).
+    /// The GEMM ceiling as a row of its own (shape `f32 GEMM`, no attention sizes).
     pub fn ceiling(c: &Ceiling, threads: usize) -> Row {
         Row {
             shape: "f32 GEMM".into(),
             implementation: c.label.clone(),
-            batch: 1,
-            heads: 1,
-            kv_heads: 1,
-            n_q: 0,
-            n_k: 0,
-            d: 0,
-            causal: false,
+            case: Case { batch: 1, heads: 1, kv_heads: 1, n_q: 0, n_k: 0, d: 0, causal: false },
             threads,
             median_ms: c.median_ms,
             gflops: c.gflops,
@@ -107,7 +91,7 @@ pub fn table(rows: &[Row], ceiling: Option<f64>) -> String {
             _ => String::new(),
         };
         let peak = match r.peak_mb {
-            Some(mb) if r.n_k >= 16384 => format!("{mb:.0}"),
+            Some(mb) if r.case.n_k >= 16384 => format!("{mb:.0}"),
             _ => String::new(),
         };
         let _ = writeln!(

@@ -123,13 +123,8 @@ impl<'a, T: Real> AttentionOptions<'a, T> {
         self
     }
 
-    /// The causal mask, if any.
-    pub fn causal_mask(&self) -> Option<CausalMask> {
-        self.causal
-    }
-
     /// Whether no mask or bias is set (only the scale may differ from the default).
-    pub fn is_unmasked(&self) -> bool {
+    pub(crate) fn is_unmasked(&self) -> bool {
         self.causal.is_none() && self.keep.is_none() && self.padding.is_none() && self.bias.is_none()
     }
 
