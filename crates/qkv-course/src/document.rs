@@ -79,8 +79,10 @@ pub(crate) struct Document {
 /// A citation link being read: destination, path offset, inner events (range, is text).
 type OpenLink = (String, usize, Vec<(Range<usize>, bool)>);
 
-const OPEN: &str = "<!-- qkv ";
-const CLOSE: &str = "<!-- /qkv -->";
+/// How a generated region's opening marker starts.
+pub(crate) const OPEN: &str = "<!-- qkv ";
+/// A generated region's closing marker.
+pub(crate) const CLOSE: &str = "<!-- /qkv -->";
 
 /// Finds the blocks, citations and regions of document number `doc`.
 pub(crate) fn parse(doc: usize, text: &str) -> Result<Document, Vec<Problem>> {

@@ -3,12 +3,16 @@
 //! A numeric field holds either a literal (`keys = [[1, 0], [0, 1]]`) or a reference to another
 //! block's value (`keys = "sentence.values"`), resolved when the block is evaluated.
 
+use std::collections::HashSet;
+
 use toml::Spanned;
 use toml::de::{DeTable, DeValue};
 
-use crate::document::{Block, first_line};
+use crate::document::{Block, Document, first_line};
 use crate::error::Problem;
 use crate::figures::FigureKind;
+use crate::location::LineIndex;
+use crate::pipeline::Sources;
 
 /// A numeric input: a literal, or a reference to be resolved at evaluation.
 #[derive(Debug, Clone)]
@@ -107,6 +111,55 @@ const KINDS: &[(&str, &[&str])] = &[
     ("weighted-sum", &["id", "weights", "values"]),
     ("figure", &["id", "kind", "example", "query", "caption", "seed", "trials", "dims"]),
 ];
+
+/// Every declaration of the lesson, one per `qkv` block that parses, with the problems of the
+/// rest; also the qualified ids (`section.id`) of blocks that failed, whose dependants stay quiet.
+pub(crate) fn declarations(
+    sources: &Sources,
+    docs: &[Document],
+    sections: &[String],
+    problems: &mut Vec<Problem>,
+) -> (Vec<Decl>, HashSet<String>) {
+    let mut decls: Vec<Decl> = Vec::new();
+    let mut broken = HashSet::new();
+    for (i, doc) in docs.iter().enumerate() {
+        for block in &doc.blocks {
+            match parse(i, block) {
+                Ok(d) => {
+                    if let Some(prev) = decls.iter().find(|p| p.doc == i && p.id == d.id) {
+                        let line = LineIndex::new(&sources.markdown[i].text)
+                            .position(&sources.markdown[i].text, prev.start)
+                            .0;
+                        problems.push(Problem::new(
+                            i,
+                            d.id_at,
+                            format!("duplicate id `{}` (first declared on line {line})", d.id),
+                            format!("id = \"{}\"", d.id),
+                            "an id not used by another block of this section",
+                        ));
+                    } else {
+                        decls.push(d);
+                    }
+                }
+                Err(p) => {
+                    problems.extend(p);
+                    if let Some(id) = declared_id(&block.content) {
+                        broken.insert(format!("{}.{id}", sections[i]));
+                    }
+                }
+            }
+        }
+    }
+    (decls, broken)
+}
+
+/// The `id = "..."` of a block that failed to parse, found line by line.
+fn declared_id(content: &str) -> Option<String> {
+    content.lines().find_map(|line| {
+        let rest = line.trim().strip_prefix("id")?.trim_start().strip_prefix('=')?.trim();
+        Some(rest.trim_matches('"').to_string())
+    })
+}
 
 /// Reads one block into a declaration, or every problem in it.
 pub(crate) fn parse(doc: usize, block: &Block) -> Result<Decl, Vec<Problem>> {

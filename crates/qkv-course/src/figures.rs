@@ -77,6 +77,17 @@ pub(crate) struct Prepared {
     pub plot: Deferred,
 }
 
+/// A figure a region shows, to be drawn when its files are missing or its hash changed.
+#[derive(Debug, Clone)]
+pub(crate) struct FigureJob {
+    /// The figure block's id: its files are `figures/ID.svg` and `.png`.
+    pub id: String,
+    /// Where the figure's region is, for errors while drawing.
+    pub doc: usize,
+    pub at: usize,
+    pub prepared: Prepared,
+}
+
 /// The plot input, or how to compute it.
 #[derive(Debug, Clone)]
 pub(crate) enum Deferred {

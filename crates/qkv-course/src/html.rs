@@ -1,19 +1,10 @@
 //! The static site: one HTML page per section (math as MathML, figures as `<figure>`, citations as
 //! plain numbers), an index, and a small hand-written stylesheet. Works from `file://`, no script.
 
-use std::collections::HashMap;
-
 use pulldown_cmark::{CodeBlockKind, CowStr, Event, HeadingLevel, Parser, Tag, TagEnd};
 
 use crate::document::{self, markdown_options};
 use crate::pipeline::{OutputFile, SourceFile, section_id};
-
-/// What a page needs to show a figure.
-#[derive(Debug, Clone)]
-pub(crate) struct FigureInfo {
-    pub alt: String,
-    pub caption: String,
-}
 
 const STYLE: &str = include_str!("html/style.css");
 
@@ -34,9 +25,10 @@ pub(crate) fn escape(s: &str) -> String {
 }
 
 /// Every file of the site except the figures: pages, index, stylesheet, notebooks, markdown.
+/// `region_html[i][r]` is the page's HTML for region `r` of file `i`, where it has its own.
 pub(crate) fn site(
     markdown: &[SourceFile],
-    figures: &HashMap<String, FigureInfo>,
+    region_html: &[Vec<Option<String>>],
     notebooks: Vec<OutputFile>,
 ) -> Vec<OutputFile> {
     let sections: Vec<(String, String)> = markdown
@@ -49,7 +41,7 @@ pub(crate) fn site(
         .collect();
     let mut out = Vec::new();
     for (i, file) in markdown.iter().enumerate() {
-        let body = render_body(&file.text, figures, markdown);
+        let body = render_body(&file.text, region_html.get(i).map_or(&[], Vec::as_slice), markdown);
         out.push(OutputFile {
             name: format!("{}.html", sections[i].0),
             text: page(&sections, Some(i), &sections[i].1, &body, &file.path),
@@ -131,17 +123,25 @@ fn mathml(tex: &str, display: bool) -> String {
     }
 }
 
-fn slugify(text: &str) -> String {
-    crate::pipeline::slug(text)
+/// A file-name and anchor-safe form of a label (`Worked example 1` → `worked-example-1`).
+pub(crate) fn slug(s: &str) -> String {
+    let mut out: String =
+        s.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' }).collect();
+    while out.contains("--") {
+        out = out.replace("--", "-");
+    }
+    out.trim_matches('-').to_string()
 }
 
-/// Renders one section's markdown to the page body.
-fn render_body(text: &str, figures: &HashMap<String, FigureInfo>, markdown: &[SourceFile]) -> String {
+/// Renders one section's markdown to the page body; `regions` holds the HTML of each region
+/// (in order) that replaces its rendered markdown.
+fn render_body(text: &str, regions: &[Option<String>], markdown: &[SourceFile]) -> String {
     let events: Vec<(Event<'_>, std::ops::Range<usize>)> =
         Parser::new_ext(text, markdown_options()).into_offset_iter().collect();
     let mut out: Vec<Event<'_>> = Vec::with_capacity(events.len());
     let mut skip_block = false;
     let mut skip_region = false;
+    let mut region = 0;
     let mut i = 0;
     while i < events.len() {
         let (event, _) = &events[i];
@@ -154,7 +154,7 @@ fn render_body(text: &str, figures: &HashMap<String, FigureInfo>, markdown: &[So
         }
         if skip_region {
             if let Event::Html(h) = event
-                && h.trim() == "<!-- /qkv -->"
+                && h.trim() == document::CLOSE
             {
                 skip_region = false;
                 out.push(Event::Html("</div>\n".into()));
@@ -168,34 +168,15 @@ fn render_body(text: &str, figures: &HashMap<String, FigureInfo>, markdown: &[So
                 // Declarations are data; the prose and generated blocks show them.
                 skip_block = true;
             }
-            Event::Html(h) if h.trim() == "<!-- /qkv -->" => out.push(Event::Html("</div>\n".into())),
-            Event::Html(h) if h.trim().starts_with("<!-- qkv ") => {
-                let words: Vec<&str> = h
-                    .trim()
-                    .trim_start_matches("<!-- qkv ")
-                    .trim_end_matches("-->")
-                    .split_whitespace()
-                    .collect();
-                let kind = words.first().copied().unwrap_or("");
-                if kind == "figure" {
-                    let id = words.get(1).copied().unwrap_or("");
-                    let info = figures
-                        .get(id)
-                        .cloned()
-                        .unwrap_or(FigureInfo { alt: String::new(), caption: String::new() });
-                    out.push(Event::Html(
-                        format!(
-                            "<div class=\"generated figure\">\n<figure id=\"figure-{0}\">\n<a href=\"figures/{0}.png\"><img src=\"figures/{0}.svg\" alt=\"{1}\" loading=\"lazy\"></a>\n<figcaption>{2}</figcaption>\n</figure>\n",
-                            escape(id),
-                            escape(&info.alt),
-                            inline_markdown(&info.caption)
-                        )
-                        .into(),
-                    ));
+            Event::Html(h) if h.trim() == document::CLOSE => out.push(Event::Html("</div>\n".into())),
+            Event::Html(h) if h.trim().starts_with(document::OPEN) => {
+                let kind = h.trim()[document::OPEN.len()..].split_whitespace().next().unwrap_or("");
+                out.push(Event::Html(format!("<div class=\"generated {}\">\n", escape(kind)).into()));
+                if let Some(Some(html)) = regions.get(region) {
+                    out.push(Event::Html(html.clone().into()));
                     skip_region = true;
-                } else {
-                    out.push(Event::Html(format!("<div class=\"generated {}\">\n", escape(kind)).into()));
                 }
+                region += 1;
             }
             Event::Start(Tag::Link { dest_url, .. }) if dest_url.starts_with('=') => {
                 let path = dest_url[1..].rsplit_once(':').map_or(&dest_url[1..], |(p, _)| p);
@@ -227,7 +208,7 @@ fn render_body(text: &str, figures: &HashMap<String, FigureInfo>, markdown: &[So
                         _ => {}
                     }
                 }
-                let id = if *level == HeadingLevel::H1 { None } else { Some(CowStr::from(slugify(&title))) };
+                let id = if *level == HeadingLevel::H1 { None } else { Some(CowStr::from(slug(&title))) };
                 out.push(Event::Start(Tag::Heading {
                     level: *level,
                     id,
@@ -273,7 +254,7 @@ fn rewrite_link<'a>(dest: &CowStr<'a>, markdown: &[SourceFile]) -> CowStr<'a> {
 }
 
 /// A short markdown string (a caption) as inline HTML.
-fn inline_markdown(s: &str) -> String {
+pub(crate) fn inline_markdown(s: &str) -> String {
     let mut html = String::new();
     let events = Parser::new_ext(s, markdown_options()).map(|e| match e {
         Event::InlineMath(tex) => Event::InlineHtml(mathml(&tex, false).into()),

@@ -3,7 +3,7 @@
 //!
 //! Data flow: each lesson file is parsed (module `document`) into `qkv` blocks (declarations),
 //! citations and generated regions; declarations are evaluated with the engine's f64 reference
-//! path (`eval`); citations and regions get their new text (`generate`, `figures`); where that
+//! path (`eval`); citations and regions get their new text (`region`, one module per kind; `figures`); where that
 //! differs from the file, the place is stale; the updated markdown is rendered to HTML (`html`).
 //!
 //! ```no_run
@@ -19,21 +19,21 @@
 //!
 //! The authoring format is described in `content/README.md`.
 
+mod citation;
 mod document;
 mod error;
 mod eval;
 mod examples;
 mod figures;
 mod format;
-mod generate;
 mod html;
 mod location;
 mod notebook;
 mod pipeline;
+mod region;
+mod stale;
 mod values;
 
 pub use error::{ContentError, ContentErrors};
-pub use pipeline::{
-    Build, FigureFile, OutputFile, SourceFile, Sources, Stale, build, check, records, section_id,
-    stale_report,
-};
+pub use pipeline::{Build, FigureFile, OutputFile, SourceFile, Sources, build, check, records, section_id};
+pub use stale::{Stale, stale_report};

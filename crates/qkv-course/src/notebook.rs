@@ -2,10 +2,8 @@
 
 use serde_json::json;
 
-use crate::generate::Lab;
-
 /// A notebook with an introduction, the lab program, and its expected printout as the cell output.
-pub(crate) fn notebook(title: &str, intro: &str, lab: &Lab) -> String {
+pub(crate) fn notebook(title: &str, intro: &str, code: &str, printed: &str) -> String {
     let lines = |text: &str| -> Vec<String> { text.split_inclusive('\n').map(str::to_string).collect() };
     let nb = json!({
         "nbformat": 4,
@@ -26,9 +24,9 @@ pub(crate) fn notebook(title: &str, intro: &str, lab: &Lab) -> String {
                 "id": "lab",
                 "execution_count": 1,
                 "metadata": {},
-                "source": lines(lab.code.trim_end()),
+                "source": lines(code.trim_end()),
                 "outputs": [
-                    { "output_type": "stream", "name": "stdout", "text": lines(&lab.printed) }
+                    { "output_type": "stream", "name": "stdout", "text": lines(printed) }
                 ]
             }
         ]

@@ -1,4 +1,5 @@
 use super::*;
+use crate::stale_report;
 
 const ATTENTION: &str = include_str!("../../../../content/01-attention.md");
 const MASKING: &str = include_str!("../../../../content/02-causal-masking.md");
@@ -190,14 +191,4 @@ fn projections_masks_scales_and_wide_values() {
     assert!(text.contains("[3.00](=kept.a.output.3:2)"), "{text}");
     assert!(text.contains("Multiply by the scale $0.5$"), "{text}");
     insta::assert_snapshot!("features_lesson", text);
-}
-
-#[test]
-fn block_differences_show_where_the_lines_differ() {
-    let long = "x".repeat(100);
-    let (new, old) =
-        differing_window(&format!("{long} output 4.01 tail"), &format!("{long} output 4.41 tail"));
-    assert!(new.starts_with('…') && new.contains("output 4.01 tail"), "{new}");
-    assert!(old.contains("output 4.41 tail"), "{old}");
-    assert_eq!(differing_window("a 1 b", "a 2 b"), ("a 1 b".to_string(), "a 2 b".to_string()));
 }

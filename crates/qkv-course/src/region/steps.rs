@@ -1,17 +1,48 @@
-//! Generated markdown: worked steps, weight tables, engine errors and the NumPy laboratory,
-//! each written from a computed record at the lesson's precision.
+//! `steps TARGET`: the worked steps of one query of an attention example, from the engine's trace,
+//! or of a `softmax`, `dot` or `weighted-sum` block. Numbers are shown at the directive's
+//! precision; a step says `≈` wherever the shown terms do not add up exactly to the shown total.
 
 use std::fmt::Write;
 
-use crate::eval::{AttentionInputs, AttentionResult};
+use super::{Context, Generated, Kind};
+use crate::error::Problem;
+use crate::eval::{AttentionInputs, Computed};
 use crate::format::{Shown, relation, shown, sum_relation};
 
-/// The default number of decimals in generated steps and tables.
-pub(crate) const DEFAULT_DIGITS: usize = 4;
+pub(super) const KIND: Kind = Kind { name: "steps", usage: "`steps TARGET`", options: &["digits"], generate };
+
+const USAGE: &str = "`steps EXAMPLE.TOKEN` or `steps ID` of a `softmax`, `dot` or `weighted-sum` block";
+
+fn generate(cx: &mut Context<'_, '_>) -> Result<Generated, Problem> {
+    let named = cx.named(USAGE)?;
+    let target = cx.args[0];
+    let digits = cx.digits;
+    let body = match named.computed {
+        Computed::Attention { inputs, result: Ok(result) } => {
+            let i = cx.query_index(&inputs, &named.rest)?;
+            attention_steps(&inputs, &result.traces[i], &inputs.query_labels()[i], digits)
+        }
+        Computed::Attention { result: Err(_), .. } => {
+            return Err(cx.problem("an example that fails has no steps", "`error EXAMPLE` to show its error"));
+        }
+        _ if !named.rest.is_empty() => {
+            return Err(cx.problem(
+                format!("`{target}` names a value, not a computation"),
+                "the id of a `qkv softmax`, `dot` or `weighted-sum` block",
+            ));
+        }
+        Computed::Softmax(trace) => softmax_steps(&trace, digits),
+        Computed::Dot { q, k, trace } => dot_steps(&q, &k, &trace, digits),
+        Computed::WeightedSum { weights, values, terms, output } => {
+            weighted_sum_steps(&weights, &values, &terms, output, digits)
+        }
+    };
+    Ok(cx.markdown(body))
+}
 
 /// A label as TeX: numbers bare, words in `\text{}`. Inside `\text{}` everything is literal except
 /// `\`, `{`, `}`, `%` and `$`, which are written as math-mode symbols between text runs.
-pub(crate) fn tex_label(label: &str) -> String {
+pub(super) fn tex_label(label: &str) -> String {
     if label.bytes().all(|b| b.is_ascii_digit()) {
         return label.to_string();
     }
@@ -64,7 +95,7 @@ fn all_exact(xs: &[Shown]) -> bool {
 }
 
 /// The worked steps of one query of an attention example, from the engine's trace.
-pub(crate) fn attention_steps(
+pub(super) fn attention_steps(
     inputs: &AttentionInputs,
     trace: &qkv::QueryTrace,
     query: &str,
@@ -212,7 +243,7 @@ pub(crate) fn attention_steps(
 }
 
 /// The steps of a softmax over given scores, as one list.
-pub(crate) fn softmax_steps(trace: &qkv::QueryTrace, digits: usize) -> String {
+pub(super) fn softmax_steps(trace: &qkv::QueryTrace, digits: usize) -> String {
     let scores = shown_all(&trace.scores, digits);
     let m = shown(trace.max.unwrap_or(0.0), digits);
     let shifted = shown_all(&trace.shifted, digits);
@@ -258,7 +289,7 @@ pub(crate) fn softmax_steps(trace: &qkv::QueryTrace, digits: usize) -> String {
 }
 
 /// The steps of a dot product and its scaled score.
-pub(crate) fn dot_steps(q: &[f64], k: &[f64], trace: &qkv::QueryTrace, digits: usize) -> String {
+pub(super) fn dot_steps(q: &[f64], k: &[f64], trace: &qkv::QueryTrace, digits: usize) -> String {
     let terms: Vec<String> = q
         .iter()
         .zip(k)
@@ -289,7 +320,7 @@ pub(crate) fn dot_steps(q: &[f64], k: &[f64], trace: &qkv::QueryTrace, digits: u
 }
 
 /// The steps of a weighted sum of given weights and values.
-pub(crate) fn weighted_sum_steps(
+pub(super) fn weighted_sum_steps(
     weights: &[f64],
     values: &[f64],
     terms: &[f64],
@@ -309,180 +340,6 @@ pub(crate) fn weighted_sum_steps(
         t.iter().map(tex).collect::<Vec<_>>().join(" + "),
         sum_relation(&t, &out),
         tex(&out)
-    )
-}
-
-/// The inputs of an attention example as a table: one row per token.
-pub(crate) fn inputs_table(inputs: &AttentionInputs) -> String {
-    let vector = |r: &[f64]| {
-        let parts: Vec<String> = r
-            .iter()
-            .map(|&x| crate::format::fixed(x, if x == x.trunc() { 0 } else { DEFAULT_DIGITS }))
-            .collect();
-        if parts.len() == 1 { parts[0].clone() } else { format!("({})", parts.join(", ")) }
-    };
-    let mut out = String::from("| token | query | key | value |\n|:--|:--|:--|--:|\n");
-    let (ql, kl) = (inputs.query_labels(), inputs.key_labels());
-    for j in 0..inputs.keys.len().max(inputs.queries.len()) {
-        let label = kl.get(j).or(ql.get(j)).map_or("", String::as_str);
-        let cell = |rows: &[Vec<f64>]| rows.get(j).map_or(String::new(), |r| vector(r));
-        let _ = writeln!(
-            out,
-            "| {} | {} | {} | {} |",
-            escape_cell(label),
-            cell(&inputs.queries),
-            cell(&inputs.keys),
-            cell(&inputs.values)
-        );
-    }
-    out
-}
-
-/// A matrix (weights or scores) as a markdown table; weights get a row-sum column and each
-/// query's output, so the table shows where every row's blend lands.
-pub(crate) fn matrix_table(
-    inputs: &AttentionInputs,
-    result: &AttentionResult,
-    m: &ndarray::Array2<f64>,
-    what: &str,
-    digits: usize,
-) -> String {
-    let (rows, cols) = (inputs.query_labels(), inputs.key_labels());
-    let with_sum = what == "weights";
-    let mut out = String::new();
-    let _ = write!(out, "| query ↓ · key → |");
-    for c in &cols {
-        let _ = write!(out, " {} |", escape_cell(c));
-    }
-    if with_sum {
-        out.push_str(" row sum | output |");
-    }
-    out.push_str("\n|:--|");
-    for _ in &cols {
-        out.push_str("--:|");
-    }
-    if with_sum {
-        out.push_str("--:|--:|");
-    }
-    out.push('\n');
-    for (i, r) in rows.iter().enumerate() {
-        let _ = write!(out, "| **{}** |", escape_cell(r));
-        for j in 0..cols.len() {
-            let x = m[[i, j]];
-            let cell = crate::format::fixed(x, digits);
-            let masked = !result.traces[i].kept[j];
-            let _ = write!(
-                out,
-                " {} |",
-                if masked { format!("{} (masked)", crate::format::fixed(x, 0)) } else { cell }
-            );
-        }
-        if with_sum {
-            let output: Vec<String> =
-                result.output.row(i).iter().map(|&x| crate::format::fixed(x, digits)).collect();
-            let output =
-                if output.len() == 1 { output[0].clone() } else { format!("({})", output.join(", ")) };
-            let _ = write!(out, " {} | {output} |", crate::format::fixed(m.row(i).sum(), digits));
-        }
-        out.push('\n');
-    }
-    out
-}
-
-/// A label as table-cell markdown: no HTML, no emphasis, no column breaks.
-fn escape_cell(s: &str) -> String {
-    let mut out = String::new();
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '|' | '*' | '_' | '`' | '\\' | '[' | ']' => {
-                out.push('\\');
-                out.push(c);
-            }
-            _ => out.push(c),
-        }
-    }
-    out
-}
-
-/// The engine's error for an example declared with `expect_error = true`.
-pub(crate) fn error_block(message: &str) -> String {
-    format!("```text\nerror: {message}\n```\n")
-}
-
-/// The NumPy laboratory for one query: the program, and what it prints (from the engine's trace).
-pub(crate) struct Lab {
-    pub code: String,
-    pub printed: String,
-}
-
-fn py_rows(rows: &[Vec<f64>]) -> String {
-    let rows: Vec<String> = rows
-        .iter()
-        .map(|r| format!("[{}]", r.iter().map(|x| format!("{x:?}")).collect::<Vec<_>>().join(", ")))
-        .collect();
-    format!("np.array([{}])", rows.join(", "))
-}
-
-/// Writes the NumPy program for query `query_idx` and the text it prints.
-pub(crate) fn lab(
-    inputs: &AttentionInputs,
-    result: &AttentionResult,
-    query_idx: usize,
-    digits: usize,
-) -> Lab {
-    let trace = &result.traces[query_idx];
-    let labels = inputs.query_labels();
-    let tokens: Vec<String> = inputs.key_labels().iter().map(|t| format!("{t:?}")).collect();
-    let mut code = String::new();
-    let _ = writeln!(code, "import numpy as np\n");
-    let _ = writeln!(code, "tokens = [{}]", tokens.join(", "));
-    let _ = writeln!(code, "Q = {}  # one query per row", py_rows(&inputs.queries));
-    let _ = writeln!(code, "K = {}  # one key per row", py_rows(&inputs.keys));
-    let _ = writeln!(code, "V = {}  # one value per row\n", py_rows(&inputs.values));
-    let _ = writeln!(code, "q = Q[{query_idx}]  # the query of {:?}", labels[query_idx]);
-    let default_scale = (trace.scale - 1.0 / (trace.query.len() as f64).sqrt()).abs() < 1e-15;
-    if default_scale {
-        let _ = writeln!(code, "scores = K @ q / np.sqrt(K.shape[1])  # step 1: score every key");
-    } else {
-        let _ = writeln!(code, "scores = (K @ q) * {:?}  # step 1: score every key", trace.scale);
-    }
-    if trace.kept.iter().any(|k| !k) {
-        let keep: Vec<&str> = trace.kept.iter().map(|&k| if k { "True" } else { "False" }).collect();
-        let _ = writeln!(code, "scores = np.where([{}], scores, -np.inf)  # the mask", keep.join(", "));
-    }
-    let _ = writeln!(code, "weights = np.exp(scores - scores.max())  # step 2: softmax...");
-    let _ = writeln!(code, "weights = weights / weights.sum()        # ...normalized");
-    let _ = writeln!(code, "output = weights @ V                     # step 3: blend the values\n");
-    let _ = writeln!(
-        code,
-        "def show(xs):\n    return \", \".join(f\"{{x:.{digits}f}}\" for x in np.atleast_1d(xs))\n"
-    );
-    let _ = writeln!(code, "print(\"scores: \", show(scores))");
-    let _ = writeln!(code, "print(\"weights:\", show(weights))");
-    let _ = writeln!(code, "print(\"output: \", show(output))");
-    let show = |xs: &[f64]| xs.iter().map(|x| py_fixed(*x, digits)).collect::<Vec<_>>().join(", ");
-    let printed = format!(
-        "scores:  {}\nweights: {}\noutput:  {}\n",
-        show(&trace.scores),
-        show(&trace.weights),
-        show(&result.output.row(query_idx).to_vec())
-    );
-    Lab { code, printed }
-}
-
-/// What Python's `f"{x:.Nf}"` prints (it keeps negative zero and spells infinity `inf`).
-fn py_fixed(x: f64, digits: usize) -> String {
-    if x == f64::NEG_INFINITY { "-inf".to_string() } else { format!("{x:.digits$}") }
-}
-
-/// The lab as markdown: the program, what it prints, and the notebook link.
-pub(crate) fn lab_markdown(lab: &Lab, notebook: &str) -> String {
-    format!(
-        "```python\n{}```\n\nIt prints:\n\n```text\n{}```\n\nThe same program as a Jupyter notebook: [{notebook}]({notebook}).\n",
-        lab.code, lab.printed
     )
 }
 

@@ -1,0 +1,195 @@
+//! Generated regions, `<!-- qkv KIND ARGS -->…<!-- /qkv -->`: one module per kind behind the
+//! small interface below, registered in [`KINDS`]. A kind reads its directive and the evaluated
+//! lesson through [`Context`] and returns what the region should hold ([`Generated`]): the
+//! markdown body, and optionally the page's HTML for it, a figure to draw or a notebook. The
+//! pipeline plans and splices; it never looks inside a region.
+//!
+//! Adding a kind is one new file here and one line in [`KINDS`].
+
+mod error;
+mod figure;
+mod lab;
+mod steps;
+mod table;
+
+use crate::document::{Region, first_line};
+use crate::error::Problem;
+use crate::eval::{AttentionInputs, Computed, Evaluator};
+use crate::examples::Decl;
+use crate::figures::FigureJob;
+use crate::pipeline::OutputFile;
+
+/// The default number of decimals in generated steps and tables.
+pub(crate) const DEFAULT_DIGITS: usize = 4;
+
+/// One kind of generated region.
+pub(crate) struct Kind {
+    /// The word after `qkv` in the opening marker.
+    pub name: &'static str,
+    /// How its directive is written, for messages.
+    pub usage: &'static str,
+    /// The `name=value` options it accepts (`digits` is read for every kind that lists it).
+    pub options: &'static [&'static str],
+    /// Computes the region's content.
+    pub generate: fn(&mut Context<'_, '_>) -> Result<Generated, Problem>,
+}
+
+/// Every region kind, in the order messages list them.
+const KINDS: &[Kind] = &[steps::KIND, table::KIND, error::KIND, lab::KIND, figure::KIND];
+
+/// What a region kind gets to work with: its directive, the evaluated lesson and the
+/// declarations of every section.
+pub(crate) struct Context<'a, 'e> {
+    pub eval: &'a mut Evaluator<'e>,
+    pub decls: &'a [Decl],
+    pub sections: &'a [String],
+    /// The document the region is in.
+    pub doc: usize,
+    /// Byte offset of the region's opening marker.
+    pub at: usize,
+    /// The positional words of the directive after the kind.
+    pub args: Vec<&'a str>,
+    /// `digits=N`, or [`DEFAULT_DIGITS`].
+    pub digits: usize,
+    /// The kind and arguments as written, for stale reports (`steps sentence.love`).
+    pub what: String,
+    /// The opening marker's line, for messages.
+    marker: String,
+}
+
+/// What a region holds after a build.
+pub(crate) struct Generated {
+    /// The markdown between the markers (without the surrounding newlines).
+    pub body: String,
+    /// How a stale report names the region.
+    pub what: String,
+    /// The page's HTML for the region, when it is more than its rendered markdown (a figure, a
+    /// quiz, a widget).
+    pub html: Option<String>,
+    /// A figure the region shows, to be drawn if it is stale.
+    pub figure: Option<FigureJob>,
+    /// A notebook the site gets beside the page.
+    pub notebook: Option<OutputFile>,
+}
+
+/// A record the region's first argument names, and what the argument says past the record.
+pub(crate) struct Named {
+    pub computed: Computed,
+    /// Path segments after the declaration (`love` in `sentence.love`).
+    pub rest: Vec<String>,
+    /// The declaration's qualified id (`attention.sentence`).
+    pub key: String,
+}
+
+impl<'a> Context<'a, '_> {
+    /// A problem at the region's marker.
+    pub(crate) fn problem(&self, message: impl Into<String>, expected: impl Into<String>) -> Problem {
+        Problem::new(self.doc, self.at, message, self.marker.clone(), expected)
+    }
+
+    /// A region whose page shows just its markdown.
+    pub(crate) fn markdown(&self, body: String) -> Generated {
+        Generated { body, what: self.what.clone(), html: None, figure: None, notebook: None }
+    }
+
+    /// The first positional argument, the region's target.
+    pub(crate) fn target(&self, usage: &str) -> Result<&'a str, Problem> {
+        self.args.first().copied().ok_or_else(|| self.problem("generated region without a target", usage))
+    }
+
+    /// The record the target names.
+    pub(crate) fn named(&mut self, usage: &str) -> Result<Named, Problem> {
+        let target = self.target(usage)?.to_string();
+        let t = self
+            .eval
+            .target(self.doc, &target)
+            .map_err(|expected| self.problem(format!("unknown reference `{target}`"), expected))?;
+        let record = self
+            .eval
+            .record(&t.key)
+            .ok_or_else(|| self.problem(format!("`{target}` has errors (see above)"), ""))?;
+        let rest = t.rest.iter().map(|s| s.to_string()).collect();
+        Ok(Named { computed: record.computed, rest, key: t.key })
+    }
+
+    /// The query a target's rest names (`love` in `sentence.love`), by label or 1-based number.
+    pub(crate) fn query_index(&self, inputs: &AttentionInputs, rest: &[String]) -> Result<usize, Problem> {
+        let target = self.args.first().copied().unwrap_or("");
+        let labels = inputs.query_labels();
+        let [token] = rest else {
+            return Err(self.problem(
+                format!("`{target}` needs one query token after the example"),
+                format!("`{target}.TOKEN` with TOKEN one of {}", labels.join(", ")),
+            ));
+        };
+        labels
+            .iter()
+            .position(|l| l == token)
+            .or_else(|| {
+                token.parse::<usize>().ok().and_then(|p| p.checked_sub(1)).filter(|&p| p < labels.len())
+            })
+            .ok_or_else(|| {
+                self.problem(
+                    format!(
+                        "`{token}` is not a query of `{}`",
+                        target.rsplit_once('.').map_or(target, |(e, _)| e)
+                    ),
+                    format!("one of {}", labels.join(", ")),
+                )
+            })
+    }
+}
+
+/// Computes one region of document `doc` (whose text is `text`).
+pub(crate) fn generate(
+    eval: &mut Evaluator<'_>,
+    decls: &[Decl],
+    sections: &[String],
+    doc: usize,
+    region: &Region,
+    text: &str,
+) -> Result<Generated, Problem> {
+    let name = region.directive.first().map_or("", String::as_str);
+    let mut cx = Context {
+        eval,
+        decls,
+        sections,
+        doc,
+        at: region.start,
+        args: Vec::new(),
+        digits: DEFAULT_DIGITS,
+        what: String::new(),
+        marker: first_line(&text[region.start..]),
+    };
+    let Some(kind) = KINDS.iter().find(|k| k.name == name) else {
+        return Err(cx.problem(format!("unknown generated region `{name}`"), usage_list()));
+    };
+    for word in region.directive.iter().skip(1) {
+        match word.split_once('=') {
+            Some((option, value)) if kind.options.contains(&option) => {
+                if option == "digits" {
+                    cx.digits = value.parse().ok().filter(|&d| d <= 12).ok_or_else(|| {
+                        cx.problem(format!("bad `digits={value}`"), "`digits=N` with N from 0 to 12")
+                    })?;
+                }
+            }
+            Some((option, _)) => {
+                let accepted: Vec<String> = kind.options.iter().map(|o| format!("`{o}=N`")).collect();
+                let expected = if accepted.is_empty() {
+                    format!("no options: {}", kind.usage)
+                } else {
+                    accepted.join(", ")
+                };
+                return Err(cx.problem(format!("unknown option `{option}`"), expected));
+            }
+            None => cx.args.push(word),
+        }
+    }
+    cx.what = format!("{name} {}", cx.args.join(" "));
+    (kind.generate)(&mut cx)
+}
+
+/// Every kind's usage, for the message about an unknown kind.
+fn usage_list() -> String {
+    KINDS.iter().map(|k| k.usage).collect::<Vec<_>>().join(", ")
+}

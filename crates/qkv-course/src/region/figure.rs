@@ -1,0 +1,138 @@
+//! `figure ID`: the image of a `qkv figure` block of the same file, its caption and the hash of
+//! its inputs. The markdown links the SVG (so the lesson reads on a forge); the page shows it as a
+//! `<figure>`. Drawing is left to the pipeline, which draws only figures whose hash changed.
+
+use super::{Context, Generated, Kind};
+use crate::error::Problem;
+use crate::eval::Computed;
+use crate::examples::{DeclKind, FigureDecl};
+use crate::figures::{self, FigureJob, FigureKind, Prepared};
+use crate::html::{escape, inline_markdown};
+
+pub(super) const KIND: Kind = Kind { name: "figure", usage: "`figure ID`", options: &[], generate };
+
+fn generate(cx: &mut Context<'_, '_>) -> Result<Generated, Problem> {
+    let id = cx.target(KIND.usage)?;
+    let (decl_start, fig) = cx
+        .decls
+        .iter()
+        .find_map(|d| match &d.kind {
+            DeclKind::Figure(fig) if d.doc == cx.doc && d.id == id => Some((d.start, fig.as_ref())),
+            _ => None,
+        })
+        .ok_or_else(|| {
+            if cx.eval.broken.contains(&format!("{}.{id}", cx.sections[cx.doc])) {
+                // The block's own error says what is wrong.
+                return cx.problem(String::new(), "");
+            }
+            let known: Vec<&str> = cx
+                .decls
+                .iter()
+                .filter(|d| d.doc == cx.doc && matches!(d.kind, DeclKind::Figure(_)))
+                .map(|d| d.id.as_str())
+                .collect();
+            cx.problem(
+                format!("unknown figure `{id}`"),
+                format!("the id of a `qkv figure` block in this file: {}", known.join(", ")),
+            )
+        })?;
+    let prepared = prepare(cx, id, decl_start, fig)?;
+    let caption = fig.caption.trim();
+    let body = format!(
+        "![{}](figures/{id}.svg)\n\n*{caption}* ([PNG](figures/{id}.png))\n\n<!-- qkv-figure-hash {} -->\n",
+        escape_alt(&prepared.alt),
+        prepared.hash
+    );
+    let html = format!(
+        "<figure id=\"figure-{0}\">\n<a href=\"figures/{0}.png\"><img src=\"figures/{0}.svg\" alt=\"{1}\" loading=\"lazy\"></a>\n<figcaption>{2}</figcaption>\n</figure>\n",
+        escape(id),
+        escape(&prepared.alt),
+        inline_markdown(caption)
+    );
+    Ok(Generated {
+        body,
+        what: format!("figure {id}"),
+        html: Some(html),
+        figure: Some(FigureJob { id: id.to_string(), doc: cx.doc, at: cx.at, prepared }),
+        notebook: None,
+    })
+}
+
+/// The figure's plot input and hash: from its example (and followed query), or Monte Carlo.
+fn prepare(
+    cx: &mut Context<'_, '_>,
+    id: &str,
+    decl_start: usize,
+    fig: &FigureDecl,
+) -> Result<Prepared, Problem> {
+    let problem = |at: usize, message: String, found: String, expected: String| {
+        Problem::new(cx.doc, at, message, found, expected)
+    };
+    if !fig.kind.needs_example() {
+        return Ok(figures::prepare_scaling(fig));
+    }
+    let example = fig.example.as_ref().ok_or_else(|| {
+        problem(
+            decl_start,
+            format!("figure `{id}` has no `example`"),
+            format!("id = \"{id}\""),
+            "`example = \"ID\"` naming an attention example".into(),
+        )
+    })?;
+    let t = cx.eval.target(cx.doc, &example.value).map_err(|e| {
+        problem(example.at, format!("unknown reference `{}`", example.value), example.value.clone(), e)
+    })?;
+    // A broken example reports its own error; the figure stays quiet.
+    let record = cx
+        .eval
+        .record(&t.key)
+        .ok_or_else(|| problem(example.at, String::new(), String::new(), String::new()))?;
+    let Computed::Attention { inputs, result: Ok(result) } = record.computed else {
+        return Err(problem(
+            example.at,
+            format!("`{}` is not an attention example that computes", example.value),
+            example.value.clone(),
+            "the id of a `qkv attention` block".into(),
+        ));
+    };
+    let labels = inputs.query_labels();
+    let query = match &fig.query {
+        Some(q) => Some(labels.iter().position(|l| *l == q.value).ok_or_else(|| {
+            problem(
+                q.at,
+                format!("`{}` is not a query of `{}`", q.value, example.value),
+                q.value.clone(),
+                format!("one of {}", labels.join(", ")),
+            )
+        })?),
+        None if fig.kind.needs_query() => {
+            return Err(problem(
+                decl_start,
+                format!("a `{}` figure needs `query`", FigureKind::NAMES[fig.kind as usize]),
+                format!("id = \"{id}\""),
+                format!("`query = \"TOKEN\"`, one of {}", labels.join(", ")),
+            ));
+        }
+        None => None,
+    };
+    figures::prepare_example(fig, &inputs, &result, query).map_err(|e| {
+        problem(
+            decl_start,
+            format!("figure `{id}` cannot be drawn from `{}`", example.value),
+            format!("id = \"{id}\""),
+            e,
+        )
+    })
+}
+
+/// Alt text as markdown link text: the characters markdown would read as syntax, escaped.
+fn escape_alt(s: &str) -> String {
+    let mut out = String::new();
+    for c in s.chars() {
+        if matches!(c, '[' | ']' | '\\' | '*' | '_' | '`') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}

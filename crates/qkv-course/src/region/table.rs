@@ -1,0 +1,129 @@
+//! `table EXAMPLE inputs|weights|scores`: an attention example's inputs, or its weight or score
+//! matrix, as a markdown table (weights with a row-sum and an output column; masked cells say so).
+
+use std::fmt::Write;
+
+use super::{Context, DEFAULT_DIGITS, Generated, Kind};
+use crate::error::Problem;
+use crate::eval::{AttentionInputs, AttentionResult, Computed};
+
+pub(super) const KIND: Kind =
+    Kind { name: "table", usage: "`table EXAMPLE inputs|weights|scores`", options: &["digits"], generate };
+
+fn generate(cx: &mut Context<'_, '_>) -> Result<Generated, Problem> {
+    let named = cx.named(KIND.usage)?;
+    let field = cx.args.get(1).copied().unwrap_or("weights");
+    let target = cx.args[0];
+    let body = match (named.computed, named.rest.is_empty()) {
+        (Computed::Attention { inputs, .. }, true) if field == "inputs" => inputs_table(&inputs),
+        (Computed::Attention { inputs, result: Ok(result) }, true) => match field {
+            "weights" => matrix_table(&inputs, &result, &result.weights, "weights", cx.digits),
+            "scores" => matrix_table(&inputs, &result, &result.scores, "scores", cx.digits),
+            other => {
+                return Err(cx.problem(format!("unknown table `{other}`"), "`inputs`, `weights` or `scores`"));
+            }
+        },
+        _ => {
+            return Err(cx.problem(
+                format!("`{target}` is not an attention example that computes"),
+                "the id of a `qkv attention` block",
+            ));
+        }
+    };
+    Ok(cx.markdown(body))
+}
+
+/// The inputs of an attention example as a table: one row per token.
+pub(super) fn inputs_table(inputs: &AttentionInputs) -> String {
+    let vector = |r: &[f64]| {
+        let parts: Vec<String> = r
+            .iter()
+            .map(|&x| crate::format::fixed(x, if x == x.trunc() { 0 } else { DEFAULT_DIGITS }))
+            .collect();
+        if parts.len() == 1 { parts[0].clone() } else { format!("({})", parts.join(", ")) }
+    };
+    let mut out = String::from("| token | query | key | value |\n|:--|:--|:--|--:|\n");
+    let (ql, kl) = (inputs.query_labels(), inputs.key_labels());
+    for j in 0..inputs.keys.len().max(inputs.queries.len()) {
+        let label = kl.get(j).or(ql.get(j)).map_or("", String::as_str);
+        let cell = |rows: &[Vec<f64>]| rows.get(j).map_or(String::new(), |r| vector(r));
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} |",
+            escape_cell(label),
+            cell(&inputs.queries),
+            cell(&inputs.keys),
+            cell(&inputs.values)
+        );
+    }
+    out
+}
+
+/// A matrix (weights or scores) as a markdown table; weights get a row-sum column and each
+/// query's output, so the table shows where every row's blend lands.
+pub(super) fn matrix_table(
+    inputs: &AttentionInputs,
+    result: &AttentionResult,
+    m: &ndarray::Array2<f64>,
+    what: &str,
+    digits: usize,
+) -> String {
+    let (rows, cols) = (inputs.query_labels(), inputs.key_labels());
+    let with_sum = what == "weights";
+    let mut out = String::new();
+    let _ = write!(out, "| query ↓ · key → |");
+    for c in &cols {
+        let _ = write!(out, " {} |", escape_cell(c));
+    }
+    if with_sum {
+        out.push_str(" row sum | output |");
+    }
+    out.push_str("\n|:--|");
+    for _ in &cols {
+        out.push_str("--:|");
+    }
+    if with_sum {
+        out.push_str("--:|--:|");
+    }
+    out.push('\n');
+    for (i, r) in rows.iter().enumerate() {
+        let _ = write!(out, "| **{}** |", escape_cell(r));
+        for j in 0..cols.len() {
+            let x = m[[i, j]];
+            let cell = crate::format::fixed(x, digits);
+            let masked = !result.traces[i].kept[j];
+            let _ = write!(
+                out,
+                " {} |",
+                if masked { format!("{} (masked)", crate::format::fixed(x, 0)) } else { cell }
+            );
+        }
+        if with_sum {
+            let output: Vec<String> =
+                result.output.row(i).iter().map(|&x| crate::format::fixed(x, digits)).collect();
+            let output =
+                if output.len() == 1 { output[0].clone() } else { format!("({})", output.join(", ")) };
+            let _ = write!(out, " {} | {output} |", crate::format::fixed(m.row(i).sum(), digits));
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// A label as table-cell markdown: no HTML, no emphasis, no column breaks.
+fn escape_cell(s: &str) -> String {
+    let mut out = String::new();
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '|' | '*' | '_' | '`' | '\\' | '[' | ']' => {
+                out.push('\\');
+                out.push(c);
+            }
+            _ => out.push(c),
+        }
+    }
+    out
+}
