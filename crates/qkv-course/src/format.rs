@@ -54,8 +54,9 @@ pub(crate) fn fixed(x: f64, decimals: usize) -> String {
 pub(crate) struct Shown {
     /// The text as printed.
     pub text: String,
-    /// The printed value, in units of `10^-digits` (for exact sums of shown terms).
-    pub units: i128,
+    /// The printed value, in units of `10^-digits` (for exact sums of shown terms); `None` when it
+    /// is too large to count exactly (beyond 2^100 units), so no sum of it is ever called exact.
+    pub units: Option<i128>,
     /// Whether the printed text is the value exactly.
     pub exact: bool,
 }
@@ -63,19 +64,23 @@ pub(crate) struct Shown {
 /// Shows `x` at `digits` decimals following the lesson's rule.
 pub(crate) fn shown(x: f64, digits: usize) -> Shown {
     let scale = 10f64.powi(digits as i32);
-    if x.is_finite() && x == x.trunc() && x.abs() < 1e15 {
-        let text = fixed(x, 0);
-        return Shown { units: (x as i128) * scale as i128, text, exact: true };
-    }
     if !x.is_finite() {
-        return Shown { text: fixed(x, 0), units: 0, exact: true };
+        return Shown { text: fixed(x, 0), units: None, exact: true };
+    }
+    if x == x.trunc() && x.abs() < 1e15 {
+        // Below 1e15 an integer times 10^12 (the most digits allowed) still fits an i128 exactly.
+        return Shown { units: Some(x as i128 * 10i128.pow(digits as u32)), text: fixed(x, 0), exact: true };
     }
     let text = fixed(x, digits);
     let value: f64 = text.parse().unwrap_or(x);
     let exact = value == x;
     // An exact decimal reads best without padding: 0.5, not 0.5000.
     let text = if exact && text.contains('.') { text.trim_end_matches('0').to_string() } else { text };
-    Shown { units: (value * scale).round() as i128, exact, text }
+    // Counting units is exact only while they fit an f64 mantissa's reach; past 2^100 (a value
+    // near 1e26 at four decimals) the sum could overflow or round, so it is never called exact.
+    let scaled = (value * scale).round();
+    let units = (scaled.abs() < 2f64.powi(100)).then_some(scaled as i128);
+    Shown { units, exact, text }
 }
 
 /// The relation to print between an expression of shown operands and a shown result:
@@ -86,8 +91,9 @@ pub(crate) fn relation(exact: bool) -> &'static str {
 
 /// `=` when the shown terms add up exactly to the shown total and nothing was rounded.
 pub(crate) fn sum_relation(terms: &[Shown], total: &Shown) -> &'static str {
-    let sum: i128 = terms.iter().map(|t| t.units).sum();
-    relation(sum == total.units && terms.iter().all(|t| t.exact) && total.exact)
+    // Checked: at most 2^100 per term, but a lesson may add many of them.
+    let sum = terms.iter().try_fold(0i128, |sum, t| sum.checked_add(t.units?));
+    relation(sum.is_some() && sum == total.units && terms.iter().all(|t| t.exact) && total.exact)
 }
 
 #[cfg(test)]

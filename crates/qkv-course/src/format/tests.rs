@@ -32,7 +32,7 @@ fn shown_numbers_say_when_they_are_rounded() {
     let one = shown(1.0, 4);
     assert_eq!((one.text.as_str(), one.exact), ("1", true));
     let w = shown(0.19782, 4);
-    assert_eq!((w.text.as_str(), w.exact, w.units), ("0.1978", false, 1978));
+    assert_eq!((w.text.as_str(), w.exact, w.units), ("0.1978", false, Some(1978)));
     let half = shown(0.5, 4);
     assert_eq!((half.text.as_str(), half.exact), ("0.5", true));
 }
@@ -43,4 +43,17 @@ fn sums_of_rounded_terms_get_approx() {
     assert_eq!(sum_relation(&terms, &shown(4.40654, 4)), r"\approx");
     let exact = [shown(1.0, 4), shown(2.0, 4)];
     assert_eq!(sum_relation(&exact, &shown(3.0, 4)), "=");
+}
+
+/// Finding 1 of issue 11: values of 1e35 and more overflowed the exact sum of shown terms.
+#[test]
+fn sums_of_huge_terms_say_approx_instead_of_overflowing() {
+    let huge = shown(1e35, 4);
+    assert_eq!(huge.units, None);
+    let terms = [shown(5e34, 4), shown(0.5, 4)];
+    assert_eq!(sum_relation(&terms, &shown(5e34 + 0.5, 4)), r"\approx");
+    let many = vec![shown(1e25, 12); 40];
+    assert_eq!(sum_relation(&many, &shown(4e26, 12)), r"\approx");
+    let max = [shown(f64::MAX, 12), shown(f64::MAX, 12)];
+    assert_eq!(sum_relation(&max, &shown(f64::MAX, 12)), r"\approx");
 }

@@ -192,3 +192,20 @@ fn projections_masks_scales_and_wide_values() {
     assert!(text.contains("Multiply by the scale $0.5$"), "{text}");
     insta::assert_snapshot!("features_lesson", text);
 }
+
+/// A one-file lesson at `content/01-NAME.md`, every figure file taken as missing.
+fn one_file(text: &str) -> Sources {
+    Sources {
+        markdown: vec![SourceFile { path: "content/01-test.md".into(), text: text.into() }],
+        figures: Default::default(),
+    }
+}
+
+/// Issue 11, finding 1: the minimal input that panicked ("attempt to add with overflow").
+#[test]
+fn huge_values_build_with_approximate_steps() {
+    let text = "# Huge\n\n```qkv weighted-sum\nid = \"big\"\nweights = [0.5, 0.5]\nvalues = [1e35, 1]\n```\n\n<!-- qkv steps big -->\n<!-- /qkv -->\n";
+    let built = build(&one_file(text)).unwrap_or_else(|e| panic!("{e}"));
+    let steps = &built.markdown[0].text;
+    assert!(steps.contains(r"\operatorname{output} \approx"), "{steps}");
+}
