@@ -21,6 +21,7 @@
 
 mod citation;
 mod document;
+mod encoding;
 mod error;
 mod eval;
 mod examples;
@@ -34,6 +35,7 @@ mod region;
 mod stale;
 mod values;
 
+pub use encoding::decode;
 pub use error::{ContentError, ContentErrors};
 pub use pipeline::{Build, FigureFile, OutputFile, SourceFile, Sources, build, check, records, section_id};
 pub use stale::{Stale, stale_report};

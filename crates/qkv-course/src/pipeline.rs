@@ -5,6 +5,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::ops::Range;
 
 use crate::document::{self, Document};
+use crate::encoding::{LineEnding, restore_bom, strip_bom};
 use crate::error::{ContentError, ContentErrors, Problem};
 use crate::eval::Evaluator;
 use crate::examples::{self, Decl, DeclKind};
@@ -105,12 +106,29 @@ struct Plan {
 
 /// Checks the lesson: the stale places, or the content errors. Renders nothing.
 pub fn check(sources: &Sources) -> Result<Vec<Stale>, ContentErrors> {
-    let plan = plan(sources)?;
-    Ok(stale_places(sources, &plan))
+    let (sources, _) = without_boms(sources);
+    let plan = plan(&sources)?;
+    Ok(stale_places(&sources, &plan))
+}
+
+/// The sources as the pipeline reads them: byte-order marks set aside (before `# Title` one would
+/// turn the heading into a paragraph), and which files had one, to put it back on output.
+fn without_boms(sources: &Sources) -> (Sources, Vec<bool>) {
+    let (markdown, boms) = sources
+        .markdown
+        .iter()
+        .map(|f| {
+            let (text, bom) = strip_bom(&f.text);
+            (SourceFile { path: f.path.clone(), text: text.to_string() }, bom)
+        })
+        .unzip();
+    (Sources { markdown, figures: sources.figures.clone() }, boms)
 }
 
 /// Builds the lesson: updated markdown, re-rendered figures (only stale ones) and the site.
 pub fn build(sources: &Sources) -> Result<Build, ContentErrors> {
+    let (sources, boms) = without_boms(sources);
+    let sources = &sources;
     let plan = plan(sources)?;
     let stale = stale_places(sources, &plan);
     let markdown: Vec<SourceFile> = sources
@@ -146,13 +164,18 @@ pub fn build(sources: &Sources) -> Result<Build, ContentErrors> {
     }
     let site = html::site(&markdown, &plan.region_html, plan.notebooks.clone());
     let orphans = orphan_figures(sources, &plan);
+    let markdown = markdown
+        .into_iter()
+        .zip(boms)
+        .map(|(file, bom)| SourceFile { text: restore_bom(file.text, bom), ..file })
+        .collect();
     Ok(Build { markdown, stale, figures, orphans, site })
 }
 
 /// Every declaration's full computed record as `(qualified id, listing)`, in reading order: one
 /// line per value, `path = value`, numbers at full precision. What the snapshot tests hold.
 pub fn records(sources: &Sources) -> Result<Vec<(String, String)>, ContentErrors> {
-    let plan = plan(sources)?;
+    let plan = plan(&without_boms(sources).0)?;
     Ok(plan
         .records
         .iter()
@@ -268,9 +291,45 @@ fn locate(sources: &Sources, problems: Vec<Problem>) -> ContentErrors {
     ContentErrors(errors)
 }
 
-fn plan(sources: &Sources) -> Result<Plan, ContentErrors> {
+/// Problems with the section ids the file names give: each must be usable in paths and page
+/// names, and no two files may share one (both would be written to the same page).
+fn section_problems(sources: &Sources, sections: &[String]) -> Vec<Problem> {
     let mut problems = Vec::new();
+    for (i, (file, id)) in sources.markdown.iter().zip(sections).enumerate() {
+        let name = file.path.rsplit(['/', '\\']).next().unwrap_or(&file.path);
+        let expected = "a file name `NN-ID.md` whose ID is letters, digits, `-` and `_`, such as `03-cross-attention.md`";
+        if id.is_empty() || !id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+            let message = format!(
+                "the file name gives the section id `{id}`, which cannot name a page or begin a path"
+            );
+            problems.push(Problem::new(i, 0, message, name, expected));
+        } else if id == "index" {
+            let message = "the section id `index` would overwrite the site's contents page (index.html)";
+            problems.push(Problem::new(i, 0, message, name, expected));
+        } else if let Some(first) = sections[..i].iter().position(|s| s == id) {
+            let message = format!(
+                "section id `{id}` is also the id of {}: both would be written to {id}.html",
+                sources.markdown[first].path
+            );
+            problems.push(Problem::new(
+                i,
+                0,
+                message,
+                name,
+                "one lesson file per section id: rename or remove one of them",
+            ));
+        }
+    }
+    problems
+}
+
+fn plan(sources: &Sources) -> Result<Plan, ContentErrors> {
     let sections: Vec<String> = sources.markdown.iter().map(|f| section_id(&f.path)).collect();
+    // Everything else is keyed by section: with two files under one id, later errors would mislead.
+    let mut problems = section_problems(sources, &sections);
+    if !problems.is_empty() {
+        return Err(locate(sources, problems));
+    }
     let mut docs = Vec::new();
     for (i, file) in sources.markdown.iter().enumerate() {
         match document::parse(i, &file.text) {
@@ -320,10 +379,12 @@ fn plan(sources: &Sources) -> Result<Plan, ContentErrors> {
     let mut notebooks = Vec::new();
     for (i, doc) in docs.iter().enumerate() {
         let mut page = Vec::new();
+        // Generated text breaks lines with `\n`; a CRLF file gets CRLF throughout.
+        let ending = LineEnding::of(&sources.markdown[i].text);
         for r in &doc.regions {
             match region::generate(&mut eval, &decls, &sections, i, r, &sources.markdown[i].text) {
                 Ok(generated) => {
-                    let text = format!("\n{}\n", generated.body);
+                    let text = ending.apply(format!("\n{}\n", generated.body));
                     edits[i].push(Edit { range: r.body.clone(), text, what: generated.what });
                     figures_out.extend(generated.figure);
                     notebooks.extend(generated.notebook);

@@ -107,8 +107,9 @@ fn text_outside_generated_places_is_untouched() {
     assert_eq!(rebuilt.markdown[0].text, ATTENTION);
 }
 
-/// Bad content: each fixture in `bad-content/` is a one-file lesson with one mistake; its error
-/// report (file:line:column, offending text, what was expected) is the snapshot.
+/// Bad content: each fixture in `bad-content/` is a one-file lesson with one mistake, or a folder
+/// of lesson files whose mistake lies between them; its error report (file:line:column,
+/// offending text, what was expected) is the snapshot.
 #[test]
 fn bad_content() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/pipeline/bad-content");
@@ -118,12 +119,34 @@ fn bad_content() {
     assert!(fixtures.len() >= 10, "fixtures missing from {}", dir.display());
     for path in fixtures {
         let name = path.file_stem().and_then(|n| n.to_str()).expect("utf-8 name").to_string();
-        let text = std::fs::read_to_string(&path).expect("fixture");
-        let sources = Sources {
-            markdown: vec![SourceFile { path: format!("content/{name}.md"), text }],
-            figures: Default::default(),
+        let files = if path.is_dir() {
+            let mut files: Vec<_> =
+                std::fs::read_dir(&path).expect("fixture folder").flatten().map(|e| e.path()).collect();
+            files.sort();
+            files
+        } else {
+            vec![path.clone()]
         };
-        match check(&sources) {
+        let mut markdown = Vec::new();
+        let mut undecodable = Vec::new();
+        for file in files {
+            let shown = if path.is_dir() {
+                format!("content/{}", file.file_name().and_then(|n| n.to_str()).expect("utf-8 name"))
+            } else {
+                format!("content/{name}.md")
+            };
+            // Read as xtask reads: bytes, decoded by the pipeline (which locates bad UTF-8).
+            match crate::decode(&shown, &std::fs::read(&file).expect("fixture")) {
+                Ok(text) => markdown.push(SourceFile { path: shown, text }),
+                Err(e) => undecodable.push(e),
+            }
+        }
+        let result = if undecodable.is_empty() {
+            check(&Sources { markdown, figures: Default::default() })
+        } else {
+            Err(ContentErrors(undecodable))
+        };
+        match result {
             Ok(stale) => panic!("{name}: expected content errors, got {} stale places", stale.len()),
             Err(e) => insta::assert_snapshot!(format!("bad_content_{name}"), e.to_string()),
         }
@@ -208,4 +231,53 @@ fn huge_values_build_with_approximate_steps() {
     let built = build(&one_file(text)).unwrap_or_else(|e| panic!("{e}"));
     let steps = &built.markdown[0].text;
     assert!(steps.contains(r"\operatorname{output} \approx"), "{steps}");
+}
+
+fn crlf(text: &str) -> String {
+    text.replace('\n', "\r\n")
+}
+
+/// Issue 11, finding 3: a CRLF file came back with 67 CRLF and 31 LF line endings.
+#[test]
+fn a_crlf_lesson_stays_crlf_and_fresh() {
+    let committed = lesson_with(&crlf(ATTENTION), &crlf(MASKING));
+    let stale = check(&committed).expect("lesson evaluates");
+    assert!(stale.is_empty(), "{}", stale_report(&stale));
+    let edited = crlf(&ATTENTION.replacen("values = [[2], [6], [4]]", "values = [[2], [5], [4]]", 1));
+    let emptied = crlf(&MASKING.replacen(
+        &MASKING[MASKING.find("<!-- qkv table masked weights -->").unwrap()
+            ..MASKING.find("```qkv figure").unwrap()],
+        "<!-- qkv table masked weights -->\n<!-- /qkv -->\n\n",
+        1,
+    ));
+    let rebuilt = build(&lesson_with(&edited, &emptied)).expect("builds");
+    for file in &rebuilt.markdown {
+        let bare = file.text.match_indices('\n').filter(|(i, _)| !file.text[..*i].ends_with('\r')).count();
+        assert_eq!(bare, 0, "{}: {bare} lines end in a bare LF", file.path);
+    }
+    assert!(
+        rebuilt.markdown[1]
+            .text
+            .contains("| **love** | 0.3302 | 0.6698 | 0 (masked) | 1.0000 | 4.0093 |\r\n")
+    );
+    let again = lesson_with(&rebuilt.markdown[0].text, &rebuilt.markdown[1].text);
+    let after = check(&again).expect("still valid");
+    assert!(after.is_empty(), "{}", stale_report(&after));
+}
+
+/// Issue 11, finding 3: with a byte-order mark, the title was rendered as a paragraph.
+#[test]
+fn a_byte_order_mark_is_kept_and_the_title_stays_a_heading() {
+    let edited =
+        ATTENTION.replacen("[4.41](=sentence.love.output:2)**. It", "[?](=sentence.love.output:2)**. It", 1);
+    let sources = lesson_with(&format!("\u{feff}{edited}"), MASKING);
+    let report = check(&sources).map(|s| stale_report(&s)).expect("lesson evaluates");
+    // Positions on the first line do not count the invisible mark.
+    assert!(report.contains("content/01-attention.md:146: expected 4.41, found ?"), "{report}");
+    let built = build(&sources).expect("builds");
+    assert_eq!(built.markdown[0].text, format!("\u{feff}{ATTENTION}"));
+    let page = &built.site.iter().find(|f| f.name == "attention.html").expect("page").text;
+    assert!(page.contains("<h1>Scaled dot-product attention</h1>"), "{page}");
+    assert!(page.contains("<title>Scaled dot-product attention · qkv</title>"));
+    assert!(!page.contains('\u{feff}'));
 }
