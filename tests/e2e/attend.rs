@@ -138,3 +138,25 @@ fn npy_files_agree_with_numpy_float64() {
         }
     }
 }
+
+/// Issue 11, finding 8: `cargo xtask attend … | head -1` exited 101 with "failed printing to
+/// stdout: Broken pipe". Far more output than a pipe holds, and a reader that stops after one line.
+#[test]
+fn a_closed_pipe_ends_the_calculator_quietly() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let queries = vec!["1,0"; 4000].join("; ");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_xtask"))
+        .args(["attend", "--steps", "--queries", &queries, "--keys", "1,0; 0,1", "--values", "1; 2"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("xtask runs");
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut first).expect("one line");
+    assert!(first.starts_with("query 0 = "), "{first}");
+    // The reader is gone now; the next write fails with EPIPE.
+    let out = child.wait_with_output().expect("xtask ends");
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "");
+}

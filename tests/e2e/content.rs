@@ -195,3 +195,85 @@ fn a_leftover_figure_is_reported_and_removed() {
     assert!(!content.join("figures/old-figure.svg").exists());
     assert!(!dir.path().join("site/figures/old-figure.svg").exists());
 }
+
+/// Every path under `dir` that is a leftover temporary file.
+fn temporary_files(dir: &Path) -> Vec<PathBuf> {
+    snapshot(dir).into_iter().map(|(p, _)| p).filter(|p| p.to_string_lossy().ends_with(".tmp")).collect()
+}
+
+/// Issue 11, finding 2: a second file with the same section id overwrote `attention.html`,
+/// then failed, leaving 19 `.tmp` files; `--check` called the lesson up to date.
+#[test]
+fn a_duplicate_section_id_is_a_content_error_and_writes_nothing() {
+    let dir = copy_of_content();
+    let content = dir.path().join("content");
+    let out = dir.path().join("site");
+    let first = xtask(&["build-content", "--content", arg(&content), "--out", arg(&out)]);
+    assert_eq!(first.status, 0, "{}", first.stderr);
+    fs::copy(content.join("01-attention.md"), content.join("03-attention.md")).expect("copy");
+    let (content_before, site_before) = (snapshot(&content), snapshot(&out));
+    for args in [&["build-content"][..], &["build-content", "--check"][..]] {
+        let run = xtask(&[args, &["--content", arg(&content), "--out", arg(&out)]].concat());
+        assert_eq!(run.status, 1, "{args:?}: {}", run.stderr);
+        assert!(
+            run.stderr.contains("03-attention.md:1:1: section id `attention` is also the id of "),
+            "{args:?}: {}",
+            run.stderr
+        );
+        assert!(
+            run.stderr.contains("01-attention.md: both would be written to attention.html"),
+            "{}",
+            run.stderr
+        );
+        assert_eq!(content_before, snapshot(&content), "{args:?} touched the lesson");
+        assert_eq!(site_before, snapshot(&out), "{args:?} touched the site");
+    }
+}
+
+/// A failure while writing (here a folder where a page goes) removes every temporary file and
+/// renames nothing.
+#[test]
+fn a_failed_write_leaves_no_temporary_files() {
+    let dir = copy_of_content();
+    let content = dir.path().join("content");
+    let out = dir.path().join("site");
+    fs::create_dir_all(out.join("causal-masking.html")).expect("folder in the way");
+    let lesson = content.join("01-attention.md");
+    let text = fs::read_to_string(&lesson).expect("lesson");
+    fs::write(&lesson, text.replacen("values = [[2], [6], [4]]", "values = [[2], [5], [4]]", 1))
+        .expect("write");
+    let (content_before, site_before) = (snapshot(&content), snapshot(&out));
+    let run = xtask(&["build-content", "--content", arg(&content), "--out", arg(&out)]);
+    assert_eq!(run.status, 1, "{}", run.stderr);
+    assert!(
+        run.stderr.contains("causal-masking.html: a folder of that name is in the way"),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(temporary_files(dir.path()), Vec::<PathBuf>::new());
+    assert_eq!(content_before, snapshot(&content), "the lesson was rewritten");
+    assert_eq!(site_before, snapshot(&out), "part of the site was written");
+}
+
+/// Issue 11, finding 8: the workspace comes from the run-time `CARGO_MANIFEST_DIR` (what
+/// `cargo run` sets), so a binary compiled in another clone still reads this clone's lesson.
+#[test]
+fn the_workspace_is_found_at_run_time() {
+    let dir = copy_of_content();
+    fs::create_dir_all(dir.path().join("xtask")).expect("xtask folder");
+    let lesson = dir.path().join("content/01-attention.md");
+    let text = fs::read_to_string(&lesson).expect("lesson");
+    fs::write(&lesson, text.replacen("values = [[2], [6], [4]]", "values = [[2], [5], [4]]", 1))
+        .expect("write");
+    let run = Command::new(env!("CARGO_BIN_EXE_xtask"))
+        .args(["build-content", "--check"])
+        .env("CARGO_MANIFEST_DIR", dir.path().join("xtask"))
+        .output()
+        .expect("xtask runs");
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(1), "{stderr}");
+    // Paths are shown relative to the workspace it found: the copy, not this clone.
+    assert!(stderr.contains("content/01-attention.md:"), "{stderr}");
+    assert!(!stderr.contains(&dir.path().display().to_string()), "{stderr}");
+    assert!(stderr.contains("expected 4.01, found 4.41"), "{stderr}");
+}

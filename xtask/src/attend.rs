@@ -8,7 +8,7 @@ use ndarray::Array2;
 use qkv::{AttentionOptions, CausalMask, QueryTrace, Real};
 use serde_json::{Value, json};
 
-use crate::cli::{Args, usage};
+use crate::cli::{Args, say, usage};
 
 const HELP: &str = "\
 usage: cargo xtask attend (--query V | --queries M) --keys M --values M [options]
@@ -50,7 +50,7 @@ struct Request {
 pub fn run(args: Vec<String>) -> anyhow::Result<()> {
     let mut args = Args::new("attend", args);
     if args.flag("--help") || args.flag("-h") {
-        println!("{HELP}");
+        say!("{HELP}");
         return Ok(());
     }
     let request = parse(&mut args)?;
@@ -183,35 +183,28 @@ fn compute<T: Real + ndarray_npy::WritableElement>(r: &Request) -> anyhow::Resul
         if r.out.is_none() {
             doc["output"] = rows_json(&output);
         }
-        println!("{doc}");
+        say!("{doc}");
         return Ok(());
     }
     if r.steps {
         for i in 0..q.nrows() {
             let trace = qkv::trace_query(q.view(), k.view(), v.view(), i, &options).map_err(bad_input)?;
-            print!("{}", format_trace(i, &trace));
+            say!("{}", format_trace(i, &trace).trim_end());
         }
         return Ok(());
     }
-    println!(
-        "{} queries × {} keys, d_k = {}, d_v = {}, {}",
-        q.nrows(),
-        k.nrows(),
-        k.ncols(),
-        v.ncols(),
-        T::NAME
-    );
+    say!("{} queries × {} keys, d_k = {}, d_v = {}, {}", q.nrows(), k.nrows(), k.ncols(), v.ncols(), T::NAME);
     if scores.nrows() <= PRINT_LIMIT && scores.ncols() <= PRINT_LIMIT {
-        print_table("scaled scores", &scores);
-        print_table("weights", &weights);
+        print_table("scaled scores", &scores)?;
+        print_table("weights", &weights)?;
     } else {
-        println!(
+        say!(
             "(the {} × {} score and weight matrices are left out; use --json)",
             scores.nrows(),
             scores.ncols()
         );
     }
-    print_table("output", &output);
+    print_table("output", &output)?;
     Ok(())
 }
 
@@ -225,12 +218,13 @@ fn rows_json(a: &Array2<f64>) -> Value {
     )
 }
 
-fn print_table(title: &str, a: &Array2<f64>) {
-    println!("{title}:");
+fn print_table(title: &str, a: &Array2<f64>) -> std::io::Result<()> {
+    say!("{title}:");
     for (i, row) in a.rows().into_iter().enumerate() {
         let cells: Vec<String> = row.iter().map(|x| format_cell(*x)).collect();
-        println!("  query {i}: {}", cells.join("  "));
+        say!("  query {i}: {}", cells.join("  "));
     }
+    Ok(())
 }
 
 fn format_cell(x: f64) -> String {

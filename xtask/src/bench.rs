@@ -2,12 +2,11 @@
 //! benchmark crate with its peers (candle, the `gemm` ceiling) in release mode, and with
 //! `--python` also the NumPy/PyTorch script on the same shapes.
 
-use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context, bail};
 
-use crate::cli::Args;
+use crate::cli::{Args, workspace_root};
 
 /// Runs the benchmark; `args` are the command's arguments after `bench`.
 pub fn run(args: Vec<String>) -> anyhow::Result<()> {
@@ -48,9 +47,4 @@ pub fn run(args: Vec<String>) -> anyhow::Result<()> {
         }
     }
     Ok(())
-}
-
-/// The workspace root: the parent of this crate's folder.
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask sits in the workspace").to_path_buf()
 }

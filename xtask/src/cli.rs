@@ -1,6 +1,9 @@
-//! The small argument parser every subcommand shares, and the usage error (exit status 2).
+//! What every subcommand shares: the small argument parser, the usage error (exit status 2),
+//! printing that ends quietly on a closed pipe, and where the workspace is.
 
 use std::fmt;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
 
 /// A malformed command line: the offending text and what was expected. Exits with status 2.
 #[derive(Debug)]
@@ -64,4 +67,36 @@ impl Args {
             )),
         }
     }
+}
+
+/// The workspace root. `cargo run` (and so `cargo xtask`) sets `CARGO_MANIFEST_DIR` for the
+/// program it runs: that names the clone being worked in, even when several clones share one
+/// target folder and this binary was compiled in another. The compile-time folder is the fallback.
+pub fn workspace_root() -> PathBuf {
+    let manifest_dir = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from);
+    manifest_dir.parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf)
+}
+
+/// Writes one line to standard output. Unlike `println!`, a closed pipe (`| head -1`) is an
+/// error to return, which `main` turns into a quiet exit.
+pub fn write_line(line: fmt::Arguments<'_>) -> io::Result<()> {
+    let mut out = io::stdout().lock();
+    out.write_fmt(line)?;
+    out.write_all(b"\n")
+}
+
+/// `say!("...", args)`: [`write_line`] with `format!` arguments, returning early on an error.
+macro_rules! say {
+    ($($arg:tt)*) => {
+        $crate::cli::write_line(format_args!($($arg)*))?
+    };
+}
+pub(crate) use say;
+
+/// Whether `e` is standard output closing under us (the reader of a pipe went away).
+pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|cause| {
+        cause.downcast_ref::<io::Error>().is_some_and(|io| io.kind() == io::ErrorKind::BrokenPipe)
+    })
 }

@@ -5,6 +5,7 @@ mod attend;
 mod bench;
 mod build_content;
 mod cli;
+mod lesson;
 
 use std::process::ExitCode;
 
@@ -31,15 +32,14 @@ fn main() -> ExitCode {
         Some("attend") => attend::run(rest),
         Some("build-content") => build_content::run(rest),
         Some("bench") => bench::run(rest),
-        Some("help" | "--help" | "-h") => {
-            println!("{HELP}");
-            Ok(())
-        }
+        Some("help" | "--help" | "-h") => cli::write_line(format_args!("{HELP}")).map_err(Into::into),
         Some(other) => cli::usage(format!("unknown command `{other}`\n\n{HELP}")),
         None => cli::usage(HELP),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // The reader of our output went away (`| head -1`): nothing is wrong, and nothing to say.
+        Err(e) if cli::is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::from(if e.is::<UsageError>() { 2 } else { 1 })
