@@ -1,5 +1,6 @@
-//! Self-attention from embeddings: every token's query, key and value are projections of its own
-//! embedding.
+//! Attention from embeddings: queries, keys and values as projections of embeddings, of one
+//! sequence (self-attention) or of two (cross-attention: a decoder's queries over an encoder's
+//! keys and values).
 
 use ndarray::{Array2, ArrayView2};
 
@@ -9,7 +10,7 @@ use crate::mask::AttentionOptions;
 use crate::real::Real;
 use crate::shape::check_finite;
 
-/// The learned projections of a self-attention layer.
+/// The learned projections of an attention layer.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Projections<T> {
     /// `W_Q`, `[d_model, d_k]`.
@@ -22,7 +23,7 @@ pub struct Projections<T> {
     pub w_o: Option<Array2<T>>,
 }
 
-/// Queries, keys and values projected from one sequence of embeddings.
+/// Queries, keys and values projected from embeddings.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Projected<T> {
     /// `Q = X·W_Q`, `[n, d_k]`.
@@ -37,14 +38,38 @@ impl<T: Real> Projections<T> {
     /// Projects embeddings `x` (`[n, d_model]`) to queries, keys and values.
     pub fn project(&self, x: ArrayView2<T>) -> Result<Projected<T>, AttentionError> {
         check_finite("x", &x)?;
-        let d_model = x.ncols();
-        for (argument, w) in [("w_q", &self.w_q), ("w_k", &self.w_k), ("w_v", &self.w_v)] {
-            if w.nrows() != d_model {
+        self.project_checked(x, x)
+    }
+
+    /// Projects for cross-attention: queries from `x_q` (`[n_q, d_q]`, say a decoder's states),
+    /// keys and values from `x_kv` (`[n_k, d_kv]`, say an encoder's). `w_q` is `[d_q, d_k]`;
+    /// `w_k` and `w_v` have `d_kv` rows.
+    pub fn project_cross(
+        &self,
+        x_q: ArrayView2<T>,
+        x_kv: ArrayView2<T>,
+    ) -> Result<Projected<T>, AttentionError> {
+        check_finite("x_q", &x_q)?;
+        check_finite("x_kv", &x_kv)?;
+        self.project_checked(x_q, x_kv)
+    }
+
+    /// Both projections once the embeddings are known to be finite.
+    fn project_checked(
+        &self,
+        x_q: ArrayView2<T>,
+        x_kv: ArrayView2<T>,
+    ) -> Result<Projected<T>, AttentionError> {
+        let d_model = x_kv.ncols();
+        for (argument, w, width) in
+            [("w_q", &self.w_q, x_q.ncols()), ("w_k", &self.w_k, d_model), ("w_v", &self.w_v, d_model)]
+        {
+            if w.nrows() != width {
                 return Err(AttentionError::ProjectionShape {
                     argument,
-                    expected: format!("[{d_model}, _]"),
+                    expected: format!("[{width}, _]"),
                     found: w.shape().into(),
-                    why: "it multiplies embeddings from the right, so its rows must match d_model",
+                    why: "it multiplies embeddings from the right, so its rows must match their width",
                 });
             }
             check_finite(argument, w)?;
@@ -57,7 +82,7 @@ impl<T: Real> Projections<T> {
                 why: "queries and keys meet in a dot product, so w_k needs as many columns as w_q",
             });
         }
-        Ok(Projected { queries: x.dot(&self.w_q), keys: x.dot(&self.w_k), values: x.dot(&self.w_v) })
+        Ok(Projected { queries: x_q.dot(&self.w_q), keys: x_kv.dot(&self.w_k), values: x_kv.dot(&self.w_v) })
     }
 
     /// Self-attention of `x` over itself, then `W_O` if present: `[n, d_out]` (or `[n, d_v]`).

@@ -58,3 +58,27 @@ fn self_attention_projects_then_attends() {
         "w_k has shape [6, 3] but must be [6, 4]: queries and keys meet in a dot product, so w_k needs as many columns as w_q"
     );
 }
+
+#[test]
+fn cross_attention_projects_queries_and_keys_from_two_sequences() {
+    let mut rng = ChaCha8Rng::seed_from_u64(6);
+    let mut m = |r, c| Array2::from_shape_simple_fn((r, c), || rng.random_range(-1.0..1.0));
+    // A decoder of width 4 reads an encoder of width 6: the projections' rows follow their side.
+    let (decoder, encoder): (Array2<f64>, Array2<f64>) = (m(2, 4), m(5, 6));
+    let proj = Projections { w_q: m(4, 3), w_k: m(6, 3), w_v: m(6, 2), w_o: None };
+    let p = proj.project_cross(decoder.view(), encoder.view()).unwrap();
+    assert_eq!(p.queries, decoder.dot(&proj.w_q));
+    assert_eq!((p.keys.clone(), p.values.clone()), (encoder.dot(&proj.w_k), encoder.dot(&proj.w_v)));
+    assert_eq!(p.queries.shape(), [2, 3]);
+    assert_eq!(p.keys.shape(), [5, 3]);
+
+    let err = proj.project_cross(encoder.view(), decoder.view()).unwrap_err().to_string();
+    assert_eq!(
+        err,
+        "w_q has shape [4, 3] but must be [6, _]: it multiplies embeddings from the right, so its rows must match their width"
+    );
+    let mut bad = encoder.clone();
+    bad[[1, 2]] = f64::NAN;
+    let err = proj.project_cross(decoder.view(), bad.view()).unwrap_err().to_string();
+    assert_eq!(err, "x_kv[1, 2] is NaN: attention needs finite inputs");
+}
