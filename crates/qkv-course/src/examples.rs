@@ -485,22 +485,43 @@ impl Reader<'_> {
 
     /// One finite number.
     fn scalar(&mut self, v: &Value<'_>) -> Option<f64> {
-        let parsed = match v.get_ref() {
+        let (parsed, written) = match v.get_ref() {
             DeValue::Integer(i) => {
-                i64::from_str_radix(&i.as_str().replace('_', ""), i.radix()).ok().map(|x| x as f64)
+                let digits = i.as_str().replace('_', "");
+                let x = i64::from_str_radix(&digits, i.radix()).ok().map(|x| x as f64);
+                // TOML integers stop at 64 bits; a longer decimal one is still the number it says.
+                (x.or_else(|| (i.radix() == 10).then(|| digits.parse::<f64>().ok()).flatten()), i.to_string())
             }
-            DeValue::Float(f) => f.as_str().replace('_', "").parse::<f64>().ok(),
-            _ => None,
+            DeValue::Float(f) => (f.as_str().replace('_', "").parse::<f64>().ok(), f.as_str().to_string()),
+            _ => (None, String::new()),
         };
+        let found = self.snippet(v);
         match parsed {
             Some(x) if x.is_finite() => Some(x),
+            Some(_) if !written.contains(['i', 'n']) => {
+                self.problem(
+                    v.span().start,
+                    format!("`{written}` is too large for a number here"),
+                    found,
+                    "a number of magnitude below 1.8e308 (the largest 64-bit float)",
+                );
+                None
+            }
             Some(_) => {
-                let found = self.snippet(v);
                 self.problem(
                     v.span().start,
                     "non-finite number",
                     found,
                     "a finite number (no `inf` or `nan`)",
+                );
+                None
+            }
+            None if !written.is_empty() => {
+                self.problem(
+                    v.span().start,
+                    format!("`{written}` is too large for an integer"),
+                    found,
+                    "a whole number below 2^63 in hexadecimal, octal or binary, or write it in decimal",
                 );
                 None
             }

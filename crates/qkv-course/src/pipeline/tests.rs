@@ -281,3 +281,15 @@ fn a_byte_order_mark_is_kept_and_the_title_stays_a_heading() {
     assert!(page.contains("<title>Scaled dot-product attention · qkv</title>"));
     assert!(!page.contains('\u{feff}'));
 }
+
+/// Issue 11, finding 4: `99999999999999999999` got "expected a number". It is one, past 64 bits.
+#[test]
+fn a_decimal_integer_past_64_bits_is_read_as_the_number_it_says() {
+    let text = "# Big\n\n```qkv dot\nid = \"d\"\nq = [99999999999999999999, 0]\nk = [1, 0]\n```\n\nq·k = [?](=d.dot:0).\n";
+    let built = build(&one_file(text)).unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        built.markdown[0].text.contains("q·k = [100000000000000000000](=d.dot:0)."),
+        "{}",
+        built.markdown[0].text
+    );
+}
