@@ -7,12 +7,15 @@ use ndarray::Array2;
 
 use crate::error::Problem;
 use crate::examples::{AttentionDecl, Decl, DeclKind, Field, Input, Mask};
+use crate::limits::{self, MAX_ROWS, MAX_WIDTH};
 use crate::values::{Miss, Node};
 
 /// The resolved inputs of an attention example.
 #[derive(Debug, Clone)]
 pub(crate) struct AttentionInputs {
     pub tokens: Option<Vec<String>>,
+    /// Labels of the queries when they differ from the keys' (cross-attention).
+    pub query_tokens: Option<Vec<String>>,
     pub queries: Vec<Vec<f64>>,
     pub keys: Vec<Vec<f64>>,
     pub values: Vec<Vec<f64>>,
@@ -21,9 +24,19 @@ pub(crate) struct AttentionInputs {
 }
 
 impl AttentionInputs {
-    /// Labels of the query rows: the tokens when there is one per row, else `1..`.
+    /// Labels of the query rows: `query_tokens`, else the tokens when there is one per row,
+    /// else `1..`.
     pub(crate) fn query_labels(&self) -> Vec<String> {
-        labels(&self.tokens, self.queries.len())
+        labels(
+            if self.query_tokens.is_some() { &self.query_tokens } else { &self.tokens },
+            self.queries.len(),
+        )
+    }
+
+    /// Whether queries and keys go by the same labels (self-attention), so one table row can
+    /// show a token's query, key and value together.
+    pub(crate) fn self_attention(&self) -> bool {
+        self.query_labels() == self.key_labels()
     }
 
     /// Labels of the key rows.
@@ -274,8 +287,9 @@ impl<'d> Evaluator<'d> {
     fn evaluate(&mut self, decl: &Decl) -> Option<Record> {
         match &decl.kind {
             DeclKind::Attention(a) => self.attention(decl, a),
-            DeclKind::Softmax { scores } => {
-                let scores = self.vector(decl, scores, "scores")?;
+            DeclKind::Softmax { scores: field } => {
+                let scores = self.vector(decl, field, "scores")?;
+                self.within(decl, field.at, scores.len(), MAX_ROWS, "scores")?;
                 // A softmax is one attention row: one query of width 1 against keys holding the scores.
                 let q = Array2::from_elem((1, 1), 1.0);
                 let k = Array2::from_shape_vec((scores.len(), 1), scores.clone()).ok()?;
@@ -290,6 +304,21 @@ impl<'d> Evaluator<'d> {
                         &qkv::AttentionOptions::new().scale(1.0),
                     ),
                 )?;
+                if let Some((i, x)) = first_non_finite(&trace.shifted) {
+                    let message = format!(
+                        "softmax `{}` overflows: score {} minus the largest one is {x}",
+                        decl.id,
+                        i + 1
+                    );
+                    self.fail(
+                        decl,
+                        field.at,
+                        message,
+                        String::new(),
+                        "scores whose spread stays below about 1.8e308",
+                    );
+                    return None;
+                }
                 let node = Node::Map(vec![
                     ("scores", Node::vector(&trace.scores)),
                     ("max", Node::Number(trace.max.unwrap_or(f64::NAN))),
@@ -304,6 +333,7 @@ impl<'d> Evaluator<'d> {
                 let (q_at, k_at) = (q.at, k.at);
                 let q = self.vector(decl, q, "q")?;
                 let k = self.vector(decl, k, "k")?;
+                self.within(decl, q_at, q.len(), MAX_WIDTH, "components")?;
                 if q.len() != k.len() || q.is_empty() {
                     self.fail(
                         decl,
@@ -321,6 +351,18 @@ impl<'d> Evaluator<'d> {
                     decl,
                     qkv::trace_query(qa.view(), ka.view(), v.view(), 0, &qkv::AttentionOptions::new()),
                 )?;
+                if let Some((_, x)) = first_non_finite(&[trace.dot_products[0], trace.scores[0]]) {
+                    let at = if largest(&q) >= largest(&k) { q_at } else { k_at };
+                    let message = format!("dot product `{}` overflows: q·k is {x}", decl.id);
+                    self.fail(
+                        decl,
+                        at,
+                        message,
+                        String::new(),
+                        "q and k small enough that q·k stays below about 1.8e308",
+                    );
+                    return None;
+                }
                 let node = Node::Map(vec![
                     ("q", Node::vector(&q)),
                     ("k", Node::vector(&k)),
@@ -336,6 +378,7 @@ impl<'d> Evaluator<'d> {
                 let at = values.at;
                 let weights = self.vector(decl, weights, "weights")?;
                 let values = self.vector(decl, values, "values")?;
+                self.within(decl, at, values.len(), MAX_ROWS, "values")?;
                 if weights.len() != values.len() {
                     self.fail(
                         decl,
@@ -348,6 +391,17 @@ impl<'d> Evaluator<'d> {
                 }
                 let terms: Vec<f64> = weights.iter().zip(&values).map(|(a, v)| a * v).collect();
                 let output = terms.iter().sum();
+                if let Some((_, x)) = first_non_finite(&[terms.as_slice(), &[output]].concat()) {
+                    let message = format!("weighted sum `{}` overflows: it reaches {x}", decl.id);
+                    self.fail(
+                        decl,
+                        at,
+                        message,
+                        String::new(),
+                        "weights and values small enough that the sum stays below about 1.8e308",
+                    );
+                    return None;
+                }
                 let node = Node::Map(vec![
                     ("weights", Node::vector(&weights)),
                     ("values", Node::vector(&values)),
@@ -357,6 +411,24 @@ impl<'d> Evaluator<'d> {
                 Some(Record { computed: Computed::WeightedSum { weights, values, terms, output }, node })
             }
             DeclKind::Figure(_) => None,
+        }
+    }
+
+    /// `Some(())` when `count` is within `limit`; else a problem at `at`.
+    fn within(&mut self, decl: &Decl, at: usize, count: usize, limit: usize, what: &str) -> Option<()> {
+        match limits::at_most(count, limit, what, "a computation may have") {
+            Ok(()) => Some(()),
+            Err(message) => {
+                let message = format!("`{}` has {message}", decl.id);
+                self.fail(
+                    decl,
+                    at,
+                    message,
+                    String::new(),
+                    "a computation small enough to read in worked steps",
+                );
+                None
+            }
         }
     }
 
@@ -422,6 +494,7 @@ impl<'d> Evaluator<'d> {
         }
         let mut inputs = base.unwrap_or(AttentionInputs {
             tokens: None,
+            query_tokens: None,
             queries: Vec::new(),
             keys: Vec::new(),
             values: Vec::new(),
@@ -431,21 +504,11 @@ impl<'d> Evaluator<'d> {
         if let Some(t) = &a.tokens {
             inputs.tokens = Some(t.value.clone());
         }
-        if let Some(x) = &a.x {
-            let x = self.matrix(decl, x, "x");
-            let ws: Vec<_> = [(&a.w_q, "w_q"), (&a.w_k, "w_k"), (&a.w_v, "w_v")]
-                .into_iter()
-                .map(|(w, name)| w.as_ref().and_then(|w| self.matrix(decl, w, name)))
-                .collect();
-            if let (Some(x), [Some(w_q), Some(w_k), Some(w_v)]) = (x, ws.as_slice()) {
-                let projections =
-                    qkv::Projections { w_q: array(w_q), w_k: array(w_k), w_v: array(w_v), w_o: None };
-                let projected = self.engine(decl, projections.project(array(&x).view()))?;
-                let rows = |m: &Array2<f64>| m.rows().into_iter().map(|r| r.to_vec()).collect::<Vec<_>>();
-                inputs.queries = rows(&projected.queries);
-                inputs.keys = rows(&projected.keys);
-                inputs.values = rows(&projected.values);
-            }
+        if let Some(t) = &a.query_tokens {
+            inputs.query_tokens = Some(t.value.clone());
+        }
+        if !self.project(decl, a, &mut inputs) {
+            return None;
         }
         for (field, name, slot) in [
             (&a.queries, "queries", &mut inputs.queries),
@@ -465,6 +528,46 @@ impl<'d> Evaluator<'d> {
             inputs.scale = Some(s.value);
         }
         if self.problems.len() > n {
+            return None;
+        }
+        // Limits first: nothing below needs to run on an example no lesson could show.
+        for (name, rows) in [("queries", &inputs.queries), ("keys", &inputs.keys), ("values", &inputs.values)]
+        {
+            let width = rows.first().map_or(0, Vec::len);
+            let check = limits::at_most(rows.len(), MAX_ROWS, name, "an example may have").and_then(|()| {
+                limits::at_most(
+                    width,
+                    MAX_WIDTH,
+                    &format!("components in each of its {name}"),
+                    "an example may have",
+                )
+            });
+            if let Err(message) = check {
+                let at = blame(decl, a, &[name, "x", "x_q", "x_kv", "w_q", "w_k", "w_v"]);
+                self.fail(
+                    decl,
+                    at,
+                    format!("example `{}` has {message}", decl.id),
+                    String::new(),
+                    format!("an example of at most {MAX_ROWS} rows of at most {MAX_WIDTH} numbers: small enough to follow by hand"),
+                );
+                return None;
+            }
+        }
+        if let Some(tokens) = &a.query_tokens
+            && tokens.value.len() != inputs.queries.len()
+        {
+            self.fail(
+                decl,
+                tokens.at,
+                format!(
+                    "`query_tokens` names {} tokens but there are {} queries",
+                    tokens.value.len(),
+                    inputs.queries.len()
+                ),
+                format!("{:?}", tokens.value),
+                "one token name per query row",
+            );
             return None;
         }
         if let Some(tokens) = &a.tokens
@@ -498,7 +601,37 @@ impl<'d> Evaluator<'d> {
             })
         });
         let result = match (computed, a.expect_error) {
-            (Ok(r), false) => Ok(r),
+            (Ok(r), false) => {
+                if let Some(o) = overflow(&inputs, &r) {
+                    // Blame the inputs, not the citation that would show the inf or NaN.
+                    let q_max = largest(inputs.queries.iter().flatten());
+                    let fields: &[&str] = match o.key {
+                        None => &["values", "x", "x_kv", "w_v"],
+                        Some(_) if q_max >= largest(inputs.keys.iter().flatten()) => {
+                            &["queries", "keys", "x", "x_q", "x_kv", "w_q", "w_k", "scale"]
+                        }
+                        Some(_) => &["keys", "queries", "x", "x_kv", "x_q", "w_k", "w_q", "scale"],
+                    };
+                    let expected = match o.key {
+                        None => {
+                            "values small enough that each query's weighted sum of them stays below about 1.8e308"
+                        }
+                        Some(_) => {
+                            "queries and keys small enough that every score, and the spread of each query's scores, stay below about 1.8e308"
+                        }
+                    };
+                    let at = blame(decl, a, fields);
+                    self.fail(
+                        decl,
+                        at,
+                        format!("example `{}` overflows: {}", decl.id, o.what),
+                        String::new(),
+                        expected,
+                    );
+                    return None;
+                }
+                Ok(r)
+            }
             (Err(e), true) => Err(e.to_string()),
             (Err(e), false) => {
                 // Point at the field the engine names, when this block wrote it.
@@ -538,6 +671,163 @@ impl<'d> Evaluator<'d> {
     }
 }
 
+impl Evaluator<'_> {
+    /// Projects the embeddings of an attention block, if it has any, into `inputs`: `x` for
+    /// self-attention, `x_q` and `x_kv` for cross-attention. False if that failed (a problem was
+    /// recorded).
+    fn project(&mut self, decl: &Decl, a: &AttentionDecl, inputs: &mut AttentionInputs) -> bool {
+        let (x_q, x_kv, names) = match (&a.x, &a.x_q, &a.x_kv) {
+            (Some(x), _, _) => (x, x, ["x", "x"]),
+            (None, Some(x_q), Some(x_kv)) => (x_q, x_kv, ["x_q", "x_kv"]),
+            _ => return true,
+        };
+        let x_q = self.matrix(decl, x_q, names[0]);
+        let x_kv = if a.x.is_some() { x_q.clone() } else { self.matrix(decl, x_kv, names[1]) };
+        let ws: Vec<_> = [(&a.w_q, "w_q"), (&a.w_k, "w_k"), (&a.w_v, "w_v")]
+            .into_iter()
+            .map(|(w, name)| w.as_ref().and_then(|w| self.matrix(decl, w, name)))
+            .collect();
+        let (Some(x_q), Some(x_kv), [Some(w_q), Some(w_k), Some(w_v)]) = (x_q, x_kv, ws.as_slice()) else {
+            return false;
+        };
+        let matrices = [(names[0], &x_q), (names[1], &x_kv), ("w_q", w_q), ("w_k", w_k), ("w_v", w_v)];
+        for (name, m) in matrices {
+            let check = limits::at_most(m.len(), MAX_ROWS, "rows", "an example may have").and_then(|()| {
+                limits::at_most(m.first().map_or(0, Vec::len), MAX_WIDTH, "columns", "an example may have")
+            });
+            if let Err(message) = check {
+                let at = blame(decl, a, &[name]);
+                self.fail(
+                    decl,
+                    at,
+                    format!("`{name}` of `{}` has {message}", decl.id),
+                    String::new(),
+                    format!("an example of at most {MAX_ROWS} rows of at most {MAX_WIDTH} numbers: small enough to follow by hand"),
+                );
+                return false;
+            }
+        }
+        let projections = qkv::Projections { w_q: array(w_q), w_k: array(w_k), w_v: array(w_v), w_o: None };
+        let projected = if a.x.is_some() {
+            projections.project(array(&x_q).view())
+        } else {
+            projections.project_cross(array(&x_q).view(), array(&x_kv).view())
+        };
+        let projected = match projected {
+            Ok(p) => p,
+            Err(e) => {
+                let at = match &e {
+                    qkv::AttentionError::ProjectionShape { argument, .. } => blame(decl, a, &[argument]),
+                    _ => decl.start,
+                };
+                self.fail(
+                    decl,
+                    at,
+                    format!("the engine rejected example `{}`: {e}", decl.id),
+                    String::new(),
+                    "projections whose rows match the width of the embeddings they multiply",
+                );
+                return false;
+            }
+        };
+        for (name, m, w) in [
+            ("queries", &projected.queries, "w_q"),
+            ("keys", &projected.keys, "w_k"),
+            ("values", &projected.values, "w_v"),
+        ] {
+            if let Some(x) = m.iter().find(|x| !x.is_finite()) {
+                let side = if name == "queries" { names[0] } else { names[1] };
+                let at = blame(decl, a, &[side, w]);
+                self.fail(
+                    decl,
+                    at,
+                    format!(
+                        "example `{}` overflows: projecting `{side}` with `{w}` gives {name} of {x}",
+                        decl.id
+                    ),
+                    String::new(),
+                    "embeddings and projections small enough that their products stay below about 1.8e308",
+                );
+                return false;
+            }
+        }
+        let rows = |m: &Array2<f64>| m.rows().into_iter().map(|r| r.to_vec()).collect::<Vec<_>>();
+        inputs.queries = rows(&projected.queries);
+        inputs.keys = rows(&projected.keys);
+        inputs.values = rows(&projected.values);
+        true
+    }
+}
+
+/// Where to point a problem of block `a`: the first of `fields` it writes, else its `from`,
+/// else its id.
+fn blame(decl: &Decl, a: &AttentionDecl, fields: &[&str]) -> usize {
+    let matrix = |f: &Option<Field<Input<Vec<Vec<f64>>>>>| f.as_ref().map(|f| f.at);
+    fields
+        .iter()
+        .find_map(|&name| match name {
+            "queries" => matrix(&a.queries),
+            "keys" => matrix(&a.keys),
+            "values" => matrix(&a.values),
+            "x" => matrix(&a.x),
+            "x_q" => matrix(&a.x_q),
+            "x_kv" => matrix(&a.x_kv),
+            "w_q" => matrix(&a.w_q),
+            "w_k" => matrix(&a.w_k),
+            "w_v" => matrix(&a.w_v),
+            "scale" => a.scale.as_ref().map(|f| f.at),
+            _ => None,
+        })
+        .or(a.from.as_ref().map(|f| f.at))
+        .unwrap_or(decl.id_at)
+}
+
+/// The first number of `xs` that is not finite, with its index.
+fn first_non_finite(xs: &[f64]) -> Option<(usize, f64)> {
+    xs.iter().copied().enumerate().find(|(_, x)| !x.is_finite())
+}
+
+/// The largest magnitude among some numbers.
+fn largest<'a>(xs: impl IntoIterator<Item = &'a f64>) -> f64 {
+    xs.into_iter().fold(0.0, |m, x| m.max(x.abs()))
+}
+
+/// A number of an evaluated example that overflowed although every input is finite.
+struct Overflow {
+    /// What overflowed, as a phrase: "q·k for query `I` and key `love` is inf".
+    what: String,
+    /// The key involved, or `None` when the output overflowed.
+    key: Option<usize>,
+}
+
+/// The first overflow in an example's traces: a dot product, a visible score or its distance
+/// from the row's largest score (scores), or a weighted value or output (values).
+fn overflow(inputs: &AttentionInputs, result: &AttentionResult) -> Option<Overflow> {
+    let (ql, kl) = (inputs.query_labels(), inputs.key_labels());
+    for (i, t) in result.traces.iter().enumerate() {
+        for (j, key) in kl.iter().enumerate() {
+            let stages = [
+                ("q·k", t.dot_products[j], true),
+                ("the scaled score", t.scores[j], t.kept[j]),
+                ("the score minus the largest one", t.shifted[j], t.kept[j]),
+            ];
+            if let Some((stage, x, _)) = stages.into_iter().find(|&(_, x, visible)| visible && !x.is_finite())
+            {
+                let what = format!("{stage} for query `{}` and key `{key}` is {x}", ql[i]);
+                return Some(Overflow { what, key: Some(j) });
+            }
+        }
+        let terms = t.weighted_values.iter().flatten().chain(&t.output);
+        if let Some(x) = terms.copied().find(|x| !x.is_finite()) {
+            return Some(Overflow {
+                what: format!("the output of query `{}` reaches {x}", ql[i]),
+                key: None,
+            });
+        }
+    }
+    None
+}
+
 fn rows_node(labels: &[String], rows: &[Vec<f64>]) -> Node {
     Node::labelled(labels, rows.iter().map(|r| Node::vector(r)))
 }
@@ -560,6 +850,10 @@ fn attention_node(inputs: &AttentionInputs, result: &Result<AttentionResult, Str
         ("d_k", Node::Number(d_k)),
         ("sqrt_d_k", Node::Number(d_k.sqrt())),
     ];
+    // Only cross-attention examples have them; listing them everywhere would only add noise.
+    if let Some(q) = &inputs.query_tokens {
+        fields.insert(1, ("query_tokens", Node::numbered(q.iter().map(|t| Node::Text(t.clone())))));
+    }
     match result {
         Err(e) => fields.push(("error", Node::Text(e.clone()))),
         Ok(r) => {

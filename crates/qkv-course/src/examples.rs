@@ -11,6 +11,7 @@ use toml::de::{DeTable, DeValue};
 use crate::document::{Block, Document, first_line};
 use crate::error::Problem;
 use crate::figures::FigureKind;
+use crate::limits::{self, MAX_DIM, MAX_DIMS, MAX_SAMPLES};
 use crate::location::LineIndex;
 use crate::pipeline::Sources;
 
@@ -32,11 +33,19 @@ pub(crate) struct Field<T> {
 #[derive(Debug, Clone, Default)]
 pub(crate) struct AttentionDecl {
     pub from: Option<Field<String>>,
+    /// Labels of the keys (and of the queries, one per token, unless `query_tokens` is given).
     pub tokens: Option<Field<Vec<String>>>,
+    /// Labels of the queries, for cross-attention.
+    pub query_tokens: Option<Field<Vec<String>>>,
     pub queries: Option<Field<Input<Vec<Vec<f64>>>>>,
     pub keys: Option<Field<Input<Vec<Vec<f64>>>>>,
     pub values: Option<Field<Input<Vec<Vec<f64>>>>>,
+    /// Embeddings of self-attention: queries, keys and values are all projected from them.
     pub x: Option<Field<Input<Vec<Vec<f64>>>>>,
+    /// Cross-attention: the embeddings the queries are projected from (a decoder's states)...
+    pub x_q: Option<Field<Input<Vec<Vec<f64>>>>>,
+    /// ...and those the keys and values are projected from (an encoder's).
+    pub x_kv: Option<Field<Input<Vec<Vec<f64>>>>>,
     pub w_q: Option<Field<Input<Vec<Vec<f64>>>>>,
     pub w_k: Option<Field<Input<Vec<Vec<f64>>>>>,
     pub w_v: Option<Field<Input<Vec<Vec<f64>>>>>,
@@ -48,7 +57,8 @@ pub(crate) struct AttentionDecl {
 /// Which keys each query may see.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Mask {
-    /// Query `i` sees keys `0..=i` (aligned at the bottom right when counts differ).
+    /// Query `i` sees keys `0..=i + n_k - n_q`: aligned at the bottom right when the counts
+    /// differ, so the last query sees every key (the engine's `CausalMask::BottomRight`).
     Causal,
     /// An explicit `[n_q][n_k]` table, true = may attend.
     Keep(Vec<Vec<bool>>),
@@ -94,10 +104,13 @@ const KINDS: &[(&str, &[&str])] = &[
             "id",
             "from",
             "tokens",
+            "query_tokens",
             "queries",
             "keys",
             "values",
             "x",
+            "x_q",
+            "x_kv",
             "w_q",
             "w_k",
             "w_v",
@@ -219,10 +232,13 @@ pub(crate) fn parse(doc: usize, block: &Block) -> Result<Decl, Vec<Problem>> {
             let a = AttentionDecl {
                 from: get("from").and_then(|v| reader.string(v, "a reference to another attention example")),
                 tokens: get("tokens").and_then(|v| reader.strings(v)),
+                query_tokens: get("query_tokens").and_then(|v| reader.strings(v)),
                 queries: get("queries").and_then(|v| reader.matrix(v)),
                 keys: get("keys").and_then(|v| reader.matrix(v)),
                 values: get("values").and_then(|v| reader.matrix(v)),
                 x: get("x").and_then(|v| reader.matrix(v)),
+                x_q: get("x_q").and_then(|v| reader.matrix(v)),
+                x_kv: get("x_kv").and_then(|v| reader.matrix(v)),
                 w_q: get("w_q").and_then(|v| reader.matrix(v)),
                 w_k: get("w_k").and_then(|v| reader.matrix(v)),
                 w_v: get("w_v").and_then(|v| reader.matrix(v)),
@@ -230,8 +246,10 @@ pub(crate) fn parse(doc: usize, block: &Block) -> Result<Decl, Vec<Problem>> {
                 scale: get("scale").and_then(|v| reader.number(v)),
                 expect_error: get("expect_error").and_then(|v| reader.boolean(v)).unwrap_or(false),
             };
-            if a.from.is_none() && a.x.is_none() {
-                // Only a missing field: one that is present but invalid has its own error already.
+            projection_problems(&mut reader, &table);
+            // Only a missing field: one that is present but invalid has its own error already.
+            let projected = ["x", "x_q", "x_kv"].iter().any(|name| get(name).is_some());
+            if get("from").is_none() && !projected {
                 for name in ["queries", "keys", "values"] {
                     if get(name).is_none() {
                         reader.problem(
@@ -239,18 +257,6 @@ pub(crate) fn parse(doc: usize, block: &Block) -> Result<Decl, Vec<Problem>> {
                             format!("attention example has no `{name}`"),
                             first_line(&block.content),
                             format!("`{name} = [[...], ...]`, or `x` with `w_q`, `w_k`, `w_v`, or `from = \"other\"`"),
-                        );
-                    }
-                }
-            }
-            if a.x.is_some() {
-                for name in ["w_q", "w_k", "w_v"] {
-                    if get(name).is_none() {
-                        reader.problem(
-                            0,
-                            format!("attention example has `x` but no `{name}`"),
-                            first_line(&block.content),
-                            "all three projections `w_q`, `w_k`, `w_v` next to `x`",
                         );
                     }
                 }
@@ -293,6 +299,12 @@ pub(crate) fn parse(doc: usize, block: &Block) -> Result<Decl, Vec<Problem>> {
                     .and_then(|v| reader.counts(v))
                     .unwrap_or_else(|| vec![1, 2, 4, 8, 16, 32, 64, 128, 256]),
             });
+            // The kinds without an example are the Monte Carlo ones.
+            if let Some(f) = &figure
+                && !f.kind.needs_example()
+            {
+                monte_carlo_limits(&mut reader, &table, f);
+            }
             if get("kind").is_none() {
                 reader.problem(
                     0,
@@ -310,6 +322,79 @@ pub(crate) fn parse(doc: usize, block: &Block) -> Result<Decl, Vec<Problem>> {
     match (id, reader.problems.is_empty()) {
         (Some(id), true) => Ok(Decl { doc, id: id.value, id_at: id.at, start: block.start, kind }),
         _ => Err(reader.problems),
+    }
+}
+
+/// How an attention block may project embeddings: `x` with `w_q`, `w_k`, `w_v` (self-attention),
+/// or `x_q` and `x_kv` with them (cross-attention); every other mix is a problem.
+fn projection_problems(reader: &mut Reader<'_>, table: &DeTable<'_>) {
+    let has = |name: &str| table.get(name).is_some();
+    let first = first_line(&reader.block.content);
+    let sides: Vec<&str> = ["x", "x_q", "x_kv"].into_iter().filter(|n| has(n)).collect();
+    let weights: Vec<&str> = ["w_q", "w_k", "w_v"].into_iter().filter(|n| has(n)).collect();
+    if sides.contains(&"x") && sides.len() > 1 {
+        reader.problem(
+            0,
+            "attention example has both `x` and cross-attention embeddings",
+            first.clone(),
+            "`x` alone (self-attention), or `x_q` and `x_kv` (cross-attention: queries from one sequence, keys and values from another)",
+        );
+    } else if sides.len() == 1 && sides[0] != "x" {
+        let missing = if sides[0] == "x_q" { "x_kv" } else { "x_q" };
+        reader.problem(
+            0,
+            format!("cross-attention example has `{}` but no `{missing}`", sides[0]),
+            first.clone(),
+            "`x_q` (the embeddings the queries come from) and `x_kv` (those the keys and values come from)",
+        );
+    }
+    if let Some(side) = sides.first() {
+        for name in ["w_q", "w_k", "w_v"].into_iter().filter(|n| !weights.contains(n)) {
+            reader.problem(
+                0,
+                format!("attention example has `{side}` but no `{name}`"),
+                first.clone(),
+                format!("all three projections `w_q`, `w_k`, `w_v` next to `{side}`"),
+            );
+        }
+    } else if let Some(w) = weights.first() {
+        reader.problem(
+            0,
+            format!("attention example has `{w}` but no embeddings to project"),
+            first,
+            "`x` (self-attention) or `x_q` and `x_kv` (cross-attention) next to `w_q`, `w_k`, `w_v`",
+        );
+    }
+}
+
+/// The limits of a Monte Carlo figure, at the field that passes one.
+fn monte_carlo_limits(reader: &mut Reader<'_>, table: &DeTable<'_>, figure: &FigureDecl) {
+    let at = |name: &str| table.get(name).map_or(0, |v| v.span().start);
+    let largest = figure.dims.iter().copied().max().unwrap_or(0);
+    let samples = figure.trials.saturating_mul(figure.dims.iter().sum());
+    let checks = [
+        ("dims", limits::at_most(figure.dims.len(), MAX_DIMS, "values of d_k", "a chart shows")),
+        ("dims", limits::at_most(largest, MAX_DIM, "as the largest d_k", "a figure samples")),
+        (
+            "trials",
+            limits::at_most(
+                samples,
+                MAX_SAMPLES,
+                "random numbers (trials × the sum of dims)",
+                "a figure may draw",
+            ),
+        ),
+    ];
+    for (field, check) in checks {
+        if let Err(message) = check {
+            let found = table.get(field).map(|v| reader.snippet(v)).unwrap_or_default();
+            reader.problem(
+                at(field),
+                message,
+                format!("{field} = {found}"),
+                "fewer trials or smaller dims (the lesson uses 4000 trials over d_k = 1 to 256)",
+            );
+        }
     }
 }
 
@@ -434,6 +519,16 @@ impl Reader<'_> {
             _ => None,
         };
         match items {
+            // A label heads a table row and a path segment: it must be something to see and
+            // stay on one line.
+            Some(value) if value.iter().any(|t| t.trim().is_empty() || t.chars().any(char::is_control)) => {
+                self.wrong(
+                    v,
+                    "token names that are visible text on one line",
+                    "`[\"I\", \"love\", \"NLP\"]`",
+                );
+                None
+            }
             Some(value) => Some(Field { value, at }),
             None => {
                 self.wrong(v, "a list of token names", "`[\"I\", \"love\", \"NLP\"]`");

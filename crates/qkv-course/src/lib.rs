@@ -28,6 +28,7 @@ mod examples;
 mod figures;
 mod format;
 mod html;
+mod limits;
 mod location;
 mod notebook;
 mod pipeline;

@@ -257,6 +257,9 @@ fn stale_places(sources: &Sources, plan: &Plan) -> Vec<Stale> {
     stale
 }
 
+/// The most characters of offending text an error quotes.
+const MAX_FOUND: usize = 120;
+
 /// Turns problems into located errors.
 ///
 /// Problems with an empty `expected` are consequences of another reported problem (a reference to
@@ -275,6 +278,11 @@ fn locate(sources: &Sources, problems: Vec<Problem>) -> ContentErrors {
                 file.text.lines().nth(line - 1).unwrap_or("").trim().to_string()
             } else {
                 p.found
+            };
+            // A 65-row matrix on one line stays readable in a terminal.
+            let found = match found.char_indices().nth(MAX_FOUND) {
+                Some((cut, _)) => format!("{}…", &found[..cut]),
+                None => found,
             };
             ContentError {
                 file: file.path.clone(),

@@ -17,6 +17,7 @@ use crate::error::Problem;
 use crate::eval::{AttentionInputs, Computed, Evaluator};
 use crate::examples::Decl;
 use crate::figures::FigureJob;
+use crate::limits::{self, MAX_SHOWN};
 use crate::pipeline::OutputFile;
 
 /// The default number of decimals in generated steps and tables.
@@ -85,6 +86,20 @@ impl<'a> Context<'a, '_> {
     /// A problem at the region's marker.
     pub(crate) fn problem(&self, message: impl Into<String>, expected: impl Into<String>) -> Problem {
         Problem::new(self.doc, self.at, message, self.marker.clone(), expected)
+    }
+
+    /// A problem when the region would show more than [`MAX_SHOWN`] of something: past that a
+    /// table, worked example or figure is no longer readable.
+    pub(crate) fn at_most_shown(&self, counts: &[(usize, &str)]) -> Result<(), Problem> {
+        for &(count, what) in counts {
+            if let Err(message) = limits::at_most(count, MAX_SHOWN, what, "one region shows") {
+                return Err(self.problem(
+                    format!("`{}` would show {message}", self.what.trim()),
+                    "an example small enough for this region, or citations of single values",
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// A region whose page shows just its markdown.

@@ -293,3 +293,117 @@ fn a_decimal_integer_past_64_bits_is_read_as_the_number_it_says() {
         built.markdown[0].text
     );
 }
+
+/// Cross-attention as issue 11 found it hard to write: two decoder queries over four encoder
+/// tokens (d_k = 3, d_v = 2) with their own labels; the same with projections; causal alignment
+/// on a non-square example.
+const CROSS: &str = r#"# Cross-attention
+
+```qkv attention
+id = "cross"
+query_tokens = ["le", "chat"]
+tokens = ["the", "cat", "sat", "down"]
+queries = [[2, 1, 0], [0, 1, 1]]
+keys = [[1, 0, 0], [0, 1, 0], [0, 0, 1], [1, 1, 1]]
+values = [[0.5, 1], [1, 0], [0, 2], [1, 1]]
+```
+
+"chat" weighs "cat" [?](=cross.chat.weights.cat:4) and its output is ([?](=cross.chat.output.1:4), [?](=cross.chat.output.2:4)).
+
+<!-- qkv table cross inputs -->
+<!-- /qkv -->
+
+<!-- qkv table cross weights -->
+<!-- /qkv -->
+
+<!-- qkv steps cross.chat -->
+<!-- /qkv -->
+
+```qkv attention
+id = "projected"
+query_tokens = ["le", "chat"]
+tokens = ["the", "cat", "sat", "down"]
+x_q = [[1, 0], [0, 1]]
+x_kv = [[1, 0, 0], [0, 1, 0], [0, 0, 1], [1, 1, 0]]
+w_q = [[1, 0], [0, 1]]
+w_k = [[1, 0], [0, 1], [1, 1]]
+w_v = [[1], [2], [3]]
+```
+
+The decoder query of "chat" is ([?](=projected.queries.chat.1:0), [?](=projected.queries.chat.2:0)); the encoder key of "down" is ([?](=projected.keys.down.1:0), [?](=projected.keys.down.2:0)) and its value [?](=projected.values.down:0).
+
+```qkv attention
+id = "causal"
+from = "cross"
+mask = "causal"
+```
+
+Under the causal mask "le" gives "down" [?](=causal.le.weights.down:0) and "chat" gives it [?](=causal.chat.weights.down:4).
+
+<!-- qkv lab cross.le -->
+<!-- /qkv -->
+"#;
+
+/// Softmax attention of one query by hand, independent of the engine: weights and output.
+fn by_hand(q: &[f64], keys: &[&[f64]], values: &[&[f64]]) -> (Vec<f64>, Vec<f64>) {
+    let scale = 1.0 / (q.len() as f64).sqrt();
+    let scores: Vec<f64> =
+        keys.iter().map(|k| q.iter().zip(*k).map(|(a, b)| a * b).sum::<f64>() * scale).collect();
+    let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let exps: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+    let sum: f64 = exps.iter().sum();
+    let weights: Vec<f64> = exps.iter().map(|e| e / sum).collect();
+    let output =
+        (0..values[0].len()).map(|c| weights.iter().zip(values).map(|(w, v)| w * v[c]).sum()).collect();
+    (weights, output)
+}
+
+#[test]
+fn cross_attention_has_its_own_query_labels_and_projections() {
+    let built = build(&one_file(CROSS)).unwrap_or_else(|e| panic!("{e}"));
+    let text = &built.markdown[0].text;
+    let keys: [&[f64]; 4] = [&[1.0, 0.0, 0.0], &[0.0, 1.0, 0.0], &[0.0, 0.0, 1.0], &[1.0, 1.0, 1.0]];
+    let values: [&[f64]; 4] = [&[0.5, 1.0], &[1.0, 0.0], &[0.0, 2.0], &[1.0, 1.0]];
+    let (weights, output) = by_hand(&[0.0, 1.0, 1.0], &keys, &values);
+    let cited = format!(
+        "\"chat\" weighs \"cat\" [{:.4}](=cross.chat.weights.cat:4) and its output is ([{:.4}](=cross.chat.output.1:4), [{:.4}](=cross.chat.output.2:4)).",
+        weights[1], output[0], output[1]
+    );
+    assert!(text.contains(&cited), "{cited}\n{text}");
+    // Queries are listed apart from the keys: no query on the row of "the".
+    assert!(
+        text.contains("| query token | query |\n|:--|:--|\n| le | (2, 1, 0) |\n| chat | (0, 1, 1) |\n"),
+        "{text}"
+    );
+    // Inputs are shown as the steps show them: 0.5, not 0.5000.
+    assert!(text.contains("| the | (1, 0, 0) | (0.5, 1) |"), "{text}");
+    assert!(text.contains("| **chat** |"), "{text}");
+    assert!(text.contains(r"$q_{\text{chat}} = (0, 1, 1)$"), "{text}");
+    // Projections: Q = X_q·W_q, K = X_kv·W_k, V = X_kv·W_v.
+    assert!(text.contains("([0](=projected.queries.chat.1:0), [1](=projected.queries.chat.2:0))"), "{text}");
+    assert!(text.contains("([1](=projected.keys.down.1:0), [1](=projected.keys.down.2:0)) and its value [3](=projected.values.down:0)"), "{text}");
+    // Bottom-right alignment: with 2 queries over 4 keys, "le" sees the first three keys and
+    // "chat" (the last query) sees them all.
+    let (visible, _) = by_hand(&[0.0, 1.0, 1.0], &keys, &values);
+    assert!(text.contains("\"le\" gives \"down\" [0](=causal.le.weights.down:0)"), "{text}");
+    assert!(
+        text.contains(&format!("\"chat\" gives it [{:.4}](=causal.chat.weights.down:4)", visible[3])),
+        "{text}"
+    );
+    assert!(text.contains("q = Q[0]  # the query of \"le\""), "{text}");
+    insta::assert_snapshot!("cross_attention_lesson", text);
+}
+
+#[test]
+fn cross_attention_heatmaps_label_rows_by_query() {
+    let figure = "\n```qkv figure\nid = \"cross-heatmap\"\nkind = \"heatmap\"\nexample = \"cross\"\nquery = \"chat\"\ncaption = \"Decoder queries over encoder keys.\"\n```\n\n<!-- qkv figure cross-heatmap -->\n<!-- /qkv -->\n";
+    let built = build(&one_file(&format!("{CROSS}{figure}"))).unwrap_or_else(|e| panic!("{e}"));
+    let text = &built.markdown[0].text;
+    assert!(text.contains("one column per key (the, cat, sat, down); row le: "), "{text}");
+    assert!(text.contains("; row chat: "), "{text}");
+    let svg = built.figures.iter().find(|f| f.name == "figures/cross-heatmap.svg").expect("figure drawn");
+    let svg = String::from_utf8_lossy(&svg.bytes);
+    for axis_label in ["\nle\n</text>", "\nchat\n</text>", "\nthe\n</text>", "\ndown\n</text>"] {
+        assert!(svg.contains(axis_label), "{axis_label:?} missing from the heatmap");
+    }
+}

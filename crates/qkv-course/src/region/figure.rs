@@ -95,6 +95,13 @@ fn prepare(
             "the id of a `qkv attention` block".into(),
         ));
     };
+    let widths = inputs.values[0].len();
+    let shown = match fig.kind {
+        // A heatmap has a row per query; the other kinds draw one query against every key.
+        FigureKind::Heatmap => vec![(inputs.queries.len(), "queries"), (inputs.keys.len(), "keys")],
+        _ => vec![(inputs.keys.len(), "keys"), (widths, "components of a value")],
+    };
+    cx.at_most_shown(&shown)?;
     let labels = inputs.query_labels();
     let query = match &fig.query {
         Some(q) => Some(labels.iter().position(|l| *l == q.value).ok_or_else(|| {

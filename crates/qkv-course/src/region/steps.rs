@@ -20,6 +20,11 @@ fn generate(cx: &mut Context<'_, '_>) -> Result<Generated, Problem> {
     let body = match named.computed {
         Computed::Attention { inputs, result: Ok(result) } => {
             let i = cx.query_index(&inputs, &named.rest)?;
+            let widths = [inputs.queries[0].len(), inputs.values[0].len()];
+            cx.at_most_shown(&[
+                (inputs.keys.len(), "keys"),
+                (widths[0].max(widths[1]), "components of a vector"),
+            ])?;
             attention_steps(&inputs, &result.traces[i], &inputs.query_labels()[i], digits)
         }
         Computed::Attention { result: Err(_), .. } => {
@@ -31,9 +36,16 @@ fn generate(cx: &mut Context<'_, '_>) -> Result<Generated, Problem> {
                 "the id of a `qkv softmax`, `dot` or `weighted-sum` block",
             ));
         }
-        Computed::Softmax(trace) => softmax_steps(&trace, digits),
-        Computed::Dot { q, k, trace } => dot_steps(&q, &k, &trace, digits),
+        Computed::Softmax(trace) => {
+            cx.at_most_shown(&[(trace.scores.len(), "scores")])?;
+            softmax_steps(&trace, digits)
+        }
+        Computed::Dot { q, k, trace } => {
+            cx.at_most_shown(&[(q.len(), "components of a vector")])?;
+            dot_steps(&q, &k, &trace, digits)
+        }
         Computed::WeightedSum { weights, values, terms, output } => {
+            cx.at_most_shown(&[(values.len(), "values")])?;
             weighted_sum_steps(&weights, &values, &terms, output, digits)
         }
     };

@@ -1,11 +1,16 @@
 //! `table EXAMPLE inputs|weights|scores`: an attention example's inputs, or its weight or score
 //! matrix, as a markdown table (weights with a row-sum and an output column; masked cells say so).
+//!
+//! Inputs are numbers the author wrote, so they are shown as the worked steps show them (`0.5`,
+//! not `0.5000`); weights and scores are computed, and keep a fixed number of decimals so their
+//! columns line up.
 
 use std::fmt::Write;
 
-use super::{Context, DEFAULT_DIGITS, Generated, Kind};
+use super::{Context, Generated, Kind};
 use crate::error::Problem;
 use crate::eval::{AttentionInputs, AttentionResult, Computed};
+use crate::format::shown;
 
 pub(super) const KIND: Kind =
     Kind { name: "table", usage: "`table EXAMPLE inputs|weights|scores`", options: &["digits"], generate };
@@ -14,11 +19,22 @@ fn generate(cx: &mut Context<'_, '_>) -> Result<Generated, Problem> {
     let named = cx.named(KIND.usage)?;
     let field = cx.args.get(1).copied().unwrap_or("weights");
     let target = cx.args[0];
+    let shown_counts = |inputs: &AttentionInputs| {
+        let width = |rows: &[Vec<f64>]| rows.first().map_or(0, Vec::len);
+        let widths = width(&inputs.queries).max(width(&inputs.values));
+        [(inputs.queries.len(), "queries"), (inputs.keys.len(), "keys"), (widths, "components of a vector")]
+    };
     let body = match (named.computed, named.rest.is_empty()) {
-        (Computed::Attention { inputs, .. }, true) if field == "inputs" => inputs_table(&inputs),
+        (Computed::Attention { inputs, .. }, true) if field == "inputs" => {
+            cx.at_most_shown(&shown_counts(&inputs))?;
+            inputs_table(&inputs, cx.digits)
+        }
         (Computed::Attention { inputs, result: Ok(result) }, true) => match field {
-            "weights" => matrix_table(&inputs, &result, &result.weights, "weights", cx.digits),
-            "scores" => matrix_table(&inputs, &result, &result.scores, "scores", cx.digits),
+            "weights" | "scores" => {
+                cx.at_most_shown(&shown_counts(&inputs))?;
+                let m = if field == "weights" { &result.weights } else { &result.scores };
+                matrix_table(&inputs, &result, m, field, cx.digits)
+            }
             other => {
                 return Err(cx.problem(format!("unknown table `{other}`"), "`inputs`, `weights` or `scores`"));
             }
@@ -33,27 +49,39 @@ fn generate(cx: &mut Context<'_, '_>) -> Result<Generated, Problem> {
     Ok(cx.markdown(body))
 }
 
-/// The inputs of an attention example as a table: one row per token.
-pub(super) fn inputs_table(inputs: &AttentionInputs) -> String {
+/// The inputs of an attention example. Self-attention: one table, a row per token with its query,
+/// key and value. When the queries go by other labels than the keys (cross-attention, or counts
+/// that differ), a table of the queries and one of the keys and values, so that no query is shown
+/// on the row of a key it does not belong to.
+pub(super) fn inputs_table(inputs: &AttentionInputs, digits: usize) -> String {
     let vector = |r: &[f64]| {
-        let parts: Vec<String> = r
-            .iter()
-            .map(|&x| crate::format::fixed(x, if x == x.trunc() { 0 } else { DEFAULT_DIGITS }))
-            .collect();
+        let parts: Vec<String> = r.iter().map(|&x| shown(x, digits).text).collect();
         if parts.len() == 1 { parts[0].clone() } else { format!("({})", parts.join(", ")) }
     };
-    let mut out = String::from("| token | query | key | value |\n|:--|:--|:--|--:|\n");
+    // An example declared with `expect_error` may have fewer values than keys: cells can be empty.
+    let cell = |rows: &[Vec<f64>], j: usize| rows.get(j).map_or(String::new(), |r| vector(r));
     let (ql, kl) = (inputs.query_labels(), inputs.key_labels());
-    for j in 0..inputs.keys.len().max(inputs.queries.len()) {
-        let label = kl.get(j).or(ql.get(j)).map_or("", String::as_str);
-        let cell = |rows: &[Vec<f64>]| rows.get(j).map_or(String::new(), |r| vector(r));
+    let mut out = String::new();
+    if inputs.self_attention() {
+        out.push_str("| token | query | key | value |\n|:--|:--|:--|--:|\n");
+        for (j, label) in kl.iter().enumerate() {
+            let [q, k, v] = [&inputs.queries, &inputs.keys, &inputs.values].map(|rows| cell(rows, j));
+            let _ = writeln!(out, "| {} | {q} | {k} | {v} |", escape_cell(label));
+        }
+        return out;
+    }
+    out.push_str("| query token | query |\n|:--|:--|\n");
+    for (i, label) in ql.iter().enumerate() {
+        let _ = writeln!(out, "| {} | {} |", escape_cell(label), cell(&inputs.queries, i));
+    }
+    out.push_str("\n| key token | key | value |\n|:--|:--|--:|\n");
+    for (j, label) in kl.iter().enumerate() {
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} |",
+            "| {} | {} | {} |",
             escape_cell(label),
-            cell(&inputs.queries),
-            cell(&inputs.keys),
-            cell(&inputs.values)
+            cell(&inputs.keys, j),
+            cell(&inputs.values, j)
         );
     }
     out

@@ -5,6 +5,7 @@ use crate::region::DEFAULT_DIGITS;
 fn sentence() -> AttentionInputs {
     AttentionInputs {
         tokens: Some(vec!["I".into(), "love".into(), "NLP".into()]),
+        query_tokens: None,
         queries: vec![vec![1.0, 0.0], vec![0.0, 1.0], vec![1.0, 1.0]],
         keys: vec![vec![1.0, 0.0], vec![0.0, 1.0], vec![1.0, 1.0]],
         values: vec![vec![2.0], vec![6.0], vec![4.0]],
