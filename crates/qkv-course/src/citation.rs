@@ -1,4 +1,5 @@
-//! A citation's text: the number its path names, in its format (`[4.41](=sentence.love.output:2)`).
+//! A citation's text: the number its path names, in its format (`[4.41](=sentence.love.output:2)`
+//! in prose, `{4.41}\vphantom{\verb|=sentence.love.output:2|}` in math).
 
 use crate::document::Citation;
 use crate::error::Problem;
@@ -15,6 +16,8 @@ pub(crate) fn text(
         Problem::new(doc, c.path_at, format!("unknown reference `{}`", c.path), c.path.clone(), expected)
     })?;
     match node.as_number() {
+        // In TeX `%` starts a comment: a percentage in math is `12.5\%`.
+        Some(x) if x.is_finite() && c.math => Ok(c.format.apply(x).replace('%', r"\%")),
         Some(x) if x.is_finite() => Ok(c.format.apply(x)),
         Some(x) => Err(Problem::new(
             doc,

@@ -2,6 +2,11 @@
 //!
 //! Everything is found through pulldown-cmark's `into_offset_iter`, so a `qkv` marker inside a
 //! code block (say, in documentation) is never mistaken for a live one.
+//!
+//! A citation is a link in prose, `[4.41](=sentence.love.output:2)`, or a marked number in math,
+//! `{4.41}\vphantom{\verb|=sentence.love.output:2|}`: links do not work inside `$…$`, and
+//! `\vphantom` of a `\verb` is standard TeX that draws nothing, so a forge's math renderer shows
+//! just the number (the site drops the marker before rendering MathML).
 
 use std::ops::Range;
 
@@ -42,7 +47,8 @@ impl Block {
     }
 }
 
-/// A number in the prose written as a link `[4.41](=sentence.love.output:2)`.
+/// A number in the prose written as a link `[4.41](=sentence.love.output:2)`, or in math as
+/// `{4.41}\vphantom{\verb|=sentence.love.output:2|}`.
 #[derive(Debug, Clone)]
 pub(crate) struct Citation {
     /// Which value, e.g. `sentence.love.output`.
@@ -51,8 +57,70 @@ pub(crate) struct Citation {
     pub path_at: usize,
     /// How the value is shown.
     pub format: Format,
-    /// The byte range of the link text: what the build rewrites.
+    /// The byte range of the number's text (link text, or inside the braces): what the build
+    /// rewrites.
     pub text: Range<usize>,
+    /// Whether the citation is inside math, where the number is written as TeX (`12.5\%`).
+    pub math: bool,
+}
+
+/// What marks a number in math as a citation, after its `{NUMBER}`.
+const MATH_MARKER: &str = r"\vphantom{\verb";
+
+/// A math citation found in TeX, by byte range within it.
+struct MathCitation {
+    /// Inside the braces before the marker.
+    number: Range<usize>,
+    /// `\vphantom{\verb|…|}`, removed before the site renders the math.
+    marker: Range<usize>,
+    /// `=PATH:FORMAT` between the `\verb` delimiters, without the `=`.
+    dest: Range<usize>,
+}
+
+/// Every math citation in `tex`, or for a malformed one the offset of its marker and what is
+/// wrong. One scanner for parsing and for rendering, so the two agree on what a marker is.
+fn math_citations(tex: &str) -> Vec<Result<MathCitation, (usize, &'static str)>> {
+    let mut found = Vec::new();
+    for (at, _) in tex.match_indices(MATH_MARKER) {
+        found.push(math_citation(tex, at));
+    }
+    found
+}
+
+fn math_citation(tex: &str, at: usize) -> Result<MathCitation, (usize, &'static str)> {
+    let after = at + MATH_MARKER.len();
+    // TeX's `\verb` rule: the delimiter is the next character, anything but a letter, a space or `*`.
+    let delimiter = tex[after..]
+        .chars()
+        .next()
+        .filter(|c| !c.is_alphabetic() && !c.is_whitespace() && *c != '*')
+        .ok_or((at, "`\\verb` needs a delimiter such as `|` right after it"))?;
+    let body = after + delimiter.len_utf8();
+    let end = tex[body..].find(delimiter).map(|i| body + i).ok_or((at, "the `\\verb` is not closed"))?;
+    if !tex[end + delimiter.len_utf8()..].starts_with('}') {
+        return Err((at, "`\\vphantom{\\verb|…|}` needs its `}` right after the closing delimiter"));
+    }
+    if !tex[body..end].starts_with('=') {
+        return Err((at, "the cited path must start with `=`"));
+    }
+    let open = tex[..at]
+        .strip_suffix('}')
+        .and_then(|before| before.rfind(['{', '}']).filter(|&i| before.as_bytes()[i] == b'{'))
+        .ok_or((at, "a math citation needs its number in braces right before the marker"))?;
+    Ok(MathCitation {
+        number: open + 1..at - 1,
+        marker: at..end + delimiter.len_utf8() + 1,
+        dest: body + 1..end,
+    })
+}
+
+/// TeX with every citation marker removed, leaving the braced numbers: what the site renders.
+pub(crate) fn without_math_citations(tex: &str) -> String {
+    let mut out = tex.to_string();
+    for m in math_citations(tex).into_iter().rev().flatten() {
+        out.replace_range(m.marker, "");
+    }
+    out
 }
 
 /// A generated region: `<!-- qkv KIND ARGS -->`, generated markdown, `<!-- /qkv -->`.
@@ -99,8 +167,12 @@ pub(crate) fn parse(doc: usize, text: &str) -> Result<Document, Vec<Problem>> {
         let in_region = open_region.is_some();
         match event {
             Event::Start(Tag::CodeBlock(CodeBlockKind::Fenced(info))) if !in_region => {
+                let problem = fence_problem(doc, text, range.clone());
+                // An unclosed block holds the rest of the file; its TOML errors would only add noise.
+                let unclosed = problem.as_ref().is_some_and(|p| p.message == NEVER_CLOSED);
+                problems.extend(problem);
                 let mut words = info.split_whitespace();
-                if words.next() == Some("qkv") {
+                if words.next() == Some("qkv") && !unclosed {
                     let kind = words.next().unwrap_or("").to_string();
                     block =
                         Some(Block { kind, start: range.start, content: String::new(), pieces: Vec::new() });
@@ -147,6 +219,38 @@ pub(crate) fn parse(doc: usize, text: &str) -> Result<Document, Vec<Problem>> {
                     // The body starts after the marker's own line.
                     let line_end = text[range.start..].find('\n').map_or(text.len(), |i| range.start + i + 1);
                     open_region = Some((directive, range.start, line_end));
+                }
+            }
+            Event::InlineMath(_) | Event::DisplayMath(_) if !in_region => {
+                // Offsets come from the source itself, not the event's text (which drops the
+                // prefixes of a block quote or list around display math).
+                let source = &text[range.clone()];
+                for found in math_citations(source) {
+                    let m = match found {
+                        Ok(m) => m,
+                        Err((at, message)) => {
+                            let expected = "`{4.41}\\vphantom{\\verb|=example.path:2|}`: the number in braces, then the path in the marker";
+                            problems.push(Problem::new(
+                                doc,
+                                range.start + at,
+                                message,
+                                first_line(&source[at..]),
+                                expected,
+                            ));
+                            continue;
+                        }
+                    };
+                    let (dest, path_at) = (&source[m.dest.clone()], range.start + m.dest.start);
+                    match destination(doc, dest, path_at) {
+                        Ok((path, format)) => document.citations.push(Citation {
+                            path,
+                            path_at,
+                            format,
+                            text: range.start + m.number.start..range.start + m.number.end,
+                            math: true,
+                        }),
+                        Err(p) => problems.push(p),
+                    }
                 }
             }
             Event::Start(Tag::Link { dest_url, .. }) if !in_region && dest_url.starts_with('=') => {
@@ -208,6 +312,28 @@ fn citation(
     link_start: usize,
     inner: &[(Range<usize>, bool)],
 ) -> Result<Citation, Problem> {
+    let (path, format) = destination(doc, dest, path_at)?;
+    let text_range = match inner {
+        [] => link_start + 1..link_start + 1,
+        [(r, true)] => r.clone(),
+        // Smart punctuation or escapes can split the text; a number never needs them.
+        _ if inner.iter().all(|(_, t)| *t) => inner[0].0.start..inner[inner.len() - 1].0.end,
+        _ => {
+            return Err(Problem::new(
+                doc,
+                link_start,
+                "a citation's text must be the plain number",
+                first_line(&text[link_start..]),
+                "`[4.41](=example.path:2)` with no emphasis or code inside the brackets",
+            ));
+        }
+    };
+    Ok(Citation { path, path_at, format, text: text_range, math: false })
+}
+
+/// Reads a citation's `PATH:FORMAT` (after the `=`), which starts at `path_at` in the source.
+/// The same for prose and math, and for any other place that cites a value this way.
+fn destination(doc: usize, dest: &str, path_at: usize) -> Result<(String, Format), Problem> {
     let Some((path, spec)) = dest.rsplit_once(':') else {
         return Err(Problem::new(
             doc,
@@ -226,22 +352,57 @@ fn citation(
             "a number of decimals (`:2`), then optionally `%` for a percentage (`:1%`) and `g` to print exact integers bare (`:4g`)",
         )
     })?;
-    let text_range = match inner {
-        [] => link_start + 1..link_start + 1,
-        [(r, true)] => r.clone(),
-        // Smart punctuation or escapes can split the text; a number never needs them.
-        _ if inner.iter().all(|(_, t)| *t) => inner[0].0.start..inner[inner.len() - 1].0.end,
-        _ => {
-            return Err(Problem::new(
-                doc,
-                link_start,
-                "a citation's text must be the plain number",
-                first_line(&text[link_start..]),
-                "`[4.41](=example.path:2)` with no emphasis or code inside the brackets",
-            ));
-        }
+    Ok((path.to_string(), format))
+}
+
+/// The message for a fenced block that runs to the end of the file.
+const NEVER_CLOSED: &str = "code block is never closed, so the rest of the file is inside it";
+
+/// A fenced code block that swallows what follows it, without a word from markdown: one never
+/// closed (it runs to the end of the file), or one that only a `qkv` block's closing fence closes
+/// (the `qkv` opening line inside it cannot, having an info string). Either hides the blocks,
+/// citations and regions after it. `range` is the whole block, fences included.
+fn fence_problem(doc: usize, text: &str, range: Range<usize>) -> Option<Problem> {
+    let block = &text[range.clone()];
+    // Fences may sit in a block quote or a list: look past the container's prefix.
+    let strip = |line: &str| line.trim_start_matches([' ', '\t', '>']).to_string();
+    let mut lines = block.lines().map(strip);
+    let opening = lines.next()?;
+    let fence_char = opening.chars().next().filter(|c| matches!(c, '`' | '~'))?;
+    let fence_len = opening.chars().take_while(|&c| c == fence_char).count();
+    let fence = fence_char.to_string().repeat(fence_len);
+    // A line of at least as many fence characters, and what follows them.
+    let after_fence = |line: &str| {
+        let n = line.chars().take_while(|&c| c == fence_char).count();
+        (n >= fence_len).then(|| line[n..].trim().to_string())
     };
-    Ok(Citation { path: path.to_string(), path_at, format, text: text_range })
+    let body: Vec<String> = lines.collect();
+    if body
+        .iter()
+        .rev()
+        .skip(1)
+        .filter_map(|l| after_fence(l))
+        .any(|rest| rest.split_whitespace().next() == Some("qkv"))
+    {
+        return Some(Problem::new(
+            doc,
+            range.start,
+            "a ```qkv block sits inside this code block, whose fence only that block's closing fence closes",
+            first_line(block),
+            format!("a closing {fence} line at the end of this code block, before the ```qkv block"),
+        ));
+    }
+    let closed = body.last().and_then(|l| after_fence(l)).is_some_and(|rest| rest.is_empty());
+    if !closed && text[range.end..].trim().is_empty() {
+        return Some(Problem::new(
+            doc,
+            range.start,
+            NEVER_CLOSED,
+            first_line(block),
+            format!("a closing {fence} line after the code"),
+        ));
+    }
+    None
 }
 
 /// The first line of `s`, for quoting source in an error.

@@ -170,6 +170,9 @@ impl<'d> Evaluator<'d> {
             })
             .collect();
         known.sort();
+        if known.is_empty() {
+            return Err("the id of a `qkv` block, but the lesson declares none".into());
+        }
         Err(format!("an example id: {}", known.join(", ")))
     }
 

@@ -195,9 +195,15 @@ fn render_body(text: &str, regions: &[Option<String>], markdown: &[SourceFile]) 
                     id: id.clone(),
                 }));
             }
-            Event::InlineMath(tex) => out.push(Event::InlineHtml(mathml(tex, false).into())),
+            Event::InlineMath(tex) => {
+                out.push(Event::InlineHtml(mathml(&document::without_math_citations(tex), false).into()))
+            }
             Event::DisplayMath(tex) => out.push(Event::InlineHtml(
-                format!("<span class=\"display-math\">{}</span>", mathml(tex, true)).into(),
+                format!(
+                    "<span class=\"display-math\">{}</span>",
+                    mathml(&document::without_math_citations(tex), true)
+                )
+                .into(),
             )),
             Event::Start(Tag::Heading { level, id: None, classes, attrs }) => {
                 let mut title = String::new();

@@ -76,10 +76,22 @@ pub(crate) fn in_file(path: &str, text: &str, edits: &[Edit]) -> Vec<Stale> {
                     let (n, o) = differing_window(n, o);
                     (format!("`{n}`"), format!("`{o}`"))
                 }
-                (n, o) => {
-                    let quote =
-                        |s: Option<&&str>| s.map_or("(nothing)".to_string(), |s| format!("`{}`", shorten(s)));
-                    (quote(n), quote(o))
+                _ => {
+                    // One side ran out of lines: show the first line with text from here on, so
+                    // a region's first build does not read "expected ``".
+                    let from_here = |lines: &[&str]| {
+                        lines
+                            .iter()
+                            .skip(i)
+                            .find(|l| !l.trim().is_empty())
+                            .map(|l| format!("`{}`", shorten(l)))
+                    };
+                    let found = if old.iter().all(|l| l.trim().is_empty()) {
+                        "an empty region".to_string()
+                    } else {
+                        from_here(&old).unwrap_or_else(|| "nothing more".to_string())
+                    };
+                    (from_here(&new).unwrap_or_else(|| "nothing more".to_string()), found)
                 }
             }
         } else {

@@ -33,3 +33,52 @@ fn a_citation_needs_a_format() {
     let problems = parse(0, "see [4.41](=sentence.love.output)\n").unwrap_err();
     assert_eq!(problems[0].message, "citation has no format");
 }
+
+#[test]
+fn citations_inside_math_are_found_by_byte_range() {
+    check(
+        "$d_k = {3}\\vphantom{\\verb|=ex.d_k:0|}$ and\n\n$$\ns \\approx {0.7071}\\vphantom{\\verb!=ex.love.scores.love:4!}\n$$\n",
+        &["3", "0.7071"],
+        &[],
+    );
+    let doc = parse(0, "$x = {?}\\vphantom{\\verb|=a.b_c.d:1%|}$\n").expect("parses");
+    assert_eq!((doc.citations[0].path.as_str(), doc.citations[0].math), ("a.b_c.d", true));
+    assert!(doc.citations[0].format.percent);
+}
+
+#[test]
+fn malformed_math_citations_say_what_is_wrong() {
+    for (tex, message) in [
+        (
+            "$3\\vphantom{\\verb|=a.b:0|}$",
+            "a math citation needs its number in braces right before the marker",
+        ),
+        ("${3}\\vphantom{\\verb|=a.b:0}$", "the `\\verb` is not closed"),
+        ("${3}\\vphantom{\\verb|a.b:0|}$", "the cited path must start with `=`"),
+        ("${3}\\vphantom{\\verb|=a.b|}$", "citation has no format"),
+        (
+            "${3}\\vphantom{\\verb|=a.b:0| }$",
+            "`\\vphantom{\\verb|…|}` needs its `}` right after the closing delimiter",
+        ),
+    ] {
+        let problems = parse(0, tex).expect_err(tex);
+        assert_eq!(problems[0].message, message, "{tex}");
+    }
+}
+
+#[test]
+fn the_site_renders_math_without_the_markers() {
+    assert_eq!(
+        without_math_citations(
+            r"s \approx ({0.7071}\vphantom{\verb|=e.love.scores.love:4|}, {1}\vphantom{\verb!=e.x:0!})"
+        ),
+        r"s \approx ({0.7071}, {1})"
+    );
+}
+
+#[test]
+fn a_qkv_block_shown_inside_a_longer_fence_is_documentation() {
+    check("````markdown\n```qkv attention\nid = \"x\"\n```\n````\n\nText.\n", &[], &[]);
+    let doc = parse(0, "> ```python\n> print(1)\n> ```\n").expect("a closed fence in a quote");
+    assert!(doc.blocks.is_empty());
+}

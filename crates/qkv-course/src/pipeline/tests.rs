@@ -407,3 +407,35 @@ fn cross_attention_heatmaps_label_rows_by_query() {
         assert!(svg.contains(axis_label), "{axis_label:?} missing from the heatmap");
     }
 }
+
+/// Issue 11, finding 6: numbers inside `$…$` were not tracked. Math citations are.
+#[test]
+fn numbers_in_math_are_tracked_and_rendered() {
+    let text = concat!(
+        "# Math\n\n```qkv softmax\nid = \"s\"\nscores = [1, 0]\n```\n\n",
+        "With $d = {2}\\vphantom{\\verb|=s.scores.1:0|}$ the first weight is ",
+        "$a_1 \\approx {0.5}\\vphantom{\\verb|=s.weights.1:4|} = {50\\%}\\vphantom{\\verb|=s.weights.1:1%|}$.\n\n",
+        "| weight | value |\n|:--|--:|\n| $a_2$ | ${?}\\vphantom{\\verb!=s.weights.2:3!}$ |\n",
+    );
+    let sources = one_file(text);
+    let report = stale_report(&check(&sources).expect("valid"));
+    for expected in [
+        "content/01-test.md:8: expected 1, found 2 (citation s.scores.1)",
+        "content/01-test.md:8: expected 0.7311, found 0.5 (citation s.weights.1)",
+        r"content/01-test.md:8: expected 73.1\%, found 50\% (citation s.weights.1)",
+        "content/01-test.md:12: expected 0.269, found ? (citation s.weights.2)",
+    ] {
+        assert!(report.contains(expected), "{expected} not in\n{report}");
+    }
+    let built = build(&sources).expect("builds");
+    let again = check(&one_file(&built.markdown[0].text)).expect("valid");
+    assert!(again.is_empty(), "{}", stale_report(&again));
+    assert!(
+        built.markdown[0].text.contains(r"$a_1 \approx {0.7311}\vphantom{\verb|=s.weights.1:4|} = {73.1\%}")
+    );
+    let page = &built.site.iter().find(|f| f.name == "test.html").expect("page").text;
+    assert!(!page.contains("vphantom") && !page.contains("verb"), "{page}");
+    for number in ["<mn>1</mn>", "<mn>0.7311</mn>", "<mn>73.1</mn>", "<mn>0.269</mn>"] {
+        assert!(page.contains(number), "{number} missing from {page}");
+    }
+}

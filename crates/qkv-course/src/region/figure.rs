@@ -31,10 +31,12 @@ fn generate(cx: &mut Context<'_, '_>) -> Result<Generated, Problem> {
                 .filter(|d| d.doc == cx.doc && matches!(d.kind, DeclKind::Figure(_)))
                 .map(|d| d.id.as_str())
                 .collect();
-            cx.problem(
-                format!("unknown figure `{id}`"),
-                format!("the id of a `qkv figure` block in this file: {}", known.join(", ")),
-            )
+            let expected = if known.is_empty() {
+                format!("a `qkv figure` block with `id = \"{id}\"` in this file, which has none")
+            } else {
+                format!("the id of a `qkv figure` block in this file: {}", known.join(", "))
+            };
+            cx.problem(format!("unknown figure `{id}`"), expected)
         })?;
     let prepared = prepare(cx, id, decl_start, fig)?;
     let caption = fig.caption.trim();
