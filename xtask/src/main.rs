@@ -1,10 +1,11 @@
-//! qkv's command line: `build-content`, `attend`, `bench`. The only code in the workspace that
+//! qkv's command line: `build-content`, `attend`, `bench`, `fuzz`. The only code in the workspace that
 //! reads or writes files; each subcommand lives in its own module.
 
 mod attend;
 mod bench;
 mod build_content;
 mod cli;
+mod fuzz;
 mod lesson;
 
 use std::process::ExitCode;
@@ -21,6 +22,9 @@ commands:
   attend [options]                      the authors' calculator: attention on numbers you give it
   bench [--quick] [--json FILE] [--only TEXT] [--python PYTHON]
                                         benchmark qkv against its peers (release build)
+  fuzz [--minutes N] [--seed S] [--replay DIR]
+                                        mutate the lesson and check the build's promises on
+                                        each mutant; failing ones are saved under target/fuzz/
 
 `cargo xtask attend --help` lists the calculator's options.";
 
@@ -32,6 +36,7 @@ fn main() -> ExitCode {
         Some("attend") => attend::run(rest),
         Some("build-content") => build_content::run(rest),
         Some("bench") => bench::run(rest),
+        Some("fuzz") => fuzz::run(rest),
         Some("help" | "--help" | "-h") => cli::write_line(format_args!("{HELP}")).map_err(Into::into),
         Some(other) => cli::usage(format!("unknown command `{other}`\n\n{HELP}")),
         None => cli::usage(HELP),

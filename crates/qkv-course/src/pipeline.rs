@@ -394,8 +394,28 @@ fn plan(sources: &Sources) -> Result<Plan, ContentErrors> {
                 Ok(generated) => {
                     let text = ending.apply(format!("\n{}\n", generated.body));
                     edits[i].push(Edit { range: r.body.clone(), text, what: generated.what });
-                    figures_out.extend(generated.figure);
-                    notebooks.extend(generated.notebook);
+                    // A figure or lab shown twice is drawn or written once.
+                    if let Some(job) = generated.figure
+                        && !figures_out.iter().any(|f: &FigureJob| f.id == job.id)
+                    {
+                        figures_out.push(job);
+                    }
+                    if let Some(nb) = generated.notebook {
+                        match notebooks.iter().find(|n: &&OutputFile| n.name == nb.name) {
+                            None => notebooks.push(nb),
+                            Some(first) if first.text == nb.text => {}
+                            Some(_) => problems.push(Problem::new(
+                                i,
+                                r.start,
+                                format!(
+                                    "this region writes {}, which another `lab` region writes differently",
+                                    nb.name
+                                ),
+                                document::first_line(&sources.markdown[i].text[r.start..]),
+                                "one `lab` region per query, or the same `digits` in both",
+                            )),
+                        }
+                    }
                     page.push(generated.html);
                 }
                 Err(p) => problems.push(p),

@@ -1,0 +1,78 @@
+use super::*;
+
+/// How many mutants a plain `cargo test` tries: a few seconds in a debug build. Longer runs are
+/// `cargo xtask fuzz --minutes N`.
+const CASES: u64 = 150;
+
+fn committed_lesson() -> Lesson {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root");
+    Lesson::read(&root.join("content")).expect("the committed lesson")
+}
+
+/// The promises of the build on mutants of the committed lesson (see the module's doc).
+#[test]
+fn the_committed_lesson_survives_mutation() {
+    let base = committed_lesson();
+    let work = tempfile::tempdir().expect("scratch folder");
+    let started = Instant::now();
+    let summary = run_cases(&base, 11, work.path(), |s| s.cases >= CASES);
+    eprintln!(
+        "{} mutants in {:.1} s: {} built, {} rejected",
+        summary.cases,
+        started.elapsed().as_secs_f64(),
+        summary.built,
+        summary.rejected
+    );
+    let report: Vec<String> = summary
+        .failures
+        .iter()
+        .map(|(case, failure)| {
+            format!(
+                "case {} ({}):\n{failure}\nmake it again: Case::new(&committed_lesson(), {}, {})",
+                case.index,
+                case.mutations.join("; "),
+                case.seed,
+                case.index
+            )
+        })
+        .collect();
+    assert!(
+        report.is_empty(),
+        "{} of {} mutants broke a promise:\n\n{}",
+        report.len(),
+        summary.cases,
+        report.join("\n\n")
+    );
+    // A run that only ever failed, or only ever passed, would test little.
+    assert!(summary.built > 0 && summary.rejected > 0, "{summary:?}");
+}
+
+/// The checks themselves catch what they promise to catch.
+#[test]
+fn a_broken_promise_is_reported() {
+    let work = tempfile::tempdir().expect("scratch folder");
+    let mut lesson = committed_lesson();
+    lesson.markdown[0].1 = b"# T\n\n[?](=nothing.here:2)\n".to_vec();
+    assert_eq!(check_case(&lesson, work.path()), Ok(Outcome::Rejected));
+    let error = qkv_course::ContentError {
+        file: "content/01-attention.md".into(),
+        line: 9,
+        column: 1,
+        message: "m".into(),
+        found: String::new(),
+        expected: String::new(),
+    };
+    let texts = ["one line\n".to_string()];
+    let outside = located(std::slice::from_ref(&error), &["content/01-attention.md".into()], &texts);
+    assert!(outside.is_err_and(|e| e.starts_with("an error is outside its file")));
+    assert!(guarded("x", || panic!("boom")).is_err_and(|e| e.contains("x panicked") && e.contains("boom")));
+}
+
+#[test]
+fn the_same_seed_makes_the_same_mutants() {
+    let base = committed_lesson();
+    let (a, b) = (Case::new(&base, 5, 17), Case::new(&base, 5, 17));
+    assert_eq!(a.mutations, b.mutations);
+    assert_eq!(a.lesson.markdown, b.lesson.markdown);
+    assert_ne!(Case::new(&base, 5, 18).mutations, a.mutations);
+}
