@@ -5,49 +5,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::support::{numpy_available, xtask};
-
-fn content_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").join("content")
-}
-
-/// A copy of `content/` in a fresh temporary folder.
-fn copy_of_content() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().expect("temp dir");
-    copy_dir(&content_dir(), &dir.path().join("content"));
-    dir
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    fs::create_dir_all(to).expect("create dir");
-    for entry in fs::read_dir(from).expect("read dir").flatten() {
-        let path = entry.path();
-        if path.is_dir() {
-            copy_dir(&path, &to.join(entry.file_name()));
-        } else {
-            fs::copy(&path, to.join(entry.file_name())).expect("copy file");
-        }
-    }
-}
-
-/// Every file under `dir` with its bytes, for "nothing was written" comparisons.
-fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
-    let mut out = Vec::new();
-    for entry in fs::read_dir(dir).expect("read dir").flatten() {
-        let path = entry.path();
-        if path.is_dir() {
-            out.extend(snapshot(&path));
-        } else {
-            out.push((path.clone(), fs::read(&path).expect("read file")));
-        }
-    }
-    out.sort();
-    out
-}
-
-fn arg(p: &Path) -> &str {
-    p.to_str().expect("utf-8 temp path")
-}
+use crate::support::{arg, copy_of_content, numpy_available, snapshot, xtask};
 
 /// rust-analyzer's "generated file is stale → test fails": a plain `cargo test` runs the check.
 #[test]

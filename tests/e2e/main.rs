@@ -2,4 +2,5 @@
 
 mod attend;
 mod content;
+mod serve;
 mod support;

@@ -297,7 +297,9 @@ pub fn run(args: Vec<String>) -> Result<()> {
 
     if let Some(dir) = replay {
         let lesson = Lesson::read(&Path::new(&dir).join("content"))?;
-        return match check_case(&lesson, &work) {
+        let verdict = check_case(&lesson, &work);
+        let _ = fs::remove_dir_all(&work);
+        return match verdict {
             Ok(outcome) => {
                 say!("{dir}: every promise held ({outcome:?})");
                 Ok(())

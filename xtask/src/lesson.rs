@@ -26,6 +26,9 @@ pub enum Mode {
     Check,
     /// The updated lesson files and figures in `content/`, and the site.
     Build,
+    /// Only the site, as a build would write it (`serve`: the author's files stay as they are
+    /// while an editor has them open).
+    Preview,
 }
 
 /// What a successful run did.

@@ -1,4 +1,4 @@
-//! qkv's command line: `build-content`, `attend`, `bench`, `fuzz`. The only code in the workspace that
+//! qkv's command line: `build-content`, `serve`, `attend`, `bench`, `fuzz`. The only code in the workspace that
 //! reads or writes files; each subcommand lives in its own module.
 
 mod attend;
@@ -7,6 +7,7 @@ mod build_content;
 mod cli;
 mod fuzz;
 mod lesson;
+mod serve;
 
 use std::process::ExitCode;
 
@@ -19,6 +20,9 @@ commands:
   build-content [--check] [--out DIR] [--content DIR]
                                         recompute the lesson under content/ and write the site
                                         (default target/site); --check writes nothing
+  serve [--port N] [--content DIR] [--out DIR]
+                                        preview the site on http://127.0.0.1:N/ (default 3000,
+                                        0 for any free port), rebuilt and reloaded on every change
   attend [options]                      the authors' calculator: attention on numbers you give it
   bench [--quick] [--json FILE] [--only TEXT] [--python PYTHON]
                                         benchmark qkv against its peers (release build)
@@ -35,6 +39,7 @@ fn main() -> ExitCode {
     let result = match command.as_deref() {
         Some("attend") => attend::run(rest),
         Some("build-content") => build_content::run(rest),
+        Some("serve") => serve::run(rest),
         Some("bench") => bench::run(rest),
         Some("fuzz") => fuzz::run(rest),
         Some("help" | "--help" | "-h") => cli::write_line(format_args!("{HELP}")).map_err(Into::into),

@@ -9,7 +9,7 @@ use crate::pipeline::{OutputFile, SourceFile, section_id};
 const STYLE: &str = include_str!("html/style.css");
 
 /// Escapes text for HTML content and attribute values.
-pub(crate) fn escape(s: &str) -> String {
+pub fn escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
         match c {

@@ -38,5 +38,7 @@ mod values;
 
 pub use encoding::decode;
 pub use error::{ContentError, ContentErrors};
+/// HTML-escapes text (for pages and attributes): what every page of the site uses.
+pub use html::escape as escape_html;
 pub use pipeline::{Build, FigureFile, OutputFile, SourceFile, Sources, build, check, records, section_id};
 pub use stale::{Stale, stale_report};

@@ -1,0 +1,25 @@
+use super::*;
+
+#[test]
+fn urls_map_into_the_site_and_never_out_of_it() {
+    let out = Path::new("/site");
+    assert_eq!(site_file(out, "/"), Some(PathBuf::from("/site/index.html")));
+    assert_eq!(site_file(out, "/figures/a.svg"), Some(PathBuf::from("/site/figures/a.svg")));
+    assert_eq!(site_file(out, "/notebooks/"), Some(PathBuf::from("/site/notebooks/index.html")));
+    for escape in ["/../secret", "/figures/../../x", "//etc/passwd", "/./index.html"] {
+        assert_eq!(site_file(out, escape), None, "{escape}");
+    }
+}
+
+#[test]
+fn pages_get_the_reload_script_and_after_a_failed_build_the_overlay() {
+    let page = "<html><body><p>4.41</p></body></html>";
+    let served = with_preview(page, 7, None);
+    assert!(served.contains("var generation = 7;") && served.contains(WAIT_PATH), "{served}");
+    assert!(served.ends_with("</script>\n</body></html>"), "{served}");
+    assert!(!served.contains("qkv-serve-error"));
+    let failed = with_preview(page, 8, Some("content/01-attention.md:146:23: unknown reference `a<b`"));
+    assert!(failed.contains("<pre style"), "{failed}");
+    assert!(failed.contains("content/01-attention.md:146:23: unknown reference `a&lt;b`"), "{failed}");
+    assert!(failed.find("qkv-serve-error") < failed.find("<script>"));
+}
