@@ -257,8 +257,10 @@ fn site_file(out: &Path, path: &str) -> Option<PathBuf> {
     } else {
         relative.to_string()
     };
+    // A backslash separates folders on Windows, where `a\..\..\x` would climb out.
     let relative = Path::new(&relative);
-    relative.components().all(|c| matches!(c, Component::Normal(_))).then(|| out.join(relative))
+    let inside = !path.contains('\\') && relative.components().all(|c| matches!(c, Component::Normal(_)));
+    inside.then(|| out.join(relative))
 }
 
 fn content_type(name: &str) -> &'static str {

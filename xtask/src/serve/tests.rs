@@ -6,7 +6,9 @@ fn urls_map_into_the_site_and_never_out_of_it() {
     assert_eq!(site_file(out, "/"), Some(PathBuf::from("/site/index.html")));
     assert_eq!(site_file(out, "/figures/a.svg"), Some(PathBuf::from("/site/figures/a.svg")));
     assert_eq!(site_file(out, "/notebooks/"), Some(PathBuf::from("/site/notebooks/index.html")));
-    for escape in ["/../secret", "/figures/../../x", "//etc/passwd", "/./index.html"] {
+    // Leading slashes are all trimmed: an absolute-looking path stays inside the site.
+    assert_eq!(site_file(out, "//etc/passwd"), Some(PathBuf::from("/site/etc/passwd")));
+    for escape in ["/../secret", "/figures/../../x", "/./index.html", "/a\\..\\..\\x"] {
         assert_eq!(site_file(out, escape), None, "{escape}");
     }
 }
