@@ -74,17 +74,13 @@ pub(crate) fn in_file(path: &str, text: &str, edits: &[Edit]) -> Vec<Stale> {
             match (new.get(i), old.get(i)) {
                 (Some(n), Some(o)) => {
                     let (n, o) = differing_window(n, o);
-                    (format!("`{n}`"), format!("`{o}`"))
+                    (quoted(&n), quoted(&o))
                 }
                 _ => {
                     // One side ran out of lines: show the first line with text from here on, so
                     // a region's first build does not read "expected ``".
                     let from_here = |lines: &[&str]| {
-                        lines
-                            .iter()
-                            .skip(i)
-                            .find(|l| !l.trim().is_empty())
-                            .map(|l| format!("`{}`", shorten(l)))
+                        lines.iter().skip(i).find(|l| !l.trim().is_empty()).map(|l| quoted(&shorten(l)))
                     };
                     let found = if old.iter().all(|l| l.trim().is_empty()) {
                         "an empty region".to_string()
@@ -124,6 +120,12 @@ fn differing_window(new: &str, old: &str) -> (String, String) {
         out
     };
     (cut(&n), cut(&o))
+}
+
+/// A line in backticks, as markdown quotes code: with doubled ones and spaces when the line has
+/// backticks of its own (`` ```python ``).
+fn quoted(line: &str) -> String {
+    if line.contains('`') { format!("`` {line} ``") } else { format!("`{line}`") }
 }
 
 fn shorten(s: &str) -> String {
