@@ -75,7 +75,10 @@ pub fn run(args: Vec<String>) -> Result<()> {
 
     let stop = Arc::new(AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(signal, Arc::clone(&stop)).context("listening for Ctrl-C")?;
+        // The first Ctrl-C stops between builds; a second one, while a build runs, ends at once.
+        signal_hook::flag::register_conditional_shutdown(signal, 130, Arc::clone(&stop))
+            .and_then(|_| signal_hook::flag::register(signal, Arc::clone(&stop)))
+            .context("listening for Ctrl-C")?;
     }
     let shared = Arc::new(Shared::default());
     rebuild(&paths, &shared)?;
