@@ -417,6 +417,14 @@ impl<'d> Evaluator<'d> {
         }
     }
 
+    /// A problem for an example past [`limits::matrix`].
+    fn too_large(&mut self, decl: &Decl, at: usize, message: String) {
+        let expected = format!(
+            "an example of at most {MAX_ROWS} rows of at most {MAX_WIDTH} numbers: small enough to follow by hand"
+        );
+        self.fail(decl, at, message, String::new(), expected);
+    }
+
     /// `Some(())` when `count` is within `limit`; else a problem at `at`.
     fn within(&mut self, decl: &Decl, at: usize, count: usize, limit: usize, what: &str) -> Option<()> {
         match limits::at_most(count, limit, what, "a computation may have") {
@@ -536,58 +544,29 @@ impl<'d> Evaluator<'d> {
         // Limits first: nothing below needs to run on an example no lesson could show.
         for (name, rows) in [("queries", &inputs.queries), ("keys", &inputs.keys), ("values", &inputs.values)]
         {
-            let width = rows.first().map_or(0, Vec::len);
-            let check = limits::at_most(rows.len(), MAX_ROWS, name, "an example may have").and_then(|()| {
-                limits::at_most(
-                    width,
-                    MAX_WIDTH,
-                    &format!("components in each of its {name}"),
-                    "an example may have",
-                )
-            });
-            if let Err(message) = check {
+            if let Err(message) = limits::matrix(rows, name) {
                 let at = blame(decl, a, &[name, "x", "x_q", "x_kv", "w_q", "w_k", "w_v"]);
-                self.fail(
-                    decl,
-                    at,
-                    format!("example `{}` has {message}", decl.id),
-                    String::new(),
-                    format!("an example of at most {MAX_ROWS} rows of at most {MAX_WIDTH} numbers: small enough to follow by hand"),
-                );
+                self.too_large(decl, at, format!("example `{}` has {message}", decl.id));
                 return None;
             }
         }
-        if let Some(tokens) = &a.query_tokens
-            && tokens.value.len() != inputs.queries.len()
-        {
-            self.fail(
-                decl,
-                tokens.at,
-                format!(
-                    "`query_tokens` names {} tokens but there are {} queries",
-                    tokens.value.len(),
-                    inputs.queries.len()
-                ),
-                format!("{:?}", tokens.value),
-                "one token name per query row",
-            );
-            return None;
-        }
-        if let Some(tokens) = &a.tokens
-            && tokens.value.len() != inputs.keys.len()
-        {
-            self.fail(
-                decl,
-                tokens.at,
-                format!(
-                    "`tokens` names {} tokens but there are {} keys",
-                    tokens.value.len(),
-                    inputs.keys.len()
-                ),
-                format!("{:?}", tokens.value),
-                "one token name per key row",
-            );
-            return None;
+        let labelled = [
+            (&a.query_tokens, "query_tokens", inputs.queries.len(), "queries", "query"),
+            (&a.tokens, "tokens", inputs.keys.len(), "keys", "key"),
+        ];
+        for (field, name, rows, plural, row) in labelled {
+            if let Some(tokens) = field
+                && tokens.value.len() != rows
+            {
+                self.fail(
+                    decl,
+                    tokens.at,
+                    format!("`{name}` names {} tokens but there are {rows} {plural}", tokens.value.len()),
+                    format!("{:?}", tokens.value),
+                    format!("one token name per {row} row"),
+                );
+                return None;
+            }
         }
         let (q, k, v) = (array(&inputs.queries), array(&inputs.keys), array(&inputs.values));
         let keep = inputs.keep_array();
@@ -695,17 +674,11 @@ impl Evaluator<'_> {
         };
         let matrices = [(names[0], &x_q), (names[1], &x_kv), ("w_q", w_q), ("w_k", w_k), ("w_v", w_v)];
         for (name, m) in matrices {
-            let check = limits::at_most(m.len(), MAX_ROWS, "rows", "an example may have").and_then(|()| {
-                limits::at_most(m.first().map_or(0, Vec::len), MAX_WIDTH, "columns", "an example may have")
-            });
-            if let Err(message) = check {
-                let at = blame(decl, a, &[name]);
-                self.fail(
+            if let Err(message) = limits::matrix(m, "rows") {
+                self.too_large(
                     decl,
-                    at,
+                    blame(decl, a, &[name]),
                     format!("`{name}` of `{}` has {message}", decl.id),
-                    String::new(),
-                    format!("an example of at most {MAX_ROWS} rows of at most {MAX_WIDTH} numbers: small enough to follow by hand"),
                 );
                 return false;
             }

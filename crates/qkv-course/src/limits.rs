@@ -22,3 +22,11 @@ pub(crate) const MAX_SAMPLES: usize = 20_000_000;
 pub(crate) fn at_most(count: usize, limit: usize, what: &str, holder: &str) -> Result<(), String> {
     if count <= limit { Ok(()) } else { Err(format!("{count} {what}, more than the {limit} {holder}")) }
 }
+
+/// `Err` naming the limit when a matrix of an example has more rows, or longer rows, than an
+/// example may have; `rows_are` says what its rows are (`keys`, `rows`).
+pub(crate) fn matrix(rows: &[Vec<f64>], rows_are: &str) -> Result<(), String> {
+    at_most(rows.len(), MAX_ROWS, rows_are, "an example may have")?;
+    let width = rows.first().map_or(0, Vec::len);
+    at_most(width, MAX_WIDTH, &format!("numbers in each of its {rows_are}"), "a row may have")
+}
