@@ -97,7 +97,7 @@ fn prepare(
             "the id of a `qkv attention` block".into(),
         ));
     };
-    let widths = inputs.values[0].len();
+    let widths = inputs.values.first().map_or(0, Vec::len);
     let shown = match fig.kind {
         // A heatmap has a row per query; the other kinds draw one query against every key.
         FigureKind::Heatmap => vec![(inputs.queries.len(), "queries"), (inputs.keys.len(), "keys")],
