@@ -7,7 +7,7 @@ use std::process::Command;
 
 use crate::support::{numpy_available, xtask};
 
-fn content_dir() -> PathBuf {
+pub(crate) fn content_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").join("content")
 }
 
@@ -18,7 +18,7 @@ fn copy_of_content() -> tempfile::TempDir {
     dir
 }
 
-fn copy_dir(from: &Path, to: &Path) {
+pub(crate) fn copy_dir(from: &Path, to: &Path) {
     fs::create_dir_all(to).expect("create dir");
     for entry in fs::read_dir(from).expect("read dir").flatten() {
         let path = entry.path();

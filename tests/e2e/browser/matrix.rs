@@ -1,0 +1,83 @@
+//! The clickable attention matrix: its weights and row sums are the engine's, and each row, picked
+//! by a click, by Enter or by Space, opens that query's worked steps and shows its row sum.
+
+use super::cdp::{DESKTOP, ENTER, SPACE};
+use super::lesson::lesson;
+use super::{open, screenshot_path};
+
+#[test]
+fn the_matrix_shows_the_engines_weights_and_opens_each_rows_steps() {
+    let lesson = lesson();
+    let (section, block) = lesson.widget("attention-matrix");
+    let field = |name: &str| block.get(name).and_then(toml::Value::as_str);
+    let id = field("id").expect("a widget has an id");
+    let example =
+        lesson.example(&section.id, field("example").expect("an attention-matrix widget names its example"));
+    let digits = block.get("digits").and_then(toml::Value::as_integer).unwrap_or(4) as usize;
+    let (weights, outputs) = example.self_attention();
+    let root = format!("[data-qkv-widget=\"attention-matrix\"]#widget-{id}");
+
+    let Some(mut b) = open(&format!("{}.html", section.id), DESKTOP) else { return };
+    let half_unit = 0.5 * 10f64.powi(-(digits as i32));
+    let number = |text: &str| -> f64 {
+        text.trim().replace('\u{2212}', "-").parse().unwrap_or_else(|_| panic!("{text:?} is not a number"))
+    };
+    for (r, row) in example.labels.iter().enumerate() {
+        for (k, key) in example.labels.iter().enumerate() {
+            let text = b.text(&format!("{root} [data-qkv-readout=\"weight:{row}:{key}\"]"));
+            let (shown, engine) = (number(&text), weights[[r, k]]);
+            assert!(
+                (shown - engine).abs() <= half_unit + 1e-12,
+                "weight {row}→{key} shows {text}, the engine says {engine:.6}"
+            );
+        }
+        let steps = format!("{root} [data-qkv-steps=\"{row}\"]");
+        assert!(!b.visible(&steps), "the steps of {row} are open before the row is picked");
+    }
+
+    // Pick one row each way a learner can: the mouse, Enter, Space.
+    for (n, row) in example.labels.iter().enumerate().take(3) {
+        let selector = format!("{root} [data-qkv-row=\"{row}\"]");
+        assert_eq!(b.attr(&selector, "role").as_deref(), Some("button"), "row {row}'s role");
+        assert_eq!(b.attr(&selector, "tabindex").as_deref(), Some("0"), "row {row} is not in the tab order");
+        let how = match n {
+            0 => {
+                b.click(&selector);
+                "a click"
+            }
+            1 => {
+                b.focus(&selector);
+                b.press(ENTER, 0);
+                "Enter"
+            }
+            _ => {
+                b.focus(&selector);
+                b.press(SPACE, 0);
+                "Space"
+            }
+        };
+        let steps = format!("{root} [data-qkv-steps=\"{row}\"]");
+        b.wait_for(
+            &format!("{}(document.querySelector({}))", super::dom::VISIBLE, super::dom::js(&steps)),
+            &format!("row {row}'s steps to open after {how}"),
+            &format!("document.querySelector({}).outerHTML.slice(0, 300)", super::dom::js(&selector)),
+        );
+        assert_eq!(b.attr(&selector, "aria-expanded").as_deref(), Some("true"), "row {row} after {how}");
+        let output = format!("{:.*}", digits, outputs[[example.index(row), 0]]);
+        let text = b.text(&steps);
+        assert!(
+            text.contains(&output),
+            "row {row}'s steps do not reach the engine's output {output}: {text}"
+        );
+        let sum = format!("{root} [data-qkv-readout=\"row-sum:{row}\"]");
+        assert!(b.visible(&sum), "picking row {row} by {how} does not show its row sum");
+        let engine: f64 = (0..example.labels.len()).map(|k| weights[[example.index(row), k]]).sum();
+        let shown = b.text(&sum);
+        assert!(
+            (number(&shown) - engine).abs() <= half_unit + 1e-12,
+            "row-sum {row} shows {shown}, the engine says {engine:.6}"
+        );
+    }
+    b.screenshot_of(&root, &screenshot_path("attention-1280-matrix-rows-open"));
+    b.assert_clean("the attention matrix");
+}
