@@ -93,7 +93,9 @@ pub struct Browser {
     inbox: Receiver<Value>,
     session: String,
     next_id: u64,
-    loads: usize,
+    /// The loader of the main frame's current document, and every loader whose `load` fired.
+    main_loader: String,
+    loaded: Vec<String>,
     /// Every request URL the tab made, in order.
     pub requests: Vec<String>,
     /// Console errors, uncaught exceptions, log errors and failed loads, as one line each.
@@ -147,7 +149,8 @@ impl Browser {
             inbox,
             session: String::new(),
             next_id: 0,
-            loads: 0,
+            main_loader: String::new(),
+            loaded: Vec::new(),
             requests: Vec::new(),
             problems: Vec::new(),
             profile,
@@ -160,6 +163,7 @@ impl Browser {
         for domain in ["Page", "Runtime", "Network", "Log"] {
             browser.call(&format!("{domain}.enable"), json!({}));
         }
+        browser.call("Page.setLifecycleEventsEnabled", json!({ "enabled": true }));
         browser.set_javascript(javascript);
         browser.set_viewport(viewport);
         browser
@@ -180,26 +184,39 @@ impl Browser {
         self.call("Emulation.setTouchEmulationEnabled", json!({ "enabled": mobile, "maxTouchPoints": 1 }));
     }
 
-    /// Opens `url` and returns once its `load` event fired (deferred scripts have run by then).
+    /// Opens `url` and returns once its own `load` event fired (deferred scripts have run by
+    /// then). Waiting on this navigation's loader, not on any `load`, matters: the blank tab's
+    /// own load can arrive after the navigation started.
     pub fn navigate(&mut self, url: &str) {
-        let before = self.loads;
         let result = self.call("Page.navigate", json!({ "url": url }));
         if let Some(error) = result["errorText"].as_str() {
             panic!("cannot open {url}: {error}");
         }
-        self.await_load(before, url);
+        let loader = result["loaderId"].as_str().expect("a navigation's loaderId").to_string();
+        self.await_load(|b| b.loaded.contains(&loader), url);
+        self.settle();
     }
 
-    /// Reloads the page, as the learner's F5 would, and waits for its `load` event.
+    /// Reloads the page, as the learner's F5 would, and waits for the new document's `load`.
     pub fn reload(&mut self) {
-        let before = self.loads;
+        let old = self.main_loader.clone();
         self.call("Page.reload", json!({ "ignoreCache": true }));
-        self.await_load(before, "the reload");
+        self.await_load(|b| b.main_loader != old && b.loaded.contains(&b.main_loader), "the reload");
+        self.settle();
     }
 
-    fn await_load(&mut self, before: usize, what: &str) {
+    /// Loads every image now and waits until they are decoded. Lazy figures otherwise arrive
+    /// while a test points at something further down, and shift the page under the pointer
+    /// (their `<img>` reserve no space before they load).
+    fn settle(&mut self) {
+        self.eval(
+            "Promise.all(Array.from(document.images, (img) => { img.loading = 'eager'; return img.decode().catch(() => {}); }))",
+        );
+    }
+
+    fn await_load(&mut self, done: impl Fn(&Browser) -> bool, what: &str) {
         let deadline = Instant::now() + TIMEOUT;
-        while self.loads == before {
+        while !done(self) {
             if !self.pump(deadline) {
                 panic!("{what} did not finish loading within {TIMEOUT:?}");
             }
@@ -395,7 +412,10 @@ impl Browser {
         let p = &event["params"];
         let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
         match event["method"].as_str().unwrap_or_default() {
-            "Page.loadEventFired" => self.loads += 1,
+            "Page.frameNavigated" if p["frame"]["parentId"].is_null() => {
+                self.main_loader = text(&p["frame"]["loaderId"]);
+            }
+            "Page.lifecycleEvent" if p["name"] == "load" => self.loaded.push(text(&p["loaderId"])),
             "Network.requestWillBeSent" => self.requests.push(text(&p["request"]["url"])),
             "Network.loadingFailed" if p["canceled"] != json!(true) => {
                 self.problems.push(format!(
@@ -450,8 +470,8 @@ impl Drop for Browser {
         self.pipe = None;
         let deadline = Instant::now() + Duration::from_secs(3);
         while self.child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
-            // Nothing to wait on but the process itself: poll its exit briefly.
-            let _ = self.inbox.recv_timeout(Duration::from_millis(20));
+            // std offers no wait with a timeout on a child: poll its exit briefly.
+            thread::sleep(Duration::from_millis(20));
         }
         let group = format!("-{}", self.child.id());
         let _ = Command::new("sh").args(["-c", r#"kill -KILL -- "$0" 2>/dev/null"#, &group]).status();

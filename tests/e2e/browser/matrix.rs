@@ -63,11 +63,16 @@ fn the_matrix_shows_the_engines_weights_and_opens_each_rows_steps() {
             &format!("document.querySelector({}).outerHTML.slice(0, 300)", super::dom::js(&selector)),
         );
         assert_eq!(b.attr(&selector, "aria-expanded").as_deref(), Some("true"), "row {row} after {how}");
-        let output = format!("{:.*}", digits, outputs[[example.index(row), 0]]);
-        let text = b.text(&steps);
+        // The steps end on the output (an exact one may be shown without trailing zeros).
+        let output = outputs[[example.index(row), 0]];
+        let text = b.text(&steps).replace('\u{2212}', "-");
+        let last = text
+            .split(|c: char| !(c.is_ascii_digit() || c == '.' || c == '-'))
+            .filter_map(|t| t.trim_end_matches('.').parse::<f64>().ok())
+            .next_back();
         assert!(
-            text.contains(&output),
-            "row {row}'s steps do not reach the engine's output {output}: {text}"
+            last.is_some_and(|x| (x - output).abs() <= half_unit + 1e-12),
+            "row {row}'s steps end on {last:?}, not the engine's output {output:.6}: {text}"
         );
         let sum = format!("{root} [data-qkv-readout=\"row-sum:{row}\"]");
         assert!(b.visible(&sum), "picking row {row} by {how} does not show its row sum");
