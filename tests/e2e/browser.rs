@@ -83,17 +83,21 @@ fn screenshot_path(name: &str) -> PathBuf {
     target.join("browser-screenshots").join(format!("{name}.png"))
 }
 
-/// A fresh browser showing `page` at `viewport` with page scripts on, or `None` when chromium is
-/// missing outside CI (the test then passes without running).
-fn open(page: &str, viewport: Viewport) -> Option<Browser> {
-    open_with(page, viewport, true)
+/// A fresh browser (its own profile: empty `localStorage`) at `viewport` with page scripts on, or
+/// `None` when chromium is missing outside CI (the test then passes without running). Tests call
+/// it first, so that a machine without chromium skips them before anything else is checked.
+fn launch(viewport: Viewport) -> Option<Browser> {
+    launch_with(viewport, true)
 }
 
-/// Like [`open`], with page scripts on or off.
-fn open_with(page: &str, viewport: Viewport, javascript: bool) -> Option<Browser> {
-    let chromium = chromium()?;
-    let url = url(page);
-    let mut browser = Browser::launch(chromium, viewport, javascript);
-    browser.navigate(&url);
-    Some(browser)
+/// Like [`launch`], with page scripts on or off.
+fn launch_with(viewport: Viewport, javascript: bool) -> Option<Browser> {
+    Some(Browser::launch(chromium()?, viewport, javascript))
+}
+
+impl Browser {
+    /// Opens `page` of the built site (`attention.html`).
+    fn open(&mut self, page: &str) {
+        self.navigate(&url(page));
+    }
 }

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 /// How long one protocol call or one awaited condition may take before the test fails.
-const TIMEOUT: Duration = Duration::from_secs(20);
+const TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The flags headless chromium needs here (`../shared/stack-notes.md`): root needs
 /// `--no-sandbox`; the background-networking, component-update and sync switches keep it from
@@ -109,7 +109,7 @@ impl Browser {
     pub fn launch(chromium: &Path, viewport: Viewport, javascript: bool) -> Browser {
         let profile = tempfile::tempdir().expect("temp profile dir");
         let log = std::fs::File::create(profile.path().join("chromium.log")).expect("chromium log");
-        let mut command = Command::new("sh");
+        let mut command = Command::new("/bin/sh");
         // fd 3 = what we write (our stdin pipe), fd 4 = what we read (our stdout pipe); chromium's
         // own stdout and stderr go to the log.
         command
@@ -474,7 +474,7 @@ impl Drop for Browser {
             thread::sleep(Duration::from_millis(20));
         }
         let group = format!("-{}", self.child.id());
-        let _ = Command::new("sh").args(["-c", r#"kill -KILL -- "$0" 2>/dev/null"#, &group]).status();
+        let _ = Command::new("/bin/sh").args(["-c", r#"kill -KILL -- "$0" 2>/dev/null"#, &group]).status();
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

@@ -5,7 +5,7 @@
 use serde_json::Value;
 
 use super::cdp::{Browser, DESKTOP, PHONE};
-use super::{PAGES, chromium, screenshot_path, site, url};
+use super::{PAGES, launch, launch_with, screenshot_path, site};
 
 /// Why the page scrolls sideways: the document's widths and the outermost elements that stick out
 /// of the viewport without a scrolling (or clipping) box around them.
@@ -47,12 +47,11 @@ const OPEN_EVERYTHING: &str = "(() => {
 
 #[test]
 fn no_page_scrolls_sideways_on_a_phone() {
-    let Some(chromium) = chromium() else { return };
-    let mut b = Browser::launch(chromium, PHONE, true);
+    let Some(mut b) = launch(PHONE) else { return };
     for javascript in [true, false] {
         b.set_javascript(javascript);
         for page in PAGES {
-            b.navigate(&url(page));
+            b.open(page);
             let what = format!("{page} at 360 px, JavaScript {}", if javascript { "on" } else { "off" });
             let width = b.eval("document.documentElement.clientWidth");
             assert_eq!(
@@ -73,12 +72,11 @@ fn no_page_scrolls_sideways_on_a_phone() {
 
 #[test]
 fn every_page_is_screenshotted_at_1280_and_360_px() {
-    let Some(chromium) = chromium() else { return };
-    let mut b = Browser::launch(chromium, DESKTOP, true);
+    let Some(mut b) = launch(DESKTOP) else { return };
     for (viewport, width) in [(DESKTOP, 1280), (PHONE, 360)] {
         b.set_viewport(viewport);
         for page in PAGES {
-            b.navigate(&url(page));
+            b.open(page);
             let name = page.trim_end_matches(".html");
             b.screenshot(&screenshot_path(&format!("{name}-{width}")));
             if page != "index.html" && width == 360 {
@@ -92,10 +90,9 @@ fn every_page_is_screenshotted_at_1280_and_360_px() {
 
 #[test]
 fn no_request_leaves_file_and_nothing_logs_an_error() {
-    let Some(chromium) = chromium() else { return };
-    let mut b = Browser::launch(chromium, DESKTOP, true);
+    let Some(mut b) = launch(DESKTOP) else { return };
     for page in PAGES {
-        b.navigate(&url(page));
+        b.open(page);
         // Scroll through the page, so that anything loaded lazily is requested too.
         b.eval("window.scrollTo(0, document.documentElement.scrollHeight)");
         b.eval("new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(done)))");
@@ -110,17 +107,16 @@ fn no_request_leaves_file_and_nothing_logs_an_error() {
 
 #[test]
 fn without_javascript_every_quiz_and_widget_is_complete() {
+    let Some(mut b) = launch_with(DESKTOP, false) else { return };
     let lesson = super::lesson::lesson();
     // The contract's quizzes and both widgets must be there, so that this cannot pass on none.
     lesson.quiz(super::quiz::CHOICE);
     lesson.quiz(super::quiz::NUMERIC);
     lesson.widget("drag-query");
     lesson.widget("attention-matrix");
-    let Some(chromium) = chromium() else { return };
-    let mut b = Browser::launch(chromium, DESKTOP, false);
     for section in &lesson.sections {
         let page = format!("{}.html", section.id);
-        b.navigate(&url(&page));
+        b.open(&page);
         assert!(b.count("table") > 0, "{page}: no table without JavaScript");
         assert_eq!(
             b.count("[data-qkv-option], [data-qkv-input]"),

@@ -3,10 +3,11 @@
 
 use super::cdp::{DESKTOP, ENTER, SPACE};
 use super::lesson::lesson;
-use super::{open, screenshot_path};
+use super::{launch, screenshot_path};
 
 #[test]
 fn the_matrix_shows_the_engines_weights_and_opens_each_rows_steps() {
+    let Some(mut b) = launch(DESKTOP) else { return };
     let lesson = lesson();
     let (section, block) = lesson.widget("attention-matrix");
     let field = |name: &str| block.get(name).and_then(toml::Value::as_str);
@@ -17,7 +18,7 @@ fn the_matrix_shows_the_engines_weights_and_opens_each_rows_steps() {
     let (weights, outputs) = example.self_attention();
     let root = format!("[data-qkv-widget=\"attention-matrix\"]#widget-{id}");
 
-    let Some(mut b) = open(&format!("{}.html", section.id), DESKTOP) else { return };
+    b.open(&format!("{}.html", section.id));
     let half_unit = 0.5 * 10f64.powi(-(digits as i32));
     let number = |text: &str| -> f64 {
         text.trim().replace('\u{2212}', "-").parse().unwrap_or_else(|_| panic!("{text:?} is not a number"))

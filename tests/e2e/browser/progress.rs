@@ -7,7 +7,7 @@ use super::cdp::{Browser, DESKTOP};
 use super::dom::js;
 use super::lesson::{Section, lesson};
 use super::quiz::{CHOICE, Expect, NUMERIC, choose, enter, expect, read, root, show};
-use super::{open, screenshot_path};
+use super::{launch, screenshot_path};
 
 const PROGRESS: &str = "[data-qkv-progress]";
 
@@ -46,9 +46,10 @@ fn practice(section: &Section) -> Option<(&str, char)> {
 
 #[test]
 fn the_indicator_counts_graded_checks_only() {
+    let Some(mut b) = launch(DESKTOP) else { return };
     let (section, quiz) = lesson().quiz(CHOICE);
     let right = quiz.options().iter().find(|(_, r)| *r).map(|(l, _)| *l).expect("a right option");
-    let Some(mut b) = open(&format!("{}.html", section.id), DESKTOP) else { return };
+    b.open(&format!("{}.html", section.id));
     assert_eq!(
         b.attr(PROGRESS, "data-qkv-section").as_deref(),
         Some(section.id.as_str()),
@@ -87,9 +88,10 @@ fn the_indicator_counts_graded_checks_only() {
 
 #[test]
 fn a_reload_keeps_progress_and_reset_clears_it() {
+    let Some(mut b) = launch(DESKTOP) else { return };
     let (section, quiz) = lesson().quiz(CHOICE);
     let right = quiz.options().iter().find(|(_, r)| *r).map(|(l, _)| *l).expect("a right option");
-    let Some(mut b) = open(&format!("{}.html", section.id), DESKTOP) else { return };
+    b.open(&format!("{}.html", section.id));
     choose(&mut b, CHOICE, right);
     show(&mut b, NUMERIC);
     wait_for_progress(&mut b, 2, section.credit[0]);

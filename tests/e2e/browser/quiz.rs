@@ -8,7 +8,7 @@ use serde_json::Value;
 use super::cdp::{Browser, DESKTOP, ENTER};
 use super::dom::{VISIBLE, js};
 use super::lesson::{Quiz, Section, lesson};
-use super::{open, screenshot_path};
+use super::{launch, screenshot_path};
 
 /// The quizzes issue 8's contract names (section 4).
 pub const CHOICE: &str = "key_role";
@@ -134,11 +134,12 @@ fn page(section: &Section) -> String {
 
 #[test]
 fn every_quiz_is_upgraded_as_the_contract_says() {
+    let Some(mut b) = launch(DESKTOP) else { return };
     // The contract's two quizzes must be there, so that this cannot pass on a lesson without any.
     lesson().quiz(CHOICE);
     lesson().quiz(NUMERIC);
     for section in &lesson().sections {
-        let Some(mut b) = open(&page(section), DESKTOP) else { return };
+        b.open(&page(section));
         assert_eq!(
             b.count("[data-qkv-quiz]"),
             section.quizzes.len(),
@@ -230,9 +231,10 @@ fn every_quiz_is_upgraded_as_the_contract_says() {
 
 #[test]
 fn right_on_the_first_try_earns_full_credit() {
+    let Some(mut b) = launch(DESKTOP) else { return };
     let (section, quiz) = lesson().quiz(CHOICE);
     let (right, _) = letters(quiz);
-    let Some(mut b) = open(&page(section), DESKTOP) else { return };
+    b.open(&page(section));
     choose(&mut b, CHOICE, right);
     expect(
         &mut b,
@@ -251,9 +253,10 @@ fn right_on_the_first_try_earns_full_credit() {
 
 #[test]
 fn a_later_right_try_earns_the_schedules_credit() {
+    let Some(mut b) = launch(DESKTOP) else { return };
     let (section, quiz) = lesson().quiz(CHOICE);
     let (right, wrong) = letters(quiz);
-    let Some(mut b) = open(&page(section), DESKTOP) else { return };
+    b.open(&page(section));
     // Wrong, then right: the second try's credit; the wrong option's own feedback meanwhile.
     choose(&mut b, CHOICE, wrong[0]);
     let first = expect(&mut b, CHOICE, Expect { state: "wrong", credit: 0.0, tries: 1, outcome: "wrong" });
@@ -284,9 +287,10 @@ fn a_later_right_try_earns_the_schedules_credit() {
 
 #[test]
 fn three_wrong_tries_show_the_answer_and_earn_nothing() {
+    let Some(mut b) = launch(DESKTOP) else { return };
     let (section, quiz) = lesson().quiz(NUMERIC);
     let (key, digits, tolerance) = key(section, quiz);
-    let Some(mut b) = open(&page(section), DESKTOP) else { return };
+    b.open(&page(section));
     let high = format!("{:.*}", digits + 2, key + 5.0 * tolerance);
     let low = format!("{:.*}", digits + 2, key - 5.0 * tolerance);
     enter(&mut b, NUMERIC, &high, true);
@@ -313,9 +317,10 @@ fn three_wrong_tries_show_the_answer_and_earn_nothing() {
 
 #[test]
 fn show_answer_forfeits_the_credit_also_for_a_right_answer_after_it() {
+    let Some(mut b) = launch(DESKTOP) else { return };
     let (section, quiz) = lesson().quiz(CHOICE);
     let (right, _) = letters(quiz);
-    let Some(mut b) = open(&page(section), DESKTOP) else { return };
+    b.open(&page(section));
     show(&mut b, CHOICE);
     expect(&mut b, CHOICE, Expect { state: "revealed", credit: 0.0, tries: 0, outcome: "shown" });
     choose(&mut b, CHOICE, right);
@@ -341,9 +346,10 @@ fn accepted_forms(key: f64, digits: usize) -> Vec<String> {
 
 #[test]
 fn numeric_answers_within_the_tolerance_and_in_every_accepted_form_earn_full_credit() {
+    let Some(mut b) = launch(DESKTOP) else { return };
     let (section, quiz) = lesson().quiz(NUMERIC);
     let (key, digits, tolerance) = key(section, quiz);
-    let Some(mut b) = open(&page(section), DESKTOP) else { return };
+    b.open(&page(section));
     let mut inside = accepted_forms(key, digits);
     inside.push(format!("{:.*}", digits + 3, key + 0.9 * tolerance));
     inside.push(format!("{:.*}", digits + 3, key - 0.9 * tolerance));
@@ -376,8 +382,9 @@ fn numeric_answers_within_the_tolerance_and_in_every_accepted_form_earn_full_cre
 
 #[test]
 fn an_entry_that_is_not_a_number_uses_no_try() {
+    let Some(mut b) = launch(DESKTOP) else { return };
     let (section, _) = lesson().quiz(NUMERIC);
-    let Some(mut b) = open(&page(section), DESKTOP) else { return };
+    b.open(&page(section));
     enter(&mut b, NUMERIC, "about a half", true);
     expect(&mut b, NUMERIC, Expect { state: "unanswered", credit: 0.0, tries: 0, outcome: "invalid" });
     b.assert_clean("an invalid entry");
@@ -385,12 +392,13 @@ fn an_entry_that_is_not_a_number_uses_no_try() {
 
 #[test]
 fn every_outcome_has_a_sentence_of_its_own() {
+    let Some(mut b) = launch(DESKTOP) else { return };
     let (section, quiz) = lesson().quiz(CHOICE);
     let (right, wrong) = letters(quiz);
     let (_, numeric) = lesson().quiz(NUMERIC);
     let (key, digits, tolerance) = key(section, numeric);
     let far = format!("{:.*}", digits + 2, key + 5.0 * tolerance);
-    let Some(mut b) = open(&page(section), DESKTOP) else { return };
+    b.open(&page(section));
     let mut sentences: Vec<(&str, String)> = Vec::new();
     choose(&mut b, CHOICE, right);
     let e = Expect { state: "right", credit: section.credit[0], tries: 0, outcome: "right-first" };
