@@ -91,6 +91,13 @@ impl Browser {
     }
 }
 
+/// A number as the page shows it: its value and how many decimals it was shown with.
+pub fn parse_shown(text: &str) -> Option<(f64, usize)> {
+    let text = text.trim().replace('\u{2212}', "-");
+    let value = text.parse().ok()?;
+    Some((value, text.split_once('.').map_or(0, |(_, d)| d.len())))
+}
+
 /// The first element matching `selector`, or an exception that names it.
 pub fn the(selector: &str) -> String {
     format!(

@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use serde_json::Value;
 
 use super::cdp::{ARROW_DOWN, ARROW_LEFT, ARROW_RIGHT, ARROW_UP, Browser, DESKTOP, Key, PHONE, Point, SHIFT};
-use super::dom::js;
-use super::lesson::{Example, lesson};
+use super::dom::{js, parse_shown};
+use super::lesson::{self, Example, lesson};
 use super::{launch, launch_with, screenshot_path};
 
 /// The lesson's drag-query widget and what the tests need to know about it.
@@ -25,30 +25,17 @@ struct Widget {
 }
 
 fn widget() -> Widget {
-    let lesson = lesson();
-    let (section, block) = lesson.widget("drag-query");
-    let field = |name: &str| block.get(name).and_then(toml::Value::as_str);
-    let id = field("id").expect("a widget has an id");
-    let example =
-        lesson.example(&section.id, field("example").expect("a drag-query widget names its example"));
+    let lesson::Widget { root, page, example, digits, block } = lesson().widget("drag-query");
     let start = match block.get("query") {
         Some(toml::Value::String(token)) => example.queries[example.index(token)].clone(),
         Some(toml::Value::Array(xs)) => {
             xs.iter().map(|x| x.as_float().or(x.as_integer().map(|i| i as f64)).expect("a number")).collect()
         }
-        _ => panic!("widget {id} declares no starting query"),
+        _ => panic!("{root} declares no starting query"),
     };
     let goal =
         block.get("goal").and_then(|g| g.get("largest")).and_then(toml::Value::as_str).map(str::to_string);
-    let digits = block.get("digits").and_then(toml::Value::as_integer).unwrap_or(4) as usize;
-    Widget {
-        root: format!("[data-qkv-widget=\"drag-query\"]#widget-{id}"),
-        page: format!("{}.html", section.id),
-        example,
-        start,
-        digits,
-        goal,
-    }
+    Widget { root, page, example, start, digits, goal }
 }
 
 /// What the widget shows at one moment.
@@ -109,13 +96,6 @@ fn read(b: &mut Browser, w: &Widget) -> Shown {
         bars: numbers(&v["bars"]),
         handle: Point { x: v["handle"]["x"].as_f64().expect("x"), y: v["handle"]["y"].as_f64().expect("y") },
     }
-}
-
-/// A shown number: its value and how many decimals it was shown with.
-fn parse_shown(text: &str) -> Option<(f64, usize)> {
-    let text = text.trim().replace('\u{2212}', "-");
-    let value = text.parse().ok()?;
-    Some((value, text.split_once('.').map_or(0, |(_, d)| d.len())))
 }
 
 /// Every difference between what the widget shows and the engine's reference at the query the

@@ -44,6 +44,14 @@ impl Quiz {
             .collect()
     }
 
+    /// The right option's letter and the wrong ones'.
+    pub fn letters(&self) -> (char, Vec<char>) {
+        let options = self.options();
+        let right: Vec<char> = options.iter().filter(|(_, r)| *r).map(|(l, _)| *l).collect();
+        assert_eq!(right.len(), 1, "quiz {} must have exactly one right option", self.id);
+        (right[0], options.iter().filter(|(_, r)| !r).map(|(l, _)| *l).collect())
+    }
+
     pub fn has_hint(&self) -> bool {
         self.block.contains_key("hint")
     }
@@ -145,9 +153,10 @@ impl Lesson {
             .unwrap_or_else(|| panic!("the lesson has no quiz `{id}` (issue 8's contract, section 4)"))
     }
 
-    /// The first widget of `kind` in any section, with its section.
-    pub fn widget(&self, kind: &str) -> (&Section, &toml::Table) {
-        self.sections
+    /// The first widget of `kind` in any section, with what every widget names.
+    pub fn widget(&self, kind: &str) -> Widget<'_> {
+        let (section, block) = self
+            .sections
             .iter()
             .find_map(|s| {
                 s.widgets
@@ -157,7 +166,17 @@ impl Lesson {
             })
             .unwrap_or_else(|| {
                 panic!("the lesson declares no `{kind}` widget (issue 8's contract, section 1)")
-            })
+            });
+        let field = |name: &str| block.get(name).and_then(toml::Value::as_str);
+        let id = field("id").expect("a widget has an id");
+        let example = field("example").unwrap_or_else(|| panic!("widget {id} names no example"));
+        Widget {
+            root: format!("[data-qkv-widget=\"{kind}\"]#widget-{id}"),
+            page: format!("{}.html", section.id),
+            example: self.example(&section.id, example),
+            digits: block.get("digits").and_then(toml::Value::as_integer).unwrap_or(4) as usize,
+            block,
+        }
     }
 
     /// A computed number by its path in `section` (`quiz_softmax.weights.1`), or already
@@ -204,6 +223,19 @@ impl Lesson {
         let scale = self.number(section, &format!("{id}.scale"));
         Example { queries: matrix("queries"), keys: matrix("keys"), values: matrix("values"), labels, scale }
     }
+}
+
+/// A `qkv widget` block with what every kind names.
+pub struct Widget<'a> {
+    /// The CSS selector of its root on the page.
+    pub root: String,
+    /// Its page in the site (`attention.html`).
+    pub page: String,
+    /// The inputs of the example it shows.
+    pub example: Example,
+    /// How many decimals its readouts show (default 4, like the lesson).
+    pub digits: usize,
+    pub block: &'a toml::Table,
 }
 
 /// An attention example's inputs, one row per token.

@@ -2,26 +2,24 @@
 //! by a click, by Enter or by Space, opens that query's worked steps and shows its row sum.
 
 use super::cdp::{DESKTOP, ENTER, SPACE};
-use super::lesson::lesson;
+use super::dom::parse_shown;
+use super::lesson::{Widget, lesson};
 use super::{launch, screenshot_path};
 
 #[test]
 fn the_matrix_shows_the_engines_weights_and_opens_each_rows_steps() {
     let Some(mut b) = launch(DESKTOP) else { return };
-    let lesson = lesson();
-    let (section, block) = lesson.widget("attention-matrix");
-    let field = |name: &str| block.get(name).and_then(toml::Value::as_str);
-    let id = field("id").expect("a widget has an id");
-    let example =
-        lesson.example(&section.id, field("example").expect("an attention-matrix widget names its example"));
-    let digits = block.get("digits").and_then(toml::Value::as_integer).unwrap_or(4) as usize;
+    let Widget { root, page, example, digits, .. } = lesson().widget("attention-matrix");
     let (weights, outputs) = example.self_attention();
-    let root = format!("[data-qkv-widget=\"attention-matrix\"]#widget-{id}");
 
-    b.open(&format!("{}.html", section.id));
+    b.open(&page);
     let half_unit = 0.5 * 10f64.powi(-(digits as i32));
+    // Each readout: its value, and shown at the widget's digits.
     let number = |text: &str| -> f64 {
-        text.trim().replace('\u{2212}', "-").parse().unwrap_or_else(|_| panic!("{text:?} is not a number"))
+        match parse_shown(text) {
+            Some((value, decimals)) if decimals == digits => value,
+            _ => panic!("{text:?} is not a number shown with {digits} decimals"),
+        }
     };
     for (r, row) in example.labels.iter().enumerate() {
         for (k, key) in example.labels.iter().enumerate() {

@@ -39,16 +39,14 @@ fn graded(section: &Section) -> usize {
 
 /// The first practice problem of `section` that can be answered right with one click or entry.
 fn practice(section: &Section) -> Option<(&str, char)> {
-    section.quizzes.iter().filter(|q| q.practice && q.kind == "choice").find_map(|q| {
-        q.options().iter().find(|(_, right)| *right).map(|(letter, _)| (q.id.as_str(), *letter))
-    })
+    section.quizzes.iter().find(|q| q.practice && q.kind == "choice").map(|q| (q.id.as_str(), q.letters().0))
 }
 
 #[test]
 fn the_indicator_counts_graded_checks_only() {
     let Some(mut b) = launch(DESKTOP) else { return };
     let (section, quiz) = lesson().quiz(CHOICE);
-    let right = quiz.options().iter().find(|(_, r)| *r).map(|(l, _)| *l).expect("a right option");
+    let (right, _) = quiz.letters();
     b.open(&format!("{}.html", section.id));
     assert_eq!(
         b.attr(PROGRESS, "data-qkv-section").as_deref(),
@@ -90,7 +88,7 @@ fn the_indicator_counts_graded_checks_only() {
 fn a_reload_keeps_progress_and_reset_clears_it() {
     let Some(mut b) = launch(DESKTOP) else { return };
     let (section, quiz) = lesson().quiz(CHOICE);
-    let right = quiz.options().iter().find(|(_, r)| *r).map(|(l, _)| *l).expect("a right option");
+    let (right, _) = quiz.letters();
     b.open(&format!("{}.html", section.id));
     choose(&mut b, CHOICE, right);
     show(&mut b, NUMERIC);

@@ -107,14 +107,6 @@ pub fn fresh(b: &mut Browser) {
     b.reload();
 }
 
-/// The right option's letter and the wrong ones'.
-fn letters(quiz: &Quiz) -> (char, Vec<char>) {
-    let options = quiz.options();
-    let right: Vec<char> = options.iter().filter(|(_, r)| *r).map(|(l, _)| *l).collect();
-    assert_eq!(right.len(), 1, "quiz {} must have exactly one right option", quiz.id);
-    (right[0], options.iter().filter(|(_, r)| !r).map(|(l, _)| *l).collect())
-}
-
 /// The numeric quiz's key and its tolerance, from the lesson.
 fn key(section: &Section, quiz: &Quiz) -> (f64, usize, f64) {
     let path = quiz.field("answer").unwrap_or_else(|| panic!("numeric quiz {} has no answer path", quiz.id));
@@ -233,7 +225,7 @@ fn every_quiz_is_upgraded_as_the_contract_says() {
 fn right_on_the_first_try_earns_full_credit() {
     let Some(mut b) = launch(DESKTOP) else { return };
     let (section, quiz) = lesson().quiz(CHOICE);
-    let (right, _) = letters(quiz);
+    let (right, _) = quiz.letters();
     b.open(&page(section));
     choose(&mut b, CHOICE, right);
     expect(
@@ -255,7 +247,7 @@ fn right_on_the_first_try_earns_full_credit() {
 fn a_later_right_try_earns_the_schedules_credit() {
     let Some(mut b) = launch(DESKTOP) else { return };
     let (section, quiz) = lesson().quiz(CHOICE);
-    let (right, wrong) = letters(quiz);
+    let (right, wrong) = quiz.letters();
     b.open(&page(section));
     // Wrong, then right: the second try's credit; the wrong option's own feedback meanwhile.
     choose(&mut b, CHOICE, wrong[0]);
@@ -319,7 +311,7 @@ fn three_wrong_tries_show_the_answer_and_earn_nothing() {
 fn show_answer_forfeits_the_credit_also_for_a_right_answer_after_it() {
     let Some(mut b) = launch(DESKTOP) else { return };
     let (section, quiz) = lesson().quiz(CHOICE);
-    let (right, _) = letters(quiz);
+    let (right, _) = quiz.letters();
     b.open(&page(section));
     show(&mut b, CHOICE);
     expect(&mut b, CHOICE, Expect { state: "revealed", credit: 0.0, tries: 0, outcome: "shown" });
@@ -394,7 +386,7 @@ fn an_entry_that_is_not_a_number_uses_no_try() {
 fn every_outcome_has_a_sentence_of_its_own() {
     let Some(mut b) = launch(DESKTOP) else { return };
     let (section, quiz) = lesson().quiz(CHOICE);
-    let (right, wrong) = letters(quiz);
+    let (right, wrong) = quiz.letters();
     let (_, numeric) = lesson().quiz(NUMERIC);
     let (key, digits, tolerance) = key(section, numeric);
     let far = format!("{:.*}", digits + 2, key + 5.0 * tolerance);
