@@ -167,3 +167,6 @@ fn lab_html(lab: &Lab, notebook: &str, colab: Option<&str>, text: &str) -> Strin
         json_script("data-qkv-notebook-text", &serde_json::json!({ "name": file, "text": text }))
     )
 }
+
+#[cfg(test)]
+mod tests;
