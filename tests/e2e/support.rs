@@ -24,9 +24,18 @@ pub fn xtask(args: &[&str]) -> Run {
 
 /// Whether `python3 -c "import numpy"` works; prints why a test skips when it does not.
 pub fn numpy_available(test: &str) -> bool {
-    let ok = Command::new("python3").args(["-c", "import numpy"]).output().is_ok_and(|o| o.status.success());
+    python_modules_available(test, &["numpy"])
+}
+
+/// Whether python3 can import every one of `modules`; prints why a test skips when it cannot.
+pub fn python_modules_available(test: &str, modules: &[&str]) -> bool {
+    let import = format!("import {}", modules.join(", "));
+    let ok = Command::new("python3").args(["-c", &import]).output().is_ok_and(|o| o.status.success());
     if !ok {
-        eprintln!("{test}: skipped: python3 with numpy is not installed (`.ci/run` installs it)");
+        eprintln!(
+            "{test}: skipped: python3 with {} is not installed (`.ci/run` installs it)",
+            modules.join(" and ")
+        );
     }
     ok
 }

@@ -7,7 +7,7 @@ use std::ops::Range;
 use crate::document::{self, Document};
 use crate::error::{ContentError, ContentErrors, Problem};
 use crate::eval::Evaluator;
-use crate::examples::{self, Decl, DeclKind};
+use crate::examples::{self, Decl};
 use crate::figures::{self, FigureJob};
 use crate::location::LineIndex;
 use crate::stale::{self, Stale};
@@ -295,7 +295,7 @@ fn plan(sources: &Sources) -> Result<Plan, ContentErrors> {
     keys.sort_by_key(|(_, d)| (d.doc, d.start));
     let mut records = Vec::new();
     for (key, decl) in &keys {
-        if !matches!(decl.kind, DeclKind::Figure(_))
+        if decl.kind.computes()
             && let Some(r) = eval.record(key)
         {
             records.push(((*key).clone(), r.node));
@@ -321,7 +321,15 @@ fn plan(sources: &Sources) -> Result<Plan, ContentErrors> {
     for (i, doc) in docs.iter().enumerate() {
         let mut page = Vec::new();
         for r in &doc.regions {
-            match region::generate(&mut eval, &decls, &sections, i, r, &sources.markdown[i].text) {
+            match region::generate(
+                &mut eval,
+                &decls,
+                &sections,
+                i,
+                &doc.regions,
+                r,
+                &sources.markdown[i].text,
+            ) {
                 Ok(generated) => {
                     let text = format!("\n{}\n", generated.body);
                     edits[i].push(Edit { range: r.body.clone(), text, what: generated.what });
@@ -334,6 +342,7 @@ fn plan(sources: &Sources) -> Result<Plan, ContentErrors> {
         }
         region_html.push(page);
     }
+    problems.extend(region::misplaced(&decls, &docs));
     problems.append(&mut eval.problems);
     if !problems.is_empty() {
         return Err(locate(sources, problems));
