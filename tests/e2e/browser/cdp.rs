@@ -356,8 +356,11 @@ impl Browser {
     pub fn assert_clean(&mut self, scenario: &str) {
         // Take in what is still in flight.
         while self.pump(Instant::now() + Duration::from_millis(50)) {}
-        let outside: Vec<&String> =
-            self.requests.iter().filter(|u| !u.starts_with("file://") && !u.starts_with("data:")).collect();
+        let outside: Vec<&String> = self
+            .requests
+            .iter()
+            .filter(|u| !["file:", "data:", "blob:"].iter().any(|s| u.starts_with(s)))
+            .collect();
         assert!(outside.is_empty(), "{scenario}: requests left file://: {outside:#?}");
         assert!(self.problems.is_empty(), "{scenario}: the page reported errors: {:#?}", self.problems);
     }
