@@ -468,18 +468,15 @@ impl Browser {
 
 impl Drop for Browser {
     fn drop(&mut self) {
-        // Closing the pipe asks chromium to quit; the group kill then ends whatever is left
-        // (renderers, a hung browser), so nothing outlives the test, passed or panicked.
-        self.pipe = None;
-        let deadline = Instant::now() + Duration::from_secs(3);
-        while self.child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
-            // std offers no wait with a timeout on a child: poll its exit briefly.
-            thread::sleep(Duration::from_millis(20));
-        }
+        // Nothing of the profile is worth a graceful shutdown (it is deleted next): kill the whole
+        // process group (browser, renderers, helpers) at once, then reap the browser, so nothing
+        // outlives the test, passed or panicked. Killing the group while the browser is still
+        // unreaped keeps its id from being reused meanwhile.
         let group = format!("-{}", self.child.id());
         let _ = Command::new("/bin/sh").args(["-c", r#"kill -KILL -- "$0" 2>/dev/null"#, &group]).status();
         let _ = self.child.kill();
         let _ = self.child.wait();
+        self.pipe = None;
     }
 }
 

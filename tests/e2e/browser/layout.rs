@@ -4,7 +4,7 @@
 
 use serde_json::Value;
 
-use super::cdp::{Browser, DESKTOP, PHONE};
+use super::cdp::{Browser, DESKTOP, PHONE, Viewport};
 use super::{PAGES, launch, launch_with, screenshot_path, site};
 
 /// Why the page scrolls sideways: the document's widths and the outermost elements that stick out
@@ -70,22 +70,31 @@ fn no_page_scrolls_sideways_on_a_phone() {
     }
 }
 
-#[test]
-fn every_page_is_screenshotted_at_1280_and_360_px() {
-    let Some(mut b) = launch(DESKTOP) else { return };
-    for (viewport, width) in [(DESKTOP, 1280), (PHONE, 360)] {
-        b.set_viewport(viewport);
-        for page in PAGES {
-            b.open(page);
-            let name = page.trim_end_matches(".html");
-            b.screenshot(&screenshot_path(&format!("{name}-{width}")));
-            if page != "index.html" && width == 360 {
-                b.eval(OPEN_EVERYTHING);
-                b.screenshot(&screenshot_path(&format!("{name}-{width}-everything-open")));
-            }
-            b.assert_clean(&format!("{page} at {width} px"));
+/// Saves a full-page screenshot of every page at `viewport` as `target/browser-screenshots/
+/// PAGE-WIDTH.png`, and at phone width one more of each lesson page with everything open.
+fn screenshot_every_page(viewport: Viewport) {
+    let Some(mut b) = launch(viewport) else { return };
+    let width = viewport.width;
+    for page in PAGES {
+        b.open(page);
+        let name = page.trim_end_matches(".html");
+        b.screenshot(&screenshot_path(&format!("{name}-{width}")));
+        if page != "index.html" && viewport.mobile {
+            b.eval(OPEN_EVERYTHING);
+            b.screenshot(&screenshot_path(&format!("{name}-{width}-everything-open")));
         }
+        b.assert_clean(&format!("{page} at {width} px"));
     }
+}
+
+#[test]
+fn every_page_is_screenshotted_at_1280_px() {
+    screenshot_every_page(DESKTOP);
+}
+
+#[test]
+fn every_page_is_screenshotted_at_360_px() {
+    screenshot_every_page(PHONE);
 }
 
 #[test]
