@@ -348,6 +348,8 @@ fn a_touch_drag_moves_the_query_without_scrolling_the_page() {
             &format!("touch drag {} to move the query", n + 1),
             &format!("document.querySelector({}).dataset.qkvQuery", js(&w.root)),
         );
+        // Saved before the checks, so that a failing drag leaves its picture behind.
+        b.screenshot_of(&w.root, &screenshot_path("attention-360-widget-touched"));
         let shown = read(&mut b, &w);
         assert_engine(&w, &shown, &format!("after touch drag {}", n + 1));
         assert_eq!(
@@ -365,7 +367,6 @@ fn a_touch_drag_moves_the_query_without_scrolling_the_page() {
         );
         previous = shown;
     }
-    b.screenshot_of(&w.root, &screenshot_path("attention-360-widget-touched"));
     b.assert_clean("touch drags");
 }
 
