@@ -302,3 +302,30 @@ pub(crate) fn generate(
 fn usage_list() -> String {
     KINDS.iter().map(|k| k.usage).collect::<Vec<_>>().join(", ")
 }
+
+/// One-section lessons for the tests of the region kinds (and of the page).
+#[cfg(test)]
+pub(crate) mod testing {
+    use crate::pipeline::{SourceFile, Sources, build};
+
+    /// The running example, "I love NLP", as a block.
+    pub(crate) const SENTENCE: &str = r#"```qkv attention
+id = "sentence"
+tokens = ["I", "love", "NLP"]
+queries = [[1, 0], [0, 1], [1, 1]]
+keys = [[1, 0], [0, 1], [1, 1]]
+values = [[2], [6], [4]]
+```
+"#;
+
+    /// Builds a lesson of one section, `content/01-NAME.md`: its updated markdown and its page.
+    pub(crate) fn one_section(name: &str, text: &str) -> (String, String) {
+        let sources = Sources {
+            markdown: vec![SourceFile { path: format!("content/01-{name}.md"), text: text.into() }],
+            figures: Default::default(),
+        };
+        let built = build(&sources).unwrap_or_else(|e| panic!("{e}"));
+        let page = built.site.iter().find(|f| f.name == format!("{name}.html")).expect("the page");
+        (built.markdown[0].text.clone(), page.text.clone())
+    }
+}
