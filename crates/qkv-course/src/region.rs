@@ -156,10 +156,10 @@ impl<'a> Context<'a, '_> {
             })
     }
 
-    /// The page block (quiz, widget) of this document with id `id`.
-    pub(crate) fn page_decl(&self, id: &str) -> Option<(&'a Decl, &'a PageDecl)> {
+    /// The page block (quiz, widget, settings) of this document with id `id`.
+    pub(crate) fn page_decl(&self, id: &str) -> Option<&'a PageDecl> {
         self.decls.iter().find_map(|d| match &d.kind {
-            DeclKind::Page(page) if d.doc == self.doc && d.id == id => Some((d, page.as_ref())),
+            DeclKind::Page(page) if d.doc == self.doc && d.id == id => Some(page.as_ref()),
             _ => None,
         })
     }
@@ -172,7 +172,7 @@ impl<'a> Context<'a, '_> {
         what: &str,
         pick: impl Fn(&'a PageDecl) -> Option<T>,
     ) -> Result<T, Problem> {
-        if let Some(found) = self.page_decl(id).and_then(|(_, p)| pick(p)) {
+        if let Some(found) = self.page_decl(id).and_then(&pick) {
             return Ok(found);
         }
         if self.eval.broken.contains(&format!("{}.{id}", self.sections[self.doc])) {
@@ -195,7 +195,7 @@ impl<'a> Context<'a, '_> {
     /// The section's settings (its `qkv settings` block), or the defaults.
     pub(crate) fn settings(&self) -> Settings {
         match self.page_decl(SETTINGS_ID) {
-            Some((_, PageDecl::Settings(s))) => s.clone(),
+            Some(PageDecl::Settings(s)) => s.clone(),
             _ => Settings { credit: None, notebook_repository: None },
         }
     }

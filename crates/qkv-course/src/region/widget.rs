@@ -352,10 +352,11 @@ impl<'i> Drag<'i> {
     }
 }
 
-/// `x` as JavaScript writes a number (`0`, `0.5`, `1e-7`): the shortest text that reads back as
-/// `x`, so the page script and the build agree on `data-qkv-query`.
+/// `x` as JavaScript's `String(x)` writes it, the shortest text that reads back as `x` (`0`, `1`,
+/// `0.35`), so the build and the page script write `data-qkv-query` alike. (They differ only below
+/// 1e-6 or from 1e21, where JavaScript switches to an exponent; no query of a lesson is that far out.)
 fn js_number(x: f64) -> String {
-    if x == x.trunc() && x.abs() < 1e21 { format!("{}", x as i64) } else { format!("{x:?}") }
+    if x == 0.0 { "0".to_string() } else { format!("{x}") }
 }
 
 /// Stroke width of the line from the query to a key of weight `w` (the script uses the same).
