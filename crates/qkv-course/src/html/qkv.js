@@ -574,7 +574,7 @@
         if (part.line) {
           part.line.setAttribute("x1", p[0].toFixed(1));
           part.line.setAttribute("y1", p[1].toFixed(1));
-          part.line.setAttribute("stroke-width", (1 + 9 * w).toFixed(2));
+          part.line.setAttribute("stroke-width", data.kept[j] ? (1 + 9 * w).toFixed(2) : "0");
         }
         if (part.bar) part.bar.style.width = (100 * w).toFixed(2) + "%";
         if (part.dot) part.dot.textContent = fixed(r.dots[j], digits);
