@@ -611,7 +611,6 @@
 
     function moveTo(x, y) {
       q = [clamp(x), clamp(y)];
-      if (reset) reset.hidden = false;
       render();
     }
 
@@ -656,12 +655,12 @@
       reset.addEventListener("click", function () {
         q = data.query.slice();
         met = false;
-        reset.hidden = true;
         render();
       });
     }
     var box = root.querySelector(".plane");
     if (box) box.hidden = false;
+    if (reset) reset.hidden = false;
   }
 
   /* ---------- attention-matrix widgets ---------- */
