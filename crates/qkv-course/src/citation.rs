@@ -10,6 +10,9 @@ use crate::error::Problem;
 use crate::eval::Evaluator;
 use crate::format::Format;
 
+/// What a citation's format may be, for messages about one that is not.
+pub(crate) const FORMATS: &str = "a number of decimals (`:2`), then optionally `%` for a percentage (`:1%`) and `g` to print exact integers bare (`:4g`)";
+
 /// What citation `c` of document `doc` should say; `found` is what it says now.
 pub(crate) fn text(
     eval: &mut Evaluator<'_>,
@@ -107,7 +110,7 @@ impl Text {
                     open_at + 2 + path.len() + 1,
                     format!("unknown number format `{spec}`"),
                     found.clone(),
-                    "a number of decimals (`:2`), then optionally `%` for a percentage (`:1%`) and `g` to print exact integers bare (`:4g`)",
+                    FORMATS,
                 )
             })?;
             if path.is_empty() {

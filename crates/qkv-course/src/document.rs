@@ -223,7 +223,7 @@ fn citation(
             path_at + path.len() + 1,
             format!("unknown number format `{spec}`"),
             format!("(={dest})"),
-            "a number of decimals (`:2`), then optionally `%` for a percentage (`:1%`) and `g` to print exact integers bare (`:4g`)",
+            crate::citation::FORMATS,
         )
     })?;
     let text_range = match inner {

@@ -76,19 +76,10 @@ pub(crate) struct FigureDecl {
 #[derive(Debug, Clone)]
 pub(crate) enum DeclKind {
     Attention(Box<AttentionDecl>),
-    Softmax {
-        scores: Field<Input<Vec<f64>>>,
-    },
-    Dot {
-        q: Field<Input<Vec<f64>>>,
-        k: Field<Input<Vec<f64>>>,
-    },
-    WeightedSum {
-        weights: Field<Input<Vec<f64>>>,
-        values: Field<Input<Vec<f64>>>,
-    },
+    Softmax { scores: Field<Input<Vec<f64>>> },
+    Dot { q: Field<Input<Vec<f64>>>, k: Field<Input<Vec<f64>>> },
+    WeightedSum { weights: Field<Input<Vec<f64>>>, values: Field<Input<Vec<f64>>> },
     Figure(Box<FigureDecl>),
-    /// A quiz, a widget or the section's settings: shown by the page, never computed.
     Page(Box<PageDecl>),
 }
 

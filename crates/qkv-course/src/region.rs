@@ -156,10 +156,10 @@ impl<'a> Context<'a, '_> {
             })
     }
 
-    /// The page block (quiz, widget) of this document with id `id`.
-    pub(crate) fn page_decl(&self, id: &str) -> Option<(&'a Decl, &'a PageDecl)> {
+    /// The page block (quiz, widget, settings) of this document with id `id`.
+    pub(crate) fn page_decl(&self, id: &str) -> Option<&'a PageDecl> {
         self.decls.iter().find_map(|d| match &d.kind {
-            DeclKind::Page(page) if d.doc == self.doc && d.id == id => Some((d, page.as_ref())),
+            DeclKind::Page(page) if d.doc == self.doc && d.id == id => Some(page.as_ref()),
             _ => None,
         })
     }
@@ -172,7 +172,7 @@ impl<'a> Context<'a, '_> {
         what: &str,
         pick: impl Fn(&'a PageDecl) -> Option<T>,
     ) -> Result<T, Problem> {
-        if let Some(found) = self.page_decl(id).and_then(|(_, p)| pick(p)) {
+        if let Some(found) = self.page_decl(id).and_then(&pick) {
             return Ok(found);
         }
         if self.eval.broken.contains(&format!("{}.{id}", self.sections[self.doc])) {
@@ -195,7 +195,7 @@ impl<'a> Context<'a, '_> {
     /// The section's settings (its `qkv settings` block), or the defaults.
     pub(crate) fn settings(&self) -> Settings {
         match self.page_decl(SETTINGS_ID) {
-            Some((_, PageDecl::Settings(s))) => s.clone(),
+            Some(PageDecl::Settings(s)) => s.clone(),
             _ => Settings { credit: None, notebook_repository: None },
         }
     }
@@ -301,4 +301,31 @@ pub(crate) fn generate(
 /// Every kind's usage, for the message about an unknown kind.
 fn usage_list() -> String {
     KINDS.iter().map(|k| k.usage).collect::<Vec<_>>().join(", ")
+}
+
+/// One-section lessons for the tests of the region kinds (and of the page).
+#[cfg(test)]
+pub(crate) mod testing {
+    use crate::pipeline::{SourceFile, Sources, build};
+
+    /// The running example, "I love NLP", as a block.
+    pub(crate) const SENTENCE: &str = r#"```qkv attention
+id = "sentence"
+tokens = ["I", "love", "NLP"]
+queries = [[1, 0], [0, 1], [1, 1]]
+keys = [[1, 0], [0, 1], [1, 1]]
+values = [[2], [6], [4]]
+```
+"#;
+
+    /// Builds a lesson of one section, `content/01-NAME.md`: its updated markdown and its page.
+    pub(crate) fn one_section(name: &str, text: &str) -> (String, String) {
+        let sources = Sources {
+            markdown: vec![SourceFile { path: format!("content/01-{name}.md"), text: text.into() }],
+            figures: Default::default(),
+        };
+        let built = build(&sources).unwrap_or_else(|e| panic!("{e}"));
+        let page = built.site.iter().find(|f| f.name == format!("{name}.html")).expect("the page");
+        (built.markdown[0].text.clone(), page.text.clone())
+    }
 }

@@ -574,7 +574,7 @@
         if (part.line) {
           part.line.setAttribute("x1", p[0].toFixed(1));
           part.line.setAttribute("y1", p[1].toFixed(1));
-          part.line.setAttribute("stroke-width", (1 + 9 * w).toFixed(2));
+          part.line.setAttribute("stroke-width", data.kept[j] ? (1 + 9 * w).toFixed(2) : "0");
         }
         if (part.bar) part.bar.style.width = (100 * w).toFixed(2) + "%";
         if (part.dot) part.dot.textContent = fixed(r.dots[j], digits);
@@ -611,7 +611,6 @@
 
     function moveTo(x, y) {
       q = [clamp(x), clamp(y)];
-      if (reset) reset.hidden = false;
       render();
     }
 
@@ -656,12 +655,12 @@
       reset.addEventListener("click", function () {
         q = data.query.slice();
         met = false;
-        reset.hidden = true;
         render();
       });
     }
     var box = root.querySelector(".plane");
     if (box) box.hidden = false;
+    if (reset) reset.hidden = false;
   }
 
   /* ---------- attention-matrix widgets ---------- */

@@ -1,13 +1,8 @@
 use super::*;
-use crate::pipeline::{Sources, build};
+use crate::region::testing::one_section;
 
 fn page_for(markdown: &str) -> String {
-    let sources = Sources {
-        markdown: vec![SourceFile { path: "content/01-odd.md".into(), text: markdown.into() }],
-        figures: Default::default(),
-    };
-    let built = build(&sources).unwrap_or_else(|e| panic!("{e}"));
-    built.site.into_iter().find(|f| f.name == "odd.html").map(|f| f.text).expect("page")
+    one_section("odd", markdown).1
 }
 
 #[test]

@@ -53,7 +53,7 @@ fn place(cx: &Context<'_, '_>) -> Place {
     let mut label = String::new();
     for r in cx.regions.iter().filter(|r| r.directive.first().is_some_and(|k| k == "quiz")) {
         let is_practice = match r.directive.get(1).and_then(|id| cx.page_decl(id)) {
-            Some((_, PageDecl::Quiz(q))) => q.practice,
+            Some(PageDecl::Quiz(q)) => q.practice,
             _ => continue,
         };
         if is_practice {
@@ -105,23 +105,21 @@ impl Filled {
             },
             QuizKey::Short { answer_text } => Answer::Short(fill(answer_text)?),
             QuizKey::Numeric { answer, digits, tolerance, steps } => {
-                let at = |p: Problem| Problem { at: answer.at, found: answer.value.clone(), ..p };
+                let at_answer = |message: String, expected: String| {
+                    Problem::new(doc, answer.at, message, answer.value.clone(), expected)
+                };
                 let value = cx
                     .eval
                     .resolve(doc, &answer.value)
-                    .map_err(|expected| {
-                        at(Problem::new(doc, 0, format!("unknown reference `{}`", answer.value), "", expected))
-                    })?
+                    .map_err(|expected| at_answer(format!("unknown reference `{}`", answer.value), expected))?
                     .as_number()
                     .filter(|x| x.is_finite())
                     .ok_or_else(|| {
-                        at(Problem::new(
-                            doc,
-                            0,
+                        at_answer(
                             format!("the key `{}` is not one finite number", answer.value),
-                            "",
-                            "`answer = \"PATH\"`, a path down to one number, such as `quiz_softmax.weights.1`",
-                        ))
+                            "`answer = \"PATH\"`, a path down to one number, such as `quiz_softmax.weights.1`"
+                                .into(),
+                        )
                     })?;
                 let shown = Format { decimals: *digits, percent: false, bare_integers: true }.apply(value);
                 let steps = match steps {

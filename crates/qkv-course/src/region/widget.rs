@@ -189,7 +189,7 @@ impl<'i> Drag<'i> {
         for row in self.rows() {
             let _ = writeln!(out, "| {} |", row.join(" | "));
         }
-        let _ = write!(out, "\nThe output is {}.", self.output().join(", "));
+        let _ = write!(out, "\nThe output is {}.", vector_text(&self.output()));
         if let Some(goal) = self.goal_text() {
             let _ = write!(out, " {goal}");
         }
@@ -245,20 +245,20 @@ impl<'i> Drag<'i> {
         }
         out.push_str("</tbody>\n</table></div>\n");
         let output = self.output();
-        let readouts: Vec<String> = if output.len() == 1 {
-            vec![format!("<strong data-qkv-readout=\"output\">{}</strong>", output[0])]
+        let readouts = if let [x] = output.as_slice() {
+            format!("<strong data-qkv-readout=\"output\">{x}</strong>")
         } else {
-            output
+            let parts: Vec<String> = output
                 .iter()
                 .enumerate()
                 .map(|(c, x)| format!("<strong data-qkv-readout=\"output:{}\">{x}</strong>", c + 1))
-                .collect()
+                .collect();
+            format!("({})", parts.join(", "))
         };
         let _ = writeln!(
             out,
-            "<p class=\"output\">The output {} is {}.</p>",
-            inline_markdown("$\\sum_i a_i v_i$"),
-            readouts.join(", ")
+            "<p class=\"output\">The output {} is {readouts}.</p>",
+            inline_markdown("$\\sum_i a_i v_i$")
         );
         if let Some(goal) = self.goal_text() {
             let _ = writeln!(
@@ -311,7 +311,7 @@ impl<'i> Drag<'i> {
         for (j, label) in self.inputs.key_labels().iter().enumerate() {
             let k = &self.inputs.keys[j];
             let (kx, ky) = self.at(k[0], k[1]);
-            let width = link_width(self.trace.weights[j]);
+            let width = if self.trace.kept[j] { link_width(self.trace.weights[j]) } else { 0.0 };
             let _ = writeln!(
                 out,
                 "<line class=\"link\" data-qkv-line=\"{}\" x1=\"{qx:.1}\" y1=\"{qy:.1}\" x2=\"{kx:.1}\" y2=\"{ky:.1}\" stroke-width=\"{width:.2}\"/>",
@@ -331,9 +331,10 @@ impl<'i> Drag<'i> {
             } else {
                 "middle"
             };
+            let class = if self.trace.kept[j] { "key" } else { "key masked" };
             let _ = writeln!(
                 out,
-                "<line class=\"key\" x1=\"{ox:.1}\" y1=\"{oy:.1}\" x2=\"{kx:.1}\" y2=\"{ky:.1}\" marker-end=\"url(#head-{0})\"/><text class=\"label\" x=\"{lx:.1}\" y=\"{ly:.1}\" text-anchor=\"{anchor}\">k<tspan class=\"sub\" dy=\"4\">{1}</tspan></text>",
+                "<line class=\"{class}\" x1=\"{ox:.1}\" y1=\"{oy:.1}\" x2=\"{kx:.1}\" y2=\"{ky:.1}\" marker-end=\"url(#head-{0})\"/><text class=\"label\" x=\"{lx:.1}\" y=\"{ly:.1}\" text-anchor=\"{anchor}\">k<tspan class=\"sub\" dy=\"4\">{1}</tspan></text>",
                 escape(id),
                 escape(label)
             );
@@ -352,13 +353,15 @@ impl<'i> Drag<'i> {
     }
 }
 
-/// `x` as JavaScript writes a number (`0`, `0.5`, `1e-7`): the shortest text that reads back as
-/// `x`, so the page script and the build agree on `data-qkv-query`.
+/// `x` as JavaScript's `String(x)` writes it, the shortest text that reads back as `x` (`0`, `1`,
+/// `0.35`), so the build and the page script write `data-qkv-query` alike. (They differ only below
+/// 1e-6 or from 1e21, where JavaScript switches to an exponent; no query of a lesson is that far out.)
 fn js_number(x: f64) -> String {
-    if x == x.trunc() && x.abs() < 1e21 { format!("{}", x as i64) } else { format!("{x:?}") }
+    if x == 0.0 { "0".to_string() } else { format!("{x}") }
 }
 
-/// Stroke width of the line from the query to a key of weight `w` (the script uses the same).
+/// Stroke width of the line from the query to a visible key of weight `w` (the script uses the
+/// same; a masked key has no line).
 fn link_width(w: f64) -> f64 {
     1.0 + 9.0 * w
 }
@@ -371,7 +374,12 @@ fn largest(xs: &[f64], g: usize) -> bool {
 /// A vector as the lesson writes inputs: `(1, 0)`; one entry stands alone.
 fn vector(xs: &[f64]) -> String {
     let parts: Vec<String> = xs.iter().map(|&x| shown(x, super::DEFAULT_DIGITS).text).collect();
-    if parts.len() == 1 { parts[0].clone() } else { format!("({})", parts.join(", ")) }
+    vector_text(&parts)
+}
+
+/// Numbers already shown, as a vector: `(1.299, 1.847)`; one stands alone.
+fn vector_text(parts: &[String]) -> String {
+    if let [one] = parts { one.clone() } else { format!("({})", parts.join(", ")) }
 }
 
 /// The attention-matrix widget: markdown (the weight table, then each query's steps behind

@@ -1,40 +1,22 @@
-use crate::pipeline::{SourceFile, Sources, build};
+use crate::region::testing::{SENTENCE, one_section};
 
-const EXAMPLE: &str = r#"# Lab
+const LAB: &str = "<!-- qkv lab sentence.love rounded=2 -->\n<!-- /qkv -->\n";
 
-```qkv attention
-id = "sentence"
-tokens = ["I", "love", "NLP"]
-queries = [[1, 0], [0, 1], [1, 1]]
-keys = [[1, 0], [0, 1], [1, 1]]
-values = [[2], [6], [4]]
-```
-
-<!-- qkv lab sentence.love rounded=2 -->
-<!-- /qkv -->
-"#;
-
-/// The updated markdown and the page of a one-section lesson.
-fn built(text: &str) -> (String, String) {
-    let sources = Sources {
-        markdown: vec![SourceFile { path: "content/01-lab.md".into(), text: text.into() }],
-        figures: Default::default(),
-    };
-    let build = build(&sources).unwrap_or_else(|e| panic!("{e}"));
-    let page = build.site.iter().find(|f| f.name == "lab.html").expect("page").text.clone();
-    (build.markdown[0].text.clone(), page)
+/// The updated markdown and the page of a lesson with `settings` before its lab.
+fn built(settings: &str) -> (String, String) {
+    one_section("lab", &format!("# Lab\n\n{SENTENCE}\n{settings}{LAB}"))
 }
 
 #[test]
 fn the_printout_has_the_output_as_the_prose_rounds_it() {
-    let (markdown, _) = built(EXAMPLE);
+    let (markdown, _) = built("");
     assert!(markdown.contains("output:  4.4067 (the lesson rounds it to 4.41)\n"), "{markdown}");
     assert!(markdown.contains("f\"(the lesson rounds it to {show(output, 2)})\""), "{markdown}");
 }
 
 #[test]
 fn the_notebook_link_downloads_and_carries_the_notebook_for_file_pages() {
-    let (markdown, page) = built(EXAMPLE);
+    let (markdown, page) = built("");
     assert!(
         page.contains("<a href=\"notebooks/lab-sentence-love.ipynb\" download=\"lab-sentence-love.ipynb\" data-qkv-notebook>"),
         "{page}"
@@ -50,12 +32,9 @@ fn the_notebook_link_downloads_and_carries_the_notebook_for_file_pages() {
 
 #[test]
 fn a_configured_repository_adds_an_open_in_colab_link() {
-    let text = EXAMPLE.replacen(
-        "<!-- qkv lab",
-        "```qkv settings\nnotebook_repository = \"https://github.com/owner/course/tree/main/site\"\n```\n\n<!-- qkv lab",
-        1,
+    let (markdown, page) = built(
+        "```qkv settings\nnotebook_repository = \"https://github.com/owner/course/tree/main/site\"\n```\n\n",
     );
-    let (markdown, page) = built(&text);
     let colab = "https://colab.research.google.com/github/owner/course/blob/main/site/notebooks/lab-sentence-love.ipynb";
     assert!(markdown.contains(&format!("[Open in Colab]({colab})")), "{markdown}");
     assert!(page.contains(&format!("<a href=\"{colab}\" rel=\"noopener\">Open in Colab</a>")), "{page}");

@@ -1,5 +1,6 @@
 use super::also_accepted;
-use crate::pipeline::{SourceFile, Sources, build};
+use crate::pipeline::{SourceFile, Sources};
+use crate::region::testing::one_section;
 
 /// A section with its own credit schedule, a practice problem before two graded checks.
 const LESSON: &str = r#"# Quizzes
@@ -57,15 +58,8 @@ steps = "pair"
 <!-- /qkv -->
 "#;
 
-/// The updated markdown and the page of a one-section lesson.
 fn built(text: &str) -> (String, String) {
-    let sources = Sources {
-        markdown: vec![SourceFile { path: "content/01-quizzes.md".into(), text: text.into() }],
-        figures: Default::default(),
-    };
-    let build = build(&sources).unwrap_or_else(|e| panic!("{e}"));
-    let page = build.site.iter().find(|f| f.name == "quizzes.html").expect("page").text.clone();
-    (build.markdown[0].text.clone(), page)
+    one_section("quizzes", text)
 }
 
 /// The quiz sections (and progress indicator) of a page, without the rest of it.

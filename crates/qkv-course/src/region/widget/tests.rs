@@ -1,17 +1,7 @@
-use crate::pipeline::{SourceFile, Sources, build};
+use crate::region::testing::{SENTENCE, one_section};
 
-/// The running example with both widgets, and a `steps` region to compare the matrix with.
-const LESSON: &str = r#"# Widgets
-
-```qkv attention
-id = "sentence"
-tokens = ["I", "love", "NLP"]
-queries = [[1, 0], [0, 1], [1, 1]]
-keys = [[1, 0], [0, 1], [1, 1]]
-values = [[2], [6], [4]]
-```
-
-```qkv widget
+/// Both widgets on the running example, and a `steps` region to compare the matrix with.
+const WIDGETS: &str = r#"```qkv widget
 id = "drag"
 kind = "drag-query"
 example = "sentence"
@@ -39,13 +29,7 @@ prompt = "Pick each row."
 
 /// The updated markdown and the page.
 fn built() -> (String, String) {
-    let sources = Sources {
-        markdown: vec![SourceFile { path: "content/01-widgets.md".into(), text: LESSON.into() }],
-        figures: Default::default(),
-    };
-    let build = build(&sources).unwrap_or_else(|e| panic!("{e}"));
-    let page = build.site.iter().find(|f| f.name == "widgets.html").expect("page").text.clone();
-    (build.markdown[0].text.clone(), page)
+    one_section("widgets", &format!("# Widgets\n\n{SENTENCE}\n{WIDGETS}"))
 }
 
 /// The HTML of one widget.
