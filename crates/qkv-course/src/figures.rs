@@ -93,6 +93,8 @@ pub(crate) struct Prepared {
     pub hash: String,
     /// Alt text describing what the figure shows, with its numbers.
     pub alt: String,
+    /// The size it is drawn at (the page reserves it, so nothing moves when the image loads).
+    pub size: Size,
     /// Builds the plot input; deferred because Monte Carlo data is only needed when re-rendering.
     pub plot: Deferred,
 }
@@ -256,8 +258,9 @@ pub(crate) fn prepare_example(
             )
         }
     };
-    let hash = hash_of(&format!("{plot:?}|{:?}|{alt}", plot.size()));
-    Ok(Prepared { hash, alt, plot: Deferred::Ready(Box::new(plot)) })
+    let size = plot.size();
+    let hash = hash_of(&format!("{plot:?}|{size:?}|{alt}"));
+    Ok(Prepared { hash, alt, size, plot: Deferred::Ready(Box::new(plot)) })
 }
 
 /// Sweeps the query's direction around the circle (same length), computing weights and output
@@ -361,7 +364,7 @@ pub(crate) fn prepare_scaling(decl: &FigureDecl) -> Prepared {
     };
     let hash =
         hash_of(&format!("montecarlo v{MONTE_CARLO_VERSION}|{:?}|{plot:?}|{LINE_SIZE:?}|{alt}", decl.kind));
-    Prepared { hash, alt, plot }
+    Prepared { hash, alt, size: LINE_SIZE, plot }
 }
 
 /// Draws a prepared figure: SVG text and PNG bytes.

@@ -157,16 +157,22 @@ fn mismatches(w: &Widget, shown: &Shown) -> Vec<String> {
             .map(|(_, &x)| x)
             .fold(f64::MIN, f64::max);
         let margin = trace.weights[g] - others;
-        // Met whenever the goal key strictly leads. Once met, the check may stay (the contract
-        // leaves it open; the page keeps it), so a trailing key does not require "false": the
-        // tests check "false" at the start, where love and NLP tie exactly.
-        match shown.met.as_deref() {
-            Some("true") => {}
-            Some(got) if margin > 1e-9 => out.push(format!(
-                "goal check says data-qkv-met={got}, but {goal}'s weight leads by {margin:.6}"
+        // The check follows the query: met exactly while the goal key strictly leads (a tie, as
+        // at the start where love and NLP are equal, is not met). Margins within rounding of a
+        // tie are left alone.
+        let expected = if margin > 1e-9 {
+            Some("true")
+        } else if margin < -1e-9 {
+            Some("false")
+        } else {
+            None
+        };
+        match (shown.met.as_deref(), expected) {
+            (None, _) => out.push("no data-qkv-goal with data-qkv-met".into()),
+            (Some(got), Some(want)) if got != want => out.push(format!(
+                "goal check says data-qkv-met={got}, but {goal}'s weight leads the others by {margin:.6}"
             )),
-            Some(_) => {}
-            None => out.push("no data-qkv-goal with data-qkv-met".into()),
+            _ => {}
         }
         if shown.met.as_deref() == Some("true") && !shown.goal_visible {
             out.push("the goal is met but its check is not visible".into());

@@ -509,7 +509,6 @@
       return [n, n.innerHTML];
     });
     var goalWritten = goalText ? goalText.textContent : "";
-    var met = false;
     var q = data.query.slice();
 
     function toScreen(x, y) {
@@ -596,11 +595,12 @@
       }
       if (goal && data.goal) {
         var g = data.labels.indexOf(data.goal.largest);
-        // Once reached, the goal stays checked until a reset: the task is done.
-        met = met || largest(r.weights, g);
+        // The check follows the query: it shows while the goal holds, so it never claims a
+        // state the plane no longer shows.
+        var met = largest(r.weights, g);
         goal.setAttribute("data-qkv-met", met ? "true" : "false");
         if (goalText) {
-          goalText.textContent = met ? "Done: “" + data.goal.largest + "” got the largest weight." : goalWritten;
+          goalText.textContent = met ? "Done: “" + data.goal.largest + "” now has the largest weight." : goalWritten;
         }
       }
     }
@@ -626,8 +626,8 @@
 
     var dragging = null;
     svg.addEventListener("pointerdown", function (e) {
-      // A touch that starts off the handle scrolls the page; mouse and pen may grab anywhere.
-      if (e.pointerType === "touch" && !handle.contains(e.target)) return;
+      // Any pointer, touch included, grabs the query wherever it lands on the plane (the plane
+      // does not scroll the page: Chrome ignores touch-action on the SVG handle itself).
       dragging = e.pointerId;
       svg.setPointerCapture(e.pointerId);
       handle.focus({ preventScroll: true });
@@ -654,7 +654,6 @@
     if (reset) {
       reset.addEventListener("click", function () {
         q = data.query.slice();
-        met = false;
         render();
       });
     }
@@ -786,6 +785,8 @@
     setupCopyButtons();
     setupNotebookLinks();
     document.documentElement.classList.add("qkv-js");
+    // Outside tools wait on this rather than guess when the page is live.
+    document.documentElement.setAttribute("data-qkv-ready", "true");
   }
 
   if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", init);
