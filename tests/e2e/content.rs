@@ -5,7 +5,49 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::support::{arg, copy_of_content, numpy_available, snapshot, xtask};
+use crate::support::{numpy_available, python_modules_available, xtask};
+
+pub(crate) fn content_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").join("content")
+}
+
+/// A copy of `content/` in a fresh temporary folder.
+pub(crate) fn copy_of_content() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("temp dir");
+    copy_dir(&content_dir(), &dir.path().join("content"));
+    dir
+}
+
+pub(crate) fn copy_dir(from: &Path, to: &Path) {
+    fs::create_dir_all(to).expect("create dir");
+    for entry in fs::read_dir(from).expect("read dir").flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            copy_dir(&path, &to.join(entry.file_name()));
+        } else {
+            fs::copy(&path, to.join(entry.file_name())).expect("copy file");
+        }
+    }
+}
+
+/// Every file under `dir` with its bytes, for "nothing was written" comparisons.
+pub(crate) fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    for entry in fs::read_dir(dir).expect("read dir").flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            out.extend(snapshot(&path));
+        } else {
+            out.push((path.clone(), fs::read(&path).expect("read file")));
+        }
+    }
+    out.sort();
+    out
+}
+
+fn arg(p: &Path) -> &str {
+    p.to_str().expect("utf-8 temp path")
+}
 
 /// rust-analyzer's "generated file is stale → test fails": a plain `cargo test` runs the check.
 #[test]
@@ -234,4 +276,46 @@ fn the_workspace_is_found_at_run_time() {
     assert!(stderr.contains("content/01-attention.md:"), "{stderr}");
     assert!(!stderr.contains(&dir.path().display().to_string()), "{stderr}");
     assert!(stderr.contains("expected 4.01, found 4.41"), "{stderr}");
+}
+
+/// Runs a notebook in a Jupyter kernel (nbclient) and returns what its code cells printed.
+const RUN_NOTEBOOK: &str = r#"
+import sys, nbformat
+from nbclient import NotebookClient
+nb = nbformat.read(sys.argv[1], as_version=4)
+NotebookClient(nb, timeout=120, kernel_name="python3").execute()
+for cell in nb.cells:
+    for out in cell.get("outputs", []):
+        if out.get("output_type") == "stream":
+            sys.stdout.write(out["text"])
+"#;
+
+/// The text of the `<pre><code class="language-text">` block that follows `after` on a page.
+fn printout_after<'p>(page: &'p str, after: &str) -> &'p str {
+    let rest = &page[page.find(after).expect("the marker text")..];
+    let start = rest.find("<code class=\"language-text\">").expect("a printout")
+        + "<code class=\"language-text\">".len();
+    &rest[start..start + rest[start..].find("</code>").expect("closed")]
+}
+
+#[test]
+fn the_notebook_runs_in_jupyter_and_prints_what_the_page_shows() {
+    let test = "the_notebook_runs_in_jupyter_and_prints_what_the_page_shows";
+    if !python_modules_available(test, &["numpy", "nbclient", "ipykernel"]) {
+        return;
+    }
+    let dir = copy_of_content();
+    let out = dir.path().join("site");
+    let build = xtask(&["build-content", "--content", arg(&dir.path().join("content")), "--out", arg(&out)]);
+    assert_eq!(build.status, 0, "{}", build.stderr);
+    let notebook = out.join("notebooks/attention-sentence-love.ipynb");
+    let run =
+        Command::new("python3").args(["-c", RUN_NOTEBOOK, arg(&notebook)]).output().expect("python3 runs");
+    assert!(run.status.success(), "the notebook failed: {}", String::from_utf8_lossy(&run.stderr));
+    let printed = String::from_utf8(run.stdout).expect("utf-8");
+    let page = fs::read_to_string(out.join("attention.html")).expect("page");
+    assert_eq!(printed, printout_after(&page, "It prints:"), "the kernel's printout against the page's");
+    // The full value and the number as the prose rounds it, side by side, as on the page.
+    assert!(printed.contains("output:  4.4067 (the lesson rounds it to 4.41)"), "{printed}");
+    assert!(page.contains(">4.41</span>") && page.contains(">4.4067</span>"), "the prose cites both");
 }

@@ -1,6 +1,7 @@
 //! End-to-end tests of the whole workspace, driving the real `xtask` binary as a user would.
 
 mod attend;
+mod browser;
 mod content;
 mod serve;
 mod support;

@@ -9,7 +9,7 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::support::{copy_of_content, snapshot};
+use crate::content::{copy_of_content, snapshot};
 
 /// How long the preview may take to notice a change and rebuild (debug build, busy machine).
 const PATIENCE: Duration = Duration::from_secs(60);

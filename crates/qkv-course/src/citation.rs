@@ -1,9 +1,18 @@
-//! A citation's text: the number its path names, in its format (`[4.41](=sentence.love.output:2)`
-//! in prose, `{4.41}\vphantom{\verb|=sentence.love.output:2|}` in math).
+//! Citations: a number the lesson names instead of typing. In prose it is a link whose text the
+//! build rewrites (`[4.41](=sentence.love.output:2)`); in math, the number in braces before a
+//! marker that draws nothing (`{4.41}\vphantom{\verb|=sentence.love.output:2|}`), rewritten the
+//! same way; inside a block's text field (a quiz question, a widget prompt) it is written
+//! `{=sentence.love.output:2}` and substituted when the region and the page are generated.
+
+use std::ops::Range;
 
 use crate::document::Citation;
 use crate::error::Problem;
 use crate::eval::Evaluator;
+use crate::format::Format;
+
+/// What a citation's format may be, for messages about one that is not.
+pub(crate) const FORMATS: &str = "a number of decimals (`:2`), then optionally `%` for a percentage (`:1%`) and `g` to print exact integers bare (`:4g`)";
 
 /// What citation `c` of document `doc` should say; `found` is what it says now.
 pub(crate) fn text(
@@ -12,30 +21,135 @@ pub(crate) fn text(
     c: &Citation,
     found: &str,
 ) -> Result<String, Problem> {
-    let node = eval.resolve(doc, &c.path).map_err(|expected| {
-        Problem::new(doc, c.path_at, format!("unknown reference `{}`", c.path), c.path.clone(), expected)
+    let text = number(eval, doc, &c.path, c.path_at, c.format, found)?;
+    // In TeX `%` starts a comment: a percentage in math is `12.5\%`.
+    Ok(if c.math { text.replace('%', r"\%") } else { text })
+}
+
+/// The number `path` names, in `format`; `path_at` is where the path is written.
+fn number(
+    eval: &mut Evaluator<'_>,
+    doc: usize,
+    path: &str,
+    path_at: usize,
+    format: Format,
+    found: &str,
+) -> Result<String, Problem> {
+    let node = eval.resolve(doc, path).map_err(|expected| {
+        Problem::new(doc, path_at, format!("unknown reference `{path}`"), path, expected)
     })?;
     match node.as_number() {
-        // In TeX `%` starts a comment: a percentage in math is `12.5\%`.
-        Some(x) if x.is_finite() && c.math => Ok(c.format.apply(x).replace('%', r"\%")),
-        Some(x) if x.is_finite() => Ok(c.format.apply(x)),
+        Some(x) if x.is_finite() => Ok(format.apply(x)),
         Some(x) => Err(Problem::new(
             doc,
-            c.path_at,
-            format!("`{}` is {x}, which cannot be shown as a number", c.path),
+            path_at,
+            format!("`{path}` is {x}, which cannot be shown as a number"),
             found,
             "a finite value (a masked score is -inf; cite its weight instead)",
         )),
         None => Err(Problem::new(
             doc,
-            c.path_at,
-            format!("`{}` is not a single number", c.path),
-            c.path.clone(),
+            path_at,
+            format!("`{path}` is not a single number"),
+            path,
             format!(
-                "a path down to one number, such as `{}.{}`",
-                c.path,
+                "a path down to one number, such as `{path}.{}`",
                 node.children().first().map_or("1", String::as_str)
             ),
         )),
     }
+}
+
+/// Markdown from a block's text field, citing computed numbers as `{=PATH:FORMAT}`.
+#[derive(Debug, Clone)]
+pub(crate) struct Text {
+    /// The text as written.
+    pub value: String,
+    refs: Vec<TextRef>,
+}
+
+/// One `{=PATH:FORMAT}` inside a [`Text`].
+#[derive(Debug, Clone)]
+struct TextRef {
+    /// The byte range of `{=…}` in the text.
+    range: Range<usize>,
+    path: String,
+    /// Source offset of the path, for errors.
+    path_at: usize,
+    format: Format,
+}
+
+impl Text {
+    /// Reads the `{=PATH:FORMAT}` citations of `value` (a field of document `doc` written at
+    /// `at`); `source_at[n]` is the source offset of the `n`-th `{=`, where it is known.
+    pub(crate) fn parse(doc: usize, value: String, at: usize, source_at: &[usize]) -> Result<Text, Problem> {
+        let mut refs = Vec::new();
+        for (n, (start, _)) in value.match_indices("{=").enumerate() {
+            let open_at = source_at.get(n).copied().unwrap_or(at);
+            let rest = &value[start + 2..];
+            let Some(len) = rest.find('}') else {
+                return Err(Problem::new(
+                    doc,
+                    open_at,
+                    "a citation `{=` is never closed",
+                    snippet(&value[start..]),
+                    "`{=PATH:FORMAT}`, such as `{=sentence.love.output:2}`",
+                ));
+            };
+            let inner = &rest[..len];
+            let found = format!("{{={inner}}}");
+            let Some((path, spec)) = inner.rsplit_once(':') else {
+                return Err(Problem::new(
+                    doc,
+                    open_at,
+                    "citation has no format",
+                    found,
+                    format!("`{{={inner}:DECIMALS}}`, e.g. `{{={inner}:2}}` for two decimals"),
+                ));
+            };
+            let format = Format::parse(spec).ok_or_else(|| {
+                Problem::new(
+                    doc,
+                    open_at + 2 + path.len() + 1,
+                    format!("unknown number format `{spec}`"),
+                    found.clone(),
+                    FORMATS,
+                )
+            })?;
+            if path.is_empty() {
+                return Err(Problem::new(
+                    doc,
+                    open_at,
+                    "citation without a path",
+                    found,
+                    "`{=PATH:FORMAT}`, such as `{=sentence.love.output:2}`",
+                ));
+            }
+            refs.push(TextRef {
+                range: start..start + 2 + len + 1,
+                path: path.to_string(),
+                path_at: open_at + 2,
+                format,
+            });
+        }
+        Ok(Text { value, refs })
+    }
+
+    /// The text with every citation replaced by its number, as document `doc` computes it.
+    pub(crate) fn fill(&self, eval: &mut Evaluator<'_>, doc: usize) -> Result<String, Problem> {
+        let mut out = String::with_capacity(self.value.len());
+        let mut last = 0;
+        for r in &self.refs {
+            out.push_str(&self.value[last..r.range.start]);
+            out.push_str(&number(eval, doc, &r.path, r.path_at, r.format, &self.value[r.range.clone()])?);
+            last = r.range.end;
+        }
+        out.push_str(&self.value[last..]);
+        Ok(out)
+    }
+}
+
+/// The start of `s`, for quoting an unclosed citation.
+fn snippet(s: &str) -> String {
+    s.chars().take(40).collect()
 }

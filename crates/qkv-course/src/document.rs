@@ -349,7 +349,7 @@ fn destination(doc: usize, dest: &str, path_at: usize) -> Result<(String, Format
             path_at + path.len() + 1,
             format!("unknown number format `{spec}`"),
             format!("(={dest})"),
-            "a number of decimals (`:2`), then optionally `%` for a percentage (`:1%`) and `g` to print exact integers bare (`:4g`)",
+            crate::citation::FORMATS,
         )
     })?;
     Ok((path.to_string(), format))

@@ -148,12 +148,12 @@ impl<'d> Evaluator<'d> {
         let segments: Vec<&str> = path.split('.').collect();
         if segments.len() >= 2 && self.sections.iter().any(|s| s == segments[0]) {
             let key = format!("{}.{}", segments[0], segments[1]);
-            if self.decls.contains_key(&key) {
+            if self.computes(&key) {
                 return Ok(Target { key, rest: segments[2..].to_vec() });
             }
         }
         let key = format!("{}.{}", self.sections[doc], segments[0]);
-        if self.decls.contains_key(&key) {
+        if self.computes(&key) {
             return Ok(Target { key, rest: segments[1..].to_vec() });
         }
         let qualified = segments.get(..2).map(|s| s.join("."));
@@ -163,7 +163,7 @@ impl<'d> Evaluator<'d> {
         let mut known: Vec<String> = self
             .decls
             .iter()
-            .filter(|(_, d)| !matches!(d.kind, DeclKind::Figure(_)))
+            .filter(|(_, d)| d.kind.computes())
             .filter_map(|(k, _)| {
                 let (s, id) = k.split_once('.')?;
                 Some(if s == self.sections[doc] { id.to_string() } else { k.clone() })
@@ -174,6 +174,11 @@ impl<'d> Evaluator<'d> {
             return Err("the id of a `qkv` block, but the lesson declares none".into());
         }
         Err(format!("an example id: {}", known.join(", ")))
+    }
+
+    /// Whether `key` names a declaration with values (not a figure, quiz or widget).
+    fn computes(&self, key: &str) -> bool {
+        self.decls.get(key).is_some_and(|d| d.kind.computes())
     }
 
     /// Resolves `path` to a node, evaluating what it needs. Errors say what was expected.
@@ -413,7 +418,7 @@ impl<'d> Evaluator<'d> {
                 ]);
                 Some(Record { computed: Computed::WeightedSum { weights, values, terms, output }, node })
             }
-            DeclKind::Figure(_) => None,
+            DeclKind::Figure(_) | DeclKind::Page(_) => None,
         }
     }
 

@@ -15,6 +15,12 @@ use crate::limits::{self, MAX_DIM, MAX_DIMS, MAX_SAMPLES};
 use crate::location::LineIndex;
 use crate::pipeline::Sources;
 
+mod interactive;
+
+pub(crate) use interactive::{
+    Goal, PageDecl, QuizDecl, QuizKey, SETTINGS_ID, Settings, WidgetDecl, WidgetKind, colab_base, letter,
+};
+
 /// A numeric input: a literal, or a reference to be resolved at evaluation.
 #[derive(Debug, Clone)]
 pub(crate) enum Input<T> {
@@ -84,6 +90,14 @@ pub(crate) enum DeclKind {
     Dot { q: Field<Input<Vec<f64>>>, k: Field<Input<Vec<f64>>> },
     WeightedSum { weights: Field<Input<Vec<f64>>>, values: Field<Input<Vec<f64>>> },
     Figure(Box<FigureDecl>),
+    Page(Box<PageDecl>),
+}
+
+impl DeclKind {
+    /// Whether the block computes values that paths can name (figures and page blocks do not).
+    pub(crate) fn computes(&self) -> bool {
+        !matches!(self, DeclKind::Figure(_) | DeclKind::Page(_))
+    }
 }
 
 /// One declaration, from one `qkv` block.
@@ -123,6 +137,25 @@ const KINDS: &[(&str, &[&str])] = &[
     ("dot", &["id", "q", "k"]),
     ("weighted-sum", &["id", "weights", "values"]),
     ("figure", &["id", "kind", "example", "query", "caption", "seed", "trials", "dims"]),
+    (
+        "quiz",
+        &[
+            "id",
+            "kind",
+            "practice",
+            "question",
+            "hint",
+            "why",
+            "options",
+            "answer",
+            "digits",
+            "tolerance",
+            "steps",
+            "answer_text",
+        ],
+    ),
+    ("widget", &["id", "kind", "example", "query", "goal", "prompt", "digits"]),
+    ("settings", &["credit", "notebook_repository"]),
 ];
 
 /// Every declaration of the lesson, one per `qkv` block that parses, with the problems of the
@@ -143,13 +176,23 @@ pub(crate) fn declarations(
                         let line = LineIndex::new(&sources.markdown[i].text)
                             .position(&sources.markdown[i].text, prev.start)
                             .0;
-                        problems.push(Problem::new(
-                            i,
-                            d.id_at,
-                            format!("duplicate id `{}` (first declared on line {line})", d.id),
-                            format!("id = \"{}\"", d.id),
-                            "an id not used by another block of this section",
-                        ));
+                        problems.push(if block.kind == "settings" {
+                            Problem::new(
+                                i,
+                                d.id_at,
+                                format!("a second `qkv settings` block (the first is on line {line})"),
+                                first_line(&block.content),
+                                "one `qkv settings` block per section",
+                            )
+                        } else {
+                            Problem::new(
+                                i,
+                                d.id_at,
+                                format!("duplicate id `{}` (first declared on line {line})", d.id),
+                                format!("id = \"{}\"", d.id),
+                                "an id not used by another block of this section",
+                            )
+                        });
                     } else {
                         decls.push(d);
                     }
@@ -201,22 +244,12 @@ pub(crate) fn parse(doc: usize, block: &Block) -> Result<Decl, Vec<Problem>> {
         }
     };
     let mut reader = Reader { doc, block, problems: Vec::new() };
-    for (key, value) in table.iter() {
-        if !allowed.contains(&key.get_ref().as_ref()) {
-            let hint = closest(key.get_ref(), allowed)
-                .map(|k| format!(" (did you mean `{k}`?)"))
-                .unwrap_or_default();
-            reader.problem(
-                key.span().start,
-                format!("unknown field `{}` in a `qkv {kind}` block{hint}", key.get_ref()),
-                format!("{} = {}", key.get_ref(), reader.snippet(value)),
-                format!("one of: {}", allowed.join(", ")),
-            );
-        }
-    }
+    reader.known_fields(&table, allowed, &format!("a `qkv {kind}` block"));
     let get = |name: &str| table.get(name);
     let id = match get("id") {
         Some(v) => reader.identifier(v),
+        // A section has one settings block, and it needs no name.
+        None if kind == "settings" => Some(Field { value: SETTINGS_ID.to_string(), at: block.start }),
         None => {
             reader.problem(
                 0,
@@ -283,6 +316,10 @@ pub(crate) fn parse(doc: usize, block: &Block) -> Result<Decl, Vec<Problem>> {
                 _ => return Err(reader.problems),
             }
         }
+        "quiz" | "widget" | "settings" => match reader.page(kind, &table) {
+            Some(page) => DeclKind::Page(Box::new(page)),
+            None => return Err(reader.problems),
+        },
         _ => {
             let figure_kind = get("kind").and_then(|v| reader.figure_kind(v));
             let figure = figure_kind.map(|kind| FigureDecl {
@@ -441,6 +478,27 @@ struct Reader<'b> {
 type Value<'i> = Spanned<DeValue<'i>>;
 
 impl Reader<'_> {
+    /// Reports every field of `table` not in `allowed`, suggesting the nearest allowed name;
+    /// whether there was one.
+    fn known_fields(&mut self, table: &DeTable<'_>, allowed: &[&str], what: &str) -> bool {
+        let before = self.problems.len();
+        for (key, value) in table.iter() {
+            if !allowed.contains(&key.get_ref().as_ref()) {
+                let hint = closest(key.get_ref(), allowed)
+                    .map(|k| format!(" (did you mean `{k}`?)"))
+                    .unwrap_or_default();
+                let found = format!("{} = {}", key.get_ref(), self.snippet(value));
+                self.problem(
+                    key.span().start,
+                    format!("unknown field `{}` in {what}{hint}", key.get_ref()),
+                    found,
+                    format!("one of: {}", allowed.join(", ")),
+                );
+            }
+        }
+        self.problems.len() > before
+    }
+
     fn problem(
         &mut self,
         content_at: usize,

@@ -66,6 +66,26 @@ pub(crate) enum Plot {
     Line(LineChart),
 }
 
+// Figures are drawn for a phone's column, about 330 CSS pixels wide: there the page shows them at
+// nearly their own size, so their 11-pixel labels stay readable (at 720 pixels wide they shrank
+// to 5). Wider screens scale them up. PNGs have two pixels per CSS pixel, for sharp downloads.
+const HEATMAP_SIZE: Size = Size::new(360, 320).with_png_scale(2);
+const QUERY_DIAGRAM_SIZE: Size = Size::square(360).with_png_scale(2);
+const SCORE_CURVES_SIZE: Size = Size::new(360, 340).with_png_scale(2);
+const LINE_SIZE: Size = Size::new(360, 300).with_png_scale(2);
+
+impl Plot {
+    /// The size this kind of figure is drawn at.
+    fn size(&self) -> Size {
+        match self {
+            Plot::Heatmap(_) => HEATMAP_SIZE,
+            Plot::QueryDiagram(_) => QUERY_DIAGRAM_SIZE,
+            Plot::ScoreCurves(_) => SCORE_CURVES_SIZE,
+            Plot::Line(_) => LINE_SIZE,
+        }
+    }
+}
+
 /// A figure ready to hash and, if stale, to render.
 #[derive(Debug, Clone)]
 pub(crate) struct Prepared {
@@ -73,6 +93,8 @@ pub(crate) struct Prepared {
     pub hash: String,
     /// Alt text describing what the figure shows, with its numbers.
     pub alt: String,
+    /// The size it is drawn at (the page reserves it, so nothing moves when the image loads).
+    pub size: Size,
     /// Builds the plot input; deferred because Monte Carlo data is only needed when re-rendering.
     pub plot: Deferred,
 }
@@ -236,8 +258,9 @@ pub(crate) fn prepare_example(
             )
         }
     };
-    let hash = hash_of(&format!("{plot:?}|{alt}"));
-    Ok(Prepared { hash, alt, plot: Deferred::Ready(Box::new(plot)) })
+    let size = plot.size();
+    let hash = hash_of(&format!("{plot:?}|{size:?}|{alt}"));
+    Ok(Prepared { hash, alt, size, plot: Deferred::Ready(Box::new(plot)) })
 }
 
 /// Sweeps the query's direction around the circle (same length), computing weights and output
@@ -311,7 +334,7 @@ fn score_curves(inputs: &AttentionInputs, i: usize, label: &str) -> Result<Score
             })
             .collect(),
     );
-    curves.title = format!("Sweeping the query of “{label}” around the circle");
+    curves.title = format!("Sweeping the query of “{label}”");
     curves.x_title = "direction of q (degrees)".to_string();
     curves.x_ticks = Some((0..=8).map(|i| f64::from(i) * 45.0).collect());
     curves.marker = Some(VerticalMarker {
@@ -339,8 +362,9 @@ pub(crate) fn prepare_scaling(decl: &FigureDecl) -> Prepared {
             Deferred::Saturation { seed, trials, dims },
         ),
     };
-    let hash = hash_of(&format!("montecarlo v{MONTE_CARLO_VERSION}|{:?}|{plot:?}|{alt}", decl.kind));
-    Prepared { hash, alt, plot }
+    let hash =
+        hash_of(&format!("montecarlo v{MONTE_CARLO_VERSION}|{:?}|{plot:?}|{LINE_SIZE:?}|{alt}", decl.kind));
+    Prepared { hash, alt, size: LINE_SIZE, plot }
 }
 
 /// Draws a prepared figure: SVG text and PNG bytes.
@@ -359,7 +383,7 @@ pub(crate) fn render(prepared: &Prepared) -> Result<qkv_plot::Figure, String> {
                     Series::reference("1", vec![1.0; x.len()]),
                 ],
             );
-            chart.title = "Why divide by √d_k: the spread of the scores".into();
+            chart.title = "The spread of the scores".into();
             chart.x_title = "d_k (width of q and k)".into();
             chart.y_title = "variance over random pairs".into();
             chart.x_scale = Scale::Log;
@@ -377,7 +401,7 @@ pub(crate) fn render(prepared: &Prepared) -> Result<qkv_plot::Figure, String> {
                     Series::new("scaled scores q·k / √d_k", data.scaled),
                 ],
             );
-            chart.title = "Largest softmax weight among 8 keys".into();
+            chart.title = "Largest of 8 softmax weights".into();
             chart.x_title = "d_k (width of q and k)".into();
             chart.y_title = "mean of the largest weight".into();
             chart.x_scale = Scale::Log;
@@ -386,12 +410,12 @@ pub(crate) fn render(prepared: &Prepared) -> Result<qkv_plot::Figure, String> {
             Plot::Line(chart)
         }
     };
+    let size = plot.size();
     let result = match &plot {
-        // PNGs at two pixels per CSS pixel, so the download stays sharp on high-density screens.
-        Plot::Heatmap(h) => qkv_plot::heatmap(h, Size::new(560, 460).with_png_scale(2)),
-        Plot::QueryDiagram(d) => qkv_plot::query_diagram(d, Size::square(480).with_png_scale(2)),
-        Plot::ScoreCurves(c) => qkv_plot::score_curves(c, Size::new(720, 420).with_png_scale(2)),
-        Plot::Line(c) => qkv_plot::line_chart(c, Size::new(640, 420).with_png_scale(2)),
+        Plot::Heatmap(h) => qkv_plot::heatmap(h, size),
+        Plot::QueryDiagram(d) => qkv_plot::query_diagram(d, size),
+        Plot::ScoreCurves(c) => qkv_plot::score_curves(c, size),
+        Plot::Line(c) => qkv_plot::line_chart(c, size),
     };
     result.map_err(|e| e.to_string())
 }

@@ -1,5 +1,7 @@
 //! The static site: one HTML page per section (math as MathML, figures as `<figure>`, citations as
-//! plain numbers), an index, and a small hand-written stylesheet. Works from `file://`, no script.
+//! plain numbers, a contents list), an index, a small hand-written stylesheet and the page script.
+//! Every page is complete without script and works from `file://`; `qkv.js` (a classic script,
+//! since module scripts do not load from `file://`) only upgrades the elements marked `data-qkv-*`.
 
 use pulldown_cmark::{CodeBlockKind, CowStr, Event, HeadingLevel, Parser, Tag, TagEnd};
 
@@ -7,6 +9,8 @@ use crate::document::{self, markdown_options};
 use crate::pipeline::{OutputFile, SourceFile, section_id};
 
 const STYLE: &str = include_str!("html/style.css");
+/// The page script: hand-written, no framework, no build step, no network.
+const SCRIPT: &str = include_str!("html/qkv.js");
 
 /// Escapes text for HTML content and attribute values.
 pub fn escape(s: &str) -> String {
@@ -58,6 +62,7 @@ pub(crate) fn site(
     index.push_str("</ol>\n");
     out.push(OutputFile { name: "index.html".into(), text: page(&sections, None, "Contents", &index, "") });
     out.push(OutputFile { name: "style.css".into(), text: STYLE.to_string() });
+    out.push(OutputFile { name: "qkv.js".into(), text: SCRIPT.to_string() });
     out.extend(notebooks);
     out
 }
@@ -100,7 +105,7 @@ fn page(
         )
     };
     format!(
-        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n<title>{} · qkv</title>\n<link rel=\"stylesheet\" href=\"style.css\">\n</head>\n<body>\n<header>{nav}</header>\n<main>\n<article>\n{body}</article>\n{pager}\n</main>\n{footer}\n</body>\n</html>\n",
+        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n<title>{} · qkv</title>\n<link rel=\"stylesheet\" href=\"style.css\">\n<script src=\"qkv.js\" defer></script>\n</head>\n<body>\n<header>{nav}</header>\n<main>\n<article>\n{body}</article>\n{pager}\n</main>\n{footer}\n</body>\n</html>\n",
         escape(title)
     )
 }
@@ -142,6 +147,8 @@ fn render_body(text: &str, regions: &[Option<String>], markdown: &[SourceFile]) 
     let mut skip_block = false;
     let mut skip_region = false;
     let mut region = 0;
+    // The page's sections, for its contents list.
+    let mut contents: Vec<(String, String)> = Vec::new();
     let mut i = 0;
     while i < events.len() {
         let (event, _) = &events[i];
@@ -195,6 +202,15 @@ fn render_body(text: &str, regions: &[Option<String>], markdown: &[SourceFile]) 
                     id: id.clone(),
                 }));
             }
+            // A wide table scrolls inside its own box, never the page.
+            Event::Start(Tag::Table(_)) => {
+                out.push(Event::Html("<div class=\"scroll\">".into()));
+                out.push(event.clone());
+            }
+            Event::End(TagEnd::Table) => {
+                out.push(event.clone());
+                out.push(Event::Html("</div>\n".into()));
+            }
             Event::InlineMath(tex) => {
                 out.push(Event::InlineHtml(mathml(&document::without_math_citations(tex), false).into()))
             }
@@ -215,6 +231,9 @@ fn render_body(text: &str, regions: &[Option<String>], markdown: &[SourceFile]) 
                     }
                 }
                 let id = if *level == HeadingLevel::H1 { None } else { Some(CowStr::from(slug(&title))) };
+                if *level == HeadingLevel::H2 {
+                    contents.push((slug(&title), title));
+                }
                 out.push(Event::Start(Tag::Heading {
                     level: *level,
                     id,
@@ -227,7 +246,23 @@ fn render_body(text: &str, regions: &[Option<String>], markdown: &[SourceFile]) 
     }
     let mut html = String::new();
     pulldown_cmark::html::push_html(&mut html, out.into_iter());
+    if contents.len() > 1
+        && let Some(at) = html.find("</h1>\n").map(|i| i + "</h1>\n".len())
+    {
+        html.insert_str(at, &contents_list(&contents));
+    }
     html
+}
+
+/// The list of a page's sections, placed under its title.
+fn contents_list(sections: &[(String, String)]) -> String {
+    let mut out =
+        String::from("<nav class=\"contents\" aria-label=\"On this page\">\n<p>On this page</p>\n<ol>\n");
+    for (id, title) in sections {
+        out.push_str(&format!("<li><a href=\"#{}\">{}</a></li>\n", escape(id), escape(title)));
+    }
+    out.push_str("</ol>\n</nav>\n");
+    out
 }
 
 /// Whether the innermost open link in `out` is a citation (rendered as a span).
@@ -259,15 +294,31 @@ fn rewrite_link<'a>(dest: &CowStr<'a>, markdown: &[SourceFile]) -> CowStr<'a> {
     dest.clone()
 }
 
-/// A short markdown string (a caption) as inline HTML.
+/// A short markdown string (a caption, a quiz option) as inline HTML.
 pub(crate) fn inline_markdown(s: &str) -> String {
+    let html = fragment(s);
+    html.trim().trim_start_matches("<p>").trim_end_matches("</p>").to_string()
+}
+
+/// A markdown fragment (paragraphs, lists, math) as HTML, for text a page block holds.
+pub(crate) fn fragment(s: &str) -> String {
     let mut html = String::new();
     let events = Parser::new_ext(s, markdown_options()).map(|e| match e {
         Event::InlineMath(tex) => Event::InlineHtml(mathml(&tex, false).into()),
+        Event::DisplayMath(tex) => {
+            Event::InlineHtml(format!("<span class=\"display-math\">{}</span>", mathml(&tex, true)).into())
+        }
         other => other,
     });
     pulldown_cmark::html::push_html(&mut html, events);
-    html.trim().trim_start_matches("<p>").trim_end_matches("</p>").to_string()
+    html
+}
+
+/// Data for the page script: `<script type="application/json" ATTR>JSON</script>`. Every `<` is
+/// written `\u003c`, so no text inside can close the element.
+pub(crate) fn json_script(attr: &str, value: &serde_json::Value) -> String {
+    let json = value.to_string().replace('<', "\\u003c");
+    format!("<script type=\"application/json\" {attr}>{json}</script>\n")
 }
 
 #[cfg(test)]

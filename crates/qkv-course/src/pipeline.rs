@@ -8,7 +8,7 @@ use crate::document::{self, Document};
 use crate::encoding::{LineEnding, restore_bom, strip_bom};
 use crate::error::{ContentError, ContentErrors, Problem};
 use crate::eval::Evaluator;
-use crate::examples::{self, Decl, DeclKind};
+use crate::examples::{self, Decl};
 use crate::figures::{self, FigureJob};
 use crate::location::LineIndex;
 use crate::stale::{self, Stale};
@@ -362,7 +362,7 @@ fn plan(sources: &Sources) -> Result<Plan, ContentErrors> {
     keys.sort_by_key(|(_, d)| (d.doc, d.start));
     let mut records = Vec::new();
     for (key, decl) in &keys {
-        if !matches!(decl.kind, DeclKind::Figure(_))
+        if decl.kind.computes()
             && let Some(r) = eval.record(key)
         {
             records.push(((*key).clone(), r.node));
@@ -390,7 +390,15 @@ fn plan(sources: &Sources) -> Result<Plan, ContentErrors> {
         // Generated text breaks lines with `\n`; a CRLF file gets CRLF throughout.
         let ending = LineEnding::of(&sources.markdown[i].text);
         for r in &doc.regions {
-            match region::generate(&mut eval, &decls, &sections, i, r, &sources.markdown[i].text) {
+            match region::generate(
+                &mut eval,
+                &decls,
+                &sections,
+                i,
+                &doc.regions,
+                r,
+                &sources.markdown[i].text,
+            ) {
                 Ok(generated) => {
                     let text = ending.apply(format!("\n{}\n", generated.body));
                     edits[i].push(Edit { range: r.body.clone(), text, what: generated.what });
@@ -423,6 +431,7 @@ fn plan(sources: &Sources) -> Result<Plan, ContentErrors> {
         }
         region_html.push(page);
     }
+    problems.extend(region::misplaced(&decls, &docs));
     problems.append(&mut eval.problems);
     if !problems.is_empty() {
         return Err(locate(sources, problems));

@@ -9,13 +9,15 @@
 mod error;
 mod figure;
 mod lab;
+mod quiz;
 mod steps;
 mod table;
+mod widget;
 
 use crate::document::{Region, first_line};
 use crate::error::Problem;
 use crate::eval::{AttentionInputs, Computed, Evaluator};
-use crate::examples::Decl;
+use crate::examples::{Decl, DeclKind, PageDecl, SETTINGS_ID, Settings};
 use crate::figures::FigureJob;
 use crate::limits::{self, MAX_SHOWN};
 use crate::pipeline::OutputFile;
@@ -36,7 +38,8 @@ pub(crate) struct Kind {
 }
 
 /// Every region kind, in the order messages list them.
-const KINDS: &[Kind] = &[steps::KIND, table::KIND, error::KIND, lab::KIND, figure::KIND];
+const KINDS: &[Kind] =
+    &[steps::KIND, table::KIND, error::KIND, lab::KIND, figure::KIND, quiz::KIND, widget::KIND];
 
 /// What a region kind gets to work with: its directive, the evaluated lesson and the
 /// declarations of every section.
@@ -46,12 +49,16 @@ pub(crate) struct Context<'a, 'e> {
     pub sections: &'a [String],
     /// The document the region is in.
     pub doc: usize,
+    /// Every region of that document, in reading order (quizzes are numbered by them).
+    pub regions: &'a [Region],
     /// Byte offset of the region's opening marker.
     pub at: usize,
     /// The positional words of the directive after the kind.
     pub args: Vec<&'a str>,
     /// `digits=N`, or [`DEFAULT_DIGITS`].
     pub digits: usize,
+    /// Every `name=value` option as written (`digits` among them), for the kinds that read more.
+    pub options: Vec<(&'a str, &'a str)>,
     /// The kind and arguments as written, for stale reports (`steps sentence.love`).
     pub what: String,
     /// The opening marker's line, for messages.
@@ -114,7 +121,13 @@ impl<'a> Context<'a, '_> {
 
     /// The record the target names.
     pub(crate) fn named(&mut self, usage: &str) -> Result<Named, Problem> {
-        let target = self.target(usage)?.to_string();
+        let target = self.target(usage)?;
+        self.named_path(target)
+    }
+
+    /// The record `target` (a path such as `sentence.love`) names.
+    pub(crate) fn named_path(&mut self, target: &str) -> Result<Named, Problem> {
+        let target = target.to_string();
         let t = self
             .eval
             .target(self.doc, &target)
@@ -128,8 +141,12 @@ impl<'a> Context<'a, '_> {
     }
 
     /// The query a target's rest names (`love` in `sentence.love`), by label or 1-based number.
-    pub(crate) fn query_index(&self, inputs: &AttentionInputs, rest: &[String]) -> Result<usize, Problem> {
-        let target = self.args.first().copied().unwrap_or("");
+    pub(crate) fn query_index(
+        &self,
+        target: &str,
+        inputs: &AttentionInputs,
+        rest: &[String],
+    ) -> Result<usize, Problem> {
         let labels = inputs.query_labels();
         let [token] = rest else {
             return Err(self.problem(
@@ -153,14 +170,103 @@ impl<'a> Context<'a, '_> {
                 )
             })
     }
+
+    /// The page block (quiz, widget, settings) of this document with id `id`.
+    pub(crate) fn page_decl(&self, id: &str) -> Option<&'a PageDecl> {
+        self.decls.iter().find_map(|d| match &d.kind {
+            DeclKind::Page(page) if d.doc == self.doc && d.id == id => Some(page.as_ref()),
+            _ => None,
+        })
+    }
+
+    /// The block of this document with id `id` that `pick` accepts (a `qkv quiz` or `qkv widget`,
+    /// named `what` in messages).
+    pub(crate) fn page_block<T>(
+        &self,
+        id: &str,
+        what: &str,
+        pick: impl Fn(&'a PageDecl) -> Option<T>,
+    ) -> Result<T, Problem> {
+        if let Some(found) = self.page_decl(id).and_then(&pick) {
+            return Ok(found);
+        }
+        if self.eval.broken.contains(&format!("{}.{id}", self.sections[self.doc])) {
+            // The block's own error says what is wrong.
+            return Err(self.problem(String::new(), ""));
+        }
+        let ids: Vec<&str> = self
+            .decls
+            .iter()
+            .filter(|d| d.doc == self.doc && matches!(&d.kind, DeclKind::Page(p) if pick(p).is_some()))
+            .map(|d| d.id.as_str())
+            .collect();
+        let ids = if ids.is_empty() { "(none in this file)".to_string() } else { ids.join(", ") };
+        Err(self.problem(
+            format!("unknown {what} `{id}`"),
+            format!("the id of a `qkv {what}` block in this file: {ids}"),
+        ))
+    }
+
+    /// The section's settings (its `qkv settings` block), or the defaults.
+    pub(crate) fn settings(&self) -> Settings {
+        match self.page_decl(SETTINGS_ID) {
+            Some(PageDecl::Settings(s)) => s.clone(),
+            _ => Settings { credit: None, notebook_repository: None },
+        }
+    }
 }
 
-/// Computes one region of document `doc` (whose text is `text`).
+/// Page blocks (quizzes, widgets) that no region of their file shows, or that two regions show:
+/// each must appear on the page exactly once.
+pub(crate) fn misplaced(decls: &[Decl], docs: &[crate::document::Document]) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    for d in decls {
+        let kind = match &d.kind {
+            DeclKind::Page(p) => match p.as_ref() {
+                PageDecl::Quiz(_) => "quiz",
+                PageDecl::Widget(_) => "widget",
+                PageDecl::Settings(_) => continue,
+            },
+            _ => continue,
+        };
+        let shown: Vec<&Region> = docs[d.doc]
+            .regions
+            .iter()
+            .filter(|r| r.directive.first().is_some_and(|k| k == kind) && r.directive.get(1) == Some(&d.id))
+            .collect();
+        let marker = format!("<!-- qkv {kind} {} -->", d.id);
+        match shown.as_slice() {
+            [_] => {}
+            [] => problems.push(Problem::new(
+                d.doc,
+                d.id_at,
+                format!("{kind} `{}` is declared but no region shows it", d.id),
+                format!("id = \"{}\"", d.id),
+                format!("`{marker}` and `<!-- /qkv -->` where it goes on the page"),
+            )),
+            [_, again @ ..] => {
+                for r in again {
+                    problems.push(Problem::new(
+                        d.doc,
+                        r.start,
+                        format!("{kind} `{}` is shown twice", d.id),
+                        marker.clone(),
+                        "one region per quiz or widget",
+                    ));
+                }
+            }
+        }
+    }
+    problems
+}
+
+/// Computes one region of document `doc` (whose text is `text` and whose regions are `regions`).
 pub(crate) fn generate(
     eval: &mut Evaluator<'_>,
     decls: &[Decl],
     sections: &[String],
     doc: usize,
+    regions: &[Region],
     region: &Region,
     text: &str,
 ) -> Result<Generated, Problem> {
@@ -170,9 +276,11 @@ pub(crate) fn generate(
         decls,
         sections,
         doc,
+        regions,
         at: region.start,
         args: Vec::new(),
         digits: DEFAULT_DIGITS,
+        options: Vec::new(),
         what: String::new(),
         marker: first_line(&text[region.start..]),
     };
@@ -182,6 +290,7 @@ pub(crate) fn generate(
     for word in region.directive.iter().skip(1) {
         match word.split_once('=') {
             Some((option, value)) if kind.options.contains(&option) => {
+                cx.options.push((option, value));
                 if option == "digits" {
                     cx.digits = value.parse().ok().filter(|&d| d <= 12).ok_or_else(|| {
                         cx.problem(format!("bad `digits={value}`"), "`digits=N` with N from 0 to 12")
@@ -207,4 +316,31 @@ pub(crate) fn generate(
 /// Every kind's usage, for the message about an unknown kind.
 fn usage_list() -> String {
     KINDS.iter().map(|k| k.usage).collect::<Vec<_>>().join(", ")
+}
+
+/// One-section lessons for the tests of the region kinds (and of the page).
+#[cfg(test)]
+pub(crate) mod testing {
+    use crate::pipeline::{SourceFile, Sources, build};
+
+    /// The running example, "I love NLP", as a block.
+    pub(crate) const SENTENCE: &str = r#"```qkv attention
+id = "sentence"
+tokens = ["I", "love", "NLP"]
+queries = [[1, 0], [0, 1], [1, 1]]
+keys = [[1, 0], [0, 1], [1, 1]]
+values = [[2], [6], [4]]
+```
+"#;
+
+    /// Builds a lesson of one section, `content/01-NAME.md`: its updated markdown and its page.
+    pub(crate) fn one_section(name: &str, text: &str) -> (String, String) {
+        let sources = Sources {
+            markdown: vec![SourceFile { path: format!("content/01-{name}.md"), text: text.into() }],
+            figures: Default::default(),
+        };
+        let built = build(&sources).unwrap_or_else(|e| panic!("{e}"));
+        let page = built.site.iter().find(|f| f.name == format!("{name}.html")).expect("the page");
+        (built.markdown[0].text.clone(), page.text.clone())
+    }
 }

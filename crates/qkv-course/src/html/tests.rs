@@ -1,13 +1,8 @@
 use super::*;
-use crate::pipeline::{Sources, build};
+use crate::region::testing::one_section;
 
 fn page_for(markdown: &str) -> String {
-    let sources = Sources {
-        markdown: vec![SourceFile { path: "content/01-odd.md".into(), text: markdown.into() }],
-        figures: Default::default(),
-    };
-    let built = build(&sources).unwrap_or_else(|e| panic!("{e}"));
-    built.site.into_iter().find(|f| f.name == "odd.html").map(|f| f.text).expect("page")
+    one_section("odd", markdown).1
 }
 
 #[test]
@@ -33,4 +28,20 @@ fn math_becomes_mathml_and_citations_become_spans() {
     assert!(page.contains("<math"), "{page}");
     assert!(page.contains("<span class=\"num\" title=\"d.dot\">4</span>"), "{page}");
     assert!(!page.contains("qkv dot"), "declarations are data, not prose: {page}");
+}
+
+#[test]
+fn the_page_script_is_small_classic_and_offline() {
+    assert!(SCRIPT.len() < 40 * 1024, "qkv.js is {} bytes; the budget is 40 KB", SCRIPT.len());
+    // A classic script: module syntax would not load from file://.
+    for module_syntax in ["\nimport ", "\nexport ", "import(", "type=\"module\""] {
+        assert!(!SCRIPT.contains(module_syntax), "qkv.js uses `{module_syntax}`");
+    }
+    for network in
+        ["fetch(", "XMLHttpRequest", "WebSocket", "sendBeacon", "EventSource", "http://", "https://"]
+    {
+        assert!(!SCRIPT.contains(network), "qkv.js may not reach the network (`{network}`)");
+    }
+    let page = page_for("# Plain\n\nText.\n");
+    assert!(page.contains("<script src=\"qkv.js\" defer></script>"), "{page}");
 }

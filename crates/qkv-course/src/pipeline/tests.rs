@@ -58,11 +58,38 @@ fn the_page_shows_the_computed_values() {
         .skip(1)
         .filter_map(|s| s.split('>').nth(1)?.split('<').next())
         .collect();
-    for expected in [
-        "0", "0.7071", "0.1978", "0.4011", "4.41", "3.59", "0.731", "7.85", "4.243", "0.881", "6", "4", "4.0",
-    ] {
+    for expected in ["0", "0.7071", "0.1978", "0.4011", "4.41", "3.59", "4.4067", "4"] {
         assert!(nums.contains(&expected), "{expected} missing from {nums:?}");
     }
+    // The keys of the numeric checks, as their answers show them.
+    let keys: Vec<&str> =
+        page.split("<p class=\"quiz-key\"><strong>").skip(1).filter_map(|s| s.split('<').next()).collect();
+    assert_eq!(keys, ["0.731", "7.85", "6", "4.243", "0", "4", "4", "0.881"]);
+}
+
+#[test]
+fn the_lesson_is_complete_without_script() {
+    let build = build(&lesson()).expect("lesson builds");
+    let page = &build.site.iter().find(|f| f.name == "attention.html").expect("attention page").text;
+    let quizzes: Vec<&str> = page.split("<section class=\"quiz").skip(1).collect();
+    assert_eq!(quizzes.len(), 19, "14 graded checks and 5 practice problems");
+    assert_eq!(page.matches("data-qkv-graded=\"true\"").count(), 14);
+    for quiz in quizzes {
+        let quiz = quiz.split("</section>").next().unwrap_or("");
+        assert!(quiz.contains("<details class=\"quiz-answer\">"), "an answer behind <details>: {quiz}");
+        assert!(quiz.contains("<div data-qkv-answer>"), "{quiz}");
+    }
+    // What only the script can use is hidden until it runs.
+    assert!(
+        page.contains("<div class=\"progress\" data-qkv-progress data-qkv-section=\"attention\""),
+        "{page}"
+    );
+    assert!(page.contains("data-qkv-score=\"0\" hidden>"), "the progress indicator waits for the script");
+    assert!(page.contains("<div class=\"plane\" hidden>"), "the plane waits for the script");
+    // Without it, the widgets are their tables and steps.
+    assert!(page.contains("data-qkv-readout=\"weight:NLP\">0.4011<"), "the drag widget's readouts");
+    assert!(page.contains("data-qkv-readout=\"row-sum:love\">1.0000<"), "the matrix's row sums");
+    assert_eq!(page.matches("<details class=\"row-steps\" data-qkv-steps=").count(), 3, "a row's steps");
 }
 
 #[test]

@@ -46,10 +46,12 @@ fn generate(cx: &mut Context<'_, '_>) -> Result<Generated, Problem> {
         prepared.hash
     );
     let html = format!(
-        "<figure id=\"figure-{0}\">\n<a href=\"figures/{0}.png\"><img src=\"figures/{0}.svg\" alt=\"{1}\" loading=\"lazy\"></a>\n<figcaption>{2}</figcaption>\n</figure>\n",
+        "<figure id=\"figure-{0}\">\n<a href=\"figures/{0}.png\"><img src=\"figures/{0}.svg\" alt=\"{1}\" width=\"{3}\" height=\"{4}\" loading=\"lazy\"></a>\n<figcaption>{2}</figcaption>\n</figure>\n",
         escape(id),
         escape(&prepared.alt),
-        inline_markdown(caption)
+        inline_markdown(caption),
+        prepared.size.width,
+        prepared.size.height
     );
     Ok(Generated {
         body,

@@ -1,16 +1,21 @@
-//! `lab EXAMPLE.TOKEN`: the NumPy laboratory for one query: a short program, what it prints (from
-//! the engine's trace), and the same program as a Jupyter notebook for the site.
+//! `lab EXAMPLE.TOKEN [rounded=N]`: the NumPy laboratory for one query: a short program, what it
+//! prints (from the engine's trace; with `rounded=N` the output also at the N decimals the prose
+//! cites), and the same program as a Jupyter notebook for the site. The page's link downloads the
+//! notebook (the page script can also hand it over from the copy embedded in the page, for pages
+//! read from `file://`); "Open in Colab" appears when the section's settings name a repository.
 
 use std::fmt::Write;
 
 use super::{Context, Generated, Kind};
 use crate::error::Problem;
 use crate::eval::{AttentionInputs, AttentionResult, Computed};
+use crate::examples::colab_base;
+use crate::html::{escape, fragment, json_script};
 use crate::notebook;
 use crate::pipeline::OutputFile;
 
 pub(super) const KIND: Kind =
-    Kind { name: "lab", usage: "`lab EXAMPLE.TOKEN`", options: &["digits"], generate };
+    Kind { name: "lab", usage: "`lab EXAMPLE.TOKEN`", options: &["digits", "rounded"], generate };
 
 fn generate(cx: &mut Context<'_, '_>) -> Result<Generated, Problem> {
     let named = cx.named(KIND.usage)?;
@@ -20,16 +25,32 @@ fn generate(cx: &mut Context<'_, '_>) -> Result<Generated, Problem> {
             "`EXAMPLE.TOKEN` of a `qkv attention` block",
         ));
     };
-    let i = cx.query_index(&inputs, &named.rest)?;
-    let lab = lab(&inputs, &result, i, cx.digits);
+    let i = cx.query_index(cx.args[0], &inputs, &named.rest)?;
+    let rounded = match cx.options.iter().find(|(o, _)| *o == "rounded") {
+        Some((_, n)) => Some(n.parse().ok().filter(|&d| d <= 12).ok_or_else(|| {
+            cx.problem(
+                format!("bad `rounded={n}`"),
+                "`rounded=N` with N from 0 to 12, the decimals the prose cites",
+            )
+        })?),
+        None => None,
+    };
+    let lab = lab(&inputs, &result, i, cx.digits, rounded);
     let label = &inputs.query_labels()[i];
     let name = format!("notebooks/{}-{}.ipynb", named.key.replace('.', "-"), crate::html::slug(label));
     let title = format!("Attention for the query “{label}”, in NumPy");
     let intro = "Scaled dot-product attention in a few lines of NumPy: score every key, softmax, blend the values. The numbers come from the lesson's example; run the cell and compare the printout with the lesson.";
     let nb = notebook::notebook(&title, intro, &lab.code, &lab.printed);
+    let colab = cx
+        .settings()
+        .notebook_repository
+        .and_then(|r| colab_base(&r.value))
+        .map(|base| format!("{base}/{name}"));
+    let html = lab_html(&lab, &name, colab.as_deref(), &nb);
     Ok(Generated {
+        html: Some(html),
         notebook: Some(OutputFile { name: name.clone(), text: nb }),
-        ..cx.markdown(lab_markdown(&lab, &name))
+        ..cx.markdown(lab_markdown(&lab, &name, colab.as_deref()))
     })
 }
 
@@ -47,8 +68,15 @@ fn py_rows(rows: &[Vec<f64>]) -> String {
     format!("np.array([{}])", rows.join(", "))
 }
 
-/// Writes the NumPy program for query `query_idx` and the text it prints.
-fn lab(inputs: &AttentionInputs, result: &AttentionResult, query_idx: usize, digits: usize) -> Lab {
+/// Writes the NumPy program for query `query_idx` and the text it prints; `rounded` adds the
+/// output at the decimals the prose cites.
+fn lab(
+    inputs: &AttentionInputs,
+    result: &AttentionResult,
+    query_idx: usize,
+    digits: usize,
+    rounded: Option<usize>,
+) -> Lab {
     let trace = &result.traces[query_idx];
     let labels = inputs.query_labels();
     let tokens: Vec<String> = inputs.key_labels().iter().map(|t| format!("{t:?}")).collect();
@@ -74,18 +102,32 @@ fn lab(inputs: &AttentionInputs, result: &AttentionResult, query_idx: usize, dig
     let _ = writeln!(code, "output = weights @ V                     # step 3: blend the values\n");
     let _ = writeln!(
         code,
-        "def show(xs):\n    return \", \".join(f\"{{x:.{digits}f}}\" for x in np.atleast_1d(xs))\n"
+        "def show(xs, digits={digits}):\n    return \", \".join(f\"{{x:.{{digits}}f}}\" for x in np.atleast_1d(xs))\n"
     );
     let _ = writeln!(code, "print(\"scores: \", show(scores))");
     let _ = writeln!(code, "print(\"weights:\", show(weights))");
-    let _ = writeln!(code, "print(\"output: \", show(output))");
-    let show = |xs: &[f64]| xs.iter().map(|x| py_fixed(*x, digits)).collect::<Vec<_>>().join(", ");
-    let printed = format!(
-        "scores:  {}\nweights: {}\noutput:  {}\n",
-        show(&trace.scores),
-        show(&trace.weights),
-        show(&result.output.row(query_idx).to_vec())
+    let show =
+        |xs: &[f64], digits: usize| xs.iter().map(|x| py_fixed(*x, digits)).collect::<Vec<_>>().join(", ");
+    let output = result.output.row(query_idx).to_vec();
+    let mut printed = format!(
+        "scores:  {}\nweights: {}\noutput:  {}",
+        show(&trace.scores, digits),
+        show(&trace.weights, digits),
+        show(&output, digits)
     );
+    match rounded {
+        Some(r) => {
+            let _ = writeln!(
+                code,
+                "print(\"output: \", show(output), f\"(the lesson rounds it to {{show(output, {r})}})\")"
+            );
+            let _ = writeln!(printed, " (the lesson rounds it to {})", show(&output, r));
+        }
+        None => {
+            let _ = writeln!(code, "print(\"output: \", show(output))");
+            printed.push('\n');
+        }
+    }
     Lab { code, printed }
 }
 
@@ -94,10 +136,37 @@ fn py_fixed(x: f64, digits: usize) -> String {
     if x == f64::NEG_INFINITY { "-inf".to_string() } else { format!("{x:.digits$}") }
 }
 
-/// The lab as markdown: the program, what it prints, and the notebook link.
-fn lab_markdown(lab: &Lab, notebook: &str) -> String {
+/// The program and what it prints, as markdown.
+fn program_markdown(lab: &Lab) -> String {
+    format!("```python\n{}```\n\nIt prints:\n\n```text\n{}```\n", lab.code, lab.printed)
+}
+
+/// The lab as markdown: the program, what it prints, and the notebook's links.
+fn lab_markdown(lab: &Lab, notebook: &str, colab: Option<&str>) -> String {
+    let colab = colab.map(|url| format!(" · [Open in Colab]({url})")).unwrap_or_default();
     format!(
-        "```python\n{}```\n\nIt prints:\n\n```text\n{}```\n\nThe same program as a Jupyter notebook: [{notebook}]({notebook}).\n",
-        lab.code, lab.printed
+        "{}\nThe same program as a Jupyter notebook: [{notebook}]({notebook}){colab}.\n",
+        program_markdown(lab)
     )
 }
+
+/// The lab as the page has it: the notebook link downloads (`download`), and the notebook's text
+/// rides along for the page script, which hands it over itself where a browser would rather
+/// show a local file than save it.
+fn lab_html(lab: &Lab, notebook: &str, colab: Option<&str>, text: &str) -> String {
+    let file = notebook.rsplit('/').next().unwrap_or(notebook);
+    let colab = colab
+        .map(|url| format!(" · <a href=\"{}\" rel=\"noopener\">Open in Colab</a>", escape(url)))
+        .unwrap_or_default();
+    format!(
+        "{}<p class=\"notebook\">The same program as a Jupyter notebook: <a href=\"{}\" download=\"{}\" data-qkv-notebook>download {}</a>{colab}.</p>\n{}",
+        fragment(&program_markdown(lab)),
+        escape(notebook),
+        escape(file),
+        escape(file),
+        json_script("data-qkv-notebook-text", &serde_json::json!({ "name": file, "text": text }))
+    )
+}
+
+#[cfg(test)]
+mod tests;

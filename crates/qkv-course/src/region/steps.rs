@@ -14,12 +14,18 @@ pub(super) const KIND: Kind = Kind { name: "steps", usage: "`steps TARGET`", opt
 const USAGE: &str = "`steps EXAMPLE.TOKEN` or `steps ID` of a `softmax`, `dot` or `weighted-sum` block";
 
 fn generate(cx: &mut Context<'_, '_>) -> Result<Generated, Problem> {
-    let named = cx.named(USAGE)?;
-    let target = cx.args[0];
-    let digits = cx.digits;
-    let body = match named.computed {
+    let target = cx.target(USAGE)?;
+    let body = worked(cx, target, cx.digits)?;
+    Ok(cx.markdown(body))
+}
+
+/// The worked steps `target` names (`sentence.love`, `quiz_softmax`), at `digits` decimals: what a
+/// `steps` region holds, also shown with a quiz's answer.
+pub(super) fn worked(cx: &mut Context<'_, '_>, target: &str, digits: usize) -> Result<String, Problem> {
+    let named = cx.named_path(target)?;
+    Ok(match named.computed {
         Computed::Attention { inputs, result: Ok(result) } => {
-            let i = cx.query_index(&inputs, &named.rest)?;
+            let i = cx.query_index(target, &inputs, &named.rest)?;
             let widths = [inputs.queries[0].len(), inputs.values[0].len()];
             cx.at_most_shown(&[
                 (inputs.keys.len(), "keys"),
@@ -48,8 +54,7 @@ fn generate(cx: &mut Context<'_, '_>) -> Result<Generated, Problem> {
             cx.at_most_shown(&[(values.len(), "values")])?;
             weighted_sum_steps(&weights, &values, &terms, output, digits)
         }
-    };
-    Ok(cx.markdown(body))
+    })
 }
 
 /// A label as TeX: numbers bare, words in `\text{}`. Inside `\text{}` everything is literal except
@@ -98,6 +103,26 @@ fn tuple(xs: &[Shown]) -> String {
     format!("({})", xs.iter().map(tex).collect::<Vec<_>>().join(", "))
 }
 
+/// Several formulas as separate pieces of inline math, so that a long step wraps between them
+/// on a narrow screen (inline math never wraps inside itself).
+fn pieces(formulas: &[String], separator: &str) -> String {
+    formulas.iter().map(|f| format!("${f}$")).collect::<Vec<_>>().join(separator)
+}
+
+/// `lhs = t1 + t2 + …` as inline math, two terms to a piece so that a long sum can wrap.
+fn expanded(lhs: &str, terms: &[String]) -> String {
+    let mut out = format!("${lhs} =");
+    for (i, pair) in terms.chunks(2).enumerate() {
+        if i > 0 {
+            out.push_str("$ $+");
+        }
+        out.push(' ');
+        out.push_str(&pair.join(" + "));
+    }
+    out.push('$');
+    out
+}
+
 fn shown_all(xs: &[f64], digits: usize) -> Vec<Shown> {
     xs.iter().map(|&x| shown(x, digits)).collect()
 }
@@ -125,17 +150,18 @@ pub(super) fn attention_steps(
     let mut dots = Vec::new();
     for (j, &dot) in trace.dot_products.iter().enumerate() {
         let d = shown(dot, digits);
+        let lhs = format!("{q_name} \\cdot {}", k(j));
         let expansion = if d_k <= 4 {
             let terms: Vec<String> = q_shown
                 .iter()
                 .zip(&inputs.keys[j])
                 .map(|(a, &b)| format!("({})({})", tex(a), tex(&shown(b, digits))))
                 .collect();
-            format!(" = {}", terms.join(" + "))
+            expanded(&lhs, &terms)
         } else {
-            String::new()
+            format!("${lhs}$")
         };
-        dots.push(format!("${q_name} \\cdot {}{expansion} {} {}$", k(j), relation(d.exact), tex(&d)));
+        dots.push(format!("{expansion} ${} {}$", relation(d.exact), tex(&d)));
     }
     let _ = writeln!(out, "1. **Dot products.** With ${q_name} = {}$: {}.", tuple(&q_shown), dots.join("; "));
 
@@ -179,7 +205,7 @@ pub(super) fn attention_steps(
     let shifted = shown_all(&trace.shifted, digits);
     let _ = writeln!(
         out,
-        "3. **Subtract the max.** The largest score is ${}$: $s - {} {} {}$, so no exponential can overflow.",
+        "3. **Subtract the max.** The largest score is ${}$: $s - {}$ ${} {}$, so no exponential can overflow.",
         tex(&m),
         tex(&m),
         relation(all_exact(&shifted)),
@@ -202,7 +228,7 @@ pub(super) fn attention_steps(
     } else {
         let _ = writeln!(
             out,
-            "5. **Sum.** ${} {} {}$.",
+            "5. **Sum.** ${}$ ${} {}$.",
             kept_exps.iter().map(tex).collect::<Vec<_>>().join(" + "),
             sum_relation(&kept_exps, &sum),
             tex(&sum)
@@ -213,7 +239,7 @@ pub(super) fn attention_steps(
     let normal: Vec<String> = (0..keys.len())
         .map(|j| format!("a_{{{}}} {} {}", tex_label(&keys[j]), relation(weights[j].exact), tex(&weights[j])))
         .collect();
-    let _ = writeln!(out, "6. **Normalize.** Divide each by ${}$: ${}$.", tex(&sum), normal.join(r",\quad "));
+    let _ = writeln!(out, "6. **Normalize.** Divide each by ${}$: {}.", tex(&sum), pieces(&normal, ", "));
     // 7. Weighted values.
     let terms: Vec<Vec<Shown>> = trace.weighted_values.iter().map(|r| shown_all(r, digits)).collect();
     let term_text: Vec<String> = kept
@@ -224,7 +250,7 @@ pub(super) fn attention_steps(
             format!("{} \\cdot {} {} {}", tex(&weights[j]), tuple(&v), relation(exact), tuple(&terms[j]))
         })
         .collect();
-    let _ = writeln!(out, "7. **Weight the values.** ${}$.", term_text.join(r";\quad "));
+    let _ = writeln!(out, "7. **Weight the values.** {}.", pieces(&term_text, "; "));
     // 8. Output: the displayed terms, added, against the displayed output.
     let output = shown_all(&trace.output, digits);
     if kept.len() == 1 {
@@ -235,21 +261,21 @@ pub(super) fn attention_steps(
         );
         return out;
     }
-    let sums: Vec<String> = (0..output.len())
+    // The sum and its total are two pieces of math, so the line can wrap before the total.
+    let sums: Vec<(String, String)> = (0..output.len())
         .map(|c| {
             let column: Vec<Shown> = kept.iter().map(|&j| terms[j][c].clone()).collect();
-            format!(
-                "{} {} {}",
+            (
                 column.iter().map(tex).collect::<Vec<_>>().join(" + "),
-                sum_relation(&column, &output[c]),
-                tex(&output[c])
+                format!("{} {}", sum_relation(&column, &output[c]), tex(&output[c])),
             )
         })
         .collect();
-    if output.len() == 1 {
-        let _ = writeln!(out, "8. **Add them up.** $\\operatorname{{output}} = {}$.", sums[0]);
+    if let [(terms, total)] = sums.as_slice() {
+        let _ = writeln!(out, "8. **Add them up.** $\\operatorname{{output}} = {terms}$ ${total}$.");
     } else {
-        let _ = writeln!(out, "8. **Add them up,** component by component: ${}$.", sums.join(r";\quad "));
+        let sums: Vec<String> = sums.iter().map(|(terms, total)| format!("${terms}$ ${total}$")).collect();
+        let _ = writeln!(out, "8. **Add them up,** component by component: {}.", sums.join("; "));
     }
     out
 }
@@ -279,7 +305,7 @@ pub(super) fn softmax_steps(trace: &qkv::QueryTrace, digits: usize) -> String {
     );
     let _ = writeln!(
         out,
-        "3. **Sum:** ${} {} {}$.",
+        "3. **Sum:** ${}$ ${} {}$.",
         exps.iter().map(tex).collect::<Vec<_>>().join(" + "),
         sum_relation(&exps, &sum),
         tex(&sum)
@@ -296,7 +322,7 @@ pub(super) fn softmax_steps(trace: &qkv::QueryTrace, digits: usize) -> String {
             )
         })
         .collect();
-    let _ = writeln!(out, "4. **Normalize:** ${}$.", normal.join(r",\quad "));
+    let _ = writeln!(out, "4. **Normalize:** {}.", pieces(&normal, ", "));
     out
 }
 
@@ -314,8 +340,8 @@ pub(super) fn dot_steps(q: &[f64], k: &[f64], trace: &qkv::QueryTrace, digits: u
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "1. **Dot product:** $q \\cdot k = {} {} {}$.",
-        terms.join(" + "),
+        "1. **Dot product:** {} ${} {}$.",
+        expanded("q \\cdot k", &terms),
         relation(dot.exact),
         tex(&dot)
     );
@@ -346,7 +372,7 @@ pub(super) fn weighted_sum_steps(
     let out = shown(output, digits);
     let exact_terms = w.iter().zip(&t).all(|(a, b)| a.exact && b.exact);
     format!(
-        "1. **Weight each value:** ${} {} {}$.\n2. **Add:** $\\operatorname{{output}} {} {}$.\n",
+        "1. **Weight each value:** ${}$ ${} {}$.\n2. **Add:** $\\operatorname{{output}} {} {}$.\n",
         products.join(" + "),
         relation(exact_terms),
         t.iter().map(tex).collect::<Vec<_>>().join(" + "),

@@ -1,0 +1,350 @@
+//! `quiz ID`: a graded check or a practice problem, declared by a `qkv quiz` block of the same
+//! file. The markdown shows it as it reads on a forge (the question, lettered options, the answer
+//! behind `<details>`); the page gets the same content marked with `data-qkv-*` attributes and a
+//! JSON key, which the page script turns into buttons, inputs, tries and credit.
+//!
+//! Graded checks are numbered 1, 2, … and practice problems P1, P2, … in the order their
+//! regions appear; the first graded check of a file carries the file's progress indicator.
+
+use std::fmt::Write;
+
+use serde_json::json;
+
+use super::{Context, DEFAULT_DIGITS, Generated, Kind, steps};
+use crate::citation::Text;
+use crate::error::Problem;
+use crate::examples::{PageDecl, QuizDecl, QuizKey, Settings, letter};
+use crate::format::Format;
+use crate::html::{escape, fragment, inline_markdown, json_script};
+
+pub(super) const KIND: Kind = Kind { name: "quiz", usage: "`quiz ID`", options: &[], generate };
+
+fn generate(cx: &mut Context<'_, '_>) -> Result<Generated, Problem> {
+    let id = cx.target(KIND.usage)?;
+    let quiz = cx.page_block(id, "quiz", |p| match p {
+        PageDecl::Quiz(q) => Some(q.as_ref()),
+        _ => None,
+    })?;
+    let place = place(cx);
+    let filled = Filled::new(cx, quiz)?;
+    let credit = cx.settings().credit.unwrap_or(Settings::CREDIT);
+    let key = key_json(cx, quiz, &filled, credit)?;
+    let section = &cx.sections[cx.doc];
+    let body = forge_view(&place.label, &filled);
+    let mut html = String::new();
+    if let Some(total) = place.progress {
+        html.push_str(&progress(section, total));
+    }
+    html.push_str(&page_view(id, section, quiz, &place.label, &filled, &key));
+    Ok(Generated { html: Some(html), ..cx.markdown(body) })
+}
+
+/// Where a quiz sits among its file's quizzes.
+struct Place {
+    /// `7` for the seventh graded check, `P2` for the second practice problem.
+    label: String,
+    /// The number of graded checks in the file, when this is the first of them.
+    progress: Option<usize>,
+}
+
+/// Numbers the region at `cx.at` among the quiz regions of its file.
+fn place(cx: &Context<'_, '_>) -> Place {
+    let (mut graded, mut practice, mut before, mut total) = (0, 0, None, 0);
+    let mut label = String::new();
+    for r in cx.regions.iter().filter(|r| r.directive.first().is_some_and(|k| k == "quiz")) {
+        let is_practice = match r.directive.get(1).and_then(|id| cx.page_decl(id)) {
+            Some(PageDecl::Quiz(q)) => q.practice,
+            _ => continue,
+        };
+        if is_practice {
+            practice += 1;
+        } else {
+            graded += 1;
+            total += 1;
+            before.get_or_insert(r.start);
+        }
+        if r.start == cx.at {
+            label = if is_practice { format!("P{practice}") } else { graded.to_string() };
+        }
+    }
+    Place { label, progress: (before == Some(cx.at)).then_some(total) }
+}
+
+/// A quiz's text with every `{=PATH:FORMAT}` replaced, and its key worked out.
+struct Filled {
+    question: String,
+    hint: Option<String>,
+    why: Option<String>,
+    answer: Answer,
+}
+
+/// The key, as the learner is shown it.
+enum Answer {
+    /// Options as markdown with their feedback; `correct` is the right one's index.
+    Choice { options: Vec<(String, Option<String>)>, correct: usize },
+    /// The key's value, as shown, the forms also accepted, the tolerance, and the worked steps.
+    Numeric { value: f64, shown: String, also: Vec<String>, tolerance: f64, steps: Option<String> },
+    /// The model answer.
+    Short(String),
+}
+
+impl Filled {
+    fn new(cx: &mut Context<'_, '_>, quiz: &QuizDecl) -> Result<Self, Problem> {
+        let doc = cx.doc;
+        let mut fill = |t: &Text| t.fill(cx.eval, doc);
+        let question = fill(&quiz.question)?;
+        let hint = quiz.hint.as_ref().map(&mut fill).transpose()?;
+        let why = quiz.why.as_ref().map(&mut fill).transpose()?;
+        let answer = match &quiz.key {
+            QuizKey::Choice { options, correct } => Answer::Choice {
+                options: options
+                    .iter()
+                    .map(|o| Ok((fill(&o.text)?, o.feedback.as_ref().map(&mut fill).transpose()?)))
+                    .collect::<Result<_, Problem>>()?,
+                correct: *correct,
+            },
+            QuizKey::Short { answer_text } => Answer::Short(fill(answer_text)?),
+            QuizKey::Numeric { answer, digits, tolerance, steps } => {
+                let at_answer = |message: String, expected: String| {
+                    Problem::new(doc, answer.at, message, answer.value.clone(), expected)
+                };
+                let value = cx
+                    .eval
+                    .resolve(doc, &answer.value)
+                    .map_err(|expected| at_answer(format!("unknown reference `{}`", answer.value), expected))?
+                    .as_number()
+                    .filter(|x| x.is_finite())
+                    .ok_or_else(|| {
+                        at_answer(
+                            format!("the key `{}` is not one finite number", answer.value),
+                            "`answer = \"PATH\"`, a path down to one number, such as `quiz_softmax.weights.1`"
+                                .into(),
+                        )
+                    })?;
+                let shown = Format { decimals: *digits, percent: false, bare_integers: true }.apply(value);
+                let steps = match steps {
+                    Some(s) => Some(steps::worked(cx, &s.value, DEFAULT_DIGITS).map_err(|p| Problem {
+                        at: s.at,
+                        found: s.value.clone(),
+                        ..p
+                    })?),
+                    None => None,
+                };
+                Answer::Numeric {
+                    also: also_accepted(&shown, value, *digits),
+                    value,
+                    shown,
+                    tolerance: tolerance.unwrap_or(0.5 * 10f64.powi(-(*digits as i32))),
+                    steps,
+                }
+            }
+        };
+        Ok(Filled { question, hint, why, answer })
+    }
+}
+
+/// The other ways of writing `shown` (the key at `digits` decimals) that the page accepts, to
+/// list with the answer.
+fn also_accepted(shown: &str, value: f64, digits: usize) -> Vec<String> {
+    let mut forms = Vec::new();
+    if let Some(rest) = shown.strip_prefix("0.") {
+        forms.push(format!(".{rest}"));
+    }
+    if value > 0.0 && value < 1.0 {
+        let percent = Format { decimals: digits.saturating_sub(2), percent: true, bare_integers: true };
+        forms.push(percent.apply(value));
+    }
+    if shown.contains('.') {
+        forms.push(shown.replace('.', ","));
+    }
+    if value != value.trunc()
+        && let Some((a, b)) = (2..=12).find_map(|b: i64| {
+            let a = (value * b as f64).round();
+            ((a / b as f64 - value).abs() < 1e-12).then_some((a as i64, b))
+        })
+    {
+        forms.push(format!("{a}/{b}"));
+    }
+    forms
+}
+
+/// What the page script needs to grade the quiz.
+fn key_json(
+    cx: &Context<'_, '_>,
+    quiz: &QuizDecl,
+    filled: &Filled,
+    credit: [f64; 3],
+) -> Result<serde_json::Value, Problem> {
+    let graded = !quiz.practice;
+    Ok(match &filled.answer {
+        Answer::Choice { correct, .. } => {
+            json!({ "kind": "choice", "graded": graded, "credit": credit, "correct": letter(*correct).to_string() })
+        }
+        Answer::Numeric { value, shown, tolerance, .. } => json!({
+            "kind": "numeric", "graded": graded, "credit": credit,
+            "value": value, "shown": shown, "tolerance": tolerance,
+        }),
+        Answer::Short(_) if graded => {
+            // The block reader rejects a graded short answer; say so again rather than grade one.
+            return Err(cx.problem("a short-answer quiz cannot be graded", "`practice = true`"));
+        }
+        Answer::Short(_) => json!({ "kind": "short", "graded": false }),
+    })
+}
+
+/// Text for a one-line markdown context (a list item, a bold question): no line breaks.
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// The quiz as markdown: what a forge shows, and what `--check` compares.
+fn forge_view(label: &str, f: &Filled) -> String {
+    let mut out = format!("**{label}.** {}\n", one_line(&f.question));
+    if let Answer::Choice { options, .. } = &f.answer {
+        out.push('\n');
+        for (i, (text, _)) in options.iter().enumerate() {
+            let _ = writeln!(out, "- **({})** {}", letter(i), one_line(text));
+        }
+    }
+    if let Some(hint) = &f.hint {
+        let _ = write!(out, "\n<details><summary>Hint</summary>\n\n{}\n\n</details>\n", hint.trim());
+    }
+    let summary = if matches!(f.answer, Answer::Short(_)) { "A model answer" } else { "Answer" };
+    let _ = write!(out, "\n<details><summary>{summary}</summary>\n\n");
+    match &f.answer {
+        Answer::Choice { options, correct } => {
+            let _ = writeln!(out, "**({})** {}\n", letter(*correct), one_line(&options[*correct].0));
+        }
+        Answer::Numeric { shown, also, .. } => {
+            let _ = write!(out, "**{shown}**");
+            if !also.is_empty() {
+                let _ = write!(out, " (also accepted: {})", also.join(", "));
+            }
+            out.push_str("\n\n");
+        }
+        Answer::Short(text) => {
+            let _ = writeln!(out, "{}\n", text.trim());
+        }
+    }
+    if let Some(why) = &f.why {
+        let _ = writeln!(out, "{}\n", why.trim());
+    }
+    if let Answer::Numeric { steps: Some(steps), .. } = &f.answer {
+        let _ = writeln!(out, "{}", steps.trim_end());
+        out.push('\n');
+    }
+    if let Answer::Choice { options, .. } = &f.answer {
+        for (i, (_, feedback)) in options.iter().enumerate() {
+            if let Some(feedback) = feedback {
+                let _ = writeln!(out, "- Not ({}): {}", letter(i), one_line(feedback));
+            }
+        }
+        out.push('\n');
+    }
+    out.push_str("</details>\n");
+    out
+}
+
+/// The progress indicator of a file's graded checks (hidden until the page script fills it).
+fn progress(section: &str, total: usize) -> String {
+    format!(
+        "<div class=\"progress\" data-qkv-progress data-qkv-section=\"{0}\" data-qkv-answered=\"0\" data-qkv-total=\"{total}\" data-qkv-score=\"0\" hidden>\n<p><strong>Your progress</strong> <span data-qkv-progress-text>0 of {total} {1} answered</span></p>\n<progress max=\"{total}\" value=\"0\"></progress>\n<button type=\"button\" data-qkv-reset>Reset progress</button>\n</div>\n",
+        escape(section),
+        if total == 1 { "check" } else { "checks" }
+    )
+}
+
+/// The quiz as the page has it: complete without script, marked for the script.
+fn page_view(
+    id: &str,
+    section: &str,
+    quiz: &QuizDecl,
+    label: &str,
+    f: &Filled,
+    key: &serde_json::Value,
+) -> String {
+    let mut out = format!(
+        "<section class=\"quiz{}\" id=\"quiz-{1}\" data-qkv-quiz=\"{1}\" data-qkv-kind=\"{2}\" data-qkv-graded=\"{3}\" data-qkv-section=\"{4}\" data-qkv-state=\"unanswered\" data-qkv-credit=\"0\" data-qkv-tries=\"0\">\n",
+        if quiz.practice { " practice" } else { "" },
+        escape(id),
+        quiz.key.name(),
+        !quiz.practice,
+        escape(section),
+    );
+    out.push_str(&json_script("data-qkv-key", key));
+    let _ = writeln!(
+        out,
+        "<div class=\"quiz-question\"><span class=\"quiz-number\">{}.</span> {}</div>",
+        escape(label),
+        inline_markdown(&f.question)
+    );
+    if let Answer::Choice { options, .. } = &f.answer {
+        out.push_str("<ol class=\"quiz-options\">\n");
+        for (i, (text, _)) in options.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "<li data-qkv-choice=\"{0}\"><span class=\"quiz-letter\">({0})</span> <span class=\"quiz-option-text\">{1}</span></li>",
+                letter(i),
+                inline_markdown(text)
+            );
+        }
+        out.push_str("</ol>\n");
+    }
+    if let Some(hint) = &f.hint {
+        let _ = writeln!(
+            out,
+            "<details class=\"quiz-hint\"><summary>Hint</summary><div data-qkv-hint-text>{}</div></details>",
+            fragment(hint)
+        );
+    }
+    let summary = if matches!(f.answer, Answer::Short(_)) { "A model answer" } else { "Answer" };
+    let _ =
+        writeln!(out, "<details class=\"quiz-answer\"><summary>{summary}</summary>\n<div data-qkv-answer>");
+    match &f.answer {
+        Answer::Choice { options, correct } => {
+            let _ = writeln!(
+                out,
+                "<p class=\"quiz-key\"><span class=\"quiz-letter\">({})</span> {}</p>",
+                letter(*correct),
+                inline_markdown(&options[*correct].0)
+            );
+        }
+        Answer::Numeric { shown, also, .. } => {
+            let _ = write!(out, "<p class=\"quiz-key\"><strong>{}</strong>", escape(shown));
+            if !also.is_empty() {
+                let _ = write!(
+                    out,
+                    " <span class=\"quiz-also\">(also accepted: {})</span>",
+                    escape(&also.join(", "))
+                );
+            }
+            out.push_str("</p>\n");
+        }
+        Answer::Short(text) => out.push_str(&fragment(text)),
+    }
+    if let Some(why) = &f.why {
+        let _ = writeln!(out, "<div class=\"quiz-why\">{}</div>", fragment(why));
+    }
+    if let Answer::Numeric { steps: Some(steps), .. } = &f.answer {
+        let _ = writeln!(out, "<div class=\"quiz-steps\">{}</div>", fragment(steps));
+    }
+    if let Answer::Choice { options, .. } = &f.answer {
+        out.push_str("<ul class=\"quiz-feedback\">\n");
+        for (i, (_, feedback)) in options.iter().enumerate() {
+            if let Some(feedback) = feedback {
+                let _ = writeln!(
+                    out,
+                    "<li data-qkv-feedback-for=\"{0}\"><strong>Not ({0}):</strong> <span data-qkv-feedback-text>{1}</span></li>",
+                    letter(i),
+                    inline_markdown(feedback)
+                );
+            }
+        }
+        out.push_str("</ul>\n");
+    }
+    out.push_str("</div>\n</details>\n</section>\n");
+    out
+}
+
+#[cfg(test)]
+mod tests;

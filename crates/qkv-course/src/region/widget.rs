@@ -1,0 +1,475 @@
+//! `widget ID`: an interactive figure on an attention example's numbers, declared by a
+//! `qkv widget` block of the same file.
+//!
+//! - `drag-query`: the keys in the plane and a query handle; every dot product, scaled score,
+//!   weight and the output follow the handle. The markdown (and the page without script) shows
+//!   the prompt and every readout at the declared query; the page adds the plane, hidden until
+//!   the script shows it, and the data the script recomputes from.
+//! - `attention-matrix`: the weight matrix as a heatmap with row sums; each row opens that query's
+//!   worked steps (the text of a `steps EXAMPLE.TOKEN` region, from the engine's trace).
+
+use std::fmt::Write;
+
+use serde_json::json;
+
+use super::{Context, Generated, Kind, steps, table};
+use crate::error::Problem;
+use crate::eval::{AttentionInputs, AttentionResult, Computed};
+use crate::examples::{Field, Goal, PageDecl, WidgetDecl, WidgetKind};
+use crate::format::{fixed, relation, shown, sum_relation};
+use crate::html::{escape, fragment, inline_markdown, json_script};
+
+pub(super) const KIND: Kind = Kind { name: "widget", usage: "`widget ID`", options: &[], generate };
+
+fn generate(cx: &mut Context<'_, '_>) -> Result<Generated, Problem> {
+    let id = cx.target(KIND.usage)?;
+    let widget = cx.page_block(id, "widget", |p| match p {
+        PageDecl::Widget(w) => Some(w.as_ref()),
+        _ => None,
+    })?;
+    let (inputs, result) = example(cx, &widget.example)?;
+    let prompt = widget.prompt.fill(cx.eval, cx.doc)?;
+    let (body, html) = match widget.kind {
+        WidgetKind::DragQuery => {
+            let drag = Drag::new(cx, widget, &inputs, &result)?;
+            (drag.markdown(&prompt), drag.html(id, &prompt))
+        }
+        WidgetKind::AttentionMatrix => matrix(id, &prompt, &inputs, &result, widget.digits),
+    };
+    Ok(Generated { html: Some(html), ..cx.markdown(body) })
+}
+
+/// The attention example a widget names, computed.
+fn example(
+    cx: &mut Context<'_, '_>,
+    example: &Field<String>,
+) -> Result<(AttentionInputs, AttentionResult), Problem> {
+    let problem = |message: String, expected: &str| {
+        Problem::new(cx.doc, example.at, message, example.value.clone(), expected)
+    };
+    let t = cx
+        .eval
+        .target(cx.doc, &example.value)
+        .map_err(|e| problem(format!("unknown reference `{}`", example.value), &e))?;
+    if !t.rest.is_empty() {
+        return Err(problem(
+            format!("`{}` names a value, not an example", example.value),
+            "just the example id, such as `sentence`",
+        ));
+    }
+    // A broken example reports its own error; the widget stays quiet.
+    let record = cx.eval.record(&t.key).ok_or_else(|| problem(String::new(), ""))?;
+    match record.computed {
+        Computed::Attention { inputs, result: Ok(result) } => Ok((inputs, result)),
+        _ => Err(problem(
+            format!("`{}` is not an attention example that computes", example.value),
+            "the id of a `qkv attention` block",
+        )),
+    }
+}
+
+/// Side of the plane, in SVG user units (about CSS pixels at a phone's column width).
+const PLANE: f64 = 360.0;
+/// Room between the plane's edge and its extent, for labels.
+const PAD: f64 = 30.0;
+
+/// A drag-query widget at its declared query: every number the build writes, and the data the
+/// script recomputes from.
+struct Drag<'i> {
+    inputs: &'i AttentionInputs,
+    trace: &'i qkv::QueryTrace,
+    /// The declared query's label.
+    query: String,
+    goal: Option<usize>,
+    digits: usize,
+    /// Half the side of the square of query space the plane shows.
+    extent: f64,
+}
+
+impl<'i> Drag<'i> {
+    fn new(
+        cx: &Context<'_, '_>,
+        w: &WidgetDecl,
+        inputs: &'i AttentionInputs,
+        result: &'i AttentionResult,
+    ) -> Result<Self, Problem> {
+        let d_k = inputs.keys.first().map_or(0, Vec::len);
+        if d_k != 2 {
+            return Err(Problem::new(
+                cx.doc,
+                w.example.at,
+                format!(
+                    "a `drag-query` widget moves a query in the plane, but `{}` has d_k = {d_k}",
+                    w.example.value
+                ),
+                w.example.value.clone(),
+                "an example whose queries and keys have 2 entries",
+            ));
+        }
+        let labels = inputs.query_labels();
+        let keys = inputs.key_labels();
+        let label_of = |field: &Field<String>, labels: &[String], what: &str| {
+            labels.iter().position(|l| *l == field.value).ok_or_else(|| {
+                Problem::new(
+                    cx.doc,
+                    field.at,
+                    format!("`{}` is not a {what} of `{}`", field.value, w.example.value),
+                    field.value.clone(),
+                    format!("one of {}", labels.join(", ")),
+                )
+            })
+        };
+        // The block reader makes sure a drag-query widget has a query.
+        let query = w.query.as_ref().map_or(Ok(0), |q| label_of(q, &labels, "query"))?;
+        let goal = match &w.goal {
+            Some(Goal::Largest(key)) => Some((label_of(key, &keys, "key")?, key)),
+            None => None,
+        };
+        let trace = &result.traces[query];
+        if let Some((g, key)) = goal
+            && largest(&trace.weights, g)
+        {
+            return Err(Problem::new(
+                cx.doc,
+                key.at,
+                format!(
+                    "the goal is already met where the handle starts: `{}` has the largest weight",
+                    key.value
+                ),
+                key.value.clone(),
+                "a goal the learner reaches by moving the query (another key, or another starting query)",
+            ));
+        }
+        let reach = inputs.keys.iter().chain([&trace.query]).flatten().fold(1.0f64, |m, x| m.max(x.abs()));
+        Ok(Drag {
+            inputs,
+            trace,
+            query: labels[query].clone(),
+            goal: goal.map(|(g, _)| g),
+            digits: w.digits,
+            extent: (reach * 1.25 * 2.0).ceil() / 2.0,
+        })
+    }
+
+    /// A readout as the lesson shows it.
+    fn number(&self, x: f64) -> String {
+        fixed(x, self.digits)
+    }
+
+    /// Per key: label, dot product, score (or `masked`), weight; all as shown.
+    fn rows(&self) -> Vec<[String; 4]> {
+        let t = self.trace;
+        self.inputs
+            .key_labels()
+            .into_iter()
+            .enumerate()
+            .map(|(j, label)| {
+                let score = if t.kept[j] { self.number(t.scores[j]) } else { "masked".to_string() };
+                [label, self.number(t.dot_products[j]), score, self.number(t.weights[j])]
+            })
+            .collect()
+    }
+
+    fn output(&self) -> Vec<String> {
+        self.trace.output.iter().map(|&x| self.number(x)).collect()
+    }
+
+    fn goal_text(&self) -> Option<String> {
+        self.goal.map(|g| format!("Goal: make the weight of “{}” the largest.", self.inputs.key_labels()[g]))
+    }
+
+    fn start_text(&self) -> String {
+        format!("At the start, $q = {}$, the query of “{}”:", vector(&self.trace.query), self.query)
+    }
+
+    /// The forge's and `--check`'s view: the prompt and every readout at the declared query.
+    fn markdown(&self, prompt: &str) -> String {
+        let mut out = format!("**Try it.** {}\n\n{}\n\n", prompt.trim(), self.start_text());
+        out.push_str("| key | $q \\cdot k$ | score $s$ | weight $a$ |\n|:--|--:|--:|--:|\n");
+        for row in self.rows() {
+            let _ = writeln!(out, "| {} |", row.join(" | "));
+        }
+        let _ = write!(out, "\nThe output is {}.", vector_text(&self.output()));
+        if let Some(goal) = self.goal_text() {
+            let _ = write!(out, " {goal}");
+        }
+        out.push('\n');
+        out
+    }
+
+    /// Screen position of query-space point `(x, y)` on the plane.
+    fn at(&self, x: f64, y: f64) -> (f64, f64) {
+        let unit = (PLANE - 2.0 * PAD) / (2.0 * self.extent);
+        (PAD + (x + self.extent) * unit, PLANE - PAD - (y + self.extent) * unit)
+    }
+
+    fn html(&self, id: &str, prompt: &str) -> String {
+        let labels = self.inputs.key_labels();
+        let q = &self.trace.query;
+        let data = json!({
+            "labels": labels,
+            "keys": self.inputs.keys,
+            "values": self.inputs.values,
+            "scale": self.trace.scale,
+            "kept": self.trace.kept,
+            "query": q,
+            "digits": self.digits,
+            "goal": self.goal.map(|g| json!({ "largest": labels[g] })),
+            "plane": { "size": PLANE, "pad": PAD, "extent": self.extent },
+        });
+        let mut out = format!(
+            "<div class=\"widget drag\" data-qkv-widget=\"drag-query\" id=\"widget-{}\" data-qkv-query=\"{}\">\n",
+            escape(id),
+            q.iter().map(|&x| js_number(x)).collect::<Vec<_>>().join(",")
+        );
+        out.push_str(&json_script("data-qkv-data", &data));
+        let _ = writeln!(out, "<p class=\"prompt\"><strong>Try it.</strong> {}</p>", inline_markdown(prompt));
+        out.push_str("<div class=\"plane\" hidden>\n");
+        out.push_str(&self.svg(id));
+        out.push_str("</div>\n");
+        let _ =
+            writeln!(out, "<p class=\"start\" data-qkv-start>{}</p>", inline_markdown(&self.start_text()));
+        out.push_str("<div class=\"scroll\"><table class=\"readouts\">\n<thead><tr><th>key</th>");
+        for head in ["$q \\cdot k$", "score $s$", "weight $a$"] {
+            let _ = write!(out, "<th>{}</th>", inline_markdown(head));
+        }
+        out.push_str("</tr></thead>\n<tbody>\n");
+        for (j, row) in self.rows().iter().enumerate() {
+            let l = escape(&row[0]);
+            let width = 100.0 * self.trace.weights[j];
+            let _ = writeln!(
+                out,
+                "<tr><th scope=\"row\">{l}</th><td data-qkv-readout=\"dot:{l}\">{}</td><td data-qkv-readout=\"score:{l}\">{}</td><td class=\"weight\"><span data-qkv-readout=\"weight:{l}\">{}</span> <span class=\"bar\"><span data-qkv-bar=\"{l}\" style=\"width: {width:.2}%\"></span></span></td></tr>",
+                row[1], row[2], row[3]
+            );
+        }
+        out.push_str("</tbody>\n</table></div>\n");
+        let output = self.output();
+        let readouts = if let [x] = output.as_slice() {
+            format!("<strong data-qkv-readout=\"output\">{x}</strong>")
+        } else {
+            let parts: Vec<String> = output
+                .iter()
+                .enumerate()
+                .map(|(c, x)| format!("<strong data-qkv-readout=\"output:{}\">{x}</strong>", c + 1))
+                .collect();
+            format!("({})", parts.join(", "))
+        };
+        let _ = writeln!(
+            out,
+            "<p class=\"output\">The output {} is {readouts}.</p>",
+            inline_markdown("$\\sum_i a_i v_i$")
+        );
+        if let Some(goal) = self.goal_text() {
+            let _ = writeln!(
+                out,
+                "<p class=\"goal\" data-qkv-goal data-qkv-met=\"false\"><span class=\"mark\" aria-hidden=\"true\"></span> <span data-qkv-goal-text>{}</span></p>",
+                escape(&goal)
+            );
+        }
+        out.push_str(
+            "<p class=\"actions\"><button type=\"button\" data-qkv-reset hidden>Reset</button></p>\n</div>\n",
+        );
+        out
+    }
+
+    /// The plane at the declared query: grid, keys as labelled arrows, a line from the query to
+    /// each key as thick as its weight, and the query's handle.
+    fn svg(&self, id: &str) -> String {
+        let e = self.extent;
+        let mut out = format!(
+            "<svg data-qkv-plane viewBox=\"0 0 {PLANE} {PLANE}\" role=\"img\" aria-label=\"The keys and the query q in the plane\">\n<defs><marker id=\"head-{0}\" viewBox=\"0 0 10 10\" refX=\"9\" refY=\"5\" markerWidth=\"7\" markerHeight=\"7\" orient=\"auto-start-reverse\"><path d=\"M0,0 L10,5 L0,10 z\"/></marker></defs>\n",
+            escape(id)
+        );
+        let steps = (2.0 * e / 0.5).round() as i32;
+        for i in 0..=steps {
+            let v = -e + 0.5 * f64::from(i);
+            let class = if v.abs() < 1e-9 { "axis" } else { "grid" };
+            let (x0, y0) = self.at(v, -e);
+            let (x1, y1) = self.at(v, e);
+            let (a0, b0) = self.at(-e, v);
+            let (a1, b1) = self.at(e, v);
+            let _ = writeln!(
+                out,
+                "<line class=\"{class}\" x1=\"{x0:.1}\" y1=\"{y0:.1}\" x2=\"{x1:.1}\" y2=\"{y1:.1}\"/><line class=\"{class}\" x1=\"{a0:.1}\" y1=\"{b0:.1}\" x2=\"{a1:.1}\" y2=\"{b1:.1}\"/>"
+            );
+            // Whole numbers are labelled along the bottom and left edges, clear of the arrows.
+            if v == v.trunc() {
+                let (tx, ty) = self.at(v, -e);
+                let (sx, sy) = self.at(-e, v);
+                let _ = writeln!(
+                    out,
+                    "<text class=\"tick\" x=\"{tx:.1}\" y=\"{:.1}\">{v}</text><text class=\"tick\" x=\"{:.1}\" y=\"{:.1}\">{v}</text>",
+                    ty + 18.0,
+                    sx - 12.0,
+                    sy + 4.0
+                );
+            }
+        }
+        let (ox, oy) = self.at(0.0, 0.0);
+        let (qx, qy) = self.at(self.trace.query[0], self.trace.query[1]);
+        for (j, label) in self.inputs.key_labels().iter().enumerate() {
+            let k = &self.inputs.keys[j];
+            let (kx, ky) = self.at(k[0], k[1]);
+            let width = if self.trace.kept[j] { link_width(self.trace.weights[j]) } else { 0.0 };
+            let _ = writeln!(
+                out,
+                "<line class=\"link\" data-qkv-line=\"{}\" x1=\"{qx:.1}\" y1=\"{qy:.1}\" x2=\"{kx:.1}\" y2=\"{ky:.1}\" stroke-width=\"{width:.2}\"/>",
+                escape(label)
+            );
+        }
+        for (j, label) in self.inputs.key_labels().iter().enumerate() {
+            let k = &self.inputs.keys[j];
+            let (kx, ky) = self.at(k[0], k[1]);
+            // The label sits past the arrow's tip, away from the origin.
+            let norm = k[0].hypot(k[1]).max(1e-9);
+            let (lx, ly) = (kx + 16.0 * k[0] / norm, ky - 16.0 * k[1] / norm + 5.0);
+            let anchor = if k[0] < -1e-9 {
+                "end"
+            } else if k[0] > 1e-9 {
+                "start"
+            } else {
+                "middle"
+            };
+            let class = if self.trace.kept[j] { "key" } else { "key masked" };
+            let _ = writeln!(
+                out,
+                "<line class=\"{class}\" x1=\"{ox:.1}\" y1=\"{oy:.1}\" x2=\"{kx:.1}\" y2=\"{ky:.1}\" marker-end=\"url(#head-{0})\"/><text class=\"label\" x=\"{lx:.1}\" y=\"{ly:.1}\" text-anchor=\"{anchor}\">k<tspan class=\"sub\" dy=\"4\">{1}</tspan></text>",
+                escape(id),
+                escape(label)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "<line class=\"query\" data-qkv-query-arrow x1=\"{ox:.1}\" y1=\"{oy:.1}\" x2=\"{qx:.1}\" y2=\"{qy:.1}\"/>"
+        );
+        let _ = writeln!(
+            out,
+            "<g class=\"handle\" data-qkv-handle tabindex=\"0\" role=\"slider\" aria-label=\"The query q: drag it, or use the arrow keys (Shift for larger steps)\" aria-valuetext=\"q = {}\" transform=\"translate({qx:.1} {qy:.1})\"><circle class=\"hit\" r=\"22\"/><circle class=\"knob\" r=\"9\"/><text class=\"label\" x=\"13\" y=\"20\">q</text></g>",
+            vector(&self.trace.query)
+        );
+        out.push_str("</svg>\n");
+        out
+    }
+}
+
+/// `x` as JavaScript's `String(x)` writes it, the shortest text that reads back as `x` (`0`, `1`,
+/// `0.35`), so the build and the page script write `data-qkv-query` alike. (They differ only below
+/// 1e-6 or from 1e21, where JavaScript switches to an exponent; no query of a lesson is that far out.)
+fn js_number(x: f64) -> String {
+    if x == 0.0 { "0".to_string() } else { format!("{x}") }
+}
+
+/// Stroke width of the line from the query to a visible key of weight `w` (the script uses the
+/// same; a masked key has no line).
+fn link_width(w: f64) -> f64 {
+    1.0 + 9.0 * w
+}
+
+/// Whether entry `g` is larger than every other.
+fn largest(xs: &[f64], g: usize) -> bool {
+    xs.iter().enumerate().all(|(j, &x)| j == g || x < xs[g])
+}
+
+/// A vector as the lesson writes inputs: `(1, 0)`; one entry stands alone.
+fn vector(xs: &[f64]) -> String {
+    let parts: Vec<String> = xs.iter().map(|&x| shown(x, super::DEFAULT_DIGITS).text).collect();
+    vector_text(&parts)
+}
+
+/// Numbers already shown, as a vector: `(1.299, 1.847)`; one stands alone.
+fn vector_text(parts: &[String]) -> String {
+    if let [one] = parts { one.clone() } else { format!("({})", parts.join(", ")) }
+}
+
+/// The attention-matrix widget: markdown (the weight table, then each query's steps behind
+/// `<details>`) and the page's heatmap with the same numbers.
+fn matrix(
+    id: &str,
+    prompt: &str,
+    inputs: &AttentionInputs,
+    result: &AttentionResult,
+    digits: usize,
+) -> (String, String) {
+    let (rows, cols) = (inputs.query_labels(), inputs.key_labels());
+    let panels: Vec<String> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, label)| {
+            format!(
+                "{}\n{}",
+                row_sum(&result.weights.row(i).to_vec(), digits),
+                steps::attention_steps(inputs, &result.traces[i], label, digits)
+            )
+        })
+        .collect();
+    let summary = |label: &str| format!("Worked steps for the query “{label}”");
+
+    let mut md = format!("**Try it.** {}\n\n", prompt.trim());
+    md.push_str(&table::matrix_table(inputs, result, &result.weights, "weights", digits));
+    for (label, panel) in rows.iter().zip(&panels) {
+        let _ = write!(
+            md,
+            "\n<details><summary>{}</summary>\n\n{}\n\n</details>\n",
+            summary(label),
+            panel.trim_end()
+        );
+    }
+
+    let mut html = format!(
+        "<div class=\"widget matrix\" data-qkv-widget=\"attention-matrix\" id=\"widget-{}\">\n<p class=\"prompt\"><strong>Try it.</strong> {}</p>\n<div class=\"scroll\"><table class=\"heatmap\">\n<thead><tr><th scope=\"col\" class=\"corner\">query ↓ · key →</th>",
+        escape(id),
+        inline_markdown(prompt)
+    );
+    for c in &cols {
+        let _ = write!(html, "<th scope=\"col\">{}</th>", escape(c));
+    }
+    html.push_str("<th scope=\"col\">row sum</th></tr></thead>\n<tbody>\n");
+    for (i, r) in rows.iter().enumerate() {
+        let r = escape(r);
+        let _ = write!(html, "<tr data-qkv-row=\"{r}\"><th scope=\"row\">{r}</th>");
+        for (j, c) in cols.iter().enumerate() {
+            let w = result.weights[[i, j]];
+            let text =
+                if result.traces[i].kept[j] { fixed(w, digits) } else { format!("{} (masked)", fixed(w, 0)) };
+            let _ = write!(
+                html,
+                "<td data-qkv-readout=\"weight:{r}:{}\" style=\"--w: {w:.4}\"{}>{text}</td>",
+                escape(c),
+                if w > 0.55 { " class=\"strong\"" } else { "" }
+            );
+        }
+        let _ = writeln!(
+            html,
+            "<td data-qkv-readout=\"row-sum:{r}\">{}</td></tr>",
+            fixed(result.weights.row(i).sum(), digits)
+        );
+    }
+    html.push_str("</tbody>\n</table></div>\n");
+    for (label, panel) in rows.iter().zip(&panels) {
+        let _ = writeln!(
+            html,
+            "<details class=\"row-steps\" data-qkv-steps=\"{}\"><summary>{}</summary>\n{}</details>",
+            escape(label),
+            escape(&summary(label)),
+            fragment(panel)
+        );
+    }
+    html.push_str("</div>\n");
+    (md, html)
+}
+
+/// "Row sum: $0.1978 + 0.4011 + 0.4011 \approx 1.0000$", from the weights as shown.
+fn row_sum(weights: &[f64], digits: usize) -> String {
+    let terms: Vec<_> = weights.iter().map(|&w| shown(w, digits)).collect();
+    let total = shown(weights.iter().sum(), digits);
+    format!(
+        "**Row sum.** ${} {} {}$.\n",
+        terms.iter().map(|t| t.text.as_str()).collect::<Vec<_>>().join(" + "),
+        if terms.len() == 1 { relation(terms[0].exact && total.exact) } else { sum_relation(&terms, &total) },
+        total.text
+    )
+}
+
+#[cfg(test)]
+mod tests;

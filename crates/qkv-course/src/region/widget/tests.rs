@@ -1,0 +1,83 @@
+use crate::region::testing::{SENTENCE, one_section};
+
+/// Both widgets on the running example, and a `steps` region to compare the matrix with.
+const WIDGETS: &str = r#"```qkv widget
+id = "drag"
+kind = "drag-query"
+example = "sentence"
+query = "love"
+goal = { largest = "NLP" }
+prompt = "Drag $q$ toward $k_{\\text{NLP}}$, whose value is {=sentence.values.NLP:0}."
+```
+
+<!-- qkv widget drag -->
+<!-- /qkv -->
+
+```qkv widget
+id = "matrix"
+kind = "attention-matrix"
+example = "sentence"
+prompt = "Pick each row."
+```
+
+<!-- qkv widget matrix -->
+<!-- /qkv -->
+
+<!-- qkv steps sentence.love -->
+<!-- /qkv -->
+"#;
+
+/// The updated markdown and the page.
+fn built() -> (String, String) {
+    one_section("widgets", &format!("# Widgets\n\n{SENTENCE}\n{WIDGETS}"))
+}
+
+/// The HTML of one widget.
+fn widget<'p>(page: &'p str, kind: &str) -> &'p str {
+    let start = page.find(&format!("data-qkv-widget=\"{kind}\"")).expect("widget");
+    let end = page[start..].find("\n</div>\n</div>").map_or(page.len(), |e| start + e);
+    &page[start..end]
+}
+
+#[test]
+fn the_no_script_views_show_every_readout() {
+    let (markdown, _) = built();
+    insta::assert_snapshot!("widget_forge_view", markdown);
+}
+
+#[test]
+fn the_drag_widget_starts_at_the_declared_query_with_the_build_s_numbers() {
+    let (_, page) = built();
+    let drag = widget(&page, "drag-query");
+    insta::assert_snapshot!("drag_query_page_view", drag);
+    assert!(drag.contains("data-qkv-query=\"0,1\""), "{drag}");
+    for (readout, text) in [
+        ("dot:I", "0.0000"),
+        ("score:love", "0.7071"),
+        ("weight:I", "0.1978"),
+        ("weight:NLP", "0.4011"),
+        ("output", "4.4067"),
+    ] {
+        assert!(drag.contains(&format!("data-qkv-readout=\"{readout}\">{text}<")), "{readout}: {drag}");
+    }
+    assert!(drag.contains("data-qkv-met=\"false\""), "the goal is not met at the start");
+}
+
+#[test]
+fn each_matrix_row_opens_the_same_steps_as_a_steps_region() {
+    let (markdown, page) = built();
+    let steps_region = markdown.split("<!-- qkv steps sentence.love -->\n").nth(1).expect("region");
+    let steps = steps_region.split("<!-- /qkv -->").next().expect("closed").trim();
+    let matrix_md = markdown.split("<!-- qkv widget matrix -->").nth(1).expect("matrix");
+    assert!(matrix_md.contains(steps), "the matrix's steps for “love” are the steps region's");
+    let matrix = widget(&page, "attention-matrix");
+    for row in ["I", "love", "NLP"] {
+        assert!(matrix.contains(&format!("<tr data-qkv-row=\"{row}\">")), "{matrix}");
+        assert!(matrix.contains(&format!("data-qkv-steps=\"{row}\"")), "{matrix}");
+        assert!(matrix.contains(&format!("data-qkv-readout=\"row-sum:{row}\">1.0000<")), "{matrix}");
+    }
+    assert!(
+        matrix.contains("data-qkv-readout=\"weight:love:NLP\" style=\"--w: 0.4011\">0.4011<"),
+        "{matrix}"
+    );
+}
