@@ -26,7 +26,7 @@ use anyhow::{Context, Result, bail};
 use crate::cli::{Args, say, workspace_root};
 use crate::lesson::{self, Failure, Mode, Paths};
 
-pub use mutate::Rng;
+use mutate::Rng;
 
 /// A lesson in memory: its markdown files and its figure files, by name.
 #[derive(Debug, Clone)]
