@@ -74,8 +74,13 @@ pub(crate) fn shown(x: f64, digits: usize) -> Shown {
     let text = fixed(x, digits);
     let value: f64 = text.parse().unwrap_or(x);
     let exact = value == x;
-    // An exact decimal reads best without padding: 0.5, not 0.5000.
-    let text = if exact && text.contains('.') { text.trim_end_matches('0').to_string() } else { text };
+    // An exact decimal reads best without padding: 0.5, not 0.5000; a whole number past the
+    // integer branch above (1e15 and up) loses its point too: 1e20, not `100000000000000000000.`.
+    let text = if exact && text.contains('.') {
+        text.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        text
+    };
     // Counting units is exact only while they fit an f64 mantissa's reach; past 2^100 (a value
     // near 1e26 at four decimals) the sum could overflow or round, so it is never called exact.
     let scaled = (value * scale).round();

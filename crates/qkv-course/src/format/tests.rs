@@ -37,6 +37,17 @@ fn shown_numbers_say_when_they_are_rounded() {
     assert_eq!((half.text.as_str(), half.exact), ("0.5", true));
 }
 
+/// Whole numbers from 1e15 up are printed at the lesson's precision and trimmed like any exact
+/// decimal: never with a dangling point (`100000000000000000000.`).
+#[test]
+fn huge_whole_numbers_have_no_dangling_point() {
+    let big = shown(1e20, 4);
+    assert_eq!((big.text.as_str(), big.exact), ("100000000000000000000", true));
+    let bigger = shown(-1e35, 2);
+    assert!(bigger.exact && !bigger.text.ends_with('.'), "{}", bigger.text);
+    assert_eq!(shown(1e15 + 0.5, 1).text, "1000000000000000.5");
+}
+
 #[test]
 fn sums_of_rounded_terms_get_approx() {
     let terms = [shown(0.39564, 4), shown(2.40654, 4), shown(1.60436, 4)];
