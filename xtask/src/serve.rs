@@ -269,6 +269,8 @@ fn site_file(out: &Path, path: &str) -> Option<PathBuf> {
 fn content_type(name: &str) -> &'static str {
     match name.rsplit('.').next() {
         Some("css") => "text/css; charset=utf-8",
+        // The page script: a browser that sniffs strictly runs no script served as bytes.
+        Some("js") => "text/javascript; charset=utf-8",
         Some("svg") => "image/svg+xml",
         Some("png") => "image/png",
         Some("ipynb") => "application/x-ipynb+json",

@@ -25,3 +25,17 @@ fn pages_get_the_reload_script_and_after_a_failed_build_the_overlay() {
     assert!(failed.contains("content/01-attention.md:146:23: unknown reference `a&lt;b`"), "{failed}");
     assert!(failed.find("qkv-serve-error") < failed.find("<script>"));
 }
+
+#[test]
+fn every_kind_of_site_file_is_served_as_what_it_is() {
+    for (name, kind) in [
+        ("qkv.js", "text/javascript; charset=utf-8"),
+        ("style.css", "text/css; charset=utf-8"),
+        ("figures/a.svg", "image/svg+xml"),
+        ("figures/a.png", "image/png"),
+        ("notebooks/a.ipynb", "application/x-ipynb+json"),
+        ("markdown/01-a.md", "text/markdown; charset=utf-8"),
+    ] {
+        assert_eq!(content_type(name), kind, "{name}");
+    }
+}
