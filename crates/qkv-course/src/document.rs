@@ -241,7 +241,7 @@ pub(crate) fn parse(doc: usize, text: &str) -> Result<Document, Vec<Problem>> {
                         }
                     };
                     let (dest, path_at) = (&source[m.dest.clone()], range.start + m.dest.start);
-                    match destination(doc, dest, path_at) {
+                    match destination(doc, dest, path_at, true) {
                         Ok((path, format)) => document.citations.push(Citation {
                             path,
                             path_at,
@@ -312,7 +312,7 @@ fn citation(
     link_start: usize,
     inner: &[(Range<usize>, bool)],
 ) -> Result<Citation, Problem> {
-    let (path, format) = destination(doc, dest, path_at)?;
+    let (path, format) = destination(doc, dest, path_at, false)?;
     let text_range = match inner {
         [] => link_start + 1..link_start + 1,
         [(r, true)] => r.clone(),
@@ -332,15 +332,21 @@ fn citation(
 }
 
 /// Reads a citation's `PATH:FORMAT` (after the `=`), which starts at `path_at` in the source.
-/// The same for prose and math, and for any other place that cites a value this way.
-fn destination(doc: usize, dest: &str, path_at: usize) -> Result<(String, Format), Problem> {
+/// The same for prose and math (`math`: the marker of a math citation, whose messages quote it as
+/// written there), and for any other place that cites a value this way.
+fn destination(doc: usize, dest: &str, path_at: usize, math: bool) -> Result<(String, Format), Problem> {
+    // How the citation is written where it stands.
+    let written = if math { format!("={dest}") } else { format!("(={dest})") };
     let Some((path, spec)) = dest.rsplit_once(':') else {
+        let example = |format: &str| {
+            if math { format!("\\verb|={dest}:{format}|") } else { format!("(={dest}:{format})") }
+        };
         return Err(Problem::new(
             doc,
             path_at,
             "citation has no format",
-            format!("(={dest})"),
-            format!("`(={dest}:DECIMALS)`, e.g. `(={dest}:2)` for two decimals"),
+            written,
+            format!("`{}`, e.g. `{}` for two decimals", example("DECIMALS"), example("2")),
         ));
     };
     let format = Format::parse(spec).ok_or_else(|| {
@@ -348,7 +354,7 @@ fn destination(doc: usize, dest: &str, path_at: usize) -> Result<(String, Format
             doc,
             path_at + path.len() + 1,
             format!("unknown number format `{spec}`"),
-            format!("(={dest})"),
+            written,
             crate::citation::FORMATS,
         )
     })?;

@@ -66,6 +66,19 @@ fn malformed_math_citations_say_what_is_wrong() {
     }
 }
 
+/// A math citation's mistakes are quoted as the marker has them, not as a link would.
+#[test]
+fn a_math_citation_without_a_format_is_quoted_as_written() {
+    let problems = parse(0, "${3}\\vphantom{\\verb|=a.b|}$").expect_err("no format");
+    assert_eq!(problems[0].found, "=a.b");
+    assert_eq!(problems[0].expected, "`\\verb|=a.b:DECIMALS|`, e.g. `\\verb|=a.b:2|` for two decimals");
+    let link = parse(0, "[3](=a.b)").expect_err("no format");
+    assert_eq!(
+        (link[0].found.as_str(), link[0].expected.as_str()),
+        ("(=a.b)", "`(=a.b:DECIMALS)`, e.g. `(=a.b:2)` for two decimals")
+    );
+}
+
 #[test]
 fn the_site_renders_math_without_the_markers() {
     assert_eq!(
