@@ -15,15 +15,18 @@ use crate::format::shown;
 pub(super) const KIND: Kind =
     Kind { name: "table", usage: "`table EXAMPLE inputs|weights|scores`", options: &["digits"], generate };
 
+/// What a table of an example shows, for [`Context::at_most_shown`]: a row per query, a column
+/// per key, and vectors as wide as the queries or the values.
+pub(super) fn shown_counts(inputs: &AttentionInputs) -> [(usize, &'static str); 3] {
+    let width = |rows: &[Vec<f64>]| rows.first().map_or(0, Vec::len);
+    let widths = width(&inputs.queries).max(width(&inputs.values));
+    [(inputs.queries.len(), "queries"), (inputs.keys.len(), "keys"), (widths, "components of a vector")]
+}
+
 fn generate(cx: &mut Context<'_, '_>) -> Result<Generated, Problem> {
     let named = cx.named(KIND.usage)?;
     let field = cx.args.get(1).copied().unwrap_or("weights");
     let target = cx.args[0];
-    let shown_counts = |inputs: &AttentionInputs| {
-        let width = |rows: &[Vec<f64>]| rows.first().map_or(0, Vec::len);
-        let widths = width(&inputs.queries).max(width(&inputs.values));
-        [(inputs.queries.len(), "queries"), (inputs.keys.len(), "keys"), (widths, "components of a vector")]
-    };
     let body = match (named.computed, named.rest.is_empty()) {
         (Computed::Attention { inputs, .. }, true) if field == "inputs" => {
             cx.at_most_shown(&shown_counts(&inputs))?;

@@ -28,6 +28,14 @@ fn generate(cx: &mut Context<'_, '_>) -> Result<Generated, Problem> {
         _ => None,
     })?;
     let (inputs, result) = example(cx, &widget.example)?;
+    // A widget holds tables and worked steps, so their limits hold for it too.
+    match widget.kind {
+        WidgetKind::DragQuery => cx.at_most_shown(&[
+            (inputs.keys.len(), "keys"),
+            (inputs.values.first().map_or(0, Vec::len), "components of a value"),
+        ])?,
+        WidgetKind::AttentionMatrix => cx.at_most_shown(&table::shown_counts(&inputs))?,
+    }
     let prompt = widget.prompt.fill(cx.eval, cx.doc)?;
     let (body, html) = match widget.kind {
         WidgetKind::DragQuery => {
