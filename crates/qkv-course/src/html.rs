@@ -246,12 +246,47 @@ fn render_body(text: &str, regions: &[Option<String>], markdown: &[SourceFile]) 
     }
     let mut html = String::new();
     pulldown_cmark::html::push_html(&mut html, out.into_iter());
+    let mut html = punctuation_with_math(&html);
     if contents.len() > 1
         && let Some(at) = html.find("</h1>\n").map(|i| i + "</h1>\n".len())
     {
         html.insert_str(at, &contents_list(&contents));
     }
     html
+}
+
+/// Punctuation that must not start a line (closing) or end one (opening) beside math.
+const CLOSING: &[char] = &[',', '.', ';', ':', '!', '?', ')', ']', '”', '’'];
+const OPENING: &[char] = &['(', '[', '“', '‘'];
+
+/// Keeps the punctuation touching an inline formula on the formula's line. A browser may break a
+/// line between a `<math>` element and the text right after it, which left steps and questions
+/// with a line starting `:`, `,` or a lone `)` on a phone; each formula with punctuation against
+/// it goes into a `<span class="nobr">` with that punctuation.
+fn punctuation_with_math(html: &str) -> String {
+    const CLOSE: &str = "</math>";
+    let mut out = String::with_capacity(html.len());
+    let mut rest = html;
+    while let Some(at) = rest.find(CLOSE) {
+        let end = at + CLOSE.len();
+        let after: usize = rest[end..].chars().take_while(|c| CLOSING.contains(c)).map(char::len_utf8).sum();
+        // Formulas do not nest, so the nearest opening tag before the close is this one's.
+        let start = rest[..at].rfind("<math").unwrap_or(at);
+        let before: usize =
+            rest[..start].chars().rev().take_while(|c| OPENING.contains(c)).map(char::len_utf8).sum();
+        if start < at && after + before > 0 {
+            out.push_str(&rest[..start - before]);
+            out.push_str("<span class=\"nobr\">");
+            out.push_str(&rest[start - before..end + after]);
+            out.push_str("</span>");
+            rest = &rest[end + after..];
+        } else {
+            out.push_str(&rest[..end]);
+            rest = &rest[end..];
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 /// The list of a page's sections, placed under its title.

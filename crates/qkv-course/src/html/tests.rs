@@ -30,6 +30,36 @@ fn math_becomes_mathml_and_citations_become_spans() {
     assert!(!page.contains("qkv dot"), "declarations are data, not prose: {page}");
 }
 
+/// A line never starts with the punctuation after a formula, nor ends with the bracket before it.
+#[test]
+fn punctuation_stays_with_its_formula() {
+    let m = |x: &str| format!("<math display=\"inline\"><mi>{x}</mi></math>");
+    let html = format!(
+        "<p>Divide by {}: {} and ({}), then “{}”. {} {}</p>",
+        m("a"),
+        m("b"),
+        m("c"),
+        m("d"),
+        m("e"),
+        m("f")
+    );
+    let expected = format!(
+        "<p>Divide by <span class=\"nobr\">{}:</span> {} and <span class=\"nobr\">({}),</span> then <span class=\"nobr\">“{}”.</span> {} {}</p>",
+        m("a"),
+        m("b"),
+        m("c"),
+        m("d"),
+        m("e"),
+        m("f")
+    );
+    assert_eq!(punctuation_with_math(&html), expected);
+    assert_eq!(punctuation_with_math("no math: (here)."), "no math: (here).");
+    let page = page_for("# P\n\nThe weight is $a \\approx 0.269$) and $b$, which.\n");
+    assert!(page.contains("<span class=\"nobr\"><math"), "{page}");
+    assert!(page.contains("</math>)</span> and"), "{page}");
+    assert!(page.contains("</math>,</span> which"), "{page}");
+}
+
 #[test]
 fn the_page_script_is_small_classic_and_offline() {
     assert!(SCRIPT.len() < 40 * 1024, "qkv.js is {} bytes; the budget is 40 KB", SCRIPT.len());
