@@ -139,18 +139,18 @@
     wrongAfterShown: "Not this one either; the answer is shown below.",
     exhausted: function (graded) {
       return (
-        "That was the third try, so the answer and its explanation are below." +
-        (graded ? " This check no longer earns credit." : "")
+        "Three tries are used up, so the answer and the reasoning behind it are below." +
+        (graded ? " This check now scores nothing." : "")
       );
     },
     shown: function (graded, kind) {
       if (kind === "short") return "Here is a model answer: compare it with yours.";
       return graded
-        ? "The answer is below. Seeing it means this check earns no credit, though you can still answer it for yourself."
+        ? "The answer is below. Looking first means this check scores nothing, though you can still answer it for yourself."
         : "The answer is below. Cover it and try again whenever you like.";
     },
     rightAfterShown: function (graded) {
-      return graded ? "Right, but the answer had been shown already, so this one earns no credit." : "Right.";
+      return graded ? "Right. The answer was already on the page, though, so this check adds nothing to your score." : "Right.";
     },
     invalid:
       "That does not read as a number. Write it with digits, such as 0.731, .731, 73.1% or 3/4. No try was used.",
