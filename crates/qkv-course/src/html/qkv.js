@@ -510,6 +510,8 @@
     });
     var goalWritten = goalText ? goalText.textContent : "";
     var q = data.query.slice();
+    var queryLabel = root.querySelector("[data-qkv-query-label]");
+    var keyBoxes = null;
 
     function toScreen(x, y) {
       return [plane.pad + (x + plane.extent) * unit, plane.size - plane.pad - (y + plane.extent) * unit];
@@ -551,6 +553,38 @@
       return { dots: dots, scores: scores, weights: weights, output: output };
     }
 
+    /* Spots for the "q" beside the handle (its baseline, in the handle's units), in order of
+     * preference: the first that keeps clear of every key's label, else the clearest. */
+    var SPOTS = [[13, 20], [-21, 20], [13, -9], [-21, -9]];
+    function placeQueryLabel(p) {
+      if (!queryLabel) return;
+      if (!keyBoxes) {
+        // Measured once the plane is shown; the labels never move.
+        keyBoxes = Array.prototype.map.call(svg.querySelectorAll(".key-label"), function (t) {
+          return t.getBBox();
+        });
+      }
+      var best = SPOTS[0];
+      var clearest = -1;
+      SPOTS.some(function (s) {
+        var x = p[0] + s[0] + 4; // the middle of the glyph, about 8 by 12 units
+        var y = p[1] + s[1] - 6;
+        var gap = Infinity;
+        keyBoxes.forEach(function (b) {
+          var dx = Math.max(b.x - x, 0, x - b.x - b.width);
+          var dy = Math.max(b.y - y, 0, y - b.y - b.height);
+          gap = Math.min(gap, Math.sqrt(dx * dx + dy * dy));
+        });
+        if (gap > clearest) {
+          clearest = gap;
+          best = s;
+        }
+        return gap >= 10;
+      });
+      queryLabel.setAttribute("x", String(best[0]));
+      queryLabel.setAttribute("y", String(best[1]));
+    }
+
     function largest(weights, g) {
       return weights.every(function (w, j) {
         return j === g || w < weights[g];
@@ -563,6 +597,7 @@
       var atStart = q[0] === data.query[0] && q[1] === data.query[1];
       root.setAttribute("data-qkv-query", q[0] + "," + q[1]);
       handle.setAttribute("transform", "translate(" + p[0].toFixed(1) + " " + p[1].toFixed(1) + ")");
+      placeQueryLabel(p);
       handle.setAttribute("aria-valuetext", "q = (" + fixed(q[0], 2) + ", " + fixed(q[1], 2) + ")");
       if (arrow) {
         arrow.setAttribute("x2", p[0].toFixed(1));
@@ -660,6 +695,7 @@
     var box = root.querySelector(".plane");
     if (box) box.hidden = false;
     if (reset) reset.hidden = false;
+    placeQueryLabel(toScreen(q[0], q[1]));
   }
 
   /* ---------- attention-matrix widgets ---------- */

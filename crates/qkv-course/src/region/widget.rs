@@ -326,12 +326,24 @@ impl<'i> Drag<'i> {
                 escape(label)
             );
         }
+        // Arrows first, then the query and its handle, then the keys' labels: drawn last, they
+        // stay readable when the handle sits on a key's tip (where a self-attention query starts).
+        let mut labels = String::new();
         for (j, label) in self.inputs.key_labels().iter().enumerate() {
             let k = &self.inputs.keys[j];
             let (kx, ky) = self.at(k[0], k[1]);
-            // The label sits past the arrow's tip, away from the origin.
+            let class = if self.trace.kept[j] { "key" } else { "key masked" };
+            let _ = writeln!(
+                out,
+                "<line class=\"{class}\" x1=\"{ox:.1}\" y1=\"{oy:.1}\" x2=\"{kx:.1}\" y2=\"{ky:.1}\" marker-end=\"url(#head-{})\"/>",
+                escape(id)
+            );
+            // The label sits past the arrow's tip, away from the origin, and clear of a handle on
+            // the tip: further out above and below it, where the text's height is in the way.
             let norm = k[0].hypot(k[1]).max(1e-9);
-            let (lx, ly) = (kx + 16.0 * k[0] / norm, ky - 16.0 * k[1] / norm + 5.0);
+            let (ux, uy) = (k[0] / norm, k[1] / norm);
+            let reach = 16.0 + 8.0 * uy.abs();
+            let (lx, ly) = (kx + reach * ux, ky - reach * uy + 5.0);
             let anchor = if k[0] < -1e-9 {
                 "end"
             } else if k[0] > 1e-9 {
@@ -339,11 +351,9 @@ impl<'i> Drag<'i> {
             } else {
                 "middle"
             };
-            let class = if self.trace.kept[j] { "key" } else { "key masked" };
             let _ = writeln!(
-                out,
-                "<line class=\"{class}\" x1=\"{ox:.1}\" y1=\"{oy:.1}\" x2=\"{kx:.1}\" y2=\"{ky:.1}\" marker-end=\"url(#head-{0})\"/><text class=\"label\" x=\"{lx:.1}\" y=\"{ly:.1}\" text-anchor=\"{anchor}\">k<tspan class=\"sub\" dy=\"4\">{1}</tspan></text>",
-                escape(id),
+                labels,
+                "<text class=\"label key-label\" x=\"{lx:.1}\" y=\"{ly:.1}\" text-anchor=\"{anchor}\">k<tspan class=\"sub\" dy=\"4\">{}</tspan></text>",
                 escape(label)
             );
         }
@@ -353,9 +363,10 @@ impl<'i> Drag<'i> {
         );
         let _ = writeln!(
             out,
-            "<g class=\"handle\" data-qkv-handle tabindex=\"0\" role=\"slider\" aria-label=\"The query q: drag it, or use the arrow keys (Shift for larger steps)\" aria-valuetext=\"q = {}\" transform=\"translate({qx:.1} {qy:.1})\"><circle class=\"hit\" r=\"22\"/><circle class=\"knob\" r=\"9\"/><text class=\"label\" x=\"13\" y=\"20\">q</text></g>",
+            "<g class=\"handle\" data-qkv-handle tabindex=\"0\" role=\"slider\" aria-label=\"The query q: drag it, or use the arrow keys (Shift for larger steps)\" aria-valuetext=\"q = {}\" transform=\"translate({qx:.1} {qy:.1})\"><circle class=\"hit\" r=\"22\"/><circle class=\"knob\" r=\"9\"/><text class=\"label\" data-qkv-query-label x=\"13\" y=\"20\">q</text></g>",
             vector(&self.trace.query)
         );
+        out.push_str(&labels);
         out.push_str("</svg>\n");
         out
     }
