@@ -90,8 +90,10 @@ struct Drag<'i> {
     query: String,
     goal: Option<usize>,
     digits: usize,
-    /// Half the side of the square of query space the plane shows.
+    /// Half the side of the square of query space the plane shows, a whole number of `grid`s.
     extent: f64,
+    /// Distance between the plane's grid lines (every other one is labelled).
+    grid: f64,
 }
 
 impl<'i> Drag<'i> {
@@ -149,13 +151,18 @@ impl<'i> Drag<'i> {
             ));
         }
         let reach = inputs.keys.iter().chain([&trace.query]).flatten().fold(1.0f64, |m, x| m.max(x.abs()));
+        // A quarter more than the farthest point, on whole grid steps; finite for any finite input.
+        let wanted = (reach * 1.25).min(f64::MAX / 4.0);
+        let grid = grid_step(wanted);
+        let extent = (wanted / grid).ceil() * grid;
         Ok(Drag {
             inputs,
             trace,
             query: labels[query].clone(),
             goal: goal.map(|(g, _)| g),
             digits: w.digits,
-            extent: (reach * 1.25 * 2.0).ceil() / 2.0,
+            extent,
+            grid,
         })
     }
 
@@ -289,10 +296,12 @@ impl<'i> Drag<'i> {
             "<svg data-qkv-plane viewBox=\"0 0 {PLANE} {PLANE}\" role=\"img\" aria-label=\"The keys and the query q in the plane\">\n<defs><marker id=\"head-{0}\" viewBox=\"0 0 10 10\" refX=\"9\" refY=\"5\" markerWidth=\"7\" markerHeight=\"7\" orient=\"auto-start-reverse\"><path d=\"M0,0 L10,5 L0,10 z\"/></marker></defs>\n",
             escape(id)
         );
-        let steps = (2.0 * e / 0.5).round() as i32;
-        for i in 0..=steps {
-            let v = -e + 0.5 * f64::from(i);
-            let class = if v.abs() < 1e-9 { "axis" } else { "grid" };
+        // At most about two dozen lines each way, whatever the plane's extent.
+        let (g, lines) = (self.grid, (2.0 * e / self.grid).round() as i64);
+        let origin = lines / 2;
+        for i in 0..=lines {
+            let v = g * (i - origin) as f64;
+            let class = if i == origin { "axis" } else { "grid" };
             let (x0, y0) = self.at(v, -e);
             let (x1, y1) = self.at(v, e);
             let (a0, b0) = self.at(-e, v);
@@ -301,8 +310,9 @@ impl<'i> Drag<'i> {
                 out,
                 "<line class=\"{class}\" x1=\"{x0:.1}\" y1=\"{y0:.1}\" x2=\"{x1:.1}\" y2=\"{y1:.1}\"/><line class=\"{class}\" x1=\"{a0:.1}\" y1=\"{b0:.1}\" x2=\"{a1:.1}\" y2=\"{b1:.1}\"/>"
             );
-            // Whole numbers are labelled along the bottom and left edges, clear of the arrows.
-            if v == v.trunc() {
+            // Every other line (the whole numbers, on the usual plane) is labelled along the
+            // bottom and left edges, clear of the arrows.
+            if (i - origin) % 2 == 0 {
                 let (tx, ty) = self.at(v, -e);
                 let (sx, sy) = self.at(-e, v);
                 let _ = writeln!(
@@ -370,6 +380,19 @@ impl<'i> Drag<'i> {
         out.push_str("</svg>\n");
         out
     }
+}
+
+/// The plane's grid step for an extent of `wanted`: half a unit while that makes at most 24
+/// lines each way (extents up to 6, which the lesson's examples use), else a round step (1, 2 or
+/// 5 times a power of ten) that keeps the lines to about two dozen. A key at 1e19 once asked for
+/// 2^31 grid lines and ate the machine's memory.
+fn grid_step(wanted: f64) -> f64 {
+    if wanted <= 6.0 {
+        return 0.5;
+    }
+    let rough = wanted / 12.0;
+    let power = 10f64.powi(rough.log10().floor() as i32);
+    [1.0, 2.0, 5.0, 10.0].into_iter().map(|m| m * power).find(|&step| step >= rough).unwrap_or(10.0 * power)
 }
 
 /// `x` as JavaScript's `String(x)` writes it, the shortest text that reads back as `x` (`0`, `1`,

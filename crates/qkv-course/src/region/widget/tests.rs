@@ -1,3 +1,4 @@
+use super::grid_step;
 use crate::region::testing::{SENTENCE, one_section};
 
 /// Both widgets on the running example, and a `steps` region to compare the matrix with.
@@ -80,4 +81,48 @@ fn each_matrix_row_opens_the_same_steps_as_a_steps_region() {
         matrix.contains("data-qkv-readout=\"weight:love:NLP\" style=\"--w: 0.4011\">0.4011<"),
         "{matrix}"
     );
+}
+
+/// The plane keeps to a couple of dozen grid lines however far out a key lies: a key near 2^63
+/// once asked for 2^31 lines and ran the build out of memory.
+#[test]
+fn a_far_key_gets_a_coarser_grid_not_billions_of_lines() {
+    let lesson = r#"# Far
+
+```qkv attention
+id = "far"
+tokens = ["a", "b", "c"]
+queries = [[0, 1], [1, 0], [0, 1]]
+keys = [[1, 0], [0, 1], [0x7fffffffffffffff, 1]]
+values = [[2], [6], [4]]
+```
+
+```qkv widget
+id = "drag-far"
+kind = "drag-query"
+example = "far"
+query = "a"
+prompt = "Drag."
+```
+
+<!-- qkv widget drag-far -->
+<!-- /qkv -->
+"#;
+    let (_, page) = one_section("far", lesson);
+    let drag = widget(&page, "drag-query");
+    let grid_lines =
+        drag.matches("<line class=\"grid\"").count() + drag.matches("<line class=\"axis\"").count();
+    assert!((8..=60).contains(&grid_lines), "{grid_lines} grid lines");
+    assert!(drag.contains("<line class=\"axis\""), "the axes through the origin are drawn");
+    assert!(!drag.contains("NaN") && !drag.contains("inf"), "{drag}");
+}
+
+#[test]
+fn grid_steps_are_half_units_on_small_planes_and_round_beyond() {
+    assert_eq!(grid_step(1.25), 0.5);
+    assert_eq!(grid_step(6.0), 0.5);
+    assert_eq!(grid_step(7.0), 1.0);
+    assert_eq!(grid_step(100.0), 10.0);
+    assert_eq!(grid_step(1.2e19), 1e18);
+    assert!(grid_step(f64::MAX / 4.0).is_finite());
 }
