@@ -28,9 +28,14 @@ pub fn numpy_available(test: &str) -> bool {
 }
 
 /// Whether python3 can import every one of `modules`; prints why a test skips when it cannot.
+/// With `CI` set a missing module fails the test instead, as a missing browser does: `.ci/run`
+/// installs them, so CI never goes green by skipping the NumPy and notebook checks.
 pub fn python_modules_available(test: &str, modules: &[&str]) -> bool {
     let import = format!("import {}", modules.join(", "));
     let ok = Command::new("python3").args(["-c", &import]).output().is_ok_and(|o| o.status.success());
+    if !ok && std::env::var_os("CI").is_some_and(|v| !v.is_empty()) {
+        panic!("{test}: CI is set but python3 cannot `{import}`: `.ci/run` installs them with pip");
+    }
     if !ok {
         eprintln!(
             "{test}: skipped: python3 with {} is not installed (`.ci/run` installs it)",
