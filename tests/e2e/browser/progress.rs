@@ -132,3 +132,44 @@ fn a_reload_keeps_progress_and_reset_clears_it() {
     assert_eq!(read(&mut b, CHOICE).state, "unanswered", "a reload after reset brought an answer back");
     b.assert_clean("reload and reset");
 }
+
+#[test]
+fn a_reload_keeps_wrong_tries_and_the_options_they_used() {
+    let Some(mut b) = launch(DESKTOP) else { return };
+    let (section, _) = lesson().quiz(CHOICE);
+    // A graded choice check other than the one the other tests answer right.
+    let quiz = section
+        .quizzes
+        .iter()
+        .find(|q| !q.practice && q.kind == "choice" && q.id != CHOICE)
+        .expect("a second graded choice check");
+    let (right, wrong) = quiz.letters();
+    b.open(&format!("{}.html", section.id));
+    choose(&mut b, &quiz.id, wrong[0]);
+    expect(&mut b, &quiz.id, Expect { state: "wrong", credit: 0.0, tries: 1, outcome: "wrong" });
+
+    b.reload();
+    let is = read(&mut b, &quiz.id);
+    assert_eq!((is.state.as_str(), is.tries.as_str()), ("wrong", "1"), "quiz {} after the reload", quiz.id);
+    assert!(!is.message.is_empty(), "quiz {}: no word about the earlier try after the reload", quiz.id);
+    let disabled = |b: &mut Browser, letter: char| {
+        b.eval(&format!(
+            "document.querySelector({}).disabled",
+            js(&format!("{} [data-qkv-option=\"{letter}\"]", root(&quiz.id)))
+        ))
+    };
+    assert_eq!(
+        disabled(&mut b, wrong[0]),
+        Value::Bool(true),
+        "the wrong option tried before the reload is live again"
+    );
+    assert_eq!(disabled(&mut b, right), Value::Bool(false), "the right option is disabled after the reload");
+    // The earlier try still counts: a right answer now is a second try.
+    choose(&mut b, &quiz.id, right);
+    expect(
+        &mut b,
+        &quiz.id,
+        Expect { state: "right", credit: section.credit[1], tries: 1, outcome: "right-later" },
+    );
+    b.assert_clean("a reload after a wrong try");
+}

@@ -102,7 +102,7 @@
     return String(Math.round(x * 10000) / 10000);
   }
 
-  /* ---------- storage: { SECTION: { QUIZ_ID: { state, credit, tries } } } ---------- */
+  /* ---------- storage: { SECTION: { QUIZ_ID: { state, credit, tries, wrong } } } ---------- */
 
   function loadAll() {
     try {
@@ -154,10 +154,13 @@
     },
     invalid:
       "That does not read as a number. Write it with digits, such as 0.731, .731, 73.1% or 3/4. No try was used.",
-    restored: function (state, credit) {
-      return state === "right"
-        ? "You answered this one earlier, for " + creditWords(credit) + "."
-        : "You saw the answer to this one earlier.";
+    restored: function (state, credit, left, next) {
+      if (state === "right") return "You answered this one earlier, for " + creditWords(credit) + ".";
+      if (state === "revealed") return "You saw the answer to this one earlier.";
+      return (
+        "You tried this one earlier and have " + (left === 1 ? "one try" : left + " tries") +
+        " left: a right answer now earns " + creditWords(next) + "."
+      );
     },
   };
 
@@ -256,6 +259,7 @@
     this.state = "unanswered";
     this.tries = 0;
     this.earned = 0;
+    this.wrong = []; // the wrong options chosen so far, kept so a reload disables them again
     this.options.forEach(function (b) {
       b.disabled = false;
       b.setAttribute("aria-pressed", "false");
@@ -274,19 +278,23 @@
     this.sync();
   };
 
-  /* A saved state after a reload: right or revealed (and its answer shown), or wrong tries. */
+  /* A saved state after a reload: right or revealed (and its answer shown), or wrong tries, with
+   * the wrong options chosen so far pressed again. */
   Quiz.prototype.restore = function (saved) {
     if (!saved || ["wrong", "right", "revealed"].indexOf(saved.state) < 0) return;
+    var self = this;
     this.state = saved.state;
     this.tries = Math.max(0, Math.min(TRIES, Number(saved.tries) || 0));
     this.earned = saved.state === "right" ? Number(saved.credit) || 0 : 0;
+    (Array.isArray(saved.wrong) ? saved.wrong : []).forEach(function (letter) {
+      if (letter !== self.key.correct) self.pressWrong(letter);
+    });
     if (saved.state === "right") {
       this.markRight(this.key.correct);
-      this.say(null, MESSAGES.restored("right", this.earned));
     } else if (saved.state === "revealed") {
       this.showAnswer();
-      this.say(null, MESSAGES.restored("revealed", 0));
     }
+    this.say(null, MESSAGES.restored(this.state, this.earned, TRIES - this.tries, this.credit[this.tries]));
     this.sync();
   };
 
@@ -362,6 +370,7 @@
   };
 
   Quiz.prototype.pressWrong = function (letter) {
+    if (letter && this.wrong.indexOf(letter) < 0) this.wrong.push(letter);
     this.options.forEach(function (b) {
       if (b.getAttribute("data-qkv-option") === letter) {
         b.disabled = true;
@@ -443,7 +452,7 @@
       var section = q.root.getAttribute("data-qkv-section");
       all = loadAll();
       all[section] = all[section] || {};
-      all[section][q.id] = { state: q.state, credit: q.earned, tries: q.tries };
+      all[section][q.id] = { state: q.state, credit: q.earned, tries: q.tries, wrong: q.wrong };
       saveAll(all);
     }
 
