@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::panic::{self, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
-use std::sync::Once;
+use std::sync::{Arc, Mutex, Once};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -308,12 +308,14 @@ pub fn run(args: Vec<String>) -> Result<()> {
         };
     }
 
-    let base = Lesson::read(&workspace_root().join("content"))?;
+    let base = Arc::new(Lesson::read(&workspace_root().join("content"))?);
     let deadline = Instant::now() + Duration::from_secs_f64(minutes * 60.0);
     say!("fuzzing the lesson for {minutes} minutes with seed {seed} (replay a case with --seed {seed})");
     let started = Instant::now();
+    let current = watchdog(Arc::clone(&base), seed, work.clone());
     let mut saved = 0;
     let summary = run_cases(&base, seed, &work, |s| {
+        *current.lock().unwrap_or_else(|e| e.into_inner()) = (s.cases, Instant::now());
         // Save failures as they come, so a run stopped early keeps them.
         for (case, failure) in s.failures.iter().skip(saved) {
             if let Ok(dir) = save(case, failure) {
@@ -347,6 +349,54 @@ pub fn run(args: Vec<String>) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// The longest one case may take, and the most memory the process may hold, before the run
+/// stops and saves it: a mutant that hangs or grows without bound is a failure too, and would
+/// otherwise stall the run (a 2^31-line plane once took 15 GB over 8 minutes).
+const CASE_TIME_LIMIT: Duration = Duration::from_secs(60);
+const MEMORY_LIMIT_BYTES: u64 = 4 << 30;
+
+/// Watches the case being run (its index and start, which the returned cell holds) from another
+/// thread. A case past [`CASE_TIME_LIMIT`], or the process past [`MEMORY_LIMIT_BYTES`], is saved
+/// like any failure and the process exits: a runaway case cannot be stopped from outside it.
+fn watchdog(base: Arc<Lesson>, seed: u64, work: PathBuf) -> Arc<Mutex<(u64, Instant)>> {
+    let current = Arc::new(Mutex::new((0, Instant::now())));
+    let watched = Arc::clone(&current);
+    std::thread::spawn(move || {
+        loop {
+            std::thread::sleep(Duration::from_secs(1));
+            let (index, since) = *watched.lock().unwrap_or_else(|e| e.into_inner());
+            let memory = resident_bytes();
+            let failure = if since.elapsed() > CASE_TIME_LIMIT {
+                format!(
+                    "the case did not finish within {} s (a hang or runaway work)",
+                    CASE_TIME_LIMIT.as_secs()
+                )
+            } else if memory > MEMORY_LIMIT_BYTES {
+                format!("the process grew to {} MiB (limit {} MiB)", memory >> 20, MEMORY_LIMIT_BYTES >> 20)
+            } else {
+                continue;
+            };
+            let case = Case::new(&base, seed, index);
+            match save(&case, &failure) {
+                Ok(dir) => eprintln!("case {index}: {failure}; saved in {}", dir.display()),
+                Err(e) => eprintln!("case {index}: {failure}; could not be saved: {e:#}"),
+            }
+            let _ = fs::remove_dir_all(&work);
+            std::process::exit(1);
+        }
+    });
+    current
+}
+
+/// The process's resident memory, from `/proc/self/statm` (0 where there is none).
+fn resident_bytes() -> u64 {
+    let pages = fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1).and_then(|p| p.parse::<u64>().ok()))
+        .unwrap_or(0);
+    pages * 4096
 }
 
 /// A fresh scratch folder under the system's temporary folder.
