@@ -10,6 +10,7 @@ use crate::flash;
 use crate::mask::AttentionOptions;
 use crate::real::Real;
 use crate::shape::{Magnitudes, Shape};
+use crate::simd;
 
 /// Scaled scores `S = Q·Kᵀ · scale (+ bias)`, `[n_queries, n_keys]`; `-inf` where a pair is hidden.
 #[derive(Debug, Clone, PartialEq)]
@@ -127,11 +128,12 @@ pub(crate) fn run<T: Real>(
     matrices: Option<(ArrayViewMut2<T>, ArrayViewMut2<T>)>,
 ) -> Result<(), AttentionError> {
     let masks = options.resolve(shape)?;
+    let kernels = simd::kernels_for(options.simd_level())?;
     match matrices {
         // Output only: the tiled path, unless an intermediate could overflow (then the blocked
         // path runs, which also names the query whose score overflows).
         None if flash::stays_finite(shape, magnitudes, &masks) => {
-            flash::attend(shape, q, k, v, &masks, out);
+            flash::attend(kernels, shape, q, k, v, &masks, out);
             Ok(())
         }
         // The weights are an `n_q × n_k` matrix by definition: the blocked path fills it.

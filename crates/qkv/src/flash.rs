@@ -1,37 +1,34 @@
 //! The fast output-only path: FlashAttention-2-style tiling with an online softmax.
 //!
-//! Queries are cut into blocks of [`QUERY_BLOCK`] rows and keys into blocks of [`KEY_BLOCK`].
-//! For one query block the key blocks are visited in order: scores `S = Q_b·K_jᵀ` (the scale is
-//! folded into the packed queries), masks where a tile needs them, then the online softmax: the
-//! running row maximum `m` and sum `l`, the rescale `α = exp(m_old - m_new)` of the output
-//! accumulator, and `O += P·V`. Each row is divided by its `l` once, at the end. No
+//! Queries are cut into blocks of the kernel level's `QUERY_BLOCK` rows and keys into blocks of
+//! `KEY_BLOCK`. For one query block the key blocks are visited in order: scores `S = Q_b·K_jᵀ`
+//! (the scale is folded into the packed queries), masks where a tile needs them, then the online
+//! softmax: the running row maximum `m` and sum `l`, the rescale `α = exp(m_old - m_new)` of the
+//! output accumulator, and `O += P·V`. Each row is divided by its `l` once, at the end. No
 //! `n_q × n_k` matrix exists: beyond the inputs and the output, memory is the packed keys and
 //! values (`n_k · (d_k + d_v)` scalars) and a few tiles per task.
 //!
 //! Work is split into independent (query block, key split) items and never over a reduction.
 //! Keys are split only when there are few query blocks (decoding), into a number of splits that
 //! depends on the problem size alone, and the partial softmax states are merged in a fixed order:
-//! results are the same bit for bit whatever the number of threads.
+//! results are the same bit for bit whatever the number of threads. Problems below
+//! [`PARALLEL_FLOPS`] run on the calling thread.
 //!
-//! The SIMD arithmetic lives in `kernels`; this module owns the tiling, the masking decisions, the
-//! online softmax and the work split.
+//! The SIMD arithmetic lives in `kernels`, behind [`Kernels`]; this module is written once for
+//! every level and owns the tiling, the masking decisions, the online softmax and the work split.
 
 use std::ops::Range;
 
 use ndarray::{ArrayView2, ArrayViewMut2, Axis};
 use rayon::prelude::*;
 
-use crate::kernels::{self, KEY_VECTORS, V, Vector};
+use crate::kernels::{
+    self, Buffer, Isa, Job, KEY_BLOCK, Kernels, Rows, RowsMut, ScoreTile, ValueRows, Weights,
+};
 use crate::mask::MaskSet;
 use crate::real::Real;
 use crate::shape::{Magnitudes, Shape};
 
-/// Queries per block: one task's rows. Its scores tile (`QUERY_BLOCK × KEY_BLOCK`), packed
-/// queries and output accumulator stay in L1/L2 while the key blocks stream past.
-pub(crate) const QUERY_BLOCK: usize = 64;
-/// Keys per block: a multiple of the key panel width (64 keys for f32, 32 for f64). 128 measured
-/// about 10% faster than 64 (the per-row work of the online softmax is spread over more keys).
-pub(crate) const KEY_BLOCK: usize = 128;
 /// Problems with fewer query blocks than this also split their keys, so that every core works.
 const SPLIT_BELOW_BLOCKS: usize = 4;
 /// Problems with at most this many queries take their scores straight from the key rows.
@@ -40,6 +37,9 @@ const DIRECT_ROWS: usize = 4;
 const SPLIT_KEYS: usize = 1024;
 /// The most splits a query block is cut into.
 const MAX_SPLITS: usize = 16;
+/// Problems with fewer FLOPs than this run on the calling thread: handing work to the thread
+/// pool and waking its threads costs more than the second core gives back.
+pub(crate) const PARALLEL_FLOPS: f64 = 2e6;
 
 /// Whether the fast path can run a problem without any intermediate overflowing: every score
 /// (at most `scale · d · max |q| · max |k| + max |bias|`, by Cauchy-Schwarz) and every
@@ -58,67 +58,104 @@ pub(crate) fn stays_finite<T: Real>(
     score <= limit && value <= limit
 }
 
-/// Computes attention for a checked problem into `out` (`[n_q, d_v]`).
+/// Computes attention for a checked problem into `out` (`[n_q, d_v]`) with the kernels of `isa`.
 pub(crate) fn attend<T: Real>(
+    isa: Isa,
     shape: &Shape,
     q: ArrayView2<T>,
     k: ArrayView2<T>,
     v: ArrayView2<T>,
     masks: &MaskSet<'_, '_, T>,
-    mut out: ArrayViewMut2<T>,
+    out: ArrayViewMut2<T>,
 ) {
-    // Decoding (a few queries, contiguous key rows): scores straight from the key rows.
-    let direct = shape.n_queries <= DIRECT_ROWS && (k.ncols() == 1 || k.strides()[1] == 1);
-    let problem = Problem { shape: *shape, q, k, direct, masks };
-    let splits = key_splits(shape);
-    let mut blocks: Vec<ArrayViewMut2<T>> = out.axis_chunks_iter_mut(Axis(0), QUERY_BLOCK).collect();
-    if let [keys] = splits.as_slice() {
-        let packed = Packed::new(k, v, keys.clone(), !direct);
-        // Zig-zag pairs: block i runs with block n-1-i, so that under a causal mask (where block
-        // i's cost grows with i) every item costs about the same; items are taken one at a time
-        // (`with_max_len(1)`) so both cores stay busy to the end.
-        let n = blocks.len();
-        let (front, back) = blocks.split_at_mut(n.div_ceil(2));
-        let mut partners = back.iter_mut().rev();
-        let pairs: Vec<_> =
-            front.iter_mut().enumerate().map(|(i, block)| (i, block, partners.next())).collect();
-        pairs.into_par_iter().with_max_len(1).for_each(|(i, block, partner)| {
-            for (b, out_block) in std::iter::once((i, block)).chain(partner.map(|p| (n - 1 - i, p))) {
-                let state = problem.attend_block(&packed, b * QUERY_BLOCK, out_block.nrows(), keys.clone());
+    isa.run(Attend { shape: *shape, q, k, v, masks, out });
+}
+
+/// One call's operands, waiting for its kernels.
+struct Attend<'p, 'o, 'a, 'out, T: Real> {
+    shape: Shape,
+    q: ArrayView2<'p, T>,
+    k: ArrayView2<'p, T>,
+    v: ArrayView2<'p, T>,
+    masks: &'p MaskSet<'o, 'a, T>,
+    out: ArrayViewMut2<'out, T>,
+}
+
+impl<T: Real> Job<T> for Attend<'_, '_, '_, '_, T> {
+    type Output = ();
+
+    fn run<K: Kernels<T>>(self, kernels: K) {
+        let Attend { shape, q, k, v, masks, mut out } = self;
+        // Decoding (a few queries, contiguous key rows): scores straight from the key rows.
+        let direct = shape.n_queries <= DIRECT_ROWS && (k.ncols() == 1 || k.strides()[1] == 1);
+        let parallel = shape.flops() >= PARALLEL_FLOPS;
+        let problem = Problem { shape, q, k, direct, masks };
+        let splits = key_splits(&shape, K::QUERY_BLOCK);
+        let mut blocks: Vec<ArrayViewMut2<T>> = out.axis_chunks_iter_mut(Axis(0), K::QUERY_BLOCK).collect();
+        if let [keys] = splits.as_slice() {
+            let packed = Packed::new::<K>(k, v, keys.clone(), !direct, parallel);
+            // Zig-zag pairs: block i runs with block n-1-i, so that under a causal mask (where
+            // block i's cost grows with i) every item costs about the same; items are taken one at
+            // a time (`with_max_len(1)`) so both cores stay busy to the end.
+            let n = blocks.len();
+            let (front, back) = blocks.split_at_mut(n.div_ceil(2));
+            let mut partners = back.iter_mut().rev();
+            let pairs: Vec<_> =
+                front.iter_mut().enumerate().map(|(i, block)| (i, block, partners.next())).collect();
+            let attend_one = |b: usize, out_block: &mut ArrayViewMut2<T>| {
+                let state = problem.attend_block(
+                    kernels,
+                    &packed,
+                    b * K::QUERY_BLOCK,
+                    out_block.nrows(),
+                    keys.clone(),
+                );
                 state.write(out_block);
+            };
+            let attend_pair = |(i, block, partner)| {
+                attend_one(i, block);
+                if let Some(partner) = partner {
+                    attend_one(n - 1 - i, partner);
+                }
+            };
+            if parallel {
+                pairs.into_par_iter().with_max_len(1).for_each(attend_pair);
+            } else {
+                pairs.into_iter().for_each(attend_pair);
             }
-        });
-        return;
-    }
-    let rows = |b: usize| QUERY_BLOCK.min(shape.n_queries - b * QUERY_BLOCK);
-    let items: Vec<(usize, Range<usize>)> =
-        (0..blocks.len()).flat_map(|b| splits.iter().map(move |keys| (b, keys.clone()))).collect();
-    let states: Vec<State<T>> = items
-        .into_par_iter()
-        .with_max_len(1)
-        .map(|(b, keys)| {
+            return;
+        }
+        let rows = |b: usize| K::QUERY_BLOCK.min(shape.n_queries - b * K::QUERY_BLOCK);
+        let items: Vec<(usize, Range<usize>)> =
+            (0..blocks.len()).flat_map(|b| splits.iter().map(move |keys| (b, keys.clone()))).collect();
+        let attend_item = |(b, keys): (usize, Range<usize>)| {
             // Each task packs its own keys: they are read by few query rows, and a small buffer
             // per task stays in cache where one large one per call would not.
-            let packed = Packed::new(k, v, keys.clone(), !direct);
-            problem.attend_block(&packed, b * QUERY_BLOCK, rows(b), keys)
-        })
-        .collect();
-    let mut states = states.into_iter();
-    for out_block in &mut blocks {
-        // Merged in split order, the same whichever thread computed each part.
-        let mut merged = states.next().expect("one state per split");
-        for part in states.by_ref().take(splits.len() - 1) {
-            merged.merge(&part);
+            let packed = Packed::new::<K>(k, v, keys.clone(), !direct, false);
+            problem.attend_block(kernels, &packed, b * K::QUERY_BLOCK, rows(b), keys)
+        };
+        let states: Vec<State<T>> = if parallel {
+            items.into_par_iter().with_max_len(1).map(attend_item).collect()
+        } else {
+            items.into_iter().map(attend_item).collect()
+        };
+        let mut states = states.into_iter();
+        for out_block in &mut blocks {
+            // Merged in split order, the same whichever thread computed each part.
+            let mut merged = states.next().expect("one state per split");
+            for part in states.by_ref().take(splits.len() - 1) {
+                merged.merge(&part);
+            }
+            merged.write(out_block);
         }
-        merged.write(out_block);
     }
 }
 
-/// The key ranges each query block is split into: one unless the queries are few, and then a
-/// number fixed by `n_k` alone, each a whole number of key blocks.
-fn key_splits(shape: &Shape) -> Vec<Range<usize>> {
+/// The key ranges each query block (of `query_block` rows) is split into: one unless the queries
+/// are few, and then a number fixed by `n_k` alone, each a whole number of key blocks.
+fn key_splits(shape: &Shape, query_block: usize) -> Vec<Range<usize>> {
     let n_keys = shape.n_keys;
-    let splits = if shape.n_queries.div_ceil(QUERY_BLOCK) >= SPLIT_BELOW_BLOCKS {
+    let splits = if shape.n_queries.div_ceil(query_block) >= SPLIT_BELOW_BLOCKS {
         1
     } else {
         (n_keys / SPLIT_KEYS).clamp(1, MAX_SPLITS)
@@ -131,9 +168,11 @@ fn key_splits(shape: &Shape) -> Vec<Range<usize>> {
 struct Packed<'v, T: Real> {
     first_key: usize,
     /// Key panels (see `kernels::pack_key_panel`), zero-padded to whole panels.
-    keys: Vec<V<T>>,
-    /// Value rows, `value_vectors` vectors each.
+    keys: Buffer<T>,
+    /// Value rows, `value_stride` scalars apart.
     values: Values<'v, T>,
+    value_stride: usize,
+    /// Vectors per value row.
     value_vectors: usize,
 }
 
@@ -141,49 +180,67 @@ struct Packed<'v, T: Real> {
 /// a whole number of vectors wide, otherwise a zero-padded copy.
 enum Values<'v, T: Real> {
     Borrowed(&'v [T]),
-    Packed(Vec<V<T>>),
+    Packed(Buffer<T>),
 }
 
 impl<'v, T: Real> Packed<'v, T> {
-    fn new(k: ArrayView2<T>, v: ArrayView2<'v, T>, keys: Range<usize>, pack_keys: bool) -> Self {
+    fn new<K: Kernels<T>>(
+        k: ArrayView2<T>,
+        v: ArrayView2<'v, T>,
+        keys: Range<usize>,
+        pack_keys: bool,
+        parallel: bool,
+    ) -> Self {
         let first_key = keys.start;
         let (k, v) = (k.slice(ndarray::s![keys.clone(), ..]), v.slice_move(ndarray::s![keys, ..]));
-        let width = kernels::key_panel_width::<T>();
-        let panel_len = k.ncols() * KEY_VECTORS;
+        let width = K::KEY_PANEL;
+        let panel_len = k.ncols() * width;
         let panels = if pack_keys { k.nrows().div_ceil(width) } else { 0 };
-        let mut keys = vec![V::<T>::default(); panels * panel_len];
-        // Two panels (128 keys) per task, so that even a small problem (n = 256: 4 panels) hands
-        // half its packing to another thread: that thread is then awake when the query blocks
-        // are handed out. At 8 panels per task, n = 256 packed on one thread and its second
-        // thread woke too late to take a block (2 threads ran no faster than 1).
-        keys.par_chunks_mut(panel_len)
-            .with_min_len(2)
-            .enumerate()
-            .for_each(|(p, panel)| kernels::pack_key_panel(k, p * width, panel));
-        let value_vectors = kernels::vectors_for::<T>(v.ncols());
-        if v.ncols() % V::<T>::LANES == 0
+        let mut packed_keys = Buffer::zeros(panels * panel_len);
+        let pack_panel = |(p, panel): (usize, &mut [T])| kernels::pack_key_panel(k, p * width, width, panel);
+        if parallel {
+            // Several panels per task, and at least two tasks for a small problem (n = 256), so
+            // that half the packing goes to another thread: that thread is then awake when the
+            // query blocks are handed out. With all of it on one thread, n = 256 ran no faster
+            // on two threads than on one.
+            let per_task = (panels / 2).clamp(1, 8);
+            packed_keys.par_chunks_mut(panel_len * per_task).enumerate().for_each(|(t, chunk)| {
+                chunk
+                    .chunks_exact_mut(panel_len)
+                    .enumerate()
+                    .for_each(|(p, panel)| pack_panel((t * per_task + p, panel)))
+            });
+        } else {
+            packed_keys.chunks_exact_mut(panel_len).enumerate().for_each(pack_panel);
+        }
+        let value_vectors = v.ncols().div_ceil(K::LANES);
+        let value_stride = value_vectors * K::LANES;
+        if v.ncols() == value_stride
             && let Some(values) = v.to_slice()
         {
-            return Packed { first_key, keys, values: Values::Borrowed(values), value_vectors };
+            return Packed {
+                first_key,
+                keys: packed_keys,
+                values: Values::Borrowed(values),
+                value_stride,
+                value_vectors,
+            };
         }
-        let mut values = vec![V::<T>::default(); v.nrows() * value_vectors];
-        // Chunks of rows, so that each task does a useful amount of copying.
-        const ROWS: usize = 256;
-        values.par_chunks_mut(ROWS * value_vectors).enumerate().for_each(|(c, chunk)| {
-            for (r, out) in chunk.chunks_exact_mut(value_vectors).enumerate() {
-                kernels::pack_value_row(v.row(c * ROWS + r), out);
-            }
-        });
-        Packed { first_key, keys, values: Values::Packed(values), value_vectors }
+        let mut values = Buffer::zeros(v.nrows() * value_stride);
+        for (row, out) in v.rows().into_iter().zip(values.chunks_exact_mut(value_stride)) {
+            kernels::pack_value_row(row, out);
+        }
+        Packed { first_key, keys: packed_keys, values: Values::Packed(values), value_stride, value_vectors }
     }
 
-    /// The values of key `key` onwards, as scalars.
-    fn values_from(&self, key: usize) -> &[T] {
-        let offset = (key - self.first_key) * self.value_vectors * V::<T>::LANES;
-        match &self.values {
+    /// The values of key `key` onwards, as the `P·V` kernel reads them.
+    fn values_from(&self, key: usize) -> ValueRows<'_, T> {
+        let offset = (key - self.first_key) * self.value_stride;
+        let v = match &self.values {
             Values::Borrowed(values) => &values[offset..],
-            Values::Packed(values) => &V::<T>::scalars(values)[offset..],
-        }
+            Values::Packed(values) => &values[offset..],
+        };
+        ValueRows { v, stride: self.value_stride, vectors: self.value_vectors }
     }
 }
 
@@ -192,33 +249,46 @@ struct Problem<'p, 'o, 'a, T: Real> {
     shape: Shape,
     q: ArrayView2<'p, T>,
     k: ArrayView2<'p, T>,
-    /// Scores from the key rows themselves (`kernels::direct_scores`), no packed keys.
+    /// Scores from the key rows themselves (`Kernels::direct_scores`), no packed keys.
     direct: bool,
     masks: &'p MaskSet<'o, 'a, T>,
 }
 
 /// The online-softmax state of a block of query rows over some keys: running maximum `m`, running
-/// sum `l` of `exp(s - m)`, and the unnormalised output `o = Σ exp(s - m) · v`.
+/// sum `l` of `exp(s - m)`, and the unnormalised output `o = Σ exp(s - m) · v` (`o_stride`
+/// scalars per row, the value width padded to whole vectors; rows past `m.len()` pad the block to
+/// whole register tiles).
 struct State<T: Real> {
     m: Vec<T>,
     l: Vec<T>,
-    o: Vec<V<T>>,
-    value_vectors: usize,
+    o: Buffer<T>,
+    o_stride: usize,
 }
 
 impl<T: Real> Problem<'_, '_, '_, T> {
     /// The state of queries `first .. first + rows` over the keys in `keys` (whole key blocks
     /// from a block boundary, except at the end).
-    fn attend_block(&self, packed: &Packed<T>, first: usize, rows: usize, keys: Range<usize>) -> State<T> {
-        let (d, dv) = (self.shape.key_dim, packed.value_vectors);
+    fn attend_block<K: Kernels<T>>(
+        &self,
+        kernels: K,
+        packed: &Packed<T>,
+        first: usize,
+        rows: usize,
+        keys: Range<usize>,
+    ) -> State<T> {
+        let d = self.shape.key_dim;
         let masks = self.masks;
-        let width = kernels::key_panel_width::<T>();
-        let s_stride = kernels::vectors_for::<T>(KEY_BLOCK);
+        let lanes = K::LANES;
+        let o_stride = packed.value_vectors * lanes;
+        // The packed score path computes whole register tiles: the block is padded with zero
+        // queries, whose scores (0) and outputs are never read. The direct path takes rows as
+        // they come.
+        let padded = if self.direct { rows } else { rows.next_multiple_of(K::TILE_ROWS) };
         let mut state = State {
             m: vec![T::neg_infinity(); rows],
             l: vec![T::zero(); rows],
-            o: vec![V::<T>::default(); rows * dv],
-            value_vectors: dv,
+            o: Buffer::zeros(padded * o_stride),
+            o_stride,
         };
         // Causal: keys from `reach` on are hidden from every row of the block, so their blocks
         // are skipped; blocks ending by `clean_below` are visible to every row and need no mask.
@@ -228,95 +298,96 @@ impl<T: Real> Problem<'_, '_, '_, T> {
         if keys.start >= reach {
             return state;
         }
-        let mut q = vec![T::zero(); rows * d];
+        let mut q = vec![T::zero(); padded * d];
         let scale = T::from_f64_round(masks.scale);
         if self.direct {
             kernels::pack_query_rows(self.q, first, rows, scale, &mut q);
         } else {
-            kernels::pack_queries(self.q, first, rows, scale, &mut q);
+            kernels::pack_queries(self.q, first, rows, scale, K::TILE_ROWS, &mut q);
         }
-        let mut s = vec![V::<T>::default(); rows * s_stride];
-        let mut row_max = vec![V::<T>::default(); rows];
-        let (mut m_prev, mut sums, mut alpha) =
-            (vec![T::zero(); rows], vec![T::zero(); rows], vec![T::one(); rows]);
+        let mut s = Buffer::zeros(padded * KEY_BLOCK);
+        let mut row_max = Buffer::zeros(padded * lanes);
+        let (mut tile_max, mut m_new, mut sums) =
+            (vec![T::zero(); rows], vec![T::zero(); rows], vec![T::zero(); rows]);
+        let mut alpha = vec![T::one(); padded];
         for start in (keys.start..reach).step_by(KEY_BLOCK) {
             let n_keys = KEY_BLOCK.min(reach - start);
-            let panels = n_keys.div_ceil(width);
-            let panel0 = (start - packed.first_key) / width * d * KEY_VECTORS;
+            let panels = n_keys.div_ceil(K::KEY_PANEL);
+            // A causal tile on the diagonal: each group of rows needs the keys up to its last
+            // row's visible end; the scores past it are hidden below.
+            let trim = !elementwise && start + n_keys > clean_below;
             if self.direct {
                 let k = self.k.slice(ndarray::s![start..start + n_keys, ..]);
-                kernels::direct_scores(&q, rows, k, &mut s, s_stride);
+                kernels.direct_scores(&q, rows, k, &mut s);
             } else {
-                let keys = &packed.keys[panel0..];
-                // A causal tile on the diagonal: each group of rows needs the keys up to its
-                // last row's visible end; the scores past it are hidden below.
-                let trim = !elementwise && start + n_keys > clean_below;
+                let panel0 = (start - packed.first_key) / K::KEY_PANEL * d * K::KEY_PANEL;
                 let group_keys = |g: usize| {
-                    if trim {
-                        let last = first + (g + kernels::SCORE_ROWS).min(rows) - 1;
-                        masks.visible_keys(last).end.saturating_sub(start)
-                    } else {
-                        usize::MAX
-                    }
+                    let last = first + (g + K::TILE_ROWS).min(rows) - 1;
+                    masks.visible_keys(last).end.saturating_sub(start)
                 };
-                kernels::scores(&q, d, rows, keys, panels, &mut s, s_stride, &mut row_max, group_keys);
+                let tile = ScoreTile {
+                    q: &q,
+                    d,
+                    rows: padded,
+                    keys: &packed.keys[panel0..],
+                    panels,
+                    s: &mut s,
+                    row_max: &mut row_max,
+                };
+                kernels.scores(tile, trim.then_some(&group_keys as &dyn Fn(usize) -> usize));
             }
-            let used = kernels::vectors_for::<T>(n_keys);
+            let used = n_keys.next_multiple_of(lanes);
             let clean = start + n_keys <= clean_below;
             // The maxima the score kernel folded are exact for a tile without masks whose panels
             // hold only its own keys; otherwise masked pairs, padding or keys past `reach` are in
-            // them, and the row is scanned again.
-            let fused_max = !self.direct && clean && n_keys == panels * width;
+            // them, and the rows are scanned again.
+            let fused_max = !self.direct && clean && n_keys == panels * K::KEY_PANEL;
             for r in 0..rows {
-                let row = &mut s[r * s_stride..r * s_stride + used];
-                let scalars = V::<T>::scalars_mut(row);
+                let row = &mut s[r * KEY_BLOCK..r * KEY_BLOCK + used];
                 // Lanes past the block's last key (padding in the packed keys) take no part.
-                scalars[n_keys..].fill(T::neg_infinity());
+                row[n_keys..].fill(T::neg_infinity());
                 if elementwise {
-                    masks.apply_row(first + r, start..start + n_keys, &mut scalars[..n_keys]);
+                    masks.apply_row(first + r, start..start + n_keys, &mut row[..n_keys]);
                 } else if !clean {
                     // Causal alone: hide the keys past the row's visible range, without the
                     // per-pair checks of `apply_row` (same rule, from `visible_keys`).
                     let end = masks.visible_keys(first + r).end.clamp(start, start + n_keys);
-                    scalars[end - start..n_keys].fill(T::neg_infinity());
-                }
-                let tile_max = if fused_max { row_max[r].reduce_max() } else { kernels::row_max(row) };
-                m_prev[r] = state.m[r];
-                state.m[r] = m_prev[r].max(tile_max);
-                if state.m[r] == T::neg_infinity() {
-                    // Nothing visible yet: the row contributes nothing and its state stays empty.
-                    row.fill(V::<T>::default());
-                    sums[r] = T::zero();
-                } else {
-                    sums[r] = kernels::exp_and_sum(row, state.m[r]);
+                    row[end - start..n_keys].fill(T::neg_infinity());
                 }
             }
-            kernels::exp_differences(&m_prev, &state.m, &mut alpha);
+            if fused_max {
+                kernels.row_maxima(Rows { data: &row_max, stride: lanes, rows }, lanes, &mut tile_max);
+            } else {
+                kernels.row_maxima(Rows { data: &s, stride: KEY_BLOCK, rows }, used, &mut tile_max);
+            }
             for r in 0..rows {
-                if state.m[r] == T::neg_infinity() {
+                m_new[r] = state.m[r].max(tile_max[r]);
+            }
+            kernels.exp_rows(RowsMut { data: &mut s, stride: KEY_BLOCK, rows }, used, &m_new, &mut sums);
+            kernels.exp_differences(&state.m, &m_new, &mut alpha[..rows]);
+            for r in 0..rows {
+                if m_new[r] == T::neg_infinity() {
+                    // Nothing visible yet: the row's state stays empty.
                     alpha[r] = T::one();
                 }
                 state.l[r] = state.l[r] * alpha[r] + sums[r];
+                state.m[r] = m_new[r];
             }
             let values = packed.values_from(start);
-            if clean || elementwise {
-                let weights = kernels::Weights { p: &s, stride: s_stride, rows, n_keys };
-                kernels::accumulate_values(weights, &alpha, values, dv, &mut state.o);
+            if !trim {
+                let weights = Weights { p: &s, rows: padded, n_keys };
+                kernels.accumulate_values(weights, &alpha, values, &mut state.o);
             } else {
                 // A causal tile on the diagonal: each group of rows stops at the last key its
                 // last row sees. The weights past it are exact zeros, so the sums are unchanged
                 // and about half of the diagonal's `P·V` work is skipped.
-                for g in (0..rows).step_by(kernels::VALUE_ROWS) {
-                    let mr = kernels::VALUE_ROWS.min(rows - g);
-                    let end = masks.visible_keys(first + g + mr - 1).end.clamp(start, start + n_keys);
-                    let weights = kernels::Weights {
-                        p: &s[g * s_stride..],
-                        stride: s_stride,
-                        rows: mr,
-                        n_keys: end - start,
-                    };
-                    let o = &mut state.o[g * dv..(g + mr) * dv];
-                    kernels::accumulate_values(weights, &alpha[g..g + mr], values, dv, o);
+                for g in (0..padded).step_by(K::TILE_ROWS) {
+                    let group = K::TILE_ROWS.min(padded - g);
+                    let last = first + (g + group).min(rows) - 1;
+                    let end = masks.visible_keys(last).end.clamp(start, start + n_keys);
+                    let weights = Weights { p: &s[g * KEY_BLOCK..], rows: group, n_keys: end - start };
+                    let o = &mut state.o[g * o_stride..(g + group) * o_stride];
+                    kernels.accumulate_values(weights, &alpha[g..g + group], values, o);
                 }
             }
         }
@@ -328,7 +399,7 @@ impl<T: Real> State<T> {
     /// Folds `other` (the same rows over other keys) into `self`: both are rescaled to the larger
     /// maximum before their sums and outputs are added.
     fn merge(&mut self, other: &State<T>) {
-        let dv = self.value_vectors;
+        let stride = self.o_stride;
         for r in 0..self.m.len() {
             let m = self.m[r].max(other.m[r]);
             if m == T::neg_infinity() {
@@ -337,19 +408,19 @@ impl<T: Real> State<T> {
             let (a, b) = ((self.m[r] - m).exp(), (other.m[r] - m).exp());
             self.l[r] = self.l[r] * a + other.l[r] * b;
             self.m[r] = m;
-            let (va, vb) = (V::<T>::splat(a), V::<T>::splat(b));
-            for (x, &y) in self.o[r * dv..(r + 1) * dv].iter_mut().zip(&other.o[r * dv..(r + 1) * dv]) {
-                *x = y.mul_add(vb, x.mul(va));
+            let (mine, theirs) =
+                (&mut self.o[r * stride..(r + 1) * stride], &other.o[r * stride..(r + 1) * stride]);
+            for (x, &y) in mine.iter_mut().zip(theirs) {
+                *x = y.mul_add(b, *x * a);
             }
         }
     }
 
     /// Writes `o / l` into `out`; a row with nothing visible (`l = 0`) gets zeros.
     fn write(&self, out: &mut ArrayViewMut2<T>) {
-        let dv = self.value_vectors;
         for (r, mut out_row) in out.rows_mut().into_iter().enumerate() {
             let l = self.l[r];
-            let o = V::<T>::scalars(&self.o[r * dv..(r + 1) * dv]);
+            let o = &self.o[r * self.o_stride..];
             let divide = |(x, &acc): (&mut T, &T)| *x = if l > T::zero() { acc / l } else { T::zero() };
             // A contiguous row as a slice, so that the divisions vectorise.
             match out_row.as_slice_mut() {

@@ -1,0 +1,96 @@
+//! What the two x86-64 intrinsic levels share: their [`Simd`](super::simd::Simd) implementations
+//! are the same code but for the intrinsics' names, written once in [`x86_simd!`].
+
+/// Implements `Simd<$t>` for a level token with the given intrinsics. Every primitive is an
+/// `unsafe` intrinsic call, sound for the same two reasons: the token exists only after its
+/// features were detected (see its `detect`), and loads and stores go through a slice reslice of
+/// exactly `LANES` scalars, which panics rather than read or write out of bounds.
+macro_rules! x86_simd {
+    (
+        $token:ty, $t:ty, $v:ty, lanes = $lanes:literal;
+        zero = $zero:path, splat = $splat:path, load = $load:path, store = $store:path,
+        mul_add = $mul_add:path, mul = $mul:path, add = $add:path, sub = $sub:path, max = $max:path,
+        reduce_add = |$ra:ident| $reduce_add:expr, reduce_max = |$rm:ident| $reduce_max:expr,
+        exponent = |$ex:ident| $exponent:expr $(,)?
+    ) => {
+        impl $crate::kernels::simd::Simd<$t> for $token {
+            type V = $v;
+            const LANES: usize = $lanes;
+
+            #[inline(always)]
+            fn zero(self) -> $v {
+                // SAFETY: `self` proves the level's features (its `detect`).
+                unsafe { $zero() }
+            }
+
+            #[inline(always)]
+            fn splat(self, x: $t) -> $v {
+                // SAFETY: `self` proves the level's features (its `detect`).
+                unsafe { $splat(x) }
+            }
+
+            #[inline(always)]
+            fn load(self, s: &[$t]) -> $v {
+                let s = &s[..$lanes];
+                // SAFETY: `self` proves the level's features; `s` holds exactly `LANES` scalars.
+                unsafe { $load(s.as_ptr()) }
+            }
+
+            #[inline(always)]
+            fn store(self, v: $v, s: &mut [$t]) {
+                let s = &mut s[..$lanes];
+                // SAFETY: `self` proves the level's features; `s` holds exactly `LANES` scalars.
+                unsafe { $store(s.as_mut_ptr(), v) }
+            }
+
+            #[inline(always)]
+            fn mul_add(self, a: $v, b: $v, c: $v) -> $v {
+                // SAFETY: `self` proves the level's features (its `detect`).
+                unsafe { $mul_add(a, b, c) }
+            }
+
+            #[inline(always)]
+            fn mul(self, a: $v, b: $v) -> $v {
+                // SAFETY: `self` proves the level's features (its `detect`).
+                unsafe { $mul(a, b) }
+            }
+
+            #[inline(always)]
+            fn add(self, a: $v, b: $v) -> $v {
+                // SAFETY: `self` proves the level's features (its `detect`).
+                unsafe { $add(a, b) }
+            }
+
+            #[inline(always)]
+            fn sub(self, a: $v, b: $v) -> $v {
+                // SAFETY: `self` proves the level's features (its `detect`).
+                unsafe { $sub(a, b) }
+            }
+
+            #[inline(always)]
+            fn max(self, a: $v, b: $v) -> $v {
+                // SAFETY: `self` proves the level's features (its `detect`).
+                unsafe { $max(a, b) }
+            }
+
+            #[inline(always)]
+            fn reduce_add(self, $ra: $v) -> $t {
+                // SAFETY: `self` proves the level's features (its `detect`).
+                unsafe { $reduce_add }
+            }
+
+            #[inline(always)]
+            fn reduce_max(self, $rm: $v) -> $t {
+                // SAFETY: `self` proves the level's features (its `detect`).
+                unsafe { $reduce_max }
+            }
+
+            #[inline(always)]
+            fn exponent_from_rounded(self, $ex: $v) -> $v {
+                // SAFETY: `self` proves the level's features (its `detect`).
+                unsafe { $exponent }
+            }
+        }
+    };
+}
+pub(super) use x86_simd;
