@@ -58,23 +58,65 @@ pub(crate) fn stays_finite<T: Real>(
     score <= limit && value <= limit
 }
 
-/// Computes attention for a checked problem into `out` (`[n_q, d_v]`) with the kernels of `isa`.
+/// Computes attention for a problem whose shapes are checked into `out` (`[q.nrows(), d_v]`) with
+/// the kernels of `isa`.
+///
+/// `q` holds `rows_per_query` rows per query: row `r` belongs to query `r / rows_per_query` and
+/// takes its masks. This stacks query heads that share one key/value head (grouped-query
+/// attention), so that a decoding step reads each key and value once for all of them.
+///
+/// Decoding (see [`decodes`]) reads every key and value exactly once, and measures them as it
+/// does: it returns their largest magnitudes ([`Kernels::magnitude`]: non-finite if any input
+/// is), so that the caller can check them afterwards instead of in a pass of its own. The other
+/// path returns `None` and needs its inputs checked beforehand.
+#[allow(clippy::too_many_arguments)] // one checked problem, passed through unchanged
 pub(crate) fn attend<T: Real>(
     isa: Isa,
     shape: &Shape,
     q: ArrayView2<T>,
+    rows_per_query: usize,
     k: ArrayView2<T>,
     v: ArrayView2<T>,
     masks: &MaskSet<'_, '_, T>,
     out: ArrayViewMut2<T>,
-) {
-    isa.run(Attend { shape: *shape, q, k, v, masks, out });
+) -> Option<Measured<T>> {
+    isa.run(Attend { shape: *shape, q, rows_per_query, k, v, masks, out })
+}
+
+/// Whether a problem of `rows` query rows (queries times stacked heads) over keys `k` takes the
+/// decoding path: few rows, and keys in one contiguous row-major slice, whose rows the scores
+/// read directly.
+pub(crate) fn decodes<T: Real>(rows: usize, k: &ArrayView2<T>) -> bool {
+    rows <= DIRECT_ROWS && k.as_slice().is_some()
+}
+
+/// The largest magnitudes of the keys and values, as decoding measured them (non-finite if any
+/// element is).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Measured<T> {
+    pub(crate) keys: T,
+    pub(crate) values: T,
+}
+
+impl<T: Real> Measured<T> {
+    /// Nothing read yet.
+    fn nothing() -> Measured<T> {
+        Measured { keys: T::zero(), values: T::zero() }
+    }
+
+    fn combine(self, other: Measured<T>) -> Measured<T> {
+        Measured {
+            keys: kernels::larger_magnitude(self.keys, other.keys),
+            values: kernels::larger_magnitude(self.values, other.values),
+        }
+    }
 }
 
 /// One call's operands, waiting for its kernels.
 struct Attend<'p, 'o, 'a, 'out, T: Real> {
     shape: Shape,
     q: ArrayView2<'p, T>,
+    rows_per_query: usize,
     k: ArrayView2<'p, T>,
     v: ArrayView2<'p, T>,
     masks: &'p MaskSet<'o, 'a, T>,
@@ -82,15 +124,15 @@ struct Attend<'p, 'o, 'a, 'out, T: Real> {
 }
 
 impl<T: Real> Job<T> for Attend<'_, '_, '_, '_, T> {
-    type Output = ();
+    type Output = Option<Measured<T>>;
 
-    fn run<K: Kernels<T>>(self, kernels: K) {
-        let Attend { shape, q, k, v, masks, mut out } = self;
-        // Decoding (a few queries, contiguous key rows): scores straight from the key rows.
-        let direct = shape.n_queries <= DIRECT_ROWS && (k.ncols() == 1 || k.strides()[1] == 1);
-        let parallel = shape.flops() >= PARALLEL_FLOPS;
-        let problem = Problem { shape, q, k, direct, masks };
-        let splits = key_splits(&shape, K::QUERY_BLOCK);
+    fn run<K: Kernels<T>>(self, kernels: K) -> Option<Measured<T>> {
+        let Attend { shape, q, rows_per_query, k, v, masks, mut out } = self;
+        let n_rows = q.nrows();
+        let direct = decodes(n_rows, &k);
+        let parallel = shape.flops() * rows_per_query as f64 >= PARALLEL_FLOPS;
+        let problem = Problem { shape, q, rows_per_query, k: k.as_slice().filter(|_| direct), masks };
+        let splits = key_splits(n_rows, shape.n_keys, K::QUERY_BLOCK);
         let mut blocks: Vec<ArrayViewMut2<T>> = out.axis_chunks_iter_mut(Axis(0), K::QUERY_BLOCK).collect();
         if let [keys] = splits.as_slice() {
             let packed = Packed::new::<K>(k, v, keys.clone(), !direct, parallel);
@@ -111,21 +153,27 @@ impl<T: Real> Job<T> for Attend<'_, '_, '_, '_, T> {
                     keys.clone(),
                 );
                 state.write(out_block);
+                state.measured
             };
             let attend_pair = |(i, block, partner)| {
-                attend_one(i, block);
-                if let Some(partner) = partner {
-                    attend_one(n - 1 - i, partner);
+                let measured = attend_one(i, block);
+                match partner {
+                    Some(partner) => measured.combine(attend_one(n - 1 - i, partner)),
+                    None => measured,
                 }
             };
-            if parallel {
-                pairs.into_par_iter().with_max_len(1).for_each(attend_pair);
+            let measured = if parallel {
+                pairs
+                    .into_par_iter()
+                    .with_max_len(1)
+                    .map(attend_pair)
+                    .reduce(Measured::nothing, Measured::combine)
             } else {
-                pairs.into_iter().for_each(attend_pair);
-            }
-            return;
+                pairs.into_iter().map(attend_pair).fold(Measured::nothing(), Measured::combine)
+            };
+            return direct.then_some(measured);
         }
-        let rows = |b: usize| K::QUERY_BLOCK.min(shape.n_queries - b * K::QUERY_BLOCK);
+        let rows = |b: usize| K::QUERY_BLOCK.min(n_rows - b * K::QUERY_BLOCK);
         let items: Vec<(usize, Range<usize>)> =
             (0..blocks.len()).flat_map(|b| splits.iter().map(move |keys| (b, keys.clone()))).collect();
         let attend_item = |(b, keys): (usize, Range<usize>)| {
@@ -140,6 +188,7 @@ impl<T: Real> Job<T> for Attend<'_, '_, '_, '_, T> {
             items.into_iter().map(attend_item).collect()
         };
         let mut states = states.into_iter();
+        let mut measured = Measured::nothing();
         for out_block in &mut blocks {
             // Merged in split order, the same whichever thread computed each part.
             let mut merged = states.next().expect("one state per split");
@@ -147,15 +196,17 @@ impl<T: Real> Job<T> for Attend<'_, '_, '_, '_, T> {
                 merged.merge(&part);
             }
             merged.write(out_block);
+            measured = measured.combine(merged.measured);
         }
+        direct.then_some(measured)
     }
 }
 
-/// The key ranges each query block (of `query_block` rows) is split into: one unless the queries
-/// are few, and then a number fixed by `n_k` alone, each a whole number of key blocks.
-fn key_splits(shape: &Shape, query_block: usize) -> Vec<Range<usize>> {
-    let n_keys = shape.n_keys;
-    let splits = if shape.n_queries.div_ceil(query_block) >= SPLIT_BELOW_BLOCKS {
+/// The key ranges each query block (of `query_block` rows, of `n_rows` in all) is split into: one
+/// unless the rows are few, and then a number fixed by `n_keys` alone, each a whole number of key
+/// blocks.
+fn key_splits(n_rows: usize, n_keys: usize, query_block: usize) -> Vec<Range<usize>> {
+    let splits = if n_rows.div_ceil(query_block) >= SPLIT_BELOW_BLOCKS {
         1
     } else {
         (n_keys / SPLIT_KEYS).clamp(1, MAX_SPLITS)
@@ -248,9 +299,11 @@ impl<'v, T: Real> Packed<'v, T> {
 struct Problem<'p, 'o, 'a, T: Real> {
     shape: Shape,
     q: ArrayView2<'p, T>,
-    k: ArrayView2<'p, T>,
-    /// Scores from the key rows themselves (`Kernels::direct_scores`), no packed keys.
-    direct: bool,
+    /// Rows of `q` per query (stacked heads): row `r` takes the masks of query `r / rows_per_query`.
+    rows_per_query: usize,
+    /// The keys, row after row, when decoding: scores come from the key rows themselves
+    /// (`Kernels::direct_scores`), with no packed keys.
+    k: Option<&'p [T]>,
     masks: &'p MaskSet<'o, 'a, T>,
 }
 
@@ -263,9 +316,16 @@ struct State<T: Real> {
     l: Vec<T>,
     o: Buffer<T>,
     o_stride: usize,
+    /// The magnitudes of the keys and values read, when decoding.
+    measured: Measured<T>,
 }
 
 impl<T: Real> Problem<'_, '_, '_, T> {
+    /// The query whose masks row `row` takes.
+    fn query(&self, row: usize) -> usize {
+        row / self.rows_per_query
+    }
+
     /// The state of queries `first .. first + rows` over the keys in `keys` (whole key blocks
     /// from a block boundary, except at the end).
     fn attend_block<K: Kernels<T>>(
@@ -280,27 +340,29 @@ impl<T: Real> Problem<'_, '_, '_, T> {
         let masks = self.masks;
         let lanes = K::LANES;
         let o_stride = packed.value_vectors * lanes;
+        let direct = self.k.is_some();
         // The packed score path computes whole register tiles: the block is padded with zero
         // queries, whose scores (0) and outputs are never read. The direct path takes rows as
         // they come.
-        let padded = if self.direct { rows } else { rows.next_multiple_of(K::TILE_ROWS) };
+        let padded = if direct { rows } else { rows.next_multiple_of(K::TILE_ROWS) };
         let mut state = State {
             m: vec![T::neg_infinity(); rows],
             l: vec![T::zero(); rows],
             o: Buffer::zeros(padded * o_stride),
             o_stride,
+            measured: Measured::nothing(),
         };
         // Causal: keys from `reach` on are hidden from every row of the block, so their blocks
         // are skipped; blocks ending by `clean_below` are visible to every row and need no mask.
-        let reach = masks.visible_keys(first + rows - 1).end.min(keys.end);
+        let reach = masks.visible_keys(self.query(first + rows - 1)).end.min(keys.end);
         let elementwise = masks.has_elementwise_masks();
-        let clean_below = if elementwise { 0 } else { masks.visible_keys(first).end };
+        let clean_below = if elementwise { 0 } else { masks.visible_keys(self.query(first)).end };
         if keys.start >= reach {
             return state;
         }
         let mut q = vec![T::zero(); padded * d];
         let scale = T::from_f64_round(masks.scale);
-        if self.direct {
+        if direct {
             kernels::pack_query_rows(self.q, first, rows, scale, &mut q);
         } else {
             kernels::pack_queries(self.q, first, rows, scale, K::TILE_ROWS, &mut q);
@@ -316,14 +378,15 @@ impl<T: Real> Problem<'_, '_, '_, T> {
             // A causal tile on the diagonal: each group of rows needs the keys up to its last
             // row's visible end; the scores past it are hidden below.
             let trim = !elementwise && start + n_keys > clean_below;
-            if self.direct {
-                let k = self.k.slice(ndarray::s![start..start + n_keys, ..]);
-                kernels.direct_scores(&q, rows, k, &mut s);
+            if let Some(k) = self.k {
+                let magnitude =
+                    kernels.direct_scores(&q, rows, &k[start * d..(start + n_keys) * d], d, &mut s);
+                state.measured.keys = kernels::larger_magnitude(state.measured.keys, magnitude);
             } else {
                 let panel0 = (start - packed.first_key) / K::KEY_PANEL * d * K::KEY_PANEL;
                 let group_keys = |g: usize| {
                     let last = first + (g + K::TILE_ROWS).min(rows) - 1;
-                    masks.visible_keys(last).end.saturating_sub(start)
+                    masks.visible_keys(self.query(last)).end.saturating_sub(start)
                 };
                 let tile = ScoreTile {
                     q: &q,
@@ -341,17 +404,18 @@ impl<T: Real> Problem<'_, '_, '_, T> {
             // The maxima the score kernel folded are exact for a tile without masks whose panels
             // hold only its own keys; otherwise masked pairs, padding or keys past `reach` are in
             // them, and the rows are scanned again.
-            let fused_max = !self.direct && clean && n_keys == panels * K::KEY_PANEL;
+            let fused_max = !direct && clean && n_keys == panels * K::KEY_PANEL;
             for r in 0..rows {
                 let row = &mut s[r * KEY_BLOCK..r * KEY_BLOCK + used];
                 // Lanes past the block's last key (padding in the packed keys) take no part.
                 row[n_keys..].fill(T::neg_infinity());
+                let query = self.query(first + r);
                 if elementwise {
-                    masks.apply_row(first + r, start..start + n_keys, &mut row[..n_keys]);
+                    masks.apply_row(query, start..start + n_keys, &mut row[..n_keys]);
                 } else if !clean {
                     // Causal alone: hide the keys past the row's visible range, without the
                     // per-pair checks of `apply_row` (same rule, from `visible_keys`).
-                    let end = masks.visible_keys(first + r).end.clamp(start, start + n_keys);
+                    let end = masks.visible_keys(query).end.clamp(start, start + n_keys);
                     row[end - start..n_keys].fill(T::neg_infinity());
                 }
             }
@@ -374,6 +438,10 @@ impl<T: Real> Problem<'_, '_, '_, T> {
                 state.m[r] = m_new[r];
             }
             let values = packed.values_from(start);
+            if direct {
+                let magnitude = kernels.magnitude(&values.v[..n_keys * values.stride]);
+                state.measured.values = kernels::larger_magnitude(state.measured.values, magnitude);
+            }
             if !trim {
                 let weights = Weights { p: &s, rows: padded, n_keys };
                 kernels.accumulate_values(weights, &alpha, values, &mut state.o);
@@ -384,7 +452,7 @@ impl<T: Real> Problem<'_, '_, '_, T> {
                 for g in (0..padded).step_by(K::TILE_ROWS) {
                     let group = K::TILE_ROWS.min(padded - g);
                     let last = first + (g + group).min(rows) - 1;
-                    let end = masks.visible_keys(last).end.clamp(start, start + n_keys);
+                    let end = masks.visible_keys(self.query(last)).end.clamp(start, start + n_keys);
                     let weights = Weights { p: &s[g * KEY_BLOCK..], rows: group, n_keys: end - start };
                     let o = &mut state.o[g * o_stride..(g + group) * o_stride];
                     kernels.accumulate_values(weights, &alpha[g..g + group], values, o);
@@ -399,6 +467,7 @@ impl<T: Real> State<T> {
     /// Folds `other` (the same rows over other keys) into `self`: both are rescaled to the larger
     /// maximum before their sums and outputs are added.
     fn merge(&mut self, other: &State<T>) {
+        self.measured = self.measured.combine(other.measured);
         let stride = self.o_stride;
         for r in 0..self.m.len() {
             let m = self.m[r].max(other.m[r]);

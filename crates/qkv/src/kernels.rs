@@ -145,10 +145,15 @@ pub trait Kernels<T: Real>: Copy + Send + Sync {
     fn scores(self, tile: ScoreTile<'_, T>, group_keys: Option<&dyn Fn(usize) -> usize>);
 
     /// `S[r, j] = Q_r · K_j` for a few query rows `q` (row after row, `d` scalars each) straight
-    /// from the key rows `k` (each contiguous): one dot product per pair, vectorised along `d`.
-    /// For decoding, where packing the keys would cost more than using them once.
-    /// `s` holds `rows` rows of [`KEY_BLOCK`] scalars; `k` has at most `KEY_BLOCK` rows.
-    fn direct_scores(self, q: &[T], rows: usize, k: ArrayView2<T>, s: &mut [T]);
+    /// from the key rows `keys` (`n_keys · d` scalars, row after row, at most [`KEY_BLOCK`] keys):
+    /// one dot product per pair, vectorised along `d`. For decoding, where packing the keys would
+    /// cost more than using them once. `s` holds `rows` rows of `KEY_BLOCK` scalars. Returns the
+    /// keys' [`magnitude`](Self::magnitude), measured from the same loads.
+    fn direct_scores(self, q: &[T], rows: usize, keys: &[T], d: usize, s: &mut [T]) -> T;
+
+    /// The largest `|x|` of `x`, or a non-finite result (NaN or infinity) if any element of `x` is
+    /// NaN or infinite: decoding checks its keys and values with it as it reads them.
+    fn magnitude(self, x: &[T]) -> T;
 
     /// `out[r]` = the largest of the first `len` scalars of row `r` of `rows` (`len` a positive
     /// multiple of `LANES`).
@@ -266,13 +271,22 @@ macro_rules! level_kernels {
                 unsafe { entry(self, tile, group_keys) }
             }
 
-            fn direct_scores(self, q: &[$t], rows: usize, k: ndarray::ArrayView2<$t>, s: &mut [$t]) {
+            fn direct_scores(self, q: &[$t], rows: usize, keys: &[$t], d: usize, s: &mut [$t]) -> $t {
                 $(#[target_feature(enable = $features)])?
-                unsafe fn entry(level: $token, q: &[$t], rows: usize, k: ndarray::ArrayView2<$t>, s: &mut [$t]) {
-                    $crate::kernels::generic::direct_scores::<$t, $token>(level, q, rows, k, s)
+                unsafe fn entry(level: $token, q: &[$t], rows: usize, keys: &[$t], d: usize, s: &mut [$t]) -> $t {
+                    $crate::kernels::generic::direct_scores::<$t, $token>(level, q, rows, keys, d, s)
                 }
                 // SAFETY: `self` is the level's token, made only after its features were detected.
-                unsafe { entry(self, q, rows, k, s) }
+                unsafe { entry(self, q, rows, keys, d, s) }
+            }
+
+            fn magnitude(self, x: &[$t]) -> $t {
+                $(#[target_feature(enable = $features)])?
+                unsafe fn entry(level: $token, x: &[$t]) -> $t {
+                    $crate::kernels::generic::magnitude::<$t, $token>(level, x)
+                }
+                // SAFETY: `self` is the level's token, made only after its features were detected.
+                unsafe { entry(self, x) }
             }
 
             fn row_maxima(self, rows: $crate::kernels::Rows<'_, $t>, len: usize, out: &mut [$t]) {
@@ -367,6 +381,12 @@ impl<T: Element> std::ops::DerefMut for Buffer<T> {
     fn deref_mut(&mut self) -> &mut [T] {
         &mut wide::bytemuck::cast_slice_mut(&mut self.lines)[..self.len]
     }
+}
+
+/// The larger of two magnitudes (see [`Kernels::magnitude`]), NaN winning over everything, so
+/// that a non-finite input is never lost when partial magnitudes are combined.
+pub(crate) fn larger_magnitude<T: Real>(a: T, b: T) -> T {
+    if b.is_nan() || b.abs() > a { b.abs() } else { a }
 }
 
 /// Packs keys `first_key ..` (at most `width` of them) of `k` (`[n_k, d]`) into one panel of

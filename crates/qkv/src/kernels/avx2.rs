@@ -22,6 +22,10 @@ x86_simd!(
     zero = _mm256_setzero_ps, splat = _mm256_set1_ps, load = _mm256_loadu_ps, store = _mm256_storeu_ps,
     mul_add = _mm256_fmadd_ps, mul = _mm256_mul_ps, add = _mm256_add_ps, sub = _mm256_sub_ps,
     max = _mm256_max_ps,
+    fold_magnitude = |acc, x| {
+        let magnitude = _mm256_and_si256(_mm256_castps_si256(x), _mm256_set1_epi32(0x7fff_ffff));
+        _mm256_castsi256_ps(_mm256_max_epu32(_mm256_castps_si256(acc), magnitude))
+    },
     reduce_add = |v| {
         let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
         let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -32,6 +36,12 @@ x86_simd!(
         let s = _mm_max_ps(s, _mm_movehl_ps(s, s));
         _mm_cvtss_f32(_mm_max_ss(s, _mm_shuffle_ps::<1>(s, s)))
     },
+    reduce_add4 = |v| {
+        let [a, b, c, d] = v;
+        let sums = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+        let sums = _mm_add_ps(_mm256_castps256_ps128(sums), _mm256_extractf128_ps::<1>(sums));
+        std::mem::transmute::<__m128, [f32; 4]>(sums)
+    },
     exponent = |r| _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_castps_si256(r))),
 );
 
@@ -40,6 +50,14 @@ x86_simd!(
     zero = _mm256_setzero_pd, splat = _mm256_set1_pd, load = _mm256_loadu_pd, store = _mm256_storeu_pd,
     mul_add = _mm256_fmadd_pd, mul = _mm256_mul_pd, add = _mm256_add_pd, sub = _mm256_sub_pd,
     max = _mm256_max_pd,
+    // AVX2 has no 64-bit integer maximum: compare and blend (the bits are non-negative as i64).
+    fold_magnitude = |acc, x| {
+        let (acc, magnitude) = (
+            _mm256_castpd_si256(acc),
+            _mm256_and_si256(_mm256_castpd_si256(x), _mm256_set1_epi64x(0x7fff_ffff_ffff_ffff)),
+        );
+        _mm256_castsi256_pd(_mm256_blendv_epi8(acc, magnitude, _mm256_cmpgt_epi64(magnitude, acc)))
+    },
     reduce_add = |v| {
         let s = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd::<1>(v));
         _mm_cvtsd_f64(_mm_add_sd(s, _mm_unpackhi_pd(s, s)))
@@ -47,6 +65,12 @@ x86_simd!(
     reduce_max = |v| {
         let s = _mm_max_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd::<1>(v));
         _mm_cvtsd_f64(_mm_max_sd(s, _mm_unpackhi_pd(s, s)))
+    },
+    reduce_add4 = |v| {
+        let [a, b, c, d] = v;
+        let (ab, cd) = (_mm256_hadd_pd(a, b), _mm256_hadd_pd(c, d));
+        let sums = _mm256_add_pd(_mm256_permute2f128_pd::<0x20>(ab, cd), _mm256_permute2f128_pd::<0x31>(ab, cd));
+        std::mem::transmute::<__m256d, [f64; 4]>(sums)
     },
     exponent = |r| _mm256_castsi256_pd(_mm256_slli_epi64::<52>(_mm256_castpd_si256(r))),
 );

@@ -21,8 +21,22 @@ x86_simd!(
     zero = _mm512_setzero_ps, splat = _mm512_set1_ps, load = _mm512_loadu_ps, store = _mm512_storeu_ps,
     mul_add = _mm512_fmadd_ps, mul = _mm512_mul_ps, add = _mm512_add_ps, sub = _mm512_sub_ps,
     max = _mm512_max_ps,
+    fold_magnitude = |acc, x| {
+        let magnitude = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x7fff_ffff));
+        _mm512_castsi512_ps(_mm512_max_epu32(_mm512_castps_si512(acc), magnitude))
+    },
     reduce_add = |v| _mm512_reduce_add_ps(v),
     reduce_max = |v| _mm512_reduce_max_ps(v),
+    // Each vector folded to 256 bits, then the AVX2 horizontal adds.
+    reduce_add4 = |v| {
+        let [a, b, c, d] = v.map(|x| {
+            let high = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(x)));
+            _mm256_add_ps(_mm512_castps512_ps256(x), high)
+        });
+        let sums = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+        let sums = _mm_add_ps(_mm256_castps256_ps128(sums), _mm256_extractf128_ps::<1>(sums));
+        std::mem::transmute::<__m128, [f32; 4]>(sums)
+    },
     exponent = |r| _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_castps_si512(r))),
 );
 
@@ -31,8 +45,18 @@ x86_simd!(
     zero = _mm512_setzero_pd, splat = _mm512_set1_pd, load = _mm512_loadu_pd, store = _mm512_storeu_pd,
     mul_add = _mm512_fmadd_pd, mul = _mm512_mul_pd, add = _mm512_add_pd, sub = _mm512_sub_pd,
     max = _mm512_max_pd,
+    fold_magnitude = |acc, x| {
+        let magnitude = _mm512_and_si512(_mm512_castpd_si512(x), _mm512_set1_epi64(0x7fff_ffff_ffff_ffff));
+        _mm512_castsi512_pd(_mm512_max_epu64(_mm512_castpd_si512(acc), magnitude))
+    },
     reduce_add = |v| _mm512_reduce_add_pd(v),
     reduce_max = |v| _mm512_reduce_max_pd(v),
+    reduce_add4 = |v| {
+        let [a, b, c, d] = v.map(|x| _mm256_add_pd(_mm512_castpd512_pd256(x), _mm512_extractf64x4_pd::<1>(x)));
+        let (ab, cd) = (_mm256_hadd_pd(a, b), _mm256_hadd_pd(c, d));
+        let sums = _mm256_add_pd(_mm256_permute2f128_pd::<0x20>(ab, cd), _mm256_permute2f128_pd::<0x31>(ab, cd));
+        std::mem::transmute::<__m256d, [f64; 4]>(sums)
+    },
     exponent = |r| _mm512_castsi512_pd(_mm512_slli_epi64::<52>(_mm512_castpd_si512(r))),
 );
 

@@ -2,7 +2,7 @@
 //! aarch64, plain scalars elsewhere), chosen when `wide` is compiled, so it runs on every CPU of
 //! the target. 4 f32 or 2 f64 lanes in 16 registers (x86-64), no FMA on SSE2.
 
-use wide::{f32x4, f64x2, i32x4, i64x2};
+use wide::{f32x4, f64x2, i32x4, i64x2, u32x4, u64x2};
 
 use super::level_kernels;
 use super::simd::Simd;
@@ -13,7 +13,7 @@ pub struct Baseline;
 
 /// The primitives of one `wide` vector type: the same code for f32 and f64 but for the names.
 macro_rules! wide_simd {
-    ($t:ty, $v:ident, $bits:ident, $lanes:literal, $mantissa:literal) => {
+    ($t:ty, $v:ident, $int:ident, $bits:ident, $abs_mask:literal, $lanes:literal, $mantissa:literal) => {
         impl Simd<$t> for Baseline {
             type V = $v;
             const LANES: usize = $lanes;
@@ -65,6 +65,12 @@ macro_rules! wide_simd {
             }
 
             #[inline(always)]
+            fn fold_magnitude(self, acc: $v, x: $v) -> $v {
+                let magnitude: $bits = wide::bytemuck::cast::<$v, $bits>(x) & $bits::splat($abs_mask);
+                wide::bytemuck::cast(wide::bytemuck::cast::<$v, $bits>(acc).max(magnitude))
+            }
+
+            #[inline(always)]
             fn reduce_add(self, v: $v) -> $t {
                 v.reduce_add()
             }
@@ -76,14 +82,14 @@ macro_rules! wide_simd {
 
             #[inline(always)]
             fn exponent_from_rounded(self, rounded: $v) -> $v {
-                let bits: $bits = wide::bytemuck::cast(rounded);
+                let bits: $int = wide::bytemuck::cast(rounded);
                 wide::bytemuck::cast(bits << $mantissa)
             }
         }
     };
 }
-wide_simd!(f32, f32x4, i32x4, 4, 23_u32);
-wide_simd!(f64, f64x2, i64x2, 2, 52_u32);
+wide_simd!(f32, f32x4, i32x4, u32x4, 0x7fff_ffff, 4, 23_u32);
+wide_simd!(f64, f64x2, i64x2, u64x2, 0x7fff_ffff_ffff_ffff, 2, 52_u32);
 
 // 6 × 8 f32 scores (12 of the 16 registers), 6 × 2 vectors of P·V; one row of P·V takes 8 vectors.
 level_kernels!(Baseline, f32; score_tile = 6 x 2, value_tile = 6 x 2, one_row_value_vectors = 8, query_block = 48);

@@ -5,10 +5,8 @@
 //! Bounds: every load goes through a slice whose length the loop makes known (`chunks_exact`,
 //! a fixed-length reslice per row), so the compiler drops the checks from the inner loops.
 
-use ndarray::ArrayView2;
-
 use super::simd::{Simd, exp_shifted};
-use super::{KEY_BLOCK, Rows, RowsMut, ScoreTile, ValueRows, Weights};
+use super::{KEY_BLOCK, Rows, RowsMut, ScoreTile, ValueRows, Weights, larger_magnitude};
 use crate::real::Real;
 
 /// The most lanes any level has (AVX-512's 16 f32): the size of the scratch for partial vectors.
@@ -91,47 +89,104 @@ impl<T: Real> ScoreGroup<'_, T> {
 }
 
 /// See [`super::Kernels::direct_scores`]. Four keys at a time, so that four independent chains
-/// of multiply-adds hide the latency of each.
+/// of multiply-adds hide the latency of each (the last few keys go through a zero-padded copy);
+/// the first query row's pass also folds the keys' magnitudes, from the vectors it loads anyway.
 #[inline(always)]
 pub(super) fn direct_scores<T: Real, S: Simd<T>>(
     simd: S,
     q: &[T],
     rows: usize,
-    k: ArrayView2<T>,
+    keys: &[T],
+    d: usize,
     s: &mut [T],
-) {
-    let (d, lanes) = (k.ncols(), S::LANES);
-    let whole = d / lanes * lanes;
-    let dot_tail =
-        |q: &[T], key: &[T]| q[whole..].iter().zip(&key[whole..]).fold(T::zero(), |a, (&x, &y)| a + x * y);
-    let key_row = |j: usize| k.row(j).to_slice().expect("the caller passes contiguous key rows");
-    let n_keys = k.nrows();
-    let quads = n_keys / 4 * 4;
-    for j in (0..quads).step_by(4) {
-        let keys: [&[T]; 4] = std::array::from_fn(|i| &key_row(j + i)[..d]);
+) -> T {
+    let mut magnitude = simd.zero();
+    let mut tail_magnitude = T::zero();
+    let whole = d / S::LANES * S::LANES;
+    let n_keys = keys.len() / d;
+    let quads = keys.chunks_exact(4 * d);
+    let rest = quads.remainder();
+    let mut padded = vec![T::zero(); if rest.is_empty() { 0 } else { 4 * d }];
+    padded[..rest.len()].copy_from_slice(rest);
+    let last = (!rest.is_empty()).then_some(padded.as_slice());
+    for (quad, keys) in quads.chain(last).enumerate() {
+        let keys: [&[T]; 4] = std::array::from_fn(|i| &keys[i * d..(i + 1) * d]);
         for (r, q_row) in q.chunks_exact(d).take(rows).enumerate() {
-            let mut acc = [simd.zero(); 4];
-            for c in (0..whole).step_by(lanes) {
-                let x = simd.load(&q_row[c..]);
-                for (acc, key) in acc.iter_mut().zip(&keys) {
-                    *acc = simd.mul_add(x, simd.load(&key[c..]), *acc);
-                }
-            }
-            for (i, (acc, key)) in acc.iter().zip(&keys).enumerate() {
-                s[r * KEY_BLOCK + j + i] = simd.reduce_add(*acc) + dot_tail(q_row, key);
+            let dots = if r == 0 {
+                dot4::<T, S, true>(simd, q_row, keys, whole, &mut magnitude)
+            } else {
+                dot4::<T, S, false>(simd, q_row, keys, whole, &mut magnitude)
+            };
+            for (i, (dot, key)) in dots.into_iter().zip(keys).enumerate().take(n_keys - 4 * quad) {
+                let j = 4 * quad + i;
+                s[r * KEY_BLOCK + j] = if whole < d {
+                    if r == 0 {
+                        tail_magnitude =
+                            key[whole..].iter().fold(tail_magnitude, |m, &x| larger_magnitude(m, x));
+                    }
+                    dot + q_row[whole..].iter().zip(&key[whole..]).fold(T::zero(), |a, (&x, &y)| a + x * y)
+                } else {
+                    dot
+                };
             }
         }
     }
-    for j in quads..n_keys {
-        let key = &key_row(j)[..d];
-        for (r, q_row) in q.chunks_exact(d).take(rows).enumerate() {
-            let mut acc = simd.zero();
-            for c in (0..whole).step_by(lanes) {
-                acc = simd.mul_add(simd.load(&q_row[c..]), simd.load(&key[c..]), acc);
+    finish_magnitude(simd, magnitude, &[tail_magnitude])
+}
+
+/// `Q_row · K_i` over the first `whole` components (a multiple of the vector width) for four
+/// keys; with `MEASURE`, also folds the key vectors into `magnitude`.
+#[inline(always)]
+fn dot4<T: Real, S: Simd<T>, const MEASURE: bool>(
+    simd: S,
+    q_row: &[T],
+    [k0, k1, k2, k3]: [&[T]; 4],
+    whole: usize,
+    magnitude: &mut S::V,
+) -> [T; 4] {
+    // Plain slice iterators with the loads in the loop body: an iterator adapter holding the
+    // loads was left as a call, outside the level's target features.
+    let lanes = S::LANES;
+    let mut acc = [simd.zero(); 4];
+    let [q_row, k0, k1, k2, k3] = [q_row, k0, k1, k2, k3].map(|x| &x[..whole]);
+    let keys = k0
+        .chunks_exact(lanes)
+        .zip(k1.chunks_exact(lanes))
+        .zip(k2.chunks_exact(lanes))
+        .zip(k3.chunks_exact(lanes));
+    for (x, (((a, b), c), e)) in q_row.chunks_exact(lanes).zip(keys) {
+        let x = simd.load(x);
+        let k = [simd.load(a), simd.load(b), simd.load(c), simd.load(e)];
+        if MEASURE {
+            for &k in &k {
+                *magnitude = simd.fold_magnitude(*magnitude, k);
             }
-            s[r * KEY_BLOCK + j] = simd.reduce_add(acc) + dot_tail(q_row, key);
+        }
+        for (acc, k) in acc.iter_mut().zip(k) {
+            *acc = simd.mul_add(x, k, *acc);
         }
     }
+    simd.reduce_add4(acc)
+}
+
+/// See [`super::Kernels::magnitude`].
+#[inline(always)]
+pub(super) fn magnitude<T: Real, S: Simd<T>>(simd: S, x: &[T]) -> T {
+    let chunks = x.chunks_exact(S::LANES);
+    let tail = chunks.remainder();
+    let mut acc = simd.zero();
+    for chunk in chunks {
+        acc = simd.fold_magnitude(acc, simd.load(chunk));
+    }
+    finish_magnitude(simd, acc, tail)
+}
+
+/// The largest of the magnitudes folded into `acc` and those of `tail`, NaN winning over all.
+#[inline(always)]
+fn finish_magnitude<T: Real, S: Simd<T>>(simd: S, acc: S::V, tail: &[T]) -> T {
+    let mut lanes = [T::zero(); MAX_LANES];
+    simd.store(acc, &mut lanes);
+    lanes[..S::LANES].iter().chain(tail).fold(T::zero(), |m, &x| larger_magnitude(m, x))
 }
 
 /// See [`super::Kernels::row_maxima`].

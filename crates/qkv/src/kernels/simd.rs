@@ -9,7 +9,7 @@
 /// Implementations are `#[inline(always)]` wrappers of one or two instructions each. Called from
 /// a level's `#[target_feature]` entry function (the kernels are `#[inline(always)]` too), they
 /// inline into it and compile to that level's instructions.
-pub(crate) trait Simd<T: Exp2>: Copy {
+pub(crate) trait Simd<T: Exp2>: Copy + 'static {
     /// One register of `LANES` scalars.
     type V: Copy;
     /// Scalars per register.
@@ -32,10 +32,20 @@ pub(crate) trait Simd<T: Exp2>: Copy {
     fn sub(self, a: Self::V, b: Self::V) -> Self::V;
     /// Lane-wise maximum (inputs are never NaN here, so the fast form is exact).
     fn max(self, a: Self::V, b: Self::V) -> Self::V;
+    /// Folds `|x|` into `acc` lane-wise, comparing the bit patterns of the absolute values: for
+    /// non-negative floats bit order is value order, and NaN and infinity lie above every finite
+    /// value, so a non-finite element always survives (a float maximum can drop a NaN).
+    fn fold_magnitude(self, acc: Self::V, x: Self::V) -> Self::V;
     /// The sum of the lanes.
     fn reduce_add(self, v: Self::V) -> T;
     /// The largest lane.
     fn reduce_max(self, v: Self::V) -> T;
+    /// The sums of the lanes of four vectors: the levels with horizontal adds share the work of
+    /// the four reductions.
+    #[inline(always)]
+    fn reduce_add4(self, v: [Self::V; 4]) -> [T; 4] {
+        v.map(|v| self.reduce_add(v))
+    }
     /// Reinterprets each lane's bits as an integer and shifts it left by the mantissa width (23
     /// bits for f32, 52 for f64): turns `T::ROUNDING + n` (an integer `n` rounded into the low
     /// mantissa bits, see [`Exp2::ROUNDING`]) into `2^n`.

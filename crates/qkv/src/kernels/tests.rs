@@ -100,6 +100,34 @@ fn softmax_exp_of_hidden_and_tiny_scores_is_zero() {
 }
 
 #[test]
+fn magnitudes_are_exact_and_never_lose_a_non_finite_element() {
+    each_level!(f32, |kernels: K, level| {
+        for len in [0, 1, K::LANES - 1, K::LANES, 3 * K::LANES + 2, 1000] {
+            let x: Vec<f32> = (0..len).map(|i| ((i * 37) % 101) as f32 - 70.0).collect();
+            let want = x.iter().fold(0.0_f32, |m, x| m.max(x.abs()));
+            assert_eq!(kernels.magnitude(&x), want, "{level}: {len} elements");
+            // A bad element anywhere (vector lanes and tail alike), with larger finite ones after it.
+            for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+                for at in [0, len / 2, len.saturating_sub(1)].into_iter().filter(|_| len > 0) {
+                    let mut y = x.clone();
+                    y[at] = bad;
+                    y.push(1e30);
+                    let got = kernels.magnitude(&y);
+                    assert!(!got.is_finite(), "{level}: {bad} at {at} of {len} gave {got}");
+                }
+            }
+        }
+    });
+    each_level!(f64, |kernels: K, level| {
+        let mut x: Vec<f64> = (0..77).map(|i| i as f64 - 50.0).collect();
+        assert_eq!(kernels.magnitude(&x), 50.0, "{level}");
+        x[9] = f64::NAN;
+        x.push(1e300);
+        assert!(kernels.magnitude(&x).is_nan(), "{level}");
+    });
+}
+
+#[test]
 fn row_maxima_cover_every_lane() {
     each_level!(f32, |kernels: K, level| {
         let (rows, len, stride) = (5, 3 * K::LANES, 4 * K::LANES);
@@ -207,13 +235,23 @@ fn direct_scores_match_plain_loops() {
             pack_query_rows(q.view(), 0, rows, 2.0, &mut packed_q);
             let s_stride = KEY_BLOCK;
             let mut s = vec![f32::NAN; rows * s_stride];
-            kernels.direct_scores(&packed_q, rows, k.view(), &mut s);
+            let keys = k.as_slice().unwrap();
+            let magnitude = kernels.direct_scores(&packed_q, rows, keys, d, &mut s);
             for ((i, j), w) in (q.dot(&k.t()) * 2.0).indexed_iter() {
                 let got = s[i * s_stride + j];
                 assert!(
                     (got - w).abs() < 1e-4,
                     "{level}: S[{i}, {j}] = {got}, want {w} for {rows}x{n_keys}x{d}"
                 );
+            }
+            let largest = keys.iter().fold(0.0_f32, |m, x| m.max(x.abs()));
+            assert_eq!(magnitude, largest, "{level}: magnitude of the keys {rows}x{n_keys}x{d}");
+            // A non-finite key element is never lost, wherever it sits (vector lanes or tail).
+            for at in [0, keys.len() / 2, keys.len() - 1] {
+                let mut bad = keys.to_vec();
+                bad[at] = f32::NAN;
+                let magnitude = kernels.direct_scores(&packed_q, rows, &bad, d, &mut s);
+                assert!(magnitude.is_nan(), "{level}: NaN at {at} of {rows}x{n_keys}x{d} gave {magnitude}");
             }
         }
     });

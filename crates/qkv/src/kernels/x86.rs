@@ -10,7 +10,9 @@ macro_rules! x86_simd {
         $token:ty, $t:ty, $v:ty, lanes = $lanes:literal;
         zero = $zero:path, splat = $splat:path, load = $load:path, store = $store:path,
         mul_add = $mul_add:path, mul = $mul:path, add = $add:path, sub = $sub:path, max = $max:path,
+        fold_magnitude = |$acc:ident, $x:ident| $fold_magnitude:expr,
         reduce_add = |$ra:ident| $reduce_add:expr, reduce_max = |$rm:ident| $reduce_max:expr,
+        reduce_add4 = |$r4:ident| $reduce_add4:expr,
         exponent = |$ex:ident| $exponent:expr $(,)?
     ) => {
         impl $crate::kernels::simd::Simd<$t> for $token {
@@ -74,6 +76,12 @@ macro_rules! x86_simd {
             }
 
             #[inline(always)]
+            fn fold_magnitude(self, $acc: $v, $x: $v) -> $v {
+                // SAFETY: `self` proves the level's features (its `detect`).
+                unsafe { $fold_magnitude }
+            }
+
+            #[inline(always)]
             fn reduce_add(self, $ra: $v) -> $t {
                 // SAFETY: `self` proves the level's features (its `detect`).
                 unsafe { $reduce_add }
@@ -83,6 +91,12 @@ macro_rules! x86_simd {
             fn reduce_max(self, $rm: $v) -> $t {
                 // SAFETY: `self` proves the level's features (its `detect`).
                 unsafe { $reduce_max }
+            }
+
+            #[inline(always)]
+            fn reduce_add4(self, $r4: [$v; 4]) -> [$t; 4] {
+                // SAFETY: `self` proves the level's features (its `detect`).
+                unsafe { $reduce_add4 }
             }
 
             #[inline(always)]

@@ -6,7 +6,7 @@ use qkv::{AttentionOptions, CausalMask, Projections};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::problem::assert_close;
+use crate::problem::{MASK_KINDS, Problem, assert_close, error_bound, levels};
 
 fn random4(rng: &mut ChaCha8Rng, shape: (usize, usize, usize, usize)) -> Array4<f32> {
     Array4::from_shape_simple_fn(shape, || rng.random_range(-1.0..1.0))
@@ -57,4 +57,45 @@ fn self_attention_projects_then_attends() {
         err,
         "w_k has shape [6, 3] but must be [6, 4]: queries and keys meet in a dot product, so w_k needs as many columns as w_q"
     );
+}
+
+#[test]
+fn decoding_stacks_the_heads_that_share_a_kv_head() {
+    // A few queries per head and several query heads per key/value head: the heads of a group run
+    // as the rows of one problem, and each row must still take its own query's masks.
+    let mut rng = ChaCha8Rng::seed_from_u64(12);
+    for (q_heads, kv_heads, n_q, n_k) in
+        [(8, 2, 1, 2500), (6, 3, 2, 130), (4, 1, 1, 1), (32, 8, 1, 300), (2, 2, 3, 70)]
+    {
+        let (batch, d_k, d_v) = (2, 16, 24);
+        let q = random4(&mut rng, (batch, q_heads, n_q, d_k));
+        let k = random4(&mut rng, (batch, kv_heads, n_k, d_k));
+        let v = random4(&mut rng, (batch, kv_heads, n_k, d_v));
+        for mask in MASK_KINDS {
+            // Only the masks of this problem are used; its own inputs are one component wide.
+            let masked = Problem::<f32>::random(13, (n_q, n_k, 1, 1), 1.0, mask);
+            let options = masked.options();
+            for level in levels() {
+                let out =
+                    qkv::multi_head_attention(q.view(), k.view(), v.view(), &options.clone().simd(level))
+                        .unwrap();
+                for b in 0..batch {
+                    for h in 0..q_heads {
+                        let kv = h / (q_heads / kv_heads);
+                        let (qh, kh, vh) = (
+                            q.slice(s![b, h, .., ..]),
+                            k.slice(s![b, kv, .., ..]),
+                            v.slice(s![b, kv, .., ..]),
+                        );
+                        let want = qkv::reference::attention(qh, kh, vh, &options).unwrap();
+                        let (_, bound) = error_bound(&want, &vh.to_owned());
+                        let ctx = format!(
+                            "{level} {q_heads}/{kv_heads} heads, {n_q}x{n_k}, {mask:?}, batch {b} head {h}"
+                        );
+                        assert_close(&ctx, &out.slice(s![b, h, .., ..]).to_owned(), &want.output, bound);
+                    }
+                }
+            }
+        }
+    }
 }
