@@ -11,16 +11,13 @@
 //! Work is split into independent (query block, key split) items and never over a reduction.
 //! Keys are split only when there are few query blocks (decoding), into a number of splits that
 //! depends on the problem size alone, and the partial softmax states are merged in a fixed order:
-//! results are the same bit for bit whatever the number of threads. Problems below
-//! [`PARALLEL_FLOPS`] run on the calling thread.
+//! results are the same bit for bit whatever the number of threads. Small problems run on the
+//! calling thread (`work::worth_sharing`).
 //!
 //! The SIMD arithmetic lives in `kernels`, behind [`Kernels`]; this module is written once for
 //! every level and owns the tiling, the masking decisions, the online softmax and the work split.
 
 use std::ops::Range;
-
-use ndarray::{ArrayView2, ArrayViewMut2, Axis};
-use rayon::prelude::*;
 
 use crate::kernels::{
     self, Buffer, Isa, Job, KEY_BLOCK, Kernels, Rows, RowsMut, ScoreTile, ValueRows, Weights,
@@ -28,6 +25,8 @@ use crate::kernels::{
 use crate::mask::MaskSet;
 use crate::real::Real;
 use crate::shape::{Magnitudes, Shape};
+use crate::work;
+use ndarray::{ArrayView2, ArrayViewMut2, Axis};
 
 /// Problems with fewer query blocks than this also split their keys, so that every core works.
 const SPLIT_BELOW_BLOCKS: usize = 4;
@@ -37,9 +36,6 @@ const DIRECT_ROWS: usize = 4;
 const SPLIT_KEYS: usize = 1024;
 /// The most splits a query block is cut into.
 const MAX_SPLITS: usize = 16;
-/// Problems with fewer FLOPs than this run on the calling thread: handing work to the thread
-/// pool and waking its threads costs more than the second core gives back.
-pub(crate) const PARALLEL_FLOPS: f64 = 2e6;
 
 /// Whether the fast path can run a problem without any intermediate overflowing: every score
 /// (at most `scale · d · max |q| · max |k| + max |bias|`, by Cauchy-Schwarz) and every
@@ -130,48 +126,43 @@ impl<T: Real> Job<T> for Attend<'_, '_, '_, '_, T> {
         let Attend { shape, q, rows_per_query, k, v, masks, mut out } = self;
         let n_rows = q.nrows();
         let direct = decodes(n_rows, &k);
-        let parallel = shape.flops() * rows_per_query as f64 >= PARALLEL_FLOPS;
+        let parallel = work::worth_sharing(shape.flops() * rows_per_query as f64);
         let problem = Problem { shape, q, rows_per_query, k: k.as_slice().filter(|_| direct), masks };
         let splits = key_splits(n_rows, shape.n_keys, K::QUERY_BLOCK);
         let mut blocks: Vec<ArrayViewMut2<T>> = out.axis_chunks_iter_mut(Axis(0), K::QUERY_BLOCK).collect();
         if let [keys] = splits.as_slice() {
             let packed = Packed::new::<K>(k, v, keys.clone(), !direct, parallel);
-            // Zig-zag pairs: block i runs with block n-1-i, so that under a causal mask (where
-            // block i's cost grows with i) every item costs about the same; items are taken one at
-            // a time (`with_max_len(1)`) so both cores stay busy to the end.
+            // Under a causal mask block i's cost grows with i, so items are zig-zag pairs: block i
+            // with block n-1-i, every pair costing about the same. Otherwise every block is an
+            // item of its own, the finest split. Items are taken one at a time, so both cores stay
+            // busy to the end.
             let n = blocks.len();
-            let (front, back) = blocks.split_at_mut(n.div_ceil(2));
-            let mut partners = back.iter_mut().rev();
-            let pairs: Vec<_> =
-                front.iter_mut().enumerate().map(|(i, block)| (i, block, partners.next())).collect();
-            let attend_one = |b: usize, out_block: &mut ArrayViewMut2<T>| {
-                let state = problem.attend_block(
-                    kernels,
-                    &packed,
-                    b * K::QUERY_BLOCK,
-                    out_block.nrows(),
-                    keys.clone(),
-                );
-                state.write(out_block);
-                state.measured
-            };
-            let attend_pair = |(i, block, partner)| {
-                let measured = attend_one(i, block);
-                match partner {
-                    Some(partner) => measured.combine(attend_one(n - 1 - i, partner)),
-                    None => measured,
-                }
-            };
-            let measured = if parallel {
-                pairs
-                    .into_par_iter()
-                    .with_max_len(1)
-                    .map(attend_pair)
-                    .reduce(Measured::nothing, Measured::combine)
+            let items: Vec<Vec<(usize, &mut ArrayViewMut2<T>)>> = if masks.is_causal() {
+                let (front, back) = blocks.split_at_mut(n.div_ceil(2));
+                let mut partners = back.iter_mut().rev();
+                front
+                    .iter_mut()
+                    .enumerate()
+                    .map(|(i, block)| {
+                        std::iter::once((i, block)).chain(partners.next().map(|p| (n - 1 - i, p))).collect()
+                    })
+                    .collect()
             } else {
-                pairs.into_iter().map(attend_pair).fold(Measured::nothing(), Measured::combine)
+                blocks.iter_mut().enumerate().map(|item| vec![item]).collect()
             };
-            return direct.then_some(measured);
+            let attend_item = |item: Vec<(usize, &mut ArrayViewMut2<T>)>| {
+                let mut measured = Measured::nothing();
+                for (b, out_block) in item {
+                    let rows = out_block.nrows();
+                    let state =
+                        problem.attend_block(kernels, &packed, b * K::QUERY_BLOCK, rows, keys.clone());
+                    state.write(out_block);
+                    measured = measured.combine(state.measured);
+                }
+                measured
+            };
+            let measured = work::map_items(items, parallel, attend_item);
+            return direct.then(|| measured.into_iter().fold(Measured::nothing(), Measured::combine));
         }
         let rows = |b: usize| K::QUERY_BLOCK.min(n_rows - b * K::QUERY_BLOCK);
         let items: Vec<(usize, Range<usize>)> =
@@ -182,11 +173,7 @@ impl<T: Real> Job<T> for Attend<'_, '_, '_, '_, T> {
             let packed = Packed::new::<K>(k, v, keys.clone(), !direct, false);
             problem.attend_block(kernels, &packed, b * K::QUERY_BLOCK, rows(b), keys)
         };
-        let states: Vec<State<T>> = if parallel {
-            items.into_par_iter().with_max_len(1).map(attend_item).collect()
-        } else {
-            items.into_iter().map(attend_item).collect()
-        };
+        let states = work::map_items(items, parallel, attend_item);
         let mut states = states.into_iter();
         let mut measured = Measured::nothing();
         for out_block in &mut blocks {
@@ -248,22 +235,16 @@ impl<'v, T: Real> Packed<'v, T> {
         let panel_len = k.ncols() * width;
         let panels = if pack_keys { k.nrows().div_ceil(width) } else { 0 };
         let mut packed_keys = Buffer::zeros(panels * panel_len);
-        let pack_panel = |(p, panel): (usize, &mut [T])| kernels::pack_key_panel(k, p * width, width, panel);
-        if parallel {
-            // Several panels per task, and at least two tasks for a small problem (n = 256), so
-            // that half the packing goes to another thread: that thread is then awake when the
-            // query blocks are handed out. With all of it on one thread, n = 256 ran no faster
-            // on two threads than on one.
-            let per_task = (panels / 2).clamp(1, 8);
-            packed_keys.par_chunks_mut(panel_len * per_task).enumerate().for_each(|(t, chunk)| {
-                chunk
-                    .chunks_exact_mut(panel_len)
-                    .enumerate()
-                    .for_each(|(p, panel)| pack_panel((t * per_task + p, panel)))
-            });
-        } else {
-            packed_keys.chunks_exact_mut(panel_len).enumerate().for_each(pack_panel);
-        }
+        // Several panels per task, and at least two tasks for a small problem (n = 256), so that
+        // another thread can take half of the packing.
+        let per_task = (panels / 2).clamp(1, 8);
+        let tasks: Vec<(usize, &mut [T])> =
+            packed_keys.chunks_mut(panel_len * per_task).enumerate().collect();
+        work::map_items(tasks, parallel, |(t, chunk)| {
+            for (p, panel) in chunk.chunks_exact_mut(panel_len).enumerate() {
+                kernels::pack_key_panel(k, (t * per_task + p) * width, width, panel);
+            }
+        });
         let value_vectors = v.ncols().div_ceil(K::LANES);
         let value_stride = value_vectors * K::LANES;
         if v.ncols() == value_stride

@@ -234,6 +234,11 @@ impl<T: Real> MaskSet<'_, '_, T> {
         self.options.is_unmasked()
     }
 
+    /// Whether a causal mask applies (block costs then grow along the queries).
+    pub(crate) fn is_causal(&self) -> bool {
+        self.options.causal.is_some()
+    }
+
     /// Whether a mask beyond the causal one (keep-mask, padding, bias) applies, so that a tile
     /// inside the causal range still needs [`Self::apply_row`].
     pub(crate) fn has_elementwise_masks(&self) -> bool {

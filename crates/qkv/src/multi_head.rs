@@ -2,7 +2,6 @@
 //! (several query heads sharing one key/value head; multi-query attention is one shared head).
 
 use ndarray::{Array2, Array3, Array4, ArrayView4, ArrayViewMut2, s};
-use rayon::prelude::*;
 
 use crate::attention::{decode_checked, run};
 use crate::error::AttentionError;
@@ -12,6 +11,7 @@ use crate::mask::{AttentionOptions, MaskSet};
 use crate::real::Real;
 use crate::shape::{Magnitudes, Shape, finite_magnitude};
 use crate::simd;
+use crate::work;
 
 /// Attention for every (batch, query head) pair.
 ///
@@ -77,11 +77,9 @@ pub fn multi_head_attention<T: Real>(
             None,
         )
     };
-    if work >= flash::PARALLEL_FLOPS {
-        heads.par_iter_mut().enumerate().try_for_each(attend_head)?;
-    } else {
-        heads.iter_mut().enumerate().try_for_each(attend_head)?;
-    }
+    let items: Vec<(usize, &mut ArrayViewMut2<T>)> = heads.iter_mut().enumerate().collect();
+    // In head order, so that the error reported is the same whichever thread found it first.
+    work::map_items(items, work::worth_sharing(work), attend_head).into_iter().collect::<Result<(), _>>()?;
     drop(heads);
     Ok(into_heads(out, batch, query_heads))
 }
@@ -130,12 +128,8 @@ fn decode_stacked<T: Real>(
         (stacked_out, decode_checked(shape, queries, measured, masks))
     };
     let steps: Vec<(usize, usize)> = (0..batch).flat_map(|b| (0..kv_heads).map(move |kv| (b, kv))).collect();
-    let results: Vec<(Array2<T>, bool)> =
-        if shape.flops() * (batch * query_heads) as f64 >= flash::PARALLEL_FLOPS {
-            steps.par_iter().copied().map(step).collect()
-        } else {
-            steps.iter().copied().map(step).collect()
-        };
+    let share = work::worth_sharing(shape.flops() * (batch * query_heads) as f64);
+    let results = work::map_items(steps.clone(), share, step);
     for (&(b, kv), (stacked_out, _)) in steps.iter().zip(&results) {
         for (r, row) in stacked_out.outer_iter().enumerate() {
             out.slice_mut(s![b * query_heads + kv * group + r % group, r / group, ..]).assign(&row);

@@ -68,14 +68,15 @@ impl<T: Real> ScoreGroup<'_, T> {
     fn run<S: Simd<T>, const MR: usize, const NV: usize, const NP: usize>(self, simd: S) {
         let lanes = S::LANES;
         let mut acc = [[simd.zero(); NV]; MR];
-        for (a, b) in self.q.chunks_exact(MR).zip(self.panel.chunks_exact(NP * lanes)) {
-            let b: [S::V; NV] = std::array::from_fn(|v| simd.load(&b[v * lanes..]));
-            for r in 0..MR {
-                let x = simd.splat(a[r]);
-                for v in 0..NV {
-                    acc[r][v] = simd.mul_add(x, b[v], acc[r][v]);
-                }
-            }
+        // Two components per iteration: half the loop's own instructions and exits.
+        let (q_pairs, panel_pairs) = (self.q.chunks_exact(2 * MR), self.panel.chunks_exact(2 * NP * lanes));
+        let (q_last, panel_last) = (q_pairs.remainder(), panel_pairs.remainder());
+        for (a, b) in q_pairs.zip(panel_pairs) {
+            score_step::<T, S, MR, NV>(simd, &mut acc, &a[..MR], &b[..NP * lanes]);
+            score_step::<T, S, MR, NV>(simd, &mut acc, &a[MR..], &b[NP * lanes..]);
+        }
+        if !q_last.is_empty() {
+            score_step::<T, S, MR, NV>(simd, &mut acc, q_last, panel_last);
         }
         for (r, acc) in acc.iter().enumerate() {
             let row = &mut self.s[r * KEY_BLOCK..][..NV * lanes];
@@ -88,9 +89,27 @@ impl<T: Real> ScoreGroup<'_, T> {
     }
 }
 
-/// See [`super::Kernels::direct_scores`]. Four keys at a time, so that four independent chains
-/// of multiply-adds hide the latency of each (the last few keys go through a zero-padded copy);
-/// the first query row's pass also folds the keys' magnitudes, from the vectors it loads anyway.
+/// One component `c` of a score tile: `acc[r][v] += Q[r, c] · K[c, v]`.
+#[inline(always)]
+fn score_step<T: Real, S: Simd<T>, const MR: usize, const NV: usize>(
+    simd: S,
+    acc: &mut [[S::V; NV]; MR],
+    q: &[T],
+    panel: &[T],
+) {
+    let lanes = S::LANES;
+    let k: [S::V; NV] = std::array::from_fn(|v| simd.load(&panel[v * lanes..]));
+    for (acc, &q) in acc.iter_mut().zip(&q[..MR]) {
+        let x = simd.splat(q);
+        for (acc, &k) in acc.iter_mut().zip(&k) {
+            *acc = simd.mul_add(x, k, *acc);
+        }
+    }
+}
+
+/// See [`super::Kernels::direct_scores`]: at most four query rows. Register tiles of `R` rows ×
+/// `N` keys (eight accumulators, independent chains that hide the multiply-add latency); each key
+/// vector is loaded once for all rows and folded into the keys' magnitude from the same load.
 #[inline(always)]
 pub(super) fn direct_scores<T: Real, S: Simd<T>>(
     simd: S,
@@ -100,73 +119,79 @@ pub(super) fn direct_scores<T: Real, S: Simd<T>>(
     d: usize,
     s: &mut [T],
 ) -> T {
-    let mut magnitude = simd.zero();
-    let mut tail_magnitude = T::zero();
-    let whole = d / S::LANES * S::LANES;
+    match rows {
+        1 => direct_rows::<T, S, 1, 8>(simd, q, keys, d, s),
+        2 => direct_rows::<T, S, 2, 4>(simd, q, keys, d, s),
+        3 => direct_rows::<T, S, 3, 2>(simd, q, keys, d, s),
+        4 => direct_rows::<T, S, 4, 2>(simd, q, keys, d, s),
+        _ => panic!("direct scores take at most four query rows, not {rows}"),
+    }
+}
+
+/// [`direct_scores`] for exactly `R` query rows, `N` keys at a time (the last few through a
+/// zero-padded copy); `R · N` is at most 8.
+#[inline(always)]
+fn direct_rows<T: Real, S: Simd<T>, const R: usize, const N: usize>(
+    simd: S,
+    q: &[T],
+    keys: &[T],
+    d: usize,
+    s: &mut [T],
+) -> T {
+    let lanes = S::LANES;
+    let vectors = d / lanes;
+    let whole = vectors * lanes;
     let n_keys = keys.len() / d;
-    let quads = keys.chunks_exact(4 * d);
-    let rest = quads.remainder();
-    let mut padded = vec![T::zero(); if rest.is_empty() { 0 } else { 4 * d }];
+    let q_rows: [&[T]; R] = std::array::from_fn(|r| &q[r * d..(r + 1) * d]);
+    let groups = keys.chunks_exact(N * d);
+    let rest = groups.remainder();
+    let mut padded = vec![T::zero(); if rest.is_empty() { 0 } else { N * d }];
     padded[..rest.len()].copy_from_slice(rest);
     let last = (!rest.is_empty()).then_some(padded.as_slice());
-    for (quad, keys) in quads.chain(last).enumerate() {
-        let keys: [&[T]; 4] = std::array::from_fn(|i| &keys[i * d..(i + 1) * d]);
-        for (r, q_row) in q.chunks_exact(d).take(rows).enumerate() {
-            let dots = if r == 0 {
-                dot4::<T, S, true>(simd, q_row, keys, whole, &mut magnitude)
-            } else {
-                dot4::<T, S, false>(simd, q_row, keys, whole, &mut magnitude)
-            };
-            for (i, (dot, key)) in dots.into_iter().zip(keys).enumerate().take(n_keys - 4 * quad) {
-                let j = 4 * quad + i;
-                s[r * KEY_BLOCK + j] = if whole < d {
+    let (mut magnitude, mut tail_magnitude) = (simd.zero(), T::zero());
+    for (group, keys) in groups.chain(last).enumerate() {
+        let key_rows: [&[T]; N] = std::array::from_fn(|i| &keys[i * d..(i + 1) * d]);
+        let mut acc = [[simd.zero(); N]; R];
+        for c in 0..vectors {
+            let at = c * lanes;
+            let k: [S::V; N] = std::array::from_fn(|i| simd.load(&key_rows[i][at..at + lanes]));
+            for &k in &k {
+                magnitude = simd.fold_magnitude(magnitude, k);
+            }
+            for (acc, q_row) in acc.iter_mut().zip(&q_rows) {
+                let x = simd.load(&q_row[at..at + lanes]);
+                for (acc, &k) in acc.iter_mut().zip(&k) {
+                    *acc = simd.mul_add(x, k, *acc);
+                }
+            }
+        }
+        // The R·N dot products, reduced four at a time.
+        let mut flat = [simd.zero(); 8];
+        for (r, acc) in acc.iter().enumerate() {
+            flat[r * N..(r + 1) * N].copy_from_slice(acc);
+        }
+        let mut dots = [T::zero(); 8];
+        dots[..4].copy_from_slice(&simd.reduce_add4([flat[0], flat[1], flat[2], flat[3]]));
+        if R * N > 4 {
+            dots[4..].copy_from_slice(&simd.reduce_add4([flat[4], flat[5], flat[6], flat[7]]));
+        }
+        let real = N.min(n_keys - N * group);
+        for (r, q_row) in q_rows.iter().enumerate() {
+            let out = &mut s[r * KEY_BLOCK + N * group..][..real];
+            for (i, (out, key)) in out.iter_mut().zip(&key_rows).enumerate() {
+                let mut dot = dots[r * N + i];
+                if whole < d {
                     if r == 0 {
                         tail_magnitude =
                             key[whole..].iter().fold(tail_magnitude, |m, &x| larger_magnitude(m, x));
                     }
-                    dot + q_row[whole..].iter().zip(&key[whole..]).fold(T::zero(), |a, (&x, &y)| a + x * y)
-                } else {
-                    dot
-                };
+                    dot = q_row[whole..].iter().zip(&key[whole..]).fold(dot, |a, (&x, &y)| a + x * y);
+                }
+                *out = dot;
             }
         }
     }
     finish_magnitude(simd, magnitude, &[tail_magnitude])
-}
-
-/// `Q_row · K_i` over the first `whole` components (a multiple of the vector width) for four
-/// keys; with `MEASURE`, also folds the key vectors into `magnitude`.
-#[inline(always)]
-fn dot4<T: Real, S: Simd<T>, const MEASURE: bool>(
-    simd: S,
-    q_row: &[T],
-    [k0, k1, k2, k3]: [&[T]; 4],
-    whole: usize,
-    magnitude: &mut S::V,
-) -> [T; 4] {
-    // Plain slice iterators with the loads in the loop body: an iterator adapter holding the
-    // loads was left as a call, outside the level's target features.
-    let lanes = S::LANES;
-    let mut acc = [simd.zero(); 4];
-    let [q_row, k0, k1, k2, k3] = [q_row, k0, k1, k2, k3].map(|x| &x[..whole]);
-    let keys = k0
-        .chunks_exact(lanes)
-        .zip(k1.chunks_exact(lanes))
-        .zip(k2.chunks_exact(lanes))
-        .zip(k3.chunks_exact(lanes));
-    for (x, (((a, b), c), e)) in q_row.chunks_exact(lanes).zip(keys) {
-        let x = simd.load(x);
-        let k = [simd.load(a), simd.load(b), simd.load(c), simd.load(e)];
-        if MEASURE {
-            for &k in &k {
-                *magnitude = simd.fold_magnitude(*magnitude, k);
-            }
-        }
-        for (acc, k) in acc.iter_mut().zip(k) {
-            *acc = simd.mul_add(x, k, *acc);
-        }
-    }
-    simd.reduce_add4(acc)
 }
 
 /// See [`super::Kernels::magnitude`].
