@@ -29,6 +29,8 @@ pub struct Row {
 
 /// The implementation name of the streaming-read rows.
 const STREAM: &str = "streaming read";
+/// The shape name of the GEMM ceiling's row.
+const CEILING: &str = "f32 GEMM";
 
 impl Row {
     pub fn new(case: &Case, implementation: &str, threads: usize, m: &Measurement) -> Row {
@@ -47,7 +49,7 @@ impl Row {
     /// The GEMM ceiling as a row of its own (shape `f32 GEMM`, no attention sizes).
     pub fn ceiling(c: &Ceiling, threads: usize) -> Row {
         Row {
-            shape: "f32 GEMM".into(),
+            shape: CEILING.into(),
             implementation: c.label.clone(),
             case: Case { batch: 1, heads: 1, kv_heads: 1, n_q: 0, n_k: 0, d: 0, causal: false },
             threads,
@@ -76,9 +78,9 @@ impl Row {
         self.implementation.starts_with("qkv")
     }
 
-    /// A peer that computes attention (not qkv, not the streaming read).
+    /// A peer that computes attention (not qkv, the streaming read or the GEMM ceiling).
     pub fn is_peer(&self) -> bool {
-        !self.is_qkv() && self.implementation != STREAM
+        !self.is_qkv() && self.implementation != STREAM && self.shape != CEILING
     }
 
     pub fn is_torch(&self) -> bool {

@@ -14,8 +14,7 @@ use plotters::style::text_anchor::{HPos, VPos};
 use crate::axes::{Axis, Plot, dashes};
 use crate::figure::{Draw, DrawResult, render};
 use crate::theme::{
-    LABEL_SIZE, LegendItem, MARGIN, MARKER, anchored, draw_frame, draw_legend, legend_height, measure,
-    palette, text,
+    LABEL_SIZE, LegendItem, MARGIN, MARKER, anchored, draw_frame_and_legend, measure, palette, text,
 };
 use crate::{Figure, PlotError, Scale, Size, ticks, validate};
 
@@ -128,12 +127,8 @@ impl Draw for Checked<'_> {
 
     fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult<DB> {
         let spec = self.spec;
-        let top = draw_frame(root, &spec.title)?;
-        let (width, height) = root.dim_in_pixel();
-        let (width, height) = (width as i32, height as i32);
         let items = self.legend();
-        draw_legend(root, &items, width / 2, top, width - 2 * MARGIN)?;
-        let top = top + legend_height(&items, width - 2 * MARGIN);
+        let (top, width, height) = draw_frame_and_legend(root, &spec.title, &items)?;
 
         // The category axis runs from 0 (bottom) to n (top); category i fills [n - i - 1, n - i].
         let n = spec.categories.len();

@@ -4,7 +4,7 @@
 use std::arch::x86_64::*;
 
 use super::level_kernels;
-use super::x86::x86_simd;
+use super::x86::{sum4_pd, sum4_ps, x86_simd};
 
 /// Proof that this CPU runs AVX2 and FMA: only [`Avx2::detect`] makes one.
 #[derive(Debug, Clone, Copy)]
@@ -36,12 +36,7 @@ x86_simd!(
         let s = _mm_max_ps(s, _mm_movehl_ps(s, s));
         _mm_cvtss_f32(_mm_max_ss(s, _mm_shuffle_ps::<1>(s, s)))
     },
-    reduce_add4 = |v| {
-        let [a, b, c, d] = v;
-        let sums = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
-        let sums = _mm_add_ps(_mm256_castps256_ps128(sums), _mm256_extractf128_ps::<1>(sums));
-        std::mem::transmute::<__m128, [f32; 4]>(sums)
-    },
+    reduce_add4 = |v| sum4_ps(v),
     exponent = |r| _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_castps_si256(r))),
 );
 
@@ -66,12 +61,7 @@ x86_simd!(
         let s = _mm_max_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd::<1>(v));
         _mm_cvtsd_f64(_mm_max_sd(s, _mm_unpackhi_pd(s, s)))
     },
-    reduce_add4 = |v| {
-        let [a, b, c, d] = v;
-        let (ab, cd) = (_mm256_hadd_pd(a, b), _mm256_hadd_pd(c, d));
-        let sums = _mm256_add_pd(_mm256_permute2f128_pd::<0x20>(ab, cd), _mm256_permute2f128_pd::<0x31>(ab, cd));
-        std::mem::transmute::<__m256d, [f64; 4]>(sums)
-    },
+    reduce_add4 = |v| sum4_pd(v),
     exponent = |r| _mm256_castsi256_pd(_mm256_slli_epi64::<52>(_mm256_castpd_si256(r))),
 );
 

@@ -3,7 +3,7 @@
 use std::arch::x86_64::*;
 
 use super::level_kernels;
-use super::x86::x86_simd;
+use super::x86::{sum4_pd, sum4_ps, x86_simd};
 
 /// Proof that this CPU runs AVX-512F: only [`Avx512::detect`] makes one.
 #[derive(Debug, Clone, Copy)]
@@ -14,6 +14,31 @@ impl Avx512 {
     pub(crate) fn detect() -> Option<Avx512> {
         is_x86_feature_detected!("avx512f").then_some(Avx512(()))
     }
+}
+
+/// The two 256-bit halves of `x` added: 8 lanes with the sums of its 16.
+///
+/// # Safety
+/// The CPU must run AVX-512F (the caller holds an [`Avx512`] token).
+#[inline(always)]
+unsafe fn fold_ps(x: __m512) -> __m256 {
+    // SAFETY: the caller guarantees AVX-512F.
+    unsafe {
+        _mm256_add_ps(
+            _mm512_castps512_ps256(x),
+            _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(x))),
+        )
+    }
+}
+
+/// The two 256-bit halves of `x` added (see [`fold_ps`]).
+///
+/// # Safety
+/// The CPU must run AVX-512F (the caller holds an [`Avx512`] token).
+#[inline(always)]
+unsafe fn fold_pd(x: __m512d) -> __m256d {
+    // SAFETY: the caller guarantees AVX-512F.
+    unsafe { _mm256_add_pd(_mm512_castpd512_pd256(x), _mm512_extractf64x4_pd::<1>(x)) }
 }
 
 x86_simd!(
@@ -28,15 +53,7 @@ x86_simd!(
     reduce_add = |v| _mm512_reduce_add_ps(v),
     reduce_max = |v| _mm512_reduce_max_ps(v),
     // Each vector folded to 256 bits, then the AVX2 horizontal adds.
-    reduce_add4 = |v| {
-        let [a, b, c, d] = v.map(|x| {
-            let high = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(x)));
-            _mm256_add_ps(_mm512_castps512_ps256(x), high)
-        });
-        let sums = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
-        let sums = _mm_add_ps(_mm256_castps256_ps128(sums), _mm256_extractf128_ps::<1>(sums));
-        std::mem::transmute::<__m128, [f32; 4]>(sums)
-    },
+    reduce_add4 = |v| sum4_ps([fold_ps(v[0]), fold_ps(v[1]), fold_ps(v[2]), fold_ps(v[3])]),
     exponent = |r| _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_castps_si512(r))),
 );
 
@@ -51,12 +68,7 @@ x86_simd!(
     },
     reduce_add = |v| _mm512_reduce_add_pd(v),
     reduce_max = |v| _mm512_reduce_max_pd(v),
-    reduce_add4 = |v| {
-        let [a, b, c, d] = v.map(|x| _mm256_add_pd(_mm512_castpd512_pd256(x), _mm512_extractf64x4_pd::<1>(x)));
-        let (ab, cd) = (_mm256_hadd_pd(a, b), _mm256_hadd_pd(c, d));
-        let sums = _mm256_add_pd(_mm256_permute2f128_pd::<0x20>(ab, cd), _mm256_permute2f128_pd::<0x31>(ab, cd));
-        std::mem::transmute::<__m256d, [f64; 4]>(sums)
-    },
+    reduce_add4 = |v| sum4_pd([fold_pd(v[0]), fold_pd(v[1]), fold_pd(v[2]), fold_pd(v[3])]),
     exponent = |r| _mm512_castsi512_pd(_mm512_slli_epi64::<52>(_mm512_castpd_si512(r))),
 );
 

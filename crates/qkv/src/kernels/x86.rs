@@ -1,5 +1,8 @@
 //! What the two x86-64 intrinsic levels share: their [`Simd`](super::simd::Simd) implementations
-//! are the same code but for the intrinsics' names, written once in [`x86_simd!`].
+//! are the same code but for the intrinsics' names, written once in [`x86_simd!`], and the
+//! four-way horizontal sums.
+
+use std::arch::x86_64::*;
 
 /// Implements `Simd<$t>` for a level token with the given intrinsics. Every primitive is an
 /// `unsafe` intrinsic call, sound for the same two reasons: the token exists only after its
@@ -108,3 +111,33 @@ macro_rules! x86_simd {
     };
 }
 pub(super) use x86_simd;
+
+/// The lane sums of four 256-bit f32 vectors, with horizontal adds: the AVX2 level's
+/// `reduce_add4`, and the AVX-512 level's once it has folded each vector to 256 bits.
+///
+/// # Safety
+/// The CPU must run AVX (both callers hold a token that proves it).
+#[inline(always)]
+pub(super) unsafe fn sum4_ps([a, b, c, d]: [__m256; 4]) -> [f32; 4] {
+    // SAFETY: the caller guarantees AVX.
+    unsafe {
+        let sums = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+        let sums = _mm_add_ps(_mm256_castps256_ps128(sums), _mm256_extractf128_ps::<1>(sums));
+        std::mem::transmute::<__m128, [f32; 4]>(sums)
+    }
+}
+
+/// The lane sums of four 256-bit f64 vectors (see [`sum4_ps`]).
+///
+/// # Safety
+/// The CPU must run AVX (both callers hold a token that proves it).
+#[inline(always)]
+pub(super) unsafe fn sum4_pd([a, b, c, d]: [__m256d; 4]) -> [f64; 4] {
+    // SAFETY: the caller guarantees AVX.
+    unsafe {
+        let (ab, cd) = (_mm256_hadd_pd(a, b), _mm256_hadd_pd(c, d));
+        let sums =
+            _mm256_add_pd(_mm256_permute2f128_pd::<0x20>(ab, cd), _mm256_permute2f128_pd::<0x31>(ab, cd));
+        std::mem::transmute::<__m256d, [f64; 4]>(sums)
+    }
+}
