@@ -1,15 +1,18 @@
 //! Times small problems, to choose the size below which the engine keeps its work on the calling
-//! thread (`PARALLEL_FLOPS` in `crates/qkv/src/work.rs`). Build it twice, once sharing every
+//! thread (`SHARE_ABOVE_US` in `crates/qkv/src/work.rs`). Build it twice, once sharing every
 //! problem with the pool and once sharing none, and compare the columns:
 //!
 //! ```sh
-//! QKV_PARALLEL_FLOPS=0 cargo run --release -p qkv-bench --example threshold > /tmp/share.txt
-//! QKV_PARALLEL_FLOPS=1000000000000 cargo run --release -p qkv-bench --example threshold > /tmp/inline.txt
+//! QKV_SHARE_ABOVE_US=0 cargo run --release -p qkv-bench --example threshold > /tmp/share.txt
+//! QKV_SHARE_ABOVE_US=1000000000 cargo run --release -p qkv-bench --example threshold > /tmp/inline.txt
 //! paste /tmp/share.txt /tmp/inline.txt
 //! ```
 //!
 //! Each line: the shape, its FLOPs, and the median of many calls in microseconds (and the
-//! fastest tenth, which shows the calls where the second thread was awake in time).
+//! fastest tenth, which shows the calls where the second thread was awake in time). Before each
+//! call the program sleeps `PAUSE_US` microseconds (the first argument, 200 by default), so that
+//! the pool's threads have gone back to sleep, as between the calls of a program that does other
+//! work; `threshold 0` times calls back to back, with the threads still awake.
 
 use ndarray::{Array2, Array4};
 use qkv::AttentionOptions;
@@ -18,6 +21,7 @@ use qkv::AttentionOptions;
 type Shape = (String, usize, Box<dyn Fn()>);
 
 fn main() {
+    let pause: u64 = std::env::args().nth(1).map_or(200, |a| a.parse().expect("PAUSE_US, a whole number"));
     let d = 64;
     let value = |i: usize, j: usize| (((i * 31 + j * 17) % 29) as f32 - 14.0) / 14.0;
     let single = |n_q: usize, n_k: usize| {
@@ -55,12 +59,13 @@ fn main() {
         run();
         let once = std::time::Instant::now();
         run();
-        // About half a second per shape, with a pause before each call so that the pool's
-        // threads go back to sleep, as they do between the calls of a real program.
+        // About half a second per shape.
         let calls = (0.5 / once.elapsed().as_secs_f64().max(1e-6)).clamp(20.0, 2000.0) as usize;
         let mut times: Vec<f64> = (0..calls)
             .map(|_| {
-                std::thread::sleep(std::time::Duration::from_micros(200));
+                if pause > 0 {
+                    std::thread::sleep(std::time::Duration::from_micros(pause));
+                }
                 let start = std::time::Instant::now();
                 run();
                 start.elapsed().as_secs_f64() * 1e6

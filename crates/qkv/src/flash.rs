@@ -18,6 +18,7 @@
 //! every level and owns the tiling, the masking decisions, the online softmax and the work split.
 
 use std::ops::Range;
+use std::sync::OnceLock;
 
 use crate::kernels::{
     self, Buffer, Isa, Job, KEY_BLOCK, Kernels, Rows, RowsMut, ScoreTile, ValueRows, Weights,
@@ -126,12 +127,12 @@ impl<T: Real> Job<T> for Attend<'_, '_, '_, '_, T> {
         let Attend { shape, q, rows_per_query, k, v, masks, mut out } = self;
         let n_rows = q.nrows();
         let direct = decodes(n_rows, &k);
-        let parallel = work::worth_sharing(shape.flops() * rows_per_query as f64);
+        let parallel = work::worth_sharing(shape.flops() * rows_per_query as f64, direct);
         let problem = Problem { shape, q, rows_per_query, k: k.as_slice().filter(|_| direct), masks };
         let splits = key_splits(n_rows, shape.n_keys, K::QUERY_BLOCK);
         let mut blocks: Vec<ArrayViewMut2<T>> = out.axis_chunks_iter_mut(Axis(0), K::QUERY_BLOCK).collect();
         if let [keys] = splits.as_slice() {
-            let packed = Packed::new::<K>(k, v, keys.clone(), !direct, parallel);
+            let packed = Packed::new::<K>(k, v, keys.clone(), !direct);
             // Under a causal mask block i's cost grows with i, so items are zig-zag pairs: block i
             // with block n-1-i, every pair costing about the same. Otherwise every block is an
             // item of its own, the finest split. Items are taken one at a time, so both cores stay
@@ -170,7 +171,7 @@ impl<T: Real> Job<T> for Attend<'_, '_, '_, '_, T> {
         let attend_item = |(b, keys): (usize, Range<usize>)| {
             // Each task packs its own keys: they are read by few query rows, and a small buffer
             // per task stays in cache where one large one per call would not.
-            let packed = Packed::new::<K>(k, v, keys.clone(), !direct, false);
+            let packed = Packed::new::<K>(k, v, keys.clone(), !direct);
             problem.attend_block(kernels, &packed, b * K::QUERY_BLOCK, rows(b), keys)
         };
         let states = work::map_items(items, parallel, attend_item);
@@ -203,12 +204,19 @@ fn key_splits(n_rows: usize, n_keys: usize, query_block: usize) -> Vec<Range<usi
 }
 
 /// Keys and values `first_key ..` in the layouts the kernels read.
-struct Packed<'v, T: Real> {
+struct Packed<'a, T: Real> {
     first_key: usize,
-    /// Key panels (see `kernels::pack_key_panel`), zero-padded to whole panels.
-    keys: Buffer<T>,
+    /// The keys from `first_key` on, as the caller passed them.
+    k: ArrayView2<'a, T>,
+    /// Keys per packed panel, the level's `KEY_PANEL`.
+    key_panel: usize,
+    /// The packed panels (see `kernels::pack_key_panel`) of each block of `KEY_BLOCK` keys,
+    /// zero-padded to whole panels. The first task that needs a block packs it, so packing is
+    /// shared out with the work that uses it, in the same round of work items (a round of its
+    /// own would end waiting for a pool thread that was still waking up). Empty when decoding.
+    key_blocks: Vec<OnceLock<Buffer<T>>>,
     /// Value rows, `value_stride` scalars apart.
-    values: Values<'v, T>,
+    values: Values<'a, T>,
     value_stride: usize,
     /// Vectors per value row.
     value_vectors: usize,
@@ -221,48 +229,44 @@ enum Values<'v, T: Real> {
     Packed(Buffer<T>),
 }
 
-impl<'v, T: Real> Packed<'v, T> {
+impl<'a, T: Real> Packed<'a, T> {
     fn new<K: Kernels<T>>(
-        k: ArrayView2<T>,
-        v: ArrayView2<'v, T>,
+        k: ArrayView2<'a, T>,
+        v: ArrayView2<'a, T>,
         keys: Range<usize>,
         pack_keys: bool,
-        parallel: bool,
     ) -> Self {
         let first_key = keys.start;
-        let (k, v) = (k.slice(ndarray::s![keys.clone(), ..]), v.slice_move(ndarray::s![keys, ..]));
-        let width = K::KEY_PANEL;
-        let panel_len = k.ncols() * width;
-        let panels = if pack_keys { k.nrows().div_ceil(width) } else { 0 };
-        let mut packed_keys = Buffer::zeros(panels * panel_len);
-        // Several panels per task, and at least two tasks for a small problem (n = 256), so that
-        // another thread can take half of the packing.
-        let per_task = (panels / 2).clamp(1, 8);
-        let tasks: Vec<(usize, &mut [T])> =
-            packed_keys.chunks_mut(panel_len * per_task).enumerate().collect();
-        work::map_items(tasks, parallel, |(t, chunk)| {
-            for (p, panel) in chunk.chunks_exact_mut(panel_len).enumerate() {
-                kernels::pack_key_panel(k, (t * per_task + p) * width, width, panel);
-            }
-        });
+        let (k, v) = (k.slice_move(ndarray::s![keys.clone(), ..]), v.slice_move(ndarray::s![keys, ..]));
+        let blocks = if pack_keys { k.nrows().div_ceil(KEY_BLOCK) } else { 0 };
+        let key_blocks = (0..blocks).map(|_| OnceLock::new()).collect();
         let value_vectors = v.ncols().div_ceil(K::LANES);
         let value_stride = value_vectors * K::LANES;
-        if v.ncols() == value_stride
-            && let Some(values) = v.to_slice()
-        {
-            return Packed {
-                first_key,
-                keys: packed_keys,
-                values: Values::Borrowed(values),
-                value_stride,
-                value_vectors,
-            };
-        }
-        let mut values = Buffer::zeros(v.nrows() * value_stride);
-        for (row, out) in v.rows().into_iter().zip(values.chunks_exact_mut(value_stride)) {
-            kernels::pack_value_row(row, out);
-        }
-        Packed { first_key, keys: packed_keys, values: Values::Packed(values), value_stride, value_vectors }
+        let values = match v.to_slice() {
+            Some(values) if v.ncols() == value_stride => Values::Borrowed(values),
+            _ => {
+                let mut values = Buffer::zeros(v.nrows() * value_stride);
+                for (row, out) in v.rows().into_iter().zip(values.chunks_exact_mut(value_stride)) {
+                    kernels::pack_value_row(row, out);
+                }
+                Values::Packed(values)
+            }
+        };
+        Packed { first_key, k, key_panel: K::KEY_PANEL, key_blocks, values, value_stride, value_vectors }
+    }
+
+    /// The packed panels of the key block starting at key `start`, packed now if no task has yet.
+    fn key_block(&self, start: usize) -> &[T] {
+        let offset = start - self.first_key;
+        self.key_blocks[offset / KEY_BLOCK].get_or_init(|| {
+            let (width, d) = (self.key_panel, self.k.ncols());
+            let n_keys = KEY_BLOCK.min(self.k.nrows() - offset);
+            let mut panels = Buffer::zeros(n_keys.div_ceil(width) * width * d);
+            for (p, panel) in panels.chunks_exact_mut(width * d).enumerate() {
+                kernels::pack_key_panel(self.k, offset + p * width, width, panel);
+            }
+            panels
+        })
     }
 
     /// The values of key `key` onwards, as the `P·V` kernel reads them.
@@ -364,7 +368,6 @@ impl<T: Real> Problem<'_, '_, '_, T> {
                     kernels.direct_scores(&q, rows, &k[start * d..(start + n_keys) * d], d, &mut s);
                 state.measured.keys = kernels::larger_magnitude(state.measured.keys, magnitude);
             } else {
-                let panel0 = (start - packed.first_key) / K::KEY_PANEL * d * K::KEY_PANEL;
                 let group_keys = |g: usize| {
                     let last = first + (g + K::TILE_ROWS).min(rows) - 1;
                     masks.visible_keys(self.query(last)).end.saturating_sub(start)
@@ -373,7 +376,7 @@ impl<T: Real> Problem<'_, '_, '_, T> {
                     q: &q,
                     d,
                     rows: padded,
-                    keys: &packed.keys[panel0..],
+                    keys: packed.key_block(start),
                     panels,
                     s: &mut s,
                     row_max: &mut row_max,

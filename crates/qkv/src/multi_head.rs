@@ -79,7 +79,10 @@ pub fn multi_head_attention<T: Real>(
     };
     let items: Vec<(usize, &mut ArrayViewMut2<T>)> = heads.iter_mut().enumerate().collect();
     // In head order, so that the error reported is the same whichever thread found it first.
-    work::map_items(items, work::worth_sharing(work), attend_head).into_iter().collect::<Result<(), _>>()?;
+    let decoding = flash::decodes(n_queries, &k.slice(s![0, 0, .., ..]));
+    work::map_items(items, work::worth_sharing(work, decoding), attend_head)
+        .into_iter()
+        .collect::<Result<(), _>>()?;
     drop(heads);
     Ok(into_heads(out, batch, query_heads))
 }
@@ -128,7 +131,7 @@ fn decode_stacked<T: Real>(
         (stacked_out, decode_checked(shape, queries, measured, masks))
     };
     let steps: Vec<(usize, usize)> = (0..batch).flat_map(|b| (0..kv_heads).map(move |kv| (b, kv))).collect();
-    let share = work::worth_sharing(shape.flops() * (batch * query_heads) as f64);
+    let share = work::worth_sharing(shape.flops() * (batch * query_heads) as f64, true);
     let results = work::map_items(steps.clone(), share, step);
     for (&(b, kv), (stacked_out, _)) in steps.iter().zip(&results) {
         for (r, row) in stacked_out.outer_iter().enumerate() {

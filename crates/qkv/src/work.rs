@@ -11,31 +11,41 @@
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// Work below this many FLOPs runs on the calling thread: sharing it costs more than the second
-/// core gives back. Measured with `crates/qkv-bench/examples/threshold.rs` (see its doc); a build
-/// with the environment variable `QKV_PARALLEL_FLOPS` set to a whole number uses that instead,
-/// for that measurement.
-pub(crate) const PARALLEL_FLOPS: f64 = match option_env!("QKV_PARALLEL_FLOPS") {
-    Some(flops) => parse_whole_number(flops) as f64,
-    None => 2e6,
+/// Work that one thread would finish in less than this many microseconds runs on the calling
+/// thread: a pool thread woken for it arrives too late to take a share worth its wake-up, and
+/// the caller then waits for it at the end. Measured with
+/// `crates/qkv-bench/examples/threshold.rs` (see its doc and ARCHITECTURE.md); a build with the
+/// environment variable `QKV_SHARE_ABOVE_US` set to a whole number uses that instead, for that
+/// measurement.
+const SHARE_ABOVE_US: f64 = match option_env!("QKV_SHARE_ABOVE_US") {
+    Some(us) => parse_whole_number(us) as f64,
+    None => 200.0,
 };
+
+/// One thread's rate on the tiled path (FLOPs per microsecond), to estimate a problem's time:
+/// about what one Zen 3 core reaches with AVX2 (faster levels only share sooner).
+const TILED_FLOPS_PER_US: f64 = 70e3;
+/// One thread's rate when decoding, which reads every key and value once and is bound by memory
+/// more than by arithmetic.
+const DECODING_FLOPS_PER_US: f64 = 15e3;
 
 /// `text` as a whole number, at compile time; a build with anything else fails.
 const fn parse_whole_number(text: &str) -> u64 {
     let bytes = text.as_bytes();
-    assert!(!bytes.is_empty(), "QKV_PARALLEL_FLOPS must be a whole number");
+    assert!(!bytes.is_empty(), "QKV_SHARE_ABOVE_US must be a whole number");
     let (mut value, mut i) = (0_u64, 0);
     while i < bytes.len() {
-        assert!(bytes[i].is_ascii_digit(), "QKV_PARALLEL_FLOPS must be a whole number");
+        assert!(bytes[i].is_ascii_digit(), "QKV_SHARE_ABOVE_US must be a whole number");
         value = value * 10 + (bytes[i] - b'0') as u64;
         i += 1;
     }
     value
 }
 
-/// Whether work of `flops` is worth sharing with the pool.
-pub(crate) fn worth_sharing(flops: f64) -> bool {
-    flops >= PARALLEL_FLOPS
+/// Whether work of `flops` (on the decoding path if `decoding`) is worth sharing with the pool.
+pub(crate) fn worth_sharing(flops: f64, decoding: bool) -> bool {
+    let rate = if decoding { DECODING_FLOPS_PER_US } else { TILED_FLOPS_PER_US };
+    flops / rate >= SHARE_ABOVE_US
 }
 
 /// `f` of every item, in item order. With `share`, the calling thread and the pool's threads
