@@ -120,7 +120,7 @@ pub(super) fn direct_scores<T: Real, S: Simd<T>>(
     s: &mut [T],
 ) -> T {
     match rows {
-        1 => direct_rows::<T, S, 1, 8>(simd, q, keys, d, s),
+        1 => direct_rows::<T, S, 1, 4>(simd, q, keys, d, s),
         2 => direct_rows::<T, S, 2, 4>(simd, q, keys, d, s),
         3 => direct_rows::<T, S, 3, 2>(simd, q, keys, d, s),
         4 => direct_rows::<T, S, 4, 2>(simd, q, keys, d, s),
