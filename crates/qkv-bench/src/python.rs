@@ -2,7 +2,7 @@
 //! as JSON, so that both sides always measure the same shapes, and its rows join the table.
 
 use std::path::PathBuf;
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 use anyhow::{Context, bail};
 use serde::Serialize;
@@ -31,7 +31,8 @@ pub fn rows(python: &str, cases: &[Case], quick: bool) -> anyhow::Result<Vec<Row
     std::fs::write(&cases_file, serde_json::to_string(&listed)?)
         .with_context(|| format!("writing {}", cases_file.display()))?;
     let mut command = Command::new(python);
-    command.arg(&script).arg("--cases").arg(&cases_file).arg("--json").arg(&rows_file);
+    // Its own table would repeat the rows the benchmark prints; its errors go to stderr.
+    command.arg(&script).arg("--cases").arg(&cases_file).arg("--json").arg(&rows_file).stdout(Stdio::null());
     if quick {
         command.arg("--quick");
     }
