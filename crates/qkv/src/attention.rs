@@ -114,7 +114,8 @@ fn attend_output<T: Real>(
         let queries = finite_magnitude("queries", &q)?;
         let masks = options.resolve(shape)?;
         let kernels = simd::kernels_for(options.simd_level())?;
-        let measured = flash::attend(kernels, shape, q, 1, k, v, &masks, out.view_mut());
+        let measured =
+            flash::attend(kernels, shape, 1, vec![flash::Head { q, k, v, out: out.view_mut() }], &masks);
         if decode_checked(shape, queries, measured, &masks) {
             return Ok(());
         }
@@ -178,7 +179,7 @@ pub(crate) fn run<T: Real>(
         // Output only: the tiled path, unless an intermediate could overflow (then the blocked
         // path runs, which also names the query whose score overflows).
         None if flash::stays_finite(shape, magnitudes, &masks) => {
-            flash::attend(kernels, shape, q, 1, k, v, &masks, out);
+            flash::attend(kernels, shape, 1, vec![flash::Head { q, k, v, out }], &masks);
             Ok(())
         }
         // The weights are an `n_q × n_k` matrix by definition: the blocked path fills it.

@@ -55,29 +55,39 @@ pub(crate) fn stays_finite<T: Real>(
     score <= limit && value <= limit
 }
 
-/// Computes attention for a problem whose shapes are checked into `out` (`[q.nrows(), d_v]`) with
-/// the kernels of `isa`.
+/// Computes attention for heads of one checked shape with the kernels of `isa`: each head's
+/// output (`[q.nrows(), d_v]`) from its queries, keys and values. The heads' work items are shared
+/// out together, so that many small heads keep every core busy to the end.
 ///
-/// `q` holds `rows_per_query` rows per query: row `r` belongs to query `r / rows_per_query` and
-/// takes its masks. This stacks query heads that share one key/value head (grouped-query
-/// attention), so that a decoding step reads each key and value once for all of them.
+/// Each head's `q` holds `rows_per_query` rows per query: row `r` belongs to query
+/// `r / rows_per_query` and takes its masks. This stacks query heads that share one key/value
+/// head (grouped-query attention), so that a decoding step reads each key and value once for all
+/// of them.
 ///
 /// Decoding (see [`decodes`]) reads every key and value exactly once, and measures them as it
-/// does: it returns their largest magnitudes ([`Kernels::magnitude`]: non-finite if any input
-/// is), so that the caller can check them afterwards instead of in a pass of its own. The other
-/// path returns `None` and needs its inputs checked beforehand.
-#[allow(clippy::too_many_arguments)] // one checked problem, passed through unchanged
+/// does: when every head decodes, this returns their largest magnitudes
+/// ([`Kernels::magnitude`]: non-finite if any input is), so that the caller can check them
+/// afterwards instead of in a pass of its own. Otherwise it returns `None`, and the inputs need
+/// checking beforehand.
 pub(crate) fn attend<T: Real>(
     isa: Isa,
     shape: &Shape,
-    q: ArrayView2<T>,
     rows_per_query: usize,
-    k: ArrayView2<T>,
-    v: ArrayView2<T>,
+    heads: Vec<Head<'_, '_, T>>,
     masks: &MaskSet<'_, '_, T>,
-    out: ArrayViewMut2<T>,
 ) -> Option<Measured<T>> {
-    isa.run(Attend { shape: *shape, q, rows_per_query, k, v, masks, out })
+    isa.run(Attend { shape: *shape, rows_per_query, heads, masks })
+}
+
+/// A work item of the tiled path: head `.0`'s query blocks, each with its index and output.
+type HeadBlocks<'b, 'out, T> = (usize, Vec<(usize, &'b mut ArrayViewMut2<'out, T>)>);
+
+/// One head of a call to [`attend`].
+pub(crate) struct Head<'p, 'out, T> {
+    pub(crate) q: ArrayView2<'p, T>,
+    pub(crate) k: ArrayView2<'p, T>,
+    pub(crate) v: ArrayView2<'p, T>,
+    pub(crate) out: ArrayViewMut2<'out, T>,
 }
 
 /// Whether a problem of `rows` query rows (queries times stacked heads) over keys `k` takes the
@@ -110,74 +120,86 @@ impl<T: Real> Measured<T> {
 }
 
 /// One call's operands, waiting for its kernels.
-struct Attend<'p, 'o, 'a, 'out, T: Real> {
+struct Attend<'p, 'out, 'm, 'o, 'a, T: Real> {
     shape: Shape,
-    q: ArrayView2<'p, T>,
     rows_per_query: usize,
-    k: ArrayView2<'p, T>,
-    v: ArrayView2<'p, T>,
-    masks: &'p MaskSet<'o, 'a, T>,
-    out: ArrayViewMut2<'out, T>,
+    heads: Vec<Head<'p, 'out, T>>,
+    masks: &'m MaskSet<'o, 'a, T>,
 }
 
-impl<T: Real> Job<T> for Attend<'_, '_, '_, '_, T> {
+impl<T: Real> Job<T> for Attend<'_, '_, '_, '_, '_, T> {
     type Output = Option<Measured<T>>;
 
     fn run<K: Kernels<T>>(self, kernels: K) -> Option<Measured<T>> {
-        let Attend { shape, q, rows_per_query, k, v, masks, mut out } = self;
-        let n_rows = q.nrows();
-        let direct = decodes(n_rows, &k);
-        let parallel = work::worth_sharing(shape.flops() * rows_per_query as f64, direct);
-        let problem = Problem { shape, q, rows_per_query, k: k.as_slice().filter(|_| direct), masks };
+        let Attend { shape, rows_per_query, heads, masks } = self;
+        let n_rows = shape.n_queries * rows_per_query;
+        let mut problems = Vec::with_capacity(heads.len());
+        let mut outs = Vec::with_capacity(heads.len());
+        for Head { q, k, v, out } in heads {
+            let key_rows = k.to_slice().filter(|_| decodes(n_rows, &k));
+            problems.push(Problem { shape, q, rows_per_query, k, v, key_rows, masks });
+            outs.push(out);
+        }
+        let decoding = problems.iter().all(|p| p.key_rows.is_some());
+        let parallel =
+            work::worth_sharing(shape.flops() * (rows_per_query * problems.len()) as f64, decoding);
         let splits = key_splits(n_rows, shape.n_keys, K::QUERY_BLOCK);
-        let mut blocks: Vec<ArrayViewMut2<T>> = out.axis_chunks_iter_mut(Axis(0), K::QUERY_BLOCK).collect();
+        let mut blocks: Vec<Vec<ArrayViewMut2<T>>> =
+            outs.iter_mut().map(|out| out.axis_chunks_iter_mut(Axis(0), K::QUERY_BLOCK).collect()).collect();
+        let mut measured = Measured::nothing();
         if let [keys] = splits.as_slice() {
-            let packed = Packed::new::<K>(k, v, keys.clone(), !direct);
+            let packed: Vec<Packed<T>> = problems.iter().map(|p| p.packed::<K>(keys.clone())).collect();
             // Under a causal mask block i's cost grows with i, so items are zig-zag pairs: block i
             // with block n-1-i, every pair costing about the same. Otherwise every block is an
             // item of its own, the finest split. Items are taken one at a time, so both cores stay
             // busy to the end.
-            let n = blocks.len();
-            let items: Vec<Vec<(usize, &mut ArrayViewMut2<T>)>> = if masks.is_causal() {
-                let (front, back) = blocks.split_at_mut(n.div_ceil(2));
-                let mut partners = back.iter_mut().rev();
-                front
-                    .iter_mut()
-                    .enumerate()
-                    .map(|(i, block)| {
-                        std::iter::once((i, block)).chain(partners.next().map(|p| (n - 1 - i, p))).collect()
-                    })
-                    .collect()
-            } else {
-                blocks.iter_mut().enumerate().map(|item| vec![item]).collect()
-            };
-            let attend_item = |item: Vec<(usize, &mut ArrayViewMut2<T>)>| {
+            let mut items: Vec<HeadBlocks<T>> = Vec::new();
+            for (h, blocks) in blocks.iter_mut().enumerate() {
+                let n = blocks.len();
+                if masks.is_causal() {
+                    let (front, back) = blocks.split_at_mut(n.div_ceil(2));
+                    let mut partners = back.iter_mut().rev();
+                    for (i, block) in front.iter_mut().enumerate() {
+                        let pair = std::iter::once((i, block)).chain(partners.next().map(|p| (n - 1 - i, p)));
+                        items.push((h, pair.collect()));
+                    }
+                } else {
+                    items.extend(blocks.iter_mut().enumerate().map(|block| (h, vec![block])));
+                }
+            }
+            let attend_item = |(h, item): HeadBlocks<T>| {
                 let mut measured = Measured::nothing();
                 for (b, out_block) in item {
                     let rows = out_block.nrows();
                     let state =
-                        problem.attend_block(kernels, &packed, b * K::QUERY_BLOCK, rows, keys.clone());
+                        problems[h].attend_block(kernels, &packed[h], b * K::QUERY_BLOCK, rows, keys.clone());
                     state.write(out_block);
                     measured = measured.combine(state.measured);
                 }
                 measured
             };
-            let measured = work::map_items(items, parallel, attend_item);
-            return direct.then(|| measured.into_iter().fold(Measured::nothing(), Measured::combine));
+            for part in work::map_items(items, parallel, attend_item) {
+                measured = measured.combine(part);
+            }
+            return decoding.then_some(measured);
         }
         let rows = |b: usize| K::QUERY_BLOCK.min(n_rows - b * K::QUERY_BLOCK);
-        let items: Vec<(usize, Range<usize>)> =
-            (0..blocks.len()).flat_map(|b| splits.iter().map(move |keys| (b, keys.clone()))).collect();
-        let attend_item = |(b, keys): (usize, Range<usize>)| {
+        let splits = &splits;
+        let items: Vec<(usize, usize, Range<usize>)> = blocks
+            .iter()
+            .enumerate()
+            .flat_map(|(h, blocks)| {
+                (0..blocks.len()).flat_map(move |b| splits.iter().map(move |keys| (h, b, keys.clone())))
+            })
+            .collect();
+        let attend_item = |(h, b, keys): (usize, usize, Range<usize>)| {
             // Each task packs its own keys: they are read by few query rows, and a small buffer
             // per task stays in cache where one large one per call would not.
-            let packed = Packed::new::<K>(k, v, keys.clone(), !direct);
-            problem.attend_block(kernels, &packed, b * K::QUERY_BLOCK, rows(b), keys)
+            let packed = problems[h].packed::<K>(keys.clone());
+            problems[h].attend_block(kernels, &packed, b * K::QUERY_BLOCK, rows(b), keys)
         };
-        let states = work::map_items(items, parallel, attend_item);
-        let mut states = states.into_iter();
-        let mut measured = Measured::nothing();
-        for out_block in &mut blocks {
+        let mut states = work::map_items(items, parallel, attend_item).into_iter();
+        for out_block in blocks.iter_mut().flatten() {
             // Merged in split order, the same whichever thread computed each part.
             let mut merged = states.next().expect("one state per split");
             for part in states.by_ref().take(splits.len() - 1) {
@@ -186,7 +208,7 @@ impl<T: Real> Job<T> for Attend<'_, '_, '_, '_, T> {
             merged.write(out_block);
             measured = measured.combine(merged.measured);
         }
-        direct.then_some(measured)
+        decoding.then_some(measured)
     }
 }
 
@@ -280,16 +302,18 @@ impl<'a, T: Real> Packed<'a, T> {
     }
 }
 
-/// Everything a task reads.
-struct Problem<'p, 'o, 'a, T: Real> {
+/// Everything a task of one head reads.
+struct Problem<'p, 'm, 'o, 'a, T: Real> {
     shape: Shape,
     q: ArrayView2<'p, T>,
     /// Rows of `q` per query (stacked heads): row `r` takes the masks of query `r / rows_per_query`.
     rows_per_query: usize,
+    k: ArrayView2<'p, T>,
+    v: ArrayView2<'p, T>,
     /// The keys, row after row, when decoding: scores come from the key rows themselves
     /// (`Kernels::direct_scores`), with no packed keys.
-    k: Option<&'p [T]>,
-    masks: &'p MaskSet<'o, 'a, T>,
+    key_rows: Option<&'p [T]>,
+    masks: &'m MaskSet<'o, 'a, T>,
 }
 
 /// The online-softmax state of a block of query rows over some keys: running maximum `m`, running
@@ -305,7 +329,12 @@ struct State<T: Real> {
     measured: Measured<T>,
 }
 
-impl<T: Real> Problem<'_, '_, '_, T> {
+impl<'p, T: Real> Problem<'p, '_, '_, '_, T> {
+    /// The keys and values in `keys`, for the kernels of `K`.
+    fn packed<K: Kernels<T>>(&self, keys: Range<usize>) -> Packed<'p, T> {
+        Packed::new::<K>(self.k, self.v, keys, self.key_rows.is_none())
+    }
+
     /// The query whose masks row `row` takes.
     fn query(&self, row: usize) -> usize {
         row / self.rows_per_query
@@ -325,7 +354,7 @@ impl<T: Real> Problem<'_, '_, '_, T> {
         let masks = self.masks;
         let lanes = K::LANES;
         let o_stride = packed.value_vectors * lanes;
-        let direct = self.k.is_some();
+        let direct = self.key_rows.is_some();
         // The packed score path computes whole register tiles: the block is padded with zero
         // queries, whose scores (0) and outputs are never read. The direct path takes rows as
         // they come.
@@ -363,7 +392,7 @@ impl<T: Real> Problem<'_, '_, '_, T> {
             // A causal tile on the diagonal: each group of rows needs the keys up to its last
             // row's visible end; the scores past it are hidden below.
             let trim = !elementwise && start + n_keys > clean_below;
-            if let Some(k) = self.k {
+            if let Some(k) = self.key_rows {
                 let magnitude =
                     kernels.direct_scores(&q, rows, &k[start * d..(start + n_keys) * d], d, &mut s);
                 state.measured.keys = kernels::larger_magnitude(state.measured.keys, magnitude);

@@ -1,7 +1,7 @@
 //! Multi-head attention over `[batch, heads, n, d]` tensors, with grouped-query attention
 //! (several query heads sharing one key/value head; multi-query attention is one shared head).
 
-use ndarray::{Array2, Array3, Array4, ArrayView4, ArrayViewMut2, s};
+use ndarray::{Array2, Array3, Array4, ArrayView4, s};
 
 use crate::attention::{decode_checked, run};
 use crate::error::AttentionError;
@@ -11,7 +11,6 @@ use crate::mask::{AttentionOptions, MaskSet};
 use crate::real::Real;
 use crate::shape::{Magnitudes, Shape, finite_magnitude};
 use crate::simd;
-use crate::work;
 
 /// Attention for every (batch, query head) pair.
 ///
@@ -60,37 +59,31 @@ pub fn multi_head_attention<T: Real>(
         }
     }
     let magnitudes = Magnitudes::measure(&q, &k, &v)?;
-    options.resolve(&shape)?;
-    let mut heads: Vec<_> = out.outer_iter_mut().collect();
-    let work = shape.flops() * heads.len() as f64;
-    let attend_head = |(index, out_head): (usize, &mut ArrayViewMut2<T>)| {
+    let masks = options.resolve(&shape)?;
+    let kernels = simd::kernels_for(options.simd_level())?;
+    let head_views = |index: usize| {
         let (b, h) = (index / query_heads, index % query_heads);
-        let kv = h / group;
-        run(
-            &shape,
-            &magnitudes,
-            q.slice(s![b, h, .., ..]),
-            k.slice(s![b, kv, .., ..]),
-            v.slice(s![b, kv, .., ..]),
-            options,
-            out_head.view_mut(),
-            None,
-        )
+        (q.slice(s![b, h, .., ..]), k.slice(s![b, h / group, .., ..]), v.slice(s![b, h / group, .., ..]))
     };
-    let items: Vec<(usize, &mut ArrayViewMut2<T>)> = heads.iter_mut().enumerate().collect();
-    // In head order, so that the error reported is the same whichever thread found it first.
-    let decoding = flash::decodes(n_queries, &k.slice(s![0, 0, .., ..]));
-    work::map_items(items, work::worth_sharing(work, decoding), attend_head)
-        .into_iter()
-        .collect::<Result<(), _>>()?;
-    drop(heads);
+    if flash::stays_finite(&shape, &magnitudes, &masks) {
+        // Every head on the tiled path in one call, whose work items span all the heads.
+        let heads = out
+            .outer_iter_mut()
+            .enumerate()
+            .map(|(index, out)| {
+                let (q, k, v) = head_views(index);
+                flash::Head { q, k, v, out }
+            })
+            .collect();
+        flash::attend(kernels, &shape, 1, heads, &masks);
+    } else {
+        // The blocked path copes with scores that may overflow, and names the query whose does.
+        for (index, out_head) in out.outer_iter_mut().enumerate() {
+            let (q, k, v) = head_views(index);
+            run(&shape, &magnitudes, q, k, v, options, out_head, None)?;
+        }
+    }
     Ok(into_heads(out, batch, query_heads))
-}
-
-/// The `[batch · heads, n, d_v]` slabs as `[batch, heads, n, d_v]`.
-fn into_heads<T>(out: Array3<T>, batch: usize, heads: usize) -> Array4<T> {
-    let (_, n, d_v) = out.dim();
-    out.into_shape_with_order((batch, heads, n, d_v)).expect("same length")
 }
 
 /// A decoding step over every (batch, key/value head): the query heads that share a key/value
@@ -113,30 +106,37 @@ fn decode_stacked<T: Real>(
     let kv_heads = k.shape()[1];
     let group = query_heads / kv_heads;
     let rows = n_queries * group;
-    let step = |(b, kv): (usize, usize)| {
-        let heads = kv * group..(kv + 1) * group;
-        let stacked =
-            Array2::from_shape_fn((rows, d_k), |(r, c)| q[[b, heads.start + r % group, r / group, c]]);
-        let mut stacked_out = Array2::zeros((rows, shape.value_dim));
-        let measured = flash::attend(
-            kernels,
-            shape,
-            stacked.view(),
-            group,
-            k.slice(s![b, kv, .., ..]),
-            v.slice(s![b, kv, .., ..]),
-            masks,
-            stacked_out.view_mut(),
-        );
-        (stacked_out, decode_checked(shape, queries, measured, masks))
-    };
     let steps: Vec<(usize, usize)> = (0..batch).flat_map(|b| (0..kv_heads).map(move |kv| (b, kv))).collect();
-    let share = work::worth_sharing(shape.flops() * (batch * query_heads) as f64, true);
-    let results = work::map_items(steps.clone(), share, step);
-    for (&(b, kv), (stacked_out, _)) in steps.iter().zip(&results) {
+    let stacked: Vec<Array2<T>> = steps
+        .iter()
+        .map(|&(b, kv)| {
+            Array2::from_shape_fn((rows, d_k), |(r, c)| q[[b, kv * group + r % group, r / group, c]])
+        })
+        .collect();
+    let mut stacked_out: Vec<Array2<T>> =
+        steps.iter().map(|_| Array2::zeros((rows, shape.value_dim))).collect();
+    let heads = steps
+        .iter()
+        .zip(&stacked)
+        .zip(&mut stacked_out)
+        .map(|((&(b, kv), q), out)| flash::Head {
+            q: q.view(),
+            k: k.slice(s![b, kv, .., ..]),
+            v: v.slice(s![b, kv, .., ..]),
+            out: out.view_mut(),
+        })
+        .collect();
+    let measured = flash::attend(kernels, shape, group, heads, masks);
+    for (&(b, kv), stacked_out) in steps.iter().zip(&stacked_out) {
         for (r, row) in stacked_out.outer_iter().enumerate() {
             out.slice_mut(s![b * query_heads + kv * group + r % group, r / group, ..]).assign(&row);
         }
     }
-    results.iter().all(|(_, stands)| *stands)
+    decode_checked(shape, queries, measured, masks)
+}
+
+/// The `[batch · heads, n, d_v]` slabs as `[batch, heads, n, d_v]`.
+fn into_heads<T>(out: Array3<T>, batch: usize, heads: usize) -> Array4<T> {
+    let (_, n, d_v) = out.dim();
+    out.into_shape_with_order((batch, heads, n, d_v)).expect("same length")
 }

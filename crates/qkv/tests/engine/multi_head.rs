@@ -14,27 +14,35 @@ fn random4(rng: &mut ChaCha8Rng, shape: (usize, usize, usize, usize)) -> Array4<
 
 #[test]
 fn grouped_query_heads_read_their_shared_kv_head() {
+    // The tiled path shares out the work items of every head together: one block per head, many
+    // blocks per head (zig-zag pairs under the causal mask), and few rows whose keys are split.
     let mut rng = ChaCha8Rng::seed_from_u64(11);
-    for (q_heads, kv_heads) in [(1, 1), (4, 4), (8, 2), (6, 1)] {
-        let (batch, n_q, n_k, d_k, d_v) = (2, 17, 23, 8, 5);
-        let q = random4(&mut rng, (batch, q_heads, n_q, d_k));
-        let k = random4(&mut rng, (batch, kv_heads, n_k, d_k));
-        let v = random4(&mut rng, (batch, kv_heads, n_k, d_v));
-        let opts = AttentionOptions::new().causal(CausalMask::BottomRight);
-        let out = qkv::multi_head_attention(q.view(), k.view(), v.view(), &opts).unwrap();
-        assert_eq!(out.shape(), [batch, q_heads, n_q, d_v]);
-        for b in 0..batch {
-            for h in 0..q_heads {
-                let kv = h / (q_heads / kv_heads);
-                let want = qkv::reference::attention(
-                    q.slice(s![b, h, .., ..]),
-                    k.slice(s![b, kv, .., ..]),
-                    v.slice(s![b, kv, .., ..]),
-                    &opts,
-                )
-                .unwrap();
-                let got = out.slice(s![b, h, .., ..]).to_owned();
-                assert_close(&format!("batch {b} head {h}"), &got, &want.output, 4.0);
+    for (n_q, n_k) in [(17, 23), (130, 141), (5, 2100)] {
+        for (q_heads, kv_heads) in [(1, 1), (4, 4), (8, 2), (6, 1)] {
+            let (batch, d_k, d_v) = (2, 8, 5);
+            let q = random4(&mut rng, (batch, q_heads, n_q, d_k));
+            let k = random4(&mut rng, (batch, kv_heads, n_k, d_k));
+            let v = random4(&mut rng, (batch, kv_heads, n_k, d_v));
+            for level in levels() {
+                let opts = AttentionOptions::new().causal(CausalMask::BottomRight).simd(level);
+                let out = qkv::multi_head_attention(q.view(), k.view(), v.view(), &opts).unwrap();
+                assert_eq!(out.shape(), [batch, q_heads, n_q, d_v]);
+                for b in 0..batch {
+                    for h in 0..q_heads {
+                        let kv = h / (q_heads / kv_heads);
+                        let want = qkv::reference::attention(
+                            q.slice(s![b, h, .., ..]),
+                            k.slice(s![b, kv, .., ..]),
+                            v.slice(s![b, kv, .., ..]),
+                            &opts,
+                        )
+                        .unwrap();
+                        let got = out.slice(s![b, h, .., ..]).to_owned();
+                        let ctx =
+                            format!("{level} {n_q}x{n_k} {q_heads}/{kv_heads} heads, batch {b} head {h}");
+                        assert_close(&ctx, &got, &want.output, 4.0);
+                    }
+                }
             }
         }
     }
