@@ -3,7 +3,12 @@
 ``scaled_dot_product_attention``, timed on the shapes of ``cargo xtask bench`` (f32, d = 64) and
 printed with the same columns.
 
-    python3 crates/qkv-bench/peers.py [--quick] [--json FILE]
+    python3 crates/qkv-bench/peers.py [--quick] [--json FILE] [--cases FILE]
+
+``cargo xtask bench --python PYTHON`` runs this script itself and hands it its cases with
+``--cases`` (a JSON list of objects with label, batch, heads, kv_heads, n_q, n_k, d, causal), so
+that both sides measure the same shapes; run alone, it uses ``CASES`` below, the same list as
+``crates/qkv-bench/src/cases.rs``.
 
 Each library runs in its own child process: NumPy's with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE
 removed from the environment (they may be set on this machine and would pin OpenBLAS to a slower
@@ -18,7 +23,7 @@ import sys
 import time
 
 D = 64
-# (label, batch, heads, kv_heads, n_q, n_k, causal): the same cases as crates/qkv-bench/src/cases.rs.
+# (label, batch, heads, kv_heads, n_q, n_k, causal): the cases of crates/qkv-bench/src/cases.rs.
 CASES = [
     ("n=256", 1, 1, 1, 256, 256, False),
     ("n=1024", 1, 1, 1, 1024, 1024, False),
@@ -27,11 +32,27 @@ CASES = [
     ("n=4096 causal", 1, 1, 1, 4096, 4096, True),
     ("n=16384", 1, 1, 1, 16384, 16384, False),
     ("n=16384 causal", 1, 1, 1, 16384, 16384, True),
+    ("8h n=256", 1, 8, 8, 256, 256, False),
+    ("4x8h n=128", 4, 8, 8, 128, 128, False),
     ("8h n=1024", 1, 8, 8, 1024, 1024, False),
     ("8h n=1024 causal", 1, 8, 8, 1024, 1024, True),
     ("gqa 8/2 n=1024", 1, 8, 2, 1024, 1024, False),
+    ("decode 1x1024", 1, 1, 1, 1, 1024, False),
     ("decode 1x16384", 1, 1, 1, 1, 16384, False),
+    ("decode 1x131072", 1, 1, 1, 1, 131072, False),
+    ("gqa 32/8 decode 1x4096", 1, 32, 8, 1, 4096, False),
+    ("gqa 32/8 decode 1x16384", 1, 32, 8, 1, 16384, False),
 ]
+
+
+def load_cases(path):
+    """The cases the benchmark binary wrote, as CASES tuples."""
+    with open(path) as f:
+        listed = json.load(f)
+    for c in listed:
+        if c["d"] != D:
+            raise SystemExit(f"{c['label']}: peers.py measures d = {D} only")
+    return [(c["label"], c["batch"], c["heads"], c["kv_heads"], c["n_q"], c["n_k"], c["causal"]) for c in listed]
 
 
 def flops(batch, heads, n_q, n_k, causal):
@@ -53,12 +74,12 @@ def median_seconds(fn, quick):
     return statistics.median(times)
 
 
-def numpy_rows(quick):
+def numpy_rows(cases, quick):
     import numpy as np
 
     rng = np.random.default_rng(0)
     rows = []
-    for label, b, h, kv, n_q, n_k, causal in CASES:
+    for label, b, h, kv, n_q, n_k, causal in cases:
         if quick and n_q * n_k > 4096 * 4096:
             continue
         q = rng.uniform(-1, 1, (b, h, n_q, D)).astype(np.float32)
@@ -84,7 +105,7 @@ def numpy_rows(quick):
     return rows
 
 
-def torch_rows(quick):
+def torch_rows(cases, quick):
     try:
         import torch
         import torch.nn.functional as F
@@ -95,7 +116,7 @@ def torch_rows(quick):
     torch.manual_seed(0)
     for threads in (torch.get_num_threads(), 1):
         torch.set_num_threads(threads)
-        for label, b, h, kv, n_q, n_k, causal in CASES:
+        for label, b, h, kv, n_q, n_k, causal in cases:
             if threads == 1 and (quick or n_q * n_k > 4096 * 4096):
                 continue
             q = torch.rand(b, h, n_q, D) * 2 - 1
@@ -133,18 +154,21 @@ def row(label, implementation, b, h, kv, n_q, n_k, causal, threads, seconds):
     }
 
 
-def worker(kind, quick):
-    rows = numpy_rows(quick) if kind == "numpy" else torch_rows(quick)
+def worker(kind, cases, quick):
+    rows = numpy_rows(cases, quick) if kind == "numpy" else torch_rows(cases, quick)
     json.dump(rows, sys.stdout)
 
 
 def main():
     args = sys.argv[1:]
     quick = "--quick" in args
+    value = lambda name: args[args.index(name) + 1] if name in args else None
+    cases_path = value("--cases")
+    cases = load_cases(cases_path) if cases_path else CASES
     if "--worker" in args:
-        worker(args[args.index("--worker") + 1], quick)
+        worker(value("--worker"), cases, quick)
         return
-    json_path = args[args.index("--json") + 1] if "--json" in args else None
+    json_path = value("--json")
     rows = []
     for kind in ("numpy", "torch"):
         env = dict(os.environ)
@@ -152,13 +176,15 @@ def main():
             env.pop("OPENBLAS_CORETYPE", None)
             env.pop("OPENBLAS_L2_SIZE", None)
         command = [sys.executable, __file__, "--worker", kind] + (["--quick"] if quick else [])
+        command += ["--cases", cases_path] if cases_path else []
         out = subprocess.run(command, env=env, check=True, capture_output=True, text=True)
         sys.stderr.write(out.stderr)
         rows += json.loads(out.stdout)
-    print(f"| {'shape (d = 64)':<22} | {'implementation':<36} | {'threads':>7} | {'median ms':>10} | {'GFLOP/s':>8} |")
-    print(f"|{':':-<24}|{':':-<38}|{':':->9}|{':':->12}|{':':->10}|")
-    for r in sorted(rows, key=lambda r: [c[0] for c in CASES].index(r["shape"])):
-        print(f"| {r['shape']:<22} | {r['implementation']:<36} | {r['threads']:>7} | {r['median_ms']:>10.3f} | {r['gflops']:>8.1f} |")
+    print(f"| {'shape (d = 64)':<24} | {'implementation':<38} | {'threads':>7} | {'median ms':>10} | {'GFLOP/s':>8} |")
+    print(f"|{':':-<26}|{':':-<40}|{':':->9}|{':':->12}|{':':->10}|")
+    order = [c[0] for c in cases]
+    for r in sorted(rows, key=lambda r: order.index(r["shape"])):
+        print(f"| {r['shape']:<24} | {r['implementation']:<38} | {r['threads']:>7} | {r['median_ms']:>10.3f} | {r['gflops']:>8.1f} |")
     if json_path:
         with open(json_path, "w") as f:
             json.dump(rows, f, indent=2)

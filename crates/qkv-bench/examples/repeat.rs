@@ -1,21 +1,27 @@
-//! Runs one attention shape many times, for profilers: `repeat N_Q N_K MASK REPS`, MASK 0 = none,
-//! 1 = causal, 2 = key padding (the last tenth of the keys), 3 = an additive bias (zeros).
-//! With `perf stat -e cycles:u` and `RAYON_NUM_THREADS=1` it gives FLOPs per cycle, a figure other
-//! processes on the machine do not disturb the way they disturb wall-clock time.
+//! Runs one attention shape many times, for profilers:
+//! `repeat N_Q N_K MASK REPS [HEADS KV_HEADS]`, MASK 0 = none, 1 = causal, 2 = key padding (the
+//! last tenth of the keys), 3 = an additive bias (zeros); with HEADS (and KV_HEADS, default
+//! HEADS) it runs `multi_head_attention` over that many query heads sharing KV_HEADS key/value
+//! heads, batch 1. `valgrind --tool=callgrind` with `RAYON_NUM_THREADS=1` counts its
+//! instructions, a figure that other processes on the machine do not disturb the way they
+//! disturb wall-clock time.
 
-use ndarray::Array1;
-use ndarray::Array2;
+use ndarray::{Array1, Array2, Array4};
 use qkv::{AdditiveBias, AttentionOptions, CausalMask, KeyPadding};
 
 fn main() {
     let args: Vec<usize> = std::env::args().skip(1).map(|a| a.parse().expect("numbers")).collect();
-    let [n_q, n_k, mask, reps] = args[..] else {
-        panic!("usage: repeat N_Q N_K MASK(0..=3) REPS");
+    let (&[n_q, n_k, mask, reps], heads) = args.split_at(4.min(args.len())) else {
+        panic!("usage: repeat N_Q N_K MASK(0..=3) REPS [HEADS KV_HEADS]");
+    };
+    let (heads, kv_heads) = match heads {
+        [] => (1, 1),
+        [h] => (*h, *h),
+        [h, kv, ..] => (*h, *kv),
     };
     let d = 64;
-    let m = |rows, salt: usize| {
-        Array2::from_shape_fn((rows, d), |(i, j)| (((i * 31 + j * 17 + salt) % 29) as f32 - 14.0) / 14.0)
-    };
+    let value = |i: usize, j: usize, salt: usize| (((i * 31 + j * 17 + salt) % 29) as f32 - 14.0) / 14.0;
+    let m = |rows, salt: usize| Array2::from_shape_fn((rows, d), |(i, j)| value(i, j, salt));
     let (q, k, v) = (m(n_q, 1), m(n_k, 2), m(n_k, 3));
     let padding = Array1::from_shape_fn(n_k, |j| j < n_k - n_k / 10);
     let bias = Array2::<f32>::zeros((n_q, n_k));
@@ -25,10 +31,17 @@ fn main() {
         2 => AttentionOptions::new().key_padding(KeyPadding::new(padding.view())),
         _ => AttentionOptions::new().bias(AdditiveBias::new(bias.view())),
     };
+    let m4 = |h, rows, salt| Array4::from_shape_fn((1, h, rows, d), |(_, h, i, j)| value(i + h, j, salt));
+    let (q4, k4, v4) = (m4(heads, n_q, 1), m4(kv_heads, n_k, 2), m4(kv_heads, n_k, 3));
     let start = std::time::Instant::now();
     for _ in 0..reps {
-        std::hint::black_box(qkv::attention(q.view(), k.view(), v.view(), &options).expect("valid"));
+        if heads == 1 {
+            std::hint::black_box(qkv::attention(q.view(), k.view(), v.view(), &options).expect("valid"));
+        } else {
+            let out = qkv::multi_head_attention(q4.view(), k4.view(), v4.view(), &options).expect("valid");
+            std::hint::black_box(out);
+        }
     }
-    let flops = 4.0 * (n_q * n_k * d) as f64 * reps as f64 / if mask == 1 { 2.0 } else { 1.0 };
+    let flops = 4.0 * (heads * n_q * n_k * d) as f64 * reps as f64 / if mask == 1 { 2.0 } else { 1.0 };
     println!("{flops:e} flops in {:.3} s", start.elapsed().as_secs_f64());
 }

@@ -3,7 +3,7 @@
 use ndarray::Array4;
 
 /// One attention problem: `batch × heads` query heads sharing `kv_heads` key/value heads.
-#[derive(Debug, Clone, Copy, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Case {
     pub batch: usize,
     pub heads: usize,
@@ -25,12 +25,14 @@ impl Case {
         if self.causal { full / 2.0 } else { full }
     }
 
-    /// A short name: `8h n=1024 causal`, `gqa 8/2 n=1024`, `decode 1x16384`.
+    /// A short name: `8h n=1024 causal`, `4x8h n=128`, `gqa 8/2 n=1024`, `decode 1x16384`,
+    /// `gqa 32/8 decode 1x4096`.
     pub fn label(&self) -> String {
+        let batch = if self.batch == 1 { String::new() } else { format!("{}x", self.batch) };
         let heads = match (self.heads, self.kv_heads) {
             (1, 1) => String::new(),
-            (h, kv) if h == kv => format!("{h}h "),
-            (h, kv) => format!("gqa {h}/{kv} "),
+            (h, kv) if h == kv => format!("{batch}{h}h "),
+            (h, kv) => format!("{batch}gqa {h}/{kv} "),
         };
         let size = if self.n_q == self.n_k {
             format!("n={}", self.n_q)
@@ -39,11 +41,25 @@ impl Case {
         };
         format!("{heads}{size}{}", if self.causal { " causal" } else { "" })
     }
+
+    /// A decoding step: few queries over a long sequence of keys, which it reads once, so that
+    /// memory bandwidth rather than arithmetic bounds it.
+    pub fn decodes(&self) -> bool {
+        self.n_q < self.n_k && self.n_q <= 4
+    }
+
+    /// Bytes of keys and values, each read once by a decoding step.
+    pub fn kv_bytes(&self) -> usize {
+        2 * self.batch * self.kv_heads * self.n_k * self.d * size_of::<f32>()
+    }
 }
 
-/// The shapes, d = 64: single heads from 256 to 16384 keys, causal variants, 8 heads,
-/// decoding one query over 16384 keys, GQA 8/2, and (not with `--quick`) n = 65536.
+/// The shapes, d = 64: single heads from 256 to 16384 keys, causal variants; 8 heads of
+/// 256 and 1024, a batch of 4 × 8 heads of 128, GQA 8/2; decoding one query over 1024, 16384 and
+/// 131072 keys, and a GQA decoding step (32 query heads over 8 KV heads, one query each); and
+/// (not with `--quick`) n = 65536.
 pub fn all(quick: bool) -> Vec<Case> {
+    let heads = |heads, kv_heads, case: Case| Case { heads, kv_heads, ..case };
     let mut cases = vec![
         Case::single(256, 256, false),
         Case::single(1024, 1024, false),
@@ -52,10 +68,16 @@ pub fn all(quick: bool) -> Vec<Case> {
         Case::single(4096, 4096, true),
         Case::single(16384, 16384, false),
         Case::single(16384, 16384, true),
-        Case { heads: 8, kv_heads: 8, ..Case::single(1024, 1024, false) },
-        Case { heads: 8, kv_heads: 8, ..Case::single(1024, 1024, true) },
-        Case { heads: 8, kv_heads: 2, ..Case::single(1024, 1024, false) },
+        heads(8, 8, Case::single(256, 256, false)),
+        Case { batch: 4, ..heads(8, 8, Case::single(128, 128, false)) },
+        heads(8, 8, Case::single(1024, 1024, false)),
+        heads(8, 8, Case::single(1024, 1024, true)),
+        heads(8, 2, Case::single(1024, 1024, false)),
+        Case::single(1, 1024, false),
         Case::single(1, 16384, false),
+        Case::single(1, 131072, false),
+        heads(32, 8, Case::single(1, 4096, false)),
+        heads(32, 8, Case::single(1, 16384, false)),
     ];
     if !quick {
         cases.push(Case::single(65536, 65536, false));

@@ -1,15 +1,22 @@
 //! qkv's benchmark: times the fast path (all threads and one), the f64 reference, the unfused
-//! peers and the machine's f32 GEMM rate on the shapes, and prints one table.
+//! peers, NumPy and PyTorch (with `--python`), the machine's f32 GEMM rate and, for decoding
+//! steps, a streaming read of as many bytes; prints one table, and with `--json` writes the rows
+//! and a bar chart of them.
 //!
-//! `cargo run --release -p qkv-bench --features peers -- [--quick] [--json FILE] [--only TEXT]`
-//! (`cargo xtask bench` runs exactly that). Without `peers`, candle and the GEMM ceiling are
-//! left out and the rest still runs.
+//! `cargo run --release -p qkv-bench --features peers -- [--quick] [--json FILE] [--only TEXT]
+//! [--python PYTHON]` (`cargo xtask bench` runs exactly that). Without `peers`, candle and the
+//! GEMM ceiling are left out and the rest still runs.
 
 mod alloc;
 mod cases;
+mod chart;
+mod machine;
 mod measure;
 mod peers;
+mod python;
 mod report;
+
+use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 
@@ -22,23 +29,35 @@ static ALLOCATOR: alloc::Counting = alloc::Counting;
 /// What the command line asked for.
 struct Options {
     quick: bool,
-    json: Option<std::path::PathBuf>,
+    json: Option<PathBuf>,
     only: Option<String>,
+    python: Option<String>,
 }
 
 impl Options {
     fn parse(args: &[String]) -> anyhow::Result<Options> {
-        let mut options = Options { quick: false, json: None, only: None };
+        let mut options = Options { quick: false, json: None, only: None, python: None };
         let mut args = args.iter();
         while let Some(arg) = args.next() {
+            let mut value =
+                |name: &str| args.next().with_context(|| format!("{name} needs a value")).cloned();
             match arg.as_str() {
                 "--quick" => options.quick = true,
-                "--json" => options.json = Some(args.next().context("--json needs a file name")?.into()),
-                "--only" => options.only = Some(args.next().context("--only needs a text")?.clone()),
-                other => bail!("unknown argument {other:?}: expected --quick, --json FILE or --only TEXT"),
+                "--json" => options.json = Some(value("--json")?.into()),
+                "--only" => options.only = Some(value("--only")?),
+                "--python" => options.python = Some(value("--python")?),
+                other => {
+                    bail!(
+                        "unknown argument {other:?}: expected --quick, --json FILE, --only TEXT or --python PYTHON"
+                    )
+                }
             }
         }
         Ok(options)
+    }
+
+    fn wants(&self, label: &str) -> bool {
+        self.only.as_ref().is_none_or(|only| label.contains(only.as_str()))
     }
 }
 
@@ -46,23 +65,43 @@ fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let options = Options::parse(&args)?;
     let threads = rayon::current_num_threads();
-    println!("qkv {}; {threads} threads; f32; medians of several runs", qkv::simd_report());
-    let wanted = |label: &str| options.only.as_ref().is_none_or(|only| label.contains(only.as_str()));
-    let ceiling = if wanted("f32 GEMM") { peers::gemm_ceiling(options.quick) } else { None };
-    match &ceiling {
-        Some(c) => println!("f32 GEMM ceiling ({}): {:.1} GFLOP/s", c.label, c.gflops),
-        None => {
-            println!("f32 GEMM ceiling: not measured (left out by --only, or built without --features peers)")
-        }
-    }
+    println!("CPU: {}; {threads} threads; f32; medians of several runs", machine::cpu_model());
+    println!("qkv kernels: {}", qkv::simd_report());
+    // The ceiling is measured before and after the cases and the higher rate kept: it is the
+    // machine's best, and another process that slows one of the two must not lower it.
+    let measure_ceiling =
+        || if options.wants("f32 GEMM") { peers::gemm_ceiling(options.quick) } else { None };
+    let before = measure_ceiling();
+    let cases: Vec<Case> =
+        cases::all(options.quick).into_iter().filter(|c| options.wants(&c.label())).collect();
     let mut rows: Vec<Row> = Vec::new();
-    for case in cases::all(options.quick) {
-        if !wanted(&case.label()) {
-            continue;
-        }
+    for case in &cases {
         eprintln!("measuring {}", case.label());
-        rows.extend(measure_case(&case, options.quick, threads)?);
+        rows.extend(measure_case(case, options.quick, threads)?);
+        if case.decodes() {
+            rows.push(Row::stream(case, threads, machine::read_bandwidth(case.kv_bytes(), options.quick)));
+        }
+        // Python's peers right after qkv on the same case, so that both see the machine alike.
+        if let Some(python) = &options.python {
+            rows.extend(python::rows(python, std::slice::from_ref(case), options.quick)?);
+        }
     }
+    let after = measure_ceiling();
+    let ceiling = match (before, after) {
+        (Some(a), Some(b)) => {
+            println!(
+                "f32 GEMM ceiling ({}): {:.1} GFLOP/s before the cases, {:.1} after",
+                a.label, a.gflops, b.gflops
+            );
+            Some(if a.gflops >= b.gflops { a } else { b })
+        }
+        _ => {
+            println!(
+                "f32 GEMM ceiling: not measured (left out by --only, or built without --features peers)"
+            );
+            None
+        }
+    };
     if let Some(c) = &ceiling {
         rows.push(Row::ceiling(c, threads));
     }
@@ -71,6 +110,12 @@ fn main() -> anyhow::Result<()> {
         std::fs::write(path, serde_json::to_string_pretty(&rows)?)
             .with_context(|| format!("writing {}", path.display()))?;
         println!("wrote {}", path.display());
+        let figure = chart::draw(&rows, &cases, ceiling.as_ref())?;
+        for (extension, bytes) in [("svg", figure.svg.as_bytes()), ("png", figure.png.as_slice())] {
+            let path = path.with_extension(extension);
+            std::fs::write(&path, bytes).with_context(|| format!("writing {}", path.display()))?;
+            println!("wrote {}", path.display());
+        }
     }
     Ok(())
 }

@@ -100,14 +100,21 @@ impl Plot {
 
     /// Grid lines at the ticks of the x and left y axes.
     pub fn draw_grid<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult<DB> {
+        self.draw_x_grid(root)?;
+        let grid = GRID.stroke_width(1);
+        for &v in &self.y.ticks.values {
+            let y = self.py(v);
+            root.draw(&PathElement::new(vec![(self.x0, y), (self.x1, y)], grid))?;
+        }
+        Ok(())
+    }
+
+    /// Grid lines at the ticks of the x axis alone (a bar chart's category axis has none).
+    pub fn draw_x_grid<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult<DB> {
         let grid = GRID.stroke_width(1);
         for &v in &self.x.ticks.values {
             let x = self.px(v);
             root.draw(&PathElement::new(vec![(x, self.y0), (x, self.y1)], grid))?;
-        }
-        for &v in &self.y.ticks.values {
-            let y = self.py(v);
-            root.draw(&PathElement::new(vec![(self.x0, y), (self.x1, y)], grid))?;
         }
         Ok(())
     }

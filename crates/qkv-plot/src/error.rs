@@ -64,6 +64,16 @@ pub enum PlotError {
         /// The offending value.
         value: f64,
     },
+    /// A negative value where a length from zero (a bar) must be drawn.
+    #[error("`{arg}` has {value} at {at}, but a bar needs a value of 0 or more")]
+    Negative {
+        /// The argument holding the value.
+        arg: &'static str,
+        /// Where in the argument.
+        at: String,
+        /// The offending value.
+        value: f64,
+    },
     /// A value range that is not finite and increasing.
     #[error("`{arg}` is ({lo}, {hi}), which is not a finite increasing range")]
     BadRange {

@@ -12,6 +12,7 @@
 //! | keys and query as arrows in the plane | [`QueryDiagram`] | [`query_diagram`] |
 //! | weights (and output) as the query sweeps a path | [`ScoreCurves`] | [`score_curves`] |
 //! | any line chart of labelled series, e.g. the scaling figures | [`LineChart`] | [`line_chart`] |
+//! | grouped horizontal bars per category, e.g. benchmark throughput | [`BarChart`] | [`bar_chart`] |
 //!
 //! ```
 //! use qkv_plot::{Heatmap, Size, heatmap};
@@ -55,6 +56,7 @@
 //! fallback face never grows past the room it was given.
 
 mod axes;
+mod bar_chart;
 mod error;
 mod figure;
 mod font;
@@ -67,6 +69,7 @@ mod theme;
 mod ticks;
 mod validate;
 
+pub use bar_chart::{BarChart, BarSeries, ReferenceLine, bar_chart};
 pub use error::PlotError;
 pub use figure::{Figure, Size};
 pub use heatmap::{Heatmap, heatmap};

@@ -12,8 +12,8 @@ use plotters::style::text_anchor::{HPos, VPos};
 use crate::axes::{Axis, Plot, dashes};
 use crate::figure::{Draw, DrawResult, render};
 use crate::theme::{
-    INK, LABEL_SIZE, LegendItem, MARGIN, MARKER, anchored, draw_frame, draw_legend, legend_height, measure,
-    palette, text, trimmed,
+    INK, LABEL_SIZE, LegendItem, MARGIN, MARKER, anchored, draw_frame_and_legend, measure, palette, text,
+    trimmed,
 };
 use crate::{Figure, PlotError, Size, ticks, validate};
 
@@ -287,12 +287,8 @@ impl Draw for Checked<'_> {
 
     fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult<DB> {
         let spec = self.spec;
-        let top = draw_frame(root, &spec.title)?;
-        let (width, height) = root.dim_in_pixel();
-        let (width, height) = (width as i32, height as i32);
         let items = self.legend();
-        draw_legend(root, &items, width / 2, top, width - 2 * MARGIN)?;
-        let top = top + legend_height(&items, width - 2 * MARGIN);
+        let (top, width, height) = draw_frame_and_legend(root, &spec.title, &items)?;
 
         let plot = Plot::place(
             Axis { ticks: self.x_ticks.clone(), scale: spec.x_scale, title: spec.x_title.clone() },

@@ -140,6 +140,20 @@ pub(crate) fn draw_frame<DB: DrawingBackend>(
     Ok(MARGIN + h + 2 * GAP)
 }
 
+/// Draws the frame and title (see [`draw_frame`]) and the legend under them; returns where the
+/// content may start and the figure's width and height in pixels.
+pub(crate) fn draw_frame_and_legend<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    title: &str,
+    items: &[LegendItem],
+) -> Result<(i32, i32, i32), DrawingAreaErrorKind<DB::ErrorType>> {
+    let top = draw_frame(root, title)?;
+    let (width, height) = root.dim_in_pixel();
+    let (width, height) = (width as i32, height as i32);
+    draw_legend(root, items, width / 2, top, width - 2 * MARGIN)?;
+    Ok((top + legend_height(items, width - 2 * MARGIN), width, height))
+}
+
 /// One legend entry: a label and how to draw its swatch.
 pub(crate) struct LegendItem {
     /// The text beside the swatch.

@@ -9,7 +9,8 @@ use crate::error::{AttentionError, Dims};
 use crate::flash;
 use crate::mask::AttentionOptions;
 use crate::real::Real;
-use crate::shape::{Magnitudes, Shape};
+use crate::shape::{Magnitudes, Shape, finite_magnitude};
+use crate::simd;
 
 /// Scaled scores `S = Q·Kᵀ · scale (+ bias)`, `[n_queries, n_keys]`; `-inf` where a pair is hidden.
 #[derive(Debug, Clone, PartialEq)]
@@ -74,13 +75,14 @@ pub fn attention<T: Real>(
     v: ArrayView2<T>,
     options: &AttentionOptions<T>,
 ) -> Result<Array2<T>, AttentionError> {
-    let (shape, magnitudes) = Shape::check_measured(&q, &k, &v)?;
+    let shape = Shape::of_dims(q.shape(), k.shape(), v.shape())?;
     let mut out = Array2::zeros((shape.n_queries, shape.value_dim));
-    run(&shape, &magnitudes, q, k, v, options, out.view_mut(), None)?;
+    attend_output(&shape, q, k, v, options, out.view_mut())?;
     Ok(out)
 }
 
 /// Like [`attention`], writing the output into `out` (`[n_queries, d_v]`) without allocating it.
+/// If the call fails, `out` may hold anything.
 pub fn attention_into<T: Real>(
     q: ArrayView2<T>,
     k: ArrayView2<T>,
@@ -88,14 +90,59 @@ pub fn attention_into<T: Real>(
     options: &AttentionOptions<T>,
     out: ArrayViewMut2<T>,
 ) -> Result<(), AttentionError> {
-    let (shape, magnitudes) = Shape::check_measured(&q, &k, &v)?;
+    let shape = Shape::of_dims(q.shape(), k.shape(), v.shape())?;
     if out.shape() != [shape.n_queries, shape.value_dim] {
         return Err(AttentionError::OutputShape {
             expected: Dims(vec![shape.n_queries, shape.value_dim]),
             found: out.shape().into(),
         });
     }
-    run(&shape, &magnitudes, q, k, v, options, out, None)
+    attend_output(&shape, q, k, v, options, out)
+}
+
+/// Output-only attention for a problem whose shapes are checked. Decoding checks its keys and
+/// values as it reads them (see [`decode_checked`]); everything else checks its inputs first.
+fn attend_output<T: Real>(
+    shape: &Shape,
+    q: ArrayView2<T>,
+    k: ArrayView2<T>,
+    v: ArrayView2<T>,
+    options: &AttentionOptions<T>,
+    mut out: ArrayViewMut2<T>,
+) -> Result<(), AttentionError> {
+    if flash::decodes(shape.n_queries, &k) {
+        let queries = finite_magnitude("queries", &q)?;
+        let masks = options.resolve(shape)?;
+        let kernels = simd::kernels_for(options.simd_level())?;
+        let measured =
+            flash::attend(kernels, shape, 1, vec![flash::Head { q, k, v, out: out.view_mut() }], &masks);
+        if decode_checked(shape, queries, measured, &masks) {
+            return Ok(());
+        }
+    }
+    let magnitudes = Magnitudes::measure(&q, &k, &v)?;
+    run(shape, &magnitudes, q, k, v, options, out, None)
+}
+
+/// Whether a decoding step's result stands: every key and value it read was finite, and with the
+/// magnitudes it measured no intermediate could have overflowed ([`flash::stays_finite`]).
+/// Otherwise the caller checks the inputs in full, which names a non-finite one, and runs the
+/// path that suits them, overwriting the output.
+///
+/// Decoding reads each key and value once, so checking them in the same pass, rather than in a
+/// pass of their own beforehand, halves its memory traffic.
+pub(crate) fn decode_checked<T: Real>(
+    shape: &Shape,
+    queries: f64,
+    measured: Option<flash::Measured<T>>,
+    masks: &crate::mask::MaskSet<'_, '_, T>,
+) -> bool {
+    let Some(measured) = measured else { return false };
+    let magnitudes =
+        Magnitudes { queries, keys: measured.keys.to_f64_exact(), values: measured.values.to_f64_exact() };
+    magnitudes.keys.is_finite()
+        && magnitudes.values.is_finite()
+        && flash::stays_finite(shape, &magnitudes, masks)
 }
 
 /// Scaled dot-product attention that also returns the scores and the weight matrix.
@@ -127,11 +174,12 @@ pub(crate) fn run<T: Real>(
     matrices: Option<(ArrayViewMut2<T>, ArrayViewMut2<T>)>,
 ) -> Result<(), AttentionError> {
     let masks = options.resolve(shape)?;
+    let kernels = simd::kernels_for(options.simd_level())?;
     match matrices {
         // Output only: the tiled path, unless an intermediate could overflow (then the blocked
         // path runs, which also names the query whose score overflows).
         None if flash::stays_finite(shape, magnitudes, &masks) => {
-            flash::attend(shape, q, k, v, &masks, out);
+            flash::attend(kernels, shape, 1, vec![flash::Head { q, k, v, out }], &masks);
             Ok(())
         }
         // The weights are an `n_q × n_k` matrix by definition: the blocked path fills it.

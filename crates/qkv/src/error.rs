@@ -181,4 +181,23 @@ pub enum AttentionError {
         /// The element type.
         ty: &'static str,
     },
+    /// A SIMD level that this CPU does not run was asked for.
+    #[error(
+        "{by} asks for the {requested} SIMD level, which this CPU does not run (the best it runs is \
+         {supported}): ask for {supported} or a lower level, or leave the choice to the engine"
+    )]
+    UnsupportedSimdLevel {
+        /// The level asked for.
+        requested: crate::SimdLevel,
+        /// The best level this CPU runs.
+        supported: crate::SimdLevel,
+        /// Who asked: `QKV_SIMD` or `AttentionOptions::simd`.
+        by: &'static str,
+    },
+    /// A SIMD level name that is not one (from `QKV_SIMD`).
+    #[error("{value:?} is not a SIMD level: QKV_SIMD takes avx512, avx2 or baseline")]
+    UnknownSimdLevel {
+        /// The text given.
+        value: String,
+    },
 }

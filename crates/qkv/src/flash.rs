@@ -1,37 +1,34 @@
 //! The fast output-only path: FlashAttention-2-style tiling with an online softmax.
 //!
-//! Queries are cut into blocks of [`QUERY_BLOCK`] rows and keys into blocks of [`KEY_BLOCK`].
-//! For one query block the key blocks are visited in order: scores `S = Q_b·K_jᵀ` (the scale is
-//! folded into the packed queries), masks where a tile needs them, then the online softmax: the
-//! running row maximum `m` and sum `l`, the rescale `α = exp(m_old - m_new)` of the output
-//! accumulator, and `O += P·V`. Each row is divided by its `l` once, at the end. No
+//! Queries are cut into blocks of the kernel level's `QUERY_BLOCK` rows and keys into blocks of
+//! `KEY_BLOCK`. For one query block the key blocks are visited in order: scores `S = Q_b·K_jᵀ`
+//! (the scale is folded into the packed queries), masks where a tile needs them, then the online
+//! softmax: the running row maximum `m` and sum `l`, the rescale `α = exp(m_old - m_new)` of the
+//! output accumulator, and `O += P·V`. Each row is divided by its `l` once, at the end. No
 //! `n_q × n_k` matrix exists: beyond the inputs and the output, memory is the packed keys and
 //! values (`n_k · (d_k + d_v)` scalars) and a few tiles per task.
 //!
 //! Work is split into independent (query block, key split) items and never over a reduction.
 //! Keys are split only when there are few query blocks (decoding), into a number of splits that
 //! depends on the problem size alone, and the partial softmax states are merged in a fixed order:
-//! results are the same bit for bit whatever the number of threads.
+//! results are the same bit for bit whatever the number of threads. Small problems run on the
+//! calling thread (`work::worth_sharing`).
 //!
-//! The SIMD arithmetic lives in `kernels`; this module owns the tiling, the masking decisions, the
-//! online softmax and the work split.
+//! The SIMD arithmetic lives in `kernels`, behind [`Kernels`]; this module is written once for
+//! every level and owns the tiling, the masking decisions, the online softmax and the work split.
 
 use std::ops::Range;
+use std::sync::OnceLock;
 
-use ndarray::{ArrayView2, ArrayViewMut2, Axis};
-use rayon::prelude::*;
-
-use crate::kernels::{self, KEY_VECTORS, V, Vector};
+use crate::kernels::{
+    self, Buffer, Isa, Job, KEY_BLOCK, Kernels, Rows, RowsMut, ScoreTile, ValueRows, Weights,
+};
 use crate::mask::MaskSet;
 use crate::real::Real;
 use crate::shape::{Magnitudes, Shape};
+use crate::work;
+use ndarray::{ArrayView2, ArrayViewMut2, Axis};
 
-/// Queries per block: one task's rows. Its scores tile (`QUERY_BLOCK × KEY_BLOCK`), packed
-/// queries and output accumulator stay in L1/L2 while the key blocks stream past.
-pub(crate) const QUERY_BLOCK: usize = 64;
-/// Keys per block: a multiple of the key panel width (64 keys for f32, 32 for f64). 128 measured
-/// about 10% faster than 64 (the per-row work of the online softmax is spread over more keys).
-pub(crate) const KEY_BLOCK: usize = 128;
 /// Problems with fewer query blocks than this also split their keys, so that every core works.
 const SPLIT_BELOW_BLOCKS: usize = 4;
 /// Problems with at most this many queries take their scores straight from the key rows.
@@ -58,67 +55,168 @@ pub(crate) fn stays_finite<T: Real>(
     score <= limit && value <= limit
 }
 
-/// Computes attention for a checked problem into `out` (`[n_q, d_v]`).
+/// Computes attention for heads of one checked shape with the kernels of `isa`: each head's
+/// output (`[q.nrows(), d_v]`) from its queries, keys and values. The heads' work items are shared
+/// out together, so that many small heads keep every core busy to the end.
+///
+/// Each head's `q` holds `rows_per_query` rows per query: row `r` belongs to query
+/// `r / rows_per_query` and takes its masks. This stacks query heads that share one key/value
+/// head (grouped-query attention), so that a decoding step reads each key and value once for all
+/// of them.
+///
+/// Decoding (see [`decodes`]) reads every key and value exactly once, and measures them as it
+/// does: when every head decodes, this returns their largest magnitudes
+/// ([`Kernels::magnitude`]: non-finite if any input is), so that the caller can check them
+/// afterwards instead of in a pass of its own. Otherwise it returns `None`, and the inputs need
+/// checking beforehand.
 pub(crate) fn attend<T: Real>(
+    isa: Isa,
     shape: &Shape,
-    q: ArrayView2<T>,
-    k: ArrayView2<T>,
-    v: ArrayView2<T>,
+    rows_per_query: usize,
+    heads: Vec<Head<'_, '_, T>>,
     masks: &MaskSet<'_, '_, T>,
-    mut out: ArrayViewMut2<T>,
-) {
-    // Decoding (a few queries, contiguous key rows): scores straight from the key rows.
-    let direct = shape.n_queries <= DIRECT_ROWS && (k.ncols() == 1 || k.strides()[1] == 1);
-    let problem = Problem { shape: *shape, q, k, direct, masks };
-    let splits = key_splits(shape);
-    let mut blocks: Vec<ArrayViewMut2<T>> = out.axis_chunks_iter_mut(Axis(0), QUERY_BLOCK).collect();
-    if let [keys] = splits.as_slice() {
-        let packed = Packed::new(k, v, keys.clone(), !direct);
-        // Zig-zag pairs: block i runs with block n-1-i, so that under a causal mask (where block
-        // i's cost grows with i) every item costs about the same; items are taken one at a time
-        // (`with_max_len(1)`) so both cores stay busy to the end.
-        let n = blocks.len();
-        let (front, back) = blocks.split_at_mut(n.div_ceil(2));
-        let mut partners = back.iter_mut().rev();
-        let pairs: Vec<_> =
-            front.iter_mut().enumerate().map(|(i, block)| (i, block, partners.next())).collect();
-        pairs.into_par_iter().with_max_len(1).for_each(|(i, block, partner)| {
-            for (b, out_block) in std::iter::once((i, block)).chain(partner.map(|p| (n - 1 - i, p))) {
-                let state = problem.attend_block(&packed, b * QUERY_BLOCK, out_block.nrows(), keys.clone());
-                state.write(out_block);
-            }
-        });
-        return;
+) -> Option<Measured<T>> {
+    isa.run(Attend { shape: *shape, rows_per_query, heads, masks })
+}
+
+/// A work item of the tiled path: head `.0`'s query blocks, each with its index and output.
+type HeadBlocks<'b, 'out, T> = (usize, Vec<(usize, &'b mut ArrayViewMut2<'out, T>)>);
+
+/// One head of a call to [`attend`].
+pub(crate) struct Head<'p, 'out, T> {
+    pub(crate) q: ArrayView2<'p, T>,
+    pub(crate) k: ArrayView2<'p, T>,
+    pub(crate) v: ArrayView2<'p, T>,
+    pub(crate) out: ArrayViewMut2<'out, T>,
+}
+
+/// Whether a problem of `rows` query rows (queries times stacked heads) over keys `k` takes the
+/// decoding path: few rows, and keys in one contiguous row-major slice, whose rows the scores
+/// read directly.
+pub(crate) fn decodes<T: Real>(rows: usize, k: &ArrayView2<T>) -> bool {
+    rows <= DIRECT_ROWS && k.as_slice().is_some()
+}
+
+/// The largest magnitudes of the keys and values, as decoding measured them (non-finite if any
+/// element is).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Measured<T> {
+    pub(crate) keys: T,
+    pub(crate) values: T,
+}
+
+impl<T: Real> Measured<T> {
+    /// Nothing read yet.
+    fn nothing() -> Measured<T> {
+        Measured { keys: T::zero(), values: T::zero() }
     }
-    let rows = |b: usize| QUERY_BLOCK.min(shape.n_queries - b * QUERY_BLOCK);
-    let items: Vec<(usize, Range<usize>)> =
-        (0..blocks.len()).flat_map(|b| splits.iter().map(move |keys| (b, keys.clone()))).collect();
-    let states: Vec<State<T>> = items
-        .into_par_iter()
-        .with_max_len(1)
-        .map(|(b, keys)| {
-            // Each task packs its own keys: they are read by few query rows, and a small buffer
-            // per task stays in cache where one large one per call would not.
-            let packed = Packed::new(k, v, keys.clone(), !direct);
-            problem.attend_block(&packed, b * QUERY_BLOCK, rows(b), keys)
-        })
-        .collect();
-    let mut states = states.into_iter();
-    for out_block in &mut blocks {
-        // Merged in split order, the same whichever thread computed each part.
-        let mut merged = states.next().expect("one state per split");
-        for part in states.by_ref().take(splits.len() - 1) {
-            merged.merge(&part);
+
+    fn combine(self, other: Measured<T>) -> Measured<T> {
+        Measured {
+            keys: kernels::larger_magnitude(self.keys, other.keys),
+            values: kernels::larger_magnitude(self.values, other.values),
         }
-        merged.write(out_block);
     }
 }
 
-/// The key ranges each query block is split into: one unless the queries are few, and then a
-/// number fixed by `n_k` alone, each a whole number of key blocks.
-fn key_splits(shape: &Shape) -> Vec<Range<usize>> {
-    let n_keys = shape.n_keys;
-    let splits = if shape.n_queries.div_ceil(QUERY_BLOCK) >= SPLIT_BELOW_BLOCKS {
+/// One call's operands, waiting for its kernels.
+struct Attend<'p, 'out, 'm, 'o, 'a, T: Real> {
+    shape: Shape,
+    rows_per_query: usize,
+    heads: Vec<Head<'p, 'out, T>>,
+    masks: &'m MaskSet<'o, 'a, T>,
+}
+
+impl<T: Real> Job<T> for Attend<'_, '_, '_, '_, '_, T> {
+    type Output = Option<Measured<T>>;
+
+    fn run<K: Kernels<T>>(self, kernels: K) -> Option<Measured<T>> {
+        let Attend { shape, rows_per_query, heads, masks } = self;
+        let n_rows = shape.n_queries * rows_per_query;
+        let mut problems = Vec::with_capacity(heads.len());
+        let mut outs = Vec::with_capacity(heads.len());
+        for Head { q, k, v, out } in heads {
+            let key_rows = k.to_slice().filter(|_| decodes(n_rows, &k));
+            problems.push(Problem { shape, q, rows_per_query, k, v, key_rows, masks });
+            outs.push(out);
+        }
+        let decoding = problems.iter().all(|p| p.key_rows.is_some());
+        let parallel =
+            work::worth_sharing(shape.flops() * (rows_per_query * problems.len()) as f64, decoding);
+        let splits = key_splits(n_rows, shape.n_keys, K::QUERY_BLOCK);
+        let mut blocks: Vec<Vec<ArrayViewMut2<T>>> =
+            outs.iter_mut().map(|out| out.axis_chunks_iter_mut(Axis(0), K::QUERY_BLOCK).collect()).collect();
+        let mut measured = Measured::nothing();
+        if let [keys] = splits.as_slice() {
+            let packed: Vec<Packed<T>> = problems.iter().map(|p| p.packed::<K>(keys.clone())).collect();
+            // Under a causal mask block i's cost grows with i, so items are zig-zag pairs: block i
+            // with block n-1-i, every pair costing about the same. Otherwise every block is an
+            // item of its own, the finest split. Items are taken one at a time, so both cores stay
+            // busy to the end.
+            let mut items: Vec<HeadBlocks<T>> = Vec::new();
+            for (h, blocks) in blocks.iter_mut().enumerate() {
+                let n = blocks.len();
+                if masks.is_causal() {
+                    let (front, back) = blocks.split_at_mut(n.div_ceil(2));
+                    let mut partners = back.iter_mut().rev();
+                    for (i, block) in front.iter_mut().enumerate() {
+                        let pair = std::iter::once((i, block)).chain(partners.next().map(|p| (n - 1 - i, p)));
+                        items.push((h, pair.collect()));
+                    }
+                } else {
+                    items.extend(blocks.iter_mut().enumerate().map(|block| (h, vec![block])));
+                }
+            }
+            let attend_item = |(h, item): HeadBlocks<T>| {
+                let mut measured = Measured::nothing();
+                for (b, out_block) in item {
+                    let rows = out_block.nrows();
+                    let state =
+                        problems[h].attend_block(kernels, &packed[h], b * K::QUERY_BLOCK, rows, keys.clone());
+                    state.write(out_block);
+                    measured = measured.combine(state.measured);
+                }
+                measured
+            };
+            for part in work::map_items(items, parallel, attend_item) {
+                measured = measured.combine(part);
+            }
+            return decoding.then_some(measured);
+        }
+        let rows = |b: usize| K::QUERY_BLOCK.min(n_rows - b * K::QUERY_BLOCK);
+        let splits = &splits;
+        let items: Vec<(usize, usize, Range<usize>)> = blocks
+            .iter()
+            .enumerate()
+            .flat_map(|(h, blocks)| {
+                (0..blocks.len()).flat_map(move |b| splits.iter().map(move |keys| (h, b, keys.clone())))
+            })
+            .collect();
+        let attend_item = |(h, b, keys): (usize, usize, Range<usize>)| {
+            // Each task packs its own keys: they are read by few query rows, and a small buffer
+            // per task stays in cache where one large one per call would not.
+            let packed = problems[h].packed::<K>(keys.clone());
+            problems[h].attend_block(kernels, &packed, b * K::QUERY_BLOCK, rows(b), keys)
+        };
+        let mut states = work::map_items(items, parallel, attend_item).into_iter();
+        for out_block in blocks.iter_mut().flatten() {
+            // Merged in split order, the same whichever thread computed each part.
+            let mut merged = states.next().expect("one state per split");
+            for part in states.by_ref().take(splits.len() - 1) {
+                merged.merge(&part);
+            }
+            merged.write(out_block);
+            measured = measured.combine(merged.measured);
+        }
+        decoding.then_some(measured)
+    }
+}
+
+/// The key ranges each query block (of `query_block` rows, of `n_rows` in all) is split into: one
+/// unless the rows are few, and then a number fixed by `n_keys` alone, each a whole number of key
+/// blocks.
+fn key_splits(n_rows: usize, n_keys: usize, query_block: usize) -> Vec<Range<usize>> {
+    let splits = if n_rows.div_ceil(query_block) >= SPLIT_BELOW_BLOCKS {
         1
     } else {
         (n_keys / SPLIT_KEYS).clamp(1, MAX_SPLITS)
@@ -128,12 +226,21 @@ fn key_splits(shape: &Shape) -> Vec<Range<usize>> {
 }
 
 /// Keys and values `first_key ..` in the layouts the kernels read.
-struct Packed<'v, T: Real> {
+struct Packed<'a, T: Real> {
     first_key: usize,
-    /// Key panels (see `kernels::pack_key_panel`), zero-padded to whole panels.
-    keys: Vec<V<T>>,
-    /// Value rows, `value_vectors` vectors each.
-    values: Values<'v, T>,
+    /// The keys from `first_key` on, as the caller passed them.
+    k: ArrayView2<'a, T>,
+    /// Keys per packed panel, the level's `KEY_PANEL`.
+    key_panel: usize,
+    /// The packed panels (see `kernels::pack_key_panel`) of each block of `KEY_BLOCK` keys,
+    /// zero-padded to whole panels. The first task that needs a block packs it, so packing is
+    /// shared out with the work that uses it, in the same round of work items (a round of its
+    /// own would end waiting for a pool thread that was still waking up). Empty when decoding.
+    key_blocks: Vec<OnceLock<Buffer<T>>>,
+    /// Value rows, `value_stride` scalars apart.
+    values: Values<'a, T>,
+    value_stride: usize,
+    /// Vectors per value row.
     value_vectors: usize,
 }
 
@@ -141,182 +248,227 @@ struct Packed<'v, T: Real> {
 /// a whole number of vectors wide, otherwise a zero-padded copy.
 enum Values<'v, T: Real> {
     Borrowed(&'v [T]),
-    Packed(Vec<V<T>>),
+    Packed(Buffer<T>),
 }
 
-impl<'v, T: Real> Packed<'v, T> {
-    fn new(k: ArrayView2<T>, v: ArrayView2<'v, T>, keys: Range<usize>, pack_keys: bool) -> Self {
+impl<'a, T: Real> Packed<'a, T> {
+    fn new<K: Kernels<T>>(
+        k: ArrayView2<'a, T>,
+        v: ArrayView2<'a, T>,
+        keys: Range<usize>,
+        pack_keys: bool,
+    ) -> Self {
         let first_key = keys.start;
-        let (k, v) = (k.slice(ndarray::s![keys.clone(), ..]), v.slice_move(ndarray::s![keys, ..]));
-        let width = kernels::key_panel_width::<T>();
-        let panel_len = k.ncols() * KEY_VECTORS;
-        let panels = if pack_keys { k.nrows().div_ceil(width) } else { 0 };
-        let mut keys = vec![V::<T>::default(); panels * panel_len];
-        // Two panels (128 keys) per task, so that even a small problem (n = 256: 4 panels) hands
-        // half its packing to another thread: that thread is then awake when the query blocks
-        // are handed out. At 8 panels per task, n = 256 packed on one thread and its second
-        // thread woke too late to take a block (2 threads ran no faster than 1).
-        keys.par_chunks_mut(panel_len)
-            .with_min_len(2)
-            .enumerate()
-            .for_each(|(p, panel)| kernels::pack_key_panel(k, p * width, panel));
-        let value_vectors = kernels::vectors_for::<T>(v.ncols());
-        if v.ncols() % V::<T>::LANES == 0
-            && let Some(values) = v.to_slice()
-        {
-            return Packed { first_key, keys, values: Values::Borrowed(values), value_vectors };
-        }
-        let mut values = vec![V::<T>::default(); v.nrows() * value_vectors];
-        // Chunks of rows, so that each task does a useful amount of copying.
-        const ROWS: usize = 256;
-        values.par_chunks_mut(ROWS * value_vectors).enumerate().for_each(|(c, chunk)| {
-            for (r, out) in chunk.chunks_exact_mut(value_vectors).enumerate() {
-                kernels::pack_value_row(v.row(c * ROWS + r), out);
+        let (k, v) = (k.slice_move(ndarray::s![keys.clone(), ..]), v.slice_move(ndarray::s![keys, ..]));
+        let blocks = if pack_keys { k.nrows().div_ceil(KEY_BLOCK) } else { 0 };
+        let key_blocks = (0..blocks).map(|_| OnceLock::new()).collect();
+        let value_vectors = v.ncols().div_ceil(K::LANES);
+        let value_stride = value_vectors * K::LANES;
+        let values = match v.to_slice() {
+            Some(values) if v.ncols() == value_stride => Values::Borrowed(values),
+            _ => {
+                let mut values = Buffer::zeros(v.nrows() * value_stride);
+                for (row, out) in v.rows().into_iter().zip(values.chunks_exact_mut(value_stride)) {
+                    kernels::pack_value_row(row, out);
+                }
+                Values::Packed(values)
             }
-        });
-        Packed { first_key, keys, values: Values::Packed(values), value_vectors }
+        };
+        Packed { first_key, k, key_panel: K::KEY_PANEL, key_blocks, values, value_stride, value_vectors }
     }
 
-    /// The values of key `key` onwards, as scalars.
-    fn values_from(&self, key: usize) -> &[T] {
-        let offset = (key - self.first_key) * self.value_vectors * V::<T>::LANES;
-        match &self.values {
+    /// The packed panels of the key block starting at key `start`, packed now if no task has yet.
+    fn key_block(&self, start: usize) -> &[T] {
+        let offset = start - self.first_key;
+        self.key_blocks[offset / KEY_BLOCK].get_or_init(|| {
+            let (width, d) = (self.key_panel, self.k.ncols());
+            let n_keys = KEY_BLOCK.min(self.k.nrows() - offset);
+            let mut panels = Buffer::zeros(n_keys.div_ceil(width) * width * d);
+            for (p, panel) in panels.chunks_exact_mut(width * d).enumerate() {
+                kernels::pack_key_panel(self.k, offset + p * width, width, panel);
+            }
+            panels
+        })
+    }
+
+    /// The values of key `key` onwards, as the `P·V` kernel reads them.
+    fn values_from(&self, key: usize) -> ValueRows<'_, T> {
+        let offset = (key - self.first_key) * self.value_stride;
+        let v = match &self.values {
             Values::Borrowed(values) => &values[offset..],
-            Values::Packed(values) => &V::<T>::scalars(values)[offset..],
-        }
+            Values::Packed(values) => &values[offset..],
+        };
+        ValueRows { v, stride: self.value_stride, vectors: self.value_vectors }
     }
 }
 
-/// Everything a task reads.
-struct Problem<'p, 'o, 'a, T: Real> {
+/// Everything a task of one head reads.
+struct Problem<'p, 'm, 'o, 'a, T: Real> {
     shape: Shape,
     q: ArrayView2<'p, T>,
+    /// Rows of `q` per query (stacked heads): row `r` takes the masks of query `r / rows_per_query`.
+    rows_per_query: usize,
     k: ArrayView2<'p, T>,
-    /// Scores from the key rows themselves (`kernels::direct_scores`), no packed keys.
-    direct: bool,
-    masks: &'p MaskSet<'o, 'a, T>,
+    v: ArrayView2<'p, T>,
+    /// The keys, row after row, when decoding: scores come from the key rows themselves
+    /// (`Kernels::direct_scores`), with no packed keys.
+    key_rows: Option<&'p [T]>,
+    masks: &'m MaskSet<'o, 'a, T>,
 }
 
 /// The online-softmax state of a block of query rows over some keys: running maximum `m`, running
-/// sum `l` of `exp(s - m)`, and the unnormalised output `o = Σ exp(s - m) · v`.
+/// sum `l` of `exp(s - m)`, and the unnormalised output `o = Σ exp(s - m) · v` (`o_stride`
+/// scalars per row, the value width padded to whole vectors; rows past `m.len()` pad the block to
+/// whole register tiles).
 struct State<T: Real> {
     m: Vec<T>,
     l: Vec<T>,
-    o: Vec<V<T>>,
-    value_vectors: usize,
+    o: Buffer<T>,
+    o_stride: usize,
+    /// The magnitudes of the keys and values read, when decoding.
+    measured: Measured<T>,
 }
 
-impl<T: Real> Problem<'_, '_, '_, T> {
+impl<'p, T: Real> Problem<'p, '_, '_, '_, T> {
+    /// The keys and values in `keys`, for the kernels of `K`.
+    fn packed<K: Kernels<T>>(&self, keys: Range<usize>) -> Packed<'p, T> {
+        Packed::new::<K>(self.k, self.v, keys, self.key_rows.is_none())
+    }
+
+    /// The query whose masks row `row` takes.
+    fn query(&self, row: usize) -> usize {
+        row / self.rows_per_query
+    }
+
     /// The state of queries `first .. first + rows` over the keys in `keys` (whole key blocks
     /// from a block boundary, except at the end).
-    fn attend_block(&self, packed: &Packed<T>, first: usize, rows: usize, keys: Range<usize>) -> State<T> {
-        let (d, dv) = (self.shape.key_dim, packed.value_vectors);
+    fn attend_block<K: Kernels<T>>(
+        &self,
+        kernels: K,
+        packed: &Packed<T>,
+        first: usize,
+        rows: usize,
+        keys: Range<usize>,
+    ) -> State<T> {
+        let d = self.shape.key_dim;
         let masks = self.masks;
-        let width = kernels::key_panel_width::<T>();
-        let s_stride = kernels::vectors_for::<T>(KEY_BLOCK);
+        let lanes = K::LANES;
+        let o_stride = packed.value_vectors * lanes;
+        let direct = self.key_rows.is_some();
+        // The packed score path computes whole register tiles: the block is padded with zero
+        // queries, whose scores (0) and outputs are never read. The direct path takes rows as
+        // they come.
+        let padded = if direct { rows } else { rows.next_multiple_of(K::TILE_ROWS) };
         let mut state = State {
             m: vec![T::neg_infinity(); rows],
             l: vec![T::zero(); rows],
-            o: vec![V::<T>::default(); rows * dv],
-            value_vectors: dv,
+            o: Buffer::zeros(padded * o_stride),
+            o_stride,
+            measured: Measured::nothing(),
         };
         // Causal: keys from `reach` on are hidden from every row of the block, so their blocks
         // are skipped; blocks ending by `clean_below` are visible to every row and need no mask.
-        let reach = masks.visible_keys(first + rows - 1).end.min(keys.end);
+        let reach = masks.visible_keys(self.query(first + rows - 1)).end.min(keys.end);
         let elementwise = masks.has_elementwise_masks();
-        let clean_below = if elementwise { 0 } else { masks.visible_keys(first).end };
+        let clean_below = if elementwise { 0 } else { masks.visible_keys(self.query(first)).end };
         if keys.start >= reach {
             return state;
         }
-        let mut q = vec![T::zero(); rows * d];
+        let mut q = vec![T::zero(); padded * d];
         let scale = T::from_f64_round(masks.scale);
-        if self.direct {
+        if direct {
             kernels::pack_query_rows(self.q, first, rows, scale, &mut q);
         } else {
-            kernels::pack_queries(self.q, first, rows, scale, &mut q);
+            kernels::pack_queries(self.q, first, rows, scale, K::TILE_ROWS, &mut q);
         }
-        let mut s = vec![V::<T>::default(); rows * s_stride];
-        let mut row_max = vec![V::<T>::default(); rows];
-        let (mut m_prev, mut sums, mut alpha) =
-            (vec![T::zero(); rows], vec![T::zero(); rows], vec![T::one(); rows]);
+        let mut s = Buffer::zeros(padded * KEY_BLOCK);
+        let mut row_max = Buffer::zeros(padded * lanes);
+        let (mut tile_max, mut m_new, mut sums) =
+            (vec![T::zero(); rows], vec![T::zero(); rows], vec![T::zero(); rows]);
+        let mut alpha = vec![T::one(); padded];
         for start in (keys.start..reach).step_by(KEY_BLOCK) {
             let n_keys = KEY_BLOCK.min(reach - start);
-            let panels = n_keys.div_ceil(width);
-            let panel0 = (start - packed.first_key) / width * d * KEY_VECTORS;
-            if self.direct {
-                let k = self.k.slice(ndarray::s![start..start + n_keys, ..]);
-                kernels::direct_scores(&q, rows, k, &mut s, s_stride);
+            let panels = n_keys.div_ceil(K::KEY_PANEL);
+            // A causal tile on the diagonal: each group of rows needs the keys up to its last
+            // row's visible end; the scores past it are hidden below.
+            let trim = !elementwise && start + n_keys > clean_below;
+            if let Some(k) = self.key_rows {
+                let magnitude =
+                    kernels.direct_scores(&q, rows, &k[start * d..(start + n_keys) * d], d, &mut s);
+                state.measured.keys = kernels::larger_magnitude(state.measured.keys, magnitude);
             } else {
-                let keys = &packed.keys[panel0..];
-                // A causal tile on the diagonal: each group of rows needs the keys up to its
-                // last row's visible end; the scores past it are hidden below.
-                let trim = !elementwise && start + n_keys > clean_below;
                 let group_keys = |g: usize| {
-                    if trim {
-                        let last = first + (g + kernels::SCORE_ROWS).min(rows) - 1;
-                        masks.visible_keys(last).end.saturating_sub(start)
-                    } else {
-                        usize::MAX
-                    }
+                    let last = first + (g + K::TILE_ROWS).min(rows) - 1;
+                    masks.visible_keys(self.query(last)).end.saturating_sub(start)
                 };
-                kernels::scores(&q, d, rows, keys, panels, &mut s, s_stride, &mut row_max, group_keys);
+                let tile = ScoreTile {
+                    q: &q,
+                    d,
+                    rows: padded,
+                    keys: packed.key_block(start),
+                    panels,
+                    s: &mut s,
+                    row_max: &mut row_max,
+                };
+                kernels.scores(tile, trim.then_some(&group_keys as &dyn Fn(usize) -> usize));
             }
-            let used = kernels::vectors_for::<T>(n_keys);
+            let used = n_keys.next_multiple_of(lanes);
             let clean = start + n_keys <= clean_below;
             // The maxima the score kernel folded are exact for a tile without masks whose panels
             // hold only its own keys; otherwise masked pairs, padding or keys past `reach` are in
-            // them, and the row is scanned again.
-            let fused_max = !self.direct && clean && n_keys == panels * width;
+            // them, and the rows are scanned again.
+            let fused_max = !direct && clean && n_keys == panels * K::KEY_PANEL;
             for r in 0..rows {
-                let row = &mut s[r * s_stride..r * s_stride + used];
-                let scalars = V::<T>::scalars_mut(row);
+                let row = &mut s[r * KEY_BLOCK..r * KEY_BLOCK + used];
                 // Lanes past the block's last key (padding in the packed keys) take no part.
-                scalars[n_keys..].fill(T::neg_infinity());
+                row[n_keys..].fill(T::neg_infinity());
+                let query = self.query(first + r);
                 if elementwise {
-                    masks.apply_row(first + r, start..start + n_keys, &mut scalars[..n_keys]);
+                    masks.apply_row(query, start..start + n_keys, &mut row[..n_keys]);
                 } else if !clean {
                     // Causal alone: hide the keys past the row's visible range, without the
                     // per-pair checks of `apply_row` (same rule, from `visible_keys`).
-                    let end = masks.visible_keys(first + r).end.clamp(start, start + n_keys);
-                    scalars[end - start..n_keys].fill(T::neg_infinity());
-                }
-                let tile_max = if fused_max { row_max[r].reduce_max() } else { kernels::row_max(row) };
-                m_prev[r] = state.m[r];
-                state.m[r] = m_prev[r].max(tile_max);
-                if state.m[r] == T::neg_infinity() {
-                    // Nothing visible yet: the row contributes nothing and its state stays empty.
-                    row.fill(V::<T>::default());
-                    sums[r] = T::zero();
-                } else {
-                    sums[r] = kernels::exp_and_sum(row, state.m[r]);
+                    let end = masks.visible_keys(query).end.clamp(start, start + n_keys);
+                    row[end - start..n_keys].fill(T::neg_infinity());
                 }
             }
-            kernels::exp_differences(&m_prev, &state.m, &mut alpha);
+            if fused_max {
+                kernels.row_maxima(Rows { data: &row_max, stride: lanes, rows }, lanes, &mut tile_max);
+            } else {
+                kernels.row_maxima(Rows { data: &s, stride: KEY_BLOCK, rows }, used, &mut tile_max);
+            }
             for r in 0..rows {
-                if state.m[r] == T::neg_infinity() {
+                m_new[r] = state.m[r].max(tile_max[r]);
+            }
+            kernels.exp_rows(RowsMut { data: &mut s, stride: KEY_BLOCK, rows }, used, &m_new, &mut sums);
+            kernels.exp_differences(&state.m, &m_new, &mut alpha[..rows]);
+            for r in 0..rows {
+                if m_new[r] == T::neg_infinity() {
+                    // Nothing visible yet: the row's state stays empty.
                     alpha[r] = T::one();
                 }
                 state.l[r] = state.l[r] * alpha[r] + sums[r];
+                state.m[r] = m_new[r];
             }
             let values = packed.values_from(start);
-            if clean || elementwise {
-                let weights = kernels::Weights { p: &s, stride: s_stride, rows, n_keys };
-                kernels::accumulate_values(weights, &alpha, values, dv, &mut state.o);
+            if direct {
+                let magnitude = kernels.magnitude(&values.v[..n_keys * values.stride]);
+                state.measured.values = kernels::larger_magnitude(state.measured.values, magnitude);
+            }
+            if !trim {
+                let weights = Weights { p: &s, rows: padded, n_keys };
+                kernels.accumulate_values(weights, &alpha, values, &mut state.o);
             } else {
                 // A causal tile on the diagonal: each group of rows stops at the last key its
                 // last row sees. The weights past it are exact zeros, so the sums are unchanged
                 // and about half of the diagonal's `P·V` work is skipped.
-                for g in (0..rows).step_by(kernels::VALUE_ROWS) {
-                    let mr = kernels::VALUE_ROWS.min(rows - g);
-                    let end = masks.visible_keys(first + g + mr - 1).end.clamp(start, start + n_keys);
-                    let weights = kernels::Weights {
-                        p: &s[g * s_stride..],
-                        stride: s_stride,
-                        rows: mr,
-                        n_keys: end - start,
-                    };
-                    let o = &mut state.o[g * dv..(g + mr) * dv];
-                    kernels::accumulate_values(weights, &alpha[g..g + mr], values, dv, o);
+                for g in (0..padded).step_by(K::TILE_ROWS) {
+                    let group = K::TILE_ROWS.min(padded - g);
+                    let last = first + (g + group).min(rows) - 1;
+                    let end = masks.visible_keys(self.query(last)).end.clamp(start, start + n_keys);
+                    let weights = Weights { p: &s[g * KEY_BLOCK..], rows: group, n_keys: end - start };
+                    let o = &mut state.o[g * o_stride..(g + group) * o_stride];
+                    kernels.accumulate_values(weights, &alpha[g..g + group], values, o);
                 }
             }
         }
@@ -328,7 +480,8 @@ impl<T: Real> State<T> {
     /// Folds `other` (the same rows over other keys) into `self`: both are rescaled to the larger
     /// maximum before their sums and outputs are added.
     fn merge(&mut self, other: &State<T>) {
-        let dv = self.value_vectors;
+        self.measured = self.measured.combine(other.measured);
+        let stride = self.o_stride;
         for r in 0..self.m.len() {
             let m = self.m[r].max(other.m[r]);
             if m == T::neg_infinity() {
@@ -337,19 +490,19 @@ impl<T: Real> State<T> {
             let (a, b) = ((self.m[r] - m).exp(), (other.m[r] - m).exp());
             self.l[r] = self.l[r] * a + other.l[r] * b;
             self.m[r] = m;
-            let (va, vb) = (V::<T>::splat(a), V::<T>::splat(b));
-            for (x, &y) in self.o[r * dv..(r + 1) * dv].iter_mut().zip(&other.o[r * dv..(r + 1) * dv]) {
-                *x = y.mul_add(vb, x.mul(va));
+            let (mine, theirs) =
+                (&mut self.o[r * stride..(r + 1) * stride], &other.o[r * stride..(r + 1) * stride]);
+            for (x, &y) in mine.iter_mut().zip(theirs) {
+                *x = y.mul_add(b, *x * a);
             }
         }
     }
 
     /// Writes `o / l` into `out`; a row with nothing visible (`l = 0`) gets zeros.
     fn write(&self, out: &mut ArrayViewMut2<T>) {
-        let dv = self.value_vectors;
         for (r, mut out_row) in out.rows_mut().into_iter().enumerate() {
             let l = self.l[r];
-            let o = V::<T>::scalars(&self.o[r * dv..(r + 1) * dv]);
+            let o = &self.o[r * self.o_stride..];
             let divide = |(x, &acc): (&mut T, &T)| *x = if l > T::zero() { acc / l } else { T::zero() };
             // A contiguous row as a slice, so that the divisions vectorise.
             match out_row.as_slice_mut() {

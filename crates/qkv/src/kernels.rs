@@ -1,71 +1,405 @@
-//! The SIMD microkernels of the fast path, behind a narrow interface: pack keys, values and
-//! queries into the layouts the kernels read; a register-blocked `S = Q·Kᵀ` tile; the row maximum;
-//! exp-and-sum; and a register-blocked `O = α·O + P·V`.
+//! The SIMD microkernels of the fast path, behind a narrow interface ([`Kernels`]): a
+//! register-blocked `S = Q·Kᵀ` tile with its row maxima, scores straight from key rows for
+//! decoding, row maxima, exp-and-sum, the rescale factors, and a register-blocked
+//! `O = α·O + P·V`; plus packing the keys and queries into the layouts those tiles read.
 //!
-//! Nothing here knows about masks, the online softmax or threads: that is `flash.rs`. Every
-//! kernel is generic over [`Vector`], so `f32` (16 lanes) and `f64` (8 lanes) share the code.
-//! There is no `unsafe`: the vectors are `wide`'s, and every load goes through a slice whose
-//! bounds check the compiler hoists out of the inner loops (checked in the profiles).
+//! Nothing here knows about masks, the online softmax or threads: that is `flash.rs`.
+//!
+//! # Levels
+//!
+//! The kernels are compiled once per instruction-set level and chosen at run time ([`Isa`]):
+//! AVX-512F and AVX2 + FMA with `core::arch` intrinsics on x86-64, and a baseline through `wide`
+//! (SSE2 on x86-64, NEON on aarch64). Every kernel is written once, in `kernels/generic.rs`, as an
+//! `#[inline(always)]` function generic over a level's [`Simd`] primitives (load, store, splat,
+//! fused multiply-add, max, add, mul, the reductions; the exponential is built from them); each
+//! level's file implements those primitives and, through [`level_kernels!`], one
+//! `#[target_feature]` entry function per kernel that instantiates the generic code with the
+//! level's register tiles. So a level is its primitives and its tile sizes, nothing else.
+//!
+//! `unsafe` lives only here: intrinsics and calls into `#[target_feature]` functions, each sound
+//! because a level's token type (`Avx2`, `Avx512`) can only be made by a function that checked
+//! the CPU with `is_x86_feature_detected!`, and every kernel takes the token.
 
-mod vector;
+mod baseline;
+mod generic;
+mod simd;
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod x86;
 
 use ndarray::ArrayView2;
 
-pub use vector::Vector;
+use crate::real::Real;
+use crate::simd::SimdLevel;
 
-/// An element type with a vector type for the kernels. A supertrait of [`crate::Real`], in a
-/// private module so that no other crate can name or implement it.
-pub trait Element: Copy + Send + Sync + Default + 'static {
-    /// The SIMD vector of this element type.
-    type Vector: Vector<Scalar = Self>;
+pub use simd::Exp2;
+
+/// An element type with kernels at every level. A supertrait of [`crate::Real`], in a private
+/// module so that no other crate can name or implement it.
+pub trait Element: Exp2 + wide::bytemuck::Pod + Send + Sync + Default + 'static {
+    /// 64 bytes of elements, aligned to 64: the storage unit of [`Buffer`].
+    type Line: wide::bytemuck::Pod + Default + Send + Sync;
+
+    /// Runs `job` with this element type's kernels of the level `isa` stands for.
+    fn dispatch<J: Job<Self>>(isa: Isa, job: J) -> J::Output
+    where
+        Self: Real;
 }
 
-impl Element for f32 {
-    type Vector = wide::f32x16;
+/// Implements [`Element`] for one type: the dispatch is the same code for every type, but each
+/// type needs the compiler to see that every level's token implements `Kernels` for it.
+macro_rules! element {
+    ($t:ty, $line:ty) => {
+        impl Element for $t {
+            type Line = $line;
+
+            fn dispatch<J: Job<Self>>(isa: Isa, job: J) -> J::Output {
+                match isa {
+                    #[cfg(target_arch = "x86_64")]
+                    Isa::Avx512(level) => job.run(level),
+                    #[cfg(target_arch = "x86_64")]
+                    Isa::Avx2(level) => job.run(level),
+                    Isa::Baseline(level) => job.run(level),
+                }
+            }
+        }
+    };
+}
+element!(f32, wide::f32x16);
+element!(f64, wide::f64x8);
+
+/// An instruction-set level that this CPU runs, with the token that proves it.
+#[derive(Debug, Clone, Copy)]
+pub enum Isa {
+    /// AVX-512F.
+    #[cfg(target_arch = "x86_64")]
+    Avx512(avx512::Avx512),
+    /// AVX2 with FMA.
+    #[cfg(target_arch = "x86_64")]
+    Avx2(avx2::Avx2),
+    /// The target's baseline vectors, through `wide`.
+    Baseline(baseline::Baseline),
 }
 
-impl Element for f64 {
-    type Vector = wide::f64x8;
+impl Isa {
+    /// The level `level` if this CPU supports it. Asks the CPU (`is_x86_feature_detected!`, whose
+    /// answer the standard library caches), so callers keep the result rather than ask per tile.
+    pub(crate) fn new(level: SimdLevel) -> Option<Isa> {
+        match level {
+            #[cfg(target_arch = "x86_64")]
+            SimdLevel::Avx512 => avx512::Avx512::detect().map(Isa::Avx512),
+            #[cfg(target_arch = "x86_64")]
+            SimdLevel::Avx2 => avx2::Avx2::detect().map(Isa::Avx2),
+            SimdLevel::Baseline => Some(Isa::Baseline(baseline::Baseline)),
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => None,
+        }
+    }
+
+    /// Runs `job` with the kernels of this level for element type `T`.
+    pub(crate) fn run<T: Real, J: Job<T>>(self, job: J) -> J::Output {
+        T::dispatch(self, job)
+    }
 }
 
-/// The vector type of `T`.
-pub(crate) type V<T> = <T as Element>::Vector;
-
-/// Vectors of keys per `Q·Kᵀ` microtile: a microtile is `SCORE_ROWS` queries × `KEY_VECTORS ·
-/// LANES` keys (6 × 64 for f32), 24 accumulators, leaving registers for the four key loads and
-/// the broadcast query element (the shape of the `gemm` crate's AVX-512 kernel; 8 × 32 measured
-/// the same here).
-pub(crate) const KEY_VECTORS: usize = 4;
-/// Queries per `Q·Kᵀ` microtile.
-pub(crate) const SCORE_ROWS: usize = 6;
-/// Queries per `P·V` microtile.
-pub(crate) const VALUE_ROWS: usize = 6;
-/// Vectors of value columns per `P·V` microtile: 6 × 4 = 24 accumulators.
-const VALUE_VECTORS: usize = 4;
-
-/// Keys in one packed key panel (64 for f32, 32 for f64).
-pub(crate) fn key_panel_width<T: Element>() -> usize {
-    KEY_VECTORS * V::<T>::LANES
+/// Work that is generic over a level's kernels: [`Isa::run`] calls [`Job::run`] with the chosen
+/// level's [`Kernels`], so the caller is compiled once per level and picks one at run time.
+pub trait Job<T: Real> {
+    /// What the job returns.
+    type Output;
+    /// Does the work with `kernels`.
+    fn run<K: Kernels<T>>(self, kernels: K) -> Self::Output;
 }
 
-/// Vectors needed to hold `n` scalars.
-pub(crate) fn vectors_for<T: Element>(n: usize) -> usize {
-    n.div_ceil(V::<T>::LANES)
+/// Keys per score tile: the stride of score and weight rows in every tile the kernels read or
+/// write, fixed so that the `P·V` tile addresses its rows with constant offsets. A multiple of
+/// every level's key panel (16 to 64 keys for f32); 128 measured about 10% faster than 64 (the
+/// per-row work of the online softmax is spread over more keys).
+pub(crate) const KEY_BLOCK: usize = 128;
+
+/// One level's kernels for element type `T`: the whole interface between the algorithm
+/// (`flash.rs`) and the SIMD code. The constants describe the layouts the kernels read; every
+/// buffer is plain scalars, with lengths and strides in scalars.
+pub trait Kernels<T: Real>: Copy + Send + Sync {
+    /// Scalars per vector register. Score rows, value rows and output rows are padded to it.
+    const LANES: usize;
+    /// Keys per packed key panel (see [`pack_key_panel`]): the width of a score tile.
+    const KEY_PANEL: usize;
+    /// Query rows per register tile, of scores and of `P·V` alike. Packed queries come in groups
+    /// of this many rows (zero rows pad the last group), so a block of queries is padded to a
+    /// multiple of it.
+    const TILE_ROWS: usize;
+    /// Query rows per block of the tiled loop, a multiple of `TILE_ROWS`: the score tile
+    /// (`QUERY_BLOCK × KEY_BLOCK`) and the output accumulator stay in cache as key blocks stream
+    /// past.
+    const QUERY_BLOCK: usize;
+
+    /// `S = Q·Kᵀ` for whole groups of packed queries against whole key panels, and the lane-wise
+    /// maxima of each row (see [`ScoreTile`]). `group_keys(g)`, when given, is how many of the
+    /// tile's keys the group starting at row `g` needs: scores past them may be left stale (a
+    /// causal tile on the diagonal, where they are hidden anyway), and then so are the maxima.
+    fn scores(self, tile: ScoreTile<'_, T>, group_keys: Option<&dyn Fn(usize) -> usize>);
+
+    /// `S[r, j] = Q_r · K_j` for a few query rows `q` (row after row, `d` scalars each) straight
+    /// from the key rows `keys` (`n_keys · d` scalars, row after row, at most [`KEY_BLOCK`] keys):
+    /// one dot product per pair, vectorised along `d`. For decoding, where packing the keys would
+    /// cost more than using them once. `s` holds `rows` rows of `KEY_BLOCK` scalars. Returns the
+    /// keys' [`magnitude`](Self::magnitude), measured from the same loads.
+    fn direct_scores(self, q: &[T], rows: usize, keys: &[T], d: usize, s: &mut [T]) -> T;
+
+    /// The largest `|x|` of `x`, or a non-finite result (NaN or infinity) if any element of `x` is
+    /// NaN or infinite: decoding checks its keys and values with it as it reads them.
+    fn magnitude(self, x: &[T]) -> T;
+
+    /// `out[r]` = the largest of the first `len` scalars of row `r` of `rows` (`len` a positive
+    /// multiple of `LANES`).
+    fn row_maxima(self, rows: Rows<'_, T>, len: usize, out: &mut [T]);
+
+    /// Replaces the first `len` scalars `s` of each row `r` (a multiple of `LANES`) by
+    /// `exp(s - maxima[r])` and writes their sum to `sums[r]`; needs `s <= maxima[r]`, and `-inf`
+    /// scores give exactly 0. A row whose maximum is `-inf` (nothing visible) becomes zeros.
+    fn exp_rows(self, rows: RowsMut<'_, T>, len: usize, maxima: &[T], sums: &mut [T]);
+
+    /// `out[i] = exp(a[i] - b[i])` for `a[i] <= b[i]`: the online softmax's rescale factors.
+    fn exp_differences(self, a: &[T], b: &[T], out: &mut [T]);
+
+    /// `O_r = α_r · O_r + Σ_{j < n_keys} P[r, j] · V_j` for every row of `weights`; `o` holds
+    /// `weights.rows` rows of `values.vectors · LANES` scalars.
+    fn accumulate_values(self, weights: Weights<'_, T>, alpha: &[T], values: ValueRows<'_, T>, o: &mut [T]);
 }
 
-/// Packs keys `first_key ..` (at most [`key_panel_width`] of them) of `k` (`[n_k, d]`) into one
-/// panel: for each component `c`, the vectors `K[first_key .., c]` side by side (zeros past the
-/// last key), so the score kernel reads the panel front to back. A full panel overwrites every
+/// Rows of scalars: row `r` starts at `data[r * stride]`.
+#[derive(Clone, Copy)]
+pub struct Rows<'a, T> {
+    /// The scalars.
+    pub data: &'a [T],
+    /// Scalars from one row's start to the next.
+    pub stride: usize,
+    /// How many rows.
+    pub rows: usize,
+}
+
+/// Rows of scalars to write: row `r` starts at `data[r * stride]`.
+pub struct RowsMut<'a, T> {
+    /// The scalars.
+    pub data: &'a mut [T],
+    /// Scalars from one row's start to the next.
+    pub stride: usize,
+    /// How many rows.
+    pub rows: usize,
+}
+
+/// The operands of [`Kernels::scores`].
+pub struct ScoreTile<'a, T> {
+    /// Packed queries (see [`pack_queries`]): `rows · d` scalars.
+    pub q: &'a [T],
+    /// The width of queries and keys.
+    pub d: usize,
+    /// Query rows, a multiple of [`Kernels::TILE_ROWS`].
+    pub rows: usize,
+    /// Packed key panels (see [`pack_key_panel`]), `panels · d · KEY_PANEL` scalars or more.
+    pub keys: &'a [T],
+    /// Panels to score against.
+    pub panels: usize,
+    /// The scores, `rows` rows of [`KEY_BLOCK`] scalars: panel `p` at scalars `p · KEY_PANEL ..`.
+    pub s: &'a mut [T],
+    /// `LANES` scalars per row: set to the lane-wise maximum of the row's computed scores.
+    pub row_max: &'a mut [T],
+}
+
+/// The weights `P` of one tile: `rows` rows of [`KEY_BLOCK`] scalars each, of which the first
+/// `n_keys` count.
+#[derive(Clone, Copy)]
+pub struct Weights<'a, T> {
+    /// The weights.
+    pub p: &'a [T],
+    /// Query rows.
+    pub rows: usize,
+    /// Keys (and value rows) the tile covers.
+    pub n_keys: usize,
+}
+
+/// Value rows as [`Kernels::accumulate_values`] reads them: row `j` of `vectors · LANES` scalars
+/// at `v[j · stride]` (any alignment), from the tile's first key on.
+#[derive(Clone, Copy)]
+pub struct ValueRows<'a, T> {
+    /// The values.
+    pub v: &'a [T],
+    /// Scalars from one value row to the next (at least `vectors · LANES`).
+    pub stride: usize,
+    /// Vectors per row: the value width, rounded up to whole vectors.
+    pub vectors: usize,
+}
+
+/// Implements [`Kernels`] for one element type of one level: each kernel is an entry function
+/// with the level's target features that instantiates the generic kernel with the level's
+/// register tiles (`MR × NV` vectors of scores, `MR × NC` vectors of `P·V`, `NC1` vectors for a
+/// single row of `P·V`), called under the proof that the token carries.
+macro_rules! level_kernels {
+    (
+        $token:ty, $t:ty $(, features = $features:literal)?;
+        score_tile = $mr:literal x $nv:literal, value_tile = $mr2:literal x $nc:literal,
+        one_row_value_vectors = $nc1:literal, query_block = $query_block:literal
+    ) => {
+        const _: () = assert!($mr == $mr2, "scores and P·V share the packed row groups");
+        const _: () = assert!($query_block % $mr == 0, "blocks are whole groups of rows");
+
+        impl $crate::kernels::Kernels<$t> for $token {
+            const LANES: usize = <$token as $crate::kernels::simd::Simd<$t>>::LANES;
+            const KEY_PANEL: usize = $nv * <$token as $crate::kernels::simd::Simd<$t>>::LANES;
+            const TILE_ROWS: usize = $mr;
+            const QUERY_BLOCK: usize = $query_block;
+
+            fn scores(
+                self,
+                tile: $crate::kernels::ScoreTile<'_, $t>,
+                group_keys: Option<&dyn Fn(usize) -> usize>,
+            ) {
+                $(#[target_feature(enable = $features)])?
+                unsafe fn entry(
+                    level: $token,
+                    tile: $crate::kernels::ScoreTile<'_, $t>,
+                    group_keys: Option<&dyn Fn(usize) -> usize>,
+                ) {
+                    $crate::kernels::generic::scores::<$t, $token, $mr, $nv>(level, tile, group_keys)
+                }
+                // SAFETY: `self` is the level's token, made only after its features were detected.
+                unsafe { entry(self, tile, group_keys) }
+            }
+
+            fn direct_scores(self, q: &[$t], rows: usize, keys: &[$t], d: usize, s: &mut [$t]) -> $t {
+                $(#[target_feature(enable = $features)])?
+                unsafe fn entry(level: $token, q: &[$t], rows: usize, keys: &[$t], d: usize, s: &mut [$t]) -> $t {
+                    $crate::kernels::generic::direct_scores::<$t, $token>(level, q, rows, keys, d, s)
+                }
+                // SAFETY: `self` is the level's token, made only after its features were detected.
+                unsafe { entry(self, q, rows, keys, d, s) }
+            }
+
+            fn magnitude(self, x: &[$t]) -> $t {
+                $(#[target_feature(enable = $features)])?
+                unsafe fn entry(level: $token, x: &[$t]) -> $t {
+                    $crate::kernels::generic::magnitude::<$t, $token>(level, x)
+                }
+                // SAFETY: `self` is the level's token, made only after its features were detected.
+                unsafe { entry(self, x) }
+            }
+
+            fn row_maxima(self, rows: $crate::kernels::Rows<'_, $t>, len: usize, out: &mut [$t]) {
+                $(#[target_feature(enable = $features)])?
+                unsafe fn entry(level: $token, rows: $crate::kernels::Rows<'_, $t>, len: usize, out: &mut [$t]) {
+                    $crate::kernels::generic::row_maxima::<$t, $token>(level, rows, len, out)
+                }
+                // SAFETY: `self` is the level's token, made only after its features were detected.
+                unsafe { entry(self, rows, len, out) }
+            }
+
+            fn exp_rows(
+                self,
+                rows: $crate::kernels::RowsMut<'_, $t>,
+                len: usize,
+                maxima: &[$t],
+                sums: &mut [$t],
+            ) {
+                $(#[target_feature(enable = $features)])?
+                unsafe fn entry(
+                    level: $token,
+                    rows: $crate::kernels::RowsMut<'_, $t>,
+                    len: usize,
+                    maxima: &[$t],
+                    sums: &mut [$t],
+                ) {
+                    $crate::kernels::generic::exp_rows::<$t, $token>(level, rows, len, maxima, sums)
+                }
+                // SAFETY: `self` is the level's token, made only after its features were detected.
+                unsafe { entry(self, rows, len, maxima, sums) }
+            }
+
+            fn exp_differences(self, a: &[$t], b: &[$t], out: &mut [$t]) {
+                $(#[target_feature(enable = $features)])?
+                unsafe fn entry(level: $token, a: &[$t], b: &[$t], out: &mut [$t]) {
+                    $crate::kernels::generic::exp_differences::<$t, $token>(level, a, b, out)
+                }
+                // SAFETY: `self` is the level's token, made only after its features were detected.
+                unsafe { entry(self, a, b, out) }
+            }
+
+            fn accumulate_values(
+                self,
+                weights: $crate::kernels::Weights<'_, $t>,
+                alpha: &[$t],
+                values: $crate::kernels::ValueRows<'_, $t>,
+                o: &mut [$t],
+            ) {
+                $(#[target_feature(enable = $features)])?
+                unsafe fn entry(
+                    level: $token,
+                    weights: $crate::kernels::Weights<'_, $t>,
+                    alpha: &[$t],
+                    values: $crate::kernels::ValueRows<'_, $t>,
+                    o: &mut [$t],
+                ) {
+                    $crate::kernels::generic::accumulate_values::<$t, $token, $mr, $nc, $nc1>(
+                        level, weights, alpha, values, o,
+                    )
+                }
+                // SAFETY: `self` is the level's token, made only after its features were detected.
+                unsafe { entry(self, weights, alpha, values, o) }
+            }
+        }
+    };
+}
+use level_kernels;
+
+/// A zero-initialised buffer of `T` whose first element is aligned to 64 bytes, so that vector
+/// loads of packed panels and score rows never straddle a cache line needlessly.
+pub(crate) struct Buffer<T: Element> {
+    lines: Vec<T::Line>,
+    len: usize,
+}
+
+impl<T: Element> Buffer<T> {
+    /// `len` zeros.
+    pub(crate) fn zeros(len: usize) -> Self {
+        let per_line = size_of::<T::Line>() / size_of::<T>();
+        Buffer { lines: vec![T::Line::default(); len.div_ceil(per_line)], len }
+    }
+}
+
+impl<T: Element> std::ops::Deref for Buffer<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        &wide::bytemuck::cast_slice(&self.lines)[..self.len]
+    }
+}
+
+impl<T: Element> std::ops::DerefMut for Buffer<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        &mut wide::bytemuck::cast_slice_mut(&mut self.lines)[..self.len]
+    }
+}
+
+/// The larger of two magnitudes (see [`Kernels::magnitude`]), NaN winning over everything, so
+/// that a non-finite input is never lost when partial magnitudes are combined.
+pub(crate) fn larger_magnitude<T: Real>(a: T, b: T) -> T {
+    if b.is_nan() || b.abs() > a { b.abs() } else { a }
+}
+
+/// Packs keys `first_key ..` (at most `width` of them) of `k` (`[n_k, d]`) into one panel of
+/// `d · width` scalars: for each component `c`, `K[first_key .., c]` side by side (zeros past the
+/// last key), so the score tile reads the panel front to back. A full panel overwrites every
 /// element; a partial one clears the panel first.
-pub(crate) fn pack_key_panel<T: Element>(k: ArrayView2<T>, first_key: usize, panel: &mut [V<T>]) {
-    let width = key_panel_width::<T>();
+pub(crate) fn pack_key_panel<T: Real>(k: ArrayView2<T>, first_key: usize, width: usize, panel: &mut [T]) {
     let last = (first_key + width).min(k.nrows());
-    let out = V::<T>::scalars_mut(panel);
     if last - first_key < width {
-        out.fill(T::default());
+        panel.fill(T::zero());
     }
     for (lane, key) in k.slice(ndarray::s![first_key..last, ..]).rows().into_iter().enumerate() {
-        let column = out[lane..].iter_mut().step_by(width);
+        let column = panel[lane..].iter_mut().step_by(width);
         // Contiguous rows (the usual case) as slices: ndarray's element iterator is much slower.
         match key.as_slice() {
             Some(key) => column.zip(key).for_each(|(o, &x)| *o = x),
@@ -74,9 +408,9 @@ pub(crate) fn pack_key_panel<T: Element>(k: ArrayView2<T>, first_key: usize, pan
     }
 }
 
-/// Packs value row `v_row` (`d_v` scalars) into `out` (`vectors_for(d_v)` vectors, zero-padded).
-pub(crate) fn pack_value_row<T: Element>(v_row: ndarray::ArrayView1<T>, out: &mut [V<T>]) {
-    let out = &mut V::<T>::scalars_mut(out)[..v_row.len()];
+/// Packs value row `v_row` (`d_v` scalars) into the first `d_v` scalars of `out`.
+pub(crate) fn pack_value_row<T: Real>(v_row: ndarray::ArrayView1<T>, out: &mut [T]) {
+    let out = &mut out[..v_row.len()];
     match v_row.as_slice() {
         Some(row) => out.copy_from_slice(row),
         None => out.iter_mut().zip(v_row).for_each(|(o, &x)| *o = x),
@@ -84,22 +418,26 @@ pub(crate) fn pack_value_row<T: Element>(v_row: ndarray::ArrayView1<T>, out: &mu
 }
 
 /// Packs `rows` queries starting at `q`'s row `first`, times `scale`, into groups of
-/// [`SCORE_ROWS`]: for each group, component-major (`[d][group rows]`), so the score kernel
-/// broadcasts consecutive scalars. Returns nothing; `out` must hold `rows · d` scalars.
-pub(crate) fn pack_queries<T: Element + crate::Real>(
+/// `group_rows`: for each group, component-major (`[d][group_rows]`), so the score tile broadcasts
+/// consecutive scalars. `out` holds `rows.next_multiple_of(group_rows) · d` scalars; the rows that
+/// pad the last group are zeros.
+pub(crate) fn pack_queries<T: Real>(
     q: ArrayView2<T>,
     first: usize,
     rows: usize,
     scale: T,
+    group_rows: usize,
     out: &mut [T],
 ) {
     let d = q.ncols();
-    for g in (0..rows).step_by(SCORE_ROWS) {
-        let mr = SCORE_ROWS.min(rows - g);
-        let group = &mut out[g * d..(g + mr) * d];
-        for r in 0..mr {
-            let column = group[r..].iter_mut().step_by(mr);
-            let row = q.row(first + g + r);
+    for (g, group) in out.chunks_exact_mut(group_rows * d).enumerate() {
+        let real = group_rows.min(rows - g * group_rows);
+        if real < group_rows {
+            group.fill(T::zero());
+        }
+        for r in 0..real {
+            let column = group[r..].iter_mut().step_by(group_rows);
+            let row = q.row(first + g * group_rows + r);
             match row.as_slice() {
                 Some(row) => column.zip(row).for_each(|(o, &x)| *o = x * scale),
                 None => column.zip(row.iter()).for_each(|(o, &x)| *o = x * scale),
@@ -109,260 +447,12 @@ pub(crate) fn pack_queries<T: Element + crate::Real>(
 }
 
 /// Queries `first .. first + rows` of `q`, times `scale`, row after row: the layout of
-/// [`direct_scores`].
-pub(crate) fn pack_query_rows<T: Element + crate::Real>(
-    q: ArrayView2<T>,
-    first: usize,
-    rows: usize,
-    scale: T,
-    out: &mut [T],
-) {
+/// [`Kernels::direct_scores`].
+pub(crate) fn pack_query_rows<T: Real>(q: ArrayView2<T>, first: usize, rows: usize, scale: T, out: &mut [T]) {
     let d = q.ncols();
     for (r, out) in out.chunks_exact_mut(d).take(rows).enumerate() {
         for (o, &x) in out.iter_mut().zip(q.row(first + r)) {
             *o = x * scale;
-        }
-    }
-}
-
-/// `S[r, j] = Q_r · K_j` for a few query rows (see [`pack_query_rows`]) straight from the key
-/// rows `k` (each contiguous): a dot product per pair, vectorised along `d`. For decoding, where
-/// packing the keys would cost more than using them once.
-pub(crate) fn direct_scores<T: Element + crate::Real>(
-    q: &[T],
-    rows: usize,
-    k: ArrayView2<T>,
-    s: &mut [V<T>],
-    s_stride: usize,
-) {
-    let (d, lanes) = (k.ncols(), V::<T>::LANES);
-    let whole = d / lanes * lanes;
-    let s = V::<T>::scalars_mut(s);
-    let s_stride = s_stride * lanes;
-    for (j, key) in k.rows().into_iter().enumerate() {
-        let key = key.to_slice().expect("the caller passes contiguous key rows");
-        for (r, q_row) in q.chunks_exact(d).take(rows).enumerate() {
-            let mut acc = V::<T>::default();
-            for c in (0..whole).step_by(lanes) {
-                acc = V::<T>::load(&q_row[c..]).mul_add(V::<T>::load(&key[c..]), acc);
-            }
-            let tail = q_row[whole..].iter().zip(&key[whole..]).fold(T::zero(), |a, (&x, &y)| a + x * y);
-            s[r * s_stride + j] = acc.reduce_add() + tail;
-        }
-    }
-}
-
-/// `S[r, key] = Q_r · K_key` for `rows` packed queries (see [`pack_queries`]) against `panels`
-/// consecutive key panels, into `s` (`rows` rows of `s_stride` vectors, panel `p` at vectors
-/// `KEY_VECTORS·p ..`). Also sets `row_max[r]` to the lane-wise maximum of each row's scores, so
-/// that a tile that needs no masking has its row maxima without another pass (the first panel
-/// sets it, the others fold into it: no fill beforehand, which the compiler turned into
-/// scatters).
-///
-/// `group_keys(g)` is how many of the tile's keys the rows of the group starting at row `g`
-/// need (`usize::MAX` for all): a full group of [`SCORE_ROWS`] computes only the vectors that
-/// hold them, and skips the panels past them. The scores it leaves out are stale, so the caller
-/// must hide them (a causal tile on the diagonal, where they are masked anyway).
-#[allow(clippy::too_many_arguments)] // the operands of one GEMM-like call, each needed
-pub(crate) fn scores<T: Element>(
-    q: &[T],
-    d: usize,
-    rows: usize,
-    keys: &[V<T>],
-    panels: usize,
-    s: &mut [V<T>],
-    s_stride: usize,
-    row_max: &mut [V<T>],
-    group_keys: impl Fn(usize) -> usize,
-) {
-    let panel_len = d * KEY_VECTORS;
-    let width = key_panel_width::<T>();
-    for p in 0..panels {
-        let panel = &keys[p * panel_len..(p + 1) * panel_len];
-        for g in (0..rows).step_by(SCORE_ROWS) {
-            let mr = SCORE_ROWS.min(rows - g);
-            let needed = group_keys(g).saturating_sub(p * width);
-            if needed == 0 {
-                continue;
-            }
-            let q = &q[g * d..(g + mr) * d];
-            let s = &mut s[g * s_stride + p * KEY_VECTORS..];
-            let m = &mut row_max[g..g + mr];
-            let first = p == 0;
-            match (mr, vectors_for::<T>(needed)) {
-                (6, 1) => score_tile::<T, 6, 1>(q, panel, s, s_stride, m, first),
-                (6, 2) => score_tile::<T, 6, 2>(q, panel, s, s_stride, m, first),
-                (6, 3) => score_tile::<T, 6, 3>(q, panel, s, s_stride, m, first),
-                (6, _) => score_tile::<T, 6, KEY_VECTORS>(q, panel, s, s_stride, m, first),
-                // Partial groups compute the whole panel: the extra scores are harmless.
-                (5, _) => score_tile::<T, 5, KEY_VECTORS>(q, panel, s, s_stride, m, first),
-                (4, _) => score_tile::<T, 4, KEY_VECTORS>(q, panel, s, s_stride, m, first),
-                (3, _) => score_tile::<T, 3, KEY_VECTORS>(q, panel, s, s_stride, m, first),
-                (2, _) => score_tile::<T, 2, KEY_VECTORS>(q, panel, s, s_stride, m, first),
-                _ => score_tile::<T, 1, KEY_VECTORS>(q, panel, s, s_stride, m, first),
-            }
-        }
-    }
-}
-
-/// One `MR × NV` register tile of scores (the first `NV` of a panel's [`KEY_VECTORS`]): the
-/// accumulators stay in registers across the whole `d` loop and are stored once. Their maxima
-/// set `row_max` for the `first` panel and fold into it for the others.
-#[inline(always)]
-fn score_tile<T: Element, const MR: usize, const NV: usize>(
-    q: &[T],
-    panel: &[V<T>],
-    s: &mut [V<T>],
-    s_stride: usize,
-    row_max: &mut [V<T>],
-    first: bool,
-) {
-    let mut acc = [[V::<T>::default(); NV]; MR];
-    for (a, b) in q.chunks_exact(MR).zip(panel.chunks_exact(KEY_VECTORS)) {
-        for r in 0..MR {
-            let a = V::<T>::splat(a[r]);
-            for v in 0..NV {
-                acc[r][v] = a.mul_add(b[v], acc[r][v]);
-            }
-        }
-    }
-    for (r, acc) in acc.iter().enumerate() {
-        s[r * s_stride..r * s_stride + NV].copy_from_slice(acc);
-        let start = if first { acc[0] } else { row_max[r] };
-        row_max[r] = acc.iter().fold(start, |m, &x| m.max(x));
-    }
-}
-
-/// The largest scalar in `row`.
-pub(crate) fn row_max<T: Element>(row: &[V<T>]) -> T {
-    let mut m = row[0];
-    for &x in &row[1..] {
-        m = m.max(x);
-    }
-    m.reduce_max()
-}
-
-/// `out[i] = exp(a[i] - b[i])` for `a[i] <= b[i]`: the online softmax's rescale factors of a
-/// block of rows, a vector at a time.
-pub(crate) fn exp_differences<T: Element>(a: &[T], b: &[T], out: &mut [T]) {
-    let lanes = V::<T>::LANES;
-    for ((a, b), out) in a.chunks(lanes).zip(b.chunks(lanes)).zip(out.chunks_mut(lanes)) {
-        let (mut va, mut vb) = ([V::<T>::default()], [V::<T>::default()]);
-        V::<T>::scalars_mut(&mut va)[..a.len()].copy_from_slice(a);
-        V::<T>::scalars_mut(&mut vb)[..b.len()].copy_from_slice(b);
-        let e = [va[0].exp_shifted(vb[0])];
-        out.copy_from_slice(&V::<T>::scalars(&e)[..out.len()]);
-    }
-}
-
-/// Replaces each score `s` in `row` by `exp(s - max)` and returns their sum. Needs `s <= max`
-/// (true for the row maximum); `-inf` scores give exactly 0.
-pub(crate) fn exp_and_sum<T: Element>(row: &mut [V<T>], max: T) -> T {
-    let shift = V::<T>::splat(max);
-    let mut sum = V::<T>::default();
-    for x in row.iter_mut() {
-        *x = x.exp_shifted(shift);
-        sum = sum.add(*x);
-    }
-    sum.reduce_add()
-}
-
-/// The weights `P` of one tile: `rows` rows of `stride` vectors each, of which the first
-/// `n_keys` scalars count.
-#[derive(Clone, Copy)]
-pub(crate) struct Weights<'a, T: Element> {
-    pub(crate) p: &'a [V<T>],
-    pub(crate) stride: usize,
-    pub(crate) rows: usize,
-    pub(crate) n_keys: usize,
-}
-
-/// `O_r = α_r · O_r + Σ_{j < n_keys} P[r, j] · V_j` for every row of `weights`: `v` holds the
-/// values, `dv · LANES` scalars per key (packed by [`pack_value_row`], or the caller's own rows
-/// when `d_v` is a whole number of vectors; any alignment), `o` the accumulators (`dv` vectors
-/// per row).
-pub(crate) fn accumulate_values<T: Element>(
-    weights: Weights<'_, T>,
-    alpha: &[T],
-    v: &[T],
-    dv: usize,
-    o: &mut [V<T>],
-) {
-    let Weights { p, stride: p_stride, rows, n_keys } = weights;
-    let p = V::<T>::scalars(p);
-    let p_stride = p_stride * V::<T>::LANES;
-    let v = &v[..n_keys * dv * V::<T>::LANES];
-    for g in (0..rows).step_by(VALUE_ROWS) {
-        let mr = VALUE_ROWS.min(rows - g);
-        for c in (0..dv).step_by(VALUE_VECTORS) {
-            let nc = VALUE_VECTORS.min(dv - c);
-            let tile = ValueTile { p: &p[g * p_stride..], p_stride, n_keys, alpha: &alpha[g..], v, dv, c };
-            let o = &mut o[g * dv..];
-            match (mr, nc) {
-                (6, 4) => tile.run::<6, 4>(o),
-                (6, 3) => tile.run::<6, 3>(o),
-                (6, 2) => tile.run::<6, 2>(o),
-                (6, _) => tile.run::<6, 1>(o),
-                (5, 4) => tile.run::<5, 4>(o),
-                (4, 4) => tile.run::<4, 4>(o),
-                (3, 4) => tile.run::<3, 4>(o),
-                (2, 4) => tile.run::<2, 4>(o),
-                (1, 4) => tile.run::<1, 4>(o),
-                // Rare edges (few rows and a narrow last column group): one row at a time.
-                (mr, nc) => {
-                    for r in 0..mr {
-                        let row = ValueTile { p: &tile.p[r * p_stride..], alpha: &tile.alpha[r..], ..tile };
-                        let o = &mut o[r * dv..];
-                        match nc {
-                            4 => row.run::<1, 4>(o),
-                            3 => row.run::<1, 3>(o),
-                            2 => row.run::<1, 2>(o),
-                            _ => row.run::<1, 1>(o),
-                        }
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// The operands of one `P·V` register tile: rows of `p` from its start, value columns from
-/// vector `c`.
-#[derive(Clone, Copy)]
-struct ValueTile<'a, T: Element> {
-    p: &'a [T],
-    p_stride: usize,
-    n_keys: usize,
-    alpha: &'a [T],
-    v: &'a [T],
-    dv: usize,
-    c: usize,
-}
-
-impl<T: Element> ValueTile<'_, T> {
-    #[inline(always)]
-    fn run<const MR: usize, const NC: usize>(self, o: &mut [V<T>]) {
-        let ValueTile { p, p_stride, n_keys, alpha, v, dv, c } = self;
-        let p_rows: [&[T]; MR] = std::array::from_fn(|r| &p[r * p_stride..r * p_stride + n_keys]);
-        let mut acc = [[V::<T>::default(); NC]; MR];
-        for r in 0..MR {
-            let a = V::<T>::splat(alpha[r]);
-            for k in 0..NC {
-                acc[r][k] = o[r * dv + c + k].mul(a);
-            }
-        }
-        let lanes = V::<T>::LANES;
-        for (j, v_row) in v.chunks_exact(dv * lanes).enumerate() {
-            let v_row: [V<T>; NC] = std::array::from_fn(|k| V::<T>::load(&v_row[(c + k) * lanes..]));
-            for r in 0..MR {
-                let w = V::<T>::splat(p_rows[r][j]);
-                for k in 0..NC {
-                    acc[r][k] = w.mul_add(v_row[k], acc[r][k]);
-                }
-            }
-        }
-        for (r, acc) in acc.iter().enumerate() {
-            o[r * dv + c..r * dv + c + NC].copy_from_slice(acc);
         }
     }
 }

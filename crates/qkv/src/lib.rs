@@ -38,6 +38,7 @@ mod real;
 pub mod reference;
 mod shape;
 mod simd;
+mod work;
 
 pub use attention::{Attention, AttentionWeights, Scores, attention, attention_into, attention_with_weights};
 pub use error::{AttentionError, Dims};

@@ -10,6 +10,7 @@ use ndarray::{ArrayView1, ArrayView2};
 use crate::error::{AttentionError, Dims};
 use crate::real::Real;
 use crate::shape::Shape;
+use crate::simd::SimdLevel;
 
 /// Causal masking: a query may not see keys that come after it.
 ///
@@ -79,11 +80,12 @@ pub struct AttentionOptions<'a, T> {
     keep: Option<KeepMask<'a>>,
     padding: Option<KeyPadding<'a>>,
     bias: Option<AdditiveBias<'a, T>>,
+    simd: Option<SimdLevel>,
 }
 
 impl<T> Default for AttentionOptions<'_, T> {
     fn default() -> Self {
-        AttentionOptions { scale: None, causal: None, keep: None, padding: None, bias: None }
+        AttentionOptions { scale: None, causal: None, keep: None, padding: None, bias: None, simd: None }
     }
 }
 
@@ -121,6 +123,19 @@ impl<'a, T: Real> AttentionOptions<'a, T> {
     pub fn bias(mut self, bias: AdditiveBias<'a, T>) -> Self {
         self.bias = Some(bias);
         self
+    }
+
+    /// Runs the fast path's kernels at `level` instead of the dispatched one ([`SimdLevel::dispatched`]):
+    /// for tests that cover every level, and for reproducing another machine's rounding. A level
+    /// this CPU does not run makes the call fail with [`AttentionError::UnsupportedSimdLevel`].
+    pub fn simd(mut self, level: SimdLevel) -> Self {
+        self.simd = Some(level);
+        self
+    }
+
+    /// The SIMD level asked for with [`Self::simd`], if any.
+    pub(crate) fn simd_level(&self) -> Option<SimdLevel> {
+        self.simd
     }
 
     /// Whether no mask or bias is set (only the scale may differ from the default).
@@ -217,6 +232,11 @@ impl<T: Real> MaskSet<'_, '_, T> {
     /// Whether only the scale applies (no mask, no bias), so a path may skip [`Self::apply_row`].
     pub(crate) fn is_unmasked(&self) -> bool {
         self.options.is_unmasked()
+    }
+
+    /// Whether a causal mask applies (block costs then grow along the queries).
+    pub(crate) fn is_causal(&self) -> bool {
+        self.options.causal.is_some()
     }
 
     /// Whether a mask beyond the causal one (keep-mask, padding, bias) applies, so that a tile

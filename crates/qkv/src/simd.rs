@@ -1,70 +1,143 @@
-//! Which SIMD instruction set this build of the engine uses, and whether the CPU could do better.
+//! Which SIMD level the fast path's kernels run at: detected once, on first use, from the CPU, or
+//! forced lower with the `QKV_SIMD` environment variable, and reported by [`simd_report`].
 
 use std::fmt;
+use std::str::FromStr;
+use std::sync::OnceLock;
 
-/// An x86-64 SIMD level, from least to most capable (`Scalar` elsewhere).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+use crate::error::AttentionError;
+use crate::kernels::Isa;
+
+/// An instruction-set level of the fast path's kernels, from least to most capable. Every build
+/// carries all the levels of its target; the engine picks the best one the CPU runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum SimdLevel {
-    /// No vector instructions assumed beyond the target's baseline (not x86-64, or unknown).
-    Scalar,
-    /// SSE2, the x86-64 baseline: 4 f32 lanes.
-    Sse2,
-    /// AVX2 with FMA: 8 f32 lanes.
+    /// The target's own vectors, which every CPU of the target runs: SSE2 on x86-64 (4 f32
+    /// lanes), NEON on aarch64.
+    Baseline,
+    /// AVX2 with FMA (x86-64): 8 f32 lanes.
     Avx2,
-    /// AVX-512F: 16 f32 lanes.
+    /// AVX-512F (x86-64): 16 f32 lanes.
     Avx512,
 }
 
+/// The environment variable that forces a level: `avx512`, `avx2` or `baseline`.
+pub(crate) const SIMD_VARIABLE: &str = "QKV_SIMD";
+
 impl SimdLevel {
-    /// The level the engine was compiled for (`wide` picks its instructions at compile time, so
-    /// this is what the kernels run with).
-    pub const fn compiled() -> SimdLevel {
-        if cfg!(target_feature = "avx512f") {
-            SimdLevel::Avx512
-        } else if cfg!(all(target_feature = "avx2", target_feature = "fma")) {
-            SimdLevel::Avx2
-        } else if cfg!(target_feature = "sse2") {
-            SimdLevel::Sse2
-        } else {
-            SimdLevel::Scalar
+    /// Every level, lowest first.
+    pub const ALL: [SimdLevel; 3] = [SimdLevel::Baseline, SimdLevel::Avx2, SimdLevel::Avx512];
+
+    /// The name `QKV_SIMD` and [`SimdLevel::from_str`] take: `baseline`, `avx2`, `avx512`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            SimdLevel::Baseline => "baseline",
+            SimdLevel::Avx2 => "avx2",
+            SimdLevel::Avx512 => "avx512",
         }
     }
 
-    /// The best level the running CPU supports.
-    pub fn detected() -> SimdLevel {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::arch::is_x86_feature_detected!("avx512f") {
-                return SimdLevel::Avx512;
-            }
-            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-                return SimdLevel::Avx2;
-            }
-            SimdLevel::Sse2
+    /// The instructions the level uses on this target, for reports: `AVX2+FMA`, `SSE2`, ….
+    pub const fn instructions(self) -> &'static str {
+        match self {
+            SimdLevel::Avx512 => "AVX-512F",
+            SimdLevel::Avx2 => "AVX2+FMA",
+            SimdLevel::Baseline if cfg!(target_arch = "x86_64") => "SSE2",
+            SimdLevel::Baseline if cfg!(target_arch = "aarch64") => "NEON",
+            SimdLevel::Baseline => "scalar",
         }
-        #[cfg(not(target_arch = "x86_64"))]
-        SimdLevel::Scalar
+    }
+
+    /// Whether this CPU runs the level.
+    pub fn is_supported(self) -> bool {
+        Isa::new(self).is_some()
+    }
+
+    /// The best level this CPU runs.
+    pub fn detected() -> SimdLevel {
+        SimdLevel::ALL.into_iter().rev().find(|level| level.is_supported()).unwrap_or(SimdLevel::Baseline)
+    }
+
+    /// The level the engine runs at unless a call asks for another: the detected one, or the one
+    /// `QKV_SIMD` asks for. Fails if `QKV_SIMD` names no level or one this CPU does not run.
+    pub fn dispatched() -> Result<SimdLevel, AttentionError> {
+        dispatch().map(|(_, choice)| choice.level)
     }
 }
 
 impl fmt::Display for SimdLevel {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            SimdLevel::Scalar => "scalar",
-            SimdLevel::Sse2 => "sse2",
-            SimdLevel::Avx2 => "avx2+fma",
-            SimdLevel::Avx512 => "avx512",
-        })
+        f.write_str(self.name())
     }
 }
 
-/// One line for logs and `--version` output: the compiled level, and a hint when the CPU could
-/// run a better one (build with `-C target-cpu=native`).
+impl FromStr for SimdLevel {
+    type Err = AttentionError;
+
+    /// Parses a level's [`name`](SimdLevel::name).
+    fn from_str(value: &str) -> Result<SimdLevel, AttentionError> {
+        SimdLevel::ALL
+            .into_iter()
+            .find(|level| level.name() == value)
+            .ok_or_else(|| AttentionError::UnknownSimdLevel { value: value.to_string() })
+    }
+}
+
+/// The process-wide choice: made once, on first use.
+#[derive(Debug, Clone, Copy)]
+struct Choice {
+    level: SimdLevel,
+    /// Whether `QKV_SIMD` chose it (otherwise detection did).
+    forced: bool,
+}
+
+/// The dispatched level's kernels and how it was chosen, decided on the first call and kept.
+fn dispatch() -> Result<(Isa, Choice), AttentionError> {
+    static DISPATCH: OnceLock<Result<(Isa, Choice), AttentionError>> = OnceLock::new();
+    DISPATCH
+        .get_or_init(|| {
+            let (level, forced) = match std::env::var(SIMD_VARIABLE) {
+                Ok(value) if !value.is_empty() => (value.parse::<SimdLevel>()?, true),
+                _ => (SimdLevel::detected(), false),
+            };
+            let isa = Isa::new(level).ok_or(AttentionError::UnsupportedSimdLevel {
+                requested: level,
+                supported: SimdLevel::detected(),
+                by: SIMD_VARIABLE,
+            })?;
+            Ok((isa, Choice { level, forced }))
+        })
+        .clone()
+}
+
+/// The kernels for a call: the level `requested` (from [`AttentionOptions::simd`]) if given and
+/// supported, otherwise the dispatched one.
+///
+/// [`AttentionOptions::simd`]: crate::AttentionOptions::simd
+pub(crate) fn kernels_for(requested: Option<SimdLevel>) -> Result<Isa, AttentionError> {
+    match requested {
+        None => dispatch().map(|(isa, _)| isa),
+        Some(level) => Isa::new(level).ok_or(AttentionError::UnsupportedSimdLevel {
+            requested: level,
+            supported: SimdLevel::detected(),
+            by: "AttentionOptions::simd",
+        }),
+    }
+}
+
+/// One line for logs and `--version` output: the level the kernels run at and why, e.g.
+/// `avx2 (AVX2+FMA), the best this CPU runs` or `baseline (SSE2), forced by QKV_SIMD=baseline;
+/// this CPU runs avx2`.
 pub fn simd_report() -> String {
-    let (built, cpu) = (SimdLevel::compiled(), SimdLevel::detected());
-    if cpu > built {
-        format!("built for {built}; this CPU supports {cpu}: build with RUSTFLAGS=\"-C target-cpu=native\"")
-    } else {
-        format!("built for {built}")
+    let detected = SimdLevel::detected();
+    match dispatch() {
+        Ok((_, Choice { level, forced: false })) => {
+            format!("{level} ({}), the best this CPU runs", level.instructions())
+        }
+        Ok((_, Choice { level, forced: true })) => format!(
+            "{level} ({}), forced by {SIMD_VARIABLE}={level}; this CPU runs {detected}",
+            level.instructions()
+        ),
+        Err(error) => format!("no level: {error}"),
     }
 }

@@ -1,29 +1,45 @@
-//! The microkernels against plain loops, and the exponential's error bound.
+//! The microkernels of every level this CPU runs against plain loops, and the exponential's
+//! error bound. A level the CPU lacks is named on stdout and skipped (`cargo test -- --nocapture`).
 
 use ndarray::Array2;
 
 use super::*;
 
-/// Largest relative error of `exp_shifted` over `x` in `[-lo, 0]`, against f64's `exp`, in units
-/// of `floor + slope · |x|`: the polynomial's error plus the rounding of `x · log2(e)`, which
-/// grows with `|x|` (the argument itself is only known to that precision).
-fn exp_error<T: Element + crate::Real>(lo: f64, steps: usize, floor: f64, slope: f64) -> f64 {
-    let lanes = V::<T>::LANES;
-    let mut worst: f64 = 0.0;
-    for i in 0..steps {
-        let xs: Vec<T> = (0..lanes)
-            .map(|l| T::from_f64_round(-lo * ((i * lanes + l) as f64) / (steps * lanes) as f64))
-            .collect();
-        let mut v = [V::<T>::default()];
-        V::<T>::scalars_mut(&mut v).copy_from_slice(&xs);
-        let e = v[0].exp_shifted(V::<T>::splat(T::zero()));
-        for (x, got) in xs.iter().zip(V::<T>::scalars(&[e])) {
-            let want = x.to_f64_exact().exp();
-            if want > 1e-30 {
-                let x = *x;
-                let bound = floor + slope * x.to_f64_exact().abs();
-                worst = worst.max((got.to_f64_exact() - want).abs() / want / bound);
+/// Runs `$body` once per level this CPU runs, with `$kernels: $K` that level's kernels for `$t`
+/// and `$level` its [`SimdLevel`]; prints the levels it skips.
+macro_rules! each_level {
+    ($t:ty, |$kernels:ident: $K:ident, $level:ident| $body:block) => {{
+        struct Test(SimdLevel);
+        impl Job<$t> for Test {
+            type Output = ();
+            #[allow(unused_variables)]
+            fn run<$K: Kernels<$t>>(self, $kernels: $K) {
+                let $level = self.0;
+                $body
             }
+        }
+        for level in SimdLevel::ALL {
+            match Isa::new(level) {
+                Some(isa) => isa.run::<$t, _>(Test(level)),
+                None => println!("{level}: skipped, this CPU does not run it"),
+            }
+        }
+    }};
+}
+
+/// Largest relative error of the softmax's `exp` over `x` in `[-lo, 0]`, against f64's `exp`, in
+/// units of `floor + slope · |x|`: the polynomial's error plus the rounding of `x · log2(e)`, which
+/// grows with `|x|` (the argument itself is only known to that precision).
+fn exp_error<T: Real, K: Kernels<T>>(kernels: K, lo: f64, steps: usize, floor: f64, slope: f64) -> f64 {
+    let xs: Vec<T> = (0..steps).map(|i| T::from_f64_round(-lo * i as f64 / steps as f64)).collect();
+    let mut got = vec![T::zero(); steps];
+    kernels.exp_differences(&xs, &vec![T::zero(); steps], &mut got);
+    let mut worst: f64 = 0.0;
+    for (x, got) in xs.iter().zip(&got) {
+        let want = x.to_f64_exact().exp();
+        if want > 1e-30 {
+            let bound = floor + slope * x.to_f64_exact().abs();
+            worst = worst.max((got.to_f64_exact() - want).abs() / want / bound);
         }
     }
     worst
@@ -31,135 +47,269 @@ fn exp_error<T: Element + crate::Real>(lo: f64, steps: usize, floor: f64, slope:
 
 #[test]
 fn softmax_exp_is_within_its_stated_bound() {
-    // The Taylor remainders of vector.rs plus the rounding of the few operations around them.
+    // The Taylor remainders of simd.rs plus the rounding of the few operations around them.
     // Relative error at most 3e-7 + 1e-7·|x| in f32: the Taylor remainder 1.7e-7 plus a few
     // roundings, and |x|·2^-24 from rounding x·log2(e) and log2(e) itself. In f64, 1e-14 + 2e-16·|x|.
-    let f32_error = exp_error::<f32>(87.0, 200_000, 3e-7, 1e-7);
-    assert!(f32_error <= 1.0, "f32 exp error is {f32_error} times its bound");
-    let f64_error = exp_error::<f64>(700.0, 200_000, 1e-14, 2e-16);
-    assert!(f64_error <= 1.0, "f64 exp error is {f64_error} times its bound");
+    each_level!(f32, |kernels: K, level| {
+        let error = exp_error::<f32, K>(kernels, 87.0, 1_000_003, 3e-7, 1e-7);
+        assert!(error <= 1.0, "{level}: f32 exp error is {error} times its bound");
+    });
+    each_level!(f64, |kernels: K, level| {
+        let error = exp_error::<f64, K>(kernels, 700.0, 1_000_003, 1e-14, 2e-16);
+        assert!(error <= 1.0, "{level}: f64 exp error is {error} times its bound");
+    });
 }
 
 #[test]
 fn softmax_exp_of_hidden_and_tiny_scores_is_zero() {
-    for x in [f32::NEG_INFINITY, -200.0, -1e30] {
-        let e = V::<f32>::splat(x).exp_shifted(V::<f32>::splat(3.0));
-        assert!(V::<f32>::scalars(&[e]).iter().all(|&y| y == 0.0), "exp({x} - 3)");
-    }
-    let e = V::<f64>::splat(f64::NEG_INFINITY).exp_shifted(V::<f64>::splat(0.0));
-    assert!(V::<f64>::scalars(&[e]).iter().all(|&y| y == 0.0));
+    each_level!(f32, |kernels: K, level| {
+        let xs = [f32::NEG_INFINITY, -200.0, -1e30, -90.0 * std::f32::consts::LN_2 * 2.0];
+        let mut got = [1.0; 4];
+        kernels.exp_differences(&xs, &[3.0; 4], &mut got);
+        assert_eq!(got, [0.0; 4], "{level}: exp of {xs:?} - 3");
+        // A row of scores with its hidden entries: exactly 0 there, and the sum of the rest.
+        let mut row = vec![f32::NEG_INFINITY; 2 * K::LANES];
+        row[1] = 0.0;
+        let mut sums = [f32::NAN];
+        kernels.exp_rows(
+            RowsMut { data: &mut row, stride: 2 * K::LANES, rows: 1 },
+            2 * K::LANES,
+            &[0.0],
+            &mut sums,
+        );
+        assert_eq!((row[1], sums[0]), (1.0, 1.0), "{level}");
+        assert!(
+            row.iter().enumerate().all(|(i, &x)| x == if i == 1 { 1.0 } else { 0.0 }),
+            "{level}: {row:?}"
+        );
+        // A row with nothing visible becomes zeros, its sum 0.
+        let mut hidden = vec![f32::NEG_INFINITY; K::LANES];
+        kernels.exp_rows(
+            RowsMut { data: &mut hidden, stride: K::LANES, rows: 1 },
+            K::LANES,
+            &[f32::NEG_INFINITY],
+            &mut sums,
+        );
+        assert!(hidden.iter().all(|&x| x == 0.0) && sums[0] == 0.0, "{level}");
+    });
+    each_level!(f64, |kernels: K, level| {
+        let mut got = [1.0; 3];
+        kernels.exp_differences(&[f64::NEG_INFINITY, -800.0, -1e300], &[0.0; 3], &mut got);
+        assert_eq!(got, [0.0; 3], "{level}");
+    });
+}
+
+#[test]
+fn magnitudes_are_exact_and_never_lose_a_non_finite_element() {
+    each_level!(f32, |kernels: K, level| {
+        for len in [0, 1, K::LANES - 1, K::LANES, 3 * K::LANES + 2, 1000] {
+            let x: Vec<f32> = (0..len).map(|i| ((i * 37) % 101) as f32 - 70.0).collect();
+            let want = x.iter().fold(0.0_f32, |m, x| m.max(x.abs()));
+            assert_eq!(kernels.magnitude(&x), want, "{level}: {len} elements");
+            // A bad element anywhere (vector lanes and tail alike), with larger finite ones after it.
+            for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+                for at in [0, len / 2, len.saturating_sub(1)].into_iter().filter(|_| len > 0) {
+                    let mut y = x.clone();
+                    y[at] = bad;
+                    y.push(1e30);
+                    let got = kernels.magnitude(&y);
+                    assert!(!got.is_finite(), "{level}: {bad} at {at} of {len} gave {got}");
+                }
+            }
+        }
+    });
+    each_level!(f64, |kernels: K, level| {
+        let mut x: Vec<f64> = (0..77).map(|i| i as f64 - 50.0).collect();
+        assert_eq!(kernels.magnitude(&x), 50.0, "{level}");
+        x[9] = f64::NAN;
+        x.push(1e300);
+        assert!(kernels.magnitude(&x).is_nan(), "{level}");
+    });
+}
+
+#[test]
+fn row_maxima_cover_every_lane() {
+    each_level!(f32, |kernels: K, level| {
+        let (rows, len, stride) = (5, 3 * K::LANES, 4 * K::LANES);
+        let data: Vec<f32> = (0..rows * stride).map(|i| ((i * 37) % 101) as f32 - 50.0).collect();
+        let mut got = vec![f32::NAN; rows];
+        kernels.row_maxima(Rows { data: &data, stride, rows }, len, &mut got);
+        for (r, got) in got.iter().enumerate() {
+            let want = data[r * stride..r * stride + len].iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            assert_eq!(*got, want, "{level}: row {r}");
+        }
+    });
 }
 
 fn matrix(rows: usize, cols: usize, seed: usize) -> Array2<f32> {
     Array2::from_shape_fn((rows, cols), |(i, j)| (((i * 31 + j * 17 + seed) % 23) as f32 - 11.0) / 8.0)
 }
 
+/// Packs `k`'s keys into panels of `width` keys.
+fn pack_keys(k: &Array2<f32>, width: usize) -> Vec<f32> {
+    let (n_keys, d) = k.dim();
+    let mut keys = vec![f32::NAN; n_keys.div_ceil(width) * d * width];
+    for (p, panel) in keys.chunks_exact_mut(d * width).enumerate() {
+        pack_key_panel(k.view(), p * width, width, panel);
+    }
+    keys
+}
+
 #[test]
 fn score_and_value_tiles_match_plain_loops() {
-    let width = key_panel_width::<f32>();
-    for (rows, n_keys, d, d_v) in
-        [(1, 1, 1, 1), (8, 32, 3, 17), (13, 64, 64, 64), (6, 40, 80, 80), (9, 7, 5, 3)]
-    {
-        let (q, k, v) = (matrix(rows, d, 1), matrix(n_keys, d, 2), matrix(n_keys, d_v, 3));
-        let panels = n_keys.div_ceil(width);
-        let mut keys = vec![V::<f32>::default(); panels * d * KEY_VECTORS];
-        for (p, panel) in keys.chunks_exact_mut(d * KEY_VECTORS).enumerate() {
-            pack_key_panel(k.view(), p * width, panel);
-        }
-        let mut packed_q = vec![0.0; rows * d];
-        pack_queries(q.view(), 0, rows, 0.5, &mut packed_q);
-        let s_stride = panels * KEY_VECTORS;
-        let mut s = vec![V::<f32>::splat(f32::NAN); rows * s_stride];
-        // Stale maxima from an earlier tile must not leak into this one.
-        let mut row_max = vec![V::<f32>::splat(1e30); rows];
-        scores(&packed_q, d, rows, &keys, panels, &mut s, s_stride, &mut row_max, |_| usize::MAX);
-        let want = q.dot(&k.t()) * 0.5;
-        let s_scalars = V::<f32>::scalars(&s);
-        let lanes = s_stride * V::<f32>::LANES;
-        for ((i, j), w) in want.indexed_iter() {
-            assert!((s_scalars[i * lanes + j] - w).abs() < 1e-4, "S[{i}, {j}] for {rows}x{n_keys}x{d}");
-        }
-        // The row maxima cover every computed lane (padding included), whatever was in them.
-        for (i, m) in row_max.iter().enumerate() {
-            let row = &s_scalars[i * lanes..i * lanes + panels * width];
-            assert_eq!(
-                m.reduce_max(),
-                row.iter().copied().fold(f32::NEG_INFINITY, f32::max),
-                "max of row {i}"
-            );
-        }
+    each_level!(f32, |kernels: K, level| {
+        for (rows, n_keys, d, d_v) in
+            [(1, 1, 1, 1), (8, 32, 3, 17), (13, 64, 64, 64), (6, 40, 80, 80), (9, 7, 5, 3), (4, 100, 64, 64)]
+        {
+            let ctx = format!("{level} {rows}x{n_keys}x{d}x{d_v}");
+            let (q, k, v) = (matrix(rows, d, 1), matrix(n_keys, d, 2), matrix(n_keys, d_v, 3));
+            let width = K::KEY_PANEL;
+            let panels = n_keys.div_ceil(width);
+            let keys = pack_keys(&k, width);
+            let padded = rows.next_multiple_of(K::TILE_ROWS);
+            let mut packed_q = vec![f32::NAN; padded * d];
+            pack_queries(q.view(), 0, rows, 0.5, K::TILE_ROWS, &mut packed_q);
+            let s_stride = KEY_BLOCK;
+            let mut s = vec![f32::NAN; padded * s_stride];
+            // Stale maxima from an earlier tile must not leak into this one.
+            let mut row_max = vec![1e30; padded * K::LANES];
+            let tile = ScoreTile {
+                q: &packed_q,
+                d,
+                rows: padded,
+                keys: &keys,
+                panels,
+                s: &mut s,
+                row_max: &mut row_max,
+            };
+            kernels.scores(tile, None);
+            let want = q.dot(&k.t()) * 0.5;
+            for ((i, j), w) in want.indexed_iter() {
+                assert!((s[i * s_stride + j] - w).abs() < 1e-4, "{ctx}: S[{i}, {j}]");
+            }
+            // The row maxima cover every computed lane (padding included), whatever was in them.
+            let mut maxima = vec![f32::NAN; rows];
+            kernels.row_maxima(Rows { data: &row_max, stride: K::LANES, rows }, K::LANES, &mut maxima);
+            for (i, m) in maxima.iter().enumerate() {
+                let row = &s[i * s_stride..i * s_stride + panels * width];
+                assert_eq!(
+                    *m,
+                    row.iter().copied().fold(f32::NEG_INFINITY, f32::max),
+                    "{ctx}: max of row {i}"
+                );
+            }
 
-        let dv = vectors_for::<f32>(d_v);
-        let mut values = vec![V::<f32>::default(); n_keys * dv];
-        for (j, out) in values.chunks_exact_mut(dv).enumerate() {
-            pack_value_row(v.row(j), out);
+            let vectors = d_v.div_ceil(K::LANES);
+            let v_stride = vectors * K::LANES;
+            let mut values = vec![0.0; n_keys * v_stride];
+            for (j, out) in values.chunks_exact_mut(v_stride).enumerate() {
+                pack_value_row(v.row(j), out);
+            }
+            // Every row count, so that whole groups and rows left over (decoding) both run.
+            for rows in [rows, rows.min(K::TILE_ROWS - 1).max(1)] {
+                let alpha: Vec<f32> = (0..rows).map(|r| 0.25 * r as f32).collect();
+                let mut o = vec![1.0; rows * v_stride];
+                let weights = Weights { p: &s, rows, n_keys };
+                let values = ValueRows { v: &values, stride: v_stride, vectors };
+                kernels.accumulate_values(weights, &alpha, values, &mut o);
+                let p = Array2::from_shape_fn((rows, n_keys), |(i, j)| s[i * s_stride + j]);
+                for ((i, c), w) in p.dot(&v).indexed_iter() {
+                    let want = alpha[i] + w;
+                    let got = o[i * v_stride + c];
+                    assert!(
+                        (got - want).abs() < 1e-3 * (1.0 + want.abs()),
+                        "{ctx}: O[{i}, {c}] = {got}, want {want}"
+                    );
+                }
+            }
         }
-        let alpha: Vec<f32> = (0..rows).map(|r| 0.25 * r as f32).collect();
-        let mut o = vec![V::<f32>::splat(1.0); rows * dv];
-        let weights = Weights { p: &s, stride: s_stride, rows, n_keys };
-        accumulate_values(weights, &alpha, V::<f32>::scalars(&values), dv, &mut o);
-        let p = Array2::from_shape_fn((rows, n_keys), |(i, j)| s_scalars[i * lanes + j]);
-        let o_scalars = V::<f32>::scalars(&o);
-        for ((i, c), w) in p.dot(&v).indexed_iter() {
-            let want = alpha[i] + w;
-            let got = o_scalars[i * dv * V::<f32>::LANES + c];
-            assert!((got - want).abs() < 1e-3 * (1.0 + want.abs()), "O[{i}, {c}] = {got}, want {want}");
-        }
-    }
+    });
 }
 
 #[test]
 fn direct_scores_match_plain_loops() {
-    for (rows, n_keys, d) in [(1, 1, 1), (1, 70, 64), (3, 17, 19), (4, 128, 80)] {
-        let (q, k) = (matrix(rows, d, 4), matrix(n_keys, d, 5));
-        let mut packed_q = vec![0.0; rows * d];
-        pack_query_rows(q.view(), 0, rows, 2.0, &mut packed_q);
-        let s_stride = vectors_for::<f32>(n_keys);
-        let mut s = vec![V::<f32>::splat(f32::NAN); rows * s_stride];
-        direct_scores(&packed_q, rows, k.view(), &mut s, s_stride);
-        let lanes = s_stride * V::<f32>::LANES;
-        for ((i, j), w) in (q.dot(&k.t()) * 2.0).indexed_iter() {
-            let got = V::<f32>::scalars(&s)[i * lanes + j];
-            assert!((got - w).abs() < 1e-4, "S[{i}, {j}] = {got}, want {w} for {rows}x{n_keys}x{d}");
+    each_level!(f32, |kernels: K, level| {
+        for (rows, n_keys, d) in [(1, 1, 1), (1, 70, 64), (3, 17, 19), (4, 128, 80), (2, 9, 3)] {
+            let (q, k) = (matrix(rows, d, 4), matrix(n_keys, d, 5));
+            let mut packed_q = vec![0.0; rows * d];
+            pack_query_rows(q.view(), 0, rows, 2.0, &mut packed_q);
+            let s_stride = KEY_BLOCK;
+            let mut s = vec![f32::NAN; rows * s_stride];
+            let keys = k.as_slice().unwrap();
+            let magnitude = kernels.direct_scores(&packed_q, rows, keys, d, &mut s);
+            for ((i, j), w) in (q.dot(&k.t()) * 2.0).indexed_iter() {
+                let got = s[i * s_stride + j];
+                assert!(
+                    (got - w).abs() < 1e-4,
+                    "{level}: S[{i}, {j}] = {got}, want {w} for {rows}x{n_keys}x{d}"
+                );
+            }
+            let largest = keys.iter().fold(0.0_f32, |m, x| m.max(x.abs()));
+            assert_eq!(magnitude, largest, "{level}: magnitude of the keys {rows}x{n_keys}x{d}");
+            // A non-finite key element is never lost, wherever it sits (vector lanes or tail).
+            for at in [0, keys.len() / 2, keys.len() - 1] {
+                let mut bad = keys.to_vec();
+                bad[at] = f32::NAN;
+                let magnitude = kernels.direct_scores(&packed_q, rows, &bad, d, &mut s);
+                assert!(magnitude.is_nan(), "{level}: NaN at {at} of {rows}x{n_keys}x{d} gave {magnitude}");
+            }
         }
-    }
+    });
 }
 
 #[test]
 fn trimmed_score_tiles_compute_every_score_a_group_needs() {
-    // A causal diagonal: the group starting at row `g` needs keys `..g + 6 + 3`, so full groups
-    // take 1, 2, 3 or 4 vectors of a panel, and the last groups skip the second panel or not.
-    let width = key_panel_width::<f32>();
-    let (rows, n_keys, d) = (64, 128, 64);
-    let (q, k) = (matrix(rows, d, 4), matrix(n_keys, d, 5));
-    let panels = n_keys / width;
-    let mut keys = vec![V::<f32>::default(); panels * d * KEY_VECTORS];
-    for (p, panel) in keys.chunks_exact_mut(d * KEY_VECTORS).enumerate() {
-        pack_key_panel(k.view(), p * width, panel);
-    }
-    let mut packed_q = vec![0.0; rows * d];
-    pack_queries(q.view(), 0, rows, 1.0, &mut packed_q);
-    let s_stride = panels * KEY_VECTORS;
-    let mut s = vec![V::<f32>::splat(f32::NAN); rows * s_stride];
-    let mut row_max = vec![V::<f32>::splat(f32::NEG_INFINITY); rows];
-    let needed = |g: usize| (g + SCORE_ROWS).min(rows) + 3;
-    scores(&packed_q, d, rows, &keys, panels, &mut s, s_stride, &mut row_max, needed);
-    let want = q.dot(&k.t());
-    let s_scalars = V::<f32>::scalars(&s);
-    let lanes = s_stride * V::<f32>::LANES;
-    let mut checked = 0;
-    for ((i, j), w) in want.indexed_iter() {
-        if j < needed(i / SCORE_ROWS * SCORE_ROWS) {
-            assert!((s_scalars[i * lanes + j] - w).abs() < 1e-4, "S[{i}, {j}]");
-            checked += 1;
+    // A causal diagonal: the group starting at row `g` needs keys `..g + TILE_ROWS + 3`, so full
+    // groups take one to all vectors of a panel, and the last groups skip panels or not.
+    each_level!(f32, |kernels: K, level| {
+        let (rows, n_keys, d) = (48, 128, 64);
+        let (q, k) = (matrix(rows, d, 4), matrix(n_keys, d, 5));
+        let width = K::KEY_PANEL;
+        let panels = n_keys / width;
+        let keys = pack_keys(&k, width);
+        let mut packed_q = vec![0.0; rows * d];
+        pack_queries(q.view(), 0, rows, 1.0, K::TILE_ROWS, &mut packed_q);
+        let s_stride = KEY_BLOCK;
+        let mut s = vec![f32::NAN; rows * s_stride];
+        let mut row_max = vec![f32::NEG_INFINITY; rows * K::LANES];
+        let needed = |g: usize| (g + K::TILE_ROWS).min(rows) + 3;
+        let tile = ScoreTile { q: &packed_q, d, rows, keys: &keys, panels, s: &mut s, row_max: &mut row_max };
+        kernels.scores(tile, Some(&needed));
+        let want = q.dot(&k.t());
+        let group = |i: usize| i / K::TILE_ROWS * K::TILE_ROWS;
+        let mut checked = 0;
+        for ((i, j), w) in want.indexed_iter() {
+            if j < needed(group(i)) {
+                assert!((s[i * s_stride + j] - w).abs() < 1e-4, "{level}: S[{i}, {j}]");
+                checked += 1;
+            }
         }
+        assert_eq!(checked, (0..rows).map(|i| needed(group(i))).sum::<usize>());
+        // The row maxima fold only computed scores, and never a NaN left in a skipped one.
+        let mut maxima = vec![f32::NAN; rows];
+        kernels.row_maxima(Rows { data: &row_max, stride: K::LANES, rows }, K::LANES, &mut maxima);
+        for (i, got) in maxima.iter().enumerate() {
+            let most = (0..needed(group(i))).map(|j| want[(i, j)]).fold(f32::NEG_INFINITY, f32::max);
+            assert!(
+                *got >= most - 1e-4 && got.is_finite(),
+                "{level}: max of row {i}: {got}, want at least {most}"
+            );
+        }
+    });
+}
+
+#[test]
+fn every_level_the_cpu_reports_is_one_the_engine_runs() {
+    // The dispatch is only as good as detection: the detected level must run, and the levels
+    // above it must not claim to.
+    let detected = SimdLevel::detected();
+    for level in SimdLevel::ALL {
+        assert_eq!(Isa::new(level).is_some(), level <= detected, "{level} against detected {detected}");
     }
-    assert_eq!(checked, (0..rows).map(|i| needed(i / SCORE_ROWS * SCORE_ROWS)).sum::<usize>());
-    // The row maxima fold only computed scores, and never a NaN left in a skipped one.
-    for (i, m) in row_max.iter().enumerate() {
-        let got = m.reduce_max();
-        let n = needed(i / SCORE_ROWS * SCORE_ROWS);
-        let most = (0..n).map(|j| want[(i, j)]).fold(f32::NEG_INFINITY, f32::max);
-        assert!(got >= most - 1e-4 && got.is_finite(), "max of row {i}: {got}, want at least {most}");
+    #[cfg(target_arch = "x86_64")]
+    {
+        let avx2 = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
+        assert_eq!(SimdLevel::Avx2.is_supported(), avx2);
+        assert_eq!(SimdLevel::Avx512.is_supported(), is_x86_feature_detected!("avx512f"));
     }
 }

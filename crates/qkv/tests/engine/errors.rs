@@ -1,6 +1,6 @@
 //! Bad input is a typed error whose message names the argument and the shapes.
 
-use ndarray::{Array4, array};
+use ndarray::{Array2, Array4, array};
 use qkv::{AttentionError, AttentionOptions, KeepMask};
 
 fn check(err: AttentionError, expected: &str) {
@@ -30,13 +30,13 @@ fn shape_errors_name_both_shapes() {
         qkv::attention(q.view(), k.view(), v.view(), &o).unwrap_err(),
         "values have 3 rows but keys have 2: every key needs exactly one value to hand over (keys [2, 2], values [3, 1])",
     );
-    let empty = ndarray::Array2::<f32>::zeros((0, 2));
-    let empty_v = ndarray::Array2::<f32>::zeros((0, 1));
+    let empty = Array2::<f32>::zeros((0, 2));
+    let empty_v = Array2::<f32>::zeros((0, 1));
     check(
         qkv::attention(q.view(), empty.view(), empty_v.view(), &o).unwrap_err(),
         "keys [0, 2] is empty: softmax needs at least one key to share the attention among",
     );
-    let mask = ndarray::Array2::from_elem((2, 3), true);
+    let mask = Array2::from_elem((2, 3), true);
     let masked = AttentionOptions::new().keep_mask(KeepMask::new(mask.view()));
     check(
         qkv::attention(q.view(), k.view(), v.slice(ndarray::s![..2, ..]), &masked).unwrap_err(),
@@ -102,4 +102,41 @@ fn trace_and_slices_report_their_argument() {
         qkv::matrix("keys", &[1.0, 2.0, 3.0], 2, 2).unwrap_err(),
         "keys has 3 elements but a 2 × 2 matrix needs 4",
     );
+}
+
+#[test]
+fn decoding_names_a_non_finite_key_or_value_it_read() {
+    // Decoding checks its keys and values as it reads them rather than beforehand; a bad element
+    // must still be named by its index, and a huge one must still reach the checked path.
+    let n_k = 3000;
+    let k = Array2::from_shape_fn((n_k, 8), |(i, j)| ((i + j) % 7) as f32 / 7.0);
+    let v = Array2::from_shape_fn((n_k, 4), |(i, j)| ((i * j) % 5) as f32 / 5.0);
+    let q = Array2::from_elem((1, 8), 0.5_f32);
+    let o = AttentionOptions::new();
+    let mut bad_k = k.clone();
+    bad_k[[2900, 3]] = f32::NAN;
+    check(
+        qkv::attention(q.view(), bad_k.view(), v.view(), &o).unwrap_err(),
+        "keys[2900, 3] is NaN: attention needs finite inputs",
+    );
+    let mut bad_v = v.clone();
+    bad_v[[17, 2]] = f32::NEG_INFINITY;
+    let mut out = Array2::zeros((1, 4));
+    check(
+        qkv::attention_into(q.view(), k.view(), bad_v.view(), &o, out.view_mut()).unwrap_err(),
+        "values[17, 2] is -inf: attention needs finite inputs",
+    );
+    // The same through the stacked heads of a grouped-query decoding step.
+    let q4 = Array4::from_elem((2, 4, 1, 8), 0.5_f32);
+    let k4 = Array4::from_shape_fn((2, 2, n_k, 8), |(_, _, i, j)| k[[i, j]]);
+    let mut v4 = Array4::from_shape_fn((2, 2, n_k, 4), |(_, _, i, j)| v[[i, j]]);
+    v4[[1, 1, 2999, 0]] = f32::INFINITY;
+    check(
+        qkv::multi_head_attention(q4.view(), k4.view(), v4.view(), &o).unwrap_err(),
+        "values[1, 1, 2999, 0] is inf: attention needs finite inputs",
+    );
+    // Keys large enough that a score could overflow f32: the result comes from the checked path.
+    let huge = k.mapv(|x| x * 1e37);
+    let err = qkv::attention((q * 100.0).view(), huge.view(), v.view(), &o).unwrap_err();
+    assert!(matches!(err, AttentionError::ScoreOverflow { query_idx: 0, ty: "f32" }), "{err}");
 }

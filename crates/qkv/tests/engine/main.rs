@@ -1,5 +1,5 @@
 //! Tests of the engine's public API: every path against the f64 reference, the properties
-//! attention must have, multi-head layouts, and the errors.
+//! attention must have, multi-head layouts, the errors, and the choice of SIMD level.
 
 mod errors;
 mod lesson;
@@ -7,3 +7,4 @@ mod multi_head;
 mod oracle;
 mod problem;
 mod properties;
+mod simd;

@@ -6,7 +6,7 @@ use qkv::{AttentionOptions, CausalMask, Projections};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::problem::assert_close;
+use crate::problem::{MASK_KINDS, Problem, assert_close, error_bound, levels};
 
 fn random4(rng: &mut ChaCha8Rng, shape: (usize, usize, usize, usize)) -> Array4<f32> {
     Array4::from_shape_simple_fn(shape, || rng.random_range(-1.0..1.0))
@@ -14,27 +14,35 @@ fn random4(rng: &mut ChaCha8Rng, shape: (usize, usize, usize, usize)) -> Array4<
 
 #[test]
 fn grouped_query_heads_read_their_shared_kv_head() {
+    // The tiled path shares out the work items of every head together: one block per head, many
+    // blocks per head (zig-zag pairs under the causal mask), and few rows whose keys are split.
     let mut rng = ChaCha8Rng::seed_from_u64(11);
-    for (q_heads, kv_heads) in [(1, 1), (4, 4), (8, 2), (6, 1)] {
-        let (batch, n_q, n_k, d_k, d_v) = (2, 17, 23, 8, 5);
-        let q = random4(&mut rng, (batch, q_heads, n_q, d_k));
-        let k = random4(&mut rng, (batch, kv_heads, n_k, d_k));
-        let v = random4(&mut rng, (batch, kv_heads, n_k, d_v));
-        let opts = AttentionOptions::new().causal(CausalMask::BottomRight);
-        let out = qkv::multi_head_attention(q.view(), k.view(), v.view(), &opts).unwrap();
-        assert_eq!(out.shape(), [batch, q_heads, n_q, d_v]);
-        for b in 0..batch {
-            for h in 0..q_heads {
-                let kv = h / (q_heads / kv_heads);
-                let want = qkv::reference::attention(
-                    q.slice(s![b, h, .., ..]),
-                    k.slice(s![b, kv, .., ..]),
-                    v.slice(s![b, kv, .., ..]),
-                    &opts,
-                )
-                .unwrap();
-                let got = out.slice(s![b, h, .., ..]).to_owned();
-                assert_close(&format!("batch {b} head {h}"), &got, &want.output, 4.0);
+    for (n_q, n_k) in [(17, 23), (130, 141), (5, 2100)] {
+        for (q_heads, kv_heads) in [(1, 1), (4, 4), (8, 2), (6, 1)] {
+            let (batch, d_k, d_v) = (2, 8, 5);
+            let q = random4(&mut rng, (batch, q_heads, n_q, d_k));
+            let k = random4(&mut rng, (batch, kv_heads, n_k, d_k));
+            let v = random4(&mut rng, (batch, kv_heads, n_k, d_v));
+            for level in levels() {
+                let opts = AttentionOptions::new().causal(CausalMask::BottomRight).simd(level);
+                let out = qkv::multi_head_attention(q.view(), k.view(), v.view(), &opts).unwrap();
+                assert_eq!(out.shape(), [batch, q_heads, n_q, d_v]);
+                for b in 0..batch {
+                    for h in 0..q_heads {
+                        let kv = h / (q_heads / kv_heads);
+                        let want = qkv::reference::attention(
+                            q.slice(s![b, h, .., ..]),
+                            k.slice(s![b, kv, .., ..]),
+                            v.slice(s![b, kv, .., ..]),
+                            &opts,
+                        )
+                        .unwrap();
+                        let got = out.slice(s![b, h, .., ..]).to_owned();
+                        let ctx =
+                            format!("{level} {n_q}x{n_k} {q_heads}/{kv_heads} heads, batch {b} head {h}");
+                        assert_close(&ctx, &got, &want.output, 4.0);
+                    }
+                }
             }
         }
     }
@@ -81,4 +89,45 @@ fn cross_attention_projects_queries_and_keys_from_two_sequences() {
     bad[[1, 2]] = f64::NAN;
     let err = proj.project_cross(decoder.view(), bad.view()).unwrap_err().to_string();
     assert_eq!(err, "x_kv[1, 2] is NaN: attention needs finite inputs");
+}
+
+#[test]
+fn decoding_stacks_the_heads_that_share_a_kv_head() {
+    // A few queries per head and several query heads per key/value head: the heads of a group run
+    // as the rows of one problem, and each row must still take its own query's masks.
+    let mut rng = ChaCha8Rng::seed_from_u64(12);
+    for (q_heads, kv_heads, n_q, n_k) in
+        [(8, 2, 1, 2500), (6, 3, 2, 130), (4, 1, 1, 1), (32, 8, 1, 300), (2, 2, 3, 70)]
+    {
+        let (batch, d_k, d_v) = (2, 16, 24);
+        let q = random4(&mut rng, (batch, q_heads, n_q, d_k));
+        let k = random4(&mut rng, (batch, kv_heads, n_k, d_k));
+        let v = random4(&mut rng, (batch, kv_heads, n_k, d_v));
+        for mask in MASK_KINDS {
+            // Only the masks of this problem are used; its own inputs are one component wide.
+            let masked = Problem::<f32>::random(13, (n_q, n_k, 1, 1), 1.0, mask);
+            let options = masked.options();
+            for level in levels() {
+                let out =
+                    qkv::multi_head_attention(q.view(), k.view(), v.view(), &options.clone().simd(level))
+                        .unwrap();
+                for b in 0..batch {
+                    for h in 0..q_heads {
+                        let kv = h / (q_heads / kv_heads);
+                        let (qh, kh, vh) = (
+                            q.slice(s![b, h, .., ..]),
+                            k.slice(s![b, kv, .., ..]),
+                            v.slice(s![b, kv, .., ..]),
+                        );
+                        let want = qkv::reference::attention(qh, kh, vh, &options).unwrap();
+                        let (_, bound) = error_bound(&want, &vh.to_owned());
+                        let ctx = format!(
+                            "{level} {q_heads}/{kv_heads} heads, {n_q}x{n_k}, {mask:?}, batch {b} head {h}"
+                        );
+                        assert_close(&ctx, &out.slice(s![b, h, .., ..]).to_owned(), &want.output, bound);
+                    }
+                }
+            }
+        }
+    }
 }

@@ -3,7 +3,7 @@
 use proptest::prelude::*;
 use qkv::Real;
 
-use crate::problem::{MASK_KINDS, MaskKind, Problem, assert_close, error_bound};
+use crate::problem::{MASK_KINDS, MaskKind, Problem, assert_close, error_bound, levels};
 
 /// Sizes around the block and SIMD widths, plus 1.
 const AWKWARD: [usize; 12] = [1, 2, 3, 15, 16, 17, 63, 64, 65, 127, 128, 129];
@@ -19,15 +19,18 @@ fn check_against_reference<T: Real>(
     let want = qkv::reference::attention(p.q.view(), p.k.view(), p.v.view(), &options).unwrap();
     let (weight_bound, output_bound) = error_bound(&want, &p.v);
     let ctx = format!("{} {dims:?} x{magnitude} {mask:?} seed {seed}", T::NAME);
-    let out = qkv::attention(p.q.view(), p.k.view(), p.v.view(), &options).unwrap();
-    assert_close(&format!("output {ctx}"), &out, &want.output, output_bound);
     let with = qkv::attention_with_weights(p.q.view(), p.k.view(), p.v.view(), &options).unwrap();
     assert_close(&format!("output (with weights) {ctx}"), &with.output, &want.output, output_bound);
     assert_close(&format!("weights {ctx}"), &with.weights, &want.weights, weight_bound);
-    // Pre-fill with NaN: an element the path forgets to write fails the comparison.
-    let mut into = ndarray::Array2::from_elem(out.raw_dim(), T::nan());
-    qkv::attention_into(p.q.view(), p.k.view(), p.v.view(), &options, into.view_mut()).unwrap();
-    assert_close(&format!("output (into) {ctx}"), &into, &want.output, output_bound);
+    for level in levels() {
+        let options = options.clone().simd(level);
+        let out = qkv::attention(p.q.view(), p.k.view(), p.v.view(), &options).unwrap();
+        assert_close(&format!("output {level} {ctx}"), &out, &want.output, output_bound);
+        // Pre-fill with NaN: an element the path forgets to write fails the comparison.
+        let mut into = ndarray::Array2::from_elem(out.raw_dim(), T::nan());
+        qkv::attention_into(p.q.view(), p.k.view(), p.v.view(), &options, into.view_mut()).unwrap();
+        assert_close(&format!("output (into) {level} {ctx}"), &into, &want.output, output_bound);
+    }
 }
 
 #[test]
@@ -47,17 +50,19 @@ const GRID_SIZES: [usize; 12] = [1, 2, 15, 16, 17, 63, 64, 65, 127, 128, 129, 10
 /// Head widths: below, at and above the SIMD width, and the common 64, 80 and 128.
 const GRID_DIMS: [usize; 7] = [1, 2, 3, 8, 64, 80, 128];
 
-/// The output-only path (the tiled kernel) against the reference, writing into a NaN-filled
-/// output so that an element it forgets fails.
+/// The output-only path (the tiled kernel) against the reference at every SIMD level this CPU
+/// runs, writing into a NaN-filled output so that an element it forgets fails.
 fn check_fast_path<T: Real>(seed: u64, dims: (usize, usize, usize, usize), magnitude: f64, mask: MaskKind) {
     let p = Problem::<T>::random(seed, dims, magnitude, mask);
-    let options = p.options();
-    let want = qkv::reference::attention(p.q.view(), p.k.view(), p.v.view(), &options).unwrap();
+    let want = qkv::reference::attention(p.q.view(), p.k.view(), p.v.view(), &p.options()).unwrap();
     let (_, output_bound) = error_bound(&want, &p.v);
-    let mut out = ndarray::Array2::from_elem((dims.0, dims.3), T::nan());
-    qkv::attention_into(p.q.view(), p.k.view(), p.v.view(), &options, out.view_mut()).unwrap();
-    let ctx = format!("{} {dims:?} x{magnitude} {mask:?} seed {seed}", T::NAME);
-    assert_close(&format!("fast output {ctx}"), &out, &want.output, output_bound);
+    for level in levels() {
+        let options = p.options().simd(level);
+        let mut out = ndarray::Array2::from_elem((dims.0, dims.3), T::nan());
+        qkv::attention_into(p.q.view(), p.k.view(), p.v.view(), &options, out.view_mut()).unwrap();
+        let ctx = format!("{} {level} {dims:?} x{magnitude} {mask:?} seed {seed}", T::NAME);
+        assert_close(&format!("fast output {ctx}"), &out, &want.output, output_bound);
+    }
 }
 
 #[test]
@@ -85,8 +90,15 @@ fn fast_path_matches_reference_on_the_awkward_grid() {
     );
     let options = qkv::AttentionOptions::new().causal(qkv::CausalMask::TopLeft);
     let want = qkv::reference::attention(q, k, v, &options).unwrap();
-    let got = qkv::attention(q, k, v, &options).unwrap();
-    assert_close("strided views", &got, &want.output, error_bound(&want, &v.to_owned()).1);
+    for level in levels() {
+        let got = qkv::attention(q, k, v, &options.clone().simd(level)).unwrap();
+        assert_close(
+            &format!("strided views {level}"),
+            &got,
+            &want.output,
+            error_bound(&want, &v.to_owned()).1,
+        );
+    }
     // Square problems over several tiles with every mask; n = 1000 over itself with the masks
     // that decide tile skipping (the reference takes seconds there in a debug build).
     for mask in MASK_KINDS {

@@ -1,7 +1,7 @@
 //! Random attention problems for the tests, and the one tolerance helper they all use.
 
 use ndarray::{Array1, Array2};
-use qkv::{AdditiveBias, AttentionOptions, CausalMask, KeepMask, KeyPadding, Real};
+use qkv::{AdditiveBias, AttentionOptions, CausalMask, KeepMask, KeyPadding, Real, SimdLevel};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -108,4 +108,16 @@ pub fn error_bound<T: Real>(reference: &qkv::Attention<f64>, v: &Array2<T>) -> (
     let max_value = v.iter().fold(0.0_f64, |m, x| m.max(x.to_f64_exact().abs()));
     let weights = 1.0 + max_score;
     (weights, weights * (1.0 + max_value))
+}
+
+/// The SIMD levels this CPU runs, lowest first: the fast path's tests run at each. The levels it
+/// lacks are named once on stdout (`cargo test -- --nocapture`), so a log says what was covered.
+pub fn levels() -> Vec<SimdLevel> {
+    static SKIPPED: std::sync::Once = std::sync::Once::new();
+    SKIPPED.call_once(|| {
+        for level in SimdLevel::ALL.into_iter().filter(|level| !level.is_supported()) {
+            println!("SIMD level {level}: not tested, this CPU does not run it");
+        }
+    });
+    SimdLevel::ALL.into_iter().filter(|level| level.is_supported()).collect()
 }

@@ -4,7 +4,7 @@ use ndarray::{Array2, s};
 use proptest::prelude::*;
 use qkv::{AdditiveBias, AttentionOptions, CausalMask};
 
-use crate::problem::{MASK_KINDS, MaskKind, Problem};
+use crate::problem::{MASK_KINDS, MaskKind, Problem, levels};
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
@@ -81,21 +81,29 @@ fn results_do_not_depend_on_thread_count() {
 
 #[test]
 fn fast_path_results_do_not_depend_on_thread_count() {
-    // Output only (the tiled path), including decoding shapes whose keys are split across tasks.
-    for mask in MASK_KINDS {
-        for dims in
-            [(300, 257, 16, 8), (1, 5000, 32, 16), (65, 3000, 8, 8), (256, 256, 64, 64), (200, 300, 64, 64)]
-        {
-            let p = Problem::<f32>::random(3, dims, 2.0, mask);
-            let run = |threads| {
-                let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
-                pool.install(|| qkv::attention(p.q.view(), p.k.view(), p.v.view(), &p.options()).unwrap())
-            };
-            let (one, two, three) = (run(1), run(2), run(3));
-            assert!(
-                one == two && two == three,
-                "{mask:?} {dims:?}: results differ between 1, 2 and 3 threads"
-            );
+    // Output only (the tiled path) at every SIMD level, including decoding shapes whose keys are
+    // split across tasks.
+    for level in levels() {
+        for mask in MASK_KINDS {
+            for dims in [
+                (300, 257, 16, 8),
+                (1, 5000, 32, 16),
+                (65, 3000, 8, 8),
+                (256, 256, 64, 64),
+                (200, 300, 64, 64),
+            ] {
+                let p = Problem::<f32>::random(3, dims, 2.0, mask);
+                let options = p.options().simd(level);
+                let run = |threads| {
+                    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+                    pool.install(|| qkv::attention(p.q.view(), p.k.view(), p.v.view(), &options).unwrap())
+                };
+                let (one, two, three) = (run(1), run(2), run(3));
+                assert!(
+                    one == two && two == three,
+                    "{level} {mask:?} {dims:?}: results differ between 1, 2 and 3 threads"
+                );
+            }
         }
     }
 }

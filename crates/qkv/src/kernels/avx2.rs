@@ -1,0 +1,74 @@
+//! The AVX2 + FMA level: 8 f32 or 4 f64 lanes in 16 `ymm` registers, two FMA ports on most
+//! CPUs that have it (Intel since Haswell, AMD since Zen).
+
+use std::arch::x86_64::*;
+
+use super::level_kernels;
+use super::x86::{sum4_pd, sum4_ps, x86_simd};
+
+/// Proof that this CPU runs AVX2 and FMA: only [`Avx2::detect`] makes one.
+#[derive(Debug, Clone, Copy)]
+pub struct Avx2(());
+
+impl Avx2 {
+    /// `Some` if the CPU has AVX2 and FMA (`is_x86_feature_detected!`).
+    pub(crate) fn detect() -> Option<Avx2> {
+        (is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")).then_some(Avx2(()))
+    }
+}
+
+x86_simd!(
+    Avx2, f32, __m256, lanes = 8;
+    zero = _mm256_setzero_ps, splat = _mm256_set1_ps, load = _mm256_loadu_ps, store = _mm256_storeu_ps,
+    mul_add = _mm256_fmadd_ps, mul = _mm256_mul_ps, add = _mm256_add_ps, sub = _mm256_sub_ps,
+    max = _mm256_max_ps,
+    fold_magnitude = |acc, x| {
+        let magnitude = _mm256_and_si256(_mm256_castps_si256(x), _mm256_set1_epi32(0x7fff_ffff));
+        _mm256_castsi256_ps(_mm256_max_epu32(_mm256_castps_si256(acc), magnitude))
+    },
+    reduce_add = |v| {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps::<1>(s, s)))
+    },
+    reduce_max = |v| {
+        let s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+        _mm_cvtss_f32(_mm_max_ss(s, _mm_shuffle_ps::<1>(s, s)))
+    },
+    reduce_add4 = |v| sum4_ps(v),
+    exponent = |r| _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_castps_si256(r))),
+);
+
+x86_simd!(
+    Avx2, f64, __m256d, lanes = 4;
+    zero = _mm256_setzero_pd, splat = _mm256_set1_pd, load = _mm256_loadu_pd, store = _mm256_storeu_pd,
+    mul_add = _mm256_fmadd_pd, mul = _mm256_mul_pd, add = _mm256_add_pd, sub = _mm256_sub_pd,
+    max = _mm256_max_pd,
+    // AVX2 has no 64-bit integer maximum: compare and blend (the bits are non-negative as i64).
+    fold_magnitude = |acc, x| {
+        let (acc, magnitude) = (
+            _mm256_castpd_si256(acc),
+            _mm256_and_si256(_mm256_castpd_si256(x), _mm256_set1_epi64x(0x7fff_ffff_ffff_ffff)),
+        );
+        _mm256_castsi256_pd(_mm256_blendv_epi8(acc, magnitude, _mm256_cmpgt_epi64(magnitude, acc)))
+    },
+    reduce_add = |v| {
+        let s = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd::<1>(v));
+        _mm_cvtsd_f64(_mm_add_sd(s, _mm_unpackhi_pd(s, s)))
+    },
+    reduce_max = |v| {
+        let s = _mm_max_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd::<1>(v));
+        _mm_cvtsd_f64(_mm_max_sd(s, _mm_unpackhi_pd(s, s)))
+    },
+    reduce_add4 = |v| sum4_pd(v),
+    exponent = |r| _mm256_castsi256_pd(_mm256_slli_epi64::<52>(_mm256_castpd_si256(r))),
+);
+
+// 6 rows × 2 vectors (16 f32 keys) of scores: 12 accumulators, 2 key vectors and the broadcast
+// query scalar fill 15 of the 16 registers (the classic 6 × 16 sgemm tile). P·V the same shape;
+// a single row of P·V takes 8 vectors (d_v = 64 at once).
+level_kernels!(Avx2, f32, features = "avx2,fma";
+    score_tile = 6 x 2, value_tile = 6 x 2, one_row_value_vectors = 8, query_block = 48);
+level_kernels!(Avx2, f64, features = "avx2,fma";
+    score_tile = 6 x 2, value_tile = 6 x 2, one_row_value_vectors = 8, query_block = 48);

@@ -1,0 +1,81 @@
+//! The AVX-512F level: 16 f32 or 8 f64 lanes in 32 `zmm` registers.
+
+use std::arch::x86_64::*;
+
+use super::level_kernels;
+use super::x86::{sum4_pd, sum4_ps, x86_simd};
+
+/// Proof that this CPU runs AVX-512F: only [`Avx512::detect`] makes one.
+#[derive(Debug, Clone, Copy)]
+pub struct Avx512(());
+
+impl Avx512 {
+    /// `Some` if the CPU has AVX-512F (`is_x86_feature_detected!`).
+    pub(crate) fn detect() -> Option<Avx512> {
+        is_x86_feature_detected!("avx512f").then_some(Avx512(()))
+    }
+}
+
+/// The two 256-bit halves of `x` added: 8 lanes with the sums of its 16.
+///
+/// # Safety
+/// The CPU must run AVX-512F (the caller holds an [`Avx512`] token).
+#[inline(always)]
+unsafe fn fold_ps(x: __m512) -> __m256 {
+    // SAFETY: the caller guarantees AVX-512F.
+    unsafe {
+        _mm256_add_ps(
+            _mm512_castps512_ps256(x),
+            _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(x))),
+        )
+    }
+}
+
+/// The two 256-bit halves of `x` added (see [`fold_ps`]).
+///
+/// # Safety
+/// The CPU must run AVX-512F (the caller holds an [`Avx512`] token).
+#[inline(always)]
+unsafe fn fold_pd(x: __m512d) -> __m256d {
+    // SAFETY: the caller guarantees AVX-512F.
+    unsafe { _mm256_add_pd(_mm512_castpd512_pd256(x), _mm512_extractf64x4_pd::<1>(x)) }
+}
+
+x86_simd!(
+    Avx512, f32, __m512, lanes = 16;
+    zero = _mm512_setzero_ps, splat = _mm512_set1_ps, load = _mm512_loadu_ps, store = _mm512_storeu_ps,
+    mul_add = _mm512_fmadd_ps, mul = _mm512_mul_ps, add = _mm512_add_ps, sub = _mm512_sub_ps,
+    max = _mm512_max_ps,
+    fold_magnitude = |acc, x| {
+        let magnitude = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x7fff_ffff));
+        _mm512_castsi512_ps(_mm512_max_epu32(_mm512_castps_si512(acc), magnitude))
+    },
+    reduce_add = |v| _mm512_reduce_add_ps(v),
+    reduce_max = |v| _mm512_reduce_max_ps(v),
+    // Each vector folded to 256 bits, then the AVX2 horizontal adds.
+    reduce_add4 = |v| sum4_ps([fold_ps(v[0]), fold_ps(v[1]), fold_ps(v[2]), fold_ps(v[3])]),
+    exponent = |r| _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_castps_si512(r))),
+);
+
+x86_simd!(
+    Avx512, f64, __m512d, lanes = 8;
+    zero = _mm512_setzero_pd, splat = _mm512_set1_pd, load = _mm512_loadu_pd, store = _mm512_storeu_pd,
+    mul_add = _mm512_fmadd_pd, mul = _mm512_mul_pd, add = _mm512_add_pd, sub = _mm512_sub_pd,
+    max = _mm512_max_pd,
+    fold_magnitude = |acc, x| {
+        let magnitude = _mm512_and_si512(_mm512_castpd_si512(x), _mm512_set1_epi64(0x7fff_ffff_ffff_ffff));
+        _mm512_castsi512_pd(_mm512_max_epu64(_mm512_castpd_si512(acc), magnitude))
+    },
+    reduce_add = |v| _mm512_reduce_add_pd(v),
+    reduce_max = |v| _mm512_reduce_max_pd(v),
+    reduce_add4 = |v| sum4_pd([fold_pd(v[0]), fold_pd(v[1]), fold_pd(v[2]), fold_pd(v[3])]),
+    exponent = |r| _mm512_castsi512_pd(_mm512_slli_epi64::<52>(_mm512_castpd_si512(r))),
+);
+
+// 6 rows × 4 vectors (64 f32 keys) of scores: 24 accumulators, 4 key vectors and the broadcast
+// leave 3 of the 32 registers (the shape of the `gemm` crate's AVX-512 kernel). P·V the same; a
+// single row takes 8 vectors.
+level_kernels!(Avx512, f32, features = "avx512f";
+    score_tile = 6 x 4, value_tile = 6 x 4, one_row_value_vectors = 8, query_block = 48);
+level_kernels!(Avx512, f64, features = "avx512f";
+    score_tile = 6 x 4, value_tile = 6 x 4, one_row_value_vectors = 8, query_block = 48);

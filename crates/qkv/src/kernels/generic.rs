@@ -1,0 +1,361 @@
+//! The microkernels, written once for every level: `#[inline(always)]` functions generic over a
+//! level's [`Simd`] primitives and its register tile (const parameters), instantiated inside each
+//! level's `#[target_feature]` entry functions (`level_kernels!`).
+//!
+//! Bounds: every load goes through a slice whose length the loop makes known (`chunks_exact`,
+//! a fixed-length reslice per row), so the compiler drops the checks from the inner loops.
+
+use super::simd::{Simd, exp_shifted};
+use super::{KEY_BLOCK, Rows, RowsMut, ScoreTile, ValueRows, Weights, larger_magnitude};
+use crate::real::Real;
+
+/// The most lanes any level has (AVX-512's 16 f32): the size of the scratch for partial vectors.
+const MAX_LANES: usize = 16;
+
+/// See [`super::Kernels::scores`]: tiles of `MR` rows × `NV` vectors of keys (one panel).
+#[inline(always)]
+pub(super) fn scores<T: Real, S: Simd<T>, const MR: usize, const NV: usize>(
+    simd: S,
+    tile: ScoreTile<'_, T>,
+    group_keys: Option<&dyn Fn(usize) -> usize>,
+) {
+    let ScoreTile { q, d, rows, keys, panels, s, row_max } = tile;
+    let width = NV * S::LANES;
+    let panel_len = d * width;
+    // Every tile folds its maxima into these (a fill here is a plain memset; a "first panel sets
+    // them" flag in the tile cost a select per row).
+    row_max[..rows * S::LANES].fill(T::neg_infinity());
+    for p in 0..panels {
+        let panel = &keys[p * panel_len..(p + 1) * panel_len];
+        for g in (0..rows).step_by(MR) {
+            let vectors = match group_keys {
+                Some(keys) => keys(g).saturating_sub(p * width).div_ceil(S::LANES),
+                None => NV,
+            };
+            if vectors == 0 {
+                continue;
+            }
+            let tile = ScoreGroup {
+                q: &q[g * d..(g + MR) * d],
+                panel,
+                // Exactly the tile's rows: the stores below need no bounds checks.
+                s: &mut s[g * KEY_BLOCK + p * width..][..(MR - 1) * KEY_BLOCK + width],
+                row_max: &mut row_max[g * S::LANES..(g + MR) * S::LANES],
+            };
+            // A causal diagonal needs only the first vectors of a panel: fewer accumulators.
+            match vectors {
+                1 if NV > 1 => tile.run::<S, MR, 1, NV>(simd),
+                2 if NV > 2 => tile.run::<S, MR, 2, NV>(simd),
+                3 if NV > 3 => tile.run::<S, MR, 3, NV>(simd),
+                _ => tile.run::<S, MR, NV, NV>(simd),
+            }
+        }
+    }
+}
+
+/// One group of `MR` packed query rows against one key panel.
+struct ScoreGroup<'a, T> {
+    q: &'a [T],
+    panel: &'a [T],
+    s: &'a mut [T],
+    row_max: &'a mut [T],
+}
+
+impl<T: Real> ScoreGroup<'_, T> {
+    /// The first `NV` vectors of an `NP`-vector panel: the accumulators stay in registers across
+    /// the whole `d` loop and are stored once, their lane-wise maxima folded into `row_max`.
+    #[inline(always)]
+    fn run<S: Simd<T>, const MR: usize, const NV: usize, const NP: usize>(self, simd: S) {
+        let lanes = S::LANES;
+        let mut acc = [[simd.zero(); NV]; MR];
+        // Two components per iteration: half the loop's own instructions and exits.
+        let (q_pairs, panel_pairs) = (self.q.chunks_exact(2 * MR), self.panel.chunks_exact(2 * NP * lanes));
+        let (q_last, panel_last) = (q_pairs.remainder(), panel_pairs.remainder());
+        for (a, b) in q_pairs.zip(panel_pairs) {
+            score_step::<T, S, MR, NV>(simd, &mut acc, &a[..MR], &b[..NP * lanes]);
+            score_step::<T, S, MR, NV>(simd, &mut acc, &a[MR..], &b[NP * lanes..]);
+        }
+        if !q_last.is_empty() {
+            score_step::<T, S, MR, NV>(simd, &mut acc, q_last, panel_last);
+        }
+        for (r, acc) in acc.iter().enumerate() {
+            let row = &mut self.s[r * KEY_BLOCK..][..NV * lanes];
+            for (v, &x) in acc.iter().enumerate() {
+                simd.store(x, &mut row[v * lanes..]);
+            }
+            let max = &mut self.row_max[r * lanes..][..lanes];
+            simd.store(acc.iter().fold(simd.load(max), |m, &x| simd.max(m, x)), max);
+        }
+    }
+}
+
+/// One component `c` of a score tile: `acc[r][v] += Q[r, c] · K[c, v]`.
+#[inline(always)]
+fn score_step<T: Real, S: Simd<T>, const MR: usize, const NV: usize>(
+    simd: S,
+    acc: &mut [[S::V; NV]; MR],
+    q: &[T],
+    panel: &[T],
+) {
+    let lanes = S::LANES;
+    let k: [S::V; NV] = std::array::from_fn(|v| simd.load(&panel[v * lanes..]));
+    for (acc, &q) in acc.iter_mut().zip(&q[..MR]) {
+        let x = simd.splat(q);
+        for (acc, &k) in acc.iter_mut().zip(&k) {
+            *acc = simd.mul_add(x, k, *acc);
+        }
+    }
+}
+
+/// See [`super::Kernels::direct_scores`]: at most four query rows. Register tiles of `R` rows ×
+/// `N` keys (eight accumulators, independent chains that hide the multiply-add latency); each key
+/// vector is loaded once for all rows and folded into the keys' magnitude from the same load.
+#[inline(always)]
+pub(super) fn direct_scores<T: Real, S: Simd<T>>(
+    simd: S,
+    q: &[T],
+    rows: usize,
+    keys: &[T],
+    d: usize,
+    s: &mut [T],
+) -> T {
+    match rows {
+        1 => direct_rows::<T, S, 1, 4>(simd, q, keys, d, s),
+        2 => direct_rows::<T, S, 2, 4>(simd, q, keys, d, s),
+        3 => direct_rows::<T, S, 3, 2>(simd, q, keys, d, s),
+        4 => direct_rows::<T, S, 4, 2>(simd, q, keys, d, s),
+        _ => panic!("direct scores take at most four query rows, not {rows}"),
+    }
+}
+
+/// [`direct_scores`] for exactly `R` query rows, `N` keys at a time (the last few through a
+/// zero-padded copy); `R · N` is at most 8.
+#[inline(always)]
+fn direct_rows<T: Real, S: Simd<T>, const R: usize, const N: usize>(
+    simd: S,
+    q: &[T],
+    keys: &[T],
+    d: usize,
+    s: &mut [T],
+) -> T {
+    let lanes = S::LANES;
+    let vectors = d / lanes;
+    let whole = vectors * lanes;
+    let n_keys = keys.len() / d;
+    let q_rows: [&[T]; R] = std::array::from_fn(|r| &q[r * d..(r + 1) * d]);
+    let groups = keys.chunks_exact(N * d);
+    let rest = groups.remainder();
+    let mut padded = vec![T::zero(); if rest.is_empty() { 0 } else { N * d }];
+    padded[..rest.len()].copy_from_slice(rest);
+    let last = (!rest.is_empty()).then_some(padded.as_slice());
+    let (mut magnitude, mut tail_magnitude) = (simd.zero(), T::zero());
+    for (group, keys) in groups.chain(last).enumerate() {
+        let key_rows: [&[T]; N] = std::array::from_fn(|i| &keys[i * d..(i + 1) * d]);
+        let mut acc = [[simd.zero(); N]; R];
+        for c in 0..vectors {
+            let at = c * lanes;
+            let k: [S::V; N] = std::array::from_fn(|i| simd.load(&key_rows[i][at..at + lanes]));
+            for &k in &k {
+                magnitude = simd.fold_magnitude(magnitude, k);
+            }
+            for (acc, q_row) in acc.iter_mut().zip(&q_rows) {
+                let x = simd.load(&q_row[at..at + lanes]);
+                for (acc, &k) in acc.iter_mut().zip(&k) {
+                    *acc = simd.mul_add(x, k, *acc);
+                }
+            }
+        }
+        // The R·N dot products, reduced four at a time.
+        let mut flat = [simd.zero(); 8];
+        for (r, acc) in acc.iter().enumerate() {
+            flat[r * N..(r + 1) * N].copy_from_slice(acc);
+        }
+        let mut dots = [T::zero(); 8];
+        dots[..4].copy_from_slice(&simd.reduce_add4([flat[0], flat[1], flat[2], flat[3]]));
+        if R * N > 4 {
+            dots[4..].copy_from_slice(&simd.reduce_add4([flat[4], flat[5], flat[6], flat[7]]));
+        }
+        let real = N.min(n_keys - N * group);
+        for (r, q_row) in q_rows.iter().enumerate() {
+            let out = &mut s[r * KEY_BLOCK + N * group..][..real];
+            for (i, (out, key)) in out.iter_mut().zip(&key_rows).enumerate() {
+                let mut dot = dots[r * N + i];
+                if whole < d {
+                    if r == 0 {
+                        tail_magnitude =
+                            key[whole..].iter().fold(tail_magnitude, |m, &x| larger_magnitude(m, x));
+                    }
+                    dot = q_row[whole..].iter().zip(&key[whole..]).fold(dot, |a, (&x, &y)| a + x * y);
+                }
+                *out = dot;
+            }
+        }
+    }
+    finish_magnitude(simd, magnitude, &[tail_magnitude])
+}
+
+/// See [`super::Kernels::magnitude`].
+#[inline(always)]
+pub(super) fn magnitude<T: Real, S: Simd<T>>(simd: S, x: &[T]) -> T {
+    let chunks = x.chunks_exact(S::LANES);
+    let tail = chunks.remainder();
+    let mut acc = simd.zero();
+    for chunk in chunks {
+        acc = simd.fold_magnitude(acc, simd.load(chunk));
+    }
+    finish_magnitude(simd, acc, tail)
+}
+
+/// The largest of the magnitudes folded into `acc` and those of `tail`, NaN winning over all.
+#[inline(always)]
+fn finish_magnitude<T: Real, S: Simd<T>>(simd: S, acc: S::V, tail: &[T]) -> T {
+    let mut lanes = [T::zero(); MAX_LANES];
+    simd.store(acc, &mut lanes);
+    lanes[..S::LANES].iter().chain(tail).fold(T::zero(), |m, &x| larger_magnitude(m, x))
+}
+
+/// See [`super::Kernels::row_maxima`].
+#[inline(always)]
+pub(super) fn row_maxima<T: Real, S: Simd<T>>(simd: S, rows: Rows<'_, T>, len: usize, out: &mut [T]) {
+    for (r, out) in out.iter_mut().enumerate().take(rows.rows) {
+        let row = &rows.data[r * rows.stride..][..len];
+        let mut chunks = row.chunks_exact(S::LANES);
+        let first = simd.load(chunks.next().expect("a row of at least one vector"));
+        *out = simd.reduce_max(chunks.fold(first, |m, x| simd.max(m, simd.load(x))));
+    }
+}
+
+/// See [`super::Kernels::exp_rows`].
+#[inline(always)]
+pub(super) fn exp_rows<T: Real, S: Simd<T>>(
+    simd: S,
+    rows: RowsMut<'_, T>,
+    len: usize,
+    maxima: &[T],
+    sums: &mut [T],
+) {
+    for r in 0..rows.rows {
+        let row = &mut rows.data[r * rows.stride..][..len];
+        let max = maxima[r];
+        if max == T::neg_infinity() {
+            row.fill(T::zero());
+            sums[r] = T::zero();
+            continue;
+        }
+        let shift = simd.splat(max);
+        let mut sum = simd.zero();
+        for x in row.chunks_exact_mut(S::LANES) {
+            let e = exp_shifted(simd, simd.load(x), shift);
+            simd.store(e, x);
+            sum = simd.add(sum, e);
+        }
+        sums[r] = simd.reduce_add(sum);
+    }
+}
+
+/// See [`super::Kernels::exp_differences`].
+#[inline(always)]
+pub(super) fn exp_differences<T: Real, S: Simd<T>>(simd: S, a: &[T], b: &[T], out: &mut [T]) {
+    let lanes = S::LANES;
+    for ((a, b), out) in a.chunks(lanes).zip(b.chunks(lanes)).zip(out.chunks_mut(lanes)) {
+        // A partial last chunk goes through a scratch vector: the extra lanes compute exp(0).
+        let (mut va, mut vb, mut e) =
+            ([T::zero(); MAX_LANES], [T::zero(); MAX_LANES], [T::zero(); MAX_LANES]);
+        va[..a.len()].copy_from_slice(a);
+        vb[..b.len()].copy_from_slice(b);
+        simd.store(exp_shifted(simd, simd.load(&va), simd.load(&vb)), &mut e);
+        out.copy_from_slice(&e[..out.len()]);
+    }
+}
+
+/// See [`super::Kernels::accumulate_values`]: groups of `MR` rows × `NC` vectors of values, and
+/// rows left over (a few queries: decoding) one at a time × `NC1` vectors.
+#[inline(always)]
+pub(super) fn accumulate_values<T: Real, S: Simd<T>, const MR: usize, const NC: usize, const NC1: usize>(
+    simd: S,
+    weights: Weights<'_, T>,
+    alpha: &[T],
+    values: ValueRows<'_, T>,
+    o: &mut [T],
+) {
+    let Weights { p, rows, n_keys } = weights;
+    if n_keys == 0 {
+        // Nothing to add: only the rescale.
+        for (o, &a) in o.chunks_exact_mut(values.vectors * S::LANES).zip(&alpha[..rows]) {
+            o.iter_mut().for_each(|x| *x = *x * a);
+        }
+        return;
+    }
+    let o_stride = values.vectors * S::LANES;
+    let groups = rows / MR * MR;
+    for g in (0..groups).step_by(MR) {
+        let tile = ValueTile { p: &p[g * KEY_BLOCK..], n_keys, alpha: &alpha[g..g + MR], values, o_stride };
+        tile.columns::<S, MR, NC>(simd, &mut o[g * o_stride..(g + MR) * o_stride]);
+    }
+    for r in groups..rows {
+        let tile = ValueTile { p: &p[r * KEY_BLOCK..], n_keys, alpha: &alpha[r..r + 1], values, o_stride };
+        tile.columns::<S, 1, NC1>(simd, &mut o[r * o_stride..(r + 1) * o_stride]);
+    }
+}
+
+/// The operands of `P·V` register tiles: rows of `p` from its start.
+#[derive(Clone, Copy)]
+struct ValueTile<'a, T> {
+    p: &'a [T],
+    n_keys: usize,
+    alpha: &'a [T],
+    values: ValueRows<'a, T>,
+    o_stride: usize,
+}
+
+impl<T: Real> ValueTile<'_, T> {
+    /// Every value column of `MR` rows: groups of `NC` vectors, then the rest one at a time.
+    #[inline(always)]
+    fn columns<S: Simd<T>, const MR: usize, const NC: usize>(self, simd: S, o: &mut [T]) {
+        let vectors = self.values.vectors;
+        let whole = vectors / NC * NC;
+        for c in (0..whole).step_by(NC) {
+            self.run::<S, MR, NC>(simd, c, o);
+        }
+        for c in whole..vectors {
+            self.run::<S, MR, 1>(simd, c, o);
+        }
+    }
+
+    /// One `MR × NC` tile from value vector `c`: `O·α` is loaded into the accumulators, every key
+    /// adds `P[r, j] · V_j`, and the result is stored once.
+    #[inline(always)]
+    fn run<S: Simd<T>, const MR: usize, const NC: usize>(self, simd: S, c: usize, o: &mut [T]) {
+        let lanes = S::LANES;
+        let ValueTile { p, n_keys, alpha, values, o_stride } = self;
+        let column = c * lanes;
+        // Rows of `p` a constant stride apart: the broadcasts address them with fixed offsets.
+        let p_rows: [&[T]; MR] = std::array::from_fn(|r| &p[r * KEY_BLOCK..][..n_keys]);
+        let mut acc = [[simd.zero(); NC]; MR];
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let a = simd.splat(alpha[r]);
+            let o_row = &o[r * o_stride + column..][..NC * lanes];
+            for (k, acc) in acc.iter_mut().enumerate() {
+                *acc = simd.mul(simd.load(&o_row[k * lanes..]), a);
+            }
+        }
+        // Whole value rows, so that the column range checked in the loop is the same every time.
+        assert!(values.v.len() >= n_keys * values.stride, "a value row for every key of the tile");
+        for (j, v_row) in (0..n_keys).zip(values.v.chunks_exact(values.stride)) {
+            let v_row = &v_row[column..column + NC * lanes];
+            let v_row: [S::V; NC] = std::array::from_fn(|k| simd.load(&v_row[k * lanes..]));
+            for r in 0..MR {
+                let w = simd.splat(p_rows[r][j]);
+                for k in 0..NC {
+                    acc[r][k] = simd.mul_add(w, v_row[k], acc[r][k]);
+                }
+            }
+        }
+        for (r, acc) in acc.iter().enumerate() {
+            let o_row = &mut o[r * o_stride + column..][..NC * lanes];
+            for (k, &x) in acc.iter().enumerate() {
+                simd.store(x, &mut o_row[k * lanes..]);
+            }
+        }
+    }
+}

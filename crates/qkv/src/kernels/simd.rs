@@ -1,0 +1,126 @@
+//! The per-level SIMD primitives the microkernels are written in: one register of `T` lanes and
+//! the dozen operations on it, plus the softmax's exponential built from them once for every
+//! level.
+
+/// One instruction-set level's vector of `T`, as a zero-sized token that proves the level runs on
+/// this CPU (see `Isa` in `kernels.rs`): every method takes `self`, so no primitive can be
+/// reached without the proof.
+///
+/// Implementations are `#[inline(always)]` wrappers of one or two instructions each. Called from
+/// a level's `#[target_feature]` entry function (the kernels are `#[inline(always)]` too), they
+/// inline into it and compile to that level's instructions.
+pub(crate) trait Simd<T: Exp2>: Copy + 'static {
+    /// One register of `LANES` scalars.
+    type V: Copy;
+    /// Scalars per register.
+    const LANES: usize;
+    /// All lanes zero.
+    fn zero(self) -> Self::V;
+    /// Every lane set to `x`.
+    fn splat(self, x: T) -> Self::V;
+    /// The first `LANES` scalars of `s` (any alignment); panics if `s` is shorter.
+    fn load(self, s: &[T]) -> Self::V;
+    /// Writes the lanes to the first `LANES` scalars of `s`; panics if `s` is shorter.
+    fn store(self, v: Self::V, s: &mut [T]);
+    /// `a · b + c`, fused where the level has FMA.
+    fn mul_add(self, a: Self::V, b: Self::V, c: Self::V) -> Self::V;
+    /// Lane-wise product.
+    fn mul(self, a: Self::V, b: Self::V) -> Self::V;
+    /// Lane-wise sum.
+    fn add(self, a: Self::V, b: Self::V) -> Self::V;
+    /// Lane-wise difference `a - b`.
+    fn sub(self, a: Self::V, b: Self::V) -> Self::V;
+    /// Lane-wise maximum (inputs are never NaN here, so the fast form is exact).
+    fn max(self, a: Self::V, b: Self::V) -> Self::V;
+    /// Folds `|x|` into `acc` lane-wise, comparing the bit patterns of the absolute values: for
+    /// non-negative floats bit order is value order, and NaN and infinity lie above every finite
+    /// value, so a non-finite element always survives (a float maximum can drop a NaN).
+    fn fold_magnitude(self, acc: Self::V, x: Self::V) -> Self::V;
+    /// The sum of the lanes.
+    fn reduce_add(self, v: Self::V) -> T;
+    /// The largest lane.
+    fn reduce_max(self, v: Self::V) -> T;
+    /// The sums of the lanes of four vectors: the levels with horizontal adds share the work of
+    /// the four reductions.
+    #[inline(always)]
+    fn reduce_add4(self, v: [Self::V; 4]) -> [T; 4] {
+        v.map(|v| self.reduce_add(v))
+    }
+    /// Reinterprets each lane's bits as an integer and shifts it left by the mantissa width (23
+    /// bits for f32, 52 for f64): turns `T::ROUNDING + n` (an integer `n` rounded into the low
+    /// mantissa bits, see [`Exp2::ROUNDING`]) into `2^n`.
+    fn exponent_from_rounded(self, rounded: Self::V) -> Self::V;
+}
+
+/// The constants of the softmax's `2^t` for one element type.
+pub trait Exp2: Copy + 'static {
+    /// `log2(e)`.
+    const LOG2_E: Self;
+    /// The smallest `t` kept: `2^FLOOR` has the bit pattern 0, so lower arguments (and `-inf`) give
+    /// exactly 0.
+    const FLOOR: Self;
+    /// `1.5 · 2^MANTISSA_BITS + exponent bias`: adding it rounds `t` to the nearest integer `n`
+    /// (ties to even) and leaves `n + bias` in the low mantissa bits.
+    const ROUNDING: Self;
+    /// Taylor coefficients of `2^f` on `|f| <= 1/2`, highest degree first (Horner order).
+    const COEFFICIENTS: &'static [Self];
+}
+
+/// Taylor coefficients of `2^f = Σ (ln 2)^i / i! · f^i`, highest degree first. On `|f| <= 1/2`
+/// `N` terms leave a relative error below `(ln 2 / 2)^N / N! · √2`: seven terms give 1.7e-7 (about
+/// one f32 ulp), twelve give 5e-15 for f64. `kernels/tests.rs` measures both.
+const fn exp2_taylor<const N: usize>() -> [f64; N] {
+    let mut c = [1.0; N];
+    let mut i = 1;
+    while i < N {
+        c[N - 1 - i] = c[N - i] * std::f64::consts::LN_2 / i as f64;
+        i += 1;
+    }
+    c
+}
+
+const EXP2_F64: [f64; 12] = exp2_taylor::<12>();
+const EXP2_F32_WIDE: [f64; 7] = exp2_taylor::<7>();
+const EXP2_F32: [f32; 7] = {
+    let mut c = [0.0; 7];
+    let mut i = 0;
+    while i < 7 {
+        c[i] = EXP2_F32_WIDE[i] as f32;
+        i += 1;
+    }
+    c
+};
+
+impl Exp2 for f32 {
+    const LOG2_E: f32 = std::f32::consts::LOG2_E;
+    const FLOOR: f32 = -127.0;
+    const ROUNDING: f32 = 12_582_912.0 + 127.0;
+    const COEFFICIENTS: &'static [f32] = &EXP2_F32;
+}
+
+impl Exp2 for f64 {
+    const LOG2_E: f64 = std::f64::consts::LOG2_E;
+    const FLOOR: f64 = -1023.0;
+    const ROUNDING: f64 = 6_755_399_441_055_744.0 + 1023.0;
+    const COEFFICIENTS: &'static [f64] = &EXP2_F64;
+}
+
+/// `exp(x - shift)` lane-wise, for `x <= shift` (the softmax's range); `-inf` gives exactly 0.
+///
+/// `exp(x) = 2^t` with `t = x · log2(e) = n + f`, `n` an integer and `|f| <= 1/2`: `2^f` is a
+/// polynomial and `2^n` is built in the exponent bits. `t` is clamped at `T::FLOOR`, where `2^n`'s
+/// bit pattern is 0, so results below the normal range are exactly 0.
+#[inline(always)]
+pub(crate) fn exp_shifted<T: Exp2, S: Simd<T>>(simd: S, x: S::V, shift: S::V) -> S::V {
+    let t = simd.mul(simd.sub(x, shift), simd.splat(T::LOG2_E));
+    let t = simd.max(t, simd.splat(T::FLOOR));
+    let rounding = simd.splat(T::ROUNDING);
+    let rounded = simd.add(t, rounding);
+    let f = simd.sub(t, simd.sub(rounded, rounding));
+    let (&highest, rest) = T::COEFFICIENTS.split_first().expect("a polynomial");
+    let mut p = simd.splat(highest);
+    for &c in rest {
+        p = simd.mul_add(p, f, simd.splat(c));
+    }
+    simd.mul(p, simd.exponent_from_rounded(rounded))
+}

@@ -1,0 +1,85 @@
+//! How the fast path shares its independent work items between the calling thread and the
+//! thread pool, and when it is worth sharing at all.
+//!
+//! A call from outside the pool that hands its items to the pool (`into_par_iter`) waits on the
+//! pool's threads waking up, and on a virtual machine a sleeping thread can take tens of
+//! microseconds to wake: a job of a few hundred microseconds then ran no faster on two cores
+//! than on one. Here the calling thread starts on the items at once and the pool's threads join
+//! in as they wake, each taking the next item from a shared counter, so a late thread costs
+//! nothing but the items it did not take.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// Work that one thread would finish in less than this many microseconds runs on the calling
+/// thread: a pool thread woken for it arrives too late to take a share worth its wake-up, and
+/// the caller then waits for it at the end. Measured with
+/// `crates/qkv-bench/examples/threshold.rs` (see its doc and ARCHITECTURE.md); a build with the
+/// environment variable `QKV_SHARE_ABOVE_US` set to a whole number uses that instead, for that
+/// measurement.
+const SHARE_ABOVE_US: f64 = match option_env!("QKV_SHARE_ABOVE_US") {
+    Some(us) => parse_whole_number(us) as f64,
+    None => 200.0,
+};
+
+/// One thread's rate on the tiled path (FLOPs per microsecond), to estimate a problem's time:
+/// about what one Zen 3 core reaches with AVX2 (faster levels only share sooner).
+const TILED_FLOPS_PER_US: f64 = 70e3;
+/// One thread's rate when decoding, which reads every key and value once and is bound by memory
+/// more than by arithmetic.
+const DECODING_FLOPS_PER_US: f64 = 15e3;
+
+/// `text` as a whole number, at compile time; a build with anything else fails.
+const fn parse_whole_number(text: &str) -> u64 {
+    let bytes = text.as_bytes();
+    assert!(!bytes.is_empty(), "QKV_SHARE_ABOVE_US must be a whole number");
+    let (mut value, mut i) = (0_u64, 0);
+    while i < bytes.len() {
+        assert!(bytes[i].is_ascii_digit(), "QKV_SHARE_ABOVE_US must be a whole number");
+        value = value * 10 + (bytes[i] - b'0') as u64;
+        i += 1;
+    }
+    value
+}
+
+/// Whether work of `flops` (on the decoding path if `decoding`) is worth sharing with the pool.
+pub(crate) fn worth_sharing(flops: f64, decoding: bool) -> bool {
+    let rate = if decoding { DECODING_FLOPS_PER_US } else { TILED_FLOPS_PER_US };
+    flops / rate >= SHARE_ABOVE_US
+}
+
+/// `f` of every item, in item order. With `share`, the calling thread and the pool's threads
+/// take the items one at a time as they come free; otherwise the calling thread does them all.
+/// Either way each item's result is computed by `f` alone, so the results do not depend on which
+/// thread took which item.
+pub(crate) fn map_items<I: Send, R: Send>(items: Vec<I>, share: bool, f: impl Fn(I) -> R + Sync) -> Vec<R> {
+    let helpers = rayon::current_num_threads().min(items.len()).saturating_sub(1);
+    if !share || helpers == 0 {
+        return items.into_iter().map(f).collect();
+    }
+    let count = items.len();
+    let items: Vec<Mutex<Option<I>>> = items.into_iter().map(|item| Mutex::new(Some(item))).collect();
+    let results: Vec<Mutex<Option<R>>> = (0..count).map(|_| Mutex::new(None)).collect();
+    let next = AtomicUsize::new(0);
+    let take_items = || {
+        loop {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            if i >= count {
+                break;
+            }
+            let item = items[i].lock().expect("no task panicked").take().expect("each item is taken once");
+            let result = f(item);
+            *results[i].lock().expect("no task panicked") = Some(result);
+        }
+    };
+    rayon::in_place_scope(|scope| {
+        for _ in 0..helpers {
+            scope.spawn(|_| take_items());
+        }
+        take_items();
+    });
+    results.into_iter().map(|r| r.into_inner().expect("no task panicked").expect("every item ran")).collect()
+}
+
+#[cfg(test)]
+mod tests;

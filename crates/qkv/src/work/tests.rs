@@ -1,0 +1,31 @@
+//! Shared work comes back in item order, whoever took each item.
+
+use super::*;
+
+#[test]
+fn results_come_back_in_item_order_on_any_pool() {
+    for threads in [1, 2, 3, 5] {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+        for share in [false, true] {
+            let items: Vec<usize> = (0..97).collect();
+            // Uneven item costs, so that threads finish out of order.
+            let got = pool.install(|| {
+                map_items(items, share, |i| {
+                    std::thread::sleep(std::time::Duration::from_micros((i % 5) as u64 * 50));
+                    i * i
+                })
+            });
+            assert_eq!(got, (0..97).map(|i| i * i).collect::<Vec<_>>(), "{threads} threads, share {share}");
+        }
+    }
+    // From outside any pool, too (the calling thread takes items beside the global pool's).
+    assert_eq!(map_items(vec![3, 1, 2], true, |i| i + 1), vec![4, 2, 3]);
+    assert!(map_items(Vec::<u8>::new(), true, |i| i).is_empty());
+}
+
+#[test]
+fn the_threshold_override_parses_whole_numbers_only() {
+    assert_eq!(parse_whole_number("0"), 0);
+    assert_eq!(parse_whole_number("200"), 200);
+    assert!(std::panic::catch_unwind(|| parse_whole_number("2e6")).is_err());
+}
