@@ -1,24 +1,31 @@
 //! The public entry points for one attention problem, and the results they return.
 
+use std::fmt;
 use std::ops::Deref;
 
-use ndarray::{Array2, ArrayView2, ArrayViewMut2};
+use ndarray::{Array1, Array2, ArrayView2, ArrayViewMut1, ArrayViewMut2};
 
 use crate::blocked;
 use crate::error::{AttentionError, Dims};
 use crate::flash;
-use crate::mask::AttentionOptions;
+use crate::inputs;
+use crate::kernels::Isa;
+use crate::mask::{AttentionOptions, MaskSet};
+use crate::partial::PartialAttention;
 use crate::real::Real;
 use crate::shape::{Magnitudes, Shape, finite_magnitude};
 use crate::simd;
 
 /// Scaled scores `S = Q·Kᵀ · scale (+ bias)`, `[n_queries, n_keys]`; `-inf` where a pair is hidden.
+///
+/// Prints as an aligned matrix, four decimals unless the format asks for others (`{:.2}`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Scores<T>(pub(crate) Array2<T>);
 
 /// Attention weights `P = softmax(S)` by rows, `[n_queries, n_keys]`.
 ///
-/// Each row sums to 1, except a row whose keys are all hidden, which is all 0.
+/// Each row sums to 1, except a row whose keys are all hidden, which is all 0. Prints as an
+/// aligned matrix, like [`Scores`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct AttentionWeights<T>(pub(crate) Array2<T>);
 
@@ -38,10 +45,35 @@ macro_rules! matrix_newtype {
                 &self.0
             }
         }
+
+        impl<T: Real> fmt::Display for $name<T> {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write_aligned(&self.0, f)
+            }
+        }
     };
 }
 matrix_newtype!(Scores);
 matrix_newtype!(AttentionWeights);
+
+/// Writes `m` one row per line, each column right-aligned to its widest entry, with the format's
+/// precision (four decimals by default).
+fn write_aligned<T: Real>(m: &Array2<T>, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+    let digits = f.precision().unwrap_or(4);
+    let cells = m.map(|x| format!("{x:.digits$}"));
+    let widths: Vec<usize> =
+        cells.columns().into_iter().map(|c| c.iter().map(|s| s.chars().count()).max().unwrap_or(0)).collect();
+    for (i, row) in cells.rows().into_iter().enumerate() {
+        if i > 0 {
+            f.write_str("\n")?;
+        }
+        for (j, (cell, width)) in row.iter().zip(&widths).enumerate() {
+            let gap = if j > 0 { "  " } else { "" };
+            write!(f, "{gap}{cell:>width$}")?;
+        }
+    }
+    Ok(())
+}
 
 /// Attention with its intermediate matrices, for teaching and figures.
 #[derive(Debug, Clone, PartialEq)]
@@ -58,7 +90,8 @@ pub struct Attention<T> {
 ///
 /// `q` is `[n_queries, d_k]`, `k` is `[n_keys, d_k]`, `v` is `[n_keys, d_v]`; the result is
 /// `[n_queries, d_v]`. No `n_queries × n_keys` matrix is kept: memory beyond the inputs and
-/// output is a few blocks per thread.
+/// output is a few blocks per thread. With no keys (`n_keys = 0`) every row is 0, as a fully
+/// masked row is.
 ///
 /// ```
 /// use ndarray::array;
@@ -77,12 +110,25 @@ pub fn attention<T: Real>(
 ) -> Result<Array2<T>, AttentionError> {
     let shape = Shape::of_dims(q.shape(), k.shape(), v.shape())?;
     let mut out = Array2::zeros((shape.n_queries, shape.value_dim));
-    attend_output(&shape, q, k, v, options, out.view_mut())?;
+    attend_output(&shape, q, k, v, options, out.view_mut(), None)?;
     Ok(out)
 }
 
 /// Like [`attention`], writing the output into `out` (`[n_queries, d_v]`) without allocating it.
-/// If the call fails, `out` may hold anything.
+/// If the call fails, `out` may hold anything. For a plain row-major slice, view it with
+/// [`matrix_mut`](crate::matrix_mut).
+///
+/// ```
+/// use ndarray::array;
+/// let q = array![[0.0_f32, 1.0], [1.0, 0.0]];
+/// let k = array![[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]];
+/// let v = array![[2.0], [6.0], [4.0]];
+/// let mut buffer = vec![0.0_f32; 2]; // [n_q, d_v], row-major
+/// let out = qkv::matrix_mut("out", &mut buffer, 2, 1)?;
+/// qkv::attention_into(q.view(), k.view(), v.view(), &qkv::AttentionOptions::new(), out)?;
+/// assert!((buffer[0] - 4.4067).abs() < 1e-4);
+/// # Ok::<(), qkv::AttentionError>(())
+/// ```
 pub fn attention_into<T: Real>(
     q: ArrayView2<T>,
     k: ArrayView2<T>,
@@ -97,7 +143,34 @@ pub fn attention_into<T: Real>(
             found: out.shape().into(),
         });
     }
-    attend_output(&shape, q, k, v, options, out)
+    attend_output(&shape, q, k, v, options, out, None)
+}
+
+/// Like [`attention`], also returning each row's logsumexp (see [`PartialAttention`]), so that
+/// results over disjoint sets of keys can be [merged](PartialAttention::merge) exactly. Runs on
+/// the fast path: the logsumexp is `m + ln l` of its online softmax.
+///
+/// ```
+/// use ndarray::array;
+/// let q = array![[0.0_f64, 1.0]];
+/// let k = array![[1.0, 0.0], [0.0, 1.0]];
+/// let v = array![[2.0], [6.0]];
+/// let r = qkv::attention_with_lse(q.view(), k.view(), v.view(), &qkv::AttentionOptions::new().scale(1.0))?;
+/// // Scores 0 and 1: ln(e^0 + e^1).
+/// assert!((r.logsumexp[0] - (1.0 + std::f64::consts::E).ln()).abs() < 1e-12);
+/// # Ok::<(), qkv::AttentionError>(())
+/// ```
+pub fn attention_with_lse<T: Real>(
+    q: ArrayView2<T>,
+    k: ArrayView2<T>,
+    v: ArrayView2<T>,
+    options: &AttentionOptions<T>,
+) -> Result<PartialAttention<T>, AttentionError> {
+    let shape = Shape::of_dims(q.shape(), k.shape(), v.shape())?;
+    let mut output = Array2::zeros((shape.n_queries, shape.value_dim));
+    let mut logsumexp = Array1::zeros(shape.n_queries);
+    attend_output(&shape, q, k, v, options, output.view_mut(), Some(logsumexp.view_mut()))?;
+    Ok(PartialAttention { output, logsumexp })
 }
 
 /// Output-only attention for a problem whose shapes are checked. Decoding checks its keys and
@@ -109,19 +182,22 @@ fn attend_output<T: Real>(
     v: ArrayView2<T>,
     options: &AttentionOptions<T>,
     mut out: ArrayViewMut2<T>,
+    mut lse: Option<ArrayViewMut1<T>>,
 ) -> Result<(), AttentionError> {
+    let masks = options.resolve(shape)?;
+    let kernels = simd::kernels_for(options.simd_level())?;
     if flash::decodes(shape.n_queries, &k) {
         let queries = finite_magnitude("queries", &q)?;
-        let masks = options.resolve(shape)?;
-        let kernels = simd::kernels_for(options.simd_level())?;
-        let measured =
-            flash::attend(kernels, shape, 1, vec![flash::Head { q, k, v, out: out.view_mut() }], &masks);
+        let lse = lse.as_mut().map(|lse| lse.view_mut());
+        let head = flash::Head { q, k, v, out: out.view_mut(), lse, masks };
+        let measured = flash::attend(kernels, shape, 1, vec![head]);
         if decode_checked(shape, queries, measured, &masks) {
             return Ok(());
         }
     }
-    let magnitudes = Magnitudes::measure(&q, &k, &v)?;
-    run(shape, &magnitudes, q, k, v, options, out, None)
+    let checked = inputs::check(&q, k, v, &|_| masks.seen_keys())?;
+    let (k, v) = (checked.k.view(), checked.v.view());
+    run(shape, &checked.magnitudes, Head { q, k, v, masks }, kernels, out, lse)
 }
 
 /// Whether a decoding step's result stands: every key and value it read was finite, and with the
@@ -135,7 +211,7 @@ pub(crate) fn decode_checked<T: Real>(
     shape: &Shape,
     queries: f64,
     measured: Option<flash::Measured<T>>,
-    masks: &crate::mask::MaskSet<'_, '_, T>,
+    masks: &MaskSet<'_, T>,
 ) -> bool {
     let Some(measured) = measured else { return false };
     let magnitudes =
@@ -146,43 +222,61 @@ pub(crate) fn decode_checked<T: Real>(
 }
 
 /// Scaled dot-product attention that also returns the scores and the weight matrix.
+///
+/// ```
+/// use ndarray::array;
+/// let k = array![[1.0_f64, 0.0], [0.0, 1.0], [1.0, 1.0]];
+/// let v = array![[2.0], [6.0], [4.0]];
+/// let r = qkv::attention_with_weights(k.view(), k.view(), v.view(), &qkv::AttentionOptions::new())?;
+/// assert_eq!(
+///     format!("{:.2}", r.weights),
+///     "0.40  0.20  0.40\n0.20  0.40  0.40\n0.25  0.25  0.50"
+/// );
+/// # Ok::<(), qkv::AttentionError>(())
+/// ```
 pub fn attention_with_weights<T: Real>(
     q: ArrayView2<T>,
     k: ArrayView2<T>,
     v: ArrayView2<T>,
     options: &AttentionOptions<T>,
 ) -> Result<Attention<T>, AttentionError> {
-    let (shape, magnitudes) = Shape::check_measured(&q, &k, &v)?;
+    let shape = Shape::of_dims(q.shape(), k.shape(), v.shape())?;
+    let masks = options.resolve(&shape)?;
+    simd::kernels_for(options.simd_level())?;
+    let checked = inputs::check(&q, k, v, &|_| masks.seen_keys())?;
     let mut out = Array2::zeros((shape.n_queries, shape.value_dim));
     let mut scores = Array2::zeros((shape.n_queries, shape.n_keys));
     let mut weights = Array2::zeros((shape.n_queries, shape.n_keys));
     let matrices = Some((scores.view_mut(), weights.view_mut()));
-    run(&shape, &magnitudes, q, k, v, options, out.view_mut(), matrices)?;
+    let (k, v) = (checked.k.view(), checked.v.view());
+    blocked::attend(&shape, q, k, v, &masks, out.view_mut(), None, matrices)?;
     Ok(Attention { scores: Scores(scores), weights: AttentionWeights(weights), output: out })
 }
 
-/// Resolves the masks, then hands a checked problem to a path.
-#[allow(clippy::too_many_arguments)] // one checked problem, passed through unchanged
+/// One head of a checked problem: its inputs (keys and values as the paths may read them) and
+/// its masks.
+pub(crate) struct Head<'a, T> {
+    pub(crate) q: ArrayView2<'a, T>,
+    pub(crate) k: ArrayView2<'a, T>,
+    pub(crate) v: ArrayView2<'a, T>,
+    pub(crate) masks: MaskSet<'a, T>,
+}
+
+/// Hands one checked head to a path: the tiled path, unless an intermediate could overflow (then
+/// the blocked path runs, which also names the query whose score overflows).
 pub(crate) fn run<T: Real>(
     shape: &Shape,
     magnitudes: &Magnitudes,
-    q: ArrayView2<T>,
-    k: ArrayView2<T>,
-    v: ArrayView2<T>,
-    options: &AttentionOptions<T>,
+    head: Head<'_, T>,
+    kernels: Isa,
     out: ArrayViewMut2<T>,
-    matrices: Option<(ArrayViewMut2<T>, ArrayViewMut2<T>)>,
+    lse: Option<ArrayViewMut1<T>>,
 ) -> Result<(), AttentionError> {
-    let masks = options.resolve(shape)?;
-    let kernels = simd::kernels_for(options.simd_level())?;
-    match matrices {
-        // Output only: the tiled path, unless an intermediate could overflow (then the blocked
-        // path runs, which also names the query whose score overflows).
-        None if flash::stays_finite(shape, magnitudes, &masks) => {
-            flash::attend(kernels, shape, 1, vec![flash::Head { q, k, v, out }], &masks);
-            Ok(())
-        }
-        // The weights are an `n_q × n_k` matrix by definition: the blocked path fills it.
-        _ => blocked::attend(shape, q, k, v, &masks, out, matrices),
+    let Head { q, k, v, masks } = head;
+    if flash::stays_finite(shape, magnitudes, &masks) {
+        flash::attend(kernels, shape, 1, vec![flash::Head { q, k, v, out, lse, masks }]);
+        Ok(())
+    } else {
+        blocked::attend(shape, q, k, v, &masks, out, lse, None)
     }
 }

@@ -3,7 +3,7 @@
 //! the same bit for bit whatever the thread count.
 
 use ndarray::linalg::general_mat_mul;
-use ndarray::{Array2, ArrayView2, ArrayViewMut2, Axis, s};
+use ndarray::{Array2, ArrayView2, ArrayViewMut1, ArrayViewMut2, Axis, s};
 use rayon::prelude::*;
 
 use crate::error::AttentionError;
@@ -15,22 +15,26 @@ use crate::shape::Shape;
 /// block's `[QUERY_BLOCK, n_keys]` score matrix stays modest.
 const QUERY_BLOCK: usize = 64;
 
-/// One finished block of queries: its output rows, weights, and scores (when asked for).
+/// One finished block of queries: its output rows, their logsumexp, weights, and scores (when
+/// asked for).
 struct Block<T> {
     output: Array2<T>,
+    logsumexp: Vec<T>,
     weights: Array2<T>,
     scores: Option<Array2<T>>,
 }
 
-/// Computes attention for a checked problem into `out`, and into `matrices` (scores, weights)
-/// when asked.
+/// Computes attention for a checked problem into `out`, and into `lse` (each row's logsumexp) and
+/// `matrices` (scores, weights) when asked.
+#[allow(clippy::too_many_arguments)] // one checked problem and its outputs
 pub(crate) fn attend<T: Real>(
     shape: &Shape,
     q: ArrayView2<T>,
     k: ArrayView2<T>,
     v: ArrayView2<T>,
-    masks: &MaskSet<'_, '_, T>,
+    masks: &MaskSet<'_, T>,
     mut out: ArrayViewMut2<T>,
+    mut lse: Option<ArrayViewMut1<T>>,
     matrices: Option<(ArrayViewMut2<T>, ArrayViewMut2<T>)>,
 ) -> Result<(), AttentionError> {
     let kt = k.t();
@@ -48,6 +52,11 @@ pub(crate) fn attend<T: Real>(
     for (b, block) in blocks.into_iter().enumerate() {
         let rows = s![b * QUERY_BLOCK..b * QUERY_BLOCK + block.output.nrows(), ..];
         out.slice_mut(rows).assign(&block.output);
+        if let Some(lse) = lse.as_mut() {
+            let first = b * QUERY_BLOCK;
+            lse.slice_mut(s![first..first + block.logsumexp.len()])
+                .assign(&ndarray::aview1(&block.logsumexp));
+        }
         if let (Some(w), Some(sc), Some(raw)) = (weights.as_mut(), scores.as_mut(), block.scores) {
             w.slice_mut(rows).assign(&block.weights);
             sc.slice_mut(rows).assign(&raw);
@@ -62,7 +71,7 @@ fn attend_block<T: Real>(
     first: usize,
     kt: ArrayView2<T>,
     v: ArrayView2<T>,
-    masks: &MaskSet<'_, '_, T>,
+    masks: &MaskSet<'_, T>,
     keep_scores: bool,
 ) -> Result<Block<T>, AttentionError> {
     let scale = T::from_f64_round(masks.scale);
@@ -77,26 +86,27 @@ fn attend_block<T: Real>(
         }
     }
     let scores = keep_scores.then(|| p.clone());
-    for (r, mut row) in p.axis_iter_mut(Axis(0)).enumerate() {
-        let row = row.as_slice_mut().expect("row-major");
-        softmax_in_place(row, first + r)?;
-    }
+    let logsumexp = p
+        .axis_iter_mut(Axis(0))
+        .enumerate()
+        .map(|(r, mut row)| softmax_in_place(row.as_slice_mut().expect("row-major"), first + r))
+        .collect::<Result<_, _>>()?;
     let mut o = Array2::zeros((q.nrows(), v.ncols()));
     general_mat_mul(T::one(), &p, &v, T::zero(), &mut o);
-    Ok(Block { output: o, weights: p, scores })
+    Ok(Block { output: o, logsumexp, weights: p, scores })
 }
 
-/// Softmax of one score row in place. Hidden entries (`-inf`) become 0; a row with nothing
-/// visible becomes all 0.
-fn softmax_in_place<T: Real>(row: &mut [T], query_idx: usize) -> Result<(), AttentionError> {
+/// Softmax of one score row in place, returning the row's logsumexp. Hidden entries (`-inf`)
+/// become 0; a row with nothing visible becomes all 0, with a logsumexp of `-inf`.
+fn softmax_in_place<T: Real>(row: &mut [T], query_idx: usize) -> Result<T, AttentionError> {
     // Finite inputs can still overflow to `inf` (or `inf - inf = NaN`) in the dot product.
     if row.iter().any(|x| x.is_nan() || *x == T::infinity()) {
-        return Err(AttentionError::ScoreOverflow { query_idx, ty: T::NAME });
+        return Err(AttentionError::ScoreOverflow { query_idx, head: None, ty: T::NAME });
     }
     let max = row.iter().copied().fold(T::neg_infinity(), T::max);
     if max == T::neg_infinity() {
         row.fill(T::zero());
-        return Ok(());
+        return Ok(T::neg_infinity());
     }
     let mut sum = T::zero();
     for x in row.iter_mut() {
@@ -107,5 +117,5 @@ fn softmax_in_place<T: Real>(row: &mut [T], query_idx: usize) -> Result<(), Atte
     for x in row.iter_mut() {
         *x = *x * inv;
     }
-    Ok(())
+    Ok(max + sum.ln())
 }

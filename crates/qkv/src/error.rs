@@ -89,15 +89,27 @@ pub enum AttentionError {
         /// The value found.
         value: f64,
     },
-    /// A mask or bias whose shape does not match the scores it applies to.
-    #[error("{argument} has shape {found} but the scores it masks have shape {expected}")]
+    /// A mask, bias or per-sequence list whose shape does not match the scores it applies to.
+    #[error("{argument} has shape {found} but the scores it masks have shape {scores} ({needs})")]
     MaskShape {
         /// Which mask.
         argument: &'static str,
-        /// The shape it needs.
-        expected: Dims,
         /// The shape it has.
         found: Dims,
+        /// The shape of the scores: `[n_q, n_k]`, or `[batch, heads, n_q, n_k]` for multi-head.
+        scores: Dims,
+        /// The shapes it may have, or the sizes they come from.
+        needs: String,
+    },
+    /// A key length longer than the keys.
+    #[error("key_lengths[{index}] is {length} but there are {}", count(*n_keys, "key", "keys"))]
+    KeyLength {
+        /// The batch element.
+        index: usize,
+        /// Its length.
+        length: usize,
+        /// Keys in the tensor.
+        n_keys: usize,
     },
     /// Query heads cannot be shared out evenly over key/value heads (grouped-query attention).
     #[error(
@@ -151,16 +163,19 @@ pub enum AttentionError {
         value: f64,
     },
     /// A flat slice whose length does not match the shape it is said to have.
-    #[error("{argument} has {len} elements but a {rows} × {cols} matrix needs {}", rows * cols)]
+    #[error(
+        "{argument} has {len} elements but a {} {} needs {}",
+        shape.0.iter().map(usize::to_string).collect::<Vec<_>>().join(" × "),
+        if shape.0.len() == 2 { "matrix" } else { "tensor" },
+        shape.0.iter().map(|&d| d as u128).product::<u128>()
+    )]
     SliceLength {
         /// Which argument.
         argument: &'static str,
         /// Its length.
         len: usize,
-        /// Rows claimed.
-        rows: usize,
-        /// Columns claimed.
-        cols: usize,
+        /// The shape claimed.
+        shape: Dims,
     },
     /// An output buffer of the wrong shape (for [`attention_into`](crate::attention_into)).
     #[error("output has shape {found} but the attention result has shape {expected}")]
@@ -170,14 +185,28 @@ pub enum AttentionError {
         /// The buffer's shape.
         found: Dims,
     },
+    /// Two partial results that cannot be merged (see
+    /// [`PartialAttention::merge`](crate::PartialAttention::merge)).
+    #[error("cannot merge shapes {first} and {second}: a merge takes {what}")]
+    MergeShape {
+        /// The first shape.
+        first: Dims,
+        /// The second shape.
+        second: Dims,
+        /// What the merge needs.
+        what: &'static str,
+    },
     /// A score that overflowed the element type although every input was finite.
     #[error(
-        "the scaled score of query {query_idx} overflowed {ty}: its inputs are finite but too \
-         large for their dot product; compute in f64 or scale the inputs down"
+        "the scaled score of query {query_idx}{} overflowed {ty}: its inputs are finite but too \
+         large for their dot product; compute in f64 or scale the inputs down",
+        head.map_or(String::new(), |(b, h)| format!(" in batch {b}, head {h}"))
     )]
     ScoreOverflow {
         /// The query whose scores overflowed.
         query_idx: usize,
+        /// `(batch, query head)` of a multi-head call.
+        head: Option<(usize, usize)>,
         /// The element type.
         ty: &'static str,
     },

@@ -27,7 +27,7 @@ use crate::mask::MaskSet;
 use crate::real::Real;
 use crate::shape::{Magnitudes, Shape};
 use crate::work;
-use ndarray::{ArrayView2, ArrayViewMut2, Axis};
+use ndarray::{ArrayView2, ArrayViewMut1, ArrayViewMut2, Axis};
 
 /// Problems with fewer query blocks than this also split their keys, so that every core works.
 const SPLIT_BELOW_BLOCKS: usize = 4;
@@ -43,11 +43,7 @@ const MAX_SPLITS: usize = 16;
 /// unnormalised output sum (at most `n_k · max |v|`) stays far below the type's largest value.
 /// Otherwise the blocked path runs, which normalises before it multiplies by `V` and reports a
 /// score that overflows.
-pub(crate) fn stays_finite<T: Real>(
-    shape: &Shape,
-    magnitudes: &Magnitudes,
-    masks: &MaskSet<'_, '_, T>,
-) -> bool {
+pub(crate) fn stays_finite<T: Real>(shape: &Shape, magnitudes: &Magnitudes, masks: &MaskSet<'_, T>) -> bool {
     let limit = T::max_value().to_f64_exact() / 16.0;
     let d = shape.key_dim as f64;
     let score = masks.scale.abs() * d * magnitudes.queries * magnitudes.keys + masks.bias_magnitude;
@@ -56,7 +52,8 @@ pub(crate) fn stays_finite<T: Real>(
 }
 
 /// Computes attention for heads of one checked shape with the kernels of `isa`: each head's
-/// output (`[q.nrows(), d_v]`) from its queries, keys and values. The heads' work items are shared
+/// output (`[q.nrows(), d_v]`, and each row's logsumexp when asked) from its queries, keys, values
+/// and masks. The heads' work items are shared
 /// out together, so that many small heads keep every core busy to the end.
 ///
 /// Each head's `q` holds `rows_per_query` rows per query: row `r` belongs to query
@@ -74,13 +71,12 @@ pub(crate) fn attend<T: Real>(
     shape: &Shape,
     rows_per_query: usize,
     heads: Vec<Head<'_, '_, T>>,
-    masks: &MaskSet<'_, '_, T>,
 ) -> Option<Measured<T>> {
-    isa.run(Attend { shape: *shape, rows_per_query, heads, masks })
+    isa.run(Attend { shape: *shape, rows_per_query, heads })
 }
 
 /// A work item of the tiled path: head `.0`'s query blocks, each with its index and output.
-type HeadBlocks<'b, 'out, T> = (usize, Vec<(usize, &'b mut ArrayViewMut2<'out, T>)>);
+type HeadBlocks<'b, 'out, T> = (usize, Vec<(usize, &'b mut OutBlock<'out, T>)>);
 
 /// One head of a call to [`attend`].
 pub(crate) struct Head<'p, 'out, T> {
@@ -88,6 +84,15 @@ pub(crate) struct Head<'p, 'out, T> {
     pub(crate) k: ArrayView2<'p, T>,
     pub(crate) v: ArrayView2<'p, T>,
     pub(crate) out: ArrayViewMut2<'out, T>,
+    /// Each row's logsumexp `m + ln l`, when asked for.
+    pub(crate) lse: Option<ArrayViewMut1<'out, T>>,
+    pub(crate) masks: MaskSet<'p, T>,
+}
+
+/// The output rows of one query block, and their logsumexp when asked for.
+struct OutBlock<'out, T> {
+    out: ArrayViewMut2<'out, T>,
+    lse: Option<ArrayViewMut1<'out, T>>,
 }
 
 /// Whether a problem of `rows` query rows (queries times stacked heads) over keys `k` takes the
@@ -120,32 +125,36 @@ impl<T: Real> Measured<T> {
 }
 
 /// One call's operands, waiting for its kernels.
-struct Attend<'p, 'out, 'm, 'o, 'a, T: Real> {
+struct Attend<'p, 'out, T: Real> {
     shape: Shape,
     rows_per_query: usize,
     heads: Vec<Head<'p, 'out, T>>,
-    masks: &'m MaskSet<'o, 'a, T>,
 }
 
-impl<T: Real> Job<T> for Attend<'_, '_, '_, '_, '_, T> {
+impl<T: Real> Job<T> for Attend<'_, '_, T> {
     type Output = Option<Measured<T>>;
 
     fn run<K: Kernels<T>>(self, kernels: K) -> Option<Measured<T>> {
-        let Attend { shape, rows_per_query, heads, masks } = self;
+        let Attend { shape, rows_per_query, heads } = self;
         let n_rows = shape.n_queries * rows_per_query;
         let mut problems = Vec::with_capacity(heads.len());
-        let mut outs = Vec::with_capacity(heads.len());
-        for Head { q, k, v, out } in heads {
+        let mut blocks: Vec<Vec<OutBlock<T>>> = Vec::with_capacity(heads.len());
+        for Head { q, k, v, out, lse, masks } in heads {
             let key_rows = k.to_slice().filter(|_| decodes(n_rows, &k));
             problems.push(Problem { shape, q, rows_per_query, k, v, key_rows, masks });
-            outs.push(out);
+            let outs = out.into_axis_chunks_iter_mut(Axis(0), K::QUERY_BLOCK);
+            blocks.push(match lse {
+                Some(lse) => outs
+                    .zip(lse.into_axis_chunks_iter_mut(Axis(0), K::QUERY_BLOCK))
+                    .map(|(out, lse)| OutBlock { out, lse: Some(lse) })
+                    .collect(),
+                None => outs.map(|out| OutBlock { out, lse: None }).collect(),
+            });
         }
         let decoding = problems.iter().all(|p| p.key_rows.is_some());
         let parallel =
             work::worth_sharing(shape.flops() * (rows_per_query * problems.len()) as f64, decoding);
         let splits = key_splits(n_rows, shape.n_keys, K::QUERY_BLOCK);
-        let mut blocks: Vec<Vec<ArrayViewMut2<T>>> =
-            outs.iter_mut().map(|out| out.axis_chunks_iter_mut(Axis(0), K::QUERY_BLOCK).collect()).collect();
         let mut measured = Measured::nothing();
         if let [keys] = splits.as_slice() {
             let packed: Vec<Packed<T>> = problems.iter().map(|p| p.packed::<K>(keys.clone())).collect();
@@ -156,7 +165,7 @@ impl<T: Real> Job<T> for Attend<'_, '_, '_, '_, '_, T> {
             let mut items: Vec<HeadBlocks<T>> = Vec::new();
             for (h, blocks) in blocks.iter_mut().enumerate() {
                 let n = blocks.len();
-                if masks.is_causal() {
+                if problems[h].masks.is_causal() {
                     let (front, back) = blocks.split_at_mut(n.div_ceil(2));
                     let mut partners = back.iter_mut().rev();
                     for (i, block) in front.iter_mut().enumerate() {
@@ -170,7 +179,7 @@ impl<T: Real> Job<T> for Attend<'_, '_, '_, '_, '_, T> {
             let attend_item = |(h, item): HeadBlocks<T>| {
                 let mut measured = Measured::nothing();
                 for (b, out_block) in item {
-                    let rows = out_block.nrows();
+                    let rows = out_block.out.nrows();
                     let state =
                         problems[h].attend_block(kernels, &packed[h], b * K::QUERY_BLOCK, rows, keys.clone());
                     state.write(out_block);
@@ -216,6 +225,10 @@ impl<T: Real> Job<T> for Attend<'_, '_, '_, '_, '_, T> {
 /// unless the rows are few, and then a number fixed by `n_keys` alone, each a whole number of key
 /// blocks.
 fn key_splits(n_rows: usize, n_keys: usize, query_block: usize) -> Vec<Range<usize>> {
+    if n_keys == 0 {
+        // No keys: one empty split, whose state is that of a fully masked row.
+        return std::iter::once(0..0).collect();
+    }
     let splits = if n_rows.div_ceil(query_block) >= SPLIT_BELOW_BLOCKS {
         1
     } else {
@@ -303,7 +316,7 @@ impl<'a, T: Real> Packed<'a, T> {
 }
 
 /// Everything a task of one head reads.
-struct Problem<'p, 'm, 'o, 'a, T: Real> {
+struct Problem<'p, T: Real> {
     shape: Shape,
     q: ArrayView2<'p, T>,
     /// Rows of `q` per query (stacked heads): row `r` takes the masks of query `r / rows_per_query`.
@@ -313,7 +326,7 @@ struct Problem<'p, 'm, 'o, 'a, T: Real> {
     /// The keys, row after row, when decoding: scores come from the key rows themselves
     /// (`Kernels::direct_scores`), with no packed keys.
     key_rows: Option<&'p [T]>,
-    masks: &'m MaskSet<'o, 'a, T>,
+    masks: MaskSet<'p, T>,
 }
 
 /// The online-softmax state of a block of query rows over some keys: running maximum `m`, running
@@ -329,7 +342,7 @@ struct State<T: Real> {
     measured: Measured<T>,
 }
 
-impl<'p, T: Real> Problem<'p, '_, '_, '_, T> {
+impl<'p, T: Real> Problem<'p, T> {
     /// The keys and values in `keys`, for the kernels of `K`.
     fn packed<K: Kernels<T>>(&self, keys: Range<usize>) -> Packed<'p, T> {
         Packed::new::<K>(self.k, self.v, keys, self.key_rows.is_none())
@@ -351,7 +364,7 @@ impl<'p, T: Real> Problem<'p, '_, '_, '_, T> {
         keys: Range<usize>,
     ) -> State<T> {
         let d = self.shape.key_dim;
-        let masks = self.masks;
+        let masks = &self.masks;
         let lanes = K::LANES;
         let o_stride = packed.value_vectors * lanes;
         let direct = self.key_rows.is_some();
@@ -366,12 +379,16 @@ impl<'p, T: Real> Problem<'p, '_, '_, '_, T> {
             o_stride,
             measured: Measured::nothing(),
         };
-        // Causal: keys from `reach` on are hidden from every row of the block, so their blocks
-        // are skipped; blocks ending by `clean_below` are visible to every row and need no mask.
-        let reach = masks.visible_keys(self.query(first + rows - 1)).end.min(keys.end);
+        // Causal, window and key length: keys before `from` and from `reach` on are hidden from
+        // every row of the block (visible ranges only move forward with the query), so their
+        // blocks are skipped; blocks inside `clean_keys` are visible to every row and need no mask.
+        let (first_visible, last_visible) =
+            (masks.visible_keys(self.query(first)), masks.visible_keys(self.query(first + rows - 1)));
+        let reach = last_visible.end.min(keys.end);
+        let from = keys.start + (first_visible.start.max(keys.start) - keys.start) / KEY_BLOCK * KEY_BLOCK;
         let elementwise = masks.has_elementwise_masks();
-        let clean_below = if elementwise { 0 } else { masks.visible_keys(self.query(first)).end };
-        if keys.start >= reach {
+        let clean_keys = if elementwise { 0..0 } else { last_visible.start..first_visible.end };
+        if from >= reach {
             return state;
         }
         let mut q = vec![T::zero(); padded * d];
@@ -386,12 +403,12 @@ impl<'p, T: Real> Problem<'p, '_, '_, '_, T> {
         let (mut tile_max, mut m_new, mut sums) =
             (vec![T::zero(); rows], vec![T::zero(); rows], vec![T::zero(); rows]);
         let mut alpha = vec![T::one(); padded];
-        for start in (keys.start..reach).step_by(KEY_BLOCK) {
+        for start in (from..reach).step_by(KEY_BLOCK) {
             let n_keys = KEY_BLOCK.min(reach - start);
             let panels = n_keys.div_ceil(K::KEY_PANEL);
             // A causal tile on the diagonal: each group of rows needs the keys up to its last
             // row's visible end; the scores past it are hidden below.
-            let trim = !elementwise && start + n_keys > clean_below;
+            let trim = !elementwise && start + n_keys > clean_keys.end;
             if let Some(k) = self.key_rows {
                 let magnitude =
                     kernels.direct_scores(&q, rows, &k[start * d..(start + n_keys) * d], d, &mut s);
@@ -413,7 +430,7 @@ impl<'p, T: Real> Problem<'p, '_, '_, '_, T> {
                 kernels.scores(tile, trim.then_some(&group_keys as &dyn Fn(usize) -> usize));
             }
             let used = n_keys.next_multiple_of(lanes);
-            let clean = start + n_keys <= clean_below;
+            let clean = clean_keys.start <= start && start + n_keys <= clean_keys.end;
             // The maxima the score kernel folded are exact for a tile without masks whose panels
             // hold only its own keys; otherwise masked pairs, padding or keys past `reach` are in
             // them, and the rows are scanned again.
@@ -426,10 +443,15 @@ impl<'p, T: Real> Problem<'p, '_, '_, '_, T> {
                 if elementwise {
                     masks.apply_row(query, start..start + n_keys, &mut row[..n_keys]);
                 } else if !clean {
-                    // Causal alone: hide the keys past the row's visible range, without the
+                    // Ranges alone: hide the keys outside the row's visible range, without the
                     // per-pair checks of `apply_row` (same rule, from `visible_keys`).
-                    let end = masks.visible_keys(query).end.clamp(start, start + n_keys);
-                    row[end - start..n_keys].fill(T::neg_infinity());
+                    let visible = masks.visible_keys(query);
+                    let (lo, hi) = (
+                        visible.start.clamp(start, start + n_keys),
+                        visible.end.clamp(start, start + n_keys),
+                    );
+                    row[..lo - start].fill(T::neg_infinity());
+                    row[hi - start..n_keys].fill(T::neg_infinity());
                 }
             }
             if fused_max {
@@ -498,9 +520,15 @@ impl<T: Real> State<T> {
         }
     }
 
-    /// Writes `o / l` into `out`; a row with nothing visible (`l = 0`) gets zeros.
-    fn write(&self, out: &mut ArrayViewMut2<T>) {
-        for (r, mut out_row) in out.rows_mut().into_iter().enumerate() {
+    /// Writes `o / l` into the block's output, and `m + ln l` into its logsumexp when asked for;
+    /// a row with nothing visible (`l = 0`) gets zeros and a logsumexp of `-inf`.
+    fn write(&self, block: &mut OutBlock<T>) {
+        if let Some(lse) = &mut block.lse {
+            for ((lse, &m), &l) in lse.iter_mut().zip(&self.m).zip(&self.l) {
+                *lse = if l > T::zero() { m + l.ln() } else { T::neg_infinity() };
+            }
+        }
+        for (r, mut out_row) in block.out.rows_mut().into_iter().enumerate() {
             let l = self.l[r];
             let o = &self.o[r * self.o_stride..];
             let divide = |(x, &acc): (&mut T, &T)| *x = if l > T::zero() { acc / l } else { T::zero() };

@@ -2,12 +2,20 @@
 //!
 //! `softmax(Q·Kᵀ / sqrt(d_k) + mask) · V` for one head ([`attention`], [`attention_with_weights`]),
 //! many heads with grouped-query sharing ([`multi_head_attention`]), and self-attention from
-//! embeddings ([`Projections`]); causal, boolean, padding and additive masks
-//! ([`AttentionOptions`]); a worked trace of one query ([`trace_query`]). Inputs are `ndarray`
-//! views of `f32` or `f64`; [`matrix`] views a flat slice.
+//! embeddings ([`Projections`]); causal, sliding-window, boolean, padding, key-length, additive
+//! and ALiBi masks, per sequence or per head ([`AttentionOptions`]); each row's logsumexp and the
+//! exact merge of results over disjoint keys ([`attention_with_lse`], [`PartialAttention::merge`]);
+//! a worked trace of one query ([`trace_query`]). Inputs are `ndarray` views of `f32` or `f64`
+//! (this crate's `ndarray` is re-exported as [`qkv::ndarray`](ndarray), so an embedder on another
+//! version can build views with it); [`matrix`] and [`tensor`] view flat slices, and
+//! [`matrix_mut`] and [`tensor_mut`] let the `_into` functions write into them.
 //!
 //! Every path is checked against [`reference`](mod@reference), a plain f64 implementation. Results do not depend
 //! on the number of threads. The engine does no I/O.
+//!
+//! The work runs on the caller's current rayon thread pool: the global pool, or inside
+//! [`rayon::ThreadPool::install`](https://docs.rs/rayon/latest/rayon/struct.ThreadPool.html#method.install)
+//! the pool you chose (a pool of one thread runs everything on the calling thread).
 //!
 //! ```
 //! use ndarray::array;
@@ -30,9 +38,11 @@ mod attention;
 mod blocked;
 mod error;
 mod flash;
+mod inputs;
 mod kernels;
 mod mask;
 mod multi_head;
+mod partial;
 mod projection;
 mod real;
 pub mod reference;
@@ -40,10 +50,20 @@ mod shape;
 mod simd;
 mod work;
 
-pub use attention::{Attention, AttentionWeights, Scores, attention, attention_into, attention_with_weights};
+/// The `ndarray` this crate takes and returns, so that an embedder on another version of
+/// `ndarray` can name the same types (`qkv::ndarray::ArrayView2`).
+pub use ndarray;
+
+pub use attention::{
+    Attention, AttentionWeights, Scores, attention, attention_into, attention_with_lse,
+    attention_with_weights,
+};
 pub use error::{AttentionError, Dims};
-pub use mask::{AdditiveBias, AttentionOptions, CausalMask, KeepMask, KeyPadding};
-pub use multi_head::multi_head_attention;
+pub use mask::{
+    AdditiveBias, Alibi, AttentionOptions, CausalMask, KeepMask, KeyPadding, SlidingWindow, alibi_slopes,
+};
+pub use multi_head::{multi_head_attention, multi_head_attention_into, multi_head_attention_with_lse};
+pub use partial::PartialAttention;
 pub use projection::{Projected, Projections};
 pub use real::Real;
 pub use reference::{QueryTrace, trace_query};
@@ -51,19 +71,87 @@ pub use shape::Shape;
 pub use simd::{SimdLevel, simd_report};
 
 /// Views a flat row-major slice as a `[rows, cols]` matrix, for embedders that hold plain slices.
-/// `argument` names the slice in the error if its length does not fit.
+/// The slice must hold exactly `rows · cols` elements; `argument` names it in the error if not.
+///
+/// ```
+/// let data = [1.0_f32, 0.0, 0.0, 1.0, 1.0, 1.0];
+/// let keys = qkv::matrix("keys", &data, 3, 2)?;
+/// assert_eq!(keys[[2, 1]], 1.0);
+/// # Ok::<(), qkv::AttentionError>(())
+/// ```
 pub fn matrix<'a, T>(
     argument: &'static str,
     data: &'a [T],
     rows: usize,
     cols: usize,
 ) -> Result<ndarray::ArrayView2<'a, T>, AttentionError> {
-    ndarray::ArrayView2::from_shape((rows, cols), data).map_err(|_| AttentionError::SliceLength {
-        argument,
-        len: data.len(),
-        rows,
-        cols,
-    })
+    exact_length(argument, data.len(), &[rows, cols])?;
+    Ok(ndarray::ArrayView2::from_shape((rows, cols), data).expect("the length fits"))
+}
+
+/// Views a flat row-major slice as a writable `[rows, cols]` matrix: the output of
+/// [`attention_into`] in a plain slice.
+///
+/// ```
+/// let mut data = vec![0.0_f32; 6];
+/// qkv::matrix_mut("out", &mut data, 2, 3)?[[1, 2]] = 5.0;
+/// assert_eq!(data[5], 5.0);
+/// # Ok::<(), qkv::AttentionError>(())
+/// ```
+pub fn matrix_mut<'a, T>(
+    argument: &'static str,
+    data: &'a mut [T],
+    rows: usize,
+    cols: usize,
+) -> Result<ndarray::ArrayViewMut2<'a, T>, AttentionError> {
+    exact_length(argument, data.len(), &[rows, cols])?;
+    Ok(ndarray::ArrayViewMut2::from_shape((rows, cols), data).expect("the length fits"))
+}
+
+/// Views a flat row-major slice as a `[batch, heads, n, d]` tensor, for
+/// [`multi_head_attention`].
+///
+/// ```
+/// let data = vec![0.5_f32; 2 * 4 * 3 * 8];
+/// let q = qkv::tensor("q", &data, [2, 4, 3, 8])?;
+/// assert_eq!(q.shape(), [2, 4, 3, 8]);
+/// assert!(qkv::tensor("q", &data, [2, 4, 3, 7]).is_err());
+/// # Ok::<(), qkv::AttentionError>(())
+/// ```
+pub fn tensor<'a, T>(
+    argument: &'static str,
+    data: &'a [T],
+    shape: [usize; 4],
+) -> Result<ndarray::ArrayView4<'a, T>, AttentionError> {
+    exact_length(argument, data.len(), &shape)?;
+    Ok(ndarray::ArrayView4::from_shape(shape, data).expect("the length fits"))
+}
+
+/// Views a flat row-major slice as a writable `[batch, heads, n, d]` tensor: the output of
+/// [`multi_head_attention_into`] in a plain slice.
+///
+/// ```
+/// let mut data = vec![0.0_f32; 2 * 3];
+/// let out = qkv::tensor_mut("out", &mut data, [1, 2, 1, 3])?;
+/// assert_eq!(out.shape(), [1, 2, 1, 3]);
+/// # Ok::<(), qkv::AttentionError>(())
+/// ```
+pub fn tensor_mut<'a, T>(
+    argument: &'static str,
+    data: &'a mut [T],
+    shape: [usize; 4],
+) -> Result<ndarray::ArrayViewMut4<'a, T>, AttentionError> {
+    exact_length(argument, data.len(), &shape)?;
+    Ok(ndarray::ArrayViewMut4::from_shape(shape, data).expect("the length fits"))
+}
+
+/// Fails unless a slice of `len` elements holds exactly a row-major array of shape `shape`: a
+/// longer slice is as likely a mistake as a shorter one.
+fn exact_length(argument: &'static str, len: usize, shape: &[usize]) -> Result<(), AttentionError> {
+    match shape.iter().try_fold(1_usize, |n, &d| n.checked_mul(d)) {
+        Some(n) if n == len => Ok(()),
+        _ => Err(AttentionError::SliceLength { argument, len, shape: shape.into() }),
+    }
 }
 
 /// The workspace README's embedding example, compiled and run as a doctest so it cannot rot.

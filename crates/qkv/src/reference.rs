@@ -4,11 +4,13 @@
 //! prints ([`trace_query`]): whatever the element type of the inputs, it widens them to f64 and
 //! computes each step exactly as the textbook writes it.
 
-use ndarray::{Array2, ArrayView2};
+use ndarray::{Array1, Array2, ArrayView2};
 
 use crate::attention::{Attention, AttentionWeights, Scores};
 use crate::error::AttentionError;
+use crate::inputs;
 use crate::mask::{AttentionOptions, MaskSet};
+use crate::partial::PartialAttention;
 use crate::real::Real;
 use crate::shape::Shape;
 
@@ -41,27 +43,90 @@ pub struct QueryTrace {
     pub output: Vec<f64>,
 }
 
+impl QueryTrace {
+    /// The row's logsumexp `max + ln(sum) = ln Σ_i exp(s_i)` over the visible keys, in the
+    /// scaled-score domain; `-inf` if every key is hidden.
+    ///
+    /// ```
+    /// let k = ndarray::array![[1.0_f64, 0.0], [0.0, 1.0]];
+    /// let v = ndarray::array![[2.0], [6.0]];
+    /// let options = qkv::AttentionOptions::new().scale(1.0);
+    /// let t = qkv::trace_query(k.view(), k.view(), v.view(), 0, &options)?;
+    /// assert!((t.logsumexp() - (1.0 + std::f64::consts::E).ln()).abs() < 1e-12);
+    /// # Ok::<(), qkv::AttentionError>(())
+    /// ```
+    pub fn logsumexp(&self) -> f64 {
+        self.max.map_or(f64::NEG_INFINITY, |max| max + self.sum.ln())
+    }
+}
+
 /// Attention for every query, computed by the reference, with scores and weights.
 ///
-/// Accepts `f32` or `f64` inputs and computes in f64 either way.
+/// Accepts `f32` or `f64` inputs and computes in f64 either way. Keys and values that no query
+/// sees are taken as zeros, whatever they hold (see [`AttentionOptions`]).
+///
+/// ```
+/// let k = ndarray::array![[1.0_f32, 0.0], [0.0, 1.0], [1.0, 1.0]];
+/// let v = ndarray::array![[2.0_f32], [6.0], [4.0]];
+/// let r = qkv::reference::attention(k.view(), k.view(), v.view(), &qkv::AttentionOptions::new())?;
+/// assert!((r.weights[[1, 0]] - 0.1978).abs() < 1e-4);
+/// # Ok::<(), qkv::AttentionError>(())
+/// ```
 pub fn attention<T: Real>(
     q: ArrayView2<T>,
     k: ArrayView2<T>,
     v: ArrayView2<T>,
     options: &AttentionOptions<T>,
 ) -> Result<Attention<f64>, AttentionError> {
-    let shape = Shape::check(&q, &k, &v)?;
-    let masks = options.resolve(&shape)?;
+    let (shape, traces) = traces(q, k, v, options)?;
     let mut scores = Array2::zeros((shape.n_queries, shape.n_keys));
     let mut weights = Array2::zeros((shape.n_queries, shape.n_keys));
     let mut output = Array2::zeros((shape.n_queries, shape.value_dim));
-    for i in 0..shape.n_queries {
-        let trace = trace_row(&q, &k, &v, i, &masks);
+    for (i, trace) in traces.iter().enumerate() {
         scores.row_mut(i).assign(&ndarray::aview1(&trace.scores));
         weights.row_mut(i).assign(&ndarray::aview1(&trace.weights));
         output.row_mut(i).assign(&ndarray::aview1(&trace.output));
     }
     Ok(Attention { scores: Scores(scores), weights: AttentionWeights(weights), output })
+}
+
+/// Attention's output and each row's logsumexp, computed by the reference (see
+/// [`attention_with_lse`](crate::attention_with_lse)).
+///
+/// ```
+/// let k = ndarray::array![[1.0_f64, 0.0], [0.0, 1.0]];
+/// let v = ndarray::array![[2.0], [6.0]];
+/// let r = qkv::reference::attention_with_lse(k.view(), k.view(), v.view(), &qkv::AttentionOptions::new())?;
+/// assert_eq!(r.logsumexp.len(), 2);
+/// # Ok::<(), qkv::AttentionError>(())
+/// ```
+pub fn attention_with_lse<T: Real>(
+    q: ArrayView2<T>,
+    k: ArrayView2<T>,
+    v: ArrayView2<T>,
+    options: &AttentionOptions<T>,
+) -> Result<PartialAttention<f64>, AttentionError> {
+    let (shape, traces) = traces(q, k, v, options)?;
+    let mut output = Array2::zeros((shape.n_queries, shape.value_dim));
+    for (i, trace) in traces.iter().enumerate() {
+        output.row_mut(i).assign(&ndarray::aview1(&trace.output));
+    }
+    let logsumexp = Array1::from_iter(traces.iter().map(QueryTrace::logsumexp));
+    Ok(PartialAttention { output, logsumexp })
+}
+
+/// The trace of every query, after checking the inputs against the masks.
+fn traces<T: Real>(
+    q: ArrayView2<T>,
+    k: ArrayView2<T>,
+    v: ArrayView2<T>,
+    options: &AttentionOptions<T>,
+) -> Result<(Shape, Vec<QueryTrace>), AttentionError> {
+    let shape = Shape::of_dims(q.shape(), k.shape(), v.shape())?;
+    let masks = options.resolve(&shape)?;
+    let checked = inputs::check(&q, k, v, &|_| masks.seen_keys())?;
+    let (k, v) = (checked.k.view(), checked.v.view());
+    Ok((shape, (0..shape.n_queries).map(|i| trace_row(&q, &k, &v, i, &masks)).collect()))
 }
 
 /// The worked trace of query `query_idx` (every intermediate, in f64).
@@ -74,12 +139,13 @@ pub fn trace_query<T: Real>(
     query_idx: usize,
     options: &AttentionOptions<T>,
 ) -> Result<QueryTrace, AttentionError> {
-    let shape = Shape::check(&q, &k, &v)?;
+    let shape = Shape::of_dims(q.shape(), k.shape(), v.shape())?;
     if query_idx >= shape.n_queries {
         return Err(AttentionError::QueryIndex { index: query_idx, n_queries: shape.n_queries });
     }
     let masks = options.resolve(&shape)?;
-    Ok(trace_row(&q, &k, &v, query_idx, &masks))
+    let checked = inputs::check(&q, k, v, &|_| masks.seen_keys())?;
+    Ok(trace_row(&q, &checked.k.view(), &checked.v.view(), query_idx, &masks))
 }
 
 fn trace_row<T: Real>(
@@ -87,7 +153,7 @@ fn trace_row<T: Real>(
     k: &ArrayView2<T>,
     v: &ArrayView2<T>,
     i: usize,
-    masks: &MaskSet<'_, '_, T>,
+    masks: &MaskSet<'_, T>,
 ) -> QueryTrace {
     let query: Vec<f64> = q.row(i).iter().map(|x| x.to_f64_exact()).collect();
     let dot_products: Vec<f64> = k

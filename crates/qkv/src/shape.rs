@@ -19,8 +19,17 @@ pub struct Shape {
 }
 
 impl Shape {
-    /// Checks that `q: [n_q, d_k]`, `k: [n_k, d_k]`, `v: [n_k, d_v]` fit together, that there is at
-    /// least one key, that widths are positive and that every element is finite.
+    /// Checks that `q: [n_q, d_k]`, `k: [n_k, d_k]`, `v: [n_k, d_v]` fit together, that widths are
+    /// positive and that every element is finite. There may be no keys at all (`n_k = 0`): every
+    /// query then attends to nothing, as a fully masked row does.
+    ///
+    /// ```
+    /// let q = ndarray::Array2::<f32>::zeros((3, 8));
+    /// let kv = ndarray::Array2::<f32>::zeros((5, 8));
+    /// let shape = qkv::Shape::check(&q.view(), &kv.view(), &kv.view())?;
+    /// assert_eq!((shape.n_queries, shape.n_keys, shape.key_dim, shape.value_dim), (3, 5, 8, 8));
+    /// # Ok::<(), qkv::AttentionError>(())
+    /// ```
     pub fn check<T: Real>(
         q: &ArrayView2<T>,
         k: &ArrayView2<T>,
@@ -61,13 +70,6 @@ impl Shape {
                 value_rows,
                 keys: k.into(),
                 values: v.into(),
-            });
-        }
-        if n_keys == 0 {
-            return Err(AttentionError::Empty {
-                argument: "keys",
-                shape: k.into(),
-                why: "softmax needs at least one key to share the attention among",
             });
         }
         if key_width == 0 {

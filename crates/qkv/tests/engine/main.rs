@@ -8,3 +8,4 @@ mod oracle;
 mod problem;
 mod properties;
 mod simd;
+mod unseen;

@@ -104,7 +104,7 @@ fn fast_path_matches_reference_on_the_awkward_grid() {
     for mask in MASK_KINDS {
         check_fast_path::<f32>(1, (129, 129, 64, 64), 1.0, mask);
     }
-    for mask in [MaskKind::CausalBottomRight, MaskKind::PaddingBlocks] {
+    for mask in [MaskKind::CausalBottomRight, MaskKind::PaddingBlocks, MaskKind::CausalWindow] {
         check_fast_path::<f32>(2, (1000, 1000, 64, 64), 1.0, mask);
     }
 }

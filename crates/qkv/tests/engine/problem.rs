@@ -1,7 +1,9 @@
 //! Random attention problems for the tests, and the one tolerance helper they all use.
 
 use ndarray::{Array1, Array2};
-use qkv::{AdditiveBias, AttentionOptions, CausalMask, KeepMask, KeyPadding, Real, SimdLevel};
+use qkv::{
+    AdditiveBias, Alibi, AttentionOptions, CausalMask, KeepMask, KeyPadding, Real, SimdLevel, SlidingWindow,
+};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -19,9 +21,17 @@ pub enum MaskKind {
     Bias,
     /// Padding that hides every other block of 64 keys: whole tiles with nothing visible.
     PaddingBlocks,
+    /// Key length two thirds of the keys (0 for one key: every row fully masked).
+    KeyLength,
+    /// A causal sliding window of 100 keys back (whole tiles before it are skipped).
+    CausalWindow,
+    /// A top-left window of 3 keys back and 20 forward, without a causal mask.
+    WindowTopLeft,
+    /// ALiBi with the causal mask.
+    Alibi,
 }
 
-pub const MASK_KINDS: [MaskKind; 7] = [
+pub const MASK_KINDS: [MaskKind; 11] = [
     MaskKind::None,
     MaskKind::CausalBottomRight,
     MaskKind::CausalTopLeft,
@@ -29,6 +39,10 @@ pub const MASK_KINDS: [MaskKind; 7] = [
     MaskKind::Padding,
     MaskKind::Bias,
     MaskKind::PaddingBlocks,
+    MaskKind::KeyLength,
+    MaskKind::CausalWindow,
+    MaskKind::WindowTopLeft,
+    MaskKind::Alibi,
 ];
 
 /// Inputs of one attention problem, with the data its masks borrow from.
@@ -40,6 +54,8 @@ pub struct Problem<T> {
     keep: Array2<bool>,
     padding: Array1<bool>,
     bias: Array2<T>,
+    key_length: [usize; 1],
+    slope: [T; 1],
 }
 
 impl<T: Real> Problem<T> {
@@ -71,7 +87,8 @@ impl<T: Real> Problem<T> {
                 T::from_f64_round(rng.random_range(-2.0..2.0))
             }
         });
-        Problem { q, k, v, mask, keep, padding, bias }
+        let key_length = [2 * n_k / 3];
+        Problem { q, k, v, mask, keep, padding, bias, key_length, slope: [T::from_f64_round(0.3)] }
     }
 
     pub fn options(&self) -> AttentionOptions<'_, T> {
@@ -85,6 +102,14 @@ impl<T: Real> Problem<T> {
                 o.key_padding(KeyPadding::new(self.padding.view()))
             }
             MaskKind::Bias => o.bias(AdditiveBias::new(self.bias.view())),
+            MaskKind::KeyLength => o.key_lengths(&self.key_length),
+            MaskKind::CausalWindow => {
+                o.causal(CausalMask::BottomRight).sliding_window(SlidingWindow::new(100, 0))
+            }
+            MaskKind::WindowTopLeft => {
+                o.sliding_window(SlidingWindow::new(3, 20).aligned(CausalMask::TopLeft))
+            }
+            MaskKind::Alibi => o.causal(CausalMask::BottomRight).alibi(Alibi::new(&self.slope)),
         }
     }
 }

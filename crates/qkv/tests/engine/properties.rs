@@ -11,7 +11,7 @@ proptest! {
 
     #[test]
     fn weights_are_distributions_and_outputs_are_blends(
-        seed in any::<u64>(), n_q in 1usize..40, n_k in 1usize..40, d in 1usize..9, mask in 0usize..6,
+        seed in any::<u64>(), n_q in 1usize..40, n_k in 1usize..40, d in 1usize..9, mask in 0usize..MASK_KINDS.len(),
     ) {
         let p = Problem::<f64>::random(seed, (n_q, n_k, d, d), 3.0, MASK_KINDS[mask]);
         let r = qkv::attention_with_weights(p.q.view(), p.k.view(), p.v.view(), &p.options()).unwrap();

@@ -1,0 +1,78 @@
+//! Keys and values checked against the masks: one that no query sees may hold anything, and is
+//! replaced by zeros before any path reads it; a non-finite one that some query sees is an error
+//! naming it.
+//!
+//! Inference caches keep garbage in their padding, and PyTorch turns a NaN there into NaN outputs
+//! everywhere (a hidden weight of 0 times NaN is NaN). Only inputs that fail the plain finiteness
+//! check pay for working out which keys are seen, and for the copy.
+
+use ndarray::{ArrayView, Axis, CowArray, Dimension};
+
+use crate::error::{AttentionError, Dims};
+use crate::real::Real;
+use crate::shape::{Magnitudes, finite_magnitude};
+
+/// Keys and values as the paths may read them (the caller's own, or copies with the unseen rows
+/// zeroed), and the largest magnitudes of the inputs.
+pub(crate) struct Inputs<'a, T, D: Dimension> {
+    pub(crate) k: CowArray<'a, T, D>,
+    pub(crate) v: CowArray<'a, T, D>,
+    pub(crate) magnitudes: Magnitudes,
+}
+
+/// Checks `q` (`[.., n_q, d_k]`), `k` (`[.., n_k, d_k]`) and `v` (`[.., n_k, d_v]`): the queries
+/// must be finite, the keys and values wherever they are seen. `seen(index)` says which keys of
+/// the matrix at leading index `index` (empty for a single head, `[b, kv_head]` for multi-head)
+/// some query sees.
+pub(crate) fn check<'a, T: Real, D: Dimension>(
+    q: &ArrayView<T, D>,
+    k: ArrayView<'a, T, D>,
+    v: ArrayView<'a, T, D>,
+    seen: &dyn Fn(&[usize]) -> Vec<bool>,
+) -> Result<Inputs<'a, T, D>, AttentionError> {
+    let queries = finite_magnitude("queries", q)?;
+    let (k, keys) = seen_rows_finite("keys", k, seen)?;
+    let (v, values) = seen_rows_finite("values", v, seen)?;
+    Ok(Inputs { k, v, magnitudes: Magnitudes { queries, keys, values } })
+}
+
+/// `x` and its largest magnitude if every element is finite; otherwise a copy whose rows no query
+/// sees are zero, or the error naming the first non-finite element of a row that is seen.
+fn seen_rows_finite<'a, T: Real, D: Dimension>(
+    argument: &'static str,
+    x: ArrayView<'a, T, D>,
+    seen: &dyn Fn(&[usize]) -> Vec<bool>,
+) -> Result<(CowArray<'a, T, D>, f64), AttentionError> {
+    if let Ok(magnitude) = finite_magnitude(argument, &x) {
+        return Ok((CowArray::from(x), magnitude));
+    }
+    let mut clean = x.to_owned();
+    let leading = &x.shape()[..x.ndim() - 2];
+    let (rows, cols) = (x.shape()[x.ndim() - 2], x.shape()[x.ndim() - 1]);
+    let count = leading.iter().product();
+    let mut slabs = clean.view_mut().into_shape_with_order((count, rows, cols)).expect("standard layout");
+    for (s, mut slab) in slabs.axis_iter_mut(Axis(0)).enumerate() {
+        // Slab `s` unravels against the leading axes, last fastest.
+        let mut index = vec![0; leading.len()];
+        let mut rest = s;
+        for (slot, &len) in index.iter_mut().zip(leading).rev() {
+            *slot = rest % len;
+            rest /= len;
+        }
+        let seen = seen(&index);
+        for (j, mut row) in slab.axis_iter_mut(Axis(0)).enumerate() {
+            if !seen[j] {
+                row.fill(T::zero());
+            } else if let Some((c, value)) = row.iter().enumerate().find(|(_, x)| !x.is_finite()) {
+                index.extend([j, c]);
+                return Err(AttentionError::NonFinite {
+                    argument,
+                    index: Dims(index),
+                    value: value.to_f64_exact(),
+                });
+            }
+        }
+    }
+    let magnitude = finite_magnitude(argument, &clean)?;
+    Ok((CowArray::from(clean), magnitude))
+}
