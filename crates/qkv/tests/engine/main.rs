@@ -3,6 +3,7 @@
 
 mod errors;
 mod lesson;
+mod lse;
 mod multi_head;
 mod oracle;
 mod problem;

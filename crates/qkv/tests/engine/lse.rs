@@ -1,0 +1,136 @@
+//! Each row's logsumexp against the reference, and merging results over disjoint keys into the
+//! result over all of them.
+
+use ndarray::{Array1, Array2, Array4, Axis, s};
+use qkv::{AdditiveBias, AttentionOptions, KeepMask, PartialAttention, Real};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::problem::{MASK_KINDS, MaskKind, Problem, assert_close, error_bound, levels};
+
+/// Logsumexps agree: `-inf` (a row that sees nothing) exactly, the rest within `tol · bound` as
+/// [`assert_close`] measures (a score's rounding moves its logsumexp by as much).
+fn assert_lse_close<T: Real>(what: &str, got: &Array1<T>, want: &Array1<f64>, bound: f64) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths differ");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        if *w == f64::NEG_INFINITY {
+            assert_eq!(g.to_f64_exact(), f64::NEG_INFINITY, "{what}[{i}]: a row that sees nothing");
+        }
+    }
+    let finite = |x: f64| if x == f64::NEG_INFINITY { 0.0 } else { x };
+    let got = got.mapv(|g| T::from_f64_round(finite(g.to_f64_exact()))).insert_axis(Axis(1));
+    assert_close(what, &got, &want.mapv(finite).insert_axis(Axis(1)), bound);
+}
+
+fn check_lse<T: Real>(seed: u64, dims: (usize, usize, usize, usize), magnitude: f64, mask: MaskKind) {
+    let p = Problem::<T>::random(seed, dims, magnitude, mask);
+    let options = p.options();
+    let want = qkv::reference::attention_with_lse(p.q.view(), p.k.view(), p.v.view(), &options).unwrap();
+    let full = qkv::reference::attention(p.q.view(), p.k.view(), p.v.view(), &options).unwrap();
+    assert_eq!(want.output, full.output);
+    let (weight_bound, output_bound) = error_bound(&full, &p.v);
+    for level in levels() {
+        let got = qkv::attention_with_lse(p.q.view(), p.k.view(), p.v.view(), &options.clone().simd(level))
+            .unwrap();
+        let ctx = format!("{} {level} {dims:?} x{magnitude} {mask:?}", T::NAME);
+        assert_close(&format!("output {ctx}"), &got.output, &want.output, output_bound);
+        assert_lse_close(&format!("logsumexp {ctx}"), &got.logsumexp, &want.logsumexp, weight_bound);
+    }
+}
+
+#[test]
+fn logsumexp_matches_reference() {
+    for (i, dims) in [(1, 1, 1, 1), (17, 65, 8, 3), (130, 129, 64, 64), (3, 2100, 16, 16), (200, 300, 24, 40)]
+        .into_iter()
+        .enumerate()
+    {
+        for mask in MASK_KINDS {
+            check_lse::<f32>(i as u64, dims, 1.0, mask);
+            check_lse::<f64>(i as u64, dims, 1.0, mask);
+        }
+    }
+    // Scores near ±1e4 overflow nothing, and large inputs go through the blocked path.
+    check_lse::<f32>(7, (70, 90, 64, 16), 40.0, MaskKind::Bias);
+    check_lse::<f32>(8, (9, 33, 4, 3), 4e18, MaskKind::CausalBottomRight);
+}
+
+/// Attention with `keep` and `bias` masks over the keys in `keys` only (the masks sliced with
+/// them), at `level`.
+fn part<T: Real>(
+    (q, k, v): (&Array2<T>, &Array2<T>, &Array2<T>),
+    keep: &Array2<bool>,
+    bias: &Array2<T>,
+    keys: std::ops::Range<usize>,
+    level: qkv::SimdLevel,
+) -> PartialAttention<T> {
+    let (keep, bias) = (keep.slice(s![.., keys.clone()]), bias.slice(s![.., keys.clone()]));
+    let options =
+        AttentionOptions::new().keep_mask(KeepMask::new(keep)).bias(AdditiveBias::new(bias)).simd(level);
+    qkv::attention_with_lse(q.view(), k.slice(s![keys.clone(), ..]), v.slice(s![keys, ..]), &options).unwrap()
+}
+
+fn check_merge<T: Real>(seed: u64, (n_q, n_k, d_k, d_v): (usize, usize, usize, usize), tol: f64) {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut random =
+        |r, c| Array2::from_shape_simple_fn((r, c), || T::from_f64_round(rng.random_range(-1.0..1.0)));
+    let (q, k, v) = (random(n_q, d_k), random(n_k, d_k), random(n_k, d_v));
+    // Rows 1 and 4 see no key at all; other rows see none in some parts.
+    let keep = Array2::from_shape_fn((n_q, n_k), |(i, j)| i != 1 && i != 4 && (i + 2 * j) % 5 != 0);
+    let bias = random(n_q, n_k);
+    for level in levels() {
+        let full = part((&q, &k, &v), &keep, &bias, 0..n_k, level);
+        for cuts in
+            [vec![0], vec![1], vec![n_k / 2], vec![n_k - 1], vec![n_k], vec![n_k / 3, n_k / 3, 2 * n_k / 3]]
+        {
+            let mut bounds = vec![0];
+            bounds.extend(cuts.iter().copied());
+            bounds.push(n_k);
+            let mut parts = bounds.windows(2).map(|w| part((&q, &k, &v), &keep, &bias, w[0]..w[1], level));
+            let first = parts.next().expect("at least one part");
+            let merged = parts.fold(first, |merged, part| merged.merge(&part).unwrap());
+            let ctx = format!("{} {level} {n_q}x{n_k} cut at {cuts:?}", T::NAME);
+            let diff = |a: &Array2<T>, b: &Array2<T>| {
+                a.iter().zip(b).fold(0.0_f64, |m, (x, y)| m.max((x.to_f64_exact() - y.to_f64_exact()).abs()))
+            };
+            assert!(diff(&merged.output, &full.output) <= tol, "output {ctx}");
+            for (i, (m, f)) in merged.logsumexp.iter().zip(&full.logsumexp).enumerate() {
+                let (m, f) = (m.to_f64_exact(), f.to_f64_exact());
+                assert!(m == f || (m - f).abs() <= tol, "logsumexp {ctx} row {i}: {m} vs {f}");
+            }
+            assert!([1, 4].iter().filter(|&&i| i < n_q).all(|&i| merged.logsumexp[i] == T::neg_infinity()));
+        }
+    }
+}
+
+#[test]
+fn merging_parts_over_disjoint_keys_gives_the_whole() {
+    for (seed, dims) in [(1, 1, 1, 1), (5, 7, 3, 2), (17, 300, 16, 8), (2, 2500, 32, 16), (130, 129, 64, 24)]
+        .into_iter()
+        .map(|(n_q, n_k, d_k, d_v)| (n_q as u64, (n_q, n_k, d_k, d_v)))
+    {
+        check_merge::<f64>(seed, dims, 1e-12);
+        check_merge::<f32>(seed, dims, 2e-5);
+    }
+}
+
+#[test]
+fn multi_head_parts_merge_into_the_whole() {
+    let mut rng = ChaCha8Rng::seed_from_u64(3);
+    let mut random4 = |shape| Array4::from_shape_simple_fn(shape, || rng.random_range(-1.0..1.0_f64));
+    let (q, k, v) = (random4((2, 4, 5, 8)), random4((2, 2, 70, 8)), random4((2, 2, 70, 6)));
+    let o = AttentionOptions::new();
+    let full = qkv::multi_head_attention_with_lse(q.view(), k.view(), v.view(), &o).unwrap();
+    let keys = |r: std::ops::Range<usize>| (k.slice(s![.., .., r.clone(), ..]), v.slice(s![.., .., r, ..]));
+    let ((k1, v1), (k2, v2)) = (keys(0..20), keys(20..70));
+    let first = qkv::multi_head_attention_with_lse(q.view(), k1, v1, &o).unwrap();
+    let rest = qkv::multi_head_attention_with_lse(q.view(), k2, v2, &o).unwrap();
+    let merged = rest.merge(&first).unwrap();
+    assert!(merged.output.iter().zip(&full.output).all(|(a, b)| (a - b).abs() < 1e-12));
+    assert!(merged.logsumexp.iter().zip(&full.logsumexp).all(|(a, b)| (a - b).abs() < 1e-12));
+    // Parts of different queries do not merge.
+    let other = qkv::multi_head_attention_with_lse(q.slice(s![.., .., ..4, ..]), k1, v1, &o).unwrap();
+    assert_eq!(
+        first.merge(&other).unwrap_err().to_string(),
+        "cannot merge shapes [2, 4, 5, 6] and [2, 4, 4, 6]: a merge takes two outputs of the same queries, of the same shape"
+    );
+}
