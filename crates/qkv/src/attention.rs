@@ -19,6 +19,16 @@ use crate::simd;
 /// Scaled scores `S = Q·Kᵀ · scale (+ bias)`, `[n_queries, n_keys]`; `-inf` where a pair is hidden.
 ///
 /// Prints as an aligned matrix, four decimals unless the format asks for others (`{:.2}`).
+///
+/// ```
+/// use ndarray::array;
+/// let k = array![[1.0_f64, 0.0], [0.0, 1.0]];
+/// let v = array![[2.0], [6.0]];
+/// let causal = qkv::AttentionOptions::new().causal(qkv::CausalMask::TopLeft).scale(1.0);
+/// let r = qkv::attention_with_weights(k.view(), k.view(), v.view(), &causal)?;
+/// assert_eq!(r.scores.to_string(), "1.0000    -inf\n0.0000  1.0000");
+/// # Ok::<(), qkv::AttentionError>(())
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct Scores<T>(pub(crate) Array2<T>);
 

@@ -34,6 +34,15 @@ fn count(n: usize, one: &str, many: &str) -> String {
 ///
 /// Messages are sentences meant for the person who wrote the call: they name the argument, say
 /// what was found and what was expected, and why the engine needs it.
+///
+/// ```
+/// let q = ndarray::Array2::<f32>::zeros((4, 8));
+/// let kv = ndarray::Array2::<f32>::zeros((6, 8));
+/// let padding = ndarray::Array1::from_elem(5, true);
+/// let options = qkv::AttentionOptions::new().key_padding(qkv::KeyPadding::new(padding.view()));
+/// let err = qkv::attention(q.view(), kv.view(), kv.view(), &options).unwrap_err();
+/// assert_eq!(err.to_string(), "key_padding has shape [5] but the scores it masks have shape [4, 6] (n_k = 6)");
+/// ```
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
 pub enum AttentionError {

@@ -38,8 +38,8 @@ use crate::simd::SimdLevel;
 
 pub use simd::Exp2;
 
-/// An element type with kernels at every level. A supertrait of [`crate::Real`], in a private
-/// module so that no other crate can name or implement it.
+/// An element type with kernels at every level. Implied by [`crate::Real`] through its sealing
+/// supertrait, in a private module so that no other crate can name or implement it.
 pub trait Element: Exp2 + wide::bytemuck::Pod + Send + Sync + Default + 'static {
     /// 64 bytes of elements, aligned to 64: the storage unit of [`Buffer`].
     type Line: wide::bytemuck::Pod + Default + Send + Sync;

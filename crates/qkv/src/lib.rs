@@ -158,3 +158,8 @@ fn exact_length(argument: &'static str, len: usize, shape: &[usize]) -> Result<(
 #[cfg(doctest)]
 #[doc = include_str!("../../../README.md")]
 struct ReadmeExample;
+
+/// The crate's own README (its crates.io page), run as a doctest for the same reason.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct CrateReadmeExample;

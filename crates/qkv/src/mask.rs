@@ -29,6 +29,15 @@ use crate::simd::SimdLevel;
 /// zero output).
 ///
 /// [`SlidingWindow`] and [`Alibi`] place queries among the keys by the same two alignments.
+///
+/// ```
+/// let k = ndarray::Array2::<f64>::zeros((4, 1));
+/// let q = ndarray::Array2::<f64>::zeros((2, 1));
+/// let options = qkv::AttentionOptions::new().causal(qkv::CausalMask::BottomRight);
+/// let r = qkv::attention_with_weights(q.view(), k.view(), k.view(), &options)?;
+/// assert_eq!(r.weights.row(0).to_vec(), vec![1.0 / 3.0, 1.0 / 3.0, 1.0 / 3.0, 0.0]);
+/// # Ok::<(), qkv::AttentionError>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CausalMask {
     /// Align the last query with the last key (the default).

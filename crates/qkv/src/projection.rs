@@ -11,6 +11,18 @@ use crate::real::Real;
 use crate::shape::check_finite;
 
 /// The learned projections of an attention layer.
+///
+/// ```
+/// use ndarray::Array2;
+/// let eye = Array2::<f64>::eye(2);
+/// let layer = qkv::Projections { w_q: eye.clone(), w_k: eye.clone(), w_v: eye, w_o: None };
+/// let x = ndarray::array![[1.0, 0.0], [0.0, 1.0]];
+/// let p = layer.project(x.view())?;
+/// assert_eq!(p.keys, x);
+/// let out = layer.self_attention(x.view(), &qkv::AttentionOptions::new())?;
+/// assert_eq!(out.shape(), [2, 2]);
+/// # Ok::<(), qkv::AttentionError>(())
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct Projections<T> {
     /// `W_Q`, `[d_model, d_k]`.
@@ -44,6 +56,19 @@ impl<T: Real> Projections<T> {
     /// Projects for cross-attention: queries from `x_q` (`[n_q, d_q]`, say a decoder's states),
     /// keys and values from `x_kv` (`[n_k, d_kv]`, say an encoder's). `w_q` is `[d_q, d_k]`;
     /// `w_k` and `w_v` have `d_kv` rows.
+    ///
+    /// ```
+    /// use ndarray::Array2;
+    /// let layer = qkv::Projections {
+    ///     w_q: Array2::<f32>::ones((4, 2)), // a decoder of width 4
+    ///     w_k: Array2::ones((6, 2)),        // an encoder of width 6
+    ///     w_v: Array2::ones((6, 3)),
+    ///     w_o: None,
+    /// };
+    /// let p = layer.project_cross(Array2::zeros((1, 4)).view(), Array2::zeros((5, 6)).view())?;
+    /// assert_eq!((p.queries.shape(), p.keys.shape(), p.values.shape()), (&[1, 2][..], &[5, 2][..], &[5, 3][..]));
+    /// # Ok::<(), qkv::AttentionError>(())
+    /// ```
     pub fn project_cross(
         &self,
         x_q: ArrayView2<T>,

@@ -5,20 +5,30 @@ use std::fmt::{Debug, Display};
 use ndarray::LinalgScalar;
 use num_traits::Float;
 
-use crate::kernels::Element;
-
+/// The supertrait that seals [`Real`]: public, so that `Real` may name it, in a private module,
+/// so that no other crate can name or implement it. It carries the kernels' element interface
+/// (each type's SIMD vectors and dispatch), which stays out of the public API.
 mod sealed {
-    pub trait Sealed {}
+    /// Implemented by `f32` and `f64` alone.
+    pub trait Sealed: crate::kernels::Element {}
     impl Sealed for f32 {}
     impl Sealed for f64 {}
 }
 
 /// A floating-point element the engine accepts: `f32` or `f64`.
 ///
-/// Sealed so that kernels may specialise on exactly these two types (`Element` gives each its
-/// SIMD vector type).
+/// Sealed: its supertrait `Sealed` lives in a private module, so no other crate can implement
+/// `Real`, and the kernels may specialise on exactly these two types. Every other supertrait is
+/// a public trait of `num-traits` or `ndarray`.
+///
+/// ```
+/// fn total<T: qkv::Real>(xs: &[T]) -> f64 {
+///     xs.iter().map(|x| x.to_f64_exact()).sum()
+/// }
+/// assert_eq!(total(&[1.5_f32, 2.5]), 4.0);
+/// ```
 pub trait Real:
-    Float + LinalgScalar + Send + Sync + Debug + Display + Default + sealed::Sealed + Element + 'static
+    Float + LinalgScalar + Send + Sync + Debug + Display + Default + sealed::Sealed + 'static
 {
     /// The name of the type, for messages (`"f32"`, `"f64"`).
     const NAME: &'static str;

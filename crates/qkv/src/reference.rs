@@ -132,6 +132,17 @@ fn traces<T: Real>(
 /// The worked trace of query `query_idx` (every intermediate, in f64).
 ///
 /// Masks apply as they would to that query inside the whole batch of queries.
+///
+/// ```
+/// use ndarray::array;
+/// let k = array![[1.0_f64, 0.0], [0.0, 1.0], [1.0, 1.0]];
+/// let v = array![[2.0], [6.0], [4.0]];
+/// let love = array![[0.0, 1.0]];
+/// let t = qkv::trace_query(love.view(), k.view(), v.view(), 0, &qkv::AttentionOptions::new())?;
+/// assert_eq!(t.dot_products, vec![0.0, 1.0, 1.0]);
+/// assert!((t.output[0] - 4.4067).abs() < 1e-4);
+/// # Ok::<(), qkv::AttentionError>(())
+/// ```
 pub fn trace_query<T: Real>(
     q: ArrayView2<T>,
     k: ArrayView2<T>,

@@ -90,6 +90,11 @@ impl Shape {
     }
 
     /// Multiply-adds in `Q·Kᵀ` and `P·V` together, times two: the FLOP count benchmarks report.
+    ///
+    /// ```
+    /// let shape = qkv::Shape { n_queries: 4, n_keys: 8, key_dim: 16, value_dim: 16 };
+    /// assert_eq!(shape.flops(), 4.0 * 4.0 * 8.0 * 16.0);
+    /// ```
     pub fn flops(&self) -> f64 {
         2.0 * self.n_queries as f64 * self.n_keys as f64 * (self.key_dim + self.value_dim) as f64
     }

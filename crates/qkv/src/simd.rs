@@ -10,6 +10,17 @@ use crate::kernels::Isa;
 
 /// An instruction-set level of the fast path's kernels, from least to most capable. Every build
 /// carries all the levels of its target; the engine picks the best one the CPU runs.
+///
+/// ```
+/// use qkv::SimdLevel;
+/// let best = SimdLevel::detected();
+/// assert!(best.is_supported() && SimdLevel::Baseline.is_supported());
+/// assert_eq!("avx2".parse::<SimdLevel>()?, SimdLevel::Avx2);
+/// // Every level this CPU runs gives the same answer, to rounding.
+/// let options = qkv::AttentionOptions::<f32>::new().simd(SimdLevel::Baseline);
+/// # let _ = options;
+/// # Ok::<(), qkv::AttentionError>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum SimdLevel {
     /// The target's own vectors, which every CPU of the target runs: SSE2 on x86-64 (4 f32
@@ -128,6 +139,11 @@ pub(crate) fn kernels_for(requested: Option<SimdLevel>) -> Result<Isa, Attention
 /// One line for logs and `--version` output: the level the kernels run at and why, e.g.
 /// `avx2 (AVX2+FMA), the best this CPU runs` or `baseline (SSE2), forced by QKV_SIMD=baseline;
 /// this CPU runs avx2`.
+///
+/// ```
+/// let report = qkv::simd_report();
+/// assert!(report.starts_with(qkv::SimdLevel::dispatched().map_or("no level", |l| l.name())));
+/// ```
 pub fn simd_report() -> String {
     let detected = SimdLevel::detected();
     match dispatch() {

@@ -1,7 +1,7 @@
 //! Bad input is a typed error whose message names the argument and the shapes.
 
 use ndarray::{Array2, Array4, array};
-use qkv::{AttentionError, AttentionOptions, KeepMask};
+use qkv::{AdditiveBias, Alibi, AttentionError, AttentionOptions, KeepMask, KeyPadding};
 
 fn check(err: AttentionError, expected: &str) {
     assert_eq!(err.to_string(), expected);
@@ -133,4 +133,81 @@ fn decoding_names_a_non_finite_key_or_value_it_read() {
     let huge = k.mapv(|x| x * 1e37);
     let err = qkv::attention((q * 100.0).view(), huge.view(), v.view(), &o).unwrap_err();
     assert!(matches!(err, AttentionError::ScoreOverflow { query_idx: 0, head: None, ty: "f32" }), "{err}");
+}
+
+#[test]
+fn multi_head_errors_name_the_batch_element_and_head() {
+    // Only batch 1, head 3 has inputs whose dot product overflows f32.
+    let mut q = Array4::<f32>::zeros((2, 4, 3, 2));
+    q[[1, 3, 2, 0]] = 1e30;
+    let mut k = Array4::<f32>::zeros((2, 4, 5, 2));
+    k.slice_mut(ndarray::s![1, 3, .., 0]).fill(1e30);
+    let v = Array4::<f32>::zeros((2, 4, 5, 1));
+    check(
+        qkv::multi_head_attention(q.view(), k.view(), v.view(), &AttentionOptions::new()).unwrap_err(),
+        "the scaled score of query 2 in batch 1, head 3 overflowed f32: its inputs are finite but too large \
+         for their dot product; compute in f64 or scale the inputs down",
+    );
+}
+
+#[test]
+fn batched_mask_shapes_say_which_shapes_fit() {
+    let q = Array4::<f32>::zeros((2, 8, 4, 16));
+    let kv = Array4::<f32>::zeros((2, 2, 6, 16));
+    let run = |options: &AttentionOptions<f32>| {
+        qkv::multi_head_attention(q.view(), kv.view(), kv.view(), options).unwrap_err().to_string()
+    };
+    let padding = Array2::from_elem((3, 6), true);
+    assert_eq!(
+        run(&AttentionOptions::new().key_padding(KeyPadding::batched(padding.view()))),
+        "key_padding has shape [3, 6] but the scores it masks have shape [2, 8, 4, 6] (shared [6] or per \
+         sequence [2, 6])"
+    );
+    let keep = Array4::from_elem((2, 4, 4, 6), true);
+    assert_eq!(
+        run(&AttentionOptions::new().keep_mask(KeepMask::batched(keep.view()))),
+        "keep_mask has shape [2, 4, 4, 6] but the scores it masks have shape [2, 8, 4, 6] (shared [4, 6], \
+         per sequence [2, 1, 4, 6] or per head [2, 8, 4, 6])"
+    );
+    let bias = Array4::from_elem((1, 8, 4, 6), 0.0_f32);
+    let mut nan = bias.clone();
+    nan[[0, 5, 3, 1]] = f32::NAN;
+    assert_eq!(
+        run(&AttentionOptions::new().bias(AdditiveBias::batched(nan.view()))),
+        "bias[0, 5, 3, 1] is NaN: attention needs finite inputs"
+    );
+    assert_eq!(
+        run(&AttentionOptions::new().key_lengths(&[6])),
+        "key_lengths has shape [1] but the scores it masks have shape [2, 8, 4, 6] (one length per sequence: [2])"
+    );
+    assert_eq!(
+        run(&AttentionOptions::new().key_lengths(&[6, 7])),
+        "key_lengths[1] is 7 but there are 6 keys"
+    );
+    let slopes = qkv::alibi_slopes::<f32>(4);
+    assert_eq!(
+        run(&AttentionOptions::new().alibi(Alibi::new(&slopes))),
+        "alibi slopes has shape [4] but the scores it masks have shape [2, 8, 4, 6] (one slope per query head: [8])"
+    );
+    // The same padding mistake in a single-head call names the [n_q, n_k] scores.
+    let (q2, kv2) = (Array2::<f32>::zeros((4, 16)), Array2::<f32>::zeros((6, 16)));
+    let padding = ndarray::Array1::from_elem(5, true);
+    let options = AttentionOptions::new().key_padding(KeyPadding::new(padding.view()));
+    check(
+        qkv::attention(q2.view(), kv2.view(), kv2.view(), &options).unwrap_err(),
+        "key_padding has shape [5] but the scores it masks have shape [4, 6] (n_k = 6)",
+    );
+}
+
+#[test]
+fn slices_must_fit_their_shape_exactly() {
+    check(
+        qkv::tensor("q", &[0.0_f32; 10], [1, 2, 2, 2]).unwrap_err(),
+        "q has 10 elements but a 1 × 2 × 2 × 2 tensor needs 8",
+    );
+    let mut out = [0.0_f32; 5];
+    check(
+        qkv::matrix_mut("out", &mut out, 2, 3).unwrap_err(),
+        "out has 5 elements but a 2 × 3 matrix needs 6",
+    );
 }
