@@ -1,0 +1,223 @@
+//! Masks per sequence and per head in multi-head attention, sliding windows and ALiBi: the fast
+//! path against the reference run head by head with that head's slices of the masks.
+
+use ndarray::{Array2, Array4, s};
+use qkv::{AdditiveBias, Alibi, AttentionOptions, CausalMask, KeepMask, KeyPadding, SlidingWindow};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::problem::{assert_close, error_bound, levels};
+
+/// The masks of a batch, and what each test case takes from them.
+struct Masks {
+    keep_per_head: Array4<bool>,
+    bias_per_head: Array4<f32>,
+    padding: Array2<bool>,
+    lengths: Vec<usize>,
+    slopes: Vec<f32>,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Case {
+    SharedKeep,
+    KeepPerSequence,
+    KeepPerHead,
+    BiasPerHeadSharedOverBatch,
+    PaddingAndLengths,
+    CausalAlibi,
+    WindowLengthsAndBiasPerSequence,
+}
+
+const CASES: [Case; 7] = [
+    Case::SharedKeep,
+    Case::KeepPerSequence,
+    Case::KeepPerHead,
+    Case::BiasPerHeadSharedOverBatch,
+    Case::PaddingAndLengths,
+    Case::CausalAlibi,
+    Case::WindowLengthsAndBiasPerSequence,
+];
+
+impl Masks {
+    fn random(rng: &mut ChaCha8Rng, (batch, heads, n_q, n_k): (usize, usize, usize, usize)) -> Masks {
+        // Some rows of some heads see nothing at all.
+        let keep_per_head = Array4::from_shape_fn((batch, heads, n_q, n_k), |(b, h, i, _)| {
+            (b + h + i) % 7 != 3 && rng.random_bool(0.7)
+        });
+        let bias_per_head = Array4::from_shape_simple_fn((batch, heads, n_q, n_k), || {
+            if rng.random_bool(0.1) { f32::NEG_INFINITY } else { rng.random_range(-2.0..2.0) }
+        });
+        let lengths: Vec<usize> =
+            (0..batch).map(|b| if b == 0 { n_k } else { (n_k / (b + 1)).max(1) - 1 }).collect();
+        let padding = Array2::from_shape_fn((batch, n_k), |(b, j)| (j + b) % 4 != 1);
+        Masks { keep_per_head, bias_per_head, padding, lengths, slopes: qkv::alibi_slopes(heads) }
+    }
+
+    /// The options of a case for the whole batch, and for batch element `b`, query head `h` alone
+    /// (`None`: the whole batch).
+    fn options(&self, case: Case, head: Option<(usize, usize)>) -> AttentionOptions<'_, f32> {
+        let o = AttentionOptions::new();
+        match (case, head) {
+            (Case::SharedKeep, None) => {
+                o.keep_mask(KeepMask::new(self.keep_per_head.slice(s![0, 0, .., ..])))
+            }
+            (Case::SharedKeep, Some(_)) => {
+                o.keep_mask(KeepMask::new(self.keep_per_head.slice(s![0, 0, .., ..])))
+            }
+            (Case::KeepPerSequence, None) => {
+                o.keep_mask(KeepMask::batched(self.keep_per_head.slice(s![.., 0..1, .., ..])))
+            }
+            (Case::KeepPerSequence, Some((b, _))) => {
+                o.keep_mask(KeepMask::new(self.keep_per_head.slice(s![b, 0, .., ..])))
+            }
+            (Case::KeepPerHead, None) => o.keep_mask(KeepMask::batched(self.keep_per_head.view())),
+            (Case::KeepPerHead, Some((b, h))) => {
+                o.keep_mask(KeepMask::new(self.keep_per_head.slice(s![b, h, .., ..])))
+            }
+            (Case::BiasPerHeadSharedOverBatch, None) => {
+                o.bias(AdditiveBias::batched(self.bias_per_head.slice(s![0..1, .., .., ..])))
+            }
+            (Case::BiasPerHeadSharedOverBatch, Some((_, h))) => {
+                o.bias(AdditiveBias::new(self.bias_per_head.slice(s![0, h, .., ..])))
+            }
+            (Case::PaddingAndLengths, None) => {
+                o.key_padding(KeyPadding::batched(self.padding.view())).key_lengths(&self.lengths)
+            }
+            (Case::PaddingAndLengths, Some((b, _))) => o
+                .key_padding(KeyPadding::new(self.padding.slice(s![b, ..])))
+                .key_lengths(&self.lengths[b..b + 1]),
+            (Case::CausalAlibi, None) => o.causal(CausalMask::BottomRight).alibi(Alibi::new(&self.slopes)),
+            (Case::CausalAlibi, Some((_, h))) => {
+                o.causal(CausalMask::BottomRight).alibi(Alibi::new(&self.slopes[h..h + 1]))
+            }
+            (Case::WindowLengthsAndBiasPerSequence, None) => o
+                .sliding_window(SlidingWindow::new(150, 10))
+                .key_lengths(&self.lengths)
+                .bias(AdditiveBias::batched(self.bias_per_head.slice(s![.., 0..1, .., ..]))),
+            (Case::WindowLengthsAndBiasPerSequence, Some((b, _))) => o
+                .sliding_window(SlidingWindow::new(150, 10))
+                .key_lengths(&self.lengths[b..b + 1])
+                .bias(AdditiveBias::new(self.bias_per_head.slice(s![b, 0, .., ..]))),
+        }
+    }
+}
+
+#[test]
+fn batched_masks_match_the_reference_head_by_head() {
+    let mut rng = ChaCha8Rng::seed_from_u64(21);
+    let (batch, q_heads, kv_heads, d_k, d_v) = (2, 8, 2, 16, 8);
+    // Decoding (stacked GQA rows unless the heads' masks differ), decoding with split keys, tiles.
+    for (n_q, n_k) in [(1, 300), (3, 2100), (70, 150), (130, 400)] {
+        let mut random4 = |shape| Array4::from_shape_simple_fn(shape, || rng.random_range(-1.0..1.0_f32));
+        let q = random4((batch, q_heads, n_q, d_k));
+        let k = random4((batch, kv_heads, n_k, d_k));
+        let v = random4((batch, kv_heads, n_k, d_v));
+        let masks = Masks::random(&mut rng, (batch, q_heads, n_q, n_k));
+        for case in CASES {
+            for level in levels() {
+                let options = masks.options(case, None).simd(level);
+                let got = qkv::multi_head_attention_with_lse(q.view(), k.view(), v.view(), &options).unwrap();
+                let mut into = Array4::from_elem((batch, q_heads, n_q, d_v), f32::NAN);
+                qkv::multi_head_attention_into(q.view(), k.view(), v.view(), &options, into.view_mut())
+                    .unwrap();
+                assert_eq!(into, got.output, "{case:?} {level}: _into and _with_lse differ");
+                for b in 0..batch {
+                    for h in 0..q_heads {
+                        let kv = h / (q_heads / kv_heads);
+                        let (qh, kh, vh) = (
+                            q.slice(s![b, h, .., ..]),
+                            k.slice(s![b, kv, .., ..]),
+                            v.slice(s![b, kv, .., ..]),
+                        );
+                        let head_options = masks.options(case, Some((b, h)));
+                        let want = qkv::reference::attention(qh, kh, vh, &head_options).unwrap();
+                        let lse =
+                            qkv::reference::attention_with_lse(qh, kh, vh, &head_options).unwrap().logsumexp;
+                        let (weight_bound, bound) = error_bound(&want, &vh.to_owned());
+                        let ctx = format!("{case:?} {level} {n_q}x{n_k} batch {b} head {h}");
+                        assert_close(
+                            &ctx,
+                            &got.output.slice(s![b, h, .., ..]).to_owned(),
+                            &want.output,
+                            bound,
+                        );
+                        for (i, (g, w)) in got.logsumexp.slice(s![b, h, ..]).iter().zip(&lse).enumerate() {
+                            let g = f64::from(*g);
+                            assert!(
+                                g == *w || (g - w).abs() <= 2e-5 * weight_bound,
+                                "{ctx} lse row {i}: {g} vs {w}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn alibi_is_the_bias_slope_times_key_minus_query_position() {
+    // ALiBi from indices equals the bias matrix m · (j - p), p the query's key position under
+    // the alignment: on the reference and the fast path alike.
+    let mut rng = ChaCha8Rng::seed_from_u64(4);
+    for (n_q, n_k, align) in
+        [(5, 9, CausalMask::BottomRight), (9, 5, CausalMask::TopLeft), (200, 300, CausalMask::BottomRight)]
+    {
+        let mut random = |r, c| Array2::from_shape_simple_fn((r, c), || rng.random_range(-1.0..1.0_f64));
+        let (q, k, v) = (random(n_q, 8), random(n_k, 8), random(n_k, 4));
+        let slope = [0.25];
+        let offset = if align == CausalMask::BottomRight { n_k as f64 - n_q as f64 } else { 0.0 };
+        let bias = Array2::from_shape_fn((n_q, n_k), |(i, j)| 0.25 * (j as f64 - (i as f64 + offset)));
+        let explicit = AttentionOptions::new().causal(align).bias(AdditiveBias::new(bias.view()));
+        let want = qkv::reference::attention(q.view(), k.view(), v.view(), &explicit).unwrap();
+        let alibi = AttentionOptions::new().causal(align).alibi(Alibi::new(&slope).aligned(align));
+        let got = qkv::reference::attention(q.view(), k.view(), v.view(), &alibi).unwrap();
+        assert_close("reference", &got.output, &want.output, 1.0);
+        for level in levels() {
+            let fast = qkv::attention(q.view(), k.view(), v.view(), &alibi.clone().simd(level)).unwrap();
+            assert_close(&format!("{level} {n_q}x{n_k}"), &fast, &want.output, error_bound(&want, &v).1);
+        }
+    }
+}
+
+#[test]
+fn a_sliding_window_is_the_keep_mask_of_its_band() {
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    for (n_q, n_k, before, after, align) in [
+        (7, 12, 2, 0, CausalMask::BottomRight),
+        (12, 7, 0, 3, CausalMask::TopLeft),
+        (300, 1000, 130, 5, CausalMask::BottomRight),
+        (1000, 1000, 0, 0, CausalMask::TopLeft),
+    ] {
+        let mut random = |r, c| Array2::from_shape_simple_fn((r, c), || rng.random_range(-1.0..1.0_f32));
+        let (q, k, v) = (random(n_q, 16), random(n_k, 16), random(n_k, 8));
+        let offset = if align == CausalMask::BottomRight { n_k as isize - n_q as isize } else { 0 };
+        let band = Array2::from_shape_fn((n_q, n_k), |(i, j)| {
+            let (p, j) = (i as isize + offset, j as isize);
+            p - before as isize <= j && j <= p + after as isize
+        });
+        let want = qkv::reference::attention(
+            q.view(),
+            k.view(),
+            v.view(),
+            &AttentionOptions::new().keep_mask(KeepMask::new(band.view())),
+        )
+        .unwrap();
+        let window = AttentionOptions::new().sliding_window(SlidingWindow::new(before, after).aligned(align));
+        for level in levels() {
+            let got = qkv::attention(q.view(), k.view(), v.view(), &window.clone().simd(level)).unwrap();
+            let ctx = format!("{level} {n_q}x{n_k} window ({before}, {after}) {align:?}");
+            assert_close(&ctx, &got, &want.output, error_bound(&want, &v).1);
+        }
+    }
+}
+
+#[test]
+fn alibi_slopes_follow_the_paper() {
+    let powers = |exponents: &[i32]| exponents.iter().map(|&e| 2f64.powi(-e)).collect::<Vec<_>>();
+    assert_eq!(qkv::alibi_slopes::<f64>(8), powers(&[1, 2, 3, 4, 5, 6, 7, 8]));
+    // Six heads: the four of the power of two below, then every other one of eight.
+    assert_eq!(qkv::alibi_slopes::<f64>(6), powers(&[2, 4, 6, 8, 1, 3]));
+    assert_eq!(qkv::alibi_slopes::<f64>(1), powers(&[8]));
+    assert!(qkv::alibi_slopes::<f32>(0).is_empty());
+}
