@@ -1,18 +1,19 @@
 //! Runs one attention shape many times, for profilers:
 //! `repeat N_Q N_K MASK REPS [HEADS KV_HEADS]`, MASK 0 = none, 1 = causal, 2 = key padding (the
-//! last tenth of the keys), 3 = an additive bias (zeros); with HEADS (and KV_HEADS, default
+//! last tenth of the keys), 3 = an additive bias (zeros), 4 = a causal sliding window of 256 keys
+//! back (the tiles before it skipped); with HEADS (and KV_HEADS, default
 //! HEADS) it runs `multi_head_attention` over that many query heads sharing KV_HEADS key/value
 //! heads, batch 1. `valgrind --tool=callgrind` with `RAYON_NUM_THREADS=1` counts its
 //! instructions, a figure that other processes on the machine do not disturb the way they
 //! disturb wall-clock time.
 
 use ndarray::{Array1, Array2, Array4};
-use qkv::{AdditiveBias, AttentionOptions, CausalMask, KeyPadding};
+use qkv::{AdditiveBias, AttentionOptions, CausalMask, KeyPadding, SlidingWindow};
 
 fn main() {
     let args: Vec<usize> = std::env::args().skip(1).map(|a| a.parse().expect("numbers")).collect();
     let (&[n_q, n_k, mask, reps], heads) = args.split_at(4.min(args.len())) else {
-        panic!("usage: repeat N_Q N_K MASK(0..=3) REPS [HEADS KV_HEADS]");
+        panic!("usage: repeat N_Q N_K MASK(0..=4) REPS [HEADS KV_HEADS]");
     };
     let (heads, kv_heads) = match heads {
         [] => (1, 1),
@@ -29,6 +30,9 @@ fn main() {
         0 => AttentionOptions::new(),
         1 => AttentionOptions::new().causal(CausalMask::BottomRight),
         2 => AttentionOptions::new().key_padding(KeyPadding::new(padding.view())),
+        4 => {
+            AttentionOptions::new().causal(CausalMask::BottomRight).sliding_window(SlidingWindow::new(256, 0))
+        }
         _ => AttentionOptions::new().bias(AdditiveBias::new(bias.view())),
     };
     let m4 = |h, rows, salt| Array4::from_shape_fn((1, h, rows, d), |(_, h, i, j)| value(i + h, j, salt));
@@ -42,6 +46,7 @@ fn main() {
             std::hint::black_box(out);
         }
     }
+    // The sliding window's figure counts full attention: compare its time, not its rate.
     let flops = 4.0 * (heads * n_q * n_k * d) as f64 * reps as f64 / if mask == 1 { 2.0 } else { 1.0 };
     println!("{flops:e} flops in {:.3} s", start.elapsed().as_secs_f64());
 }

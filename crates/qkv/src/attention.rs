@@ -252,6 +252,7 @@ pub fn attention_with_weights<T: Real>(
 ) -> Result<Attention<T>, AttentionError> {
     let shape = Shape::of_dims(q.shape(), k.shape(), v.shape())?;
     let masks = options.resolve(&shape)?;
+    // The blocked path runs no SIMD kernels, but a level the CPU lacks is refused alike.
     simd::kernels_for(options.simd_level())?;
     let checked = inputs::check(&q, k, v, &|_| masks.seen_keys())?;
     let mut out = Array2::zeros((shape.n_queries, shape.value_dim));
