@@ -53,8 +53,8 @@ pub(crate) fn stays_finite<T: Real>(shape: &Shape, magnitudes: &Magnitudes, mask
 
 /// Computes attention for heads of one checked shape with the kernels of `isa`: each head's
 /// output (`[q.nrows(), d_v]`, and each row's logsumexp when asked) from its queries, keys, values
-/// and masks. The heads' work items are shared
-/// out together, so that many small heads keep every core busy to the end.
+/// and masks. The heads' work items are shared out together, so that many small heads keep every
+/// core busy to the end.
 ///
 /// Each head's `q` holds `rows_per_query` rows per query: row `r` belongs to query
 /// `r / rows_per_query` and takes its masks. This stacks query heads that share one key/value
