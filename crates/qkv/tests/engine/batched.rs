@@ -107,7 +107,7 @@ fn batched_masks_match_the_reference_head_by_head() {
     let mut rng = ChaCha8Rng::seed_from_u64(21);
     let (batch, q_heads, kv_heads, d_k, d_v) = (2, 8, 2, 16, 8);
     // Decoding (stacked GQA rows unless the heads' masks differ), decoding with split keys, tiles.
-    for (n_q, n_k) in [(1, 300), (3, 2100), (70, 150), (130, 400)] {
+    for (n_q, n_k) in [(1, 300), (3, 2100), (70, 150), (100, 200)] {
         let mut random4 = |shape| Array4::from_shape_simple_fn(shape, || rng.random_range(-1.0..1.0_f32));
         let q = random4((batch, q_heads, n_q, d_k));
         let k = random4((batch, kv_heads, n_k, d_k));
