@@ -30,7 +30,9 @@ mod attention;
 mod blocked;
 mod error;
 mod flash;
+mod half;
 mod kernels;
+mod kv_cache;
 mod mask;
 mod multi_head;
 mod projection;
@@ -42,6 +44,8 @@ mod work;
 
 pub use attention::{Attention, AttentionWeights, Scores, attention, attention_into, attention_with_weights};
 pub use error::{AttentionError, Dims};
+pub use half::{Half, Storage, attention_half};
+pub use kv_cache::{CacheLayer, CacheShape, KvCache};
 pub use mask::{AdditiveBias, AttentionOptions, CausalMask, KeepMask, KeyPadding};
 pub use multi_head::multi_head_attention;
 pub use projection::{Projected, Projections};

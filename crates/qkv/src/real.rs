@@ -5,7 +5,7 @@ use std::fmt::{Debug, Display};
 use ndarray::LinalgScalar;
 use num_traits::Float;
 
-use crate::kernels::Element;
+use crate::kernels::{Element, Exp2};
 
 mod sealed {
     pub trait Sealed {}
@@ -18,7 +18,17 @@ mod sealed {
 /// Sealed so that kernels may specialise on exactly these two types (`Element` gives each its
 /// SIMD vector type).
 pub trait Real:
-    Float + LinalgScalar + Send + Sync + Debug + Display + Default + sealed::Sealed + Element + 'static
+    Float
+    + LinalgScalar
+    + Send
+    + Sync
+    + Debug
+    + Display
+    + Default
+    + sealed::Sealed
+    + Element<Compute = Self>
+    + Exp2
+    + 'static
 {
     /// The name of the type, for messages (`"f32"`, `"f64"`).
     const NAME: &'static str;

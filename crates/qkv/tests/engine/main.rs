@@ -2,6 +2,8 @@
 //! attention must have, multi-head layouts, the errors, and the choice of SIMD level.
 
 mod errors;
+mod half_precision;
+mod kv_cache;
 mod lesson;
 mod multi_head;
 mod oracle;
