@@ -205,7 +205,21 @@ impl<E: Storage> KvCache<E> {
     }
 }
 
-/// One layer of a [`KvCache`] ([`KvCache::layer`]).
+/// One layer of a [`KvCache`] ([`KvCache::layer`]): where a decoder layer appends each new
+/// position's keys and values and attends with its queries.
+///
+/// ```
+/// use half::bf16;
+/// use ndarray::Array3;
+/// let shape = qkv::CacheShape { layers: 4, kv_heads: 2, capacity: 32, key_dim: 16, value_dim: 16 };
+/// let mut cache = qkv::KvCache::<bf16>::new(shape)?;
+/// let mut layer = cache.layer(3)?;
+/// let kv = Array3::from_elem((2, 5, 16), bf16::from_f32(0.5)); // a prompt of 5 positions
+/// layer.append(kv.view(), kv.view())?;
+/// let q = Array3::from_elem((8, 5, 16), bf16::ONE); // 8 query heads: 4 per key/value head
+/// assert!(layer.attend(q.view())?.iter().all(|&x| x == 0.5));
+/// # Ok::<(), qkv::AttentionError>(())
+/// ```
 pub struct CacheLayer<'c, E: Storage> {
     cache: &'c mut KvCache<E>,
     index: usize,
