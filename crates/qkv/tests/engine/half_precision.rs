@@ -135,3 +135,17 @@ fn half_precision_caches_compute_what_f32_caches_of_the_widened_values_do() {
     check_cache::<half::bf16>();
     check_cache::<half::f16>();
 }
+
+#[test]
+fn inputs_that_could_overflow_f32_take_the_checked_f32_path() {
+    // Scores of 3.6e37: finite, but too close to f32's largest value for the fast path's bound.
+    let x = ndarray::array![[6e18_f32], [-6e18]].mapv(half::bf16::from_f32);
+    let got =
+        qkv::attention_half(x.view(), x.view(), x.view(), &qkv::AttentionOptions::new().scale(1.0)).unwrap();
+    let wide = widen(x.view());
+    let want =
+        qkv::attention(wide.view(), wide.view(), wide.view(), &qkv::AttentionOptions::new().scale(1.0))
+            .unwrap();
+    assert_eq!(got, want);
+    assert!(got.iter().all(|y| y.is_finite()));
+}

@@ -166,10 +166,25 @@ fn errors_name_the_layer_the_argument_and_the_shapes() {
         err(layer.attend_into(Array3::zeros((4, 1, 3)).view(), out.view_mut()).unwrap_err()),
         "layer 1 of the KV cache takes output of shape [4, 1, 5], not [4, 1, 4]: one value-wide row per query"
     );
+    // Keys and queries of 1e19: a score could reach 1e38, past what f32 holds with room to spare.
+    let mut huge = cache_with_huge_keys(shape);
+    assert_eq!(
+        err(huge.layer(0).unwrap().attend(Array3::from_elem((2, 1, 3), 1e19).view()).unwrap_err()),
+        "layer 0 of the KV cache: its keys and values with these queries could overflow an f32 score or sum; \
+         scale the inputs down"
+    );
     let empty = CacheShape { kv_heads: 0, ..shape };
     assert_eq!(
         err(KvCache::<f32>::new(empty).err().unwrap()),
         "the KV cache's shape [layers, kv_heads, capacity, key_dim, value_dim] [2, 0, 4, 3, 5] is empty: a cache \
          needs at least one layer and one key/value head, and keys and values at least one component wide"
     );
+}
+
+fn cache_with_huge_keys(shape: CacheShape) -> KvCache<f32> {
+    let mut cache = KvCache::<f32>::new(shape).unwrap();
+    let k = Array3::from_elem((shape.kv_heads, 1, shape.key_dim), 1e19);
+    let v = Array3::from_elem((shape.kv_heads, 1, shape.value_dim), 1.0);
+    cache.layer(0).unwrap().append(k.view(), v.view()).unwrap();
+    cache
 }
