@@ -29,6 +29,7 @@ mod sealed {
 ///     key_dim * size_of::<E>()
 /// }
 /// assert_eq!(bytes_per_key::<half::bf16>(128), 256);
+/// assert_eq!(half::bf16::NAME, "bf16");
 /// // 1 + 2^-8 is halfway between two bf16 values (8 significant bits): it rounds to even, 1.
 /// assert_eq!(half::bf16::from_f32(1.0 + 1.0 / 256.0).to_f32(), 1.0);
 /// ```

@@ -160,11 +160,24 @@ impl<E: Storage> KvCache<E> {
     }
 
     /// The sizes the cache was made with.
+    ///
+    /// ```
+    /// let shape = qkv::CacheShape { layers: 3, kv_heads: 2, capacity: 8, key_dim: 4, value_dim: 6 };
+    /// assert_eq!(qkv::KvCache::<f32>::new(shape)?.shape().layers, 3);
+    /// # Ok::<(), qkv::AttentionError>(())
+    /// ```
     pub fn shape(&self) -> CacheShape {
         self.shape
     }
 
     /// The SIMD level whose kernels the cache is laid out for.
+    ///
+    /// ```
+    /// let shape = qkv::CacheShape { layers: 1, kv_heads: 1, capacity: 8, key_dim: 4, value_dim: 4 };
+    /// let cache = qkv::KvCache::<f32>::new(shape)?;
+    /// assert_eq!(cache.simd_level(), qkv::SimdLevel::dispatched()?);
+    /// # Ok::<(), qkv::AttentionError>(())
+    /// ```
     pub fn simd_level(&self) -> SimdLevel {
         self.level
     }
