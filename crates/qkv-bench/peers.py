@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """qkv's Python peers: NumPy (matmul, softmax, matmul) and, when installed, PyTorch's fused
-``scaled_dot_product_attention``, timed on the shapes of ``cargo xtask bench`` (f32, d = 64) and
-printed with the same columns.
+``scaled_dot_product_attention``, timed on the shapes of ``cargo xtask bench`` (f32 and bf16;
+d = 64 unless a case says otherwise) and printed with the same columns. A KV-cache case is a
+decoding step over keys and values already in memory: SDPA takes those tensors as they are.
 
     python3 crates/qkv-bench/peers.py [--quick] [--json FILE] [--cases FILE]
 
 ``cargo xtask bench --python PYTHON`` runs this script itself and hands it its cases with
-``--cases`` (a JSON list of objects with label, batch, heads, kv_heads, n_q, n_k, d, causal), so
+``--cases`` (a JSON list of objects with label, batch, heads, kv_heads, n_q, n_k, d, causal,
+precision, cache), so
 that both sides measure the same shapes; run alone, it uses ``CASES`` below, the same list as
 ``crates/qkv-bench/src/cases.rs``.
 
@@ -22,8 +24,8 @@ import subprocess
 import sys
 import time
 
-D = 64
-# (label, batch, heads, kv_heads, n_q, n_k, causal): the cases of crates/qkv-bench/src/cases.rs.
+# (label, batch, heads, kv_heads, n_q, n_k, causal[, d, precision, cache]): the cases of
+# crates/qkv-bench/src/cases.rs.
 CASES = [
     ("n=256", 1, 1, 1, 256, 256, False),
     ("n=1024", 1, 1, 1, 1024, 1024, False),
@@ -42,22 +44,30 @@ CASES = [
     ("decode 1x131072", 1, 1, 1, 1, 131072, False),
     ("gqa 32/8 decode 1x4096", 1, 32, 8, 1, 4096, False),
     ("gqa 32/8 decode 1x16384", 1, 32, 8, 1, 16384, False),
+    ("n=4096 bf16", 1, 1, 1, 4096, 4096, False, 64, "bf16", False),
+] + [
+    (f"cache gqa 32/8 decode 1x{n_k} d=128{' bf16' if p == 'bf16' else ''}", 1, 32, 8, 1, n_k, False, 128, p, True)
+    for n_k in (1024, 8192, 32768)
+    for p in ("f32", "bf16")
 ]
+FIELDS = ("label", "batch", "heads", "kv_heads", "n_q", "n_k", "causal", "d", "precision", "cache")
+DEFAULTS = {"d": 64, "precision": "f32", "cache": False}
+
+
+def as_case(values):
+    """A CASES tuple as a case object, the optional fields at their defaults."""
+    return {**DEFAULTS, **dict(zip(FIELDS, values))}
 
 
 def load_cases(path):
-    """The cases the benchmark binary wrote, as CASES tuples."""
+    """The cases the benchmark binary wrote, as case objects."""
     with open(path) as f:
-        listed = json.load(f)
-    for c in listed:
-        if c["d"] != D:
-            raise SystemExit(f"{c['label']}: peers.py measures d = {D} only")
-    return [(c["label"], c["batch"], c["heads"], c["kv_heads"], c["n_q"], c["n_k"], c["causal"]) for c in listed]
+        return [{**DEFAULTS, **c} for c in json.load(f)]
 
 
-def flops(batch, heads, n_q, n_k, causal):
-    full = 4.0 * batch * heads * n_q * n_k * D
-    return full / 2 if causal else full
+def flops(c):
+    full = 4.0 * c["batch"] * c["heads"] * c["n_q"] * c["n_k"] * c["d"]
+    return full / 2 if c["causal"] else full
 
 
 def median_seconds(fn, quick):
@@ -79,17 +89,19 @@ def numpy_rows(cases, quick):
 
     rng = np.random.default_rng(0)
     rows = []
-    for label, b, h, kv, n_q, n_k, causal in cases:
-        if quick and n_q * n_k > 4096 * 4096:
+    for c in cases:
+        b, h, kv, n_q, n_k, causal, d = (c[f] for f in ("batch", "heads", "kv_heads", "n_q", "n_k", "causal", "d"))
+        # NumPy has no bf16; the KV-cache steps are PyTorch's to compare with.
+        if (quick and n_q * n_k > 4096 * 4096) or c["precision"] != "f32" or c["cache"]:
             continue
-        q = rng.uniform(-1, 1, (b, h, n_q, D)).astype(np.float32)
-        k = rng.uniform(-1, 1, (b, kv, n_k, D)).astype(np.float32)
-        v = rng.uniform(-1, 1, (b, kv, n_k, D)).astype(np.float32)
+        q = rng.uniform(-1, 1, (b, h, n_q, d)).astype(np.float32)
+        k = rng.uniform(-1, 1, (b, kv, n_k, d)).astype(np.float32)
+        v = rng.uniform(-1, 1, (b, kv, n_k, d)).astype(np.float32)
         k, v = np.repeat(k, h // kv, axis=1), np.repeat(v, h // kv, axis=1)
         mask = None
         if causal:
             mask = np.triu(np.full((n_q, n_k), -np.inf, dtype=np.float32), k=n_k - n_q + 1)
-        scale = np.float32(1.0 / np.sqrt(D))
+        scale = np.float32(1.0 / np.sqrt(d))
 
         def run():
             s = (q @ np.swapaxes(k, -1, -2)) * scale
@@ -101,7 +113,7 @@ def numpy_rows(cases, quick):
             return s @ v
 
         t = median_seconds(run, quick)
-        rows.append(row(label, "numpy unfused", b, h, kv, n_q, n_k, causal, os.cpu_count(), t))
+        rows.append(row(c, "numpy unfused", os.cpu_count(), t))
     return rows
 
 
@@ -116,12 +128,14 @@ def torch_rows(cases, quick):
     torch.manual_seed(0)
     for threads in (torch.get_num_threads(), 1):
         torch.set_num_threads(threads)
-        for label, b, h, kv, n_q, n_k, causal in cases:
+        for c in cases:
+            b, h, kv, n_q, n_k, causal, d = (c[f] for f in ("batch", "heads", "kv_heads", "n_q", "n_k", "causal", "d"))
             if threads == 1 and (quick or n_q * n_k > 4096 * 4096):
                 continue
-            q = torch.rand(b, h, n_q, D) * 2 - 1
-            k = torch.rand(b, kv, n_k, D) * 2 - 1
-            v = torch.rand(b, kv, n_k, D) * 2 - 1
+            dtype = torch.bfloat16 if c["precision"] == "bf16" else torch.float32
+            q = (torch.rand(b, h, n_q, d) * 2 - 1).to(dtype)
+            k = (torch.rand(b, kv, n_k, d) * 2 - 1).to(dtype)
+            v = (torch.rand(b, kv, n_k, d) * 2 - 1).to(dtype)
             gqa = h != kv
             # Bottom-right causal alignment, as qkv's default (is_causal is top-left; equal when n_q = n_k).
             kwargs = {"is_causal": causal}
@@ -133,24 +147,20 @@ def torch_rows(cases, quick):
                     return F.scaled_dot_product_attention(q, k, v, **kwargs)
 
             t = median_seconds(run, quick)
-            rows.append(row(label, f"torch {torch.__version__} sdpa", b, h, kv, n_q, n_k, causal, threads, t))
+            name = f"torch {torch.__version__} sdpa" + (" bf16" if dtype == torch.bfloat16 else "")
+            rows.append(row(c, name, threads, t))
     return rows
 
 
-def row(label, implementation, b, h, kv, n_q, n_k, causal, threads, seconds):
+def row(c, implementation, threads, seconds):
+    fields = {f: c[f] for f in FIELDS if f != "label"}
     return {
-        "shape": label,
+        "shape": c["label"],
         "implementation": implementation,
-        "batch": b,
-        "heads": h,
-        "kv_heads": kv,
-        "n_q": n_q,
-        "n_k": n_k,
-        "d": D,
-        "causal": causal,
+        **fields,
         "threads": threads,
         "median_ms": seconds * 1e3,
-        "gflops": flops(b, h, n_q, n_k, causal) / seconds / 1e9,
+        "gflops": flops(c) / seconds / 1e9,
     }
 
 
@@ -164,7 +174,7 @@ def main():
     quick = "--quick" in args
     value = lambda name: args[args.index(name) + 1] if name in args else None
     cases_path = value("--cases")
-    cases = load_cases(cases_path) if cases_path else CASES
+    cases = load_cases(cases_path) if cases_path else [as_case(c) for c in CASES]
     if "--worker" in args:
         worker(value("--worker"), cases, quick)
         return
@@ -180,11 +190,11 @@ def main():
         out = subprocess.run(command, env=env, check=True, capture_output=True, text=True)
         sys.stderr.write(out.stderr)
         rows += json.loads(out.stdout)
-    print(f"| {'shape (d = 64)':<24} | {'implementation':<38} | {'threads':>7} | {'median ms':>10} | {'GFLOP/s':>8} |")
-    print(f"|{':':-<26}|{':':-<40}|{':':->9}|{':':->12}|{':':->10}|")
-    order = [c[0] for c in cases]
+    print(f"| {'shape (d = 64 unless named)':<38} | {'implementation':<38} | {'threads':>7} | {'median ms':>10} | {'GFLOP/s':>8} |")
+    print(f"|{':':-<40}|{':':-<40}|{':':->9}|{':':->12}|{':':->10}|")
+    order = [c["label"] for c in cases]
     for r in sorted(rows, key=lambda r: order.index(r["shape"])):
-        print(f"| {r['shape']:<24} | {r['implementation']:<38} | {r['threads']:>7} | {r['median_ms']:>10.3f} | {r['gflops']:>8.1f} |")
+        print(f"| {r['shape']:<38} | {r['implementation']:<38} | {r['threads']:>7} | {r['median_ms']:>10.3f} | {r['gflops']:>8.1f} |")
     if json_path:
         with open(json_path, "w") as f:
             json.dump(rows, f, indent=2)

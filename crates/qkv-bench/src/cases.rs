@@ -2,6 +2,15 @@
 
 use ndarray::Array4;
 
+/// How a case's inputs are stored (every implementation computes in f32).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    #[default]
+    F32,
+    Bf16,
+}
+
 /// One attention problem: `batch × heads` query heads sharing `kv_heads` key/value heads.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Case {
@@ -12,11 +21,27 @@ pub struct Case {
     pub n_k: usize,
     pub d: usize,
     pub causal: bool,
+    #[serde(default)]
+    pub precision: Precision,
+    /// A decoding step over a KV cache that already holds the `n_k` keys and values (qkv's
+    /// `KvCache`; the peers take the same tensors as they are).
+    #[serde(default)]
+    pub cache: bool,
 }
 
 impl Case {
     fn single(n_q: usize, n_k: usize, causal: bool) -> Case {
-        Case { batch: 1, heads: 1, kv_heads: 1, n_q, n_k, d: 64, causal }
+        Case {
+            batch: 1,
+            heads: 1,
+            kv_heads: 1,
+            n_q,
+            n_k,
+            d: 64,
+            causal,
+            precision: Precision::F32,
+            cache: false,
+        }
     }
 
     /// FLOPs as the field counts them: `4 · batch · heads · n_q · n_k · d`, half of it when causal.
@@ -26,8 +51,16 @@ impl Case {
     }
 
     /// A short name: `8h n=1024 causal`, `4x8h n=128`, `gqa 8/2 n=1024`, `decode 1x16384`,
-    /// `gqa 32/8 decode 1x4096`.
+    /// `gqa 32/8 decode 1x4096`, `cache gqa 32/8 decode 1x8192 d=128 bf16`, `n=4096 bf16`.
     pub fn label(&self) -> String {
+        let cache = if self.cache { "cache " } else { "" };
+        let d = if self.d == 64 { String::new() } else { format!(" d={}", self.d) };
+        let precision = if self.precision == Precision::Bf16 { " bf16" } else { "" };
+        format!("{cache}{}{d}{precision}", self.attention_label())
+    }
+
+    /// The label's heads, sizes and mask.
+    fn attention_label(&self) -> String {
         let batch = if self.batch == 1 { String::new() } else { format!("{}x", self.batch) };
         let heads = match (self.heads, self.kv_heads) {
             (1, 1) => String::new(),
@@ -50,14 +83,17 @@ impl Case {
 
     /// Bytes of keys and values, each read once by a decoding step.
     pub fn kv_bytes(&self) -> usize {
-        2 * self.batch * self.kv_heads * self.n_k * self.d * size_of::<f32>()
+        let element = if self.precision == Precision::Bf16 { 2 } else { size_of::<f32>() };
+        2 * self.batch * self.kv_heads * self.n_k * self.d * element
     }
 }
 
 /// The shapes, d = 64: single heads from 256 to 16384 keys, causal variants; 8 heads of
 /// 256 and 1024, a batch of 4 × 8 heads of 128, GQA 8/2; decoding one query over 1024, 16384 and
-/// 131072 keys, and a GQA decoding step (32 query heads over 8 KV heads, one query each); and
-/// (not with `--quick`) n = 65536.
+/// 131072 keys, and a GQA decoding step (32 query heads over 8 KV heads, one query each); full
+/// attention over bf16 inputs at n = 4096; the KV-cache decoding step (a layer of 32
+/// query heads over 8 KV heads, d = 128, one new token over 1k, 8k and 32k cached positions), in
+/// f32 and bf16; and (not with `--quick`) n = 65536.
 pub fn all(quick: bool) -> Vec<Case> {
     let heads = |heads, kv_heads, case: Case| Case { heads, kv_heads, ..case };
     let mut cases = vec![
@@ -78,7 +114,13 @@ pub fn all(quick: bool) -> Vec<Case> {
         Case::single(1, 131072, false),
         heads(32, 8, Case::single(1, 4096, false)),
         heads(32, 8, Case::single(1, 16384, false)),
+        Case { precision: Precision::Bf16, ..Case::single(4096, 4096, false) },
     ];
+    for n_k in [1024, 8192, 32768] {
+        for precision in [Precision::F32, Precision::Bf16] {
+            cases.push(Case { d: 128, precision, cache: true, ..heads(32, 8, Case::single(1, n_k, false)) });
+        }
+    }
     if !quick {
         cases.push(Case::single(65536, 65536, false));
     }

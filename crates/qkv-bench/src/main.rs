@@ -65,7 +65,10 @@ fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let options = Options::parse(&args)?;
     let threads = rayon::current_num_threads();
-    println!("CPU: {}; {threads} threads; f32; medians of several runs", machine::cpu_model());
+    println!(
+        "CPU: {}; {threads} threads; f32 unless a shape says bf16; medians of several runs",
+        machine::cpu_model()
+    );
     println!("qkv kernels: {}", qkv::simd_report());
     // The ceiling is measured before and after the cases and the higher rate kept: it is the
     // machine's best, and another process that slows one of the two must not lower it.

@@ -1,13 +1,15 @@
 //! The implementations the table compares: qkv (all threads, one thread), the f64 reference, an
 //! unfused `ndarray` matmul → softmax → matmul, and with the `peers` feature candle's unfused
-//! attention and the `gemm` crate's f32 GEMM (the ceiling).
+//! attention and the `gemm` crate's f32 GEMM (the ceiling); on bf16 cases qkv's
+//! `attention_half`, and on KV-cache cases qkv's `KvCache` (and, in f32, `multi_head_attention`
+//! over the same tensors).
 
 use anyhow::Result;
 use ndarray::{Array2, Array4, Axis, s};
 use qkv::{AttentionOptions, CausalMask};
 use rayon::prelude::*;
 
-use crate::cases::{Case, Inputs};
+use crate::cases::{Case, Inputs, Precision};
 
 /// One implementation ready to run on one case (inputs already converted, outside the timing).
 pub struct Runner<'a> {
@@ -25,6 +27,26 @@ const REFERENCE_LIMIT: usize = 256 * 256;
 /// Every implementation that applies to `case`, qkv first (the others are checked against it).
 pub fn runners<'a>(case: &Case, inputs: &'a Inputs, quick: bool) -> Result<Vec<Runner<'a>>> {
     let case = *case;
+    if case.cache {
+        return Ok(match case.precision {
+            Precision::F32 => vec![
+                kv_cache::runner::<f32>(case, inputs, None)?,
+                kv_cache::runner::<f32>(case, inputs, Some(1))?,
+                Runner {
+                    name: "qkv multi_head_attention".into(),
+                    threads: None,
+                    run: Box::new(move || qkv_fast(case, inputs)),
+                },
+            ],
+            Precision::Bf16 => vec![
+                kv_cache::runner::<half::bf16>(case, inputs, None)?,
+                kv_cache::runner::<half::bf16>(case, inputs, Some(1))?,
+            ],
+        });
+    }
+    if case.precision == Precision::Bf16 {
+        return Ok([None, Some(1)].into_iter().map(|threads| qkv_half(case, inputs, threads)).collect());
+    }
     let pairs = case.n_q * case.n_k;
     let mut runners =
         vec![Runner { name: "qkv".into(), threads: None, run: Box::new(move || qkv_fast(case, inputs)) }];
@@ -72,6 +94,17 @@ fn qkv_fast(case: Case, inputs: &Inputs) -> Result<Array4<f32>> {
         return Ok(out.insert_axis(Axis(0)).insert_axis(Axis(0)));
     }
     Ok(qkv::multi_head_attention(q.view(), k.view(), v.view(), &options(case))?)
+}
+
+/// `attention_half` on one head of bf16 inputs (rounded from the f32 ones outside the timing).
+fn qkv_half(case: Case, inputs: &Inputs, threads: Option<usize>) -> Runner<'static> {
+    let bf16 = |a: &Array4<f32>| a.slice(s![0, 0, .., ..]).mapv(half::bf16::from_f32);
+    let (q, k, v) = (bf16(&inputs.q), bf16(&inputs.k), bf16(&inputs.v));
+    let run = move || {
+        let out = qkv::attention_half(q.view(), k.view(), v.view(), &options(case))?;
+        Ok(out.insert_axis(Axis(0)).insert_axis(Axis(0)))
+    };
+    Runner { name: "qkv attention_half<bf16>".into(), threads, run: Box::new(run) }
 }
 
 fn reference(case: Case, inputs: &Inputs) -> Result<Array4<f32>> {
@@ -143,6 +176,8 @@ pub fn gemm_ceiling(quick: bool) -> Option<Ceiling> {
 
 #[cfg(feature = "peers")]
 mod ceiling;
+
+mod kv_cache;
 
 #[cfg(feature = "peers")]
 mod candle;

@@ -51,7 +51,17 @@ impl Row {
         Row {
             shape: CEILING.into(),
             implementation: c.label.clone(),
-            case: Case { batch: 1, heads: 1, kv_heads: 1, n_q: 0, n_k: 0, d: 0, causal: false },
+            case: Case {
+                batch: 1,
+                heads: 1,
+                kv_heads: 1,
+                n_q: 0,
+                n_k: 0,
+                d: 0,
+                causal: false,
+                precision: Default::default(),
+                cache: false,
+            },
             threads,
             median_ms: c.median_ms,
             gflops: c.gflops,
@@ -91,7 +101,8 @@ impl Row {
 /// The table: one line per row, with the ratio to the best peer on the same shape and thread
 /// count (peers are the implementations that are not qkv, PyTorch among them), to PyTorch alone,
 /// the fraction of the GEMM ceiling for qkv, for decoding steps the fraction of a streaming read
-/// of as many bytes, and peak memory above the inputs where `n_k >= 16384`.
+/// of as many bytes, for steps over a KV cache the tokens per second (one step of one layer), and
+/// peak memory above the inputs where `n_k >= 16384`.
 pub fn table(rows: &[Row], ceiling: Option<f64>) -> String {
     let mut best_peer: HashMap<(&str, usize), f64> = HashMap::new();
     let mut torch: HashMap<(&str, usize), f64> = HashMap::new();
@@ -114,7 +125,7 @@ pub fn table(rows: &[Row], ceiling: Option<f64>) -> String {
     };
     let mut out = String::new();
     let columns = [
-        "shape (d = 64)",
+        "shape (d = 64 unless named)",
         "implementation",
         "threads",
         "median ms",
@@ -124,9 +135,10 @@ pub fn table(rows: &[Row], ceiling: Option<f64>) -> String {
         "of GEMM",
         "GB/s K+V",
         "of read BW",
+        "tokens/s",
         "peak MB",
     ];
-    let widths = [24, 38, 7, 10, 8, 12, 8, 7, 8, 10, 7];
+    let widths = [38, 38, 7, 10, 8, 12, 8, 7, 8, 10, 8, 7];
     let line = |cells: &[String]| {
         let cells: Vec<String> = cells
             .iter()
@@ -160,6 +172,11 @@ pub fn table(rows: &[Row], ceiling: Option<f64>) -> String {
             _ => String::new(),
         };
         let gflops = if r.implementation == STREAM { String::new() } else { format!("{:.1}", r.gflops) };
+        let tokens = if r.case.cache && r.implementation != STREAM {
+            format!("{:.0}", 1e3 / r.median_ms)
+        } else {
+            String::new()
+        };
         let cells = [
             r.shape.clone(),
             r.implementation.clone(),
@@ -171,6 +188,7 @@ pub fn table(rows: &[Row], ceiling: Option<f64>) -> String {
             of_gemm,
             r.kv_gbps.map(|g| format!("{g:.1}")).unwrap_or_default(),
             of_read,
+            tokens,
             peak,
         ];
         let _ = writeln!(out, "{}", line(&cells));

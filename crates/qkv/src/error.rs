@@ -232,6 +232,52 @@ pub enum AttentionError {
         /// Who asked: `QKV_SIMD` or `AttentionOptions::simd`.
         by: &'static str,
     },
+    /// A layer index outside a [`KvCache`](crate::KvCache).
+    #[error("layer {layer} is out of range: the KV cache has {}", count(*layers, "layer", "layers"))]
+    CacheLayer {
+        /// The layer asked for.
+        layer: usize,
+        /// Layers in the cache.
+        layers: usize,
+    },
+    /// An append that does not fit in the room left in a layer of a [`KvCache`](crate::KvCache).
+    #[error(
+        "layer {layer} of the KV cache holds {len} of its {capacity} positions: appending {appended} \
+         more would pass its capacity; make the cache larger, or clear it for a new sequence"
+    )]
+    CacheFull {
+        /// The layer appended to.
+        layer: usize,
+        /// Positions it holds.
+        len: usize,
+        /// Positions appended.
+        appended: usize,
+        /// Positions it can hold.
+        capacity: usize,
+    },
+    /// An argument of a [`KvCache`](crate::KvCache) layer's append or attend whose shape does not fit.
+    #[error("layer {layer} of the KV cache takes {argument} of shape {expected}, not {found}: {why}")]
+    CacheInput {
+        /// The layer.
+        layer: usize,
+        /// Which argument (`keys`, `values`, `queries`, `output`).
+        argument: &'static str,
+        /// Its shape.
+        found: Dims,
+        /// The shape it needs.
+        expected: String,
+        /// Why.
+        why: &'static str,
+    },
+    /// A step over a [`KvCache`](crate::KvCache) layer whose inputs are too large for f32.
+    #[error(
+        "layer {layer} of the KV cache: its keys and values with these queries could overflow an f32 \
+         score or sum; scale the inputs down"
+    )]
+    CacheOverflow {
+        /// The layer.
+        layer: usize,
+    },
     /// A SIMD level name that is not one (from `QKV_SIMD`).
     #[error("{value:?} is not a SIMD level: QKV_SIMD takes avx512, avx2 or baseline")]
     UnknownSimdLevel {

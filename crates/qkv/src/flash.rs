@@ -21,7 +21,7 @@ use std::ops::Range;
 use std::sync::OnceLock;
 
 use crate::kernels::{
-    self, Buffer, Isa, Job, KEY_BLOCK, Kernels, Rows, RowsMut, ScoreTile, ValueRows, Weights,
+    self, Buffer, Element, Isa, Job, KEY_BLOCK, Kernels, Rows, RowsMut, ScoreTile, ValueRows, Weights,
 };
 use crate::mask::MaskSet;
 use crate::real::Real;
@@ -66,27 +66,97 @@ pub(crate) fn stays_finite<T: Real>(shape: &Shape, magnitudes: &Magnitudes, mask
 /// ([`Kernels::magnitude`]: non-finite if any input is), so that the caller can check them
 /// afterwards instead of in a pass of its own. Otherwise it returns `None`, and the inputs need
 /// checking beforehand.
-pub(crate) fn attend<T: Real>(
+///
+/// Inputs stored as `E` (a half-precision format, say) are widened to `T` as the kernels load
+/// them; everything else is computed in `T`.
+pub(crate) fn attend<T: Real, E: Element<Compute = T>>(
     isa: Isa,
     shape: &Shape,
     rows_per_query: usize,
-    heads: Vec<Head<'_, '_, T>>,
+    heads: Vec<Head<'_, '_, T, E>>,
 ) -> Option<Measured<T>> {
+    let heads = heads
+        .into_iter()
+        .map(|Head { q, k, v, out, lse, masks }| Operands {
+            q,
+            source: Source::Rows { k, v },
+            out,
+            lse,
+            masks,
+        })
+        .collect();
     isa.run(Attend { shape: *shape, rows_per_query, heads })
+}
+
+/// [`attend`] for heads whose keys and values are already in the layout the kernels of `isa`
+/// read (a KV cache's), all under `masks`: nothing is packed and nothing is measured.
+pub(crate) fn attend_cached<T: Real, E: Element<Compute = T>>(
+    isa: Isa,
+    shape: &Shape,
+    rows_per_query: usize,
+    heads: Vec<CachedHead<'_, '_, T, E>>,
+    masks: &MaskSet<'_, T>,
+) {
+    let heads = heads
+        .into_iter()
+        .map(|CachedHead { q, kv, out }| Operands {
+            q,
+            source: Source::Cached(kv),
+            out,
+            lse: None,
+            masks: *masks,
+        })
+        .collect();
+    isa.run(Attend { shape: *shape, rows_per_query, heads });
 }
 
 /// A work item of the tiled path: head `.0`'s query blocks, each with its index and output.
 type HeadBlocks<'b, 'out, T> = (usize, Vec<(usize, &'b mut OutBlock<'out, T>)>);
 
-/// One head of a call to [`attend`].
-pub(crate) struct Head<'p, 'out, T> {
-    pub(crate) q: ArrayView2<'p, T>,
-    pub(crate) k: ArrayView2<'p, T>,
-    pub(crate) v: ArrayView2<'p, T>,
+/// One head of a call to [`attend`]: inputs stored as `E`, the output in `T`.
+pub(crate) struct Head<'p, 'out, T, E = T> {
+    pub(crate) q: ArrayView2<'p, E>,
+    pub(crate) k: ArrayView2<'p, E>,
+    pub(crate) v: ArrayView2<'p, E>,
     pub(crate) out: ArrayViewMut2<'out, T>,
     /// Each row's logsumexp `m + ln l`, when asked for.
     pub(crate) lse: Option<ArrayViewMut1<'out, T>>,
     pub(crate) masks: MaskSet<'p, T>,
+}
+/// One head of a call to [`attend_cached`].
+pub(crate) struct CachedHead<'p, 'out, T, E> {
+    pub(crate) q: ArrayView2<'p, E>,
+    pub(crate) kv: CachedKeys<'p, E>,
+    pub(crate) out: ArrayViewMut2<'out, T>,
+}
+
+/// Keys and values already laid out for one level's kernels, as `Packed` would lay them out:
+/// `panels` holds the packed key panels of every key from the first (see
+/// `kernels::pack_key_panel`; panel `p` covers keys `p · KEY_PANEL ..` and is `KEY_PANEL · d_k`
+/// scalars), and `values` one row of `value_stride` scalars per key (`d_v` rounded up to whole
+/// vectors of the level).
+#[derive(Clone, Copy)]
+pub(crate) struct CachedKeys<'p, E> {
+    pub(crate) panels: &'p [E],
+    pub(crate) values: &'p [E],
+    pub(crate) value_stride: usize,
+}
+
+/// Where a head's keys and values come from.
+enum Source<'p, E> {
+    /// The caller's rows, packed as the work needs them.
+    Rows { k: ArrayView2<'p, E>, v: ArrayView2<'p, E> },
+    /// Already packed.
+    Cached(CachedKeys<'p, E>),
+}
+
+/// One head's operands inside a call, wherever its keys come from.
+struct Operands<'p, 'out, T, E> {
+    q: ArrayView2<'p, E>,
+    source: Source<'p, E>,
+    out: ArrayViewMut2<'out, T>,
+    lse: Option<ArrayViewMut1<'out, T>>,
+    masks: MaskSet<'p, T>,
 }
 
 /// The output rows of one query block, and their logsumexp when asked for.
@@ -98,7 +168,7 @@ struct OutBlock<'out, T> {
 /// Whether a problem of `rows` query rows (queries times stacked heads) over keys `k` takes the
 /// decoding path: few rows, and keys in one contiguous row-major slice, whose rows the scores
 /// read directly.
-pub(crate) fn decodes<T: Real>(rows: usize, k: &ArrayView2<T>) -> bool {
+pub(crate) fn decodes<E>(rows: usize, k: &ArrayView2<E>) -> bool {
     rows <= DIRECT_ROWS && k.as_slice().is_some()
 }
 
@@ -125,23 +195,26 @@ impl<T: Real> Measured<T> {
 }
 
 /// One call's operands, waiting for its kernels.
-struct Attend<'p, 'out, T: Real> {
+struct Attend<'p, 'out, T: Real, E> {
     shape: Shape,
     rows_per_query: usize,
-    heads: Vec<Head<'p, 'out, T>>,
+    heads: Vec<Operands<'p, 'out, T, E>>,
 }
 
-impl<T: Real> Job<T> for Attend<'_, '_, T> {
+impl<T: Real, E: Element<Compute = T>> Job<E> for Attend<'_, '_, T, E> {
     type Output = Option<Measured<T>>;
 
-    fn run<K: Kernels<T>>(self, kernels: K) -> Option<Measured<T>> {
+    fn run<K: Kernels<T, E>>(self, kernels: K) -> Option<Measured<T>> {
         let Attend { shape, rows_per_query, heads } = self;
         let n_rows = shape.n_queries * rows_per_query;
         let mut problems = Vec::with_capacity(heads.len());
         let mut blocks: Vec<Vec<OutBlock<T>>> = Vec::with_capacity(heads.len());
-        for Head { q, k, v, out, lse, masks } in heads {
-            let key_rows = k.to_slice().filter(|_| decodes(n_rows, &k));
-            problems.push(Problem { shape, q, rows_per_query, k, v, key_rows, masks });
+        for Operands { q, source, out, lse, masks } in heads {
+            let key_rows = match &source {
+                Source::Rows { k, .. } => k.to_slice().filter(|_| decodes(n_rows, k)),
+                Source::Cached(_) => None,
+            };
+            problems.push(Problem { shape, q, rows_per_query, source, key_rows, masks });
             let outs = out.into_axis_chunks_iter_mut(Axis(0), K::QUERY_BLOCK);
             blocks.push(match lse {
                 Some(lse) => outs
@@ -157,7 +230,7 @@ impl<T: Real> Job<T> for Attend<'_, '_, T> {
         let splits = key_splits(n_rows, shape.n_keys, K::QUERY_BLOCK);
         let mut measured = Measured::nothing();
         if let [keys] = splits.as_slice() {
-            let packed: Vec<Packed<T>> = problems.iter().map(|p| p.packed::<K>(keys.clone())).collect();
+            let packed: Vec<Packed<E>> = problems.iter().map(|p| p.packed::<K>(keys.clone())).collect();
             // Under a causal mask block i's cost grows with i, so items are zig-zag pairs: block i
             // with block n-1-i, every pair costing about the same. Otherwise every block is an
             // item of its own, the finest split. Items are taken one at a time, so both cores stay
@@ -239,42 +312,54 @@ fn key_splits(n_rows: usize, n_keys: usize, query_block: usize) -> Vec<Range<usi
 }
 
 /// Keys and values `first_key ..` in the layouts the kernels read.
-struct Packed<'a, T: Real> {
+struct Packed<'a, E: Element> {
     first_key: usize,
-    /// The keys from `first_key` on, as the caller passed them.
-    k: ArrayView2<'a, T>,
-    /// Keys per packed panel, the level's `KEY_PANEL`.
-    key_panel: usize,
-    /// The packed panels (see `kernels::pack_key_panel`) of each block of `KEY_BLOCK` keys,
-    /// zero-padded to whole panels. The first task that needs a block packs it, so packing is
-    /// shared out with the work that uses it, in the same round of work items (a round of its
-    /// own would end waiting for a pool thread that was still waking up). Empty when decoding.
-    key_blocks: Vec<OnceLock<Buffer<T>>>,
+    keys: PackedKeys<'a, E>,
     /// Value rows, `value_stride` scalars apart.
-    values: Values<'a, T>,
+    values: Values<'a, E>,
     value_stride: usize,
     /// Vectors per value row.
     value_vectors: usize,
 }
 
-/// The values as the `P·V` kernel reads them: the caller's own rows when they are contiguous and
-/// a whole number of vectors wide, otherwise a zero-padded copy.
-enum Values<'v, T: Real> {
-    Borrowed(&'v [T]),
-    Packed(Buffer<T>),
+/// The packed key panels (see `kernels::pack_key_panel`), zero-padded to whole panels.
+enum PackedKeys<'a, E: Element> {
+    /// Packed from the caller's keys, a block of `KEY_BLOCK` keys at a time. The first task that
+    /// needs a block packs it, so packing is shared out with the work that uses it, in the same
+    /// round of work items (a round of its own would end waiting for a pool thread that was
+    /// still waking up). No blocks when decoding.
+    Packing {
+        /// The keys from `first_key` on, as the caller passed them.
+        k: ArrayView2<'a, E>,
+        /// Keys per packed panel, the level's `KEY_PANEL`.
+        key_panel: usize,
+        blocks: Vec<OnceLock<Buffer<E>>>,
+    },
+    /// Every key's panel, packed beforehand (a KV cache's), `d_k` scalars per key.
+    Cached(&'a [E]),
 }
 
-impl<'a, T: Real> Packed<'a, T> {
-    fn new<K: Kernels<T>>(
-        k: ArrayView2<'a, T>,
-        v: ArrayView2<'a, T>,
+/// The values as the `P·V` kernel reads them: the caller's own rows when they are contiguous and
+/// a whole number of vectors wide (or a cache's), otherwise a zero-padded copy.
+enum Values<'v, E: Element> {
+    Borrowed(&'v [E]),
+    Packed(Buffer<E>),
+}
+
+impl<'a, E: Element> Packed<'a, E> {
+    fn new<T: Real, K: Kernels<T, E>>(
+        k: ArrayView2<'a, E>,
+        v: ArrayView2<'a, E>,
         keys: Range<usize>,
         pack_keys: bool,
-    ) -> Self {
+    ) -> Self
+    where
+        E: Element<Compute = T>,
+    {
         let first_key = keys.start;
         let (k, v) = (k.slice_move(ndarray::s![keys.clone(), ..]), v.slice_move(ndarray::s![keys, ..]));
         let blocks = if pack_keys { k.nrows().div_ceil(KEY_BLOCK) } else { 0 };
-        let key_blocks = (0..blocks).map(|_| OnceLock::new()).collect();
+        let blocks = (0..blocks).map(|_| OnceLock::new()).collect();
         let value_vectors = v.ncols().div_ceil(K::LANES);
         let value_stride = value_vectors * K::LANES;
         let values = match v.to_slice() {
@@ -287,25 +372,46 @@ impl<'a, T: Real> Packed<'a, T> {
                 Values::Packed(values)
             }
         };
-        Packed { first_key, k, key_panel: K::KEY_PANEL, key_blocks, values, value_stride, value_vectors }
+        let keys = PackedKeys::Packing { k, key_panel: K::KEY_PANEL, blocks };
+        Packed { first_key, keys, values, value_stride, value_vectors }
     }
 
-    /// The packed panels of the key block starting at key `start`, packed now if no task has yet.
-    fn key_block(&self, start: usize) -> &[T] {
+    /// A cache's keys and values, in the layout of the kernels of `K` already.
+    fn cached<T: Real, K: Kernels<T, E>>(cached: CachedKeys<'a, E>, value_dim: usize) -> Self
+    where
+        E: Element<Compute = T>,
+    {
+        Packed {
+            first_key: 0,
+            keys: PackedKeys::Cached(cached.panels),
+            values: Values::Borrowed(cached.values),
+            value_stride: cached.value_stride,
+            value_vectors: value_dim.div_ceil(K::LANES),
+        }
+    }
+
+    /// The packed panels of the key block starting at key `start` (of width `d`), packed now if
+    /// no task has yet.
+    fn key_block(&self, start: usize, d: usize) -> &[E] {
         let offset = start - self.first_key;
-        self.key_blocks[offset / KEY_BLOCK].get_or_init(|| {
-            let (width, d) = (self.key_panel, self.k.ncols());
-            let n_keys = KEY_BLOCK.min(self.k.nrows() - offset);
-            let mut panels = Buffer::zeros(n_keys.div_ceil(width) * width * d);
-            for (p, panel) in panels.chunks_exact_mut(width * d).enumerate() {
-                kernels::pack_key_panel(self.k, offset + p * width, width, panel);
+        match &self.keys {
+            PackedKeys::Packing { k, key_panel: width, blocks } => {
+                blocks[offset / KEY_BLOCK].get_or_init(|| {
+                    let n_keys = KEY_BLOCK.min(k.nrows() - offset);
+                    let mut panels = Buffer::zeros(n_keys.div_ceil(*width) * width * d);
+                    for (p, panel) in panels.chunks_exact_mut(width * d).enumerate() {
+                        kernels::pack_key_panel(*k, offset + p * width, *width, panel);
+                    }
+                    panels
+                })
             }
-            panels
-        })
+            // A block starts at a whole panel: its panels start `d` scalars per key in.
+            PackedKeys::Cached(panels) => &panels[offset * d..],
+        }
     }
 
     /// The values of key `key` onwards, as the `P·V` kernel reads them.
-    fn values_from(&self, key: usize) -> ValueRows<'_, T> {
+    fn values_from(&self, key: usize) -> ValueRows<'_, E> {
         let offset = (key - self.first_key) * self.value_stride;
         let v = match &self.values {
             Values::Borrowed(values) => &values[offset..],
@@ -315,17 +421,16 @@ impl<'a, T: Real> Packed<'a, T> {
     }
 }
 
-/// Everything a task of one head reads.
-struct Problem<'p, T: Real> {
+/// Everything a task of one head reads: inputs stored as `E`, computed in `T`.
+struct Problem<'p, T: Real, E> {
     shape: Shape,
-    q: ArrayView2<'p, T>,
+    q: ArrayView2<'p, E>,
     /// Rows of `q` per query (stacked heads): row `r` takes the masks of query `r / rows_per_query`.
     rows_per_query: usize,
-    k: ArrayView2<'p, T>,
-    v: ArrayView2<'p, T>,
+    source: Source<'p, E>,
     /// The keys, row after row, when decoding: scores come from the key rows themselves
     /// (`Kernels::direct_scores`), with no packed keys.
-    key_rows: Option<&'p [T]>,
+    key_rows: Option<&'p [E]>,
     masks: MaskSet<'p, T>,
 }
 
@@ -342,10 +447,13 @@ struct State<T: Real> {
     measured: Measured<T>,
 }
 
-impl<'p, T: Real> Problem<'p, T> {
+impl<'p, T: Real, E: Element<Compute = T>> Problem<'p, T, E> {
     /// The keys and values in `keys`, for the kernels of `K`.
-    fn packed<K: Kernels<T>>(&self, keys: Range<usize>) -> Packed<'p, T> {
-        Packed::new::<K>(self.k, self.v, keys, self.key_rows.is_none())
+    fn packed<K: Kernels<T, E>>(&self, keys: Range<usize>) -> Packed<'p, E> {
+        match &self.source {
+            Source::Rows { k, v } => Packed::new::<T, K>(*k, *v, keys, self.key_rows.is_none()),
+            Source::Cached(cached) => Packed::cached::<T, K>(*cached, self.shape.value_dim),
+        }
     }
 
     /// The query whose masks row `row` takes.
@@ -355,10 +463,10 @@ impl<'p, T: Real> Problem<'p, T> {
 
     /// The state of queries `first .. first + rows` over the keys in `keys` (whole key blocks
     /// from a block boundary, except at the end).
-    fn attend_block<K: Kernels<T>>(
+    fn attend_block<K: Kernels<T, E>>(
         &self,
         kernels: K,
-        packed: &Packed<T>,
+        packed: &Packed<E>,
         first: usize,
         rows: usize,
         keys: Range<usize>,
@@ -422,7 +530,7 @@ impl<'p, T: Real> Problem<'p, T> {
                     q: &q,
                     d,
                     rows: padded,
-                    keys: packed.key_block(start),
+                    keys: packed.key_block(start, d),
                     panels,
                     s: &mut s,
                     row_max: &mut row_max,

@@ -38,24 +38,36 @@ use crate::simd::SimdLevel;
 
 pub use simd::Exp2;
 
-/// An element type with kernels at every level. Implied by [`crate::Real`] through its sealing
-/// supertrait, in a private module so that no other crate can name or implement it.
-pub trait Element: Exp2 + wide::bytemuck::Pod + Send + Sync + Default + 'static {
+/// An element type the kernels read at every level: the computing types f32 and f64 (implied by
+/// [`crate::Real`] through its sealing supertrait), and the storage formats `half::bf16` and
+/// `half::f16`, which they widen to f32 as they load them. In a private module so that no other
+/// crate can name or implement it.
+pub trait Element: wide::bytemuck::Pod + Send + Sync + Default + 'static {
     /// 64 bytes of elements, aligned to 64: the storage unit of [`Buffer`].
     type Line: wide::bytemuck::Pod + Default + Send + Sync;
+    /// The type the kernels compute in when they read this one: itself for f32 and f64, f32 for
+    /// the half-precision formats.
+    type Compute: Real;
+
+    /// This element in the compute type, exactly (every bf16 and f16 is an f32).
+    fn widen(self) -> Self::Compute;
 
     /// Runs `job` with this element type's kernels of the level `isa` stands for.
-    fn dispatch<J: Job<Self>>(isa: Isa, job: J) -> J::Output
-    where
-        Self: Real;
+    fn dispatch<J: Job<Self>>(isa: Isa, job: J) -> J::Output;
 }
 
 /// Implements [`Element`] for one type: the dispatch is the same code for every type, but each
 /// type needs the compiler to see that every level's token implements `Kernels` for it.
 macro_rules! element {
-    ($t:ty, $line:ty) => {
+    ($t:ty, $line:ty, $compute:ty, $widen:expr) => {
         impl Element for $t {
             type Line = $line;
+            type Compute = $compute;
+
+            #[inline(always)]
+            fn widen(self) -> $compute {
+                $widen(self)
+            }
 
             fn dispatch<J: Job<Self>>(isa: Isa, job: J) -> J::Output {
                 match isa {
@@ -69,8 +81,10 @@ macro_rules! element {
         }
     };
 }
-element!(f32, wide::f32x16);
-element!(f64, wide::f64x8);
+element!(f32, wide::f32x16, f32, std::convert::identity);
+element!(f64, wide::f64x8, f64, std::convert::identity);
+element!(half::bf16, wide::f32x16, f32, half::bf16::to_f32);
+element!(half::f16, wide::f32x16, f32, half::f16::to_f32);
 
 /// An instruction-set level that this CPU runs, with the token that proves it.
 #[derive(Debug, Clone, Copy)]
@@ -100,19 +114,20 @@ impl Isa {
         }
     }
 
-    /// Runs `job` with the kernels of this level for element type `T`.
-    pub(crate) fn run<T: Real, J: Job<T>>(self, job: J) -> J::Output {
-        T::dispatch(self, job)
+    /// Runs `job` with the kernels of this level for element type `E`.
+    pub(crate) fn run<E: Element, J: Job<E>>(self, job: J) -> J::Output {
+        E::dispatch(self, job)
     }
 }
 
 /// Work that is generic over a level's kernels: [`Isa::run`] calls [`Job::run`] with the chosen
-/// level's [`Kernels`], so the caller is compiled once per level and picks one at run time.
-pub trait Job<T: Real> {
+/// level's [`Kernels`] for inputs stored as `E`, so the caller is compiled once per level and
+/// picks one at run time.
+pub trait Job<E: Element> {
     /// What the job returns.
     type Output;
     /// Does the work with `kernels`.
-    fn run<K: Kernels<T>>(self, kernels: K) -> Self::Output;
+    fn run<K: Kernels<E::Compute, E>>(self, kernels: K) -> Self::Output;
 }
 
 /// Keys per score tile: the stride of score and weight rows in every tile the kernels read or
@@ -121,10 +136,11 @@ pub trait Job<T: Real> {
 /// per-row work of the online softmax is spread over more keys).
 pub(crate) const KEY_BLOCK: usize = 128;
 
-/// One level's kernels for element type `T`: the whole interface between the algorithm
+/// One level's kernels computing in `T` over keys and values stored as `E` (`T` itself, or a
+/// half-precision format widened as it is loaded): the whole interface between the algorithm
 /// (`flash.rs`) and the SIMD code. The constants describe the layouts the kernels read; every
 /// buffer is plain scalars, with lengths and strides in scalars.
-pub trait Kernels<T: Real>: Copy + Send + Sync {
+pub trait Kernels<T: Real, E: Element<Compute = T> = T>: Copy + Send + Sync {
     /// Scalars per vector register. Score rows, value rows and output rows are padded to it.
     const LANES: usize;
     /// Keys per packed key panel (see [`pack_key_panel`]): the width of a score tile.
@@ -142,18 +158,18 @@ pub trait Kernels<T: Real>: Copy + Send + Sync {
     /// maxima of each row (see [`ScoreTile`]). `group_keys(g)`, when given, is how many of the
     /// tile's keys the group starting at row `g` needs: scores past them may be left stale (a
     /// causal tile on the diagonal, where they are hidden anyway), and then so are the maxima.
-    fn scores(self, tile: ScoreTile<'_, T>, group_keys: Option<&dyn Fn(usize) -> usize>);
+    fn scores(self, tile: ScoreTile<'_, T, E>, group_keys: Option<&dyn Fn(usize) -> usize>);
 
     /// `S[r, j] = Q_r · K_j` for a few query rows `q` (row after row, `d` scalars each) straight
     /// from the key rows `keys` (`n_keys · d` scalars, row after row, at most [`KEY_BLOCK`] keys):
     /// one dot product per pair, vectorised along `d`. For decoding, where packing the keys would
     /// cost more than using them once. `s` holds `rows` rows of `KEY_BLOCK` scalars. Returns the
     /// keys' [`magnitude`](Self::magnitude), measured from the same loads.
-    fn direct_scores(self, q: &[T], rows: usize, keys: &[T], d: usize, s: &mut [T]) -> T;
+    fn direct_scores(self, q: &[T], rows: usize, keys: &[E], d: usize, s: &mut [T]) -> T;
 
     /// The largest `|x|` of `x`, or a non-finite result (NaN or infinity) if any element of `x` is
     /// NaN or infinite: decoding checks its keys and values with it as it reads them.
-    fn magnitude(self, x: &[T]) -> T;
+    fn magnitude(self, x: &[E]) -> T;
 
     /// `out[r]` = the largest of the first `len` scalars of row `r` of `rows` (`len` a positive
     /// multiple of `LANES`).
@@ -169,7 +185,7 @@ pub trait Kernels<T: Real>: Copy + Send + Sync {
 
     /// `O_r = α_r · O_r + Σ_{j < n_keys} P[r, j] · V_j` for every row of `weights`; `o` holds
     /// `weights.rows` rows of `values.vectors · LANES` scalars.
-    fn accumulate_values(self, weights: Weights<'_, T>, alpha: &[T], values: ValueRows<'_, T>, o: &mut [T]);
+    fn accumulate_values(self, weights: Weights<'_, T>, alpha: &[T], values: ValueRows<'_, E>, o: &mut [T]);
 }
 
 /// Rows of scalars: row `r` starts at `data[r * stride]`.
@@ -193,8 +209,8 @@ pub struct RowsMut<'a, T> {
     pub rows: usize,
 }
 
-/// The operands of [`Kernels::scores`].
-pub struct ScoreTile<'a, T> {
+/// The operands of [`Kernels::scores`], the keys stored as `E`.
+pub struct ScoreTile<'a, T, E = T> {
     /// Packed queries (see [`pack_queries`]): `rows · d` scalars.
     pub q: &'a [T],
     /// The width of queries and keys.
@@ -202,7 +218,7 @@ pub struct ScoreTile<'a, T> {
     /// Query rows, a multiple of [`Kernels::TILE_ROWS`].
     pub rows: usize,
     /// Packed key panels (see [`pack_key_panel`]), `panels · d · KEY_PANEL` scalars or more.
-    pub keys: &'a [T],
+    pub keys: &'a [E],
     /// Panels to score against.
     pub panels: usize,
     /// The scores, `rows` rows of [`KEY_BLOCK`] scalars: panel `p` at scalars `p · KEY_PANEL ..`.
@@ -241,14 +257,14 @@ pub struct ValueRows<'a, T> {
 /// single row of `P·V`), called under the proof that the token carries.
 macro_rules! level_kernels {
     (
-        $token:ty, $t:ty $(, features = $features:literal)?;
+        $token:ty, $t:ty, stored = $e:ty $(, features = $features:literal)?;
         score_tile = $mr:literal x $nv:literal, value_tile = $mr2:literal x $nc:literal,
         one_row_value_vectors = $nc1:literal, query_block = $query_block:literal
     ) => {
         const _: () = assert!($mr == $mr2, "scores and P·V share the packed row groups");
         const _: () = assert!($query_block % $mr == 0, "blocks are whole groups of rows");
 
-        impl $crate::kernels::Kernels<$t> for $token {
+        impl $crate::kernels::Kernels<$t, $e> for $token {
             const LANES: usize = <$token as $crate::kernels::simd::Simd<$t>>::LANES;
             const KEY_PANEL: usize = $nv * <$token as $crate::kernels::simd::Simd<$t>>::LANES;
             const TILE_ROWS: usize = $mr;
@@ -256,34 +272,34 @@ macro_rules! level_kernels {
 
             fn scores(
                 self,
-                tile: $crate::kernels::ScoreTile<'_, $t>,
+                tile: $crate::kernels::ScoreTile<'_, $t, $e>,
                 group_keys: Option<&dyn Fn(usize) -> usize>,
             ) {
                 $(#[target_feature(enable = $features)])?
                 unsafe fn entry(
                     level: $token,
-                    tile: $crate::kernels::ScoreTile<'_, $t>,
+                    tile: $crate::kernels::ScoreTile<'_, $t, $e>,
                     group_keys: Option<&dyn Fn(usize) -> usize>,
                 ) {
-                    $crate::kernels::generic::scores::<$t, $token, $mr, $nv>(level, tile, group_keys)
+                    $crate::kernels::generic::scores::<$t, $e, $token, $mr, $nv>(level, tile, group_keys)
                 }
                 // SAFETY: `self` is the level's token, made only after its features were detected.
                 unsafe { entry(self, tile, group_keys) }
             }
 
-            fn direct_scores(self, q: &[$t], rows: usize, keys: &[$t], d: usize, s: &mut [$t]) -> $t {
+            fn direct_scores(self, q: &[$t], rows: usize, keys: &[$e], d: usize, s: &mut [$t]) -> $t {
                 $(#[target_feature(enable = $features)])?
-                unsafe fn entry(level: $token, q: &[$t], rows: usize, keys: &[$t], d: usize, s: &mut [$t]) -> $t {
-                    $crate::kernels::generic::direct_scores::<$t, $token>(level, q, rows, keys, d, s)
+                unsafe fn entry(level: $token, q: &[$t], rows: usize, keys: &[$e], d: usize, s: &mut [$t]) -> $t {
+                    $crate::kernels::generic::direct_scores::<$t, $e, $token>(level, q, rows, keys, d, s)
                 }
                 // SAFETY: `self` is the level's token, made only after its features were detected.
                 unsafe { entry(self, q, rows, keys, d, s) }
             }
 
-            fn magnitude(self, x: &[$t]) -> $t {
+            fn magnitude(self, x: &[$e]) -> $t {
                 $(#[target_feature(enable = $features)])?
-                unsafe fn entry(level: $token, x: &[$t]) -> $t {
-                    $crate::kernels::generic::magnitude::<$t, $token>(level, x)
+                unsafe fn entry(level: $token, x: &[$e]) -> $t {
+                    $crate::kernels::generic::magnitude::<$t, $e, $token>(level, x)
                 }
                 // SAFETY: `self` is the level's token, made only after its features were detected.
                 unsafe { entry(self, x) }
@@ -332,7 +348,7 @@ macro_rules! level_kernels {
                 self,
                 weights: $crate::kernels::Weights<'_, $t>,
                 alpha: &[$t],
-                values: $crate::kernels::ValueRows<'_, $t>,
+                values: $crate::kernels::ValueRows<'_, $e>,
                 o: &mut [$t],
             ) {
                 $(#[target_feature(enable = $features)])?
@@ -340,10 +356,10 @@ macro_rules! level_kernels {
                     level: $token,
                     weights: $crate::kernels::Weights<'_, $t>,
                     alpha: &[$t],
-                    values: $crate::kernels::ValueRows<'_, $t>,
+                    values: $crate::kernels::ValueRows<'_, $e>,
                     o: &mut [$t],
                 ) {
-                    $crate::kernels::generic::accumulate_values::<$t, $token, $mr, $nc, $nc1>(
+                    $crate::kernels::generic::accumulate_values::<$t, $e, $token, $mr, $nc, $nc1>(
                         level, weights, alpha, values, o,
                     )
                 }
@@ -393,10 +409,10 @@ pub(crate) fn larger_magnitude<T: Real>(a: T, b: T) -> T {
 /// `d · width` scalars: for each component `c`, `K[first_key .., c]` side by side (zeros past the
 /// last key), so the score tile reads the panel front to back. A full panel overwrites every
 /// element; a partial one clears the panel first.
-pub(crate) fn pack_key_panel<T: Real>(k: ArrayView2<T>, first_key: usize, width: usize, panel: &mut [T]) {
+pub(crate) fn pack_key_panel<E: Element>(k: ArrayView2<E>, first_key: usize, width: usize, panel: &mut [E]) {
     let last = (first_key + width).min(k.nrows());
     if last - first_key < width {
-        panel.fill(T::zero());
+        panel.fill(E::default());
     }
     for (lane, key) in k.slice(ndarray::s![first_key..last, ..]).rows().into_iter().enumerate() {
         let column = panel[lane..].iter_mut().step_by(width);
@@ -409,7 +425,7 @@ pub(crate) fn pack_key_panel<T: Real>(k: ArrayView2<T>, first_key: usize, width:
 }
 
 /// Packs value row `v_row` (`d_v` scalars) into the first `d_v` scalars of `out`.
-pub(crate) fn pack_value_row<T: Real>(v_row: ndarray::ArrayView1<T>, out: &mut [T]) {
+pub(crate) fn pack_value_row<E: Element>(v_row: ndarray::ArrayView1<E>, out: &mut [E]) {
     let out = &mut out[..v_row.len()];
     match v_row.as_slice() {
         Some(row) => out.copy_from_slice(row),
@@ -417,12 +433,12 @@ pub(crate) fn pack_value_row<T: Real>(v_row: ndarray::ArrayView1<T>, out: &mut [
     }
 }
 
-/// Packs `rows` queries starting at `q`'s row `first`, times `scale`, into groups of
+/// Packs `rows` queries starting at `q`'s row `first`, widened and times `scale`, into groups of
 /// `group_rows`: for each group, component-major (`[d][group_rows]`), so the score tile broadcasts
 /// consecutive scalars. `out` holds `rows.next_multiple_of(group_rows) · d` scalars; the rows that
 /// pad the last group are zeros.
-pub(crate) fn pack_queries<T: Real>(
-    q: ArrayView2<T>,
+pub(crate) fn pack_queries<T: Real, E: Element<Compute = T>>(
+    q: ArrayView2<E>,
     first: usize,
     rows: usize,
     scale: T,
@@ -439,20 +455,26 @@ pub(crate) fn pack_queries<T: Real>(
             let column = group[r..].iter_mut().step_by(group_rows);
             let row = q.row(first + g * group_rows + r);
             match row.as_slice() {
-                Some(row) => column.zip(row).for_each(|(o, &x)| *o = x * scale),
-                None => column.zip(row.iter()).for_each(|(o, &x)| *o = x * scale),
+                Some(row) => column.zip(row).for_each(|(o, &x)| *o = x.widen() * scale),
+                None => column.zip(row.iter()).for_each(|(o, &x)| *o = x.widen() * scale),
             }
         }
     }
 }
 
-/// Queries `first .. first + rows` of `q`, times `scale`, row after row: the layout of
-/// [`Kernels::direct_scores`].
-pub(crate) fn pack_query_rows<T: Real>(q: ArrayView2<T>, first: usize, rows: usize, scale: T, out: &mut [T]) {
+/// Queries `first .. first + rows` of `q`, widened and times `scale`, row after row: the layout
+/// of [`Kernels::direct_scores`].
+pub(crate) fn pack_query_rows<T: Real, E: Element<Compute = T>>(
+    q: ArrayView2<E>,
+    first: usize,
+    rows: usize,
+    scale: T,
+    out: &mut [T],
+) {
     let d = q.ncols();
     for (r, out) in out.chunks_exact_mut(d).take(rows).enumerate() {
         for (o, &x) in out.iter_mut().zip(q.row(first + r)) {
-            *o = x * scale;
+            *o = x.widen() * scale;
         }
     }
 }

@@ -38,8 +38,10 @@ mod attention;
 mod blocked;
 mod error;
 mod flash;
+mod half;
 mod inputs;
 mod kernels;
+mod kv_cache;
 mod mask;
 mod multi_head;
 mod partial;
@@ -59,6 +61,8 @@ pub use attention::{
     attention_with_weights,
 };
 pub use error::{AttentionError, Dims};
+pub use half::{Half, Storage, attention_half};
+pub use kv_cache::{CacheLayer, CacheShape, KvCache};
 pub use mask::{
     AdditiveBias, Alibi, AttentionOptions, CausalMask, KeepMask, KeyPadding, SlidingWindow, alibi_slopes,
 };

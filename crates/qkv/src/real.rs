@@ -10,7 +10,7 @@ use num_traits::Float;
 /// (each type's SIMD vectors and dispatch), which stays out of the public API.
 mod sealed {
     /// Implemented by `f32` and `f64` alone.
-    pub trait Sealed: crate::kernels::Element {}
+    pub trait Sealed: crate::kernels::Element<Compute = Self> + crate::kernels::Exp2 {}
     impl Sealed for f32 {}
     impl Sealed for f64 {}
 }

@@ -26,7 +26,7 @@ pub enum SimdLevel {
     /// The target's own vectors, which every CPU of the target runs: SSE2 on x86-64 (4 f32
     /// lanes), NEON on aarch64.
     Baseline,
-    /// AVX2 with FMA (x86-64): 8 f32 lanes.
+    /// AVX2 with FMA (x86-64): 8 f32 lanes; also F16C, which widens f16 keys and values.
     Avx2,
     /// AVX-512F (x86-64): 16 f32 lanes.
     Avx512,

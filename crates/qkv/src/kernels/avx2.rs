@@ -1,19 +1,46 @@
 //! The AVX2 + FMA level: 8 f32 or 4 f64 lanes in 16 `ymm` registers, two FMA ports on most
-//! CPUs that have it (Intel since Haswell, AMD since Zen).
+//! CPUs that have it (Intel since Haswell, AMD since Zen). It also asks for F16C, which every CPU
+//! with AVX2 and FMA has, to widen f16 keys and values as it loads them.
 
 use std::arch::x86_64::*;
 
 use super::level_kernels;
+use super::simd::Load;
 use super::x86::{sum4_pd, sum4_ps, x86_simd};
 
-/// Proof that this CPU runs AVX2 and FMA: only [`Avx2::detect`] makes one.
+/// Proof that this CPU runs AVX2, FMA and F16C: only [`Avx2::detect`] makes one.
 #[derive(Debug, Clone, Copy)]
 pub struct Avx2(());
 
 impl Avx2 {
-    /// `Some` if the CPU has AVX2 and FMA (`is_x86_feature_detected!`).
+    /// `Some` if the CPU has AVX2, FMA and F16C (`is_x86_feature_detected!`).
     pub(crate) fn detect() -> Option<Avx2> {
-        (is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")).then_some(Avx2(()))
+        (is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c"))
+        .then_some(Avx2(()))
+    }
+}
+
+impl Load<f32, half::bf16> for Avx2 {
+    /// A bf16 is the top half of an f32: widen the eight 16-bit patterns and shift them up.
+    #[inline(always)]
+    fn load_stored(self, s: &[half::bf16]) -> __m256 {
+        let s = &s[..8];
+        // SAFETY: `self` proves AVX2 (its `detect`); `s` holds exactly 8 elements, the 16 bytes read.
+        unsafe {
+            let bits = _mm256_cvtepu16_epi32(_mm_loadu_si128(s.as_ptr().cast()));
+            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(bits))
+        }
+    }
+}
+
+impl Load<f32, half::f16> for Avx2 {
+    #[inline(always)]
+    fn load_stored(self, s: &[half::f16]) -> __m256 {
+        let s = &s[..8];
+        // SAFETY: `self` proves F16C (its `detect`); `s` holds exactly 8 elements, the 16 bytes read.
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(s.as_ptr().cast())) }
     }
 }
 
@@ -67,8 +94,13 @@ x86_simd!(
 
 // 6 rows × 2 vectors (16 f32 keys) of scores: 12 accumulators, 2 key vectors and the broadcast
 // query scalar fill 15 of the 16 registers (the classic 6 × 16 sgemm tile). P·V the same shape;
-// a single row of P·V takes 8 vectors (d_v = 64 at once).
-level_kernels!(Avx2, f32, features = "avx2,fma";
+// a single row of P·V takes 8 vectors (d_v = 64 at once). Half-precision keys and values take the
+// f32 tiles: they are widened into the same registers.
+level_kernels!(Avx2, f32, stored = f32, features = "avx2,fma,f16c";
     score_tile = 6 x 2, value_tile = 6 x 2, one_row_value_vectors = 8, query_block = 48);
-level_kernels!(Avx2, f64, features = "avx2,fma";
+level_kernels!(Avx2, f32, stored = half::bf16, features = "avx2,fma,f16c";
+    score_tile = 6 x 2, value_tile = 6 x 2, one_row_value_vectors = 8, query_block = 48);
+level_kernels!(Avx2, f32, stored = half::f16, features = "avx2,fma,f16c";
+    score_tile = 6 x 2, value_tile = 6 x 2, one_row_value_vectors = 8, query_block = 48);
+level_kernels!(Avx2, f64, stored = f64, features = "avx2,fma,f16c";
     score_tile = 6 x 2, value_tile = 6 x 2, one_row_value_vectors = 8, query_block = 48);

@@ -3,6 +3,7 @@
 use std::arch::x86_64::*;
 
 use super::level_kernels;
+use super::simd::Load;
 use super::x86::{sum4_pd, sum4_ps, x86_simd};
 
 /// Proof that this CPU runs AVX-512F: only [`Avx512::detect`] makes one.
@@ -13,6 +14,30 @@ impl Avx512 {
     /// `Some` if the CPU has AVX-512F (`is_x86_feature_detected!`).
     pub(crate) fn detect() -> Option<Avx512> {
         is_x86_feature_detected!("avx512f").then_some(Avx512(()))
+    }
+}
+
+impl Load<f32, half::bf16> for Avx512 {
+    /// A bf16 is the top half of an f32: widen the sixteen 16-bit patterns and shift them up.
+    #[inline(always)]
+    fn load_stored(self, s: &[half::bf16]) -> __m512 {
+        let s = &s[..16];
+        // SAFETY: `self` proves AVX-512F (its `detect`); `s` holds exactly 16 elements, the 32
+        // bytes read.
+        unsafe {
+            let bits = _mm512_cvtepu16_epi32(_mm256_loadu_si256(s.as_ptr().cast()));
+            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(bits))
+        }
+    }
+}
+
+impl Load<f32, half::f16> for Avx512 {
+    #[inline(always)]
+    fn load_stored(self, s: &[half::f16]) -> __m512 {
+        let s = &s[..16];
+        // SAFETY: `self` proves AVX-512F (its `detect`), which has the 512-bit `vcvtph2ps`; `s`
+        // holds exactly 16 elements, the 32 bytes read.
+        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(s.as_ptr().cast())) }
     }
 }
 
@@ -75,7 +100,11 @@ x86_simd!(
 // 6 rows × 4 vectors (64 f32 keys) of scores: 24 accumulators, 4 key vectors and the broadcast
 // leave 3 of the 32 registers (the shape of the `gemm` crate's AVX-512 kernel). P·V the same; a
 // single row takes 8 vectors.
-level_kernels!(Avx512, f32, features = "avx512f";
+level_kernels!(Avx512, f32, stored = f32, features = "avx512f";
     score_tile = 6 x 4, value_tile = 6 x 4, one_row_value_vectors = 8, query_block = 48);
-level_kernels!(Avx512, f64, features = "avx512f";
+level_kernels!(Avx512, f32, stored = half::bf16, features = "avx512f";
+    score_tile = 6 x 4, value_tile = 6 x 4, one_row_value_vectors = 8, query_block = 48);
+level_kernels!(Avx512, f32, stored = half::f16, features = "avx512f";
+    score_tile = 6 x 4, value_tile = 6 x 4, one_row_value_vectors = 8, query_block = 48);
+level_kernels!(Avx512, f64, stored = f64, features = "avx512f";
     score_tile = 6 x 4, value_tile = 6 x 4, one_row_value_vectors = 8, query_block = 48);

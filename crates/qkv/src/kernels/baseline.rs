@@ -4,8 +4,9 @@
 
 use wide::{f32x4, f64x2, i32x4, i64x2, u32x4, u64x2};
 
+use super::Element;
 use super::level_kernels;
-use super::simd::Simd;
+use super::simd::{Load, Simd};
 
 /// The baseline level needs no proof: its instructions are the target's own.
 #[derive(Debug, Clone, Copy)]
@@ -91,6 +92,30 @@ macro_rules! wide_simd {
 wide_simd!(f32, f32x4, i32x4, u32x4, 0x7fff_ffff, 4, 23_u32);
 wide_simd!(f64, f64x2, i64x2, u64x2, 0x7fff_ffff_ffff_ffff, 2, 52_u32);
 
+/// Four stored half-precision elements in f32 lanes, through `half`'s portable conversions (a
+/// shift for bf16; for f16, whatever the target has when `half` is compiled).
+#[inline(always)]
+fn widened<E: Element<Compute = f32>>(s: &[E]) -> f32x4 {
+    let lanes: [E; 4] = s[..4].try_into().expect("a full vector of lanes");
+    f32x4::from(lanes.map(E::widen))
+}
+
+impl Load<f32, half::bf16> for Baseline {
+    #[inline(always)]
+    fn load_stored(self, s: &[half::bf16]) -> f32x4 {
+        widened(s)
+    }
+}
+
+impl Load<f32, half::f16> for Baseline {
+    #[inline(always)]
+    fn load_stored(self, s: &[half::f16]) -> f32x4 {
+        widened(s)
+    }
+}
+
 // 6 × 8 f32 scores (12 of the 16 registers), 6 × 2 vectors of P·V; one row of P·V takes 8 vectors.
-level_kernels!(Baseline, f32; score_tile = 6 x 2, value_tile = 6 x 2, one_row_value_vectors = 8, query_block = 48);
-level_kernels!(Baseline, f64; score_tile = 6 x 2, value_tile = 6 x 2, one_row_value_vectors = 8, query_block = 48);
+level_kernels!(Baseline, f32, stored = f32; score_tile = 6 x 2, value_tile = 6 x 2, one_row_value_vectors = 8, query_block = 48);
+level_kernels!(Baseline, f32, stored = half::bf16; score_tile = 6 x 2, value_tile = 6 x 2, one_row_value_vectors = 8, query_block = 48);
+level_kernels!(Baseline, f32, stored = half::f16; score_tile = 6 x 2, value_tile = 6 x 2, one_row_value_vectors = 8, query_block = 48);
+level_kernels!(Baseline, f64, stored = f64; score_tile = 6 x 2, value_tile = 6 x 2, one_row_value_vectors = 8, query_block = 48);

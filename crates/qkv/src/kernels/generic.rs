@@ -5,8 +5,8 @@
 //! Bounds: every load goes through a slice whose length the loop makes known (`chunks_exact`,
 //! a fixed-length reslice per row), so the compiler drops the checks from the inner loops.
 
-use super::simd::{Simd, exp_shifted};
-use super::{KEY_BLOCK, Rows, RowsMut, ScoreTile, ValueRows, Weights, larger_magnitude};
+use super::simd::{Load, Simd, exp_shifted};
+use super::{Element, KEY_BLOCK, Rows, RowsMut, ScoreTile, ValueRows, Weights, larger_magnitude};
 use crate::real::Real;
 
 /// The most lanes any level has (AVX-512's 16 f32): the size of the scratch for partial vectors.
@@ -14,9 +14,9 @@ const MAX_LANES: usize = 16;
 
 /// See [`super::Kernels::scores`]: tiles of `MR` rows × `NV` vectors of keys (one panel).
 #[inline(always)]
-pub(super) fn scores<T: Real, S: Simd<T>, const MR: usize, const NV: usize>(
+pub(super) fn scores<T: Real, E: Element, S: Load<T, E>, const MR: usize, const NV: usize>(
     simd: S,
-    tile: ScoreTile<'_, T>,
+    tile: ScoreTile<'_, T, E>,
     group_keys: Option<&dyn Fn(usize) -> usize>,
 ) {
     let ScoreTile { q, d, rows, keys, panels, s, row_max } = tile;
@@ -53,30 +53,30 @@ pub(super) fn scores<T: Real, S: Simd<T>, const MR: usize, const NV: usize>(
     }
 }
 
-/// One group of `MR` packed query rows against one key panel.
-struct ScoreGroup<'a, T> {
+/// One group of `MR` packed query rows against one key panel (stored as `E`).
+struct ScoreGroup<'a, T, E> {
     q: &'a [T],
-    panel: &'a [T],
+    panel: &'a [E],
     s: &'a mut [T],
     row_max: &'a mut [T],
 }
 
-impl<T: Real> ScoreGroup<'_, T> {
+impl<T: Real, E: Element> ScoreGroup<'_, T, E> {
     /// The first `NV` vectors of an `NP`-vector panel: the accumulators stay in registers across
     /// the whole `d` loop and are stored once, their lane-wise maxima folded into `row_max`.
     #[inline(always)]
-    fn run<S: Simd<T>, const MR: usize, const NV: usize, const NP: usize>(self, simd: S) {
+    fn run<S: Load<T, E>, const MR: usize, const NV: usize, const NP: usize>(self, simd: S) {
         let lanes = S::LANES;
         let mut acc = [[simd.zero(); NV]; MR];
         // Two components per iteration: half the loop's own instructions and exits.
         let (q_pairs, panel_pairs) = (self.q.chunks_exact(2 * MR), self.panel.chunks_exact(2 * NP * lanes));
         let (q_last, panel_last) = (q_pairs.remainder(), panel_pairs.remainder());
         for (a, b) in q_pairs.zip(panel_pairs) {
-            score_step::<T, S, MR, NV>(simd, &mut acc, &a[..MR], &b[..NP * lanes]);
-            score_step::<T, S, MR, NV>(simd, &mut acc, &a[MR..], &b[NP * lanes..]);
+            score_step::<T, E, S, MR, NV>(simd, &mut acc, &a[..MR], &b[..NP * lanes]);
+            score_step::<T, E, S, MR, NV>(simd, &mut acc, &a[MR..], &b[NP * lanes..]);
         }
         if !q_last.is_empty() {
-            score_step::<T, S, MR, NV>(simd, &mut acc, q_last, panel_last);
+            score_step::<T, E, S, MR, NV>(simd, &mut acc, q_last, panel_last);
         }
         for (r, acc) in acc.iter().enumerate() {
             let row = &mut self.s[r * KEY_BLOCK..][..NV * lanes];
@@ -91,14 +91,14 @@ impl<T: Real> ScoreGroup<'_, T> {
 
 /// One component `c` of a score tile: `acc[r][v] += Q[r, c] · K[c, v]`.
 #[inline(always)]
-fn score_step<T: Real, S: Simd<T>, const MR: usize, const NV: usize>(
+fn score_step<T: Real, E: Element, S: Load<T, E>, const MR: usize, const NV: usize>(
     simd: S,
     acc: &mut [[S::V; NV]; MR],
     q: &[T],
-    panel: &[T],
+    panel: &[E],
 ) {
     let lanes = S::LANES;
-    let k: [S::V; NV] = std::array::from_fn(|v| simd.load(&panel[v * lanes..]));
+    let k: [S::V; NV] = std::array::from_fn(|v| simd.load_stored(&panel[v * lanes..]));
     for (acc, &q) in acc.iter_mut().zip(&q[..MR]) {
         let x = simd.splat(q);
         for (acc, &k) in acc.iter_mut().zip(&k) {
@@ -111,19 +111,19 @@ fn score_step<T: Real, S: Simd<T>, const MR: usize, const NV: usize>(
 /// `N` keys (eight accumulators, independent chains that hide the multiply-add latency); each key
 /// vector is loaded once for all rows and folded into the keys' magnitude from the same load.
 #[inline(always)]
-pub(super) fn direct_scores<T: Real, S: Simd<T>>(
+pub(super) fn direct_scores<T: Real, E: Element<Compute = T>, S: Load<T, E>>(
     simd: S,
     q: &[T],
     rows: usize,
-    keys: &[T],
+    keys: &[E],
     d: usize,
     s: &mut [T],
 ) -> T {
     match rows {
-        1 => direct_rows::<T, S, 1, 4>(simd, q, keys, d, s),
-        2 => direct_rows::<T, S, 2, 4>(simd, q, keys, d, s),
-        3 => direct_rows::<T, S, 3, 2>(simd, q, keys, d, s),
-        4 => direct_rows::<T, S, 4, 2>(simd, q, keys, d, s),
+        1 => direct_rows::<T, E, S, 1, 4>(simd, q, keys, d, s),
+        2 => direct_rows::<T, E, S, 2, 4>(simd, q, keys, d, s),
+        3 => direct_rows::<T, E, S, 3, 2>(simd, q, keys, d, s),
+        4 => direct_rows::<T, E, S, 4, 2>(simd, q, keys, d, s),
         _ => panic!("direct scores take at most four query rows, not {rows}"),
     }
 }
@@ -131,10 +131,10 @@ pub(super) fn direct_scores<T: Real, S: Simd<T>>(
 /// [`direct_scores`] for exactly `R` query rows, `N` keys at a time (the last few through a
 /// zero-padded copy); `R · N` is at most 8.
 #[inline(always)]
-fn direct_rows<T: Real, S: Simd<T>, const R: usize, const N: usize>(
+fn direct_rows<T: Real, E: Element<Compute = T>, S: Load<T, E>, const R: usize, const N: usize>(
     simd: S,
     q: &[T],
-    keys: &[T],
+    keys: &[E],
     d: usize,
     s: &mut [T],
 ) -> T {
@@ -145,16 +145,16 @@ fn direct_rows<T: Real, S: Simd<T>, const R: usize, const N: usize>(
     let q_rows: [&[T]; R] = std::array::from_fn(|r| &q[r * d..(r + 1) * d]);
     let groups = keys.chunks_exact(N * d);
     let rest = groups.remainder();
-    let mut padded = vec![T::zero(); if rest.is_empty() { 0 } else { N * d }];
+    let mut padded = vec![E::default(); if rest.is_empty() { 0 } else { N * d }];
     padded[..rest.len()].copy_from_slice(rest);
     let last = (!rest.is_empty()).then_some(padded.as_slice());
     let (mut magnitude, mut tail_magnitude) = (simd.zero(), T::zero());
     for (group, keys) in groups.chain(last).enumerate() {
-        let key_rows: [&[T]; N] = std::array::from_fn(|i| &keys[i * d..(i + 1) * d]);
+        let key_rows: [&[E]; N] = std::array::from_fn(|i| &keys[i * d..(i + 1) * d]);
         let mut acc = [[simd.zero(); N]; R];
         for c in 0..vectors {
             let at = c * lanes;
-            let k: [S::V; N] = std::array::from_fn(|i| simd.load(&key_rows[i][at..at + lanes]));
+            let k: [S::V; N] = std::array::from_fn(|i| simd.load_stored(&key_rows[i][at..at + lanes]));
             for &k in &k {
                 magnitude = simd.fold_magnitude(magnitude, k);
             }
@@ -183,35 +183,36 @@ fn direct_rows<T: Real, S: Simd<T>, const R: usize, const N: usize>(
                 if whole < d {
                     if r == 0 {
                         tail_magnitude =
-                            key[whole..].iter().fold(tail_magnitude, |m, &x| larger_magnitude(m, x));
+                            key[whole..].iter().fold(tail_magnitude, |m, &x| larger_magnitude(m, x.widen()));
                     }
-                    dot = q_row[whole..].iter().zip(&key[whole..]).fold(dot, |a, (&x, &y)| a + x * y);
+                    dot = q_row[whole..].iter().zip(&key[whole..]).fold(dot, |a, (&x, &y)| a + x * y.widen());
                 }
                 *out = dot;
             }
         }
     }
-    finish_magnitude(simd, magnitude, &[tail_magnitude])
+    finish_magnitude::<T, T, S>(simd, magnitude, &[tail_magnitude])
 }
 
 /// See [`super::Kernels::magnitude`].
 #[inline(always)]
-pub(super) fn magnitude<T: Real, S: Simd<T>>(simd: S, x: &[T]) -> T {
+pub(super) fn magnitude<T: Real, E: Element<Compute = T>, S: Load<T, E>>(simd: S, x: &[E]) -> T {
     let chunks = x.chunks_exact(S::LANES);
     let tail = chunks.remainder();
     let mut acc = simd.zero();
     for chunk in chunks {
-        acc = simd.fold_magnitude(acc, simd.load(chunk));
+        acc = simd.fold_magnitude(acc, simd.load_stored(chunk));
     }
     finish_magnitude(simd, acc, tail)
 }
 
 /// The largest of the magnitudes folded into `acc` and those of `tail`, NaN winning over all.
 #[inline(always)]
-fn finish_magnitude<T: Real, S: Simd<T>>(simd: S, acc: S::V, tail: &[T]) -> T {
+fn finish_magnitude<T: Real, E: Element<Compute = T>, S: Simd<T>>(simd: S, acc: S::V, tail: &[E]) -> T {
     let mut lanes = [T::zero(); MAX_LANES];
     simd.store(acc, &mut lanes);
-    lanes[..S::LANES].iter().chain(tail).fold(T::zero(), |m, &x| larger_magnitude(m, x))
+    let tail = tail.iter().map(|x| x.widen());
+    lanes[..S::LANES].iter().copied().chain(tail).fold(T::zero(), larger_magnitude)
 }
 
 /// See [`super::Kernels::row_maxima`].
@@ -271,11 +272,18 @@ pub(super) fn exp_differences<T: Real, S: Simd<T>>(simd: S, a: &[T], b: &[T], ou
 /// See [`super::Kernels::accumulate_values`]: groups of `MR` rows × `NC` vectors of values, and
 /// rows left over (a few queries: decoding) one at a time × `NC1` vectors.
 #[inline(always)]
-pub(super) fn accumulate_values<T: Real, S: Simd<T>, const MR: usize, const NC: usize, const NC1: usize>(
+pub(super) fn accumulate_values<
+    T: Real,
+    E: Element,
+    S: Load<T, E>,
+    const MR: usize,
+    const NC: usize,
+    const NC1: usize,
+>(
     simd: S,
     weights: Weights<'_, T>,
     alpha: &[T],
-    values: ValueRows<'_, T>,
+    values: ValueRows<'_, E>,
     o: &mut [T],
 ) {
     let Weights { p, rows, n_keys } = weights;
@@ -298,20 +306,20 @@ pub(super) fn accumulate_values<T: Real, S: Simd<T>, const MR: usize, const NC: 
     }
 }
 
-/// The operands of `P·V` register tiles: rows of `p` from its start.
+/// The operands of `P·V` register tiles: rows of `p` from its start, values stored as `E`.
 #[derive(Clone, Copy)]
-struct ValueTile<'a, T> {
+struct ValueTile<'a, T, E> {
     p: &'a [T],
     n_keys: usize,
     alpha: &'a [T],
-    values: ValueRows<'a, T>,
+    values: ValueRows<'a, E>,
     o_stride: usize,
 }
 
-impl<T: Real> ValueTile<'_, T> {
+impl<T: Real, E: Element> ValueTile<'_, T, E> {
     /// Every value column of `MR` rows: groups of `NC` vectors, then the rest one at a time.
     #[inline(always)]
-    fn columns<S: Simd<T>, const MR: usize, const NC: usize>(self, simd: S, o: &mut [T]) {
+    fn columns<S: Load<T, E>, const MR: usize, const NC: usize>(self, simd: S, o: &mut [T]) {
         let vectors = self.values.vectors;
         let whole = vectors / NC * NC;
         for c in (0..whole).step_by(NC) {
@@ -325,7 +333,7 @@ impl<T: Real> ValueTile<'_, T> {
     /// One `MR × NC` tile from value vector `c`: `O·α` is loaded into the accumulators, every key
     /// adds `P[r, j] · V_j`, and the result is stored once.
     #[inline(always)]
-    fn run<S: Simd<T>, const MR: usize, const NC: usize>(self, simd: S, c: usize, o: &mut [T]) {
+    fn run<S: Load<T, E>, const MR: usize, const NC: usize>(self, simd: S, c: usize, o: &mut [T]) {
         let lanes = S::LANES;
         let ValueTile { p, n_keys, alpha, values, o_stride } = self;
         let column = c * lanes;
@@ -343,7 +351,7 @@ impl<T: Real> ValueTile<'_, T> {
         assert!(values.v.len() >= n_keys * values.stride, "a value row for every key of the tile");
         for (j, v_row) in (0..n_keys).zip(values.v.chunks_exact(values.stride)) {
             let v_row = &v_row[column..column + NC * lanes];
-            let v_row: [S::V; NC] = std::array::from_fn(|k| simd.load(&v_row[k * lanes..]));
+            let v_row: [S::V; NC] = std::array::from_fn(|k| simd.load_stored(&v_row[k * lanes..]));
             for r in 0..MR {
                 let w = simd.splat(p_rows[r][j]);
                 for k in 0..NC {

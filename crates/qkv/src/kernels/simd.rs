@@ -52,6 +52,22 @@ pub(crate) trait Simd<T: Exp2>: Copy + 'static {
     fn exponent_from_rounded(self, rounded: Self::V) -> Self::V;
 }
 
+/// Loading `LANES` stored elements of type `E` into one register of `T`: the only place the
+/// kernels meet the format keys and values are stored in. Storing them as `T` is a plain load
+/// (the blanket implementation); each level implements its half-precision formats, widened to
+/// f32 as they are loaded, so that a kernel reading them reads half the bytes.
+pub(crate) trait Load<T: Exp2, E>: Simd<T> {
+    /// The first `LANES` elements of `s`, widened to `T`; panics if `s` is shorter.
+    fn load_stored(self, s: &[E]) -> Self::V;
+}
+
+impl<T: Exp2, S: Simd<T>> Load<T, T> for S {
+    #[inline(always)]
+    fn load_stored(self, s: &[T]) -> Self::V {
+        self.load(s)
+    }
+}
+
 /// The constants of the softmax's `2^t` for one element type.
 pub trait Exp2: Copy + 'static {
     /// `log2(e)`.

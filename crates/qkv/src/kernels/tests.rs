@@ -308,8 +308,84 @@ fn every_level_the_cpu_reports_is_one_the_engine_runs() {
     }
     #[cfg(target_arch = "x86_64")]
     {
-        let avx2 = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
+        let avx2 = is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c");
         assert_eq!(SimdLevel::Avx2.is_supported(), avx2);
         assert_eq!(SimdLevel::Avx512.is_supported(), is_x86_feature_detected!("avx512f"));
     }
+}
+
+/// Every finite bit pattern of a half-precision format `E`, as the kernels of one level read it
+/// through `direct_scores` (queries that are unit vectors pick one component of each key, and
+/// `1 · x` plus zeros is exact), and the magnitude of keys holding each non-finite pattern.
+struct WidenEveryPattern<E> {
+    finite: Vec<E>,
+    non_finite: Vec<E>,
+}
+
+impl<E: Element<Compute = f32>> Job<E> for WidenEveryPattern<E> {
+    type Output = (Vec<f32>, Vec<f32>);
+
+    fn run<K: Kernels<f32, E>>(self, kernels: K) -> (Vec<f32>, Vec<f32>) {
+        // Keys 16 components wide (whole vectors at every level), a block of them per call.
+        let (d, rows) = (16, 4);
+        let mut widened = vec![f32::NAN; self.finite.len()];
+        let mut s = vec![f32::NAN; rows * KEY_BLOCK];
+        for (keys, out) in self.finite.chunks(KEY_BLOCK * d).zip(widened.chunks_mut(KEY_BLOCK * d)) {
+            let mut padded = keys.to_vec();
+            padded.resize(keys.len().next_multiple_of(d), E::default());
+            let n_keys = padded.len() / d;
+            for first in (0..d).step_by(rows) {
+                let q: Vec<f32> = (0..rows * d).map(|i| f32::from(i % d == first + i / d)).collect();
+                kernels.direct_scores(&q, rows, &padded, d, &mut s);
+                for j in 0..n_keys {
+                    for r in 0..rows {
+                        if let Some(slot) = out.get_mut(j * d + first + r) {
+                            *slot = s[r * KEY_BLOCK + j];
+                        }
+                    }
+                }
+            }
+        }
+        let magnitudes = self
+            .non_finite
+            .iter()
+            .map(|&bad| {
+                let mut keys = vec![E::default(); 3 * K::LANES + 1];
+                keys[K::LANES + 2] = bad;
+                kernels.magnitude(&keys)
+            })
+            .collect();
+        (widened, magnitudes)
+    }
+}
+
+/// [`WidenEveryPattern`] for `E` at every level the CPU runs, against `half`'s own conversion.
+fn check_every_pattern<E: Element<Compute = f32>>(name: &str, from_bits: fn(u16) -> E) {
+    let (finite, non_finite): (Vec<E>, Vec<E>) =
+        (0..=u16::MAX).map(from_bits).partition(|x| x.widen().is_finite());
+    for level in SimdLevel::ALL {
+        let Some(isa) = Isa::new(level) else {
+            println!("{level}: skipped, this CPU does not run it");
+            continue;
+        };
+        let job = WidenEveryPattern { finite: finite.clone(), non_finite: non_finite.clone() };
+        let (widened, magnitudes) = isa.run::<E, _>(job);
+        for (x, got) in finite.iter().zip(&widened) {
+            let want = x.widen();
+            // Bit for bit: -0 stays -0 (1 · -0 + 0 is +0, so compare magnitudes' bits there).
+            assert!(
+                got.to_bits() == want.to_bits() || (want == 0.0 && *got == 0.0),
+                "{level} {name}: {want} read as {got}"
+            );
+        }
+        assert!(magnitudes.iter().all(|m| !m.is_finite()), "{level} {name}: a NaN or infinity was lost");
+    }
+}
+
+#[test]
+fn half_precision_loads_widen_every_bit_pattern_exactly() {
+    check_every_pattern::<half::bf16>("bf16", half::bf16::from_bits);
+    check_every_pattern::<half::f16>("f16", half::f16::from_bits);
 }

@@ -3,6 +3,8 @@
 
 mod batched;
 mod errors;
+mod half_precision;
+mod kv_cache;
 mod lesson;
 mod lse;
 mod multi_head;

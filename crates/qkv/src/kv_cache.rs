@@ -1,0 +1,460 @@
+//! A KV cache: the keys and values of one sequence, for every layer and key/value head, stored as
+//! they arrive in the layout the fast path's kernels read, so that a decoding step packs nothing
+//! and reads each key and value once.
+//!
+//! Each (layer, key/value head) owns two buffers allocated once, at [`KvCache::new`], for the
+//! whole capacity: the keys as packed key panels (a panel holds `KEY_PANEL` keys side by side,
+//! component after component: `kernels::pack_key_panel`'s layout, which `flash.rs` would
+//! otherwise build on every call) and the values one row per position, padded to whole vectors.
+//! An append writes the new positions into their panel lanes and rows and checks them then, once;
+//! old positions are never touched again, and nothing is allocated after `new`.
+
+use ndarray::{Array2, Array3, ArrayView3, ArrayViewMut3, s};
+
+use crate::error::{AttentionError, Dims};
+use crate::flash::{self, CachedHead, CachedKeys};
+use crate::half::Storage;
+use crate::kernels::{Buffer, Element, Isa, Job, Kernels};
+use crate::mask::{AttentionOptions, CausalMask};
+use crate::shape::{Magnitudes, Shape, finite_magnitude};
+use crate::simd::{self, SimdLevel};
+
+/// The sizes of a [`KvCache`]: `layers` × `kv_heads` sequences of at most `capacity` positions,
+/// each position a key of `key_dim` and a value of `value_dim` elements.
+///
+/// ```
+/// let shape = qkv::CacheShape { layers: 2, kv_heads: 8, capacity: 4096, key_dim: 128, value_dim: 128 };
+/// assert_eq!(shape.kv_heads * shape.capacity, 32768);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheShape {
+    /// Decoder layers, each with keys and values of its own.
+    pub layers: usize,
+    /// Key/value heads per layer; the queries may have any multiple of it (grouped-query attention).
+    pub kv_heads: usize,
+    /// The most positions (tokens) a layer holds.
+    pub capacity: usize,
+    /// Width of queries and keys (`d_k`).
+    pub key_dim: usize,
+    /// Width of values and of the output (`d_v`).
+    pub value_dim: usize,
+}
+
+/// The keys and values of one sequence for every layer of a decoder, preallocated for
+/// `capacity` positions, in the layout the kernels of one SIMD level read; elements stored as
+/// `E` ([`Storage`]: f32, `half::bf16` or `half::f16`), computed in f32.
+///
+/// A decoding step appends the new position's keys and values to a layer ([`CacheLayer::append`])
+/// and attends with its queries ([`CacheLayer::attend`]): the queries are the last positions of
+/// the cached prefix, so each sees the keys up to its own position (a causal mask aligned
+/// bottom-right). Results equal [`multi_head_attention`](crate::multi_head_attention) over the
+/// same prefix with `CausalMask::BottomRight`, within rounding.
+///
+/// ```
+/// use ndarray::Array3;
+/// use qkv::{CacheShape, KvCache};
+///
+/// // One layer, 2 key/value heads, 4 query heads (2 per group), widths 8.
+/// let shape = CacheShape { layers: 1, kv_heads: 2, capacity: 16, key_dim: 8, value_dim: 8 };
+/// let mut cache = KvCache::<f32>::new(shape)?;
+/// let mut layer = cache.layer(0)?;
+/// for step in 0..3 {
+///     let k = Array3::from_elem((2, 1, 8), 0.1 * step as f32);
+///     let v = Array3::from_elem((2, 1, 8), step as f32);
+///     layer.append(k.view(), v.view())?;
+///     let q = Array3::from_elem((4, 1, 8), 1.0);
+///     let out = layer.attend(q.view())?; // [4 query heads, 1 query, 8]
+///     assert_eq!(out.shape(), [4, 1, 8]);
+/// }
+/// assert_eq!(layer.len(), 3);
+/// # Ok::<(), qkv::AttentionError>(())
+/// ```
+pub struct KvCache<E: Storage = f32> {
+    shape: CacheShape,
+    level: SimdLevel,
+    isa: Isa,
+    layout: Layout,
+    layers: Vec<LayerStore<E>>,
+}
+
+/// What a level's kernels need of the cached layout.
+#[derive(Debug, Clone, Copy)]
+struct Layout {
+    /// Keys per packed panel.
+    key_panel: usize,
+    /// Elements from one value row to the next: `value_dim` rounded up to whole vectors.
+    value_stride: usize,
+}
+
+/// Asks a level's kernels for their layout.
+struct LayoutOf {
+    value_dim: usize,
+}
+
+impl<E: Element> Job<E> for LayoutOf {
+    type Output = Layout;
+
+    fn run<K: Kernels<E::Compute, E>>(self, _: K) -> Layout {
+        Layout { key_panel: K::KEY_PANEL, value_stride: self.value_dim.next_multiple_of(K::LANES) }
+    }
+}
+
+/// One layer: how many positions it holds, and what they measured.
+struct LayerStore<E: Element> {
+    len: usize,
+    /// The largest `|k|` and `|v|` appended since the last clear: they bound every score and
+    /// sum (see `flash::stays_finite`), so that no step has to measure the keys again.
+    keys: f64,
+    values: f64,
+    heads: Vec<HeadStore<E>>,
+}
+
+/// One (layer, key/value head): keys as packed panels, values as padded rows.
+struct HeadStore<E: Element> {
+    panels: Buffer<E>,
+    values: Buffer<E>,
+}
+
+impl<E: Storage> KvCache<E> {
+    /// An empty cache of `shape` for the SIMD level the engine dispatches to
+    /// ([`SimdLevel::dispatched`]), all its memory allocated now.
+    ///
+    /// ```
+    /// let shape = qkv::CacheShape { layers: 1, kv_heads: 1, capacity: 8, key_dim: 4, value_dim: 4 };
+    /// let cache = qkv::KvCache::<half::bf16>::new(shape)?;
+    /// assert_eq!(cache.shape(), shape);
+    /// # Ok::<(), qkv::AttentionError>(())
+    /// ```
+    pub fn new(shape: CacheShape) -> Result<KvCache<E>, AttentionError> {
+        KvCache::for_level(shape, SimdLevel::dispatched()?)
+    }
+
+    /// An empty cache of `shape` laid out for the kernels of `level`, which every step runs (the
+    /// layout differs between levels). Fails if this CPU does not run `level`.
+    ///
+    /// ```
+    /// let shape = qkv::CacheShape { layers: 1, kv_heads: 1, capacity: 8, key_dim: 4, value_dim: 4 };
+    /// let cache = qkv::KvCache::<f32>::for_level(shape, qkv::SimdLevel::Baseline)?;
+    /// assert_eq!(cache.simd_level(), qkv::SimdLevel::Baseline);
+    /// # Ok::<(), qkv::AttentionError>(())
+    /// ```
+    pub fn for_level(shape: CacheShape, level: SimdLevel) -> Result<KvCache<E>, AttentionError> {
+        let CacheShape { layers, kv_heads, capacity, key_dim, value_dim } = shape;
+        if layers == 0 || kv_heads == 0 || key_dim == 0 || value_dim == 0 {
+            return Err(AttentionError::Empty {
+                argument: "the KV cache's shape [layers, kv_heads, capacity, key_dim, value_dim]",
+                shape: Dims(vec![layers, kv_heads, capacity, key_dim, value_dim]),
+                why: "a cache needs at least one layer and one key/value head, and keys and values \
+                      at least one component wide",
+            });
+        }
+        let isa = simd::kernels_for(Some(level))?;
+        let layout = isa.run::<E, _>(LayoutOf { value_dim });
+        let head = || HeadStore {
+            panels: Buffer::zeros(capacity.next_multiple_of(layout.key_panel) * key_dim),
+            values: Buffer::zeros(capacity * layout.value_stride),
+        };
+        let layer =
+            || LayerStore { len: 0, keys: 0.0, values: 0.0, heads: (0..kv_heads).map(|_| head()).collect() };
+        Ok(KvCache { shape, level, isa, layout, layers: (0..layers).map(|_| layer()).collect() })
+    }
+
+    /// The sizes the cache was made with.
+    ///
+    /// ```
+    /// let shape = qkv::CacheShape { layers: 3, kv_heads: 2, capacity: 8, key_dim: 4, value_dim: 6 };
+    /// assert_eq!(qkv::KvCache::<f32>::new(shape)?.shape().layers, 3);
+    /// # Ok::<(), qkv::AttentionError>(())
+    /// ```
+    pub fn shape(&self) -> CacheShape {
+        self.shape
+    }
+
+    /// The SIMD level whose kernels the cache is laid out for.
+    ///
+    /// ```
+    /// let shape = qkv::CacheShape { layers: 1, kv_heads: 1, capacity: 8, key_dim: 4, value_dim: 4 };
+    /// let cache = qkv::KvCache::<f32>::new(shape)?;
+    /// assert_eq!(cache.simd_level(), qkv::SimdLevel::dispatched()?);
+    /// # Ok::<(), qkv::AttentionError>(())
+    /// ```
+    pub fn simd_level(&self) -> SimdLevel {
+        self.level
+    }
+
+    /// Layer `layer`, to append to and attend over. Fails if there is no such layer.
+    ///
+    /// ```
+    /// let shape = qkv::CacheShape { layers: 2, kv_heads: 1, capacity: 8, key_dim: 4, value_dim: 4 };
+    /// let mut cache = qkv::KvCache::<f32>::new(shape)?;
+    /// assert!(cache.layer(1)?.is_empty());
+    /// assert_eq!(cache.layer(2).err().unwrap().to_string(), "layer 2 is out of range: the KV cache has 2 layers");
+    /// # Ok::<(), qkv::AttentionError>(())
+    /// ```
+    pub fn layer(&mut self, layer: usize) -> Result<CacheLayer<'_, E>, AttentionError> {
+        let layers = self.layers.len();
+        if layer >= layers {
+            return Err(AttentionError::CacheLayer { layer, layers });
+        }
+        Ok(CacheLayer { cache: self, index: layer })
+    }
+
+    /// Empties every layer for a new sequence, keeping the memory.
+    ///
+    /// ```
+    /// use ndarray::Array3;
+    /// let shape = qkv::CacheShape { layers: 1, kv_heads: 1, capacity: 8, key_dim: 4, value_dim: 4 };
+    /// let mut cache = qkv::KvCache::<f32>::new(shape)?;
+    /// let kv = Array3::zeros((1, 3, 4));
+    /// cache.layer(0)?.append(kv.view(), kv.view())?;
+    /// cache.clear();
+    /// assert_eq!(cache.layer(0)?.len(), 0);
+    /// # Ok::<(), qkv::AttentionError>(())
+    /// ```
+    pub fn clear(&mut self) {
+        for layer in &mut self.layers {
+            (layer.len, layer.keys, layer.values) = (0, 0.0, 0.0);
+        }
+    }
+}
+
+/// One layer of a [`KvCache`] ([`KvCache::layer`]): where a decoder layer appends each new
+/// position's keys and values and attends with its queries.
+///
+/// ```
+/// use half::bf16;
+/// use ndarray::Array3;
+/// let shape = qkv::CacheShape { layers: 4, kv_heads: 2, capacity: 32, key_dim: 16, value_dim: 16 };
+/// let mut cache = qkv::KvCache::<bf16>::new(shape)?;
+/// let mut layer = cache.layer(3)?;
+/// let kv = Array3::from_elem((2, 5, 16), bf16::from_f32(0.5)); // a prompt of 5 positions
+/// layer.append(kv.view(), kv.view())?;
+/// let q = Array3::from_elem((8, 5, 16), bf16::ONE); // 8 query heads: 4 per key/value head
+/// assert!(layer.attend(q.view())?.iter().all(|&x| x == 0.5));
+/// # Ok::<(), qkv::AttentionError>(())
+/// ```
+pub struct CacheLayer<'c, E: Storage> {
+    cache: &'c mut KvCache<E>,
+    index: usize,
+}
+
+impl<E: Storage> CacheLayer<'_, E> {
+    /// Positions held.
+    ///
+    /// ```
+    /// let shape = qkv::CacheShape { layers: 1, kv_heads: 1, capacity: 8, key_dim: 4, value_dim: 4 };
+    /// let mut cache = qkv::KvCache::<f32>::new(shape)?;
+    /// assert_eq!(cache.layer(0)?.len(), 0);
+    /// # Ok::<(), qkv::AttentionError>(())
+    /// ```
+    pub fn len(&self) -> usize {
+        self.store().len
+    }
+
+    /// Whether the layer holds no position.
+    ///
+    /// ```
+    /// let shape = qkv::CacheShape { layers: 1, kv_heads: 1, capacity: 8, key_dim: 4, value_dim: 4 };
+    /// assert!(qkv::KvCache::<f32>::new(shape)?.layer(0)?.is_empty());
+    /// # Ok::<(), qkv::AttentionError>(())
+    /// ```
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn store(&self) -> &LayerStore<E> {
+        &self.cache.layers[self.index]
+    }
+
+    /// Appends the keys `k` (`[kv_heads, n_new, d_k]`) and values `v` (`[kv_heads, n_new, d_v]`) of
+    /// `n_new` positions. Checks the shapes, the capacity and that every element is finite
+    /// before it writes anything, so a failed append leaves the layer as it was.
+    ///
+    /// ```
+    /// use ndarray::Array3;
+    /// let shape = qkv::CacheShape { layers: 1, kv_heads: 2, capacity: 4, key_dim: 3, value_dim: 5 };
+    /// let mut cache = qkv::KvCache::<f32>::new(shape)?;
+    /// let mut layer = cache.layer(0)?;
+    /// layer.append(Array3::zeros((2, 3, 3)).view(), Array3::zeros((2, 3, 5)).view())?;
+    /// let full = layer.append(Array3::zeros((2, 2, 3)).view(), Array3::zeros((2, 2, 5)).view());
+    /// assert!(full.unwrap_err().to_string().starts_with("layer 0 of the KV cache holds 3 of its 4 positions"));
+    /// # Ok::<(), qkv::AttentionError>(())
+    /// ```
+    pub fn append(&mut self, k: ArrayView3<E>, v: ArrayView3<E>) -> Result<(), AttentionError> {
+        let CacheShape { kv_heads, capacity, key_dim, value_dim, .. } = self.cache.shape;
+        let n_new = k.shape()[1];
+        self.check_shape(
+            "keys",
+            k.shape(),
+            [kv_heads, n_new, key_dim],
+            "one [n_new, key_dim] block per key/value head",
+        )?;
+        self.check_shape(
+            "values",
+            v.shape(),
+            [kv_heads, n_new, value_dim],
+            "one value for every key, one [n_new, value_dim] block per key/value head",
+        )?;
+        let len = self.len();
+        if len + n_new > capacity {
+            return Err(AttentionError::CacheFull { layer: self.index, len, appended: n_new, capacity });
+        }
+        let (keys, values) = (finite_magnitude("keys", &k)?, finite_magnitude("values", &v)?);
+        let Layout { key_panel, value_stride } = self.cache.layout;
+        let store = &mut self.cache.layers[self.index];
+        for (head, (k, v)) in store.heads.iter_mut().zip(k.outer_iter().zip(v.outer_iter())) {
+            for (j, (key, value)) in k.outer_iter().zip(v.outer_iter()).enumerate() {
+                let position = len + j;
+                // Component `c` of the key sits in lane `position % key_panel` of row `c` of its panel.
+                let panel =
+                    &mut head.panels[position / key_panel * key_panel * key_dim..][..key_panel * key_dim];
+                for (slot, &x) in panel[position % key_panel..].iter_mut().step_by(key_panel).zip(key) {
+                    *slot = x;
+                }
+                let row = &mut head.values[position * value_stride..][..value_dim];
+                row.iter_mut().zip(value).for_each(|(slot, &x)| *slot = x);
+            }
+        }
+        store.len += n_new;
+        store.keys = store.keys.max(keys);
+        store.values = store.values.max(values);
+        Ok(())
+    }
+
+    /// Attention of queries `q` (`[query_heads, n_q, d_k]`, `query_heads` a multiple of the
+    /// cache's `kv_heads`) over every position held: one decoding step (`n_q = 1`) or a chunk of
+    /// prefill (`n_q > 1`). The queries are the last `n_q` positions held (append their keys and
+    /// values first), so query `i` sees positions `0 ..= len - n_q + i`. Query head `h` reads
+    /// key/value head `h / (query_heads / kv_heads)`. Returns `[query_heads, n_q, d_v]` in f32.
+    ///
+    /// ```
+    /// use ndarray::Array3;
+    /// let shape = qkv::CacheShape { layers: 1, kv_heads: 1, capacity: 4, key_dim: 2, value_dim: 1 };
+    /// let mut cache = qkv::KvCache::<f32>::new(shape)?;
+    /// let mut layer = cache.layer(0)?;
+    /// let (k, v) = (Array3::zeros((1, 2, 2)), Array3::from_shape_vec((1, 2, 1), vec![2.0, 4.0]).unwrap());
+    /// layer.append(k.view(), v.view())?;
+    /// // Two queries, the last two positions: the first sees position 0, the second both.
+    /// let out = layer.attend(Array3::zeros((1, 2, 2)).view())?;
+    /// assert_eq!(out.into_raw_vec_and_offset().0, vec![2.0, 3.0]);
+    /// # Ok::<(), qkv::AttentionError>(())
+    /// ```
+    pub fn attend(&self, q: ArrayView3<E>) -> Result<Array3<f32>, AttentionError> {
+        let [query_heads, n_queries, _] = *q.shape() else { unreachable!("3-D view") };
+        let mut out = Array3::zeros((query_heads, n_queries, self.cache.shape.value_dim));
+        self.attend_into(q, out.view_mut())?;
+        Ok(out)
+    }
+
+    /// Like [`attend`](Self::attend), writing the output into `out` (`[query_heads, n_q, d_v]`).
+    /// If the call fails, `out` may hold anything.
+    ///
+    /// ```
+    /// use ndarray::Array3;
+    /// let shape = qkv::CacheShape { layers: 1, kv_heads: 1, capacity: 4, key_dim: 2, value_dim: 3 };
+    /// let mut cache = qkv::KvCache::<f32>::new(shape)?;
+    /// let mut layer = cache.layer(0)?;
+    /// layer.append(Array3::zeros((1, 1, 2)).view(), Array3::ones((1, 1, 3)).view())?;
+    /// let mut out = Array3::zeros((2, 1, 3));
+    /// layer.attend_into(Array3::zeros((2, 1, 2)).view(), out.view_mut())?;
+    /// assert!(out.iter().all(|&x| x == 1.0));
+    /// # Ok::<(), qkv::AttentionError>(())
+    /// ```
+    pub fn attend_into(&self, q: ArrayView3<E>, mut out: ArrayViewMut3<f32>) -> Result<(), AttentionError> {
+        let CacheShape { kv_heads, key_dim, value_dim, .. } = self.cache.shape;
+        let [query_heads, n_queries, _] = *q.shape() else { unreachable!("3-D view") };
+        let groups_fit = query_heads > 0 && query_heads % kv_heads == 0;
+        let expected_heads = if groups_fit { query_heads } else { kv_heads };
+        self.check_shape(
+            "queries",
+            q.shape(),
+            [expected_heads, n_queries, key_dim],
+            "query heads a positive multiple of the key/value heads, each query as wide as the keys",
+        )?;
+        self.check_shape(
+            "output",
+            out.shape(),
+            [query_heads, n_queries, value_dim],
+            "one value-wide row per query",
+        )?;
+        let store = self.store();
+        if n_queries > store.len {
+            return Err(AttentionError::CacheInput {
+                layer: self.index,
+                argument: "queries",
+                found: q.shape().into(),
+                expected: format!("[{query_heads}, at most {}, {key_dim}]", store.len),
+                why: "the queries are the last positions held, so append their keys and values first",
+            });
+        }
+        if n_queries == 0 {
+            return Ok(());
+        }
+        let queries = finite_magnitude("queries", &q)?;
+        let shape = Shape { n_queries, n_keys: store.len, key_dim, value_dim };
+        let options = AttentionOptions::new().causal(CausalMask::BottomRight);
+        let masks = options.resolve(&shape)?;
+        let magnitudes = Magnitudes { queries, keys: store.keys, values: store.values };
+        if !flash::stays_finite(&shape, &magnitudes, &masks) {
+            return Err(AttentionError::CacheOverflow { layer: self.index });
+        }
+        // The query heads that share a key/value head are the rows of one problem, query-major
+        // (row `i · group + g` is query `i` of the group's head `g`), so that its keys and values
+        // are read once for all of them.
+        let group = query_heads / kv_heads;
+        let rows = n_queries * group;
+        let stacked: Vec<Array2<E>> = (0..kv_heads)
+            .map(|kv| {
+                Array2::from_shape_fn((rows, key_dim), |(r, c)| q[[kv * group + r % group, r / group, c]])
+            })
+            .collect();
+        let mut stacked_out: Vec<Array2<f32>> =
+            (0..kv_heads).map(|_| Array2::zeros((rows, value_dim))).collect();
+        let value_stride = self.cache.layout.value_stride;
+        let heads = store
+            .heads
+            .iter()
+            .zip(&stacked)
+            .zip(&mut stacked_out)
+            .map(|((head, q), out)| CachedHead {
+                q: q.view(),
+                kv: CachedKeys {
+                    panels: &head.panels,
+                    values: &head.values[..store.len * value_stride],
+                    value_stride,
+                },
+                out: out.view_mut(),
+            })
+            .collect();
+        flash::attend_cached(self.cache.isa, &shape, group, heads, &masks);
+        for (kv, stacked_out) in stacked_out.iter().enumerate() {
+            for (r, row) in stacked_out.outer_iter().enumerate() {
+                out.slice_mut(s![kv * group + r % group, r / group, ..]).assign(&row);
+            }
+        }
+        Ok(())
+    }
+
+    /// Fails with [`AttentionError::CacheInput`] unless `found` is `expected`.
+    fn check_shape(
+        &self,
+        argument: &'static str,
+        found: &[usize],
+        expected: [usize; 3],
+        why: &'static str,
+    ) -> Result<(), AttentionError> {
+        if found == expected {
+            return Ok(());
+        }
+        Err(AttentionError::CacheInput {
+            layer: self.index,
+            argument,
+            found: found.into(),
+            expected: Dims(expected.to_vec()).to_string(),
+            why,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,59 @@
+//! The cache's storage: allocated once, never moved or grown by appends, laid out as the kernels
+//! read it.
+
+use ndarray::Array3;
+
+use super::*;
+
+/// The addresses and lengths of every buffer of the cache.
+fn storage(cache: &KvCache<f32>) -> Vec<(*const f32, usize)> {
+    let buffers = cache.layers.iter().flat_map(|layer| &layer.heads).flat_map(|h| [&h.panels, &h.values]);
+    buffers.map(|b| (b.as_ptr(), b.len())).collect()
+}
+
+#[test]
+fn appends_never_reallocate_or_move_the_storage() {
+    let shape = CacheShape { layers: 2, kv_heads: 3, capacity: 300, key_dim: 5, value_dim: 7 };
+    for level in SimdLevel::ALL.into_iter().filter(|level| level.is_supported()) {
+        let mut cache = KvCache::<f32>::for_level(shape, level).unwrap();
+        let before = storage(&cache);
+        for n_new in [1, 17, 128, 1, 153] {
+            for layer in 0..2 {
+                let k = Array3::from_elem((3, n_new, 5), 1.0);
+                let v = Array3::from_elem((3, n_new, 7), 2.0);
+                cache.layer(layer).unwrap().append(k.view(), v.view()).unwrap();
+            }
+            assert_eq!(storage(&cache), before, "{level}: after appending {n_new}");
+        }
+        assert_eq!(cache.layer(1).unwrap().len(), 300);
+        cache.clear();
+        assert_eq!(storage(&cache), before, "{level}: after clear");
+    }
+}
+
+#[test]
+fn keys_land_in_their_panel_lanes_and_values_in_padded_rows() {
+    let shape = CacheShape { layers: 1, kv_heads: 1, capacity: 40, key_dim: 3, value_dim: 5 };
+    for level in SimdLevel::ALL.into_iter().filter(|level| level.is_supported()) {
+        let mut cache = KvCache::<f32>::for_level(shape, level).unwrap();
+        // Key j is [j, j + 0.25, j + 0.5]; value j is [j, -j, j, -j, j]. Appended in two parts.
+        let k = Array3::from_shape_fn((1, 37, 3), |(_, j, c)| j as f32 + 0.25 * c as f32);
+        let v =
+            Array3::from_shape_fn((1, 37, 5), |(_, j, c)| if c % 2 == 0 { j as f32 } else { -(j as f32) });
+        let mut layer = cache.layer(0).unwrap();
+        layer.append(k.slice(s![.., ..20, ..]), v.slice(s![.., ..20, ..])).unwrap();
+        layer.append(k.slice(s![.., 20.., ..]), v.slice(s![.., 20.., ..])).unwrap();
+        let Layout { key_panel, value_stride } = cache.layout;
+        let head = &cache.layers[0].heads[0];
+        let mut packed = vec![0.0; 37_usize.next_multiple_of(key_panel) * 3];
+        for (p, panel) in packed.chunks_exact_mut(key_panel * 3).enumerate() {
+            crate::kernels::pack_key_panel(k.slice(s![0, .., ..]), p * key_panel, key_panel, panel);
+        }
+        assert_eq!(&head.panels[..packed.len()], packed.as_slice(), "{level}");
+        for j in 0..37 {
+            let row = &head.values[j * value_stride..(j + 1) * value_stride];
+            assert_eq!(&row[..5], v.slice(s![0, j, ..]).as_slice().unwrap(), "{level} value {j}");
+            assert!(row[5..].iter().all(|&x| x == 0.0), "{level} value {j} padding");
+        }
+    }
+}

@@ -1,0 +1,180 @@
+//! bf16 and f16 inputs: the same f32 arithmetic as on their widened values, bit for bit; within
+//! f32's tolerance of the f64 reference on the rounded inputs; and within a bound derived from
+//! the format's precision of the reference on the original f32 inputs.
+
+use ndarray::{Array2, Array3, ArrayView2, s};
+use qkv::{CacheShape, KvCache, Storage};
+
+use crate::problem::{MASK_KINDS, Problem, assert_close, error_bound, levels};
+
+/// Round-to-nearest unit roundoff `u = 2^-p` of a format with `p` bits of significand (the
+/// implicit bit included): every finite f32 `x` in range rounds to `x · (1 + e)`, `|e| <= u`.
+/// bf16 keeps f32's 8 exponent bits and `p = 8`; f16 has `p = 11` (and a narrower range, which
+/// these inputs, of magnitude at most 1, stay inside).
+fn unit_roundoff<H: Storage>() -> f64 {
+    match H::NAME {
+        "bf16" => 2f64.powi(-8),
+        "f16" => 2f64.powi(-11),
+        other => panic!("no half-precision format {other}"),
+    }
+}
+
+fn round<H: Storage>(a: &Array2<f32>) -> Array2<H> {
+    a.mapv(H::from_f32)
+}
+
+fn widen<H: Storage>(a: ArrayView2<H>) -> Array2<f32> {
+    a.mapv(H::to_f32)
+}
+
+/// How far the output may move when every input is rounded to a format of unit roundoff `u`.
+///
+/// A score `s = scale · Σ_c q_c k_c` with `q_c (1 + e)`, `k_c (1 + e')` moves by at most
+/// `δ = (2u + u²) · scale · Σ_c |q_c k_c|` (the largest such sum over all pairs is measured from
+/// the inputs). A softmax's weights move by `ΔP_j = P_j (Δs_j - Σ_i P_i Δs_i)` to first order, so
+/// `Σ_j |ΔP_j| <= 2δ`; the output `Σ_j P_j v_j` then moves by at most `2δ · max |v|` from the
+/// weights plus `u · max |v|` from rounding the values. Twice that covers the second-order terms
+/// and the f32 arithmetic on top.
+fn rounding_bound(p: &Problem<f32>, u: f64) -> f64 {
+    let scale = 1.0 / (p.q.ncols() as f64).sqrt();
+    let mut largest_sum: f64 = 0.0;
+    for q in p.q.rows() {
+        for k in p.k.rows() {
+            let sum: f64 = q.iter().zip(k).map(|(&a, &b)| (f64::from(a) * f64::from(b)).abs()).sum();
+            largest_sum = largest_sum.max(sum);
+        }
+    }
+    let delta = (2.0 * u + u * u) * scale * largest_sum;
+    let max_value = p.v.iter().fold(0.0_f64, |m, &x| m.max(f64::from(x).abs()));
+    2.0 * (2.0 * delta + u) * max_value
+}
+
+const SHAPES: [(usize, usize, usize, usize); 7] = [
+    (1, 1, 1, 1),
+    (3, 17, 16, 24),
+    (5, 129, 64, 8),
+    (1, 1000, 128, 128),
+    (4, 300, 17, 5),
+    (130, 141, 80, 64),
+    (49, 257, 8, 128),
+];
+
+fn check_format<H: Storage + qkv::Half>() {
+    let u = unit_roundoff::<H>();
+    for (i, &dims) in SHAPES.iter().enumerate() {
+        let mask = MASK_KINDS[i % MASK_KINDS.len()];
+        let p = Problem::<f32>::random(i as u64, dims, 1.0, mask);
+        let (q, k, v) = (round::<H>(&p.q), round::<H>(&p.k), round::<H>(&p.v));
+        let (wq, wk, wv) = (widen(q.view()), widen(k.view()), widen(v.view()));
+        let rounded = qkv::reference::attention(wq.view(), wk.view(), wv.view(), &p.options()).unwrap();
+        let original = qkv::reference::attention(p.q.view(), p.k.view(), p.v.view(), &p.options()).unwrap();
+        let (_, tight) = error_bound(&rounded, &wv);
+        let loose = rounding_bound(&p, u);
+        for level in levels() {
+            let options = p.options().simd(level);
+            let got = qkv::attention_half(q.view(), k.view(), v.view(), &options).unwrap();
+            let ctx = format!("{} {level} {dims:?} {mask:?}", H::NAME);
+            // The kernels widen each element exactly and then do what the f32 path does.
+            let f32_path = qkv::attention(wq.view(), wk.view(), wv.view(), &options).unwrap();
+            assert_eq!(got, f32_path, "{ctx}: the f32 path on the widened inputs, bit for bit");
+            assert_close(&format!("{ctx}, reference on the rounded inputs"), &got, &rounded.output, tight);
+            for ((idx, g), w) in got.indexed_iter().zip(&original.output) {
+                let error = (f64::from(*g) - w).abs();
+                assert!(error <= loose, "{ctx}{idx:?}: {g} against the f32 inputs' {w}, beyond {loose:e}");
+            }
+        }
+    }
+}
+
+#[test]
+fn bf16_inputs_match_the_reference_within_their_rounding() {
+    check_format::<half::bf16>();
+}
+
+#[test]
+fn f16_inputs_match_the_reference_within_their_rounding() {
+    check_format::<half::f16>();
+}
+
+/// A cache of `H` against a cache of f32 holding the widened values: the same bits, step by step.
+fn check_cache<H: Storage>() {
+    let shape = CacheShape { layers: 1, kv_heads: 2, capacity: 1400, key_dim: 24, value_dim: 40 };
+    let p = Problem::<f32>::random(3, (1300, 1300, 24, 40), 1.0, MASK_KINDS[0]);
+    // Two key/value heads from one problem's keys and values, four query heads from its queries.
+    let heads = |a: &Array2<f32>, n: usize| {
+        Array3::from_shape_fn((n, a.nrows(), a.ncols()), |(h, i, c)| a[[(i + 7 * h) % a.nrows(), c]])
+    };
+    let (q, k, v) = (heads(&p.q, 4), heads(&p.k, 2), heads(&p.v, 2));
+    let rounded = |a: &Array3<f32>| a.mapv(H::from_f32);
+    let (hq, hk, hv) = (rounded(&q), rounded(&k), rounded(&v));
+    let widened = |a: &Array3<H>| a.mapv(H::to_f32);
+    let (wq, wk, wv) = (widened(&hq), widened(&hk), widened(&hv));
+    for level in levels() {
+        let mut half_cache = KvCache::<H>::for_level(shape, level).unwrap();
+        let mut f32_cache = KvCache::<f32>::for_level(shape, level).unwrap();
+        let (mut half_layer, mut f32_layer) = (half_cache.layer(0).unwrap(), f32_cache.layer(0).unwrap());
+        let mut held = 0;
+        for n_new in [1, 129, 1, 1000, 3, 1] {
+            let new = s![.., held..held + n_new, ..];
+            half_layer.append(hk.slice(new), hv.slice(new)).unwrap();
+            f32_layer.append(wk.slice(new), wv.slice(new)).unwrap();
+            held += n_new;
+            // The last positions attend: a prefill chunk of up to 130 queries, or a step.
+            let queries = s![.., held - n_new.min(130)..held, ..];
+            let got = half_layer.attend(hq.slice(queries)).unwrap();
+            let want = f32_layer.attend(wq.slice(queries)).unwrap();
+            assert_eq!(got, want, "{} {level}: {n_new} new of {held}", H::NAME);
+        }
+    }
+}
+
+#[test]
+fn half_precision_caches_compute_what_f32_caches_of_the_widened_values_do() {
+    check_cache::<half::bf16>();
+    check_cache::<half::f16>();
+}
+
+#[test]
+fn inputs_that_could_overflow_f32_take_the_checked_f32_path() {
+    // Scores of 3.6e37: finite, but too close to f32's largest value for the fast path's bound.
+    let x = ndarray::array![[6e18_f32], [-6e18]].mapv(half::bf16::from_f32);
+    let got =
+        qkv::attention_half(x.view(), x.view(), x.view(), &qkv::AttentionOptions::new().scale(1.0)).unwrap();
+    let wide = widen(x.view());
+    let want =
+        qkv::attention(wide.view(), wide.view(), wide.view(), &qkv::AttentionOptions::new().scale(1.0))
+            .unwrap();
+    assert_eq!(got, want);
+    assert!(got.iter().all(|y| y.is_finite()));
+}
+
+#[test]
+fn half_inputs_may_hold_anything_where_no_query_looks() {
+    // A padded key that holds NaN (an inference cache's garbage) is never read, as in f32; a NaN
+    // in a key that is seen stays an error naming it.
+    use half::bf16;
+    use ndarray::array;
+    use qkv::{AttentionOptions, KeyPadding, attention, attention_half};
+    let q = array![[0.5_f32, 1.0], [1.0, -0.25]];
+    let k = array![[1.0_f32, 0.0], [0.0, 1.0], [f32::NAN, 2.0]];
+    let v = array![[2.0_f32, 1.0], [6.0, 0.5], [4.0, f32::NAN]];
+    let real_keys = array![true, true, false];
+    let opts = AttentionOptions::new().key_padding(KeyPadding::new(real_keys.view()));
+    let half =
+        attention_half(round::<bf16>(&q).view(), round::<bf16>(&k).view(), round::<bf16>(&v).view(), &opts)
+            .unwrap();
+    let widened = |a: &Array2<f32>| widen(round::<bf16>(a).view());
+    let want = attention(widened(&q).view(), widened(&k).view(), widened(&v).view(), &opts).unwrap();
+    assert_eq!(half, want);
+    let seen = attention_half(
+        round::<bf16>(&q).view(),
+        round::<bf16>(&k).view(),
+        round::<bf16>(&v).view(),
+        &AttentionOptions::new(),
+    )
+    .unwrap_err();
+    assert_eq!(
+        seen.to_string(),
+        attention(q.view(), k.view(), v.view(), &AttentionOptions::new()).unwrap_err().to_string()
+    );
+}

@@ -1,0 +1,199 @@
+//! The KV cache against full attention over the same prefix: `multi_head_attention` with a
+//! bottom-right causal mask, and the f64 reference head by head, at every SIMD level, for
+//! decoding steps and prefill chunks of awkward lengths; and its errors.
+
+use ndarray::{Array3, Axis, s};
+use qkv::{AttentionOptions, CacheShape, CausalMask, KvCache, SimdLevel};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::problem::{assert_close, error_bound, levels};
+
+/// A sequence of `len` positions: keys and values per key/value head, queries per query head.
+struct Sequence {
+    q: Array3<f32>,
+    k: Array3<f32>,
+    v: Array3<f32>,
+}
+
+impl Sequence {
+    fn random(seed: u64, shape: CacheShape, query_heads: usize, len: usize) -> Sequence {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let mut tensor =
+            |heads, d| Array3::from_shape_simple_fn((heads, len, d), || rng.random_range(-1.0..1.0));
+        let q = tensor(query_heads, shape.key_dim);
+        let k = tensor(shape.kv_heads, shape.key_dim);
+        let v = tensor(shape.kv_heads, shape.value_dim);
+        Sequence { q, k, v }
+    }
+}
+
+/// Appends `chunks` positions at a time to a cache at `level` and after each append attends with
+/// the queries of the positions just appended (the last `most_queries` of them at most); each
+/// output must match full attention over the prefix held so far.
+fn check_chunks(
+    level: SimdLevel,
+    shape: CacheShape,
+    query_heads: usize,
+    chunks: &[usize],
+    most_queries: usize,
+    seed: u64,
+) {
+    let len: usize = chunks.iter().sum();
+    let seq = Sequence::random(seed, shape, query_heads, len);
+    let mut cache = KvCache::<f32>::for_level(shape, level).unwrap();
+    let mut layer = cache.layer(shape.layers - 1).unwrap();
+    let options = AttentionOptions::new().causal(CausalMask::BottomRight).simd(level);
+    let mut held = 0;
+    for &n_new in chunks {
+        let new = s![.., held..held + n_new, ..];
+        layer.append(seq.k.slice(new), seq.v.slice(new)).unwrap();
+        held += n_new;
+        let n_new = n_new.min(most_queries);
+        let q = seq.q.slice(s![.., held - n_new..held, ..]);
+        // Pre-filled with NaN: an element the step forgets to write fails the comparison.
+        let mut got = Array3::from_elem((query_heads, n_new, shape.value_dim), f32::NAN);
+        layer.attend_into(q, got.view_mut()).unwrap();
+        assert_eq!(layer.attend(q).unwrap(), got, "attend and attend_into agree");
+        let (k, v) = (seq.k.slice(s![.., ..held, ..]), seq.v.slice(s![.., ..held, ..]));
+        let full = qkv::multi_head_attention(
+            q.insert_axis(Axis(0)),
+            k.insert_axis(Axis(0)),
+            v.insert_axis(Axis(0)),
+            &options,
+        )
+        .unwrap();
+        let group = query_heads / shape.kv_heads;
+        for h in 0..query_heads {
+            let ctx = format!("{level} {shape:?} {query_heads} query heads, {n_new} new of {held}, head {h}");
+            let (qh, kh, vh) =
+                (q.slice(s![h, .., ..]), k.slice(s![h / group, .., ..]), v.slice(s![h / group, .., ..]));
+            let want = qkv::reference::attention(qh, kh, vh, &options).unwrap();
+            let (_, bound) = error_bound(&want, &vh.to_owned());
+            let got_head = got.slice(s![h, .., ..]).to_owned();
+            assert_close(&format!("cache vs reference {ctx}"), &got_head, &want.output, bound);
+            let full_head = full.slice(s![0, h, .., ..]).mapv(f64::from);
+            assert_close(&format!("cache vs multi_head_attention {ctx}"), &got_head, &full_head, bound);
+        }
+    }
+}
+
+/// Lengths that cross the key panels (8 to 64 keys) and the key block (128) off their
+/// boundaries: single positions, odd chunks, and chunks longer than a block.
+const CHUNKS: [usize; 10] = [1, 1, 15, 1, 113, 1, 130, 7, 1, 63];
+
+#[test]
+fn decoding_and_prefill_chunks_match_full_attention_over_the_prefix() {
+    let mut seed = 0;
+    for level in levels() {
+        for (kv_heads, group, key_dim, value_dim) in
+            [(1, 1, 1, 1), (2, 4, 16, 24), (3, 2, 17, 5), (1, 6, 64, 128)]
+        {
+            seed += 1;
+            let capacity = CHUNKS.iter().sum::<usize>() + 3;
+            let shape = CacheShape { layers: 2, kv_heads, capacity, key_dim, value_dim };
+            check_chunks(level, shape, kv_heads * group, &CHUNKS, usize::MAX, seed);
+        }
+    }
+}
+
+#[test]
+fn long_decoding_steps_split_their_keys_and_still_match() {
+    // Past 1024 positions a step with few rows splits its keys between tasks and merges them;
+    // after the long appends only the last few positions attend, as in a decoder's steps.
+    for level in levels() {
+        let shape = CacheShape { layers: 1, kv_heads: 2, capacity: 3000, key_dim: 32, value_dim: 24 };
+        check_chunks(level, shape, 8, &[1, 2049, 1, 1, 700, 1], 2, 40);
+    }
+}
+
+#[test]
+fn results_do_not_depend_on_the_thread_count() {
+    let shape = CacheShape { layers: 1, kv_heads: 2, capacity: 5000, key_dim: 64, value_dim: 64 };
+    let seq = Sequence::random(41, shape, 8, 4097);
+    let mut outputs = Vec::new();
+    for threads in [1, 2, 3] {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+        let mut cache = KvCache::<f32>::new(shape).unwrap();
+        let mut layer = cache.layer(0).unwrap();
+        layer.append(seq.k.view(), seq.v.view()).unwrap();
+        let step = pool.install(|| layer.attend(seq.q.slice(s![.., 4096.., ..])).unwrap());
+        let chunk = pool.install(|| layer.attend(seq.q.slice(s![.., 3800.., ..])).unwrap());
+        outputs.push((step, chunk));
+    }
+    assert!(outputs.windows(2).all(|w| w[0] == w[1]), "1, 2 and 3 threads give the same bits");
+}
+
+#[test]
+fn errors_name_the_layer_the_argument_and_the_shapes() {
+    let shape = CacheShape { layers: 2, kv_heads: 2, capacity: 4, key_dim: 3, value_dim: 5 };
+    let mut cache = KvCache::<f32>::new(shape).unwrap();
+    let err = |e: qkv::AttentionError| e.to_string();
+    assert_eq!(err(cache.layer(2).err().unwrap()), "layer 2 is out of range: the KV cache has 2 layers");
+    let mut layer = cache.layer(1).unwrap();
+    let (k, v) = (Array3::<f32>::zeros((2, 3, 3)), Array3::<f32>::zeros((2, 3, 5)));
+    assert_eq!(
+        err(layer.append(k.view(), Array3::zeros((2, 2, 5)).view()).unwrap_err()),
+        "layer 1 of the KV cache takes values of shape [2, 3, 5], not [2, 2, 5]: one value for \
+         every key, one [n_new, value_dim] block per key/value head"
+    );
+    assert_eq!(
+        err(layer.append(Array3::zeros((1, 3, 3)).view(), v.view()).unwrap_err()),
+        "layer 1 of the KV cache takes keys of shape [2, 3, 3], not [1, 3, 3]: one [n_new, key_dim] \
+         block per key/value head"
+    );
+    let mut bad = k.clone();
+    bad[[1, 2, 0]] = f32::NAN;
+    assert_eq!(
+        err(layer.append(bad.view(), v.view()).unwrap_err()),
+        "keys[1, 2, 0] is NaN: attention needs finite inputs"
+    );
+    assert_eq!(layer.len(), 0, "a failed append writes nothing");
+    assert_eq!(
+        err(layer.attend(Array3::zeros((2, 1, 3)).view()).unwrap_err()),
+        "layer 1 of the KV cache takes queries of shape [2, at most 0, 3], not [2, 1, 3]: the queries \
+         are the last positions held, so append their keys and values first"
+    );
+    layer.append(k.view(), v.view()).unwrap();
+    assert_eq!(
+        err(layer.append(k.view(), v.view()).unwrap_err()),
+        "layer 1 of the KV cache holds 3 of its 4 positions: appending 3 more would pass its capacity; make \
+         the cache larger, or clear it for a new sequence"
+    );
+    assert_eq!(
+        err(layer.attend(Array3::zeros((3, 1, 3)).view()).unwrap_err()),
+        "layer 1 of the KV cache takes queries of shape [2, 1, 3], not [3, 1, 3]: query heads a \
+         positive multiple of the key/value heads, each query as wide as the keys"
+    );
+    assert_eq!(
+        err(layer.attend(Array3::zeros((4, 1, 2)).view()).unwrap_err()),
+        "layer 1 of the KV cache takes queries of shape [4, 1, 3], not [4, 1, 2]: query heads a \
+         positive multiple of the key/value heads, each query as wide as the keys"
+    );
+    let mut out = Array3::zeros((4, 1, 4));
+    assert_eq!(
+        err(layer.attend_into(Array3::zeros((4, 1, 3)).view(), out.view_mut()).unwrap_err()),
+        "layer 1 of the KV cache takes output of shape [4, 1, 5], not [4, 1, 4]: one value-wide row per query"
+    );
+    // Keys and queries of 1e19: a score could reach 1e38, past what f32 holds with room to spare.
+    let mut huge = cache_with_huge_keys(shape);
+    assert_eq!(
+        err(huge.layer(0).unwrap().attend(Array3::from_elem((2, 1, 3), 1e19).view()).unwrap_err()),
+        "layer 0 of the KV cache: its keys and values with these queries could overflow an f32 score or sum; \
+         scale the inputs down"
+    );
+    let empty = CacheShape { kv_heads: 0, ..shape };
+    assert_eq!(
+        err(KvCache::<f32>::new(empty).err().unwrap()),
+        "the KV cache's shape [layers, kv_heads, capacity, key_dim, value_dim] [2, 0, 4, 3, 5] is empty: a cache \
+         needs at least one layer and one key/value head, and keys and values at least one component wide"
+    );
+}
+
+fn cache_with_huge_keys(shape: CacheShape) -> KvCache<f32> {
+    let mut cache = KvCache::<f32>::new(shape).unwrap();
+    let k = Array3::from_elem((shape.kv_heads, 1, shape.key_dim), 1e19);
+    let v = Array3::from_elem((shape.kv_heads, 1, shape.value_dim), 1.0);
+    cache.layer(0).unwrap().append(k.view(), v.view()).unwrap();
+    cache
+}
