@@ -249,18 +249,19 @@ impl<T: Real, E: Element<Compute = T>> Job<E> for Attend<'_, '_, T, E> {
                     items.extend(blocks.iter_mut().enumerate().map(|block| (h, vec![block])));
                 }
             }
-            let attend_item = |(h, item): HeadBlocks<T>| {
+            let attend_item = |scratch: &mut Scratch<T>, (h, item): HeadBlocks<T>| {
                 let mut measured = Measured::nothing();
                 for (b, out_block) in item {
                     let rows = out_block.out.nrows();
+                    let first = b * K::QUERY_BLOCK;
                     let state =
-                        problems[h].attend_block(kernels, &packed[h], b * K::QUERY_BLOCK, rows, keys.clone());
+                        problems[h].attend_block(kernels, &packed[h], first, rows, keys.clone(), scratch);
                     state.write(out_block);
                     measured = measured.combine(state.measured);
                 }
                 measured
             };
-            for part in work::map_items(items, parallel, attend_item) {
+            for part in work::map_items(items, parallel, Scratch::default, attend_item) {
                 measured = measured.combine(part);
             }
             return decoding.then_some(measured);
@@ -274,13 +275,13 @@ impl<T: Real, E: Element<Compute = T>> Job<E> for Attend<'_, '_, T, E> {
                 (0..blocks.len()).flat_map(move |b| splits.iter().map(move |keys| (h, b, keys.clone())))
             })
             .collect();
-        let attend_item = |(h, b, keys): (usize, usize, Range<usize>)| {
+        let attend_item = |scratch: &mut Scratch<T>, (h, b, keys): (usize, usize, Range<usize>)| {
             // Each task packs its own keys: they are read by few query rows, and a small buffer
             // per task stays in cache where one large one per call would not.
             let packed = problems[h].packed::<K>(keys.clone());
-            problems[h].attend_block(kernels, &packed, b * K::QUERY_BLOCK, rows(b), keys)
+            problems[h].attend_block(kernels, &packed, b * K::QUERY_BLOCK, rows(b), keys, scratch)
         };
-        let mut states = work::map_items(items, parallel, attend_item).into_iter();
+        let mut states = work::map_items(items, parallel, Scratch::default, attend_item).into_iter();
         for out_block in blocks.iter_mut().flatten() {
             // Merged in split order, the same whichever thread computed each part.
             let mut merged = states.next().expect("one state per split");
@@ -434,6 +435,47 @@ struct Problem<'p, T: Real, E> {
     masks: MaskSet<'p, T>,
 }
 
+/// The buffers a block of query rows borrows while it runs, one set per thread (see
+/// `work::map_items`), grown as needed and never shrunk. Every block writes what it reads of them
+/// before reading it (queries packed, scores computed, maxima and sums folded), so nothing
+/// carries over from one block to the next.
+struct Scratch<T: Real> {
+    /// Packed, scaled queries.
+    q: Vec<T>,
+    /// A tile of scores, `KEY_BLOCK` per row, then weights.
+    s: Buffer<T>,
+    /// The score kernel's lane-wise row maxima.
+    row_max: Buffer<T>,
+    tile_max: Vec<T>,
+    m_new: Vec<T>,
+    sums: Vec<T>,
+    /// Each row's rescale factor `exp(m - m_new)`.
+    alpha: Vec<T>,
+}
+
+impl<T: Real> Default for Scratch<T> {
+    fn default() -> Self {
+        let (q, tile_max, m_new, sums, alpha) = Default::default();
+        Scratch { q, s: Buffer::zeros(0), row_max: Buffer::zeros(0), tile_max, m_new, sums, alpha }
+    }
+}
+
+/// The first `len` elements of `buffer`, grown with zeros if it is shorter.
+fn prefix<T: Real>(buffer: &mut Vec<T>, len: usize) -> &mut [T] {
+    if buffer.len() < len {
+        buffer.resize(len, T::zero());
+    }
+    &mut buffer[..len]
+}
+
+/// The first `len` elements of `buffer`, made anew (zeroed, aligned) if it is shorter.
+fn aligned_prefix<T: Real>(buffer: &mut Buffer<T>, len: usize) -> &mut [T] {
+    if buffer.len() < len {
+        *buffer = Buffer::zeros(len);
+    }
+    &mut buffer[..len]
+}
+
 /// The online-softmax state of a block of query rows over some keys: running maximum `m`, running
 /// sum `l` of `exp(s - m)`, and the unnormalised output `o = Σ exp(s - m) · v` (`o_stride`
 /// scalars per row, the value width padded to whole vectors; rows past `m.len()` pad the block to
@@ -470,6 +512,7 @@ impl<'p, T: Real, E: Element<Compute = T>> Problem<'p, T, E> {
         first: usize,
         rows: usize,
         keys: Range<usize>,
+        scratch: &mut Scratch<T>,
     ) -> State<T> {
         let d = self.shape.key_dim;
         let masks = &self.masks;
@@ -499,18 +542,20 @@ impl<'p, T: Real, E: Element<Compute = T>> Problem<'p, T, E> {
         if from >= reach {
             return state;
         }
-        let mut q = vec![T::zero(); padded * d];
+        let Scratch { q, s, row_max, tile_max, m_new, sums, alpha } = scratch;
+        let q = prefix(q, padded * d);
         let scale = T::from_f64_round(masks.scale);
         if direct {
-            kernels::pack_query_rows(self.q, first, rows, scale, &mut q);
+            kernels::pack_query_rows(self.q, first, rows, scale, &mut *q);
         } else {
-            kernels::pack_queries(self.q, first, rows, scale, K::TILE_ROWS, &mut q);
+            kernels::pack_queries(self.q, first, rows, scale, K::TILE_ROWS, &mut *q);
         }
-        let mut s = Buffer::zeros(padded * KEY_BLOCK);
-        let mut row_max = Buffer::zeros(padded * lanes);
-        let (mut tile_max, mut m_new, mut sums) =
-            (vec![T::zero(); rows], vec![T::zero(); rows], vec![T::zero(); rows]);
-        let mut alpha = vec![T::one(); padded];
+        let s = aligned_prefix(s, padded * KEY_BLOCK);
+        let row_max = aligned_prefix(row_max, padded * lanes);
+        let (tile_max, m_new, sums) = (prefix(tile_max, rows), prefix(m_new, rows), prefix(sums, rows));
+        let alpha = prefix(alpha, padded);
+        // Padding rows keep a factor of 1: their outputs are never read, but stay as without reuse.
+        alpha[rows..].fill(T::one());
         for start in (from..reach).step_by(KEY_BLOCK) {
             let n_keys = KEY_BLOCK.min(reach - start);
             let panels = n_keys.div_ceil(K::KEY_PANEL);
@@ -519,7 +564,7 @@ impl<'p, T: Real, E: Element<Compute = T>> Problem<'p, T, E> {
             let trim = !elementwise && start + n_keys > clean_keys.end;
             if let Some(k) = self.key_rows {
                 let magnitude =
-                    kernels.direct_scores(&q, rows, &k[start * d..(start + n_keys) * d], d, &mut s);
+                    kernels.direct_scores(q, rows, &k[start * d..(start + n_keys) * d], d, &mut *s);
                 state.measured.keys = kernels::larger_magnitude(state.measured.keys, magnitude);
             } else {
                 let group_keys = |g: usize| {
@@ -527,13 +572,13 @@ impl<'p, T: Real, E: Element<Compute = T>> Problem<'p, T, E> {
                     masks.visible_keys(self.query(last)).end.saturating_sub(start)
                 };
                 let tile = ScoreTile {
-                    q: &q,
+                    q,
                     d,
                     rows: padded,
                     keys: packed.key_block(start, d),
                     panels,
-                    s: &mut s,
-                    row_max: &mut row_max,
+                    s: &mut *s,
+                    row_max: &mut *row_max,
                 };
                 kernels.scores(tile, trim.then_some(&group_keys as &dyn Fn(usize) -> usize));
             }
@@ -563,15 +608,15 @@ impl<'p, T: Real, E: Element<Compute = T>> Problem<'p, T, E> {
                 }
             }
             if fused_max {
-                kernels.row_maxima(Rows { data: &row_max, stride: lanes, rows }, lanes, &mut tile_max);
+                kernels.row_maxima(Rows { data: row_max, stride: lanes, rows }, lanes, &mut *tile_max);
             } else {
-                kernels.row_maxima(Rows { data: &s, stride: KEY_BLOCK, rows }, used, &mut tile_max);
+                kernels.row_maxima(Rows { data: s, stride: KEY_BLOCK, rows }, used, &mut *tile_max);
             }
             for r in 0..rows {
                 m_new[r] = state.m[r].max(tile_max[r]);
             }
-            kernels.exp_rows(RowsMut { data: &mut s, stride: KEY_BLOCK, rows }, used, &m_new, &mut sums);
-            kernels.exp_differences(&state.m, &m_new, &mut alpha[..rows]);
+            kernels.exp_rows(RowsMut { data: &mut *s, stride: KEY_BLOCK, rows }, used, m_new, &mut *sums);
+            kernels.exp_differences(&state.m, m_new, &mut alpha[..rows]);
             for r in 0..rows {
                 if m_new[r] == T::neg_infinity() {
                     // Nothing visible yet: the row's state stays empty.
@@ -586,8 +631,8 @@ impl<'p, T: Real, E: Element<Compute = T>> Problem<'p, T, E> {
                 state.measured.values = kernels::larger_magnitude(state.measured.values, magnitude);
             }
             if !trim {
-                let weights = Weights { p: &s, rows: padded, n_keys };
-                kernels.accumulate_values(weights, &alpha, values, &mut state.o);
+                let weights = Weights { p: s, rows: padded, n_keys };
+                kernels.accumulate_values(weights, alpha, values, &mut state.o);
             } else {
                 // A causal tile on the diagonal: each group of rows stops at the last key its
                 // last row sees. The weights past it are exact zeros, so the sums are unchanged

@@ -10,17 +10,22 @@ fn results_come_back_in_item_order_on_any_pool() {
             let items: Vec<usize> = (0..97).collect();
             // Uneven item costs, so that threads finish out of order.
             let got = pool.install(|| {
-                map_items(items, share, |i| {
-                    std::thread::sleep(std::time::Duration::from_micros((i % 5) as u64 * 50));
-                    i * i
-                })
+                map_items(
+                    items,
+                    share,
+                    || (),
+                    |_, i| {
+                        std::thread::sleep(std::time::Duration::from_micros((i % 5) as u64 * 50));
+                        i * i
+                    },
+                )
             });
             assert_eq!(got, (0..97).map(|i| i * i).collect::<Vec<_>>(), "{threads} threads, share {share}");
         }
     }
     // From outside any pool, too (the calling thread takes items beside the global pool's).
-    assert_eq!(map_items(vec![3, 1, 2], true, |i| i + 1), vec![4, 2, 3]);
-    assert!(map_items(Vec::<u8>::new(), true, |i| i).is_empty());
+    assert_eq!(map_items(vec![3, 1, 2], true, || (), |_, i| i + 1), vec![4, 2, 3]);
+    assert!(map_items(Vec::<u8>::new(), true, || (), |_, i| i).is_empty());
 }
 
 #[test]
@@ -28,4 +33,26 @@ fn the_threshold_override_parses_whole_numbers_only() {
     assert_eq!(parse_whole_number("0"), 0);
     assert_eq!(parse_whole_number("200"), 200);
     assert!(std::panic::catch_unwind(|| parse_whole_number("2e6")).is_err());
+}
+
+#[test]
+fn each_thread_makes_one_scratch_and_keeps_it() {
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+    let made = AtomicUsize::new(0);
+    let new_scratch = || {
+        made.fetch_add(1, Ordering::Relaxed);
+        0_usize
+    };
+    // Each result is how many items its thread's scratch served before it.
+    let served = pool.install(|| {
+        map_items((0..50).collect(), true, new_scratch, |seen: &mut usize, _: usize| {
+            std::thread::sleep(std::time::Duration::from_micros(100));
+            *seen += 1;
+            *seen - 1
+        })
+    });
+    let made = made.load(Ordering::Relaxed);
+    assert!((1..=2).contains(&made), "{made} scratches for 2 threads");
+    // Every scratch counts from 0 up without gaps: `made` zeros, and 50 items in all.
+    assert_eq!(served.iter().filter(|&&s| s == 0).count(), made);
 }
