@@ -6,17 +6,14 @@
 
 use std::ops::Range;
 
-use crate::document::Citation;
+use crate::document::{Citation, Shape, citation_shapes};
 use crate::error::Problem;
-use crate::eval::Evaluator;
-use crate::format::Format;
-
-/// What a citation's format may be, for messages about one that is not.
-pub(crate) const FORMATS: &str = "a number of decimals (`:2`), then optionally `%` for a percentage (`:1%`) and `g` to print exact integers bare (`:4g`)";
+use crate::format::{FORMATS, Format};
+use crate::values::Resolve;
 
 /// What citation `c` of document `doc` should say; `found` is what it says now.
 pub(crate) fn text(
-    eval: &mut Evaluator<'_>,
+    eval: &mut impl Resolve,
     doc: usize,
     c: &Citation,
     found: &str,
@@ -28,7 +25,7 @@ pub(crate) fn text(
 
 /// The number `path` names, in `format`; `path_at` is where the path is written.
 fn number(
-    eval: &mut Evaluator<'_>,
+    eval: &mut impl Resolve,
     doc: usize,
     path: &str,
     path_at: usize,
@@ -81,18 +78,39 @@ struct TextRef {
 
 impl Text {
     /// Reads the `{=PATH:FORMAT}` citations of `value` (a field of document `doc` written at
-    /// `at`); `source_at[n]` is the source offset of the `n`-th `{=`, where it is known.
+    /// `at`); `source_at[n]` is the source offset of the `n`-th citation shape of the field as
+    /// written (see [`citation_shapes`]), where it is known. Any other citation shape (a link
+    /// citation, a math marker, `{ =` with a space) is an error: here it would be shown as typed.
     pub(crate) fn parse(doc: usize, value: String, at: usize, source_at: &[usize]) -> Result<Text, Problem> {
         let mut refs = Vec::new();
-        for (n, (start, _)) in value.match_indices("{=").enumerate() {
+        for (n, (start, shape)) in citation_shapes(&value).into_iter().enumerate() {
             let open_at = source_at.get(n).copied().unwrap_or(at);
+            let written = snippet(&value[start..]);
+            let near_miss =
+                |message: &str| Problem::new(doc, open_at, message, written.clone(), Shape::Braced.form());
+            match shape {
+                Shape::Link => {
+                    return Err(near_miss(
+                        "a link citation does not work in quiz and widget text; it would be shown as typed",
+                    ));
+                }
+                Shape::Marker => {
+                    return Err(near_miss(
+                        "a math citation marker does not work in quiz and widget text, even inside `$…$`; it would be shown as typed",
+                    ));
+                }
+                Shape::Braced if !value[start..].starts_with("{=") => {
+                    return Err(near_miss("a space between `{` and `=` hides this citation"));
+                }
+                Shape::Braced => {}
+            }
             let rest = &value[start + 2..];
             let Some(len) = rest.find('}') else {
                 return Err(Problem::new(
                     doc,
                     open_at,
                     "a citation `{=` is never closed",
-                    snippet(&value[start..]),
+                    written,
                     "`{=PATH:FORMAT}`, such as `{=sentence.love.output:2}`",
                 ));
             };
@@ -116,11 +134,15 @@ impl Text {
                     FORMATS,
                 )
             })?;
-            if path.is_empty() {
+            if path.is_empty() || path.contains(char::is_whitespace) {
                 return Err(Problem::new(
                     doc,
                     open_at,
-                    "citation without a path",
+                    if path.is_empty() {
+                        "citation without a path"
+                    } else {
+                        "a citation's path has no spaces"
+                    },
                     found,
                     "`{=PATH:FORMAT}`, such as `{=sentence.love.output:2}`",
                 ));
@@ -136,7 +158,7 @@ impl Text {
     }
 
     /// The text with every citation replaced by its number, as document `doc` computes it.
-    pub(crate) fn fill(&self, eval: &mut Evaluator<'_>, doc: usize) -> Result<String, Problem> {
+    pub(crate) fn fill(&self, eval: &mut impl Resolve, doc: usize) -> Result<String, Problem> {
         let mut out = String::with_capacity(self.value.len());
         let mut last = 0;
         for r in &self.refs {

@@ -10,18 +10,11 @@
 
 use std::ops::Range;
 
-use pulldown_cmark::{CodeBlockKind, Event, Options, Parser, Tag, TagEnd};
+use pulldown_cmark::{CodeBlockKind, Event, Parser, Tag, TagEnd};
 
 use crate::error::Problem;
-use crate::format::Format;
-
-/// The markdown extensions every lesson file is parsed with (here and when rendering HTML).
-pub(crate) fn markdown_options() -> Options {
-    Options::ENABLE_MATH
-        | Options::ENABLE_TABLES
-        | Options::ENABLE_STRIKETHROUGH
-        | Options::ENABLE_SMART_PUNCTUATION
-}
+use crate::format::{FORMATS, Format};
+use crate::markup::markdown_options;
 
 /// A fenced block whose info string starts with `qkv`: a declaration (example, computation, figure).
 #[derive(Debug, Clone)]
@@ -66,6 +59,62 @@ pub(crate) struct Citation {
 
 /// What marks a number in math as a citation, after its `{NUMBER}`.
 const MATH_MARKER: &str = r"\vphantom{\verb";
+
+/// The three ways a number is cited, as a near-miss scanner sees them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Shape {
+    /// `](=`: a link citation, `[4.41](=PATH:FORMAT)` (spaces allowed before the `=`).
+    Link,
+    /// `\verb|=`: a math citation's marker, `{4.41}\vphantom{\verb|=PATH:FORMAT|}`.
+    Marker,
+    /// `{=`: a citation in a quiz or widget's text, `{=PATH:FORMAT}`.
+    Braced,
+}
+
+impl Shape {
+    /// How this shape is written where it works, for messages.
+    pub(crate) fn form(self) -> &'static str {
+        match self {
+            Shape::Link => "`[NUMBER](=PATH:FORMAT)` in prose",
+            Shape::Marker => "`{NUMBER}\\vphantom{\\verb|=PATH:FORMAT|}` inside `$…$`",
+            Shape::Braced => "`{=PATH:FORMAT}` in the text fields of `qkv quiz` and `qkv widget` blocks",
+        }
+    }
+}
+
+/// Every place in `s` that has the shape of a citation, with its byte offset: the one grammar
+/// that prose, math, HTML, and quiz and widget text are all checked against, so that nothing
+/// that looks like a citation is left showing whatever was typed. Spaces inside the shape
+/// (`]( =`, `\verb| =`, `{ =`) do not hide it.
+pub(crate) fn citation_shapes(s: &str) -> Vec<(usize, Shape)> {
+    let bytes = s.as_bytes();
+    let after_spaces = |mut i: usize| {
+        while i < bytes.len() && (bytes[i] == b' ' || bytes[i] == b'\t') {
+            i += 1;
+        }
+        i
+    };
+    let mut found = Vec::new();
+    for (i, &b) in bytes.iter().enumerate() {
+        let shape = match b {
+            b']' if bytes.get(after_spaces(i + 1)) == Some(&b'(') => {
+                (bytes.get(after_spaces(after_spaces(i + 1) + 1)) == Some(&b'=')).then_some(Shape::Link)
+            }
+            b'{' => (bytes.get(after_spaces(i + 1)) == Some(&b'=')).then_some(Shape::Braced),
+            b'\\' if s[i..].starts_with("\\verb") => {
+                // `\verb`, its delimiter (any character), then `=` after optional spaces.
+                let delimiter = s[i + 5..].chars().next().map_or(0, char::len_utf8);
+                (delimiter > 0 && bytes.get(after_spaces(i + 5 + delimiter)) == Some(&b'='))
+                    .then_some(Shape::Marker)
+            }
+            _ => None,
+        };
+        if let Some(shape) = shape {
+            found.push((i, shape));
+        }
+    }
+    found
+}
 
 /// A math citation found in TeX, by byte range within it.
 struct MathCitation {
@@ -160,11 +209,37 @@ pub(crate) fn parse(doc: usize, text: &str) -> Result<Document, Vec<Problem>> {
     let mut open_region: Option<(Vec<String>, usize, usize)> = None;
     let mut block: Option<Block> = None;
     let mut link: Option<OpenLink> = None;
+    let mut link_start = 0;
     let mut heading: Option<String> = None;
+    // Byte ranges whose citation shapes are read elsewhere or are literal, and those of HTML.
+    let mut literal: Vec<Range<usize>> = Vec::new();
+    let mut html: Vec<Range<usize>> = Vec::new();
 
     for (event, range) in Parser::new_ext(text, markdown_options()).into_offset_iter() {
         // Events inside a generated region belong to the build, not the author.
         let in_region = open_region.is_some();
+        match &event {
+            // Code is literal text (a lesson may show the syntax itself); math is checked where
+            // it is read; a region belongs to the build.
+            Event::Start(Tag::CodeBlock(_))
+            | Event::Code(_)
+            | Event::InlineMath(_)
+            | Event::DisplayMath(_) => literal.push(range.clone()),
+            Event::Html(_) | Event::InlineHtml(_) => html.push(range.clone()),
+            Event::Start(Tag::Image { dest_url, .. })
+                if !in_region && dest_url.trim_start().starts_with('=') =>
+            {
+                literal.push(range.clone());
+                problems.push(Problem::new(
+                    doc,
+                    range.start,
+                    "an image's address cannot cite a number",
+                    first_line(&text[range.clone()]),
+                    "`[NUMBER](=PATH:FORMAT)`, a link, not an image `![…](…)`",
+                ))
+            }
+            _ => {}
+        }
         match event {
             Event::Start(Tag::CodeBlock(CodeBlockKind::Fenced(info))) if !in_region => {
                 let problem = fence_problem(doc, text, range.clone());
@@ -194,6 +269,7 @@ pub(crate) fn parse(doc: usize, text: &str) -> Result<Document, Vec<Problem>> {
                 if trimmed == CLOSE {
                     match open_region.take() {
                         Some((directive, start, body_start)) => {
+                            literal.push(start..range.end);
                             document.regions.push(Region { directive, start, body: body_start..range.start })
                         }
                         None => problems.push(Problem::new(
@@ -225,10 +301,17 @@ pub(crate) fn parse(doc: usize, text: &str) -> Result<Document, Vec<Problem>> {
                 // Offsets come from the source itself, not the event's text (which drops the
                 // prefixes of a block quote or list around display math).
                 let source = &text[range.clone()];
+                // The `\verb` of every marker read below, well formed or not: any other
+                // citation shape in the formula is a near miss.
+                let mut explained = Vec::new();
                 for found in math_citations(source) {
                     let m = match found {
-                        Ok(m) => m,
+                        Ok(m) => {
+                            explained.push(m.marker.start + VERB_IN_MARKER);
+                            m
+                        }
                         Err((at, message)) => {
+                            explained.push(at + VERB_IN_MARKER);
                             let expected = "`{4.41}\\vphantom{\\verb|=example.path:2|}`: the number in braces, then the path in the marker";
                             problems.push(Problem::new(
                                 doc,
@@ -252,13 +335,36 @@ pub(crate) fn parse(doc: usize, text: &str) -> Result<Document, Vec<Problem>> {
                         Err(p) => problems.push(p),
                     }
                 }
+                for (at, shape) in citation_shapes(source) {
+                    if shape == Shape::Marker && explained.contains(&at) {
+                        continue;
+                    }
+                    let message = match shape {
+                        Shape::Marker => {
+                            "a math citation marker that is not read: it must be written exactly as `\\vphantom{\\verb|=…|}`, right after the number in braces"
+                        }
+                        Shape::Braced => {
+                            "`{=…}` cites a number only in quiz and widget text; in math it would be shown as typed"
+                        }
+                        Shape::Link => "a link cannot work inside math; it would be shown as typed",
+                    };
+                    problems.push(Problem::new(
+                        doc,
+                        range.start + at,
+                        message,
+                        first_line(&source[at..]),
+                        Shape::Marker.form(),
+                    ));
+                }
             }
             Event::Start(Tag::Link { dest_url, .. }) if !in_region && dest_url.starts_with('=') => {
                 let path_at = text[range.clone()].find("](=").map_or(range.start, |i| range.start + i + 3);
                 link = Some((dest_url[1..].to_string(), path_at, Vec::new()));
+                link_start = range.start;
             }
             Event::End(TagEnd::Link) if link.is_some() => {
                 if let Some((dest, path_at, inner)) = link.take() {
+                    literal.push(link_start..range.end);
                     match citation(doc, text, &dest, path_at, range.start, &inner) {
                         Ok(c) => document.citations.push(c),
                         Err(p) => problems.push(p),
@@ -291,6 +397,7 @@ pub(crate) fn parse(doc: usize, text: &str) -> Result<Document, Vec<Problem>> {
             _ => {}
         }
     }
+    problems.extend(near_misses(doc, text, &literal, &html));
     if let Some((_, start, _)) = open_region {
         problems.push(Problem::new(
             doc,
@@ -301,6 +408,43 @@ pub(crate) fn parse(doc: usize, text: &str) -> Result<Document, Vec<Problem>> {
         ));
     }
     if problems.is_empty() { Ok(document) } else { Err(problems) }
+}
+
+/// Where `\\verb` starts inside a math citation's marker, `\\vphantom{\\verb|…|}`.
+const VERB_IN_MARKER: usize = r"\vphantom{".len();
+
+/// The citation shapes of the author's text that no reader took up: outside code, math,
+/// generated regions and the citations read, a citation would be shown as typed, so each is an
+/// error that says how it is written where it works. `literal` holds the ranges read elsewhere or
+/// literal (code may show the syntax itself), `html` those of HTML.
+fn near_misses(doc: usize, text: &str, literal: &[Range<usize>], html: &[Range<usize>]) -> Vec<Problem> {
+    let inside = |ranges: &[Range<usize>], at: usize| ranges.iter().any(|r| r.contains(&at));
+    citation_shapes(text)
+        .into_iter()
+        .filter(|&(at, _)| !inside(literal, at))
+        .map(|(at, shape)| {
+            let (message, expected) = match shape {
+                _ if inside(html, at) => (
+                    "a citation inside HTML is not read; it would be shown as typed".to_string(),
+                    "the citation in markdown, outside the HTML tags".to_string(),
+                ),
+                Shape::Marker => (
+                    "a math citation outside math, which would be shown as typed".to_string(),
+                    "`${4.41}\\vphantom{\\verb|=PATH:FORMAT|}$`: the marker inside the dollars, with no space after the opening `$` or before the closing one (`$ x $` is not math)".to_string(),
+                ),
+                Shape::Braced => (
+                    "`{=…}` cites a number only in quiz and widget text; in prose it would be shown as typed"
+                        .to_string(),
+                    format!("{}, or {}", Shape::Link.form(), Shape::Marker.form()),
+                ),
+                Shape::Link => (
+                    "this has the shape of a citation link, but markdown did not read it as one, so it would be shown as typed".to_string(),
+                    "`[NUMBER](=PATH:FORMAT)` with no space between `]` and `(`, the brackets balanced and nothing else inside them".to_string(),
+                ),
+            };
+            Problem::new(doc, at, message, first_line(&text[at..]), expected)
+        })
+        .collect()
 }
 
 /// Reads `[text](=path:format)` once its inner events are known.
@@ -355,7 +499,7 @@ fn destination(doc: usize, dest: &str, path_at: usize, math: bool) -> Result<(St
             path_at + path.len() + 1,
             format!("unknown number format `{spec}`"),
             written,
-            crate::citation::FORMATS,
+            FORMATS,
         )
     })?;
     Ok((path.to_string(), format))

@@ -8,7 +8,7 @@ use ndarray::Array2;
 use crate::error::Problem;
 use crate::examples::{AttentionDecl, Decl, DeclKind, Field, Input, Mask};
 use crate::limits::{self, MAX_ROWS, MAX_WIDTH};
-use crate::values::{Miss, Node};
+use crate::values::{Miss, Node, Resolve};
 
 /// The resolved inputs of an attention example.
 #[derive(Debug, Clone)]
@@ -179,27 +179,6 @@ impl<'d> Evaluator<'d> {
     /// Whether `key` names a declaration with values (not a figure, quiz or widget).
     fn computes(&self, key: &str) -> bool {
         self.decls.get(key).is_some_and(|d| d.kind.computes())
-    }
-
-    /// Resolves `path` to a node, evaluating what it needs. Errors say what was expected.
-    pub(crate) fn resolve(&mut self, doc: usize, path: &str) -> Result<Node, String> {
-        let target = self.target(doc, path)?;
-        let Some(record) = self.record(&target.key) else {
-            // The declaration's own error is reported; this reference adds nothing.
-            return Err(String::new());
-        };
-        match record.node.lookup(&target.rest) {
-            Ok(node) => Ok(node.clone()),
-            Err(Miss { segment, known }) => {
-                let prefix: Vec<&str> =
-                    path.split('.').take(path.split('.').count() - target.rest.len() + segment).collect();
-                if known.is_empty() {
-                    Err(format!("`{}` is a single value; nothing below it", prefix.join(".")))
-                } else {
-                    Err(format!("after `{}`: one of {}", prefix.join("."), known.join(", ")))
-                }
-            }
-        }
     }
 
     /// The record of a declaration (evaluated once); `None` if it failed (a problem was recorded).
@@ -655,6 +634,29 @@ impl<'d> Evaluator<'d> {
         };
         let node = attention_node(&inputs, &result);
         Some(Record { computed: Computed::Attention { inputs, result }, node })
+    }
+}
+
+impl Resolve for Evaluator<'_> {
+    /// Resolves `path` to a node, evaluating what it needs. Errors say what was expected.
+    fn resolve(&mut self, doc: usize, path: &str) -> Result<Node, String> {
+        let target = self.target(doc, path)?;
+        let Some(record) = self.record(&target.key) else {
+            // The declaration's own error is reported; this reference adds nothing.
+            return Err(String::new());
+        };
+        match record.node.lookup(&target.rest) {
+            Ok(node) => Ok(node.clone()),
+            Err(Miss { segment, known }) => {
+                let prefix: Vec<&str> =
+                    path.split('.').take(path.split('.').count() - target.rest.len() + segment).collect();
+                if known.is_empty() {
+                    Err(format!("`{}` is a single value; nothing below it", prefix.join(".")))
+                } else {
+                    Err(format!("after `{}`: one of {}", prefix.join("."), known.join(", ")))
+                }
+            }
+        }
     }
 }
 

@@ -10,15 +10,16 @@ use toml::de::{DeTable, DeValue};
 
 use crate::document::{Block, Document, first_line};
 use crate::error::Problem;
-use crate::figures::FigureKind;
+use crate::figure_kind::FigureKind;
+use crate::files::Sources;
 use crate::limits::{self, MAX_DIM, MAX_DIMS, MAX_SAMPLES};
 use crate::location::LineIndex;
-use crate::pipeline::Sources;
 
 mod interactive;
 
 pub(crate) use interactive::{
-    Goal, PageDecl, QuizDecl, QuizKey, SETTINGS_ID, Settings, WidgetDecl, WidgetKind, colab_base, letter,
+    ChoiceKey, Goal, Operand, PageDecl, QuizDecl, QuizKey, QuizOption, SETTINGS_ID, Settings, WidgetDecl,
+    WidgetKind, colab_base, letter,
 };
 
 /// A numeric input: a literal, or a reference to be resolved at evaluation.
@@ -147,6 +148,8 @@ const KINDS: &[(&str, &[&str])] = &[
             "hint",
             "why",
             "options",
+            "correct",
+            "shuffle",
             "answer",
             "digits",
             "tolerance",

@@ -11,48 +11,7 @@ use sha2::{Digest, Sha256};
 
 use crate::eval::{AttentionInputs, AttentionResult, array};
 use crate::examples::FigureDecl;
-
-/// The kinds of figure a `qkv figure` block can ask for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum FigureKind {
-    /// The weight matrix of an example, masked cells marked.
-    Heatmap,
-    /// Keys and one query as arrows in the plane, with that query's weights.
-    QueryDiagram,
-    /// Weights and output as the query sweeps the circle through its current position.
-    ScoreCurve,
-    /// Monte Carlo: variance of `q · k` against `d_k`, raw and divided by `sqrt(d_k)`.
-    ScalingVariance,
-    /// Monte Carlo: the largest softmax weight against `d_k`, raw and scaled scores.
-    ScalingSaturation,
-}
-
-impl FigureKind {
-    /// The names authors write in `kind = "..."`.
-    pub(crate) const NAMES: &'static [&'static str] =
-        &["heatmap", "query-diagram", "score-curve", "scaling-variance", "scaling-saturation"];
-
-    pub(crate) fn from_name(name: &str) -> Option<Self> {
-        Some(match name {
-            "heatmap" => Self::Heatmap,
-            "query-diagram" => Self::QueryDiagram,
-            "score-curve" => Self::ScoreCurve,
-            "scaling-variance" => Self::ScalingVariance,
-            "scaling-saturation" => Self::ScalingSaturation,
-            _ => return None,
-        })
-    }
-
-    /// Whether the figure draws an attention example (and so needs `example`).
-    pub(crate) fn needs_example(self) -> bool {
-        matches!(self, Self::Heatmap | Self::QueryDiagram | Self::ScoreCurve)
-    }
-
-    /// Whether it follows one query (and so needs `query`).
-    pub(crate) fn needs_query(self) -> bool {
-        matches!(self, Self::QueryDiagram | Self::ScoreCurve)
-    }
-}
+use crate::figure_kind::FigureKind;
 
 /// Bumped when the Monte Carlo code changes, so its figures re-render.
 const MONTE_CARLO_VERSION: u32 = 1;

@@ -1,6 +1,12 @@
 //! How numbers are shown: fixed decimals for citations, and the lesson's rule for steps
 //! (exact integers bare, everything else at the lesson's precision, `≈` when rounding shows).
 
+/// The default number of decimals in generated steps, tables, quizzes and widgets.
+pub(crate) const DEFAULT_DIGITS: usize = 4;
+
+/// What a citation's format may be, for messages about one that is not.
+pub(crate) const FORMATS: &str = "a number of decimals (`:2`), then optionally `%` for a percentage (`:1%`) and `g` to print exact integers bare (`:4g`)";
+
 /// A citation's number format: `:2` is two decimals, `:1%` a percentage with one decimal, `:4g`
 /// four decimals but exact integers bare (`0`, not `0.0000`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

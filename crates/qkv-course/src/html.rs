@@ -5,28 +5,13 @@
 
 use pulldown_cmark::{CodeBlockKind, CowStr, Event, HeadingLevel, Parser, Tag, TagEnd};
 
-use crate::document::{self, markdown_options};
-use crate::pipeline::{OutputFile, SourceFile, section_id};
+use crate::document;
+use crate::files::{OutputFile, SourceFile, section_id};
+use crate::markup::{escape, markdown_options, mathml, slug};
 
 const STYLE: &str = include_str!("html/style.css");
 /// The page script: hand-written, no framework, no build step, no network.
 const SCRIPT: &str = include_str!("html/qkv.js");
-
-/// Escapes text for HTML content and attribute values.
-pub fn escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            _ => out.push(c),
-        }
-    }
-    out
-}
 
 /// Every file of the site except the figures: pages, index, stylesheet, notebooks, markdown.
 /// `region_html[i][r]` is the page's HTML for region `r` of file `i`, where it has its own.
@@ -108,34 +93,6 @@ fn page(
         "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n<title>{} · qkv</title>\n<link rel=\"stylesheet\" href=\"style.css\">\n<script src=\"qkv.js\" defer></script>\n</head>\n<body>\n<header>{nav}</header>\n<main>\n<article>\n{body}</article>\n{pager}\n</main>\n{footer}\n</body>\n</html>\n",
         escape(title)
     )
-}
-
-fn mathml(tex: &str, display: bool) -> String {
-    let storage = pulldown_latex::Storage::new();
-    let parser = pulldown_latex::Parser::new(tex, &storage);
-    let config = pulldown_latex::RenderConfig {
-        display_mode: if display {
-            pulldown_latex::config::DisplayMode::Block
-        } else {
-            pulldown_latex::config::DisplayMode::Inline
-        },
-        ..Default::default()
-    };
-    let mut out = String::new();
-    match pulldown_latex::push_mathml(&mut out, parser, config) {
-        Ok(()) => out,
-        Err(_) => format!("<code>{}</code>", escape(tex)),
-    }
-}
-
-/// A file-name and anchor-safe form of a label (`Worked example 1` → `worked-example-1`).
-pub(crate) fn slug(s: &str) -> String {
-    let mut out: String =
-        s.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' }).collect();
-    while out.contains("--") {
-        out = out.replace("--", "-");
-    }
-    out.trim_matches('-').to_string()
 }
 
 /// Renders one section's markdown to the page body; `regions` holds the HTML of each region
@@ -327,33 +284,6 @@ fn rewrite_link<'a>(dest: &CowStr<'a>, markdown: &[SourceFile]) -> CowStr<'a> {
         return CowStr::from(format!("{}.html{anchor}", section_id(&f.path)));
     }
     dest.clone()
-}
-
-/// A short markdown string (a caption, a quiz option) as inline HTML.
-pub(crate) fn inline_markdown(s: &str) -> String {
-    let html = fragment(s);
-    html.trim().trim_start_matches("<p>").trim_end_matches("</p>").to_string()
-}
-
-/// A markdown fragment (paragraphs, lists, math) as HTML, for text a page block holds.
-pub(crate) fn fragment(s: &str) -> String {
-    let mut html = String::new();
-    let events = Parser::new_ext(s, markdown_options()).map(|e| match e {
-        Event::InlineMath(tex) => Event::InlineHtml(mathml(&tex, false).into()),
-        Event::DisplayMath(tex) => {
-            Event::InlineHtml(format!("<span class=\"display-math\">{}</span>", mathml(&tex, true)).into())
-        }
-        other => other,
-    });
-    pulldown_cmark::html::push_html(&mut html, events);
-    html
-}
-
-/// Data for the page script: `<script type="application/json" ATTR>JSON</script>`. Every `<` is
-/// written `\u003c`, so no text inside can close the element.
-pub(crate) fn json_script(attr: &str, value: &serde_json::Value) -> String {
-    let json = value.to_string().replace('<', "\\u003c");
-    format!("<script type=\"application/json\" {attr}>{json}</script>\n")
 }
 
 #[cfg(test)]

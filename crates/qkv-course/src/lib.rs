@@ -25,11 +25,14 @@ mod encoding;
 mod error;
 mod eval;
 mod examples;
+mod figure_kind;
 mod figures;
+mod files;
 mod format;
 mod html;
 mod limits;
 mod location;
+mod markup;
 mod notebook;
 mod pipeline;
 mod region;
@@ -39,6 +42,10 @@ mod values;
 pub use encoding::decode;
 pub use error::{ContentError, ContentErrors};
 /// HTML-escapes text (for pages and attributes): what every page of the site uses.
-pub use html::escape as escape_html;
-pub use pipeline::{Build, FigureFile, OutputFile, SourceFile, Sources, build, check, records, section_id};
+pub use files::{FigureFile, OutputFile, SourceFile, Sources, section_id};
+pub use markup::escape as escape_html;
+pub use pipeline::{Build, build, check, records};
 pub use stale::{Stale, stale_report};
+
+#[cfg(test)]
+mod tests;

@@ -2,7 +2,6 @@
 //! reports the differences (check) or returns the updated markdown, figures and pages (build).
 
 use std::collections::{BTreeSet, HashMap};
-use std::ops::Range;
 
 use crate::document::{self, Document};
 use crate::encoding::{LineEnding, restore_bom, strip_bom};
@@ -10,47 +9,11 @@ use crate::error::{ContentError, ContentErrors, Problem};
 use crate::eval::Evaluator;
 use crate::examples::{self, Decl};
 use crate::figures::{self, FigureJob};
+use crate::files::{FigureFile, OutputFile, SourceFile, Sources, section_id};
 use crate::location::LineIndex;
-use crate::stale::{self, Stale};
+use crate::stale::{self, Edit, Stale};
 use crate::values::Node;
 use crate::{citation, html, region};
-
-/// One lesson file, as text.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SourceFile {
-    /// The path shown in messages (e.g. `content/01-attention.md`); its file stem, less any
-    /// leading `NN-`, is the section id.
-    pub path: String,
-    /// The markdown.
-    pub text: String,
-}
-
-/// Everything the pipeline reads: the lesson files in order, and which figure files exist.
-#[derive(Debug, Clone, Default)]
-pub struct Sources {
-    /// Lesson sections, in reading order.
-    pub markdown: Vec<SourceFile>,
-    /// Figure files present next to the lesson, as `figures/NAME.svg` / `figures/NAME.png`.
-    pub figures: BTreeSet<String>,
-}
-
-/// A rendered figure file (`figures/NAME.svg` or `.png`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FigureFile {
-    /// Path relative to the content folder and to the site.
-    pub name: String,
-    /// The file's bytes.
-    pub bytes: Vec<u8>,
-}
-
-/// A text file of the site (page, stylesheet, notebook, markdown copy).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OutputFile {
-    /// Path relative to the site folder.
-    pub name: String,
-    /// Its text.
-    pub text: String,
-}
 
 /// The result of a build.
 #[derive(Debug, Clone)]
@@ -72,25 +35,6 @@ impl Build {
     pub fn is_fresh(&self) -> bool {
         self.stale.is_empty()
     }
-}
-
-/// The section id of a lesson file: its stem without a leading `NN-` (`01-attention.md` → `attention`).
-pub fn section_id(path: &str) -> String {
-    let name = path.rsplit(['/', '\\']).next().unwrap_or(path);
-    let stem = name.strip_suffix(".md").unwrap_or(name);
-    let trimmed = stem.trim_start_matches(|c: char| c.is_ascii_digit());
-    match trimmed.strip_prefix('-') {
-        Some(rest) if trimmed.len() < stem.len() => rest.to_string(),
-        _ => stem.to_string(),
-    }
-}
-
-/// A replacement of one byte range of one file.
-pub(crate) struct Edit {
-    pub range: Range<usize>,
-    pub text: String,
-    /// How a stale report names the place.
-    pub what: String,
 }
 
 /// What one pass over the lesson computed.

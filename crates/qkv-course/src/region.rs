@@ -19,11 +19,9 @@ use crate::error::Problem;
 use crate::eval::{AttentionInputs, Computed, Evaluator};
 use crate::examples::{Decl, DeclKind, PageDecl, SETTINGS_ID, Settings};
 use crate::figures::FigureJob;
+use crate::files::OutputFile;
+use crate::format::DEFAULT_DIGITS;
 use crate::limits::{self, MAX_SHOWN};
-use crate::pipeline::OutputFile;
-
-/// The default number of decimals in generated steps and tables.
-pub(crate) const DEFAULT_DIGITS: usize = 4;
 
 /// One kind of generated region.
 pub(crate) struct Kind {
@@ -321,7 +319,8 @@ fn usage_list() -> String {
 /// One-section lessons for the tests of the region kinds (and of the page).
 #[cfg(test)]
 pub(crate) mod testing {
-    use crate::pipeline::{SourceFile, Sources, build};
+    use crate::files::{SourceFile, Sources};
+    use crate::pipeline::build;
 
     /// The running example, "I love NLP", as a block.
     pub(crate) const SENTENCE: &str = r#"```qkv attention

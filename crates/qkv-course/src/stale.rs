@@ -2,9 +2,17 @@
 //! computes, and the `--check` report that lists them.
 
 use std::fmt;
+use std::ops::Range;
 
 use crate::location::LineIndex;
-use crate::pipeline::Edit;
+
+/// A replacement of one byte range of one file.
+pub(crate) struct Edit {
+    pub range: Range<usize>,
+    pub text: String,
+    /// How a stale report names the place.
+    pub what: String,
+}
 
 /// A generated place whose committed text differs from what the build computes.
 #[derive(Debug, Clone, PartialEq, Eq)]

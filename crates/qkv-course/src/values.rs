@@ -1,6 +1,13 @@
 //! Computed records as a tree of named values, addressed by dotted paths
 //! (`sentence.love.weights.NLP`).
 
+/// What resolves a citation's path to its value: the evaluator, seen from the layers below it.
+pub(crate) trait Resolve {
+    /// The value `path` names, as written in document `doc`; `Err` says what was expected (empty
+    /// when another reported problem already explains it).
+    fn resolve(&mut self, doc: usize, path: &str) -> Result<Node, String>;
+}
+
 /// One computed value or a named collection of them.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Node {
@@ -82,6 +89,14 @@ impl Node {
     pub(crate) fn as_vector(&self) -> Option<Vec<f64>> {
         match self {
             Node::List(items) => items.iter().map(|(_, n)| n.as_number()).collect(),
+            _ => None,
+        }
+    }
+
+    /// A list of numbers with their labels (`[("I", 0.2), ("love", 0.5), …]`).
+    pub(crate) fn numbers(&self) -> Option<Vec<(String, f64)>> {
+        match self {
+            Node::List(items) => items.iter().map(|(k, n)| Some((k.clone(), n.as_number()?))).collect(),
             _ => None,
         }
     }

@@ -6,7 +6,7 @@ use toml::de::{DeTable, DeValue};
 
 use super::{Field, Reader, Value, closest};
 use crate::citation::Text;
-use crate::document::first_line;
+use crate::document::{citation_shapes, first_line};
 
 /// The id a `qkv settings` block is known by (it is written without one).
 pub(crate) const SETTINGS_ID: &str = "settings";
@@ -37,8 +37,9 @@ pub(crate) struct QuizDecl {
 /// How a quiz is answered, and its key.
 #[derive(Debug, Clone)]
 pub(crate) enum QuizKey {
-    /// Multiple choice; `correct` is the index of the one right option.
-    Choice { options: Vec<QuizOption>, correct: usize },
+    /// Multiple choice: which option is right, fixed or computed; `shuffle` asks the page to
+    /// show the options in an order of the learner's own (seeded, stable across reloads).
+    Choice { options: Vec<QuizOption>, correct: ChoiceKey, shuffle: bool },
     /// A number: the value `answer` names, shown at `digits` decimals, accepted within
     /// `tolerance` (default half a unit in the last shown place); `steps` names a computation
     /// whose worked steps go with the answer.
@@ -58,17 +59,120 @@ impl QuizKey {
     }
 }
 
+/// Which option of a choice quiz is right.
+#[derive(Debug, Clone)]
+pub(crate) enum ChoiceKey {
+    /// The option marked `correct = true` (a conceptual question): its index.
+    Fixed(usize),
+    /// `correct = { largest = "PATH" }` (or `smallest`): the option whose `item` names the
+    /// largest (smallest) number of the list `PATH` names, worked out at every build.
+    Extreme { path: Field<String>, largest: bool },
+    /// Every option has `when = "A < B"`: the one whose condition holds at this build.
+    When,
+}
+
 /// One option of a choice quiz.
 #[derive(Debug, Clone)]
 pub(crate) struct QuizOption {
     pub text: Text,
-    /// What a learner who picks it is told (every wrong option has one).
+    /// What a learner who picks it is told (every option that can be wrong has one).
     pub feedback: Option<Text>,
+    /// With an `Extreme` key: the item of the list this option names.
+    pub item: Option<Field<String>>,
+    /// With a `When` key: the condition under which this option is the right one.
+    pub when: Option<Field<Condition>>,
+    /// With a computed key: why this option is right, shown instead of the quiz's `why`.
+    pub why: Option<Text>,
+}
+
+/// `A OP B` between two numbers, each a path or a literal: when a computed option is right.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Condition {
+    /// The condition as written, for messages.
+    pub written: String,
+    pub left: Operand,
+    pub op: Comparison,
+    pub right: Operand,
+}
+
+/// One side of a [`Condition`].
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Operand {
+    /// The number a path names (`sentence.love.weights.NLP`).
+    Path(String),
+    /// A number written in the condition.
+    Number(f64),
+}
+
+/// The comparisons a [`Condition`] may make. No equality: two computed numbers are rarely equal
+/// to the last bit, and a key that hangs on it would flip unseen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Comparison {
+    Less,
+    LessOrEqual,
+    Greater,
+    GreaterOrEqual,
+}
+
+impl Comparison {
+    /// The operators, longest first so that `<=` is not read as `<`.
+    const OPERATORS: &[(&str, Comparison)] = &[
+        ("<=", Comparison::LessOrEqual),
+        (">=", Comparison::GreaterOrEqual),
+        ("<", Comparison::Less),
+        (">", Comparison::Greater),
+    ];
+
+    /// Whether `a OP b` holds.
+    pub(crate) fn holds(self, a: f64, b: f64) -> bool {
+        match self {
+            Comparison::Less => a < b,
+            Comparison::LessOrEqual => a <= b,
+            Comparison::Greater => a > b,
+            Comparison::GreaterOrEqual => a >= b,
+        }
+    }
+}
+
+impl Condition {
+    /// Reads `A OP B`; `Err` says what is wrong.
+    pub(crate) fn parse(s: &str) -> Result<Self, String> {
+        let Some((at, op, len)) = Comparison::OPERATORS
+            .iter()
+            .filter_map(|&(text, op)| s.find(text).map(|at| (at, op, text.len())))
+            .min_by_key(|&(at, _, len)| (at, std::cmp::Reverse(len)))
+        else {
+            return Err("no comparison: `<`, `<=`, `>` or `>=` between two numbers".into());
+        };
+        let operand = |side: &str| -> Result<Operand, String> {
+            let side = side.trim();
+            if side.is_empty() {
+                return Err("a comparison needs a number or a path on each side".into());
+            }
+            if let Ok(x) = side.parse::<f64>() {
+                return if x.is_finite() {
+                    Ok(Operand::Number(x))
+                } else {
+                    Err(format!("`{side}` is not finite"))
+                };
+            }
+            if side.chars().any(|c| c.is_whitespace() || "<>=!(){}".contains(c)) {
+                return Err(format!("`{side}` is neither a number nor a path"));
+            }
+            Ok(Operand::Path(side.to_string()))
+        };
+        Ok(Condition {
+            written: s.to_string(),
+            left: operand(&s[..at])?,
+            op,
+            right: operand(&s[at + len..])?,
+        })
+    }
 }
 
 /// The quiz kinds, and the fields only that kind takes.
 const QUIZ_KINDS: &[(&str, &[&str])] = &[
-    ("choice", &["options"]),
+    ("choice", &["options", "correct", "shuffle"]),
     ("numeric", &["answer", "digits", "tolerance", "steps"]),
     ("short", &["answer_text"]),
 ];
@@ -145,6 +249,17 @@ pub(crate) fn colab_base(url: &str) -> Option<String> {
     Some(base)
 }
 
+/// Whether every option of a choice quiz carries its own `why` (so the quiz needs none).
+fn every_option_has_why(table: &DeTable<'_>) -> bool {
+    match table.get("options").map(|v| v.get_ref()) {
+        Some(DeValue::Array(items)) => {
+            !items.is_empty()
+                && items.iter().all(|i| matches!(i.get_ref(), DeValue::Table(t) if t.get("why").is_some()))
+        }
+        _ => false,
+    }
+}
+
 /// The letter of option `i` (`a`, `b`, …).
 pub(crate) fn letter(i: usize) -> char {
     (b'a' + (i % MAX_OPTIONS) as u8) as char
@@ -166,7 +281,7 @@ impl Reader<'_> {
         let span = v.span();
         let raw = self.block.content.get(span.clone()).unwrap_or("");
         let opens: Vec<usize> =
-            raw.match_indices("{=").map(|(i, _)| self.block.source_offset(span.start + i)).collect();
+            citation_shapes(raw).into_iter().map(|(i, _)| self.block.source_offset(span.start + i)).collect();
         match Text::parse(self.doc, field.value, field.at, &opens) {
             Ok(t) => Some(t),
             Err(p) => {
@@ -236,7 +351,7 @@ impl Reader<'_> {
             "numeric" => self.numeric(table),
             _ => self.short(table, practice),
         };
-        if why.is_none() && table.get("why").is_none() && kind != "short" {
+        if why.is_none() && table.get("why").is_none() && kind != "short" && !every_option_has_why(table) {
             self.problem(
                 0,
                 format!("a `{kind}` quiz has no `why`"),
@@ -248,7 +363,7 @@ impl Reader<'_> {
     }
 
     fn choice(&mut self, table: &DeTable<'_>) -> Option<QuizKey> {
-        const EXPECTED: &str = "`[[options]]` tables, each with `text`; `correct = true` on the right one and `feedback` on each of the others";
+        const EXPECTED: &str = "`[[options]]` tables, each with `text`; `correct = true` on the right one and `feedback` on each of the others, or a computed key (`correct = { largest = \"PATH\" }` with `item` on every option, or `when` on every option)";
         let Some(v) = table.get("options") else {
             self.problem(0, "a `choice` quiz has no `options`", first_line(&self.block.content), EXPECTED);
             return None;
@@ -258,9 +373,10 @@ impl Reader<'_> {
             return None;
         };
         let n = self.problems.len();
+        let computed = table.get("correct").and_then(|c| self.extreme_key(c));
+        let shuffle = table.get("shuffle").and_then(|v| self.boolean(v)).unwrap_or(false);
         let mut options = Vec::new();
-        let mut correct: Vec<(usize, usize)> = Vec::new();
-        let mut missing_feedback = Vec::new();
+        let mut marked: Vec<(usize, usize)> = Vec::new();
         let mut misspelt = false;
         for (i, item) in items.iter().enumerate() {
             let letter = letter(i);
@@ -269,7 +385,11 @@ impl Reader<'_> {
                 continue;
             };
             // An option with a misspelt field is reported as such, not as missing what it misspelt.
-            if self.known_fields(t, &["text", "feedback", "correct"], &format!("option ({letter})")) {
+            if self.known_fields(
+                t,
+                &["text", "feedback", "correct", "item", "when", "why"],
+                &format!("option ({letter})"),
+            ) {
                 misspelt = true;
                 continue;
             }
@@ -286,39 +406,74 @@ impl Reader<'_> {
                 }
             };
             let feedback = t.get("feedback").and_then(|v| self.text(v));
+            let why = t.get("why").and_then(|v| self.text(v));
+            let item_label =
+                t.get("item").and_then(|v| self.string(v, "the label of an item of the key's list"));
+            let when = t.get("when").and_then(|v| {
+                let f = self.string(v, "a comparison such as `sentence.love.weights.NLP > 0.5`")?;
+                match Condition::parse(&f.value) {
+                    Ok(c) => Some(Field { value: c, at: f.at }),
+                    Err(message) => {
+                        let found = self.snippet(v);
+                        self.problem(
+                            v.span().start,
+                            format!("option ({letter}): {message}"),
+                            found,
+                            "`when = \"A > B\"` with A and B paths to numbers or numbers (`<`, `<=`, `>`, `>=`)",
+                        );
+                        None
+                    }
+                }
+            });
             if let Some((key, v)) = t.get_key_value("correct")
                 && self.boolean(v) == Some(true)
             {
-                correct.push((i, key.span().start));
-                if let Some(f) = t.get("feedback") {
-                    let found = self.snippet(f);
-                    self.problem(
-                        f.span().start,
-                        format!(
-                            "option ({letter}) is the right one, and its `feedback` would never be shown"
-                        ),
-                        found,
-                        "the explanation in the quiz's `why`, and no `feedback` on the right option",
-                    );
-                }
-            } else if t.get("feedback").is_none() {
-                missing_feedback.push((letter, t.get("text").map_or(item.span().start, |v| v.span().start)));
+                marked.push((i, key.span().start));
             }
-            options.extend(text.map(|text| QuizOption { text, feedback }));
+            let at = t.get("text").map_or(item.span().start, |v| v.span().start);
+            options.push((
+                letter,
+                at,
+                t.get("feedback").is_some(),
+                t.get("when").is_some(),
+                text.map(|text| QuizOption { text, feedback, item: item_label, when, why }),
+            ));
         }
         if items.len() > MAX_OPTIONS || items.len() < 2 {
             self.wrong(v, "between 2 and 26 options", EXPECTED);
         }
-        match correct.as_slice() {
-            [] if misspelt => {}
-            [] => self.problem(
+        let with_when = options.iter().filter(|o| o.3).count();
+        let key = match (&computed, with_when) {
+            (Some(_), 0) => computed.clone(),
+            (None, w) if w > 0 => Some(ChoiceKey::When),
+            (None, _) => None,
+            (Some(_), _) => {
+                let at = table.get("correct").map_or(0, |c| c.span().start);
+                self.problem(
+                    at,
+                    "this quiz has both `correct = { … }` and options with `when`",
+                    first_line(self.block.content.get(at..).unwrap_or("")),
+                    "one way of computing the right option: `correct = { largest = \"PATH\" }` with `item`s, or `when` on every option",
+                );
+                return None;
+            }
+        };
+        match (&key, marked.as_slice()) {
+            (Some(_), [(_, at), ..]) => self.problem(
+                *at,
+                "`correct = true` on an option of a quiz whose right option is computed",
+                first_line(self.block.content.get(*at..).unwrap_or("")),
+                "no `correct = true`: the computation says which option is right at every build",
+            ),
+            (Some(_), []) | (None, [_]) => {}
+            (None, []) if misspelt => {}
+            (None, []) => self.problem(
                 v.span().start,
                 "no option is marked right",
                 first_line(self.block.content.get(v.span()).unwrap_or("")),
-                "`correct = true` on exactly one option",
+                "`correct = true` on exactly one option, or a computed key",
             ),
-            [_] => {}
-            [(first, _), rest @ ..] => {
+            (None, [(first, _), rest @ ..]) => {
                 for &(i, at) in rest {
                     self.problem(
                         at,
@@ -329,18 +484,85 @@ impl Reader<'_> {
                 }
             }
         }
-        for (letter, at) in missing_feedback {
-            self.problem(
-                at,
-                format!("option ({letter}) is wrong but has no `feedback`"),
-                first_line(self.block.content.get(at..).unwrap_or("")),
-                "`feedback = \"...\"`: what a learner who picks it should hear (why it is not the answer)",
-            );
+        for (i, (letter, at, has_feedback, has_when, option)) in options.iter().enumerate() {
+            let right = key.is_none() && marked.first().is_some_and(|&(r, _)| r == i);
+            match &key {
+                // The right option's feedback would never be shown.
+                None if right && *has_feedback => self.problem(
+                    *at,
+                    format!("option ({letter}) is the right one, and its `feedback` would never be shown"),
+                    first_line(self.block.content.get(*at..).unwrap_or("")),
+                    "the explanation in the quiz's `why`, and no `feedback` on the right option",
+                ),
+                // With a computed key any option may be the wrong one after an input changes.
+                _ if !right && !has_feedback => self.problem(
+                    *at,
+                    format!(
+                        "option ({letter}) {} but has no `feedback`",
+                        if key.is_none() { "is wrong" } else { "can be wrong after an input changes" }
+                    ),
+                    first_line(self.block.content.get(*at..).unwrap_or("")),
+                    "`feedback = \"...\"`: what a learner who picks it should hear (why it is not the answer)",
+                ),
+                _ => {}
+            }
+            let Some(option) = option else { continue };
+            let field_for =
+                |name: &str| format!("option ({letter}) has `{name}`, which only a computed key reads");
+            match &key {
+                None => {
+                    for (name, present) in [("item", option.item.is_some()), ("why", option.why.is_some())] {
+                        if present {
+                            self.problem(
+                                *at,
+                                field_for(name),
+                                first_line(self.block.content.get(*at..).unwrap_or("")),
+                                "`correct = true` on the right option, or a computed key",
+                            );
+                        }
+                    }
+                }
+                Some(ChoiceKey::Extreme { .. }) if option.item.is_none() => self.problem(
+                    *at,
+                    format!("option ({letter}) names no `item` of the key's list"),
+                    first_line(self.block.content.get(*at..).unwrap_or("")),
+                    "`item = \"LABEL\"` on every option: the item of the list it stands for",
+                ),
+                Some(ChoiceKey::When) if !has_when => self.problem(
+                    *at,
+                    format!("option ({letter}) has no `when`, but other options do"),
+                    first_line(self.block.content.get(*at..).unwrap_or("")),
+                    "`when = \"A > B\"` on every option: exactly one holds at each build",
+                ),
+                _ => {}
+            }
         }
         if self.problems.len() > n {
             return None;
         }
-        Some(QuizKey::Choice { options, correct: correct[0].0 })
+        let options: Vec<QuizOption> = options.into_iter().filter_map(|o| o.4).collect();
+        let correct = key.unwrap_or_else(|| ChoiceKey::Fixed(marked[0].0));
+        Some(QuizKey::Choice { options, correct, shuffle })
+    }
+
+    /// `correct = { largest = "PATH" }` or `{ smallest = "PATH" }` (`correct = true` belongs on
+    /// an option).
+    fn extreme_key(&mut self, v: &Value<'_>) -> Option<ChoiceKey> {
+        const EXPECTED: &str = "`correct = { largest = \"PATH\" }` or `{ smallest = \"PATH\" }`, PATH a list of numbers such as `sentence.love.weights`; or `correct = true` on the right option";
+        let DeValue::Table(t) = v.get_ref() else {
+            self.wrong(v, "a computed key", EXPECTED);
+            return None;
+        };
+        match t.iter().collect::<Vec<_>>().as_slice() {
+            [(name, path)] if matches!(name.get_ref().as_ref(), "largest" | "smallest") => {
+                let path = self.string(path, "the path of a list of numbers")?;
+                Some(ChoiceKey::Extreme { path, largest: name.get_ref().as_ref() == "largest" })
+            }
+            _ => {
+                self.wrong(v, "a computed key", EXPECTED);
+                None
+            }
+        }
     }
 
     fn numeric(&mut self, table: &DeTable<'_>) -> Option<QuizKey> {
@@ -383,7 +605,7 @@ impl Reader<'_> {
         let example = self.required(table, "example", |r, v| r.string(v, "the id of an attention example"));
         let prompt = self.required(table, "prompt", Self::text);
         let digits =
-            table.get("digits").and_then(|v| self.digits(v)).unwrap_or(crate::region::DEFAULT_DIGITS);
+            table.get("digits").and_then(|v| self.digits(v)).unwrap_or(crate::format::DEFAULT_DIGITS);
         let query = table.get("query").and_then(|v| self.string(v, "a token of the example"));
         let goal = table.get("goal").and_then(|v| self.goal(v));
         let kind = kind?;

@@ -6,8 +6,9 @@ use super::{Context, Generated, Kind};
 use crate::error::Problem;
 use crate::eval::Computed;
 use crate::examples::{DeclKind, FigureDecl};
-use crate::figures::{self, FigureJob, FigureKind, Prepared};
-use crate::html::{escape, inline_markdown};
+use crate::figure_kind::FigureKind;
+use crate::figures::{self, FigureJob, Prepared};
+use crate::markup::{escape, inline_markdown};
 
 pub(super) const KIND: Kind = Kind { name: "figure", usage: "`figure ID`", options: &[], generate };
 

@@ -10,9 +10,9 @@ use super::{Context, Generated, Kind};
 use crate::error::Problem;
 use crate::eval::{AttentionInputs, AttentionResult, Computed};
 use crate::examples::colab_base;
-use crate::html::{escape, fragment, json_script};
+use crate::files::OutputFile;
+use crate::markup::{escape, fragment, json_script};
 use crate::notebook;
-use crate::pipeline::OutputFile;
 
 pub(super) const KIND: Kind =
     Kind { name: "lab", usage: "`lab EXAMPLE.TOKEN`", options: &["digits", "rounded"], generate };
@@ -37,7 +37,7 @@ fn generate(cx: &mut Context<'_, '_>) -> Result<Generated, Problem> {
     };
     let lab = lab(&inputs, &result, i, cx.digits, rounded);
     let label = &inputs.query_labels()[i];
-    let name = format!("notebooks/{}-{}.ipynb", named.key.replace('.', "-"), crate::html::slug(label));
+    let name = format!("notebooks/{}-{}.ipynb", named.key.replace('.', "-"), crate::markup::slug(label));
     let title = format!("Attention for the query “{label}”, in NumPy");
     let intro = "Scaled dot-product attention in a few lines of NumPy: score every key, softmax, blend the values. The numbers come from the lesson's example; run the cell and compare the printout with the lesson.";
     let nb = notebook::notebook(&title, intro, &lab.code, &lab.printed);

@@ -10,12 +10,14 @@ use std::fmt::Write;
 
 use serde_json::json;
 
-use super::{Context, DEFAULT_DIGITS, Generated, Kind, steps};
+use super::{Context, Generated, Kind, steps};
 use crate::citation::Text;
 use crate::error::Problem;
-use crate::examples::{PageDecl, QuizDecl, QuizKey, Settings, letter};
+use crate::examples::{ChoiceKey, Operand, PageDecl, QuizDecl, QuizKey, QuizOption, Settings, letter};
+use crate::format::DEFAULT_DIGITS;
 use crate::format::Format;
-use crate::html::{escape, fragment, inline_markdown, json_script};
+use crate::markup::{escape, fragment, inline_markdown, json_script};
+use crate::values::Resolve;
 
 pub(super) const KIND: Kind = Kind { name: "quiz", usage: "`quiz ID`", options: &[], generate };
 
@@ -80,8 +82,9 @@ struct Filled {
 
 /// The key, as the learner is shown it.
 enum Answer {
-    /// Options as markdown with their feedback; `correct` is the right one's index.
-    Choice { options: Vec<(String, Option<String>)>, correct: usize },
+    /// Options as markdown with their feedback; `correct` is the right one's index; `shuffle`
+    /// asks the page for the learner's own order.
+    Choice { options: Vec<(String, Option<String>)>, correct: usize, shuffle: bool },
     /// The key's value, as shown, the forms also accepted, the tolerance, and the worked steps.
     Numeric { value: f64, shown: String, also: Vec<String>, tolerance: f64, steps: Option<String> },
     /// The model answer.
@@ -91,18 +94,23 @@ enum Answer {
 impl Filled {
     fn new(cx: &mut Context<'_, '_>, quiz: &QuizDecl) -> Result<Self, Problem> {
         let doc = cx.doc;
+        let right = match &quiz.key {
+            QuizKey::Choice { options, correct, .. } => Some(right_option(cx, options, correct)?),
+            _ => None,
+        };
         let mut fill = |t: &Text| t.fill(cx.eval, doc);
         let question = fill(&quiz.question)?;
         let hint = quiz.hint.as_ref().map(&mut fill).transpose()?;
-        let why = quiz.why.as_ref().map(&mut fill).transpose()?;
+        let mut why = quiz.why.as_ref().map(&mut fill).transpose()?;
         let answer = match &quiz.key {
-            QuizKey::Choice { options, correct } => Answer::Choice {
-                options: options
-                    .iter()
-                    .map(|o| Ok((fill(&o.text)?, o.feedback.as_ref().map(&mut fill).transpose()?)))
-                    .collect::<Result<_, Problem>>()?,
-                correct: *correct,
-            },
+            QuizKey::Choice { options, shuffle, .. } => {
+                let correct = right.unwrap_or_default();
+                // A computed key's right option may bring its own reason.
+                if let Some(own) = &options[correct].why {
+                    why = Some(fill(own)?);
+                }
+                choice_answer(&mut fill, options, correct, *shuffle)?
+            }
             QuizKey::Short { answer_text } => Answer::Short(fill(answer_text)?),
             QuizKey::Numeric { answer, digits, tolerance, steps } => {
                 let at_answer = |message: String, expected: String| {
@@ -143,6 +151,158 @@ impl Filled {
     }
 }
 
+/// The options filled in, and which is right.
+fn choice_answer(
+    fill: &mut impl FnMut(&Text) -> Result<String, Problem>,
+    options: &[QuizOption],
+    correct: usize,
+    shuffle: bool,
+) -> Result<Answer, Problem> {
+    let options = options
+        .iter()
+        .map(|o| Ok((fill(&o.text)?, o.feedback.as_ref().map(&mut *fill).transpose()?)))
+        .collect::<Result<_, Problem>>()?;
+    Ok(Answer::Choice { options, correct, shuffle })
+}
+
+/// Which option is right at this build: the marked one, or the one the computation picks. A
+/// computed key that picks none, or more than one, is an error at the key: the page would
+/// otherwise grade against a stale answer.
+fn right_option(cx: &mut Context<'_, '_>, options: &[QuizOption], key: &ChoiceKey) -> Result<usize, Problem> {
+    let doc = cx.doc;
+    let number = |cx: &mut Context<'_, '_>, path: &str, at: usize| -> Result<f64, Problem> {
+        let node = cx.eval.resolve(doc, path).map_err(|expected| {
+            Problem::new(doc, at, format!("unknown reference `{path}`"), path, expected)
+        })?;
+        node.as_number().filter(|x| x.is_finite()).ok_or_else(|| {
+            Problem::new(
+                doc,
+                at,
+                format!("`{path}` is not one finite number"),
+                path,
+                "a path down to one number",
+            )
+        })
+    };
+    match key {
+        ChoiceKey::Fixed(i) => Ok(*i),
+        ChoiceKey::Extreme { path, largest } => {
+            let at = path.at;
+            let list = cx.eval.resolve(doc, &path.value).map_err(|expected| {
+                Problem::new(
+                    doc,
+                    at,
+                    format!("unknown reference `{}`", path.value),
+                    path.value.clone(),
+                    expected,
+                )
+            })?;
+            let items = list.numbers().filter(|items| !items.is_empty()).ok_or_else(|| {
+                Problem::new(
+                    doc,
+                    at,
+                    format!("`{}` is not a list of numbers", path.value),
+                    path.value.clone(),
+                    "a path to a list of numbers, such as `sentence.love.weights`",
+                )
+            })?;
+            let better = |a: f64, b: f64| if *largest { a > b } else { a < b };
+            let mut ranked = items.clone();
+            ranked.sort_by(|a, b| {
+                if better(a.1, b.1) {
+                    std::cmp::Ordering::Less
+                } else if better(b.1, a.1) {
+                    std::cmp::Ordering::Greater
+                } else {
+                    std::cmp::Ordering::Equal
+                }
+            });
+            let (best, value) = &ranked[0];
+            let which = if *largest { "largest" } else { "smallest" };
+            if let Some((tied, _)) = ranked.get(1).filter(|(_, x)| x == value) {
+                return Err(Problem::new(
+                    doc,
+                    at,
+                    format!(
+                        "`{best}` and `{tied}` tie for the {which} number of `{}` ({value}): no option is the right one",
+                        path.value
+                    ),
+                    path.value.clone(),
+                    format!("inputs under which one item is strictly the {which}, or a fixed key"),
+                ));
+            }
+            let named: Vec<&str> =
+                options.iter().filter_map(|o| o.item.as_ref().map(|i| i.value.as_str())).collect();
+            for o in options {
+                if let Some(item) = &o.item
+                    && !items.iter().any(|(label, _)| label == &item.value)
+                {
+                    let labels: Vec<&str> = items.iter().map(|(l, _)| l.as_str()).collect();
+                    return Err(Problem::new(
+                        doc,
+                        item.at,
+                        format!("`{}` is not an item of `{}`", item.value, path.value),
+                        item.value.clone(),
+                        format!("one of {}", labels.join(", ")),
+                    ));
+                }
+            }
+            named.iter().position(|n| n == best).ok_or_else(|| {
+                Problem::new(
+                    doc,
+                    at,
+                    format!(
+                        "the {which} number of `{}` is `{best}`'s ({value}), which no option names",
+                        path.value
+                    ),
+                    path.value.clone(),
+                    format!("an option with `item = \"{best}\"`"),
+                )
+            })
+        }
+        ChoiceKey::When => {
+            let mut holding = Vec::new();
+            for (i, o) in options.iter().enumerate() {
+                let Some(when) = &o.when else { continue };
+                let side = |cx: &mut Context<'_, '_>, operand: &Operand| match operand {
+                    Operand::Number(x) => Ok(*x),
+                    Operand::Path(p) => number(cx, p, when.at),
+                };
+                let (a, b) = (side(cx, &when.value.left)?, side(cx, &when.value.right)?);
+                if when.value.op.holds(a, b) {
+                    holding.push(i);
+                }
+            }
+            let (at, first_when) = options
+                .iter()
+                .find_map(|o| o.when.as_ref().map(|w| (w.at, format!("when = \"{}\"", w.value.written))))
+                .unwrap_or_default();
+            let letters: Vec<String> = holding.iter().map(|&i| format!("({})", letter(i))).collect();
+            match holding.as_slice() {
+                [one] => Ok(*one),
+                [] => Err(Problem::new(
+                    doc,
+                    at,
+                    "no option's `when` holds at these inputs, so no option is the right one",
+                    first_when.clone(),
+                    "conditions of which exactly one holds (an input may have changed)",
+                )),
+                _ => Err(Problem::new(
+                    doc,
+                    at,
+                    format!(
+                        "the conditions of options {} {} hold at these inputs, so the key is ambiguous",
+                        letters.join(" and "),
+                        if letters.len() == 2 { "both" } else { "all" }
+                    ),
+                    first_when,
+                    "conditions of which exactly one holds (an input may have changed)",
+                )),
+            }
+        }
+    }
+}
+
 /// The other ways of writing `shown` (the key at `digits` decimals) that the page accepts, to
 /// list with the answer.
 fn also_accepted(shown: &str, value: f64, digits: usize) -> Vec<String> {
@@ -177,8 +337,14 @@ fn key_json(
 ) -> Result<serde_json::Value, Problem> {
     let graded = !quiz.practice;
     Ok(match &filled.answer {
-        Answer::Choice { correct, .. } => {
-            json!({ "kind": "choice", "graded": graded, "credit": credit, "correct": letter(*correct).to_string() })
+        Answer::Choice { correct, shuffle, .. } => {
+            let mut key = json!({
+                "kind": "choice", "graded": graded, "credit": credit, "correct": letter(*correct).to_string(),
+            });
+            if *shuffle {
+                key["shuffle"] = json!(true);
+            }
+            key
         }
         Answer::Numeric { value, shown, tolerance, .. } => json!({
             "kind": "numeric", "graded": graded, "credit": credit,
@@ -212,7 +378,7 @@ fn forge_view(label: &str, f: &Filled) -> String {
     let summary = if matches!(f.answer, Answer::Short(_)) { "A model answer" } else { "Answer" };
     let _ = write!(out, "\n<details><summary>{summary}</summary>\n\n");
     match &f.answer {
-        Answer::Choice { options, correct } => {
+        Answer::Choice { options, correct, .. } => {
             let _ = writeln!(out, "**({})** {}\n", letter(*correct), one_line(&options[*correct].0));
         }
         Answer::Numeric { shown, also, .. } => {
@@ -301,7 +467,7 @@ fn page_view(
     let _ =
         writeln!(out, "<details class=\"quiz-answer\"><summary>{summary}</summary>\n<div data-qkv-answer>");
     match &f.answer {
-        Answer::Choice { options, correct } => {
+        Answer::Choice { options, correct, .. } => {
             let _ = writeln!(
                 out,
                 "<p class=\"quiz-key\"><span class=\"quiz-letter\">({})</span> {}</p>",

@@ -17,7 +17,7 @@ use crate::error::Problem;
 use crate::eval::{AttentionInputs, AttentionResult, Computed};
 use crate::examples::{Field, Goal, PageDecl, WidgetDecl, WidgetKind};
 use crate::format::{fixed, relation, shown, sum_relation};
-use crate::html::{escape, fragment, inline_markdown, json_script};
+use crate::markup::{escape, fragment, inline_markdown, json_script};
 
 pub(super) const KIND: Kind = Kind { name: "widget", usage: "`widget ID`", options: &[], generate };
 
@@ -415,7 +415,7 @@ fn largest(xs: &[f64], g: usize) -> bool {
 
 /// A vector as the lesson writes inputs: `(1, 0)`; one entry stands alone.
 fn vector(xs: &[f64]) -> String {
-    let parts: Vec<String> = xs.iter().map(|&x| shown(x, super::DEFAULT_DIGITS).text).collect();
+    let parts: Vec<String> = xs.iter().map(|&x| shown(x, crate::format::DEFAULT_DIGITS).text).collect();
     vector_text(&parts)
 }
 

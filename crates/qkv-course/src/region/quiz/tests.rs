@@ -1,5 +1,5 @@
 use super::also_accepted;
-use crate::pipeline::{SourceFile, Sources};
+use crate::files::{SourceFile, Sources};
 use crate::region::testing::one_section;
 
 /// A section with its own credit schedule, a practice problem before two graded checks.
@@ -138,4 +138,113 @@ fn the_forms_also_accepted() {
     check("7.85", 7.848469, 2, &["7,85"]);
     check("0.25", 0.25, 2, &[".25", "25%", "0,25", "1/4"]);
     check("6", 6.0, 0, &[]);
+}
+
+/// A choice quiz keyed by computation, twice: by the largest weight, and by conditions.
+fn computed(values: &str, query: &str) -> String {
+    format!(
+        r#"# Computed keys
+
+```qkv attention
+id = "s"
+tokens = ["I", "love", "NLP"]
+queries = [[1, 0], [0, 1], {query}]
+keys = [[1, 0], [0, 1], [1, 1]]
+values = {values}
+```
+
+```qkv quiz
+id = "top"
+kind = "choice"
+shuffle = true
+question = "Which key does NLP weigh most?"
+why = "Its weight is {{=s.NLP.weights.NLP:3}} against {{=s.NLP.weights.I:3}} for I."
+correct = {{ largest = "s.NLP.weights" }}
+
+[[options]]
+text = "I"
+item = "I"
+feedback = "I's weight is {{=s.NLP.weights.I:3}}."
+
+[[options]]
+text = "NLP"
+item = "NLP"
+feedback = "NLP's weight is {{=s.NLP.weights.NLP:3}}."
+why = "NLP's own key lines up best with its query: {{=s.NLP.weights.NLP:3}}."
+```
+
+<!-- qkv quiz top -->
+<!-- /qkv -->
+
+```qkv quiz
+id = "above"
+kind = "choice"
+question = "Is the output for NLP above 4?"
+why = "It is {{=s.NLP.output:2}}."
+
+[[options]]
+text = "Yes"
+when = "s.NLP.output > 4"
+feedback = "It is {{=s.NLP.output:2}}."
+
+[[options]]
+text = "No"
+when = "s.NLP.output <= 4"
+feedback = "It is {{=s.NLP.output:2}}."
+```
+
+<!-- qkv quiz above -->
+<!-- /qkv -->
+"#
+    )
+}
+
+/// The key of quiz `id` on a page.
+fn key_of(page: &str, id: &str) -> serde_json::Value {
+    let at = page.find(&format!("data-qkv-quiz=\"{id}\"")).expect("quiz");
+    let json = page[at..].split("data-qkv-key>").nth(1).and_then(|s| s.split("</script>").next());
+    serde_json::from_str(json.expect("key")).expect("JSON")
+}
+
+/// NLP's weights and output, by hand: softmax of the scaled dot products with the three keys.
+fn nlp_by_hand(query: [f64; 2], values: [f64; 3]) -> ([f64; 3], f64) {
+    let keys = [[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]];
+    let e: Vec<f64> =
+        keys.iter().map(|k| ((query[0] * k[0] + query[1] * k[1]) / 2f64.sqrt()).exp()).collect();
+    let sum: f64 = e.iter().sum();
+    let w = [e[0] / sum, e[1] / sum, e[2] / sum];
+    (w, w.iter().zip(values).map(|(a, v)| a * v).sum())
+}
+
+#[test]
+fn a_computed_key_follows_its_inputs_and_check_lists_the_quiz() {
+    let (markdown, page) = one_section("keys", &computed("[[2], [6], [8]]", "[1, 1]"));
+    let (w, output) = nlp_by_hand([1.0, 1.0], [2.0, 6.0, 8.0]);
+    assert!(w[2] > w[0] && output > 4.0, "{w:?} {output}");
+    assert_eq!(key_of(&page, "top")["correct"], "b");
+    assert_eq!(key_of(&page, "top")["shuffle"], true);
+    assert_eq!(key_of(&page, "above")["correct"], "a");
+    assert!(markdown.contains("**(b)** NLP"), "{markdown}");
+    assert!(markdown.contains("NLP's own key lines up best"), "the right option's own why: {markdown}");
+
+    // Point NLP's query along I's key and shrink its value: now I wins and the output drops.
+    let after = markdown.replacen("[0, 1], [1, 1]]\nkeys", "[0, 1], [2, -1]]\nkeys", 1).replacen(
+        "[[2], [6], [8]]",
+        "[[2], [6], [1]]",
+        1,
+    );
+    assert_ne!(after, markdown, "the edit applied");
+    let (w, output) = nlp_by_hand([2.0, -1.0], [2.0, 6.0, 1.0]);
+    assert!(w[0] > w[2] && output <= 4.0, "{w:?} {output}");
+    let sources = Sources {
+        markdown: vec![SourceFile { path: "content/01-keys.md".into(), text: after.clone() }],
+        figures: Default::default(),
+    };
+    let stale = crate::check(&sources).expect("valid");
+    let report = crate::stale_report(&stale);
+    assert!(stale.iter().any(|s| s.what == "quiz top"), "{report}");
+    assert!(stale.iter().any(|s| s.what == "quiz above"), "{report}");
+    let (_, page) = one_section("keys", &after);
+    assert_eq!(key_of(&page, "top")["correct"], "a");
+    assert_eq!(key_of(&page, "above")["correct"], "b");
 }

@@ -1,6 +1,6 @@
 use super::*;
 use crate::eval::array;
-use crate::region::DEFAULT_DIGITS;
+use crate::format::DEFAULT_DIGITS;
 
 fn sentence() -> AttentionInputs {
     AttentionInputs {

@@ -1,0 +1,52 @@
+//! The files the pipeline reads and writes, as plain data: lesson sources, figure files, site
+//! files, and the section id a file name gives. The bottom layer: every other module may use it.
+
+use std::collections::BTreeSet;
+
+/// One lesson file, as text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceFile {
+    /// The path shown in messages (e.g. `content/01-attention.md`); its file stem, less any
+    /// leading `NN-`, is the section id.
+    pub path: String,
+    /// The markdown.
+    pub text: String,
+}
+
+/// Everything the pipeline reads: the lesson files in order, and which figure files exist.
+#[derive(Debug, Clone, Default)]
+pub struct Sources {
+    /// Lesson sections, in reading order.
+    pub markdown: Vec<SourceFile>,
+    /// Figure files present next to the lesson, as `figures/NAME.svg` / `figures/NAME.png`.
+    pub figures: BTreeSet<String>,
+}
+
+/// A rendered figure file (`figures/NAME.svg` or `.png`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FigureFile {
+    /// Path relative to the content folder and to the site.
+    pub name: String,
+    /// The file's bytes.
+    pub bytes: Vec<u8>,
+}
+
+/// A text file of the site (page, stylesheet, notebook, markdown copy).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutputFile {
+    /// Path relative to the site folder.
+    pub name: String,
+    /// Its text.
+    pub text: String,
+}
+
+/// The section id of a lesson file: its stem without a leading `NN-` (`01-attention.md` → `attention`).
+pub fn section_id(path: &str) -> String {
+    let name = path.rsplit(['/', '\\']).next().unwrap_or(path);
+    let stem = name.strip_suffix(".md").unwrap_or(name);
+    let trimmed = stem.trim_start_matches(|c: char| c.is_ascii_digit());
+    match trimmed.strip_prefix('-') {
+        Some(rest) if trimmed.len() < stem.len() => rest.to_string(),
+        _ => stem.to_string(),
+    }
+}
