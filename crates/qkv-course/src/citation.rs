@@ -8,7 +8,7 @@ use std::ops::Range;
 
 use crate::document::{Citation, Shape, citation_shapes};
 use crate::error::Problem;
-use crate::format::{FORMATS, Format};
+use crate::format::{FORMATS, Format, tex_number};
 use crate::values::Resolve;
 
 /// What citation `c` of document `doc` should say; `found` is what it says now.
@@ -19,8 +19,8 @@ pub(crate) fn text(
     found: &str,
 ) -> Result<String, Problem> {
     let text = number(eval, doc, &c.path, c.path_at, c.format, found)?;
-    // In TeX `%` starts a comment: a percentage in math is `12.5\%`.
-    Ok(if c.math { text.replace('%', r"\%") } else { text })
+    // In math the number is TeX: `12.5\%`, `1.2 \times 10^{35}`.
+    Ok(if c.math { tex_number(&text) } else { text })
 }
 
 /// The number `path` names, in `format`; `path_at` is where the path is written.

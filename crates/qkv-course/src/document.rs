@@ -154,13 +154,28 @@ fn math_citation(tex: &str, at: usize) -> Result<MathCitation, (usize, &'static 
     }
     let open = tex[..at]
         .strip_suffix('}')
-        .and_then(|before| before.rfind(['{', '}']).filter(|&i| before.as_bytes()[i] == b'{'))
+        .and_then(matching_open_brace)
         .ok_or((at, "a math citation needs its number in braces right before the marker"))?;
     Ok(MathCitation {
         number: open + 1..at - 1,
         marker: at..end + delimiter.len_utf8() + 1,
         dest: body + 1..end,
     })
+}
+
+/// The offset of the `{` that a `}` right after `before` closes (a number in scientific notation,
+/// `1.2 \times 10^{35}`, has braces of its own).
+fn matching_open_brace(before: &str) -> Option<usize> {
+    let mut depth = 0usize;
+    for (i, b) in before.bytes().enumerate().rev() {
+        match b {
+            b'}' => depth += 1,
+            b'{' if depth == 0 => return Some(i),
+            b'{' => depth -= 1,
+            _ => {}
+        }
+    }
+    None
 }
 
 /// TeX with every citation marker removed, leaving the braced numbers: what the site renders.

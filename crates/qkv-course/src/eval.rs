@@ -502,8 +502,15 @@ impl<'d> Evaluator<'d> {
         if let Some(t) = &a.query_tokens {
             inputs.query_tokens = Some(t.value.clone());
         }
-        if !self.project(decl, a, &mut inputs) {
-            return None;
+        match self.project(decl, a, &mut inputs) {
+            Ok(()) => {}
+            Err(None) => return None,
+            // The engine refused the projections, as the example expects: that is its result.
+            Err(Some(error)) => {
+                let result = Err(error);
+                let node = attention_node(&inputs, &result);
+                return Some(Record { computed: Computed::Attention { inputs, result }, node });
+            }
         }
         for (field, name, slot) in [
             (&a.queries, "queries", &mut inputs.queries),
@@ -662,13 +669,19 @@ impl Resolve for Evaluator<'_> {
 
 impl Evaluator<'_> {
     /// Projects the embeddings of an attention block, if it has any, into `inputs`: `x` for
-    /// self-attention, `x_q` and `x_kv` for cross-attention. False if that failed (a problem was
-    /// recorded).
-    fn project(&mut self, decl: &Decl, a: &AttentionDecl, inputs: &mut AttentionInputs) -> bool {
+    /// self-attention, `x_q` and `x_kv` for cross-attention. `Err(None)` if that failed (a problem
+    /// was recorded); `Err(Some(message))` if the engine refused them and the block expects an
+    /// error.
+    fn project(
+        &mut self,
+        decl: &Decl,
+        a: &AttentionDecl,
+        inputs: &mut AttentionInputs,
+    ) -> Result<(), Option<String>> {
         let (x_q, x_kv, names) = match (&a.x, &a.x_q, &a.x_kv) {
             (Some(x), _, _) => (x, x, ["x", "x"]),
             (None, Some(x_q), Some(x_kv)) => (x_q, x_kv, ["x_q", "x_kv"]),
-            _ => return true,
+            _ => return Ok(()),
         };
         let x_q = self.matrix(decl, x_q, names[0]);
         let x_kv = if a.x.is_some() { x_q.clone() } else { self.matrix(decl, x_kv, names[1]) };
@@ -677,7 +690,7 @@ impl Evaluator<'_> {
             .map(|(w, name)| w.as_ref().and_then(|w| self.matrix(decl, w, name)))
             .collect();
         let (Some(x_q), Some(x_kv), [Some(w_q), Some(w_k), Some(w_v)]) = (x_q, x_kv, ws.as_slice()) else {
-            return false;
+            return Err(None);
         };
         let matrices = [(names[0], &x_q), (names[1], &x_kv), ("w_q", w_q), ("w_k", w_k), ("w_v", w_v)];
         for (name, m) in matrices {
@@ -687,7 +700,7 @@ impl Evaluator<'_> {
                     blame(decl, a, &[name]),
                     format!("`{name}` of `{}` has {message}", decl.id),
                 );
-                return false;
+                return Err(None);
             }
         }
         let projections = qkv::Projections { w_q: array(w_q), w_k: array(w_k), w_v: array(w_v), w_o: None };
@@ -698,6 +711,7 @@ impl Evaluator<'_> {
         };
         let projected = match projected {
             Ok(p) => p,
+            Err(e) if a.expect_error => return Err(Some(e.to_string())),
             Err(e) => {
                 let at = match &e {
                     qkv::AttentionError::ProjectionShape { argument, .. } => blame(decl, a, &[argument]),
@@ -710,7 +724,7 @@ impl Evaluator<'_> {
                     String::new(),
                     "projections whose rows match the width of the embeddings they multiply",
                 );
-                return false;
+                return Err(None);
             }
         };
         for (name, m, w) in [
@@ -731,14 +745,14 @@ impl Evaluator<'_> {
                     String::new(),
                     "embeddings and projections small enough that their products stay below about 1.8e308",
                 );
-                return false;
+                return Err(None);
             }
         }
         let rows = |m: &Array2<f64>| m.rows().into_iter().map(|r| r.to_vec()).collect::<Vec<_>>();
         inputs.queries = rows(&projected.queries);
         inputs.keys = rows(&projected.keys);
         inputs.values = rows(&projected.values);
-        true
+        Ok(())
     }
 }
 
@@ -866,8 +880,8 @@ fn attention_node(inputs: &AttentionInputs, result: &Result<AttentionResult, Str
             let mut items: Vec<(String, Node)> =
                 fields.into_iter().map(|(k, n)| (k.to_string(), n)).collect();
             items.extend(ql.iter().cloned().zip(per_query));
-            return Node::List(items);
+            return Node::Record(items);
         }
     }
-    Node::List(fields.into_iter().map(|(k, n)| (k.to_string(), n)).collect())
+    Node::Record(fields.into_iter().map(|(k, n)| (k.to_string(), n)).collect())
 }

@@ -12,6 +12,7 @@ use crate::document::{Block, Document, first_line};
 use crate::error::Problem;
 use crate::figure_kind::FigureKind;
 use crate::files::Sources;
+use crate::format;
 use crate::limits::{self, MAX_DIM, MAX_DIMS, MAX_SAMPLES};
 use crate::location::LineIndex;
 
@@ -212,6 +213,59 @@ pub(crate) fn declarations(
     (decls, broken)
 }
 
+/// The names of an attention example's own values (`sentence.weights`): a query's label sits
+/// beside them in paths (`sentence.love`), so no label may be one of them.
+pub(crate) const ATTENTION_FIELDS: &[&str] = &[
+    "tokens",
+    "query_tokens",
+    "queries",
+    "keys",
+    "values",
+    "d_k",
+    "sqrt_d_k",
+    "scale",
+    "scores",
+    "weights",
+    "output",
+    "error",
+];
+
+/// Why a list of token labels cannot name its rows in paths, if it cannot: two labels alike (the
+/// same text, or the same once Unicode-normalised, which a reader cannot tell apart), a label with
+/// a `.` (it would split the path), one that is a field name, or a number other than its own
+/// position (`2` for the first row would make `ex.values.2` mean two rows).
+fn label_problem(labels: &[String]) -> Option<String> {
+    use unicode_normalization::UnicodeNormalization;
+    let normal: Vec<String> = labels.iter().map(|l| l.nfc().collect()).collect();
+    for (i, label) in labels.iter().enumerate() {
+        if let Some(j) = normal[..i].iter().position(|n| *n == normal[i]) {
+            let how = if labels[j] == *label { "" } else { " (the same text in another Unicode form)" };
+            return Some(format!(
+                "labels {} and {} are both `{label}`{how}: a path could name only the first",
+                j + 1,
+                i + 1
+            ));
+        }
+        if label.contains('.') {
+            return Some(format!("label `{label}` has a `.`, which would split a path"));
+        }
+        if ATTENTION_FIELDS.contains(&label.as_str()) {
+            return Some(format!(
+                "label `{label}` is the name of an example's field, which a path would name instead"
+            ));
+        }
+        if let Ok(n) = label.parse::<usize>()
+            && n != i + 1
+        {
+            return Some(format!(
+                "label `{label}` is a number but labels row {}: a path could not tell the label from the position",
+                i + 1
+            ));
+        }
+    }
+    None
+}
+
 /// The `id = "..."` of a block that failed to parse, found line by line.
 fn declared_id(content: &str) -> Option<String> {
     content.lines().find_map(|line| {
@@ -389,6 +443,18 @@ fn projection_problems(reader: &mut Reader<'_>, table: &DeTable<'_>) {
         );
     }
     if let Some(side) = sides.first() {
+        // Queries, keys and values are what the projection computes: given beside it, one of
+        // the two would silently win.
+        for name in ["queries", "keys", "values"] {
+            if let Some((key, _)) = table.get_key_value(name) {
+                reader.problem(
+                    key.span().start,
+                    format!("attention example has both `{name}` and `{side}` with projections, which compute its {name}"),
+                    first_line(reader.block.content.get(key.span().start..).unwrap_or("")),
+                    format!("either `{name}` as numbers, or `{side}` with `w_q`, `w_k`, `w_v` (a second example with `from` can override the projected {name})"),
+                );
+            }
+        }
         for name in ["w_q", "w_k", "w_v"].into_iter().filter(|n| !weights.contains(n)) {
             reader.problem(
                 0,
@@ -442,6 +508,17 @@ impl Block {
     /// The block's first content line, for messages about the block as a whole.
     fn content_line(&self) -> String {
         first_line(&self.content)
+    }
+}
+
+/// Whether `x`, read from integer `digits` in `radix`, is that integer exactly.
+fn holds_exactly(digits: &str, radix: u32, x: f64) -> bool {
+    let (negative, magnitude) =
+        digits.strip_prefix('-').map_or((false, digits.trim_start_matches('+')), |d| (true, d));
+    // Up to 2^53 every integer is an f64; beyond it, compare the f64's exact integer digits.
+    match u128::from_str_radix(magnitude, radix) {
+        Ok(n) => n <= 1 << 53 || (x.abs() < 2f64.powi(127) && x.abs() as u128 == n && negative == (x < 0.0)),
+        Err(_) => format!("{:.0}", x.abs()) == magnitude.trim_start_matches('0'),
     }
 }
 
@@ -590,7 +667,19 @@ impl Reader<'_> {
                 );
                 None
             }
-            Some(value) => Some(Field { value, at }),
+            Some(value) => match label_problem(&value) {
+                None => Some(Field { value, at }),
+                Some(message) => {
+                    let found = self.snippet(v);
+                    self.problem(
+                            v.span().start,
+                            message,
+                            found,
+                            "distinct labels that can stand in a path: no `.`, no field name of an example, a number only as its own position",
+                        );
+                    None
+                }
+            },
             None => {
                 self.wrong(v, "a list of token names", "`[\"I\", \"love\", \"NLP\"]`");
                 None
@@ -646,7 +735,21 @@ impl Reader<'_> {
                 let digits = i.as_str().replace('_', "");
                 let x = i64::from_str_radix(&digits, i.radix()).ok().map(|x| x as f64);
                 // TOML integers stop at 64 bits; a longer decimal one is still the number it says.
-                (x.or_else(|| (i.radix() == 10).then(|| digits.parse::<f64>().ok()).flatten()), i.to_string())
+                let x = x.or_else(|| (i.radix() == 10).then(|| digits.parse::<f64>().ok()).flatten());
+                // An integer is exact: one that no f64 holds would show up as another number.
+                if let Some(x) = x.filter(|x| x.is_finite())
+                    && !holds_exactly(&digits, i.radix(), x)
+                {
+                    let found = self.snippet(v);
+                    self.problem(
+                        v.span().start,
+                        format!("`{i}` is an integer no 64-bit float holds exactly: it would be {}", format::shortest(x, 0)),
+                        found,
+                        "an integer of at most 2^53 = 9007199254740992 in size, or a float such as `1e20` where an approximate value is meant",
+                    );
+                    return None;
+                }
+                (x, i.to_string())
             }
             DeValue::Float(f) => (f.as_str().replace('_', "").parse::<f64>().ok(), f.as_str().to_string()),
             _ => (None, String::new()),

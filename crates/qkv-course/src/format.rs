@@ -5,20 +5,38 @@
 pub(crate) const DEFAULT_DIGITS: usize = 4;
 
 /// What a citation's format may be, for messages about one that is not.
-pub(crate) const FORMATS: &str = "a number of decimals (`:2`), then optionally `%` for a percentage (`:1%`) and `g` to print exact integers bare (`:4g`)";
+pub(crate) const FORMATS: &str = "a number of decimals (`:2`), then optionally `%` for a percentage (`:1%`) and `g` to print exact integers bare (`:4g`); or `:w` for the number as written (`:w%` as a percentage)";
+
+/// From this magnitude on numbers are written in scientific notation (`1.23e35`): past 2^53 an
+/// f64's integer digits are no longer all its own, and a 35-digit integer helps no reader.
+pub(crate) const SCIENTIFIC_FROM: f64 = 1e16;
 
 /// A citation's number format: `:2` is two decimals, `:1%` a percentage with one decimal, `:4g`
-/// four decimals but exact integers bare (`0`, not `0.0000`).
+/// four decimals but exact integers bare (`0`, not `0.0000`), `:w` the number as written (its
+/// shortest decimal form that reads back as the same f64: `0.75`, `0.5`, `2`), `:w%` that as a
+/// percentage (`75%`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Format {
     pub decimals: usize,
     pub percent: bool,
     pub bare_integers: bool,
+    /// As written: the shortest round-trip form, `decimals` unused.
+    pub shortest: bool,
 }
 
 impl Format {
+    /// `decimals` decimals, exact integers bare: how steps and quiz keys show numbers.
+    pub(crate) fn decimals(decimals: usize) -> Self {
+        Self { decimals, percent: false, bare_integers: true, shortest: false }
+    }
+
     /// Parses the part after the last `:` of a citation.
     pub(crate) fn parse(spec: &str) -> Option<Self> {
+        match spec {
+            "w" => return Some(Self { decimals: 0, percent: false, bare_integers: false, shortest: true }),
+            "w%" => return Some(Self { decimals: 0, percent: true, bare_integers: false, shortest: true }),
+            _ => {}
+        }
         let (spec, bare_integers) = match spec.strip_suffix('g') {
             Some(d) => (d, true),
             None => (spec, false),
@@ -31,11 +49,15 @@ impl Format {
             return None;
         }
         let decimals = digits.parse().ok().filter(|&d: &usize| d <= 12)?;
-        Some(Self { decimals, percent, bare_integers })
+        Some(Self { decimals, percent, bare_integers, shortest: false })
     }
 
     /// Formats `x`, which the caller has checked is finite.
     pub(crate) fn apply(self, x: f64) -> String {
+        if self.shortest {
+            let text = shortest(x, if self.percent { 2 } else { 0 });
+            return if self.percent { format!("{text}%") } else { text };
+        }
         let x = if self.percent { 100.0 * x } else { x };
         let decimals = if self.bare_integers && x == x.trunc() { 0 } else { self.decimals };
         let text = fixed(x, decimals);
@@ -43,7 +65,36 @@ impl Format {
     }
 }
 
-/// `x` with `decimals` decimals; never prints a negative zero.
+/// `x` times `10^shift` in its shortest round-trip decimal form (`0.731` shifted by 2 is `73.1`,
+/// exactly, without the float noise of multiplying first); scientific from [`SCIENTIFIC_FROM`].
+pub(crate) fn shortest(x: f64, shift: i32) -> String {
+    if x == 0.0 {
+        return "0".into();
+    }
+    let sci = format!("{x:e}");
+    let (mantissa, exponent) = sci.split_once('e').unwrap_or((&sci, "0"));
+    let exponent: i32 = exponent.parse().unwrap_or(0) + shift;
+    let (sign, mantissa) = mantissa.strip_prefix('-').map_or(("", mantissa), |m| ("-", m));
+    let digits: String = mantissa.chars().filter(char::is_ascii_digit).collect();
+    if exponent >= 16 {
+        let (head, tail) = digits.split_at(1);
+        let point = if tail.is_empty() { String::new() } else { format!(".{tail}") };
+        return format!("{sign}{head}{point}e{exponent}");
+    }
+    // `digits` is d.ddd × 10^exponent: place the point.
+    let point = exponent + 1;
+    let text = if point <= 0 {
+        format!("0.{}{digits}", "0".repeat(point.unsigned_abs() as usize))
+    } else if point as usize >= digits.len() {
+        format!("{digits}{}", "0".repeat(point as usize - digits.len()))
+    } else {
+        format!("{}.{}", &digits[..point as usize], &digits[point as usize..])
+    };
+    if text.chars().all(|c| c == '0' || c == '.') { text } else { format!("{sign}{text}") }
+}
+
+/// `x` with `decimals` decimals (in scientific notation, `decimals` in the mantissa, from
+/// [`SCIENTIFIC_FROM`]); never prints a negative zero.
 pub(crate) fn fixed(x: f64, decimals: usize) -> String {
     if x == f64::NEG_INFINITY {
         return "-∞".to_string();
@@ -51,8 +102,23 @@ pub(crate) fn fixed(x: f64, decimals: usize) -> String {
     if x == f64::INFINITY {
         return "∞".to_string();
     }
+    if x.abs() >= SCIENTIFIC_FROM {
+        return format!("{x:.decimals$e}");
+    }
     let s = format!("{x:.decimals$}");
     if s.starts_with('-') && s[1..].bytes().all(|b| b == b'0' || b == b'.') { s[1..].to_string() } else { s }
+}
+
+/// A number as TeX writes it: `1.2e35` as `1.2 \times 10^{35}`, `∞` as `\infty`, a `%` escaped
+/// (in TeX it starts a comment).
+pub(crate) fn tex_number(text: &str) -> String {
+    let text = text.replace('∞', r"\infty").replace('%', r"\%");
+    match text.split_once('e') {
+        Some((mantissa, exponent)) if exponent.parse::<i32>().is_ok() => {
+            format!(r"{mantissa} \times 10^{{{exponent}}}")
+        }
+        _ => text,
+    }
 }
 
 /// A number shown in worked steps: exact integers bare (`1`, `6`), others at `digits` decimals.
@@ -80,10 +146,11 @@ pub(crate) fn shown(x: f64, digits: usize) -> Shown {
     let text = fixed(x, digits);
     let value: f64 = text.parse().unwrap_or(x);
     let exact = value == x;
-    // An exact decimal reads best without padding: 0.5, not 0.5000; a whole number past the
-    // integer branch above (1e15 and up) loses its point too: 1e20, not `100000000000000000000.`.
+    // An exact decimal reads best without padding: 0.5, not 0.5000, and 1e20, not 1.0000e20.
     let text = if exact && text.contains('.') {
-        text.trim_end_matches('0').trim_end_matches('.').to_string()
+        let (mantissa, exponent) = text.split_once('e').map_or((text.as_str(), None), |(m, e)| (m, Some(e)));
+        let mantissa = mantissa.trim_end_matches('0').trim_end_matches('.');
+        exponent.map_or_else(|| mantissa.to_string(), |e| format!("{mantissa}e{e}"))
     } else {
         text
     };

@@ -19,6 +19,9 @@ pub(crate) enum Node {
     List(Vec<(String, Node)>),
     /// Named fields.
     Map(Vec<(&'static str, Node)>),
+    /// Entries named by their labels only (an attention example's fields beside its queries):
+    /// unlike a list, never by position, so `sentence.10` cannot mean its tenth entry.
+    Record(Vec<(String, Node)>),
 }
 
 /// Why a path did not resolve: which segment failed and what would have worked there.
@@ -52,6 +55,7 @@ impl Node {
         for (i, segment) in path.iter().enumerate() {
             let next = match node {
                 Node::Map(fields) => fields.iter().find(|(k, _)| k == segment).map(|(_, n)| n),
+                Node::Record(entries) => entries.iter().find(|(k, _)| k == segment).map(|(_, n)| n),
                 Node::List(items) => items.iter().find(|(k, _)| k == segment).map(|(_, n)| n).or_else(|| {
                     segment
                         .parse::<usize>()
@@ -71,7 +75,7 @@ impl Node {
     pub(crate) fn children(&self) -> Vec<String> {
         match self {
             Node::Map(fields) => fields.iter().map(|(k, _)| k.to_string()).collect(),
-            Node::List(items) => items.iter().map(|(k, _)| k.clone()).collect(),
+            Node::List(items) | Node::Record(items) => items.iter().map(|(k, _)| k.clone()).collect(),
             Node::Number(_) | Node::Text(_) => Vec::new(),
         }
     }
@@ -114,7 +118,7 @@ impl Node {
         match self {
             Node::Number(x) => out.push_str(&format!("{prefix} = {x:?}\n")),
             Node::Text(t) => out.push_str(&format!("{prefix} = {t:?}\n")),
-            Node::List(items) => {
+            Node::List(items) | Node::Record(items) => {
                 for (k, n) in items {
                     n.dump(&format!("{prefix}.{k}"), out);
                 }

@@ -43,7 +43,12 @@ pub(crate) enum QuizKey {
     /// A number: the value `answer` names, shown at `digits` decimals, accepted within
     /// `tolerance` (default half a unit in the last shown place); `steps` names a computation
     /// whose worked steps go with the answer.
-    Numeric { answer: Field<String>, digits: usize, tolerance: Option<f64>, steps: Option<Field<String>> },
+    Numeric {
+        answer: Field<String>,
+        digits: usize,
+        tolerance: Option<Field<f64>>,
+        steps: Option<Field<String>>,
+    },
     /// Written freely and checked by the learner against a model answer (practice only).
     Short { answer_text: Text },
 }
@@ -572,7 +577,7 @@ impl Reader<'_> {
         let tolerance = table.get("tolerance").and_then(|v| {
             let t = self.number(v)?;
             if t.value > 0.0 {
-                Some(t.value)
+                Some(t)
             } else {
                 self.wrong(v, "a positive tolerance", "a number above 0, such as `0.001`");
                 None

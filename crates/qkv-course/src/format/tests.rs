@@ -15,8 +15,14 @@ fn fixed_rounds_and_drops_negative_zero() {
 
 #[test]
 fn format_specs() {
-    assert_eq!(Format::parse("2"), Some(Format { decimals: 2, percent: false, bare_integers: false }));
-    assert_eq!(Format::parse("0%"), Some(Format { decimals: 0, percent: true, bare_integers: false }));
+    assert_eq!(
+        Format::parse("2"),
+        Some(Format { decimals: 2, percent: false, bare_integers: false, shortest: false })
+    );
+    assert_eq!(
+        Format::parse("0%"),
+        Some(Format { decimals: 0, percent: true, bare_integers: false, shortest: false })
+    );
     assert_eq!(
         Format::parse("4g").map(|f| (f.apply(0.0), f.apply(0.25))),
         Some(("0".into(), "0.2500".into()))
@@ -37,15 +43,42 @@ fn shown_numbers_say_when_they_are_rounded() {
     assert_eq!((half.text.as_str(), half.exact), ("0.5", true));
 }
 
-/// Whole numbers from 1e15 up are printed at the lesson's precision and trimmed like any exact
-/// decimal: never with a dangling point (`100000000000000000000.`).
+/// From 1e16 on numbers are written in scientific notation: a 35-digit integer helps no reader,
+/// and past 2^53 its digits are not all the number's own.
 #[test]
-fn huge_whole_numbers_have_no_dangling_point() {
+fn huge_numbers_are_scientific() {
     let big = shown(1e20, 4);
-    assert_eq!((big.text.as_str(), big.exact), ("100000000000000000000", true));
-    let bigger = shown(-1e35, 2);
-    assert!(bigger.exact && !bigger.text.ends_with('.'), "{}", bigger.text);
+    assert_eq!((big.text.as_str(), big.exact), ("1e20", true));
+    let bigger = shown(-1.25e35, 2);
+    assert_eq!((bigger.text.as_str(), bigger.exact), ("-1.25e35", true));
     assert_eq!(shown(1e15 + 0.5, 1).text, "1000000000000000.5");
+    check_fixed(1.23456e35, 2, "1.23e35");
+    check_fixed(f64::MAX, 3, "1.798e308");
+    assert_eq!(tex_number("1.23e35"), r"1.23 \times 10^{35}");
+    assert_eq!(tex_number("12.5%"), r"12.5\%");
+}
+
+/// `:w` writes the shortest form that reads back as the same number, and shifts the decimal
+/// point for a percentage instead of multiplying (which would print `73.10000000000001%`).
+#[test]
+fn as_written() {
+    let w = Format::parse("w").expect("valid");
+    let wp = Format::parse("w%").expect("valid");
+    for (x, plain, percent) in [
+        (0.75, "0.75", "75%"),
+        (0.5, "0.5", "50%"),
+        (2.0, "2", "200%"),
+        (0.731, "0.731", "73.1%"),
+        (-0.001, "-0.001", "-0.1%"),
+        (0.0, "0", "0%"),
+        (1e20, "1e20", "1e22%"),
+        (123456.789, "123456.789", "12345678.9%"),
+        (1e-7, "0.0000001", "0.00001%"),
+    ] {
+        assert_eq!(w.apply(x), plain, "{x}");
+        assert_eq!(wp.apply(x), percent, "{x}");
+        assert_eq!(plain.parse::<f64>().ok(), Some(x), "reads back");
+    }
 }
 
 #[test]

@@ -121,6 +121,66 @@
     }
   }
 
+  /* ---------- shuffled options: the learner's own order, the same on every visit ---------- */
+
+  /* One random number per learner, kept beside the progress ("~" starts no section id). */
+  function learnerSeed() {
+    var all = loadAll();
+    if (typeof all["~seed"] !== "number") {
+      all["~seed"] = Math.floor(Math.random() * 4294967296);
+      saveAll(all);
+    }
+    return all["~seed"];
+  }
+
+  /* A permutation of 0..n-1 from the learner's seed and the quiz id (mulberry32, Fisher-Yates). */
+  function permutation(n, seed, id) {
+    var h = seed >>> 0;
+    for (var i = 0; i < id.length; i++) h = Math.imul(h ^ id.charCodeAt(i), 2654435761) >>> 0;
+    function next() {
+      h = (h + 0x6d2b79f5) >>> 0;
+      var t = Math.imul(h ^ (h >>> 15), h | 1);
+      t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+      return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+    }
+    var order = [];
+    for (var k = 0; k < n; k++) order.push(k);
+    for (var j = n - 1; j > 0; j--) {
+      var r = Math.floor(next() * (j + 1));
+      var swap = order[j];
+      order[j] = order[r];
+      order[r] = swap;
+    }
+    return order;
+  }
+
+  /* Puts the options in the learner's order and letters them by place; the key, the answer and
+   * the feedback keep naming options by their declared letters (data-qkv-choice). */
+  function shuffleOptions(root, id) {
+    var list = root.querySelector("ol.quiz-options");
+    if (!list) return;
+    var items = Array.prototype.slice.call(list.querySelectorAll("li[data-qkv-choice]"));
+    var order = permutation(items.length, learnerSeed(), id);
+    var shown = {};
+    order.forEach(function (from, place) {
+      var li = items[from];
+      var letter = String.fromCharCode(97 + place);
+      shown[li.getAttribute("data-qkv-choice")] = letter;
+      var label = li.querySelector(".quiz-letter");
+      if (label) label.textContent = "(" + letter + ")";
+      list.appendChild(li);
+    });
+    root.querySelectorAll(".quiz-key .quiz-letter").forEach(function (label) {
+      var declared = label.textContent.replace(/[()]/g, "");
+      if (shown[declared]) label.textContent = "(" + shown[declared] + ")";
+    });
+    root.querySelectorAll("[data-qkv-feedback-for]").forEach(function (li) {
+      var strong = li.querySelector("strong");
+      var declared = li.getAttribute("data-qkv-feedback-for");
+      if (strong && shown[declared]) strong.textContent = "Not (" + shown[declared] + "):";
+    });
+  }
+
   /* ---------- quizzes ---------- */
 
   var MESSAGES = {
@@ -192,6 +252,7 @@
       self.feedbackFor[li.getAttribute("data-qkv-feedback-for")] = text ? text.innerHTML : "";
     });
 
+    if (this.key.shuffle === true) shuffleOptions(root, this.id);
     this.options = [];
     root.querySelectorAll("li[data-qkv-choice]").forEach(function (li) {
       var letter = li.getAttribute("data-qkv-choice");

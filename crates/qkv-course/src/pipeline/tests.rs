@@ -309,16 +309,22 @@ fn a_byte_order_mark_is_kept_and_the_title_stays_a_heading() {
     assert!(!page.contains('\u{feff}'));
 }
 
-/// Issue 11, finding 4: `99999999999999999999` got "expected a number". It is one, past 64 bits.
+/// Issue 11, finding 4: `99999999999999999999` got "expected a number"; issue 15: it then
+/// became 100000000000000000000 without a word. An integer no f64 holds is an error; written as
+/// a float it is the approximate number it says, shown in scientific notation.
 #[test]
-fn a_decimal_integer_past_64_bits_is_read_as_the_number_it_says() {
-    let text = "# Big\n\n```qkv dot\nid = \"d\"\nq = [99999999999999999999, 0]\nk = [1, 0]\n```\n\nq·k = [?](=d.dot:0).\n";
-    let built = build(&one_file(text)).unwrap_or_else(|e| panic!("{e}"));
-    assert!(
-        built.markdown[0].text.contains("q·k = [100000000000000000000](=d.dot:0)."),
-        "{}",
-        built.markdown[0].text
-    );
+fn an_integer_no_float_holds_is_an_error_and_a_float_is_shown_in_scientific_notation() {
+    let text = |q: &str| {
+        format!("# Big\n\n```qkv dot\nid = \"d\"\nq = [{q}, 0]\nk = [1, 0]\n```\n\nq·k = [?](=d.dot:0).\n")
+    };
+    let errors = check(&one_file(&text("99999999999999999999"))).map(|_| ()).unwrap_err().to_string();
+    assert!(errors.contains("no 64-bit float holds exactly: it would be 1e20"), "{errors}");
+    for exact in ["9007199254740992", "-9007199254740992", "18014398509481984", "0x10"] {
+        assert!(check(&one_file(&text(exact))).is_ok(), "{exact} is exact");
+    }
+    assert!(check(&one_file(&text("9007199254740993"))).is_err(), "2^53 + 1 is not");
+    let built = build(&one_file(&text("1e20"))).unwrap_or_else(|e| panic!("{e}"));
+    assert!(built.markdown[0].text.contains("q·k = [1e20](=d.dot:0)."), "{}", built.markdown[0].text);
 }
 
 /// Cross-attention as issue 11 found it hard to write: two decoder queries over four encoder
@@ -464,5 +470,32 @@ fn numbers_in_math_are_tracked_and_rendered() {
     assert!(!page.contains("vphantom") && !page.contains("verb"), "{page}");
     for number in ["<mn>1</mn>", "<mn>0.7311</mn>", "<mn>73.1</mn>", "<mn>0.269</mn>"] {
         assert!(page.contains(number), "{number} missing from {page}");
+    }
+}
+
+/// Issue 15: `expect_error` covered the engine's attention errors but not its projection errors,
+/// which stopped the build instead of becoming the example's error text.
+#[test]
+fn an_expected_projection_error_is_the_example_s_result() {
+    let text = "# Wrong shapes\n\n```qkv attention\nid = \"bad\"\nx = [[1, 0], [0, 1]]\nw_q = [[1, 0, 0]]\nw_k = [[1], [0]]\nw_v = [[1], [2]]\nexpect_error = true\n```\n\n<!-- qkv error bad -->\n<!-- /qkv -->\n";
+    let built = build(&one_file(text)).unwrap_or_else(|e| panic!("{e}"));
+    let shown = &built.markdown[0].text;
+    assert!(shown.contains("w_q"), "the engine's message names the projection: {shown}");
+}
+
+/// Every name an attention record gives its own values is one no token label may take.
+#[test]
+fn token_labels_cannot_shadow_any_field_of_a_record() {
+    let sources = one_file(&format!("# F\n\n{CROSS}"));
+    for (key, listing) in records(&sources).expect("valid") {
+        for line in listing.lines() {
+            let field = line.strip_prefix(&format!("{key}.")).and_then(|r| r.split(['.', ' ']).next());
+            let field = field.expect("a path under the record");
+            let is_label = ["le", "chat", "the", "cat", "sat", "down"].contains(&field);
+            assert!(
+                is_label || examples::ATTENTION_FIELDS.contains(&field),
+                "{key}: `{field}` is missing from ATTENTION_FIELDS"
+            );
+        }
     }
 }

@@ -129,7 +129,31 @@ impl Filled {
                                 .into(),
                         )
                     })?;
-                let shown = Format { decimals: *digits, percent: false, bare_integers: true }.apply(value);
+                let shown = Format::decimals(*digits).apply(value);
+                let tolerance = match tolerance {
+                    None => 0.5 * 10f64.powi(-(*digits as i32)),
+                    // The page must accept the key it prints.
+                    Some(t) => {
+                        let off = shown.parse::<f64>().map_or(0.0, |s| (s - value).abs());
+                        if t.value < off {
+                            return Err(Problem::new(
+                                doc,
+                                t.at,
+                                format!(
+                                    "a tolerance of {} is tighter than the shown key: {shown} is {} from the value {value}, so the page would reject the answer it prints",
+                                    t.value,
+                                    crate::format::shortest(off, 0)
+                                ),
+                                format!("tolerance = {}", t.value),
+                                format!(
+                                    "a tolerance of at least {} (or more `digits`)",
+                                    crate::format::shortest(off, 0)
+                                ),
+                            ));
+                        }
+                        t.value
+                    }
+                };
                 let steps = match steps {
                     Some(s) => Some(steps::worked(cx, &s.value, DEFAULT_DIGITS).map_err(|p| Problem {
                         at: s.at,
@@ -142,7 +166,7 @@ impl Filled {
                     also: also_accepted(&shown, value, *digits),
                     value,
                     shown,
-                    tolerance: tolerance.unwrap_or(0.5 * 10f64.powi(-(*digits as i32))),
+                    tolerance,
                     steps,
                 }
             }
@@ -311,7 +335,7 @@ fn also_accepted(shown: &str, value: f64, digits: usize) -> Vec<String> {
         forms.push(format!(".{rest}"));
     }
     if value > 0.0 && value < 1.0 {
-        let percent = Format { decimals: digits.saturating_sub(2), percent: true, bare_integers: true };
+        let percent = Format { percent: true, ..Format::decimals(digits.saturating_sub(2)) };
         forms.push(percent.apply(value));
     }
     if shown.contains('.') {

@@ -92,7 +92,7 @@ pub(super) fn tex_label(label: &str) -> String {
 
 /// A shown number as TeX (`-∞` becomes `-\infty`).
 fn tex(s: &Shown) -> String {
-    s.text.replace('∞', r"\infty")
+    crate::format::tex_number(&s.text)
 }
 
 /// A tuple of shown numbers, `(0,\ 0.7071,\ 0.7071)`; a single number stands alone.

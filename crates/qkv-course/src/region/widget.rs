@@ -150,6 +150,25 @@ impl<'i> Drag<'i> {
                 "a goal the learner reaches by moving the query (another key, or another starting query)",
             ));
         }
+        if let Some((g, key)) = goal
+            && !reachable(&inputs.keys, &trace.kept, g)
+        {
+            let why = if trace.kept[g] {
+                "its key lies within the others' (on or inside the shape they span), so some other key always scores at least as high"
+            } else {
+                "the mask hides that key from this query, so its weight stays 0"
+            };
+            return Err(Problem::new(
+                cx.doc,
+                key.at,
+                format!(
+                    "the goal can never be met: wherever the query moves, `{}` never has the largest weight: {why}",
+                    key.value
+                ),
+                key.value.clone(),
+                "a goal on a key the learner can make the largest by moving the query",
+            ));
+        }
         let reach = inputs.keys.iter().chain([&trace.query]).flatten().fold(1.0f64, |m, x| m.max(x.abs()));
         // A quarter more than the farthest point, on whole grid steps; finite for any finite input.
         let wanted = (reach * 1.25).min(f64::MAX / 4.0);
@@ -409,6 +428,33 @@ fn link_width(w: f64) -> f64 {
 }
 
 /// Whether entry `g` is larger than every other.
+/// Whether some direction of the query gives key `g` a score above every other visible key's
+/// (the largest weight is the largest score, and a score's order depends on the query's direction
+/// only). That fails exactly when `g` is hidden or lies in the convex hull of the other visible
+/// keys. The directions tried are a fine circle and, for each other key, the direction from it
+/// to `g` and the two edges of the half-plane where `g` beats it, a hair inside: the cone where
+/// `g` beats them all is bounded by such edges, so where it exists one of them lies in it.
+fn reachable(keys: &[Vec<f64>], kept: &[bool], g: usize) -> bool {
+    if !kept[g] {
+        return false;
+    }
+    let others: Vec<&Vec<f64>> =
+        keys.iter().enumerate().filter(|&(j, _)| j != g && kept[j]).map(|(_, k)| k).collect();
+    let k = &keys[g];
+    let wins = |angle: f64| {
+        let (x, y) = (angle.cos(), angle.sin());
+        let score = |p: &[f64]| x * p[0] + y * p[1];
+        others.iter().all(|o| score(k) > score(o))
+    };
+    let circle = (0..7200).map(|i| f64::from(i) * std::f64::consts::TAU / 7200.0);
+    let normals = others.iter().flat_map(|o| {
+        let along = (k[1] - o[1]).atan2(k[0] - o[0]);
+        let edge = std::f64::consts::FRAC_PI_2 - 1e-6;
+        [along, along + edge, along - edge]
+    });
+    circle.chain(normals).any(wins)
+}
+
 fn largest(xs: &[f64], g: usize) -> bool {
     xs.iter().enumerate().all(|(j, &x)| j == g || x < xs[g])
 }

@@ -21,3 +21,14 @@ fn misses_name_the_segment_and_the_alternatives() {
     let miss = sample().lookup(&["values", "NLP"]).unwrap_err();
     assert_eq!(miss, Miss { segment: 1, known: vec!["I".into(), "love".into()] });
 }
+
+#[test]
+fn a_record_is_named_never_numbered() {
+    let record = Node::Record(vec![("output".into(), Node::Number(4.0)), ("love".into(), Node::Number(1.0))]);
+    assert_eq!(record.lookup(&["output"]).ok().and_then(Node::as_number), Some(4.0));
+    // Position 1 would be `output`: a record does not count.
+    assert_eq!(
+        record.lookup(&["1"]).unwrap_err(),
+        Miss { segment: 0, known: vec!["output".into(), "love".into()] }
+    );
+}

@@ -93,7 +93,7 @@ fn a_far_key_gets_a_coarser_grid_not_billions_of_lines() {
 id = "far"
 tokens = ["a", "b", "c"]
 queries = [[0, 1], [1, 0], [0, 1]]
-keys = [[1, 0], [0, 1], [0x7fffffffffffffff, 1]]
+keys = [[1, 0], [0, 1], [9.223372036854775807e18, 1]]
 values = [[2], [6], [4]]
 ```
 
