@@ -134,6 +134,10 @@ pub fn check_case(lesson: &Lesson, work: &Path) -> Result<Outcome, String> {
             if let Some(temp) = snapshot(work).keys().find(|p| p.to_string_lossy().ends_with(".tmp")) {
                 return Err(format!("a temporary file was left behind: {}", temp.display()));
             }
+            let leftovers = leftovers(work, lesson);
+            if !leftovers.is_empty() {
+                return Err(format!("the build left citation syntax:\n{}", leftovers.join("\n")));
+            }
             let after = guarded("check after the build", || lesson::run(&paths, Mode::Check))?;
             match after {
                 Ok(o) if o.stale.is_empty() => Ok(Outcome::Built),
@@ -149,6 +153,20 @@ pub fn check_case(lesson: &Lesson, work: &Path) -> Result<Outcome, String> {
             build.map_or_else(describe, |_| "succeeded".into())
         )),
     }
+}
+
+/// Citation syntax left in the built site or the rewritten lesson files of scratch folder `work`.
+fn leftovers(work: &Path, lesson: &Lesson) -> Vec<String> {
+    let lesson_file = |p: &Path| lesson.markdown.iter().any(|(name, _)| p == Path::new("content").join(name));
+    let files: Vec<(String, String)> = snapshot(work)
+        .into_iter()
+        .filter_map(|(path, bytes)| {
+            let relative = path.strip_prefix(work).ok()?;
+            (relative.starts_with("site") || lesson_file(relative))
+                .then(|| Some((relative.display().to_string(), String::from_utf8(bytes).ok()?)))?
+        })
+        .collect();
+    qkv_course::leftover_citations(files.iter().map(|(name, text)| (name.as_str(), text.as_str())))
 }
 
 fn describe(e: Failure) -> String {

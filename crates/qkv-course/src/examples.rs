@@ -155,6 +155,7 @@ const KINDS: &[(&str, &[&str])] = &[
             "digits",
             "tolerance",
             "steps",
+            "percent",
             "answer_text",
         ],
     ),

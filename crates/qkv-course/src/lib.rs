@@ -30,6 +30,7 @@ mod figures;
 mod files;
 mod format;
 mod html;
+mod leftovers;
 mod limits;
 mod location;
 mod markup;
@@ -43,6 +44,7 @@ pub use encoding::decode;
 pub use error::{ContentError, ContentErrors};
 /// HTML-escapes text (for pages and attributes): what every page of the site uses.
 pub use files::{FigureFile, OutputFile, SourceFile, Sources, section_id};
+pub use leftovers::leftover_citations;
 pub use markup::escape as escape_html;
 pub use pipeline::{Build, build, check, records};
 pub use stale::{Stale, stale_report};

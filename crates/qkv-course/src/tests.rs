@@ -22,7 +22,7 @@ const LAYERS: &[&[&str]] = &[
     // Region kinds, each producing its markdown and HTML views.
     &["region"],
     // The site's pages and the stale report.
-    &["html", "stale"],
+    &["html", "stale", "leftovers"],
     // Plans, checks and splices.
     &["pipeline"],
 ];

@@ -66,6 +66,12 @@ fn a_broken_promise_is_reported() {
     let outside = located(std::slice::from_ref(&error), &["content/01-attention.md".into()], &texts);
     assert!(outside.is_err_and(|e| e.starts_with("an error is outside its file")));
     assert!(guarded("x", || panic!("boom")).is_err_and(|e| e.contains("x panicked") && e.contains("boom")));
+    // Citation syntax in a built page, or beyond the citations of a lesson file, is found.
+    let scratch = tempfile::tempdir().expect("scratch folder");
+    fs::create_dir_all(scratch.path().join("site")).expect("site folder");
+    fs::write(scratch.path().join("site/a.html"), "<p>{=sentence.d_k:0}</p>").expect("page");
+    let found = leftovers(scratch.path(), &committed_lesson());
+    assert!(found.len() == 1 && found[0].starts_with("site/a.html"), "{found:?}");
 }
 
 #[test]

@@ -48,6 +48,8 @@ pub(crate) enum QuizKey {
         digits: usize,
         tolerance: Option<Field<f64>>,
         steps: Option<Field<String>>,
+        /// The key is shown as a percentage, `digits` decimals of it (`73.1%`).
+        percent: bool,
     },
     /// Written freely and checked by the learner against a model answer (practice only).
     Short { answer_text: Text },
@@ -178,7 +180,7 @@ impl Condition {
 /// The quiz kinds, and the fields only that kind takes.
 const QUIZ_KINDS: &[(&str, &[&str])] = &[
     ("choice", &["options", "correct", "shuffle"]),
-    ("numeric", &["answer", "digits", "tolerance", "steps"]),
+    ("numeric", &["answer", "digits", "tolerance", "steps", "percent"]),
     ("short", &["answer_text"]),
 ];
 
@@ -585,7 +587,8 @@ impl Reader<'_> {
         });
         let steps =
             table.get("steps").and_then(|v| self.string(v, "the computation whose steps go with the answer"));
-        Some(QuizKey::Numeric { answer: answer?, digits: digits?, tolerance, steps })
+        let percent = table.get("percent").and_then(|v| self.boolean(v)).unwrap_or(false);
+        Some(QuizKey::Numeric { answer: answer?, digits: digits?, tolerance, steps, percent })
     }
 
     fn short(&mut self, table: &DeTable<'_>, practice: bool) -> Option<QuizKey> {

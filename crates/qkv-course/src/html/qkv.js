@@ -448,6 +448,11 @@
       return;
     }
     var key = this.key.value;
+    // A key shown as a percentage reads a bare number as one too (73.1 for 73.1%), unless the
+    // number is the fraction itself (0.731).
+    if (this.key.percent === true && !/%\s*$/.test(this.input.value) && Math.abs(x - key) > this.key.tolerance) {
+      x = x / 100;
+    }
     // A little slack for the rounding of decimal input itself (0.1 is not exact in binary).
     var slack = 1e-9 * Math.max(1, Math.abs(key));
     var right = Math.abs(x - key) <= this.key.tolerance + slack;

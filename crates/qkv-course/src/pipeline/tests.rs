@@ -499,3 +499,17 @@ fn token_labels_cannot_shadow_any_field_of_a_record() {
         }
     }
 }
+
+/// After a build no citation syntax is left in any page, notebook or lesson file beyond the
+/// citations the lesson files keep by design.
+#[test]
+fn the_built_lesson_has_no_leftover_citation_syntax() {
+    let built = build(&lesson()).expect("lesson builds");
+    let files = built
+        .site
+        .iter()
+        .map(|f| (f.name.as_str(), f.text.as_str()))
+        .chain(built.markdown.iter().map(|f| (f.path.as_str(), f.text.as_str())));
+    let leftovers = crate::leftover_citations(files);
+    assert!(leftovers.is_empty(), "{leftovers:#?}");
+}

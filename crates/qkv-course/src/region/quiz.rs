@@ -86,7 +86,14 @@ enum Answer {
     /// asks the page for the learner's own order.
     Choice { options: Vec<(String, Option<String>)>, correct: usize, shuffle: bool },
     /// The key's value, as shown, the forms also accepted, the tolerance, and the worked steps.
-    Numeric { value: f64, shown: String, also: Vec<String>, tolerance: f64, steps: Option<String> },
+    Numeric {
+        value: f64,
+        shown: String,
+        also: Vec<String>,
+        tolerance: f64,
+        steps: Option<String>,
+        percent: bool,
+    },
     /// The model answer.
     Short(String),
 }
@@ -112,7 +119,7 @@ impl Filled {
                 choice_answer(&mut fill, options, correct, *shuffle)?
             }
             QuizKey::Short { answer_text } => Answer::Short(fill(answer_text)?),
-            QuizKey::Numeric { answer, digits, tolerance, steps } => {
+            QuizKey::Numeric { answer, digits, tolerance, steps, percent } => {
                 let at_answer = |message: String, expected: String| {
                     Problem::new(doc, answer.at, message, answer.value.clone(), expected)
                 };
@@ -129,12 +136,16 @@ impl Filled {
                                 .into(),
                         )
                     })?;
-                let shown = Format::decimals(*digits).apply(value);
+                let format = Format { percent: *percent, ..Format::decimals(*digits) };
+                let shown = format.apply(value);
+                // The shown key's value, and half a unit in its last place, in the key's units.
+                let unit = if *percent { 0.01 } else { 1.0 };
+                let shown_value = shown.trim_end_matches('%').parse::<f64>().map(|s| s * unit);
                 let tolerance = match tolerance {
-                    None => 0.5 * 10f64.powi(-(*digits as i32)),
+                    None => 0.5 * 10f64.powi(-(*digits as i32)) * unit,
                     // The page must accept the key it prints.
                     Some(t) => {
-                        let off = shown.parse::<f64>().map_or(0.0, |s| (s - value).abs());
+                        let off = shown_value.map_or(0.0, |s| (s - value).abs());
                         if t.value < off {
                             return Err(Problem::new(
                                 doc,
@@ -163,7 +174,12 @@ impl Filled {
                     None => None,
                 };
                 Answer::Numeric {
-                    also: also_accepted(&shown, value, *digits),
+                    also: if *percent {
+                        percent_forms(&shown, value)
+                    } else {
+                        also_accepted(&shown, value, *digits)
+                    },
+                    percent: *percent,
                     value,
                     shown,
                     tolerance,
@@ -352,6 +368,19 @@ fn also_accepted(shown: &str, value: f64, digits: usize) -> Vec<String> {
     forms
 }
 
+/// The other ways of writing a key shown as a percentage (`73.1%`): without the sign (read as a
+/// percentage), with a decimal comma, and as the fraction at as many significant places.
+fn percent_forms(shown: &str, value: f64) -> Vec<String> {
+    let bare = shown.trim_end_matches('%');
+    let mut forms = vec![bare.to_string()];
+    if bare.contains('.') {
+        forms.push(format!("{}%", bare.replace('.', ",")));
+    }
+    let decimals = bare.split_once('.').map_or(0, |(_, d)| d.len()) + 2;
+    forms.push(Format::decimals(decimals).apply(value));
+    forms
+}
+
 /// What the page script needs to grade the quiz.
 fn key_json(
     cx: &Context<'_, '_>,
@@ -370,10 +399,16 @@ fn key_json(
             }
             key
         }
-        Answer::Numeric { value, shown, tolerance, .. } => json!({
-            "kind": "numeric", "graded": graded, "credit": credit,
-            "value": value, "shown": shown, "tolerance": tolerance,
-        }),
+        Answer::Numeric { value, shown, tolerance, percent, .. } => {
+            let mut key = json!({
+                "kind": "numeric", "graded": graded, "credit": credit,
+                "value": value, "shown": shown, "tolerance": tolerance,
+            });
+            if *percent {
+                key["percent"] = json!(true);
+            }
+            key
+        }
         Answer::Short(_) if graded => {
             // The block reader rejects a graded short answer; say so again rather than grade one.
             return Err(cx.problem("a short-answer quiz cannot be graded", "`practice = true`"));

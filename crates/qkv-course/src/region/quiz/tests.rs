@@ -248,3 +248,17 @@ fn a_computed_key_follows_its_inputs_and_check_lists_the_quiz() {
     assert_eq!(key_of(&page, "top")["correct"], "a");
     assert_eq!(key_of(&page, "above")["correct"], "b");
 }
+
+#[test]
+fn a_numeric_key_can_be_shown_as_a_percentage() {
+    let text = "# P\n\n```qkv softmax\nid = \"pair\"\nscores = [1.0, 0.0]\n```\n\n```qkv quiz\nid = \"share\"\nkind = \"numeric\"\nquestion = \"What share of the weight goes to the first score?\"\nwhy = \"Softmax.\"\nanswer = \"pair.weights.1\"\ndigits = 1\npercent = true\n```\n\n<!-- qkv quiz share -->\n<!-- /qkv -->\n";
+    let (markdown, page) = one_section("percent", text);
+    let key = key_of(&page, "share");
+    // softmax(1, 0)₁ = e / (e + 1), by hand.
+    let share = std::f64::consts::E / (std::f64::consts::E + 1.0);
+    assert_eq!(key["value"], share);
+    assert_eq!(key["shown"], "73.1%");
+    assert_eq!(key["percent"], true);
+    assert!((key["tolerance"].as_f64().expect("number") - 0.0005).abs() < 1e-15);
+    assert!(markdown.contains("**73.1%** (also accepted: 73.1, 73,1%, 0.731)"), "{markdown}");
+}
