@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use ndarray::Array2;
 
 use crate::error::Problem;
-use crate::examples::{AttentionDecl, Decl, DeclKind, Field, Input, Mask};
+use crate::examples::{AttentionDecl, Decl, DeclKind, Field, Input, Limits, Mask};
 use crate::limits::{self, MAX_ROWS, MAX_WIDTH};
 use crate::values::{Miss, Node, Resolve};
 
@@ -20,6 +20,8 @@ pub(crate) struct AttentionInputs {
     pub keys: Vec<Vec<f64>>,
     pub values: Vec<Vec<f64>>,
     pub mask: Option<Mask>,
+    /// Key lengths, padding, a window and ALiBi, as the engine takes them.
+    pub limits: Limits,
     pub scale: Option<f64>,
 }
 
@@ -44,9 +46,22 @@ impl AttentionInputs {
         labels(&self.tokens, self.keys.len())
     }
 
-    /// Engine options for these inputs; `keep` must outlive them.
-    pub(crate) fn options<'a>(&self, keep: &'a Option<Array2<bool>>) -> qkv::AttentionOptions<'a, f64> {
+    /// Engine options for these inputs; `masks` (from [`Self::masks`]) must outlive them.
+    pub(crate) fn options<'a>(&'a self, masks: &'a MaskArrays) -> qkv::AttentionOptions<'a, f64> {
+        let (keep, real) = (&masks.keep, &masks.real);
         let mut options = qkv::AttentionOptions::new();
+        if let Some(length) = &self.limits.key_length {
+            options = options.key_lengths(std::slice::from_ref(length));
+        }
+        if let Some(real) = real {
+            options = options.key_padding(qkv::KeyPadding::new(real.view()));
+        }
+        if let Some([before, after]) = self.limits.window {
+            options = options.sliding_window(qkv::SlidingWindow::new(before, after));
+        }
+        if let Some(slope) = &self.limits.alibi {
+            options = options.alibi(qkv::Alibi::new(std::slice::from_ref(slope)));
+        }
         if let Some(s) = self.scale {
             options = options.scale(s);
         }
@@ -59,16 +74,24 @@ impl AttentionInputs {
         options
     }
 
-    /// The explicit keep table as an array, if one was given.
-    pub(crate) fn keep_array(&self) -> Option<Array2<bool>> {
-        match &self.mask {
+    /// The masks the engine takes as arrays: the keep table and the keys that are not padding.
+    pub(crate) fn masks(&self) -> MaskArrays {
+        let keep = match &self.mask {
             Some(Mask::Keep(rows)) => {
                 let n = rows.first().map_or(0, Vec::len);
                 Array2::from_shape_vec((rows.len(), n), rows.concat()).ok()
             }
             _ => None,
-        }
+        };
+        let real = self.limits.key_padding.as_ref().map(|padding| padding.iter().map(|p| !p).collect());
+        MaskArrays { keep, real }
     }
+}
+
+/// An example's masks as the engine's options borrow them.
+pub(crate) struct MaskArrays {
+    keep: Option<Array2<bool>>,
+    real: Option<ndarray::Array1<bool>>,
 }
 
 fn labels(tokens: &Option<Vec<String>>, n: usize) -> Vec<String> {
@@ -494,6 +517,7 @@ impl<'d> Evaluator<'d> {
             keys: Vec::new(),
             values: Vec::new(),
             mask: None,
+            limits: Limits::default(),
             scale: None,
         });
         if let Some(t) = &a.tokens {
@@ -525,6 +549,19 @@ impl<'d> Evaluator<'d> {
         }
         if let Some(m) = &a.mask {
             inputs.mask = Some(m.value.clone());
+        }
+        let limits = &a.limits;
+        if let Some(f) = &limits.key_length {
+            inputs.limits.key_length = Some(f.value);
+        }
+        if let Some(f) = &limits.key_padding {
+            inputs.limits.key_padding = Some(f.value.clone());
+        }
+        if let Some(f) = &limits.window {
+            inputs.limits.window = Some(f.value);
+        }
+        if let Some(f) = &limits.alibi {
+            inputs.limits.alibi = Some(f.value);
         }
         if let Some(s) = &a.scale {
             inputs.scale = Some(s.value);
@@ -560,8 +597,12 @@ impl<'d> Evaluator<'d> {
             }
         }
         let (q, k, v) = (array(&inputs.queries), array(&inputs.keys), array(&inputs.values));
-        let keep = inputs.keep_array();
-        let options = inputs.options(&keep);
+        if let Some(problem) = limit_problem(decl, a, &inputs) {
+            self.problems.push(problem);
+            return None;
+        }
+        let masks = inputs.masks();
+        let options = inputs.options(&masks);
         let computed = qkv::reference::attention(q.view(), k.view(), v.view(), &options).and_then(|full| {
             let traces = (0..q.nrows())
                 .map(|i| qkv::trace_query(q.view(), k.view(), v.view(), i, &options))
@@ -756,6 +797,47 @@ impl Evaluator<'_> {
     }
 }
 
+/// A key limit that does not fit the example's keys, at the field that sets it (the engine would
+/// name only its own argument).
+fn limit_problem(decl: &Decl, a: &AttentionDecl, inputs: &AttentionInputs) -> Option<Problem> {
+    let n_keys = inputs.keys.len();
+    let at = |f: Option<usize>| f.or(a.from.as_ref().map(|f| f.at)).unwrap_or(decl.id_at);
+    if let Some(length) = inputs.limits.key_length
+        && length > n_keys
+    {
+        return Some(Problem::new(
+            decl.doc,
+            at(a.limits.key_length.as_ref().map(|f| f.at)),
+            format!("`key_length = {length}` but example `{}` has {n_keys} keys", decl.id),
+            format!("key_length = {length}"),
+            format!("at most {n_keys}: how many of the keys are real, the rest being padding"),
+        ));
+    }
+    if let Some(padding) = &inputs.limits.key_padding
+        && padding.len() != n_keys
+    {
+        return Some(Problem::new(
+            decl.doc,
+            at(a.limits.key_padding.as_ref().map(|f| f.at)),
+            format!("`key_padding` has {} flags but example `{}` has {n_keys} keys", padding.len(), decl.id),
+            format!("{padding:?}"),
+            "one `true` (padding) or `false` (a real key) per key",
+        ));
+    }
+    if let Some(slope) = inputs.limits.alibi
+        && slope < 0.0
+    {
+        return Some(Problem::new(
+            decl.doc,
+            at(a.limits.alibi.as_ref().map(|f| f.at)),
+            format!("an ALiBi slope of {slope} would favour far keys over near ones"),
+            format!("alibi = {slope}"),
+            "a slope of 0 or more, such as `0.5` (the paper's are 1/2, 1/4, … for 8 heads: 2^-1 … 2^-8)",
+        ));
+    }
+    None
+}
+
 /// Where to point a problem of block `a`: the first of `fields` it writes, else its `from`,
 /// else its id.
 fn blame(decl: &Decl, a: &AttentionDecl, fields: &[&str]) -> usize {
@@ -862,9 +944,18 @@ fn attention_node(inputs: &AttentionInputs, result: &Result<AttentionResult, Str
                 rows_node(&ql, &r.output.rows().into_iter().map(|x| x.to_vec()).collect::<Vec<_>>()),
             ));
             let per_query = ql.iter().zip(&r.traces).map(|(_, t)| {
-                Node::Map(vec![
+                let mut fields = vec![
                     ("query", Node::vector(&t.query)),
                     ("dot", Node::labelled(&kl, t.dot_products.iter().map(|&x| Node::Number(x)))),
+                ];
+                // ALiBi's term: what a visible score holds beyond the scaled dot product.
+                if inputs.limits.alibi.is_some() {
+                    let bias = t.scores.iter().zip(&t.dot_products).zip(&t.kept);
+                    let bias =
+                        bias.map(|((s, d), &kept)| Node::Number(if kept { s - d * t.scale } else { 0.0 }));
+                    fields.push(("bias", Node::labelled(&kl, bias)));
+                }
+                fields.extend([
                     ("scores", Node::labelled(&kl, t.scores.iter().map(|&x| Node::Number(x)))),
                     ("max", Node::Number(t.max.unwrap_or(f64::NAN))),
                     ("shifted", Node::labelled(&kl, t.shifted.iter().map(|&x| Node::Number(x)))),
@@ -873,7 +964,8 @@ fn attention_node(inputs: &AttentionInputs, result: &Result<AttentionResult, Str
                     ("weights", Node::labelled(&kl, t.weights.iter().map(|&x| Node::Number(x)))),
                     ("terms", rows_node(&kl, &t.weighted_values)),
                     ("output", Node::vector(&t.output)),
-                ])
+                ]);
+                Node::Map(fields)
             });
             // Per-query traces sit beside the fields, so `sentence.love.output` reads naturally;
             // a field name wins over a token of the same name.

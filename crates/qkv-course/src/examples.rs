@@ -58,6 +58,8 @@ pub(crate) struct AttentionDecl {
     pub w_k: Option<Field<Input<Vec<Vec<f64>>>>>,
     pub w_v: Option<Field<Input<Vec<Vec<f64>>>>>,
     pub mask: Option<Field<Mask>>,
+    /// Where each query may look, beside `mask`: the engine's other masks.
+    pub limits: DeclaredLimits,
     pub scale: Option<Field<f64>>,
     pub expect_error: bool,
 }
@@ -70,6 +72,30 @@ pub(crate) enum Mask {
     Causal,
     /// An explicit `[n_q][n_k]` table, true = may attend.
     Keep(Vec<Vec<bool>>),
+}
+
+/// The masks an example may add beside `mask` (each the engine's): how many keys are real
+/// (`key_length`, the rest are padding), which keys are padding (`key_padding`), a sliding window
+/// (`window = [before, after]`) and an ALiBi slope (`alibi`). Generic over how each is held, so
+/// that the declaration keeps positions and the inputs plain values.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct KeyLimits<L, P, W, A> {
+    pub key_length: Option<L>,
+    pub key_padding: Option<P>,
+    pub window: Option<W>,
+    pub alibi: Option<A>,
+}
+
+/// The limits as a block declares them, each with its position.
+pub(crate) type DeclaredLimits = KeyLimits<Field<usize>, Field<Vec<bool>>, Field<[usize; 2]>, Field<f64>>;
+
+/// The limits as the engine takes them.
+pub(crate) type Limits = KeyLimits<usize, Vec<bool>, [usize; 2], f64>;
+
+impl<L, P, W, A> Default for KeyLimits<L, P, W, A> {
+    fn default() -> Self {
+        Self { key_length: None, key_padding: None, window: None, alibi: None }
+    }
 }
 
 /// A `qkv figure` block.
@@ -131,6 +157,10 @@ const KINDS: &[(&str, &[&str])] = &[
             "w_k",
             "w_v",
             "mask",
+            "key_length",
+            "key_padding",
+            "window",
+            "alibi",
             "scale",
             "expect_error",
         ],
@@ -334,6 +364,12 @@ pub(crate) fn parse(doc: usize, block: &Block) -> Result<Decl, Vec<Problem>> {
                 w_k: get("w_k").and_then(|v| reader.matrix(v)),
                 w_v: get("w_v").and_then(|v| reader.matrix(v)),
                 mask: get("mask").and_then(|v| reader.mask(v)),
+                limits: KeyLimits {
+                    key_length: get("key_length").and_then(|v| reader.whole(v)),
+                    key_padding: get("key_padding").and_then(|v| reader.flags(v)),
+                    window: get("window").and_then(|v| reader.window(v)),
+                    alibi: get("alibi").and_then(|v| reader.number(v)),
+                },
                 scale: get("scale").and_then(|v| reader.number(v)),
                 expect_error: get("expect_error").and_then(|v| reader.boolean(v)).unwrap_or(false),
             };
@@ -854,6 +890,57 @@ impl Reader<'_> {
             }
             _ => {
                 self.wrong(v, "rows of numbers or a reference", "`[[1, 0], [0, 1]]` or `\"example.keys\"`");
+                None
+            }
+        }
+    }
+
+    /// A whole number, 0 included.
+    fn whole(&mut self, v: &Value<'_>) -> Option<Field<usize>> {
+        let at = self.block.source_offset(v.span().start);
+        match self.scalar(v)? {
+            x if x >= 0.0 && x == x.trunc() && x < 1e9 => Some(Field { value: x as usize, at }),
+            _ => {
+                self.wrong(v, "a whole number", "a count such as `2`");
+                None
+            }
+        }
+    }
+
+    /// `[true, false, …]`.
+    fn flags(&mut self, v: &Value<'_>) -> Option<Field<Vec<bool>>> {
+        let at = self.block.source_offset(v.span().start);
+        let flags = match v.get_ref() {
+            DeValue::Array(a) => a.iter().map(|x| x.get_ref().as_bool()).collect::<Option<Vec<_>>>(),
+            _ => None,
+        };
+        match flags {
+            Some(value) if !value.is_empty() => Some(Field { value, at }),
+            _ => {
+                self.wrong(
+                    v,
+                    "one `true` or `false` per key",
+                    "`[false, false, true]` (true: the key is padding)",
+                );
+                None
+            }
+        }
+    }
+
+    /// `window = [before, after]`: how many keys before and after its own position a query sees.
+    fn window(&mut self, v: &Value<'_>) -> Option<Field<[usize; 2]>> {
+        const EXPECTED: &str = "`window = [BEFORE, AFTER]`: how many keys before and after its own position each query sees, such as `[1, 0]`";
+        let at = self.block.source_offset(v.span().start);
+        let sides = match v.get_ref() {
+            DeValue::Array(a) if a.len() == 2 => {
+                a.iter().map(|x| self.whole(x).map(|f| f.value)).collect::<Option<Vec<_>>>()
+            }
+            _ => None,
+        };
+        match sides.as_deref() {
+            Some(&[before, after]) => Some(Field { value: [before, after], at }),
+            _ => {
+                self.wrong(v, "a window", EXPECTED);
                 None
             }
         }

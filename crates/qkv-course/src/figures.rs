@@ -233,53 +233,32 @@ fn score_curves(inputs: &AttentionInputs, i: usize, label: &str) -> Result<Score
     let angle = q[1].atan2(q[0]).rem_euclid(2.0 * PI).to_degrees();
     let degrees: Vec<f64> = (0..=180).map(|s| f64::from(s) * 2.0).collect();
     let (k, v) = (array(&inputs.keys), array(&inputs.values));
-    let keep = inputs.keep_array();
-    // The swept query stands alone: it keeps exactly the keys query i may see under the mask.
-    let row_keep = match &inputs.mask {
-        None => None,
-        Some(_) => {
-            let probe = qkv::trace_query(
-                array(&inputs.queries).view(),
-                k.view(),
-                v.view(),
-                i,
-                &inputs.options(&keep),
-            )
-            .map_err(|e| e.to_string())?;
-            Some(
-                ndarray::Array2::from_shape_vec((1, probe.kept.len()), probe.kept)
-                    .map_err(|e| e.to_string())?,
-            )
-        }
-    };
-    let mut options = qkv::AttentionOptions::new();
-    if let Some(s) = inputs.scale {
-        options = options.scale(s);
-    }
-    if let Some(r) = &row_keep {
-        options = options.keep_mask(qkv::KeepMask::new(r.view()));
-    }
+    let masks = inputs.masks();
+    let options = inputs.options(&masks);
+    // The swept query keeps its row among the others, so every mask (causal, window, key length,
+    // padding, ALiBi) treats it as it treats query i.
+    let mut queries = array(&inputs.queries);
     let n_k = inputs.keys.len();
     let d_v = inputs.values[0].len();
     let mut weights = vec![Vec::with_capacity(degrees.len()); n_k];
     let mut outputs = vec![Vec::with_capacity(degrees.len()); d_v];
     for &deg in &degrees {
         let t = deg.to_radians();
-        let q = ndarray::Array2::from_shape_vec((1, 2), vec![radius * t.cos(), radius * t.sin()])
-            .map_err(|e| e.to_string())?;
+        queries[[i, 0]] = radius * t.cos();
+        queries[[i, 1]] = radius * t.sin();
         let a =
-            qkv::reference::attention(q.view(), k.view(), v.view(), &options).map_err(|e| e.to_string())?;
+            qkv::trace_query(queries.view(), k.view(), v.view(), i, &options).map_err(|e| e.to_string())?;
         for (j, series) in weights.iter_mut().enumerate() {
-            series.push(a.weights[[0, j]]);
+            series.push(a.weights[j]);
         }
         for (c, series) in outputs.iter_mut().enumerate() {
-            series.push(a.output[[0, c]]);
+            series.push(a.output[c]);
         }
     }
     let labels = inputs.key_labels();
     let here: Vec<String> = inputs.queries[i].iter().map(|&x| crate::format::shown(x, 2).text).collect();
     let out_here =
-        qkv::trace_query(array(&inputs.queries).view(), k.view(), v.view(), i, &inputs.options(&keep))
+        qkv::trace_query(array(&inputs.queries).view(), k.view(), v.view(), i, &inputs.options(&masks))
             .map_err(|e| e.to_string())?;
     let out_text: Vec<String> = out_here.output.iter().map(|&x| two(x)).collect();
     let mut curves = ScoreCurves::new(

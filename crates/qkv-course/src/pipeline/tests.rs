@@ -513,3 +513,58 @@ fn the_built_lesson_has_no_leftover_citation_syntax() {
     let leftovers = crate::leftover_citations(files);
     assert!(leftovers.is_empty(), "{leftovers:#?}");
 }
+
+/// Weights and output of one query by hand: scaled scores plus `bias`, only `visible` keys.
+fn masked_by_hand(
+    q: &[f64],
+    keys: &[[f64; 2]],
+    values: &[f64],
+    visible: &[bool],
+    bias: &[f64],
+) -> (Vec<f64>, f64) {
+    let e: Vec<f64> = keys
+        .iter()
+        .zip(visible)
+        .zip(bias)
+        .map(|((k, &v), b)| if v { ((q[0] * k[0] + q[1] * k[1]) / 2f64.sqrt() + b).exp() } else { 0.0 })
+        .collect();
+    let sum: f64 = e.iter().sum();
+    let w: Vec<f64> = e.iter().map(|x| x / sum).collect();
+    let out = w.iter().zip(values).map(|(a, v)| a * v).sum();
+    (w, out)
+}
+
+/// Key lengths, padding, windows and ALiBi on examples: each weight as a hand computation has it.
+#[test]
+fn masks_on_examples_hide_and_bias_the_keys_the_engine_does() {
+    let base = "```qkv attention\nid = \"s\"\ntokens = [\"a\", \"b\", \"c\", \"d\"]\nqueries = [[1, 0], [0, 1], [1, 1], [2, 1]]\nkeys = [[1, 0], [0, 1], [1, 1], [1, -1]]\nvalues = [[2], [6], [4], [8]]\n```\n";
+    let keys = [[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [1.0, -1.0]];
+    let values = [2.0, 6.0, 4.0, 8.0];
+    let q_c = [1.0, 1.0];
+    let cases: [(&str, [bool; 4], [f64; 4]); 4] = [
+        ("key_length = 3", [true, true, true, false], [0.0; 4]),
+        ("key_padding = [false, true, false, false]", [true, false, true, true], [0.0; 4]),
+        // Query c stands at position 3 (from 1): one key back and none ahead.
+        ("window = [1, 0]", [false, true, true, false], [0.0; 4]),
+        // ALiBi adds m (j - i) for query c at i = 3: -1, -0.5, 0, +0.5 with m = 0.5.
+        ("alibi = 0.5", [true; 4], [-1.0, -0.5, 0.0, 0.5]),
+    ];
+    for (field, visible, bias) in cases {
+        let example = format!("{base}\n```qkv attention\nid = \"m\"\nfrom = \"s\"\n{field}\n```\n");
+        let records =
+            records(&one_file(&format!("# M\n\n{example}"))).unwrap_or_else(|e| panic!("{field}: {e}"));
+        let (_, listing) = records.iter().find(|(k, _)| k.ends_with(".m")).expect("the masked example");
+        let value = |path: &str| -> f64 {
+            let line = listing.lines().find(|l| l.split(" = ").next().is_some_and(|p| p.ends_with(path)));
+            line.and_then(|l| l.split(" = ").nth(1))
+                .and_then(|x| x.parse().ok())
+                .unwrap_or_else(|| panic!("{field}: no {path}"))
+        };
+        let (w, out) = masked_by_hand(&q_c, &keys, &values, &visible, &bias);
+        for (j, label) in ["a", "b", "c", "d"].iter().enumerate() {
+            let got = value(&format!(".c.weights.{label}"));
+            assert!((got - w[j]).abs() < 1e-12, "{field}: weight of {label} {got} against {}", w[j]);
+        }
+        assert!((value(".c.output.1") - out).abs() < 1e-12, "{field}: output");
+    }
+}

@@ -186,9 +186,35 @@ pub(super) fn attention_steps(
             if masked.len() == 1 { "its" } else { "their" }
         )
     };
+    // ALiBi's bias is what the scores hold beyond the scaled dot products.
+    let alibi = match inputs.limits.alibi {
+        Some(slope) => {
+            let bias: Vec<Shown> = (0..keys.len())
+                .map(|j| {
+                    shown(
+                        if trace.kept[j] {
+                            trace.scores[j] - trace.dot_products[j] * trace.scale
+                        } else {
+                            0.0
+                        },
+                        digits,
+                    )
+                })
+                .collect();
+            let m = shown(slope, digits);
+            format!(
+                ", then add ALiBi's bias $m (j - i)$ with slope $m {} {}$, a penalty that grows with the distance back to each key: $b {} {}$",
+                relation(m.exact),
+                tex(&m),
+                relation(all_exact(&bias)),
+                tuple(&bias)
+            )
+        }
+        None => String::new(),
+    };
     let _ = writeln!(
         out,
-        "2. **Scale.** {how}: $s {} {}$.{mask_note}",
+        "2. **Scale.** {how}{alibi}: $s {} {}$.{mask_note}",
         relation(all_exact(&scores)),
         tuple(&scores)
     );

@@ -10,14 +10,15 @@ fn sentence() -> AttentionInputs {
         keys: vec![vec![1.0, 0.0], vec![0.0, 1.0], vec![1.0, 1.0]],
         values: vec![vec![2.0], vec![6.0], vec![4.0]],
         mask: None,
+        limits: Default::default(),
         scale: None,
     }
 }
 
 fn trace(inputs: &AttentionInputs, i: usize) -> qkv::QueryTrace {
     let (q, k, v) = (array(&inputs.queries), array(&inputs.keys), array(&inputs.values));
-    let keep = inputs.keep_array();
-    qkv::trace_query(q.view(), k.view(), v.view(), i, &inputs.options(&keep)).expect("valid example")
+    let masks = inputs.masks();
+    qkv::trace_query(q.view(), k.view(), v.view(), i, &inputs.options(&masks)).expect("valid example")
 }
 
 #[test]
