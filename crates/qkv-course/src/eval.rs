@@ -10,6 +10,8 @@ use crate::examples::{AttentionDecl, Decl, DeclKind, Field, Input, Limits, Mask}
 use crate::limits::{self, MAX_ROWS, MAX_WIDTH};
 use crate::values::{Miss, Node, Resolve};
 
+mod multi_head;
+
 /// The resolved inputs of an attention example.
 #[derive(Debug, Clone)]
 pub(crate) struct AttentionInputs {
@@ -23,6 +25,19 @@ pub(crate) struct AttentionInputs {
     /// Key lengths, padding, a window and ALiBi, as the engine takes them.
     pub limits: Limits,
     pub scale: Option<f64>,
+    /// The embeddings and projections the queries, keys and values came from, if they did.
+    pub projection: Option<Projection>,
+}
+
+/// What an example's queries, keys and values were projected from: `Q = X_q W_q`,
+/// `K = X_kv W_k`, `V = X_kv W_v` (`x_kv` is `None` for self-attention, where both are `x`).
+#[derive(Debug, Clone)]
+pub(crate) struct Projection {
+    pub x_q: Vec<Vec<f64>>,
+    pub x_kv: Option<Vec<Vec<f64>>>,
+    pub w_q: Vec<Vec<f64>>,
+    pub w_k: Vec<Vec<f64>>,
+    pub w_v: Vec<Vec<f64>>,
 }
 
 impl AttentionInputs {
@@ -94,7 +109,7 @@ pub(crate) struct MaskArrays {
     real: Option<ndarray::Array1<bool>>,
 }
 
-fn labels(tokens: &Option<Vec<String>>, n: usize) -> Vec<String> {
+pub(crate) fn labels(tokens: &Option<Vec<String>>, n: usize) -> Vec<String> {
     match tokens {
         Some(t) if t.len() == n => t.clone(),
         _ => (1..=n).map(|i| i.to_string()).collect(),
@@ -118,11 +133,63 @@ pub(crate) struct AttentionResult {
 
 /// The computed part of a record, kept typed for the generators.
 #[derive(Debug, Clone)]
+// A lesson holds a few dozen records: boxing the large variant would only add noise to the
+// many places that match on it.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Computed {
-    Attention { inputs: AttentionInputs, result: Result<AttentionResult, String> },
+    Attention {
+        inputs: AttentionInputs,
+        result: Result<AttentionResult, String>,
+    },
     Softmax(qkv::QueryTrace),
-    Dot { q: Vec<f64>, k: Vec<f64>, trace: qkv::QueryTrace },
-    WeightedSum { weights: Vec<f64>, values: Vec<f64>, terms: Vec<f64>, output: f64 },
+    Dot {
+        q: Vec<f64>,
+        k: Vec<f64>,
+        trace: qkv::QueryTrace,
+    },
+    WeightedSum {
+        weights: Vec<f64>,
+        values: Vec<f64>,
+        terms: Vec<f64>,
+        output: f64,
+    },
+    /// A named matrix: its rows and their labels.
+    Matrix {
+        labels: Vec<String>,
+        rows: Vec<Vec<f64>>,
+    },
+    MultiHead(Box<MultiHeadResult>),
+}
+
+/// What a multi-head example computed: each head as an attention example, their outputs side by
+/// side, and that projected by `W_o`.
+#[derive(Debug, Clone)]
+pub(crate) struct MultiHeadResult {
+    /// Labels of the rows (one per token).
+    pub tokens: Vec<String>,
+    pub x: Vec<Vec<f64>>,
+    /// Each head's name, inputs and result.
+    pub heads: Vec<(String, AttentionInputs, AttentionResult)>,
+    pub concat: Vec<Vec<f64>>,
+    pub w_o: Vec<Vec<f64>>,
+    pub output: Vec<Vec<f64>>,
+}
+
+impl Computed {
+    /// What `rest` (path segments below a record) names, when it picks a part that computes by
+    /// itself: `heads.NAME` of a multi-head example is that head, an attention example. The part
+    /// and how many segments it took; the record itself and 0 otherwise.
+    pub(crate) fn part(self, rest: &[String]) -> (Computed, usize) {
+        match (self, rest) {
+            (Computed::MultiHead(m), [heads, name, ..])
+                if heads == "heads" && m.heads.iter().any(|(n, _, _)| n == name) =>
+            {
+                let (_, inputs, result) = m.heads.into_iter().find(|(n, _, _)| n == name).expect("checked");
+                (Computed::Attention { inputs, result: Ok(result) }, 2)
+            }
+            (computed, _) => (computed, 0),
+        }
+    }
 }
 
 /// One evaluated declaration.
@@ -420,6 +487,8 @@ impl<'d> Evaluator<'d> {
                 ]);
                 Some(Record { computed: Computed::WeightedSum { weights, values, terms, output }, node })
             }
+            DeclKind::Matrix { rows, labels } => self.matrix_block(decl, rows, labels.as_ref()),
+            DeclKind::MultiHead(m) => self.multi_head(decl, m),
             DeclKind::Figure(_) | DeclKind::Page(_) => None,
         }
     }
@@ -519,6 +588,7 @@ impl<'d> Evaluator<'d> {
             mask: None,
             limits: Limits::default(),
             scale: None,
+            projection: None,
         });
         if let Some(t) = &a.tokens {
             inputs.tokens = Some(t.value.clone());
@@ -596,25 +666,11 @@ impl<'d> Evaluator<'d> {
                 return None;
             }
         }
-        let (q, k, v) = (array(&inputs.queries), array(&inputs.keys), array(&inputs.values));
         if let Some(problem) = limit_problem(decl, a, &inputs) {
             self.problems.push(problem);
             return None;
         }
-        let masks = inputs.masks();
-        let options = inputs.options(&masks);
-        let computed = qkv::reference::attention(q.view(), k.view(), v.view(), &options).and_then(|full| {
-            let traces = (0..q.nrows())
-                .map(|i| qkv::trace_query(q.view(), k.view(), v.view(), i, &options))
-                .collect::<Result<Vec<_>, _>>()?;
-            Ok(AttentionResult {
-                scores: full.scores.into_inner(),
-                weights: full.weights.into_inner(),
-                output: full.output,
-                traces,
-            })
-        });
-        let result = match (computed, a.expect_error) {
+        let result = match (compute(&inputs), a.expect_error) {
             (Ok(r), false) => {
                 if let Some(o) = overflow(&inputs, &r) {
                     // Blame the inputs, not the citation that would show the inf or NaN.
@@ -790,11 +846,36 @@ impl Evaluator<'_> {
             }
         }
         let rows = |m: &Array2<f64>| m.rows().into_iter().map(|r| r.to_vec()).collect::<Vec<_>>();
+        inputs.projection = Some(Projection {
+            x_kv: a.x.is_none().then(|| x_kv.clone()),
+            x_q,
+            w_q: w_q.clone(),
+            w_k: w_k.clone(),
+            w_v: w_v.clone(),
+        });
         inputs.queries = rows(&projected.queries);
         inputs.keys = rows(&projected.keys);
         inputs.values = rows(&projected.values);
         Ok(())
     }
+}
+
+/// An example computed by the engine's f64 reference: scores, weights, output and the trace of
+/// every query.
+pub(crate) fn compute(inputs: &AttentionInputs) -> Result<AttentionResult, qkv::AttentionError> {
+    let (q, k, v) = (array(&inputs.queries), array(&inputs.keys), array(&inputs.values));
+    let masks = inputs.masks();
+    let options = inputs.options(&masks);
+    let full = qkv::reference::attention(q.view(), k.view(), v.view(), &options)?;
+    let traces = (0..q.nrows())
+        .map(|i| qkv::trace_query(q.view(), k.view(), v.view(), i, &options))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(AttentionResult {
+        scores: full.scores.into_inner(),
+        weights: full.weights.into_inner(),
+        output: full.output,
+        traces,
+    })
 }
 
 /// A key limit that does not fit the example's keys, at the field that sets it (the engine would
@@ -872,16 +953,16 @@ fn largest<'a>(xs: impl IntoIterator<Item = &'a f64>) -> f64 {
 }
 
 /// A number of an evaluated example that overflowed although every input is finite.
-struct Overflow {
+pub(crate) struct Overflow {
     /// What overflowed, as a phrase: "q·k for query `I` and key `love` is inf".
-    what: String,
+    pub what: String,
     /// The key involved, or `None` when the output overflowed.
-    key: Option<usize>,
+    pub key: Option<usize>,
 }
 
 /// The first overflow in an example's traces: a dot product, a visible score or its distance
 /// from the row's largest score (scores), or a weighted value or output (values).
-fn overflow(inputs: &AttentionInputs, result: &AttentionResult) -> Option<Overflow> {
+pub(crate) fn overflow(inputs: &AttentionInputs, result: &AttentionResult) -> Option<Overflow> {
     let (ql, kl) = (inputs.query_labels(), inputs.key_labels());
     for (i, t) in result.traces.iter().enumerate() {
         for (j, key) in kl.iter().enumerate() {
@@ -907,7 +988,7 @@ fn overflow(inputs: &AttentionInputs, result: &AttentionResult) -> Option<Overfl
     None
 }
 
-fn rows_node(labels: &[String], rows: &[Vec<f64>]) -> Node {
+pub(crate) fn rows_node(labels: &[String], rows: &[Vec<f64>]) -> Node {
     Node::labelled(labels, rows.iter().map(|r| Node::vector(r)))
 }
 
@@ -918,7 +999,7 @@ fn matrix_node(row_labels: &[String], col_labels: &[String], m: &Array2<f64>) ->
     )
 }
 
-fn attention_node(inputs: &AttentionInputs, result: &Result<AttentionResult, String>) -> Node {
+pub(crate) fn attention_node(inputs: &AttentionInputs, result: &Result<AttentionResult, String>) -> Node {
     let (ql, kl) = (inputs.query_labels(), inputs.key_labels());
     let d_k = inputs.queries.first().map_or(0, Vec::len) as f64;
     let mut fields = vec![
@@ -932,6 +1013,17 @@ fn attention_node(inputs: &AttentionInputs, result: &Result<AttentionResult, Str
     // Only cross-attention examples have them; listing them everywhere would only add noise.
     if let Some(q) = &inputs.query_tokens {
         fields.insert(1, ("query_tokens", Node::numbered(q.iter().map(|t| Node::Text(t.clone())))));
+    }
+    if let Some(p) = &inputs.projection {
+        let numbered = |rows: &[Vec<f64>]| Node::numbered(rows.iter().map(|r| Node::vector(r)));
+        match &p.x_kv {
+            None => fields.push(("x", rows_node(&kl, &p.x_q))),
+            Some(x_kv) => {
+                fields.push(("x_q", rows_node(&ql, &p.x_q)));
+                fields.push(("x_kv", rows_node(&kl, x_kv)));
+            }
+        }
+        fields.extend([("w_q", numbered(&p.w_q)), ("w_k", numbered(&p.w_k)), ("w_v", numbered(&p.w_v))]);
     }
     match result {
         Err(e) => fields.push(("error", Node::Text(e.clone()))),

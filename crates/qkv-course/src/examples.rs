@@ -114,11 +114,71 @@ pub(crate) struct FigureDecl {
 #[derive(Debug, Clone)]
 pub(crate) enum DeclKind {
     Attention(Box<AttentionDecl>),
-    Softmax { scores: Field<Input<Vec<f64>>> },
-    Dot { q: Field<Input<Vec<f64>>>, k: Field<Input<Vec<f64>>> },
-    WeightedSum { weights: Field<Input<Vec<f64>>>, values: Field<Input<Vec<f64>>> },
+    Softmax {
+        scores: Field<Input<Vec<f64>>>,
+    },
+    Dot {
+        q: Field<Input<Vec<f64>>>,
+        k: Field<Input<Vec<f64>>>,
+    },
+    WeightedSum {
+        weights: Field<Input<Vec<f64>>>,
+        values: Field<Input<Vec<f64>>>,
+    },
     Figure(Box<FigureDecl>),
     Page(Box<PageDecl>),
+    /// A named matrix (embeddings, a projection), declared once and used by any example.
+    Matrix {
+        rows: Field<Input<Vec<Vec<f64>>>>,
+        labels: Option<Field<Vec<String>>>,
+    },
+    MultiHead(Box<MultiHeadDecl>),
+}
+
+/// A `qkv multi-head` block: heads with their own projections of one `x`, concatenated and
+/// projected by `w_o`; with `kv_heads`, several query heads share a key/value head (GQA).
+#[derive(Debug, Clone)]
+pub(crate) struct MultiHeadDecl {
+    pub tokens: Option<Field<Vec<String>>>,
+    pub x: Field<Input<Vec<Vec<f64>>>>,
+    pub heads: Vec<HeadDecl>,
+    pub kv_heads: Vec<KvHeadDecl>,
+    pub w_o: Field<Input<Vec<Vec<f64>>>>,
+    pub mask: Option<Field<Mask>>,
+    pub limits: DeclaredLimits,
+    pub scale: Option<Field<f64>>,
+}
+
+/// One query head of a multi-head block.
+#[derive(Debug, Clone)]
+pub(crate) struct HeadDecl {
+    /// Its label in paths (`mh.heads.NAME`); by default its number.
+    pub name: String,
+    pub w_q: Field<Input<Vec<Vec<f64>>>>,
+    /// Its own keys and values, or (`kv`) those of a shared key/value head.
+    pub kv: HeadKv,
+    /// Its ALiBi slope, if any.
+    pub alibi: Option<Field<f64>>,
+    /// Where its table starts, for errors about the head as a whole.
+    pub at: usize,
+}
+
+/// Where a query head's keys and values come from.
+#[derive(Debug, Clone)]
+pub(crate) enum HeadKv {
+    Own {
+        w_k: Field<Input<Vec<Vec<f64>>>>,
+        w_v: Field<Input<Vec<Vec<f64>>>>,
+    },
+    /// The 0-based index of a `kv_heads` entry.
+    Shared(Field<usize>),
+}
+
+/// A key/value head that query heads share.
+#[derive(Debug, Clone)]
+pub(crate) struct KvHeadDecl {
+    pub w_k: Field<Input<Vec<Vec<f64>>>>,
+    pub w_v: Field<Input<Vec<Vec<f64>>>>,
 }
 
 impl DeclKind {
@@ -163,6 +223,23 @@ const KINDS: &[(&str, &[&str])] = &[
             "alibi",
             "scale",
             "expect_error",
+        ],
+    ),
+    ("matrix", &["id", "rows", "labels"]),
+    (
+        "multi-head",
+        &[
+            "id",
+            "tokens",
+            "x",
+            "heads",
+            "kv_heads",
+            "w_o",
+            "mask",
+            "key_length",
+            "key_padding",
+            "window",
+            "scale",
         ],
     ),
     ("softmax", &["id", "scores"]),
@@ -259,6 +336,13 @@ pub(crate) const ATTENTION_FIELDS: &[&str] = &[
     "weights",
     "output",
     "error",
+    "x",
+    "x_q",
+    "x_kv",
+    "w_q",
+    "w_k",
+    "w_v",
+    "kv_head",
 ];
 
 /// Why a list of token labels cannot name its rows in paths, if it cannot: two labels alike (the
@@ -390,6 +474,18 @@ pub(crate) fn parse(doc: usize, block: &Block) -> Result<Decl, Vec<Problem>> {
             }
             DeclKind::Attention(Box::new(a))
         }
+        "matrix" => {
+            let rows = reader.required(&table, "rows", Reader::matrix);
+            let labels = get("labels").and_then(|v| reader.strings(v));
+            match rows {
+                Some(rows) => DeclKind::Matrix { rows, labels },
+                None => return Err(reader.problems),
+            }
+        }
+        "multi-head" => match reader.multi_head(&table) {
+            Some(m) => DeclKind::MultiHead(Box::new(m)),
+            None => return Err(reader.problems),
+        },
         "softmax" => match reader.required(&table, "scores", Reader::vector) {
             Some(scores) => DeclKind::Softmax { scores },
             None => return Err(reader.problems),
@@ -893,6 +989,163 @@ impl Reader<'_> {
                 None
             }
         }
+    }
+
+    /// Reads a `qkv multi-head` block.
+    fn multi_head(&mut self, table: &DeTable<'_>) -> Option<MultiHeadDecl> {
+        let n = self.problems.len();
+        let tokens = table.get("tokens").and_then(|v| self.strings(v));
+        let x = self.required(table, "x", Reader::matrix);
+        let w_o = self.required(table, "w_o", Reader::matrix);
+        let mask = table.get("mask").and_then(|v| self.mask(v));
+        let scale = table.get("scale").and_then(|v| self.number(v));
+        let limits = KeyLimits {
+            key_length: table.get("key_length").and_then(|v| self.whole(v)),
+            key_padding: table.get("key_padding").and_then(|v| self.flags(v)),
+            window: table.get("window").and_then(|v| self.window(v)),
+            alibi: None,
+        };
+        let kv_heads = match table.get("kv_heads") {
+            None => Vec::new(),
+            Some(v) => self
+                .tables(v, "kv_heads", &["w_k", "w_v"])
+                .into_iter()
+                .filter_map(|(_, t)| {
+                    let w_k = self.required(t, "w_k", Reader::matrix);
+                    let w_v = self.required(t, "w_v", Reader::matrix);
+                    Some(KvHeadDecl { w_k: w_k?, w_v: w_v? })
+                })
+                .collect(),
+        };
+        let shared = table.get("kv_heads").is_some();
+        let mut heads = Vec::new();
+        let Some(v) = table.get("heads") else {
+            self.problem(
+                0,
+                "a `multi-head` block has no `heads`",
+                first_line(&self.block.content),
+                "`[[heads]]` tables, each with `w_q`, and `w_k` and `w_v` (or `kv`, with `[[kv_heads]]`)",
+            );
+            return None;
+        };
+        let items = self.tables(v, "heads", &["name", "w_q", "w_k", "w_v", "kv", "alibi"]);
+        if items.len() > limits::MAX_SHOWN {
+            self.wrong(
+                v,
+                &format!("at most {} heads", limits::MAX_SHOWN),
+                "fewer heads: every head is shown and cited",
+            );
+        }
+        for (i, (at, t)) in items.into_iter().enumerate() {
+            let name = match t.get("name") {
+                Some(v) => self.identifier(v).map(|f| f.value),
+                None => Some((i + 1).to_string()),
+            };
+            let w_q = self.required(t, "w_q", Reader::matrix);
+            let alibi = t.get("alibi").and_then(|v| self.number(v));
+            let kv = if shared {
+                for name in ["w_k", "w_v"] {
+                    if let Some((key, _)) = t.get_key_value(name) {
+                        self.problem(
+                            key.span().start,
+                            format!(
+                                "head {} has `{name}`, but its keys and values come from `kv_heads`",
+                                i + 1
+                            ),
+                            first_line(self.block.content.get(key.span().start..).unwrap_or("")),
+                            "`kv = N`: the number of the `[[kv_heads]]` entry it shares",
+                        );
+                    }
+                }
+                match self.required(t, "kv", Reader::whole) {
+                    Some(f) if f.value >= 1 && f.value <= kv_heads.len() => {
+                        Some(HeadKv::Shared(Field { value: f.value - 1, at: f.at }))
+                    }
+                    Some(f) => {
+                        self.problems.push(Problem::new(
+                            self.doc,
+                            f.at,
+                            format!(
+                                "head {} shares key/value head {}, but there are {}",
+                                i + 1,
+                                f.value,
+                                kv_heads.len()
+                            ),
+                            format!("kv = {}", f.value),
+                            format!("a number from 1 to {}", kv_heads.len()),
+                        ));
+                        None
+                    }
+                    None => None,
+                }
+            } else {
+                if let Some((key, _)) = t.get_key_value("kv") {
+                    self.problem(
+                        key.span().start,
+                        "`kv` names a shared key/value head, but the block has no `kv_heads`",
+                        first_line(self.block.content.get(key.span().start..).unwrap_or("")),
+                        "`[[kv_heads]]` tables with `w_k` and `w_v`, or `w_k` and `w_v` on the head",
+                    );
+                }
+                let w_k = self.required(t, "w_k", Reader::matrix);
+                let w_v = self.required(t, "w_v", Reader::matrix);
+                w_k.zip(w_v).map(|(w_k, w_v)| HeadKv::Own { w_k, w_v })
+            };
+            if let (Some(name), Some(w_q), Some(kv)) = (name, w_q, kv) {
+                heads.push(HeadDecl { name, w_q, kv, alibi, at });
+            }
+        }
+        let names: Vec<String> = heads.iter().map(|h| h.name.clone()).collect();
+        if let Some(message) = label_problem(&names) {
+            self.wrong(v, "heads with distinct names", &message);
+        }
+        for (k, _) in kv_heads.iter().enumerate() {
+            if !heads.iter().any(|h| matches!(&h.kv, HeadKv::Shared(f) if f.value == k)) {
+                let at = table.get("kv_heads").map_or(0, |v| v.span().start);
+                self.problem(
+                    at,
+                    format!("key/value head {} is shared by no query head", k + 1),
+                    first_line(self.block.content.get(at..).unwrap_or("")),
+                    "every `[[kv_heads]]` entry named by some head's `kv`",
+                );
+            }
+        }
+        if self.problems.len() > n {
+            return None;
+        }
+        Some(MultiHeadDecl { tokens, x: x?, heads, kv_heads, w_o: w_o?, mask, limits, scale })
+    }
+
+    /// `[[NAME]]` tables, each checked for unknown fields: with the source offset of each.
+    fn tables<'t>(
+        &mut self,
+        v: &'t Value<'_>,
+        name: &str,
+        allowed: &[&str],
+    ) -> Vec<(usize, &'t DeTable<'t>)> {
+        let DeValue::Array(items) = v.get_ref() else {
+            self.wrong(
+                v,
+                &format!("`[[{name}]]` tables"),
+                &format!("`[[{name}]]` tables with {}", allowed.join(", ")),
+            );
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for (i, item) in items.iter().enumerate() {
+            match item.get_ref() {
+                DeValue::Table(t) if !self.known_fields(t, allowed, &format!("`{name}` entry {}", i + 1)) => {
+                    out.push((self.block.source_offset(item.span().start), t));
+                }
+                DeValue::Table(_) => {}
+                _ => self.wrong(
+                    item,
+                    &format!("a `[[{name}]]` table"),
+                    &format!("fields {}", allowed.join(", ")),
+                ),
+            }
+        }
+        out
     }
 
     /// A whole number, 0 included.

@@ -134,8 +134,9 @@ impl<'a> Context<'a, '_> {
             .eval
             .record(&t.key)
             .ok_or_else(|| self.problem(format!("`{target}` has errors (see above)"), ""))?;
-        let rest = t.rest.iter().map(|s| s.to_string()).collect();
-        Ok(Named { computed: record.computed, rest, key: t.key })
+        let rest: Vec<String> = t.rest.iter().map(|s| s.to_string()).collect();
+        let (computed, taken) = record.computed.part(&rest);
+        Ok(Named { computed, rest: rest[taken..].to_vec(), key: t.key })
     }
 
     /// The query a target's rest names (`love` in `sentence.love`), by label or 1-based number.

@@ -568,3 +568,135 @@ fn masks_on_examples_hide_and_bias_the_keys_the_engine_does() {
         assert!((value(".c.output.1") - out).abs() < 1e-12, "{field}: output");
     }
 }
+
+const EVERY_KIND: &str = include_str!("fixtures/every-kind.md");
+
+/// Every value of every record of a lesson, by qualified path.
+fn values_of(sources: &Sources) -> HashMap<String, f64> {
+    let mut out = HashMap::new();
+    for (_, listing) in records(sources).unwrap_or_else(|e| panic!("{e}")) {
+        for line in listing.lines() {
+            if let Some((path, value)) = line.split_once(" = ")
+                && let Ok(x) = value.parse::<f64>()
+            {
+                out.insert(path.to_string(), x);
+            }
+        }
+    }
+    out
+}
+
+/// The fixture builds, and a second build changes nothing.
+#[test]
+fn the_every_kind_fixture_builds_and_is_stable() {
+    let built = build(&one_file(EVERY_KIND)).unwrap_or_else(|e| panic!("{e}"));
+    let again = check(&one_file(&built.markdown[0].text)).expect("valid");
+    assert!(again.is_empty(), "{}", stale_report(&again));
+}
+
+/// Multi-head examples against the engine's own multi-head path (flash tiles, not the
+/// reference the lesson prints) and `W_o` by hand: the heads of `two` each have their keys and
+/// values, the four of `gqa` share two, with a causal mask and ALiBi on two heads.
+#[test]
+fn multi_head_examples_equal_the_engine_s_multi_head_attention() {
+    use ndarray::{Array2, Array4, s};
+    let values = values_of(&one_file(EVERY_KIND));
+    let get = |path: &str| *values.get(&format!("test.{path}")).unwrap_or_else(|| panic!("no {path}"));
+    let x = Array2::from_shape_vec((3, 4), vec![1., 0., 1., 0., 0., 1., 0., 1., 1., 1., 0., 0.]).expect("x");
+    let m = |rows: &[&[f64]]| Array2::from_shape_vec((rows.len(), rows[0].len()), rows.concat()).expect("m");
+    let tokens = ["I", "love", "NLP"];
+    // (id, head names, w_q per head, (w_k, w_v) per key/value head, kv head of each head, w_o, causal, alibi slopes)
+    type Case<'a> = (
+        &'a str,
+        Vec<&'a str>,
+        Vec<Array2<f64>>,
+        Vec<(Array2<f64>, Array2<f64>)>,
+        Vec<usize>,
+        Array2<f64>,
+        bool,
+        Vec<f64>,
+    );
+    let cases: Vec<Case> = vec![
+        (
+            "two",
+            vec!["near", "far"],
+            vec![
+                m(&[&[1., 0.], &[0., 1.], &[1., 0.], &[0., 1.]]),
+                m(&[&[0., 1.], &[1., 0.], &[0., 0.], &[1., 1.]]),
+            ],
+            vec![
+                (
+                    m(&[&[1., 0.], &[0., 1.], &[0., 0.], &[1., 1.]]),
+                    m(&[&[1., 0.], &[0., 1.], &[1., 1.], &[0., 0.]]),
+                ),
+                (
+                    m(&[&[1., 1.], &[0., 1.], &[1., 0.], &[0., 0.]]),
+                    m(&[&[0., 1.], &[1., 0.], &[0., 0.], &[1., 1.]]),
+                ),
+            ],
+            vec![0, 1],
+            m(&[&[1., 0.], &[0., 1.], &[1., 1.], &[0.5, -0.5]]),
+            false,
+            vec![0.0, 0.0],
+        ),
+        (
+            "gqa",
+            vec!["1", "2", "3", "4"],
+            vec![
+                m(&[&[1., 0.], &[0., 1.], &[0., 0.], &[1., 0.]]),
+                m(&[&[0., 1.], &[1., 0.], &[1., 0.], &[0., 0.]]),
+                m(&[&[1., 1.], &[0., 0.], &[0., 1.], &[1., 0.]]),
+                m(&[&[0., 0.], &[1., 1.], &[1., 0.], &[0., 1.]]),
+            ],
+            vec![
+                (m(&[&[1., 0.], &[0., 1.], &[1., 1.], &[0., 0.]]), m(&[&[1.], &[2.], &[0.], &[1.]])),
+                (m(&[&[0., 1.], &[1., 0.], &[0., 0.], &[1., 1.]]), m(&[&[0.], &[1.], &[3.], &[1.]])),
+            ],
+            vec![0, 0, 1, 1],
+            m(&[&[1., 0.], &[0., 1.], &[1., 1.], &[1., -1.]]),
+            true,
+            vec![0.5, 0.25, 0.0, 0.0],
+        ),
+    ];
+    for (id, names, w_q, kv, kv_of, w_o, causal, slopes) in cases {
+        let (heads, kv_heads) = (w_q.len(), kv.len());
+        let (d_k, d_v) = (w_q[0].ncols(), kv[0].1.ncols());
+        let mut q = Array4::zeros((1, heads, 3, d_k));
+        for (h, w) in w_q.iter().enumerate() {
+            q.slice_mut(s![0, h, .., ..]).assign(&x.dot(w));
+        }
+        let (mut k, mut v) = (Array4::zeros((1, kv_heads, 3, d_k)), Array4::zeros((1, kv_heads, 3, d_v)));
+        for (g, (w_k, w_v)) in kv.iter().enumerate() {
+            k.slice_mut(s![0, g, .., ..]).assign(&x.dot(w_k));
+            v.slice_mut(s![0, g, .., ..]).assign(&x.dot(w_v));
+        }
+        let mut options = qkv::AttentionOptions::new();
+        if causal {
+            options = options.causal(qkv::CausalMask::BottomRight);
+        }
+        if slopes.iter().any(|&s| s != 0.0) {
+            options = options.alibi(qkv::Alibi::new(&slopes));
+        }
+        let out = qkv::multi_head_attention(q.view(), k.view(), v.view(), &options).expect("engine");
+        for (i, token) in tokens.iter().enumerate() {
+            let mut concat = Vec::new();
+            for (h, name) in names.iter().enumerate() {
+                assert_eq!(get(&format!("{id}.heads.{name}.kv_head")), (kv_of[h] + 1) as f64);
+                for c in 0..d_v {
+                    let ours = get(&format!("{id}.heads.{name}.{token}.output.{}", c + 1));
+                    assert!(
+                        (ours - out[[0, h, i, c]]).abs() < 1e-12,
+                        "{id} head {name} {token}: {ours} vs {}",
+                        out[[0, h, i, c]]
+                    );
+                    concat.push(out[[0, h, i, c]]);
+                }
+            }
+            for c in 0..w_o.ncols() {
+                let by_hand: f64 = concat.iter().enumerate().map(|(r, a)| a * w_o[[r, c]]).sum();
+                let ours = get(&format!("{id}.output.{token}.{}", c + 1));
+                assert!((ours - by_hand).abs() < 1e-12, "{id} {token} output {c}: {ours} vs {by_hand}");
+            }
+        }
+    }
+}

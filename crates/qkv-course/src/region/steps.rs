@@ -54,6 +54,12 @@ pub(super) fn worked(cx: &mut Context<'_, '_>, target: &str, digits: usize) -> R
             cx.at_most_shown(&[(values.len(), "values")])?;
             weighted_sum_steps(&weights, &values, &terms, output, digits)
         }
+        Computed::Matrix { .. } | Computed::MultiHead(_) => {
+            return Err(cx.problem(
+                format!("`{target}` has no worked steps of its own"),
+                "`EXAMPLE.TOKEN` of an attention example, or `MULTIHEAD.heads.HEAD.TOKEN` for one head",
+            ));
+        }
     })
 }
 

@@ -1,5 +1,8 @@
-//! `table EXAMPLE inputs|weights|scores`: an attention example's inputs, or its weight or score
-//! matrix, as a markdown table (weights with a row-sum and an output column; masked cells say so).
+//! `table EXAMPLE inputs|weights|scores|projections`: an attention example's inputs, its weight or
+//! score matrix (weights with a row-sum and an output column; masked cells say so), or the
+//! embeddings and projections its inputs came from; `table MATRIX` for a `qkv matrix` block; and
+//! `table MULTIHEAD x|concat|w_o|output` for a multi-head example (`MULTIHEAD.heads.HEAD` is a
+//! head, with every view of an attention example).
 //!
 //! Inputs are numbers the author wrote, so they are shown as the worked steps show them (`0.5`,
 //! not `0.5000`); weights and scores are computed, and keep a fixed number of decimals so their
@@ -12,8 +15,12 @@ use crate::error::Problem;
 use crate::eval::{AttentionInputs, AttentionResult, Computed};
 use crate::format::shown;
 
-pub(super) const KIND: Kind =
-    Kind { name: "table", usage: "`table EXAMPLE inputs|weights|scores`", options: &["digits"], generate };
+pub(super) const KIND: Kind = Kind {
+    name: "table",
+    usage: "`table EXAMPLE inputs|weights|scores|projections`",
+    options: &["digits"],
+    generate,
+};
 
 /// What a table of an example shows, for [`Context::at_most_shown`]: a row per query, a column
 /// per key, and vectors as wide as the queries or the values.
@@ -32,6 +39,18 @@ fn generate(cx: &mut Context<'_, '_>) -> Result<Generated, Problem> {
             cx.at_most_shown(&shown_counts(&inputs))?;
             inputs_table(&inputs, cx.digits)
         }
+        (Computed::Attention { inputs, .. }, true) if field == "projections" => {
+            let Some(p) = &inputs.projection else {
+                return Err(cx.problem(
+                    format!(
+                        "`{target}` has no projections: its queries, keys and values are given as numbers"
+                    ),
+                    "an example with `x` (or `x_q` and `x_kv`) and `w_q`, `w_k`, `w_v`",
+                ));
+            };
+            cx.at_most_shown(&shown_counts(&inputs))?;
+            projections_table(&inputs, p, cx.digits)
+        }
         (Computed::Attention { inputs, result: Ok(result) }, true) => match field {
             "weights" | "scores" => {
                 cx.at_most_shown(&shown_counts(&inputs))?;
@@ -39,9 +58,32 @@ fn generate(cx: &mut Context<'_, '_>) -> Result<Generated, Problem> {
                 matrix_table(&inputs, &result, m, field, cx.digits)
             }
             other => {
-                return Err(cx.problem(format!("unknown table `{other}`"), "`inputs`, `weights` or `scores`"));
+                return Err(cx.problem(
+                    format!("unknown table `{other}`"),
+                    "`inputs`, `weights`, `scores` or `projections`",
+                ));
             }
         },
+        (Computed::Matrix { labels, rows }, true) => {
+            cx.at_most_shown(&[(rows.len(), "rows"), (rows.first().map_or(0, Vec::len), "columns")])?;
+            labelled_table("row", &labels, &rows, cx.digits)
+        }
+        (Computed::MultiHead(m), true) => {
+            let (header, labels, rows) = match field {
+                "x" => ("token", m.tokens.clone(), &m.x),
+                "concat" => ("token", m.tokens.clone(), &m.concat),
+                "output" => ("token", m.tokens.clone(), &m.output),
+                "w_o" => ("row", numbers(m.w_o.len()), &m.w_o),
+                other => {
+                    return Err(cx.problem(
+                        format!("unknown table `{other}` of a multi-head example"),
+                        "`x`, `concat`, `w_o` or `output`; `table MULTIHEAD.heads.HEAD weights` for one head",
+                    ));
+                }
+            };
+            cx.at_most_shown(&[(rows.len(), "rows"), (rows.first().map_or(0, Vec::len), "columns")])?;
+            labelled_table(header, &labels, rows, cx.digits)
+        }
         _ => {
             return Err(cx.problem(
                 format!("`{target}` is not an attention example that computes"),
@@ -139,6 +181,59 @@ pub(super) fn matrix_table(
         out.push('\n');
     }
     out
+}
+
+/// `1..=n` as labels.
+fn numbers(n: usize) -> Vec<String> {
+    (1..=n).map(|i| i.to_string()).collect()
+}
+
+/// A matrix with a label per row and a column per component, numbers as the steps show them.
+fn labelled_table(header: &str, labels: &[String], rows: &[Vec<f64>], digits: usize) -> String {
+    let width = rows.first().map_or(0, Vec::len);
+    let mut out = format!("| {header} |");
+    for c in 1..=width {
+        let _ = write!(out, " {c} |");
+    }
+    out.push_str("\n|:--|");
+    out.push_str(&"--:|".repeat(width));
+    out.push('\n');
+    for (label, row) in labels.iter().zip(rows) {
+        let _ = write!(out, "| {} |", escape_cell(label));
+        for &x in row {
+            let _ = write!(out, " {} |", shown(x, digits).text);
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// The embeddings, each projection and each product: `X`, `W_q`, `W_k`, `W_v`, then
+/// `Q = X W_q`, `K = X W_k`, `V = X W_v` (with `X_q` and `X_kv` for cross-attention).
+fn projections_table(inputs: &AttentionInputs, p: &crate::eval::Projection, digits: usize) -> String {
+    let (ql, kl) = (inputs.query_labels(), inputs.key_labels());
+    let (x_q, x_kv) = match &p.x_kv {
+        None => ("X", "X"),
+        Some(_) => ("X_q", "X_{kv}"),
+    };
+    let mut parts = vec![(format!("${x_q}$, the embeddings"), labelled_table("token", &ql, &p.x_q, digits))];
+    if let Some(x) = &p.x_kv {
+        parts.push((
+            format!("${x_kv}$, the embeddings of the keys' tokens"),
+            labelled_table("token", &kl, x, digits),
+        ));
+    }
+    for (name, w) in [("W_q", &p.w_q), ("W_k", &p.w_k), ("W_v", &p.w_v)] {
+        parts.push((format!("${name}$"), labelled_table("row", &numbers(w.len()), w, digits)));
+    }
+    for (name, from, w, labels, rows) in [
+        ("Q", x_q, "W_q", &ql, &inputs.queries),
+        ("K", x_kv, "W_k", &kl, &inputs.keys),
+        ("V", x_kv, "W_v", &kl, &inputs.values),
+    ] {
+        parts.push((format!("${name} = {from} {w}$"), labelled_table("token", labels, rows, digits)));
+    }
+    parts.iter().map(|(title, table)| format!("**{title}**\n\n{table}")).collect::<Vec<_>>().join("\n")
 }
 
 /// A label as table-cell markdown: no HTML, no emphasis, no column breaks.

@@ -12,6 +12,7 @@ fn sentence() -> AttentionInputs {
         mask: None,
         limits: Default::default(),
         scale: None,
+        projection: None,
     }
 }
 
