@@ -165,6 +165,15 @@ pub enum AttentionError {
         /// How many queries there are.
         n_queries: usize,
     },
+    /// A size that is zero where at least one is needed (the `block` of
+    /// [`trace_tiled`](crate::reference::trace_tiled)).
+    #[error("{argument} is 0: {why}")]
+    Zero {
+        /// Which argument.
+        argument: &'static str,
+        /// Why it may not be zero.
+        why: &'static str,
+    },
     /// A scale that is NaN or infinite.
     #[error("scale is {value}: the score multiplier must be finite")]
     InvalidScale {

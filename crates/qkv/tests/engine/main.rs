@@ -12,4 +12,5 @@ mod oracle;
 mod problem;
 mod properties;
 mod simd;
+mod tiled;
 mod unseen;
