@@ -214,6 +214,21 @@ pub enum AttentionError {
         /// What the merge needs.
         what: &'static str,
     },
+    /// A part handed to [`PartialAttention::merge`](crate::PartialAttention::merge) that no
+    /// attention could have produced: a NaN or `+inf` logsumexp, or a non-finite output element.
+    #[error("cannot merge: the {part} part's {argument}{index} is {value}; {why}")]
+    MergeValue {
+        /// Which part: `first` (the receiver) or `second` (the argument).
+        part: &'static str,
+        /// `logsumexp` or `output`.
+        argument: &'static str,
+        /// Where, printed as `[row]` or `[row, column]` (with any leading axes).
+        index: Dims,
+        /// The value found.
+        value: f64,
+        /// What the element may hold.
+        why: &'static str,
+    },
     /// A score that overflowed the element type although every input was finite.
     #[error(
         "the scaled score of query {query_idx}{} overflowed {ty}: its inputs are finite but too \
