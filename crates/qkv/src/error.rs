@@ -293,6 +293,23 @@ pub enum AttentionError {
         /// Why.
         why: &'static str,
     },
+    /// A [`KvCache`](crate::KvCache) whose storage cannot be allocated: its size overflows, or
+    /// the allocator refused it.
+    #[error(
+        "KvCache shape {shape} (layers, kv_heads, capacity, key_dim, value_dim) needs {} of {storage} \
+         storage, {why}: ask for a smaller capacity",
+        bytes.map_or("more than usize::MAX bytes".to_string(), |b| format!("{b} bytes"))
+    )]
+    CacheTooLarge {
+        /// The cache's shape, `[layers, kv_heads, capacity, key_dim, value_dim]`.
+        shape: Dims,
+        /// The storage type (`f32`, `bf16`, `f16`).
+        storage: &'static str,
+        /// The bytes it needs, `None` if that overflows `usize`.
+        bytes: Option<usize>,
+        /// Why it cannot be allocated.
+        why: &'static str,
+    },
     /// A step over a [`KvCache`](crate::KvCache) layer whose inputs are too large for f32.
     #[error(
         "layer {layer} of the KV cache: its keys and values with these queries could overflow an f32 \
