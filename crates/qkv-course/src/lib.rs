@@ -42,3 +42,9 @@ pub use error::{ContentError, ContentErrors};
 pub use html::escape as escape_html;
 pub use pipeline::{Build, FigureFile, OutputFile, SourceFile, Sources, build, check, records, section_id};
 pub use stale::{Stale, stale_report};
+
+/// The workspace README's example of embedding the engine, compiled and run as a doctest so it
+/// cannot rot. It lives here rather than in `qkv`, whose packaged crate has no workspace around it.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+struct WorkspaceReadmeExample;

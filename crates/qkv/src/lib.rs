@@ -159,12 +159,9 @@ fn exact_length(argument: &'static str, len: usize, shape: &[usize]) -> Result<(
     }
 }
 
-/// The workspace README's embedding example, compiled and run as a doctest so it cannot rot.
-#[cfg(doctest)]
-#[doc = include_str!("../../../README.md")]
-struct ReadmeExample;
-
-/// The crate's own README (its crates.io page), run as a doctest for the same reason.
+/// The crate's own README (its crates.io page), compiled and run as a doctest so it cannot rot.
+/// Only files inside the package may be included: the packaged crate is tested without the
+/// workspace (the workspace README's example is `qkv-course`'s doctest).
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 struct CrateReadmeExample;

@@ -9,6 +9,7 @@ mod lesson;
 mod lse;
 mod multi_head;
 mod oracle;
+mod package;
 mod problem;
 mod properties;
 mod simd;
