@@ -42,12 +42,18 @@ mod values;
 
 pub use encoding::decode;
 pub use error::{ContentError, ContentErrors};
-/// HTML-escapes text (for pages and attributes): what every page of the site uses.
 pub use files::{FigureFile, OutputFile, SourceFile, Sources, section_id};
 pub use leftovers::leftover_citations;
+/// HTML-escapes text (for pages and attributes): what every page of the site uses.
 pub use markup::escape as escape_html;
 pub use pipeline::{Build, build, check, records};
 pub use stale::{Stale, stale_report};
+
+/// The workspace README's example of embedding the engine, compiled and run as a doctest so it
+/// cannot rot. It lives here rather than in `qkv`, whose packaged crate has no workspace around it.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+struct WorkspaceReadmeExample;
 
 #[cfg(test)]
 mod tests;

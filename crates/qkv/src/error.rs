@@ -165,6 +165,15 @@ pub enum AttentionError {
         /// How many queries there are.
         n_queries: usize,
     },
+    /// A size that is zero where at least one is needed (the `block` of
+    /// [`trace_tiled`](crate::reference::trace_tiled)).
+    #[error("{argument} is 0: {why}")]
+    Zero {
+        /// Which argument.
+        argument: &'static str,
+        /// Why it may not be zero.
+        why: &'static str,
+    },
     /// A scale that is NaN or infinite.
     #[error("scale is {value}: the score multiplier must be finite")]
     InvalidScale {
@@ -204,6 +213,21 @@ pub enum AttentionError {
         second: Dims,
         /// What the merge needs.
         what: &'static str,
+    },
+    /// A part handed to [`PartialAttention::merge`](crate::PartialAttention::merge) that no
+    /// attention could have produced: a NaN or `+inf` logsumexp, or a non-finite output element.
+    #[error("cannot merge: the {part} part's {argument}{index} is {value}; {why}")]
+    MergeValue {
+        /// Which part: `first` (the receiver) or `second` (the argument).
+        part: &'static str,
+        /// `logsumexp` or `output`.
+        argument: &'static str,
+        /// Where, printed as `[row]` or `[row, column]` (with any leading axes).
+        index: Dims,
+        /// The value found.
+        value: f64,
+        /// What the element may hold.
+        why: &'static str,
     },
     /// A score that overflowed the element type although every input was finite.
     #[error(
@@ -267,6 +291,23 @@ pub enum AttentionError {
         /// The shape it needs.
         expected: String,
         /// Why.
+        why: &'static str,
+    },
+    /// A [`KvCache`](crate::KvCache) whose storage cannot be allocated: its size overflows, or
+    /// the allocator refused it.
+    #[error(
+        "KvCache shape {shape} (layers, kv_heads, capacity, key_dim, value_dim) needs {} of {storage} \
+         storage, {why}: ask for a smaller capacity",
+        bytes.map_or("more than usize::MAX bytes".to_string(), |b| format!("{b} bytes"))
+    )]
+    CacheTooLarge {
+        /// The cache's shape, `[layers, kv_heads, capacity, key_dim, value_dim]`.
+        shape: Dims,
+        /// The storage type (`f32`, `bf16`, `f16`).
+        storage: &'static str,
+        /// The bytes it needs, `None` if that overflows `usize`.
+        bytes: Option<usize>,
+        /// Why it cannot be allocated.
         why: &'static str,
     },
     /// A step over a [`KvCache`](crate::KvCache) layer whose inputs are too large for f32.

@@ -381,8 +381,21 @@ pub(crate) struct Buffer<T: Element> {
 impl<T: Element> Buffer<T> {
     /// `len` zeros.
     pub(crate) fn zeros(len: usize) -> Self {
-        let per_line = size_of::<T::Line>() / size_of::<T>();
-        Buffer { lines: vec![T::Line::default(); len.div_ceil(per_line)], len }
+        Buffer { lines: vec![T::Line::default(); Self::lines(len)], len }
+    }
+
+    /// `len` zeros, or the allocator's refusal: for buffers whose size the caller chose (a KV
+    /// cache's), where running out of memory is an error to report rather than an abort.
+    pub(crate) fn try_zeros(len: usize) -> Result<Self, std::collections::TryReserveError> {
+        let mut lines = Vec::new();
+        lines.try_reserve_exact(Self::lines(len))?;
+        lines.resize(Self::lines(len), T::Line::default());
+        Ok(Buffer { lines, len })
+    }
+
+    /// Lines that hold `len` elements.
+    fn lines(len: usize) -> usize {
+        len.div_ceil(size_of::<T::Line>() / size_of::<T>())
     }
 }
 

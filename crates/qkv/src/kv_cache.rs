@@ -9,6 +9,8 @@
 //! An append writes the new positions into their panel lanes and rows and checks them then, once;
 //! old positions are never touched again, and nothing is allocated after `new`.
 
+use std::collections::TryReserveError;
+
 use ndarray::{Array2, Array3, ArrayView3, ArrayViewMut3, s};
 
 use crate::error::{AttentionError, Dims};
@@ -77,6 +79,9 @@ pub struct KvCache<E: Storage = f32> {
     layers: Vec<LayerStore<E>>,
 }
 
+/// The largest size of one allocation (Rust's limit for any object).
+const ISIZE_MAX: usize = isize::MAX as usize;
+
 /// What a level's kernels need of the cached layout.
 #[derive(Debug, Clone, Copy)]
 struct Layout {
@@ -117,7 +122,9 @@ struct HeadStore<E: Element> {
 
 impl<E: Storage> KvCache<E> {
     /// An empty cache of `shape` for the SIMD level the engine dispatches to
-    /// ([`SimdLevel::dispatched`]), all its memory allocated now.
+    /// ([`SimdLevel::dispatched`]), all its memory allocated now. A shape whose storage overflows
+    /// the address space, or that the allocator cannot provide, is an error
+    /// ([`AttentionError::CacheTooLarge`]), not an abort.
     ///
     /// ```
     /// let shape = qkv::CacheShape { layers: 1, kv_heads: 1, capacity: 8, key_dim: 4, value_dim: 4 };
@@ -150,13 +157,40 @@ impl<E: Storage> KvCache<E> {
         }
         let isa = simd::kernels_for(Some(level))?;
         let layout = isa.run::<E, _>(LayoutOf { value_dim });
-        let head = || HeadStore {
-            panels: Buffer::zeros(capacity.next_multiple_of(layout.key_panel) * key_dim),
-            values: Buffer::zeros(capacity * layout.value_stride),
+        let too_large = |bytes, why| AttentionError::CacheTooLarge {
+            shape: Dims(vec![layers, kv_heads, capacity, key_dim, value_dim]),
+            storage: E::NAME,
+            bytes,
+            why,
         };
-        let layer =
-            || LayerStore { len: 0, keys: 0.0, values: 0.0, heads: (0..kv_heads).map(|_| head()).collect() };
-        Ok(KvCache { shape, level, isa, layout, layers: (0..layers).map(|_| layer()).collect() })
+        // Each head's two buffers, in elements, and the whole cache in bytes, bookkeeping
+        // included: a capacity the caller chose may overflow any of them.
+        let panels = capacity.checked_next_multiple_of(layout.key_panel).and_then(|c| c.checked_mul(key_dim));
+        let values = capacity.checked_mul(layout.value_stride);
+        let bytes = panels.zip(values).and_then(|(panels, values)| {
+            let head = panels
+                .checked_add(values)?
+                .checked_mul(size_of::<E>())?
+                .checked_add(size_of::<HeadStore<E>>())?;
+            head.checked_mul(kv_heads)?.checked_add(size_of::<LayerStore<E>>())?.checked_mul(layers)
+        });
+        let (Some(panels), Some(values), Some(bytes @ ..=ISIZE_MAX)) = (panels, values, bytes) else {
+            return Err(too_large(bytes, "which is more than an address space holds (isize::MAX bytes)"));
+        };
+        let refused = |_| too_large(Some(bytes), "which the allocator refused");
+        // The whole size is asked for once before any buffer is written: a cache larger than the
+        // memory there is fails here, rather than after its first buffers were filled with zeros
+        // (past the memory there is, Linux kills the process instead of failing an allocation).
+        Vec::<u8>::new().try_reserve_exact(bytes).map_err(refused)?;
+        let head = || -> Result<HeadStore<E>, TryReserveError> {
+            Ok(HeadStore { panels: Buffer::try_zeros(panels)?, values: Buffer::try_zeros(values)? })
+        };
+        let layer = || {
+            let heads = (0..kv_heads).map(|_| head()).collect::<Result<_, _>>()?;
+            Ok(LayerStore { len: 0, keys: 0.0, values: 0.0, heads })
+        };
+        let layers = (0..layers).map(|_| layer()).collect::<Result<_, _>>().map_err(refused)?;
+        Ok(KvCache { shape, level, isa, layout, layers })
     }
 
     /// The sizes the cache was made with.

@@ -5,7 +5,8 @@
 //! embeddings ([`Projections`]); causal, sliding-window, boolean, padding, key-length, additive
 //! and ALiBi masks, per sequence or per head ([`AttentionOptions`]); each row's logsumexp and the
 //! exact merge of results over disjoint keys ([`attention_with_lse`], [`PartialAttention::merge`]);
-//! a worked trace of one query ([`trace_query`]). Inputs are `ndarray` views of `f32` or `f64`
+//! a worked trace of one query ([`trace_query`]) and of its tiled online softmax
+//! ([`trace_tiled`]). Inputs are `ndarray` views of `f32` or `f64`
 //! (this crate's `ndarray` is re-exported as [`qkv::ndarray`](ndarray), so an embedder on another
 //! version can build views with it); [`matrix`] and [`tensor`] view flat slices, and
 //! [`matrix_mut`] and [`tensor_mut`] let the `_into` functions write into them.
@@ -70,7 +71,7 @@ pub use multi_head::{multi_head_attention, multi_head_attention_into, multi_head
 pub use partial::PartialAttention;
 pub use projection::{Projected, Projections};
 pub use real::Real;
-pub use reference::{QueryTrace, trace_query};
+pub use reference::{QueryTrace, TiledBlock, TiledTrace, trace_query, trace_tiled};
 pub use shape::Shape;
 pub use simd::{SimdLevel, simd_report};
 
@@ -158,12 +159,9 @@ fn exact_length(argument: &'static str, len: usize, shape: &[usize]) -> Result<(
     }
 }
 
-/// The workspace README's embedding example, compiled and run as a doctest so it cannot rot.
-#[cfg(doctest)]
-#[doc = include_str!("../../../README.md")]
-struct ReadmeExample;
-
-/// The crate's own README (its crates.io page), run as a doctest for the same reason.
+/// The crate's own README (its crates.io page), compiled and run as a doctest so it cannot rot.
+/// Only files inside the package may be included: the packaged crate is tested without the
+/// workspace (the workspace README's example is `qkv-course`'s doctest).
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 struct CrateReadmeExample;

@@ -188,14 +188,19 @@ impl<'a, T: Real> AdditiveBias<'a, T> {
 /// causal mask places it) sees keys `p - before ..= p + after`.
 ///
 /// This is flash-attn's `window_size = (before, after)`; `after = 0` is a causal sliding window
-/// (Mistral's, with `before = window - 1`). Tiles of keys wholly outside every window of a block
-/// of queries are skipped, never computed.
+/// (Mistral's, with `before = window - 1`). A side of [`SlidingWindow::UNBOUNDED`] (flash-attn's
+/// `-1`), or of any size at least the number of keys, has no limit: the window's ends saturate,
+/// never wrap. Tiles of keys wholly outside every window of a block of queries are skipped, never
+/// computed.
 ///
 /// ```
+/// use qkv::SlidingWindow;
 /// // Each query sees itself and the two keys before it.
-/// let window = qkv::SlidingWindow::new(2, 0);
+/// let window = SlidingWindow::new(2, 0);
 /// let options = qkv::AttentionOptions::<f32>::new().sliding_window(window);
-/// # let _ = options;
+/// // Each query sees the two keys before it and every key after it.
+/// let forward = SlidingWindow::new(2, SlidingWindow::UNBOUNDED);
+/// # let _ = (options, forward);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SlidingWindow {
@@ -208,6 +213,9 @@ pub struct SlidingWindow {
 }
 
 impl SlidingWindow {
+    /// A side with no limit: every key on that side of the query is in the window.
+    pub const UNBOUNDED: usize = usize::MAX;
+
     /// A window of `before` keys back and `after` keys forward, bottom-right aligned.
     pub fn new(before: usize, after: usize) -> Self {
         SlidingWindow { before, after, align: CausalMask::BottomRight }
@@ -218,9 +226,12 @@ impl SlidingWindow {
         SlidingWindow { align, ..self }
     }
 
-    /// Keys visible from key position `p`, before clamping to the keys there are.
+    /// Keys visible from key position `p`, before clamping to the keys there are. A side too
+    /// large for `isize` saturates: a side of 2^63 or more cast to `isize` would turn negative
+    /// and hide every key.
     fn around(&self, p: isize) -> Range<isize> {
-        (p - self.before as isize)..(p + self.after as isize + 1)
+        let side = |n: usize| isize::try_from(n).unwrap_or(isize::MAX);
+        p.saturating_sub(side(self.before))..p.saturating_add(side(self.after)).saturating_add(1)
     }
 }
 

@@ -1,9 +1,9 @@
 //! Attention over part of the keys, with each row's logsumexp, and the exact merge of two parts:
 //! split-KV across machines, ring attention, a cache split into pages.
 
-use ndarray::{Array, Dimension, Ix2, Zip};
+use ndarray::{Array, Dimension, IntoDimension, Ix2, Zip};
 
-use crate::error::AttentionError;
+use crate::error::{AttentionError, Dims};
 use crate::real::Real;
 
 /// The output of attention and each row's logsumexp, from
@@ -27,7 +27,9 @@ impl<T: Real, D: Dimension> PartialAttention<T, D> {
     /// output row is the two rows weighted by their share of the total, `exp(lse_a - lse)` and
     /// `exp(lse_b - lse)` with `lse = ln(exp(lse_a) + exp(lse_b))`. Exact up to rounding, in any
     /// order and grouping; a row that sees no key in one part takes the other's row unchanged.
-    /// Both parts need the same shapes.
+    /// Both parts need the same shapes, and values attention can produce: a logsumexp that is
+    /// NaN or `+inf`, or an output element that is not finite, is an error naming it (the
+    /// weighted sum would spread it over the merged row).
     ///
     /// ```
     /// use ndarray::{array, s};
@@ -62,6 +64,8 @@ impl<T: Real, D: Dimension> PartialAttention<T, D> {
                 what: "two outputs of the same queries, of the same shape",
             });
         }
+        self.check_values("first")?;
+        other.check_values("second")?;
         let rows = self.output.rows_mut().into_iter().zip(other.output.rows());
         for ((mut mine, theirs), (lse, &their_lse)) in
             rows.zip(self.logsumexp.iter_mut().zip(&other.logsumexp))
@@ -77,5 +81,26 @@ impl<T: Real, D: Dimension> PartialAttention<T, D> {
             *lse = m + total.ln();
         }
         Ok(self)
+    }
+
+    /// Refuses a NaN or `+inf` logsumexp (`-inf` is a row that sees no key) and a non-finite
+    /// output element, naming the first.
+    fn check_values(&self, part: &'static str) -> Result<(), AttentionError> {
+        let bad = |argument, index: Vec<usize>, value: T, why| AttentionError::MergeValue {
+            part,
+            argument,
+            index: Dims(index),
+            value: value.to_f64_exact(),
+            why,
+        };
+        if let Some((i, &l)) = self.logsumexp.indexed_iter().find(|(_, l)| l.is_nan() || **l == T::infinity())
+        {
+            let why = "a logsumexp is finite, or -inf for a row that sees no key";
+            return Err(bad("logsumexp", i.into_dimension().slice().to_vec(), l, why));
+        }
+        if let Some((i, &x)) = self.output.indexed_iter().find(|(_, x)| !x.is_finite()) {
+            return Err(bad("output", i.into_dimension().slice().to_vec(), x, "an output is finite"));
+        }
+        Ok(())
     }
 }

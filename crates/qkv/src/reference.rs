@@ -1,18 +1,23 @@
 //! The scalar f64 reference: plain loops, written for clarity, never for speed.
 //!
 //! It is the oracle every fast path is tested against, and the source of every number the lesson
-//! prints ([`trace_query`]): whatever the element type of the inputs, it widens them to f64 and
-//! computes each step exactly as the textbook writes it.
+//! prints ([`trace_query`], and [`trace_tiled`] for the online softmax over blocks of keys):
+//! whatever the element type of the inputs, it widens them to f64 and computes each step exactly
+//! as the textbook writes it.
+
+mod tiled;
 
 use ndarray::{Array1, Array2, ArrayView2};
 
 use crate::attention::{Attention, AttentionWeights, Scores};
 use crate::error::AttentionError;
-use crate::inputs;
+use crate::inputs::{self, Inputs};
 use crate::mask::{AttentionOptions, MaskSet};
 use crate::partial::PartialAttention;
 use crate::real::Real;
 use crate::shape::Shape;
+
+pub use tiled::{TiledBlock, TiledTrace, trace_tiled};
 
 /// Every intermediate of one query's attention, in f64: what a worked example shows step by step.
 #[derive(Debug, Clone, PartialEq)]
@@ -150,13 +155,51 @@ pub fn trace_query<T: Real>(
     query_idx: usize,
     options: &AttentionOptions<T>,
 ) -> Result<QueryTrace, AttentionError> {
+    let (masks, checked) = check_query(&q, k, v, query_idx, options)?;
+    Ok(trace_row(&q, &checked.k.view(), &checked.v.view(), query_idx, &masks))
+}
+
+/// The masks of one head and the checked keys and values, for tracing query `query_idx` alone:
+/// the masks are resolved against all of `q`, so that the query is masked exactly as it is
+/// inside the whole batch of queries.
+fn check_query<'a, 'o, T: Real>(
+    q: &ArrayView2<T>,
+    k: ArrayView2<'a, T>,
+    v: ArrayView2<'a, T>,
+    query_idx: usize,
+    options: &AttentionOptions<'o, T>,
+) -> Result<(MaskSet<'o, T>, Inputs<'a, T, ndarray::Ix2>), AttentionError> {
     let shape = Shape::of_dims(q.shape(), k.shape(), v.shape())?;
     if query_idx >= shape.n_queries {
         return Err(AttentionError::QueryIndex { index: query_idx, n_queries: shape.n_queries });
     }
     let masks = options.resolve(&shape)?;
-    let checked = inputs::check(&q, k, v, &|_| masks.seen_keys())?;
-    Ok(trace_row(&q, &checked.k.view(), &checked.v.view(), query_idx, &masks))
+    let checked = inputs::check(q, k, v, &|_| masks.seen_keys())?;
+    Ok((masks, checked))
+}
+
+/// Query `query_idx` widened to f64, its dot products with every key, and its scaled scores with
+/// every mask and bias applied (`-inf` where a key is hidden).
+fn row_scores<T: Real>(
+    q: &ArrayView2<T>,
+    k: &ArrayView2<T>,
+    query_idx: usize,
+    masks: &MaskSet<'_, T>,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let query: Vec<f64> = q.row(query_idx).iter().map(|x| x.to_f64_exact()).collect();
+    let dot_products: Vec<f64> = k
+        .rows()
+        .into_iter()
+        .map(|key| query.iter().zip(key).map(|(a, b)| a * b.to_f64_exact()).sum())
+        .collect();
+    let mut scores: Vec<f64> = dot_products.iter().map(|d| d * masks.scale).collect();
+    masks.apply_row(query_idx, 0..scores.len(), &mut scores);
+    (query, dot_products, scores)
+}
+
+/// The largest score of a visible key (`None` if every key is hidden).
+fn largest_visible(scores: &[f64]) -> Option<f64> {
+    scores.iter().copied().filter(|s| s.is_finite()).reduce(f64::max)
 }
 
 fn trace_row<T: Real>(
@@ -166,17 +209,10 @@ fn trace_row<T: Real>(
     i: usize,
     masks: &MaskSet<'_, T>,
 ) -> QueryTrace {
-    let query: Vec<f64> = q.row(i).iter().map(|x| x.to_f64_exact()).collect();
-    let dot_products: Vec<f64> = k
-        .rows()
-        .into_iter()
-        .map(|key| query.iter().zip(key).map(|(a, b)| a * b.to_f64_exact()).sum())
-        .collect();
+    let (query, dot_products, scores) = row_scores(q, k, i, masks);
     let scale = masks.scale;
-    let mut scores: Vec<f64> = dot_products.iter().map(|d| d * scale).collect();
-    masks.apply_row(i, 0..scores.len(), &mut scores);
     let kept: Vec<bool> = scores.iter().map(|s| *s != f64::NEG_INFINITY).collect();
-    let max = scores.iter().copied().filter(|s| s.is_finite()).reduce(f64::max);
+    let max = largest_visible(&scores);
     let shifted: Vec<f64> = scores.iter().map(|s| s - max.unwrap_or(0.0)).collect();
     let exponentials: Vec<f64> = shifted.iter().map(|s| s.exp()).collect();
     let sum: f64 = exponentials.iter().sum();

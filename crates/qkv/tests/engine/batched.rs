@@ -185,13 +185,21 @@ fn a_sliding_window_is_the_keep_mask_of_its_band() {
         (12, 7, 0, 3, CausalMask::TopLeft),
         (300, 1000, 130, 5, CausalMask::BottomRight),
         (1000, 1000, 0, 0, CausalMask::TopLeft),
+        // Sides of 2^63 and more (usize::MAX for "no limit") saturate rather than wrap.
+        (9, 14, usize::MAX, 0, CausalMask::BottomRight),
+        (14, 9, 0, usize::MAX, CausalMask::TopLeft),
+        (9, 14, 1 << 63, 1 << 63, CausalMask::BottomRight),
+        (14, 9, usize::MAX, usize::MAX, CausalMask::BottomRight),
+        (9, 14, 2, SlidingWindow::UNBOUNDED, CausalMask::TopLeft),
+        (130, 300, usize::MAX - 1, 5, CausalMask::BottomRight),
     ] {
         let mut random = |r, c| Array2::from_shape_simple_fn((r, c), || rng.random_range(-1.0..1.0_f32));
         let (q, k, v) = (random(n_q, 16), random(n_k, 16), random(n_k, 8));
-        let offset = if align == CausalMask::BottomRight { n_k as isize - n_q as isize } else { 0 };
+        // The band in i128, where no side overflows: independent of the engine's window code.
+        let offset = if align == CausalMask::BottomRight { n_k as i128 - n_q as i128 } else { 0 };
         let band = Array2::from_shape_fn((n_q, n_k), |(i, j)| {
-            let (p, j) = (i as isize + offset, j as isize);
-            p - before as isize <= j && j <= p + after as isize
+            let (p, j) = (i as i128 + offset, j as i128);
+            p - before as i128 <= j && j <= p + after as i128
         });
         let want = qkv::reference::attention(
             q.view(),
@@ -201,6 +209,9 @@ fn a_sliding_window_is_the_keep_mask_of_its_band() {
         )
         .unwrap();
         let window = AttentionOptions::new().sliding_window(SlidingWindow::new(before, after).aligned(align));
+        let reference = qkv::reference::attention(q.view(), k.view(), v.view(), &window).unwrap();
+        let ctx = format!("reference {n_q}x{n_k} window ({before}, {after}) {align:?}");
+        assert_close(&ctx, &reference.output, &want.output, 1.0);
         for level in levels() {
             let got = qkv::attention(q.view(), k.view(), v.view(), &window.clone().simd(level)).unwrap();
             let ctx = format!("{level} {n_q}x{n_k} window ({before}, {after}) {align:?}");

@@ -93,6 +93,14 @@ fn trace_and_slices_report_their_argument() {
         "query_idx 3 is out of range for 1 query",
     );
     check(
+        qkv::trace_tiled(k.view(), k.view(), v.view(), 0, 0, &AttentionOptions::new()).unwrap_err(),
+        "block is 0: the tiled trace takes the keys in blocks of at least one key",
+    );
+    check(
+        qkv::trace_tiled(k.view(), k.view(), v.view(), 1, 4, &AttentionOptions::new()).unwrap_err(),
+        "query_idx 1 is out of range for 1 query",
+    );
+    check(
         qkv::matrix("keys", &[1.0, 2.0, 3.0], 2, 2).unwrap_err(),
         "keys has 3 elements but a 2 × 2 matrix needs 4",
     );

@@ -197,3 +197,33 @@ fn cache_with_huge_keys(shape: CacheShape) -> KvCache<f32> {
     cache.layer(0).unwrap().append(k.view(), v.view()).unwrap();
     cache
 }
+
+#[test]
+fn a_cache_too_large_to_allocate_is_an_error_not_a_panic() {
+    // usize::MAX positions overflow the size arithmetic. 2^40 positions of a real model's widths
+    // need 2^49 bytes per head's keys alone, more than a 48-bit address space maps, so the
+    // allocator refuses them whatever the machine's memory or overcommit setting: nothing of
+    // that size is ever written.
+    let tiny = CacheShape { layers: 1, kv_heads: 1, capacity: usize::MAX, key_dim: 4, value_dim: 4 };
+    let model = CacheShape { layers: 32, kv_heads: 8, capacity: 1 << 40, key_dim: 128, value_dim: 128 };
+    for (shape, why) in [
+        (tiny, "which is more than an address space holds (isize::MAX bytes)"),
+        (model, "which the allocator refused"),
+    ] {
+        for level in levels() {
+            let message = KvCache::<f32>::for_level(shape, level).err().expect("too large").to_string();
+            assert!(message.starts_with("KvCache shape ["), "{message}");
+            assert!(message.contains(why), "{message}");
+        }
+        assert!(KvCache::<half::bf16>::new(shape).is_err());
+    }
+    assert_eq!(
+        KvCache::<f32>::new(tiny).err().expect("too large").to_string(),
+        format!(
+            "KvCache shape [1, 1, {}, 4, 4] (layers, kv_heads, capacity, key_dim, value_dim) needs more \
+             than usize::MAX bytes of f32 storage, which is more than an address space holds \
+             (isize::MAX bytes): ask for a smaller capacity",
+            usize::MAX
+        )
+    );
+}

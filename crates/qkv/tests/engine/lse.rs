@@ -134,3 +134,34 @@ fn multi_head_parts_merge_into_the_whole() {
         "cannot merge shapes [2, 4, 5, 6] and [2, 4, 4, 6]: a merge takes two outputs of the same queries, of the same shape"
     );
 }
+
+#[test]
+fn merging_refuses_a_nan_or_infinite_part() {
+    let part = |output: [f64; 2], lse: f64| PartialAttention {
+        output: Array2::from_shape_vec((1, 2), output.to_vec()).unwrap(),
+        logsumexp: Array1::from_elem(1, lse),
+    };
+    let good = part([1.0, 2.0], 0.5);
+    for (first, second, message) in [
+        (
+            part([1.0, 2.0], f64::NAN),
+            good.clone(),
+            "cannot merge: the first part's logsumexp[0] is NaN; a logsumexp is finite, or -inf for a row that sees no key",
+        ),
+        (
+            good.clone(),
+            part([1.0, 2.0], f64::INFINITY),
+            "cannot merge: the second part's logsumexp[0] is inf; a logsumexp is finite, or -inf for a row that sees no key",
+        ),
+        (
+            good.clone(),
+            part([1.0, f64::NAN], 0.25),
+            "cannot merge: the second part's output[0, 1] is NaN; an output is finite",
+        ),
+    ] {
+        assert_eq!(first.merge(&second).unwrap_err().to_string(), message);
+    }
+    // A row that sees no key (-inf) still merges, whatever the other part holds there.
+    let empty = part([0.0, 0.0], f64::NEG_INFINITY);
+    assert_eq!(empty.merge(&good).unwrap(), good);
+}
