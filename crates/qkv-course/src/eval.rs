@@ -11,6 +11,7 @@ use crate::limits::{self, MAX_ROWS, MAX_WIDTH};
 use crate::values::{Miss, Node, Resolve};
 
 mod multi_head;
+mod sequence;
 
 /// The resolved inputs of an attention example.
 #[derive(Debug, Clone)]
@@ -159,6 +160,29 @@ pub(crate) enum Computed {
         rows: Vec<Vec<f64>>,
     },
     MultiHead(Box<MultiHeadResult>),
+    Decode(Box<DecodeResult>),
+    Tiled(Box<TiledResult>),
+}
+
+/// A decoded example: each token's step as an attention example of one query over the keys
+/// cached so far (its own included).
+#[derive(Debug, Clone)]
+pub(crate) struct DecodeResult {
+    /// How many tokens the prompt holds (attended at once, as a prefill).
+    pub prompt: usize,
+    /// Each token's label and its step.
+    pub steps: Vec<(String, AttentionInputs, AttentionResult)>,
+}
+
+/// One query of an example through the tiled online softmax.
+#[derive(Debug, Clone)]
+pub(crate) struct TiledResult {
+    pub inputs: AttentionInputs,
+    /// The query's index among the example's queries.
+    pub query: usize,
+    pub trace: qkv::TiledTrace,
+    /// The blocks' partial results merged, as a second way to the same output.
+    pub merged: qkv::PartialAttention<f64>,
 }
 
 /// What a multi-head example computed: each head as an attention example, their outputs side by
@@ -186,6 +210,10 @@ impl Computed {
             {
                 let (_, inputs, result) = m.heads.into_iter().find(|(n, _, _)| n == name).expect("checked");
                 (Computed::Attention { inputs, result: Ok(result) }, 2)
+            }
+            (Computed::Decode(d), [token, ..]) if d.steps.iter().any(|(t, _, _)| t == token) => {
+                let (_, inputs, result) = d.steps.into_iter().find(|(t, _, _)| t == token).expect("checked");
+                (Computed::Attention { inputs, result: Ok(result) }, 1)
             }
             (computed, _) => (computed, 0),
         }
@@ -489,6 +517,8 @@ impl<'d> Evaluator<'d> {
             }
             DeclKind::Matrix { rows, labels } => self.matrix_block(decl, rows, labels.as_ref()),
             DeclKind::MultiHead(m) => self.multi_head(decl, m),
+            DeclKind::Decode { example, prompt } => self.decode(decl, example, prompt),
+            DeclKind::Tiled { example, query, block } => self.tiled(decl, example, query, block),
             DeclKind::Figure(_) | DeclKind::Page(_) => None,
         }
     }

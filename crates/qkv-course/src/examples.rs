@@ -133,6 +133,11 @@ pub(crate) enum DeclKind {
         labels: Option<Field<Vec<String>>>,
     },
     MultiHead(Box<MultiHeadDecl>),
+    /// Decoding an attention example one token at a time over a KV cache: the first `prompt`
+    /// tokens at once, then each of the rest.
+    Decode { example: Field<String>, prompt: Field<usize> },
+    /// One query of an attention example through the tiled online softmax, `block` keys a tile.
+    Tiled { example: Field<String>, query: Field<String>, block: Field<usize> },
 }
 
 /// A `qkv multi-head` block: heads with their own projections of one `x`, concatenated and
@@ -242,6 +247,8 @@ const KINDS: &[(&str, &[&str])] = &[
             "scale",
         ],
     ),
+    ("decode", &["id", "example", "prompt"]),
+    ("tiled", &["id", "example", "query", "block"]),
     ("softmax", &["id", "scores"]),
     ("dot", &["id", "q", "k"]),
     ("weighted-sum", &["id", "weights", "values"]),
@@ -486,6 +493,23 @@ pub(crate) fn parse(doc: usize, block: &Block) -> Result<Decl, Vec<Problem>> {
             Some(m) => DeclKind::MultiHead(Box::new(m)),
             None => return Err(reader.problems),
         },
+        "decode" => {
+            let example = reader.required(&table, "example", |r, v| r.string(v, "the id of an attention example"));
+            let prompt = reader.required(&table, "prompt", Reader::whole);
+            match (example, prompt) {
+                (Some(example), Some(prompt)) => DeclKind::Decode { example, prompt },
+                _ => return Err(reader.problems),
+            }
+        }
+        "tiled" => {
+            let example = reader.required(&table, "example", |r, v| r.string(v, "the id of an attention example"));
+            let query = reader.required(&table, "query", |r, v| r.string(v, "a query token of the example"));
+            let block = reader.required(&table, "block", Reader::whole);
+            match (example, query, block) {
+                (Some(example), Some(query), Some(block)) => DeclKind::Tiled { example, query, block },
+                _ => return Err(reader.problems),
+            }
+        }
         "softmax" => match reader.required(&table, "scores", Reader::vector) {
             Some(scores) => DeclKind::Softmax { scores },
             None => return Err(reader.problems),

@@ -25,7 +25,12 @@ pub(super) fn worked(cx: &mut Context<'_, '_>, target: &str, digits: usize) -> R
     let named = cx.named_path(target)?;
     Ok(match named.computed {
         Computed::Attention { inputs, result: Ok(result) } => {
-            let i = cx.query_index(target, &inputs, &named.rest)?;
+            // An example of one query (a decoding step) needs no token.
+            let i = if named.rest.is_empty() && inputs.queries.len() == 1 {
+                0
+            } else {
+                cx.query_index(target, &inputs, &named.rest)?
+            };
             let widths = [inputs.queries[0].len(), inputs.values[0].len()];
             cx.at_most_shown(&[
                 (inputs.keys.len(), "keys"),
@@ -54,10 +59,14 @@ pub(super) fn worked(cx: &mut Context<'_, '_>, target: &str, digits: usize) -> R
             cx.at_most_shown(&[(values.len(), "values")])?;
             weighted_sum_steps(&weights, &values, &terms, output, digits)
         }
-        Computed::Matrix { .. } | Computed::MultiHead(_) => {
+        Computed::Tiled(t) => {
+            cx.at_most_shown(&[(t.inputs.keys.len(), "keys"), (t.inputs.values[0].len(), "components of a vector")])?;
+            tiled_steps(&t, digits)
+        }
+        Computed::Matrix { .. } | Computed::MultiHead(_) | Computed::Decode(_) => {
             return Err(cx.problem(
                 format!("`{target}` has no worked steps of its own"),
-                "`EXAMPLE.TOKEN` of an attention example, or `MULTIHEAD.heads.HEAD.TOKEN` for one head",
+                "`EXAMPLE.TOKEN` of an attention example, `MULTIHEAD.heads.HEAD.TOKEN` for one head, `DECODE.TOKEN` for one step, or a `qkv tiled` block",
             ));
         }
     })
@@ -309,6 +318,99 @@ pub(super) fn attention_steps(
         let sums: Vec<String> = sums.iter().map(|(terms, total)| format!("${terms}$ ${total}$")).collect();
         let _ = writeln!(out, "8. **Add them up,** component by component: {}.", sums.join("; "));
     }
+    out
+}
+
+/// The online softmax of one query, block by block: each block's scores and maximum, the
+/// running maximum `m` and the rescale factor, the running sum `l` and accumulator, the output so
+/// far; then the one division, and the blocks' partial results merged as a check.
+pub(super) fn tiled_steps(t: &crate::eval::TiledResult, digits: usize) -> String {
+    let keys = t.inputs.key_labels();
+    let values = &t.inputs.values;
+    let query = &t.inputs.query_labels()[t.query];
+    let mut out = format!(
+        "The query of “{query}” against its keys in blocks of {}, keeping a running maximum $m$, a running sum $l$ and an accumulator $\\text{{acc}}$, all starting empty ($m = -\\infty$, $l = 0$, $\\text{{acc}} = 0$).\n\n",
+        t.trace.block
+    );
+    let m_tex = |m: Option<f64>| m.map_or(r"-\infty".to_string(), |m| tex(&shown(m, digits)));
+    for (n, b) in t.trace.blocks.iter().enumerate() {
+        let names: Vec<String> = keys[b.keys.clone()].iter().map(|k| format!("$k_{{{}}}$", tex_label(k))).collect();
+        let scores: Vec<Shown> = b.scores.iter().map(|&s| shown(s, digits)).collect();
+        let mut line = format!(
+            "{}. **Block {}** ({}). Scores $s {} {}$",
+            n + 1,
+            n + 1,
+            names.join(", "),
+            relation(all_exact(&scores)),
+            tuple(&scores)
+        );
+        let Some(block_max) = b.block_max else {
+            let _ = writeln!(
+                out,
+                "{line}: every key of the block is masked, so $m$, $l$ and the accumulator stay as they are."
+            );
+            continue;
+        };
+        let rescale = shown(b.rescale, digits);
+        let exps = shown_all(&b.exponentials, digits);
+        let l_before = shown(b.sum_before, digits);
+        let l = shown(b.sum_after, digits);
+        let rescale_text = match b.max_before {
+            None => "nothing is carried in yet, so the rescale factor is $e^{-\\infty} = 0$".to_string(),
+            Some(_) if b.rescale == 1.0 => "$m$ does not change, so the rescale factor is $1$".to_string(),
+            Some(_) => format!(
+                "the rescale factor is $e^{{m_{{\\text{{old}}}} - m}} = e^{{{} - {}}} {} {}$",
+                m_tex(b.max_before),
+                m_tex(b.max_after),
+                relation(rescale.exact),
+                tex(&rescale)
+            ),
+        };
+        let _ = write!(
+            line,
+            ", block max ${}$. Running max $m = {} \\to {}$; {rescale_text}. Exponentials $e^{{s - m}} {} {}$. Running sum $l = {} \\cdot {} + {}$ ${} {}$.",
+            tex(&shown(block_max, digits)),
+            m_tex(b.max_before),
+            m_tex(b.max_after),
+            relation(all_exact(&exps)),
+            tuple(&exps),
+            tex(&rescale),
+            tex(&l_before),
+            exps.iter().map(tex).collect::<Vec<_>>().join(" + "),
+            relation(false),
+            tex(&l),
+        );
+        let acc = shown_all(&b.accumulator, digits);
+        let output = shown_all(&b.output, digits);
+        let terms: Vec<String> = b
+            .keys
+            .clone()
+            .zip(&exps)
+            .map(|(j, e)| format!("{} \\cdot {}", tex(e), tuple(&shown_all(&values[j], digits))))
+            .collect();
+        let _ = writeln!(
+            line,
+            " Accumulator ${} \\cdot \\text{{acc}} + {}$ ${} {}$, so the output so far is $\\text{{acc}} / l {} {}$.",
+            tex(&rescale),
+            terms.join(" + "),
+            relation(false),
+            tuple(&acc),
+            relation(false),
+            tuple(&output)
+        );
+        out.push_str(&line);
+    }
+    let n = t.trace.blocks.len();
+    let output = shown_all(&t.trace.output, digits);
+    let merged = shown_all(&t.merged.output.row(0).to_vec(), digits);
+    let _ = writeln!(
+        out,
+        "{}. **Finish.** One division gives the output, $\\text{{acc}} / l {} {}$: what attention over every key at once gives. Merging the blocks' own partial results by their logsumexps gives it too: ${}$.",
+        n + 1,
+        relation(false),
+        tuple(&output),
+        tuple(&merged)
+    );
     out
 }
 

@@ -68,6 +68,10 @@ fn generate(cx: &mut Context<'_, '_>) -> Result<Generated, Problem> {
             cx.at_most_shown(&[(rows.len(), "rows"), (rows.first().map_or(0, Vec::len), "columns")])?;
             labelled_table("row", &labels, &rows, cx.digits)
         }
+        (Computed::Decode(d), true) => {
+            cx.at_most_shown(&[(d.steps.len(), "decoding steps")])?;
+            decode_table(&d, cx.digits)
+        }
         (Computed::MultiHead(m), true) => {
             let (header, labels, rows) = match field {
                 "x" => ("token", m.tokens.clone(), &m.x),
@@ -179,6 +183,33 @@ pub(super) fn matrix_table(
             let _ = write!(out, " {} | {output} |", crate::format::fixed(m.row(i).sum(), digits));
         }
         out.push('\n');
+    }
+    out
+}
+
+/// A decoded example, a row per token: whether it came with the prompt or was decoded, how many
+/// positions the cache holds when it attends, its weights over them (the keys still to come are
+/// not in the cache yet) and its output.
+fn decode_table(d: &crate::eval::DecodeResult, digits: usize) -> String {
+    let all = d.steps.last().map(|(_, inputs, _)| inputs.key_labels()).unwrap_or_default();
+    let mut out = String::from("| token | step | cache length |");
+    for key in &all {
+        let _ = write!(out, " {} |", escape_cell(key));
+    }
+    out.push_str(" output |\n|:--|:--|--:|");
+    out.push_str(&"--:|".repeat(all.len()));
+    out.push_str("--:|\n");
+    for (t, (label, inputs, result)) in d.steps.iter().enumerate() {
+        let step = if t < d.prompt { "prompt".to_string() } else { format!("decode {}", t + 1 - d.prompt) };
+        // A prompt is appended whole, then attended under the causal mask.
+        let _ = write!(out, "| {} | {step} | {} |", escape_cell(label), inputs.keys.len().max(d.prompt));
+        for j in 0..all.len() {
+            let cell = if j < inputs.keys.len() { crate::format::fixed(result.weights[[0, j]], digits) } else { "·".into() };
+            let _ = write!(out, " {cell} |");
+        }
+        let output: Vec<String> = result.output.row(0).iter().map(|&x| crate::format::fixed(x, digits)).collect();
+        let output = if output.len() == 1 { output[0].clone() } else { format!("({})", output.join(", ")) };
+        let _ = writeln!(out, " {output} |");
     }
     out
 }
