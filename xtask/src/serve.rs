@@ -120,8 +120,11 @@ impl Shared {
             if wait.is_zero() {
                 break;
             }
-            status = self.changed.wait_timeout(status, wait).unwrap_or_else(PoisonError::into_inner).0;
-            left = client_left();
+            let (guard, waited) =
+                self.changed.wait_timeout(status, wait).unwrap_or_else(PoisonError::into_inner);
+            status = guard;
+            // Only when nothing else woke it: a flood wakes every held request many times over.
+            left = waited.timed_out() && client_left();
         }
         status.held.retain(|&t| t != ticket);
         (!left).then_some(status.generation)
