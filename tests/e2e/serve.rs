@@ -1,7 +1,8 @@
 //! `cargo xtask serve`, the live preview: started on a free port, it serves the lesson, rebuilds
 //! when a file changes, shows content errors over the page, and stops cleanly on Ctrl-C; no
-//! client can knock it over (a flood of reload requests, with few file descriptors or fewer, a
-//! client that never reads), and it answers only GET and HEAD for its own address.
+//! client can knock it over (a flood of reload requests under a low descriptor limit, or under
+//! one too low for what it holds; a client that never reads), and it answers only GET and HEAD
+//! for its own address.
 
 use std::fs;
 use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
@@ -145,12 +146,12 @@ fn read_answer(stream: &mut TcpStream, patience: Duration) -> String {
 fn hold_waits(address: &str, generation: u64, count: usize) -> Vec<TcpStream> {
     (0..count)
         .map(|_| {
-            let mut stream = TcpStream::connect(address).expect("connect");
+            let mut stream = TcpStream::connect(address).expect("the preview takes a connection");
             write!(
                 stream,
                 "GET /__qkv/wait?since={generation} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
             )
-            .expect("send");
+            .expect("the preview takes a reload request");
             stream
         })
         .collect()
