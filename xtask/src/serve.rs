@@ -4,18 +4,23 @@
 //!
 //! The preview writes only the site: the author's files stay as they are while an editor has
 //! them open (`cargo xtask build-content` rewrites them). The reload script and the overlay are
-//! added to pages as they are served, never written to the site.
+//! added to pages as they are served, never written to the site. The HTTP side, and what keeps
+//! a client from knocking it over, is `serve/http.rs`.
 
+mod http;
+
+use std::collections::VecDeque;
+use std::io::ErrorKind;
 use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Condvar, Mutex};
-use std::thread;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow};
 use notify::Watcher;
-use tiny_http::{Header, Request, Response, Server};
+
+use self::http::{Handler, Request, Response, Server};
 
 use crate::build_content;
 use crate::cli::{Args, say};
@@ -29,9 +34,18 @@ const TICK: Duration = Duration::from_millis(100);
 const LONG_POLL: Duration = Duration::from_secs(25);
 /// The path the reload script waits on.
 const WAIT_PATH: &str = "/__qkv/wait";
+/// Reload requests held at once. Beyond it, the oldest is answered (with the generation it
+/// has, so its page asks again after a pause): a flood of them holds at most this many
+/// connections, and leaves the rest of the server's connections to pages.
+const MAX_HELD_WAITS: usize = 32;
+/// How often a held reload request looks whether its page has gone away (closed, reloaded).
+const CLIENT_CHECK: Duration = Duration::from_secs(1);
+/// How long Ctrl-C waits for open connections (the held reload requests it answers, a page
+/// being sent) before the process ends.
+const STOP_GRACE: Duration = Duration::from_secs(1);
 
 /// What the open pages need to know: which build they show, and whether it failed.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Status {
     /// Bumped by every build, good or bad: a page showing an older one reloads.
     generation: u64,
@@ -39,6 +53,25 @@ struct Status {
     error: Option<String>,
     /// Set on Ctrl-C, so waiting pages are answered at once.
     stopping: bool,
+    /// The held reload requests' tickets, oldest first; one taken off is answered.
+    held: VecDeque<u64>,
+    /// How many may be held: [`MAX_HELD_WAITS`], or fewer once descriptors ran out.
+    held_limit: usize,
+    /// The last ticket given to a reload request.
+    last_ticket: u64,
+}
+
+impl Default for Status {
+    fn default() -> Status {
+        Status {
+            generation: 0,
+            error: None,
+            stopping: false,
+            held: VecDeque::new(),
+            held_limit: MAX_HELD_WAITS,
+            last_ticket: 0,
+        }
+    }
 }
 
 /// The status and a way to wake every page waiting for it to change.
@@ -49,15 +82,83 @@ struct Shared {
 }
 
 impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Status> {
+        // Every update leaves the status whole, so one from a thread that panicked is still good.
+        self.status.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     fn update(&self, f: impl FnOnce(&mut Status)) {
-        if let Ok(mut status) = self.status.lock() {
-            f(&mut status);
-        }
+        f(&mut self.lock());
         self.changed.notify_all();
     }
 
     fn snapshot(&self) -> (u64, Option<String>) {
-        self.status.lock().map_or((0, None), |s| (s.generation, s.error.clone()))
+        let status = self.lock();
+        (status.generation, status.error.clone())
+    }
+
+    /// `/__qkv/wait?since=N`: the build generation, once it is not `N` any more, the request has
+    /// been held for [`LONG_POLL`], or newer requests pushed it out; `None` when the page went
+    /// away first.
+    fn wait_for_build(&self, since: Option<u64>, client_left: impl Fn() -> bool) -> Option<u64> {
+        let deadline = Instant::now() + LONG_POLL;
+        let mut status = self.lock();
+        if since != Some(status.generation) || status.stopping {
+            return Some(status.generation);
+        }
+        status.last_ticket += 1;
+        let ticket = status.last_ticket;
+        if status.held.len() >= status.held_limit {
+            let excess = status.held.len() + 1 - status.held_limit;
+            status.held.drain(..excess);
+            self.changed.notify_all();
+        }
+        status.held.push_back(ticket);
+        let mut left = false;
+        while since == Some(status.generation) && !status.stopping && status.held.contains(&ticket) && !left {
+            let wait = deadline.saturating_duration_since(Instant::now()).min(CLIENT_CHECK);
+            if wait.is_zero() {
+                break;
+            }
+            let (guard, waited) =
+                self.changed.wait_timeout(status, wait).unwrap_or_else(PoisonError::into_inner);
+            status = guard;
+            // Only when nothing else woke it: a flood wakes every held request many times over.
+            left = waited.timed_out() && client_left();
+        }
+        status.held.retain(|&t| t != ticket);
+        (!left).then_some(status.generation)
+    }
+}
+
+/// What the server serves: the site and the reload requests.
+struct Preview {
+    shared: Arc<Shared>,
+    out: PathBuf,
+}
+
+impl Handler for Preview {
+    fn respond(&self, request: &Request) -> Response {
+        let (path, query) = request.target.split_once('?').unwrap_or((request.target, ""));
+        if path != WAIT_PATH {
+            let (generation, error) = self.shared.snapshot();
+            return page_or_file(&self.out, request.target, generation, error.as_deref());
+        }
+        let since =
+            query.split('&').find_map(|pair| pair.strip_prefix("since=")).and_then(|n| n.parse().ok());
+        // An answer to a page that went away is never read: any will do.
+        let generation = self.shared.wait_for_build(since, || request.client_left()).unwrap_or_default();
+        Response::new(200, "application/json", format!("{{\"generation\": {generation}}}").into_bytes())
+    }
+
+    /// Holds at most half the connections the server keeps, so that pages always have the other
+    /// half, and answers the oldest beyond that at once (their pages ask again after a pause).
+    fn relieve(&self, connections: usize) {
+        self.shared.update(|s| {
+            s.held_limit = s.held_limit.min(connections / 2).max(1);
+            let excess = s.held.len().saturating_sub(s.held_limit);
+            s.held.drain(..excess);
+        });
     }
 }
 
@@ -83,16 +184,10 @@ pub fn run(args: Vec<String>) -> Result<()> {
     let shared = Arc::new(Shared::default());
     rebuild(&paths, &shared)?;
 
-    // Loopback only: the preview is for the author at this machine.
+    let preview = Preview { shared: Arc::clone(&shared), out: paths.out.clone() };
     let server =
-        Server::http(("127.0.0.1", port)).map_err(|e| anyhow!("serving on 127.0.0.1:{port}: {e}"))?;
-    let address = server.server_addr().to_ip().context("the server's address")?;
-    let server = Arc::new(server);
-    let http = {
-        let (server, shared, stop, out) =
-            (Arc::clone(&server), Arc::clone(&shared), Arc::clone(&stop), paths.out.clone());
-        thread::spawn(move || serve_requests(&server, &shared, &stop, &out))
-    };
+        Server::start(port, Arc::new(preview)).with_context(|| format!("serving on 127.0.0.1:{port}"))?;
+    let address = server.address();
 
     let (events, changes) = mpsc::channel();
     let mut watcher = notify::recommended_watcher(events).context("watching the lesson folder")?;
@@ -126,8 +221,7 @@ pub fn run(args: Vec<String>) -> Result<()> {
     // A build in progress has finished by now (this loop runs them), so nothing is half written.
     drop(watcher);
     shared.update(|s| s.stopping = true);
-    server.unblock();
-    let _ = http.join();
+    server.wait_idle(STOP_GRACE);
     say!("stopped");
     Ok(())
 }
@@ -171,74 +265,29 @@ fn rebuild(paths: &Paths, shared: &Shared) -> Result<()> {
     Ok(())
 }
 
-/// Answers requests until Ctrl-C.
-fn serve_requests(server: &Server, shared: &Arc<Shared>, stop: &AtomicBool, out: &Path) {
-    while !stop.load(Ordering::Relaxed) {
-        match server.recv_timeout(TICK) {
-            Ok(Some(request)) if request.url().starts_with(WAIT_PATH) => {
-                // Held open until the next build: one thread each, so pages do not queue.
-                let shared = Arc::clone(shared);
-                thread::spawn(move || wait_for_build(request, &shared));
-            }
-            Ok(Some(request)) => {
-                let (generation, error) = shared.snapshot();
-                let response = page_or_file(out, request.url(), generation, error.as_deref());
-                let _ = request.respond(response);
-            }
-            Ok(None) => {}
-            Err(_) => break,
-        }
-    }
-}
-
-/// `/__qkv/wait?since=N`: answers with the build generation once it is not `N` any more.
-fn wait_for_build(request: Request, shared: &Shared) {
-    let since: Option<u64> = request.url().split_once("since=").and_then(|(_, n)| n.parse().ok());
-    let deadline = Instant::now() + LONG_POLL;
-    let mut generation = 0;
-    if let Ok(mut status) = shared.status.lock() {
-        while since == Some(status.generation) && !status.stopping && Instant::now() < deadline {
-            match shared.changed.wait_timeout(status, deadline.saturating_duration_since(Instant::now())) {
-                Ok((s, _)) => status = s,
-                Err(_) => return,
-            }
-        }
-        generation = status.generation;
-    }
-    let body = format!("{{\"generation\": {generation}}}");
-    let _ =
-        request.respond(Response::from_string(body).with_header(header("Content-Type", "application/json")));
-}
-
-fn header(name: &str, value: &str) -> Header {
-    // Both are ASCII literals of ours, which `from_bytes` always accepts.
-    Header::from_bytes(name.as_bytes(), value.as_bytes()).unwrap_or_else(|()| unreachable!("ASCII header"))
-}
-
 /// The file a URL names in the site, with the reload script (and the overlay, after a failed
 /// build) added to pages; a page saying so when there is no such file.
-fn page_or_file(
-    out: &Path,
-    url: &str,
-    generation: u64,
-    error: Option<&str>,
-) -> Response<std::io::Cursor<Vec<u8>>> {
+fn page_or_file(out: &Path, url: &str, generation: u64, error: Option<&str>) -> Response {
     let path = url.split(['?', '#']).next().unwrap_or("/");
     let file = site_file(out, path);
-    let bytes = file.as_ref().and_then(|f| std::fs::read(f).ok());
+    let bytes = file.as_ref().map(std::fs::read);
     let name = file
         .as_ref()
         .and_then(|f| f.file_name())
         .map(|n| n.to_string_lossy().to_string())
         .unwrap_or_default();
     let (status, body, kind) = match bytes {
-        Some(bytes) if name.ends_with(".html") => (
+        Some(Ok(bytes)) if name.ends_with(".html") => (
             200,
             with_preview(&String::from_utf8_lossy(&bytes), generation, error).into_bytes(),
             "text/html; charset=utf-8",
         ),
-        Some(bytes) => (200, bytes, content_type(&name)),
-        None => {
+        Some(Ok(bytes)) => (200, bytes, content_type(&name)),
+        // Out of file descriptors, say: the file is there, and a 404 would say it is not.
+        Some(Err(e)) if !matches!(e.kind(), ErrorKind::NotFound | ErrorKind::IsADirectory) => {
+            (500, format!("reading {path}: {e}\n").into_bytes(), "text/plain; charset=utf-8")
+        }
+        Some(Err(_)) | None => {
             let page = format!(
                 "<!DOCTYPE html>\n<html lang=\"en\">\n<head><meta charset=\"utf-8\"><title>Not found · qkv</title></head>\n<body>\n<p>No page {} in the site (yet). <a href=\"/\">Contents</a></p>\n</body>\n</html>\n",
                 qkv_course::escape_html(path)
@@ -246,10 +295,7 @@ fn page_or_file(
             (404, with_preview(&page, generation, error).into_bytes(), "text/html; charset=utf-8")
         }
     };
-    Response::from_data(body)
-        .with_status_code(status)
-        .with_header(header("Content-Type", kind))
-        .with_header(header("Cache-Control", "no-store"))
+    Response::new(status, kind, body)
 }
 
 /// The site file a URL path names, or `None` for paths that leave the site folder.
@@ -287,8 +333,11 @@ fn with_preview(page: &str, generation: u64, error: Option<&str>) -> String {
             qkv_course::escape_html(e)
         )
     });
+    // An answer with the same generation (held too long, or pushed out by newer waits) is asked
+    // again after a pause, so that pages beyond the preview's bound do not push each other out
+    // at full speed.
     let script = format!(
-        "<script>\n// qkv serve: reload when the lesson is rebuilt.\n(function () {{\n  var generation = {generation};\n  function wait() {{\n    fetch(\"{WAIT_PATH}?since=\" + generation, {{ cache: \"no-store\" }})\n      .then(function (r) {{ return r.json(); }})\n      .then(function (s) {{ if (s.generation !== generation) {{ location.reload(); }} else {{ wait(); }} }})\n      .catch(function () {{ setTimeout(wait, 1000); }});\n  }}\n  wait();\n}})();\n</script>\n"
+        "<script>\n// qkv serve: reload when the lesson is rebuilt.\n(function () {{\n  var generation = {generation};\n  function wait() {{\n    fetch(\"{WAIT_PATH}?since=\" + generation, {{ cache: \"no-store\" }})\n      .then(function (r) {{ return r.json(); }})\n      .then(function (s) {{ if (s.generation !== generation) {{ location.reload(); }} else {{ setTimeout(wait, 500); }} }})\n      .catch(function () {{ setTimeout(wait, 1000); }});\n  }}\n  wait();\n}})();\n</script>\n"
     );
     let insert = format!("{overlay}{script}");
     match page.rfind("</body>") {
