@@ -135,9 +135,16 @@ pub(crate) enum DeclKind {
     MultiHead(Box<MultiHeadDecl>),
     /// Decoding an attention example one token at a time over a KV cache: the first `prompt`
     /// tokens at once, then each of the rest.
-    Decode { example: Field<String>, prompt: Field<usize> },
+    Decode {
+        example: Field<String>,
+        prompt: Field<usize>,
+    },
     /// One query of an attention example through the tiled online softmax, `block` keys a tile.
-    Tiled { example: Field<String>, query: Field<String>, block: Field<usize> },
+    Tiled {
+        example: Field<String>,
+        query: Field<String>,
+        block: Field<usize>,
+    },
 }
 
 /// A `qkv multi-head` block: heads with their own projections of one `x`, concatenated and
@@ -494,7 +501,8 @@ pub(crate) fn parse(doc: usize, block: &Block) -> Result<Decl, Vec<Problem>> {
             None => return Err(reader.problems),
         },
         "decode" => {
-            let example = reader.required(&table, "example", |r, v| r.string(v, "the id of an attention example"));
+            let example =
+                reader.required(&table, "example", |r, v| r.string(v, "the id of an attention example"));
             let prompt = reader.required(&table, "prompt", Reader::whole);
             match (example, prompt) {
                 (Some(example), Some(prompt)) => DeclKind::Decode { example, prompt },
@@ -502,7 +510,8 @@ pub(crate) fn parse(doc: usize, block: &Block) -> Result<Decl, Vec<Problem>> {
             }
         }
         "tiled" => {
-            let example = reader.required(&table, "example", |r, v| r.string(v, "the id of an attention example"));
+            let example =
+                reader.required(&table, "example", |r, v| r.string(v, "the id of an attention example"));
             let query = reader.required(&table, "query", |r, v| r.string(v, "a query token of the example"));
             let block = reader.required(&table, "block", Reader::whole);
             match (example, query, block) {

@@ -14,11 +14,21 @@ use crate::values::Node;
 
 impl Evaluator<'_> {
     /// The attention example (or multi-head head) `field` names, computed.
-    fn example_of(&mut self, decl: &Decl, field: &Field<String>) -> Option<(AttentionInputs, AttentionResult)> {
+    fn example_of(
+        &mut self,
+        decl: &Decl,
+        field: &Field<String>,
+    ) -> Option<(AttentionInputs, AttentionResult)> {
         let target = match self.target(decl.doc, &field.value) {
             Ok(t) => t,
             Err(expected) => {
-                self.fail(decl, field.at, format!("unknown reference `{}`", field.value), field.value.clone(), expected);
+                self.fail(
+                    decl,
+                    field.at,
+                    format!("unknown reference `{}`", field.value),
+                    field.value.clone(),
+                    expected,
+                );
                 return None;
             }
         };
@@ -45,7 +55,12 @@ impl Evaluator<'_> {
     /// A `qkv decode` block: the example's tokens decoded in order. Token `t` appends its key and
     /// value to the cache and attends over positions `0..=t`: the first `prompt` together (a
     /// prefill, each under the causal mask), the rest one step each.
-    pub(super) fn decode(&mut self, decl: &Decl, example: &Field<String>, prompt: &Field<usize>) -> Option<Record> {
+    pub(super) fn decode(
+        &mut self,
+        decl: &Decl,
+        example: &Field<String>,
+        prompt: &Field<usize>,
+    ) -> Option<Record> {
         let (inputs, _) = self.example_of(decl, example)?;
         let n = inputs.keys.len();
         let unsupported = [
@@ -93,7 +108,13 @@ impl Evaluator<'_> {
             let result = match compute(&step) {
                 Ok(r) => r,
                 Err(e) => {
-                    self.fail(decl, decl.id_at, format!("the engine rejected step {}: {e}", t + 1), String::new(), "an example that attends");
+                    self.fail(
+                        decl,
+                        decl.id_at,
+                        format!("the engine rejected step {}: {e}", t + 1),
+                        String::new(),
+                        "an example that attends",
+                    );
                     return None;
                 }
             };
@@ -114,7 +135,10 @@ impl Evaluator<'_> {
             entries.push((label.clone(), Node::Record(fields)));
         }
         let node = Node::Record(entries);
-        Some(Record { computed: Computed::Decode(Box::new(DecodeResult { prompt: prompt.value, steps })), node })
+        Some(Record {
+            computed: Computed::Decode(Box::new(DecodeResult { prompt: prompt.value, steps })),
+            node,
+        })
     }
 
     /// A `qkv tiled` block: one query's online softmax over key blocks of `block` keys.
@@ -140,7 +164,8 @@ impl Evaluator<'_> {
         let (q, k, v) = (array(&inputs.queries), array(&inputs.keys), array(&inputs.values));
         let masks = inputs.masks();
         let options = inputs.options(&masks);
-        let trace = match qkv::reference::trace_tiled(q.view(), k.view(), v.view(), i, block.value, &options) {
+        let trace = match qkv::reference::trace_tiled(q.view(), k.view(), v.view(), i, block.value, &options)
+        {
             Ok(t) => t,
             Err(e) => {
                 self.fail(
@@ -153,11 +178,21 @@ impl Evaluator<'_> {
                 return None;
             }
         };
-        let merged = trace.blocks.iter().skip(1).try_fold(trace.blocks[0].partial.clone(), |acc, b| acc.merge(&b.partial));
+        let merged = trace
+            .blocks
+            .iter()
+            .skip(1)
+            .try_fold(trace.blocks[0].partial.clone(), |acc, b| acc.merge(&b.partial));
         let merged = match merged {
             Ok(m) => m,
             Err(e) => {
-                self.fail(decl, decl.id_at, format!("the blocks of `{}` do not merge: {e}", decl.id), String::new(), "blocks the engine can merge");
+                self.fail(
+                    decl,
+                    decl.id_at,
+                    format!("the blocks of `{}` do not merge: {e}", decl.id),
+                    String::new(),
+                    "blocks the engine can merge",
+                );
                 return None;
             }
         };
@@ -205,6 +240,9 @@ impl Evaluator<'_> {
                 ]),
             ),
         ]);
-        Some(Record { computed: Computed::Tiled(Box::new(TiledResult { inputs, query: i, trace, merged })), node })
+        Some(Record {
+            computed: Computed::Tiled(Box::new(TiledResult { inputs, query: i, trace, merged })),
+            node,
+        })
     }
 }

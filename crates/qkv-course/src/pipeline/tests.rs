@@ -700,3 +700,84 @@ fn multi_head_examples_equal_the_engine_s_multi_head_attention() {
         }
     }
 }
+
+/// Every decoding step equals the row of full causal attention over the sequence so far (the
+/// engine's reference) and the engine's own `KvCache`, fed the prompt at once and then one token
+/// at a time (f32 storage and arithmetic, so within f32 rounding).
+#[test]
+fn decoding_steps_equal_causal_attention_and_the_engine_s_kv_cache() {
+    use ndarray::{Array2, Array3};
+    let values = values_of(&one_file(EVERY_KIND));
+    let get = |path: &str| *values.get(&format!("test.{path}")).unwrap_or_else(|| panic!("no {path}"));
+    let (q, k, v) =
+        ([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]], [[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]], [2.0, 6.0, 4.0]);
+    let tokens = ["I", "love", "NLP"];
+    let m = |rows: &[[f64; 2]]| Array2::from_shape_vec((3, 2), rows.concat()).expect("3 x 2");
+    let causal = qkv::AttentionOptions::new().causal(qkv::CausalMask::BottomRight);
+    let full = qkv::reference::attention(
+        m(&q).view(),
+        m(&k).view(),
+        Array2::from_shape_vec((3, 1), v.to_vec()).expect("v").view(),
+        &causal,
+    )
+    .expect("reference");
+    let shape = qkv::CacheShape { layers: 1, kv_heads: 1, capacity: 3, key_dim: 2, value_dim: 1 };
+    let mut cache = qkv::KvCache::<f32>::new(shape).expect("cache");
+    let mut layer = cache.layer(0).expect("layer");
+    let as_f32 = |rows: &[[f64; 2]]| rows.iter().flatten().map(|&x| x as f32).collect::<Vec<_>>();
+    let prompt = get("gen.prompt") as usize;
+    assert_eq!(prompt, 1);
+    // The prompt at once (a prefill), then each further token.
+    let mut cached = Vec::new();
+    for (start, end) in [(0, prompt)].into_iter().chain((prompt..3).map(|t| (t, t + 1))) {
+        let n = end - start;
+        let kk = Array3::from_shape_vec((1, n, 2), as_f32(&k[start..end])).expect("keys");
+        let vv = Array3::from_shape_vec((1, n, 1), v[start..end].iter().map(|&x| x as f32).collect())
+            .expect("values");
+        layer.append(kk.view(), vv.view()).expect("append");
+        let qq = Array3::from_shape_vec((1, n, 2), as_f32(&q[start..end])).expect("queries");
+        let out = layer.attend(qq.view()).expect("attend");
+        cached.extend((0..n).map(|i| out[[0, i, 0]]));
+    }
+    for (t, token) in tokens.iter().enumerate() {
+        let ours = get(&format!("gen.{token}.output.1"));
+        assert!(
+            (ours - full.output[[t, 0]]).abs() < 1e-12,
+            "{token}: {ours} vs causal {}",
+            full.output[[t, 0]]
+        );
+        assert!((ours - f64::from(cached[t])).abs() < 1e-5, "{token}: {ours} vs the KV cache {}", cached[t]);
+        assert_eq!(get(&format!("gen.{token}.cache_length")), (t + 1).max(prompt) as f64);
+        for (j, key) in tokens.iter().enumerate().take(t + 1) {
+            let w = get(&format!("gen.{token}.weights.{key}"));
+            assert!((w - full.weights[[t, j]]).abs() < 1e-12, "{token} on {key}");
+        }
+    }
+}
+
+/// The tiled trace ends where attention over every key at once ends, and so does the merge of
+/// its blocks' partial results; each block keeps the online softmax's recurrence.
+#[test]
+fn the_tiled_trace_equals_attention_and_the_merge_of_its_blocks() {
+    let values = values_of(&one_file(EVERY_KIND));
+    let get = |path: &str| *values.get(&format!("test.{path}")).unwrap_or_else(|| panic!("no {path}"));
+    // Query d = (2, 1) of `four`, by hand over all four keys at once.
+    let (w, out) = masked_by_hand(
+        &[2.0, 1.0],
+        &[[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [1.0, -1.0]],
+        &[2.0, 6.0, 4.0, 8.0],
+        &[true; 4],
+        &[0.0; 4],
+    );
+    assert!((get("flash.output.1") - out).abs() < 1e-12, "{} vs {out}", get("flash.output.1"));
+    assert!((get("flash.merged.output.1") - out).abs() < 1e-12);
+    let lse = (get("flash.m") + get("flash.l").ln()) - get("flash.lse");
+    assert!(lse.abs() < 1e-12);
+    // Block 2 (key d) rescales by exp(m before - m after) and adds its exponential to l.
+    let (m1, m2) = (get("flash.blocks.1.m"), get("flash.blocks.2.m"));
+    assert!((get("flash.blocks.2.rescale") - (m1 - m2).exp()).abs() < 1e-15);
+    let l = get("flash.blocks.2.rescale") * get("flash.blocks.1.l") + get("flash.blocks.2.exp.d");
+    assert!((get("flash.blocks.2.l") - l).abs() < 1e-12);
+    // The weight of d is its exponential over the final sum.
+    assert!((get("flash.blocks.2.exp.d") / get("flash.l") - w[3]).abs() < 1e-12);
+}

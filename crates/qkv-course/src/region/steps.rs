@@ -60,7 +60,10 @@ pub(super) fn worked(cx: &mut Context<'_, '_>, target: &str, digits: usize) -> R
             weighted_sum_steps(&weights, &values, &terms, output, digits)
         }
         Computed::Tiled(t) => {
-            cx.at_most_shown(&[(t.inputs.keys.len(), "keys"), (t.inputs.values[0].len(), "components of a vector")])?;
+            cx.at_most_shown(&[
+                (t.inputs.keys.len(), "keys"),
+                (t.inputs.values[0].len(), "components of a vector"),
+            ])?;
             tiled_steps(&t, digits)
         }
         Computed::Matrix { .. } | Computed::MultiHead(_) | Computed::Decode(_) => {
@@ -334,7 +337,8 @@ pub(super) fn tiled_steps(t: &crate::eval::TiledResult, digits: usize) -> String
     );
     let m_tex = |m: Option<f64>| m.map_or(r"-\infty".to_string(), |m| tex(&shown(m, digits)));
     for (n, b) in t.trace.blocks.iter().enumerate() {
-        let names: Vec<String> = keys[b.keys.clone()].iter().map(|k| format!("$k_{{{}}}$", tex_label(k))).collect();
+        let names: Vec<String> =
+            keys[b.keys.clone()].iter().map(|k| format!("$k_{{{}}}$", tex_label(k))).collect();
         let scores: Vec<Shown> = b.scores.iter().map(|&s| shown(s, digits)).collect();
         let mut line = format!(
             "{}. **Block {}** ({}). Scores $s {} {}$",

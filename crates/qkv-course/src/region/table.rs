@@ -204,10 +204,15 @@ fn decode_table(d: &crate::eval::DecodeResult, digits: usize) -> String {
         // A prompt is appended whole, then attended under the causal mask.
         let _ = write!(out, "| {} | {step} | {} |", escape_cell(label), inputs.keys.len().max(d.prompt));
         for j in 0..all.len() {
-            let cell = if j < inputs.keys.len() { crate::format::fixed(result.weights[[0, j]], digits) } else { "·".into() };
+            let cell = if j < inputs.keys.len() {
+                crate::format::fixed(result.weights[[0, j]], digits)
+            } else {
+                "·".into()
+            };
             let _ = write!(out, " {cell} |");
         }
-        let output: Vec<String> = result.output.row(0).iter().map(|&x| crate::format::fixed(x, digits)).collect();
+        let output: Vec<String> =
+            result.output.row(0).iter().map(|&x| crate::format::fixed(x, digits)).collect();
         let output = if output.len() == 1 { output[0].clone() } else { format!("({})", output.join(", ")) };
         let _ = writeln!(out, " {output} |");
     }
