@@ -319,3 +319,94 @@ fn the_notebook_runs_in_jupyter_and_prints_what_the_page_shows() {
     assert!(printed.contains("output:  4.4067 (the lesson rounds it to 4.41)"), "{printed}");
     assert!(page.contains(">4.41</span>") && page.contains(">4.4067</span>"), "the prose cites both");
 }
+
+/// NumPy's own computation of the fixture lesson's cited numbers: multi-head with `W_o`, GQA
+/// under a causal mask with ALiBi, every mask kind, decoding and the tiled trace's output.
+const EVERY_KIND_NUMPY: &str = r#"
+import numpy as np
+def softmax_rows(s):
+    e = np.exp(s - s.max(axis=-1, keepdims=True)); return e / e.sum(axis=-1, keepdims=True)
+def attend(Q, K, V, visible=None, bias=None):
+    s = Q @ K.T / np.sqrt(K.shape[1])
+    if bias is not None: s = s + bias
+    if visible is not None: s = np.where(visible, s, -np.inf)
+    w = softmax_rows(s); return w, w @ V
+X = np.array([[1,0,1,0],[0,1,0,1],[1,1,0,0]], float)
+tok = ["I", "love", "NLP"]
+out = {"emb.love.1": X[1, 0]}
+near = [np.array(m, float) for m in ([[1,0],[0,1],[1,0],[0,1]], [[1,0],[0,1],[0,0],[1,1]], [[1,0],[0,1],[1,1],[0,0]])]
+far = [np.array(m, float) for m in ([[0,1],[1,0],[0,0],[1,1]], [[1,1],[0,1],[1,0],[0,0]], [[0,1],[1,0],[0,0],[1,1]])]
+heads = [attend(X @ wq, X @ wk, X @ wv) for wq, wk, wv in (near, far)]
+out["two.heads.near.love.weights.NLP"] = heads[0][0][1, 2]
+o = np.hstack([h[1] for h in heads]) @ np.array([[1,0],[0,1],[1,1],[0.5,-0.5]])
+out["two.output.love.1"], out["two.output.love.2"] = o[1]
+causal = np.tril(np.ones((3, 3), bool))
+wq = [[[1,0],[0,1],[0,0],[1,0]], [[0,1],[1,0],[1,0],[0,0]], [[1,1],[0,0],[0,1],[1,0]], [[0,0],[1,1],[1,0],[0,1]]]
+kv = [([[1,0],[0,1],[1,1],[0,0]], [[1],[2],[0],[1]]), ([[0,1],[1,0],[0,0],[1,1]], [[0],[1],[3],[1]])]
+slopes, share = [0.5, 0.25, 0, 0], [0, 0, 1, 1]
+distance = np.arange(3)[None, :] - np.arange(3)[:, None]
+g = [attend(X @ np.array(wq[h], float), X @ np.array(kv[share[h]][0], float), X @ np.array(kv[share[h]][1], float), causal, slopes[h] * distance) for h in range(4)]
+out["gqa.heads.3.kv_head"] = 2
+out["gqa.heads.1.love.weights.NLP"] = g[0][0][1, 2]
+Q4 = np.array([[1,0],[0,1],[1,1],[2,1]], float); K4 = np.array([[1,0],[0,1],[1,1],[1,-1]], float); V4 = np.array([[2],[6],[4],[8]], float)
+d4 = np.arange(4)[None, :] - np.arange(4)[:, None]
+out["windowed.c.weights.b"] = attend(Q4, K4, V4, (d4 <= 0) & (d4 >= -1))[0][2, 1]
+out["alibi.d.bias.a"] = 0.5 * (0 - 3)
+S = np.array([[1,0],[0,1],[1,1]], float)
+w, o = attend(S, S, np.array([[2],[6],[4]], float), causal)
+out["gen.NLP.cache_length"] = 3
+out["gen.NLP.weights.love"], out["gen.NLP.output"] = w[2, 1], o[2, 0]
+w, o = attend(Q4[3:4], K4, V4)
+out["flash.output"] = o[0, 0]
+s = K4 @ Q4[3] / np.sqrt(2)
+out["flash.blocks.1.max"] = s[:3].max()
+out["flash.blocks.2.rescale"] = np.exp(s[:3].max() - max(s[:3].max(), s[3]))
+for k, v in out.items(): print(k, repr(float(v)))
+"#;
+
+/// The fixture lesson of every example kind, built by the real command: each number it cites
+/// equals NumPy's, to the digits it shows.
+#[test]
+fn the_every_kind_fixture_cites_what_numpy_computes() {
+    let dir = tempfile::tempdir().expect("scratch");
+    let content = dir.path().join("content");
+    fs::create_dir_all(&content).expect("content folder");
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../crates/qkv-course/src/pipeline/fixtures/every-kind.md");
+    fs::copy(&fixture, content.join("01-every-kind.md")).expect("fixture");
+    let out = dir.path().join("site");
+    let build = xtask(&["build-content", "--content", arg(&content), "--out", arg(&out)]);
+    assert_eq!(build.status, 0, "{}", build.stderr);
+    let markdown = fs::read_to_string(content.join("01-every-kind.md")).expect("built fixture");
+    // Every citation `[TEXT](=PATH:DIGITS)` of the built fixture, by path.
+    let mut cited = std::collections::HashMap::new();
+    for (at, _) in markdown.match_indices("](=") {
+        let text = &markdown[markdown[..at].rfind('[').expect("opening bracket") + 1..at];
+        let rest = &markdown[at + 3..];
+        let (path, format) = rest[..rest.find(')').expect("closing parenthesis")].rsplit_once(':').expect("format");
+        cited.insert(path.to_string(), (text.to_string(), format.parse::<i32>().expect("decimals")));
+    }
+    if !numpy_available("the_every_kind_fixture_cites_what_numpy_computes") {
+        return;
+    }
+    let run = Command::new("python3").args(["-c", EVERY_KIND_NUMPY]).output().expect("python3 runs");
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let numpy = String::from_utf8_lossy(&run.stdout);
+    let mut compared = 0;
+    for line in numpy.lines() {
+        let (path, value) = line.split_once(' ').expect("path value");
+        let value: f64 = value.parse().expect("a number");
+        let (text, digits) = cited.get(path).unwrap_or_else(|| panic!("the fixture does not cite {path}"));
+        let shown: f64 = text.parse().unwrap_or_else(|_| panic!("{path}: `{text}` is not a number"));
+        assert!((shown - value).abs() <= 0.5 * 10f64.powi(-digits) + 1e-12, "{path}: the page shows {text}, NumPy {value}");
+        compared += 1;
+    }
+    assert_eq!(compared, cited.len(), "every citation of the fixture is compared: {cited:?}");
+    // And each laboratory prints what its notebook says it prints.
+    for entry in fs::read_dir(out.join("notebooks")).expect("notebooks") {
+        let nb: serde_json::Value = serde_json::from_str(&fs::read_to_string(entry.expect("entry").path()).expect("notebook")).expect("JSON");
+        let join = |v: &serde_json::Value| v.as_array().expect("lines").iter().filter_map(|l| l.as_str()).collect::<String>();
+        let (code, expected) = (join(&nb["cells"][1]["source"]), join(&nb["cells"][1]["outputs"][0]["text"]));
+        let run = Command::new("python3").args(["-c", &code]).output().expect("python3 runs");
+        assert_eq!(String::from_utf8_lossy(&run.stdout), expected, "{code}");
+    }
+}

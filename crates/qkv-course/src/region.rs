@@ -81,8 +81,10 @@ pub(crate) struct Generated {
 /// A record the region's first argument names, and what the argument says past the record.
 pub(crate) struct Named {
     pub computed: Computed,
-    /// Path segments after the declaration (`love` in `sentence.love`).
+    /// Path segments after the declaration (`love` in `sentence.love`) and any part of it.
     pub rest: Vec<String>,
+    /// How many segments named a part of the record (`heads.near` in `two.heads.near.love`).
+    pub consumed: usize,
     /// The declaration's qualified id (`attention.sentence`).
     pub key: String,
 }
@@ -136,7 +138,7 @@ impl<'a> Context<'a, '_> {
             .ok_or_else(|| self.problem(format!("`{target}` has errors (see above)"), ""))?;
         let rest: Vec<String> = t.rest.iter().map(|s| s.to_string()).collect();
         let (computed, taken) = record.computed.part(&rest);
-        Ok(Named { computed, rest: rest[taken..].to_vec(), key: t.key })
+        Ok(Named { computed, rest: rest[taken..].to_vec(), consumed: taken, key: t.key })
     }
 
     /// The query a target's rest names (`love` in `sentence.love`), by label or 1-based number.

@@ -37,7 +37,12 @@ fn generate(cx: &mut Context<'_, '_>) -> Result<Generated, Problem> {
     };
     let lab = lab(&inputs, &result, i, cx.digits, rounded);
     let label = &inputs.query_labels()[i];
-    let name = format!("notebooks/{}-{}.ipynb", named.key.replace('.', "-"), crate::markup::slug(label));
+    // A part of a record (a head of a multi-head example) is named in the file too, so that two
+    // heads' labs of one token do not share a notebook.
+    let segments: Vec<&str> = cx.args[0].split('.').collect();
+    let part = &segments[segments.len().saturating_sub(named.rest.len() + named.consumed)..segments.len() - named.rest.len()];
+    let stem = [named.key.replace('.', "-")].into_iter().chain(part.iter().map(|s| crate::markup::slug(s)));
+    let name = format!("notebooks/{}-{}.ipynb", stem.collect::<Vec<_>>().join("-"), crate::markup::slug(label));
     let title = format!("Attention for the query “{label}”, in NumPy");
     let intro = "Scaled dot-product attention in a few lines of NumPy: score every key, softmax, blend the values. The numbers come from the lesson's example; run the cell and compare the printout with the lesson.";
     let nb = notebook::notebook(&title, intro, &lab.code, &lab.printed);
@@ -83,15 +88,46 @@ fn lab(
     let mut code = String::new();
     let _ = writeln!(code, "import numpy as np\n");
     let _ = writeln!(code, "tokens = [{}]", tokens.join(", "));
-    let _ = writeln!(code, "Q = {}  # one query per row", py_rows(&inputs.queries));
-    let _ = writeln!(code, "K = {}  # one key per row", py_rows(&inputs.keys));
-    let _ = writeln!(code, "V = {}  # one value per row\n", py_rows(&inputs.values));
+    match &inputs.projection {
+        Some(p) => {
+            match &p.x_kv {
+                None => {
+                    let _ = writeln!(code, "X = {}  # one embedding per token", py_rows(&p.x_q));
+                }
+                Some(x_kv) => {
+                    let _ = writeln!(code, "X_q = {}  # the queries' tokens", py_rows(&p.x_q));
+                    let _ = writeln!(code, "X_kv = {}  # the keys' tokens", py_rows(x_kv));
+                }
+            }
+            let _ = writeln!(code, "W_q = {}", py_rows(&p.w_q));
+            let _ = writeln!(code, "W_k = {}", py_rows(&p.w_k));
+            let _ = writeln!(code, "W_v = {}", py_rows(&p.w_v));
+            let (x_q, x_kv) = if p.x_kv.is_none() { ("X", "X") } else { ("X_q", "X_kv") };
+            let _ = writeln!(
+                code,
+                "Q, K, V = {x_q} @ W_q, {x_kv} @ W_k, {x_kv} @ W_v  # queries, keys and values, one per row\n"
+            );
+        }
+        None => {
+            let _ = writeln!(code, "Q = {}  # one query per row", py_rows(&inputs.queries));
+            let _ = writeln!(code, "K = {}  # one key per row", py_rows(&inputs.keys));
+            let _ = writeln!(code, "V = {}  # one value per row\n", py_rows(&inputs.values));
+        }
+    }
     let _ = writeln!(code, "q = Q[{query_idx}]  # the query of {:?}", labels[query_idx]);
     let default_scale = (trace.scale - 1.0 / (trace.query.len() as f64).sqrt()).abs() < 1e-15;
     if default_scale {
         let _ = writeln!(code, "scores = K @ q / np.sqrt(K.shape[1])  # step 1: score every key");
     } else {
         let _ = writeln!(code, "scores = (K @ q) * {:?}  # step 1: score every key", trace.scale);
+    }
+    if let Some(slope) = inputs.limits.alibi {
+        // The query stands at key position i + n_k - n_q (bottom-right, as the engine aligns it).
+        let position = query_idx as i64 + inputs.keys.len() as i64 - inputs.queries.len() as i64;
+        let _ = writeln!(
+            code,
+            "scores = scores + {slope:?} * (np.arange(len(K)) - {position})  # ALiBi: slope times distance"
+        );
     }
     if trace.kept.iter().any(|k| !k) {
         let keep: Vec<&str> = trace.kept.iter().map(|&k| if k { "True" } else { "False" }).collect();
