@@ -17,6 +17,7 @@ mod lesson;
 mod matrix;
 mod progress;
 mod quiz;
+mod shuffle;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

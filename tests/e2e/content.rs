@@ -371,7 +371,8 @@ fn the_every_kind_fixture_cites_what_numpy_computes() {
     let dir = tempfile::tempdir().expect("scratch");
     let content = dir.path().join("content");
     fs::create_dir_all(&content).expect("content folder");
-    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../crates/qkv-course/src/pipeline/fixtures/every-kind.md");
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../crates/qkv-course/src/pipeline/fixtures/every-kind.md");
     fs::copy(&fixture, content.join("01-every-kind.md")).expect("fixture");
     let out = dir.path().join("site");
     let build = xtask(&["build-content", "--content", arg(&content), "--out", arg(&out)]);
@@ -382,7 +383,8 @@ fn the_every_kind_fixture_cites_what_numpy_computes() {
     for (at, _) in markdown.match_indices("](=") {
         let text = &markdown[markdown[..at].rfind('[').expect("opening bracket") + 1..at];
         let rest = &markdown[at + 3..];
-        let (path, format) = rest[..rest.find(')').expect("closing parenthesis")].rsplit_once(':').expect("format");
+        let (path, format) =
+            rest[..rest.find(')').expect("closing parenthesis")].rsplit_once(':').expect("format");
         cited.insert(path.to_string(), (text.to_string(), format.parse::<i32>().expect("decimals")));
     }
     if !numpy_available("the_every_kind_fixture_cites_what_numpy_computes") {
@@ -397,14 +399,21 @@ fn the_every_kind_fixture_cites_what_numpy_computes() {
         let value: f64 = value.parse().expect("a number");
         let (text, digits) = cited.get(path).unwrap_or_else(|| panic!("the fixture does not cite {path}"));
         let shown: f64 = text.parse().unwrap_or_else(|_| panic!("{path}: `{text}` is not a number"));
-        assert!((shown - value).abs() <= 0.5 * 10f64.powi(-digits) + 1e-12, "{path}: the page shows {text}, NumPy {value}");
+        assert!(
+            (shown - value).abs() <= 0.5 * 10f64.powi(-digits) + 1e-12,
+            "{path}: the page shows {text}, NumPy {value}"
+        );
         compared += 1;
     }
     assert_eq!(compared, cited.len(), "every citation of the fixture is compared: {cited:?}");
     // And each laboratory prints what its notebook says it prints.
     for entry in fs::read_dir(out.join("notebooks")).expect("notebooks") {
-        let nb: serde_json::Value = serde_json::from_str(&fs::read_to_string(entry.expect("entry").path()).expect("notebook")).expect("JSON");
-        let join = |v: &serde_json::Value| v.as_array().expect("lines").iter().filter_map(|l| l.as_str()).collect::<String>();
+        let nb: serde_json::Value =
+            serde_json::from_str(&fs::read_to_string(entry.expect("entry").path()).expect("notebook"))
+                .expect("JSON");
+        let join = |v: &serde_json::Value| {
+            v.as_array().expect("lines").iter().filter_map(|l| l.as_str()).collect::<String>()
+        };
         let (code, expected) = (join(&nb["cells"][1]["source"]), join(&nb["cells"][1]["outputs"][0]["text"]));
         let run = Command::new("python3").args(["-c", &code]).output().expect("python3 runs");
         assert_eq!(String::from_utf8_lossy(&run.stdout), expected, "{code}");

@@ -568,47 +568,9 @@ impl<'d> Evaluator<'d> {
     fn attention(&mut self, decl: &Decl, a: &AttentionDecl) -> Option<Record> {
         let n = self.problems.len();
         let base = match &a.from {
-            Some(from) => match self.target(decl.doc, &from.value) {
-                Ok(t) if t.rest.is_empty() => match self.record(&t.key).map(|r| r.computed) {
-                    Some(Computed::Attention { inputs, .. }) => Some(inputs),
-                    Some(_) => {
-                        self.fail(
-                            decl,
-                            from.at,
-                            format!("`from` names `{}`, which is not an attention example", from.value),
-                            from.value.clone(),
-                            "the id of a `qkv attention` block",
-                        );
-                        None
-                    }
-                    None => None,
-                },
-                Ok(_) => {
-                    self.fail(
-                        decl,
-                        from.at,
-                        format!("`from = \"{}\"` names a value, not an example", from.value),
-                        from.value.clone(),
-                        "just the example id, such as `sentence` or `attention.sentence`",
-                    );
-                    None
-                }
-                Err(expected) => {
-                    self.fail(
-                        decl,
-                        from.at,
-                        format!("unknown reference `{}`", from.value),
-                        from.value.clone(),
-                        expected,
-                    );
-                    None
-                }
-            },
+            Some(from) => Some(self.example_of(decl, from)?.0),
             None => None,
         };
-        if a.from.is_some() && base.is_none() {
-            return None;
-        }
         let mut inputs = base.unwrap_or(AttentionInputs {
             tokens: None,
             query_tokens: None,

@@ -13,12 +13,13 @@ use crate::examples::{Decl, Field, Mask};
 use crate::values::Node;
 
 impl Evaluator<'_> {
-    /// The attention example (or multi-head head) `field` names, computed.
-    fn example_of(
+    /// The attention example (or head of a multi-head example) `field` names: its inputs and
+    /// what it computed (an error for an `expect_error` example).
+    pub(super) fn example_of(
         &mut self,
         decl: &Decl,
         field: &Field<String>,
-    ) -> Option<(AttentionInputs, AttentionResult)> {
+    ) -> Option<(AttentionInputs, Result<AttentionResult, String>)> {
         let target = match self.target(decl.doc, &field.value) {
             Ok(t) => t,
             Err(expected) => {
@@ -36,16 +37,35 @@ impl Evaluator<'_> {
         let record = self.record(&target.key)?;
         let rest: Vec<String> = target.rest.iter().map(|s| s.to_string()).collect();
         match record.computed.part(&rest) {
-            (Computed::Attention { inputs, result: Ok(result) }, taken) if taken == rest.len() => {
-                Some((inputs, result))
-            }
+            (Computed::Attention { inputs, result }, taken) if taken == rest.len() => Some((inputs, result)),
             _ => {
                 self.fail(
                     decl,
                     field.at,
-                    format!("`{}` is not an attention example that computes", field.value),
+                    format!("`{}` is not an attention example", field.value),
                     field.value.clone(),
-                    "the id of a `qkv attention` block, or `MULTIHEAD.heads.HEAD`",
+                    "the id of a `qkv attention` block, such as `sentence` or `attention.sentence`, or `MULTIHEAD.heads.HEAD`",
+                );
+                None
+            }
+        }
+    }
+
+    /// Like [`Self::example_of`], for an example that must compute.
+    fn computed_example(
+        &mut self,
+        decl: &Decl,
+        field: &Field<String>,
+    ) -> Option<(AttentionInputs, AttentionResult)> {
+        match self.example_of(decl, field)? {
+            (inputs, Ok(result)) => Some((inputs, result)),
+            (_, Err(_)) => {
+                self.fail(
+                    decl,
+                    field.at,
+                    format!("`{}` is an example the engine rejects, with nothing to show here", field.value),
+                    field.value.clone(),
+                    "an example that computes",
                 );
                 None
             }
@@ -61,7 +81,7 @@ impl Evaluator<'_> {
         example: &Field<String>,
         prompt: &Field<usize>,
     ) -> Option<Record> {
-        let (inputs, _) = self.example_of(decl, example)?;
+        let (inputs, _) = self.computed_example(decl, example)?;
         let n = inputs.keys.len();
         let unsupported = [
             (!inputs.self_attention(), "its queries are not its keys' tokens (cross-attention)"),
@@ -149,7 +169,7 @@ impl Evaluator<'_> {
         query: &Field<String>,
         block: &Field<usize>,
     ) -> Option<Record> {
-        let (inputs, _) = self.example_of(decl, example)?;
+        let (inputs, _) = self.computed_example(decl, example)?;
         let labels = inputs.query_labels();
         let Some(i) = labels.iter().position(|l| *l == query.value) else {
             self.fail(

@@ -40,9 +40,11 @@ fn generate(cx: &mut Context<'_, '_>) -> Result<Generated, Problem> {
     // A part of a record (a head of a multi-head example) is named in the file too, so that two
     // heads' labs of one token do not share a notebook.
     let segments: Vec<&str> = cx.args[0].split('.').collect();
-    let part = &segments[segments.len().saturating_sub(named.rest.len() + named.consumed)..segments.len() - named.rest.len()];
+    let part = &segments
+        [segments.len().saturating_sub(named.rest.len() + named.consumed)..segments.len() - named.rest.len()];
     let stem = [named.key.replace('.', "-")].into_iter().chain(part.iter().map(|s| crate::markup::slug(s)));
-    let name = format!("notebooks/{}-{}.ipynb", stem.collect::<Vec<_>>().join("-"), crate::markup::slug(label));
+    let name =
+        format!("notebooks/{}-{}.ipynb", stem.collect::<Vec<_>>().join("-"), crate::markup::slug(label));
     let title = format!("Attention for the query “{label}”, in NumPy");
     let intro = "Scaled dot-product attention in a few lines of NumPy: score every key, softmax, blend the values. The numbers come from the lesson's example; run the cell and compare the printout with the lesson.";
     let nb = notebook::notebook(&title, intro, &lab.code, &lab.printed);
