@@ -162,6 +162,9 @@ pub(super) fn attention_steps(
     let d_k = trace.query.len();
     let kept: Vec<usize> = (0..keys.len()).filter(|&j| trace.kept[j]).collect();
     let mut out = String::new();
+    if let Some(p) = &inputs.projection {
+        out.push_str(&projection_step(inputs, p, query, digits));
+    }
 
     // 1. Dot products, expanded term by term while the vectors are short enough to read.
     let q_shown = shown_all(&trace.query, digits);
@@ -415,6 +418,40 @@ pub(super) fn tiled_steps(t: &crate::eval::TiledResult, digits: usize) -> String
         tuple(&output),
         tuple(&merged)
     );
+    out
+}
+
+/// Where the query, keys and values came from, before the steps: `q = x W_q` for the query and
+/// `k = x W_k`, `v = x W_v` for each key, as shown numbers.
+fn projection_step(
+    inputs: &AttentionInputs,
+    p: &crate::eval::Projection,
+    query: &str,
+    digits: usize,
+) -> String {
+    let (x_q, x_kv) = if p.x_kv.is_none() { ("x", "x") } else { ("x^{q}", "x^{kv}") };
+    let i = inputs.query_labels().iter().position(|l| l == query).unwrap_or(0);
+    let vector = |xs: &[f64]| tuple(&shown_all(xs, digits));
+    // `=` only where the shown product is the product exactly.
+    let is = |xs: &[f64]| relation(all_exact(&shown_all(xs, digits)));
+    let q_label = tex_label(query);
+    let mut out = format!(
+        "First the projections: $q_{{{q_label}}} = {x_q}_{{{q_label}}} W_q = {} W_q {} {}$",
+        vector(&p.x_q[i]),
+        is(&inputs.queries[i]),
+        vector(&inputs.queries[i])
+    );
+    for (j, key) in inputs.key_labels().iter().enumerate() {
+        let label = tex_label(key);
+        out.push_str(&format!(
+            "; $k_{{{label}}} = {x_kv}_{{{label}}} W_k {} {}$, $v_{{{label}}} = {x_kv}_{{{label}}} W_v {} {}$",
+            is(&inputs.keys[j]),
+            vector(&inputs.keys[j]),
+            is(&inputs.values[j]),
+            vector(&inputs.values[j])
+        ));
+    }
+    out.push_str(".\n\n");
     out
 }
 
