@@ -99,6 +99,9 @@ impl Text {
                         "a math citation marker does not work in quiz and widget text, even inside `$…$`; it would be shown as typed",
                     ));
                 }
+                Shape::Path => {
+                    return Err(near_miss("a cited path outside `{=…}`; it would be shown as typed"));
+                }
                 Shape::Braced if !value[start..].starts_with("{=") => {
                     return Err(near_miss("a space between `{` and `=` hides this citation"));
                 }

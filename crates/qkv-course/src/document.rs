@@ -69,6 +69,9 @@ pub(crate) enum Shape {
     Marker,
     /// `{=`: a citation in a quiz or widget's text, `{=PATH:FORMAT}`.
     Braced,
+    /// `=PATH:FORMAT` on its own (`=sentence.love.output:2`), where no other shape holds it: the
+    /// remains of a citation whose brackets or braces went missing.
+    Path,
 }
 
 impl Shape {
@@ -78,6 +81,9 @@ impl Shape {
             Shape::Link => "`[NUMBER](=PATH:FORMAT)` in prose",
             Shape::Marker => "`{NUMBER}\\vphantom{\\verb|=PATH:FORMAT|}` inside `$…$`",
             Shape::Braced => "`{=PATH:FORMAT}` in the text fields of `qkv quiz` and `qkv widget` blocks",
+            Shape::Path => {
+                "`[NUMBER](=PATH:FORMAT)` in prose, `{NUMBER}\\vphantom{\\verb|=PATH:FORMAT|}` in math, `{=PATH:FORMAT}` in quiz and widget text"
+            }
         }
     }
 }
@@ -113,7 +119,34 @@ pub(crate) fn citation_shapes(s: &str) -> Vec<(usize, Shape)> {
             found.push((i, shape));
         }
     }
+    // A cited path that no shape above holds: the `=` of each of them is claimed.
+    let claimed: Vec<usize> = found
+        .iter()
+        .filter_map(|&(i, shape)| {
+            let from = match shape {
+                Shape::Link => i + 1,
+                Shape::Braced => i,
+                Shape::Marker => i + 5,
+                Shape::Path => return None,
+            };
+            s[from..].find('=').map(|e| from + e)
+        })
+        .collect();
+    for (i, _) in s.match_indices('=') {
+        if !claimed.contains(&i) && is_cited_path(&s[i + 1..]) {
+            found.push((i, Shape::Path));
+        }
+    }
+    found.sort_unstable_by_key(|&(i, _)| i);
     found
+}
+
+/// Whether `s` starts with a cited path and its format: `ID.SEGMENT…:FORMAT`.
+fn is_cited_path(s: &str) -> bool {
+    let word = |c: char| c.is_alphanumeric() || c == '_' || c == '-';
+    let path: String = s.chars().take_while(|&c| word(c) || c == '.').collect();
+    let format = s[path.len()..].strip_prefix(':').and_then(|f| f.chars().next());
+    path.starts_with(word) && path.contains('.') && format.is_some_and(|c| c.is_ascii_digit() || c == 'w')
 }
 
 /// A math citation found in TeX, by byte range within it.
@@ -355,7 +388,7 @@ pub(crate) fn parse(doc: usize, text: &str) -> Result<Document, Vec<Problem>> {
                         continue;
                     }
                     let message = match shape {
-                        Shape::Marker => {
+                        Shape::Marker | Shape::Path => {
                             "a math citation marker that is not read: it must be written exactly as `\\vphantom{\\verb|=…|}`, right after the number in braces"
                         }
                         Shape::Braced => {
@@ -451,6 +484,10 @@ fn near_misses(doc: usize, text: &str, literal: &[Range<usize>], html: &[Range<u
                     "`{=…}` cites a number only in quiz and widget text; in prose it would be shown as typed"
                         .to_string(),
                     format!("{}, or {}", Shape::Link.form(), Shape::Marker.form()),
+                ),
+                Shape::Path => (
+                    "a cited path outside any citation, which would be shown as typed".to_string(),
+                    "`[NUMBER](=PATH:FORMAT)`: the number in brackets right before `(=`".to_string(),
                 ),
                 Shape::Link => (
                     "this has the shape of a citation link, but markdown did not read it as one, so it would be shown as typed".to_string(),

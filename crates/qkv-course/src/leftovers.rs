@@ -105,12 +105,21 @@ fn without_code_markdown(text: &str) -> String {
             None if marker.len() >= 3 => fence = Some(marker),
             None => {
                 // Inline code: drop what lies between matching runs of backticks.
+                // A run of backticks that no run of the same length closes is literal text.
                 let mut rest = line;
                 while let Some(open) = rest.find('`') {
-                    out.push_str(&rest[..open]);
                     let ticks = rest[open..].chars().take_while(|&c| c == '`').count();
                     let after = &rest[open + ticks..];
-                    rest = after.find(&"`".repeat(ticks)).map_or("", |close| &after[close + ticks..]);
+                    match after.find(&"`".repeat(ticks)) {
+                        Some(close) => {
+                            out.push_str(&rest[..open]);
+                            rest = &after[close + ticks..];
+                        }
+                        None => {
+                            out.push_str(&rest[..open + ticks]);
+                            rest = after;
+                        }
+                    }
                 }
                 out.push_str(rest);
                 out.push('\n');

@@ -47,6 +47,28 @@ fn the_committed_lesson_survives_mutation() {
     assert!(summary.built > 0 && summary.rejected > 0, "{summary:?}");
 }
 
+/// The same promises on mutants of the fixture lesson that holds every example kind (named
+/// matrices, multi-head and GQA, masks, decoding, the tiled trace), which the committed lesson
+/// does not use.
+#[test]
+fn the_every_kind_fixture_survives_mutation() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root");
+    let fixture = root.join("crates/qkv-course/src/pipeline/fixtures/every-kind.md");
+    let base = Lesson {
+        markdown: vec![("01-every-kind.md".into(), fs::read(&fixture).expect("the fixture"))],
+        figures: Vec::new(),
+    };
+    let work = tempfile::tempdir().expect("scratch folder");
+    let summary = run_cases(&base, 23, work.path(), |s| s.cases >= CASES / 3);
+    let report: Vec<String> = summary
+        .failures
+        .iter()
+        .map(|(case, failure)| format!("case {} ({}):\n{failure}", case.index, case.mutations.join("; ")))
+        .collect();
+    assert!(report.is_empty(), "{} mutants broke a promise:\n\n{}", report.len(), report.join("\n\n"));
+    assert!(summary.built > 0 && summary.rejected > 0, "{summary:?}");
+}
+
 /// The checks themselves catch what they promise to catch.
 #[test]
 fn a_broken_promise_is_reported() {
