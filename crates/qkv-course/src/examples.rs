@@ -104,7 +104,8 @@ pub(crate) struct FigureDecl {
     pub kind: FigureKind,
     pub example: Option<Field<String>>,
     pub query: Option<Field<String>>,
-    pub caption: String,
+    /// Markdown, citing numbers as `{=PATH:FORMAT}` like quiz text.
+    pub caption: Option<crate::citation::Text>,
     pub seed: u64,
     pub trials: usize,
     pub dims: Vec<usize>,
@@ -549,10 +550,7 @@ pub(crate) fn parse(doc: usize, block: &Block) -> Result<Decl, Vec<Problem>> {
                 kind,
                 example: get("example").and_then(|v| reader.string(v, "the id of an attention example")),
                 query: get("query").and_then(|v| reader.string(v, "a token of the example")),
-                caption: get("caption")
-                    .and_then(|v| reader.string(v, "a caption"))
-                    .map(|f| f.value)
-                    .unwrap_or_default(),
+                caption: get("caption").and_then(|v| reader.text(v)),
                 seed: get("seed").and_then(|v| reader.count(v)).unwrap_or(7) as u64,
                 trials: get("trials").and_then(|v| reader.count(v)).unwrap_or(2000),
                 dims: get("dims")

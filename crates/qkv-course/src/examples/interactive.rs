@@ -283,7 +283,7 @@ impl Reader<'_> {
     }
 
     /// Markdown text that may cite numbers as `{=PATH:FORMAT}`.
-    fn text(&mut self, v: &Value<'_>) -> Option<Text> {
+    pub(super) fn text(&mut self, v: &Value<'_>) -> Option<Text> {
         let field = self.string(v, "markdown text")?;
         let span = v.span();
         let raw = self.block.content.get(span.clone()).unwrap_or("");

@@ -40,7 +40,11 @@ fn generate(cx: &mut Context<'_, '_>) -> Result<Generated, Problem> {
             cx.problem(format!("unknown figure `{id}`"), expected)
         })?;
     let prepared = prepare(cx, id, decl_start, fig)?;
-    let caption = fig.caption.trim();
+    let caption = match &fig.caption {
+        Some(text) => text.fill(cx.eval, cx.doc)?,
+        None => String::new(),
+    };
+    let caption = caption.trim();
     let body = format!(
         "![{}](figures/{id}.svg)\n\n*{caption}* ([PNG](figures/{id}.png))\n\n<!-- qkv-figure-hash {} -->\n",
         escape_alt(&prepared.alt),
@@ -70,8 +74,9 @@ fn prepare(
     decl_start: usize,
     fig: &FigureDecl,
 ) -> Result<Prepared, Problem> {
+    let doc = cx.doc;
     let problem = |at: usize, message: String, found: String, expected: String| {
-        Problem::new(cx.doc, at, message, found, expected)
+        Problem::new(doc, at, message, found, expected)
     };
     if !fig.kind.needs_example() {
         return Ok(figures::prepare_scaling(fig));
@@ -84,20 +89,20 @@ fn prepare(
             "`example = \"ID\"` naming an attention example".into(),
         )
     })?;
-    let t = cx.eval.target(cx.doc, &example.value).map_err(|e| {
-        problem(example.at, format!("unknown reference `{}`", example.value), example.value.clone(), e)
+    // The example may be a part of a record (a head of a multi-head example); a broken one
+    // reports its own error, and the figure stays quiet.
+    let named = cx.named_path(&example.value).map_err(|p| Problem {
+        at: example.at,
+        found: example.value.clone(),
+        ..p
     })?;
-    // A broken example reports its own error; the figure stays quiet.
-    let record = cx
-        .eval
-        .record(&t.key)
-        .ok_or_else(|| problem(example.at, String::new(), String::new(), String::new()))?;
-    let Computed::Attention { inputs, result: Ok(result) } = record.computed else {
+    let (Computed::Attention { inputs, result: Ok(result) }, true) = (named.computed, named.rest.is_empty())
+    else {
         return Err(problem(
             example.at,
             format!("`{}` is not an attention example that computes", example.value),
             example.value.clone(),
-            "the id of a `qkv attention` block".into(),
+            "the id of a `qkv attention` block, or `MULTIHEAD.heads.HEAD`".into(),
         ));
     };
     let widths = inputs.values.first().map_or(0, Vec::len);
