@@ -256,6 +256,17 @@ pub(crate) fn colab_base(url: &str) -> Option<String> {
     Some(base)
 }
 
+/// One `[[options]]` table as read, with what the checks across options need to know of it.
+struct OptionRead {
+    letter: char,
+    /// Where its `text` (or the table) starts.
+    at: usize,
+    has_feedback: bool,
+    has_when: bool,
+    /// The option, when it read without problems.
+    option: Option<QuizOption>,
+}
+
 /// Whether every option of a choice quiz carries its own `why` (so the quiz needs none).
 fn every_option_has_why(table: &DeTable<'_>) -> bool {
     match table.get("options").map(|v| v.get_ref()) {
@@ -437,19 +448,18 @@ impl Reader<'_> {
             {
                 marked.push((i, key.span().start));
             }
-            let at = t.get("text").map_or(item.span().start, |v| v.span().start);
-            options.push((
+            options.push(OptionRead {
                 letter,
-                at,
-                t.get("feedback").is_some(),
-                t.get("when").is_some(),
-                text.map(|text| QuizOption { text, feedback, item: item_label, when, why }),
-            ));
+                at: t.get("text").map_or(item.span().start, |v| v.span().start),
+                has_feedback: t.get("feedback").is_some(),
+                has_when: t.get("when").is_some(),
+                option: text.map(|text| QuizOption { text, feedback, item: item_label, when, why }),
+            });
         }
         if items.len() > MAX_OPTIONS || items.len() < 2 {
             self.wrong(v, "between 2 and 26 options", EXPECTED);
         }
-        let with_when = options.iter().filter(|o| o.3).count();
+        let with_when = options.iter().filter(|o| o.has_when).count();
         let key = match (&computed, with_when) {
             (Some(_), 0) => computed.clone(),
             (None, w) if w > 0 => Some(ChoiceKey::When),
@@ -491,7 +501,7 @@ impl Reader<'_> {
                 }
             }
         }
-        for (i, (letter, at, has_feedback, has_when, option)) in options.iter().enumerate() {
+        for (i, OptionRead { letter, at, has_feedback, has_when, option }) in options.iter().enumerate() {
             let right = key.is_none() && marked.first().is_some_and(|&(r, _)| r == i);
             match &key {
                 // The right option's feedback would never be shown.
@@ -547,7 +557,7 @@ impl Reader<'_> {
         if self.problems.len() > n {
             return None;
         }
-        let options: Vec<QuizOption> = options.into_iter().filter_map(|o| o.4).collect();
+        let options: Vec<QuizOption> = options.into_iter().filter_map(|o| o.option).collect();
         let correct = key.unwrap_or_else(|| ChoiceKey::Fixed(marked[0].0));
         Some(QuizKey::Choice { options, correct, shuffle })
     }
