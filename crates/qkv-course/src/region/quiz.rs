@@ -120,22 +120,7 @@ impl Filled {
             }
             QuizKey::Short { answer_text } => Answer::Short(fill(answer_text)?),
             QuizKey::Numeric { answer, digits, tolerance, steps, percent } => {
-                let at_answer = |message: String, expected: String| {
-                    Problem::new(doc, answer.at, message, answer.value.clone(), expected)
-                };
-                let value = cx
-                    .eval
-                    .resolve(doc, &answer.value)
-                    .map_err(|expected| at_answer(format!("unknown reference `{}`", answer.value), expected))?
-                    .as_number()
-                    .filter(|x| x.is_finite())
-                    .ok_or_else(|| {
-                        at_answer(
-                            format!("the key `{}` is not one finite number", answer.value),
-                            "`answer = \"PATH\"`, a path down to one number, such as `quiz_softmax.weights.1`"
-                                .into(),
-                        )
-                    })?;
+                let value = cited_number(cx, &answer.value, answer.at)?;
                 let format = Format { percent: *percent, ..Format::decimals(*digits) };
                 let shown = format.apply(value);
                 // The shown key's value, and half a unit in its last place, in the key's units.
@@ -205,25 +190,29 @@ fn choice_answer(
     Ok(Answer::Choice { options, correct, shuffle })
 }
 
+/// The finite number `path` (written at `at`) names, or the problem with it.
+fn cited_number(cx: &mut Context<'_, '_>, path: &str, at: usize) -> Result<f64, Problem> {
+    let doc = cx.doc;
+    let node = cx
+        .eval
+        .resolve(doc, path)
+        .map_err(|expected| Problem::new(doc, at, format!("unknown reference `{path}`"), path, expected))?;
+    node.as_number().filter(|x| x.is_finite()).ok_or_else(|| {
+        Problem::new(
+            doc,
+            at,
+            format!("`{path}` is not one finite number"),
+            path,
+            "`PATH`, a path down to one number, such as `quiz_softmax.weights.1`",
+        )
+    })
+}
+
 /// Which option is right at this build: the marked one, or the one the computation picks. A
 /// computed key that picks none, or more than one, is an error at the key: the page would
 /// otherwise grade against a stale answer.
 fn right_option(cx: &mut Context<'_, '_>, options: &[QuizOption], key: &ChoiceKey) -> Result<usize, Problem> {
     let doc = cx.doc;
-    let number = |cx: &mut Context<'_, '_>, path: &str, at: usize| -> Result<f64, Problem> {
-        let node = cx.eval.resolve(doc, path).map_err(|expected| {
-            Problem::new(doc, at, format!("unknown reference `{path}`"), path, expected)
-        })?;
-        node.as_number().filter(|x| x.is_finite()).ok_or_else(|| {
-            Problem::new(
-                doc,
-                at,
-                format!("`{path}` is not one finite number"),
-                path,
-                "a path down to one number",
-            )
-        })
-    };
     match key {
         ChoiceKey::Fixed(i) => Ok(*i),
         ChoiceKey::Extreme { path, largest } => {
@@ -246,17 +235,8 @@ fn right_option(cx: &mut Context<'_, '_>, options: &[QuizOption], key: &ChoiceKe
                     "a path to a list of numbers, such as `sentence.love.weights`",
                 )
             })?;
-            let better = |a: f64, b: f64| if *largest { a > b } else { a < b };
             let mut ranked = items.clone();
-            ranked.sort_by(|a, b| {
-                if better(a.1, b.1) {
-                    std::cmp::Ordering::Less
-                } else if better(b.1, a.1) {
-                    std::cmp::Ordering::Greater
-                } else {
-                    std::cmp::Ordering::Equal
-                }
-            });
+            ranked.sort_by(|a, b| if *largest { b.1.total_cmp(&a.1) } else { a.1.total_cmp(&b.1) });
             let (best, value) = &ranked[0];
             let which = if *largest { "largest" } else { "smallest" };
             if let Some((tied, _)) = ranked.get(1).filter(|(_, x)| x == value) {
@@ -306,7 +286,7 @@ fn right_option(cx: &mut Context<'_, '_>, options: &[QuizOption], key: &ChoiceKe
                 let Some(when) = &o.when else { continue };
                 let side = |cx: &mut Context<'_, '_>, operand: &Operand| match operand {
                     Operand::Number(x) => Ok(*x),
-                    Operand::Path(p) => number(cx, p, when.at),
+                    Operand::Path(p) => cited_number(cx, p, when.at),
                 };
                 let (a, b) = (side(cx, &when.value.left)?, side(cx, &when.value.right)?);
                 if when.value.op.holds(a, b) {
