@@ -51,7 +51,7 @@ CASES = [
     for n_k in (1024, 8192, 32768)
     for p in ("f32", "bf16")
 ] + [
-    (f"n={n}{'' if d == 64 else f' d={d}'}{' causal' if causal else ''} backward", 1, 1, 1, n, n, causal, d, "f32", False, True)
+    (f"n={n}{' causal' if causal else ''}{'' if d == 64 else f' d={d}'} backward", 1, 1, 1, n, n, causal, d, "f32", False, True)
     for n in (1024, 4096, 16384)
     for d in (64, 128)
     for causal in (False, True)

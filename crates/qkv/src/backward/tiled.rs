@@ -7,17 +7,16 @@
 //! `dP = dO·Vᵀ` (the score kernel again, on `dO` and the value panels) and
 //! `dS = P ∘ (dP - δ)` with `δ = rowsum(dO ∘ O)`.
 //!
-//! - Pass 1, one work item per (key/value head, key block): `dV_j = Σ_i Pᵀ·dO_i` and
-//!   `dK_j = Σ_i dSᵀ·Q_i · scale`, over the query blocks `i` of every query head that reads the
-//!   key/value head, in the order of heads and blocks.
-//! - Pass 2, one work item per (query head, query block): `dQ_i = Σ_j dS·K_j · scale` over the
-//!   key blocks `j` in order, and `dBias = dS` when asked for.
-//!
-//! Each gradient block is owned by one item, which sums its terms in a fixed order, so nothing
-//! is reduced across items and the result is the same bit for bit for any number of threads.
-//! The price is computing `S`, `P` and `dP` twice (14 `n²d` FLOPs where a shared `dQ`
-//! accumulator would take 10). Memory beyond the inputs and gradients is the packed operands
-//! (linear in `n`) and a few tiles per thread.
+//! The work items are (key/value head, chunk of key blocks). An item visits its key blocks in
+//! order and, for each, the query blocks of every query head that reads the key/value head (in
+//! the order of heads and blocks), accumulating `dV_j += Pᵀ·dO_i` and `dK_j += dSᵀ·Q_i · scale`
+//! for the key block, which it then writes, and its own part of `dQ_i += dS·K_j · scale` for
+//! every query row; `dBias = dS` is written where asked for. The parts of `dQ` are added in chunk
+//! order once every item is done. The number of chunks depends on the problem's size alone
+//! ([`CHUNKS`] over the call, whole heads once there are that many), so each gradient is summed in
+//! the same order whatever the number of threads, and the result is the same bit for bit. Each
+//! tile is computed once: 10 `n²d` FLOPs. Memory beyond the inputs and gradients is the packed
+//! operands and the parts of `dQ` (linear in `n`) and a few tiles per thread.
 
 use std::ops::Range;
 
@@ -233,135 +232,169 @@ impl<T: Real> Job<T> for Backward<'_, '_, T> {
             .collect();
         let operands =
             Operands { shape, key_stride, value_stride, queries: query_operands, keys: key_operands };
-        // The backward is about 3.5 times the forward's work.
-        let flops = 3.5 * shape.flops() * operands.queries.len() as f64;
+        // The backward is 2.5 times the forward's work.
+        let flops = 2.5 * shape.flops() * operands.queries.len() as f64;
         let parallel = work::worth_sharing(flops, false);
-        operands.key_pass(kernels, key_outputs, parallel);
-        operands.query_pass(kernels, query_outputs, parallel);
+        operands.run(kernels, key_outputs, query_outputs, parallel);
     }
 }
 
-/// A tile's weights `P` (in `s`) and `dS` (in `dp`), `rows` rows of `KEY_BLOCK` scalars over
-/// `n_keys` keys.
+/// A tile's weights `P` (in `s`) and `dS` (in `dp`): `rows` rows of `KEY_BLOCK` scalars.
 struct Tile {
     rows: usize,
-    n_keys: usize,
+}
+
+/// The work items of a call aim at this many chunks of keys in all, so that a single head keeps
+/// every core busy; a call of as many key/value heads or more takes each head's keys whole.
+const CHUNKS: usize = 4;
+
+/// One work item: key/value head `kv`'s chunk of key blocks `blocks`, with its rows of `dK` and
+/// `dV` and, for each query head reading it, its columns of `dBias` when asked for.
+struct Item<'o, T> {
+    kv: usize,
+    blocks: Range<usize>,
+    dk: ArrayViewMut2<'o, T>,
+    dv: ArrayViewMut2<'o, T>,
+    dbias: Vec<Option<ArrayViewMut2<'o, T>>>,
 }
 
 impl<T: Real> Operands<'_, T> {
-    /// Pass 1: `dK` and `dV`, one item per (key/value head, key block), writing its rows of each.
-    fn key_pass<K: Kernels<T>>(
+    /// Every gradient, in one pass of items per (key/value head, chunk of key blocks), each
+    /// visiting its key blocks in order and, for each, the query blocks of every query head that
+    /// reads the key/value head, in the order of heads and blocks. An item writes its rows of `dK`
+    /// and `dV` and its columns of `dBias`, and returns its part of `dQ` (every query row, summed
+    /// over its keys); the parts are added in chunk order, so that no sum depends on which thread
+    /// computed what. The number of chunks depends on the problem's size alone.
+    fn run<K: Kernels<T>>(
         &self,
         kernels: K,
-        outputs: Vec<(ArrayViewMut2<T>, ArrayViewMut2<T>)>,
+        key_outputs: Vec<(ArrayViewMut2<T>, ArrayViewMut2<T>)>,
+        query_outputs: Vec<(ArrayViewMut2<T>, Option<ArrayViewMut2<T>>)>,
         parallel: bool,
     ) {
-        let mut items = Vec::new();
-        for (g, (dk, dv)) in outputs.into_iter().enumerate() {
-            let blocks = dk
-                .into_axis_chunks_iter_mut(Axis(0), KEY_BLOCK)
-                .zip(dv.into_axis_chunks_iter_mut(Axis(0), KEY_BLOCK));
-            items.extend(blocks.enumerate().map(|(j, (dk, dv))| (g, j, dk, dv)));
+        let key_blocks = self.shape.n_keys.div_ceil(KEY_BLOCK);
+        let per_chunk = key_blocks.div_ceil(CHUNKS.div_ceil(key_outputs.len().max(1))).max(1);
+        let chunks = key_blocks.div_ceil(per_chunk);
+        let chunk_keys = per_chunk * KEY_BLOCK;
+        let (mut dq_heads, mut dbias_pieces) = (Vec::new(), Vec::new());
+        for (dq, dbias) in query_outputs {
+            dq_heads.push(dq);
+            dbias_pieces.push(dbias.map(|d| d.into_axis_chunks_iter_mut(Axis(1), chunk_keys)));
         }
-        let scale = T::from_f64_round(self.queries.first().map_or(1.0, |h| h.masks.scale));
-        let item =
-            |scratch: &mut Scratch<T>,
-             (g, j, mut dk, mut dv): (usize, usize, ArrayViewMut2<T>, ArrayViewMut2<T>)| {
-                let keys = j * KEY_BLOCK..(j * KEY_BLOCK + KEY_BLOCK).min(self.shape.n_keys);
-                let n_keys = keys.len();
-                let mut dk_sum = std::mem::replace(&mut scratch.first, Buffer::zeros(0));
-                let mut dv_sum = std::mem::replace(&mut scratch.second, Buffer::zeros(0));
-                let dk_sum_rows = aligned_prefix(&mut dk_sum, n_keys * self.key_stride);
-                let dv_sum_rows = aligned_prefix(&mut dv_sum, n_keys * self.value_stride);
-                dk_sum_rows.fill(T::zero());
-                dv_sum_rows.fill(T::zero());
-                for (h, head) in self.queries.iter().enumerate().filter(|(_, head)| head.kv == g) {
-                    for b in 0..self.shape.n_queries.div_ceil(K::QUERY_BLOCK) {
-                        let Some(tile) = self.tile(kernels, h, b, keys.clone(), scratch) else { continue };
-                        let first = b * K::QUERY_BLOCK;
-                        let weights = Weights { p: &scratch.s, rows: tile.rows, n_keys };
-                        let d_output = self.value_rows::<K>(&head.d_output_rows, first);
-                        kernels.accumulate_transposed(weights, d_output, dv_sum_rows);
-                        let weights = Weights { p: &scratch.dp, rows: tile.rows, n_keys };
-                        let q = ValueRows {
-                            v: &head.q_rows[first * self.key_stride..],
-                            stride: self.key_stride,
-                            vectors: self.key_stride / K::LANES,
-                        };
-                        kernels.accumulate_transposed(weights, q, dk_sum_rows);
-                    }
-                }
-                write_rows(&mut dk, dk_sum_rows, self.key_stride, scale);
-                write_rows(&mut dv, dv_sum_rows, self.value_stride, T::one());
-                scratch.first = dk_sum;
-                scratch.second = dv_sum;
+        let mut items = Vec::with_capacity(key_outputs.len() * chunks);
+        for (kv, (dk, dv)) in key_outputs.into_iter().enumerate() {
+            let rows = dk
+                .into_axis_chunks_iter_mut(Axis(0), chunk_keys)
+                .zip(dv.into_axis_chunks_iter_mut(Axis(0), chunk_keys));
+            for (c, (dk, dv)) in rows.enumerate() {
+                let dbias = self
+                    .group(kv)
+                    .map(|h| {
+                        dbias_pieces[h].as_mut().map(|pieces| pieces.next().expect("one piece per chunk"))
+                    })
+                    .collect();
+                let blocks = c * per_chunk..((c + 1) * per_chunk).min(key_blocks);
+                items.push(Item { kv, blocks, dk, dv, dbias });
+            }
+        }
+        let parts = work::map_items(items, parallel, Scratch::default, |scratch, item| {
+            self.item(kernels, scratch, item)
+        });
+        // dQ of each query head: the parts of its key/value head's chunks, in chunk order.
+        let scale = self.scale();
+        for (h, dq) in dq_heads.iter_mut().enumerate() {
+            let head = &self.queries[h];
+            let index = self.group(head.kv).position(|g| g == h).expect("in its group");
+            let mut chunk_parts = parts[head.kv * chunks..(head.kv + 1) * chunks].iter().map(|p| &p[index]);
+            let Some(first) = chunk_parts.next() else {
+                dq.fill(T::zero()); // no keys
+                continue;
             };
-        work::map_items(items, parallel, Scratch::default, item);
+            let mut sum = first.to_vec();
+            for part in chunk_parts {
+                sum.iter_mut().zip(part.iter()).for_each(|(s, &x)| *s = *s + x);
+            }
+            write_rows(dq, &sum, self.key_stride, scale);
+        }
     }
 
-    /// Pass 2: `dQ` (and `dBias`), one item per (query head, query block), writing its rows.
-    fn query_pass<K: Kernels<T>>(
-        &self,
-        kernels: K,
-        outputs: Vec<(ArrayViewMut2<T>, Option<ArrayViewMut2<T>>)>,
-        parallel: bool,
-    ) {
-        type Item<'o, T> = (usize, usize, ArrayViewMut2<'o, T>, Option<ArrayViewMut2<'o, T>>);
-        let mut items: Vec<Item<T>> = Vec::new();
-        for (h, (dq, dbias)) in outputs.into_iter().enumerate() {
-            let dq = dq.into_axis_chunks_iter_mut(Axis(0), K::QUERY_BLOCK);
-            match dbias {
-                Some(dbias) => {
-                    let dbias = dbias.into_axis_chunks_iter_mut(Axis(0), K::QUERY_BLOCK);
-                    items.extend(dq.zip(dbias).enumerate().map(|(b, (dq, dbias))| (h, b, dq, Some(dbias))));
-                }
-                None => items.extend(dq.enumerate().map(|(b, dq)| (h, b, dq, None))),
-            }
-        }
-        if self.queries.iter().any(|head| head.masks.is_causal()) {
-            // A causal block's cost grows with its index: the costliest go first, so that the
-            // threads finish together.
-            items.reverse();
-        }
-        let item = |scratch: &mut Scratch<T>, (h, b, mut dq, mut dbias): Item<T>| {
-            let head = &self.queries[h];
-            let keys = &self.keys[head.kv];
-            let first = b * K::QUERY_BLOCK;
-            let rows = dq.nrows();
-            let mut dq_sum = std::mem::replace(&mut scratch.first, Buffer::zeros(0));
-            let dq_sum_rows = aligned_prefix(&mut dq_sum, rows * self.key_stride);
-            dq_sum_rows.fill(T::zero());
-            if let Some(dbias) = &mut dbias {
-                dbias.fill(T::zero());
-            }
-            let ones = vec![T::one(); rows];
-            let visible = BlockKeys::of(&head.masks, first, first + rows - 1).visible;
-            let blocks = visible.start / KEY_BLOCK..visible.end.div_ceil(KEY_BLOCK);
-            for j in blocks {
-                let start = j * KEY_BLOCK;
-                let key_range = start..(start + KEY_BLOCK).min(self.shape.n_keys);
-                let Some(tile) = self.tile(kernels, h, b, key_range.clone(), scratch) else { continue };
-                let weights = Weights { p: &scratch.dp, rows, n_keys: tile.n_keys };
-                let k_rows = ValueRows {
-                    v: &keys.k_rows[start * self.key_stride..],
-                    stride: self.key_stride,
-                    vectors: self.key_stride / K::LANES,
-                };
-                kernels.accumulate_values(weights, &ones, k_rows, dq_sum_rows);
-                if let Some(dbias) = &mut dbias {
-                    for (r, mut row) in
-                        dbias.slice_mut(ndarray::s![.., key_range.clone()]).rows_mut().into_iter().enumerate()
-                    {
-                        row.iter_mut().zip(&scratch.dp[r * KEY_BLOCK..]).for_each(|(o, &x)| *o = x);
+    /// The score multiplier, which every head of a call shares.
+    fn scale(&self) -> T {
+        T::from_f64_round(self.queries.first().map_or(1.0, |h| h.masks.scale))
+    }
+
+    /// The query heads that read key/value head `kv`, in order.
+    fn group(&self, kv: usize) -> impl Iterator<Item = usize> + '_ {
+        self.queries.iter().enumerate().filter(move |(_, head)| head.kv == kv).map(|(h, _)| h)
+    }
+
+    /// One item (see [`Self::run`]): returns its part of `dQ` for each query head of the group,
+    /// rows `key_stride` apart, not yet scaled.
+    fn item<K: Kernels<T>>(&self, kernels: K, scratch: &mut Scratch<T>, item: Item<T>) -> Vec<Buffer<T>> {
+        let Item { kv, blocks, mut dk, mut dv, mut dbias } = item;
+        let scale = self.scale();
+        let heads: Vec<usize> = self.group(kv).collect();
+        let mut dq_parts: Vec<Buffer<T>> =
+            heads.iter().map(|_| Buffer::zeros(self.shape.n_queries * self.key_stride)).collect();
+        dbias.iter_mut().flatten().for_each(|d| d.fill(T::zero()));
+        let ones = vec![T::one(); K::QUERY_BLOCK];
+        let (first_block, keys) = (blocks.start, &self.keys[kv]);
+        let mut dk_sum = std::mem::replace(&mut scratch.first, Buffer::zeros(0));
+        let mut dv_sum = std::mem::replace(&mut scratch.second, Buffer::zeros(0));
+        for j in blocks {
+            let start = j * KEY_BLOCK;
+            let key_range = start..(start + KEY_BLOCK).min(self.shape.n_keys);
+            let n_keys = key_range.len();
+            let dk_sum_rows = aligned_prefix(&mut dk_sum, n_keys * self.key_stride);
+            let dv_sum_rows = aligned_prefix(&mut dv_sum, n_keys * self.value_stride);
+            dk_sum_rows.fill(T::zero());
+            dv_sum_rows.fill(T::zero());
+            let k_rows = ValueRows {
+                v: &keys.k_rows[start * self.key_stride..],
+                stride: self.key_stride,
+                vectors: self.key_stride / K::LANES,
+            };
+            for ((&h, dq_part), dbias) in heads.iter().zip(&mut dq_parts).zip(&mut dbias) {
+                let head = &self.queries[h];
+                for b in 0..self.shape.n_queries.div_ceil(K::QUERY_BLOCK) {
+                    let Some(tile) = self.tile(kernels, h, b, key_range.clone(), scratch) else { continue };
+                    let (first, rows) = (b * K::QUERY_BLOCK, tile.rows);
+                    let weights = Weights { p: &scratch.s, rows, n_keys };
+                    kernels.accumulate_transposed(
+                        weights,
+                        self.value_rows::<K>(&head.d_output_rows, first),
+                        dv_sum_rows,
+                    );
+                    let weights = Weights { p: &scratch.dp, rows, n_keys };
+                    let q = ValueRows {
+                        v: &head.q_rows[first * self.key_stride..],
+                        stride: self.key_stride,
+                        vectors: self.key_stride / K::LANES,
+                    };
+                    kernels.accumulate_transposed(weights, q, dk_sum_rows);
+                    let dq_rows = &mut dq_part[first * self.key_stride..(first + rows) * self.key_stride];
+                    kernels.accumulate_values(weights, &ones[..rows], k_rows, dq_rows);
+                    if let Some(dbias) = dbias {
+                        let columns = (j - first_block) * KEY_BLOCK..(j - first_block) * KEY_BLOCK + n_keys;
+                        let mut tile_rows = dbias.slice_mut(ndarray::s![first..first + rows, columns]);
+                        for (r, mut row) in tile_rows.rows_mut().into_iter().enumerate() {
+                            row.iter_mut().zip(&scratch.dp[r * KEY_BLOCK..]).for_each(|(o, &x)| *o = x);
+                        }
                     }
                 }
             }
-            write_rows(&mut dq, dq_sum_rows, self.key_stride, T::from_f64_round(head.masks.scale));
-            scratch.first = dq_sum;
-        };
-        if self.shape.n_queries > 0 {
-            work::map_items(items, parallel, Scratch::default, item);
+            let local = (j - first_block) * KEY_BLOCK..(j - first_block) * KEY_BLOCK + n_keys;
+            write_rows(
+                &mut dk.slice_mut(ndarray::s![local.clone(), ..]),
+                dk_sum_rows,
+                self.key_stride,
+                scale,
+            );
+            write_rows(&mut dv.slice_mut(ndarray::s![local, ..]), dv_sum_rows, self.value_stride, T::one());
         }
+        scratch.first = dk_sum;
+        scratch.second = dv_sum;
+        dq_parts
     }
 
     /// `dO` rows from query `first` on, as the `Pᵀ` tile reads them.
@@ -431,7 +464,7 @@ impl<T: Real> Operands<'_, T> {
             used,
             &head.delta[first..first + rows],
         );
-        Some(Tile { rows, n_keys })
+        Some(Tile { rows })
     }
 }
 
