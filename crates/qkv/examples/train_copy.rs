@@ -25,7 +25,7 @@ const OFFSET: usize = 2;
 const WIDTH: usize = TOKENS + LENGTH;
 /// Queries and keys per position.
 const KEY_DIM: usize = 8;
-const BATCH: usize = 32;
+const BATCH: usize = 16;
 const STEPS: usize = 400;
 const LEARNING_RATE: f64 = 1.0;
 

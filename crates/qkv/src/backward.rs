@@ -53,8 +53,21 @@ pub struct Gradients<T, D: Dimension = Ix2> {
     pub dbias: Option<Array<T, D>>,
 }
 
-/// Where the `_into` forms write the gradients (see [`Gradients`]): `dbias` is written only if
-/// given (and only if the options carry a bias, or it is zero).
+/// Where the `_into` forms write the gradients (see [`Gradients`]): `dbias`, `[.., n_q, n_k]`,
+/// is written only if given (whether or not the options carry a bias: without one it is `dS`, the
+/// gradient of the scores).
+///
+/// ```
+/// let (mut dq, mut dk, mut dv) = (vec![0.0_f32; 2 * 4], vec![0.0_f32; 3 * 4], vec![0.0_f32; 3 * 8]);
+/// let into = qkv::GradientsMut {
+///     dq: qkv::matrix_mut("dq", &mut dq, 2, 4)?,
+///     dk: qkv::matrix_mut("dk", &mut dk, 3, 4)?,
+///     dv: qkv::matrix_mut("dv", &mut dv, 3, 8)?,
+///     dbias: None,
+/// };
+/// # let _ = into;
+/// # Ok::<(), qkv::AttentionError>(())
+/// ```
 #[derive(Debug)]
 pub struct GradientsMut<'a, T, D: Dimension = Ix2> {
     /// `∂L/∂Q`, shaped as the queries.

@@ -236,7 +236,8 @@ pub enum AttentionError {
     /// overflow (the forward takes a slower exact path for such inputs; the backward has none).
     #[error(
         "the inputs of the attention backward are finite but large enough that a {ty} score or \
-         gradient could overflow; compute in f64 or scale the inputs down"
+         gradient could overflow; scale the inputs down{}",
+        if *ty == "f32" { " or compute in f64" } else { "" }
     )]
     GradientOverflow {
         /// The element type.

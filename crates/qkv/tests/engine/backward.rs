@@ -211,9 +211,11 @@ const GRID_DIMS: [usize; 5] = [1, 3, 8, 17, 64];
 
 #[test]
 fn fast_backward_matches_reference_on_the_awkward_grid() {
-    // Every mask kind at every size, the widths rotating (d_k != d_v for most).
+    // Every mask kind at every size, the widths rotating (d_k != d_v for most). A debug build
+    // (unoptimised kernels) takes every fourth pair, each mask kind at two or three sizes.
+    let step = if cfg!(debug_assertions) { 4 } else { 1 };
     for (i, &n_q) in GRID_SIZES.iter().enumerate() {
-        for (j, mask) in MASK_KINDS.into_iter().enumerate() {
+        for (j, mask) in MASK_KINDS.into_iter().enumerate().filter(|(j, _)| (i + j) % step == 0) {
             let n_k = GRID_SIZES[(i + 3 * j + 1) % GRID_SIZES.len()];
             let d_k = GRID_DIMS[(i + j) % GRID_DIMS.len()];
             let d_v = GRID_DIMS[(i + 2 * j + 1) % GRID_DIMS.len()];
@@ -232,10 +234,12 @@ fn fast_backward_matches_reference_with_huge_scores_and_many_tiles() {
     // Scores up to about 40 · 40 · 64 / 8: weights of exactly 0 and 1 beside ordinary ones.
     for mask in [MaskKind::None, MaskKind::CausalTopLeft, MaskKind::Bias] {
         check_fast::<f32>(7, (49, 130, 64, 17), 40.0, mask);
-        check_fast::<f64>(7, (49, 130, 64, 17), 40.0, mask);
     }
     if cfg!(debug_assertions) {
-        return; // the larger shapes run in release builds
+        return; // f64 and the larger shapes run in release builds
+    }
+    for mask in [MaskKind::None, MaskKind::CausalTopLeft, MaskKind::Bias] {
+        check_fast::<f64>(7, (49, 130, 64, 17), 40.0, mask);
     }
     for mask in MASK_KINDS {
         check_fast::<f32>(1, (300, 257, 64, 80), 1.0, mask);
@@ -253,7 +257,7 @@ fn fast_backward_results_do_not_depend_on_thread_count() {
     // Large enough that the work is shared out (see `work::worth_sharing`).
     let masks: &[MaskKind] =
         if cfg!(debug_assertions) { &[MaskKind::CausalBottomRight, MaskKind::Bias] } else { &MASK_KINDS };
-    let dims = if cfg!(debug_assertions) { (300, 300, 32, 32) } else { (600, 500, 64, 48) };
+    let dims = if cfg!(debug_assertions) { (260, 260, 32, 32) } else { (600, 500, 64, 48) };
     for level in levels() {
         for &mask in masks {
             let p = Problem::<f32>::random(3, dims, 2.0, mask);
