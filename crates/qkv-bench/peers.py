@@ -2,13 +2,14 @@
 """qkv's Python peers: NumPy (matmul, softmax, matmul) and, when installed, PyTorch's fused
 ``scaled_dot_product_attention``, timed on the shapes of ``cargo xtask bench`` (f32 and bf16;
 d = 64 unless a case says otherwise) and printed with the same columns. A KV-cache case is a
-decoding step over keys and values already in memory: SDPA takes those tensors as they are.
+decoding step over keys and values already in memory: SDPA takes those tensors as they are. A
+backward case times ``out.backward(d_out)`` alone, after one forward with ``requires_grad``.
 
     python3 crates/qkv-bench/peers.py [--quick] [--json FILE] [--cases FILE]
 
 ``cargo xtask bench --python PYTHON`` runs this script itself and hands it its cases with
 ``--cases`` (a JSON list of objects with label, batch, heads, kv_heads, n_q, n_k, d, causal,
-precision, cache), so
+precision, cache, backward), so
 that both sides measure the same shapes; run alone, it uses ``CASES`` below, the same list as
 ``crates/qkv-bench/src/cases.rs``.
 
@@ -24,7 +25,7 @@ import subprocess
 import sys
 import time
 
-# (label, batch, heads, kv_heads, n_q, n_k, causal[, d, precision, cache]): the cases of
+# (label, batch, heads, kv_heads, n_q, n_k, causal[, d, precision, cache, backward]): the cases of
 # crates/qkv-bench/src/cases.rs.
 CASES = [
     ("n=256", 1, 1, 1, 256, 256, False),
@@ -49,9 +50,14 @@ CASES = [
     (f"cache gqa 32/8 decode 1x{n_k} d=128{' bf16' if p == 'bf16' else ''}", 1, 32, 8, 1, n_k, False, 128, p, True)
     for n_k in (1024, 8192, 32768)
     for p in ("f32", "bf16")
+] + [
+    (f"n={n}{' causal' if causal else ''}{'' if d == 64 else f' d={d}'} backward", 1, 1, 1, n, n, causal, d, "f32", False, True)
+    for n in (1024, 4096, 16384)
+    for d in (64, 128)
+    for causal in (False, True)
 ]
-FIELDS = ("label", "batch", "heads", "kv_heads", "n_q", "n_k", "causal", "d", "precision", "cache")
-DEFAULTS = {"d": 64, "precision": "f32", "cache": False}
+FIELDS = ("label", "batch", "heads", "kv_heads", "n_q", "n_k", "causal", "d", "precision", "cache", "backward")
+DEFAULTS = {"d": 64, "precision": "f32", "cache": False, "backward": False}
 
 
 def as_case(values):
@@ -66,7 +72,8 @@ def load_cases(path):
 
 
 def flops(c):
-    full = 4.0 * c["batch"] * c["heads"] * c["n_q"] * c["n_k"] * c["d"]
+    """As the benchmark counts them; a backward 2.5 times its forward (FlashAttention-2's count)."""
+    full = 4.0 * c["batch"] * c["heads"] * c["n_q"] * c["n_k"] * c["d"] * (2.5 if c["backward"] else 1.0)
     return full / 2 if c["causal"] else full
 
 
@@ -91,8 +98,8 @@ def numpy_rows(cases, quick):
     rows = []
     for c in cases:
         b, h, kv, n_q, n_k, causal, d = (c[f] for f in ("batch", "heads", "kv_heads", "n_q", "n_k", "causal", "d"))
-        # NumPy has no bf16; the KV-cache steps are PyTorch's to compare with.
-        if (quick and n_q * n_k > 4096 * 4096) or c["precision"] != "f32" or c["cache"]:
+        # NumPy has no bf16 and no gradients; the KV-cache steps are PyTorch's to compare with.
+        if (quick and n_q * n_k > 4096 * 4096) or c["precision"] != "f32" or c["cache"] or c["backward"]:
             continue
         q = rng.uniform(-1, 1, (b, h, n_q, d)).astype(np.float32)
         k = rng.uniform(-1, 1, (b, kv, n_k, d)).astype(np.float32)
@@ -142,12 +149,27 @@ def torch_rows(cases, quick):
             if gqa:
                 kwargs["enable_gqa"] = True
 
-            def run():
-                with torch.inference_mode():
-                    return F.scaled_dot_product_attention(q, k, v, **kwargs)
+            if c["backward"]:
+                # The forward once, outside the timing; then out.backward(d_out) alone, the
+                # gradients reset before each run.
+                for x in (q, k, v):
+                    x.requires_grad_()
+                out = F.scaled_dot_product_attention(q, k, v, **kwargs)
+                d_out = torch.rand_like(out) * 2 - 1
+
+                def run():
+                    for x in (q, k, v):
+                        x.grad = None
+                    out.backward(d_out, retain_graph=True)
+            else:
+
+                def run():
+                    with torch.inference_mode():
+                        return F.scaled_dot_product_attention(q, k, v, **kwargs)
 
             t = median_seconds(run, quick)
             name = f"torch {torch.__version__} sdpa" + (" bf16" if dtype == torch.bfloat16 else "")
+            name += " backward" if c["backward"] else ""
             rows.append(row(c, name, threads, t))
     return rows
 

@@ -1,6 +1,7 @@
 //! Writes attention cases with batched masks, sliding windows, ALiBi and NaN in masked positions,
-//! with qkv's outputs and logsumexps, as JSON for `python/check_masks.py` (which compares them
-//! with PyTorch): `cargo run --release -p qkv-bench --example mask_cases -- cases.json`.
+//! with qkv's outputs and logsumexps, and its gradients from a random output gradient, as JSON for
+//! `python/check_masks.py` and `python/check_backward.py` (which compare them with PyTorch):
+//! `cargo run --release -p qkv-bench --example mask_cases -- cases.json`.
 //!
 //! Masks are written as their parameters (lengths, window, slopes, ...), not as matrices, so the
 //! script builds its own masks from them and checks qkv's reading of each parameter. Never run in
@@ -87,6 +88,17 @@ fn case(
     }
     let r = qkv::multi_head_attention_with_lse(q.view(), k_bad.view(), v_bad.view(), &options)
         .expect("a valid case");
+    // The backward from a random output gradient, for `python/check_backward.py`.
+    let d_output = rng.tensor((b, hq, nq, dv));
+    let g = qkv::multi_head_attention_backward(
+        q.view(),
+        k_bad.view(),
+        v_bad.view(),
+        &r,
+        d_output.view(),
+        &options,
+    )
+    .expect("a valid case");
     json!({
         "name": name,
         "q": flat(&q), "k": flat(&k), "v": flat(&v),
@@ -101,6 +113,9 @@ fn case(
         "nan_rows": masks.nan_rows,
         "qkv_output": flat(&r.output),
         "qkv_logsumexp": flat(&r.logsumexp.mapv(|l| if l == f32::NEG_INFINITY { None } else { Some(l) })),
+        "d_output": flat(&d_output),
+        "qkv_dq": flat(&g.dq), "qkv_dk": flat(&g.dk), "qkv_dv": flat(&g.dv),
+        "qkv_dbias": g.dbias.as_ref().map(flat),
     })
 }
 

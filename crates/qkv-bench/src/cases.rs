@@ -27,6 +27,10 @@ pub struct Case {
     /// `KvCache`; the peers take the same tensors as they are).
     #[serde(default)]
     pub cache: bool,
+    /// The backward alone (`dQ`, `dK`, `dV` from the output's gradient; the forward runs before
+    /// the timing).
+    #[serde(default)]
+    pub backward: bool,
 }
 
 impl Case {
@@ -41,13 +45,22 @@ impl Case {
             causal,
             precision: Precision::F32,
             cache: false,
+            backward: false,
         }
     }
 
-    /// FLOPs as the field counts them: `4 · batch · heads · n_q · n_k · d`, half of it when causal.
+    /// The backward of a single head of `n` queries and keys of width `d`.
+    fn backward(n: usize, d: usize, causal: bool) -> Case {
+        Case { d, backward: true, ..Case::single(n, n, causal) }
+    }
+
+    /// FLOPs as the field counts them: `4 · batch · heads · n_q · n_k · d`, half of it when causal;
+    /// a backward 2.5 times that (FlashAttention-2's count: five products of the forward's size
+    /// against its two, whatever an implementation recomputes).
     pub fn flops(&self) -> f64 {
         let full = 4.0 * (self.batch * self.heads) as f64 * self.n_q as f64 * self.n_k as f64 * self.d as f64;
-        if self.causal { full / 2.0 } else { full }
+        let pass = if self.backward { 2.5 } else { 1.0 };
+        if self.causal { pass * full / 2.0 } else { pass * full }
     }
 
     /// A short name: `8h n=1024 causal`, `4x8h n=128`, `gqa 8/2 n=1024`, `decode 1x16384`,
@@ -56,7 +69,8 @@ impl Case {
         let cache = if self.cache { "cache " } else { "" };
         let d = if self.d == 64 { String::new() } else { format!(" d={}", self.d) };
         let precision = if self.precision == Precision::Bf16 { " bf16" } else { "" };
-        format!("{cache}{}{d}{precision}", self.attention_label())
+        let backward = if self.backward { " backward" } else { "" };
+        format!("{cache}{}{d}{precision}{backward}", self.attention_label())
     }
 
     /// The label's heads, sizes and mask.
@@ -93,7 +107,8 @@ impl Case {
 /// 131072 keys, and a GQA decoding step (32 query heads over 8 KV heads, one query each); full
 /// attention over bf16 inputs at n = 4096; the KV-cache decoding step (a layer of 32
 /// query heads over 8 KV heads, d = 128, one new token over 1k, 8k and 32k cached positions), in
-/// f32 and bf16; and (not with `--quick`) n = 65536.
+/// f32 and bf16; the backward of a single head at n = 1024, 4096 and 16384, d = 64 and 128, causal
+/// and not; and (not with `--quick`) n = 65536.
 pub fn all(quick: bool) -> Vec<Case> {
     let heads = |heads, kv_heads, case: Case| Case { heads, kv_heads, ..case };
     let mut cases = vec![
@@ -119,6 +134,11 @@ pub fn all(quick: bool) -> Vec<Case> {
     for n_k in [1024, 8192, 32768] {
         for precision in [Precision::F32, Precision::Bf16] {
             cases.push(Case { d: 128, precision, cache: true, ..heads(32, 8, Case::single(1, n_k, false)) });
+        }
+    }
+    for n in [1024, 4096, 16384] {
+        for d in [64, 128] {
+            cases.extend([false, true].map(|causal| Case::backward(n, d, causal)));
         }
     }
     if !quick {

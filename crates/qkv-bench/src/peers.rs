@@ -1,8 +1,8 @@
 //! The implementations the table compares: qkv (all threads, one thread), the f64 reference, an
 //! unfused `ndarray` matmul → softmax → matmul, and with the `peers` feature candle's unfused
 //! attention and the `gemm` crate's f32 GEMM (the ceiling); on bf16 cases qkv's
-//! `attention_half`, and on KV-cache cases qkv's `KvCache` (and, in f32, `multi_head_attention`
-//! over the same tensors).
+//! `attention_half`, on KV-cache cases qkv's `KvCache` (and, in f32, `multi_head_attention`
+//! over the same tensors), and on backward cases qkv's `attention_backward`.
 
 use anyhow::Result;
 use ndarray::{Array2, Array4, Axis, s};
@@ -44,6 +44,9 @@ pub fn runners<'a>(case: &Case, inputs: &'a Inputs, quick: bool) -> Result<Vec<R
             ],
         });
     }
+    if case.backward {
+        return backward::runners(case, inputs);
+    }
     if case.precision == Precision::Bf16 {
         return Ok([None, Some(1)].into_iter().map(|threads| qkv_half(case, inputs, threads)).collect());
     }
@@ -76,7 +79,7 @@ pub fn runners<'a>(case: &Case, inputs: &'a Inputs, quick: bool) -> Result<Vec<R
     Ok(runners)
 }
 
-fn options(case: Case) -> AttentionOptions<'static, f32> {
+pub(crate) fn options(case: Case) -> AttentionOptions<'static, f32> {
     let options = AttentionOptions::new();
     if case.causal { options.causal(CausalMask::BottomRight) } else { options }
 }
@@ -177,6 +180,7 @@ pub fn gemm_ceiling(quick: bool) -> Option<Ceiling> {
 #[cfg(feature = "peers")]
 mod ceiling;
 
+mod backward;
 mod kv_cache;
 
 #[cfg(feature = "peers")]

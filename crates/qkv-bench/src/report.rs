@@ -61,6 +61,7 @@ impl Row {
                 causal: false,
                 precision: Default::default(),
                 cache: false,
+                backward: false,
             },
             threads,
             median_ms: c.median_ms,

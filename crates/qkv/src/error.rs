@@ -203,6 +203,19 @@ pub enum AttentionError {
         /// The buffer's shape.
         found: Dims,
     },
+    /// An argument of the backward (the saved forward, the output's gradient, or a gradient
+    /// buffer of an `_into` form) whose shape does not fit the problem.
+    #[error("{argument} has shape {found} but the problem's {what} has shape {expected}")]
+    GradientShape {
+        /// Which argument (`output`, `logsumexp`, `d_output`, `dq`, `dk`, `dv`, `dbias`).
+        argument: &'static str,
+        /// Its shape.
+        found: Dims,
+        /// The shape it needs.
+        expected: Dims,
+        /// What it must match (`output`, `queries`, `scores`, ...).
+        what: &'static str,
+    },
     /// Two partial results that cannot be merged (see
     /// [`PartialAttention::merge`](crate::PartialAttention::merge)).
     #[error("cannot merge shapes {first} and {second}: a merge takes {what}")]
@@ -240,6 +253,17 @@ pub enum AttentionError {
         query_idx: usize,
         /// `(batch, query head)` of a multi-head call.
         head: Option<(usize, usize)>,
+        /// The element type.
+        ty: &'static str,
+    },
+    /// A backward whose inputs are finite but so large that an f32 score or gradient could
+    /// overflow (the forward takes a slower exact path for such inputs; the backward has none).
+    #[error(
+        "the inputs of the attention backward are finite but large enough that a {ty} score or \
+         gradient could overflow; scale the inputs down{}",
+        if *ty == "f32" { " or compute in f64" } else { "" }
+    )]
+    GradientOverflow {
         /// The element type.
         ty: &'static str,
     },

@@ -461,7 +461,7 @@ impl<T: Real> Default for Scratch<T> {
 }
 
 /// The first `len` elements of `buffer`, grown with zeros if it is shorter.
-fn prefix<T: Real>(buffer: &mut Vec<T>, len: usize) -> &mut [T] {
+pub(crate) fn prefix<T: Real>(buffer: &mut Vec<T>, len: usize) -> &mut [T] {
     if buffer.len() < len {
         buffer.resize(len, T::zero());
     }
@@ -469,7 +469,7 @@ fn prefix<T: Real>(buffer: &mut Vec<T>, len: usize) -> &mut [T] {
 }
 
 /// The first `len` elements of `buffer`, made anew (zeroed, aligned) if it is shorter.
-fn aligned_prefix<T: Real>(buffer: &mut Buffer<T>, len: usize) -> &mut [T] {
+pub(crate) fn aligned_prefix<T: Real>(buffer: &mut Buffer<T>, len: usize) -> &mut [T] {
     if buffer.len() < len {
         *buffer = Buffer::zeros(len);
     }
@@ -533,12 +533,11 @@ impl<'p, T: Real, E: Element<Compute = T>> Problem<'p, T, E> {
         // Causal, window and key length: keys before `from` and from `reach` on are hidden from
         // every row of the block (visible ranges only move forward with the query), so their
         // blocks are skipped; blocks inside `clean_keys` are visible to every row and need no mask.
-        let (first_visible, last_visible) =
-            (masks.visible_keys(self.query(first)), masks.visible_keys(self.query(first + rows - 1)));
-        let reach = last_visible.end.min(keys.end);
-        let from = keys.start + (first_visible.start.max(keys.start) - keys.start) / KEY_BLOCK * KEY_BLOCK;
+        let block = BlockKeys::of(masks, self.query(first), self.query(first + rows - 1));
+        let reach = block.visible.end.min(keys.end);
+        let from = keys.start + (block.visible.start.max(keys.start) - keys.start) / KEY_BLOCK * KEY_BLOCK;
         let elementwise = masks.has_elementwise_masks();
-        let clean_keys = if elementwise { 0..0 } else { last_visible.start..first_visible.end };
+        let clean_keys = block.clean;
         if from >= reach {
             return state;
         }
@@ -588,25 +587,8 @@ impl<'p, T: Real, E: Element<Compute = T>> Problem<'p, T, E> {
             // hold only its own keys; otherwise masked pairs, padding or keys past `reach` are in
             // them, and the rows are scanned again.
             let fused_max = !direct && clean && n_keys == panels * K::KEY_PANEL;
-            for r in 0..rows {
-                let row = &mut s[r * KEY_BLOCK..r * KEY_BLOCK + used];
-                // Lanes past the block's last key (padding in the packed keys) take no part.
-                row[n_keys..].fill(T::neg_infinity());
-                let query = self.query(first + r);
-                if elementwise {
-                    masks.apply_row(query, start..start + n_keys, &mut row[..n_keys]);
-                } else if !clean {
-                    // Ranges alone: hide the keys outside the row's visible range, without the
-                    // per-pair checks of `apply_row` (same rule, from `visible_keys`).
-                    let visible = masks.visible_keys(query);
-                    let (lo, hi) = (
-                        visible.start.clamp(start, start + n_keys),
-                        visible.end.clamp(start, start + n_keys),
-                    );
-                    row[..lo - start].fill(T::neg_infinity());
-                    row[hi - start..n_keys].fill(T::neg_infinity());
-                }
-            }
+            let queries = |r: usize| self.query(first + r);
+            mask_tile(masks, &queries, rows, start..start + n_keys, used, clean, &mut s[..]);
             if fused_max {
                 kernels.row_maxima(Rows { data: row_max, stride: lanes, rows }, lanes, &mut *tile_max);
             } else {
@@ -648,6 +630,57 @@ impl<'p, T: Real, E: Element<Compute = T>> Problem<'p, T, E> {
             }
         }
         state
+    }
+}
+
+/// The keys a block of query rows (queries `first ..= last`) may see, from the ranges that the
+/// causal mask, the window and the key length leave: key tiles outside `visible` are hidden from
+/// every row and skipped; inside `clean` every row sees every key and no mask applies.
+pub(crate) struct BlockKeys {
+    pub(crate) visible: Range<usize>,
+    pub(crate) clean: Range<usize>,
+}
+
+impl BlockKeys {
+    /// The keys of the block of queries `first ..= last` (visible ranges only move forward with
+    /// the query, so its first and last rows bound them).
+    pub(crate) fn of<T: Real>(masks: &MaskSet<'_, T>, first: usize, last: usize) -> BlockKeys {
+        let (first_visible, last_visible) = (masks.visible_keys(first), masks.visible_keys(last));
+        let clean = if masks.has_elementwise_masks() { 0..0 } else { last_visible.start..first_visible.end };
+        BlockKeys { visible: first_visible.start..last_visible.end, clean }
+    }
+}
+
+/// Hides, in a tile of scores (`rows` rows of [`KEY_BLOCK`] scalars over keys `keys`, row `r`
+/// belonging to query `queries(r)`), every pair the masks hide, and the lanes past the last key
+/// up to `used` (padding in the packed keys, up to a whole vector), by writing `-inf`. A `clean` tile (every
+/// row sees every key, see [`BlockKeys`]) needs only the padding.
+pub(crate) fn mask_tile<T: Real>(
+    masks: &MaskSet<'_, T>,
+    queries: &dyn Fn(usize) -> usize,
+    rows: usize,
+    keys: Range<usize>,
+    used: usize,
+    clean: bool,
+    s: &mut [T],
+) {
+    let (start, n_keys) = (keys.start, keys.len());
+    let elementwise = masks.has_elementwise_masks();
+    for r in 0..rows {
+        let row = &mut s[r * KEY_BLOCK..r * KEY_BLOCK + used];
+        // Lanes past the block's last key (padding in the packed keys) take no part.
+        row[n_keys..].fill(T::neg_infinity());
+        let query = queries(r);
+        if elementwise {
+            masks.apply_row(query, keys.clone(), &mut row[..n_keys]);
+        } else if !clean {
+            // Ranges alone: hide the keys outside the row's visible range, without the
+            // per-pair checks of `apply_row` (same rule, from `visible_keys`).
+            let visible = masks.visible_keys(query);
+            let (lo, hi) = (visible.start.clamp(start, keys.end), visible.end.clamp(start, keys.end));
+            row[..lo - start].fill(T::neg_infinity());
+            row[hi - start..n_keys].fill(T::neg_infinity());
+        }
     }
 }
 

@@ -1,7 +1,8 @@
 //! The SIMD microkernels of the fast path, behind a narrow interface ([`Kernels`]): a
 //! register-blocked `S = Q·Kᵀ` tile with its row maxima, scores straight from key rows for
-//! decoding, row maxima, exp-and-sum, the rescale factors, and a register-blocked
-//! `O = α·O + P·V`; plus packing the keys and queries into the layouts those tiles read.
+//! decoding, row maxima, exp-and-sum, the rescale factors, a register-blocked
+//! `O = α·O + P·V` and, for the backward, the same tile on `Pᵀ` and the softmax's gradient; plus
+//! packing the keys and queries into the layouts those tiles read.
 //!
 //! Nothing here knows about masks, the online softmax or threads: that is `flash.rs`.
 //!
@@ -186,6 +187,17 @@ pub trait Kernels<T: Real, E: Element<Compute = T> = T>: Copy + Send + Sync {
     /// `O_r = α_r · O_r + Σ_{j < n_keys} P[r, j] · V_j` for every row of `weights`; `o` holds
     /// `weights.rows` rows of `values.vectors · LANES` scalars.
     fn accumulate_values(self, weights: Weights<'_, T>, alpha: &[T], values: ValueRows<'_, E>, o: &mut [T]);
+
+    /// `O_j += Σ_{r < weights.rows} P[r, j] · X_r` for every `j < weights.n_keys`: the `P·V` tile
+    /// on the transposed weights, for the backward's `dV += Pᵀ·dO` and `dK += dSᵀ·Q` (`values`
+    /// holds the rows `X_r`, one per weight row). `o` holds `weights.n_keys` rows of
+    /// `values.vectors · LANES` scalars.
+    fn accumulate_transposed(self, weights: Weights<'_, T>, values: ValueRows<'_, E>, o: &mut [T]);
+
+    /// `dP[r, j] = P[r, j] · (dP[r, j] - delta[r])` over the first `len` scalars of each row (a
+    /// multiple of `LANES`): the softmax's backward, turning the weights' gradient into the
+    /// scores' gradient `dS` in place.
+    fn softmax_gradient(self, p: Rows<'_, T>, dp: RowsMut<'_, T>, len: usize, delta: &[T]);
 }
 
 /// Rows of scalars: row `r` starts at `data[r * stride]`.
@@ -365,6 +377,48 @@ macro_rules! level_kernels {
                 }
                 // SAFETY: `self` is the level's token, made only after its features were detected.
                 unsafe { entry(self, weights, alpha, values, o) }
+            }
+
+            fn accumulate_transposed(
+                self,
+                weights: $crate::kernels::Weights<'_, $t>,
+                values: $crate::kernels::ValueRows<'_, $e>,
+                o: &mut [$t],
+            ) {
+                $(#[target_feature(enable = $features)])?
+                unsafe fn entry(
+                    level: $token,
+                    weights: $crate::kernels::Weights<'_, $t>,
+                    values: $crate::kernels::ValueRows<'_, $e>,
+                    o: &mut [$t],
+                ) {
+                    $crate::kernels::generic::accumulate_transposed::<$t, $e, $token, $mr, $nc>(
+                        level, weights, values, o,
+                    )
+                }
+                // SAFETY: `self` is the level's token, made only after its features were detected.
+                unsafe { entry(self, weights, values, o) }
+            }
+
+            fn softmax_gradient(
+                self,
+                p: $crate::kernels::Rows<'_, $t>,
+                dp: $crate::kernels::RowsMut<'_, $t>,
+                len: usize,
+                delta: &[$t],
+            ) {
+                $(#[target_feature(enable = $features)])?
+                unsafe fn entry(
+                    level: $token,
+                    p: $crate::kernels::Rows<'_, $t>,
+                    dp: $crate::kernels::RowsMut<'_, $t>,
+                    len: usize,
+                    delta: &[$t],
+                ) {
+                    $crate::kernels::generic::softmax_gradient::<$t, $token>(level, p, dp, len, delta)
+                }
+                // SAFETY: `self` is the level's token, made only after its features were detected.
+                unsafe { entry(self, p, dp, len, delta) }
             }
         }
     };

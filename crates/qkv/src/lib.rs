@@ -36,6 +36,7 @@
 //! ```
 
 mod attention;
+mod backward;
 mod blocked;
 mod error;
 mod flash;
@@ -60,6 +61,10 @@ pub use ndarray;
 pub use attention::{
     Attention, AttentionWeights, Scores, attention, attention_into, attention_with_lse,
     attention_with_weights,
+};
+pub use backward::{
+    Gradients, GradientsMut, attention_backward, attention_backward_into, multi_head_attention_backward,
+    multi_head_attention_backward_into,
 };
 pub use error::{AttentionError, Dims};
 pub use half::{Half, Storage, attention_half};

@@ -744,3 +744,10 @@ impl<T: Real> MaskSet<'_, T> {
         seen
     }
 }
+
+impl<T> AttentionOptions<'_, T> {
+    /// Whether an additive bias is set, whose gradient the backward then returns.
+    pub(crate) fn has_bias(&self) -> bool {
+        self.bias.is_some()
+    }
+}

@@ -114,8 +114,29 @@ pub fn multi_head_attention_with_lse<T: Real>(
     Ok(PartialAttention { output, logsumexp })
 }
 
+/// Which keys of key/value head `index` (`[batch, kv_head]`; `[]` for a single-head call) some
+/// query sees: a key is seen if a query of any of the `group` query heads reading it sees it.
+pub(crate) fn seen_by_group<T: Real>(
+    masks: &HeadMasks<'_, '_, T>,
+    group: usize,
+    index: &[usize],
+) -> Vec<bool> {
+    let (b, kv) = match *index {
+        [] => (0, 0),
+        [b, kv] => (b, kv),
+        _ => unreachable!("[batch, kv_head]"),
+    };
+    let mut seen = masks.head(b, kv * group).seen_keys();
+    for h in kv * group + 1..(kv + 1) * group {
+        for (seen, s) in seen.iter_mut().zip(masks.head(b, h).seen_keys()) {
+            *seen |= s;
+        }
+    }
+    seen
+}
+
 /// Checks that the tensors agree on their batch and head axes, and the shape of one head.
-fn check_heads<T: Real>(
+pub(crate) fn check_heads<T: Real>(
     q: &ArrayView4<T>,
     k: &ArrayView4<T>,
     v: &ArrayView4<T>,
@@ -170,18 +191,7 @@ fn attend_heads<T: Real>(
             return Ok(());
         }
     }
-    let seen = |index: &[usize]| {
-        // A key is seen if a query of any query head reading this key/value head sees it.
-        let &[b, kv] = index else { unreachable!("[batch, kv_head]") };
-        let mut seen = vec![false; shape.n_keys];
-        for h in kv * group..(kv + 1) * group {
-            for (seen, s) in seen.iter_mut().zip(masks.head(b, h).seen_keys()) {
-                *seen |= s;
-            }
-        }
-        seen
-    };
-    let checked = inputs::check(&q, k, v, &seen)?;
+    let checked = inputs::check(&q, k, v, &|index| seen_by_group(&masks, group, index))?;
     let (k, v) = (checked.k.view(), checked.v.view());
     let mut lse_heads = lse.map(|lse| lse.into_outer_iter_mut().flat_map(|b| b.into_outer_iter_mut()));
     let heads =

@@ -238,3 +238,6 @@ fn trace_row<T: Real>(
         output,
     }
 }
+
+mod backward;
+pub use backward::attention_backward;

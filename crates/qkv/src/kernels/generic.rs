@@ -367,3 +367,105 @@ impl<T: Real, E: Element> ValueTile<'_, T, E> {
         }
     }
 }
+
+/// See [`super::Kernels::accumulate_transposed`]: groups of `MR` output rows (keys) × `NC`
+/// vectors, the keys left over one at a time. For each weight row `r` the `MR` weights of a group
+/// are side by side in `P`'s row, so the broadcasts read one short run per row.
+#[inline(always)]
+pub(super) fn accumulate_transposed<T: Real, E: Element, S: Load<T, E>, const MR: usize, const NC: usize>(
+    simd: S,
+    weights: Weights<'_, T>,
+    values: ValueRows<'_, E>,
+    o: &mut [T],
+) {
+    let Weights { p, rows, n_keys } = weights;
+    let o_stride = values.vectors * S::LANES;
+    let groups = n_keys / MR * MR;
+    let tile = |first| TransposedTile { p: &p[first..], rows, values, o_stride };
+    for g in (0..groups).step_by(MR) {
+        tile(g).columns::<S, MR, NC>(simd, &mut o[g * o_stride..(g + MR) * o_stride]);
+    }
+    for j in groups..n_keys {
+        tile(j).columns::<S, 1, NC>(simd, &mut o[j * o_stride..(j + 1) * o_stride]);
+    }
+}
+
+/// The operands of `Pᵀ·X` register tiles: `p` from the group's first key (column), `rows` weight
+/// rows of [`KEY_BLOCK`] scalars, the rows `X_r` stored as `E`.
+#[derive(Clone, Copy)]
+struct TransposedTile<'a, T, E> {
+    p: &'a [T],
+    rows: usize,
+    values: ValueRows<'a, E>,
+    o_stride: usize,
+}
+
+impl<T: Real, E: Element> TransposedTile<'_, T, E> {
+    /// Every column of `MR` output rows: groups of `NC` vectors, then the rest one at a time.
+    #[inline(always)]
+    fn columns<S: Load<T, E>, const MR: usize, const NC: usize>(self, simd: S, o: &mut [T]) {
+        let vectors = self.values.vectors;
+        let whole = vectors / NC * NC;
+        for c in (0..whole).step_by(NC) {
+            self.run::<S, MR, NC>(simd, c, o);
+        }
+        for c in whole..vectors {
+            self.run::<S, MR, 1>(simd, c, o);
+        }
+    }
+
+    /// One `MR × NC` tile from vector `c`: loaded once, every weight row adds `P[r, j] · X_r` to
+    /// output row `j`, stored once.
+    #[inline(always)]
+    fn run<S: Load<T, E>, const MR: usize, const NC: usize>(self, simd: S, c: usize, o: &mut [T]) {
+        let lanes = S::LANES;
+        let TransposedTile { p, rows, values, o_stride } = self;
+        let column = c * lanes;
+        let mut acc = [[simd.zero(); NC]; MR];
+        for (j, acc) in acc.iter_mut().enumerate() {
+            let o_row = &o[j * o_stride + column..][..NC * lanes];
+            for (k, acc) in acc.iter_mut().enumerate() {
+                *acc = simd.load(&o_row[k * lanes..]);
+            }
+        }
+        assert!(values.v.len() >= rows.saturating_sub(1) * values.stride + column + NC * lanes);
+        assert!(rows == 0 || p.len() >= (rows - 1) * KEY_BLOCK + MR, "a weight for every pair");
+        for (r, x_row) in (0..rows).zip(values.v.chunks(values.stride)) {
+            let x_row = &x_row[column..column + NC * lanes];
+            let x: [S::V; NC] = std::array::from_fn(|k| simd.load_stored(&x_row[k * lanes..]));
+            let w = &p[r * KEY_BLOCK..][..MR];
+            for j in 0..MR {
+                let w = simd.splat(w[j]);
+                for k in 0..NC {
+                    acc[j][k] = simd.mul_add(w, x[k], acc[j][k]);
+                }
+            }
+        }
+        for (j, acc) in acc.iter().enumerate() {
+            let o_row = &mut o[j * o_stride + column..][..NC * lanes];
+            for (k, &x) in acc.iter().enumerate() {
+                simd.store(x, &mut o_row[k * lanes..]);
+            }
+        }
+    }
+}
+
+/// See [`super::Kernels::softmax_gradient`].
+#[inline(always)]
+pub(super) fn softmax_gradient<T: Real, S: Simd<T>>(
+    simd: S,
+    p: Rows<'_, T>,
+    dp: RowsMut<'_, T>,
+    len: usize,
+    delta: &[T],
+) {
+    for (r, &delta) in delta.iter().enumerate().take(dp.rows) {
+        let p_row = &p.data[r * p.stride..][..len];
+        let dp_row = &mut dp.data[r * dp.stride..][..len];
+        let delta = simd.splat(delta);
+        for (x, w) in dp_row.chunks_exact_mut(S::LANES).zip(p_row.chunks_exact(S::LANES)) {
+            let gradient = simd.sub(simd.load(x), delta);
+            simd.store(simd.mul(simd.load(w), gradient), x);
+        }
+    }
+}

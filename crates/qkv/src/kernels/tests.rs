@@ -389,3 +389,57 @@ fn half_precision_loads_widen_every_bit_pattern_exactly() {
     check_every_pattern::<half::bf16>("bf16", half::bf16::from_bits);
     check_every_pattern::<half::f16>("f16", half::f16::from_bits);
 }
+
+#[test]
+fn backward_tiles_match_plain_loops() {
+    each_level!(f32, |kernels: K, level| {
+        // (weight rows, keys, width of the rows summed): groups of TILE_ROWS keys and keys left
+        // over, widths of whole vectors and a partial one.
+        for (rows, n_keys, d) in [(1, 1, 1), (48, 128, 64), (7, 13, 17), (12, 100, 80), (3, 6, 8)] {
+            let ctx = format!("{level} {rows}x{n_keys}x{d}");
+            let p = matrix(rows, n_keys, 4);
+            let mut tile = vec![f32::NAN; rows * KEY_BLOCK];
+            for (i, row) in p.rows().into_iter().enumerate() {
+                tile[i * KEY_BLOCK..i * KEY_BLOCK + n_keys].iter_mut().zip(row).for_each(|(t, &x)| *t = x);
+            }
+            let x = matrix(rows, d, 5);
+            let vectors = d.div_ceil(K::LANES);
+            let stride = vectors * K::LANES;
+            let mut x_rows = vec![0.0; rows * stride];
+            for (r, out) in x_rows.chunks_exact_mut(stride).enumerate() {
+                pack_value_row(x.row(r), out);
+            }
+            let mut o = vec![1.0; n_keys * stride];
+            let weights = Weights { p: &tile, rows, n_keys };
+            kernels.accumulate_transposed(weights, ValueRows { v: &x_rows, stride, vectors }, &mut o);
+            for ((j, c), w) in p.t().dot(&x).indexed_iter() {
+                let (got, want) = (o[j * stride + c], 1.0 + w);
+                assert!(
+                    (got - want).abs() < 1e-3 * (1.0 + want.abs()),
+                    "{ctx}: O[{j}, {c}] = {got}, want {want}"
+                );
+            }
+
+            let used = n_keys.next_multiple_of(K::LANES).min(KEY_BLOCK);
+            let dp = matrix(rows, KEY_BLOCK, 6);
+            let mut ds: Vec<f32> = dp.iter().copied().collect();
+            let delta: Vec<f32> = (0..rows).map(|r| 0.3 * r as f32 - 1.0).collect();
+            let mut weights = tile.clone();
+            weights.iter_mut().filter(|w| w.is_nan()).for_each(|w| *w = 0.5);
+            let p_rows = Rows { data: &weights, stride: KEY_BLOCK, rows };
+            kernels.softmax_gradient(
+                p_rows,
+                RowsMut { data: &mut ds, stride: KEY_BLOCK, rows },
+                used,
+                &delta,
+            );
+            for r in 0..rows {
+                for j in 0..KEY_BLOCK {
+                    let at = r * KEY_BLOCK + j;
+                    let want = if j < used { weights[at] * (dp[[r, j]] - delta[r]) } else { dp[[r, j]] };
+                    assert!((ds[at] - want).abs() < 1e-6, "{ctx}: dS[{r}, {j}] = {}, want {want}", ds[at]);
+                }
+            }
+        }
+    });
+}

@@ -1,6 +1,7 @@
 //! Tests of the engine's public API: every path against the f64 reference, the properties
 //! attention must have, multi-head layouts, the errors, and the choice of SIMD level.
 
+mod backward;
 mod batched;
 mod errors;
 mod half_precision;

@@ -91,6 +91,11 @@ impl<T: Real> Problem<T> {
         Problem { q, k, v, mask, keep, padding, bias, key_length, slope: [T::from_f64_round(0.3)] }
     }
 
+    /// The bias that [`MaskKind::Bias`] adds (random, `-inf` in places).
+    pub fn bias(&self) -> &Array2<T> {
+        &self.bias
+    }
+
     pub fn options(&self) -> AttentionOptions<'_, T> {
         let o = AttentionOptions::new();
         match self.mask {

@@ -1,0 +1,73 @@
+#!/usr/bin/env python3
+"""Compares qkv's backward (dQ, dK, dV, and a bias's gradient) with torch.autograd on the cases of
+the mask check. Outside CI (PyTorch is not there):
+
+    cargo run --release -p qkv-bench --example mask_cases -- /tmp/cases.json
+    /root/torch-venv/bin/python crates/qkv-bench/python/check_backward.py /tmp/cases.json
+
+The masks are built from their parameters by check_masks.py. The truth is torch.autograd in
+float64 through the textbook attention (scores, masked softmax, weights times values), with each
+(batch, head)'s float mask a leaf so that its gradient is the bias's per head; rows that see no
+key are given weights of 0 (SDPA would give NaN there, and NaN gradients everywhere). The
+largest absolute differences are printed: qkv (f32) against that, and, where no row is empty,
+torch's own SDPA backward in float32 against it, for scale.
+"""
+
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from check_masks import masks, tensor
+
+
+def gradients(case, dtype, fused):
+    q, k, v = (tensor(case[x], dtype).requires_grad_() for x in "qkv")
+    d_out = tensor(case["d_output"], dtype)
+    b, hq, n_q, _ = q.shape
+    n_k = k.shape[2]
+    group = hq // k.shape[1]
+    kk, vv = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    allowed, bias = masks(case, b, hq, n_q, n_k)
+    seen = allowed.any(dim=-1, keepdim=True)
+    # Rows that see nothing see everything instead, and their weights are multiplied by 0 below.
+    visible = allowed | ~seen
+    mask = torch.where(visible, bias, torch.tensor(float("-inf"), dtype=torch.float64)).to(dtype)
+    mask.requires_grad_()
+    if fused:
+        out = F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask, scale=case["scale"])
+    else:
+        scores = q @ kk.transpose(-1, -2) * case["scale"] + mask
+        weights = torch.softmax(scores, dim=-1) * seen
+        out = weights @ vv
+    out.backward(d_out)
+    return q.grad, k.grad, v.grad, mask.grad, bool(seen.all())
+
+
+def main(path):
+    import json
+
+    with open(path) as f:
+        cases = json.load(f)
+    print(f"qkv kernels: {cases['simd']}; torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(f"{'case':52} {'dq':>9} {'dk':>9} {'dv':>9} {'dbias':>9} {'sdpa f32':>9}")
+    worst = 0.0
+    for case in cases["cases"]:
+        dq, dk, dv, dmask, full = gradients(case, torch.float64, fused=False)
+        errors = [(tensor(case[f"qkv_{name}"], torch.float64) - want).abs().max().item() for name, want in (("dq", dq), ("dk", dk), ("dv", dv))]
+        if case["qkv_dbias"] is not None:
+            errors.append((tensor(case["qkv_dbias"], torch.float64) - dmask).abs().max().item())
+        else:
+            errors.append(float("nan"))
+        worst = max([worst] + [e for e in errors if e == e])
+        torch_err = float("nan")
+        if full:
+            t32 = gradients(case, torch.float32, fused=True)
+            torch_err = max((a.double() - b).abs().max().item() for a, b in zip(t32[:3], (dq, dk, dv)))
+        print(f"{case['name']:52} " + " ".join(f"{e:9.2e}" for e in errors) + f" {torch_err:9.2e}")
+    print(f"largest difference from torch.autograd float64: {worst:.2e}")
+    return 0 if worst < 1e-4 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "cases.json"))

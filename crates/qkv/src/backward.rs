@@ -1,0 +1,374 @@
+//! The backward of attention: the gradients of the queries, keys, values (and an additive bias)
+//! from the gradient of the output and what the forward saved (its output and logsumexp).
+//!
+//! The public entry points check their arguments here, once, as the forward's do; the tiled
+//! algorithm is `backward/tiled.rs`, and the f64 oracle `reference::attention_backward`.
+
+mod tiled;
+
+use ndarray::{
+    Array, ArrayBase, ArrayView, ArrayView2, ArrayView4, ArrayViewMut, Axis, Data, Dimension, Ix2, Ix3, Ix4,
+    RawData,
+};
+
+use crate::error::{AttentionError, Dims};
+use crate::inputs;
+use crate::mask::AttentionOptions;
+use crate::multi_head::{check_heads, seen_by_group};
+use crate::partial::PartialAttention;
+use crate::real::Real;
+use crate::shape::{Shape, finite_magnitude};
+use crate::simd;
+
+/// The gradients of a loss `L` with respect to attention's inputs: `dq = ∂L/∂Q`, `dk = ∂L/∂K`,
+/// `dv = ∂L/∂V`, each shaped as its input, and `dbias = ∂L/∂S`, the gradient of an additive bias
+/// (`[n_q, n_k]`, or `[batch, query_heads, n_q, n_k]` for multi-head: one slice per head), present
+/// when the options carry an [`AdditiveBias`](crate::AdditiveBias).
+///
+/// A bias shared by several heads or sequences (a `[n_q, n_k]` or `[batch, 1, n_q, n_k]` bias in a
+/// multi-head call) has as its gradient the sum of `dbias` over the axes it is shared along.
+///
+/// ```
+/// use ndarray::array;
+/// let q = array![[1.0_f64, 0.0]];
+/// let k = array![[1.0, 0.0], [0.0, 1.0]];
+/// let v = array![[2.0], [6.0]];
+/// let options = qkv::AttentionOptions::new();
+/// let forward = qkv::attention_with_lse(q.view(), k.view(), v.view(), &options)?;
+/// let d_out = array![[1.0]];
+/// let g = qkv::attention_backward(q.view(), k.view(), v.view(), &forward, d_out.view(), &options)?;
+/// assert_eq!(g.dq.shape(), [1, 2]);
+/// assert!(g.dbias.is_none());
+/// # Ok::<(), qkv::AttentionError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct Gradients<T, D: Dimension = Ix2> {
+    /// `∂L/∂Q`, shaped as the queries.
+    pub dq: Array<T, D>,
+    /// `∂L/∂K`, shaped as the keys.
+    pub dk: Array<T, D>,
+    /// `∂L/∂V`, shaped as the values.
+    pub dv: Array<T, D>,
+    /// `∂L/∂S`, the gradient of an additive bias, when the options carry one.
+    pub dbias: Option<Array<T, D>>,
+}
+
+/// Where the `_into` forms write the gradients (see [`Gradients`]): `dbias`, `[.., n_q, n_k]`,
+/// is written only if given (whether or not the options carry a bias: without one it is `dS`, the
+/// gradient of the scores).
+///
+/// ```
+/// let (mut dq, mut dk, mut dv) = (vec![0.0_f32; 2 * 4], vec![0.0_f32; 3 * 4], vec![0.0_f32; 3 * 8]);
+/// let into = qkv::GradientsMut {
+///     dq: qkv::matrix_mut("dq", &mut dq, 2, 4)?,
+///     dk: qkv::matrix_mut("dk", &mut dk, 3, 4)?,
+///     dv: qkv::matrix_mut("dv", &mut dv, 3, 8)?,
+///     dbias: None,
+/// };
+/// # let _ = into;
+/// # Ok::<(), qkv::AttentionError>(())
+/// ```
+#[derive(Debug)]
+pub struct GradientsMut<'a, T, D: Dimension = Ix2> {
+    /// `∂L/∂Q`, shaped as the queries.
+    pub dq: ArrayViewMut<'a, T, D>,
+    /// `∂L/∂K`, shaped as the keys.
+    pub dk: ArrayViewMut<'a, T, D>,
+    /// `∂L/∂V`, shaped as the values.
+    pub dv: ArrayViewMut<'a, T, D>,
+    /// `∂L/∂S`, `[.., n_q, n_k]`, when wanted.
+    pub dbias: Option<ArrayViewMut<'a, T, D>>,
+}
+
+/// The gradients of attention's inputs (see [`Gradients`]) from `d_output = ∂L/∂O` and what the
+/// forward [`attention_with_lse`](crate::attention_with_lse) returned for the same inputs and
+/// options.
+///
+/// The weights are recomputed tile by tile from `Q`, `K` and the saved logsumexp
+/// (FlashAttention-2's backward), never stored: memory beyond the inputs and the gradients is
+/// linear in the sequence lengths. Masks mean what they mean in the forward; a row that sees no
+/// key has zero gradients, and a key that no query sees has zero `dk` and `dv` (its key and value
+/// rows are never read). Results do not depend on the number of threads.
+///
+/// ```
+/// use ndarray::array;
+/// use qkv::{AttentionOptions, CausalMask};
+/// let x = array![[1.0_f32, 0.0], [0.0, 1.0], [1.0, 1.0]];
+/// let options = AttentionOptions::new().causal(CausalMask::BottomRight);
+/// let forward = qkv::attention_with_lse(x.view(), x.view(), x.view(), &options)?;
+/// let d_out = ndarray::Array2::ones((3, 2));
+/// let g = qkv::attention_backward(x.view(), x.view(), x.view(), &forward, d_out.view(), &options)?;
+/// // The first query sees only itself: its weight is 1 whatever its score, so dq is 0 there.
+/// assert_eq!(g.dq.row(0).to_vec(), vec![0.0, 0.0]);
+/// # Ok::<(), qkv::AttentionError>(())
+/// ```
+pub fn attention_backward<T: Real>(
+    q: ArrayView2<T>,
+    k: ArrayView2<T>,
+    v: ArrayView2<T>,
+    forward: &PartialAttention<T>,
+    d_output: ArrayView2<T>,
+    options: &AttentionOptions<T>,
+) -> Result<Gradients<T>, AttentionError> {
+    let shape = Shape::of_dims(q.shape(), k.shape(), v.shape())?;
+    let mut gradients = Gradients::zeros(&q, &k, &v, shape.n_keys, options.has_bias());
+    let into = gradients.view_mut();
+    backward(
+        &shape,
+        None,
+        q,
+        k,
+        v,
+        forward.output.view(),
+        forward.logsumexp.view(),
+        d_output,
+        options,
+        into,
+    )?;
+    Ok(gradients)
+}
+
+/// Like [`attention_backward`], writing the gradients into `gradients` without allocating them.
+/// If the call fails, the buffers may hold anything.
+///
+/// ```
+/// use ndarray::{Array2, array};
+/// let x = array![[1.0_f32, 0.0], [0.0, 1.0]];
+/// let options = qkv::AttentionOptions::new();
+/// let forward = qkv::attention_with_lse(x.view(), x.view(), x.view(), &options)?;
+/// let d_out = Array2::ones((2, 2));
+/// let (mut dq, mut dk, mut dv) = (Array2::zeros((2, 2)), Array2::zeros((2, 2)), Array2::zeros((2, 2)));
+/// let into = qkv::GradientsMut { dq: dq.view_mut(), dk: dk.view_mut(), dv: dv.view_mut(), dbias: None };
+/// qkv::attention_backward_into(x.view(), x.view(), x.view(), &forward, d_out.view(), &options, into)?;
+/// // Every output row's weights sum to 1, so dV's rows sum to the output gradient's.
+/// assert!((dv.sum() - 4.0).abs() < 1e-6);
+/// # Ok::<(), qkv::AttentionError>(())
+/// ```
+pub fn attention_backward_into<T: Real>(
+    q: ArrayView2<T>,
+    k: ArrayView2<T>,
+    v: ArrayView2<T>,
+    forward: &PartialAttention<T>,
+    d_output: ArrayView2<T>,
+    options: &AttentionOptions<T>,
+    gradients: GradientsMut<T>,
+) -> Result<(), AttentionError> {
+    let shape = Shape::of_dims(q.shape(), k.shape(), v.shape())?;
+    let (output, lse) = (forward.output.view(), forward.logsumexp.view());
+    backward(&shape, None, q, k, v, output, lse, d_output, options, gradients)
+}
+
+/// The gradients of multi-head attention's inputs (see [`Gradients`]; `[batch, heads, n, d]`
+/// tensors as [`multi_head_attention`](crate::multi_head_attention) takes them) from
+/// `d_output` (`[batch, query_heads, n_q, d_v]`) and what
+/// [`multi_head_attention_with_lse`](crate::multi_head_attention_with_lse) returned.
+///
+/// With grouped-query attention the gradient of a shared key/value head is the sum over the query
+/// heads that read it, added in the order of the heads (whatever the number of threads).
+///
+/// ```
+/// use ndarray::Array4;
+/// let q = Array4::<f32>::from_elem((1, 4, 3, 8), 0.1);
+/// let kv = Array4::<f32>::from_elem((1, 2, 5, 8), 0.2);
+/// let options = qkv::AttentionOptions::new();
+/// let forward = qkv::multi_head_attention_with_lse(q.view(), kv.view(), kv.view(), &options)?;
+/// let d_out = Array4::ones((1, 4, 3, 8));
+/// let g = qkv::multi_head_attention_backward(q.view(), kv.view(), kv.view(), &forward, d_out.view(), &options)?;
+/// assert_eq!(g.dk.shape(), [1, 2, 5, 8]);
+/// # Ok::<(), qkv::AttentionError>(())
+/// ```
+pub fn multi_head_attention_backward<T: Real>(
+    q: ArrayView4<T>,
+    k: ArrayView4<T>,
+    v: ArrayView4<T>,
+    forward: &PartialAttention<T, Ix4>,
+    d_output: ArrayView4<T>,
+    options: &AttentionOptions<T>,
+) -> Result<Gradients<T, Ix4>, AttentionError> {
+    let shape = check_heads(&q, &k, &v)?;
+    let heads = Some((q.shape()[0], q.shape()[1]));
+    let mut gradients = Gradients::zeros(&q, &k, &v, shape.n_keys, options.has_bias());
+    let into = gradients.view_mut();
+    let (output, lse) = (forward.output.view(), forward.logsumexp.view());
+    backward(&shape, heads, q, k, v, output, lse, d_output, options, into)?;
+    Ok(gradients)
+}
+
+/// Like [`multi_head_attention_backward`], writing the gradients into `gradients` without
+/// allocating them. If the call fails, the buffers may hold anything.
+///
+/// ```
+/// use ndarray::Array4;
+/// let x = Array4::<f32>::from_elem((1, 2, 3, 4), 0.5);
+/// let options = qkv::AttentionOptions::new();
+/// let forward = qkv::multi_head_attention_with_lse(x.view(), x.view(), x.view(), &options)?;
+/// let d_out = Array4::ones((1, 2, 3, 4));
+/// let (mut dq, mut dk, mut dv) = (x.clone(), x.clone(), x.clone());
+/// let into = qkv::GradientsMut { dq: dq.view_mut(), dk: dk.view_mut(), dv: dv.view_mut(), dbias: None };
+/// qkv::multi_head_attention_backward_into(x.view(), x.view(), x.view(), &forward, d_out.view(), &options, into)?;
+/// // Equal scores: every weight is 1/3 and dS is 0, so only the values get a gradient.
+/// assert!(dq.iter().all(|&g| g.abs() < 1e-6));
+/// # Ok::<(), qkv::AttentionError>(())
+/// ```
+pub fn multi_head_attention_backward_into<T: Real>(
+    q: ArrayView4<T>,
+    k: ArrayView4<T>,
+    v: ArrayView4<T>,
+    forward: &PartialAttention<T, Ix4>,
+    d_output: ArrayView4<T>,
+    options: &AttentionOptions<T>,
+    gradients: GradientsMut<T, Ix4>,
+) -> Result<(), AttentionError> {
+    let shape = check_heads(&q, &k, &v)?;
+    let heads = Some((q.shape()[0], q.shape()[1]));
+    let (output, lse) = (forward.output.view(), forward.logsumexp.view());
+    backward(&shape, heads, q, k, v, output, lse, d_output, options, gradients)
+}
+
+impl<T: Real, D: Dimension> Gradients<T, D> {
+    /// Zero gradients for inputs shaped as `q`, `k`, `v`, with a bias gradient if `bias`.
+    fn zeros<S: Data<Elem = T>>(
+        q: &ArrayBase<S, D>,
+        k: &ArrayBase<S, D>,
+        v: &ArrayBase<S, D>,
+        n_keys: usize,
+        bias: bool,
+    ) -> Self {
+        let dbias = bias.then(|| Array::zeros(scores_dim(q.raw_dim(), n_keys)));
+        Gradients {
+            dq: Array::zeros(q.raw_dim()),
+            dk: Array::zeros(k.raw_dim()),
+            dv: Array::zeros(v.raw_dim()),
+            dbias,
+        }
+    }
+
+    fn view_mut(&mut self) -> GradientsMut<'_, T, D> {
+        GradientsMut {
+            dq: self.dq.view_mut(),
+            dk: self.dk.view_mut(),
+            dv: self.dv.view_mut(),
+            dbias: self.dbias.as_mut().map(|b| b.view_mut()),
+        }
+    }
+}
+
+/// `dims` with its last axis set to `n`.
+fn scores_dim<D: Dimension>(mut dims: D, n: usize) -> D {
+    let last = dims.ndim() - 1;
+    dims[last] = n;
+    dims
+}
+
+/// Fails unless `found` is `expected`, naming `argument` and what it must match.
+fn expect_shape(
+    argument: &'static str,
+    found: &[usize],
+    expected: &[usize],
+    what: &'static str,
+) -> Result<(), AttentionError> {
+    if found == expected {
+        return Ok(());
+    }
+    Err(AttentionError::GradientShape { argument, found: found.into(), expected: expected.into(), what })
+}
+
+/// Checks that `d_output` has the shape of the output of `shape` and is finite (the reference's
+/// check, too).
+pub(crate) fn check_d_output<T: Real>(shape: &Shape, d_output: &ArrayView2<T>) -> Result<(), AttentionError> {
+    let expected = [shape.n_queries, shape.value_dim];
+    expect_shape("d_output", d_output.shape(), &expected, "output")?;
+    finite_magnitude("d_output", d_output).map(|_| ())
+}
+
+/// The backward of a checked shape, single-head (`D = Ix2`, `heads = None`) or multi-head
+/// (`Ix4`, `heads = (batch, query heads)`): checks the saved forward, the output's gradient and
+/// the buffers, then runs the tiled path.
+#[allow(clippy::too_many_arguments)]
+fn backward<T: Real, D: Dimension>(
+    shape: &Shape,
+    heads: Option<(usize, usize)>,
+    q: ArrayView<T, D>,
+    k: ArrayView<T, D>,
+    v: ArrayView<T, D>,
+    output: ArrayView<T, D>,
+    logsumexp: ArrayView<T, D::Smaller>,
+    d_output: ArrayView<T, D>,
+    options: &AttentionOptions<T>,
+    gradients: GradientsMut<T, D>,
+) -> Result<(), AttentionError> {
+    let out_dim = scores_dim(q.raw_dim(), shape.value_dim);
+    expect_shape("output", output.shape(), out_dim.slice(), "output")?;
+    expect_shape("logsumexp", logsumexp.shape(), &q.shape()[..q.ndim() - 1], "queries")?;
+    expect_shape("d_output", d_output.shape(), out_dim.slice(), "output")?;
+    let GradientsMut { dq, dk, dv, dbias } = gradients;
+    expect_shape("dq", dq.shape(), q.shape(), "queries")?;
+    expect_shape("dk", dk.shape(), k.shape(), "keys")?;
+    expect_shape("dv", dv.shape(), v.shape(), "values")?;
+    if let Some(dbias) = &dbias {
+        expect_shape("dbias", dbias.shape(), scores_dim(q.raw_dim(), shape.n_keys).slice(), "scores")?;
+    }
+    let masks = options.resolve_heads(shape, heads)?;
+    let kernels = simd::kernels_for(options.simd_level())?;
+    let group = heads.map_or(1, |(_, query_heads)| query_heads / k.shape()[1]);
+    let checked = inputs::check(&q, k, v, &|index| seen_by_group(&masks, group, index))?;
+    let gradient = finite_magnitude("d_output", &d_output)?;
+    let outputs = finite_magnitude("output", &output)?;
+    // A row that saw no key has a logsumexp of -inf; anything else must be finite.
+    if let Some((index, &lse)) = logsumexp.indexed_iter().find(|(_, l)| l.is_nan() || **l == T::infinity()) {
+        let index = Dims(ndarray::IntoDimension::into_dimension(index).slice().to_vec());
+        return Err(AttentionError::NonFinite { argument: "logsumexp", index, value: lse.to_f64_exact() });
+    }
+    if !tiled::stays_finite(shape, &checked.magnitudes, gradient.max(outputs), &masks.head(0, 0)) {
+        return Err(AttentionError::GradientOverflow { ty: T::NAME });
+    }
+    let four = leading_axes::<_, D, Ix4>;
+    let four_mut = leading_axes::<_, D, Ix4>;
+    let lse = leading_axes::<_, D::Smaller, Ix3>(logsumexp);
+    let (q, k, v) = (four(q), four(checked.k.view()), four(checked.v.view()));
+    let (output, d_output) = (four(output), four(d_output));
+    let [batch, query_heads, _, _] = *q.shape() else { unreachable!("4-D view") };
+    let kv_heads = k.shape()[1];
+    let mut dq_heads = four_mut(dq).into_outer_iter_mut().flat_map(|b| b.into_outer_iter_mut());
+    let mut dbias_heads =
+        dbias.map(|b| four_mut(b).into_outer_iter_mut().flat_map(|b| b.into_outer_iter_mut()));
+    let mut query_heads_of = Vec::with_capacity(batch * query_heads);
+    for b in 0..batch {
+        for h in 0..query_heads {
+            query_heads_of.push(tiled::QueryHead {
+                q: q.slice_move(ndarray::s![b, h, .., ..]),
+                output: output.slice_move(ndarray::s![b, h, .., ..]),
+                logsumexp: lse.slice_move(ndarray::s![b, h, ..]),
+                d_output: d_output.slice_move(ndarray::s![b, h, .., ..]),
+                masks: masks.head(b, h),
+                kv: b * kv_heads + h / group,
+                dq: dq_heads.next().expect("one dq per head"),
+                dbias: dbias_heads.as_mut().map(|heads| heads.next().expect("one dbias per head")),
+            });
+        }
+    }
+    let (dk, dv) = (four_mut(dk), four_mut(dv));
+    let kv = dk
+        .into_outer_iter_mut()
+        .flat_map(|b| b.into_outer_iter_mut())
+        .zip(dv.into_outer_iter_mut().flat_map(|b| b.into_outer_iter_mut()))
+        .enumerate()
+        .map(|(index, (dk, dv))| {
+            let (b, g) = (index / kv_heads, index % kv_heads);
+            let (k, v) = (k.slice_move(ndarray::s![b, g, .., ..]), v.slice_move(ndarray::s![b, g, .., ..]));
+            tiled::KvHead { k, v, dk, dv }
+        })
+        .collect();
+    tiled::backward(kernels, shape, query_heads_of, kv);
+    Ok(())
+}
+
+/// `x` with leading axes of length 1 added up to `E`'s number of axes: a single head as a batch
+/// of one sequence of one head.
+fn leading_axes<S: RawData, D: Dimension, E: Dimension>(x: ArrayBase<S, D>) -> ArrayBase<S, E> {
+    let mut x = x.into_dyn();
+    while Some(x.ndim()) < E::NDIM {
+        x.insert_axis_inplace(Axis(0));
+    }
+    x.into_dimensionality::<E>().expect("as many axes as E")
+}

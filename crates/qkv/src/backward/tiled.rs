@@ -1,0 +1,476 @@
+//! The tiled backward (FlashAttention-2's): the weights are recomputed tile by tile from `Q`, `K`
+//! and the saved logsumexp, never stored, in two passes of independent blocks.
+//!
+//! A tile is `QUERY_BLOCK` query rows × `KEY_BLOCK` keys, as in the forward (`flash.rs`): scores
+//! `S = Q·Kᵀ · scale` from the same packed panels and score kernel, the same masking
+//! (`flash::mask_tile`, `flash::BlockKeys` for the tiles every row skips), then `P = exp(S - lse)`,
+//! `dP = dO·Vᵀ` (the score kernel again, on `dO` and the value panels) and
+//! `dS = P ∘ (dP - δ)` with `δ = rowsum(dO ∘ O)`.
+//!
+//! The work items are (key/value head, chunk of key blocks). An item visits its key blocks in
+//! order and, for each, the query blocks of every query head that reads the key/value head (in
+//! the order of heads and blocks), accumulating `dV_j += Pᵀ·dO_i` and `dK_j += dSᵀ·Q_i · scale`
+//! for the key block, which it then writes, and its own part of `dQ_i += dS·K_j · scale` for
+//! every query row; `dBias = dS` is written where asked for. The parts of `dQ` are added in chunk
+//! order once every item is done. The number of chunks depends on the problem's size alone
+//! ([`CHUNKS`] over the call, whole heads once there are that many), so each gradient is summed in
+//! the same order whatever the number of threads, and the result is the same bit for bit. Each
+//! tile is computed once: 10 `n²d` FLOPs. Memory beyond the inputs and gradients is the packed
+//! operands and the parts of `dQ` (linear in `n`) and a few tiles per thread.
+
+use std::ops::Range;
+
+use ndarray::{ArrayView1, ArrayView2, ArrayViewMut2, Axis};
+
+use crate::flash::{BlockKeys, aligned_prefix, mask_tile, prefix};
+use crate::kernels::{
+    self, Buffer, Isa, Job, KEY_BLOCK, Kernels, Rows, RowsMut, ScoreTile, ValueRows, Weights,
+};
+use crate::mask::MaskSet;
+use crate::real::Real;
+use crate::shape::{Magnitudes, Shape};
+use crate::work;
+
+/// Whether no intermediate of the backward can overflow `T`: the forward's bound on the scores
+/// and value sums, and for the gradients `dP = dO·Vᵀ` (at most `d_v · |dO| · |V|`), `δ` (at most
+/// `d_v · |dO| · |O|`), and sums of `n` such terms times a query or key.
+pub(crate) fn stays_finite<T: Real>(
+    shape: &Shape,
+    magnitudes: &Magnitudes,
+    gradient_or_output: f64,
+    masks: &MaskSet<'_, T>,
+) -> bool {
+    let limit = T::max_value().to_f64_exact() / 16.0;
+    let dp = shape.value_dim as f64 * gradient_or_output * (magnitudes.values + gradient_or_output);
+    let n = (shape.n_queries + shape.n_keys) as f64;
+    let sums = n * dp * (1.0 + masks.scale.abs() * magnitudes.queries.max(magnitudes.keys));
+    crate::flash::stays_finite(shape, magnitudes, masks) && sums <= limit
+}
+
+/// One query head of a backward call: its queries, the saved forward, the output's gradient, its
+/// masks, the key/value head it reads, and where its gradients go.
+pub(crate) struct QueryHead<'a, 'out, T> {
+    pub(crate) q: ArrayView2<'a, T>,
+    pub(crate) output: ArrayView2<'a, T>,
+    pub(crate) logsumexp: ArrayView1<'a, T>,
+    pub(crate) d_output: ArrayView2<'a, T>,
+    pub(crate) masks: MaskSet<'a, T>,
+    /// The index of its key/value head in the call's list.
+    pub(crate) kv: usize,
+    pub(crate) dq: ArrayViewMut2<'out, T>,
+    pub(crate) dbias: Option<ArrayViewMut2<'out, T>>,
+}
+
+/// One key/value head of a backward call, and where its gradients go.
+pub(crate) struct KvHead<'a, 'out, T> {
+    pub(crate) k: ArrayView2<'a, T>,
+    pub(crate) v: ArrayView2<'a, T>,
+    pub(crate) dk: ArrayViewMut2<'out, T>,
+    pub(crate) dv: ArrayViewMut2<'out, T>,
+}
+
+/// The gradients of every head of a checked problem of shape `shape`, with the kernels of `isa`.
+/// Each query head names its key/value head; the work items of all heads are shared out together.
+pub(crate) fn backward<'a, 'out, T: Real>(
+    isa: Isa,
+    shape: &Shape,
+    queries: Vec<QueryHead<'a, 'out, T>>,
+    kv: Vec<KvHead<'a, 'out, T>>,
+) {
+    isa.run(Backward { shape: *shape, queries, kv });
+}
+
+/// One call's operands, waiting for its kernels.
+struct Backward<'a, 'out, T> {
+    shape: Shape,
+    queries: Vec<QueryHead<'a, 'out, T>>,
+    kv: Vec<KvHead<'a, 'out, T>>,
+}
+
+/// A query head's operands in the kernels' layouts.
+struct QueryOperands<'a, T: Real> {
+    masks: MaskSet<'a, T>,
+    kv: usize,
+    /// Scaled queries packed for the score kernel, block `b` at `b · QUERY_BLOCK · d_k`.
+    q_packed: Vec<T>,
+    /// `dO` packed the same way (unscaled), block `b` at `b · QUERY_BLOCK · d_v`.
+    d_output_packed: Vec<T>,
+    /// Query rows, `key_stride` apart: the rows `dK` sums.
+    q_rows: Buffer<T>,
+    /// `dO` rows, `value_stride` apart: the rows `dV` sums.
+    d_output_rows: Buffer<T>,
+    logsumexp: Vec<T>,
+    /// `δ_i = Σ_c dO[i, c] · O[i, c]`.
+    delta: Vec<T>,
+}
+
+/// A key/value head's operands in the kernels' layouts.
+struct KeyOperands<T: Real> {
+    /// Key panels (see `kernels::pack_key_panel`), `d_k` scalars per key.
+    k_panels: Buffer<T>,
+    /// Value panels, `d_v` scalars per key: the "keys" of `dP = dO·Vᵀ`.
+    v_panels: Buffer<T>,
+    /// Key rows, `key_stride` apart: the rows `dQ` sums.
+    k_rows: Buffer<T>,
+}
+
+/// The buffers a work item borrows, one set per thread (see `work::map_items`); every item writes
+/// what it reads of them first.
+struct Scratch<T: Real> {
+    /// Scores, then weights `P`: `KEY_BLOCK` per row.
+    s: Buffer<T>,
+    /// `dP`, then `dS`.
+    dp: Buffer<T>,
+    /// The score kernel's lane-wise maxima (unused here, but the kernel writes them).
+    row_max: Buffer<T>,
+    sums: Vec<T>,
+    /// Gradient accumulators.
+    first: Buffer<T>,
+    second: Buffer<T>,
+}
+
+impl<T: Real> Default for Scratch<T> {
+    fn default() -> Self {
+        let zeros = || Buffer::zeros(0);
+        Scratch {
+            s: zeros(),
+            dp: zeros(),
+            row_max: zeros(),
+            sums: Vec::new(),
+            first: zeros(),
+            second: zeros(),
+        }
+    }
+}
+
+/// Rows of `x` packed `stride` scalars apart (zeros past each row's end).
+fn rows_buffer<T: Real>(x: ArrayView2<T>, stride: usize) -> Buffer<T> {
+    let mut rows = Buffer::zeros(x.nrows() * stride);
+    for (row, out) in x.rows().into_iter().zip(rows.chunks_exact_mut(stride)) {
+        kernels::pack_value_row(row, out);
+    }
+    rows
+}
+
+/// Every key panel of `x` (`KEY_PANEL` keys of `x.ncols()` scalars each, zero-padded).
+fn panels<T: Real>(x: ArrayView2<T>, key_panel: usize) -> Buffer<T> {
+    let width = x.ncols();
+    let mut panels = Buffer::zeros(x.nrows().div_ceil(key_panel) * key_panel * width);
+    for (p, panel) in panels.chunks_exact_mut(key_panel * width).enumerate() {
+        kernels::pack_key_panel(x, p * key_panel, key_panel, panel);
+    }
+    panels
+}
+
+/// Queries `x` packed block by block for the score kernel, times `scale`.
+fn packed_blocks<T: Real, K: Kernels<T>>(x: ArrayView2<T>, scale: T) -> Vec<T> {
+    let (n, d) = (x.nrows(), x.ncols());
+    let mut out = vec![T::zero(); n.div_ceil(K::QUERY_BLOCK) * K::QUERY_BLOCK * d];
+    for (b, block) in out.chunks_exact_mut(K::QUERY_BLOCK * d).enumerate() {
+        let rows = K::QUERY_BLOCK.min(n - b * K::QUERY_BLOCK);
+        let padded = rows.next_multiple_of(K::TILE_ROWS);
+        kernels::pack_queries(x, b * K::QUERY_BLOCK, rows, scale, K::TILE_ROWS, &mut block[..padded * d]);
+    }
+    out
+}
+
+/// What both passes read: the shape, the strides and every head's operands.
+struct Operands<'a, T: Real> {
+    shape: Shape,
+    key_stride: usize,
+    value_stride: usize,
+    queries: Vec<QueryOperands<'a, T>>,
+    keys: Vec<KeyOperands<T>>,
+}
+
+impl<T: Real> Job<T> for Backward<'_, '_, T> {
+    type Output = ();
+
+    fn run<K: Kernels<T>>(self, kernels: K) {
+        let Backward { shape, queries, kv } = self;
+        let key_stride = shape.key_dim.div_ceil(K::LANES) * K::LANES;
+        let value_stride = shape.value_dim.div_ceil(K::LANES) * K::LANES;
+        let mut query_outputs = Vec::with_capacity(queries.len());
+        let query_operands = queries
+            .into_iter()
+            .map(|head| {
+                let QueryHead { q, output, logsumexp, d_output, masks, kv, dq, dbias } = head;
+                query_outputs.push((dq, dbias));
+                let delta = output
+                    .rows()
+                    .into_iter()
+                    .zip(d_output.rows())
+                    .map(|(o, d_o)| {
+                        let dot: f64 =
+                            o.iter().zip(d_o).map(|(a, b)| a.to_f64_exact() * b.to_f64_exact()).sum();
+                        T::from_f64_round(dot)
+                    })
+                    .collect();
+                QueryOperands {
+                    masks,
+                    kv,
+                    q_packed: packed_blocks::<T, K>(q, T::from_f64_round(masks.scale)),
+                    d_output_packed: packed_blocks::<T, K>(d_output, T::one()),
+                    q_rows: rows_buffer(q, key_stride),
+                    d_output_rows: rows_buffer(d_output, value_stride),
+                    logsumexp: logsumexp.to_vec(),
+                    delta,
+                }
+            })
+            .collect();
+        let mut key_outputs = Vec::with_capacity(kv.len());
+        let key_operands = kv
+            .into_iter()
+            .map(|KvHead { k, v, dk, dv }| {
+                key_outputs.push((dk, dv));
+                KeyOperands {
+                    k_panels: panels(k, K::KEY_PANEL),
+                    v_panels: panels(v, K::KEY_PANEL),
+                    k_rows: rows_buffer(k, key_stride),
+                }
+            })
+            .collect();
+        let operands =
+            Operands { shape, key_stride, value_stride, queries: query_operands, keys: key_operands };
+        // The backward is 2.5 times the forward's work.
+        let flops = 2.5 * shape.flops() * operands.queries.len() as f64;
+        let parallel = work::worth_sharing(flops, false);
+        operands.run(kernels, key_outputs, query_outputs, parallel);
+    }
+}
+
+/// A tile's weights `P` (in `s`) and `dS` (in `dp`): `rows` rows of `KEY_BLOCK` scalars.
+struct Tile {
+    rows: usize,
+}
+
+/// The work items of a call aim at this many chunks of keys in all, so that a single head keeps
+/// every core busy; a call of as many key/value heads or more takes each head's keys whole.
+const CHUNKS: usize = 4;
+
+/// One work item: key/value head `kv`'s chunk of key blocks `blocks`, with its rows of `dK` and
+/// `dV` and, for each query head reading it, its columns of `dBias` when asked for.
+struct Item<'o, T> {
+    kv: usize,
+    blocks: Range<usize>,
+    dk: ArrayViewMut2<'o, T>,
+    dv: ArrayViewMut2<'o, T>,
+    dbias: Vec<Option<ArrayViewMut2<'o, T>>>,
+}
+
+impl<T: Real> Operands<'_, T> {
+    /// Every gradient, in one pass of items per (key/value head, chunk of key blocks), each
+    /// visiting its key blocks in order and, for each, the query blocks of every query head that
+    /// reads the key/value head, in the order of heads and blocks. An item writes its rows of `dK`
+    /// and `dV` and its columns of `dBias`, and returns its part of `dQ` (every query row, summed
+    /// over its keys); the parts are added in chunk order, so that no sum depends on which thread
+    /// computed what. The number of chunks depends on the problem's size alone.
+    fn run<K: Kernels<T>>(
+        &self,
+        kernels: K,
+        key_outputs: Vec<(ArrayViewMut2<T>, ArrayViewMut2<T>)>,
+        query_outputs: Vec<(ArrayViewMut2<T>, Option<ArrayViewMut2<T>>)>,
+        parallel: bool,
+    ) {
+        let key_blocks = self.shape.n_keys.div_ceil(KEY_BLOCK);
+        let per_chunk = key_blocks.div_ceil(CHUNKS.div_ceil(key_outputs.len().max(1))).max(1);
+        let chunks = key_blocks.div_ceil(per_chunk);
+        let chunk_keys = per_chunk * KEY_BLOCK;
+        let (mut dq_heads, mut dbias_pieces) = (Vec::new(), Vec::new());
+        for (dq, dbias) in query_outputs {
+            dq_heads.push(dq);
+            dbias_pieces.push(dbias.map(|d| d.into_axis_chunks_iter_mut(Axis(1), chunk_keys)));
+        }
+        let mut items = Vec::with_capacity(key_outputs.len() * chunks);
+        for (kv, (dk, dv)) in key_outputs.into_iter().enumerate() {
+            let rows = dk
+                .into_axis_chunks_iter_mut(Axis(0), chunk_keys)
+                .zip(dv.into_axis_chunks_iter_mut(Axis(0), chunk_keys));
+            for (c, (dk, dv)) in rows.enumerate() {
+                let dbias = self
+                    .group(kv)
+                    .map(|h| {
+                        dbias_pieces[h].as_mut().map(|pieces| pieces.next().expect("one piece per chunk"))
+                    })
+                    .collect();
+                let blocks = c * per_chunk..((c + 1) * per_chunk).min(key_blocks);
+                items.push(Item { kv, blocks, dk, dv, dbias });
+            }
+        }
+        let parts = work::map_items(items, parallel, Scratch::default, |scratch, item| {
+            self.item(kernels, scratch, item)
+        });
+        // dQ of each query head: the parts of its key/value head's chunks, in chunk order.
+        let scale = self.scale();
+        for (h, dq) in dq_heads.iter_mut().enumerate() {
+            let head = &self.queries[h];
+            let index = self.group(head.kv).position(|g| g == h).expect("in its group");
+            let mut chunk_parts = parts[head.kv * chunks..(head.kv + 1) * chunks].iter().map(|p| &p[index]);
+            let Some(first) = chunk_parts.next() else {
+                dq.fill(T::zero()); // no keys
+                continue;
+            };
+            let mut sum = first.to_vec();
+            for part in chunk_parts {
+                sum.iter_mut().zip(part.iter()).for_each(|(s, &x)| *s = *s + x);
+            }
+            write_rows(dq, &sum, self.key_stride, scale);
+        }
+    }
+
+    /// The score multiplier, which every head of a call shares.
+    fn scale(&self) -> T {
+        T::from_f64_round(self.queries.first().map_or(1.0, |h| h.masks.scale))
+    }
+
+    /// The query heads that read key/value head `kv`, in order.
+    fn group(&self, kv: usize) -> impl Iterator<Item = usize> + '_ {
+        self.queries.iter().enumerate().filter(move |(_, head)| head.kv == kv).map(|(h, _)| h)
+    }
+
+    /// One item (see [`Self::run`]): returns its part of `dQ` for each query head of the group,
+    /// rows `key_stride` apart, not yet scaled.
+    fn item<K: Kernels<T>>(&self, kernels: K, scratch: &mut Scratch<T>, item: Item<T>) -> Vec<Buffer<T>> {
+        let Item { kv, blocks, mut dk, mut dv, mut dbias } = item;
+        let scale = self.scale();
+        let heads: Vec<usize> = self.group(kv).collect();
+        let mut dq_parts: Vec<Buffer<T>> =
+            heads.iter().map(|_| Buffer::zeros(self.shape.n_queries * self.key_stride)).collect();
+        dbias.iter_mut().flatten().for_each(|d| d.fill(T::zero()));
+        let ones = vec![T::one(); K::QUERY_BLOCK];
+        let (first_block, keys) = (blocks.start, &self.keys[kv]);
+        let mut dk_sum = std::mem::replace(&mut scratch.first, Buffer::zeros(0));
+        let mut dv_sum = std::mem::replace(&mut scratch.second, Buffer::zeros(0));
+        for j in blocks {
+            let start = j * KEY_BLOCK;
+            let key_range = start..(start + KEY_BLOCK).min(self.shape.n_keys);
+            let n_keys = key_range.len();
+            let dk_sum_rows = aligned_prefix(&mut dk_sum, n_keys * self.key_stride);
+            let dv_sum_rows = aligned_prefix(&mut dv_sum, n_keys * self.value_stride);
+            dk_sum_rows.fill(T::zero());
+            dv_sum_rows.fill(T::zero());
+            let k_rows = ValueRows {
+                v: &keys.k_rows[start * self.key_stride..],
+                stride: self.key_stride,
+                vectors: self.key_stride / K::LANES,
+            };
+            for ((&h, dq_part), dbias) in heads.iter().zip(&mut dq_parts).zip(&mut dbias) {
+                let head = &self.queries[h];
+                for b in 0..self.shape.n_queries.div_ceil(K::QUERY_BLOCK) {
+                    let Some(tile) = self.tile(kernels, h, b, key_range.clone(), scratch) else { continue };
+                    let (first, rows) = (b * K::QUERY_BLOCK, tile.rows);
+                    let weights = Weights { p: &scratch.s, rows, n_keys };
+                    kernels.accumulate_transposed(
+                        weights,
+                        self.value_rows::<K>(&head.d_output_rows, first),
+                        dv_sum_rows,
+                    );
+                    let weights = Weights { p: &scratch.dp, rows, n_keys };
+                    let q = ValueRows {
+                        v: &head.q_rows[first * self.key_stride..],
+                        stride: self.key_stride,
+                        vectors: self.key_stride / K::LANES,
+                    };
+                    kernels.accumulate_transposed(weights, q, dk_sum_rows);
+                    let dq_rows = &mut dq_part[first * self.key_stride..(first + rows) * self.key_stride];
+                    kernels.accumulate_values(weights, &ones[..rows], k_rows, dq_rows);
+                    if let Some(dbias) = dbias {
+                        let columns = (j - first_block) * KEY_BLOCK..(j - first_block) * KEY_BLOCK + n_keys;
+                        let mut tile_rows = dbias.slice_mut(ndarray::s![first..first + rows, columns]);
+                        for (r, mut row) in tile_rows.rows_mut().into_iter().enumerate() {
+                            row.iter_mut().zip(&scratch.dp[r * KEY_BLOCK..]).for_each(|(o, &x)| *o = x);
+                        }
+                    }
+                }
+            }
+            let local = (j - first_block) * KEY_BLOCK..(j - first_block) * KEY_BLOCK + n_keys;
+            write_rows(
+                &mut dk.slice_mut(ndarray::s![local.clone(), ..]),
+                dk_sum_rows,
+                self.key_stride,
+                scale,
+            );
+            write_rows(&mut dv.slice_mut(ndarray::s![local, ..]), dv_sum_rows, self.value_stride, T::one());
+        }
+        scratch.first = dk_sum;
+        scratch.second = dv_sum;
+        dq_parts
+    }
+
+    /// `dO` rows from query `first` on, as the `Pᵀ` tile reads them.
+    fn value_rows<'b, K: Kernels<T>>(&self, rows: &'b Buffer<T>, first: usize) -> ValueRows<'b, T> {
+        ValueRows {
+            v: &rows[first * self.value_stride..],
+            stride: self.value_stride,
+            vectors: self.value_stride / K::LANES,
+        }
+    }
+
+    /// Recomputes the tile of query head `h`'s block `b` over keys `keys` into `scratch`: `P` in
+    /// `s` and `dS` in `dp`. `None` if the ranges hide every key of the tile from every row.
+    fn tile<K: Kernels<T>>(
+        &self,
+        kernels: K,
+        h: usize,
+        b: usize,
+        keys: Range<usize>,
+        scratch: &mut Scratch<T>,
+    ) -> Option<Tile> {
+        let head = &self.queries[h];
+        let operands = &self.keys[head.kv];
+        let (d_k, d_v) = (self.shape.key_dim, self.shape.value_dim);
+        let first = b * K::QUERY_BLOCK;
+        let rows = K::QUERY_BLOCK.min(self.shape.n_queries - first);
+        let padded = rows.next_multiple_of(K::TILE_ROWS);
+        let block = BlockKeys::of(&head.masks, first, first + rows - 1);
+        if keys.is_empty() || keys.end <= block.visible.start || keys.start >= block.visible.end {
+            return None;
+        }
+        let clean = block.clean.start <= keys.start && keys.end <= block.clean.end;
+        let n_keys = keys.len();
+        let panels = n_keys.div_ceil(K::KEY_PANEL);
+        let used = n_keys.next_multiple_of(K::LANES);
+        let s = aligned_prefix(&mut scratch.s, padded * KEY_BLOCK);
+        let dp = aligned_prefix(&mut scratch.dp, padded * KEY_BLOCK);
+        let row_max = aligned_prefix(&mut scratch.row_max, padded * K::LANES);
+        let sums = prefix(&mut scratch.sums, rows);
+        let tile = ScoreTile {
+            q: &head.q_packed[first * d_k..][..padded * d_k],
+            d: d_k,
+            rows: padded,
+            keys: &operands.k_panels[keys.start * d_k..],
+            panels,
+            s: &mut *s,
+            row_max: &mut *row_max,
+        };
+        kernels.scores(tile, None);
+        mask_tile(&head.masks, &|r| first + r, rows, keys.clone(), used, clean, &mut *s);
+        let lse = &head.logsumexp[first..first + rows];
+        kernels.exp_rows(RowsMut { data: &mut *s, stride: KEY_BLOCK, rows }, used, lse, sums);
+        let tile = ScoreTile {
+            q: &head.d_output_packed[first * d_v..][..padded * d_v],
+            d: d_v,
+            rows: padded,
+            keys: &operands.v_panels[keys.start * d_v..],
+            panels,
+            s: &mut *dp,
+            row_max,
+        };
+        kernels.scores(tile, None);
+        let p = Rows { data: &*s, stride: KEY_BLOCK, rows };
+        kernels.softmax_gradient(
+            p,
+            RowsMut { data: dp, stride: KEY_BLOCK, rows },
+            used,
+            &head.delta[first..first + rows],
+        );
+        Some(Tile { rows })
+    }
+}
+
+/// Writes accumulated rows (`stride` scalars apart) times `factor` into `out`.
+fn write_rows<T: Real>(out: &mut ArrayViewMut2<T>, sums: &[T], stride: usize, factor: T) {
+    for (mut row, sum) in out.rows_mut().into_iter().zip(sums.chunks_exact(stride)) {
+        row.iter_mut().zip(sum).for_each(|(o, &x)| *o = x * factor);
+    }
+}
