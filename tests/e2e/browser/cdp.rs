@@ -81,6 +81,7 @@ pub const ARROW_RIGHT: Key = Key { key: "ArrowRight", code: "ArrowRight", key_co
 pub const ARROW_DOWN: Key = Key { key: "ArrowDown", code: "ArrowDown", key_code: 40, text: "" };
 pub const ENTER: Key = Key { key: "Enter", code: "Enter", key_code: 13, text: "\r" };
 pub const SPACE: Key = Key { key: " ", code: "Space", key_code: 32, text: " " };
+pub const TAB: Key = Key { key: "Tab", code: "Tab", key_code: 9, text: "" };
 
 /// The protocol's modifier bit for Shift.
 pub const SHIFT: u32 = 8;
