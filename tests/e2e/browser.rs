@@ -9,6 +9,7 @@
 //! `localStorage`) and is killed when its test ends, passed or panicked. Screenshots go to
 //! `target/browser-screenshots/`.
 
+mod a11y;
 mod cdp;
 mod dom;
 mod drag;

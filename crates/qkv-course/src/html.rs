@@ -7,7 +7,7 @@ use pulldown_cmark::{CodeBlockKind, CowStr, Event, HeadingLevel, Parser, Tag, Ta
 
 use crate::document;
 use crate::files::{OutputFile, SourceFile, section_id};
-use crate::markup::{escape, markdown_options, mathml, slug};
+use crate::markup::{display_math, escape, markdown_options, mathml, scroll_box, slug};
 
 const STYLE: &str = include_str!("html/style.css");
 /// The page script: hand-written, no framework, no build step, no network.
@@ -59,7 +59,8 @@ fn page(
     body: &str,
     source: &str,
 ) -> String {
-    let mut nav = String::from("<nav class=\"sections\"><a href=\"index.html\">Contents</a>");
+    let mut nav =
+        String::from("<nav class=\"sections\" aria-label=\"Sections\"><a href=\"index.html\">Contents</a>");
     for (i, (id, t)) in sections.iter().enumerate() {
         let class = if Some(i) == current { " aria-current=\"page\"" } else { "" };
         nav.push_str(&format!(" · <a href=\"{}.html\"{class}>{}</a>", escape(id), escape(t)));
@@ -67,7 +68,7 @@ fn page(
     nav.push_str("</nav>");
     let mut pager = String::new();
     if let Some(i) = current {
-        pager.push_str("<nav class=\"pager\">");
+        pager.push_str("<nav class=\"pager\" aria-label=\"Previous and next section\">");
         if i > 0 {
             pager.push_str(&format!(
                 "<a rel=\"prev\" href=\"{}.html\">← {}</a>",
@@ -90,7 +91,7 @@ fn page(
         )
     };
     format!(
-        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n<title>{} · qkv</title>\n<link rel=\"stylesheet\" href=\"style.css\">\n<script src=\"qkv.js\" defer></script>\n</head>\n<body>\n<header>{nav}</header>\n<main>\n<article>\n{body}</article>\n{pager}\n</main>\n{footer}\n</body>\n</html>\n",
+        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n<title>{} · qkv</title>\n<link rel=\"stylesheet\" href=\"style.css\">\n<script src=\"qkv.js\" defer></script>\n</head>\n<body>\n<a class=\"skip\" href=\"#content\">Skip to the content</a>\n<header>{nav}</header>\n<main id=\"content\" tabindex=\"-1\">\n<article>\n{body}</article>\n{pager}\n</main>\n{footer}\n</body>\n</html>\n",
         escape(title)
     )
 }
@@ -161,7 +162,7 @@ fn render_body(text: &str, regions: &[Option<String>], markdown: &[SourceFile]) 
             }
             // A wide table scrolls inside its own box, never the page.
             Event::Start(Tag::Table(_)) => {
-                out.push(Event::Html("<div class=\"scroll\">".into()));
+                out.push(Event::Html(scroll_box("Table").into()));
                 out.push(event.clone());
             }
             Event::End(TagEnd::Table) => {
@@ -171,13 +172,9 @@ fn render_body(text: &str, regions: &[Option<String>], markdown: &[SourceFile]) 
             Event::InlineMath(tex) => {
                 out.push(Event::InlineHtml(mathml(&document::without_math_citations(tex), false).into()))
             }
-            Event::DisplayMath(tex) => out.push(Event::InlineHtml(
-                format!(
-                    "<span class=\"display-math\">{}</span>",
-                    mathml(&document::without_math_citations(tex), true)
-                )
-                .into(),
-            )),
+            Event::DisplayMath(tex) => {
+                out.push(Event::InlineHtml(display_math(&document::without_math_citations(tex)).into()))
+            }
             Event::Start(Tag::Heading { level, id: None, classes, attrs }) => {
                 let mut title = String::new();
                 for (e, _) in events[i..].iter() {

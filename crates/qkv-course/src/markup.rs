@@ -47,6 +47,101 @@ pub(crate) fn mathml(tex: &str, display: bool) -> String {
     }
 }
 
+/// A display formula that fits a phone's column: `<span class="display-math">` holding one
+/// `<span class="equation">` per formula of a list (`a, \qquad b`), each holding one `<math>` per
+/// piece that starts at a relation (`=`, `\approx`, …). MathML cannot break a line, but the page
+/// can between these elements: a formula that fits its line stays whole, a longer one wraps
+/// before a relation. Pieces are split only outside braces and `\left … \right`, and TeX with
+/// environments (`\begin`, where `&` and `\\` align rows) stays one formula.
+pub(crate) fn display_math(tex: &str) -> String {
+    let mut out = String::from("<span class=\"display-math\">");
+    for equation in display_pieces(tex) {
+        out.push_str("<span class=\"equation\">");
+        for piece in equation {
+            out.push_str(&mathml(piece, true));
+        }
+        out.push_str("</span>");
+    }
+    out.push_str("</span>");
+    out
+}
+
+/// The relations a display formula may break before, longest first (`\le` is a prefix of `\leq`).
+const RELATIONS: &[&str] = &[
+    "\\notin", "\\not", "\\approx", "\\equiv", "\\neq", "\\leq", "\\geq", "\\ne", "\\le", "\\ge", "=", "<",
+    ">",
+];
+/// The spaces that separate the formulas of a list.
+const SEPARATORS: &[&str] = &["\\qquad", "\\quad"];
+
+/// `tex` cut into formulas at each top-level separator (dropped: the page spaces them) and each
+/// formula into pieces before each top-level relation; no piece is empty.
+fn display_pieces(tex: &str) -> Vec<Vec<&str>> {
+    if tex.contains("\\begin") {
+        return vec![vec![tex]];
+    }
+    let (mut equations, mut pieces) = (Vec::new(), Vec::new());
+    let (mut depth, mut start, mut i) = (0i32, 0, 0);
+    let bytes = tex.as_bytes();
+    // A command name ends at the first byte that is not a letter (`\left(` is `\left`).
+    let command_at = |i: usize, name: &str| {
+        tex[i..].starts_with(name)
+            && (!name.starts_with('\\') || !bytes.get(i + name.len()).is_some_and(u8::is_ascii_alphabetic))
+    };
+    fn cut<'a>(pieces: &mut Vec<&'a str>, piece: &'a str) {
+        if !piece.trim().is_empty() {
+            pieces.push(piece.trim());
+        }
+    }
+    while i < tex.len() {
+        let c = bytes[i];
+        if c == b'\\' && command_at(i, "\\left") {
+            depth += 1;
+        } else if c == b'\\' && command_at(i, "\\right") {
+            depth -= 1;
+        } else if c == b'{' {
+            depth += 1;
+        } else if c == b'}' {
+            depth -= 1;
+        } else if depth == 0 {
+            if let Some(sep) = SEPARATORS.iter().find(|s| command_at(i, s)) {
+                cut(&mut pieces, &tex[start..i]);
+                if !pieces.is_empty() {
+                    equations.push(std::mem::take(&mut pieces));
+                }
+                i += sep.len();
+                start = i;
+                continue;
+            }
+            // `\not=` is one relation, which breaks before its `\not` only.
+            let negated = tex[..i].trim_end().ends_with("\\not");
+            if let Some(rel) = RELATIONS.iter().find(|r| !negated && command_at(i, r)) {
+                cut(&mut pieces, &tex[start..i]);
+                start = i;
+                i += rel.len();
+                continue;
+            }
+        }
+        // A backslash escapes the next byte (`\{` opens no group); TeX is ASCII where it matters.
+        i += if c == b'\\' { 2 } else { 1 };
+        while !tex.is_char_boundary(i.min(tex.len())) {
+            i += 1;
+        }
+    }
+    cut(&mut pieces, &tex[start..]);
+    if !pieces.is_empty() {
+        equations.push(pieces);
+    }
+    equations
+}
+
+/// The opening tag of a box that scrolls sideways when its content is wider than the column (a
+/// table): a named region that takes the keyboard focus, so that a learner without a mouse can
+/// scroll it with the arrow keys; the stylesheet gives it shadows at the edges that hide more.
+pub(crate) fn scroll_box(name: &str) -> String {
+    format!("<div class=\"scroll\" tabindex=\"0\" role=\"region\" aria-label=\"{}\">", escape(name))
+}
+
 /// A file-name and anchor-safe form of a label (`Worked example 1` → `worked-example-1`).
 pub(crate) fn slug(s: &str) -> String {
     let mut out: String =
@@ -68,9 +163,7 @@ pub(crate) fn fragment(s: &str) -> String {
     let mut html = String::new();
     let events = Parser::new_ext(s, markdown_options()).map(|e| match e {
         Event::InlineMath(tex) => Event::InlineHtml(mathml(&tex, false).into()),
-        Event::DisplayMath(tex) => {
-            Event::InlineHtml(format!("<span class=\"display-math\">{}</span>", mathml(&tex, true)).into())
-        }
+        Event::DisplayMath(tex) => Event::InlineHtml(display_math(&tex).into()),
         other => other,
     });
     pulldown_cmark::html::push_html(&mut html, events);
@@ -83,3 +176,6 @@ pub(crate) fn json_script(attr: &str, value: &serde_json::Value) -> String {
     let json = value.to_string().replace('<', "\\u003c");
     format!("<script type=\"application/json\" {attr}>{json}</script>\n")
 }
+
+#[cfg(test)]
+mod tests;

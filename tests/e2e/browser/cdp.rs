@@ -81,6 +81,7 @@ pub const ARROW_RIGHT: Key = Key { key: "ArrowRight", code: "ArrowRight", key_co
 pub const ARROW_DOWN: Key = Key { key: "ArrowDown", code: "ArrowDown", key_code: 40, text: "" };
 pub const ENTER: Key = Key { key: "Enter", code: "Enter", key_code: 13, text: "\r" };
 pub const SPACE: Key = Key { key: " ", code: "Space", key_code: 32, text: " " };
+pub const TAB: Key = Key { key: "Tab", code: "Tab", key_code: 9, text: "" };
 
 /// The protocol's modifier bit for Shift.
 pub const SHIFT: u32 = 8;
@@ -340,10 +341,15 @@ impl Browser {
     /// document's top left) to `path`.
     pub fn capture(&mut self, path: &Path, [x, y, width, height]: [f64; 4]) {
         let clip = json!({ "x": x, "y": y, "width": width, "height": height, "scale": 1 });
+        // A capture beyond the viewport lays the page out at its full height for a moment and can
+        // leave the scroll position off afterwards (on a phone, by whole screens, which a later
+        // touch then snaps back): put it back where it was.
+        let scrolled = self.eval("[scrollX, scrollY]");
         let shot = self.call(
             "Page.captureScreenshot",
             json!({ "format": "png", "captureBeyondViewport": true, "clip": clip }),
         );
+        self.eval(&format!("scrollTo({}, {}); true", scrolled[0], scrolled[1]));
         let png = base64_decode(shot["data"].as_str().expect("screenshot data"));
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).expect("screenshot dir");

@@ -39,7 +39,7 @@ fn assert_no_sideways_scroll(b: &mut Browser, what: &str) {
 
 /// Opens every `<details>`, shows every quiz's answer and picks every matrix row (through the
 /// page's own controls, by script, so the widest state of the page is measured).
-const OPEN_EVERYTHING: &str = "(() => {
+pub const OPEN_EVERYTHING: &str = "(() => {
     document.querySelectorAll('details').forEach((d) => { d.open = true; });
     document.querySelectorAll('[data-qkv-show], [data-qkv-hint], [data-qkv-row]').forEach((b) => b.click());
     return true;

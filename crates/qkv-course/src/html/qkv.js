@@ -311,7 +311,7 @@
     controls.appendChild(this.show);
     root.insertBefore(controls, this.hintText || this.answer);
 
-    this.feedback = el("p", { "data-qkv-feedback": "", role: "status", "aria-live": "polite" });
+    this.feedback = el("p", { "data-qkv-feedback": "", role: "status", "aria-live": "polite", tabindex: "-1" });
     root.insertBefore(this.feedback, this.answer);
   };
 
@@ -370,6 +370,14 @@
     if (outcome) this.feedback.setAttribute("data-qkv-outcome", outcome);
     else this.feedback.removeAttribute("data-qkv-outcome");
     this.feedback.innerHTML = html;
+    // An outcome follows the learner's answer. The control just used may now be disabled (a
+    // chosen option, a right number) or hidden ("Show answer"), which drops the focus to <body>:
+    // it goes to the message instead, so the learner stays in the quiz.
+    var active = document.activeElement;
+    var lost = !active || active === document.body;
+    if (outcome && (lost || (this.root.contains(active) && (active.disabled || active.closest("[hidden]"))))) {
+      this.feedback.focus({ preventScroll: true });
+    }
   };
 
   Quiz.prototype.showAnswer = function () {
@@ -673,6 +681,8 @@
       root.setAttribute("data-qkv-query", q[0] + "," + q[1]);
       handle.setAttribute("transform", "translate(" + p[0].toFixed(1) + " " + p[1].toFixed(1) + ")");
       placeQueryLabel(p);
+      // One slider for the plane: its value is q's x (Left and Right), its text both coordinates.
+      handle.setAttribute("aria-valuenow", String(q[0]));
       handle.setAttribute("aria-valuetext", "q = (" + fixed(q[0], 2) + ", " + fixed(q[1], 2) + ")");
       if (arrow) {
         arrow.setAttribute("x2", p[0].toFixed(1));
@@ -713,6 +723,28 @@
           goalText.textContent = met ? "Done: “" + data.goal.largest + "” now has the largest weight." : goalWritten;
         }
       }
+      announceSoon();
+    }
+
+    /* What the readouts and the goal show, said through the polite live region once the query
+     * has rested for a moment: a drag or a held arrow key would otherwise queue a sentence per
+     * step. The text is read back from the readouts, so it says exactly what the page shows. */
+    var announce = root.querySelector("[data-qkv-announce]");
+    var announceTimer = null;
+    function announceSoon() {
+      if (!announce) return;
+      clearTimeout(announceTimer);
+      announceTimer = setTimeout(function () {
+        var said = [handle.getAttribute("aria-valuetext") + "."];
+        said.push("Weights: " + parts.map(function (part, j) {
+          return data.labels[j] + " " + (part.weight ? part.weight.textContent : "");
+        }).join(", ") + ".");
+        said.push("Output: " + Array.prototype.map.call(outputs, function (n) {
+          return n.textContent;
+        }).join(", ") + ".");
+        if (goalText) said.push(goalText.textContent);
+        announce.textContent = said.join(" ");
+      }, 600);
     }
 
     function clamp(x) {

@@ -17,7 +17,7 @@ use crate::error::Problem;
 use crate::eval::{AttentionInputs, AttentionResult, Computed};
 use crate::examples::{Field, Goal, PageDecl, WidgetDecl, WidgetKind};
 use crate::format::{fixed, relation, shown, sum_relation};
-use crate::markup::{escape, fragment, inline_markdown, json_script};
+use crate::markup::{escape, fragment, inline_markdown, json_script, scroll_box};
 
 pub(super) const KIND: Kind = Kind { name: "widget", usage: "`widget ID`", options: &[], generate };
 
@@ -263,7 +263,8 @@ impl<'i> Drag<'i> {
         out.push_str("</div>\n");
         let _ =
             writeln!(out, "<p class=\"start\" data-qkv-start>{}</p>", inline_markdown(&self.start_text()));
-        out.push_str("<div class=\"scroll\"><table class=\"readouts\">\n<thead><tr><th>key</th>");
+        out.push_str(&scroll_box("Readouts"));
+        out.push_str("<table class=\"readouts\">\n<thead><tr><th>key</th>");
         for head in ["$q \\cdot k$", "score $s$", "weight $a$"] {
             let _ = write!(out, "<th>{}</th>", inline_markdown(head));
         }
@@ -301,6 +302,8 @@ impl<'i> Drag<'i> {
                 escape(&goal)
             );
         }
+        // The script says here, once the learner pauses, what the readouts and the goal now show.
+        out.push_str("<p class=\"offscreen\" data-qkv-announce aria-live=\"polite\"></p>\n");
         out.push_str(
             "<p class=\"actions\"><button type=\"button\" data-qkv-reset hidden>Reset</button></p>\n</div>\n",
         );
@@ -312,7 +315,7 @@ impl<'i> Drag<'i> {
     fn svg(&self, id: &str) -> String {
         let e = self.extent;
         let mut out = format!(
-            "<svg data-qkv-plane viewBox=\"0 0 {PLANE} {PLANE}\" role=\"img\" aria-label=\"The keys and the query q in the plane\">\n<defs><marker id=\"head-{0}\" viewBox=\"0 0 10 10\" refX=\"9\" refY=\"5\" markerWidth=\"7\" markerHeight=\"7\" orient=\"auto-start-reverse\"><path d=\"M0,0 L10,5 L0,10 z\"/></marker></defs>\n",
+            "<svg data-qkv-plane viewBox=\"0 0 {PLANE} {PLANE}\" role=\"group\" aria-label=\"The keys and the query q in the plane\">\n<defs><marker id=\"head-{0}\" viewBox=\"0 0 10 10\" refX=\"9\" refY=\"5\" markerWidth=\"7\" markerHeight=\"7\" orient=\"auto-start-reverse\"><path d=\"M0,0 L10,5 L0,10 z\"/></marker></defs>\n",
             escape(id)
         );
         // At most about two dozen lines each way, whatever the plane's extent.
@@ -336,7 +339,7 @@ impl<'i> Drag<'i> {
                 let (sx, sy) = self.at(-e, v);
                 let _ = writeln!(
                     out,
-                    "<text class=\"tick\" x=\"{tx:.1}\" y=\"{:.1}\">{v}</text><text class=\"tick\" x=\"{:.1}\" y=\"{:.1}\">{v}</text>",
+                    "<text class=\"tick\" aria-hidden=\"true\" x=\"{tx:.1}\" y=\"{:.1}\">{v}</text><text class=\"tick\" aria-hidden=\"true\" x=\"{:.1}\" y=\"{:.1}\">{v}</text>",
                     ty + 18.0,
                     sx - 12.0,
                     sy + 4.0
@@ -382,7 +385,7 @@ impl<'i> Drag<'i> {
             };
             let _ = writeln!(
                 labels,
-                "<text class=\"label key-label\" x=\"{lx:.1}\" y=\"{ly:.1}\" text-anchor=\"{anchor}\">k<tspan class=\"sub\" dy=\"4\">{}</tspan></text>",
+                "<text class=\"label key-label\" aria-hidden=\"true\" x=\"{lx:.1}\" y=\"{ly:.1}\" text-anchor=\"{anchor}\">k<tspan class=\"sub\" dy=\"4\">{}</tspan></text>",
                 escape(label)
             );
         }
@@ -392,7 +395,10 @@ impl<'i> Drag<'i> {
         );
         let _ = writeln!(
             out,
-            "<g class=\"handle\" data-qkv-handle tabindex=\"0\" role=\"slider\" aria-label=\"The query q: drag it, or use the arrow keys (Shift for larger steps)\" aria-valuetext=\"q = {}\" transform=\"translate({qx:.1} {qy:.1})\"><circle class=\"hit\" r=\"22\"/><circle class=\"knob\" r=\"9\"/><text class=\"label\" data-qkv-query-label x=\"13\" y=\"20\">q</text></g>",
+            "<g class=\"handle\" data-qkv-handle tabindex=\"0\" role=\"slider\" aria-label=\"The query q: drag it, or use the arrow keys (Shift for larger steps)\" aria-valuemin=\"{}\" aria-valuemax=\"{}\" aria-valuenow=\"{}\" aria-valuetext=\"q = {}\" transform=\"translate({qx:.1} {qy:.1})\"><circle class=\"hit\" r=\"22\"/><circle class=\"knob\" r=\"9\"/><text class=\"label\" data-qkv-query-label x=\"13\" y=\"20\">q</text></g>",
+            js_number(-e),
+            js_number(e),
+            js_number(self.trace.query[0]),
             vector(&self.trace.query)
         );
         out.push_str(&labels);
@@ -505,9 +511,10 @@ fn matrix(
     }
 
     let mut html = format!(
-        "<div class=\"widget matrix\" data-qkv-widget=\"attention-matrix\" id=\"widget-{}\">\n<p class=\"prompt\"><strong>Try it.</strong> {}</p>\n<div class=\"scroll\"><table class=\"heatmap\">\n<thead><tr><th scope=\"col\" class=\"corner\">query ↓ · key →</th>",
+        "<div class=\"widget matrix\" data-qkv-widget=\"attention-matrix\" id=\"widget-{}\">\n<p class=\"prompt\"><strong>Try it.</strong> {}</p>\n{}<table class=\"heatmap\">\n<thead><tr><th scope=\"col\" class=\"corner\">query ↓ · key →</th>",
         escape(id),
-        inline_markdown(prompt)
+        inline_markdown(prompt),
+        scroll_box("Attention weights")
     );
     for c in &cols {
         let _ = write!(html, "<th scope=\"col\">{}</th>", escape(c));

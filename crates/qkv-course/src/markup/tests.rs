@@ -1,0 +1,34 @@
+use super::*;
+
+/// Each formula of `tex`, its pieces joined by `|`.
+fn check(tex: &str, expected: &[&str]) {
+    let got: Vec<String> = display_pieces(tex).iter().map(|pieces| pieces.join(" | ")).collect();
+    assert_eq!(got, expected, "{tex}");
+}
+
+#[test]
+fn display_math_breaks_between_formulas_and_before_relations() {
+    check(
+        "s_i = \\frac{q \\cdot k_i}{\\sqrt{d_k}}, \\qquad a_i \\approx 0.7 \\quad o \\leq 1",
+        &["s_i | = \\frac{q \\cdot k_i}{\\sqrt{d_k}},", "a_i | \\approx 0.7", "o | \\leq 1"],
+    );
+    // Nothing inside braces or \left … \right, no command that merely begins like a relation.
+    check("f(x) = \\left( a = b \\right) + {c = d}", &["f(x) | = \\left( a = b \\right) + {c = d}"]);
+    check("a \\not= b", &["a | \\not= b"]);
+    check("\\left\\{ x \\right\\} \\ne y \\leftarrow z", &["\\left\\{ x \\right\\} | \\ne y \\leftarrow z"]);
+    // An environment aligns its own rows; a formula with no relation is one piece.
+    check(
+        "\\begin{aligned} a &= b \\\\ c &= d \\end{aligned}",
+        &["\\begin{aligned} a &= b \\\\ c &= d \\end{aligned}"],
+    );
+    check("\\sum_i a_i v_i", &["\\sum_i a_i v_i"]);
+}
+
+#[test]
+fn a_display_formula_is_one_math_element_per_piece() {
+    let html = display_math("a = b, \\qquad c");
+    assert!(html.starts_with("<span class=\"display-math\"><span class=\"equation\"><math"), "{html}");
+    assert_eq!(html.matches("<span class=\"equation\">").count(), 2, "{html}");
+    assert_eq!(html.matches("<math").count(), 3, "{html}");
+    assert!(!html.contains("qquad"), "{html}");
+}
