@@ -316,11 +316,19 @@ struct ValueTile<'a, T, E> {
     o_stride: usize,
 }
 
-impl<T: Real, E: Element> ValueTile<'_, T, E> {
-    /// Every value column of `MR` rows: groups of `NC` vectors, then the rest one at a time.
+/// A register tile over the vectors of a value-like row (`P·V` and `Pᵀ·X` alike): `run` computes
+/// the `MR × NC` block at vector `c`, and `columns` walks every vector with it.
+trait VectorTile<T: Real, E: Element>: Copy {
+    /// Vectors in each output row.
+    fn vectors(&self) -> usize;
+
+    /// One `MR × NC` tile from vector `c` into `o`.
+    fn run<S: Load<T, E>, const MR: usize, const NC: usize>(self, simd: S, c: usize, o: &mut [T]);
+
+    /// Every column of `MR` rows: groups of `NC` vectors, then the rest one at a time.
     #[inline(always)]
     fn columns<S: Load<T, E>, const MR: usize, const NC: usize>(self, simd: S, o: &mut [T]) {
-        let vectors = self.values.vectors;
+        let vectors = self.vectors();
         let whole = vectors / NC * NC;
         for c in (0..whole).step_by(NC) {
             self.run::<S, MR, NC>(simd, c, o);
@@ -328,6 +336,13 @@ impl<T: Real, E: Element> ValueTile<'_, T, E> {
         for c in whole..vectors {
             self.run::<S, MR, 1>(simd, c, o);
         }
+    }
+}
+
+impl<T: Real, E: Element> VectorTile<T, E> for ValueTile<'_, T, E> {
+    #[inline(always)]
+    fn vectors(&self) -> usize {
+        self.values.vectors
     }
 
     /// One `MR × NC` tile from value vector `c`: `O·α` is loaded into the accumulators, every key
@@ -400,18 +415,10 @@ struct TransposedTile<'a, T, E> {
     o_stride: usize,
 }
 
-impl<T: Real, E: Element> TransposedTile<'_, T, E> {
-    /// Every column of `MR` output rows: groups of `NC` vectors, then the rest one at a time.
+impl<T: Real, E: Element> VectorTile<T, E> for TransposedTile<'_, T, E> {
     #[inline(always)]
-    fn columns<S: Load<T, E>, const MR: usize, const NC: usize>(self, simd: S, o: &mut [T]) {
-        let vectors = self.values.vectors;
-        let whole = vectors / NC * NC;
-        for c in (0..whole).step_by(NC) {
-            self.run::<S, MR, NC>(simd, c, o);
-        }
-        for c in whole..vectors {
-            self.run::<S, MR, 1>(simd, c, o);
-        }
+    fn vectors(&self) -> usize {
+        self.values.vectors
     }
 
     /// One `MR × NC` tile from vector `c`: loaded once, every weight row adds `P[r, j] · X_r` to
