@@ -110,21 +110,10 @@ pub fn attention_backward<T: Real>(
     d_output: ArrayView2<T>,
     options: &AttentionOptions<T>,
 ) -> Result<Gradients<T>, AttentionError> {
+    // The shapes are checked before the gradients are allocated.
     let shape = Shape::of_dims(q.shape(), k.shape(), v.shape())?;
     let mut gradients = Gradients::zeros(&q, &k, &v, shape.n_keys, options.has_bias());
-    let into = gradients.view_mut();
-    backward(
-        &shape,
-        None,
-        q,
-        k,
-        v,
-        forward.output.view(),
-        forward.logsumexp.view(),
-        d_output,
-        options,
-        into,
-    )?;
+    attention_backward_into(q, k, v, forward, d_output, options, gradients.view_mut())?;
     Ok(gradients)
 }
 

@@ -374,11 +374,24 @@ impl<T: Real, E: Element> VectorTile<T, E> for ValueTile<'_, T, E> {
                 }
             }
         }
-        for (r, acc) in acc.iter().enumerate() {
-            let o_row = &mut o[r * o_stride + column..][..NC * lanes];
-            for (k, &x) in acc.iter().enumerate() {
-                simd.store(x, &mut o_row[k * lanes..]);
-            }
+        store_tile(simd, &acc, o, o_stride, column);
+    }
+}
+
+/// Stores an `MR × NC` block of accumulators into rows `o_stride` apart of `o`, from `column`.
+#[inline(always)]
+fn store_tile<T: Real, E: Element, S: Load<T, E>, const MR: usize, const NC: usize>(
+    simd: S,
+    acc: &[[S::V; NC]; MR],
+    o: &mut [T],
+    o_stride: usize,
+    column: usize,
+) {
+    let lanes = S::LANES;
+    for (r, acc) in acc.iter().enumerate() {
+        let o_row = &mut o[r * o_stride + column..][..NC * lanes];
+        for (k, &x) in acc.iter().enumerate() {
+            simd.store(x, &mut o_row[k * lanes..]);
         }
     }
 }
@@ -448,12 +461,7 @@ impl<T: Real, E: Element> VectorTile<T, E> for TransposedTile<'_, T, E> {
                 }
             }
         }
-        for (j, acc) in acc.iter().enumerate() {
-            let o_row = &mut o[j * o_stride + column..][..NC * lanes];
-            for (k, &x) in acc.iter().enumerate() {
-                simd.store(x, &mut o_row[k * lanes..]);
-            }
-        }
+        store_tile(simd, &acc, o, o_stride, column);
     }
 }
 
