@@ -29,8 +29,18 @@ use cdp::{Browser, Viewport};
 use crate::content::{content_dir, copy_dir};
 use crate::support::xtask;
 
-/// The pages `cargo xtask build-content` writes, each with at least one test that opens it.
-pub const PAGES: [&str; 3] = ["index.html", "attention.html", "causal-masking.html"];
+/// The pages `cargo xtask build-content` writes: the index and one per `content/NN-NAME.md`
+/// (`NAME.html`), in course order. The page-wide tests (layout, accessibility) open every one.
+pub fn pages() -> Vec<String> {
+    let mut sections: Vec<String> = std::fs::read_dir(content_dir())
+        .expect("content/")
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|name| name.ends_with(".md") && name.as_bytes().first().is_some_and(u8::is_ascii_digit))
+        .collect();
+    sections.sort();
+    let named = sections.iter().map(|name| format!("{}.html", qkv_course::section_id(name)));
+    std::iter::once("index.html".to_string()).chain(named).collect()
+}
 
 /// Debian's chromium, or `None` (after saying so once) when it is not installed and `CI` is not
 /// set. With `CI` set, a missing browser fails the test.

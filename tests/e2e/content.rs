@@ -278,29 +278,42 @@ fn the_workspace_is_found_at_run_time() {
     assert!(stderr.contains("expected 4.01, found 4.41"), "{stderr}");
 }
 
-/// Runs a notebook in a Jupyter kernel (nbclient) and returns what its code cells printed.
-const RUN_NOTEBOOK: &str = r#"
-import sys, nbformat
+/// Runs each notebook named on the command line in a Jupyter kernel (nbclient) and prints what
+/// its code cells printed, each notebook's printout after a line `\x1eNAME` (a record separator,
+/// which no printout holds).
+const RUN_NOTEBOOKS: &str = r#"
+import os, sys, nbformat
 from nbclient import NotebookClient
-nb = nbformat.read(sys.argv[1], as_version=4)
-NotebookClient(nb, timeout=120, kernel_name="python3").execute()
-for cell in nb.cells:
-    for out in cell.get("outputs", []):
-        if out.get("output_type") == "stream":
-            sys.stdout.write(out["text"])
+for path in sys.argv[1:]:
+    nb = nbformat.read(path, as_version=4)
+    NotebookClient(nb, timeout=120, kernel_name="python3").execute()
+    sys.stdout.write("\x1e" + os.path.basename(path) + "\n")
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "stream":
+                sys.stdout.write(out["text"])
 "#;
 
-/// The text of the `<pre><code class="language-text">` block that follows `after` on a page.
-fn printout_after<'p>(page: &'p str, after: &str) -> &'p str {
-    let rest = &page[page.find(after).expect("the marker text")..];
-    let start = rest.find("<code class=\"language-text\">").expect("a printout")
-        + "<code class=\"language-text\">".len();
-    &rest[start..start + rest[start..].find("</code>").expect("closed")]
+/// The text of every `<pre><code class="language-text">` block that follows an "It prints:" on a
+/// page: the printouts of its labs, as the page shows them.
+fn printouts(page: &str) -> Vec<String> {
+    const OPEN: &str = "<code class=\"language-text\">";
+    page.split("It prints:")
+        .skip(1)
+        .map(|rest| {
+            let start = rest.find(OPEN).expect("a printout") + OPEN.len();
+            let text = &rest[start..start + rest[start..].find("</code>").expect("closed")];
+            text.replace("&lt;", "<").replace("&gt;", ">").replace("&quot;", "\"").replace("&amp;", "&")
+        })
+        .collect()
 }
 
+/// Every lab of the course, run as the learner runs it: each notebook the build writes executes
+/// in a Jupyter kernel and prints exactly what one of the pages says it prints, and every lab a
+/// page shows has its notebook.
 #[test]
-fn the_notebook_runs_in_jupyter_and_prints_what_the_page_shows() {
-    let test = "the_notebook_runs_in_jupyter_and_prints_what_the_page_shows";
+fn every_notebook_runs_in_jupyter_and_prints_what_its_page_shows() {
+    let test = "every_notebook_runs_in_jupyter_and_prints_what_its_page_shows";
     if !python_modules_available(test, &["numpy", "nbclient", "ipykernel"]) {
         return;
     }
@@ -308,15 +321,32 @@ fn the_notebook_runs_in_jupyter_and_prints_what_the_page_shows() {
     let out = dir.path().join("site");
     let build = xtask(&["build-content", "--content", arg(&dir.path().join("content")), "--out", arg(&out)]);
     assert_eq!(build.status, 0, "{}", build.stderr);
-    let notebook = out.join("notebooks/attention-sentence-love.ipynb");
+    let mut notebooks: Vec<PathBuf> = fs::read_dir(out.join("notebooks"))
+        .expect("notebooks")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "ipynb"))
+        .collect();
+    notebooks.sort();
+    let mut shown: Vec<String> = Vec::new();
+    for entry in fs::read_dir(&out).expect("site") {
+        let path = entry.expect("entry").path();
+        if path.extension().is_some_and(|x| x == "html") {
+            shown.extend(printouts(&fs::read_to_string(&path).expect("page")));
+        }
+    }
+    assert_eq!(notebooks.len(), shown.len(), "one notebook per lab on the pages");
     let run =
-        Command::new("python3").args(["-c", RUN_NOTEBOOK, arg(&notebook)]).output().expect("python3 runs");
-    assert!(run.status.success(), "the notebook failed: {}", String::from_utf8_lossy(&run.stderr));
+        Command::new("python3").arg("-c").arg(RUN_NOTEBOOKS).args(&notebooks).output().expect("python3 runs");
+    assert!(run.status.success(), "a notebook failed: {}", String::from_utf8_lossy(&run.stderr));
     let printed = String::from_utf8(run.stdout).expect("utf-8");
-    let page = fs::read_to_string(out.join("attention.html")).expect("page");
-    assert_eq!(printed, printout_after(&page, "It prints:"), "the kernel's printout against the page's");
+    for one in printed.split('\u{1e}').skip(1) {
+        let (name, text) = one.split_once('\n').expect("a name line");
+        assert!(shown.iter().any(|s| s == text), "{name} printed\n{text}\nwhich no page shows: {shown:#?}");
+    }
+    assert_eq!(printed.matches('\u{1e}').count(), notebooks.len(), "{printed}");
     // The full value and the number as the prose rounds it, side by side, as on the page.
     assert!(printed.contains("output:  4.4067 (the lesson rounds it to 4.41)"), "{printed}");
+    let page = fs::read_to_string(out.join("attention.html")).expect("page");
     assert!(page.contains(">4.41</span>") && page.contains(">4.4067</span>"), "the prose cites both");
 }
 

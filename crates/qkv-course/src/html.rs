@@ -10,8 +10,23 @@ use crate::files::{OutputFile, SourceFile, section_id};
 use crate::markup::{display_math, escape, markdown_options, mathml, scroll_box, slug};
 
 const STYLE: &str = include_str!("html/style.css");
-/// The page script: hand-written, no framework, no build step, no network.
-const SCRIPT: &str = include_str!("html/qkv.js");
+/// The page script's source files, in the order they are joined: `core.js` opens the one
+/// function scope and holds the shared helpers, `init.js` closes it; each file between is one
+/// feature or one widget kind (see `js/core.js`).
+const SCRIPT_PARTS: &[&str] = &[
+    include_str!("html/js/core.js"),
+    include_str!("html/js/quiz.js"),
+    include_str!("html/js/progress.js"),
+    include_str!("html/js/drag.js"),
+    include_str!("html/js/matrix.js"),
+    include_str!("html/js/lab.js"),
+    include_str!("html/js/init.js"),
+];
+
+/// The page script, `qkv.js`: hand-written, no framework, no network, one classic script.
+fn script() -> String {
+    SCRIPT_PARTS.concat()
+}
 
 /// Every file of the site except the figures: pages, index, stylesheet, notebooks, markdown.
 /// `region_html[i][r]` is the page's HTML for region `r` of file `i`, where it has its own.
@@ -47,7 +62,7 @@ pub(crate) fn site(
     index.push_str("</ol>\n");
     out.push(OutputFile { name: "index.html".into(), text: page(&sections, None, "Contents", &index, "") });
     out.push(OutputFile { name: "style.css".into(), text: STYLE.to_string() });
-    out.push(OutputFile { name: "qkv.js".into(), text: SCRIPT.to_string() });
+    out.push(OutputFile { name: "qkv.js".into(), text: script() });
     out.extend(notebooks);
     out
 }

@@ -17,7 +17,7 @@ use serde_json::Value;
 use super::cdp::{ARROW_RIGHT, Browser, DESKTOP, ENTER, PHONE, SHIFT, SPACE, TAB, Viewport};
 use super::dom::{js, the};
 use super::quiz::{CHOICE, NUMERIC, root};
-use super::{PAGES, launch, screenshot_path};
+use super::{launch, pages, screenshot_path};
 
 /// `axe.min.js`, or `None` (after saying so once) when `.ci/run` has not installed it and `CI`
 /// is not set. With `CI` set, a missing axe-core fails the test.
@@ -90,7 +90,7 @@ fn axe_every_page_at(viewport: Viewport) {
     let mut failures = Vec::new();
     for scheme in ["light", "dark"] {
         set_scheme(&mut b, scheme);
-        for page in PAGES {
+        for page in &pages() {
             b.open(page);
             super::quiz::fresh(&mut b);
             let what = format!("{page} at {} px, {scheme}", viewport.width);
@@ -190,7 +190,7 @@ fn answering_by_keyboard_keeps_the_focus_in_the_quiz() {
 #[test]
 fn a_skip_link_is_the_first_tab_stop_and_moves_the_focus_to_the_main_content() {
     let Some(mut b) = launch(DESKTOP) else { return };
-    for page in PAGES {
+    for page in &pages() {
         b.open(page);
         b.press(TAB, 0);
         let link = b.eval(
@@ -312,7 +312,7 @@ const TOO_WIDE: &str = "(() => {
 #[test]
 fn at_360_px_nothing_is_wider_than_the_column_outside_a_focusable_scroll_box() {
     let Some(mut b) = launch(PHONE) else { return };
-    for page in PAGES {
+    for page in &pages() {
         b.open(page);
         b.eval(super::layout::OPEN_EVERYTHING);
         let problems = b.eval(TOO_WIDE);

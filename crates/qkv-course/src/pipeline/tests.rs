@@ -1,30 +1,47 @@
 use super::*;
 use crate::stale_report;
 
+/// The two files the tests edit: the lesson and causal masking.
 const ATTENTION: &str = include_str!("../../../../content/01-attention.md");
 const MASKING: &str = include_str!("../../../../content/02-causal-masking.md");
+
+/// The committed course's folder.
+fn content_dir() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../content")
+}
+
+/// The committed course: every `content/NN-NAME.md`, in order, read when the test runs (so a
+/// new chapter needs nothing here).
+fn committed() -> Vec<SourceFile> {
+    let mut names: Vec<String> = std::fs::read_dir(content_dir())
+        .expect("content/")
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.ends_with(".md") && n.as_bytes().first().is_some_and(u8::is_ascii_digit))
+        .collect();
+    names.sort();
+    names
+        .into_iter()
+        .map(|n| SourceFile {
+            text: std::fs::read_to_string(content_dir().join(&n)).expect("lesson file"),
+            path: format!("content/{n}"),
+        })
+        .collect()
+}
 
 fn lesson() -> Sources {
     lesson_with(ATTENTION, MASKING)
 }
 
+/// The committed course with its first two files (the lesson and causal masking) replaced.
 fn lesson_with(attention: &str, masking: &str) -> Sources {
-    let markdown = vec![
-        SourceFile { path: "content/01-attention.md".into(), text: attention.into() },
-        SourceFile { path: "content/02-causal-masking.md".into(), text: masking.into() },
-    ];
-    // Every figure file is taken as present: these tests are about the markdown.
-    let figures = [
-        "scaling-variance",
-        "scaling-saturation",
-        "love-query",
-        "love-sweep",
-        "sentence-heatmap",
-        "masked-heatmap",
-    ]
-    .iter()
-    .flat_map(|id| [format!("figures/{id}.svg"), format!("figures/{id}.png")])
-    .collect();
+    let mut markdown = committed();
+    markdown[0].text = attention.into();
+    markdown[1].text = masking.into();
+    // Every committed figure file is taken as present: these tests are about the markdown.
+    let figures = std::fs::read_dir(content_dir().join("figures"))
+        .expect("content/figures/")
+        .filter_map(|e| Some(format!("figures/{}", e.ok()?.file_name().into_string().ok()?)))
+        .collect();
     Sources { markdown, figures }
 }
 
