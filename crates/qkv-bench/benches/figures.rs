@@ -1,7 +1,8 @@
 //! Renders every figure of the lesson (SVG and PNG) to time the whole set:
-//! `cargo bench -p qkv-plot`. The target is under 0.5 s for `all_lesson_figures`.
+//! `cargo bench -p qkv-bench --bench figures`. The target is under 0.5 s for `all_lesson_figures`.
 
-#[path = "../fixtures/lesson.rs"]
+// qkv-plot's own fixtures: the figures its snapshot tests draw.
+#[path = "../../qkv-plot/fixtures/lesson.rs"]
 mod lesson;
 
 use divan::{Bencher, black_box};
