@@ -7,7 +7,8 @@ use std::f64::consts::PI;
 use std::fmt::Write;
 
 use qkv_plot::{
-    Heatmap, LineChart, QueryDiagram, Scale, ScoreCurves, SecondaryAxis, Series, Size, Vector2, VerticalMarker,
+    Heatmap, LineChart, QueryDiagram, Scale, ScoreCurves, SecondaryAxis, Series, Size, Vector2,
+    VerticalMarker,
 };
 use sha2::{Digest, Sha256};
 

@@ -213,7 +213,10 @@ impl Lesson {
 
     /// The section `id`.
     pub fn section(&self, id: &str) -> &Section {
-        self.sections.iter().find(|s| s.id == id).unwrap_or_else(|| panic!("the lesson has no section `{id}`"))
+        self.sections
+            .iter()
+            .find(|s| s.id == id)
+            .unwrap_or_else(|| panic!("the lesson has no section `{id}`"))
     }
 
     /// The attention example `id` of `section`.

@@ -32,7 +32,10 @@ fn stepper() -> Stepper {
     let lesson::Widget { root, page, digits, block, .. } = lesson().widget("tile-stepper");
     let section = lesson().section(page.trim_end_matches(".html"));
     let field = |t: &toml::Table, name: &str| -> String {
-        t.get(name).and_then(toml::Value::as_str).unwrap_or_else(|| panic!("no `{name}` in {t:?}")).to_string()
+        t.get(name)
+            .and_then(toml::Value::as_str)
+            .unwrap_or_else(|| panic!("no `{name}` in {t:?}"))
+            .to_string()
     };
     let tiled = section.block("tiled", &field(block, "example"));
     let (example, token) = (field(tiled, "example"), field(tiled, "query"));
@@ -88,8 +91,9 @@ fn expected(s: &Stepper) -> Vec<Expected> {
             *a = rescale * *a + tile.clone().zip(&exps).map(|(j, e)| e * s.values[j][c]).sum::<f64>();
         }
         let own: f64 = scores.iter().map(|x| (x - max).exp()).sum();
-        let own_output =
-            (0..d_v).map(|c| tile.clone().zip(&scores).map(|(j, x)| (x - max).exp() * s.values[j][c]).sum::<f64>() / own);
+        let own_output = (0..d_v).map(|c| {
+            tile.clone().zip(&scores).map(|(j, x)| (x - max).exp() * s.values[j][c]).sum::<f64>() / own
+        });
         parts.push((own_output.collect(), max + own.ln()));
         m = m_new;
         states.push(Expected::from([
@@ -108,9 +112,10 @@ fn expected(s: &Stepper) -> Vec<Expected> {
     let array = |rows: &[Vec<f64>]| {
         Array2::from_shape_vec((rows.len(), rows[0].len()), rows.concat()).expect("rectangular rows")
     };
-    let (q, k, v) = (array(&[s.query.clone()]), array(&s.keys), array(&s.values));
-    let reference = qkv::reference::attention(q.view(), k.view(), v.view(), &AttentionOptions::new().scale(s.scale))
-        .expect("the reference evaluates");
+    let (q, k, v) = (array(std::slice::from_ref(&s.query)), array(&s.keys), array(&s.values));
+    let reference =
+        qkv::reference::attention(q.view(), k.view(), v.view(), &AttentionOptions::new().scale(s.scale))
+            .expect("the reference evaluates");
     states.push(Expected::from([
         ("m", vec![m]),
         ("l", vec![l]),
@@ -160,7 +165,12 @@ fn read(b: &mut Browser, s: &Stepper) -> Shown {
     Shown {
         step: text(&v["step"]).parse().unwrap_or_else(|_| panic!("data-qkv-step is {}", v["step"])),
         title: text(&v["title"]),
-        readouts: v["readouts"].as_object().into_iter().flatten().map(|(k, v)| (k.clone(), text(v))).collect(),
+        readouts: v["readouts"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(k, v)| (k.clone(), text(v)))
+            .collect(),
         announce: text(&v["announce"]),
     }
 }
@@ -181,9 +191,8 @@ fn mismatches(shown: &Shown, step: usize, expected: &Expected, digits: usize) ->
         let Some(text) = shown.readouts.get(*name) else { continue };
         match numbers(text, digits) {
             Err(e) => out.push(format!("{name}: {e}")),
-            Ok(xs) if xs.len() != reference.len() => {
-                out.push(format!("{name} shows {text:?}, expected {} numbers: {reference:?}", reference.len()))
-            }
+            Ok(xs) if xs.len() != reference.len() => out
+                .push(format!("{name} shows {text:?}, expected {} numbers: {reference:?}", reference.len())),
             Ok(xs) => {
                 for (x, r) in xs.iter().zip(reference) {
                     let same = if r.is_finite() { (x - r).abs() <= half_unit + 1e-12 } else { x == r };
@@ -203,7 +212,11 @@ fn check(b: &mut Browser, s: &Stepper, step: usize, states: &[Expected], how: &s
     let problems = mismatches(&shown, step, &states[step], s.digits);
     assert!(problems.is_empty(), "state {step} after {how} ({:?}):\n{}", shown.title, problems.join("\n"));
     if step > 0 && step < states.len() - 1 {
-        assert!(shown.title.starts_with(&format!("Block {step} of ")), "state {step}'s title: {:?}", shown.title);
+        assert!(
+            shown.title.starts_with(&format!("Block {step} of ")),
+            "state {step}'s title: {:?}",
+            shown.title
+        );
     }
     if let Some(output) = shown.readouts.get("output") {
         assert!(
@@ -228,9 +241,16 @@ fn the_tile_stepper_walks_every_block_with_the_numbers_of_an_online_softmax() {
     b.open(&s.page);
     let announce = format!("{} [data-qkv-announce]", s.root);
     assert_eq!(b.attr(&announce, "aria-live").as_deref(), Some("polite"), "the live region");
-    assert!(!b.visible(&format!("{} [data-qkv-all]", s.root)), "with script, the every-block table still shows beside the stepper");
+    assert!(
+        !b.visible(&format!("{} [data-qkv-all]", s.root)),
+        "with script, the every-block table still shows beside the stepper"
+    );
     check(&mut b, &s, 0, &states, "loading");
-    assert_eq!(b.attr(&button(&s, "prev"), "aria-disabled").as_deref(), Some("true"), "Previous at the start");
+    assert_eq!(
+        b.attr(&button(&s, "prev"), "aria-disabled").as_deref(),
+        Some("true"),
+        "Previous at the start"
+    );
 
     // Forward to the end: the mouse, then Enter and Space on the focused button in turn.
     let next = button(&s, "next");

@@ -639,7 +639,9 @@ impl Reader<'_> {
             ),
             WidgetKind::AttentionMatrix | WidgetKind::TileStepper => {
                 let (widget, shows) = match kind {
-                    WidgetKind::TileStepper => ("a `tile-stepper`", "follows the query of its `qkv tiled` block"),
+                    WidgetKind::TileStepper => {
+                        ("a `tile-stepper`", "follows the query of its `qkv tiled` block")
+                    }
                     _ => ("an `attention-matrix`", "shows every query"),
                 };
                 for name in ["query", "goal"] {

@@ -97,7 +97,12 @@ fn prepare(
         ..p
     })?;
     let drawing = |e: String| {
-        problem(decl_start, format!("figure `{id}` cannot be drawn from `{}`", example.value), format!("id = \"{id}\""), e)
+        problem(
+            decl_start,
+            format!("figure `{id}` cannot be drawn from `{}`", example.value),
+            format!("id = \"{id}\""),
+            e,
+        )
     };
     if fig.kind == FigureKind::TileTrace {
         let (Computed::Tiled(t), true) = (named.computed, named.rest.is_empty()) else {

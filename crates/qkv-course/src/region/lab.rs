@@ -14,8 +14,12 @@ use crate::files::OutputFile;
 use crate::markup::{escape, fragment, json_script};
 use crate::notebook;
 
-pub(super) const KIND: Kind =
-    Kind { name: "lab", usage: "`lab EXAMPLE.TOKEN` or `lab TILED`", options: &["digits", "rounded"], generate };
+pub(super) const KIND: Kind = Kind {
+    name: "lab",
+    usage: "`lab EXAMPLE.TOKEN` or `lab TILED`",
+    options: &["digits", "rounded"],
+    generate,
+};
 
 fn generate(cx: &mut Context<'_, '_>) -> Result<Generated, Problem> {
     let named = cx.named(KIND.usage)?;
@@ -47,6 +51,12 @@ fn generate(cx: &mut Context<'_, '_>) -> Result<Generated, Problem> {
                 format!("The online softmax for the query “{label}”, in NumPy"),
                 "Attention one tile of keys at a time, keeping only a running maximum, a running sum and an accumulator, as FlashAttention does. The numbers come from the lesson's example; run the cell and compare the printout with the lesson.",
             )
+        }
+        Computed::Tiled(_) => {
+            return Err(cx.problem(
+                format!("`{}`: a `qkv tiled` block follows the query it names", cx.args[0]),
+                format!("`lab {}`, the block's id alone", named.key.rsplit('.').next().unwrap_or(&named.key)),
+            ));
         }
         _ => {
             return Err(cx.problem(
@@ -204,7 +214,8 @@ fn tiled_lab(t: &TiledResult, digits: usize) -> Lab {
     let mut code = inputs_code(inputs);
     let _ = writeln!(code, "q = Q[{i}]  # the query of {:?}", inputs.query_labels()[i]);
     let default_scale = (trace.scale - 1.0 / (inputs.queries[i].len() as f64).sqrt()).abs() < 1e-15;
-    let scale = if default_scale { "1 / np.sqrt(K.shape[1])".to_string() } else { format!("{:?}", trace.scale) };
+    let scale =
+        if default_scale { "1 / np.sqrt(K.shape[1])".to_string() } else { format!("{:?}", trace.scale) };
     let _ = writeln!(code, "scale = {scale}");
     let _ = writeln!(code, "block = {}  # keys per tile\n", trace.block);
     code.push_str(&show_code(digits));
@@ -212,7 +223,10 @@ fn tiled_lab(t: &TiledResult, digits: usize) -> Lab {
     let mut extra = String::new();
     if let Some(slope) = inputs.limits.alibi {
         let position = i as i64 + inputs.keys.len() as i64 - inputs.queries.len() as i64;
-        let _ = writeln!(code, "bias = {slope:?} * (np.arange(len(K)) - {position})  # ALiBi: slope times distance");
+        let _ = writeln!(
+            code,
+            "bias = {slope:?} * (np.arange(len(K)) - {position})  # ALiBi: slope times distance"
+        );
         extra.push_str(" + bias[start:stop]");
     }
     // A hidden key's score is -inf in the trace (inputs are finite), and so it is here.
@@ -227,17 +241,23 @@ fn tiled_lab(t: &TiledResult, digits: usize) -> Lab {
         let keep: Vec<&str> = kept.iter().map(|&k| if k { "True" } else { "False" }).collect();
         let _ = writeln!(code, "keep = np.array([{}])  # the mask", keep.join(", "));
     }
-    code.push_str("m, l, acc = -np.inf, 0.0, np.zeros(V.shape[1])  # running max, running sum, accumulator\n");
+    code.push_str(
+        "m, l, acc = -np.inf, 0.0, np.zeros(V.shape[1])  # running max, running sum, accumulator\n",
+    );
     code.push_str("for start in range(0, len(K), block):\n");
     code.push_str("    stop = min(start + block, len(K))\n");
     let _ = writeln!(code, "    s = {}  # this tile's scores, and no others", score("[start:stop]"));
     code.push_str("    m_new = max(m, s.max())                   # the running maximum, updated\n");
     if masked {
-        code.push_str("    if m_new == -np.inf:                      # no visible key yet: nothing changes\n");
+        code.push_str(
+            "    if m_new == -np.inf:                      # no visible key yet: nothing changes\n",
+        );
         code.push_str("        print(f\"block {start // block + 1}: every key masked\")\n");
         code.push_str("        continue\n");
     }
-    code.push_str("    rescale = np.exp(m - m_new)               # shrinks what was summed against the old maximum\n");
+    code.push_str(
+        "    rescale = np.exp(m - m_new)               # shrinks what was summed against the old maximum\n",
+    );
     code.push_str("    p = np.exp(s - m_new)\n");
     code.push_str("    l = rescale * l + p.sum()\n");
     code.push_str("    acc = rescale * acc + p @ V[start:stop]\n");

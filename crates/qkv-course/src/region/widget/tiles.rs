@@ -30,7 +30,8 @@ const ROWS: &[(&str, &str)] = &[
 ];
 
 /// The columns of the every-block table (the page without script, and the markdown).
-const COLUMNS: &[&str] = &["block", "keys", "scores $s$", "block max", "$m$", "rescale", "$l$", "output so far"];
+const COLUMNS: &[&str] =
+    &["block", "keys", "scores $s$", "block max", "$m$", "rescale", "$l$", "output so far"];
 
 /// One state of the stepper: a title, the readouts by name, and what the live region says.
 struct State {
@@ -96,11 +97,7 @@ impl Stepper<'_> {
         let zeros = vec![0.0; self.t.inputs.values.first().map_or(0, Vec::len)];
         let mut states = vec![State {
             title: "Before the first block: no key seen yet.".to_string(),
-            readouts: vec![
-                ("m", self.max(None)),
-                ("l", self.number(0.0)),
-                ("acc", self.vector(&zeros)),
-            ],
+            readouts: vec![("m", self.max(None)), ("l", self.number(0.0)), ("acc", self.vector(&zeros))],
             announce: "Before the first block: m is minus infinity, l and the accumulator are 0.".to_string(),
         }];
         for (k, b) in trace.blocks.iter().enumerate() {
