@@ -94,7 +94,8 @@ fn expected(s: &Stepper) -> Vec<Expected> {
         let own_output = (0..d_v).map(|c| {
             tile.clone().zip(&scores).map(|(j, x)| (x - max).exp() * s.values[j][c]).sum::<f64>() / own
         });
-        parts.push((own_output.collect(), max + own.ln()));
+        let (own_output, own_lse): (Vec<f64>, f64) = (own_output.collect(), max + own.ln());
+        parts.push((own_output.clone(), own_lse));
         m = m_new;
         states.push(Expected::from([
             ("scores", scores),
@@ -104,6 +105,8 @@ fn expected(s: &Stepper) -> Vec<Expected> {
             ("l", vec![l_before, l]),
             ("acc", acc.clone()),
             ("output", acc.iter().map(|a| a / l).collect()),
+            ("partial", own_output),
+            ("lse", vec![own_lse]),
         ]));
     }
     let lse = parts.iter().map(|(_, x)| x).fold(f64::NEG_INFINITY, |a, &b| a.max(b));

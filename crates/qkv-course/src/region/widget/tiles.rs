@@ -25,6 +25,8 @@ const ROWS: &[(&str, &str)] = &[
     ("l", "running sum $l$"),
     ("acc", "accumulator"),
     ("output", "output $\\text{acc} / l$"),
+    ("partial", "this tile alone: output $o_B$"),
+    ("lse", "this tile alone: logsumexp $L_B$"),
     ("attention", "attention over all keys"),
     ("merged", "the blocks' parts merged"),
 ];
@@ -120,6 +122,8 @@ impl Stepper<'_> {
                 ("l", l),
                 ("acc", self.vector(&b.accumulator)),
                 ("output", output),
+                ("partial", self.vector(&b.partial.output.row(0).to_vec())),
+                ("lse", self.number(b.partial.logsumexp[0])),
             ];
             states.push(State { title, readouts, announce });
         }
