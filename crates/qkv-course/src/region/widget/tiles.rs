@@ -19,16 +19,16 @@ use crate::region::Context;
 /// heading.
 const ROWS: &[(&str, &str)] = &[
     ("scores", "scores $s$"),
-    ("max", "block max"),
+    ("max", "tile max"),
     ("m", "running max $m$"),
-    ("rescale", "rescale $e^{m_{\\text{old}} - m}$"),
+    ("rescale", "rescale $\\alpha$"),
     ("l", "running sum $l$"),
     ("acc", "accumulator"),
     ("output", "output $\\text{acc} / l$"),
-    ("partial", "this tile alone: output $o_B$"),
-    ("lse", "this tile alone: logsumexp $L_B$"),
-    ("attention", "attention over all keys"),
-    ("merged", "the blocks' parts merged"),
+    ("partial", "tile's own $o_B$"),
+    ("lse", "tile's own $L_B$"),
+    ("attention", "all keys at once"),
+    ("merged", "parts merged"),
 ];
 
 /// The columns of the every-block table (the page without script, and the markdown).
