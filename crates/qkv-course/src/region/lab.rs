@@ -114,15 +114,13 @@ fn lab(
     let labels = inputs.query_labels();
     let mut code = inputs_code(inputs);
     let _ = writeln!(code, "q = Q[{query_idx}]  # the query of {:?}", labels[query_idx]);
-    let default_scale = (trace.scale - 1.0 / (trace.query.len() as f64).sqrt()).abs() < 1e-15;
-    if default_scale {
+    if default_scale(trace.scale, trace.query.len()) {
         let _ = writeln!(code, "scores = K @ q / np.sqrt(K.shape[1])  # step 1: score every key");
     } else {
         let _ = writeln!(code, "scores = (K @ q) * {:?}  # step 1: score every key", trace.scale);
     }
     if let Some(slope) = inputs.limits.alibi {
-        // The query stands at key position i + n_k - n_q (bottom-right, as the engine aligns it).
-        let position = query_idx as i64 + inputs.keys.len() as i64 - inputs.queries.len() as i64;
+        let position = alibi_position(inputs, query_idx);
         let _ = writeln!(
             code,
             "scores = scores + {slope:?} * (np.arange(len(K)) - {position})  # ALiBi: slope times distance"
@@ -199,6 +197,17 @@ fn inputs_code(inputs: &AttentionInputs) -> String {
     code
 }
 
+/// Whether `scale` is the default `1 / sqrt(d_k)`, which the program then writes as such.
+fn default_scale(scale: f64, d_k: usize) -> bool {
+    (scale - 1.0 / (d_k as f64).sqrt()).abs() < 1e-15
+}
+
+/// The key position query `i` stands at, for ALiBi: `i + n_k - n_q` (bottom-right, as the engine
+/// aligns it).
+fn alibi_position(inputs: &AttentionInputs, i: usize) -> i64 {
+    i as i64 + inputs.keys.len() as i64 - inputs.queries.len() as i64
+}
+
 /// The program's `show`, which prints numbers as the lesson does, at `digits` decimals.
 fn show_code(digits: usize) -> String {
     format!(
@@ -213,16 +222,18 @@ fn tiled_lab(t: &TiledResult, digits: usize) -> Lab {
     let trace = &t.trace;
     let mut code = inputs_code(inputs);
     let _ = writeln!(code, "q = Q[{i}]  # the query of {:?}", inputs.query_labels()[i]);
-    let default_scale = (trace.scale - 1.0 / (inputs.queries[i].len() as f64).sqrt()).abs() < 1e-15;
-    let scale =
-        if default_scale { "1 / np.sqrt(K.shape[1])".to_string() } else { format!("{:?}", trace.scale) };
+    let scale = if default_scale(trace.scale, inputs.queries[i].len()) {
+        "1 / np.sqrt(K.shape[1])".to_string()
+    } else {
+        format!("{:?}", trace.scale)
+    };
     let _ = writeln!(code, "scale = {scale}");
     let _ = writeln!(code, "block = {}  # keys per tile\n", trace.block);
     code.push_str(&show_code(digits));
     // Masks and biases, per key, so that each tile takes its own slice.
     let mut extra = String::new();
     if let Some(slope) = inputs.limits.alibi {
-        let position = i as i64 + inputs.keys.len() as i64 - inputs.queries.len() as i64;
+        let position = alibi_position(inputs, i);
         let _ = writeln!(
             code,
             "bias = {slope:?} * (np.arange(len(K)) - {position})  # ALiBi: slope times distance"
