@@ -183,6 +183,8 @@ pub(crate) struct TiledResult {
     pub trace: qkv::TiledTrace,
     /// The blocks' partial results merged, as a second way to the same output.
     pub merged: qkv::PartialAttention<f64>,
+    /// The query's output from attention over every key at once, which the tiles must reach.
+    pub attention: Vec<f64>,
 }
 
 /// What a multi-head example computed: each head as an attention example, their outputs side by

@@ -14,12 +14,14 @@ pub(crate) enum FigureKind {
     ScalingVariance,
     /// Monte Carlo: the largest softmax weight against `d_k`, raw and scaled scores.
     ScalingSaturation,
+    /// A `qkv tiled` trace: each block's maximum, the running maximum `m` and sum `l`.
+    TileTrace,
 }
 
 impl FigureKind {
     /// The names authors write in `kind = "..."`.
     pub(crate) const NAMES: &'static [&'static str] =
-        &["heatmap", "query-diagram", "score-curve", "scaling-variance", "scaling-saturation"];
+        &["heatmap", "query-diagram", "score-curve", "scaling-variance", "scaling-saturation", "tile-trace"];
 
     pub(crate) fn from_name(name: &str) -> Option<Self> {
         Some(match name {
@@ -28,13 +30,15 @@ impl FigureKind {
             "score-curve" => Self::ScoreCurve,
             "scaling-variance" => Self::ScalingVariance,
             "scaling-saturation" => Self::ScalingSaturation,
+            "tile-trace" => Self::TileTrace,
             _ => return None,
         })
     }
 
-    /// Whether the figure draws an attention example (and so needs `example`).
+    /// Whether the figure draws an example (and so needs `example`): an attention example, or a
+    /// `qkv tiled` block for a tile trace.
     pub(crate) fn needs_example(self) -> bool {
-        matches!(self, Self::Heatmap | Self::QueryDiagram | Self::ScoreCurve)
+        matches!(self, Self::Heatmap | Self::QueryDiagram | Self::ScoreCurve | Self::TileTrace)
     }
 
     /// Whether it follows one query (and so needs `query`).

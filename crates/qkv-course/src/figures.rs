@@ -6,10 +6,13 @@ mod montecarlo;
 use std::f64::consts::PI;
 use std::fmt::Write;
 
-use qkv_plot::{Heatmap, LineChart, QueryDiagram, Scale, ScoreCurves, Series, Size, Vector2, VerticalMarker};
+use qkv_plot::{
+    Heatmap, LineChart, QueryDiagram, Scale, ScoreCurves, SecondaryAxis, Series, Size, Vector2,
+    VerticalMarker,
+};
 use sha2::{Digest, Sha256};
 
-use crate::eval::{AttentionInputs, AttentionResult, array};
+use crate::eval::{AttentionInputs, AttentionResult, TiledResult, array};
 use crate::examples::FigureDecl;
 use crate::figure_kind::FigureKind;
 
@@ -181,6 +184,7 @@ pub(crate) fn prepare_example(
         FigureKind::ScalingVariance | FigureKind::ScalingSaturation => {
             return Err("an example-free figure".into());
         }
+        FigureKind::TileTrace => return Err("a `qkv tiled` block".into()),
     };
     let alt = match decl.kind {
         FigureKind::Heatmap => {
@@ -280,6 +284,47 @@ fn score_curves(inputs: &AttentionInputs, i: usize, label: &str) -> Result<Score
         label: format!("q = ({}): output {}", here.join(", "), out_text.join(", ")),
     });
     Ok(curves)
+}
+
+/// Prepares a tile trace: per block of keys, the block's largest score and the running maximum
+/// `m` (scores, left axis), and the running sum `l` (right axis), from the engine's trace.
+pub(crate) fn prepare_tiled(t: &TiledResult) -> Result<Prepared, String> {
+    let blocks = &t.trace.blocks;
+    let (block_max, m): (Vec<f64>, Vec<f64>) = blocks
+        .iter()
+        .map(|b| b.block_max.zip(b.max_after))
+        .collect::<Option<Vec<_>>>()
+        .ok_or("a trace whose every block has a visible key (a masked block has no maximum to draw)")?
+        .into_iter()
+        .unzip();
+    let l: Vec<f64> = blocks.iter().map(|b| b.sum_after).collect();
+    let x: Vec<f64> = (1..=blocks.len()).map(|k| k as f64).collect();
+    let mut chart = LineChart::new(
+        x.clone(),
+        vec![Series::new("block max", block_max.clone()), Series::new("running max m", m.clone())],
+    );
+    chart.title = format!("The online softmax of “{}”", t.inputs.query_labels()[t.query]);
+    chart.x_title = "block of keys".into();
+    chart.y_title = "score".into();
+    chart.x_ticks = Some(x);
+    chart.markers = true;
+    chart.secondary = Some(SecondaryAxis {
+        title: "running sum l".into(),
+        series: vec![Series::new("running sum l", l.clone())],
+        range: None,
+    });
+    let list = |xs: &[f64]| xs.iter().map(|&x| two(x)).collect::<Vec<_>>().join(", ");
+    let alt = format!(
+        "Line chart over the {} blocks of keys: each block's largest score ({}), the running maximum m, which only rises ({}), and the running sum l ({}).",
+        blocks.len(),
+        list(&block_max),
+        list(&m),
+        list(&l)
+    );
+    let plot = Plot::Line(chart);
+    let size = plot.size();
+    let hash = hash_of(&format!("{plot:?}|{size:?}|{alt}"));
+    Ok(Prepared { hash, alt, size, plot: Deferred::Ready(Box::new(plot)) })
 }
 
 /// Prepares a Monte Carlo figure: hashed by its parameters, computed only when rendered.

@@ -22,6 +22,19 @@ pub struct Section {
     pub widgets: Vec<toml::Table>,
     /// Credit for a right answer on try 1, 2, 3 (its `qkv settings` block, or the default).
     pub credit: Vec<f64>,
+    /// Every `qkv` block, as (KIND, its TOML), in reading order.
+    pub blocks: Vec<(String, toml::Table)>,
+}
+
+impl Section {
+    /// The `qkv KIND` block with `id`.
+    pub fn block(&self, kind: &str, id: &str) -> &toml::Table {
+        self.blocks
+            .iter()
+            .find(|(k, t)| k == kind && t.get("id").and_then(toml::Value::as_str) == Some(id))
+            .map(|(_, t)| t)
+            .unwrap_or_else(|| panic!("section {} has no `qkv {kind}` block `{id}`", self.id))
+    }
 }
 
 /// A `qkv quiz` block.
@@ -127,7 +140,7 @@ fn section(file: &SourceFile) -> Section {
             c.iter().map(|x| x.as_float().or(x.as_integer().map(|i| i as f64)).expect("a credit")).collect()
         })
         .unwrap_or_else(|| vec![1.0, 0.5, 0.25]);
-    Section { id: qkv_course::section_id(&file.path), quizzes, widgets: of("widget"), credit }
+    Section { id: qkv_course::section_id(&file.path), quizzes, widgets: of("widget"), credit, blocks }
 }
 
 /// Every fenced ```` ```qkv KIND ```` block of `text` as (KIND, its TOML).
@@ -188,6 +201,22 @@ impl Lesson {
             .or_else(|| self.records.get(path))
             .unwrap_or_else(|| panic!("the lesson computes no number at `{path}`"));
         value.parse().unwrap_or_else(|_| panic!("`{path}` is {value}, not a number"))
+    }
+
+    /// The numbers `path.1`, `path.2`, … of `section` (a vector, such as a query by its label).
+    pub fn vector(&self, section: &str, path: &str) -> Vec<f64> {
+        (1..)
+            .map_while(|c| self.records.get(&format!("{section}.{path}.{c}")))
+            .map(|v| v.parse().unwrap_or_else(|_| panic!("`{path}` holds {v}, not a number")))
+            .collect()
+    }
+
+    /// The section `id`.
+    pub fn section(&self, id: &str) -> &Section {
+        self.sections
+            .iter()
+            .find(|s| s.id == id)
+            .unwrap_or_else(|| panic!("the lesson has no section `{id}`"))
     }
 
     /// The attention example `id` of `section`.

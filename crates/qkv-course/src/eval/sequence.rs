@@ -169,7 +169,7 @@ impl Evaluator<'_> {
         query: &Field<String>,
         block: &Field<usize>,
     ) -> Option<Record> {
-        let (inputs, _) = self.computed_example(decl, example)?;
+        let (inputs, result) = self.computed_example(decl, example)?;
         let labels = inputs.query_labels();
         let Some(i) = labels.iter().position(|l| *l == query.value) else {
             self.fail(
@@ -261,7 +261,13 @@ impl Evaluator<'_> {
             ),
         ]);
         Some(Record {
-            computed: Computed::Tiled(Box::new(TiledResult { inputs, query: i, trace, merged })),
+            computed: Computed::Tiled(Box::new(TiledResult {
+                attention: result.output.row(i).to_vec(),
+                inputs,
+                query: i,
+                trace,
+                merged,
+            })),
             node,
         })
     }

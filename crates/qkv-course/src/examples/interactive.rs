@@ -188,7 +188,7 @@ const QUIZ_KINDS: &[(&str, &[&str])] = &[
 #[derive(Debug, Clone)]
 pub(crate) struct WidgetDecl {
     pub kind: WidgetKind,
-    /// The attention example it shows.
+    /// The attention example it shows (for a tile-stepper, a `qkv tiled` block).
     pub example: Field<String>,
     /// drag-query: the token whose query the handle starts at (and resets to).
     pub query: Option<Field<String>>,
@@ -207,11 +207,13 @@ pub(crate) enum WidgetKind {
     DragQuery,
     /// The weight matrix as a heatmap whose rows open that query's worked steps.
     AttentionMatrix,
+    /// A `qkv tiled` trace walked block by block: scores, `m`, `l`, rescale, output so far.
+    TileStepper,
 }
 
 impl WidgetKind {
     /// The names authors write in `kind = "..."`.
-    pub(crate) const NAMES: &'static [&'static str] = &["drag-query", "attention-matrix"];
+    pub(crate) const NAMES: &'static [&'static str] = &["drag-query", "attention-matrix", "tile-stepper"];
 }
 
 /// What a drag-query widget asks the learner to reach.
@@ -618,6 +620,7 @@ impl Reader<'_> {
     fn widget(&mut self, table: &DeTable<'_>) -> Option<WidgetDecl> {
         let kind = self.kind_name(table, "widget kind", WidgetKind::NAMES).map(|name| match name {
             "drag-query" => WidgetKind::DragQuery,
+            "tile-stepper" => WidgetKind::TileStepper,
             _ => WidgetKind::AttentionMatrix,
         });
         let example = self.required(table, "example", |r, v| r.string(v, "the id of an attention example"));
@@ -634,14 +637,20 @@ impl Reader<'_> {
                 first_line(&self.block.content),
                 "`query = \"TOKEN\"`: the query the handle starts at",
             ),
-            WidgetKind::AttentionMatrix => {
+            WidgetKind::AttentionMatrix | WidgetKind::TileStepper => {
+                let (widget, shows) = match kind {
+                    WidgetKind::TileStepper => {
+                        ("a `tile-stepper`", "follows the query of its `qkv tiled` block")
+                    }
+                    _ => ("an `attention-matrix`", "shows every query"),
+                };
                 for name in ["query", "goal"] {
                     if let Some((key, _)) = table.get_key_value(name) {
                         self.problem(
                             key.span().start,
-                            format!("`{name}` is for `drag-query` widgets; an `attention-matrix` shows every query"),
+                            format!("`{name}` is for `drag-query` widgets; {widget} {shows}"),
                             first_line(self.block.content.get(key.span().start..).unwrap_or("")),
-                            format!("an `attention-matrix` widget without `{name}`"),
+                            format!("{widget} widget without `{name}`"),
                         );
                     }
                 }

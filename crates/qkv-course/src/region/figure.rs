@@ -96,6 +96,26 @@ fn prepare(
         found: example.value.clone(),
         ..p
     })?;
+    let drawing = |e: String| {
+        problem(
+            decl_start,
+            format!("figure `{id}` cannot be drawn from `{}`", example.value),
+            format!("id = \"{id}\""),
+            e,
+        )
+    };
+    if fig.kind == FigureKind::TileTrace {
+        let (Computed::Tiled(t), true) = (named.computed, named.rest.is_empty()) else {
+            return Err(problem(
+                example.at,
+                format!("`{}` is not a `qkv tiled` block", example.value),
+                example.value.clone(),
+                "the id of a `qkv tiled` block: a `tile-trace` figure follows its blocks".into(),
+            ));
+        };
+        cx.at_most_shown(&[(t.trace.blocks.len(), "blocks")])?;
+        return figures::prepare_tiled(&t).map_err(drawing);
+    }
     let (Computed::Attention { inputs, result: Ok(result) }, true) = (named.computed, named.rest.is_empty())
     else {
         return Err(problem(
@@ -132,14 +152,7 @@ fn prepare(
         }
         None => None,
     };
-    figures::prepare_example(fig, &inputs, &result, query).map_err(|e| {
-        problem(
-            decl_start,
-            format!("figure `{id}` cannot be drawn from `{}`", example.value),
-            format!("id = \"{id}\""),
-            e,
-        )
-    })
+    figures::prepare_example(fig, &inputs, &result, query).map_err(drawing)
 }
 
 /// Alt text as markdown link text: the characters markdown would read as syntax, escaped.

@@ -8,35 +8,63 @@ use std::fmt::Write;
 
 use super::{Context, Generated, Kind};
 use crate::error::Problem;
-use crate::eval::{AttentionInputs, AttentionResult, Computed};
+use crate::eval::{AttentionInputs, AttentionResult, Computed, TiledResult};
 use crate::examples::colab_base;
 use crate::files::OutputFile;
 use crate::markup::{escape, fragment, json_script};
 use crate::notebook;
 
-pub(super) const KIND: Kind =
-    Kind { name: "lab", usage: "`lab EXAMPLE.TOKEN`", options: &["digits", "rounded"], generate };
+pub(super) const KIND: Kind = Kind {
+    name: "lab",
+    usage: "`lab EXAMPLE.TOKEN` or `lab TILED`",
+    options: &["digits", "rounded"],
+    generate,
+};
 
 fn generate(cx: &mut Context<'_, '_>) -> Result<Generated, Problem> {
     let named = cx.named(KIND.usage)?;
-    let Computed::Attention { inputs, result: Ok(result) } = named.computed else {
-        return Err(cx.problem(
-            format!("`{}` is not an attention example that computes", cx.args[0]),
-            "`EXAMPLE.TOKEN` of a `qkv attention` block",
-        ));
-    };
-    let i = cx.query_index(cx.args[0], &inputs, &named.rest)?;
-    let rounded = match cx.options.iter().find(|(o, _)| *o == "rounded") {
-        Some((_, n)) => Some(n.parse().ok().filter(|&d| d <= 12).ok_or_else(|| {
-            cx.problem(
-                format!("bad `rounded={n}`"),
-                "`rounded=N` with N from 0 to 12, the decimals the prose cites",
+    let (lab, label, title, intro) = match named.computed {
+        Computed::Attention { inputs, result: Ok(result) } => {
+            let i = cx.query_index(cx.args[0], &inputs, &named.rest)?;
+            let rounded = match cx.options.iter().find(|(o, _)| *o == "rounded") {
+                Some((_, n)) => Some(n.parse().ok().filter(|&d| d <= 12).ok_or_else(|| {
+                    cx.problem(
+                        format!("bad `rounded={n}`"),
+                        "`rounded=N` with N from 0 to 12, the decimals the prose cites",
+                    )
+                })?),
+                None => None,
+            };
+            let label = inputs.query_labels()[i].clone();
+            (
+                lab(&inputs, &result, i, cx.digits, rounded),
+                label.clone(),
+                format!("Attention for the query “{label}”, in NumPy"),
+                "Scaled dot-product attention in a few lines of NumPy: score every key, softmax, blend the values. The numbers come from the lesson's example; run the cell and compare the printout with the lesson.",
             )
-        })?),
-        None => None,
+        }
+        Computed::Tiled(t) if named.rest.is_empty() => {
+            let label = t.inputs.query_labels()[t.query].clone();
+            (
+                tiled_lab(&t, cx.digits),
+                label.clone(),
+                format!("The online softmax for the query “{label}”, in NumPy"),
+                "Attention one tile of keys at a time, keeping only a running maximum, a running sum and an accumulator, as FlashAttention does. The numbers come from the lesson's example; run the cell and compare the printout with the lesson.",
+            )
+        }
+        Computed::Tiled(_) => {
+            return Err(cx.problem(
+                format!("`{}`: a `qkv tiled` block follows the query it names", cx.args[0]),
+                format!("`lab {}`, the block's id alone", named.key.rsplit('.').next().unwrap_or(&named.key)),
+            ));
+        }
+        _ => {
+            return Err(cx.problem(
+                format!("`{}` is not an attention example that computes", cx.args[0]),
+                "`EXAMPLE.TOKEN` of a `qkv attention` block, or the id of a `qkv tiled` block",
+            ));
+        }
     };
-    let lab = lab(&inputs, &result, i, cx.digits, rounded);
-    let label = &inputs.query_labels()[i];
     // A part of a record (a head of a multi-head example) is named in the file too, so that two
     // heads' labs of one token do not share a notebook.
     let segments: Vec<&str> = cx.args[0].split('.').collect();
@@ -44,9 +72,7 @@ fn generate(cx: &mut Context<'_, '_>) -> Result<Generated, Problem> {
         [segments.len().saturating_sub(named.rest.len() + named.consumed)..segments.len() - named.rest.len()];
     let stem = [named.key.replace('.', "-")].into_iter().chain(part.iter().map(|s| crate::markup::slug(s)));
     let name =
-        format!("notebooks/{}-{}.ipynb", stem.collect::<Vec<_>>().join("-"), crate::markup::slug(label));
-    let title = format!("Attention for the query “{label}”, in NumPy");
-    let intro = "Scaled dot-product attention in a few lines of NumPy: score every key, softmax, blend the values. The numbers come from the lesson's example; run the cell and compare the printout with the lesson.";
+        format!("notebooks/{}-{}.ipynb", stem.collect::<Vec<_>>().join("-"), crate::markup::slug(&label));
     let nb = notebook::notebook(&title, intro, &lab.code, &lab.printed);
     let colab = cx
         .settings()
@@ -86,6 +112,58 @@ fn lab(
 ) -> Lab {
     let trace = &result.traces[query_idx];
     let labels = inputs.query_labels();
+    let mut code = inputs_code(inputs);
+    let _ = writeln!(code, "q = Q[{query_idx}]  # the query of {:?}", labels[query_idx]);
+    if default_scale(trace.scale, trace.query.len()) {
+        let _ = writeln!(code, "scores = K @ q / np.sqrt(K.shape[1])  # step 1: score every key");
+    } else {
+        let _ = writeln!(code, "scores = (K @ q) * {:?}  # step 1: score every key", trace.scale);
+    }
+    if let Some(slope) = inputs.limits.alibi {
+        let position = alibi_position(inputs, query_idx);
+        let _ = writeln!(
+            code,
+            "scores = scores + {slope:?} * (np.arange(len(K)) - {position})  # ALiBi: slope times distance"
+        );
+    }
+    if trace.kept.iter().any(|k| !k) {
+        let keep: Vec<&str> = trace.kept.iter().map(|&k| if k { "True" } else { "False" }).collect();
+        let _ = writeln!(code, "scores = np.where([{}], scores, -np.inf)  # the mask", keep.join(", "));
+    }
+    let _ = writeln!(code, "weights = np.exp(scores - scores.max())  # step 2: softmax...");
+    let _ = writeln!(code, "weights = weights / weights.sum()        # ...normalized");
+    let _ = writeln!(code, "output = weights @ V                     # step 3: blend the values\n");
+    code.push_str(&show_code(digits));
+    let _ = writeln!(code, "print(\"scores: \", show(scores))");
+    let _ = writeln!(code, "print(\"weights:\", show(weights))");
+    let show =
+        |xs: &[f64], digits: usize| xs.iter().map(|x| py_fixed(*x, digits)).collect::<Vec<_>>().join(", ");
+    let output = result.output.row(query_idx).to_vec();
+    let mut printed = format!(
+        "scores:  {}\nweights: {}\noutput:  {}",
+        show(&trace.scores, digits),
+        show(&trace.weights, digits),
+        show(&output, digits)
+    );
+    match rounded {
+        Some(r) => {
+            let _ = writeln!(
+                code,
+                "print(\"output: \", show(output), f\"(the lesson rounds it to {{show(output, {r})}})\")"
+            );
+            let _ = writeln!(printed, " (the lesson rounds it to {})", show(&output, r));
+        }
+        None => {
+            let _ = writeln!(code, "print(\"output: \", show(output))");
+            printed.push('\n');
+        }
+    }
+    Lab { code, printed }
+}
+
+/// The program's first lines: NumPy, the tokens, and `Q`, `K`, `V` (from the projections when
+/// the example has them).
+fn inputs_code(inputs: &AttentionInputs) -> String {
     let tokens: Vec<String> = inputs.key_labels().iter().map(|t| format!("{t:?}")).collect();
     let mut code = String::new();
     let _ = writeln!(code, "import numpy as np\n");
@@ -116,56 +194,111 @@ fn lab(
             let _ = writeln!(code, "V = {}  # one value per row\n", py_rows(&inputs.values));
         }
     }
-    let _ = writeln!(code, "q = Q[{query_idx}]  # the query of {:?}", labels[query_idx]);
-    let default_scale = (trace.scale - 1.0 / (trace.query.len() as f64).sqrt()).abs() < 1e-15;
-    if default_scale {
-        let _ = writeln!(code, "scores = K @ q / np.sqrt(K.shape[1])  # step 1: score every key");
+    code
+}
+
+/// Whether `scale` is the default `1 / sqrt(d_k)`, which the program then writes as such.
+fn default_scale(scale: f64, d_k: usize) -> bool {
+    (scale - 1.0 / (d_k as f64).sqrt()).abs() < 1e-15
+}
+
+/// The key position query `i` stands at, for ALiBi: `i + n_k - n_q` (bottom-right, as the engine
+/// aligns it).
+fn alibi_position(inputs: &AttentionInputs, i: usize) -> i64 {
+    i as i64 + inputs.keys.len() as i64 - inputs.queries.len() as i64
+}
+
+/// The program's `show`, which prints numbers as the lesson does, at `digits` decimals.
+fn show_code(digits: usize) -> String {
+    format!(
+        "def show(xs, digits={digits}):\n    return \", \".join(f\"{{x:.{{digits}}f}}\" for x in np.atleast_1d(xs))\n\n"
+    )
+}
+
+/// The NumPy laboratory for a tiled trace: the online softmax over blocks of keys, each block's
+/// state printed, then the one division and attention over every key at once to compare.
+fn tiled_lab(t: &TiledResult, digits: usize) -> Lab {
+    let (inputs, i) = (&t.inputs, t.query);
+    let trace = &t.trace;
+    let mut code = inputs_code(inputs);
+    let _ = writeln!(code, "q = Q[{i}]  # the query of {:?}", inputs.query_labels()[i]);
+    let scale = if default_scale(trace.scale, inputs.queries[i].len()) {
+        "1 / np.sqrt(K.shape[1])".to_string()
     } else {
-        let _ = writeln!(code, "scores = (K @ q) * {:?}  # step 1: score every key", trace.scale);
-    }
+        format!("{:?}", trace.scale)
+    };
+    let _ = writeln!(code, "scale = {scale}");
+    let _ = writeln!(code, "block = {}  # keys per tile\n", trace.block);
+    code.push_str(&show_code(digits));
+    // Masks and biases, per key, so that each tile takes its own slice.
+    let mut extra = String::new();
     if let Some(slope) = inputs.limits.alibi {
-        // The query stands at key position i + n_k - n_q (bottom-right, as the engine aligns it).
-        let position = query_idx as i64 + inputs.keys.len() as i64 - inputs.queries.len() as i64;
+        let position = alibi_position(inputs, i);
         let _ = writeln!(
             code,
-            "scores = scores + {slope:?} * (np.arange(len(K)) - {position})  # ALiBi: slope times distance"
+            "bias = {slope:?} * (np.arange(len(K)) - {position})  # ALiBi: slope times distance"
+        );
+        extra.push_str(" + bias[start:stop]");
+    }
+    // A hidden key's score is -inf in the trace (inputs are finite), and so it is here.
+    let kept: Vec<bool> =
+        trace.blocks.iter().flat_map(|b| b.scores.iter().map(|&s| s != f64::NEG_INFINITY)).collect();
+    let masked = kept.iter().any(|k| !k);
+    let score = |keys: &str| {
+        let s = format!("(K{keys} @ q) * scale{}", extra.replace("[start:stop]", keys));
+        if masked { format!("np.where(keep{keys}, {s}, -np.inf)") } else { s }
+    };
+    if masked {
+        let keep: Vec<&str> = kept.iter().map(|&k| if k { "True" } else { "False" }).collect();
+        let _ = writeln!(code, "keep = np.array([{}])  # the mask", keep.join(", "));
+    }
+    code.push_str(
+        "m, l, acc = -np.inf, 0.0, np.zeros(V.shape[1])  # running max, running sum, accumulator\n",
+    );
+    code.push_str("for start in range(0, len(K), block):\n");
+    code.push_str("    stop = min(start + block, len(K))\n");
+    let _ = writeln!(code, "    s = {}  # this tile's scores, and no others", score("[start:stop]"));
+    code.push_str("    m_new = max(m, s.max())                   # the running maximum, updated\n");
+    if masked {
+        code.push_str(
+            "    if m_new == -np.inf:                      # no visible key yet: nothing changes\n",
+        );
+        code.push_str("        print(f\"block {start // block + 1}: every key masked\")\n");
+        code.push_str("        continue\n");
+    }
+    code.push_str(
+        "    rescale = np.exp(m - m_new)               # shrinks what was summed against the old maximum\n",
+    );
+    code.push_str("    p = np.exp(s - m_new)\n");
+    code.push_str("    l = rescale * l + p.sum()\n");
+    code.push_str("    acc = rescale * acc + p @ V[start:stop]\n");
+    code.push_str("    m = m_new\n");
+    code.push_str("    print(f\"block {start // block + 1}: max {show(s.max())}  m {show(m)}  rescale {show(rescale)}  l {show(l)}  output so far {show(acc / l)}\")\n\n");
+    code.push_str("output = acc / l  # the one division, at the end\n");
+    let _ = writeln!(code, "scores = {}  # every key at once, to compare", score(""));
+    code.push_str("weights = np.exp(scores - scores.max())\n");
+    code.push_str("print(\"output:   \", show(output))\n");
+    code.push_str("print(\"attention:\", show((weights / weights.sum()) @ V), \"(every key at once)\")\n");
+    let show = |xs: &[f64]| xs.iter().map(|x| py_fixed(*x, digits)).collect::<Vec<_>>().join(", ");
+    let mut printed = String::new();
+    for (k, b) in trace.blocks.iter().enumerate() {
+        if b.max_after.is_none() {
+            let _ = writeln!(printed, "block {}: every key masked", k + 1);
+            continue;
+        }
+        let _ = writeln!(
+            printed,
+            "block {}: max {}  m {}  rescale {}  l {}  output so far {}",
+            k + 1,
+            py_fixed(b.block_max.unwrap_or(f64::NEG_INFINITY), digits),
+            py_fixed(b.max_after.unwrap_or(f64::NEG_INFINITY), digits),
+            py_fixed(b.rescale, digits),
+            py_fixed(b.sum_after, digits),
+            show(&b.output)
         );
     }
-    if trace.kept.iter().any(|k| !k) {
-        let keep: Vec<&str> = trace.kept.iter().map(|&k| if k { "True" } else { "False" }).collect();
-        let _ = writeln!(code, "scores = np.where([{}], scores, -np.inf)  # the mask", keep.join(", "));
-    }
-    let _ = writeln!(code, "weights = np.exp(scores - scores.max())  # step 2: softmax...");
-    let _ = writeln!(code, "weights = weights / weights.sum()        # ...normalized");
-    let _ = writeln!(code, "output = weights @ V                     # step 3: blend the values\n");
-    let _ = writeln!(
-        code,
-        "def show(xs, digits={digits}):\n    return \", \".join(f\"{{x:.{{digits}}f}}\" for x in np.atleast_1d(xs))\n"
-    );
-    let _ = writeln!(code, "print(\"scores: \", show(scores))");
-    let _ = writeln!(code, "print(\"weights:\", show(weights))");
-    let show =
-        |xs: &[f64], digits: usize| xs.iter().map(|x| py_fixed(*x, digits)).collect::<Vec<_>>().join(", ");
-    let output = result.output.row(query_idx).to_vec();
-    let mut printed = format!(
-        "scores:  {}\nweights: {}\noutput:  {}",
-        show(&trace.scores, digits),
-        show(&trace.weights, digits),
-        show(&output, digits)
-    );
-    match rounded {
-        Some(r) => {
-            let _ = writeln!(
-                code,
-                "print(\"output: \", show(output), f\"(the lesson rounds it to {{show(output, {r})}})\")"
-            );
-            let _ = writeln!(printed, " (the lesson rounds it to {})", show(&output, r));
-        }
-        None => {
-            let _ = writeln!(code, "print(\"output: \", show(output))");
-            printed.push('\n');
-        }
-    }
+    let _ = writeln!(printed, "output:    {}", show(&trace.output));
+    let _ = writeln!(printed, "attention: {} (every key at once)", show(&t.attention));
     Lab { code, printed }
 }
 

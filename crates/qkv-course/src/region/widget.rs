@@ -27,31 +27,31 @@ fn generate(cx: &mut Context<'_, '_>) -> Result<Generated, Problem> {
         PageDecl::Widget(w) => Some(w.as_ref()),
         _ => None,
     })?;
-    let (inputs, result) = example(cx, &widget.example)?;
-    // A widget holds tables and worked steps, so their limits hold for it too.
-    match widget.kind {
-        WidgetKind::DragQuery => cx.at_most_shown(&[
-            (inputs.keys.len(), "keys"),
-            (inputs.values.first().map_or(0, Vec::len), "components of a value"),
-        ])?,
-        WidgetKind::AttentionMatrix => cx.at_most_shown(&table::shown_counts(&inputs))?,
-    }
     let prompt = widget.prompt.fill(cx.eval, cx.doc)?;
+    // A widget holds tables and worked steps, so their limits hold for it too.
     let (body, html) = match widget.kind {
         WidgetKind::DragQuery => {
+            let (inputs, result) = example(cx, &widget.example)?;
+            cx.at_most_shown(&[
+                (inputs.keys.len(), "keys"),
+                (inputs.values.first().map_or(0, Vec::len), "components of a value"),
+            ])?;
             let drag = Drag::new(cx, widget, &inputs, &result)?;
             (drag.markdown(&prompt), drag.html(id, &prompt))
         }
-        WidgetKind::AttentionMatrix => matrix(id, &prompt, &inputs, &result, widget.digits),
+        WidgetKind::AttentionMatrix => {
+            let (inputs, result) = example(cx, &widget.example)?;
+            cx.at_most_shown(&table::shown_counts(&inputs))?;
+            matrix(id, &prompt, &inputs, &result, widget.digits)
+        }
+        WidgetKind::TileStepper => tiles::widget(cx, id, widget, &prompt)?,
     };
     Ok(Generated { html: Some(html), ..cx.markdown(body) })
 }
 
-/// The attention example a widget names, computed.
-fn example(
-    cx: &mut Context<'_, '_>,
-    example: &Field<String>,
-) -> Result<(AttentionInputs, AttentionResult), Problem> {
+/// What the example a widget names computed (a broken one reports its own error, and the widget
+/// stays quiet).
+fn computed(cx: &mut Context<'_, '_>, example: &Field<String>) -> Result<Computed, Problem> {
     let problem = |message: String, expected: &str| {
         Problem::new(cx.doc, example.at, message, example.value.clone(), expected)
     };
@@ -65,12 +65,22 @@ fn example(
             "just the example id, such as `sentence`",
         ));
     }
-    // A broken example reports its own error; the widget stays quiet.
     let record = cx.eval.record(&t.key).ok_or_else(|| problem(String::new(), ""))?;
-    match record.computed {
+    Ok(record.computed)
+}
+
+/// The attention example a widget names, computed.
+fn example(
+    cx: &mut Context<'_, '_>,
+    example: &Field<String>,
+) -> Result<(AttentionInputs, AttentionResult), Problem> {
+    match computed(cx, example)? {
         Computed::Attention { inputs, result: Ok(result) } => Ok((inputs, result)),
-        _ => Err(problem(
+        _ => Err(Problem::new(
+            cx.doc,
+            example.at,
             format!("`{}` is not an attention example that computes", example.value),
+            example.value.clone(),
             "the id of a `qkv attention` block",
         )),
     }
@@ -565,6 +575,8 @@ fn row_sum(weights: &[f64], digits: usize) -> String {
         total.text
     )
 }
+
+mod tiles;
 
 #[cfg(test)]
 mod tests;

@@ -39,3 +39,20 @@ fn a_configured_repository_adds_an_open_in_colab_link() {
     assert!(markdown.contains(&format!("[Open in Colab]({colab})")), "{markdown}");
     assert!(page.contains(&format!("<a href=\"{colab}\" rel=\"noopener\">Open in Colab</a>")), "{page}");
 }
+
+/// A tiled lab prints what its loop prints, tile by tile, a masked tile included.
+#[test]
+fn a_tiled_lab_prints_each_tile_and_skips_a_masked_one() {
+    let tiled = "```qkv attention\nid = \"short\"\nfrom = \"sentence\"\nkey_padding = [true, false, false]\n```\n\n```qkv tiled\nid = \"flash\"\nexample = \"short\"\nquery = \"love\"\nblock = 1\n```\n\n<!-- qkv lab flash -->\n<!-- /qkv -->\n";
+    let (markdown, _) = one_section("lab", &format!("# Lab\n\n{SENTENCE}\n{tiled}"));
+    for line in [
+        "block 1: every key masked\n",
+        "block 2: max 0.7071  m 0.7071  rescale 0.0000  l 1.0000  output so far 6.0000\n",
+        "block 3: max 0.7071  m 0.7071  rescale 1.0000  l 2.0000  output so far 5.0000\n",
+        "output:    5.0000\nattention: 5.0000 (every key at once)\n",
+        "keep = np.array([False, True, True])  # the mask\n",
+        "notebooks/lab-flash-love.ipynb",
+    ] {
+        assert!(markdown.contains(line), "{line:?} missing from {markdown}");
+    }
+}

@@ -126,3 +126,52 @@ fn grid_steps_are_half_units_on_small_planes_and_round_beyond() {
     assert_eq!(grid_step(1.2e19), 1e18);
     assert!(grid_step(f64::MAX / 4.0).is_finite());
 }
+
+/// The running example's "love" in tiles of one key, walked by a tile stepper.
+const TILES: &str = r#"```qkv tiled
+id = "flash"
+example = "sentence"
+query = "love"
+block = 1
+```
+
+```qkv widget
+id = "walk"
+kind = "tile-stepper"
+example = "flash"
+prompt = "Walk the tiles."
+```
+
+<!-- qkv widget walk -->
+<!-- /qkv -->
+"#;
+
+#[test]
+fn the_tile_stepper_holds_every_state_and_a_table_of_every_tile() {
+    let (markdown, page) = one_section("tiles", &format!("# Tiles\n\n{SENTENCE}\n{TILES}"));
+    // Without script: one row per tile (m, rescale, l, output so far), then the result.
+    assert!(
+        markdown.contains("| 2 | love | 0.7071 | 0.7071 | 0.7071 | 0.4931 | 1.4931 | 4.6790 |"),
+        "{markdown}"
+    );
+    assert!(markdown.contains("attention over all keys at once gives 4.4067"), "{markdown}");
+    let stepper = widget(&page, "tile-stepper");
+    let data = stepper.split("data-qkv-data>").nth(1).and_then(|s| s.split("</script>").next());
+    let data: serde_json::Value = serde_json::from_str(data.expect("the states")).expect("JSON");
+    let states = data["states"].as_array().expect("states");
+    // Before the first tile, after each of the three, and the result.
+    assert_eq!(states.len(), 5, "{data}");
+    assert_eq!(states[0]["readouts"]["m"], "-∞");
+    assert_eq!(states[2]["readouts"]["m"], "0.0000 → 0.7071");
+    assert_eq!(states[2]["readouts"]["rescale"], "0.4931");
+    assert_eq!(states[3]["readouts"]["l"], "1.4931 → 2.4931");
+    assert_eq!(states[4]["readouts"]["attention"], "4.4067");
+    assert_eq!(states[4]["readouts"]["merged"], "4.4067");
+    // The page starts at the first state, the stepper hidden until the script shows it.
+    assert!(stepper.contains("data-qkv-step=\"0\""), "{stepper}");
+    assert!(stepper.contains("<div class=\"stepper\" data-qkv-stepper hidden>"), "{stepper}");
+    assert!(
+        stepper.contains("<tr hidden><th scope=\"row\">scores"),
+        "no scores before the first tile: {stepper}"
+    );
+}
