@@ -1,4 +1,5 @@
-//! `lab EXAMPLE.TOKEN [rounded=N]`: the NumPy laboratory for one query: a short program, what it
+//! `lab EXAMPLE.TOKEN [rounded=N]`: the NumPy laboratory for one query (or `lab MULTIHEAD`, every
+//! head of a multi-head example and its output, `lab/multi_head.rs`): a short program, what it
 //! prints (from the engine's trace; with `rounded=N` the output also at the N decimals the prose
 //! cites), and the same program as a Jupyter notebook for the site. The page's link downloads the
 //! notebook (the page script can also hand it over from the copy embedded in the page, for pages
@@ -14,39 +15,56 @@ use crate::files::OutputFile;
 use crate::markup::{escape, fragment, json_script};
 use crate::notebook;
 
-pub(super) const KIND: Kind =
-    Kind { name: "lab", usage: "`lab EXAMPLE.TOKEN`", options: &["digits", "rounded"], generate };
+pub(super) const KIND: Kind = Kind {
+    name: "lab",
+    usage: "`lab EXAMPLE.TOKEN` or `lab MULTIHEAD`",
+    options: &["digits", "rounded"],
+    generate,
+};
 
 fn generate(cx: &mut Context<'_, '_>) -> Result<Generated, Problem> {
     let named = cx.named(KIND.usage)?;
-    let Computed::Attention { inputs, result: Ok(result) } = named.computed else {
-        return Err(cx.problem(
-            format!("`{}` is not an attention example that computes", cx.args[0]),
-            "`EXAMPLE.TOKEN` of a `qkv attention` block",
-        ));
+    let (lab, name, title, intro) = match named.computed {
+        Computed::MultiHead(m) if named.rest.is_empty() => {
+            let name = format!("notebooks/{}.ipynb", named.key.replace('.', "-"));
+            (multi_head::lab(cx, &m, cx.digits)?, name, multi_head::TITLE.to_string(), multi_head::INTRO)
+        }
+        Computed::Attention { inputs, result: Ok(result) } => {
+            let i = cx.query_index(cx.args[0], &inputs, &named.rest)?;
+            let rounded = match cx.options.iter().find(|(o, _)| *o == "rounded") {
+                Some((_, n)) => Some(n.parse().ok().filter(|&d| d <= 12).ok_or_else(|| {
+                    cx.problem(
+                        format!("bad `rounded={n}`"),
+                        "`rounded=N` with N from 0 to 12, the decimals the prose cites",
+                    )
+                })?),
+                None => None,
+            };
+            let lab = lab(&inputs, &result, i, cx.digits, rounded);
+            let label = &inputs.query_labels()[i];
+            // A part of a record (a head of a multi-head example) is named in the file too, so
+            // that two heads' labs of one token do not share a notebook.
+            let segments: Vec<&str> = cx.args[0].split('.').collect();
+            let part = &segments[segments.len().saturating_sub(named.rest.len() + named.consumed)
+                ..segments.len() - named.rest.len()];
+            let stem =
+                [named.key.replace('.', "-")].into_iter().chain(part.iter().map(|s| crate::markup::slug(s)));
+            let name = format!(
+                "notebooks/{}-{}.ipynb",
+                stem.collect::<Vec<_>>().join("-"),
+                crate::markup::slug(label)
+            );
+            let title = format!("Attention for the query “{label}”, in NumPy");
+            let intro = "Scaled dot-product attention in a few lines of NumPy: score every key, softmax, blend the values. The numbers come from the lesson's example; run the cell and compare the printout with the lesson.";
+            (lab, name, title, intro)
+        }
+        _ => {
+            return Err(cx.problem(
+                format!("`{}` is not an attention example that computes", cx.args[0]),
+                "`EXAMPLE.TOKEN` of a `qkv attention` block, or a `qkv multi-head` block's id",
+            ));
+        }
     };
-    let i = cx.query_index(cx.args[0], &inputs, &named.rest)?;
-    let rounded = match cx.options.iter().find(|(o, _)| *o == "rounded") {
-        Some((_, n)) => Some(n.parse().ok().filter(|&d| d <= 12).ok_or_else(|| {
-            cx.problem(
-                format!("bad `rounded={n}`"),
-                "`rounded=N` with N from 0 to 12, the decimals the prose cites",
-            )
-        })?),
-        None => None,
-    };
-    let lab = lab(&inputs, &result, i, cx.digits, rounded);
-    let label = &inputs.query_labels()[i];
-    // A part of a record (a head of a multi-head example) is named in the file too, so that two
-    // heads' labs of one token do not share a notebook.
-    let segments: Vec<&str> = cx.args[0].split('.').collect();
-    let part = &segments
-        [segments.len().saturating_sub(named.rest.len() + named.consumed)..segments.len() - named.rest.len()];
-    let stem = [named.key.replace('.', "-")].into_iter().chain(part.iter().map(|s| crate::markup::slug(s)));
-    let name =
-        format!("notebooks/{}-{}.ipynb", stem.collect::<Vec<_>>().join("-"), crate::markup::slug(label));
-    let title = format!("Attention for the query “{label}”, in NumPy");
-    let intro = "Scaled dot-product attention in a few lines of NumPy: score every key, softmax, blend the values. The numbers come from the lesson's example; run the cell and compare the printout with the lesson.";
     let nb = notebook::notebook(&title, intro, &lab.code, &lab.printed);
     let colab = cx
         .settings()
@@ -206,5 +224,6 @@ fn lab_html(lab: &Lab, notebook: &str, colab: Option<&str>, text: &str) -> Strin
     )
 }
 
+mod multi_head;
 #[cfg(test)]
 mod tests;

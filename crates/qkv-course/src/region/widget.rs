@@ -7,6 +7,8 @@
 //!   the script shows it, and the data the script recomputes from.
 //! - `attention-matrix`: the weight matrix as a heatmap with row sums; each row opens that query's
 //!   worked steps (the text of a `steps EXAMPLE.TOKEN` region, from the engine's trace).
+//! - `head-explorer` (`widget/heads.rs`): a multi-head example's heads, one at a time, and its
+//!   output with any of them switched off.
 
 use std::fmt::Write;
 
@@ -27,6 +29,19 @@ fn generate(cx: &mut Context<'_, '_>) -> Result<Generated, Problem> {
         PageDecl::Widget(w) => Some(w.as_ref()),
         _ => None,
     })?;
+    let (body, html) = match widget.kind {
+        WidgetKind::DragQuery | WidgetKind::AttentionMatrix => on_attention(cx, id, widget)?,
+        WidgetKind::HeadExplorer => heads::widget(cx, id, widget)?,
+    };
+    Ok(Generated { html: Some(html), ..cx.markdown(body) })
+}
+
+/// A widget on an attention example: its markdown and its page's HTML.
+fn on_attention(
+    cx: &mut Context<'_, '_>,
+    id: &str,
+    widget: &WidgetDecl,
+) -> Result<(String, String), Problem> {
     let (inputs, result) = example(cx, &widget.example)?;
     // A widget holds tables and worked steps, so their limits hold for it too.
     match widget.kind {
@@ -34,24 +49,20 @@ fn generate(cx: &mut Context<'_, '_>) -> Result<Generated, Problem> {
             (inputs.keys.len(), "keys"),
             (inputs.values.first().map_or(0, Vec::len), "components of a value"),
         ])?,
-        WidgetKind::AttentionMatrix => cx.at_most_shown(&table::shown_counts(&inputs))?,
+        _ => cx.at_most_shown(&table::shown_counts(&inputs))?,
     }
     let prompt = widget.prompt.fill(cx.eval, cx.doc)?;
-    let (body, html) = match widget.kind {
-        WidgetKind::DragQuery => {
-            let drag = Drag::new(cx, widget, &inputs, &result)?;
-            (drag.markdown(&prompt), drag.html(id, &prompt))
-        }
-        WidgetKind::AttentionMatrix => matrix(id, &prompt, &inputs, &result, widget.digits),
-    };
-    Ok(Generated { html: Some(html), ..cx.markdown(body) })
+    Ok(if widget.kind == WidgetKind::DragQuery {
+        let drag = Drag::new(cx, widget, &inputs, &result)?;
+        (drag.markdown(&prompt), drag.html(id, &prompt))
+    } else {
+        matrix(id, &prompt, &inputs, &result, widget.digits)
+    })
 }
 
-/// The attention example a widget names, computed.
-fn example(
-    cx: &mut Context<'_, '_>,
-    example: &Field<String>,
-) -> Result<(AttentionInputs, AttentionResult), Problem> {
+/// What a widget's `example` names, computed; `expected` says what it should be, for the error
+/// when it is not a whole record.
+fn computed(cx: &mut Context<'_, '_>, example: &Field<String>, expected: &str) -> Result<Computed, Problem> {
     let problem = |message: String, expected: &str| {
         Problem::new(cx.doc, example.at, message, example.value.clone(), expected)
     };
@@ -60,17 +71,35 @@ fn example(
         .target(cx.doc, &example.value)
         .map_err(|e| problem(format!("unknown reference `{}`", example.value), &e))?;
     if !t.rest.is_empty() {
-        return Err(problem(
-            format!("`{}` names a value, not an example", example.value),
-            "just the example id, such as `sentence`",
-        ));
+        return Err(problem(format!("`{}` names a value, not an example", example.value), expected));
     }
     // A broken example reports its own error; the widget stays quiet.
     let record = cx.eval.record(&t.key).ok_or_else(|| problem(String::new(), ""))?;
-    match record.computed {
+    Ok(record.computed)
+}
+
+/// The error for a widget whose `example` is a record of the wrong kind.
+fn wrong_example(cx: &Context<'_, '_>, example: &Field<String>, what: &str, expected: &str) -> Problem {
+    Problem::new(
+        cx.doc,
+        example.at,
+        format!("`{}` is not {what}", example.value),
+        example.value.clone(),
+        expected,
+    )
+}
+
+/// The attention example a widget names, computed.
+fn example(
+    cx: &mut Context<'_, '_>,
+    example: &Field<String>,
+) -> Result<(AttentionInputs, AttentionResult), Problem> {
+    match computed(cx, example, "just the example id, such as `sentence`")? {
         Computed::Attention { inputs, result: Ok(result) } => Ok((inputs, result)),
-        _ => Err(problem(
-            format!("`{}` is not an attention example that computes", example.value),
+        _ => Err(wrong_example(
+            cx,
+            example,
+            "an attention example that computes",
             "the id of a `qkv attention` block",
         )),
     }
@@ -566,5 +595,6 @@ fn row_sum(weights: &[f64], digits: usize) -> String {
     )
 }
 
+mod heads;
 #[cfg(test)]
 mod tests;
