@@ -56,7 +56,7 @@
         }).join(",")
       );
       caption.textContent =
-        data.captions[shown] + (flags[shown] ? "" : " (switched off: this output does not reach W_o)");
+        data.captions[shown] + (flags[shown] ? ":" : " (switched off, so this output does not reach Wₒ):");
       var state = off.length === 0 ? "every head switched on" : off.length === flags.length ? "every head switched off" : listed(off) + " switched off";
       onText.textContent = "The output, with " + state + ":";
       if (!say) return;

@@ -28,15 +28,20 @@ pub(super) fn lab(cx: &Context<'_, '_>, m: &MultiHeadResult, digits: usize) -> R
     let mut code = String::from("import numpy as np\n\n");
     let _ = writeln!(code, "tokens = [{}]", tokens.join(", "));
     let _ = writeln!(code, "X = {}  # one embedding per token", py_rows(&m.x));
-    code.push_str("heads = {  # each head's W_q, W_k, W_v\n");
+    code.push_str("heads = {  # each head's own projections\n");
     let mut scales = Vec::new();
     let mut masks = Vec::new();
     for (name, inputs, result) in &m.heads {
         let Some(p) = &inputs.projection else {
             return Err(cx.problem(format!("head `{name}` has no projections"), "a `qkv multi-head` block"));
         };
-        let _ =
-            writeln!(code, "    {name:?}: ({}, {}, {}),", py_rows(&p.w_q), py_rows(&p.w_k), py_rows(&p.w_v));
+        let _ = writeln!(
+            code,
+            "    {name:?}: (\n        {},  # W_q\n        {},  # W_k\n        {},  # W_v\n    ),",
+            py_rows(&p.w_q),
+            py_rows(&p.w_k),
+            py_rows(&p.w_v)
+        );
         let d_k = inputs.queries.first().map_or(0, Vec::len);
         let scale = result.traces.first().map_or(1.0, |t| t.scale);
         scales.push((scale, (scale - 1.0 / (d_k as f64).sqrt()).abs() < 1e-15));
@@ -44,7 +49,7 @@ pub(super) fn lab(cx: &Context<'_, '_>, m: &MultiHeadResult, digits: usize) -> R
         masks.push(kept.iter().flatten().any(|k| !k).then_some(kept));
     }
     code.push_str("}\n");
-    let _ = writeln!(code, "W_o = {}  # one row per column of the heads side by side\n", py_rows(&m.w_o));
+    let _ = writeln!(code, "W_o = {}  # a row per column of the heads side by side\n", py_rows(&m.w_o));
     // Every head has the example's scale: the default 1/sqrt(d_k) of its own width, or one given.
     let scale = match scales.first() {
         _ if scales.iter().all(|&(_, default)| default) => " / np.sqrt(K.shape[1])".to_string(),

@@ -142,15 +142,17 @@ impl Explorer<'_> {
         self.shown(&self.m.output_with(on))
     }
 
+    /// What the heatmap of head `h` shows (the page adds a colon, and the script a note when the
+    /// head is switched off).
     fn caption(&self, h: usize) -> String {
-        format!("The weights of {}, one row per query, and its output:", head_label(&self.m.heads[h].0))
+        format!("The weights of {}, one row per query, and its output", head_label(&self.m.heads[h].0))
     }
 
     /// The forge's and `--check`'s view: the prompt, the declared head's weights and output, and
     /// the final output with every head on.
     fn markdown(&self, prompt: &str) -> String {
         let (inputs, result) = self.head(self.start);
-        let mut out = format!("**Try it.** {}\n\n{}\n\n", prompt.trim(), self.caption(self.start));
+        let mut out = format!("**Try it.** {}\n\n{}:\n\n", prompt.trim(), self.caption(self.start));
         out.push_str(&matrix_table(inputs, result, &result.weights, "weights", self.digits));
         out.push_str("\nThe output, with every head switched on:\n\n| token |");
         let output = self.output(&vec![true; self.m.heads.len()]);
@@ -217,7 +219,7 @@ impl Explorer<'_> {
         }
         out.push_str("</fieldset>\n</div>\n");
         let _ =
-            writeln!(out, "<p class=\"start\" data-qkv-caption>{}</p>", escape(&self.caption(self.start)));
+            writeln!(out, "<p class=\"start\" data-qkv-caption>{}:</p>", escape(&self.caption(self.start)));
         out.push_str(&scroll_box("Weights and output of the shown head"));
         out.push_str(
             "<table class=\"heatmap\">\n<thead><tr><th scope=\"col\" class=\"corner\">query ↓ · key →</th>",
