@@ -203,10 +203,10 @@ fn the_head_explorer_shows_the_engines_numbers_in_every_state_it_reaches() {
     e.check(&mut b, previous, &on, true, "after ArrowLeft in the head picker");
 
     // 4. Every head off: the output is zero.
-    for h in 0..e.heads.len() {
-        if on[h] {
+    for (h, on) in on.iter_mut().enumerate() {
+        if *on {
             b.click(&e.switch(h));
-            on[h] = false;
+            *on = false;
         }
     }
     e.check(&mut b, previous, &on, true, "with every head switched off");
