@@ -276,3 +276,6 @@ impl Explorer<'_> {
         out
     }
 }
+
+#[cfg(test)]
+mod tests;
