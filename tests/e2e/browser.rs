@@ -13,6 +13,7 @@ mod a11y;
 mod cdp;
 mod dom;
 mod drag;
+mod heads;
 mod layout;
 mod lesson;
 mod matrix;

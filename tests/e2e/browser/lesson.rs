@@ -80,6 +80,8 @@ pub struct Lesson {
     pub sections: Vec<Section>,
     /// Every computed value as `section.path` → its listing text (`1.0`, `"I"`).
     records: BTreeMap<String, String>,
+    /// Every `section.path` in the order the records list them (a record's entries as declared).
+    paths: Vec<String>,
 }
 
 /// The lesson in `content/`.
@@ -108,15 +110,17 @@ fn read() -> Lesson {
         .collect();
     let sources = Sources { markdown, figures: Default::default() };
     let mut records = BTreeMap::new();
+    let mut paths = Vec::new();
     for (_, listing) in qkv_course::records(&sources).expect("the lesson evaluates") {
         for line in listing.lines() {
             if let Some((path, value)) = line.split_once(" = ") {
                 records.insert(path.to_string(), value.to_string());
+                paths.push(path.to_string());
             }
         }
     }
     let sections = sources.markdown.iter().map(section).collect();
-    Lesson { sections, records }
+    Lesson { sections, records, paths }
 }
 
 fn section(file: &SourceFile) -> Section {
@@ -166,10 +170,9 @@ impl Lesson {
             .unwrap_or_else(|| panic!("the lesson has no quiz `{id}` (issue 8's contract, section 4)"))
     }
 
-    /// The first widget of `kind` in any section, with what every widget names.
-    pub fn widget(&self, kind: &str) -> Widget<'_> {
-        let (section, block) = self
-            .sections
+    /// The first widget block of `kind` in any section, and its section.
+    pub fn widget_block(&self, kind: &str) -> (&Section, &toml::Table) {
+        self.sections
             .iter()
             .find_map(|s| {
                 s.widgets
@@ -179,7 +182,12 @@ impl Lesson {
             })
             .unwrap_or_else(|| {
                 panic!("the lesson declares no `{kind}` widget (issue 8's contract, section 1)")
-            });
+            })
+    }
+
+    /// The first widget of `kind` in any section, with what every widget names.
+    pub fn widget(&self, kind: &str) -> Widget<'_> {
+        let (section, block) = self.widget_block(kind);
         let field = |name: &str| block.get(name).and_then(toml::Value::as_str);
         let id = field("id").expect("a widget has an id");
         let example = field("example").unwrap_or_else(|| panic!("widget {id} names no example"));
@@ -217,6 +225,24 @@ impl Lesson {
             .iter()
             .find(|s| s.id == id)
             .unwrap_or_else(|| panic!("the lesson has no section `{id}`"))
+    }
+
+    /// The rows of the matrix at `path` in `section` (`many.x`, `many.w_o`), one per name in
+    /// `rows` (token labels, or `1`, `2`, … for a projection's rows), each read to its last column.
+    pub fn rows(&self, section: &str, path: &str, rows: &[String]) -> Vec<Vec<f64>> {
+        rows.iter().map(|row| self.vector(section, &format!("{path}.{row}"))).collect()
+    }
+
+    /// The names under `path` in `section` that have an entry `leaf` (`heads` and `kv_head`
+    /// give a multi-head example's head names), in the order the records list them.
+    pub fn names(&self, section: &str, path: &str, leaf: &str) -> Vec<String> {
+        let prefix = format!("{section}.{path}.");
+        self.paths
+            .iter()
+            .filter_map(|k| k.strip_prefix(&prefix)?.strip_suffix(&format!(".{leaf}")))
+            .filter(|name| !name.contains('.'))
+            .map(str::to_string)
+            .collect()
     }
 
     /// The attention example `id` of `section`.

@@ -5,8 +5,8 @@
 use ndarray::Array2;
 
 use super::{
-    AttentionInputs, Computed, Evaluator, MultiHeadResult, Projection, Record, array, attention_node,
-    compute, labels, overflow, rows_node,
+    AttentionInputs, AttentionResult, Computed, Evaluator, MultiHeadResult, Projection, Record, array,
+    attention_node, compute, labels, overflow, rows_node,
 };
 use crate::examples::{Decl, Field, HeadKv, Input, Limits, MultiHeadDecl};
 use crate::limits;
@@ -145,9 +145,7 @@ impl Evaluator<'_> {
             heads.push((head.name.clone(), inputs, result));
         }
         // The heads' outputs side by side, one row per token, then W_o.
-        let concat: Matrix = (0..x.len())
-            .map(|i| heads.iter().flat_map(|(_, _, r)| r.output.row(i).to_vec()).collect())
-            .collect();
+        let concat = concatenate(&heads, x.len(), &vec![true; heads.len()]);
         let width = concat.first().map_or(0, Vec::len);
         if w_o.len() != width {
             self.fail(
@@ -159,8 +157,7 @@ impl Evaluator<'_> {
             );
             return None;
         }
-        let output_matrix = array(&concat).dot(&array(&w_o));
-        let output: Matrix = output_matrix.rows().into_iter().map(|r| r.to_vec()).collect();
+        let output = times(&concat, &w_o);
         if let Some(bad) = output.iter().flatten().find(|y| !y.is_finite()) {
             self.fail(
                 decl,
@@ -195,4 +192,33 @@ impl Evaluator<'_> {
         let result = MultiHeadResult { tokens, x, heads, concat, w_o, output };
         Some(Record { computed: Computed::MultiHead(Box::new(result)), node })
     }
+}
+
+impl MultiHeadResult {
+    /// The output when only the heads that `on` marks (one flag per head, in order) reach `W_o`:
+    /// the others' outputs are zeros in the concatenation. With every head on it is `output`.
+    pub(crate) fn output_with(&self, on: &[bool]) -> Matrix {
+        times(&concatenate(&self.heads, self.tokens.len(), on), &self.w_o)
+    }
+}
+
+/// The heads' outputs side by side, one row per token (of `n`); a head that `on` marks off
+/// contributes zeros.
+fn concatenate(heads: &[(String, AttentionInputs, AttentionResult)], n: usize, on: &[bool]) -> Matrix {
+    (0..n)
+        .map(|i| {
+            heads
+                .iter()
+                .zip(on)
+                .flat_map(|((_, _, r), &on)| {
+                    r.output.row(i).iter().map(move |&y| if on { y } else { 0.0 }).collect::<Vec<_>>()
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// `a · b`, row by row.
+fn times(a: &Matrix, b: &Matrix) -> Matrix {
+    array(a).dot(&array(b)).rows().into_iter().map(|r| r.to_vec()).collect()
 }

@@ -194,6 +194,8 @@ pub(crate) struct WidgetDecl {
     pub query: Option<Field<String>>,
     /// drag-query: what the learner is asked to reach.
     pub goal: Option<Goal>,
+    /// head-explorer: the head shown at the start (default the first).
+    pub head: Option<Field<String>>,
     /// The task, as markdown.
     pub prompt: Text,
     /// Decimals of every readout.
@@ -207,13 +209,34 @@ pub(crate) enum WidgetKind {
     DragQuery,
     /// The weight matrix as a heatmap whose rows open that query's worked steps.
     AttentionMatrix,
+    /// A multi-head example: pick a head to see its weights and output, switch heads off to see
+    /// the final output without them.
+    HeadExplorer,
     /// A `qkv tiled` trace walked block by block: scores, `m`, `l`, rescale, output so far.
     TileStepper,
 }
 
 impl WidgetKind {
     /// The names authors write in `kind = "..."`.
-    pub(crate) const NAMES: &'static [&'static str] = &["drag-query", "attention-matrix", "tile-stepper"];
+    pub(crate) const NAMES: &'static [&'static str] =
+        &["drag-query", "attention-matrix", "head-explorer", "tile-stepper"];
+    /// The kinds, in the order of their `NAMES`.
+    const KINDS: &'static [WidgetKind] = &[
+        WidgetKind::DragQuery,
+        WidgetKind::AttentionMatrix,
+        WidgetKind::HeadExplorer,
+        WidgetKind::TileStepper,
+    ];
+
+    /// The name authors write in `kind = "..."`.
+    pub(crate) fn name(self) -> &'static str {
+        Self::KINDS.iter().position(|k| *k == self).map_or("", |i| Self::NAMES[i])
+    }
+
+    /// The kind of a name from `NAMES`.
+    fn from_name(name: &str) -> Option<Self> {
+        Self::NAMES.iter().position(|n| *n == name).map(|i| Self::KINDS[i])
+    }
 }
 
 /// What a drag-query widget asks the learner to reach.
@@ -618,46 +641,52 @@ impl Reader<'_> {
     }
 
     fn widget(&mut self, table: &DeTable<'_>) -> Option<WidgetDecl> {
-        let kind = self.kind_name(table, "widget kind", WidgetKind::NAMES).map(|name| match name {
-            "drag-query" => WidgetKind::DragQuery,
-            "tile-stepper" => WidgetKind::TileStepper,
-            _ => WidgetKind::AttentionMatrix,
-        });
+        let kind = self.kind_name(table, "widget kind", WidgetKind::NAMES).and_then(WidgetKind::from_name);
         let example = self.required(table, "example", |r, v| r.string(v, "the id of an attention example"));
         let prompt = self.required(table, "prompt", Self::text);
         let digits =
             table.get("digits").and_then(|v| self.digits(v)).unwrap_or(crate::format::DEFAULT_DIGITS);
         let query = table.get("query").and_then(|v| self.string(v, "a token of the example"));
         let goal = table.get("goal").and_then(|v| self.goal(v));
+        let head = table.get("head").and_then(|v| self.string(v, "the name of a head of the example"));
         let kind = kind?;
-        match kind {
-            WidgetKind::DragQuery if table.get("query").is_none() => self.problem(
+        // Each field is for one kind only: elsewhere it would be silently ignored.
+        let a = |kind: WidgetKind| if kind == WidgetKind::AttentionMatrix { "an" } else { "a" };
+        for (name, owner) in [
+            ("query", WidgetKind::DragQuery),
+            ("goal", WidgetKind::DragQuery),
+            ("head", WidgetKind::HeadExplorer),
+        ] {
+            let why = match (name, kind) {
+                ("head", _) => "has no heads",
+                (_, WidgetKind::TileStepper) => "follows the query of its `qkv tiled` block",
+                _ => "shows every query",
+            };
+            if let Some((key, _)) = table.get_key_value(name)
+                && owner != kind
+            {
+                self.problem(
+                    key.span().start,
+                    format!(
+                        "`{name}` is for `{}` widgets; {} `{}` {why}",
+                        owner.name(),
+                        a(kind),
+                        kind.name()
+                    ),
+                    first_line(self.block.content.get(key.span().start..).unwrap_or("")),
+                    format!("{} `{}` widget without `{name}`", a(kind), kind.name()),
+                );
+            }
+        }
+        if kind == WidgetKind::DragQuery && table.get("query").is_none() {
+            self.problem(
                 0,
                 "a `drag-query` widget has no `query`",
                 first_line(&self.block.content),
                 "`query = \"TOKEN\"`: the query the handle starts at",
-            ),
-            WidgetKind::AttentionMatrix | WidgetKind::TileStepper => {
-                let (widget, shows) = match kind {
-                    WidgetKind::TileStepper => {
-                        ("a `tile-stepper`", "follows the query of its `qkv tiled` block")
-                    }
-                    _ => ("an `attention-matrix`", "shows every query"),
-                };
-                for name in ["query", "goal"] {
-                    if let Some((key, _)) = table.get_key_value(name) {
-                        self.problem(
-                            key.span().start,
-                            format!("`{name}` is for `drag-query` widgets; {widget} {shows}"),
-                            first_line(self.block.content.get(key.span().start..).unwrap_or("")),
-                            format!("{widget} widget without `{name}`"),
-                        );
-                    }
-                }
-            }
-            WidgetKind::DragQuery => {}
+            );
         }
-        Some(WidgetDecl { kind, example: example?, query, goal, prompt: prompt?, digits })
+        Some(WidgetDecl { kind, example: example?, query, goal, head, prompt: prompt?, digits })
     }
 
     /// `goal = { largest = "KEY" }`.

@@ -1,4 +1,5 @@
-//! `lab EXAMPLE.TOKEN [rounded=N]`: the NumPy laboratory for one query: a short program, what it
+//! `lab EXAMPLE.TOKEN [rounded=N]`: the NumPy laboratory for one query (or `lab MULTIHEAD`, every
+//! head of a multi-head example and its output, `lab/multi_head.rs`): a short program, what it
 //! prints (from the engine's trace; with `rounded=N` the output also at the N decimals the prose
 //! cites), and the same program as a Jupyter notebook for the site. The page's link downloads the
 //! notebook (the page script can also hand it over from the copy embedded in the page, for pages
@@ -16,14 +17,28 @@ use crate::notebook;
 
 pub(super) const KIND: Kind = Kind {
     name: "lab",
-    usage: "`lab EXAMPLE.TOKEN` or `lab TILED`",
+    usage: "`lab EXAMPLE.TOKEN`, `lab TILED` or `lab MULTIHEAD`",
     options: &["digits", "rounded"],
     generate,
 };
 
 fn generate(cx: &mut Context<'_, '_>) -> Result<Generated, Problem> {
     let named = cx.named(KIND.usage)?;
-    let (lab, label, title, intro) = match named.computed {
+    // A part of a record (a head of a multi-head example) is named in the file too, so that two
+    // heads' labs of one token do not share a notebook.
+    let notebook_name = |label: &str| {
+        let segments: Vec<&str> = cx.args[0].split('.').collect();
+        let part = &segments[segments.len().saturating_sub(named.rest.len() + named.consumed)
+            ..segments.len() - named.rest.len()];
+        let stem =
+            [named.key.replace('.', "-")].into_iter().chain(part.iter().map(|s| crate::markup::slug(s)));
+        format!("notebooks/{}-{}.ipynb", stem.collect::<Vec<_>>().join("-"), crate::markup::slug(label))
+    };
+    let (lab, name, title, intro) = match named.computed {
+        Computed::MultiHead(m) if named.rest.is_empty() => {
+            let name = format!("notebooks/{}.ipynb", named.key.replace('.', "-"));
+            (multi_head::lab(cx, &m, cx.digits)?, name, multi_head::TITLE.to_string(), multi_head::INTRO)
+        }
         Computed::Attention { inputs, result: Ok(result) } => {
             let i = cx.query_index(cx.args[0], &inputs, &named.rest)?;
             let rounded = match cx.options.iter().find(|(o, _)| *o == "rounded") {
@@ -38,7 +53,7 @@ fn generate(cx: &mut Context<'_, '_>) -> Result<Generated, Problem> {
             let label = inputs.query_labels()[i].clone();
             (
                 lab(&inputs, &result, i, cx.digits, rounded),
-                label.clone(),
+                notebook_name(&label),
                 format!("Attention for the query “{label}”, in NumPy"),
                 "Scaled dot-product attention in a few lines of NumPy: score every key, softmax, blend the values. The numbers come from the lesson's example; run the cell and compare the printout with the lesson.",
             )
@@ -47,7 +62,7 @@ fn generate(cx: &mut Context<'_, '_>) -> Result<Generated, Problem> {
             let label = t.inputs.query_labels()[t.query].clone();
             (
                 tiled_lab(&t, cx.digits),
-                label.clone(),
+                notebook_name(&label),
                 format!("The online softmax for the query “{label}”, in NumPy"),
                 "Attention one tile of keys at a time, keeping only a running maximum, a running sum and an accumulator, as FlashAttention does. The numbers come from the lesson's example; run the cell and compare the printout with the lesson.",
             )
@@ -61,18 +76,10 @@ fn generate(cx: &mut Context<'_, '_>) -> Result<Generated, Problem> {
         _ => {
             return Err(cx.problem(
                 format!("`{}` is not an attention example that computes", cx.args[0]),
-                "`EXAMPLE.TOKEN` of a `qkv attention` block, or the id of a `qkv tiled` block",
+                "`EXAMPLE.TOKEN` of a `qkv attention` block, or the id of a `qkv tiled` or `qkv multi-head` block",
             ));
         }
     };
-    // A part of a record (a head of a multi-head example) is named in the file too, so that two
-    // heads' labs of one token do not share a notebook.
-    let segments: Vec<&str> = cx.args[0].split('.').collect();
-    let part = &segments
-        [segments.len().saturating_sub(named.rest.len() + named.consumed)..segments.len() - named.rest.len()];
-    let stem = [named.key.replace('.', "-")].into_iter().chain(part.iter().map(|s| crate::markup::slug(s)));
-    let name =
-        format!("notebooks/{}-{}.ipynb", stem.collect::<Vec<_>>().join("-"), crate::markup::slug(&label));
     let nb = notebook::notebook(&title, intro, &lab.code, &lab.printed);
     let colab = cx
         .settings()
@@ -339,5 +346,6 @@ fn lab_html(lab: &Lab, notebook: &str, colab: Option<&str>, text: &str) -> Strin
     )
 }
 
+mod multi_head;
 #[cfg(test)]
 mod tests;

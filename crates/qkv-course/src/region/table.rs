@@ -273,7 +273,7 @@ fn projections_table(inputs: &AttentionInputs, p: &crate::eval::Projection, digi
 }
 
 /// A label as table-cell markdown: no HTML, no emphasis, no column breaks.
-fn escape_cell(s: &str) -> String {
+pub(super) fn escape_cell(s: &str) -> String {
     let mut out = String::new();
     for c in s.chars() {
         match c {

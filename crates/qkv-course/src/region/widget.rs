@@ -7,6 +7,9 @@
 //!   the script shows it, and the data the script recomputes from.
 //! - `attention-matrix`: the weight matrix as a heatmap with row sums; each row opens that query's
 //!   worked steps (the text of a `steps EXAMPLE.TOKEN` region, from the engine's trace).
+//! - `head-explorer` (`widget/heads.rs`): a multi-head example's heads, one at a time, and its
+//!   output with any of them switched off.
+//! - `tile-stepper` (`widget/tiles.rs`): a `qkv tiled` trace, one key block at a time.
 
 use std::fmt::Write;
 
@@ -27,31 +30,44 @@ fn generate(cx: &mut Context<'_, '_>) -> Result<Generated, Problem> {
         PageDecl::Widget(w) => Some(w.as_ref()),
         _ => None,
     })?;
-    let prompt = widget.prompt.fill(cx.eval, cx.doc)?;
-    // A widget holds tables and worked steps, so their limits hold for it too.
     let (body, html) = match widget.kind {
-        WidgetKind::DragQuery => {
-            let (inputs, result) = example(cx, &widget.example)?;
-            cx.at_most_shown(&[
-                (inputs.keys.len(), "keys"),
-                (inputs.values.first().map_or(0, Vec::len), "components of a value"),
-            ])?;
-            let drag = Drag::new(cx, widget, &inputs, &result)?;
-            (drag.markdown(&prompt), drag.html(id, &prompt))
+        WidgetKind::DragQuery | WidgetKind::AttentionMatrix => on_attention(cx, id, widget)?,
+        WidgetKind::HeadExplorer => heads::widget(cx, id, widget)?,
+        WidgetKind::TileStepper => {
+            let prompt = widget.prompt.fill(cx.eval, cx.doc)?;
+            tiles::widget(cx, id, widget, &prompt)?
         }
-        WidgetKind::AttentionMatrix => {
-            let (inputs, result) = example(cx, &widget.example)?;
-            cx.at_most_shown(&table::shown_counts(&inputs))?;
-            matrix(id, &prompt, &inputs, &result, widget.digits)
-        }
-        WidgetKind::TileStepper => tiles::widget(cx, id, widget, &prompt)?,
     };
     Ok(Generated { html: Some(html), ..cx.markdown(body) })
 }
 
-/// What the example a widget names computed (a broken one reports its own error, and the widget
-/// stays quiet).
-fn computed(cx: &mut Context<'_, '_>, example: &Field<String>) -> Result<Computed, Problem> {
+/// A widget on an attention example: its markdown and its page's HTML.
+fn on_attention(
+    cx: &mut Context<'_, '_>,
+    id: &str,
+    widget: &WidgetDecl,
+) -> Result<(String, String), Problem> {
+    let (inputs, result) = example(cx, &widget.example)?;
+    // A widget holds tables and worked steps, so their limits hold for it too.
+    match widget.kind {
+        WidgetKind::DragQuery => cx.at_most_shown(&[
+            (inputs.keys.len(), "keys"),
+            (inputs.values.first().map_or(0, Vec::len), "components of a value"),
+        ])?,
+        _ => cx.at_most_shown(&table::shown_counts(&inputs))?,
+    }
+    let prompt = widget.prompt.fill(cx.eval, cx.doc)?;
+    Ok(if widget.kind == WidgetKind::DragQuery {
+        let drag = Drag::new(cx, widget, &inputs, &result)?;
+        (drag.markdown(&prompt), drag.html(id, &prompt))
+    } else {
+        matrix(id, &prompt, &inputs, &result, widget.digits)
+    })
+}
+
+/// What a widget's `example` names, computed; `expected` says what it should be, for the error
+/// when it is not a whole record.
+fn computed(cx: &mut Context<'_, '_>, example: &Field<String>, expected: &str) -> Result<Computed, Problem> {
     let problem = |message: String, expected: &str| {
         Problem::new(cx.doc, example.at, message, example.value.clone(), expected)
     };
@@ -60,13 +76,22 @@ fn computed(cx: &mut Context<'_, '_>, example: &Field<String>) -> Result<Compute
         .target(cx.doc, &example.value)
         .map_err(|e| problem(format!("unknown reference `{}`", example.value), &e))?;
     if !t.rest.is_empty() {
-        return Err(problem(
-            format!("`{}` names a value, not an example", example.value),
-            "just the example id, such as `sentence`",
-        ));
+        return Err(problem(format!("`{}` names a value, not an example", example.value), expected));
     }
+    // A broken example reports its own error; the widget stays quiet.
     let record = cx.eval.record(&t.key).ok_or_else(|| problem(String::new(), ""))?;
     Ok(record.computed)
+}
+
+/// The error for a widget whose `example` is a record of the wrong kind.
+fn wrong_example(cx: &Context<'_, '_>, example: &Field<String>, what: &str, expected: &str) -> Problem {
+    Problem::new(
+        cx.doc,
+        example.at,
+        format!("`{}` is not {what}", example.value),
+        example.value.clone(),
+        expected,
+    )
 }
 
 /// The attention example a widget names, computed.
@@ -74,13 +99,12 @@ fn example(
     cx: &mut Context<'_, '_>,
     example: &Field<String>,
 ) -> Result<(AttentionInputs, AttentionResult), Problem> {
-    match computed(cx, example)? {
+    match computed(cx, example, "just the example id, such as `sentence`")? {
         Computed::Attention { inputs, result: Ok(result) } => Ok((inputs, result)),
-        _ => Err(Problem::new(
-            cx.doc,
-            example.at,
-            format!("`{}` is not an attention example that computes", example.value),
-            example.value.clone(),
+        _ => Err(wrong_example(
+            cx,
+            example,
+            "an attention example that computes",
             "the id of a `qkv attention` block",
         )),
     }
@@ -576,6 +600,7 @@ fn row_sum(weights: &[f64], digits: usize) -> String {
     )
 }
 
+mod heads;
 mod tiles;
 
 #[cfg(test)]

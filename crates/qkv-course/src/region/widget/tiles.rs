@@ -7,7 +7,7 @@ use std::fmt::Write;
 
 use serde_json::json;
 
-use super::computed;
+use super::{computed, wrong_example};
 use crate::error::Problem;
 use crate::eval::{Computed, TiledResult};
 use crate::examples::WidgetDecl;
@@ -49,14 +49,9 @@ pub(super) fn widget(
     w: &WidgetDecl,
     prompt: &str,
 ) -> Result<(String, String), Problem> {
-    let Computed::Tiled(t) = computed(cx, &w.example)? else {
-        return Err(Problem::new(
-            cx.doc,
-            w.example.at,
-            format!("`{}` is not a `qkv tiled` block", w.example.value),
-            w.example.value.clone(),
-            "the id of a `qkv tiled` block: a `tile-stepper` walks its key blocks",
-        ));
+    let expected = "the id of a `qkv tiled` block: a `tile-stepper` walks its key blocks";
+    let Computed::Tiled(t) = computed(cx, &w.example, expected)? else {
+        return Err(wrong_example(cx, &w.example, "a `qkv tiled` block", expected));
     };
     cx.at_most_shown(&[
         (t.inputs.keys.len(), "keys"),
