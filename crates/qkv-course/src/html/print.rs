@@ -16,7 +16,10 @@ pub(super) fn print_page(sections: &[Section], bodies: &[String]) -> String {
     );
     for (s, html) in sections.iter().zip(bodies) {
         body.push_str(&format!("<section class=\"print-section\" id=\"{}\">\n", escape(&s.id)));
-        body.push_str(&prefixed_ids(html, &s.id));
+        // Without the script no copy button makes a code box reachable: the box takes the focus
+        // itself, so the keyboard can scroll it.
+        let html = html.replace("<pre>", "<pre tabindex=\"0\" aria-label=\"Code\">");
+        body.push_str(&prefixed_ids(&html, &s.id));
         body.push_str("</section>\n");
     }
     page(sections, &Kind::Print, &format!("{COURSE_TITLE}, the whole course"), &body)

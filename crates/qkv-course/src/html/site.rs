@@ -157,7 +157,7 @@ pub(super) fn index(sections: &[Section]) -> String {
         }
         if total > 0 {
             out.push_str(&format!(
-                "<p class=\"toc-progress\" data-qkv-toc-progress hidden>{total} {}</p>",
+                "<p class=\"toc-progress\" data-qkv-toc-progress>{total} {}</p>",
                 checks_word(total)
             ));
         }
