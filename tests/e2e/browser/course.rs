@@ -175,3 +175,30 @@ fn reset_asks_first_and_is_operated_by_keyboard() {
     assert_eq!(b.eval(&on_reset), Value::Bool(true), "the focus did not return to the reset button");
     b.assert_clean("reset with confirmation");
 }
+
+/// The smallest `font-size` an SVG figure writes, in its own units.
+fn smallest_font(svg: &str) -> f64 {
+    svg.match_indices("font-size=\"")
+        .filter_map(|(i, m)| svg[i + m.len()..].split('"').next()?.parse::<f64>().ok())
+        .fold(f64::INFINITY, f64::min)
+}
+
+#[test]
+fn figure_labels_read_at_least_11_px_on_a_phone() {
+    let Some(mut b) = launch(PHONE) else { return };
+    let site = super::site();
+    for s in &lesson().sections {
+        b.open(&format!("{}.html", s.id));
+        let figures = b.eval(
+            "Array.from(document.querySelectorAll('figure img'), (i) => [i.getAttribute('src'), i.getBoundingClientRect().width, Number(i.getAttribute('width'))])",
+        );
+        for f in figures.as_array().expect("a list") {
+            let (src, shown, drawn) =
+                (f[0].as_str().expect("src"), f[1].as_f64().expect("width"), f[2].as_f64().expect("width"));
+            let svg = std::fs::read_to_string(site.join(src)).unwrap_or_else(|e| panic!("{src}: {e}"));
+            let px = smallest_font(&svg) * shown / drawn;
+            assert!(px >= 11.0, "{}: {src}'s smallest text shows at {px:.1} px on a phone", s.id);
+        }
+    }
+    b.assert_clean("figure labels on a phone");
+}
