@@ -155,7 +155,8 @@ fn reset_asks_first_and_is_operated_by_keyboard() {
     b.press(ENTER, 0);
     b.wait_for(open, "the confirmation dialog to open", "");
     assert_eq!(b.eval(focus_in_dialog), Value::Bool(true), "the focus is not in the dialog");
-    b.capture(&screenshot_path("attention-1280-reset-dialog"), [0.0, 0.0, 1280.0, 900.0]);
+    let y = b.eval("scrollY").as_f64().unwrap_or(0.0);
+    b.capture(&screenshot_path("attention-1280-reset-dialog"), [0.0, y, 1280.0, 900.0]);
     b.press(ESCAPE, 0);
     b.wait_for(&format!("!({open})"), "Escape to close the dialog", "");
     assert_eq!(read(&mut b, CHOICE).state, "right", "cancelling forgot the answer");

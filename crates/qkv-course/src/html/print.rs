@@ -19,7 +19,14 @@ pub(super) fn print_page(sections: &[Section], bodies: &[String]) -> String {
         // Without the script no copy button makes a code box reachable: the box takes the focus
         // itself, so the keyboard can scroll it.
         let html = html.replace("<pre>", "<pre tabindex=\"0\" aria-label=\"Code\">");
-        body.push_str(&prefixed_ids(&html, &s.id));
+        let mut html = prefixed_ids(&html, &s.id);
+        // Links between sections stay on this page.
+        for t in sections {
+            html = html
+                .replace(&format!(" href=\"{}.html#", t.id), &format!(" href=\"#{}--", t.id))
+                .replace(&format!(" href=\"{}.html\"", t.id), &format!(" href=\"#{}\"", t.id));
+        }
+        body.push_str(&html);
         body.push_str("</section>\n");
     }
     page(sections, &Kind::Print, &format!("{COURSE_TITLE}, the whole course"), &body)

@@ -30,7 +30,7 @@
       return graded ? "Right. The answer was already on the page, though, so this check adds nothing to your score." : "Right.";
     },
     nearMiss:
-      "Close: keep more decimals until the last step. Your answer is off by about what rounding the steps along the way gives. No try was used.",
+      "Close: keep more decimals until the last step (rounding along the way moves the answer this much). No try was used.",
     invalid:
       "That does not read as a number. Write it with digits, such as 0.731, .731, 73.1% or 3/4. No try was used.",
     restored: function (state, credit, left, next) {

@@ -1,7 +1,7 @@
   /* ---------- search across every section ---------- */
 
-  /* The index is search-index.js beside the page, a classic script setting QKV_SEARCH (a page
-   * read from file:// may not fetch a file, but may load a script); it is loaded on first use. */
+  /* The index, search-index.js, is a classic script setting QKV_SEARCH (file:// refuses fetch but
+   * loads scripts), loaded on first use. */
   var MAX_RESULTS = 8;
 
   function setupSearch() {
@@ -23,15 +23,17 @@
       document.head.appendChild(s);
     }
 
-    /* Every word of the query must begin a word of the heading or its text; headings that match
-     * in their title come first. */
+    /* Every word of the query begins a word of the entry; matches in titles come first. */
     function find(query) {
       var data = window.QKV_SEARCH;
-      var terms = query.toLowerCase().split(/[^\p{L}\p{N}]+/u).filter(Boolean);
+      var split = function (t) {
+        return t.toLowerCase().split(/[^\p{L}\p{N}]+/u);
+      };
+      var terms = split(query).filter(Boolean);
       if (!data || !terms.length) return [];
       var hits = [];
       data.entries.forEach(function (e) {
-        var title = " " + e[2].toLowerCase().split(/[^\p{L}\p{N}]+/u).join(" ");
+        var title = " " + split(e[2]).join(" ");
         var words = " " + e[4];
         var inTitle = 0;
         for (var i = 0; i < terms.length; i++) {
