@@ -112,6 +112,8 @@ fn a_second_build_changes_nothing() {
         "index.html",
         "attention.html",
         "causal-masking.html",
+        "print.html",
+        "search-index.js",
         "style.css",
         "figures/love-sweep.svg",
         "figures/love-sweep.png",
