@@ -167,7 +167,7 @@ pub(super) fn index(sections: &[Section]) -> String {
     out
 }
 
-/// "check" or "checks".
+/// "graded check" or "graded checks".
 fn checks_word(n: usize) -> &'static str {
     if n == 1 { "graded check" } else { "graded checks" }
 }
