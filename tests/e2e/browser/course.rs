@@ -203,3 +203,23 @@ fn figure_labels_read_at_least_11_px_on_a_phone() {
     }
     b.assert_clean("figure labels on a phone");
 }
+
+#[test]
+fn without_script_the_drag_widget_does_not_ask_for_dragging() {
+    let Some(mut b) = super::launch_with(PHONE, false) else { return };
+    let widget = lesson().widget("drag-query");
+    b.open(&widget.page);
+    let prompts = format!("{} .prompt", widget.root);
+    let shown = b.eval(&format!(
+        "Array.from(document.querySelectorAll({}), (p) => p.getClientRects().length ? p.textContent : '').join(' ')",
+        js(&prompts)
+    ));
+    let shown = shown.as_str().unwrap_or_default().to_lowercase();
+    assert!(!shown.contains("drag") && !shown.contains("arrow keys"), "the no-script prompt says {shown:?}");
+    assert!(
+        b.visible(&format!("{} [data-qkv-static-prompt]", widget.root)),
+        "no prompt for what the page shows"
+    );
+    b.screenshot_of(&widget.root, &screenshot_path("attention-360-drag-no-script"));
+    b.assert_clean("the drag widget without script");
+}
