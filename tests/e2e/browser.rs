@@ -11,14 +11,18 @@
 
 mod a11y;
 mod cdp;
+mod course;
 mod dom;
 mod drag;
 mod heads;
 mod layout;
 mod lesson;
 mod matrix;
+mod near_miss;
+mod print;
 mod progress;
 mod quiz;
+mod search;
 mod shuffle;
 mod tiles;
 
@@ -31,8 +35,9 @@ use cdp::{Browser, Viewport};
 use crate::content::{content_dir, copy_dir};
 use crate::support::xtask;
 
-/// The pages `cargo xtask build-content` writes: the index and one per `content/NN-NAME.md`
-/// (`NAME.html`), in course order. The page-wide tests (layout, accessibility) open every one.
+/// The pages `cargo xtask build-content` writes: the index, one per `content/NN-NAME.md`
+/// (`NAME.html`) in course order, and the print view. The page-wide tests (layout,
+/// accessibility) open every one.
 pub fn pages() -> Vec<String> {
     let mut sections: Vec<String> = std::fs::read_dir(content_dir())
         .expect("content/")
@@ -41,7 +46,10 @@ pub fn pages() -> Vec<String> {
         .collect();
     sections.sort();
     let named = sections.iter().map(|name| format!("{}.html", qkv_course::section_id(name)));
-    std::iter::once("index.html".to_string()).chain(named).collect()
+    std::iter::once("index.html".to_string())
+        .chain(named)
+        .chain(std::iter::once("print.html".to_string()))
+        .collect()
 }
 
 /// Debian's chromium, or `None` (after saying so once) when it is not installed and `CI` is not

@@ -279,10 +279,11 @@ const KINDS: &[(&str, &[&str])] = &[
             "steps",
             "percent",
             "answer_text",
+            "near_miss",
         ],
     ),
     ("widget", &["id", "kind", "example", "query", "goal", "head", "prompt", "digits"]),
-    ("settings", &["credit", "notebook_repository"]),
+    ("settings", &["credit", "notebook_repository", "summary"]),
 ];
 
 /// Every declaration of the lesson, one per `qkv` block that parses, with the problems of the

@@ -82,8 +82,10 @@ pub(crate) enum Deferred {
 
 /// Fingerprint of a figure's inputs. Numbers are rounded to 9 significant digits first, so a last-bit
 /// difference in `exp` between C libraries does not mark a committed figure stale on another machine.
+/// The figure library's look is part of it: a new look redraws every figure.
 fn hash_of(text: &str) -> String {
-    let digest = Sha256::digest(canonical_numbers(text).as_bytes());
+    let text = format!("look v{}|{text}", qkv_plot::LOOK_VERSION);
+    let digest = Sha256::digest(canonical_numbers(&text).as_bytes());
     digest.iter().take(8).fold(String::new(), |mut s, b| {
         let _ = write!(s, "{b:02x}");
         s
@@ -278,7 +280,8 @@ fn score_curves(inputs: &AttentionInputs, i: usize, label: &str) -> Result<Score
     );
     curves.title = format!("Sweeping the query of “{label}”");
     curves.x_title = "direction of q (degrees)".to_string();
-    curves.x_ticks = Some((0..=8).map(|i| f64::from(i) * 45.0).collect());
+    // Every 90 degrees: at 45 the labels of a phone-sized figure touch.
+    curves.x_ticks = Some((0..=4).map(|i| f64::from(i) * 90.0).collect());
     curves.marker = Some(VerticalMarker {
         x: angle,
         label: format!("q = ({}): output {}", here.join(", "), out_text.join(", ")),

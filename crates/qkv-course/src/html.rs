@@ -9,6 +9,10 @@ use crate::document;
 use crate::files::{OutputFile, SourceFile, section_id};
 use crate::markup::{display_math, escape, markdown_options, mathml, scroll_box, slug};
 
+mod print;
+mod search;
+mod site;
+
 const STYLE: &str = include_str!("html/style.css");
 /// The page script's source files, in the order they are joined: `core.js` opens the one
 /// function scope and holds the shared helpers, `init.js` closes it; each file between is one
@@ -17,6 +21,7 @@ const SCRIPT_PARTS: &[&str] = &[
     include_str!("html/js/core.js"),
     include_str!("html/js/quiz.js"),
     include_str!("html/js/progress.js"),
+    include_str!("html/js/search.js"),
     include_str!("html/js/drag.js"),
     include_str!("html/js/matrix.js"),
     include_str!("html/js/tiles.js"),
@@ -30,92 +35,105 @@ fn script() -> String {
     SCRIPT_PARTS.concat()
 }
 
-/// Every file of the site except the figures: pages, index, stylesheet, notebooks, markdown.
-/// `region_html[i][r]` is the page's HTML for region `r` of file `i`, where it has its own.
+/// What the site needs to know of a section beyond its text: its summary for the contents page
+/// and its graded checks, in page order, for progress across the course.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct SectionInfo {
+    /// The `summary` of its `qkv settings` block.
+    pub summary: Option<String>,
+    /// The quiz ids of its graded checks, in the order their regions appear (so check `k + 1`
+    /// is `checks[k]`, as the page numbers them).
+    pub checks: Vec<String>,
+}
+
+/// A section as the site shows it.
+struct Section {
+    id: String,
+    /// Counted from 1, in course order.
+    number: usize,
+    title: String,
+    summary: Option<String>,
+    checks: Vec<String>,
+}
+
+/// Every file of the site except the figures: pages, contents, print view, search index,
+/// stylesheet, script, notebooks, markdown. `region_html[i][r]` is the page's HTML for region `r`
+/// of file `i`, where it has its own; `info[i]` what the site needs of file `i` beyond its text.
 pub(crate) fn site(
     markdown: &[SourceFile],
     region_html: &[Vec<Option<String>>],
+    info: &[SectionInfo],
     notebooks: Vec<OutputFile>,
 ) -> Vec<OutputFile> {
-    let sections: Vec<(String, String)> = markdown
+    let sections: Vec<Section> = markdown
         .iter()
-        .map(|f| {
+        .enumerate()
+        .map(|(i, f)| {
             let title =
                 document::parse(0, &f.text).ok().and_then(|d| d.title).unwrap_or_else(|| section_id(&f.path));
-            (section_id(&f.path), title)
+            let info = info.get(i).cloned().unwrap_or_default();
+            Section {
+                id: section_id(&f.path),
+                number: i + 1,
+                title,
+                summary: info.summary,
+                checks: info.checks,
+            }
         })
         .collect();
     let mut out = Vec::new();
+    let mut bodies = Vec::new();
+    let mut entries = Vec::new();
     for (i, file) in markdown.iter().enumerate() {
-        let body = render_body(&file.text, region_html.get(i).map_or(&[], Vec::as_slice), markdown);
+        let s = &sections[i];
+        let (body, found) = render_body(&file.text, region_html.get(i).map_or(&[], Vec::as_slice), markdown);
+        let body = numbered_title(&body, s.number);
+        let page_body = format!("{body}{}", site::summary(s));
         out.push(OutputFile {
-            name: format!("{}.html", sections[i].0),
-            text: page(&sections, Some(i), &sections[i].1, &body, &file.path),
+            name: format!("{}.html", s.id),
+            text: site::page(
+                &sections,
+                &site::Kind::Section { i, source: &file.path },
+                &site::numbered(s),
+                &page_body,
+            ),
         });
         let md_name = file.path.rsplit(['/', '\\']).next().unwrap_or(&file.path);
         out.push(OutputFile { name: format!("markdown/{md_name}"), text: file.text.clone() });
+        bodies.push(body);
+        entries.push(found);
     }
-    let mut index = String::from(
-        "<h1>Scaled dot-product attention</h1>\n<p class=\"lede\">A short course on the mechanism inside every Transformer, with every number computed by the qkv engine.</p>\n<ol class=\"toc\">\n",
-    );
-    for (id, title) in &sections {
-        index.push_str(&format!("<li><a href=\"{}.html\">{}</a></li>\n", escape(id), escape(title)));
-    }
-    index.push_str("</ol>\n");
-    out.push(OutputFile { name: "index.html".into(), text: page(&sections, None, "Contents", &index, "") });
+    out.push(OutputFile {
+        name: "index.html".into(),
+        text: site::page(&sections, &site::Kind::Index, "Contents", &site::index(&sections)),
+    });
+    out.push(OutputFile { name: "print.html".into(), text: print::print_page(&sections, &bodies) });
+    out.push(OutputFile { name: "search-index.js".into(), text: search::index(&sections, &entries) });
     out.push(OutputFile { name: "style.css".into(), text: STYLE.to_string() });
     out.push(OutputFile { name: "qkv.js".into(), text: script() });
     out.extend(notebooks);
     out
 }
 
-fn page(
-    sections: &[(String, String)],
-    current: Option<usize>,
-    title: &str,
-    body: &str,
-    source: &str,
-) -> String {
-    let mut nav =
-        String::from("<nav class=\"sections\" aria-label=\"Sections\"><a href=\"index.html\">Contents</a>");
-    for (i, (id, t)) in sections.iter().enumerate() {
-        let class = if Some(i) == current { " aria-current=\"page\"" } else { "" };
-        nav.push_str(&format!(" · <a href=\"{}.html\"{class}>{}</a>", escape(id), escape(t)));
-    }
-    nav.push_str("</nav>");
-    let mut pager = String::new();
-    if let Some(i) = current {
-        pager.push_str("<nav class=\"pager\" aria-label=\"Previous and next section\">");
-        if i > 0 {
-            pager.push_str(&format!(
-                "<a rel=\"prev\" href=\"{}.html\">← {}</a>",
-                escape(&sections[i - 1].0),
-                escape(&sections[i - 1].1)
-            ));
+/// The section's number before its title, in the page's first `<h1>`.
+fn numbered_title(body: &str, number: usize) -> String {
+    match body.find("<h1>") {
+        Some(at) => {
+            let at = at + "<h1>".len();
+            format!("{}<span class=\"section-number\">{number}.</span> {}", &body[..at], &body[at..])
         }
-        if let Some((id, t)) = sections.get(i + 1) {
-            pager.push_str(&format!("<a rel=\"next\" href=\"{}.html\">{} →</a>", escape(id), escape(t)));
-        }
-        pager.push_str("</nav>");
+        None => body.to_string(),
     }
-    let footer = if source.is_empty() {
-        String::new()
-    } else {
-        let name = source.rsplit(['/', '\\']).next().unwrap_or(source);
-        format!(
-            "<footer>Generated by <code>cargo xtask build-content</code> from <a href=\"markdown/{0}\">{0}</a>; every number on this page is computed by the qkv engine.</footer>",
-            escape(name)
-        )
-    };
-    format!(
-        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n<title>{} · qkv</title>\n<link rel=\"stylesheet\" href=\"style.css\">\n<script src=\"qkv.js\" defer></script>\n</head>\n<body>\n<a class=\"skip\" href=\"#content\">Skip to the content</a>\n<header>{nav}</header>\n<main id=\"content\" tabindex=\"-1\">\n<article>\n{body}</article>\n{pager}\n</main>\n{footer}\n</body>\n</html>\n",
-        escape(title)
-    )
 }
 
 /// Renders one section's markdown to the page body; `regions` holds the HTML of each region
-/// (in order) that replaces its rendered markdown.
-fn render_body(text: &str, regions: &[Option<String>], markdown: &[SourceFile]) -> String {
+/// (in order) that replaces its rendered markdown. Also returns the section's headings with the
+/// text under each, for the search index.
+fn render_body(
+    text: &str,
+    regions: &[Option<String>],
+    markdown: &[SourceFile],
+) -> (String, Vec<search::Entry>) {
     let events: Vec<(Event<'_>, std::ops::Range<usize>)> =
         Parser::new_ext(text, markdown_options()).into_offset_iter().collect();
     let mut out: Vec<Event<'_>> = Vec::with_capacity(events.len());
@@ -124,6 +142,9 @@ fn render_body(text: &str, regions: &[Option<String>], markdown: &[SourceFile]) 
     let mut region = 0;
     // The page's sections, for its contents list.
     let mut contents: Vec<(String, String)> = Vec::new();
+    // The search entries: the text before the first heading belongs to the title's.
+    let mut entries: Vec<search::Entry> = vec![search::Entry::default()];
+    let mut in_heading = false;
     let mut i = 0;
     while i < events.len() {
         let (event, _) = &events[i];
@@ -144,6 +165,17 @@ fn render_body(text: &str, regions: &[Option<String>], markdown: &[SourceFile]) 
             continue;
         }
         match event {
+            Event::Text(t) | Event::Code(t) if !in_heading => {
+                if let Some(e) = entries.last_mut() {
+                    e.text.push_str(t);
+                    e.text.push(' ');
+                }
+                out.push(event.clone());
+            }
+            Event::End(TagEnd::Heading(_)) => {
+                in_heading = false;
+                out.push(event.clone());
+            }
             Event::Start(Tag::CodeBlock(CodeBlockKind::Fenced(info)))
                 if info.split_whitespace().next() == Some("qkv") =>
             {
@@ -202,6 +234,16 @@ fn render_body(text: &str, regions: &[Option<String>], markdown: &[SourceFile]) 
                     }
                 }
                 let id = if *level == HeadingLevel::H1 { None } else { Some(CowStr::from(slug(&title))) };
+                in_heading = true;
+                if *level == HeadingLevel::H1 {
+                    entries[0].title = title.clone();
+                } else {
+                    entries.push(search::Entry {
+                        id: Some(slug(&title)),
+                        title: title.clone(),
+                        text: String::new(),
+                    });
+                }
                 if *level == HeadingLevel::H2 {
                     contents.push((slug(&title), title));
                 }
@@ -223,7 +265,7 @@ fn render_body(text: &str, regions: &[Option<String>], markdown: &[SourceFile]) 
     {
         html.insert_str(at, &contents_list(&contents));
     }
-    html
+    (html, entries)
 }
 
 /// Punctuation that must not start a line (closing) or end one (opening) beside math.

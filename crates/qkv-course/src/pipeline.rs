@@ -7,7 +7,7 @@ use crate::document::{self, Document};
 use crate::encoding::{LineEnding, restore_bom, strip_bom};
 use crate::error::{ContentError, ContentErrors, Problem};
 use crate::eval::Evaluator;
-use crate::examples::{self, Decl};
+use crate::examples::{self, Decl, DeclKind, PageDecl};
 use crate::figures::{self, FigureJob};
 use crate::files::{FigureFile, OutputFile, SourceFile, Sources, section_id};
 use crate::location::LineIndex;
@@ -46,6 +46,8 @@ struct Plan {
     region_html: Vec<Vec<Option<String>>>,
     notebooks: Vec<OutputFile>,
     records: Vec<(String, Node)>,
+    /// Per document, what the site needs beyond its text (summary, graded checks).
+    sections: Vec<html::SectionInfo>,
 }
 
 /// Checks the lesson: the stale places, or the content errors. Renders nothing.
@@ -106,7 +108,7 @@ pub fn build(sources: &Sources) -> Result<Build, ContentErrors> {
     if !problems.is_empty() {
         return Err(locate(sources, problems));
     }
-    let site = html::site(&markdown, &plan.region_html, plan.notebooks.clone());
+    let site = html::site(&markdown, &plan.region_html, &plan.sections, plan.notebooks.clone());
     let orphans = orphan_figures(sources, &plan);
     let markdown = markdown
         .into_iter()
@@ -380,7 +382,21 @@ fn plan(sources: &Sources) -> Result<Plan, ContentErrors> {
     if !problems.is_empty() {
         return Err(locate(sources, problems));
     }
-    Ok(Plan { docs, edits, figures: figures_out, region_html, notebooks, records })
+    let sections = docs
+        .iter()
+        .enumerate()
+        .map(|(i, doc)| html::SectionInfo {
+            summary: decls.iter().find_map(|d| match &d.kind {
+                DeclKind::Page(p) if d.doc == i => match p.as_ref() {
+                    PageDecl::Settings(s) => s.summary.clone(),
+                    _ => None,
+                },
+                _ => None,
+            }),
+            checks: region::graded_checks(&decls, i, &doc.regions),
+        })
+        .collect();
+    Ok(Plan { docs, edits, figures: figures_out, region_html, notebooks, records, sections })
 }
 
 #[cfg(test)]

@@ -14,6 +14,8 @@ mod steps;
 mod table;
 mod widget;
 
+pub(crate) use quiz::graded_checks;
+
 use crate::document::{Region, first_line};
 use crate::error::Problem;
 use crate::eval::{AttentionInputs, Computed, Evaluator};
@@ -212,7 +214,7 @@ impl<'a> Context<'a, '_> {
     pub(crate) fn settings(&self) -> Settings {
         match self.page_decl(SETTINGS_ID) {
             Some(PageDecl::Settings(s)) => s.clone(),
-            _ => Settings { credit: None, notebook_repository: None },
+            _ => Settings { credit: None, notebook_repository: None, summary: None },
         }
     }
 }

@@ -45,9 +45,9 @@ pub(crate) fn palette(i: usize) -> RGBColor {
 /// Figure title size in pixels.
 pub(crate) const TITLE_SIZE: f64 = 19.0;
 /// Axis title size.
-pub(crate) const AXIS_TITLE_SIZE: f64 = 15.0;
+pub(crate) const AXIS_TITLE_SIZE: f64 = 16.0;
 /// Tick label and legend size.
-pub(crate) const LABEL_SIZE: f64 = 14.0;
+pub(crate) const LABEL_SIZE: f64 = 16.0;
 /// Outer margin on every side.
 pub(crate) const MARGIN: i32 = 14;
 /// Gap between a label and what it labels.

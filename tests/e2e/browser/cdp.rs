@@ -20,7 +20,8 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 /// How long one protocol call or one awaited condition may take before the test fails. axe-core
-/// over a long page takes 5 to 7 s on a loaded 2-core machine, so 10 s was too close.
+/// over a long page takes 5 to 7 s on a loaded 2-core machine, and the print view holds the whole
+/// course on one page, several times one section's work.
 const TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The flags headless chromium needs here (`../shared/stack-notes.md`): root needs

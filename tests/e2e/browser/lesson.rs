@@ -14,6 +14,8 @@ use crate::content::content_dir;
 
 /// One section of the lesson: its page and the blocks it declares.
 pub struct Section {
+    /// Its `# Title`.
+    pub title: String,
     /// `attention` for `01-attention.md`: the page name and the progress key.
     pub id: String,
     /// Its `qkv quiz` blocks, in reading order.
@@ -144,7 +146,9 @@ fn section(file: &SourceFile) -> Section {
             c.iter().map(|x| x.as_float().or(x.as_integer().map(|i| i as f64)).expect("a credit")).collect()
         })
         .unwrap_or_else(|| vec![1.0, 0.5, 0.25]);
-    Section { id: qkv_course::section_id(&file.path), quizzes, widgets: of("widget"), credit, blocks }
+    // The title is the first line that is a level-1 heading (no fenced block comes before it).
+    let title = file.text.lines().find_map(|l| l.strip_prefix("# ")).unwrap_or_default().trim().to_string();
+    Section { id: qkv_course::section_id(&file.path), title, quizzes, widgets: of("widget"), credit, blocks }
 }
 
 /// Every fenced ```` ```qkv KIND ```` block of `text` as (KIND, its TOML).

@@ -1,5 +1,5 @@
 //! Progress: the indicator counts graded checks only, is kept in `localStorage` under
-//! `qkv-progress` across a reload, and "Reset progress" clears the section.
+//! `qkv-progress` across a reload, and "Reset progress" clears the section once confirmed.
 
 use serde_json::Value;
 
@@ -112,7 +112,9 @@ fn a_reload_keeps_progress_and_reset_clears_it() {
         assert!(is.answer_visible, "quiz {id}'s answer is hidden again after the reload");
     }
 
+    // Reset asks first (`browser::course` walks the dialog by keyboard).
     b.click(&format!("{PROGRESS} [data-qkv-reset]"));
+    b.click("dialog[data-qkv-confirm] [data-qkv-confirm-yes]");
     wait_for_progress(&mut b, 0, 0.0);
     for q in &section.quizzes {
         let shown = read(&mut b, &q.id);

@@ -108,7 +108,7 @@ pub fn fresh(b: &mut Browser) {
 }
 
 /// The numeric quiz's key and its tolerance, from the lesson.
-fn key(section: &Section, quiz: &Quiz) -> (f64, usize, f64) {
+pub fn key(section: &Section, quiz: &Quiz) -> (f64, usize, f64) {
     let path = quiz.field("answer").unwrap_or_else(|| panic!("numeric quiz {} has no answer path", quiz.id));
     let key = lesson().number(&section.id, path);
     let digits = quiz.block.get("digits").and_then(toml::Value::as_integer).unwrap_or(3) as usize;
@@ -118,6 +118,15 @@ fn key(section: &Section, quiz: &Quiz) -> (f64, usize, f64) {
         .and_then(toml::Value::as_float)
         .unwrap_or(0.5 * 10f64.powi(-(digits as i32)));
     (key, digits, tolerance)
+}
+
+/// The near-miss band of a numeric quiz, by the rule of `content/README.md`: its `near_miss`,
+/// or two units in the last shown place or 0.5% of the key, whichever is wider.
+pub fn near(quiz: &Quiz, key: f64, digits: usize) -> f64 {
+    quiz.block
+        .get("near_miss")
+        .and_then(toml::Value::as_float)
+        .unwrap_or_else(|| (2.0 * 10f64.powi(-(digits as i32))).max(0.005 * key.abs()))
 }
 
 fn page(section: &Section) -> String {
@@ -282,9 +291,11 @@ fn three_wrong_tries_show_the_answer_and_earn_nothing() {
     let Some(mut b) = launch(DESKTOP) else { return };
     let (section, quiz) = lesson().quiz(NUMERIC);
     let (key, digits, tolerance) = key(section, quiz);
+    let near = near(quiz, key, digits);
     b.open(&page(section));
-    let high = format!("{:.*}", digits + 2, key + 5.0 * tolerance);
-    let low = format!("{:.*}", digits + 2, key - 5.0 * tolerance);
+    // Beyond the near-miss band, which uses no try.
+    let high = format!("{:.*}", digits + 2, key + near + 5.0 * tolerance);
+    let low = format!("{:.*}", digits + 2, key - near - 5.0 * tolerance);
     enter(&mut b, NUMERIC, &high, true);
     let too_high =
         expect(&mut b, NUMERIC, Expect { state: "wrong", credit: 0.0, tries: 1, outcome: "wrong" });
@@ -361,9 +372,16 @@ fn numeric_answers_within_the_tolerance_and_in_every_accepted_form_earn_full_cre
         );
         assert_eq!(got.credit, format!("{}", section.credit[0]), "{form:?} earns full credit");
     }
-    // Just outside the tolerance, above and below: wrong.
+    // Just outside the tolerance, above and below: a near miss, which uses no try.
     fresh(&mut b);
-    for (n, outside) in [key + 1.1 * tolerance, key - 1.1 * tolerance].iter().enumerate() {
+    for outside in [key + 1.1 * tolerance, key - 1.1 * tolerance] {
+        let form = format!("{:.*}", digits + 3, outside);
+        enter(&mut b, NUMERIC, &form, true);
+        expect(&mut b, NUMERIC, Expect { state: "unanswered", credit: 0.0, tries: 0, outcome: "near-miss" });
+    }
+    // Just outside the near-miss band: wrong.
+    let near = near(quiz, key, digits);
+    for (n, outside) in [key + near + 1.1 * tolerance, key - near - 1.1 * tolerance].iter().enumerate() {
         let form = format!("{:.*}", digits + 3, outside);
         enter(&mut b, NUMERIC, &form, true);
         let tries = n as u32 + 1;
@@ -389,7 +407,7 @@ fn every_outcome_has_a_sentence_of_its_own() {
     let (right, wrong) = quiz.letters();
     let (_, numeric) = lesson().quiz(NUMERIC);
     let (key, digits, tolerance) = key(section, numeric);
-    let far = format!("{:.*}", digits + 2, key + 5.0 * tolerance);
+    let far = format!("{:.*}", digits + 2, key + near(numeric, key, digits) + 5.0 * tolerance);
     b.open(&page(section));
     let mut sentences: Vec<(&str, String)> = Vec::new();
     choose(&mut b, CHOICE, right);

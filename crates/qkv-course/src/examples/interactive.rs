@@ -50,6 +50,10 @@ pub(crate) enum QuizKey {
         steps: Option<Field<String>>,
         /// The key is shown as a percentage, `digits` decimals of it (`73.1%`).
         percent: bool,
+        /// The near-miss band (`near_miss`): an answer this close to the key but outside the
+        /// tolerance is told to keep more decimals, and uses no try; `0` turns it off. Default:
+        /// two units in the last shown place or 0.5% of the key, whichever is wider.
+        near_miss: Option<Field<f64>>,
     },
     /// Written freely and checked by the learner against a model answer (practice only).
     Short { answer_text: Text },
@@ -180,7 +184,7 @@ impl Condition {
 /// The quiz kinds, and the fields only that kind takes.
 const QUIZ_KINDS: &[(&str, &[&str])] = &[
     ("choice", &["options", "correct", "shuffle"]),
-    ("numeric", &["answer", "digits", "tolerance", "steps", "percent"]),
+    ("numeric", &["answer", "digits", "tolerance", "steps", "percent", "near_miss"]),
     ("short", &["answer_text"]),
 ];
 
@@ -256,6 +260,8 @@ pub(crate) struct Settings {
     pub credit: Option<[f64; 3]>,
     /// The GitHub folder that holds the published site, for "Open in Colab" links.
     pub notebook_repository: Option<Field<String>>,
+    /// The section's one-line summary, for the contents page (plain text).
+    pub summary: Option<String>,
 }
 
 impl Settings {
@@ -623,7 +629,16 @@ impl Reader<'_> {
         let steps =
             table.get("steps").and_then(|v| self.string(v, "the computation whose steps go with the answer"));
         let percent = table.get("percent").and_then(|v| self.boolean(v)).unwrap_or(false);
-        Some(QuizKey::Numeric { answer: answer?, digits: digits?, tolerance, steps, percent })
+        let near_miss = table.get("near_miss").and_then(|v| {
+            let t = self.number(v)?;
+            if t.value >= 0.0 {
+                Some(t)
+            } else {
+                self.wrong(v, "a near-miss band", "a number of 0 or more, such as `0.01` (0 turns it off)");
+                None
+            }
+        });
+        Some(QuizKey::Numeric { answer: answer?, digits: digits?, tolerance, steps, percent, near_miss })
     }
 
     fn short(&mut self, table: &DeTable<'_>, practice: bool) -> Option<QuizKey> {
@@ -730,7 +745,24 @@ impl Reader<'_> {
             }
             Some(f)
         });
-        Some(Settings { credit, notebook_repository })
+        let summary = table.get("summary").and_then(|v| self.summary(v));
+        Some(Settings { credit, notebook_repository, summary })
+    }
+
+    /// `summary = "…"`: one line of plain text, which the contents page shows as written.
+    fn summary(&mut self, v: &Value<'_>) -> Option<String> {
+        const EXPECTED: &str = "one line of plain text of at most 200 characters, such as `summary = \"What a query, a key and a value are.\"`";
+        let f = self.string(v, "a one-line summary")?;
+        let text = f.value.trim();
+        if text.is_empty() || text.contains('\n') || text.chars().count() > 200 {
+            self.wrong(v, "a one-line summary", EXPECTED);
+            return None;
+        }
+        if !citation_shapes(text).is_empty() {
+            self.wrong(v, "a summary without citations", "plain text: a summary cannot cite numbers");
+            return None;
+        }
+        Some(text.to_string())
     }
 
     /// `credit = [1, 0.5, 0.25]`: three numbers from 1 down to 0, never rising.

@@ -12,8 +12,11 @@ use serde_json::json;
 
 use super::{Context, Generated, Kind, steps};
 use crate::citation::Text;
+use crate::document::Region;
 use crate::error::Problem;
-use crate::examples::{ChoiceKey, Operand, PageDecl, QuizDecl, QuizKey, QuizOption, Settings, letter};
+use crate::examples::{
+    ChoiceKey, Decl, DeclKind, Operand, PageDecl, QuizDecl, QuizKey, QuizOption, Settings, letter,
+};
 use crate::format::DEFAULT_DIGITS;
 use crate::format::Format;
 use crate::markup::{escape, fragment, inline_markdown, json_script};
@@ -72,6 +75,24 @@ fn place(cx: &Context<'_, '_>) -> Place {
     Place { label, progress: (before == Some(cx.at)).then_some(total) }
 }
 
+/// The ids of file `doc`'s graded checks, in the order their regions appear (as [`place`]
+/// numbers them), for the site's progress across the course.
+pub(crate) fn graded_checks(decls: &[Decl], doc: usize, regions: &[Region]) -> Vec<String> {
+    regions
+        .iter()
+        .filter(|r| r.directive.first().is_some_and(|k| k == "quiz"))
+        .filter_map(|r| r.directive.get(1))
+        .filter(|id| {
+            decls.iter().any(|d| {
+                d.doc == doc
+                    && &d.id == *id
+                    && matches!(&d.kind, DeclKind::Page(p) if matches!(p.as_ref(), PageDecl::Quiz(q) if !q.practice))
+            })
+        })
+        .cloned()
+        .collect()
+}
+
 /// A quiz's text with every `{=PATH:FORMAT}` replaced, and its key worked out.
 struct Filled {
     question: String,
@@ -91,6 +112,8 @@ enum Answer {
         shown: String,
         also: Vec<String>,
         tolerance: f64,
+        /// The near-miss band, wider than the tolerance, or 0 for none.
+        near: f64,
         steps: Option<String>,
         percent: bool,
     },
@@ -119,7 +142,7 @@ impl Filled {
                 choice_answer(&mut fill, options, correct, *shuffle)?
             }
             QuizKey::Short { answer_text } => Answer::Short(fill(answer_text)?),
-            QuizKey::Numeric { answer, digits, tolerance, steps, percent } => {
+            QuizKey::Numeric { answer, digits, tolerance, steps, percent, near_miss } => {
                 let value = cited_number(cx, &answer.value, answer.at)?;
                 let format = Format { percent: *percent, ..Format::decimals(*digits) };
                 let shown = format.apply(value);
@@ -150,6 +173,7 @@ impl Filled {
                         t.value
                     }
                 };
+                let near = near_band(value, *digits, unit, tolerance, near_miss.as_ref().map(|n| n.value));
                 let steps = match steps {
                     Some(s) => Some(steps::worked(cx, &s.value, DEFAULT_DIGITS).map_err(|p| Problem {
                         at: s.at,
@@ -168,12 +192,23 @@ impl Filled {
                     value,
                     shown,
                     tolerance,
+                    near,
                     steps,
                 }
             }
         };
         Ok(Filled { question, hint, why, answer })
     }
+}
+
+/// How far from the key an answer is a near miss, an answer off only because the learner
+/// rounded intermediate steps to the shown precision: the declared `near_miss`, or by default
+/// two units in the last shown place or 0.5% of the key, whichever is wider (0.002 around 0.731,
+/// 0.021 around 4.243, 0.039 around 7.85). A band no wider than the tolerance is none (0).
+fn near_band(value: f64, digits: usize, unit: f64, tolerance: f64, declared: Option<f64>) -> f64 {
+    let band =
+        declared.unwrap_or_else(|| (2.0 * 10f64.powi(-(digits as i32)) * unit).max(0.005 * value.abs()));
+    if band > tolerance { band } else { 0.0 }
 }
 
 /// The options filled in, and which is right.
@@ -379,10 +414,10 @@ fn key_json(
             }
             key
         }
-        Answer::Numeric { value, shown, tolerance, percent, .. } => {
+        Answer::Numeric { value, shown, tolerance, near, percent, .. } => {
             let mut key = json!({
                 "kind": "numeric", "graded": graded, "credit": credit,
-                "value": value, "shown": shown, "tolerance": tolerance,
+                "value": value, "shown": shown, "tolerance": tolerance, "near": near,
             });
             if *percent {
                 key["percent"] = json!(true);

@@ -272,6 +272,8 @@ impl<'i> Drag<'i> {
     }
 
     fn html(&self, id: &str, prompt: &str) -> String {
+        /// What the widget is without script: its numbers at the starting query.
+        const STATIC_PROMPT: &str = "<strong>The numbers at one query.</strong> The table below gives every dot product, score and weight, and the output, at the query the widget starts from. With JavaScript on, the page lets you move the query over the plane of the keys and watch them change.";
         let labels = self.inputs.key_labels();
         let q = &self.trace.query;
         let data = json!({
@@ -291,7 +293,13 @@ impl<'i> Drag<'i> {
             q.iter().map(|&x| js_number(x)).collect::<Vec<_>>().join(",")
         );
         out.push_str(&json_script("data-qkv-data", &data));
-        let _ = writeln!(out, "<p class=\"prompt\"><strong>Try it.</strong> {}</p>", inline_markdown(prompt));
+        // The author's prompt asks for dragging, which only the script makes possible: without it
+        // the page says what it does show.
+        let _ = writeln!(
+            out,
+            "<p class=\"prompt\" data-qkv-prompt hidden><strong>Try it.</strong> {}</p>\n<p class=\"prompt\" data-qkv-static-prompt>{STATIC_PROMPT}</p>",
+            inline_markdown(prompt)
+        );
         out.push_str("<div class=\"plane\" hidden>\n");
         out.push_str(&self.svg(id));
         out.push_str("</div>\n");

@@ -139,7 +139,9 @@ fn labels_that_almost_fit_stay_horizontal_in_a_smaller_size() {
     let mut spec = uniform(1, 8);
     spec.col_labels =
         ["The", "attention", "layer", "compares", "every", "query", "with", "all"].map(String::from).to_vec();
-    let layout = Checked::new(&spec).unwrap().layout(640, 480, 40);
+    // 720 px: the widest label fits a column at the smaller size only (at 16 px labels, 660 px
+    // turns them upright and 760 px fits them at full size).
+    let layout = Checked::new(&spec).unwrap().layout(720, 480, 40);
     assert!(!layout.vertical_cols);
     assert!(layout.col_size < layout.label_size);
 }

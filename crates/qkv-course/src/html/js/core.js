@@ -7,7 +7,9 @@
  * its numbers in a table. This script only upgrades the elements marked data-qkv-* in place
  * (the DOM contract is documented in content/README.md):
  *   - quizzes: options become buttons, numbers an input; tries, credit and messages;
- *   - progress: per section, kept in localStorage under one key, "qkv-progress";
+ *   - progress: per section and across the course (kept in localStorage under one key,
+ *     "qkv-progress"), the section's summary, and resets that ask first;
+ *   - search: across every section, from the index search-index.js;
  *   - drag-query widgets: the plane is shown and every number follows the handle;
  *   - attention-matrix widgets: rows open their query's worked steps;
  *   - the lab: a copy button on code blocks, and the notebook saved from the page's own copy

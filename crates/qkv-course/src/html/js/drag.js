@@ -240,6 +240,12 @@
     }
     var box = root.querySelector(".plane");
     if (box) box.hidden = false;
+    var prompt = root.querySelector("[data-qkv-prompt]");
+    var still = root.querySelector("[data-qkv-static-prompt]");
+    if (prompt && still) {
+      prompt.hidden = false;
+      still.parentNode.removeChild(still);
+    }
     if (reset) reset.hidden = false;
     placeQueryLabel(toScreen(q[0], q[1]));
   }

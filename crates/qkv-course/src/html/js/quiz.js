@@ -29,6 +29,8 @@
     rightAfterShown: function (graded) {
       return graded ? "Right. The answer was already on the page, though, so this check adds nothing to your score." : "Right.";
     },
+    nearMiss:
+      "Close: keep more decimals until the last step (rounding along the way moves the answer this much). No try was used.",
     invalid:
       "That does not read as a number. Write it with digits, such as 0.731, .731, 73.1% or 3/4. No try was used.",
     restored: function (state, credit, left, next) {
@@ -275,12 +277,20 @@
     var key = this.key.value;
     // A key shown as a percentage reads a bare number as one too (73.1 for 73.1%), unless the
     // number is the fraction itself (0.731).
-    if (this.key.percent === true && !/%\s*$/.test(this.input.value) && Math.abs(x - key) > this.key.tolerance) {
+    var near = this.key.near || 0;
+    var band = Math.max(near, this.key.tolerance);
+    if (this.key.percent === true && !/%\s*$/.test(this.input.value) && Math.abs(x - key) > band) {
       x = x / 100;
     }
     // A little slack for the rounding of decimal input itself (0.1 is not exact in binary).
     var slack = 1e-9 * Math.max(1, Math.abs(key));
-    var right = Math.abs(x - key) <= this.key.tolerance + slack;
+    var off = Math.abs(x - key);
+    var right = off <= this.key.tolerance + slack;
+    // Off only by rounding early: said so, and no try is used (content/README.md, near_miss).
+    if (!right && off <= near + slack && this.state !== "right") {
+      this.say("near-miss", MESSAGES.nearMiss);
+      return;
+    }
     this.answerWith(right, null, right ? "" : x > key ? "Too high." : "Too low.");
   };
 
