@@ -20,6 +20,7 @@ const SCRIPT_PARTS: &[&str] = &[
     include_str!("html/js/drag.js"),
     include_str!("html/js/matrix.js"),
     include_str!("html/js/lab.js"),
+    include_str!("html/js/decode.js"),
     include_str!("html/js/init.js"),
 ];
 

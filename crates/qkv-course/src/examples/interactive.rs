@@ -188,9 +188,10 @@ const QUIZ_KINDS: &[(&str, &[&str])] = &[
 #[derive(Debug, Clone)]
 pub(crate) struct WidgetDecl {
     pub kind: WidgetKind,
-    /// The attention example it shows.
+    /// The attention example it shows (a decoding, for a decode-stepper).
     pub example: Field<String>,
-    /// drag-query: the token whose query the handle starts at (and resets to).
+    /// drag-query: the token whose query the handle starts at (and resets to); decode-stepper:
+    /// the token whose step is shown first.
     pub query: Option<Field<String>>,
     /// drag-query: what the learner is asked to reach.
     pub goal: Option<Goal>,
@@ -207,11 +208,13 @@ pub(crate) enum WidgetKind {
     DragQuery,
     /// The weight matrix as a heatmap whose rows open that query's worked steps.
     AttentionMatrix,
+    /// A decoding walked step by step: the cache, the new query's scores, weights and output.
+    DecodeStepper,
 }
 
 impl WidgetKind {
     /// The names authors write in `kind = "..."`.
-    pub(crate) const NAMES: &'static [&'static str] = &["drag-query", "attention-matrix"];
+    pub(crate) const NAMES: &'static [&'static str] = &["drag-query", "attention-matrix", "decode-stepper"];
 }
 
 /// What a drag-query widget asks the learner to reach.
@@ -618,6 +621,7 @@ impl Reader<'_> {
     fn widget(&mut self, table: &DeTable<'_>) -> Option<WidgetDecl> {
         let kind = self.kind_name(table, "widget kind", WidgetKind::NAMES).map(|name| match name {
             "drag-query" => WidgetKind::DragQuery,
+            "decode-stepper" => WidgetKind::DecodeStepper,
             _ => WidgetKind::AttentionMatrix,
         });
         let example = self.required(table, "example", |r, v| r.string(v, "the id of an attention example"));
@@ -634,14 +638,19 @@ impl Reader<'_> {
                 first_line(&self.block.content),
                 "`query = \"TOKEN\"`: the query the handle starts at",
             ),
-            WidgetKind::AttentionMatrix => {
-                for name in ["query", "goal"] {
-                    if let Some((key, _)) = table.get_key_value(name) {
+            WidgetKind::AttentionMatrix | WidgetKind::DecodeStepper => {
+                // A stepper starts at a token's step (`query`), but has nothing to reach.
+                let (widget, names, why): (_, &[&str], _) = match kind {
+                    WidgetKind::DecodeStepper => ("a `decode-stepper`", &["goal"], "a stepper has nothing to reach"),
+                    _ => ("an `attention-matrix`", &["query", "goal"], "an `attention-matrix` shows every query"),
+                };
+                for name in names {
+                    if let Some((key, _)) = table.get_key_value(*name) {
                         self.problem(
                             key.span().start,
-                            format!("`{name}` is for `drag-query` widgets; an `attention-matrix` shows every query"),
+                            format!("`{name}` is for `drag-query` widgets; {why}"),
                             first_line(self.block.content.get(key.span().start..).unwrap_or("")),
-                            format!("an `attention-matrix` widget without `{name}`"),
+                            format!("{widget} widget without `{name}`"),
                         );
                     }
                 }

@@ -7,6 +7,7 @@
 //!   the script shows it, and the data the script recomputes from.
 //! - `attention-matrix`: the weight matrix as a heatmap with row sums; each row opens that query's
 //!   worked steps (the text of a `steps EXAMPLE.TOKEN` region, from the engine's trace).
+//! - `decode-stepper`: a decoding walked step by step (`decode.rs`).
 
 use std::fmt::Write;
 
@@ -27,24 +28,33 @@ fn generate(cx: &mut Context<'_, '_>) -> Result<Generated, Problem> {
         PageDecl::Widget(w) => Some(w.as_ref()),
         _ => None,
     })?;
-    let (inputs, result) = example(cx, &widget.example)?;
-    // A widget holds tables and worked steps, so their limits hold for it too.
-    match widget.kind {
-        WidgetKind::DragQuery => cx.at_most_shown(&[
-            (inputs.keys.len(), "keys"),
-            (inputs.values.first().map_or(0, Vec::len), "components of a value"),
-        ])?,
-        WidgetKind::AttentionMatrix => cx.at_most_shown(&table::shown_counts(&inputs))?,
-    }
-    let prompt = widget.prompt.fill(cx.eval, cx.doc)?;
     let (body, html) = match widget.kind {
-        WidgetKind::DragQuery => {
-            let drag = Drag::new(cx, widget, &inputs, &result)?;
-            (drag.markdown(&prompt), drag.html(id, &prompt))
-        }
-        WidgetKind::AttentionMatrix => matrix(id, &prompt, &inputs, &result, widget.digits),
+        WidgetKind::DecodeStepper => decode::stepper(cx, id, widget)?,
+        WidgetKind::DragQuery | WidgetKind::AttentionMatrix => on_attention(cx, id, widget)?,
     };
     Ok(Generated { html: Some(html), ..cx.markdown(body) })
+}
+
+/// The two views of a widget on an attention example (drag-query, attention-matrix).
+fn on_attention(cx: &mut Context<'_, '_>, id: &str, widget: &WidgetDecl) -> Result<(String, String), Problem> {
+    let (inputs, result) = example(cx, &widget.example)?;
+    let drag = widget.kind == WidgetKind::DragQuery;
+    // A widget holds tables and worked steps, so their limits hold for it too.
+    if drag {
+        cx.at_most_shown(&[
+            (inputs.keys.len(), "keys"),
+            (inputs.values.first().map_or(0, Vec::len), "components of a value"),
+        ])?;
+    } else {
+        cx.at_most_shown(&table::shown_counts(&inputs))?;
+    }
+    let prompt = widget.prompt.fill(cx.eval, cx.doc)?;
+    Ok(if drag {
+        let drag = Drag::new(cx, widget, &inputs, &result)?;
+        (drag.markdown(&prompt), drag.html(id, &prompt))
+    } else {
+        matrix(id, &prompt, &inputs, &result, widget.digits)
+    })
 }
 
 /// The attention example a widget names, computed.
@@ -566,5 +576,6 @@ fn row_sum(weights: &[f64], digits: usize) -> String {
     )
 }
 
+mod decode;
 #[cfg(test)]
 mod tests;
