@@ -11,6 +11,7 @@
 
 mod a11y;
 mod cdp;
+mod decode;
 mod dom;
 mod drag;
 mod layout;

@@ -641,8 +641,14 @@ impl Reader<'_> {
             WidgetKind::AttentionMatrix | WidgetKind::DecodeStepper => {
                 // A stepper starts at a token's step (`query`), but has nothing to reach.
                 let (widget, names, why): (_, &[&str], _) = match kind {
-                    WidgetKind::DecodeStepper => ("a `decode-stepper`", &["goal"], "a stepper has nothing to reach"),
-                    _ => ("an `attention-matrix`", &["query", "goal"], "an `attention-matrix` shows every query"),
+                    WidgetKind::DecodeStepper => {
+                        ("a `decode-stepper`", &["goal"], "a stepper has nothing to reach")
+                    }
+                    _ => (
+                        "an `attention-matrix`",
+                        &["query", "goal"],
+                        "an `attention-matrix` shows every query",
+                    ),
                 };
                 for name in names {
                     if let Some((key, _)) = table.get_key_value(*name) {

@@ -15,8 +15,12 @@ use crate::files::OutputFile;
 use crate::markup::{escape, fragment, json_script};
 use crate::notebook;
 
-pub(super) const KIND: Kind =
-    Kind { name: "lab", usage: "`lab EXAMPLE.TOKEN` or `lab DECODE`", options: &["digits", "rounded"], generate };
+pub(super) const KIND: Kind = Kind {
+    name: "lab",
+    usage: "`lab EXAMPLE.TOKEN` or `lab DECODE`",
+    options: &["digits", "rounded"],
+    generate,
+};
 
 fn generate(cx: &mut Context<'_, '_>) -> Result<Generated, Problem> {
     let named = cx.named(KIND.usage)?;
@@ -80,7 +84,9 @@ fn finish(cx: &mut Context<'_, '_>, lab: Lab, name: String, title: &str, intro: 
 /// token, and each token's step over it; what it prints, a line per step, from the decoding's
 /// own steps (the engine's trace).
 fn decode_lab(d: &DecodeResult, digits: usize) -> Lab {
-    let Some((_, all, _)) = d.steps.last() else { return Lab { code: String::new(), printed: String::new() } };
+    let Some((_, all, _)) = d.steps.last() else {
+        return Lab { code: String::new(), printed: String::new() };
+    };
     let tokens: Vec<String> = all.key_labels().iter().map(|t| format!("{t:?}")).collect();
     let queries: Vec<Vec<f64>> = d.steps.iter().map(|(_, _, r)| r.traces[0].query.clone()).collect();
     let mut code = String::from("import numpy as np\n\n");
@@ -99,15 +105,16 @@ fn decode_lab(d: &DecodeResult, digits: usize) -> Lab {
     code.push_str("K_cache, V_cache = K[:prompt], V[:prompt]  # the prefill appends the whole prompt\n");
     code.push_str("for t, token in enumerate(tokens):\n");
     code.push_str("    if t >= prompt:  # a decoding step appends one key and one value\n");
-    code.push_str("        K_cache = np.vstack([K_cache, K[t]])\n        V_cache = np.vstack([V_cache, V[t]])\n");
+    code.push_str(
+        "        K_cache = np.vstack([K_cache, K[t]])\n        V_cache = np.vstack([V_cache, V[t]])\n",
+    );
     code.push_str("    # The causal mask: token t sees the cached positions up to its own.\n");
     code.push_str("    weights, output = attend(Q[t], K_cache[: t + 1], V_cache[: t + 1])\n");
     code.push_str("    step = \"prompt\" if t < prompt else f\"decode {t + 1 - prompt}\"\n");
     code.push_str(
         "    print(f\"{token} ({step}, cache {len(K_cache)}): weights {show(weights)}; output {show(output)}\")\n",
     );
-    let show =
-        |xs: &[f64]| xs.iter().map(|x| py_fixed(*x, digits)).collect::<Vec<_>>().join(", ");
+    let show = |xs: &[f64]| xs.iter().map(|x| py_fixed(*x, digits)).collect::<Vec<_>>().join(", ");
     let mut printed = String::new();
     for (t, (label, inputs, result)) in d.steps.iter().enumerate() {
         let step = if t < d.prompt { "prompt".to_string() } else { format!("decode {}", t + 1 - d.prompt) };

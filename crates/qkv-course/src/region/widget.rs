@@ -36,7 +36,11 @@ fn generate(cx: &mut Context<'_, '_>) -> Result<Generated, Problem> {
 }
 
 /// The two views of a widget on an attention example (drag-query, attention-matrix).
-fn on_attention(cx: &mut Context<'_, '_>, id: &str, widget: &WidgetDecl) -> Result<(String, String), Problem> {
+fn on_attention(
+    cx: &mut Context<'_, '_>,
+    id: &str,
+    widget: &WidgetDecl,
+) -> Result<(String, String), Problem> {
     let (inputs, result) = example(cx, &widget.example)?;
     let drag = widget.kind == WidgetKind::DragQuery;
     // A widget holds tables and worked steps, so their limits hold for it too.

@@ -74,14 +74,15 @@ impl Step {
         let n = d.steps.len();
         let query = vector(&trace.query);
         let title = if t < d.prompt {
+            let seen =
+                if t == 0 { "only position 1".to_string() } else { format!("positions 1 to {}", t + 1) };
             format!(
-                "Step {} of {n}, the prompt: “{label}” with $q = {query}$; the cache holds the {held} prompt positions, and the causal mask leaves it the first {}.",
-                t + 1,
+                "Step {} of {n}, the prompt: “{label}” with $q = {query}$; the cache holds the {held} prompt positions, and the causal mask lets it see {seen}.",
                 t + 1
             )
         } else {
             format!(
-                "Step {} of {n}, decoding token {}: “{label}” with $q = {query}$ appends its key and value; the cache now holds {held} positions.",
+                "Step {} of {n}, decode step {}: “{label}” with $q = {query}$ appends its key and value; the cache now holds {held} positions.",
                 t + 1,
                 t + 1 - d.prompt
             )
@@ -128,12 +129,8 @@ impl Step {
 
     /// What the live region says once the learner moves to this step.
     fn announcement(&self) -> String {
-        let weights: Vec<String> = self
-            .rows
-            .iter()
-            .filter(|r| r[4] != "masked")
-            .map(|r| format!("{} {}", r[1], r[5]))
-            .collect();
+        let weights: Vec<String> =
+            self.rows.iter().filter(|r| r[4] != "masked").map(|r| format!("{} {}", r[1], r[5])).collect();
         format!(
             "Step of “{}”: the cache holds {} positions; weights {}; output {}.",
             self.token,
@@ -144,11 +141,16 @@ impl Step {
     }
 }
 
-const HEADER_MD: &str = "| position | token | key $k$ | value $v$ | score $s$ | weight $a$ |\n|--:|:--|--:|--:|--:|--:|\n";
+const HEADER_MD: &str =
+    "| position | token | key $k$ | value $v$ | score $s$ | weight $a$ |\n|--:|:--|--:|--:|--:|--:|\n";
 
 /// The stepper's two views: markdown (the prompt and the declared step) and the page's HTML (the
 /// same, plus every step as data and the buttons, hidden until the script shows them).
-pub(super) fn stepper(cx: &mut Context<'_, '_>, id: &str, w: &WidgetDecl) -> Result<(String, String), Problem> {
+pub(super) fn stepper(
+    cx: &mut Context<'_, '_>,
+    id: &str,
+    w: &WidgetDecl,
+) -> Result<(String, String), Problem> {
     let d = decoding(cx, w)?;
     let (_, all, _) = &d.steps[d.steps.len() - 1];
     cx.at_most_shown(&[(all.keys.len(), "keys"), (all.values[0].len(), "components of a value")])?;
@@ -196,7 +198,11 @@ pub(super) fn stepper(cx: &mut Context<'_, '_>, id: &str, w: &WidgetDecl) -> Res
     for head in ["position", "token", "key $k$", "value $v$", "score $s$", "weight $a$"] {
         let _ = write!(html, "<th scope=\"col\">{}</th>", inline_markdown(head));
     }
-    let _ = write!(html, "</tr></thead>\n<tbody data-qkv-cache>\n{}</tbody>\n</table></div>\n", shown.rows_html());
+    let _ = write!(
+        html,
+        "</tr></thead>\n<tbody data-qkv-cache>\n{}</tbody>\n</table></div>\n",
+        shown.rows_html()
+    );
     let _ = writeln!(
         html,
         "<p class=\"output\">The output {} is <span data-qkv-output>{}</span>.</p>",
