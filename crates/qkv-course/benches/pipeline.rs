@@ -33,7 +33,7 @@ fn lesson(with_figures: bool) -> Sources {
     } else {
         Default::default()
     };
-    Sources { markdown, figures }
+    Sources { markdown, figures, ..Default::default() }
 }
 
 /// Everything recomputed and every figure redrawn (no figure files present).

@@ -14,12 +14,20 @@ pub(crate) enum FigureKind {
     ScalingVariance,
     /// Monte Carlo: the largest softmax weight against `d_k`, raw and scaled scores.
     ScalingSaturation,
+    /// Measured numbers from a data file (a benchmark's times), one line per series.
+    Measurements,
 }
 
 impl FigureKind {
     /// The names authors write in `kind = "..."`.
-    pub(crate) const NAMES: &'static [&'static str] =
-        &["heatmap", "query-diagram", "score-curve", "scaling-variance", "scaling-saturation"];
+    pub(crate) const NAMES: &'static [&'static str] = &[
+        "heatmap",
+        "query-diagram",
+        "score-curve",
+        "scaling-variance",
+        "scaling-saturation",
+        "measurements",
+    ];
 
     pub(crate) fn from_name(name: &str) -> Option<Self> {
         Some(match name {
@@ -28,6 +36,7 @@ impl FigureKind {
             "score-curve" => Self::ScoreCurve,
             "scaling-variance" => Self::ScalingVariance,
             "scaling-saturation" => Self::ScalingSaturation,
+            "measurements" => Self::Measurements,
             _ => return None,
         })
     }

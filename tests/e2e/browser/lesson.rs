@@ -95,7 +95,19 @@ fn read() -> Lesson {
             text: fs::read_to_string(p).expect("lesson file"),
         })
         .collect();
-    let sources = Sources { markdown, figures: Default::default() };
+    // The data files that `measurements` figures draw.
+    let data = fs::read_dir(dir.join("data"))
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter_map(|e| {
+                    let name = e.file_name().into_string().ok()?;
+                    Some((format!("data/{name}"), fs::read_to_string(e.path()).ok()?))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let sources = Sources { markdown, figures: Default::default(), data };
     let mut records = BTreeMap::new();
     for (_, listing) in qkv_course::records(&sources).expect("the lesson evaluates") {
         for line in listing.lines() {
