@@ -38,15 +38,18 @@ fn decoding(cx: &mut Context<'_, '_>, w: &WidgetDecl) -> Result<DecodeResult, Pr
 
 /// One state of the stepper: one token's step, as both views show it.
 struct Step {
+    /// The token whose step this is.
     token: String,
     /// The heading line, markdown.
     title: String,
     /// Per cached position: position, token, key, value, score (or `masked`), weight.
     rows: Vec<[String; 6]>,
+    /// The output, a number per value column, as shown.
     output: Vec<String>,
 }
 
 impl Step {
+    /// Token `t`'s step of decoding `d`, its numbers at `digits` decimals.
     fn new(d: &DecodeResult, t: usize, digits: usize) -> Step {
         let (label, inputs, result) = &d.steps[t];
         let trace = &result.traces[0];
@@ -91,6 +94,7 @@ impl Step {
         Step { token: label.clone(), title, rows, output }
     }
 
+    /// The forge's view: the heading line, the cache as a table, the output.
     fn markdown(&self) -> String {
         let mut out = format!("{}\n\n", self.title);
         out.push_str(HEADER_MD);
@@ -114,6 +118,7 @@ impl Step {
         out
     }
 
+    /// The output's readouts: one number, or a vector of them.
     fn output_html(&self) -> String {
         if let [x] = self.output.as_slice() {
             return format!("<strong data-qkv-readout=\"output\">{x}</strong>");
@@ -141,6 +146,7 @@ impl Step {
     }
 }
 
+/// The cache table's head, in markdown.
 const HEADER_MD: &str =
     "| position | token | key $k$ | value $v$ | score $s$ | weight $a$ |\n|--:|:--|--:|--:|--:|--:|\n";
 
