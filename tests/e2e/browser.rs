@@ -12,6 +12,7 @@
 mod a11y;
 mod cdp;
 mod course;
+mod decode;
 mod dom;
 mod drag;
 mod heads;

@@ -35,6 +35,8 @@ pub struct Lesson {
     pub markdown: Vec<(String, Vec<u8>)>,
     /// `(file name, bytes)` of each file under `figures/`.
     pub figures: Vec<(String, Vec<u8>)>,
+    /// `(file name, bytes)` of each file under `data/` (what `measurements` figures draw).
+    pub data: Vec<(String, Vec<u8>)>,
 }
 
 impl Lesson {
@@ -55,7 +57,14 @@ impl Lesson {
             }
         }
         figures.sort();
-        Ok(Lesson { markdown, figures })
+        let mut data = Vec::new();
+        if let Ok(entries) = fs::read_dir(dir.join("data")) {
+            for entry in entries.flatten() {
+                data.push((entry.file_name().to_string_lossy().to_string(), fs::read(entry.path())?));
+            }
+        }
+        data.sort();
+        Ok(Lesson { markdown, figures, data })
     }
 
     /// Writes the lesson into a fresh folder `dir`.
@@ -69,6 +78,12 @@ impl Lesson {
         }
         for (name, bytes) in &self.figures {
             fs::write(dir.join("figures").join(name), bytes)?;
+        }
+        if !self.data.is_empty() {
+            fs::create_dir_all(dir.join("data"))?;
+        }
+        for (name, bytes) in &self.data {
+            fs::write(dir.join("data").join(name), bytes)?;
         }
         Ok(())
     }

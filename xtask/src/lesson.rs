@@ -1,7 +1,7 @@
 //! The lesson on disk: reads `content/`, runs the pipeline, and writes what it returns, all or
 //! nothing. Shared by `build-content`, `serve` (which writes only the site) and `fuzz`.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 
@@ -128,8 +128,8 @@ fn file_name(path: &str) -> &str {
     path.rsplit(['/', '\\']).next().unwrap_or(path)
 }
 
-/// Reads `content/*.md` (except README.md) in name order, and lists `content/figures/`. Files
-/// that are not UTF-8 are content errors, all reported together.
+/// Reads `content/*.md` (except README.md) in name order and `content/data/*.toml`, and lists
+/// `content/figures/`. Lesson files that are not UTF-8 are content errors, all reported together.
 pub fn read_sources(paths: &Paths) -> Result<Sources, Failure> {
     let content = &paths.content;
     let mut names: Vec<PathBuf> = fs::read_dir(content)
@@ -163,7 +163,20 @@ pub fn read_sources(paths: &Paths) -> Result<Sources, Failure> {
             }
         }
     }
-    Ok(Sources { markdown, figures })
+    // Measured numbers the `measurements` figures draw, `data/NAME.toml`.
+    let mut data = BTreeMap::new();
+    if let Ok(entries) = fs::read_dir(content.join("data")) {
+        for path in entries.flatten().map(|e| e.path()) {
+            if let Some(name) = path.file_name().and_then(|n| n.to_str())
+                && name.ends_with(".toml")
+            {
+                let text =
+                    fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+                data.insert(format!("data/{name}"), text);
+            }
+        }
+    }
+    Ok(Sources { markdown, figures, data })
 }
 
 /// Temporary files written next to their targets, renamed into place together. Whatever is not

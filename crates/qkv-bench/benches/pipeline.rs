@@ -33,7 +33,15 @@ fn lesson(with_figures: bool) -> Sources {
     } else {
         Default::default()
     };
-    Sources { markdown, figures }
+    // Measured numbers some figures draw (`content/data/*.toml`).
+    let data = names(&content.join("data"))
+        .into_iter()
+        .map(|n| {
+            let text = std::fs::read_to_string(content.join("data").join(&n)).expect("data file");
+            (format!("data/{n}"), text)
+        })
+        .collect();
+    Sources { markdown, figures, data }
 }
 
 /// Everything recomputed and every figure redrawn (no figure files present).

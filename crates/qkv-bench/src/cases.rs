@@ -106,8 +106,8 @@ impl Case {
 /// 256 and 1024, a batch of 4 × 8 heads of 128, GQA 8/2; decoding one query over 1024, 16384 and
 /// 131072 keys, and a GQA decoding step (32 query heads over 8 KV heads, one query each); full
 /// attention over bf16 inputs at n = 4096; the KV-cache decoding step (a layer of 32
-/// query heads over 8 KV heads, d = 128, one new token over 1k, 8k and 32k cached positions), in
-/// f32 and bf16; the backward of a single head at n = 1024, 4096 and 16384, d = 64 and 128, causal
+/// query heads over 8 KV heads, d = 128, one new token over 1k to 32k cached positions, doubling),
+/// in f32 and bf16; the backward of a single head at n = 1024, 4096 and 16384, d = 64 and 128, causal
 /// and not; and (not with `--quick`) n = 65536.
 pub fn all(quick: bool) -> Vec<Case> {
     let heads = |heads, kv_heads, case: Case| Case { heads, kv_heads, ..case };
@@ -131,7 +131,7 @@ pub fn all(quick: bool) -> Vec<Case> {
         heads(32, 8, Case::single(1, 16384, false)),
         Case { precision: Precision::Bf16, ..Case::single(4096, 4096, false) },
     ];
-    for n_k in [1024, 8192, 32768] {
+    for n_k in [1024, 2048, 4096, 8192, 16384, 32768] {
         for precision in [Precision::F32, Precision::Bf16] {
             cases.push(Case { d: 128, precision, cache: true, ..heads(32, 8, Case::single(1, n_k, false)) });
         }

@@ -236,6 +236,8 @@ pub(crate) struct Evaluator<'d> {
     /// Declarations by qualified id `section.id`.
     pub decls: HashMap<String, &'d Decl>,
     records: HashMap<String, Option<Record>>,
+    /// The lesson's data files (`data/NAME.toml` → text), for the figures that draw them.
+    pub data: &'d std::collections::BTreeMap<String, String>,
     /// Qualified ids of blocks that failed to parse: references to them stay quiet (the block's
     /// own error says what is wrong).
     pub broken: std::collections::HashSet<String>,
@@ -251,10 +253,15 @@ pub(crate) struct Target<'p> {
 }
 
 impl<'d> Evaluator<'d> {
-    pub(crate) fn new(sections: &'d [String], decls: HashMap<String, &'d Decl>) -> Self {
+    pub(crate) fn new(
+        sections: &'d [String],
+        decls: HashMap<String, &'d Decl>,
+        data: &'d std::collections::BTreeMap<String, String>,
+    ) -> Self {
         Self {
             sections,
             decls,
+            data,
             records: HashMap::new(),
             broken: Default::default(),
             in_progress: Default::default(),

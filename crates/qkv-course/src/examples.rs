@@ -109,6 +109,8 @@ pub(crate) struct FigureDecl {
     pub seed: u64,
     pub trials: usize,
     pub dims: Vec<usize>,
+    /// measurements: the data file it draws (`data/NAME.toml`).
+    pub data: Option<Field<String>>,
 }
 
 /// What a block declares.
@@ -260,7 +262,7 @@ const KINDS: &[(&str, &[&str])] = &[
     ("softmax", &["id", "scores"]),
     ("dot", &["id", "q", "k"]),
     ("weighted-sum", &["id", "weights", "values"]),
-    ("figure", &["id", "kind", "example", "query", "caption", "seed", "trials", "dims"]),
+    ("figure", &["id", "kind", "example", "query", "caption", "seed", "trials", "dims", "data"]),
     (
         "quiz",
         &[
@@ -557,10 +559,23 @@ pub(crate) fn parse(doc: usize, block: &Block) -> Result<Decl, Vec<Problem>> {
                 dims: get("dims")
                     .and_then(|v| reader.counts(v))
                     .unwrap_or_else(|| vec![1, 2, 4, 8, 16, 32, 64, 128, 256]),
+                data: get("data").and_then(|v| reader.string(v, "a data file, `data/NAME.toml`")),
             });
-            // The kinds without an example are the Monte Carlo ones.
+            if let Some(f) = &figure
+                && f.kind == FigureKind::Measurements
+                && f.data.is_none()
+            {
+                reader.problem(
+                    0,
+                    "a `measurements` figure has no `data`",
+                    first_line(&block.content),
+                    "`data = \"data/NAME.toml\"`: the file of measured numbers it draws",
+                );
+            }
+            // The other kinds without an example are the Monte Carlo ones.
             if let Some(f) = &figure
                 && !f.kind.needs_example()
+                && f.kind != FigureKind::Measurements
             {
                 monte_carlo_limits(&mut reader, &table, f);
             }

@@ -16,12 +16,21 @@ pub(crate) enum FigureKind {
     ScalingSaturation,
     /// A `qkv tiled` trace: each block's maximum, the running maximum `m` and sum `l`.
     TileTrace,
+    /// Measured numbers from a data file (a benchmark's times), one line per series.
+    Measurements,
 }
 
 impl FigureKind {
     /// The names authors write in `kind = "..."`.
-    pub(crate) const NAMES: &'static [&'static str] =
-        &["heatmap", "query-diagram", "score-curve", "scaling-variance", "scaling-saturation", "tile-trace"];
+    pub(crate) const NAMES: &'static [&'static str] = &[
+        "heatmap",
+        "query-diagram",
+        "score-curve",
+        "scaling-variance",
+        "scaling-saturation",
+        "tile-trace",
+        "measurements",
+    ];
 
     pub(crate) fn from_name(name: &str) -> Option<Self> {
         Some(match name {
@@ -31,6 +40,7 @@ impl FigureKind {
             "scaling-variance" => Self::ScalingVariance,
             "scaling-saturation" => Self::ScalingSaturation,
             "tile-trace" => Self::TileTrace,
+            "measurements" => Self::Measurements,
             _ => return None,
         })
     }

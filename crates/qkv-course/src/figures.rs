@@ -1,7 +1,10 @@
 //! Figures: what each declared figure shows, computed from the examples (or seeded Monte Carlo),
 //! fingerprinted by a content hash, and rendered with `qkv-plot` only when that hash changes.
 
+mod measured;
 mod montecarlo;
+
+pub(crate) use measured::prepare as prepare_measurements;
 
 use std::f64::consts::PI;
 use std::fmt::Write;
@@ -183,7 +186,7 @@ pub(crate) fn prepare_example(
                 Plot::ScoreCurves(score_curves(inputs, i, &rows[i])?)
             }
         }
-        FigureKind::ScalingVariance | FigureKind::ScalingSaturation => {
+        FigureKind::ScalingVariance | FigureKind::ScalingSaturation | FigureKind::Measurements => {
             return Err("an example-free figure".into());
         }
         FigureKind::TileTrace => return Err("a `qkv tiled` block".into()),

@@ -1,7 +1,7 @@
 //! The files the pipeline reads and writes, as plain data: lesson sources, figure files, site
 //! files, and the section id a file name gives. The bottom layer: every other module may use it.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// One lesson file, as text.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -13,13 +13,17 @@ pub struct SourceFile {
     pub text: String,
 }
 
-/// Everything the pipeline reads: the lesson files in order, and which figure files exist.
+/// Everything the pipeline reads: the lesson files in order, which figure files exist, and the
+/// data files that `measurements` figures draw.
 #[derive(Debug, Clone, Default)]
 pub struct Sources {
     /// Lesson sections, in reading order.
     pub markdown: Vec<SourceFile>,
     /// Figure files present next to the lesson, as `figures/NAME.svg` / `figures/NAME.png`.
     pub figures: BTreeSet<String>,
+    /// Data files next to the lesson, `data/NAME.toml` → its text (measured numbers, such as a
+    /// benchmark's, that no example computes).
+    pub data: BTreeMap<String, String>,
 }
 
 /// A rendered figure file (`figures/NAME.svg` or `.png`).

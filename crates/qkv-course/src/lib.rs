@@ -11,6 +11,7 @@
 //! let sources = Sources {
 //!     markdown: vec![SourceFile { path: "content/01-attention.md".into(), text: String::new() }],
 //!     figures: Default::default(),
+//!     data: Default::default(),
 //! };
 //! let stale = qkv_course::check(&sources)?;          // what `--check` reports
 //! let build = qkv_course::build(&sources)?;          // updated markdown, figures, site

@@ -68,7 +68,7 @@ fn without_boms(sources: &Sources) -> (Sources, Vec<bool>) {
             (SourceFile { path: f.path.clone(), text: text.to_string() }, bom)
         })
         .unzip();
-    (Sources { markdown, figures: sources.figures.clone() }, boms)
+    (Sources { markdown, figures: sources.figures.clone(), data: sources.data.clone() }, boms)
 }
 
 /// Builds the lesson: updated markdown, re-rendered figures (only stale ones) and the site.
@@ -302,7 +302,7 @@ fn plan(sources: &Sources) -> Result<Plan, ContentErrors> {
     let (decls, broken) = examples::declarations(sources, &docs, &sections, &mut problems);
     let by_key: HashMap<String, &Decl> =
         decls.iter().map(|d| (format!("{}.{}", sections[d.doc], d.id), d)).collect();
-    let mut eval = Evaluator::new(&sections, by_key.clone());
+    let mut eval = Evaluator::new(&sections, by_key.clone(), &sources.data);
     eval.broken = broken;
     let mut keys: Vec<(&String, &&Decl)> = by_key.iter().collect();
     keys.sort_by_key(|(_, d)| (d.doc, d.start));

@@ -22,6 +22,8 @@ pub struct Section {
     pub quizzes: Vec<Quiz>,
     /// Its `qkv widget` blocks, in reading order.
     pub widgets: Vec<toml::Table>,
+    /// Its `qkv decode` blocks, in reading order.
+    pub decodes: Vec<toml::Table>,
     /// Credit for a right answer on try 1, 2, 3 (its `qkv settings` block, or the default).
     pub credit: Vec<f64>,
     /// Every `qkv` block, as (KIND, its TOML), in reading order.
@@ -110,7 +112,19 @@ fn read() -> Lesson {
             text: fs::read_to_string(p).expect("lesson file"),
         })
         .collect();
-    let sources = Sources { markdown, figures: Default::default() };
+    // The data files that `measurements` figures draw.
+    let data = fs::read_dir(dir.join("data"))
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter_map(|e| {
+                    let name = e.file_name().into_string().ok()?;
+                    Some((format!("data/{name}"), fs::read_to_string(e.path()).ok()?))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let sources = Sources { markdown, figures: Default::default(), data };
     let mut records = BTreeMap::new();
     let mut paths = Vec::new();
     for (_, listing) in qkv_course::records(&sources).expect("the lesson evaluates") {
@@ -148,7 +162,15 @@ fn section(file: &SourceFile) -> Section {
         .unwrap_or_else(|| vec![1.0, 0.5, 0.25]);
     // The title is the first line that is a level-1 heading (no fenced block comes before it).
     let title = file.text.lines().find_map(|l| l.strip_prefix("# ")).unwrap_or_default().trim().to_string();
-    Section { id: qkv_course::section_id(&file.path), title, quizzes, widgets: of("widget"), credit, blocks }
+    Section {
+        id: qkv_course::section_id(&file.path),
+        title,
+        quizzes,
+        widgets: of("widget"),
+        decodes: of("decode"),
+        credit,
+        blocks,
+    }
 }
 
 /// Every fenced ```` ```qkv KIND ```` block of `text` as (KIND, its TOML).

@@ -57,6 +57,7 @@ fn the_every_kind_fixture_survives_mutation() {
     let base = Lesson {
         markdown: vec![("01-every-kind.md".into(), fs::read(&fixture).expect("the fixture"))],
         figures: Vec::new(),
+        data: Vec::new(),
     };
     let work = tempfile::tempdir().expect("scratch folder");
     let summary = run_cases(&base, 23, work.path(), |s| s.cases >= CASES / 3);

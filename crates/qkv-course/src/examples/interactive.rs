@@ -192,9 +192,11 @@ const QUIZ_KINDS: &[(&str, &[&str])] = &[
 #[derive(Debug, Clone)]
 pub(crate) struct WidgetDecl {
     pub kind: WidgetKind,
-    /// The attention example it shows (for a tile-stepper, a `qkv tiled` block).
+    /// The example it shows: an attention example, a multi-head example (head-explorer), a
+    /// `qkv tiled` block (tile-stepper) or a decoding (decode-stepper).
     pub example: Field<String>,
-    /// drag-query: the token whose query the handle starts at (and resets to).
+    /// drag-query: the token whose query the handle starts at (and resets to); decode-stepper:
+    /// the token whose step is shown first.
     pub query: Option<Field<String>>,
     /// drag-query: what the learner is asked to reach.
     pub goal: Option<Goal>,
@@ -218,18 +220,21 @@ pub(crate) enum WidgetKind {
     HeadExplorer,
     /// A `qkv tiled` trace walked block by block: scores, `m`, `l`, rescale, output so far.
     TileStepper,
+    /// A decoding walked step by step: the cache, the new query's scores, weights and output.
+    DecodeStepper,
 }
 
 impl WidgetKind {
     /// The names authors write in `kind = "..."`.
     pub(crate) const NAMES: &'static [&'static str] =
-        &["drag-query", "attention-matrix", "head-explorer", "tile-stepper"];
+        &["drag-query", "attention-matrix", "head-explorer", "tile-stepper", "decode-stepper"];
     /// The kinds, in the order of their `NAMES`.
     const KINDS: &'static [WidgetKind] = &[
         WidgetKind::DragQuery,
         WidgetKind::AttentionMatrix,
         WidgetKind::HeadExplorer,
         WidgetKind::TileStepper,
+        WidgetKind::DecodeStepper,
     ];
 
     /// The name authors write in `kind = "..."`.
@@ -667,24 +672,26 @@ impl Reader<'_> {
         let kind = kind?;
         // Each field is for one kind only: elsewhere it would be silently ignored.
         let a = |kind: WidgetKind| if kind == WidgetKind::AttentionMatrix { "an" } else { "a" };
-        for (name, owner) in [
-            ("query", WidgetKind::DragQuery),
-            ("goal", WidgetKind::DragQuery),
-            ("head", WidgetKind::HeadExplorer),
+        for (name, owners) in [
+            ("query", &[WidgetKind::DragQuery, WidgetKind::DecodeStepper][..]),
+            ("goal", &[WidgetKind::DragQuery][..]),
+            ("head", &[WidgetKind::HeadExplorer][..]),
         ] {
             let why = match (name, kind) {
                 ("head", _) => "has no heads",
                 (_, WidgetKind::TileStepper) => "follows the query of its `qkv tiled` block",
+                (_, WidgetKind::DecodeStepper) => "has nothing to reach",
                 _ => "shows every query",
             };
             if let Some((key, _)) = table.get_key_value(name)
-                && owner != kind
+                && !owners.contains(&kind)
             {
+                let owners: Vec<String> = owners.iter().map(|o| format!("`{}`", o.name())).collect();
                 self.problem(
                     key.span().start,
                     format!(
-                        "`{name}` is for `{}` widgets; {} `{}` {why}",
-                        owner.name(),
+                        "`{name}` is for {} widgets; {} `{}` {why}",
+                        owners.join(" and "),
                         a(kind),
                         kind.name()
                     ),

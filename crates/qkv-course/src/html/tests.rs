@@ -76,7 +76,7 @@ fn course(files: &[(&str, &str)]) -> std::collections::HashMap<String, String> {
                 text: text.to_string(),
             })
             .collect(),
-        figures: Default::default(),
+        ..Default::default()
     };
     let built = crate::pipeline::build(&sources).unwrap_or_else(|e| panic!("{e}"));
     built.site.into_iter().map(|f| (f.name, f.text)).collect()

@@ -42,7 +42,19 @@ fn lesson_with(attention: &str, masking: &str) -> Sources {
         .expect("content/figures/")
         .filter_map(|e| Some(format!("figures/{}", e.ok()?.file_name().into_string().ok()?)))
         .collect();
-    Sources { markdown, figures }
+    Sources { markdown, figures, data: committed_data() }
+}
+
+/// The committed course's data files, `data/NAME.toml` → text.
+fn committed_data() -> std::collections::BTreeMap<String, String> {
+    let Ok(entries) = std::fs::read_dir(content_dir().join("data")) else { return Default::default() };
+    entries
+        .filter_map(|e| {
+            let name = e.ok()?.file_name().into_string().ok()?;
+            let text = std::fs::read_to_string(content_dir().join("data").join(&name)).ok()?;
+            Some((format!("data/{name}"), text))
+        })
+        .collect()
 }
 
 /// The course as a build rewrote it: every file, since later chapters cite the first two.
@@ -192,7 +204,7 @@ fn bad_content() {
             }
         }
         let result = if undecodable.is_empty() {
-            check(&Sources { markdown, figures: Default::default() })
+            check(&Sources { markdown, ..Default::default() })
         } else {
             Err(ContentErrors(undecodable))
         };
@@ -255,6 +267,7 @@ fn projections_masks_scales_and_wide_values() {
     let sources = Sources {
         markdown: vec![SourceFile { path: "content/01-features.md".into(), text: FEATURES.into() }],
         figures: Default::default(),
+        data: Default::default(),
     };
     let built = build(&sources).unwrap_or_else(|e| panic!("{e}"));
     let text = &built.markdown[0].text;
@@ -271,6 +284,7 @@ fn one_file(text: &str) -> Sources {
     Sources {
         markdown: vec![SourceFile { path: "content/01-test.md".into(), text: text.into() }],
         figures: Default::default(),
+        data: Default::default(),
     }
 }
 

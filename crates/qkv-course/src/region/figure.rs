@@ -78,6 +78,24 @@ fn prepare(
     let problem = |at: usize, message: String, found: String, expected: String| {
         Problem::new(doc, at, message, found, expected)
     };
+    if let (FigureKind::Measurements, Some(data)) = (fig.kind, &fig.data) {
+        let text = cx.eval.data.get(&data.value).ok_or_else(|| {
+            let known: Vec<&str> = cx.eval.data.keys().map(String::as_str).collect();
+            problem(
+                data.at,
+                format!("no data file `{}` next to the lesson", data.value),
+                data.value.clone(),
+                if known.is_empty() {
+                    "a file `content/data/NAME.toml`, named here as `data/NAME.toml`".to_string()
+                } else {
+                    format!("one of {}", known.join(", "))
+                },
+            )
+        })?;
+        return figures::prepare_measurements(&data.value, text).map_err(|expected| {
+            problem(data.at, format!("`{}` cannot be drawn", data.value), data.value.clone(), expected)
+        });
+    }
     if !fig.kind.needs_example() {
         return Ok(figures::prepare_scaling(fig));
     }

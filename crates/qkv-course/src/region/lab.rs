@@ -1,5 +1,6 @@
 //! `lab EXAMPLE.TOKEN [rounded=N]`: the NumPy laboratory for one query (or `lab MULTIHEAD`, every
-//! head of a multi-head example and its output, `lab/multi_head.rs`): a short program, what it
+//! head of a multi-head example and its output, `lab/multi_head.rs`; `lab TILED`, the online
+//! softmax tile by tile; `lab DECODE`, a whole decoding step by step): a short program, what it
 //! prints (from the engine's trace; with `rounded=N` the output also at the N decimals the prose
 //! cites), and the same program as a Jupyter notebook for the site. The page's link downloads the
 //! notebook (the page script can also hand it over from the copy embedded in the page, for pages
@@ -9,7 +10,7 @@ use std::fmt::Write;
 
 use super::{Context, Generated, Kind};
 use crate::error::Problem;
-use crate::eval::{AttentionInputs, AttentionResult, Computed, TiledResult};
+use crate::eval::{AttentionInputs, AttentionResult, Computed, DecodeResult, TiledResult};
 use crate::examples::colab_base;
 use crate::files::OutputFile;
 use crate::markup::{escape, fragment, json_script};
@@ -17,7 +18,7 @@ use crate::notebook;
 
 pub(super) const KIND: Kind = Kind {
     name: "lab",
-    usage: "`lab EXAMPLE.TOKEN`, `lab TILED` or `lab MULTIHEAD`",
+    usage: "`lab EXAMPLE.TOKEN`, `lab TILED`, `lab MULTIHEAD` or `lab DECODE`",
     options: &["digits", "rounded"],
     generate,
 };
@@ -39,6 +40,12 @@ fn generate(cx: &mut Context<'_, '_>) -> Result<Generated, Problem> {
             let name = format!("notebooks/{}.ipynb", named.key.replace('.', "-"));
             (multi_head::lab(cx, &m, cx.digits)?, name, multi_head::TITLE.to_string(), multi_head::INTRO)
         }
+        Computed::Decode(d) if named.rest.is_empty() => (
+            decode_lab(&d, cx.digits),
+            format!("notebooks/{}.ipynb", named.key.replace('.', "-")),
+            "Decoding with a KV cache, in NumPy".to_string(),
+            "A prompt, then one token at a time: each step appends its key and value to the cache and attends with its own query over what the cache holds. The numbers come from the lesson's example; run the cell and compare the printout with the lesson.",
+        ),
         Computed::Attention { inputs, result: Ok(result) } => {
             let i = cx.query_index(cx.args[0], &inputs, &named.rest)?;
             let rounded = match cx.options.iter().find(|(o, _)| *o == "rounded") {
@@ -76,22 +83,76 @@ fn generate(cx: &mut Context<'_, '_>) -> Result<Generated, Problem> {
         _ => {
             return Err(cx.problem(
                 format!("`{}` is not an attention example that computes", cx.args[0]),
-                "`EXAMPLE.TOKEN` of a `qkv attention` block, or the id of a `qkv tiled` or `qkv multi-head` block",
+                "`EXAMPLE.TOKEN` of a `qkv attention` block, or the id of a `qkv tiled`, `qkv multi-head` or `qkv decode` block",
             ));
         }
     };
-    let nb = notebook::notebook(&title, intro, &lab.code, &lab.printed);
+    Ok(finish(cx, lab, name, &title, intro))
+}
+
+/// A lab's region: its markdown, its page view and its notebook `name`.
+fn finish(cx: &mut Context<'_, '_>, lab: Lab, name: String, title: &str, intro: &str) -> Generated {
+    let nb = notebook::notebook(title, intro, &lab.code, &lab.printed);
     let colab = cx
         .settings()
         .notebook_repository
         .and_then(|r| colab_base(&r.value))
         .map(|base| format!("{base}/{name}"));
     let html = lab_html(&lab, &name, colab.as_deref(), &nb);
-    Ok(Generated {
+    Generated {
         html: Some(html),
         notebook: Some(OutputFile { name: name.clone(), text: nb }),
         ..cx.markdown(lab_markdown(&lab, &name, colab.as_deref()))
-    })
+    }
+}
+
+/// The NumPy program of a whole decoding: the cache as two arrays that grow by a row per decoded
+/// token, and each token's step over it; what it prints, a line per step, from the decoding's
+/// own steps (the engine's trace).
+fn decode_lab(d: &DecodeResult, digits: usize) -> Lab {
+    let Some((_, all, _)) = d.steps.last() else {
+        return Lab { code: String::new(), printed: String::new() };
+    };
+    let tokens: Vec<String> = all.key_labels().iter().map(|t| format!("{t:?}")).collect();
+    let queries: Vec<Vec<f64>> = d.steps.iter().map(|(_, _, r)| r.traces[0].query.clone()).collect();
+    let mut code = String::from("import numpy as np\n\n");
+    let _ = writeln!(code, "tokens = [{}]", tokens.join(", "));
+    let _ = writeln!(code, "Q = {}  # one query per token", py_rows(&queries));
+    let _ = writeln!(code, "K = {}  # one key per token", py_rows(&all.keys));
+    let _ = writeln!(code, "V = {}  # one value per token", py_rows(&all.values));
+    let _ = writeln!(code, "prompt = {}  # tokens that come at once (the prefill)\n", d.prompt);
+    let _ = writeln!(
+        code,
+        "def show(xs, digits={digits}):\n    return \", \".join(f\"{{x:.{{digits}}f}}\" for x in np.atleast_1d(xs))\n"
+    );
+    code.push_str(
+        "def attend(q, K_seen, V_seen):\n    scores = K_seen @ q / np.sqrt(K_seen.shape[1])  # score every key it sees\n    weights = np.exp(scores - scores.max())        # softmax...\n    weights = weights / weights.sum()              # ...normalized\n    return weights, weights @ V_seen               # blend the values\n\n",
+    );
+    code.push_str("K_cache, V_cache = K[:prompt], V[:prompt]  # the prefill appends the whole prompt\n");
+    code.push_str("for t, token in enumerate(tokens):\n");
+    code.push_str("    if t >= prompt:  # a decoding step appends one key and one value\n");
+    code.push_str(
+        "        K_cache = np.vstack([K_cache, K[t]])\n        V_cache = np.vstack([V_cache, V[t]])\n",
+    );
+    code.push_str("    # The causal mask: token t sees the cached positions up to its own.\n");
+    code.push_str("    weights, output = attend(Q[t], K_cache[: t + 1], V_cache[: t + 1])\n");
+    code.push_str("    step = \"prompt\" if t < prompt else f\"decode {t + 1 - prompt}\"\n");
+    code.push_str(
+        "    print(f\"{token} ({step}, cache {len(K_cache)}): weights {show(weights)}; output {show(output)}\")\n",
+    );
+    let show = |xs: &[f64]| xs.iter().map(|x| py_fixed(*x, digits)).collect::<Vec<_>>().join(", ");
+    let mut printed = String::new();
+    for (t, (label, inputs, result)) in d.steps.iter().enumerate() {
+        let step = if t < d.prompt { "prompt".to_string() } else { format!("decode {}", t + 1 - d.prompt) };
+        let _ = writeln!(
+            printed,
+            "{label} ({step}, cache {}): weights {}; output {}",
+            inputs.keys.len().max(d.prompt),
+            show(&result.traces[0].weights),
+            show(&result.output.row(0).to_vec())
+        );
+    }
+    Lab { code, printed }
 }
 
 /// The NumPy laboratory for one query: the program, and what it prints (from the engine's trace).

@@ -10,6 +10,7 @@
 //! - `head-explorer` (`widget/heads.rs`): a multi-head example's heads, one at a time, and its
 //!   output with any of them switched off.
 //! - `tile-stepper` (`widget/tiles.rs`): a `qkv tiled` trace, one key block at a time.
+//! - `decode-stepper` (`widget/decode.rs`): a decoding walked step by step.
 
 use std::fmt::Write;
 
@@ -33,6 +34,7 @@ fn generate(cx: &mut Context<'_, '_>) -> Result<Generated, Problem> {
     let (body, html) = match widget.kind {
         WidgetKind::DragQuery | WidgetKind::AttentionMatrix => on_attention(cx, id, widget)?,
         WidgetKind::HeadExplorer => heads::widget(cx, id, widget)?,
+        WidgetKind::DecodeStepper => decode::stepper(cx, id, widget)?,
         WidgetKind::TileStepper => {
             let prompt = widget.prompt.fill(cx.eval, cx.doc)?;
             tiles::widget(cx, id, widget, &prompt)?
@@ -608,6 +610,7 @@ fn row_sum(weights: &[f64], digits: usize) -> String {
     )
 }
 
+mod decode;
 mod heads;
 mod tiles;
 

@@ -12,6 +12,7 @@
  *   - search: across every section, from the index search-index.js;
  *   - drag-query widgets: the plane is shown and every number follows the handle;
  *   - attention-matrix widgets: rows open their query's worked steps;
+ *   - decode-stepper widgets: "Previous" and "Next token" walk the decoding steps;
  *   - the lab: a copy button on code blocks, and the notebook saved from the page's own copy
  *     when the page is read from file:// (where a browser would rather show the file).
  * It is a classic script, not a module: module scripts do not load from file://.

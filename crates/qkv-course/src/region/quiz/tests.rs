@@ -123,6 +123,7 @@ fn a_change_to_a_cited_input_makes_the_quiz_stale() {
     let sources = Sources {
         markdown: vec![SourceFile { path: "content/01-quizzes.md".into(), text: edited }],
         figures: Default::default(),
+        data: Default::default(),
     };
     let stale = crate::check(&sources).expect("valid");
     assert!(stale.iter().any(|s| s.what == "quiz weight"), "{}", crate::stale_report(&stale));
@@ -239,6 +240,7 @@ fn a_computed_key_follows_its_inputs_and_check_lists_the_quiz() {
     let sources = Sources {
         markdown: vec![SourceFile { path: "content/01-keys.md".into(), text: after.clone() }],
         figures: Default::default(),
+        data: Default::default(),
     };
     let stale = crate::check(&sources).expect("valid");
     let report = crate::stale_report(&stale);

@@ -175,3 +175,27 @@ fn the_tile_stepper_holds_every_state_and_a_table_of_every_tile() {
         "no scores before the first tile: {stepper}"
     );
 }
+
+/// The decode stepper shows its declared step without script (a prompt token's later prompt
+/// positions masked) and carries every step, as the build wrote it, for the script.
+#[test]
+fn the_decode_stepper_writes_every_step_and_shows_the_declared_one() {
+    let lesson = format!(
+        "# Stepper\n\n{SENTENCE}\n```qkv decode\nid = \"gen\"\nexample = \"sentence\"\nprompt = 2\n```\n\n```qkv widget\nid = \"steps\"\nkind = \"decode-stepper\"\nexample = \"gen\"\nquery = \"I\"\nprompt = \"Step.\"\n```\n\n<!-- qkv widget steps -->\n<!-- /qkv -->\n"
+    );
+    let (markdown, page) = one_section("stepper", &lesson);
+    assert!(markdown.contains("| 2 | love | (0, 1) | 6 | masked | 0.0000 |"), "{markdown}");
+    let stepper = widget(&page, "decode-stepper");
+    assert!(stepper.contains("data-qkv-step=\"I\""), "{stepper}");
+    assert!(stepper.contains("data-qkv-readout=\"weight:I\">1.0000<"), "{stepper}");
+    assert!(stepper.contains("<p class=\"actions\" hidden>"), "the buttons wait for the script");
+    // Every step rides along: the last, "NLP" over the whole cache, as a steps region shows it.
+    let data =
+        stepper.split("data-qkv-data>").nth(1).and_then(|d| d.split("</script>").next()).expect("data");
+    let data: serde_json::Value = serde_json::from_str(data).expect("json");
+    let steps = data["steps"].as_array().expect("steps");
+    assert_eq!(steps.len(), 3);
+    assert_eq!(data["start"], 0);
+    assert!(steps[2]["rows"].as_str().is_some_and(|r| r.contains("data-qkv-readout=\"weight:NLP\">0.5035<")));
+    assert!(steps[2]["output"].as_str().is_some_and(|o| o.contains(">4.0000<")));
+}
