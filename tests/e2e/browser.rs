@@ -19,6 +19,7 @@ mod matrix;
 mod progress;
 mod quiz;
 mod shuffle;
+mod window;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

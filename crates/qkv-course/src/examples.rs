@@ -281,7 +281,7 @@ const KINDS: &[(&str, &[&str])] = &[
             "answer_text",
         ],
     ),
-    ("widget", &["id", "kind", "example", "query", "goal", "prompt", "digits"]),
+    ("widget", &["id", "kind", "example", "query", "goal", "windows", "slopes", "prompt", "digits"]),
     ("settings", &["credit", "notebook_repository"]),
 ];
 

@@ -19,6 +19,7 @@ const SCRIPT_PARTS: &[&str] = &[
     include_str!("html/js/progress.js"),
     include_str!("html/js/drag.js"),
     include_str!("html/js/matrix.js"),
+    include_str!("html/js/window.js"),
     include_str!("html/js/lab.js"),
     include_str!("html/js/init.js"),
 ];

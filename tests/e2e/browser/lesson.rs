@@ -20,6 +20,8 @@ pub struct Section {
     pub quizzes: Vec<Quiz>,
     /// Its `qkv widget` blocks, in reading order.
     pub widgets: Vec<toml::Table>,
+    /// Its `qkv attention` blocks, in reading order (for the masks, which records do not list).
+    pub examples: Vec<toml::Table>,
     /// Credit for a right answer on try 1, 2, 3 (its `qkv settings` block, or the default).
     pub credit: Vec<f64>,
 }
@@ -127,7 +129,13 @@ fn section(file: &SourceFile) -> Section {
             c.iter().map(|x| x.as_float().or(x.as_integer().map(|i| i as f64)).expect("a credit")).collect()
         })
         .unwrap_or_else(|| vec![1.0, 0.5, 0.25]);
-    Section { id: qkv_course::section_id(&file.path), quizzes, widgets: of("widget"), credit }
+    Section {
+        id: qkv_course::section_id(&file.path),
+        quizzes,
+        widgets: of("widget"),
+        examples: of("attention"),
+        credit,
+    }
 }
 
 /// Every fenced ```` ```qkv KIND ```` block of `text` as (KIND, its TOML).

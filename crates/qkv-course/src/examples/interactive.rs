@@ -194,6 +194,10 @@ pub(crate) struct WidgetDecl {
     pub query: Option<Field<String>>,
     /// drag-query: what the learner is asked to reach.
     pub goal: Option<Goal>,
+    /// window-alibi: the windows `[before, after]` its control offers beside "no window".
+    pub windows: Option<Field<Vec<[usize; 2]>>>,
+    /// window-alibi: the ALiBi slopes its other control offers (0 is no bias).
+    pub slopes: Option<Field<Vec<f64>>>,
     /// The task, as markdown.
     pub prompt: Text,
     /// Decimals of every readout.
@@ -207,12 +211,35 @@ pub(crate) enum WidgetKind {
     DragQuery,
     /// The weight matrix as a heatmap whose rows open that query's worked steps.
     AttentionMatrix,
+    /// A window control and an ALiBi-slope control over the bias, the weights and the outputs.
+    WindowAlibi,
 }
 
 impl WidgetKind {
     /// The names authors write in `kind = "..."`.
-    pub(crate) const NAMES: &'static [&'static str] = &["drag-query", "attention-matrix"];
+    pub(crate) const NAMES: &'static [&'static str] = &["drag-query", "attention-matrix", "window-alibi"];
+
+    /// The name authors write for this kind.
+    fn name(self) -> &'static str {
+        match self {
+            WidgetKind::DragQuery => "drag-query",
+            WidgetKind::AttentionMatrix => "attention-matrix",
+            WidgetKind::WindowAlibi => "window-alibi",
+        }
+    }
 }
+
+/// The fields only some widget kinds take, and those kinds.
+const WIDGET_FIELDS: &[(&str, &[WidgetKind])] = &[
+    ("query", &[WidgetKind::DragQuery]),
+    ("goal", &[WidgetKind::DragQuery]),
+    ("windows", &[WidgetKind::WindowAlibi]),
+    ("slopes", &[WidgetKind::WindowAlibi]),
+];
+
+/// The most choices one control of a window-alibi widget offers: the page embeds every
+/// combination, and a row of radio buttons past this no longer fits a phone's column.
+const MAX_CHOICES: usize = 8;
 
 /// What a drag-query widget asks the learner to reach.
 #[derive(Debug, Clone)]
@@ -618,6 +645,7 @@ impl Reader<'_> {
     fn widget(&mut self, table: &DeTable<'_>) -> Option<WidgetDecl> {
         let kind = self.kind_name(table, "widget kind", WidgetKind::NAMES).map(|name| match name {
             "drag-query" => WidgetKind::DragQuery,
+            "window-alibi" => WidgetKind::WindowAlibi,
             _ => WidgetKind::AttentionMatrix,
         });
         let example = self.required(table, "example", |r, v| r.string(v, "the id of an attention example"));
@@ -626,29 +654,81 @@ impl Reader<'_> {
             table.get("digits").and_then(|v| self.digits(v)).unwrap_or(crate::format::DEFAULT_DIGITS);
         let query = table.get("query").and_then(|v| self.string(v, "a token of the example"));
         let goal = table.get("goal").and_then(|v| self.goal(v));
+        let windows = table.get("windows").and_then(|v| self.windows(v));
+        let slopes = table.get("slopes").and_then(|v| self.slopes(v));
         let kind = kind?;
-        match kind {
-            WidgetKind::DragQuery if table.get("query").is_none() => self.problem(
-                0,
-                "a `drag-query` widget has no `query`",
-                first_line(&self.block.content),
-                "`query = \"TOKEN\"`: the query the handle starts at",
-            ),
-            WidgetKind::AttentionMatrix => {
-                for name in ["query", "goal"] {
-                    if let Some((key, _)) = table.get_key_value(name) {
-                        self.problem(
-                            key.span().start,
-                            format!("`{name}` is for `drag-query` widgets; an `attention-matrix` shows every query"),
-                            first_line(self.block.content.get(key.span().start..).unwrap_or("")),
-                            format!("an `attention-matrix` widget without `{name}`"),
-                        );
-                    }
-                }
+        for &(name, kinds) in WIDGET_FIELDS {
+            if let Some((key, _)) = table.get_key_value(name)
+                && !kinds.contains(&kind)
+            {
+                let owners: Vec<String> = kinds.iter().map(|k| format!("`{}`", k.name())).collect();
+                self.problem(
+                    key.span().start,
+                    format!("`{name}` is for {} widgets, not `{}`", owners.join(", "), kind.name()),
+                    first_line(self.block.content.get(key.span().start..).unwrap_or("")),
+                    format!("a `{}` widget without `{name}`", kind.name()),
+                );
             }
-            WidgetKind::DragQuery => {}
         }
-        Some(WidgetDecl { kind, example: example?, query, goal, prompt: prompt?, digits })
+        let needs: &[(&str, &str)] = match kind {
+            WidgetKind::DragQuery => &[("query", "`query = \"TOKEN\"`: the query the handle starts at")],
+            WidgetKind::WindowAlibi => &[
+                (
+                    "windows",
+                    "`windows = [[1, 0], [2, 0]]`: the windows `[before, after]` the control offers beside none",
+                ),
+                ("slopes", "`slopes = [0, 0.25, 0.5]`: the ALiBi slopes the control offers"),
+            ],
+            WidgetKind::AttentionMatrix => &[],
+        };
+        for &(name, expected) in needs {
+            if table.get(name).is_none() {
+                self.problem(
+                    0,
+                    format!("a `{}` widget has no `{name}`", kind.name()),
+                    first_line(&self.block.content),
+                    expected,
+                );
+            }
+        }
+        Some(WidgetDecl { kind, example: example?, query, goal, windows, slopes, prompt: prompt?, digits })
+    }
+
+    /// `windows = [[1, 0], [2, 0]]`: distinct windows, at most [`MAX_CHOICES`] less one (the
+    /// control also offers none).
+    fn windows(&mut self, v: &Value<'_>) -> Option<Field<Vec<[usize; 2]>>> {
+        const EXPECTED: &str = "`windows = [[1, 0], [2, 0], [4, 0]]`: distinct windows `[BEFORE, AFTER]` (the control adds \"none\")";
+        let at = self.block.source_offset(v.span().start);
+        let DeValue::Array(items) = v.get_ref() else {
+            self.wrong(v, "a list of windows", EXPECTED);
+            return None;
+        };
+        let windows: Vec<[usize; 2]> =
+            items.iter().map(|w| self.window(w).map(|f| f.value)).collect::<Option<_>>()?;
+        let repeated = windows.iter().enumerate().any(|(i, w)| windows[..i].contains(w));
+        if windows.is_empty() || windows.len() >= MAX_CHOICES || repeated {
+            self.wrong(v, &format!("1 to {} distinct windows", MAX_CHOICES - 1), EXPECTED);
+            return None;
+        }
+        Some(Field { value: windows, at })
+    }
+
+    /// `slopes = [0, 0.25, 0.5]`: distinct slopes, none negative, at most [`MAX_CHOICES`].
+    fn slopes(&mut self, v: &Value<'_>) -> Option<Field<Vec<f64>>> {
+        const EXPECTED: &str =
+            "`slopes = [0, 0.25, 0.5, 1]`: distinct ALiBi slopes, none negative (0 adds no bias)";
+        let at = self.block.source_offset(v.span().start);
+        let DeValue::Array(items) = v.get_ref() else {
+            self.wrong(v, "a list of slopes", EXPECTED);
+            return None;
+        };
+        let slopes: Vec<f64> = items.iter().map(|x| self.scalar(x)).collect::<Option<_>>()?;
+        let repeated = slopes.iter().enumerate().any(|(i, s)| slopes[..i].contains(s));
+        if slopes.is_empty() || slopes.len() > MAX_CHOICES || repeated || slopes.iter().any(|&s| s < 0.0) {
+            self.wrong(v, &format!("1 to {MAX_CHOICES} distinct slopes, none negative"), EXPECTED);
+            return None;
+        }
+        Some(Field { value: slopes, at })
     }
 
     /// `goal = { largest = "KEY" }`.

@@ -7,6 +7,10 @@
 //!   the script shows it, and the data the script recomputes from.
 //! - `attention-matrix`: the weight matrix as a heatmap with row sums; each row opens that query's
 //!   worked steps (the text of a `steps EXAMPLE.TOKEN` region, from the engine's trace).
+//! - `window-alibi`: a window control and an ALiBi-slope control over the bias, the weights and
+//!   the outputs, every state computed by the build (`window.rs`).
+
+mod window;
 
 use std::fmt::Write;
 
@@ -34,7 +38,9 @@ fn generate(cx: &mut Context<'_, '_>) -> Result<Generated, Problem> {
             (inputs.keys.len(), "keys"),
             (inputs.values.first().map_or(0, Vec::len), "components of a value"),
         ])?,
-        WidgetKind::AttentionMatrix => cx.at_most_shown(&table::shown_counts(&inputs))?,
+        WidgetKind::AttentionMatrix | WidgetKind::WindowAlibi => {
+            cx.at_most_shown(&table::shown_counts(&inputs))?
+        }
     }
     let prompt = widget.prompt.fill(cx.eval, cx.doc)?;
     let (body, html) = match widget.kind {
@@ -43,6 +49,7 @@ fn generate(cx: &mut Context<'_, '_>) -> Result<Generated, Problem> {
             (drag.markdown(&prompt), drag.html(id, &prompt))
         }
         WidgetKind::AttentionMatrix => matrix(id, &prompt, &inputs, &result, widget.digits),
+        WidgetKind::WindowAlibi => window::window_alibi(cx, id, widget, &prompt, &inputs)?,
     };
     Ok(Generated { html: Some(html), ..cx.markdown(body) })
 }
