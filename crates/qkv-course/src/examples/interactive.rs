@@ -666,7 +666,7 @@ impl Reader<'_> {
                     key.span().start,
                     format!("`{name}` is for {} widgets, not `{}`", owners.join(", "), kind.name()),
                     first_line(self.block.content.get(key.span().start..).unwrap_or("")),
-                    format!("a `{}` widget without `{name}`", kind.name()),
+                    format!("`kind = \"{}\"` without `{name}`", kind.name()),
                 );
             }
         }

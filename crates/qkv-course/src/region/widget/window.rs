@@ -82,18 +82,19 @@ pub(super) fn window_alibi(
     };
     let windows: Vec<Option<[usize; 2]>> =
         std::iter::once(None).chain(declared_windows.value.iter().copied().map(Some)).collect();
-    let not_offered = |at: usize, what: String, expected: String| {
-        Problem::new(cx.doc, at, what, w.example.value.clone(), expected)
+    let not_offered = |at: usize, found: String, what: String, expected: &str| {
+        Problem::new(cx.doc, at, what, found, expected)
     };
     let start_window = windows.iter().position(|&x| x == inputs.limits.window).ok_or_else(|| {
         not_offered(
             declared_windows.at,
+            format!("windows = {:?}", declared_windows.value),
             format!(
                 "example `{}` has the window {}, which `windows` does not offer",
                 w.example.value,
                 window_name(inputs.limits.window)
             ),
-            "`windows` that hold the example's own window, where the widget starts".to_string(),
+            "`windows` that hold the example's own window, where the widget starts",
         )
     })?;
     let slope = inputs.limits.alibi.unwrap_or(0.0);
@@ -101,12 +102,15 @@ pub(super) fn window_alibi(
         not_offered(
             slopes.at,
             format!(
+                "slopes = [{}]",
+                slopes.value.iter().map(|&s| js_number(s)).collect::<Vec<_>>().join(", ")
+            ),
+            format!(
                 "example `{}` has the ALiBi slope {}, which `slopes` does not offer",
                 w.example.value,
                 js_number(slope)
             ),
-            "`slopes` that hold the example's own slope (0 without ALiBi), where the widget starts"
-                .to_string(),
+            "`slopes` that hold the example's own slope (0 without ALiBi), where the widget starts",
         )
     })?;
     // Every state, computed by the engine: states[window][slope].
@@ -319,3 +323,6 @@ fn cell(readout: &str, text: Option<&str>, attrs: &str) -> String {
 fn vector(parts: &[String]) -> String {
     if let [one] = parts { one.clone() } else { format!("({})", parts.join(", ")) }
 }
+
+#[cfg(test)]
+mod tests;
