@@ -253,10 +253,13 @@ impl View<'_> {
         out
     }
 
-    fn html_header(&self, caption: &str, extra: &str) -> String {
+    /// A table's title (outside its scroll box, so a narrow column never hides it), its box
+    /// (named `label`) and its head.
+    fn html_header(&self, title: &str, label: &str, extra: &str) -> String {
         let mut out = format!(
-            "<table class=\"heatmap\"><caption>{}</caption>\n<thead><tr><th scope=\"col\" class=\"corner\">query ↓ · key →</th>",
-            inline_markdown(caption)
+            "<p class=\"pane-title\">{}</p>\n{}<table class=\"heatmap\">\n<thead><tr><th scope=\"col\" class=\"corner\">query ↓ · key →</th>",
+            inline_markdown(title),
+            scroll_box(label)
         );
         for c in &self.cols {
             let _ = write!(out, "<th scope=\"col\">{}</th>", escape(c));
@@ -267,8 +270,8 @@ impl View<'_> {
     }
 
     fn html_tables(&self) -> String {
-        let mut out = format!("<div class=\"panes\">\n{}", scroll_box("Bias"));
-        out.push_str(&self.html_header(BIAS, ""));
+        let mut out = String::from("<div class=\"panes\">\n");
+        out.push_str(&self.html_header(BIAS, "Bias added to each score", ""));
         for (i, r) in self.rows.iter().enumerate() {
             let r = escape(r);
             let _ = write!(out, "<tr><th scope=\"row\">{r}</th>");
@@ -278,10 +281,13 @@ impl View<'_> {
             out.push_str("</tr>\n");
         }
         out.push_str("</tbody>\n</table></div>\n");
-        out.push_str(&scroll_box("Attention weights"));
         let width = self.shown.output.first().map_or(1, Vec::len);
         let span = if width > 1 { format!(" colspan=\"{width}\"") } else { String::new() };
-        out.push_str(&self.html_header(WEIGHTS, &format!("<th scope=\"col\"{span}>output</th>")));
+        out.push_str(&self.html_header(
+            WEIGHTS,
+            "Attention weights",
+            &format!("<th scope=\"col\"{span}>output</th>"),
+        ));
         for (i, r) in self.rows.iter().enumerate() {
             let r = escape(r);
             let _ = write!(out, "<tr><th scope=\"row\">{r}</th>");
