@@ -8,14 +8,12 @@
     var controls = root.querySelector(".controls");
     if (!data || !controls) return;
     var picked = { window: 0, slope: 0 };
-    var groups = {};
     ["window", "slope"].forEach(function (name) {
-      groups[name] = root.querySelectorAll('[data-qkv-control="' + name + '"] input');
-      groups[name].forEach(function (input) {
+      root.querySelectorAll('[data-qkv-control="' + name + '"] input').forEach(function (input) {
         if (input.checked) picked[name] = Number(input.value);
         input.addEventListener("change", function () {
           picked[name] = Number(input.value);
-          render();
+          render(true);
         });
       });
     });
@@ -41,7 +39,7 @@
       }
     }
 
-    function render() {
+    function render(speak) {
       var s = data.states[picked.window][picked.slope];
       var said = [];
       rows.forEach(function (q, i) {
@@ -62,9 +60,11 @@
       root.setAttribute("data-qkv-slope", data.slopes[picked.slope]);
       var text = "Window: " + data.windows[picked.window] + ". ALiBi slope m = " + data.slopes[picked.slope] + ".";
       state.textContent = text;
-      announce.textContent = text + " Outputs: " + said.join("; ") + ".";
+      if (speak) announce.textContent = text + " Outputs: " + said.join("; ") + ".";
     }
 
+    // A browser may restore other choices than the build's (back and forward): show those.
+    render(false);
     controls.hidden = false;
   }
 
