@@ -26,6 +26,7 @@ mod quiz;
 mod search;
 mod shuffle;
 mod tiles;
+mod window;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

@@ -284,7 +284,7 @@ const KINDS: &[(&str, &[&str])] = &[
             "near_miss",
         ],
     ),
-    ("widget", &["id", "kind", "example", "query", "goal", "head", "prompt", "digits"]),
+    ("widget", &["id", "kind", "example", "query", "goal", "head", "windows", "slopes", "prompt", "digits"]),
     ("settings", &["credit", "notebook_repository", "summary"]),
 ];
 

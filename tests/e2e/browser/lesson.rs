@@ -24,6 +24,8 @@ pub struct Section {
     pub widgets: Vec<toml::Table>,
     /// Its `qkv decode` blocks, in reading order.
     pub decodes: Vec<toml::Table>,
+    /// Its `qkv attention` blocks, in reading order (for the masks, which records do not list).
+    pub examples: Vec<toml::Table>,
     /// Credit for a right answer on try 1, 2, 3 (its `qkv settings` block, or the default).
     pub credit: Vec<f64>,
     /// Every `qkv` block, as (KIND, its TOML), in reading order.
@@ -169,6 +171,7 @@ fn section(file: &SourceFile) -> Section {
         widgets: of("widget"),
         decodes: of("decode"),
         credit,
+        examples: of("attention"),
         blocks,
     }
 }

@@ -202,6 +202,10 @@ pub(crate) struct WidgetDecl {
     pub goal: Option<Goal>,
     /// head-explorer: the head shown at the start (default the first).
     pub head: Option<Field<String>>,
+    /// window-alibi: the windows `[before, after]` its control offers beside "no window".
+    pub windows: Option<Field<Vec<[usize; 2]>>>,
+    /// window-alibi: the ALiBi slopes its other control offers (0 is no bias).
+    pub slopes: Option<Field<Vec<f64>>>,
     /// The task, as markdown.
     pub prompt: Text,
     /// Decimals of every readout.
@@ -222,12 +226,20 @@ pub(crate) enum WidgetKind {
     TileStepper,
     /// A decoding walked step by step: the cache, the new query's scores, weights and output.
     DecodeStepper,
+    /// A window control and an ALiBi-slope control over the bias, the weights and the outputs.
+    WindowAlibi,
 }
 
 impl WidgetKind {
     /// The names authors write in `kind = "..."`.
-    pub(crate) const NAMES: &'static [&'static str] =
-        &["drag-query", "attention-matrix", "head-explorer", "tile-stepper", "decode-stepper"];
+    pub(crate) const NAMES: &'static [&'static str] = &[
+        "drag-query",
+        "attention-matrix",
+        "head-explorer",
+        "tile-stepper",
+        "decode-stepper",
+        "window-alibi",
+    ];
     /// The kinds, in the order of their `NAMES`.
     const KINDS: &'static [WidgetKind] = &[
         WidgetKind::DragQuery,
@@ -235,6 +247,7 @@ impl WidgetKind {
         WidgetKind::HeadExplorer,
         WidgetKind::TileStepper,
         WidgetKind::DecodeStepper,
+        WidgetKind::WindowAlibi,
     ];
 
     /// The name authors write in `kind = "..."`.
@@ -247,6 +260,19 @@ impl WidgetKind {
         Self::NAMES.iter().position(|n| *n == name).map(|i| Self::KINDS[i])
     }
 }
+
+/// The fields only some widget kinds take, and those kinds.
+const WIDGET_FIELDS: &[(&str, &[WidgetKind])] = &[
+    ("query", &[WidgetKind::DragQuery, WidgetKind::DecodeStepper]),
+    ("goal", &[WidgetKind::DragQuery]),
+    ("head", &[WidgetKind::HeadExplorer]),
+    ("windows", &[WidgetKind::WindowAlibi]),
+    ("slopes", &[WidgetKind::WindowAlibi]),
+];
+
+/// The most choices one control of a window-alibi widget offers: the page embeds every
+/// combination, and a row of radio buttons past this no longer fits a phone's column.
+const MAX_CHOICES: usize = 8;
 
 /// What a drag-query widget asks the learner to reach.
 #[derive(Debug, Clone)]
@@ -669,46 +695,94 @@ impl Reader<'_> {
         let query = table.get("query").and_then(|v| self.string(v, "a token of the example"));
         let goal = table.get("goal").and_then(|v| self.goal(v));
         let head = table.get("head").and_then(|v| self.string(v, "the name of a head of the example"));
+        let windows = table.get("windows").and_then(|v| self.windows(v));
+        let slopes = table.get("slopes").and_then(|v| self.slopes(v));
         let kind = kind?;
-        // Each field is for one kind only: elsewhere it would be silently ignored.
-        let a = |kind: WidgetKind| if kind == WidgetKind::AttentionMatrix { "an" } else { "a" };
-        for (name, owners) in [
-            ("query", &[WidgetKind::DragQuery, WidgetKind::DecodeStepper][..]),
-            ("goal", &[WidgetKind::DragQuery][..]),
-            ("head", &[WidgetKind::HeadExplorer][..]),
-        ] {
-            let why = match (name, kind) {
-                ("head", _) => "has no heads",
-                (_, WidgetKind::TileStepper) => "follows the query of its `qkv tiled` block",
-                (_, WidgetKind::DecodeStepper) => "has nothing to reach",
-                _ => "shows every query",
-            };
+        for &(name, kinds) in WIDGET_FIELDS {
             if let Some((key, _)) = table.get_key_value(name)
-                && !owners.contains(&kind)
+                && !kinds.contains(&kind)
             {
-                let owners: Vec<String> = owners.iter().map(|o| format!("`{}`", o.name())).collect();
+                let owners: Vec<String> = kinds.iter().map(|k| format!("`{}`", k.name())).collect();
                 self.problem(
                     key.span().start,
-                    format!(
-                        "`{name}` is for {} widgets; {} `{}` {why}",
-                        owners.join(" and "),
-                        a(kind),
-                        kind.name()
-                    ),
+                    format!("`{name}` is for {} widgets, not `{}`", owners.join(", "), kind.name()),
                     first_line(self.block.content.get(key.span().start..).unwrap_or("")),
-                    format!("{} `{}` widget without `{name}`", a(kind), kind.name()),
+                    format!("`kind = \"{}\"` without `{name}`", kind.name()),
                 );
             }
         }
-        if kind == WidgetKind::DragQuery && table.get("query").is_none() {
-            self.problem(
-                0,
-                "a `drag-query` widget has no `query`",
-                first_line(&self.block.content),
-                "`query = \"TOKEN\"`: the query the handle starts at",
-            );
+        let needs: &[(&str, &str)] = match kind {
+            WidgetKind::DragQuery => &[("query", "`query = \"TOKEN\"`: the query the handle starts at")],
+            WidgetKind::WindowAlibi => &[
+                (
+                    "windows",
+                    "`windows = [[1, 0], [2, 0]]`: the windows `[before, after]` the control offers beside none",
+                ),
+                ("slopes", "`slopes = [0, 0.25, 0.5]`: the ALiBi slopes the control offers"),
+            ],
+            WidgetKind::AttentionMatrix
+            | WidgetKind::HeadExplorer
+            | WidgetKind::TileStepper
+            | WidgetKind::DecodeStepper => &[],
+        };
+        for &(name, expected) in needs {
+            if table.get(name).is_none() {
+                self.problem(
+                    0,
+                    format!("a `{}` widget has no `{name}`", kind.name()),
+                    first_line(&self.block.content),
+                    expected,
+                );
+            }
         }
-        Some(WidgetDecl { kind, example: example?, query, goal, head, prompt: prompt?, digits })
+        Some(WidgetDecl {
+            kind,
+            example: example?,
+            query,
+            goal,
+            head,
+            windows,
+            slopes,
+            prompt: prompt?,
+            digits,
+        })
+    }
+
+    /// `windows = [[1, 0], [2, 0]]`: distinct windows, at most [`MAX_CHOICES`] less one (the
+    /// control also offers none).
+    fn windows(&mut self, v: &Value<'_>) -> Option<Field<Vec<[usize; 2]>>> {
+        const EXPECTED: &str = "`windows = [[1, 0], [2, 0], [4, 0]]`: distinct windows `[BEFORE, AFTER]` (the control adds \"none\")";
+        let at = self.block.source_offset(v.span().start);
+        let DeValue::Array(items) = v.get_ref() else {
+            self.wrong(v, "a list of windows", EXPECTED);
+            return None;
+        };
+        let windows: Vec<[usize; 2]> =
+            items.iter().map(|w| self.window(w).map(|f| f.value)).collect::<Option<_>>()?;
+        let repeated = windows.iter().enumerate().any(|(i, w)| windows[..i].contains(w));
+        if windows.is_empty() || windows.len() >= MAX_CHOICES || repeated {
+            self.wrong(v, &format!("1 to {} distinct windows", MAX_CHOICES - 1), EXPECTED);
+            return None;
+        }
+        Some(Field { value: windows, at })
+    }
+
+    /// `slopes = [0, 0.25, 0.5]`: distinct slopes, none negative, at most [`MAX_CHOICES`].
+    fn slopes(&mut self, v: &Value<'_>) -> Option<Field<Vec<f64>>> {
+        const EXPECTED: &str =
+            "`slopes = [0, 0.25, 0.5, 1]`: distinct ALiBi slopes, none negative (0 adds no bias)";
+        let at = self.block.source_offset(v.span().start);
+        let DeValue::Array(items) = v.get_ref() else {
+            self.wrong(v, "a list of slopes", EXPECTED);
+            return None;
+        };
+        let slopes: Vec<f64> = items.iter().map(|x| self.scalar(x)).collect::<Option<_>>()?;
+        let repeated = slopes.iter().enumerate().any(|(i, s)| slopes[..i].contains(s));
+        if slopes.is_empty() || slopes.len() > MAX_CHOICES || repeated || slopes.iter().any(|&s| s < 0.0) {
+            self.wrong(v, &format!("1 to {MAX_CHOICES} distinct slopes, none negative"), EXPECTED);
+            return None;
+        }
+        Some(Field { value: slopes, at })
     }
 
     /// `goal = { largest = "KEY" }`.

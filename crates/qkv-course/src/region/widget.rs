@@ -11,6 +11,8 @@
 //!   output with any of them switched off.
 //! - `tile-stepper` (`widget/tiles.rs`): a `qkv tiled` trace, one key block at a time.
 //! - `decode-stepper` (`widget/decode.rs`): a decoding walked step by step.
+//! - `window-alibi` (`widget/window.rs`): a window control and an ALiBi-slope control over the
+//!   bias, the weights and the outputs, every state computed by the build.
 
 use std::fmt::Write;
 
@@ -32,7 +34,9 @@ fn generate(cx: &mut Context<'_, '_>) -> Result<Generated, Problem> {
         _ => None,
     })?;
     let (body, html) = match widget.kind {
-        WidgetKind::DragQuery | WidgetKind::AttentionMatrix => on_attention(cx, id, widget)?,
+        WidgetKind::DragQuery | WidgetKind::AttentionMatrix | WidgetKind::WindowAlibi => {
+            on_attention(cx, id, widget)?
+        }
         WidgetKind::HeadExplorer => heads::widget(cx, id, widget)?,
         WidgetKind::DecodeStepper => decode::stepper(cx, id, widget)?,
         WidgetKind::TileStepper => {
@@ -59,11 +63,13 @@ fn on_attention(
         _ => cx.at_most_shown(&table::shown_counts(&inputs))?,
     }
     let prompt = widget.prompt.fill(cx.eval, cx.doc)?;
-    Ok(if widget.kind == WidgetKind::DragQuery {
-        let drag = Drag::new(cx, widget, &inputs, &result)?;
-        (drag.markdown(&prompt), drag.html(id, &prompt))
-    } else {
-        matrix(id, &prompt, &inputs, &result, widget.digits)
+    Ok(match widget.kind {
+        WidgetKind::DragQuery => {
+            let drag = Drag::new(cx, widget, &inputs, &result)?;
+            (drag.markdown(&prompt), drag.html(id, &prompt))
+        }
+        WidgetKind::WindowAlibi => window::window_alibi(cx, id, widget, &prompt, &inputs)?,
+        _ => matrix(id, &prompt, &inputs, &result, widget.digits),
     })
 }
 
@@ -613,6 +619,7 @@ fn row_sum(weights: &[f64], digits: usize) -> String {
 mod decode;
 mod heads;
 mod tiles;
+mod window;
 
 #[cfg(test)]
 mod tests;
