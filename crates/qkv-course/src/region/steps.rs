@@ -436,7 +436,8 @@ fn projection_step(
     let is = |xs: &[f64]| relation(all_exact(&shown_all(xs, digits)));
     let q_label = tex_label(query);
     let mut out = format!(
-        "First the projections: $q_{{{q_label}}} = {x_q}_{{{q_label}}} W_q = {} W_q {} {}$",
+        // Two formulas, so that a phone's column may break the line between them.
+        "First the projections: $q_{{{q_label}}} = {x_q}_{{{q_label}}} W_q$ $= {} W_q {} {}$",
         vector(&p.x_q[i]),
         is(&inputs.queries[i]),
         vector(&inputs.queries[i])
