@@ -91,6 +91,27 @@ fn computed(cx: &mut Context<'_, '_>, example: &Field<String>, expected: &str) -
     Ok(record.computed)
 }
 
+/// Where `field` (a token, key or head that a widget names) stands among `names`, or the error
+/// at the field that lists the choices; `what` is what it should be ("a token").
+fn position_of<S: AsRef<str>>(
+    cx: &Context<'_, '_>,
+    w: &WidgetDecl,
+    field: &Field<String>,
+    names: &[S],
+    what: &str,
+) -> Result<usize, Problem> {
+    names.iter().position(|n| n.as_ref() == field.value).ok_or_else(|| {
+        let names: Vec<&str> = names.iter().map(AsRef::as_ref).collect();
+        Problem::new(
+            cx.doc,
+            field.at,
+            format!("`{}` is not {what} of `{}`", field.value, w.example.value),
+            field.value.clone(),
+            format!("one of {}", names.join(", ")),
+        )
+    })
+}
+
 /// The error for a widget whose `example` is a record of the wrong kind.
 fn wrong_example(cx: &Context<'_, '_>, example: &Field<String>, what: &str, expected: &str) -> Problem {
     Problem::new(
@@ -160,21 +181,10 @@ impl<'i> Drag<'i> {
         }
         let labels = inputs.query_labels();
         let keys = inputs.key_labels();
-        let label_of = |field: &Field<String>, labels: &[String], what: &str| {
-            labels.iter().position(|l| *l == field.value).ok_or_else(|| {
-                Problem::new(
-                    cx.doc,
-                    field.at,
-                    format!("`{}` is not a {what} of `{}`", field.value, w.example.value),
-                    field.value.clone(),
-                    format!("one of {}", labels.join(", ")),
-                )
-            })
-        };
         // The block reader makes sure a drag-query widget has a query.
-        let query = w.query.as_ref().map_or(Ok(0), |q| label_of(q, &labels, "query"))?;
+        let query = w.query.as_ref().map_or(Ok(0), |q| position_of(cx, w, q, &labels, "a query"))?;
         let goal = match &w.goal {
-            Some(Goal::Largest(key)) => Some((label_of(key, &keys, "key")?, key)),
+            Some(Goal::Largest(key)) => Some((position_of(cx, w, key, &keys, "a key")?, key)),
             None => None,
         };
         let trace = &result.traces[query];

@@ -8,7 +8,7 @@ use std::fmt::Write;
 use serde_json::json;
 
 use super::super::Context;
-use super::{computed, vector, vector_text, wrong_example};
+use super::{computed, position_of, vector, vector_text, wrong_example};
 use crate::error::Problem;
 use crate::eval::{Computed, DecodeResult};
 use crate::examples::WidgetDecl;
@@ -150,16 +150,10 @@ pub(super) fn stepper(
     cx.at_most_shown(&[(all.keys.len(), "keys"), (all.values[0].len(), "components of a value")])?;
     let start = match &w.query {
         None => d.prompt.min(d.steps.len() - 1),
-        Some(q) => d.steps.iter().position(|(t, _, _)| *t == q.value).ok_or_else(|| {
+        Some(q) => {
             let tokens: Vec<&str> = d.steps.iter().map(|(t, _, _)| t.as_str()).collect();
-            Problem::new(
-                cx.doc,
-                q.at,
-                format!("`{}` is not a token of `{}`", q.value, w.example.value),
-                q.value.clone(),
-                format!("one of {}", tokens.join(", ")),
-            )
-        })?,
+            position_of(cx, w, q, &tokens, "a token")?
+        }
     };
     let prompt = w.prompt.fill(cx.eval, cx.doc)?;
     let steps: Vec<Step> = (0..d.steps.len()).map(|t| Step::new(&d, t, w.digits)).collect();

@@ -9,7 +9,7 @@ use std::fmt::Write;
 
 use serde_json::json;
 
-use super::{computed, wrong_example};
+use super::{computed, position_of, wrong_example};
 use crate::error::Problem;
 use crate::eval::{AttentionInputs, AttentionResult, Computed, MultiHeadResult};
 use crate::examples::WidgetDecl;
@@ -62,15 +62,7 @@ pub(super) fn widget(
     let names: Vec<&str> = m.heads.iter().map(|(n, _, _)| n.as_str()).collect();
     let start = match &w.head {
         None => 0,
-        Some(head) => names.iter().position(|n| *n == head.value).ok_or_else(|| {
-            Problem::new(
-                cx.doc,
-                head.at,
-                format!("`{}` is not a head of `{}`", head.value, w.example.value),
-                head.value.clone(),
-                format!("one of {}", names.join(", ")),
-            )
-        })?,
+        Some(head) => position_of(cx, w, head, &names, "a head")?,
     };
     let prompt = w.prompt.fill(cx.eval, cx.doc)?;
     let explorer = Explorer { m: &m, start, digits: w.digits };
