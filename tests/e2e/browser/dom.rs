@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 
-use super::cdp::{Browser, Point};
+use super::cdp::{Browser, ENTER, Point, SPACE};
 
 /// A selector as a JavaScript string literal.
 pub fn js(selector: &str) -> String {
@@ -58,6 +58,27 @@ impl Browser {
     pub fn click(&mut self, selector: &str) {
         let at = self.center(selector);
         self.click_at(at);
+    }
+
+    /// Operates the first element matching `selector` as a learner would, the `n`th way of three
+    /// in turn (a mouse click, Enter once focused, Space once focused), and says which it was.
+    pub fn activate(&mut self, selector: &str, n: usize) -> &'static str {
+        match n % 3 {
+            0 => {
+                self.click(selector);
+                "a click"
+            }
+            1 => {
+                self.focus(selector);
+                self.press(ENTER, 0);
+                "Enter"
+            }
+            _ => {
+                self.focus(selector);
+                self.press(SPACE, 0);
+                "Space"
+            }
+        }
     }
 
     /// Gives the keyboard focus to the first element matching `selector`, and checks that it took it.

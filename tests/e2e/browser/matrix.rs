@@ -1,7 +1,7 @@
 //! The clickable attention matrix: its weights and row sums are the engine's, and each row, picked
 //! by a click, by Enter or by Space, opens that query's worked steps and shows its row sum.
 
-use super::cdp::{DESKTOP, ENTER, SPACE};
+use super::cdp::DESKTOP;
 use super::dom::parse_shown;
 use super::lesson::{Widget, lesson};
 use super::{launch, screenshot_path};
@@ -39,22 +39,7 @@ fn the_matrix_shows_the_engines_weights_and_opens_each_rows_steps() {
         let selector = format!("{root} [data-qkv-row=\"{row}\"]");
         assert_eq!(b.attr(&selector, "role").as_deref(), Some("button"), "row {row}'s role");
         assert_eq!(b.attr(&selector, "tabindex").as_deref(), Some("0"), "row {row} is not in the tab order");
-        let how = match n {
-            0 => {
-                b.click(&selector);
-                "a click"
-            }
-            1 => {
-                b.focus(&selector);
-                b.press(ENTER, 0);
-                "Enter"
-            }
-            _ => {
-                b.focus(&selector);
-                b.press(SPACE, 0);
-                "Space"
-            }
-        };
+        let how = b.activate(&selector, n);
         let steps = format!("{root} [data-qkv-steps=\"{row}\"]");
         b.wait_for(
             &format!("{}(document.querySelector({}))", super::dom::VISIBLE, super::dom::js(&steps)),

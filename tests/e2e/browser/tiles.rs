@@ -258,22 +258,7 @@ fn the_tile_stepper_walks_every_block_with_the_numbers_of_an_online_softmax() {
     // Forward to the end: the mouse, then Enter and Space on the focused button in turn.
     let next = button(&s, "next");
     for step in 1..states.len() {
-        let how = match step % 3 {
-            1 => {
-                b.click(&next);
-                "a click on Next"
-            }
-            2 => {
-                b.focus(&next);
-                b.press(ENTER, 0);
-                "Enter on Next"
-            }
-            _ => {
-                b.focus(&next);
-                b.press(SPACE, 0);
-                "Space on Next"
-            }
-        };
+        let how = b.activate(&next, step - 1);
         check(&mut b, &s, step, &states, how);
         if step == 2 {
             b.screenshot_of(&s.root, &screenshot_path("flash-attention-1280-tiles-block-2"));
