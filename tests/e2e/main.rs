@@ -5,3 +5,4 @@ mod browser;
 mod content;
 mod serve;
 mod support;
+mod workspace;
