@@ -42,6 +42,8 @@ mod error;
 mod flash;
 mod half;
 mod inputs;
+#[cfg(all(debug_assertions, not(test)))]
+mod instances;
 mod kernels;
 mod kv_cache;
 mod mask;
@@ -68,6 +70,9 @@ pub use backward::{
 };
 pub use error::{AttentionError, Dims};
 pub use half::{Half, Storage, attention_half};
+#[cfg(all(debug_assertions, not(test)))]
+#[doc(hidden)]
+pub use instances::entry_points;
 pub use kv_cache::{CacheLayer, CacheShape, KvCache};
 pub use mask::{
     AdditiveBias, Alibi, AttentionOptions, CausalMask, KeepMask, KeyPadding, SlidingWindow, alibi_slopes,
