@@ -8,59 +8,37 @@
 //! Optimised builds (opt-level 2 and 3) share nothing, and the unit tests build the crate itself,
 //! so both leave this out.
 
-use ::half::{bf16, f16};
-use ndarray::Ix4;
-
 use crate::*;
 
-/// One instance of every public generic entry point per element type (f32 and f64 for the
-/// computing types, f32, bf16 and f16 for storage). Never called: naming an instance is what
-/// compiles it.
+/// The instances that more than one dev build would otherwise compile: the f64 entry points of
+/// the lesson build (the reference, the traces, the calculator's fast path, projections) and of
+/// the training example, and the f32 cache and multi-head attention of the decoder example. Each
+/// is also in the engine's test binary. The rest (f32 single-head and backward, the half-precision
+/// paths, `_into` forms) only the engine's tests use, so they stay there: compiled here they would
+/// only move time from the first `cargo test` into the first `cargo xtask build-content`.
+/// Never called: naming an instance is what compiles it.
 #[doc(hidden)]
-pub fn entry_points() -> Vec<*const ()> {
-    macro_rules! computing {
-        ($($t:ty),*) => {
-            vec![$(vec![
-                attention::<$t> as *const (),
-                attention_into::<$t> as *const (),
-                attention_with_lse::<$t> as *const (),
-                attention_with_weights::<$t> as *const (),
-                multi_head_attention::<$t> as *const (),
-                multi_head_attention_into::<$t> as *const (),
-                multi_head_attention_with_lse::<$t> as *const (),
-                attention_backward::<$t> as *const (),
-                attention_backward_into::<$t> as *const (),
-                multi_head_attention_backward::<$t> as *const (),
-                multi_head_attention_backward_into::<$t> as *const (),
-                reference::attention::<$t> as *const (),
-                reference::attention_with_lse::<$t> as *const (),
-                reference::attention_backward::<$t> as *const (),
-                trace_query::<$t> as *const (),
-                trace_tiled::<$t> as *const (),
-                alibi_slopes::<$t> as *const (),
-                Projections::<$t>::project as *const (),
-                Projections::<$t>::project_cross as *const (),
-                Projections::<$t>::self_attention as *const (),
-                PartialAttention::<$t>::merge as *const (),
-                PartialAttention::<$t, Ix4>::merge as *const (),
-            ]),*].concat()
-        };
-    }
-    macro_rules! storage {
-        ($($e:ty),*) => {
-            vec![$(vec![
-                KvCache::<$e>::new as *const (),
-                KvCache::<$e>::layer as *const (),
-                CacheLayer::<$e>::append as *const (),
-                CacheLayer::<$e>::attend as *const (),
-                CacheLayer::<$e>::attend_into as *const (),
-            ]),*].concat()
-        };
-    }
+pub fn entry_points() -> [*const (); 20] {
     [
-        computing!(f32, f64),
-        storage!(f32, bf16, f16),
-        vec![attention_half::<bf16> as *const (), attention_half::<f16> as *const ()],
+        reference::attention::<f64> as *const (),
+        reference::attention_with_lse::<f64> as *const (),
+        reference::attention_backward::<f64> as *const (),
+        trace_query::<f64> as *const (),
+        trace_tiled::<f64> as *const (),
+        alibi_slopes::<f64> as *const (),
+        attention::<f64> as *const (),
+        attention_with_weights::<f64> as *const (),
+        multi_head_attention::<f64> as *const (),
+        multi_head_attention_with_lse::<f64> as *const (),
+        multi_head_attention_backward::<f64> as *const (),
+        Projections::<f64>::project as *const (),
+        Projections::<f64>::project_cross as *const (),
+        Projections::<f64>::self_attention as *const (),
+        multi_head_attention::<f32> as *const (),
+        KvCache::<f32>::new as *const (),
+        KvCache::<f32>::layer as *const (),
+        CacheLayer::<f32>::append as *const (),
+        CacheLayer::<f32>::attend as *const (),
+        CacheLayer::<f32>::attend_into as *const (),
     ]
-    .concat()
 }
