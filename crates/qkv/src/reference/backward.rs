@@ -22,7 +22,9 @@ use crate::shape::Shape;
 /// Masks mean what they mean in the forward ([`attention`](super::attention)): a hidden pair has
 /// `P = 0`, so it adds nothing to any gradient. A row that sees no key has zero gradients, and a
 /// key that no query sees gets zero `dK` and `dV` (its inputs are never read, as in the forward).
-/// ALiBi slopes, masks and the scale are constants: they get no gradient.
+/// ALiBi slopes, masks and the scale are constants: they get no gradient. Soft-capped scores
+/// ([`AttentionOptions::logit_softcap`]) are refused ([`AttentionError::Unsupported`]), as by
+/// the fast backward.
 ///
 /// ```
 /// use ndarray::array;
@@ -43,6 +45,7 @@ pub fn attention_backward<T: Real>(
     options: &AttentionOptions<T>,
 ) -> Result<Gradients<f64>, AttentionError> {
     let shape = Shape::of_dims(q.shape(), k.shape(), v.shape())?;
+    options.refuse_softcap("the reference backward")?;
     let masks = options.resolve(&shape)?;
     let checked = inputs::check(&q, k, v, &|_| masks.seen_keys())?;
     check_d_output(&shape, &d_output)?;
