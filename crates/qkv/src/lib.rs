@@ -38,9 +38,9 @@
 mod attention;
 mod backward;
 mod blocked;
+mod cache_options;
 mod error;
 mod flash;
-mod half;
 mod inputs;
 mod kernels;
 mod kv_cache;
@@ -52,11 +52,16 @@ mod real;
 pub mod reference;
 mod shape;
 mod simd;
+mod storage;
 mod work;
 
 /// The `ndarray` this crate takes and returns, so that an embedder on another version of
 /// `ndarray` can name the same types (`qkv::ndarray::ArrayView2`).
 pub use ndarray;
+
+/// The `half` crate this one stores bf16 and f16 in (with its `num-traits` feature on), so that
+/// an embedder can name `qkv::half::bf16` without a `half` dependency of their own.
+pub use half;
 
 pub use attention::{
     Attention, AttentionWeights, Scores, attention, attention_into, attention_with_lse,
@@ -66,8 +71,8 @@ pub use backward::{
     Gradients, GradientsMut, attention_backward, attention_backward_into, multi_head_attention_backward,
     multi_head_attention_backward_into,
 };
+pub use cache_options::CacheOptions;
 pub use error::{AttentionError, Dims};
-pub use half::{Half, Storage, attention_half};
 pub use kv_cache::{CacheLayer, CacheShape, KvCache};
 pub use mask::{
     AdditiveBias, Alibi, AttentionOptions, CausalMask, KeepMask, KeyPadding, SlidingWindow, alibi_slopes,
@@ -79,6 +84,7 @@ pub use real::Real;
 pub use reference::{QueryTrace, TiledBlock, TiledTrace, trace_query, trace_tiled};
 pub use shape::Shape;
 pub use simd::{SimdLevel, simd_report};
+pub use storage::{Half, Storage, attention_half};
 
 /// Views a flat row-major slice as a `[rows, cols]` matrix, for embedders that hold plain slices.
 /// The slice must hold exactly `rows · cols` elements; `argument` names it in the error if not.
