@@ -18,7 +18,7 @@
 //! every level and owns the tiling, the masking decisions, the online softmax and the work split.
 
 use std::ops::Range;
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 use crate::kernels::{
     self, Buffer, Element, Isa, Job, KEY_BLOCK, Kernels, Rows, RowsMut, ScoreTile, ValueRows, Weights,
@@ -131,17 +131,19 @@ pub(crate) struct CachedProblem<'p, T, E> {
     pub(crate) masks: MaskSet<'p, T>,
 }
 
-/// The buffers of [`attend_cached`], kept between calls: the calling thread's scratch and the
-/// softmax state of every work item, grown as needed and never shrunk. A call reads nothing
-/// that an earlier call left in them (each state is reset before its item runs).
+/// The buffers of [`attend_cached`], kept between calls: a scratch per thread that takes work
+/// items (see `work::for_each_index`) and the softmax state of every item, grown as needed and
+/// never shrunk. A call reads nothing that an earlier call left in them (each state is reset
+/// before its item runs, and scratch is written before it is read). The locks are never
+/// contended: each state belongs to one item and each scratch to one thread.
 pub(crate) struct Workspace<T: Real> {
-    scratch: Scratch<T>,
-    states: Vec<State<T>>,
+    scratches: Vec<Mutex<Scratch<T>>>,
+    states: Vec<Mutex<State<T>>>,
 }
 
 impl<T: Real> Default for Workspace<T> {
     fn default() -> Self {
-        Workspace { scratch: Scratch::default(), states: Vec::new() }
+        Workspace { scratches: Vec::new(), states: Vec::new() }
     }
 }
 
@@ -389,9 +391,9 @@ impl<T: Real, E: Element<Compute = T>> Job<E> for AttendCached<'_, '_, T, E> {
         // and the states of a block are then merged in split order, whichever thread ran them.
         let n_items = n_problems * blocks * splits.count;
         if workspace.states.len() < n_items {
-            workspace.states.resize_with(n_items, State::empty);
+            workspace.states.resize_with(n_items, || Mutex::new(State::empty()));
         }
-        let Workspace { scratch, states } = workspace;
+        let Workspace { scratches, states } = workspace;
         let states = &mut states[..n_items];
         let rows = |b: usize| K::QUERY_BLOCK.min(n_rows - b * K::QUERY_BLOCK);
         let attend_item = |scratch: &mut Scratch<T>, item: usize, state: &mut State<T>| {
@@ -406,23 +408,17 @@ impl<T: Real, E: Element<Compute = T>> Job<E> for AttendCached<'_, '_, T, E> {
             problem.attend_block_into(kernels, &packed, first, rows(b), splits.range(split), scratch, state);
         };
         let flops = shape.flops() * (rows_per_query * n_problems) as f64;
-        if work::worth_sharing(flops, false) && rayon::current_num_threads() > 1 {
-            let items: Vec<(usize, &mut State<T>)> = states.iter_mut().enumerate().collect();
-            work::map_items(items, true, Scratch::default, |scratch, (i, state)| {
-                attend_item(scratch, i, state)
-            });
-        } else {
-            // The calling thread alone, with the workspace's scratch: nothing is allocated.
-            for (i, state) in states.iter_mut().enumerate() {
-                attend_item(scratch, i, state);
-            }
-        }
+        let shared_states = &*states;
+        work::for_each_index(n_items, work::worth_sharing(flops, false), scratches, |scratch, i| {
+            attend_item(scratch, i, &mut shared_states[i].lock().expect("no task panicked"));
+        });
         let d_v = shape.value_dim;
         let mut lse = lse;
         for (block, parts) in states.chunks_exact_mut(splits.count).enumerate() {
             let (merged, rest) = parts.split_first_mut().expect("one state per split");
-            for part in rest.iter() {
-                merged.merge(part);
+            let merged = merged.get_mut().expect("no task panicked");
+            for part in rest.iter_mut() {
+                merged.merge(part.get_mut().expect("no task panicked"));
             }
             let (p, b) = (block / blocks, block % blocks);
             let first = p * n_rows + b * K::QUERY_BLOCK;

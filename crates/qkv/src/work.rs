@@ -93,5 +93,47 @@ pub(crate) fn map_items<I: Send, R: Send, S>(
     results.into_iter().map(|r| r.into_inner().expect("no task panicked").expect("every item ran")).collect()
 }
 
+/// `f(scratch, i)` for every `i < count`, shared out as [`map_items`] shares its items (with
+/// `share`, the calling thread and the pool's threads take the next index as they come free),
+/// each thread lending `f` a scratch of `scratches`: the calling thread the first, helper `h`
+/// the `h`-th, made the first time there are that many. So a call after a first one as large
+/// allocates nothing of its own: on the calling thread alone nothing at all, and when shared
+/// only what rayon allocates to hand each helper its job. `f` writes its results itself.
+pub(crate) fn for_each_index<S: Default + Send>(
+    count: usize,
+    share: bool,
+    scratches: &mut Vec<Mutex<S>>,
+    f: impl Fn(&mut S, usize) + Sync,
+) {
+    let threads = if share { rayon::current_num_threads().min(count).max(1) } else { 1 };
+    if scratches.len() < threads {
+        scratches.resize_with(threads, Default::default);
+    }
+    if threads == 1 {
+        let scratch = scratches[0].get_mut().expect("no task panicked");
+        (0..count).for_each(|i| f(scratch, i));
+        return;
+    }
+    let next = AtomicUsize::new(0);
+    let take_indices = |scratch: &Mutex<S>| {
+        let mut scratch = scratch.lock().expect("no task panicked");
+        loop {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            if i >= count {
+                break;
+            }
+            f(&mut scratch, i);
+        }
+    };
+    let take_indices = &take_indices;
+    let (mine, helpers) = scratches.split_first().expect("one scratch per thread");
+    rayon::in_place_scope(|scope| {
+        for scratch in &helpers[..threads - 1] {
+            scope.spawn(move |_| take_indices(scratch));
+        }
+        take_indices(mine);
+    });
+}
+
 #[cfg(test)]
 mod tests;
