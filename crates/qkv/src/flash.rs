@@ -88,26 +88,31 @@ pub(crate) fn attend<T: Real, E: Element<Compute = T>>(
     isa.run(Attend { shape: *shape, rows_per_query, heads })
 }
 
-/// [`attend`] for `n_problems` problems whose keys and values are already in the layout the
+/// [`attend`] for the problems of `call`, whose keys and values are already in the layout the
 /// kernels of `isa` read (a KV cache's) and whose queries are in the compute type: nothing is
-/// packed and nothing is measured. `problem(p)` gives problem `p`'s operands; its output is rows
-/// `p · n_rows ..` of `out` (`n_rows = n_queries · rows_per_query` rows of `d_v`, one after
-/// another), and its logsumexp, when asked for, `lse[p · n_rows ..]`.
+/// packed and nothing is measured. Problem `p`'s output is rows `p · n_rows ..` of `out`
+/// (`n_rows = n_queries · rows_per_query` rows of `d_v`, one after another), and its
+/// logsumexp, when asked for, `lse[p · n_rows ..]`.
 ///
 /// Every buffer of the call lives in `workspace` and is reused, so that a call for a shape seen
 /// before allocates nothing when it runs on the calling thread alone (see [`Workspace`]).
-pub(crate) fn attend_cached<'p, T: Real, E: Element<Compute = T>>(
+pub(crate) fn attend_cached<T: Real, E: Element<Compute = T>>(
     isa: Isa,
-    shape: &Shape,
-    rows_per_query: usize,
-    n_problems: usize,
-    problem: &(dyn Fn(usize) -> CachedProblem<'p, T, E> + Sync),
+    call: CachedCall<'_, '_, T, E>,
     out: &mut [T],
     lse: Option<&mut [T]>,
     workspace: &mut Workspace<T>,
 ) {
-    let job = AttendCached { shape: *shape, rows_per_query, n_problems, problem, out, lse, workspace };
-    isa.run(job);
+    isa.run(AttendCached { call, out, lse, workspace });
+}
+
+/// The problems of a call to [`attend_cached`], all of one shape: `problem(p)` gives the
+/// operands of problem `p < n_problems`, each of `rows_per_query` rows per query.
+pub(crate) struct CachedCall<'p, 'c, T, E> {
+    pub(crate) shape: Shape,
+    pub(crate) rows_per_query: usize,
+    pub(crate) n_problems: usize,
+    pub(crate) problem: &'c (dyn Fn(usize) -> CachedProblem<'p, T, E> + Sync),
 }
 
 /// A work item of the tiled path: head `.0`'s query blocks, each with its index and output.
@@ -370,10 +375,7 @@ impl KeySplits {
 
 /// The operands of [`attend_cached`], waiting for its kernels.
 struct AttendCached<'p, 'c, T: Real, E> {
-    shape: Shape,
-    rows_per_query: usize,
-    n_problems: usize,
-    problem: &'c (dyn Fn(usize) -> CachedProblem<'p, T, E> + Sync),
+    call: CachedCall<'p, 'c, T, E>,
     out: &'c mut [T],
     lse: Option<&'c mut [T]>,
     workspace: &'c mut Workspace<T>,
@@ -383,7 +385,8 @@ impl<T: Real, E: Element<Compute = T>> Job<E> for AttendCached<'_, '_, T, E> {
     type Output = ();
 
     fn run<K: Kernels<T, E>>(self, kernels: K) {
-        let AttendCached { shape, rows_per_query, n_problems, problem, out, lse, workspace } = self;
+        let AttendCached { call, out, lse, workspace } = self;
+        let CachedCall { shape, rows_per_query, n_problems, problem } = call;
         let n_rows = shape.n_queries * rows_per_query;
         let blocks = n_rows.div_ceil(K::QUERY_BLOCK);
         let splits = key_splits(n_rows, shape.n_keys, K::QUERY_BLOCK);
@@ -405,7 +408,8 @@ impl<T: Real, E: Element<Compute = T>> Job<E> for AttendCached<'_, '_, T, E> {
                 Problem { shape, q: Queries::Computed(q), rows_per_query, source, key_rows: None, masks };
             let packed = problem.packed::<K>(0..shape.n_keys);
             let first = b * K::QUERY_BLOCK;
-            problem.attend_block_into(kernels, &packed, first, rows(b), splits.range(split), scratch, state);
+            let query_rows = first..first + rows(b);
+            problem.attend_block_into(kernels, &packed, query_rows, splits.range(split), scratch, state);
         };
         let flops = shape.flops() * (rows_per_query * n_problems) as f64;
         let shared_states = &*states;
@@ -633,23 +637,22 @@ impl<'p, T: Real, E: Element<Compute = T>> Problem<'p, T, E> {
         scratch: &mut Scratch<T>,
     ) -> State<T> {
         let mut state = State::empty();
-        self.attend_block_into(kernels, packed, first, rows, keys, scratch, &mut state);
+        self.attend_block_into(kernels, packed, first..first + rows, keys, scratch, &mut state);
         state
     }
 
-    /// [`Self::attend_block`] into `state`, whose buffers are reused: it is reset first, so
-    /// nothing of what it held carries over.
-    #[allow(clippy::too_many_arguments)]
+    /// [`Self::attend_block`] of the rows `query_rows` into `state`, whose buffers are reused:
+    /// it is reset first, so nothing of what it held carries over.
     fn attend_block_into<K: Kernels<T, E>>(
         &self,
         kernels: K,
         packed: &Packed<E>,
-        first: usize,
-        rows: usize,
+        query_rows: Range<usize>,
         keys: Range<usize>,
         scratch: &mut Scratch<T>,
         state: &mut State<T>,
     ) {
+        let (first, rows) = (query_rows.start, query_rows.len());
         let d = self.shape.key_dim;
         let masks = &self.masks;
         let lanes = K::LANES;

@@ -15,7 +15,7 @@ use ndarray::{Array2, Array3, ArrayView1, ArrayView2, ArrayView3, ArrayViewMut2,
 
 use crate::cache_options::CacheOptions;
 use crate::error::{AttentionError, Dims};
-use crate::flash::{self, CachedKeys, CachedProblem};
+use crate::flash::{self, CachedCall, CachedKeys, CachedProblem};
 use crate::kernels::{Buffer, Element, Isa, Job, Kernels};
 use crate::partial::PartialAttention;
 use crate::shape::{Magnitudes, Shape, finite_magnitude};
@@ -597,16 +597,8 @@ impl<E: Storage> CacheLayer<'_, E> {
         };
         let stacked_out = flash::prefix(output, n_problems * rows * value_dim);
         let stacked_lse = lse.is_some().then(|| flash::prefix(logsumexp, n_problems * rows));
-        flash::attend_cached(
-            *isa,
-            &shape,
-            heads_per_problem,
-            n_problems,
-            &problem,
-            stacked_out,
-            stacked_lse,
-            workspace,
-        );
+        let call = CachedCall { shape, rows_per_query: heads_per_problem, n_problems, problem: &problem };
+        flash::attend_cached(*isa, call, stacked_out, stacked_lse, workspace);
         for (r, row) in stacked_out.chunks_exact(value_dim).enumerate() {
             let (p, i, g) = (r / rows, r % rows / heads_per_problem, r % heads_per_problem);
             out.slice_mut(s![p * heads_per_problem + g, i, ..]).assign(&ArrayView1::from(row));
