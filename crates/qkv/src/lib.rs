@@ -5,6 +5,9 @@
 //! embeddings ([`Projections`]); causal, sliding-window, boolean, padding, key-length, additive
 //! and ALiBi masks, per sequence or per head ([`AttentionOptions`]); each row's logsumexp and the
 //! exact merge of results over disjoint keys ([`attention_with_lse`], [`PartialAttention::merge`]);
+//! logit soft-capping ([`AttentionOptions::logit_softcap`]); a KV cache for decoding ([`KvCache`],
+//! f32, bf16 or f16 storage under f32 queries) whose steps take the same options
+//! ([`CacheOptions`]) and allocate nothing once warm;
 //! a worked trace of one query ([`trace_query`]) and of its tiled online softmax
 //! ([`trace_tiled`]). Inputs are `ndarray` views of `f32` or `f64`
 //! (this crate's `ndarray` is re-exported as [`qkv::ndarray`](ndarray), so an embedder on another

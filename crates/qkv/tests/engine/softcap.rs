@@ -135,3 +135,21 @@ fn a_cap_that_is_not_finite_and_positive_is_an_error_and_the_backward_refuses_on
         qkv::reference::attention_backward(x.view(), x.view(), x.view(), x.view(), &options).unwrap_err();
     assert!(matches!(err, qkv::AttentionError::Unsupported { option: "logit_softcap", .. }), "{err}");
 }
+
+/// The traces the lesson prints cap as `attention` does: a query's trace and its tiled online
+/// softmax end at the reference's row.
+#[test]
+fn the_traces_cap_as_attention_does() {
+    let p = Problem::<f64>::random(7, (9, 40, 8, 3), 3.0, crate::problem::MaskKind::Alibi);
+    let options = p.options().logit_softcap(1.5);
+    let want = qkv::reference::attention(p.q.view(), p.k.view(), p.v.view(), &options).unwrap();
+    for i in [0, 4, 8] {
+        let trace = qkv::trace_query(p.q.view(), p.k.view(), p.v.view(), i, &options).unwrap();
+        let tiled = qkv::trace_tiled(p.q.view(), p.k.view(), p.v.view(), i, 16, &options).unwrap();
+        for c in 0..3 {
+            assert!((trace.output[c] - want.output[[i, c]]).abs() < 1e-12, "trace_query row {i}");
+            assert!((tiled.output[c] - want.output[[i, c]]).abs() < 1e-12, "trace_tiled row {i}");
+        }
+        assert!(trace.scores.iter().all(|s| *s == f64::NEG_INFINITY || s.abs() <= 1.5 + 0.3 * 49.0));
+    }
+}
