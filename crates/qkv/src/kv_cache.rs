@@ -7,7 +7,9 @@
 //! component after component: `kernels::pack_key_panel`'s layout, which `flash.rs` would
 //! otherwise build on every call) and the values one row per position, padded to whole vectors.
 //! An append writes the new positions into their panel lanes and rows and checks them then, once;
-//! old positions are never touched again, and nothing is allocated after `new`.
+//! old positions are never touched again, and no storage is allocated after `new`. A step's own
+//! buffers (the stacked queries and outputs, the fast path's states and scratch) are kept in the
+//! cache too, grown by the first step of a shape, so that later steps allocate nothing.
 
 use std::collections::TryReserveError;
 
@@ -395,9 +397,10 @@ impl<E: Storage> CacheLayer<'_, E> {
 
     /// Like [`attend`](Self::attend), writing the output into `out` (`[query_heads, n_q, d_v]`).
     /// If the call fails, `out` may hold anything. After a first step of the same shape, a step
-    /// allocates nothing on the heap when it runs on the calling thread (a small step, or a
-    /// thread pool of one thread); a step large enough to be shared with rayon's pool allocates a
-    /// little (the pool's jobs and the helpers' scratch), not in proportion to its size.
+    /// allocates nothing on the heap: not when it runs on the calling thread alone (a small step,
+    /// or a pool of one thread), nor when it shares its work with the pool from a thread of the
+    /// pool (inside `ThreadPool::install`). Shared from outside the pool, it allocates the job
+    /// rayon boxes for each helper thread, and nothing else.
     ///
     /// ```
     /// use ndarray::Array3;

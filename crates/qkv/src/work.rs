@@ -97,8 +97,10 @@ pub(crate) fn map_items<I: Send, R: Send, S>(
 /// `share`, the calling thread and the pool's threads take the next index as they come free),
 /// each thread lending `f` a scratch of `scratches`: the calling thread the first, helper `h`
 /// the `h`-th, made the first time there are that many. So a call after a first one as large
-/// allocates nothing of its own: on the calling thread alone nothing at all, and when shared
-/// only what rayon allocates to hand each helper its job. `f` writes its results itself.
+/// allocates nothing of its own: on the calling thread alone nothing at all; shared from a
+/// thread of the pool nothing either (`rayon::join` puts the helpers' jobs on the stack); shared
+/// from outside the pool only the job rayon boxes for each helper (`Scope::spawn`). `f` writes
+/// its results itself.
 pub(crate) fn for_each_index<S: Default + Send>(
     count: usize,
     share: bool,
@@ -126,13 +128,34 @@ pub(crate) fn for_each_index<S: Default + Send>(
         }
     };
     let take_indices = &take_indices;
+    let scratches = &scratches[..threads];
+    if rayon::current_thread_index().is_some() {
+        join_over(scratches, take_indices);
+        return;
+    }
+    // From outside the pool `join` would wait for the pool to run both halves: spawning lets the
+    // calling thread start on the indices at once.
     let (mine, helpers) = scratches.split_first().expect("one scratch per thread");
     rayon::in_place_scope(|scope| {
-        for scratch in &helpers[..threads - 1] {
+        for scratch in helpers {
             scope.spawn(move |_| take_indices(scratch));
         }
         take_indices(mine);
     });
+}
+
+/// `take(scratch)` for every scratch of `scratches` on a thread of the pool, the first at once on
+/// this thread and the others as `rayon::join` jobs that idle threads steal (run here, they find
+/// nothing left to take).
+fn join_over<S: Send>(scratches: &[Mutex<S>], take: &(impl Fn(&Mutex<S>) + Sync)) {
+    match scratches {
+        [] => {}
+        [only] => take(only),
+        _ => {
+            let (front, back) = scratches.split_at(scratches.len().div_ceil(2));
+            rayon::join(|| join_over(front, take), || join_over(back, take));
+        }
+    }
 }
 
 #[cfg(test)]

@@ -6,7 +6,8 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
 use ndarray::{Array2, Array3};
-use qkv::{CacheOptions, CacheShape, KvCache, SimdLevel, SlidingWindow};
+use qkv::half::bf16;
+use qkv::{CacheOptions, CacheShape, KvCache, SimdLevel, SlidingWindow, Storage};
 
 use crate::problem::levels;
 
@@ -64,19 +65,22 @@ const QUERY_HEADS: usize = 32;
 /// `level` holding `len` positions, with `options`, as `count` counts them (this thread's by
 /// default).
 fn step_allocations(level: SimdLevel, len: usize, options: &CacheOptions, steps: usize) -> Vec<u64> {
-    counted_steps(level, len, options, steps, &allocations)
+    counted_steps::<f32>(level, len, options, steps, &allocations)
 }
 
-fn counted_steps(
+/// [`step_allocations`] over a cache of `E` (f32 queries), as `count` counts them.
+fn counted_steps<E: Storage>(
     level: SimdLevel,
     len: usize,
     options: &CacheOptions,
     steps: usize,
     count: &dyn Fn() -> u64,
 ) -> Vec<u64> {
-    let mut cache = KvCache::<f32>::for_level(SHAPE, level).unwrap();
+    let mut cache = KvCache::<E>::for_level(SHAPE, level).unwrap();
     let mut layer = cache.layer(0).unwrap();
-    let kv = Array3::from_shape_fn((SHAPE.kv_heads, len, 128), |(h, i, c)| ((h + i * c) % 7) as f32 / 7.0);
+    let kv = Array3::from_shape_fn((SHAPE.kv_heads, len, 128), |(h, i, c)| {
+        E::from_f32(((h + i * c) % 7) as f32 / 7.0)
+    });
     layer.append(kv.view(), kv.view()).unwrap();
     let q = Array3::from_shape_fn((QUERY_HEADS, 1, 128), |(h, _, c)| ((h * c) % 5) as f32 / 5.0);
     let (mut out, mut lse) = (Array3::zeros((QUERY_HEADS, 1, 128)), Array2::zeros((QUERY_HEADS, 1)));
@@ -108,16 +112,20 @@ fn a_warm_decoding_step_allocates_nothing_at_every_level() {
             }
             // A short step is not worth sharing, whatever the pool: it runs on the calling thread.
             assert_eq!(step_allocations(level, 200, &options, 3), [0, 0, 0], "{level} {what}, 200 positions");
+            let bf16_cache = counted_steps::<bf16>(level, 200, &options, 3, &allocations);
+            assert_eq!(bf16_cache, [0, 0, 0], "{level} {what}, f32 queries over a bf16 cache");
         }
     }
 }
 
-/// A step worth sharing with rayon's pool hands work to the pool's threads, and rayon's
-/// `Scope::spawn` boxes the job of each helper thread it wakes: one allocation per helper on the
-/// calling thread. The helpers allocate nothing (their scratch is kept in the cache, as the
-/// caller's is): their own counts, read on each thread of the pool, do not move.
+/// A step worth sharing with rayon's pool, called from a thread of the pool (inside
+/// `ThreadPool::install`, as a serving loop runs), hands the helper its share through
+/// `rayon::join`, whose job lives on the stack: nothing is allocated on the calling thread, and
+/// nothing on the helper (its scratch is kept in the cache, as the caller's is), whose own count
+/// is read on its thread. Called from outside the pool, rayon's `Scope::spawn` boxes one job per
+/// helper: the one allocation such a step makes.
 #[test]
-fn a_shared_step_allocates_only_rayons_job_for_its_helper() {
+fn a_shared_step_allocates_nothing_inside_the_pool_and_one_job_outside() {
     let two_threads = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
     for level in levels() {
         for len in [1500, 2000] {
@@ -125,13 +133,18 @@ fn a_shared_step_allocates_only_rayons_job_for_its_helper() {
                 let me = rayon::current_thread_index().expect("inside the pool");
                 let helper = || two_threads.broadcast(|_| allocations())[1 - me];
                 let counts = step_allocations(level, len, &CacheOptions::new(), 3);
-                (counts, counted_steps(level, len, &CacheOptions::new(), 3, &helper))
+                (counts, counted_steps::<f32>(level, len, &CacheOptions::new(), 3, &helper))
             });
-            println!(
-                "{level}, {len} positions, 2 threads: {counts:?} per step on the calling thread, {helper:?} on the helper"
-            );
-            assert_eq!(counts, [1, 1, 1], "{level} {len}: one boxed job for the one helper");
+            assert_eq!(counts, [0, 0, 0], "{level} {len}: the calling thread, inside the pool");
             assert_eq!(helper, [0, 0, 0], "{level} {len}: the helper");
+        }
+    }
+    if rayon::current_num_threads() > 1 {
+        for level in levels() {
+            let counts = step_allocations(level, 2000, &CacheOptions::new(), 3);
+            // 2000 positions are one key split: one item per key/value head.
+            let helpers = rayon::current_num_threads().min(SHAPE.kv_heads) as u64 - 1;
+            assert!(counts.iter().all(|&n| n == helpers), "{level}, outside the pool: {counts:?}");
         }
     }
 }
