@@ -89,7 +89,7 @@ pub struct GradientsMut<'a, T, D: Dimension = Ix2> {
 /// linear in the sequence lengths. Masks mean what they mean in the forward; a row that sees no
 /// key has zero gradients, and a key that no query sees has zero `dk` and `dv` (its key and value
 /// rows are never read). Results do not depend on the number of threads. Soft-capped scores
-/// ([`AttentionOptions::logit_softcap`]) are refused with [`AttentionError::Unsupported`].
+/// ([`AttentionOptions::logit_softcap`]) are differentiated through the cap.
 ///
 /// ```
 /// use ndarray::array;
@@ -298,7 +298,6 @@ fn backward<T: Real, D: Dimension>(
     if let Some(dbias) = &dbias {
         expect_shape("dbias", dbias.shape(), scores_dim(q.raw_dim(), shape.n_keys).slice(), "scores")?;
     }
-    options.refuse_softcap("the attention backward")?;
     let masks = options.resolve_heads(shape, heads)?;
     let kernels = simd::kernels_for(options.simd_level())?;
     let group = heads.map_or(1, |(_, query_heads)| query_heads / k.shape()[1]);

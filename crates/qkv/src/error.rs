@@ -187,16 +187,6 @@ pub enum AttentionError {
         /// The cap given.
         value: f64,
     },
-    /// An option that a function does not implement.
-    #[error("{function} does not support {option}: {why}")]
-    Unsupported {
-        /// The function called.
-        function: &'static str,
-        /// The option it does not support.
-        option: &'static str,
-        /// Why, and what to do instead.
-        why: &'static str,
-    },
     /// A flat slice whose length does not match the shape it is said to have.
     #[error(
         "{argument} has {len} elements but a {} {} needs {}",

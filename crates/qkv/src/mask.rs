@@ -402,8 +402,8 @@ impl<'a, T: Real> AttentionOptions<'a, T> {
     /// Caps the scaled scores smoothly at `±cap` (logit soft-capping, Gemma 2): each score `s`
     /// becomes `cap · tanh(s / cap)` before any bias or ALiBi term is added and before masking,
     /// the order of Gemma 2's reference code (`softcap(Q·Kᵀ · scale) + mask`). `cap` must be
-    /// finite and positive ([`AttentionError::InvalidSoftcap`]). The backward refuses it
-    /// ([`AttentionError::Unsupported`]).
+    /// finite and positive ([`AttentionError::InvalidSoftcap`]). The backward differentiates
+    /// through it (`1 - tanh²(s / cap)`).
     ///
     /// ```
     /// let q = ndarray::array![[100.0_f64]];
@@ -703,6 +703,28 @@ impl<T: Real> MaskSet<'_, T> {
             || self.softcap.is_some()
     }
 
+    /// The derivative of the soft-cap at each of the scaled scores `raw` (before the cap), in
+    /// place: `d(cap · tanh(s / cap)) / ds = 1 - tanh²(s / cap)`; 1 without a cap. The backward
+    /// multiplies the scores' gradient by it before it reaches `Q` and `K` (a bias, added after
+    /// the cap, takes the gradient unchanged).
+    pub(crate) fn softcap_derivative<U: Real>(&self, raw: &mut [U]) {
+        match self.softcap {
+            Some(cap) => {
+                let cap = U::from_f64_round(cap);
+                raw.iter_mut().for_each(|s| {
+                    let t = (*s / cap).tanh();
+                    *s = U::one() - t * t;
+                });
+            }
+            None => raw.fill(U::one()),
+        }
+    }
+
+    /// Whether the scores are soft-capped, so the backward needs [`Self::softcap_derivative`].
+    pub(crate) fn is_softcapped(&self) -> bool {
+        self.softcap.is_some()
+    }
+
     /// Keys that the causal mask, the window and the key length leave visible to query
     /// `query_idx` (all keys without them): a range whose ends never decrease as `query_idx`
     /// grows. Other masks may hide more inside it.
@@ -797,18 +819,5 @@ impl<T> AttentionOptions<'_, T> {
     /// Whether an additive bias is set, whose gradient the backward then returns.
     pub(crate) fn has_bias(&self) -> bool {
         self.bias.is_some()
-    }
-
-    /// Fails if the scores are soft-capped: `function` (a backward) has no gradient for the cap.
-    pub(crate) fn refuse_softcap(&self, function: &'static str) -> Result<(), AttentionError> {
-        match self.softcap {
-            Some(_) => Err(AttentionError::Unsupported {
-                function,
-                option: "logit_softcap",
-                why: "its gradient (the chain rule through cap · tanh(s / cap)) is not implemented; \
-                      train without the cap, or differentiate the reference by another tool",
-            }),
-            None => Ok(()),
-        }
     }
 }
