@@ -88,7 +88,8 @@ pub struct GradientsMut<'a, T, D: Dimension = Ix2> {
 /// (FlashAttention-2's backward), never stored: memory beyond the inputs and the gradients is
 /// linear in the sequence lengths. Masks mean what they mean in the forward; a row that sees no
 /// key has zero gradients, and a key that no query sees has zero `dk` and `dv` (its key and value
-/// rows are never read). Results do not depend on the number of threads.
+/// rows are never read). Results do not depend on the number of threads. Soft-capped scores
+/// ([`AttentionOptions::logit_softcap`]) are differentiated through the cap.
 ///
 /// ```
 /// use ndarray::array;

@@ -180,6 +180,13 @@ pub enum AttentionError {
         /// The scale given.
         value: f64,
     },
+    /// A logit soft-cap that is not a finite positive number
+    /// ([`AttentionOptions::logit_softcap`](crate::AttentionOptions::logit_softcap)).
+    #[error("logit_softcap is {value}: the cap must be finite and positive (Gemma 2 uses 50)")]
+    InvalidSoftcap {
+        /// The cap given.
+        value: f64,
+    },
     /// A flat slice whose length does not match the shape it is said to have.
     #[error(
         "{argument} has {len} elements but a {} {} needs {}",

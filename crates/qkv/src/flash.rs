@@ -18,7 +18,7 @@
 //! every level and owns the tiling, the masking decisions, the online softmax and the work split.
 
 use std::ops::Range;
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 use crate::kernels::{
     self, Buffer, Element, Isa, Job, KEY_BLOCK, Kernels, Rows, RowsMut, ScoreTile, ValueRows, Weights,
@@ -88,26 +88,31 @@ pub(crate) fn attend<T: Real, E: Element<Compute = T>>(
     isa.run(Attend { shape: *shape, rows_per_query, heads })
 }
 
-/// [`attend`] for heads whose keys and values are already in the layout the kernels of `isa`
-/// read (a KV cache's), all under `masks`: nothing is packed and nothing is measured.
+/// [`attend`] for the problems of `call`, whose keys and values are already in the layout the
+/// kernels of `isa` read (a KV cache's) and whose queries are in the compute type: nothing is
+/// packed and nothing is measured. Problem `p`'s output is rows `p · n_rows ..` of `out`
+/// (`n_rows = n_queries · rows_per_query` rows of `d_v`, one after another), and its
+/// logsumexp, when asked for, `lse[p · n_rows ..]`.
+///
+/// Every buffer of the call lives in `workspace` and is reused, so that a call for a shape seen
+/// before allocates nothing when it runs on the calling thread alone (see [`Workspace`]).
 pub(crate) fn attend_cached<T: Real, E: Element<Compute = T>>(
     isa: Isa,
-    shape: &Shape,
-    rows_per_query: usize,
-    heads: Vec<CachedHead<'_, '_, T, E>>,
-    masks: &MaskSet<'_, T>,
+    call: CachedCall<'_, '_, T, E>,
+    out: &mut [T],
+    lse: Option<&mut [T]>,
+    workspace: &mut Workspace<T>,
 ) {
-    let heads = heads
-        .into_iter()
-        .map(|CachedHead { q, kv, out }| Operands {
-            q,
-            source: Source::Cached(kv),
-            out,
-            lse: None,
-            masks: *masks,
-        })
-        .collect();
-    isa.run(Attend { shape: *shape, rows_per_query, heads });
+    isa.run(AttendCached { call, out, lse, workspace });
+}
+
+/// The problems of a call to [`attend_cached`], all of one shape: `problem(p)` gives the
+/// operands of problem `p < n_problems`, each of `rows_per_query` rows per query.
+pub(crate) struct CachedCall<'p, 'c, T, E> {
+    pub(crate) shape: Shape,
+    pub(crate) rows_per_query: usize,
+    pub(crate) n_problems: usize,
+    pub(crate) problem: &'c (dyn Fn(usize) -> CachedProblem<'p, T, E> + Sync),
 }
 
 /// A work item of the tiled path: head `.0`'s query blocks, each with its index and output.
@@ -123,11 +128,28 @@ pub(crate) struct Head<'p, 'out, T, E = T> {
     pub(crate) lse: Option<ArrayViewMut1<'out, T>>,
     pub(crate) masks: MaskSet<'p, T>,
 }
-/// One head of a call to [`attend_cached`].
-pub(crate) struct CachedHead<'p, 'out, T, E> {
-    pub(crate) q: ArrayView2<'p, E>,
+/// One problem of a call to [`attend_cached`]: `n_queries · rows_per_query` query rows, already
+/// in the compute type (a bf16 cache takes f32 queries), over a cache's keys and values.
+pub(crate) struct CachedProblem<'p, T, E> {
+    pub(crate) q: ArrayView2<'p, T>,
     pub(crate) kv: CachedKeys<'p, E>,
-    pub(crate) out: ArrayViewMut2<'out, T>,
+    pub(crate) masks: MaskSet<'p, T>,
+}
+
+/// The buffers of [`attend_cached`], kept between calls: a scratch per thread that takes work
+/// items (see `work::for_each_index`) and the softmax state of every item, grown as needed and
+/// never shrunk. A call reads nothing that an earlier call left in them (each state is reset
+/// before its item runs, and scratch is written before it is read). The locks are never
+/// contended: each state belongs to one item and each scratch to one thread.
+pub(crate) struct Workspace<T: Real> {
+    scratches: Vec<Mutex<Scratch<T>>>,
+    states: Vec<Mutex<State<T>>>,
+}
+
+impl<T: Real> Default for Workspace<T> {
+    fn default() -> Self {
+        Workspace { scratches: Vec::new(), states: Vec::new() }
+    }
 }
 
 /// Keys and values already laid out for one level's kernels, as `Packed` would lay them out:
@@ -140,6 +162,27 @@ pub(crate) struct CachedKeys<'p, E> {
     pub(crate) panels: &'p [E],
     pub(crate) values: &'p [E],
     pub(crate) value_stride: usize,
+}
+
+/// A head's queries: stored as its keys are (the dense paths), or already in the compute type
+/// (a cache's, whose keys may be stored in half precision under f32 queries).
+#[derive(Clone, Copy)]
+enum Queries<'p, T, E> {
+    Stored(ArrayView2<'p, E>),
+    Computed(ArrayView2<'p, T>),
+}
+
+impl<T: Real, E: Element<Compute = T>> Queries<'_, T, E> {
+    /// Packs rows `first .. first + rows`, times `scale`, row after row for the direct scores
+    /// (`direct`) or in groups of `tile_rows` for the score tile.
+    fn pack(&self, direct: bool, first: usize, rows: usize, scale: T, tile_rows: usize, out: &mut [T]) {
+        match *self {
+            Queries::Stored(q) if direct => kernels::pack_query_rows(q, first, rows, scale, out),
+            Queries::Stored(q) => kernels::pack_queries(q, first, rows, scale, tile_rows, out),
+            Queries::Computed(q) if direct => kernels::pack_query_rows(q, first, rows, scale, out),
+            Queries::Computed(q) => kernels::pack_queries(q, first, rows, scale, tile_rows, out),
+        }
+    }
 }
 
 /// Where a head's keys and values come from.
@@ -214,7 +257,7 @@ impl<T: Real, E: Element<Compute = T>> Job<E> for Attend<'_, '_, T, E> {
                 Source::Rows { k, .. } => k.to_slice().filter(|_| decodes(n_rows, k)),
                 Source::Cached(_) => None,
             };
-            problems.push(Problem { shape, q, rows_per_query, source, key_rows, masks });
+            problems.push(Problem { shape, q: Queries::Stored(q), rows_per_query, source, key_rows, masks });
             let outs = out.into_axis_chunks_iter_mut(Axis(0), K::QUERY_BLOCK);
             blocks.push(match lse {
                 Some(lse) => outs
@@ -227,7 +270,7 @@ impl<T: Real, E: Element<Compute = T>> Job<E> for Attend<'_, '_, T, E> {
         let decoding = problems.iter().all(|p| p.key_rows.is_some());
         let parallel =
             work::worth_sharing(shape.flops() * (rows_per_query * problems.len()) as f64, decoding);
-        let splits = key_splits(n_rows, shape.n_keys, K::QUERY_BLOCK);
+        let splits: Vec<Range<usize>> = key_splits(n_rows, shape.n_keys, K::QUERY_BLOCK).ranges().collect();
         let mut measured = Measured::nothing();
         if let [keys] = splits.as_slice() {
             let packed: Vec<Packed<E>> = problems.iter().map(|p| p.packed::<K>(keys.clone())).collect();
@@ -298,10 +341,10 @@ impl<T: Real, E: Element<Compute = T>> Job<E> for Attend<'_, '_, T, E> {
 /// The key ranges each query block (of `query_block` rows, of `n_rows` in all) is split into: one
 /// unless the rows are few, and then a number fixed by `n_keys` alone, each a whole number of key
 /// blocks.
-fn key_splits(n_rows: usize, n_keys: usize, query_block: usize) -> Vec<Range<usize>> {
+fn key_splits(n_rows: usize, n_keys: usize, query_block: usize) -> KeySplits {
     if n_keys == 0 {
         // No keys: one empty split, whose state is that of a fully masked row.
-        return std::iter::once(0..0).collect();
+        return KeySplits { n_keys, count: 1, len: 0 };
     }
     let splits = if n_rows.div_ceil(query_block) >= SPLIT_BELOW_BLOCKS {
         1
@@ -309,7 +352,86 @@ fn key_splits(n_rows: usize, n_keys: usize, query_block: usize) -> Vec<Range<usi
         (n_keys / SPLIT_KEYS).clamp(1, MAX_SPLITS)
     };
     let len = n_keys.div_ceil(splits).next_multiple_of(KEY_BLOCK);
-    (0..n_keys).step_by(len).map(|start| start..(start + len).min(n_keys)).collect()
+    KeySplits { n_keys, count: n_keys.div_ceil(len), len }
+}
+
+/// Consecutive key ranges of `len` keys (the last one shorter), `count` of them.
+struct KeySplits {
+    n_keys: usize,
+    count: usize,
+    len: usize,
+}
+
+impl KeySplits {
+    /// Split `i`.
+    fn range(&self, i: usize) -> Range<usize> {
+        i * self.len..((i + 1) * self.len).min(self.n_keys)
+    }
+
+    fn ranges(&self) -> impl Iterator<Item = Range<usize>> + '_ {
+        (0..self.count).map(|i| self.range(i))
+    }
+}
+
+/// The operands of [`attend_cached`], waiting for its kernels.
+struct AttendCached<'p, 'c, T: Real, E> {
+    call: CachedCall<'p, 'c, T, E>,
+    out: &'c mut [T],
+    lse: Option<&'c mut [T]>,
+    workspace: &'c mut Workspace<T>,
+}
+
+impl<T: Real, E: Element<Compute = T>> Job<E> for AttendCached<'_, '_, T, E> {
+    type Output = ();
+
+    fn run<K: Kernels<T, E>>(self, kernels: K) {
+        let AttendCached { call, out, lse, workspace } = self;
+        let CachedCall { shape, rows_per_query, n_problems, problem } = call;
+        let n_rows = shape.n_queries * rows_per_query;
+        let blocks = n_rows.div_ceil(K::QUERY_BLOCK);
+        let splits = key_splits(n_rows, shape.n_keys, K::QUERY_BLOCK);
+        // Items are (problem, query block, key split), split fastest: each computes one state,
+        // and the states of a block are then merged in split order, whichever thread ran them.
+        let n_items = n_problems * blocks * splits.count;
+        if workspace.states.len() < n_items {
+            workspace.states.resize_with(n_items, || Mutex::new(State::empty()));
+        }
+        let Workspace { scratches, states } = workspace;
+        let states = &mut states[..n_items];
+        let rows = |b: usize| K::QUERY_BLOCK.min(n_rows - b * K::QUERY_BLOCK);
+        let attend_item = |scratch: &mut Scratch<T>, item: usize, state: &mut State<T>| {
+            let (p, b, split) =
+                (item / (blocks * splits.count), item / splits.count % blocks, item % splits.count);
+            let CachedProblem { q, kv, masks } = problem(p);
+            let source = Source::Cached(kv);
+            let problem =
+                Problem { shape, q: Queries::Computed(q), rows_per_query, source, key_rows: None, masks };
+            let packed = problem.packed::<K>(0..shape.n_keys);
+            let first = b * K::QUERY_BLOCK;
+            let query_rows = first..first + rows(b);
+            problem.attend_block_into(kernels, &packed, query_rows, splits.range(split), scratch, state);
+        };
+        let flops = shape.flops() * (rows_per_query * n_problems) as f64;
+        let shared_states = &*states;
+        work::for_each_index(n_items, work::worth_sharing(flops, false), scratches, |scratch, i| {
+            attend_item(scratch, i, &mut shared_states[i].lock().expect("no task panicked"));
+        });
+        let d_v = shape.value_dim;
+        let mut lse = lse;
+        for (block, parts) in states.chunks_exact_mut(splits.count).enumerate() {
+            let (merged, rest) = parts.split_first_mut().expect("one state per split");
+            let merged = merged.get_mut().expect("no task panicked");
+            for part in rest.iter_mut() {
+                merged.merge(part.get_mut().expect("no task panicked"));
+            }
+            let (p, b) = (block / blocks, block % blocks);
+            let first = p * n_rows + b * K::QUERY_BLOCK;
+            let rows = rows(b);
+            let out = ArrayViewMut2::from_shape((rows, d_v), &mut out[first * d_v..(first + rows) * d_v]);
+            let lse = lse.as_deref_mut().map(|lse| ArrayViewMut1::from(&mut lse[first..first + rows]));
+            merged.write(&mut OutBlock { out: out.expect("the rows fit"), lse });
+        }
+    }
 }
 
 /// Keys and values `first_key ..` in the layouts the kernels read.
@@ -425,7 +547,7 @@ impl<'a, E: Element> Packed<'a, E> {
 /// Everything a task of one head reads: inputs stored as `E`, computed in `T`.
 struct Problem<'p, T: Real, E> {
     shape: Shape,
-    q: ArrayView2<'p, E>,
+    q: Queries<'p, T, E>,
     /// Rows of `q` per query (stacked heads): row `r` takes the masks of query `r / rows_per_query`.
     rows_per_query: usize,
     source: Source<'p, E>,
@@ -514,6 +636,23 @@ impl<'p, T: Real, E: Element<Compute = T>> Problem<'p, T, E> {
         keys: Range<usize>,
         scratch: &mut Scratch<T>,
     ) -> State<T> {
+        let mut state = State::empty();
+        self.attend_block_into(kernels, packed, first..first + rows, keys, scratch, &mut state);
+        state
+    }
+
+    /// [`Self::attend_block`] of the rows `query_rows` into `state`, whose buffers are reused:
+    /// it is reset first, so nothing of what it held carries over.
+    fn attend_block_into<K: Kernels<T, E>>(
+        &self,
+        kernels: K,
+        packed: &Packed<E>,
+        query_rows: Range<usize>,
+        keys: Range<usize>,
+        scratch: &mut Scratch<T>,
+        state: &mut State<T>,
+    ) {
+        let (first, rows) = (query_rows.start, query_rows.len());
         let d = self.shape.key_dim;
         let masks = &self.masks;
         let lanes = K::LANES;
@@ -523,13 +662,7 @@ impl<'p, T: Real, E: Element<Compute = T>> Problem<'p, T, E> {
         // queries, whose scores (0) and outputs are never read. The direct path takes rows as
         // they come.
         let padded = if direct { rows } else { rows.next_multiple_of(K::TILE_ROWS) };
-        let mut state = State {
-            m: vec![T::neg_infinity(); rows],
-            l: vec![T::zero(); rows],
-            o: Buffer::zeros(padded * o_stride),
-            o_stride,
-            measured: Measured::nothing(),
-        };
+        state.reset(rows, padded * o_stride, o_stride);
         // Causal, window and key length: keys before `from` and from `reach` on are hidden from
         // every row of the block (visible ranges only move forward with the query), so their
         // blocks are skipped; blocks inside `clean_keys` are visible to every row and need no mask.
@@ -539,16 +672,12 @@ impl<'p, T: Real, E: Element<Compute = T>> Problem<'p, T, E> {
         let elementwise = masks.has_elementwise_masks();
         let clean_keys = block.clean;
         if from >= reach {
-            return state;
+            return;
         }
         let Scratch { q, s, row_max, tile_max, m_new, sums, alpha } = scratch;
         let q = prefix(q, padded * d);
         let scale = T::from_f64_round(masks.scale);
-        if direct {
-            kernels::pack_query_rows(self.q, first, rows, scale, &mut *q);
-        } else {
-            kernels::pack_queries(self.q, first, rows, scale, K::TILE_ROWS, &mut *q);
-        }
+        self.q.pack(direct, first, rows, scale, K::TILE_ROWS, &mut *q);
         let s = aligned_prefix(s, padded * KEY_BLOCK);
         let row_max = aligned_prefix(row_max, padded * lanes);
         let (tile_max, m_new, sums) = (prefix(tile_max, rows), prefix(m_new, rows), prefix(sums, rows));
@@ -629,7 +758,6 @@ impl<'p, T: Real, E: Element<Compute = T>> Problem<'p, T, E> {
                 }
             }
         }
-        state
     }
 }
 
@@ -685,6 +813,29 @@ pub(crate) fn mask_tile<T: Real>(
 }
 
 impl<T: Real> State<T> {
+    /// A state of no rows, to be [`reset`](Self::reset).
+    fn empty() -> State<T> {
+        State {
+            m: Vec::new(),
+            l: Vec::new(),
+            o: Buffer::zeros(0),
+            o_stride: 0,
+            measured: Measured::nothing(),
+        }
+    }
+
+    /// Empties the state for `rows` rows with an accumulator of `o_len` zeros, `o_stride` per
+    /// row, keeping its memory where it is large enough.
+    fn reset(&mut self, rows: usize, o_len: usize, o_stride: usize) {
+        self.m.clear();
+        self.m.resize(rows, T::neg_infinity());
+        self.l.clear();
+        self.l.resize(rows, T::zero());
+        self.o.reset_zeros(o_len);
+        self.o_stride = o_stride;
+        self.measured = Measured::nothing();
+    }
+
     /// Folds `other` (the same rows over other keys) into `self`: both are rescaled to the larger
     /// maximum before their sums and outputs are added.
     fn merge(&mut self, other: &State<T>) {

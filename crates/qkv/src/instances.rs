@@ -38,7 +38,7 @@ pub fn entry_points() -> [*const (); 20] {
         KvCache::<f32>::new as *const (),
         KvCache::<f32>::layer as *const (),
         CacheLayer::<f32>::append as *const (),
-        CacheLayer::<f32>::attend as *const (),
-        CacheLayer::<f32>::attend_into as *const (),
+        CacheLayer::<f32>::attend::<f32> as *const (),
+        CacheLayer::<f32>::attend_into::<f32> as *const (),
     ]
 }

@@ -447,6 +447,13 @@ impl<T: Element> Buffer<T> {
         Ok(Buffer { lines, len })
     }
 
+    /// Makes this `len` zeros, reusing its memory when it is large enough.
+    pub(crate) fn reset_zeros(&mut self, len: usize) {
+        self.lines.clear();
+        self.lines.resize(Self::lines(len), T::Line::default());
+        self.len = len;
+    }
+
     /// Lines that hold `len` elements.
     fn lines(len: usize) -> usize {
         len.div_ceil(size_of::<T::Line>() / size_of::<T>())

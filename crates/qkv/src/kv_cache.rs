@@ -7,19 +7,22 @@
 //! component after component: `kernels::pack_key_panel`'s layout, which `flash.rs` would
 //! otherwise build on every call) and the values one row per position, padded to whole vectors.
 //! An append writes the new positions into their panel lanes and rows and checks them then, once;
-//! old positions are never touched again, and nothing is allocated after `new`.
+//! old positions are never touched again, and no storage is allocated after `new`. A step's own
+//! buffers (the stacked queries and outputs, the fast path's states and scratch) are kept in the
+//! cache too, grown by the first step of a shape, so that later steps allocate nothing.
 
 use std::collections::TryReserveError;
 
-use ndarray::{Array2, Array3, ArrayView3, ArrayViewMut3, s};
+use ndarray::{Array2, Array3, ArrayView1, ArrayView2, ArrayView3, ArrayViewMut2, ArrayViewMut3, Ix3, s};
 
+use crate::cache_options::CacheOptions;
 use crate::error::{AttentionError, Dims};
-use crate::flash::{self, CachedHead, CachedKeys};
-use crate::half::Storage;
+use crate::flash::{self, CachedCall, CachedKeys, CachedProblem};
 use crate::kernels::{Buffer, Element, Isa, Job, Kernels};
-use crate::mask::{AttentionOptions, CausalMask};
+use crate::partial::PartialAttention;
 use crate::shape::{Magnitudes, Shape, finite_magnitude};
 use crate::simd::{self, SimdLevel};
+use crate::storage::Storage;
 
 /// The sizes of a [`KvCache`]: `layers` × `kv_heads` sequences of at most `capacity` positions,
 /// each position a key of `key_dim` and a value of `value_dim` elements.
@@ -77,6 +80,18 @@ pub struct KvCache<E: Storage = f32> {
     isa: Isa,
     layout: Layout,
     layers: Vec<LayerStore<E>>,
+    step: StepBuffers,
+}
+
+/// What a step keeps between calls so that, once warm, it allocates nothing: the queries stacked
+/// by key/value head and widened to f32, the stacked output and logsumexp, and the fast path's
+/// own buffers. Each grows to the largest step seen and never shrinks.
+#[derive(Default)]
+struct StepBuffers {
+    queries: Vec<f32>,
+    output: Vec<f32>,
+    logsumexp: Vec<f32>,
+    workspace: flash::Workspace<f32>,
 }
 
 /// The largest size of one allocation (Rust's limit for any object).
@@ -190,7 +205,7 @@ impl<E: Storage> KvCache<E> {
             Ok(LayerStore { len: 0, keys: 0.0, values: 0.0, heads })
         };
         let layers = (0..layers).map(|_| layer()).collect::<Result<_, _>>().map_err(refused)?;
-        Ok(KvCache { shape, level, isa, layout, layers })
+        Ok(KvCache { shape, level, isa, layout, layers, step: StepBuffers::default() })
     }
 
     /// The sizes the cache was made with.
@@ -320,13 +335,13 @@ impl<E: Storage> CacheLayer<'_, E> {
         self.check_shape(
             "keys",
             k.shape(),
-            [kv_heads, n_new, key_dim],
+            &[kv_heads, n_new, key_dim],
             "one [n_new, key_dim] block per key/value head",
         )?;
         self.check_shape(
             "values",
             v.shape(),
-            [kv_heads, n_new, value_dim],
+            &[kv_heads, n_new, value_dim],
             "one value for every key, one [n_new, value_dim] block per key/value head",
         )?;
         let len = self.len();
@@ -361,6 +376,9 @@ impl<E: Storage> CacheLayer<'_, E> {
     /// values first), so query `i` sees positions `0 ..= len - n_q + i`. Query head `h` reads
     /// key/value head `h / (query_heads / kv_heads)`. Returns `[query_heads, n_q, d_v]` in f32.
     ///
+    /// The queries may be f32 or the cache's storage type, whatever that is (a bf16 cache takes
+    /// f32 queries, as llama.cpp keeps f32 queries over an f16 cache); they are computed in f32.
+    ///
     /// ```
     /// use ndarray::Array3;
     /// let shape = qkv::CacheShape { layers: 1, kv_heads: 1, capacity: 4, key_dim: 2, value_dim: 1 };
@@ -369,19 +387,20 @@ impl<E: Storage> CacheLayer<'_, E> {
     /// let (k, v) = (Array3::zeros((1, 2, 2)), Array3::from_shape_vec((1, 2, 1), vec![2.0, 4.0]).unwrap());
     /// layer.append(k.view(), v.view())?;
     /// // Two queries, the last two positions: the first sees position 0, the second both.
-    /// let out = layer.attend(Array3::zeros((1, 2, 2)).view())?;
+    /// let out = layer.attend(Array3::<f32>::zeros((1, 2, 2)).view())?;
     /// assert_eq!(out.into_raw_vec_and_offset().0, vec![2.0, 3.0]);
     /// # Ok::<(), qkv::AttentionError>(())
     /// ```
-    pub fn attend(&self, q: ArrayView3<E>) -> Result<Array3<f32>, AttentionError> {
-        let [query_heads, n_queries, _] = *q.shape() else { unreachable!("3-D view") };
-        let mut out = Array3::zeros((query_heads, n_queries, self.cache.shape.value_dim));
-        self.attend_into(q, out.view_mut())?;
-        Ok(out)
+    pub fn attend<Q: Storage>(&mut self, q: ArrayView3<Q>) -> Result<Array3<f32>, AttentionError> {
+        self.attend_with(q, &CacheOptions::new())
     }
 
     /// Like [`attend`](Self::attend), writing the output into `out` (`[query_heads, n_q, d_v]`).
-    /// If the call fails, `out` may hold anything.
+    /// If the call fails, `out` may hold anything. After a first step of the same shape, a step
+    /// allocates nothing on the heap: not when it runs on the calling thread alone (a small step,
+    /// or a pool of one thread), nor when it shares its work with the pool from a thread of the
+    /// pool (inside `ThreadPool::install`). Shared from outside the pool, it allocates the job
+    /// rayon boxes for each helper thread, and nothing else.
     ///
     /// ```
     /// use ndarray::Array3;
@@ -390,11 +409,117 @@ impl<E: Storage> CacheLayer<'_, E> {
     /// let mut layer = cache.layer(0)?;
     /// layer.append(Array3::zeros((1, 1, 2)).view(), Array3::ones((1, 1, 3)).view())?;
     /// let mut out = Array3::zeros((2, 1, 3));
-    /// layer.attend_into(Array3::zeros((2, 1, 2)).view(), out.view_mut())?;
+    /// layer.attend_into(Array3::<f32>::zeros((2, 1, 2)).view(), out.view_mut())?;
     /// assert!(out.iter().all(|&x| x == 1.0));
     /// # Ok::<(), qkv::AttentionError>(())
     /// ```
-    pub fn attend_into(&self, q: ArrayView3<E>, mut out: ArrayViewMut3<f32>) -> Result<(), AttentionError> {
+    pub fn attend_into<Q: Storage>(
+        &mut self,
+        q: ArrayView3<Q>,
+        out: ArrayViewMut3<f32>,
+    ) -> Result<(), AttentionError> {
+        self.attend_with_into(q, &CacheOptions::new(), out, None)
+    }
+
+    /// [`attend`](Self::attend) with `options`: a scale, a sliding window, ALiBi, logit
+    /// soft-capping and a keep mask over the positions held ([`CacheOptions`]).
+    ///
+    /// ```
+    /// use ndarray::Array3;
+    /// use qkv::{CacheOptions, SlidingWindow};
+    /// let shape = qkv::CacheShape { layers: 1, kv_heads: 1, capacity: 8, key_dim: 2, value_dim: 1 };
+    /// let mut cache = qkv::KvCache::<f32>::new(shape)?;
+    /// let mut layer = cache.layer(0)?;
+    /// let v = Array3::from_shape_vec((1, 4, 1), vec![1.0, 2.0, 3.0, 4.0]).unwrap();
+    /// layer.append(Array3::zeros((1, 4, 2)).view(), v.view())?;
+    /// // The last query sees itself and one position back: the mean of 3 and 4.
+    /// let window = CacheOptions::new().sliding_window(SlidingWindow::new(1, 0));
+    /// let out = layer.attend_with(Array3::<f32>::zeros((1, 1, 2)).view(), &window)?;
+    /// assert_eq!(out[[0, 0, 0]], 3.5);
+    /// # Ok::<(), qkv::AttentionError>(())
+    /// ```
+    pub fn attend_with<Q: Storage>(
+        &mut self,
+        q: ArrayView3<Q>,
+        options: &CacheOptions,
+    ) -> Result<Array3<f32>, AttentionError> {
+        let mut out = Array3::zeros(self.output_shape(&q));
+        self.attend_with_into(q, options, out.view_mut(), None)?;
+        Ok(out)
+    }
+
+    /// [`attend_with`](Self::attend_with), also returning each row's logsumexp (`[query_heads,
+    /// n_q]`, in the scaled-score domain, see [`PartialAttention`]): attention over two caches
+    /// that hold disjoint positions of a sequence merges into attention over both
+    /// ([`PartialAttention::merge`]). Each part places its queries at its own end, so the merge
+    /// is exact for a decoding step (one query, which sees every position of both parts) without
+    /// a window or ALiBi, which place the queries by position.
+    ///
+    /// ```
+    /// use ndarray::Array3;
+    /// use qkv::CacheOptions;
+    /// let shape = qkv::CacheShape { layers: 2, kv_heads: 1, capacity: 4, key_dim: 2, value_dim: 1 };
+    /// let mut cache = qkv::KvCache::<f32>::new(shape)?;
+    /// let k = Array3::from_shape_vec((1, 3, 2), vec![1.0, 0.0, 0.0, 1.0, 1.0, 1.0]).unwrap();
+    /// let v = Array3::from_shape_vec((1, 3, 1), vec![2.0, 6.0, 4.0]).unwrap();
+    /// let q = Array3::from_shape_vec((1, 1, 2), vec![0.5_f32, 2.0]).unwrap();
+    /// // Layer 0 holds all three positions; layer 1 the first one, then the last two.
+    /// cache.layer(0)?.append(k.view(), v.view())?;
+    /// let whole = cache.layer(0)?.attend_with_lse(q.view(), &CacheOptions::new())?;
+    /// let mut part = cache.layer(1)?;
+    /// part.append(k.slice(ndarray::s![.., ..1, ..]), v.slice(ndarray::s![.., ..1, ..]))?;
+    /// let first = part.attend_with_lse(q.view(), &CacheOptions::new())?;
+    /// cache.clear();
+    /// let mut part = cache.layer(1)?;
+    /// part.append(k.slice(ndarray::s![.., 1.., ..]), v.slice(ndarray::s![.., 1.., ..]))?;
+    /// let merged = first.merge(&part.attend_with_lse(q.view(), &CacheOptions::new())?)?;
+    /// assert!((merged.output[[0, 0, 0]] - whole.output[[0, 0, 0]]).abs() < 1e-6);
+    /// # Ok::<(), qkv::AttentionError>(())
+    /// ```
+    pub fn attend_with_lse<Q: Storage>(
+        &mut self,
+        q: ArrayView3<Q>,
+        options: &CacheOptions,
+    ) -> Result<PartialAttention<f32, Ix3>, AttentionError> {
+        let shape = self.output_shape(&q);
+        let (mut output, mut logsumexp) = (Array3::zeros(shape), Array2::zeros((shape.0, shape.1)));
+        self.attend_with_into(q, options, output.view_mut(), Some(logsumexp.view_mut()))?;
+        Ok(PartialAttention { output, logsumexp })
+    }
+
+    /// [`attend_with`](Self::attend_with) into `out` (`[query_heads, n_q, d_v]`), and each
+    /// row's logsumexp into `lse` (`[query_heads, n_q]`) when given. Allocates as
+    /// [`attend_into`](Self::attend_into) does: nothing, after a first step of the same shape, on
+    /// the calling thread. Every option is checked against the layer (the keep mask's shape
+    /// against the queries and the positions held, one ALiBi slope per query head, a finite
+    /// scale, a finite positive cap) before anything is computed; if the call fails, `out` and
+    /// `lse` may hold anything.
+    ///
+    /// ```
+    /// use ndarray::{Array2, Array3};
+    /// use qkv::CacheOptions;
+    /// let shape = qkv::CacheShape { layers: 1, kv_heads: 2, capacity: 8, key_dim: 4, value_dim: 4 };
+    /// let mut cache = qkv::KvCache::<half::bf16>::new(shape)?;
+    /// let mut layer = cache.layer(0)?;
+    /// let kv = Array3::from_elem((2, 3, 4), half::bf16::from_f32(0.5));
+    /// layer.append(kv.view(), kv.view())?;
+    /// // f32 queries over the bf16 cache, 4 query heads, scores capped at 20.
+    /// let q = Array3::<f32>::ones((4, 1, 4));
+    /// let (mut out, mut lse) = (Array3::zeros((4, 1, 4)), Array2::zeros((4, 1)));
+    /// let options = CacheOptions::new().logit_softcap(20.0);
+    /// layer.attend_with_into(q.view(), &options, out.view_mut(), Some(lse.view_mut()))?;
+    /// assert!(out.iter().all(|&x| x == 0.5));
+    /// // Three equal scores of 1 (0.5 · 4 / sqrt 4), capped: ln 3 + 20 · tanh(1 / 20).
+    /// assert!((lse[[0, 0]] - (3f32.ln() + 20.0 * (0.05f32).tanh())).abs() < 1e-5);
+    /// # Ok::<(), qkv::AttentionError>(())
+    /// ```
+    pub fn attend_with_into<Q: Storage>(
+        &mut self,
+        q: ArrayView3<Q>,
+        options: &CacheOptions,
+        mut out: ArrayViewMut3<f32>,
+        mut lse: Option<ArrayViewMut2<f32>>,
+    ) -> Result<(), AttentionError> {
         let CacheShape { kv_heads, key_dim, value_dim, .. } = self.cache.shape;
         let [query_heads, n_queries, _] = *q.shape() else { unreachable!("3-D view") };
         let groups_fit = query_heads > 0 && query_heads % kv_heads == 0;
@@ -402,71 +527,98 @@ impl<E: Storage> CacheLayer<'_, E> {
         self.check_shape(
             "queries",
             q.shape(),
-            [expected_heads, n_queries, key_dim],
+            &[expected_heads, n_queries, key_dim],
             "query heads a positive multiple of the key/value heads, each query as wide as the keys",
         )?;
         self.check_shape(
             "output",
             out.shape(),
-            [query_heads, n_queries, value_dim],
+            &[query_heads, n_queries, value_dim],
             "one value-wide row per query",
         )?;
-        let store = self.store();
-        if n_queries > store.len {
+        if let Some(lse) = &lse {
+            self.check_shape("logsumexp", lse.shape(), &[query_heads, n_queries], "one per query row")?;
+        }
+        let len = self.len();
+        if n_queries > len {
             return Err(AttentionError::CacheInput {
                 layer: self.index,
                 argument: "queries",
                 found: q.shape().into(),
-                expected: format!("[{query_heads}, at most {}, {key_dim}]", store.len),
+                expected: format!("[{query_heads}, at most {len}, {key_dim}]"),
                 why: "the queries are the last positions held, so append their keys and values first",
             });
         }
+        options.check_shapes(query_heads, n_queries, len).map_err(|mismatch| AttentionError::CacheInput {
+            layer: self.index,
+            argument: mismatch.argument,
+            found: mismatch.found,
+            expected: mismatch.expected,
+            why: mismatch.why,
+        })?;
+        let dense = options.dense();
+        let shape = Shape { n_queries, n_keys: len, key_dim, value_dim };
+        let heads = dense.resolve_heads(&shape, Some((1, query_heads)))?;
         if n_queries == 0 {
             return Ok(());
         }
         let queries = finite_magnitude("queries", &q)?;
-        let shape = Shape { n_queries, n_keys: store.len, key_dim, value_dim };
-        let options = AttentionOptions::new().causal(CausalMask::BottomRight);
-        let masks = options.resolve(&shape)?;
+        let KvCache { layout, isa, layers, step, .. } = &mut *self.cache;
+        let store = &layers[self.index];
         let magnitudes = Magnitudes { queries, keys: store.keys, values: store.values };
-        if !flash::stays_finite(&shape, &magnitudes, &masks) {
+        if !flash::stays_finite(&shape, &magnitudes, &heads.head(0, 0)) {
             return Err(AttentionError::CacheOverflow { layer: self.index });
         }
         // The query heads that share a key/value head are the rows of one problem, query-major
         // (row `i · group + g` is query `i` of the group's head `g`), so that its keys and values
-        // are read once for all of them.
+        // are read once for all of them; heads with masks of their own (ALiBi) are a problem each.
         let group = query_heads / kv_heads;
-        let rows = n_queries * group;
-        let stacked: Vec<Array2<E>> = (0..kv_heads)
-            .map(|kv| {
-                Array2::from_shape_fn((rows, key_dim), |(r, c)| q[[kv * group + r % group, r / group, c]])
-            })
-            .collect();
-        let mut stacked_out: Vec<Array2<f32>> =
-            (0..kv_heads).map(|_| Array2::zeros((rows, value_dim))).collect();
-        let value_stride = self.cache.layout.value_stride;
-        let heads = store
-            .heads
-            .iter()
-            .zip(&stacked)
-            .zip(&mut stacked_out)
-            .map(|((head, q), out)| CachedHead {
-                q: q.view(),
-                kv: CachedKeys {
-                    panels: &head.panels,
-                    values: &head.values[..store.len * value_stride],
-                    value_stride,
-                },
-                out: out.view_mut(),
-            })
-            .collect();
-        flash::attend_cached(self.cache.isa, &shape, group, heads, &masks);
-        for (kv, stacked_out) in stacked_out.iter().enumerate() {
-            for (r, row) in stacked_out.outer_iter().enumerate() {
-                out.slice_mut(s![kv * group + r % group, r / group, ..]).assign(&row);
+        let heads_per_problem = if heads.vary_by_head() { 1 } else { group };
+        let n_problems = query_heads / heads_per_problem;
+        let rows = n_queries * heads_per_problem;
+        let StepBuffers { queries, output, logsumexp, workspace } = step;
+        let stacked = flash::prefix(queries, n_problems * rows * key_dim);
+        for (r, row) in stacked.chunks_exact_mut(key_dim).enumerate() {
+            let (p, i, g) = (r / rows, r % rows / heads_per_problem, r % heads_per_problem);
+            let query = q.slice(s![p * heads_per_problem + g, i, ..]);
+            row.iter_mut().zip(query).for_each(|(x, &y)| *x = y.widen());
+        }
+        let stacked = &*stacked;
+        let value_stride = layout.value_stride;
+        let problem = |p: usize| CachedProblem {
+            q: ArrayView2::from_shape(
+                (rows, key_dim),
+                &stacked[p * rows * key_dim..(p + 1) * rows * key_dim],
+            )
+            .expect("the rows fit"),
+            kv: CachedKeys {
+                panels: &store.heads[p * heads_per_problem / group].panels,
+                values: &store.heads[p * heads_per_problem / group].values[..len * value_stride],
+                value_stride,
+            },
+            masks: heads.head(0, p * heads_per_problem),
+        };
+        let stacked_out = flash::prefix(output, n_problems * rows * value_dim);
+        let stacked_lse = lse.is_some().then(|| flash::prefix(logsumexp, n_problems * rows));
+        let call = CachedCall { shape, rows_per_query: heads_per_problem, n_problems, problem: &problem };
+        flash::attend_cached(*isa, call, stacked_out, stacked_lse, workspace);
+        for (r, row) in stacked_out.chunks_exact(value_dim).enumerate() {
+            let (p, i, g) = (r / rows, r % rows / heads_per_problem, r % heads_per_problem);
+            out.slice_mut(s![p * heads_per_problem + g, i, ..]).assign(&ArrayView1::from(row));
+        }
+        if let Some(lse) = &mut lse {
+            for (r, &x) in logsumexp[..n_problems * rows].iter().enumerate() {
+                let (p, i, g) = (r / rows, r % rows / heads_per_problem, r % heads_per_problem);
+                lse[[p * heads_per_problem + g, i]] = x;
             }
         }
         Ok(())
+    }
+
+    /// `[query_heads, n_q, d_v]` for queries `q`: the output of a step.
+    fn output_shape<Q>(&self, q: &ArrayView3<Q>) -> (usize, usize, usize) {
+        let [query_heads, n_queries, _] = *q.shape() else { unreachable!("3-D view") };
+        (query_heads, n_queries, self.cache.shape.value_dim)
     }
 
     /// Fails with [`AttentionError::CacheInput`] unless `found` is `expected`.
@@ -474,7 +626,7 @@ impl<E: Storage> CacheLayer<'_, E> {
         &self,
         argument: &'static str,
         found: &[usize],
-        expected: [usize; 3],
+        expected: &[usize],
         why: &'static str,
     ) -> Result<(), AttentionError> {
         if found == expected {

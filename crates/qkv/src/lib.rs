@@ -5,6 +5,9 @@
 //! embeddings ([`Projections`]); causal, sliding-window, boolean, padding, key-length, additive
 //! and ALiBi masks, per sequence or per head ([`AttentionOptions`]); each row's logsumexp and the
 //! exact merge of results over disjoint keys ([`attention_with_lse`], [`PartialAttention::merge`]);
+//! logit soft-capping ([`AttentionOptions::logit_softcap`]); a KV cache for decoding ([`KvCache`],
+//! f32, bf16 or f16 storage under f32 queries) whose steps take the same options
+//! ([`CacheOptions`]) and allocate nothing once warm;
 //! a worked trace of one query ([`trace_query`]) and of its tiled online softmax
 //! ([`trace_tiled`]). Inputs are `ndarray` views of `f32` or `f64`
 //! (this crate's `ndarray` is re-exported as [`qkv::ndarray`](ndarray), so an embedder on another
@@ -38,9 +41,9 @@
 mod attention;
 mod backward;
 mod blocked;
+mod cache_options;
 mod error;
 mod flash;
-mod half;
 mod inputs;
 #[cfg(all(debug_assertions, not(test)))]
 mod instances;
@@ -54,11 +57,16 @@ mod real;
 pub mod reference;
 mod shape;
 mod simd;
+mod storage;
 mod work;
 
 /// The `ndarray` this crate takes and returns, so that an embedder on another version of
 /// `ndarray` can name the same types (`qkv::ndarray::ArrayView2`).
 pub use ndarray;
+
+/// The `half` crate this one stores bf16 and f16 in (with its `num-traits` feature on), so that
+/// an embedder can name `qkv::half::bf16` without a `half` dependency of their own.
+pub use half;
 
 pub use attention::{
     Attention, AttentionWeights, Scores, attention, attention_into, attention_with_lse,
@@ -68,8 +76,8 @@ pub use backward::{
     Gradients, GradientsMut, attention_backward, attention_backward_into, multi_head_attention_backward,
     multi_head_attention_backward_into,
 };
+pub use cache_options::CacheOptions;
 pub use error::{AttentionError, Dims};
-pub use half::{Half, Storage, attention_half};
 #[cfg(all(debug_assertions, not(test)))]
 #[doc(hidden)]
 pub use instances::entry_points;
@@ -84,6 +92,7 @@ pub use real::Real;
 pub use reference::{QueryTrace, TiledBlock, TiledTrace, trace_query, trace_tiled};
 pub use shape::Shape;
 pub use simd::{SimdLevel, simd_report};
+pub use storage::{Half, Storage, attention_half};
 
 /// Views a flat row-major slice as a `[rows, cols]` matrix, for embedders that hold plain slices.
 /// The slice must hold exactly `rows · cols` elements; `argument` names it in the error if not.

@@ -315,6 +315,7 @@ pub struct AttentionOptions<'a, T> {
     key_lengths: Option<&'a [usize]>,
     bias: Option<AdditiveBias<'a, T>>,
     alibi: Option<Alibi<'a, T>>,
+    softcap: Option<T>,
     simd: Option<SimdLevel>,
 }
 
@@ -329,6 +330,7 @@ impl<T> Default for AttentionOptions<'_, T> {
             key_lengths: None,
             bias: None,
             alibi: None,
+            softcap: None,
             simd: None,
         }
     }
@@ -394,6 +396,28 @@ impl<'a, T: Real> AttentionOptions<'a, T> {
     /// Adds ALiBi's linear distance penalty to the scaled scores (see [`Alibi`]).
     pub fn alibi(mut self, alibi: Alibi<'a, T>) -> Self {
         self.alibi = Some(alibi);
+        self
+    }
+
+    /// Caps the scaled scores smoothly at `±cap` (logit soft-capping, Gemma 2): each score `s`
+    /// becomes `cap · tanh(s / cap)` before any bias or ALiBi term is added and before masking,
+    /// the order of Gemma 2's reference code (`softcap(Q·Kᵀ · scale) + mask`). `cap` must be
+    /// finite and positive ([`AttentionError::InvalidSoftcap`]). The backward differentiates
+    /// through it (`1 - tanh²(s / cap)`).
+    ///
+    /// ```
+    /// let q = ndarray::array![[100.0_f64]];
+    /// let k = ndarray::array![[1.0], [0.0]];
+    /// let v = ndarray::array![[1.0], [0.0]];
+    /// let options = qkv::AttentionOptions::new().scale(1.0).logit_softcap(1.0);
+    /// let out = qkv::attention(q.view(), k.view(), v.view(), &options)?;
+    /// // Scores 100 and 0 become tanh(100) ≈ 1 and 0: weights e/(e+1), not almost 1.
+    /// let e = 1f64.exp();
+    /// assert!((out[[0, 0]] - e / (e + 1.0)).abs() < 1e-12);
+    /// # Ok::<(), qkv::AttentionError>(())
+    /// ```
+    pub fn logit_softcap(mut self, cap: T) -> Self {
+        self.softcap = Some(cap);
         self
     }
 
@@ -470,7 +494,13 @@ impl<'a, T: Real> AttentionOptions<'a, T> {
             Some(s) => s.to_f64_exact(),
             None => 1.0 / (shape.key_dim as f64).sqrt(),
         };
-        Ok(HeadMasks { options: self, shape: *shape, scale, bias_magnitude })
+        let softcap = match self.softcap {
+            Some(cap) if !(cap.is_finite() && cap > T::zero()) => {
+                return Err(AttentionError::InvalidSoftcap { value: cap.to_f64_exact() });
+            }
+            cap => cap.map(T::to_f64_exact),
+        };
+        Ok(HeadMasks { options: self, shape: *shape, scale, softcap, bias_magnitude })
     }
 }
 
@@ -592,6 +622,8 @@ pub(crate) struct HeadMasks<'o, 'a, T> {
     shape: Shape,
     /// The score multiplier, in f64; paths narrow it to their element type.
     scale: f64,
+    /// The logit soft-cap, checked finite and positive.
+    softcap: Option<f64>,
     /// The largest finite `|bias|` of any head, ALiBi's included (0 without a bias).
     bias_magnitude: f64,
 }
@@ -610,6 +642,7 @@ impl<'a, T: Real> HeadMasks<'_, 'a, T> {
             bias: o.bias.as_ref().map(|AdditiveBias(m)| m.head(b, h)),
             alibi: o.alibi.map(|a| (a.slopes[h].to_f64_exact(), a.align)),
             scale: self.scale,
+            softcap: self.softcap,
             bias_magnitude: self.bias_magnitude,
         }
     }
@@ -637,6 +670,8 @@ pub(crate) struct MaskSet<'a, T> {
     bias: Option<View<'a, T, Ix2>>,
     /// This head's ALiBi slope, and where its queries stand.
     alibi: Option<(f64, CausalMask)>,
+    /// The logit soft-cap: scores become `cap · tanh(s / cap)` before anything is added or hidden.
+    softcap: Option<f64>,
     /// The score multiplier, in f64; paths narrow it to their element type.
     pub(crate) scale: f64,
     /// The largest finite `|bias|` (0 without a bias), for bounding the scores.
@@ -657,10 +692,37 @@ impl<T: Real> MaskSet<'_, T> {
         self.causal.is_some()
     }
 
-    /// Whether a mask that is not a range of keys per query (keep-mask, padding, bias, ALiBi)
-    /// applies, so that a tile inside the visible range still needs [`Self::apply_row`].
+    /// Whether a mask or term that is not a range of keys per query (keep-mask, padding, bias,
+    /// ALiBi, soft-capping) applies, so that a tile inside the visible range still needs
+    /// [`Self::apply_row`].
     pub(crate) fn has_elementwise_masks(&self) -> bool {
-        self.keep.is_some() || self.padding.is_some() || self.bias.is_some() || self.alibi.is_some()
+        self.keep.is_some()
+            || self.padding.is_some()
+            || self.bias.is_some()
+            || self.alibi.is_some()
+            || self.softcap.is_some()
+    }
+
+    /// The derivative of the soft-cap at each of the scaled scores `raw` (before the cap), in
+    /// place: `d(cap · tanh(s / cap)) / ds = 1 - tanh²(s / cap)`; 1 without a cap. The backward
+    /// multiplies the scores' gradient by it before it reaches `Q` and `K` (a bias, added after
+    /// the cap, takes the gradient unchanged).
+    pub(crate) fn softcap_derivative<U: Real>(&self, raw: &mut [U]) {
+        match self.softcap {
+            Some(cap) => {
+                let cap = U::from_f64_round(cap);
+                raw.iter_mut().for_each(|s| {
+                    let t = (*s / cap).tanh();
+                    *s = U::one() - t * t;
+                });
+            }
+            None => raw.fill(U::one()),
+        }
+    }
+
+    /// Whether the scores are soft-capped, so the backward needs [`Self::softcap_derivative`].
+    pub(crate) fn is_softcapped(&self) -> bool {
+        self.softcap.is_some()
     }
 
     /// Keys that the causal mask, the window and the key length leave visible to query
@@ -680,11 +742,19 @@ impl<T: Real> MaskSet<'_, T> {
         (visible.start.clamp(0, n_keys) as usize).min(end)..end
     }
 
-    /// Applies every mask and the bias to query `query_idx`'s scaled scores over keys
-    /// `keys.start..keys.end` (`row[j]` belongs to key `keys.start + j`): adds the bias and writes
-    /// `-inf` where a pair is hidden. Returns whether any key in the row stays visible.
+    /// Applies the soft-cap, every mask and the bias to query `query_idx`'s scaled scores over
+    /// keys `keys.start..keys.end` (`row[j]` belongs to key `keys.start + j`, every score finite):
+    /// caps the scores, adds the bias and writes `-inf` where a pair is hidden. Returns whether
+    /// any key in the row stays visible.
     pub(crate) fn apply_row<U: Real>(&self, query_idx: usize, keys: Range<usize>, row: &mut [U]) -> bool {
         debug_assert_eq!(row.len(), keys.len());
+        // The cap comes first, on the scaled scores alone (Gemma 2 caps `Q·Kᵀ · scale`, then adds
+        // its mask): a bias or ALiBi term added after it is not capped, and capping a hidden
+        // pair's `-inf` would make it visible (`cap · tanh(-inf) = -cap`).
+        if let Some(cap) = self.softcap {
+            let cap = U::from_f64_round(cap);
+            row.iter_mut().for_each(|s| *s = cap * (*s / cap).tanh());
+        }
         // Each mask in turn over the whole segment (a pass per mask runs far faster than checking
         // every mask per pair). A hidden pair ends at -inf whichever mask hides it; adding a
         // finite bias term to -inf leaves it there.

@@ -28,7 +28,8 @@ pub struct QueryTrace {
     pub dot_products: Vec<f64>,
     /// The multiplier applied to every dot product (`1 / sqrt(d_k)` unless overridden).
     pub scale: f64,
-    /// Scaled scores `s_i = scale · (q · k_i)` plus any bias; `-inf` where the key is hidden.
+    /// Scaled scores `s_i = scale · (q · k_i)`, soft-capped (`cap · tanh(s_i / cap)`) if the
+    /// options cap them, plus any bias and ALiBi term; `-inf` where the key is hidden.
     pub scores: Vec<f64>,
     /// `false` where a mask hides the key from this query.
     pub kept: Vec<bool>,

@@ -93,5 +93,70 @@ pub(crate) fn map_items<I: Send, R: Send, S>(
     results.into_iter().map(|r| r.into_inner().expect("no task panicked").expect("every item ran")).collect()
 }
 
+/// `f(scratch, i)` for every `i < count`, shared out as [`map_items`] shares its items (with
+/// `share`, the calling thread and the pool's threads take the next index as they come free),
+/// each thread lending `f` a scratch of `scratches`: the calling thread the first, helper `h`
+/// the `h`-th, made the first time there are that many. So a call after a first one as large
+/// allocates nothing of its own: on the calling thread alone nothing at all; shared from a
+/// thread of the pool nothing either (`rayon::join` puts the helpers' jobs on the stack); shared
+/// from outside the pool only the job rayon boxes for each helper (`Scope::spawn`). `f` writes
+/// its results itself.
+pub(crate) fn for_each_index<S: Default + Send>(
+    count: usize,
+    share: bool,
+    scratches: &mut Vec<Mutex<S>>,
+    f: impl Fn(&mut S, usize) + Sync,
+) {
+    let threads = if share { rayon::current_num_threads().min(count).max(1) } else { 1 };
+    if scratches.len() < threads {
+        scratches.resize_with(threads, Default::default);
+    }
+    if threads == 1 {
+        let scratch = scratches[0].get_mut().expect("no task panicked");
+        (0..count).for_each(|i| f(scratch, i));
+        return;
+    }
+    let next = AtomicUsize::new(0);
+    let take_indices = |scratch: &Mutex<S>| {
+        let mut scratch = scratch.lock().expect("no task panicked");
+        loop {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            if i >= count {
+                break;
+            }
+            f(&mut scratch, i);
+        }
+    };
+    let take_indices = &take_indices;
+    let scratches = &scratches[..threads];
+    if rayon::current_thread_index().is_some() {
+        join_over(scratches, take_indices);
+        return;
+    }
+    // From outside the pool `join` would wait for the pool to run both halves: spawning lets the
+    // calling thread start on the indices at once.
+    let (mine, helpers) = scratches.split_first().expect("one scratch per thread");
+    rayon::in_place_scope(|scope| {
+        for scratch in helpers {
+            scope.spawn(move |_| take_indices(scratch));
+        }
+        take_indices(mine);
+    });
+}
+
+/// `take(scratch)` for every scratch of `scratches` on a thread of the pool, the first at once on
+/// this thread and the others as `rayon::join` jobs that idle threads steal (run here, they find
+/// nothing left to take).
+fn join_over<S: Send>(scratches: &[Mutex<S>], take: &(impl Fn(&Mutex<S>) + Sync)) {
+    match scratches {
+        [] => {}
+        [only] => take(only),
+        _ => {
+            let (front, back) = scratches.split_at(scratches.len().div_ceil(2));
+            rayon::join(|| join_over(front, take), || join_over(back, take));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests;

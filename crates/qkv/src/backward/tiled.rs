@@ -5,7 +5,9 @@
 //! `S = Q·Kᵀ · scale` from the same packed panels and score kernel, the same masking
 //! (`flash::mask_tile`, `flash::BlockKeys` for the tiles every row skips), then `P = exp(S - lse)`,
 //! `dP = dO·Vᵀ` (the score kernel again, on `dO` and the value panels) and
-//! `dS = P ∘ (dP - δ)` with `δ = rowsum(dO ∘ O)`.
+//! `dS = P ∘ (dP - δ)` with `δ = rowsum(dO ∘ O)`. Under a soft-cap, `dS` is multiplied by the
+//! cap's derivative at the raw scores (`MaskSet::softcap_derivative`) after `dBias = dS` is
+//! written and before it reaches `dQ` and `dK`.
 //!
 //! The work items are (key/value head, chunk of key blocks). An item visits its key blocks in
 //! order and, for each, the query blocks of every query head that reads the key/value head (in
@@ -121,6 +123,8 @@ struct Scratch<T: Real> {
     s: Buffer<T>,
     /// `dP`, then `dS`.
     dp: Buffer<T>,
+    /// Under a soft-cap, its derivative at each raw score of the tile (`KEY_BLOCK` per row).
+    cap_derivative: Vec<T>,
     /// The score kernel's lane-wise maxima (unused here, but the kernel writes them).
     row_max: Buffer<T>,
     sums: Vec<T>,
@@ -135,6 +139,7 @@ impl<T: Real> Default for Scratch<T> {
         Scratch {
             s: zeros(),
             dp: zeros(),
+            cap_derivative: Vec::new(),
             row_max: zeros(),
             sums: Vec::new(),
             first: zeros(),
@@ -365,6 +370,21 @@ impl<T: Real> Operands<'_, T> {
                         self.value_rows::<K>(&head.d_output_rows, first),
                         dv_sum_rows,
                     );
+                    // A bias is added after any cap: its gradient is `dS` as it stands.
+                    if let Some(dbias) = dbias {
+                        let columns = (j - first_block) * KEY_BLOCK..(j - first_block) * KEY_BLOCK + n_keys;
+                        let mut tile_rows = dbias.slice_mut(ndarray::s![first..first + rows, columns]);
+                        for (r, mut row) in tile_rows.rows_mut().into_iter().enumerate() {
+                            row.iter_mut().zip(&scratch.dp[r * KEY_BLOCK..]).for_each(|(o, &x)| *o = x);
+                        }
+                    }
+                    if head.masks.is_softcapped() {
+                        // `Q` and `K` reach the scores through the cap: the chain rule's factor.
+                        let derivative = &scratch.cap_derivative[..rows * KEY_BLOCK];
+                        for (ds, &factor) in scratch.dp[..rows * KEY_BLOCK].iter_mut().zip(derivative) {
+                            *ds = *ds * factor;
+                        }
+                    }
                     let weights = Weights { p: &scratch.dp, rows, n_keys };
                     let q = ValueRows {
                         v: &head.q_rows[first * self.key_stride..],
@@ -374,13 +394,6 @@ impl<T: Real> Operands<'_, T> {
                     kernels.accumulate_transposed(weights, q, dk_sum_rows);
                     let dq_rows = &mut dq_part[first * self.key_stride..(first + rows) * self.key_stride];
                     kernels.accumulate_values(weights, &ones[..rows], k_rows, dq_rows);
-                    if let Some(dbias) = dbias {
-                        let columns = (j - first_block) * KEY_BLOCK..(j - first_block) * KEY_BLOCK + n_keys;
-                        let mut tile_rows = dbias.slice_mut(ndarray::s![first..first + rows, columns]);
-                        for (r, mut row) in tile_rows.rows_mut().into_iter().enumerate() {
-                            row.iter_mut().zip(&scratch.dp[r * KEY_BLOCK..]).for_each(|(o, &x)| *o = x);
-                        }
-                    }
                 }
             }
             let local = (j - first_block) * KEY_BLOCK..(j - first_block) * KEY_BLOCK + n_keys;
@@ -444,6 +457,12 @@ impl<T: Real> Operands<'_, T> {
             row_max: &mut *row_max,
         };
         kernels.scores(tile, None);
+        if head.masks.is_softcapped() {
+            // The cap's derivative at the raw scores, before `mask_tile` caps them.
+            let derivative = prefix(&mut scratch.cap_derivative, rows * KEY_BLOCK);
+            derivative.copy_from_slice(&s[..rows * KEY_BLOCK]);
+            head.masks.softcap_derivative(derivative);
+        }
         mask_tile(&head.masks, &|r| first + r, rows, keys.clone(), used, clean, &mut *s);
         let lse = &head.logsumexp[first..first + rows];
         kernels.exp_rows(RowsMut { data: &mut *s, stride: KEY_BLOCK, rows }, used, lse, sums);

@@ -2,18 +2,23 @@
 
 use super::*;
 
+/// The key ranges of [`key_splits`], in order.
+fn splits(n_rows: usize, n_keys: usize) -> Vec<Range<usize>> {
+    key_splits(n_rows, n_keys, QUERY_BLOCK).ranges().collect()
+}
+
 /// A query block as large as any level's.
 const QUERY_BLOCK: usize = 48;
 
 #[test]
 fn many_query_blocks_never_split_keys() {
-    assert_eq!(key_splits(4 * QUERY_BLOCK, 100_000, QUERY_BLOCK), vec![0..100_000]);
+    assert_eq!(splits(4 * QUERY_BLOCK, 100_000), vec![0..100_000]);
 }
 
 #[test]
 fn decoding_splits_long_key_sequences_into_whole_blocks() {
     for (n_q, n_k) in [(1, 16384), (1, 1000), (3, 5000), (200, 4097), (1, 70_000)] {
-        let splits = key_splits(n_q, n_k, QUERY_BLOCK);
+        let splits = splits(n_q, n_k);
         assert_eq!(splits.first().map(|r| r.start), Some(0), "{n_q} x {n_k}");
         assert_eq!(splits.last().map(|r| r.end), Some(n_k), "{n_q} x {n_k}");
         for pair in splits.windows(2) {
@@ -23,6 +28,6 @@ fn decoding_splits_long_key_sequences_into_whole_blocks() {
         }
         assert!(splits.len() <= MAX_SPLITS);
     }
-    assert_eq!(key_splits(1, 16384, QUERY_BLOCK).len(), 16);
-    assert_eq!(key_splits(1, 1000, QUERY_BLOCK).len(), 1);
+    assert_eq!(splits(1, 16384).len(), 16);
+    assert_eq!(splits(1, 1000).len(), 1);
 }

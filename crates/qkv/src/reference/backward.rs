@@ -22,7 +22,10 @@ use crate::shape::Shape;
 /// Masks mean what they mean in the forward ([`attention`](super::attention)): a hidden pair has
 /// `P = 0`, so it adds nothing to any gradient. A row that sees no key has zero gradients, and a
 /// key that no query sees gets zero `dK` and `dV` (its inputs are never read, as in the forward).
-/// ALiBi slopes, masks and the scale are constants: they get no gradient.
+/// ALiBi slopes, masks and the scale are constants: they get no gradient. Under a soft-cap
+/// ([`AttentionOptions::logit_softcap`]) the scores' gradient is `dS ∘ (1 - tanh²(S_raw / cap))`
+/// on its way to `dQ` and `dK` (`S_raw` the scaled scores before the cap); `dBias = dS`, the
+/// bias being added after the cap.
 ///
 /// ```
 /// use ndarray::array;
@@ -51,17 +54,22 @@ pub fn attention_backward<T: Real>(
     let (q64, k64, d_out) = (widen(q), widen(k), widen(d_output));
     let mut p = Array2::zeros((shape.n_queries, shape.n_keys));
     let mut o = Array2::zeros((shape.n_queries, shape.value_dim));
+    let mut cap_derivative = Array2::zeros((shape.n_queries, shape.n_keys));
     for i in 0..shape.n_queries {
         let trace = trace_row(&q, &k, &v, i, &masks);
         p.row_mut(i).assign(&ndarray::aview1(&trace.weights));
         o.row_mut(i).assign(&ndarray::aview1(&trace.output));
+        let mut raw: Vec<f64> = trace.dot_products.iter().map(|d| d * masks.scale).collect();
+        masks.softcap_derivative(&mut raw);
+        cap_derivative.row_mut(i).assign(&ndarray::aview1(&raw));
     }
     let dv = p.t().dot(&d_out);
     let dp = d_out.dot(&widen(v).t());
     let delta = (&d_out * &o).sum_axis(Axis(1)).insert_axis(Axis(1));
     let ds = &p * &(dp - &delta);
-    let dq = ds.dot(&k64) * masks.scale;
-    let dk = ds.t().dot(&q64) * masks.scale;
+    let ds_raw = &ds * &cap_derivative;
+    let dq = ds_raw.dot(&k64) * masks.scale;
+    let dk = ds_raw.t().dot(&q64) * masks.scale;
     let dbias = options.has_bias().then_some(ds);
     Ok(Gradients { dq, dk, dv, dbias })
 }

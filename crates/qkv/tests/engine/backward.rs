@@ -54,9 +54,30 @@ fn assert_matches_differences(what: &str, got: &Array2<f64>, want: &Array2<f64>)
 #[test]
 fn reference_backward_matches_finite_differences_for_every_mask() {
     for mask in MASK_KINDS {
+        check_reference_backward(mask, None, 1.0);
+    }
+}
+
+/// Soft-capped scores (inputs of magnitude 3, scaled scores past the cap of 1.5): `dQ` and `dK`
+/// through the cap's derivative, `dBias` not (the bias is added after the cap).
+#[test]
+fn soft_capped_gradients_match_finite_differences_and_the_reference() {
+    for mask in MASK_KINDS {
+        check_reference_backward(mask, Some(1.5), 3.0);
+        for (seed, dims) in [(11, (37, 130, 8, 5)), (12, (1, 200, 16, 16)), (13, (49, 17, 3, 8))] {
+            check_fast_capped::<f32>(seed, dims, 3.0, mask, Some(1.5));
+            check_fast_capped::<f64>(seed, dims, 3.0, mask, Some(1.5));
+        }
+    }
+}
+
+/// The reference backward of problems with `mask` (soft-capped at `softcap`, entries of
+/// `magnitude`) against central differences of the reference forward.
+fn check_reference_backward(mask: MaskKind, softcap: Option<f64>, magnitude: f64) {
+    {
         // n_q > n_k leaves the first rows of a bottom-right causal mask with nothing to see.
         for (seed, dims) in [(1, (5, 7, 3, 2)), (2, (6, 4, 2, 3)), (3, (1, 1, 1, 1))] {
-            let p = Problem::<f64>::random(seed, dims, 1.0, mask);
+            let p = Problem::<f64>::random(seed, dims, magnitude, mask).capped(softcap);
             let d_out = d_output::<f64>(seed, dims.0, dims.3);
             let options = p.options();
             let g = qkv::reference::attention_backward(
@@ -67,7 +88,7 @@ fn reference_backward_matches_finite_differences_for_every_mask() {
                 &options,
             )
             .unwrap();
-            let ctx = format!("{mask:?} {dims:?}");
+            let ctx = format!("{mask:?} {dims:?} cap {softcap:?}");
             let (q, k, v) = (p.q.view(), p.k.view(), p.v.view());
             let dq = finite_differences(&p.q, &|x| loss(x.view(), k, v, &d_out, &options));
             let dk = finite_differences(&p.k, &|x| loss(q, x.view(), v, &d_out, &options));
@@ -79,7 +100,12 @@ fn reference_backward_matches_finite_differences_for_every_mask() {
             match mask {
                 MaskKind::Bias => {
                     let dbias = finite_differences(p.bias(), &|b| {
-                        loss(q, k, v, &d_out, &AttentionOptions::new().bias(AdditiveBias::new(b.view())))
+                        let options = AttentionOptions::new().bias(AdditiveBias::new(b.view()));
+                        let options = match softcap {
+                            Some(cap) => options.logit_softcap(cap),
+                            None => options,
+                        };
+                        loss(q, k, v, &d_out, &options)
                     });
                     assert_matches_differences(&format!("dbias {ctx}"), g.dbias.as_ref().unwrap(), &dbias);
                 }
@@ -147,7 +173,18 @@ fn assert_gradient_close<T: Real>(
 /// The tiled backward (from the tiled forward's output and logsumexp, at the same level) against
 /// the reference at every SIMD level, allocating and into NaN-filled buffers.
 fn check_fast<T: Real>(seed: u64, dims: (usize, usize, usize, usize), magnitude: f64, mask: MaskKind) {
-    let p = Problem::<T>::random(seed, dims, magnitude, mask);
+    check_fast_capped::<T>(seed, dims, magnitude, mask, None);
+}
+
+/// [`check_fast`] with the scores soft-capped at `softcap`.
+fn check_fast_capped<T: Real>(
+    seed: u64,
+    dims: (usize, usize, usize, usize),
+    magnitude: f64,
+    mask: MaskKind,
+    softcap: Option<f64>,
+) {
+    let p = Problem::<T>::random(seed, dims, magnitude, mask).capped(softcap);
     let d_out = d_output::<T>(seed, dims.0, dims.3);
     let want =
         qkv::reference::attention_backward(p.q.view(), p.k.view(), p.v.view(), d_out.view(), &p.options())
@@ -155,7 +192,7 @@ fn check_fast<T: Real>(seed: u64, dims: (usize, usize, usize, usize), magnitude:
     let (condition, bounds) = gradient_bounds(&p, &d_out, &p.options());
     for level in levels() {
         let options = p.options().simd(level);
-        let ctx = format!("{} {level} {dims:?} x{magnitude} {mask:?} seed {seed}", T::NAME);
+        let ctx = format!("{} {level} {dims:?} x{magnitude} {mask:?} cap {softcap:?} seed {seed}", T::NAME);
         let forward = qkv::attention_with_lse(p.q.view(), p.k.view(), p.v.view(), &options).unwrap();
         let got =
             qkv::attention_backward(p.q.view(), p.k.view(), p.v.view(), &forward, d_out.view(), &options)

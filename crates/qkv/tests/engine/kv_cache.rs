@@ -150,7 +150,7 @@ fn errors_name_the_layer_the_argument_and_the_shapes() {
     );
     assert_eq!(layer.len(), 0, "a failed append writes nothing");
     assert_eq!(
-        err(layer.attend(Array3::zeros((2, 1, 3)).view()).unwrap_err()),
+        err(layer.attend(Array3::<f32>::zeros((2, 1, 3)).view()).unwrap_err()),
         "layer 1 of the KV cache takes queries of shape [2, at most 0, 3], not [2, 1, 3]: the queries \
          are the last positions held, so append their keys and values first"
     );
@@ -161,24 +161,24 @@ fn errors_name_the_layer_the_argument_and_the_shapes() {
          the cache larger, or clear it for a new sequence"
     );
     assert_eq!(
-        err(layer.attend(Array3::zeros((3, 1, 3)).view()).unwrap_err()),
+        err(layer.attend(Array3::<f32>::zeros((3, 1, 3)).view()).unwrap_err()),
         "layer 1 of the KV cache takes queries of shape [2, 1, 3], not [3, 1, 3]: query heads a \
          positive multiple of the key/value heads, each query as wide as the keys"
     );
     assert_eq!(
-        err(layer.attend(Array3::zeros((4, 1, 2)).view()).unwrap_err()),
+        err(layer.attend(Array3::<f32>::zeros((4, 1, 2)).view()).unwrap_err()),
         "layer 1 of the KV cache takes queries of shape [4, 1, 3], not [4, 1, 2]: query heads a \
          positive multiple of the key/value heads, each query as wide as the keys"
     );
     let mut out = Array3::zeros((4, 1, 4));
     assert_eq!(
-        err(layer.attend_into(Array3::zeros((4, 1, 3)).view(), out.view_mut()).unwrap_err()),
+        err(layer.attend_into(Array3::<f32>::zeros((4, 1, 3)).view(), out.view_mut()).unwrap_err()),
         "layer 1 of the KV cache takes output of shape [4, 1, 5], not [4, 1, 4]: one value-wide row per query"
     );
     // Keys and queries of 1e19: a score could reach 1e38, past what f32 holds with room to spare.
     let mut huge = cache_with_huge_keys(shape);
     assert_eq!(
-        err(huge.layer(0).unwrap().attend(Array3::from_elem((2, 1, 3), 1e19).view()).unwrap_err()),
+        err(huge.layer(0).unwrap().attend(Array3::<f32>::from_elem((2, 1, 3), 1e19).view()).unwrap_err()),
         "layer 0 of the KV cache: its keys and values with these queries could overflow an f32 score or sum; \
          scale the inputs down"
     );

@@ -1,8 +1,10 @@
 //! Tests of the engine's public API: every path against the f64 reference, the properties
 //! attention must have, multi-head layouts, the errors, and the choice of SIMD level.
 
+mod allocations;
 mod backward;
 mod batched;
+mod cache_options;
 mod errors;
 mod half_precision;
 mod kv_cache;
@@ -14,5 +16,6 @@ mod package;
 mod problem;
 mod properties;
 mod simd;
+mod softcap;
 mod tiled;
 mod unseen;

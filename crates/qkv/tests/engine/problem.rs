@@ -56,6 +56,7 @@ pub struct Problem<T> {
     bias: Array2<T>,
     key_length: [usize; 1],
     slope: [T; 1],
+    softcap: Option<T>,
 }
 
 impl<T: Real> Problem<T> {
@@ -88,7 +89,13 @@ impl<T: Real> Problem<T> {
             }
         });
         let key_length = [2 * n_k / 3];
-        Problem { q, k, v, mask, keep, padding, bias, key_length, slope: [T::from_f64_round(0.3)] }
+        let slope = [T::from_f64_round(0.3)];
+        Problem { q, k, v, mask, keep, padding, bias, key_length, slope, softcap: None }
+    }
+
+    /// The same problem with its scores soft-capped at `cap` (see `AttentionOptions::logit_softcap`).
+    pub fn capped(self, cap: Option<f64>) -> Self {
+        Problem { softcap: cap.map(T::from_f64_round), ..self }
     }
 
     /// The bias that [`MaskKind::Bias`] adds (random, `-inf` in places).
@@ -97,7 +104,10 @@ impl<T: Real> Problem<T> {
     }
 
     pub fn options(&self) -> AttentionOptions<'_, T> {
-        let o = AttentionOptions::new();
+        let o = match self.softcap {
+            Some(cap) => AttentionOptions::new().logit_softcap(cap),
+            None => AttentionOptions::new(),
+        };
         match self.mask {
             MaskKind::None => o,
             MaskKind::CausalBottomRight => o.causal(CausalMask::BottomRight),

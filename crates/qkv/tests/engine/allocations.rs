@@ -1,0 +1,150 @@
+//! Heap allocations of a warm decoding step over a KV cache (32 query heads over 8 key/value
+//! heads, d = 128, one query), counted by this test binary's global allocator, which counts per
+//! thread so that the tests running beside it do not add to the count.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+
+use ndarray::{Array2, Array3};
+use qkv::half::bf16;
+use qkv::{CacheOptions, CacheShape, KvCache, SimdLevel, SlidingWindow, Storage};
+
+use crate::problem::levels;
+
+/// The system allocator, counting the allocations (and reallocations) of each thread.
+struct CountingAllocator;
+
+thread_local! {
+    /// Allocations made by this thread so far. A `const` cell has no destructor, so it can be
+    /// read while the thread is being torn down too.
+    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
+}
+
+fn count_one() {
+    let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
+}
+
+/// Allocations this thread has made so far.
+fn allocations() -> u64 {
+    ALLOCATIONS.with(Cell::get)
+}
+
+// SAFETY: every call is passed to `System` unchanged; counting touches only a thread-local cell.
+unsafe impl GlobalAlloc for CountingAllocator {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        count_one();
+        // SAFETY: the caller's guarantees for `alloc` are `System.alloc`'s.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        count_one();
+        // SAFETY: as for `alloc`.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        count_one();
+        // SAFETY: `ptr` came from this allocator, that is from `System`, with `layout`.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from `System` with `layout`.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: CountingAllocator = CountingAllocator;
+
+const SHAPE: CacheShape = CacheShape { layers: 1, kv_heads: 8, capacity: 2048, key_dim: 128, value_dim: 128 };
+const QUERY_HEADS: usize = 32;
+
+/// The allocations of each of `steps` decoding steps after a warm-up step, over a cache at
+/// `level` holding `len` positions, with `options`, as `count` counts them (this thread's by
+/// default).
+fn step_allocations(level: SimdLevel, len: usize, options: &CacheOptions, steps: usize) -> Vec<u64> {
+    counted_steps::<f32>(level, len, options, steps, &allocations)
+}
+
+/// [`step_allocations`] over a cache of `E` (f32 queries), as `count` counts them.
+fn counted_steps<E: Storage>(
+    level: SimdLevel,
+    len: usize,
+    options: &CacheOptions,
+    steps: usize,
+    count: &dyn Fn() -> u64,
+) -> Vec<u64> {
+    let mut cache = KvCache::<E>::for_level(SHAPE, level).unwrap();
+    let mut layer = cache.layer(0).unwrap();
+    let kv = Array3::from_shape_fn((SHAPE.kv_heads, len, 128), |(h, i, c)| {
+        E::from_f32(((h + i * c) % 7) as f32 / 7.0)
+    });
+    layer.append(kv.view(), kv.view()).unwrap();
+    let q = Array3::from_shape_fn((QUERY_HEADS, 1, 128), |(h, _, c)| ((h * c) % 5) as f32 / 5.0);
+    let (mut out, mut lse) = (Array3::zeros((QUERY_HEADS, 1, 128)), Array2::zeros((QUERY_HEADS, 1)));
+    layer.attend_with_into(q.view(), options, out.view_mut(), Some(lse.view_mut())).unwrap();
+    (0..steps)
+        .map(|_| {
+            let before = count();
+            layer.attend_with_into(q.view(), options, out.view_mut(), Some(lse.view_mut())).unwrap();
+            count() - before
+        })
+        .collect()
+}
+
+#[test]
+fn a_warm_decoding_step_allocates_nothing_at_every_level() {
+    let slopes = qkv::alibi_slopes::<f32>(QUERY_HEADS);
+    let window = CacheOptions::new().sliding_window(SlidingWindow::new(300, 0)).logit_softcap(50.0);
+    let alibi = CacheOptions::new().alibi(&slopes);
+    // A pool of one thread runs every step on the calling thread, however long the cache: 2000
+    // positions also split the keys into parts merged at the end.
+    let one_thread = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+    for level in levels() {
+        for (what, options) in
+            [("plain", CacheOptions::new()), ("window + cap", window.clone()), ("alibi", alibi.clone())]
+        {
+            for len in [1, 200, 2000] {
+                let counts = one_thread.install(|| step_allocations(level, len, &options, 3));
+                assert_eq!(counts, [0, 0, 0], "{level} {what} over {len} positions, one thread");
+            }
+            // A short step is not worth sharing, whatever the pool: it runs on the calling thread.
+            assert_eq!(step_allocations(level, 200, &options, 3), [0, 0, 0], "{level} {what}, 200 positions");
+            let bf16_cache = counted_steps::<bf16>(level, 200, &options, 3, &allocations);
+            assert_eq!(bf16_cache, [0, 0, 0], "{level} {what}, f32 queries over a bf16 cache");
+        }
+    }
+}
+
+/// A step worth sharing with rayon's pool, called from a thread of the pool (inside
+/// `ThreadPool::install`, as a serving loop runs), hands the helper its share through
+/// `rayon::join`, whose job lives on the stack: nothing is allocated on the calling thread, and
+/// nothing on the helper (its scratch is kept in the cache, as the caller's is), whose own count
+/// is read on its thread. Called from outside the pool, rayon's `Scope::spawn` boxes one job per
+/// helper: the one allocation such a step makes.
+#[test]
+fn a_shared_step_allocates_nothing_inside_the_pool_and_one_job_outside() {
+    let two_threads = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+    for level in levels() {
+        for len in [1500, 2000] {
+            let (counts, helper) = two_threads.install(|| {
+                let me = rayon::current_thread_index().expect("inside the pool");
+                let helper = || two_threads.broadcast(|_| allocations())[1 - me];
+                let counts = step_allocations(level, len, &CacheOptions::new(), 3);
+                (counts, counted_steps::<f32>(level, len, &CacheOptions::new(), 3, &helper))
+            });
+            assert_eq!(counts, [0, 0, 0], "{level} {len}: the calling thread, inside the pool");
+            assert_eq!(helper, [0, 0, 0], "{level} {len}: the helper");
+        }
+    }
+    if rayon::current_num_threads() > 1 {
+        for level in levels() {
+            let counts = step_allocations(level, 2000, &CacheOptions::new(), 3);
+            // 2000 positions are one key split: one item per key/value head.
+            let helpers = rayon::current_num_threads().min(SHAPE.kv_heads) as u64 - 1;
+            assert!(counts.iter().all(|&n| n == helpers), "{level}, outside the pool: {counts:?}");
+        }
+    }
+}
