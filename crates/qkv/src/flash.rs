@@ -413,7 +413,13 @@ impl<T: Real, E: Element<Compute = T>> Job<E> for AttendCached<'_, '_, T, E> {
         };
         let flops = shape.flops() * (rows_per_query * n_problems) as f64;
         let shared_states = &*states;
-        work::for_each_index(n_items, work::worth_sharing(flops, false), scratches, |scratch, i| {
+        // Every scratch a thread may take is grown here, on the calling thread, for the call's
+        // largest block: a helper that joins a step for the first time allocates nothing then.
+        let largest = rows(0);
+        let fit = |scratch: &mut Scratch<T>| {
+            scratch.fit(largest.next_multiple_of(K::TILE_ROWS), largest, shape.key_dim, K::LANES);
+        };
+        work::for_each_index(n_items, work::worth_sharing(flops, false), scratches, fit, |scratch, i| {
             attend_item(scratch, i, &mut shared_states[i].lock().expect("no task panicked"));
         });
         let d_v = shape.value_dim;
@@ -582,6 +588,34 @@ impl<T: Real> Default for Scratch<T> {
     }
 }
 
+/// A [`Scratch`]'s buffers cut to one query block's needs.
+struct Fitted<'s, T> {
+    q: &'s mut [T],
+    s: &'s mut [T],
+    row_max: &'s mut [T],
+    tile_max: &'s mut [T],
+    m_new: &'s mut [T],
+    sums: &'s mut [T],
+    alpha: &'s mut [T],
+}
+
+impl<T: Real> Scratch<T> {
+    /// The buffers for a block of `rows` query rows of width `d` (`padded` with the register
+    /// tile's zero rows) at a level of `lanes` lanes, grown if they are shorter.
+    fn fit(&mut self, padded: usize, rows: usize, d: usize, lanes: usize) -> Fitted<'_, T> {
+        let Scratch { q, s, row_max, tile_max, m_new, sums, alpha } = self;
+        Fitted {
+            q: prefix(q, padded * d),
+            s: aligned_prefix(s, padded * KEY_BLOCK),
+            row_max: aligned_prefix(row_max, padded * lanes),
+            tile_max: prefix(tile_max, rows),
+            m_new: prefix(m_new, rows),
+            sums: prefix(sums, rows),
+            alpha: prefix(alpha, padded),
+        }
+    }
+}
+
 /// The first `len` elements of `buffer`, grown with zeros if it is shorter.
 pub(crate) fn prefix<T: Real>(buffer: &mut Vec<T>, len: usize) -> &mut [T] {
     if buffer.len() < len {
@@ -674,14 +708,9 @@ impl<'p, T: Real, E: Element<Compute = T>> Problem<'p, T, E> {
         if from >= reach {
             return;
         }
-        let Scratch { q, s, row_max, tile_max, m_new, sums, alpha } = scratch;
-        let q = prefix(q, padded * d);
+        let Fitted { q, s, row_max, tile_max, m_new, sums, alpha } = scratch.fit(padded, rows, d, lanes);
         let scale = T::from_f64_round(masks.scale);
         self.q.pack(direct, first, rows, scale, K::TILE_ROWS, &mut *q);
-        let s = aligned_prefix(s, padded * KEY_BLOCK);
-        let row_max = aligned_prefix(row_max, padded * lanes);
-        let (tile_max, m_new, sums) = (prefix(tile_max, rows), prefix(m_new, rows), prefix(sums, rows));
-        let alpha = prefix(alpha, padded);
         // Padding rows keep a factor of 1: their outputs are never read, but stay as without reuse.
         alpha[rows..].fill(T::one());
         for start in (from..reach).step_by(KEY_BLOCK) {

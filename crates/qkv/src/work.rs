@@ -100,16 +100,21 @@ pub(crate) fn map_items<I: Send, R: Send, S>(
 /// allocates nothing of its own: on the calling thread alone nothing at all; shared from a
 /// thread of the pool nothing either (`rayon::join` puts the helpers' jobs on the stack); shared
 /// from outside the pool only the job rayon boxes for each helper (`Scope::spawn`). `f` writes
-/// its results itself.
+/// its results itself. `prepare` readies each scratch that may be lent, on the calling thread
+/// (so that a helper lent a scratch for the first time finds it ready too).
 pub(crate) fn for_each_index<S: Default + Send>(
     count: usize,
     share: bool,
     scratches: &mut Vec<Mutex<S>>,
+    prepare: impl Fn(&mut S),
     f: impl Fn(&mut S, usize) + Sync,
 ) {
     let threads = if share { rayon::current_num_threads().min(count).max(1) } else { 1 };
     if scratches.len() < threads {
         scratches.resize_with(threads, Default::default);
+    }
+    for scratch in &mut scratches[..threads] {
+        prepare(scratch.get_mut().expect("no task panicked"));
     }
     if threads == 1 {
         let scratch = scratches[0].get_mut().expect("no task panicked");
