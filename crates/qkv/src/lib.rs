@@ -46,6 +46,7 @@ mod kernels;
 mod kv_cache;
 mod mask;
 mod multi_head;
+mod paged;
 mod partial;
 mod projection;
 mod real;
@@ -73,6 +74,7 @@ pub use mask::{
     AdditiveBias, Alibi, AttentionOptions, CausalMask, KeepMask, KeyPadding, SlidingWindow, alibi_slopes,
 };
 pub use multi_head::{multi_head_attention, multi_head_attention_into, multi_head_attention_with_lse};
+pub use paged::{PagedKvCache, PagedLayer, PagedShape, SequenceId};
 pub use partial::PartialAttention;
 pub use projection::{Projected, Projections};
 pub use real::Real;
