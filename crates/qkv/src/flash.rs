@@ -333,21 +333,25 @@ impl<T: Real, E: Element<Compute = T>> Job<E> for Attend<'_, '_, T, E> {
             }
             return decoding.then_some(measured);
         }
-        let rows = |b: usize| K::QUERY_BLOCK.min(n_rows - b * K::QUERY_BLOCK);
         let splits = &splits;
-        let items: Vec<(usize, usize, Range<usize>)> = blocks
+        // Each item with its block's rows: heads may have different numbers of rows (the
+        // sequences of a paged batch).
+        let items: Vec<(usize, usize, usize, Range<usize>)> = blocks
             .iter()
             .enumerate()
             .flat_map(|(h, blocks)| {
-                (0..blocks.len()).flat_map(move |b| splits.iter().map(move |keys| (h, b, keys.clone())))
+                blocks.iter().enumerate().flat_map(move |(b, block)| {
+                    splits.iter().map(move |keys| (h, b, block.out.nrows(), keys.clone()))
+                })
             })
             .collect();
-        let attend_item = |scratch: &mut Scratch<T>, (h, b, keys): (usize, usize, Range<usize>)| {
-            // Each task packs its own keys: they are read by few query rows, and a small buffer
-            // per task stays in cache where one large one per call would not.
-            let packed = problems[h].packed::<K>(keys.clone());
-            problems[h].attend_block(kernels, &packed, b * K::QUERY_BLOCK, rows(b), keys, scratch)
-        };
+        let attend_item =
+            |scratch: &mut Scratch<T>, (h, b, rows, keys): (usize, usize, usize, Range<usize>)| {
+                // Each task packs its own keys: they are read by few query rows, and a small buffer
+                // per task stays in cache where one large one per call would not.
+                let packed = problems[h].packed::<K>(keys.clone());
+                problems[h].attend_block(kernels, &packed, b * K::QUERY_BLOCK, rows, keys, scratch)
+            };
         let mut states = work::map_items(items, parallel, Scratch::default, attend_item).into_iter();
         for out_block in blocks.iter_mut().flatten() {
             // Merged in split order, the same whichever thread computed each part.
