@@ -11,6 +11,10 @@
 //! version can build views with it); [`matrix`] and [`tensor`] view flat slices, and
 //! [`matrix_mut`] and [`tensor_mut`] let the `_into` functions write into them.
 //!
+//! For inference, [`KvCache`] holds one sequence's keys and values packed for the kernels, and
+//! [`PagedKvCache`] many sequences in fixed-size blocks of one pool (fork with copy on write,
+//! truncate, free), attending with a whole ragged batch's new queries in one call.
+//!
 //! Every path is checked against [`reference`](mod@reference), a plain f64 implementation. Results do not depend
 //! on the number of threads. The engine does no I/O.
 //!
