@@ -608,3 +608,52 @@ fn a_pool_too_large_to_allocate_is_an_error_not_a_panic() {
         assert!(PagedKvCache::<half::bf16>::new(shape).is_err());
     }
 }
+
+/// A ragged batch over a cache of `E` (half precision): each sequence's rows must match full
+/// attention in f32 over the same rounded keys, values and queries.
+fn check_half_precision<E: qkv::Storage>(level: SimdLevel, seed: u64) {
+    let block_size = PagedKvCache::<E>::block_granularity(level).unwrap();
+    let shape = PagedShape { layers: 1, kv_heads: 2, key_dim: 16, value_dim: 12, block_size, blocks: 64 };
+    let mut cache = PagedKvCache::<E>::for_level(shape, level).unwrap();
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut rounded = |heads, n, d| {
+        Array3::from_shape_simple_fn((heads, n, d), || E::from_f32(rng.random_range(-1.0..1.0)))
+    };
+    let lengths = [1, 2 * block_size + 1, 150];
+    let n_queries = [1, 3, 2];
+    let held: Vec<(SequenceId, Array3<E>, Array3<E>)> = lengths
+        .iter()
+        .map(|&len| {
+            let seq = cache.add_sequence();
+            let (k, v) = (rounded(2, len, 16), rounded(2, len, 12));
+            cache.layer(0).unwrap().append(seq, k.view(), v.view()).unwrap();
+            (seq, k, v)
+        })
+        .collect();
+    let q = rounded(4, n_queries.iter().sum(), 16);
+    let sequences: Vec<SequenceId> = held.iter().map(|(seq, _, _)| *seq).collect();
+    let offsets = [0, 1, 4, 6];
+    let got = cache.layer(0).unwrap().attend(&sequences, &offsets, q.view()).unwrap();
+    let widen = |a: &Array3<E>| a.mapv(E::to_f32);
+    let options = AttentionOptions::new().causal(CausalMask::BottomRight).simd(level);
+    for (i, (_, k, v)) in held.iter().enumerate() {
+        let q = widen(&q.slice(s![.., offsets[i]..offsets[i + 1], ..]).to_owned());
+        let (k, v) = (widen(k), widen(v));
+        for h in 0..4 {
+            let (qh, kh, vh) =
+                (q.slice(s![h, .., ..]), k.slice(s![h / 2, .., ..]), v.slice(s![h / 2, .., ..]));
+            let want = qkv::reference::attention(qh, kh, vh, &options).unwrap();
+            let (_, bound) = error_bound(&want, &vh.to_owned());
+            let got = got.slice(s![h, offsets[i]..offsets[i + 1], ..]).to_owned();
+            assert_close(&format!("{level} {} sequences[{i}] head {h}", E::NAME), &got, &want.output, bound);
+        }
+    }
+}
+
+#[test]
+fn half_precision_caches_match_full_attention_over_the_rounded_values() {
+    for (seed, level) in levels().into_iter().enumerate() {
+        check_half_precision::<half::bf16>(level, seed as u64);
+        check_half_precision::<half::f16>(level, 10 + seed as u64);
+    }
+}
