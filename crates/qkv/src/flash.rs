@@ -134,6 +134,9 @@ pub(crate) fn attend_paged<T: Real, E: Element<Compute = T>>(
     isa.run(Attend { shape: *shape, rows_per_query, heads });
 }
 
+/// A work item of the key-split path: head, query block, its rows, and the keys of the split.
+type SplitItem = (usize, usize, usize, Range<usize>);
+
 /// A work item of the tiled path: head `.0`'s query blocks, each with its index and output.
 type HeadBlocks<'b, 'out, T> = (usize, Vec<(usize, &'b mut OutBlock<'out, T>)>);
 
@@ -336,7 +339,7 @@ impl<T: Real, E: Element<Compute = T>> Job<E> for Attend<'_, '_, T, E> {
         let splits = &splits;
         // Each item with its block's rows: heads may have different numbers of rows (the
         // sequences of a paged batch).
-        let items: Vec<(usize, usize, usize, Range<usize>)> = blocks
+        let items: Vec<SplitItem> = blocks
             .iter()
             .enumerate()
             .flat_map(|(h, blocks)| {
@@ -345,13 +348,12 @@ impl<T: Real, E: Element<Compute = T>> Job<E> for Attend<'_, '_, T, E> {
                 })
             })
             .collect();
-        let attend_item =
-            |scratch: &mut Scratch<T>, (h, b, rows, keys): (usize, usize, usize, Range<usize>)| {
-                // Each task packs its own keys: they are read by few query rows, and a small buffer
-                // per task stays in cache where one large one per call would not.
-                let packed = problems[h].packed::<K>(keys.clone());
-                problems[h].attend_block(kernels, &packed, b * K::QUERY_BLOCK, rows, keys, scratch)
-            };
+        let attend_item = |scratch: &mut Scratch<T>, (h, b, rows, keys): SplitItem| {
+            // Each task packs its own keys: they are read by few query rows, and a small buffer
+            // per task stays in cache where one large one per call would not.
+            let packed = problems[h].packed::<K>(keys.clone());
+            problems[h].attend_block(kernels, &packed, b * K::QUERY_BLOCK, rows, keys, scratch)
+        };
         let mut states = work::map_items(items, parallel, Scratch::default, attend_item).into_iter();
         for out_block in blocks.iter_mut().flatten() {
             // Merged in split order, the same whichever thread computed each part.

@@ -583,7 +583,10 @@ impl<E: Storage> PagedLayer<'_, E> {
     /// `q` is.
     ///
     /// The work items (sequence × key/value head × block of queries) of every sequence are shared
-    /// out together, so a batch of short sequences keeps every core busy.
+    /// out together, so a batch of short sequences keeps every core busy. The results do not
+    /// depend on the number of threads; a sequence's rows may differ in their last bits from one
+    /// batch to another, since a decoding batch splits every sequence's keys as its longest
+    /// sequence needs.
     ///
     /// A token-major batch (`[n_queries, query_heads, d_k]`, as a projection writes it) is
     /// `q.permuted_axes([1, 0, 2])`, with no copy.
