@@ -169,6 +169,16 @@ pub(crate) struct CachedKeys<'p, E> {
     pub(crate) value_stride: usize,
 }
 
+/// Where a head's keys and values come from.
+enum Source<'p, E> {
+    /// The caller's rows, packed as the work needs them.
+    Rows { k: ArrayView2<'p, E>, v: ArrayView2<'p, E> },
+    /// Already packed.
+    Cached(CachedKeys<'p, E>),
+    /// Already packed, in blocks of a pool.
+    Paged(PagedKeys<'p, E>),
+}
+
 /// One head of a call to [`attend_paged`]: a sequence's queries over its blocks, under the masks
 /// of its own sequence.
 pub(crate) struct PagedHead<'p, 'out, T, E> {
@@ -208,16 +218,6 @@ impl<'p, E> PagedKeys<'p, E> {
             value_stride: self.value_stride,
         }
     }
-}
-
-/// Where a head's keys and values come from.
-enum Source<'p, E> {
-    /// The caller's rows, packed as the work needs them.
-    Rows { k: ArrayView2<'p, E>, v: ArrayView2<'p, E> },
-    /// Already packed.
-    Cached(CachedKeys<'p, E>),
-    /// Already packed, in blocks of a pool.
-    Paged(PagedKeys<'p, E>),
 }
 
 /// One head's operands inside a call, wherever its keys come from.

@@ -18,9 +18,9 @@
 
 use ndarray::{Array2, Array3, ArrayView3, ArrayViewMut3, s};
 
+use crate::Storage;
 use crate::error::{AttentionError, Dims};
 use crate::flash::{self, PagedHead, PagedKeys};
-use crate::half::Storage;
 use crate::kernels::{self, Buffer, Isa};
 use crate::kv_cache::{Layout, LayoutOf};
 use crate::mask::{AttentionOptions, CausalMask, MaskSet};
