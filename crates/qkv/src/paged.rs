@@ -748,7 +748,10 @@ struct Member<'s> {
 /// The masks of one sequence's queries over its keys (`shape`: its queries and the positions it
 /// holds): the bottom-right causal mask, with the scale `1 / sqrt(d_k)`. The one place where the
 /// options of the cached path (windows, ALiBi, soft-capping, keep masks) will resolve per
-/// sequence, so that every path under [`PagedLayer::attend`] takes them.
+/// sequence, so that every path under [`PagedLayer::attend`] takes them: with the `cached`
+/// branch's `CacheOptions`, `options.dense().resolve(shape)`. Options that differ between the
+/// query heads of a group (ALiBi's slopes) then need a problem per query head instead of the
+/// group's heads stacked as rows, and a keep mask one per sequence.
 fn sequence_masks(shape: &Shape) -> Result<MaskSet<'static, f32>, AttentionError> {
     AttentionOptions::new().causal(CausalMask::BottomRight).resolve(shape)
 }
