@@ -31,6 +31,11 @@ pub struct Case {
     /// the timing).
     #[serde(default)]
     pub backward: bool,
+    /// A ragged batch decoding one step each over qkv's `PagedKvCache`: sequence `b` holds
+    /// `(b + 1) · n_k / batch` positions, `n_k` the longest (the peers take the padded tensors
+    /// with each sequence's key length).
+    #[serde(default)]
+    pub ragged: bool,
 }
 
 impl Case {
@@ -46,6 +51,7 @@ impl Case {
             precision: Precision::F32,
             cache: false,
             backward: false,
+            ragged: false,
         }
     }
 
@@ -58,15 +64,34 @@ impl Case {
     /// a backward 2.5 times that (FlashAttention-2's count: five products of the forward's size
     /// against its two, whatever an implementation recomputes).
     pub fn flops(&self) -> f64 {
-        let full = 4.0 * (self.batch * self.heads) as f64 * self.n_q as f64 * self.n_k as f64 * self.d as f64;
+        let full = 4.0 * self.heads as f64 * self.n_q as f64 * self.keys() as f64 * self.d as f64;
         let pass = if self.backward { 2.5 } else { 1.0 };
         if self.causal { pass * full / 2.0 } else { pass * full }
     }
 
+    /// Each sequence's keys: `n_k` for every one, or the ragged lengths.
+    pub fn lengths(&self) -> Vec<usize> {
+        if self.ragged {
+            (1..=self.batch).map(|b| b * self.n_k / self.batch).collect()
+        } else {
+            vec![self.n_k; self.batch]
+        }
+    }
+
+    /// Keys over the whole batch.
+    fn keys(&self) -> usize {
+        self.lengths().iter().sum()
+    }
+
     /// A short name: `8h n=1024 causal`, `4x8h n=128`, `gqa 8/2 n=1024`, `decode 1x16384`,
-    /// `gqa 32/8 decode 1x4096`, `cache gqa 32/8 decode 1x8192 d=128 bf16`, `n=4096 bf16`.
+    /// `gqa 32/8 decode 1x4096`, `cache gqa 32/8 decode 1x8192 d=128 bf16`, `n=4096 bf16`,
+    /// `paged ragged 8xgqa 32/8 decode 1x4096 d=128`.
     pub fn label(&self) -> String {
-        let cache = if self.cache { "cache " } else { "" };
+        let cache = match (self.cache, self.ragged) {
+            (_, true) => "paged ragged ",
+            (true, false) => "cache ",
+            (false, false) => "",
+        };
         let d = if self.d == 64 { String::new() } else { format!(" d={}", self.d) };
         let precision = if self.precision == Precision::Bf16 { " bf16" } else { "" };
         let backward = if self.backward { " backward" } else { "" };
@@ -98,7 +123,7 @@ impl Case {
     /// Bytes of keys and values, each read once by a decoding step.
     pub fn kv_bytes(&self) -> usize {
         let element = if self.precision == Precision::Bf16 { 2 } else { size_of::<f32>() };
-        2 * self.batch * self.kv_heads * self.n_k * self.d * element
+        2 * self.kv_heads * self.keys() * self.d * element
     }
 }
 
@@ -107,7 +132,8 @@ impl Case {
 /// 131072 keys, and a GQA decoding step (32 query heads over 8 KV heads, one query each); full
 /// attention over bf16 inputs at n = 4096; the KV-cache decoding step (a layer of 32
 /// query heads over 8 KV heads, d = 128, one new token over 1k to 32k cached positions, doubling),
-/// in f32 and bf16; the backward of a single head at n = 1024, 4096 and 16384, d = 64 and 128, causal
+/// in f32 and bf16; a ragged batch of 8 such layers' sequences over the paged cache, the longest
+/// 4096 and 16384 positions, the others an eighth, two eighths, ... of it; the backward of a single head at n = 1024, 4096 and 16384, d = 64 and 128, causal
 /// and not; and (not with `--quick`) n = 65536.
 pub fn all(quick: bool) -> Vec<Case> {
     let heads = |heads, kv_heads, case: Case| Case { heads, kv_heads, ..case };
@@ -135,6 +161,9 @@ pub fn all(quick: bool) -> Vec<Case> {
         for precision in [Precision::F32, Precision::Bf16] {
             cases.push(Case { d: 128, precision, cache: true, ..heads(32, 8, Case::single(1, n_k, false)) });
         }
+    }
+    for n_k in [4096, 16384] {
+        cases.push(Case { batch: 8, d: 128, ragged: true, ..heads(32, 8, Case::single(1, n_k, false)) });
     }
     for n in [1024, 4096, 16384] {
         for d in [64, 128] {

@@ -84,8 +84,9 @@ fn main() -> anyhow::Result<()> {
         if case.decodes() {
             rows.push(Row::stream(case, threads, machine::read_bandwidth(case.kv_bytes(), options.quick)));
         }
-        // Python's peers right after qkv on the same case, so that both see the machine alike.
-        if let Some(python) = &options.python {
+        // Python's peers right after qkv on the same case, so that both see the machine alike
+        // (`peers.py` has no ragged batches).
+        if let Some(python) = options.python.as_ref().filter(|_| !case.ragged) {
             rows.extend(python::rows(python, std::slice::from_ref(case), options.quick)?);
         }
     }

@@ -2,7 +2,8 @@
 //! unfused `ndarray` matmul → softmax → matmul, and with the `peers` feature candle's unfused
 //! attention and the `gemm` crate's f32 GEMM (the ceiling); on bf16 cases qkv's
 //! `attention_half`, on KV-cache cases qkv's `KvCache` (and, in f32, `multi_head_attention`
-//! over the same tensors), and on backward cases qkv's `attention_backward`.
+//! over the same tensors), on ragged batches qkv's `PagedKvCache` (and `multi_head_attention`
+//! over the padded tensors with key lengths), and on backward cases qkv's `attention_backward`.
 
 use anyhow::Result;
 use ndarray::{Array2, Array4, Axis, s};
@@ -27,6 +28,17 @@ const REFERENCE_LIMIT: usize = 256 * 256;
 /// Every implementation that applies to `case`, qkv first (the others are checked against it).
 pub fn runners<'a>(case: &Case, inputs: &'a Inputs, quick: bool) -> Result<Vec<Runner<'a>>> {
     let case = *case;
+    if case.ragged {
+        return Ok(vec![
+            paged::runner(case, inputs, None)?,
+            paged::runner(case, inputs, Some(1))?,
+            Runner {
+                name: "qkv multi_head_attention (key lengths)".into(),
+                threads: None,
+                run: Box::new(move || paged::padded(case, inputs)),
+            },
+        ]);
+    }
     if case.cache {
         return Ok(match case.precision {
             Precision::F32 => vec![
@@ -182,6 +194,7 @@ mod ceiling;
 
 mod backward;
 mod kv_cache;
+mod paged;
 
 #[cfg(feature = "peers")]
 mod candle;

@@ -62,6 +62,7 @@ impl Row {
                 precision: Default::default(),
                 cache: false,
                 backward: false,
+                ragged: false,
             },
             threads,
             median_ms: c.median_ms,

@@ -350,6 +350,106 @@ pub enum AttentionError {
         /// The layer.
         layer: usize,
     },
+    /// A [`PagedKvCache`](crate::PagedKvCache) whose pool cannot be allocated: its size
+    /// overflows, or the allocator refused it.
+    #[error(
+        "PagedKvCache shape {shape} (layers, kv_heads, key_dim, value_dim, block_size, blocks) needs {} \
+         of {storage} storage, {why}: ask for fewer or smaller blocks",
+        bytes.map_or("more than usize::MAX bytes".to_string(), |b| format!("{b} bytes"))
+    )]
+    PagedTooLarge {
+        /// The pool's shape, `[layers, kv_heads, key_dim, value_dim, block_size, blocks]`.
+        shape: Dims,
+        /// The storage type (`f32`, `bf16`, `f16`).
+        storage: &'static str,
+        /// The bytes it needs, `None` if that overflows `usize`.
+        bytes: Option<usize>,
+        /// Why it cannot be allocated.
+        why: &'static str,
+    },
+    /// A block size that is not a whole number of the kernels' key panels.
+    #[error(
+        "block_size {block_size} is not a multiple of {key_panel}, the key panel of the {level} \
+         kernels: a block holds whole panels (PagedKvCache::block_granularity gives the multiple)"
+    )]
+    BlockSize {
+        /// The block size asked for, in positions.
+        block_size: usize,
+        /// Positions per key panel at `level`.
+        key_panel: usize,
+        /// The SIMD level the cache is laid out for.
+        level: crate::SimdLevel,
+    },
+    /// An append to a [`PagedKvCache`](crate::PagedKvCache) that needs more blocks than the pool
+    /// has free.
+    #[error(
+        "appending {appended} positions to sequence {sequence} (layer {layer}, holding {len}) needs \
+         {needed} free blocks but the pool has {free} of its {blocks}: free finished sequences, or \
+         make the pool larger"
+    )]
+    PoolFull {
+        /// The sequence appended to.
+        sequence: usize,
+        /// The layer appended to.
+        layer: usize,
+        /// Positions that layer holds.
+        len: usize,
+        /// Positions appended.
+        appended: usize,
+        /// Blocks the append needs: new ones, and copies of shared blocks it writes into.
+        needed: usize,
+        /// Blocks free.
+        free: usize,
+        /// Blocks in the pool.
+        blocks: usize,
+    },
+    /// A sequence that a [`PagedKvCache`](crate::PagedKvCache) does not hold.
+    #[error("sequence {sequence} is not in the paged KV cache: it was freed, or comes from another cache")]
+    UnknownSequence {
+        /// The sequence's index.
+        sequence: usize,
+    },
+    /// A truncation past the end of a sequence.
+    #[error(
+        "sequence {sequence} holds {len} positions: it cannot be truncated to {requested} (truncation \
+         only removes positions)"
+    )]
+    TruncateLength {
+        /// The sequence's index.
+        sequence: usize,
+        /// Positions it holds (its longest layer).
+        len: usize,
+        /// The length asked for.
+        requested: usize,
+    },
+    /// An argument of a [`PagedKvCache`](crate::PagedKvCache) layer's append or attend whose
+    /// shape does not fit.
+    #[error("layer {layer} of the paged KV cache takes {argument} of shape {expected}, not {found}: {why}")]
+    PagedInput {
+        /// The layer.
+        layer: usize,
+        /// Which argument (`keys`, `values`, `queries`, `output`, or one sequence's queries).
+        argument: String,
+        /// Its shape.
+        found: Dims,
+        /// The shape it needs.
+        expected: String,
+        /// Why.
+        why: &'static str,
+    },
+    /// The offsets of a packed batch of queries (`cu_seqlens`) that do not cut the queries into
+    /// one run per sequence.
+    #[error("query_offsets {offsets} do not fit {sequences} sequences and {n_queries} packed queries: {why}")]
+    QueryOffsets {
+        /// The offsets given.
+        offsets: Dims,
+        /// Sequences in the batch.
+        sequences: usize,
+        /// Queries along the packed axis.
+        n_queries: usize,
+        /// What they must be.
+        why: &'static str,
+    },
     /// A SIMD level name that is not one (from `QKV_SIMD`).
     #[error("{value:?} is not a SIMD level: QKV_SIMD takes avx512, avx2 or baseline")]
     UnknownSimdLevel {

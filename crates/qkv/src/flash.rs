@@ -115,6 +115,33 @@ pub(crate) struct CachedCall<'p, 'c, T, E> {
     pub(crate) problem: &'c (dyn Fn(usize) -> CachedProblem<'p, T, E> + Sync),
 }
 
+/// [`attend_cached`] for sequences of different lengths whose keys and values lie in the blocks
+/// of a pool (a paged KV cache's): one call whose work items span every sequence and head.
+/// `shape` bounds every head (the most queries and keys of any sequence); each head's `masks`,
+/// resolved against its own sequence's shape, confine it to that sequence's queries and keys, as
+/// key lengths confine the sequences of a padded batch.
+pub(crate) fn attend_paged<T: Real, E: Element<Compute = T>>(
+    isa: Isa,
+    shape: &Shape,
+    rows_per_query: usize,
+    heads: Vec<PagedHead<'_, '_, T, E>>,
+) {
+    let heads = heads
+        .into_iter()
+        .map(|PagedHead { q, kv, out, masks }| Operands {
+            q,
+            source: Source::Paged(kv),
+            out,
+            lse: None,
+            masks,
+        })
+        .collect();
+    isa.run(Attend { shape: *shape, rows_per_query, heads });
+}
+
+/// A work item of the key-split path: head, query block, its rows, and the keys of the split.
+type SplitItem = (usize, usize, usize, Range<usize>);
+
 /// A work item of the tiled path: head `.0`'s query blocks, each with its index and output.
 type HeadBlocks<'b, 'out, T> = (usize, Vec<(usize, &'b mut OutBlock<'out, T>)>);
 
@@ -191,6 +218,49 @@ enum Source<'p, E> {
     Rows { k: ArrayView2<'p, E>, v: ArrayView2<'p, E> },
     /// Already packed.
     Cached(CachedKeys<'p, E>),
+    /// Already packed, in blocks of a pool.
+    Paged(PagedKeys<'p, E>),
+}
+
+/// One head of a call to [`attend_paged`]: a sequence's queries over its blocks, under the masks
+/// of its own sequence.
+pub(crate) struct PagedHead<'p, 'out, T, E> {
+    pub(crate) q: ArrayView2<'p, E>,
+    pub(crate) kv: PagedKeys<'p, E>,
+    pub(crate) out: ArrayViewMut2<'out, T>,
+    pub(crate) masks: MaskSet<'p, T>,
+}
+
+/// One (sequence, key/value head)'s keys and values in fixed-size blocks of a pool: entry `b` of
+/// `table` is the pool block holding positions `b · block_size ..`, and each block holds this
+/// head's positions as [`CachedKeys`] of `block_size` keys (`block_size` a multiple of the
+/// level's `KEY_PANEL`, so that a block is whole panels).
+#[derive(Clone, Copy)]
+pub(crate) struct PagedKeys<'p, E> {
+    /// Every block of the pool, `block_stride` scalars apart.
+    pub(crate) storage: &'p [E],
+    pub(crate) block_stride: usize,
+    /// The sequence's blocks, in position order.
+    pub(crate) table: &'p [u32],
+    pub(crate) block_size: usize,
+    /// Where this head's key panels (`block_size · d_k` scalars) and value rows (`block_size`
+    /// rows of `value_stride`) start inside a block.
+    pub(crate) panels_at: usize,
+    pub(crate) values_at: usize,
+    pub(crate) key_dim: usize,
+    pub(crate) value_stride: usize,
+}
+
+impl<'p, E> PagedKeys<'p, E> {
+    /// The keys and values of entry `b` of the block table.
+    fn block(&self, b: usize) -> CachedKeys<'p, E> {
+        let block = &self.storage[self.table[b] as usize * self.block_stride..][..self.block_stride];
+        CachedKeys {
+            panels: &block[self.panels_at..][..self.block_size * self.key_dim],
+            values: &block[self.values_at..][..self.block_size * self.value_stride],
+            value_stride: self.value_stride,
+        }
+    }
 }
 
 /// One head's operands inside a call, wherever its keys come from.
@@ -255,7 +325,7 @@ impl<T: Real, E: Element<Compute = T>> Job<E> for Attend<'_, '_, T, E> {
         for Operands { q, source, out, lse, masks } in heads {
             let key_rows = match &source {
                 Source::Rows { k, .. } => k.to_slice().filter(|_| decodes(n_rows, k)),
-                Source::Cached(_) => None,
+                Source::Cached(_) | Source::Paged(_) => None,
             };
             problems.push(Problem { shape, q: Queries::Stored(q), rows_per_query, source, key_rows, masks });
             let outs = out.into_axis_chunks_iter_mut(Axis(0), K::QUERY_BLOCK);
@@ -309,20 +379,23 @@ impl<T: Real, E: Element<Compute = T>> Job<E> for Attend<'_, '_, T, E> {
             }
             return decoding.then_some(measured);
         }
-        let rows = |b: usize| K::QUERY_BLOCK.min(n_rows - b * K::QUERY_BLOCK);
         let splits = &splits;
-        let items: Vec<(usize, usize, Range<usize>)> = blocks
+        // Each item with its block's rows: heads may have different numbers of rows (the
+        // sequences of a paged batch).
+        let items: Vec<SplitItem> = blocks
             .iter()
             .enumerate()
             .flat_map(|(h, blocks)| {
-                (0..blocks.len()).flat_map(move |b| splits.iter().map(move |keys| (h, b, keys.clone())))
+                blocks.iter().enumerate().flat_map(move |(b, block)| {
+                    splits.iter().map(move |keys| (h, b, block.out.nrows(), keys.clone()))
+                })
             })
             .collect();
-        let attend_item = |scratch: &mut Scratch<T>, (h, b, keys): (usize, usize, Range<usize>)| {
+        let attend_item = |scratch: &mut Scratch<T>, (h, b, rows, keys): SplitItem| {
             // Each task packs its own keys: they are read by few query rows, and a small buffer
             // per task stays in cache where one large one per call would not.
             let packed = problems[h].packed::<K>(keys.clone());
-            problems[h].attend_block(kernels, &packed, b * K::QUERY_BLOCK, rows(b), keys, scratch)
+            problems[h].attend_block(kernels, &packed, b * K::QUERY_BLOCK, rows, keys, scratch)
         };
         let mut states = work::map_items(items, parallel, Scratch::default, attend_item).into_iter();
         for out_block in blocks.iter_mut().flatten() {
@@ -466,6 +539,8 @@ enum PackedKeys<'a, E: Element> {
     },
     /// Every key's panel, packed beforehand (a KV cache's), `d_k` scalars per key.
     Cached(&'a [E]),
+    /// Packed beforehand, block by block.
+    Paged(PagedKeys<'a, E>),
 }
 
 /// The values as the `P·V` kernel reads them: the caller's own rows when they are contiguous and
@@ -473,6 +548,8 @@ enum PackedKeys<'a, E: Element> {
 enum Values<'v, E: Element> {
     Borrowed(&'v [E]),
     Packed(Buffer<E>),
+    /// A paged cache's, in its blocks.
+    Paged(PagedKeys<'v, E>),
 }
 
 impl<'a, E: Element> Packed<'a, E> {
@@ -519,6 +596,29 @@ impl<'a, E: Element> Packed<'a, E> {
         }
     }
 
+    /// A paged cache's keys and values, in the layout of the kernels of `K` already.
+    fn paged<T: Real, K: Kernels<T, E>>(paged: PagedKeys<'a, E>, value_dim: usize) -> Self
+    where
+        E: Element<Compute = T>,
+    {
+        Packed {
+            first_key: 0,
+            keys: PackedKeys::Paged(paged),
+            values: Values::Paged(paged),
+            value_stride: paged.value_stride,
+            value_vectors: value_dim.div_ceil(K::LANES),
+        }
+    }
+
+    /// How many keys from `start` on lie side by side, panels and values alike: a tile may not
+    /// run past them. Only a paged cache's block ends them.
+    fn contiguous_keys(&self, start: usize) -> usize {
+        match &self.keys {
+            PackedKeys::Paged(paged) => paged.block_size - start % paged.block_size,
+            PackedKeys::Packing { .. } | PackedKeys::Cached(_) => usize::MAX,
+        }
+    }
+
     /// The packed panels of the key block starting at key `start` (of width `d`), packed now if
     /// no task has yet.
     fn key_block(&self, start: usize, d: usize) -> &[E] {
@@ -536,6 +636,9 @@ impl<'a, E: Element> Packed<'a, E> {
             }
             // A block starts at a whole panel: its panels start `d` scalars per key in.
             PackedKeys::Cached(panels) => &panels[offset * d..],
+            PackedKeys::Paged(paged) => {
+                &paged.block(offset / paged.block_size).panels[offset % paged.block_size * d..]
+            }
         }
     }
 
@@ -545,6 +648,9 @@ impl<'a, E: Element> Packed<'a, E> {
         let v = match &self.values {
             Values::Borrowed(values) => &values[offset..],
             Values::Packed(values) => &values[offset..],
+            Values::Paged(paged) => {
+                &paged.block(key / paged.block_size).values[key % paged.block_size * self.value_stride..]
+            }
         };
         ValueRows { v, stride: self.value_stride, vectors: self.value_vectors }
     }
@@ -651,6 +757,7 @@ impl<'p, T: Real, E: Element<Compute = T>> Problem<'p, T, E> {
         match &self.source {
             Source::Rows { k, v } => Packed::new::<T, K>(*k, *v, keys, self.key_rows.is_none()),
             Source::Cached(cached) => Packed::cached::<T, K>(*cached, self.shape.value_dim),
+            Source::Paged(paged) => Packed::paged::<T, K>(*paged, self.shape.value_dim),
         }
     }
 
@@ -713,8 +820,10 @@ impl<'p, T: Real, E: Element<Compute = T>> Problem<'p, T, E> {
         self.q.pack(direct, first, rows, scale, K::TILE_ROWS, &mut *q);
         // Padding rows keep a factor of 1: their outputs are never read, but stay as without reuse.
         alpha[rows..].fill(T::one());
-        for start in (from..reach).step_by(KEY_BLOCK) {
-            let n_keys = KEY_BLOCK.min(reach - start);
+        let mut start = from;
+        while start < reach {
+            // A tile ends where the stored keys stop lying side by side (a paged cache's block).
+            let n_keys = KEY_BLOCK.min(reach - start).min(packed.contiguous_keys(start));
             let panels = n_keys.div_ceil(K::KEY_PANEL);
             // A causal tile on the diagonal: each group of rows needs the keys up to its last
             // row's visible end; the scores past it are hidden below.
@@ -786,6 +895,7 @@ impl<'p, T: Real, E: Element<Compute = T>> Problem<'p, T, E> {
                     kernels.accumulate_values(weights, &alpha[g..g + group], values, o);
                 }
             }
+            start += n_keys;
         }
     }
 }

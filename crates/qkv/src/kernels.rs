@@ -498,6 +498,20 @@ pub(crate) fn pack_key_panel<E: Element>(k: ArrayView2<E>, first_key: usize, wid
     }
 }
 
+/// Writes one key (`d` scalars) into lane `lane` of a packed panel of `width` keys (the layout of
+/// [`pack_key_panel`]): component `c` at `panel[c · width + lane]`. For caches that fill their
+/// panels a position at a time.
+pub(crate) fn write_key_lane<E: Element>(
+    key: ndarray::ArrayView1<E>,
+    lane: usize,
+    width: usize,
+    panel: &mut [E],
+) {
+    for (slot, &x) in panel[lane..].iter_mut().step_by(width).zip(key) {
+        *slot = x;
+    }
+}
+
 /// Packs value row `v_row` (`d_v` scalars) into the first `d_v` scalars of `out`.
 pub(crate) fn pack_value_row<E: Element>(v_row: ndarray::ArrayView1<E>, out: &mut [E]) {
     let out = &mut out[..v_row.len()];

@@ -99,16 +99,16 @@ const ISIZE_MAX: usize = isize::MAX as usize;
 
 /// What a level's kernels need of the cached layout.
 #[derive(Debug, Clone, Copy)]
-struct Layout {
+pub(crate) struct Layout {
     /// Keys per packed panel.
-    key_panel: usize,
+    pub(crate) key_panel: usize,
     /// Elements from one value row to the next: `value_dim` rounded up to whole vectors.
-    value_stride: usize,
+    pub(crate) value_stride: usize,
 }
 
 /// Asks a level's kernels for their layout.
-struct LayoutOf {
-    value_dim: usize,
+pub(crate) struct LayoutOf {
+    pub(crate) value_dim: usize,
 }
 
 impl<E: Element> Job<E> for LayoutOf {

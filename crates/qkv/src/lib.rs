@@ -14,6 +14,10 @@
 //! version can build views with it); [`matrix`] and [`tensor`] view flat slices, and
 //! [`matrix_mut`] and [`tensor_mut`] let the `_into` functions write into them.
 //!
+//! For inference, [`KvCache`] holds one sequence's keys and values packed for the kernels, and
+//! [`PagedKvCache`] many sequences in fixed-size blocks of one pool (fork with copy on write,
+//! truncate, free), attending with a whole ragged batch's new queries in one call.
+//!
 //! Every path is checked against [`reference`](mod@reference), a plain f64 implementation. Results do not depend
 //! on the number of threads. The engine does no I/O.
 //!
@@ -51,6 +55,7 @@ mod kernels;
 mod kv_cache;
 mod mask;
 mod multi_head;
+mod paged;
 mod partial;
 mod projection;
 mod real;
@@ -86,6 +91,7 @@ pub use mask::{
     AdditiveBias, Alibi, AttentionOptions, CausalMask, KeepMask, KeyPadding, SlidingWindow, alibi_slopes,
 };
 pub use multi_head::{multi_head_attention, multi_head_attention_into, multi_head_attention_with_lse};
+pub use paged::{PagedKvCache, PagedLayer, PagedShape, SequenceId};
 pub use partial::PartialAttention;
 pub use projection::{Projected, Projections};
 pub use real::Real;

@@ -13,6 +13,7 @@ mod lse;
 mod multi_head;
 mod oracle;
 mod package;
+mod paged;
 mod problem;
 mod properties;
 mod simd;

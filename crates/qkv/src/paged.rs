@@ -1,0 +1,775 @@
+//! A paged KV cache: the keys and values of many sequences in fixed-size blocks of one pool, a
+//! block table per sequence, and one attention call over a batch of sequences of different
+//! lengths.
+//!
+//! The pool is one buffer of `blocks` blocks, allocated once. A block holds `block_size`
+//! consecutive positions of one sequence for every layer and key/value head, each (layer, head)
+//! laid out as [`KvCache`](crate::KvCache) lays out a whole sequence: keys as packed key panels
+//! (`block_size` is a whole number of the level's panels) and values one padded row per position.
+//! So the fast path reads a block as it reads a `KvCache` (`flash::PagedKeys`), and a tile of
+//! keys ends at a block's end.
+//!
+//! Blocks are reference counted: a block's count is the number of sequences whose table holds
+//! it. [`PagedKvCache::fork`] copies the parent's table and adds one to each of its blocks; a
+//! block returns to the pool when its count falls to zero, through [`PagedKvCache::free`],
+//! [`PagedKvCache::truncate`] or copy on write. An append writes only into blocks its sequence
+//! holds alone: it first copies each shared block it would write into (the partial last block of
+//! a fork, typically) to a free block, and the sequence lets go of the shared one.
+
+use ndarray::{Array2, Array3, ArrayView3, ArrayViewMut3, s};
+
+use crate::Storage;
+use crate::error::{AttentionError, Dims};
+use crate::flash::{self, PagedHead, PagedKeys};
+use crate::kernels::{self, Buffer, Isa};
+use crate::kv_cache::{Layout, LayoutOf};
+use crate::mask::{AttentionOptions, CausalMask, MaskSet};
+use crate::shape::{Magnitudes, Shape, finite_magnitude};
+use crate::simd::{self, SimdLevel};
+
+/// The sizes of a [`PagedKvCache`]: a pool of `blocks` blocks of `block_size` positions, each
+/// position a key of `key_dim` and a value of `value_dim` elements for each of `kv_heads`
+/// key/value heads of each of `layers` layers.
+///
+/// ```
+/// let shape = qkv::PagedShape { layers: 2, kv_heads: 8, key_dim: 128, value_dim: 128, block_size: 64, blocks: 256 };
+/// assert_eq!(shape.block_size * shape.blocks, 16384); // positions, over every sequence
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PagedShape {
+    /// Decoder layers, each with keys and values of its own.
+    pub layers: usize,
+    /// Key/value heads per layer; the queries may have any multiple of it (grouped-query attention).
+    pub kv_heads: usize,
+    /// Width of queries and keys (`d_k`).
+    pub key_dim: usize,
+    /// Width of values and of the output (`d_v`).
+    pub value_dim: usize,
+    /// Positions per block: a multiple of [`PagedKvCache::block_granularity`].
+    pub block_size: usize,
+    /// Blocks in the pool.
+    pub blocks: usize,
+}
+
+impl PagedShape {
+    fn dims(&self) -> Dims {
+        let PagedShape { layers, kv_heads, key_dim, value_dim, block_size, blocks } = *self;
+        Dims(vec![layers, kv_heads, key_dim, value_dim, block_size, blocks])
+    }
+}
+
+/// A sequence of a [`PagedKvCache`], from [`PagedKvCache::add_sequence`] or
+/// [`PagedKvCache::fork`]. Once the sequence is freed the id names nothing, even after its slot
+/// is reused: every call with it fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SequenceId {
+    slot: u32,
+    generation: u32,
+}
+
+impl SequenceId {
+    /// The sequence's slot in its cache, as errors name it. A freed sequence's slot goes to a
+    /// later sequence, so two ids may share an index, never at the same time.
+    ///
+    /// ```
+    /// let shape = qkv::PagedShape { layers: 1, kv_heads: 1, key_dim: 4, value_dim: 4, block_size: 64, blocks: 2 };
+    /// let mut cache = qkv::PagedKvCache::<f32>::new(shape)?;
+    /// let (a, b) = (cache.add_sequence(), cache.add_sequence());
+    /// assert_eq!((a.index(), b.index()), (0, 1));
+    /// # Ok::<(), qkv::AttentionError>(())
+    /// ```
+    pub fn index(self) -> usize {
+        self.slot as usize
+    }
+}
+
+/// The keys and values of many sequences for every layer of a decoder, in fixed-size blocks of
+/// one pool allocated at [`PagedKvCache::new`], in the layout the kernels of one SIMD level read;
+/// elements stored as `E` ([`Storage`]), computed in f32.
+///
+/// Sequences come and go ([`add_sequence`](Self::add_sequence), [`free`](Self::free)), share
+/// their prefix ([`fork`](Self::fork), copy on write) and roll back
+/// ([`truncate`](Self::truncate)). A layer ([`layer`](Self::layer)) appends each sequence's new
+/// positions ([`PagedLayer::append`]) and attends with the new queries of a whole batch of
+/// sequences in one call ([`PagedLayer::attend`]). Results equal
+/// [`multi_head_attention`](crate::multi_head_attention) over each sequence's prefix with
+/// `CausalMask::BottomRight`, within rounding.
+///
+/// ```
+/// use ndarray::Array3;
+/// use qkv::{PagedKvCache, PagedShape};
+///
+/// // One layer, 2 key/value heads, 4 query heads; blocks of 64 positions.
+/// let shape = PagedShape { layers: 1, kv_heads: 2, key_dim: 8, value_dim: 8, block_size: 64, blocks: 8 };
+/// let mut cache = PagedKvCache::<f32>::new(shape)?;
+/// let prompt = cache.add_sequence();
+/// let kv = Array3::from_elem((2, 5, 8), 0.5);
+/// cache.layer(0)?.append(prompt, kv.view(), kv.view())?; // a prompt of 5 positions
+/// let other = cache.fork(prompt)?; // shares the prompt's block
+/// for seq in [prompt, other] {
+///     cache.layer(0)?.append(seq, Array3::zeros((2, 1, 8)).view(), Array3::ones((2, 1, 8)).view())?;
+/// }
+/// // One decoding step for both: one query per query head each, packed along axis 1.
+/// let q = Array3::from_elem((4, 2, 8), 1.0);
+/// let out = cache.layer(0)?.attend(&[prompt, other], &[0, 1, 2], q.view())?;
+/// assert_eq!(out.shape(), [4, 2, 8]);
+/// assert_eq!(cache.len(other)?, 6);
+/// # Ok::<(), qkv::AttentionError>(())
+/// ```
+pub struct PagedKvCache<E: Storage = f32> {
+    shape: PagedShape,
+    level: SimdLevel,
+    isa: Isa,
+    block_layout: BlockLayout,
+    storage: Buffer<E>,
+    pool: BlockPool,
+    slots: Vec<Slot>,
+    /// Slots of freed sequences, for the next ones.
+    free_slots: Vec<u32>,
+}
+
+/// Where a block keeps what, in scalars.
+#[derive(Debug, Clone, Copy)]
+struct BlockLayout {
+    /// The level's panel width and padded value rows.
+    layout: Layout,
+    kv_heads: usize,
+    key_dim: usize,
+    /// Positions per block.
+    size: usize,
+    /// Scalars per (layer, key/value head) inside a block: its panels, then its value rows.
+    head_stride: usize,
+    /// Scalars per block.
+    stride: usize,
+}
+
+impl BlockLayout {
+    /// Where the panels of (`layer`, key/value head `head`) start inside a block.
+    fn panels_at(&self, layer: usize, head: usize) -> usize {
+        (layer * self.kv_heads + head) * self.head_stride
+    }
+
+    /// Where its value rows start.
+    fn values_at(&self, layer: usize, head: usize) -> usize {
+        self.panels_at(layer, head) + self.size * self.key_dim
+    }
+}
+
+/// Who holds which block.
+struct BlockPool {
+    /// How many sequences hold each block in their table; 0 for a free block.
+    holders: Vec<u32>,
+    /// The blocks no sequence holds, the next one to give out last.
+    free: Vec<u32>,
+}
+
+impl BlockPool {
+    /// A free block, now held once. The caller checked that there is one.
+    fn take(&mut self) -> u32 {
+        let block = self.free.pop().expect("the caller checked for a free block");
+        self.holders[block as usize] = 1;
+        block
+    }
+
+    /// One holder lets go of `block`, which returns to the pool if it was the last.
+    fn release(&mut self, block: u32) {
+        let holders = &mut self.holders[block as usize];
+        *holders -= 1;
+        if *holders == 0 {
+            self.free.push(block);
+        }
+    }
+}
+
+/// A slot for one sequence; `generation` counts the sequences it has held, so an old id fails.
+struct Slot {
+    generation: u32,
+    sequence: Option<Sequence>,
+}
+
+/// One sequence: its blocks in position order, and each layer's length.
+#[derive(Clone)]
+struct Sequence {
+    blocks: Vec<u32>,
+    layers: Vec<LayerState>,
+}
+
+/// The sequence `id` names among `slots` (a function of the slots alone, so that the pool can be
+/// borrowed beside it).
+fn sequence_mut(slots: &mut [Slot], id: SequenceId) -> Result<&mut Sequence, AttentionError> {
+    let slot = slots.get_mut(id.index()).filter(|slot| slot.generation == id.generation);
+    slot.and_then(|slot| slot.sequence.as_mut())
+        .ok_or(AttentionError::UnknownSequence { sequence: id.index() })
+}
+
+impl Sequence {
+    /// Positions held by the longest layer (a decoder appends layer after layer, so the layers
+    /// of a sequence differ by a step while it runs).
+    fn len(&self) -> usize {
+        self.layers.iter().map(|l| l.len).max().unwrap_or(0)
+    }
+}
+
+/// One layer of a sequence: positions held, and the largest `|k|` and `|v|` ever appended (they
+/// bound every score and sum, see `flash::stays_finite`; a truncation keeps them, a bound still).
+#[derive(Debug, Clone, Copy, Default)]
+struct LayerState {
+    len: usize,
+    keys: f64,
+    values: f64,
+}
+
+impl<E: Storage> PagedKvCache<E> {
+    /// An empty cache of `shape` for the SIMD level the engine dispatches to
+    /// ([`SimdLevel::dispatched`]), its whole pool allocated now. A shape whose pool overflows the
+    /// address space or that the allocator cannot provide is an error
+    /// ([`AttentionError::PagedTooLarge`]), and so is a block size that is not a whole number of
+    /// the level's key panels ([`AttentionError::BlockSize`]; a multiple of 64 fits every level).
+    ///
+    /// ```
+    /// let shape = qkv::PagedShape { layers: 1, kv_heads: 1, key_dim: 4, value_dim: 4, block_size: 64, blocks: 4 };
+    /// let cache = qkv::PagedKvCache::<half::bf16>::new(shape)?;
+    /// assert_eq!(cache.free_blocks(), 4);
+    /// # Ok::<(), qkv::AttentionError>(())
+    /// ```
+    pub fn new(shape: PagedShape) -> Result<PagedKvCache<E>, AttentionError> {
+        PagedKvCache::for_level(shape, SimdLevel::dispatched()?)
+    }
+
+    /// An empty cache of `shape` laid out for the kernels of `level`, which every call runs (the
+    /// layout differs between levels). Fails if this CPU does not run `level`.
+    ///
+    /// ```
+    /// let shape = qkv::PagedShape { layers: 1, kv_heads: 1, key_dim: 4, value_dim: 4, block_size: 8, blocks: 4 };
+    /// let cache = qkv::PagedKvCache::<f32>::for_level(shape, qkv::SimdLevel::Baseline)?;
+    /// assert_eq!(cache.simd_level(), qkv::SimdLevel::Baseline);
+    /// # Ok::<(), qkv::AttentionError>(())
+    /// ```
+    pub fn for_level(shape: PagedShape, level: SimdLevel) -> Result<PagedKvCache<E>, AttentionError> {
+        let PagedShape { layers, kv_heads, key_dim, value_dim, block_size, blocks } = shape;
+        if [layers, kv_heads, key_dim, value_dim, block_size, blocks].contains(&0) {
+            return Err(AttentionError::Empty {
+                argument: "the paged KV cache's shape [layers, kv_heads, key_dim, value_dim, block_size, blocks]",
+                shape: shape.dims(),
+                why: "a pool needs at least one layer, key/value head and block, blocks of at least \
+                      one position, and keys and values at least one component wide",
+            });
+        }
+        let isa = simd::kernels_for(Some(level))?;
+        let layout = isa.run::<E, _>(LayoutOf { value_dim });
+        if block_size % layout.key_panel != 0 {
+            return Err(AttentionError::BlockSize { block_size, key_panel: layout.key_panel, level });
+        }
+        let too_large =
+            |bytes, why| AttentionError::PagedTooLarge { shape: shape.dims(), storage: E::NAME, bytes, why };
+        if u32::try_from(blocks).is_err() {
+            return Err(too_large(None, "which is more blocks than a block table's u32 entries name"));
+        }
+        // A block in scalars, and the pool in bytes, bookkeeping included: sizes the caller chose
+        // may overflow any of them.
+        let head_stride = key_dim.checked_add(layout.value_stride).and_then(|w| w.checked_mul(block_size));
+        let block_stride = head_stride.and_then(|h| h.checked_mul(kv_heads)?.checked_mul(layers));
+        let scalars = block_stride.and_then(|b| b.checked_mul(blocks));
+        let bytes = scalars.and_then(|s| s.checked_mul(size_of::<E>())?.checked_add(blocks.checked_mul(8)?));
+        let (Some(head_stride), Some(block_stride), Some(scalars), Some(bytes @ ..=ISIZE_MAX)) =
+            (head_stride, block_stride, scalars, bytes)
+        else {
+            return Err(too_large(bytes, "which is more than an address space holds (isize::MAX bytes)"));
+        };
+        let refused = |_| too_large(Some(bytes), "which the allocator refused");
+        let storage = Buffer::try_zeros(scalars).map_err(refused)?;
+        let mut holders = Vec::new();
+        holders.try_reserve_exact(blocks).map_err(refused)?;
+        holders.resize(blocks, 0);
+        let mut free = Vec::new();
+        free.try_reserve_exact(blocks).map_err(refused)?;
+        // Given out from the end: block 0 first.
+        free.extend((0..blocks as u32).rev());
+        let pool = BlockPool { holders, free };
+        let block_layout =
+            BlockLayout { layout, kv_heads, key_dim, size: block_size, head_stride, stride: block_stride };
+        Ok(PagedKvCache {
+            shape,
+            level,
+            isa,
+            block_layout,
+            storage,
+            pool,
+            slots: Vec::new(),
+            free_slots: Vec::new(),
+        })
+    }
+
+    /// The positions a block's size must be a multiple of for a cache of `E` at `level`: the
+    /// level's key panel (8 to 64). Fails if this CPU does not run `level`.
+    ///
+    /// ```
+    /// let multiple = qkv::PagedKvCache::<f32>::block_granularity(qkv::SimdLevel::dispatched()?)?;
+    /// assert_eq!(64 % multiple, 0);
+    /// # Ok::<(), qkv::AttentionError>(())
+    /// ```
+    pub fn block_granularity(level: SimdLevel) -> Result<usize, AttentionError> {
+        let isa = simd::kernels_for(Some(level))?;
+        Ok(isa.run::<E, _>(LayoutOf { value_dim: 1 }).key_panel)
+    }
+
+    /// The sizes the cache was made with.
+    pub fn shape(&self) -> PagedShape {
+        self.shape
+    }
+
+    /// The SIMD level whose kernels the cache is laid out for.
+    pub fn simd_level(&self) -> SimdLevel {
+        self.level
+    }
+
+    /// Blocks that no sequence holds.
+    ///
+    /// ```
+    /// use ndarray::Array3;
+    /// let shape = qkv::PagedShape { layers: 1, kv_heads: 1, key_dim: 4, value_dim: 4, block_size: 64, blocks: 4 };
+    /// let mut cache = qkv::PagedKvCache::<f32>::new(shape)?;
+    /// let seq = cache.add_sequence();
+    /// let kv = Array3::zeros((1, 65, 4));
+    /// cache.layer(0)?.append(seq, kv.view(), kv.view())?;
+    /// assert_eq!(cache.free_blocks(), 2);
+    /// cache.free(seq)?;
+    /// assert_eq!(cache.free_blocks(), 4);
+    /// # Ok::<(), qkv::AttentionError>(())
+    /// ```
+    pub fn free_blocks(&self) -> usize {
+        self.pool.free.len()
+    }
+
+    /// A new, empty sequence.
+    pub fn add_sequence(&mut self) -> SequenceId {
+        let sequence =
+            Sequence { blocks: Vec::new(), layers: vec![LayerState::default(); self.shape.layers] };
+        self.insert(sequence)
+    }
+
+    fn insert(&mut self, sequence: Sequence) -> SequenceId {
+        match self.free_slots.pop() {
+            Some(slot) => {
+                let entry = &mut self.slots[slot as usize];
+                entry.sequence = Some(sequence);
+                SequenceId { slot, generation: entry.generation }
+            }
+            None => {
+                let slot = u32::try_from(self.slots.len()).expect("fewer than 2^32 sequences at once");
+                self.slots.push(Slot { generation: 0, sequence: Some(sequence) });
+                SequenceId { slot, generation: 0 }
+            }
+        }
+    }
+
+    fn sequence(&self, id: SequenceId) -> Result<&Sequence, AttentionError> {
+        let slot = self.slots.get(id.index()).filter(|slot| slot.generation == id.generation);
+        slot.and_then(|slot| slot.sequence.as_ref())
+            .ok_or(AttentionError::UnknownSequence { sequence: id.index() })
+    }
+
+    /// Positions `seq` holds (at its longest layer, while a decoder's layers take their turns).
+    pub fn len(&self, seq: SequenceId) -> Result<usize, AttentionError> {
+        Ok(self.sequence(seq)?.len())
+    }
+
+    /// The pool blocks `seq` holds, in position order: block `i` holds positions
+    /// `i · block_size ..`. A fork's table starts as its parent's.
+    pub fn block_table(&self, seq: SequenceId) -> Result<&[u32], AttentionError> {
+        Ok(&self.sequence(seq)?.blocks)
+    }
+
+    /// A new sequence holding what `seq` holds, sharing its blocks (each now held once more):
+    /// nothing is copied until one of the two appends into a block they share.
+    ///
+    /// ```
+    /// use ndarray::Array3;
+    /// let shape = qkv::PagedShape { layers: 1, kv_heads: 1, key_dim: 4, value_dim: 4, block_size: 64, blocks: 4 };
+    /// let mut cache = qkv::PagedKvCache::<f32>::new(shape)?;
+    /// let parent = cache.add_sequence();
+    /// let kv = Array3::zeros((1, 70, 4)); // one full block and one partial
+    /// cache.layer(0)?.append(parent, kv.view(), kv.view())?;
+    /// let child = cache.fork(parent)?;
+    /// assert_eq!(cache.block_table(child)?, cache.block_table(parent)?);
+    /// let one = Array3::zeros((1, 1, 4));
+    /// cache.layer(0)?.append(child, one.view(), one.view())?; // copies the partial block
+    /// assert_eq!(cache.block_table(child)?[0], cache.block_table(parent)?[0]);
+    /// assert_ne!(cache.block_table(child)?[1], cache.block_table(parent)?[1]);
+    /// # Ok::<(), qkv::AttentionError>(())
+    /// ```
+    pub fn fork(&mut self, seq: SequenceId) -> Result<SequenceId, AttentionError> {
+        let child = self.sequence(seq)?.clone();
+        for &block in &child.blocks {
+            self.pool.holders[block as usize] += 1;
+        }
+        Ok(self.insert(child))
+    }
+
+    /// Rolls `seq` back to its first `len` positions (every layer holding more is cut to `len`),
+    /// and lets go of the blocks past them. Fails if `seq` holds fewer than `len`.
+    ///
+    /// ```
+    /// use ndarray::Array3;
+    /// let shape = qkv::PagedShape { layers: 1, kv_heads: 1, key_dim: 4, value_dim: 4, block_size: 64, blocks: 4 };
+    /// let mut cache = qkv::PagedKvCache::<f32>::new(shape)?;
+    /// let seq = cache.add_sequence();
+    /// let kv = Array3::zeros((1, 130, 4));
+    /// cache.layer(0)?.append(seq, kv.view(), kv.view())?;
+    /// cache.truncate(seq, 64)?; // rejects the last 66 positions (a speculative draft, say)
+    /// assert_eq!((cache.len(seq)?, cache.free_blocks()), (64, 3));
+    /// assert!(cache.truncate(seq, 65).is_err());
+    /// # Ok::<(), qkv::AttentionError>(())
+    /// ```
+    pub fn truncate(&mut self, seq: SequenceId, len: usize) -> Result<(), AttentionError> {
+        let block_size = self.shape.block_size;
+        let sequence = sequence_mut(&mut self.slots, seq)?;
+        let held = sequence.len();
+        if len > held {
+            return Err(AttentionError::TruncateLength { sequence: seq.index(), len: held, requested: len });
+        }
+        for layer in &mut sequence.layers {
+            layer.len = layer.len.min(len);
+        }
+        for block in sequence.blocks.drain(len.div_ceil(block_size)..) {
+            self.pool.release(block);
+        }
+        Ok(())
+    }
+
+    /// Ends `seq`: its blocks are let go of (those no other sequence holds return to the pool)
+    /// and its id names nothing from now on.
+    pub fn free(&mut self, seq: SequenceId) -> Result<(), AttentionError> {
+        for block in std::mem::take(&mut sequence_mut(&mut self.slots, seq)?.blocks) {
+            self.pool.release(block);
+        }
+        let slot = &mut self.slots[seq.index()];
+        slot.sequence = None;
+        slot.generation = slot.generation.wrapping_add(1);
+        self.free_slots.push(seq.slot);
+        Ok(())
+    }
+
+    /// Layer `layer`, to append to and attend over. Fails if there is no such layer.
+    pub fn layer(&mut self, layer: usize) -> Result<PagedLayer<'_, E>, AttentionError> {
+        let layers = self.shape.layers;
+        if layer >= layers {
+            return Err(AttentionError::CacheLayer { layer, layers });
+        }
+        Ok(PagedLayer { cache: self, index: layer })
+    }
+}
+
+/// The largest size of one allocation (Rust's limit for any object).
+const ISIZE_MAX: usize = isize::MAX as usize;
+
+/// One layer of a [`PagedKvCache`] ([`PagedKvCache::layer`]): where a decoder layer appends each
+/// sequence's new positions and attends with a batch of sequences' queries.
+pub struct PagedLayer<'c, E: Storage> {
+    cache: &'c mut PagedKvCache<E>,
+    index: usize,
+}
+
+impl<E: Storage> PagedLayer<'_, E> {
+    /// Positions `seq` holds at this layer.
+    pub fn len(&self, seq: SequenceId) -> Result<usize, AttentionError> {
+        Ok(self.cache.sequence(seq)?.layers[self.index].len)
+    }
+
+    /// Appends to `seq` the keys `k` (`[kv_heads, n_new, d_k]`) and values `v`
+    /// (`[kv_heads, n_new, d_v]`) of `n_new` positions, taking blocks from the pool as it needs
+    /// them and first copying any block it shares with another sequence that it would write into.
+    /// Checks the shapes, that every element is finite and that the pool has the blocks before it
+    /// writes anything, so a failed append leaves the cache as it was.
+    ///
+    /// ```
+    /// use ndarray::Array3;
+    /// let shape = qkv::PagedShape { layers: 1, kv_heads: 2, key_dim: 3, value_dim: 5, block_size: 64, blocks: 1 };
+    /// let mut cache = qkv::PagedKvCache::<f32>::new(shape)?;
+    /// let seq = cache.add_sequence();
+    /// let mut layer = cache.layer(0)?;
+    /// layer.append(seq, Array3::zeros((2, 60, 3)).view(), Array3::zeros((2, 60, 5)).view())?;
+    /// let full = layer.append(seq, Array3::zeros((2, 5, 3)).view(), Array3::zeros((2, 5, 5)).view());
+    /// assert!(full.unwrap_err().to_string().starts_with("appending 5 positions to sequence 0"));
+    /// # Ok::<(), qkv::AttentionError>(())
+    /// ```
+    pub fn append(
+        &mut self,
+        seq: SequenceId,
+        k: ArrayView3<E>,
+        v: ArrayView3<E>,
+    ) -> Result<(), AttentionError> {
+        let PagedShape { kv_heads, key_dim, value_dim, block_size, blocks, .. } = self.cache.shape;
+        let n_new = k.shape()[1];
+        let per_head = "one [n_new, key_dim] block per key/value head";
+        self.check_shape("keys".into(), k.shape(), [kv_heads, n_new, key_dim], per_head)?;
+        let why = "one value for every key, one [n_new, value_dim] block per key/value head";
+        self.check_shape("values".into(), v.shape(), [kv_heads, n_new, value_dim], why)?;
+        let (keys, values) = (finite_magnitude("keys", &k)?, finite_magnitude("values", &v)?);
+        let layer = self.index;
+        let cache = &mut *self.cache;
+        let (pool, storage, at) = (&mut cache.pool, &mut cache.storage, cache.block_layout);
+        let sequence = sequence_mut(&mut cache.slots, seq)?;
+        let len = sequence.layers[layer].len;
+        let end = len + n_new;
+        // The blocks the new positions land in: those of the table (copied first if shared),
+        // then new ones.
+        let written = len / block_size..end.div_ceil(block_size);
+        let held = sequence.blocks.len();
+        let shared = (written.start..written.end.min(held))
+            .filter(|&i| pool.holders[sequence.blocks[i] as usize] > 1)
+            .count();
+        let needed = shared + written.end.saturating_sub(held);
+        if needed > pool.free.len() {
+            return Err(AttentionError::PoolFull {
+                sequence: seq.index(),
+                layer,
+                len,
+                appended: n_new,
+                needed,
+                free: pool.free.len(),
+                blocks,
+            });
+        }
+        for i in written.start..written.end.min(held) {
+            let block = sequence.blocks[i];
+            if pool.holders[block as usize] > 1 {
+                // Copy on write: the whole block, every layer's positions in it included.
+                let copy = pool.take();
+                let from = block as usize * at.stride;
+                storage.copy_within(from..from + at.stride, copy as usize * at.stride);
+                pool.release(block);
+                sequence.blocks[i] = copy;
+            }
+        }
+        while sequence.blocks.len() < written.end {
+            sequence.blocks.push(pool.take());
+        }
+        let Layout { key_panel, value_stride } = at.layout;
+        for (head, (k, v)) in k.outer_iter().zip(v.outer_iter()).enumerate() {
+            for (j, (key, value)) in k.outer_iter().zip(v.outer_iter()).enumerate() {
+                let position = len + j;
+                let within = position % block_size;
+                let block = sequence.blocks[position / block_size] as usize * at.stride;
+                // The key in lane `within % key_panel` of its panel, the value in its row.
+                let panel = &mut storage
+                    [block + at.panels_at(layer, head) + within / key_panel * key_panel * key_dim..];
+                kernels::write_key_lane(
+                    key,
+                    within % key_panel,
+                    key_panel,
+                    &mut panel[..key_panel * key_dim],
+                );
+                let row =
+                    &mut storage[block + at.values_at(layer, head) + within * value_stride..][..value_dim];
+                row.iter_mut().zip(value).for_each(|(slot, &x)| *slot = x);
+            }
+        }
+        let state = &mut sequence.layers[layer];
+        state.len = end;
+        state.keys = state.keys.max(keys);
+        state.values = state.values.max(values);
+        Ok(())
+    }
+
+    /// Attention for a batch of sequences in one call: `sequences[i]` attends with the queries
+    /// `query_offsets[i] .. query_offsets[i + 1]` of `q` (`[query_heads, n_queries, d_k]`, the
+    /// queries of every sequence packed along axis 1, flash-attn's `cu_seqlens_q`), which are its
+    /// last positions held (append their keys and values first): query `j` of a sequence holding
+    /// `len` positions with `n` queries sees positions `0 ..= len - n + j`. One query per
+    /// sequence is a batched decoding step; a sequence's whole prompt is its prefill, and prompts
+    /// of several sequences go in one call. Query head `h` reads key/value head
+    /// `h / (query_heads / kv_heads)`. Returns `[query_heads, n_queries, d_v]` in f32, packed as
+    /// `q` is.
+    ///
+    /// The work items (sequence × key/value head × block of queries) of every sequence are shared
+    /// out together, so a batch of short sequences keeps every core busy. The results do not
+    /// depend on the number of threads; a sequence's rows may differ in their last bits from one
+    /// batch to another, since a decoding batch splits every sequence's keys as its longest
+    /// sequence needs.
+    ///
+    /// A token-major batch (`[n_queries, query_heads, d_k]`, as a projection writes it) is
+    /// `q.permuted_axes([1, 0, 2])`, with no copy.
+    ///
+    /// ```
+    /// use ndarray::Array3;
+    /// let shape = qkv::PagedShape { layers: 1, kv_heads: 1, key_dim: 2, value_dim: 1, block_size: 64, blocks: 4 };
+    /// let mut cache = qkv::PagedKvCache::<f32>::new(shape)?;
+    /// let (a, b) = (cache.add_sequence(), cache.add_sequence());
+    /// let mut layer = cache.layer(0)?;
+    /// let k = Array3::zeros((1, 2, 2));
+    /// layer.append(a, k.view(), Array3::from_shape_vec((1, 2, 1), vec![2.0, 4.0]).unwrap().view())?;
+    /// layer.append(b, k.view(), Array3::from_shape_vec((1, 2, 1), vec![6.0, 8.0]).unwrap().view())?;
+    /// // Sequence a: two queries (its prefill); sequence b: one (a decoding step).
+    /// let out = layer.attend(&[a, b], &[0, 2, 3], Array3::zeros((1, 3, 2)).view())?;
+    /// assert_eq!(out.into_raw_vec_and_offset().0, vec![2.0, 3.0, 7.0]);
+    /// # Ok::<(), qkv::AttentionError>(())
+    /// ```
+    pub fn attend(
+        &self,
+        sequences: &[SequenceId],
+        query_offsets: &[usize],
+        q: ArrayView3<E>,
+    ) -> Result<Array3<f32>, AttentionError> {
+        let [query_heads, n_queries, _] = *q.shape() else { unreachable!("3-D view") };
+        let mut out = Array3::zeros((query_heads, n_queries, self.cache.shape.value_dim));
+        self.attend_into(sequences, query_offsets, q, out.view_mut())?;
+        Ok(out)
+    }
+
+    /// Like [`attend`](Self::attend), writing the output into `out`
+    /// (`[query_heads, n_queries, d_v]`). If the call fails, `out` may hold anything.
+    pub fn attend_into(
+        &self,
+        sequences: &[SequenceId],
+        query_offsets: &[usize],
+        q: ArrayView3<E>,
+        mut out: ArrayViewMut3<f32>,
+    ) -> Result<(), AttentionError> {
+        let PagedShape { kv_heads, key_dim, value_dim, block_size, .. } = self.cache.shape;
+        let [query_heads, n_queries, _] = *q.shape() else { unreachable!("3-D view") };
+        let groups_fit = query_heads > 0 && query_heads % kv_heads == 0;
+        let expected_heads = if groups_fit { query_heads } else { kv_heads };
+        self.check_shape(
+            "queries".into(),
+            q.shape(),
+            [expected_heads, n_queries, key_dim],
+            "query heads a positive multiple of the key/value heads, each query as wide as the keys",
+        )?;
+        let why = "one value-wide row per query";
+        self.check_shape("output".into(), out.shape(), [query_heads, n_queries, value_dim], why)?;
+        check_offsets(query_offsets, sequences.len(), n_queries)?;
+        // Each sequence with its queries, checked against what it holds at this layer.
+        let mut batch: Vec<Member> = Vec::with_capacity(sequences.len());
+        for (i, &id) in sequences.iter().enumerate() {
+            let sequence = self.cache.sequence(id)?;
+            let state = sequence.layers[self.index];
+            let queries = query_offsets[i]..query_offsets[i + 1];
+            if queries.len() > state.len {
+                return Err(AttentionError::PagedInput {
+                    layer: self.index,
+                    argument: format!("the queries of sequences[{i}] (sequence {})", id.index()),
+                    found: Dims(vec![query_heads, queries.len(), key_dim]),
+                    expected: format!("[{query_heads}, at most {}, {key_dim}]", state.len),
+                    why: "the queries are the last positions held, so append their keys and values first",
+                });
+            }
+            if !queries.is_empty() {
+                batch.push(Member { sequence, state, queries });
+            }
+        }
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let queries = finite_magnitude("queries", &q)?;
+        // One shape bounds every sequence; each head's masks confine it to its own sequence.
+        let n_queries = batch.iter().map(|m| m.queries.len()).max().unwrap_or(0);
+        let n_keys = batch.iter().map(|m| m.state.len).max().unwrap_or(0);
+        let bound = Shape { n_queries, n_keys, key_dim, value_dim };
+        let largest = |f: fn(&LayerState) -> f64| batch.iter().map(|m| f(&m.state)).fold(0.0, f64::max);
+        let magnitudes = Magnitudes { queries, keys: largest(|s| s.keys), values: largest(|s| s.values) };
+        if !flash::stays_finite(&bound, &magnitudes, &sequence_masks(&bound)?) {
+            return Err(AttentionError::CacheOverflow { layer: self.index });
+        }
+        // The query heads that share a key/value head are the rows of one problem, query-major,
+        // as in `KvCache::attend`: its keys and values are read once for all of them.
+        let group = query_heads / kv_heads;
+        let stacked: Vec<Array2<E>> = batch
+            .iter()
+            .flat_map(|m| (0..kv_heads).map(move |kv| (kv, m.queries.clone())))
+            .map(|(kv, queries)| {
+                Array2::from_shape_fn((queries.len() * group, key_dim), |(r, c)| {
+                    q[[kv * group + r % group, queries.start + r / group, c]]
+                })
+            })
+            .collect();
+        let mut stacked_out: Vec<Array2<f32>> =
+            stacked.iter().map(|q| Array2::zeros((q.nrows(), value_dim))).collect();
+        let at = self.cache.block_layout;
+        let mut heads = Vec::with_capacity(stacked.len());
+        let items = batch.iter().flat_map(|m| (0..kv_heads).map(move |kv| (m, kv)));
+        for ((member, kv), (q, out)) in items.zip(stacked.iter().zip(&mut stacked_out)) {
+            let shape =
+                Shape { n_queries: member.queries.len(), n_keys: member.state.len, key_dim, value_dim };
+            heads.push(PagedHead {
+                q: q.view(),
+                kv: PagedKeys {
+                    storage: &self.cache.storage,
+                    block_stride: at.stride,
+                    table: &member.sequence.blocks,
+                    block_size,
+                    panels_at: at.panels_at(self.index, kv),
+                    values_at: at.values_at(self.index, kv),
+                    key_dim,
+                    value_stride: at.layout.value_stride,
+                },
+                out: out.view_mut(),
+                masks: sequence_masks(&shape)?,
+            });
+        }
+        flash::attend_paged(self.cache.isa, &bound, group, heads);
+        let items = batch.iter().flat_map(|m| (0..kv_heads).map(move |kv| (kv, m.queries.start)));
+        for ((kv, first), stacked_out) in items.zip(&stacked_out) {
+            for (r, row) in stacked_out.outer_iter().enumerate() {
+                out.slice_mut(s![kv * group + r % group, first + r / group, ..]).assign(&row);
+            }
+        }
+        Ok(())
+    }
+
+    /// Fails with [`AttentionError::PagedInput`] unless `found` is `expected`.
+    fn check_shape(
+        &self,
+        argument: String,
+        found: &[usize],
+        expected: [usize; 3],
+        why: &'static str,
+    ) -> Result<(), AttentionError> {
+        if found == expected {
+            return Ok(());
+        }
+        Err(AttentionError::PagedInput {
+            layer: self.index,
+            argument,
+            found: found.into(),
+            expected: Dims(expected.to_vec()).to_string(),
+            why,
+        })
+    }
+}
+
+/// One sequence of a batch: what it holds at the layer, and its queries' run of the packed axis.
+struct Member<'s> {
+    sequence: &'s Sequence,
+    state: LayerState,
+    queries: std::ops::Range<usize>,
+}
+
+/// The masks of one sequence's queries over its keys (`shape`: its queries and the positions it
+/// holds): the bottom-right causal mask, with the scale `1 / sqrt(d_k)`. The one place where the
+/// options of the cached path (windows, ALiBi, soft-capping, keep masks) will resolve per
+/// sequence, so that every path under [`PagedLayer::attend`] takes them: with the `cached`
+/// branch's `CacheOptions`, `options.dense().resolve(shape)`. Options that differ between the
+/// query heads of a group (ALiBi's slopes) then need a problem per query head instead of the
+/// group's heads stacked as rows, and a keep mask one per sequence.
+fn sequence_masks(shape: &Shape) -> Result<MaskSet<'static, f32>, AttentionError> {
+    AttentionOptions::new().causal(CausalMask::BottomRight).resolve(shape)
+}
+
+/// Checks that `offsets` cut `n_queries` packed queries into one run per sequence, in order:
+/// `sequences + 1` offsets from 0 to `n_queries`, never decreasing.
+fn check_offsets(offsets: &[usize], sequences: usize, n_queries: usize) -> Result<(), AttentionError> {
+    let why = if offsets.len() != sequences + 1 {
+        "one offset per sequence and one for the end"
+    } else if offsets.first() != Some(&0) || offsets.last() != Some(&n_queries) {
+        "they start at 0 and end at the number of queries"
+    } else if offsets.windows(2).any(|w| w[0] > w[1]) {
+        "they never decrease"
+    } else {
+        return Ok(());
+    };
+    Err(AttentionError::QueryOffsets { offsets: offsets.into(), sequences, n_queries, why })
+}
+
+#[cfg(test)]
+mod tests;

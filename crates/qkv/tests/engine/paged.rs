@@ -1,0 +1,659 @@
+//! The paged KV cache against full attention over each sequence's prefix: every batched attend
+//! compared, sequence by sequence, with `multi_head_attention` (bottom-right causal mask) and the
+//! f64 reference head by head, at every SIMD level, on ragged batches, after forks, truncations
+//! and freed blocks reused; random operation sequences against a plain model; and its errors.
+
+use std::collections::BTreeMap;
+
+use ndarray::{Array3, Axis, concatenate, s};
+use proptest::prelude::*;
+use qkv::{AttentionOptions, CausalMask, PagedKvCache, PagedShape, SequenceId, SimdLevel};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::problem::{assert_close, error_bound, levels};
+
+/// What a sequence should hold: per layer, its keys `[kv_heads, len, d_k]` and values.
+#[derive(Clone)]
+struct Held {
+    k: Vec<Array3<f32>>,
+    v: Vec<Array3<f32>>,
+}
+
+/// A paged cache beside a plain model of it (a key and value array per sequence and layer), with
+/// random inputs.
+struct Harness {
+    level: SimdLevel,
+    shape: PagedShape,
+    query_heads: usize,
+    cache: PagedKvCache<f32>,
+    held: BTreeMap<SequenceIdKey, (SequenceId, Held)>,
+    rng: ChaCha8Rng,
+}
+
+/// `SequenceId` has no order of its own; its index is unique among live sequences.
+type SequenceIdKey = usize;
+
+impl Harness {
+    fn new(level: SimdLevel, shape: PagedShape, group: usize, seed: u64) -> Harness {
+        let cache = PagedKvCache::for_level(shape, level).unwrap();
+        let rng = ChaCha8Rng::seed_from_u64(seed);
+        Harness { level, shape, query_heads: shape.kv_heads * group, cache, held: BTreeMap::new(), rng }
+    }
+
+    fn random(&mut self, heads: usize, n: usize, d: usize) -> Array3<f32> {
+        Array3::from_shape_simple_fn((heads, n, d), || self.rng.random_range(-1.0..1.0))
+    }
+
+    fn add(&mut self) -> SequenceId {
+        let seq = self.cache.add_sequence();
+        let empty = |d| (0..self.shape.layers).map(|_| Array3::zeros((self.shape.kv_heads, 0, d))).collect();
+        let held = Held { k: empty(self.shape.key_dim), v: empty(self.shape.value_dim) };
+        self.held.insert(seq.index(), (seq, held));
+        seq
+    }
+
+    fn held(&mut self, seq: SequenceId) -> &mut Held {
+        &mut self.held.get_mut(&seq.index()).expect("a live sequence").1
+    }
+
+    /// Appends `n` random positions to `seq` at `layer`, in the cache and the model.
+    fn append_layer(&mut self, seq: SequenceId, layer: usize, n: usize) {
+        let PagedShape { kv_heads, key_dim, value_dim, .. } = self.shape;
+        let (k, v) = (self.random(kv_heads, n, key_dim), self.random(kv_heads, n, value_dim));
+        self.cache.layer(layer).unwrap().append(seq, k.view(), v.view()).unwrap();
+        let held = self.held(seq);
+        held.k[layer] = concatenate![Axis(1), held.k[layer], k];
+        held.v[layer] = concatenate![Axis(1), held.v[layer], v];
+    }
+
+    /// Appends `n` positions at every layer, as a decoder's forward pass does.
+    fn append(&mut self, seq: SequenceId, n: usize) {
+        for layer in 0..self.shape.layers {
+            self.append_layer(seq, layer, n);
+        }
+    }
+
+    fn fork(&mut self, seq: SequenceId) -> SequenceId {
+        let child = self.cache.fork(seq).unwrap();
+        let held = self.held(seq).clone();
+        self.held.insert(child.index(), (child, held));
+        child
+    }
+
+    fn truncate(&mut self, seq: SequenceId, len: usize) {
+        self.cache.truncate(seq, len).unwrap();
+        let held = self.held(seq);
+        for a in held.k.iter_mut().chain(held.v.iter_mut()) {
+            let keep = len.min(a.shape()[1]);
+            *a = a.slice(s![.., ..keep, ..]).to_owned();
+        }
+    }
+
+    fn free(&mut self, seq: SequenceId) {
+        self.cache.free(seq).unwrap();
+        self.held.remove(&seq.index());
+    }
+
+    /// One batched attend at `layer` with `n_q` new queries for each sequence of `batch` (random,
+    /// packed along axis 1); each sequence's rows must match full attention over its prefix.
+    /// Returns the packed output.
+    fn check(&mut self, layer: usize, batch: &[(SequenceId, usize)]) -> Array3<f32> {
+        let mut offsets = vec![0];
+        offsets.extend(batch.iter().scan(0, |end, &(_, n)| {
+            *end += n;
+            Some(*end)
+        }));
+        let total = *offsets.last().unwrap();
+        let q = self.random(self.query_heads, total, self.shape.key_dim);
+        let sequences: Vec<SequenceId> = batch.iter().map(|&(seq, _)| seq).collect();
+        let paged = self.cache.layer(layer).unwrap();
+        // Pre-filled with NaN: an element the call forgets to write fails the comparison.
+        let mut got = Array3::from_elem((self.query_heads, total, self.shape.value_dim), f32::NAN);
+        paged.attend_into(&sequences, &offsets, q.view(), got.view_mut()).unwrap();
+        assert_eq!(
+            paged.attend(&sequences, &offsets, q.view()).unwrap(),
+            got,
+            "attend and attend_into agree"
+        );
+        let options = AttentionOptions::new().causal(CausalMask::BottomRight).simd(self.level);
+        let group = self.query_heads / self.shape.kv_heads;
+        let lengths: Vec<usize> =
+            batch.iter().map(|&(seq, _)| self.held[&seq.index()].1.k[layer].shape()[1]).collect();
+        for (i, &(seq, n_q)) in batch.iter().enumerate() {
+            let held = &self.held[&seq.index()].1;
+            let (k, v) = (held.k[layer].view(), held.v[layer].view());
+            let q = q.slice(s![.., offsets[i]..offsets[i + 1], ..]);
+            let full = qkv::multi_head_attention(
+                q.insert_axis(Axis(0)),
+                k.insert_axis(Axis(0)),
+                v.insert_axis(Axis(0)),
+                &options,
+            )
+            .unwrap();
+            for h in 0..self.query_heads {
+                let ctx = format!(
+                    "{} {:?}, layer {layer}, batch lengths {lengths:?}, sequences[{i}]: {n_q} queries, head {h}",
+                    self.level, self.shape
+                );
+                let (qh, kh, vh) =
+                    (q.slice(s![h, .., ..]), k.slice(s![h / group, .., ..]), v.slice(s![h / group, .., ..]));
+                let want = qkv::reference::attention(qh, kh, vh, &options).unwrap();
+                let (_, bound) = error_bound(&want, &vh.to_owned());
+                let got_head = got.slice(s![h, offsets[i]..offsets[i + 1], ..]).to_owned();
+                assert_close(&format!("paged vs reference {ctx}"), &got_head, &want.output, bound);
+                let full_head = full.slice(s![0, h, .., ..]).mapv(f64::from);
+                assert_close(&format!("paged vs multi_head_attention {ctx}"), &got_head, &full_head, bound);
+            }
+        }
+        got
+    }
+
+    /// A decoding step for every live sequence: one position appended at every layer, then one
+    /// query each, checked at every layer.
+    fn decode_all(&mut self) {
+        let live: Vec<SequenceId> = self.held.values().map(|(seq, _)| *seq).collect();
+        for &seq in &live {
+            self.append(seq, 1);
+        }
+        let batch: Vec<(SequenceId, usize)> = live.iter().map(|&seq| (seq, 1)).collect();
+        for layer in 0..self.shape.layers {
+            self.check(layer, &batch);
+        }
+    }
+}
+
+/// Block sizes at `level`: a single key panel, three panels, and 192 positions (past a key tile
+/// of 128, not a multiple of it).
+fn block_sizes(level: SimdLevel) -> [usize; 3] {
+    let panel = PagedKvCache::<f32>::block_granularity(level).unwrap();
+    [panel, 3 * panel, 192]
+}
+
+/// Widths, grouped-query sharing and block sizes at every level.
+fn configurations() -> Vec<(SimdLevel, PagedShape, usize)> {
+    let mut configurations = Vec::new();
+    for level in levels() {
+        for (i, block_size) in block_sizes(level).into_iter().enumerate() {
+            let (kv_heads, group, key_dim, value_dim) = [(2, 4, 16, 24), (1, 1, 1, 1), (3, 2, 17, 5)][i];
+            let shape = PagedShape {
+                layers: 2,
+                kv_heads,
+                key_dim,
+                value_dim,
+                block_size,
+                blocks: 1200 / block_size + 12,
+            };
+            configurations.push((level, shape, group));
+        }
+    }
+    configurations
+}
+
+#[test]
+fn ragged_batches_match_full_attention_over_each_prefix() {
+    for (seed, (level, shape, group)) in configurations().into_iter().enumerate() {
+        let mut harness = Harness::new(level, shape, group, seed as u64);
+        // Lengths 1, off the panel and block sizes, past a key tile, and one far longer.
+        let lengths = [1, 17, shape.block_size + 3, 130, 700];
+        let sequences: Vec<SequenceId> = lengths.iter().map(|_| harness.add()).collect();
+        for (&seq, &len) in sequences.iter().zip(&lengths) {
+            harness.append(seq, len);
+        }
+        // Prefill chunks of different sizes (a sequence with none takes no part), then decoding.
+        let chunks = [1, 3, 0, 5, 2];
+        let batch: Vec<(SequenceId, usize)> = sequences.iter().copied().zip(chunks).collect();
+        harness.check(0, &batch);
+        harness.check(1, &batch);
+        for _ in 0..2 {
+            harness.decode_all();
+        }
+    }
+}
+
+#[test]
+fn packed_prefill_of_several_prompts_is_one_call() {
+    for (seed, (level, shape, group)) in configurations().into_iter().enumerate() {
+        let mut harness = Harness::new(level, shape, group, 100 + seed as u64);
+        let prompts = [9, 1, 200, 33];
+        let batch: Vec<(SequenceId, usize)> = prompts
+            .iter()
+            .map(|&len| {
+                let seq = harness.add();
+                harness.append(seq, len);
+                (seq, len)
+            })
+            .collect();
+        harness.check(1, &batch);
+    }
+}
+
+#[test]
+fn long_sequences_split_their_keys_beside_short_ones() {
+    // A decoding step over 2049 positions splits its keys between tasks; the short sequences of
+    // the same batch then have splits with nothing in them.
+    for level in levels() {
+        let shape =
+            PagedShape { layers: 1, kv_heads: 2, key_dim: 32, value_dim: 24, block_size: 64, blocks: 40 };
+        let mut harness = Harness::new(level, shape, 4, 7);
+        let (long, short) = (harness.add(), harness.add());
+        harness.append(long, 2049);
+        harness.append(short, 5);
+        harness.check(0, &[(long, 1), (short, 1)]);
+        harness.check(0, &[(short, 2), (long, 3)]);
+    }
+}
+
+#[test]
+fn a_fork_shares_its_prefix_and_neither_side_changes_the_other() {
+    for (seed, (level, shape, group)) in configurations().into_iter().enumerate() {
+        let mut harness = Harness::new(level, shape, group, 200 + seed as u64);
+        let parent = harness.add();
+        // Two full blocks and a partial one.
+        harness.append(parent, 2 * shape.block_size + 5);
+        let child = harness.fork(parent);
+        assert_eq!(harness.cache.block_table(child).unwrap(), harness.cache.block_table(parent).unwrap());
+        let free = harness.cache.free_blocks();
+        harness.check(0, &[(parent, 2)]);
+        // The parent's numbers for fixed queries, before the child writes anything.
+        let q = harness.random(harness.query_heads, 2, shape.key_dim);
+        let attend =
+            |h: &mut Harness| h.cache.layer(0).unwrap().attend(&[parent], &[0, 2], q.view()).unwrap();
+        let parent_before = attend(&mut harness);
+        // The child's first append copies the shared partial block, and only that one.
+        harness.append(child, 3);
+        assert_eq!(harness.cache.free_blocks(), free - 1);
+        let (p, c) = (harness.cache.block_table(parent).unwrap(), harness.cache.block_table(child).unwrap());
+        assert_eq!(p[..2], c[..2], "full blocks stay shared");
+        assert_ne!(p[2], c[2], "the partial block was copied");
+        harness.append(child, shape.block_size + 1);
+        assert_eq!(
+            attend(&mut harness),
+            parent_before,
+            "a child's appends leave the parent's numbers alone, bit for bit"
+        );
+        // The parent diverges too, copying nothing: the child left the partial block to it.
+        let free = harness.cache.free_blocks();
+        harness.append(parent, 1);
+        assert_eq!(harness.cache.free_blocks(), free, "the parent now holds its partial block alone");
+        harness.check(0, &[(child, 1), (parent, 1)]);
+        harness.check(1, &[(parent, 2), (child, 4)]);
+        harness.decode_all();
+    }
+}
+
+#[test]
+fn a_fork_between_layers_copies_what_each_layer_writes() {
+    // A fork while a decoder's layers take their turns: layer 0 holds one position more than
+    // layer 1, and the shared blocks are written by both.
+    for (seed, (level, shape, group)) in configurations().into_iter().enumerate() {
+        let mut harness = Harness::new(level, shape, group, 300 + seed as u64);
+        let parent = harness.add();
+        harness.append(parent, shape.block_size - 1);
+        harness.append_layer(parent, 0, 1);
+        let child = harness.fork(parent);
+        harness.append_layer(child, 1, 1);
+        harness.append_layer(parent, 1, 1);
+        harness.append(child, 2);
+        harness.append(parent, shape.block_size);
+        for layer in 0..2 {
+            harness.check(layer, &[(parent, 1), (child, 3)]);
+        }
+    }
+}
+
+#[test]
+fn truncate_then_append_matches_the_shorter_prefix() {
+    for (seed, (level, shape, group)) in configurations().into_iter().enumerate() {
+        let mut harness = Harness::new(level, shape, group, 400 + seed as u64);
+        let seq = harness.add();
+        harness.append(seq, 3 * shape.block_size + 7);
+        let free = harness.cache.free_blocks();
+        // Back into the second block: the third and fourth return to the pool.
+        harness.truncate(seq, shape.block_size + 2);
+        assert_eq!(harness.cache.free_blocks(), free + 2);
+        assert_eq!(harness.cache.len(seq).unwrap(), shape.block_size + 2);
+        harness.check(0, &[(seq, 2)]);
+        harness.append(seq, 5);
+        harness.check(1, &[(seq, 5)]);
+        // A fork, then the parent rolls back into the shared block and writes there: a copy.
+        let child = harness.fork(seq);
+        harness.truncate(seq, 3);
+        harness.append(seq, 4);
+        harness.check(0, &[(seq, 4), (child, 1)]);
+        harness.truncate(child, 0);
+        harness.append(child, 2);
+        harness.check(1, &[(child, 2), (seq, 1)]);
+    }
+}
+
+#[test]
+fn freed_blocks_are_reused_and_keep_nothing_of_before() {
+    for (seed, (level, shape, group)) in configurations().into_iter().enumerate() {
+        let mut harness = Harness::new(level, shape, group, 500 + seed as u64);
+        let old = harness.add();
+        harness.append(old, 2 * shape.block_size + 9);
+        let old_blocks = harness.cache.block_table(old).unwrap().to_vec();
+        let free = harness.cache.free_blocks();
+        harness.free(old);
+        assert_eq!(harness.cache.free_blocks(), free + old_blocks.len());
+        assert!(harness.cache.len(old).is_err(), "a freed sequence's id names nothing");
+        // The new sequence takes the freed blocks (the last freed first), whose lanes still
+        // hold the old keys.
+        let new = harness.add();
+        assert_eq!(new.index(), old.index(), "the slot is reused");
+        assert!(harness.cache.len(old).is_err(), "even once its slot is reused");
+        harness.append(new, 3);
+        assert_eq!(harness.cache.block_table(new).unwrap(), &old_blocks[old_blocks.len() - 1..]);
+        harness.check(0, &[(new, 3)]);
+        harness.append(new, shape.block_size);
+        harness.check(1, &[(new, 1)]);
+    }
+}
+
+#[test]
+fn results_do_not_depend_on_the_thread_count() {
+    let shape =
+        PagedShape { layers: 1, kv_heads: 2, key_dim: 64, value_dim: 64, block_size: 64, blocks: 100 };
+    let mut harness = Harness::new(SimdLevel::dispatched().unwrap(), shape, 4, 9);
+    let sequences: Vec<SequenceId> = [4097, 1, 300, 65]
+        .iter()
+        .map(|&len| {
+            let seq = harness.add();
+            harness.append(seq, len);
+            seq
+        })
+        .collect();
+    let q = harness.random(8, 4 * 3, 64);
+    let offsets = [0, 3, 4, 10, 12];
+    let outputs: Vec<Array3<f32>> = [1, 2, 3]
+        .into_iter()
+        .map(|threads| {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            pool.install(|| harness.cache.layer(0).unwrap().attend(&sequences, &offsets, q.view()).unwrap())
+        })
+        .collect();
+    assert!(outputs.windows(2).all(|w| w[0] == w[1]), "1, 2 and 3 threads give the same bits");
+}
+
+/// An operation of the random sequences below; sequences are picked by position among the live
+/// ones, lengths as fractions.
+#[derive(Debug, Clone)]
+enum Op {
+    Add,
+    Append { seq: usize, n: usize },
+    AppendLayer { seq: usize, layer: usize, n: usize },
+    Fork { seq: usize },
+    Truncate { seq: usize, keep: f64 },
+    Free { seq: usize },
+    Attend { layer: usize, queries: Vec<usize> },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        1 => Just(Op::Add),
+        3 => (0..8_usize, prop_oneof![1..4_usize, 1..80_usize]).prop_map(|(seq, n)| Op::Append { seq, n }),
+        1 => (0..8_usize, 0..2_usize, 1..20_usize).prop_map(|(seq, layer, n)| Op::AppendLayer { seq, layer, n }),
+        1 => (0..8_usize).prop_map(|seq| Op::Fork { seq }),
+        1 => (0..8_usize, 0.0..1.0).prop_map(|(seq, keep)| Op::Truncate { seq, keep }),
+        1 => (0..8_usize).prop_map(|seq| Op::Free { seq }),
+        2 => (0..2_usize, proptest::collection::vec(0..4_usize, 8)).prop_map(|(layer, queries)| Op::Attend { layer, queries }),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    /// Random lives of sequences (added, appended layer by layer, forked, rolled back, freed)
+    /// against the model: every attend matches full attention, the pool never loses a block, and
+    /// a full pool refuses an append without changing anything.
+    #[test]
+    fn random_operations_match_a_plain_model(ops in proptest::collection::vec(op(), 1..40), level in 0..3_usize) {
+        let levels = levels();
+        let level = levels[level % levels.len()];
+        let block_size = PagedKvCache::<f32>::block_granularity(level).unwrap();
+        let shape = PagedShape { layers: 2, kv_heads: 2, key_dim: 8, value_dim: 12, block_size, blocks: 512 / block_size };
+        let mut harness = Harness::new(level, shape, 2, 11);
+        for op in ops {
+            let live: Vec<SequenceId> = harness.held.values().map(|(seq, _)| *seq).collect();
+            let pick = |i: usize| live.get(i % live.len().max(1)).copied();
+            match op {
+                Op::Add => { harness.add(); }
+                Op::Append { seq, n } => if let Some(seq) = pick(seq) {
+                    for layer in 0..2 {
+                        try_append(&mut harness, seq, layer, n);
+                    }
+                },
+                Op::AppendLayer { seq, layer, n } => if let Some(seq) = pick(seq) {
+                    try_append(&mut harness, seq, layer, n);
+                },
+                Op::Fork { seq } => if let Some(seq) = pick(seq) { harness.fork(seq); },
+                Op::Truncate { seq, keep } => if let Some(seq) = pick(seq) {
+                    let len = harness.cache.len(seq).unwrap();
+                    harness.truncate(seq, (len as f64 * keep) as usize);
+                },
+                Op::Free { seq } => if let Some(seq) = pick(seq) { harness.free(seq); },
+                Op::Attend { layer, queries } => {
+                    let batch: Vec<(SequenceId, usize)> = live
+                        .iter()
+                        .zip(queries)
+                        .map(|(&seq, n)| (seq, n.min(harness.cache.layer(layer).unwrap().len(seq).unwrap())))
+                        .collect();
+                    harness.check(layer, &batch);
+                }
+            }
+            // Every block is free or held, and a held block by exactly the tables that hold it.
+            let mut holders = vec![0_usize; shape.blocks];
+            for (seq, _) in harness.held.values() {
+                for &block in harness.cache.block_table(*seq).unwrap() {
+                    holders[block as usize] += 1;
+                }
+            }
+            prop_assert_eq!(holders.iter().filter(|&&h| h == 0).count(), harness.cache.free_blocks());
+        }
+    }
+}
+
+/// Appends if the pool has room; otherwise checks that the refusal changed nothing.
+fn try_append(harness: &mut Harness, seq: SequenceId, layer: usize, n: usize) {
+    let PagedShape { kv_heads, key_dim, value_dim, block_size, .. } = harness.shape;
+    let len = harness.cache.layer(layer).unwrap().len(seq).unwrap();
+    let table = harness.cache.block_table(seq).unwrap().to_vec();
+    let shared = table[len / block_size..].len();
+    let room =
+        harness.cache.free_blocks() >= (len + n).div_ceil(block_size).saturating_sub(table.len()) + shared;
+    if room {
+        harness.append_layer(seq, layer, n);
+        return;
+    }
+    let (k, v) = (Array3::zeros((kv_heads, n, key_dim)), Array3::zeros((kv_heads, n, value_dim)));
+    let free = harness.cache.free_blocks();
+    let refused = harness.cache.layer(layer).unwrap().append(seq, k.view(), v.view());
+    if refused.is_ok() {
+        // Room after all: the blocks it wrote into were not shared. Keep the model in step.
+        let held = harness.held(seq);
+        held.k[layer] = concatenate![Axis(1), held.k[layer], k];
+        held.v[layer] = concatenate![Axis(1), held.v[layer], v];
+        return;
+    }
+    assert!(refused.unwrap_err().to_string().contains("free blocks but the pool has"));
+    assert_eq!(harness.cache.free_blocks(), free);
+    assert_eq!(harness.cache.block_table(seq).unwrap(), table.as_slice());
+    assert_eq!(harness.cache.layer(layer).unwrap().len(seq).unwrap(), len);
+}
+
+#[test]
+fn errors_name_the_sequence_the_argument_and_the_shapes() {
+    let shape = PagedShape { layers: 2, kv_heads: 2, key_dim: 3, value_dim: 5, block_size: 64, blocks: 2 };
+    let mut cache = PagedKvCache::<f32>::new(shape).unwrap();
+    let err = |e: qkv::AttentionError| e.to_string();
+    assert_eq!(err(cache.layer(2).err().unwrap()), "layer 2 is out of range: the KV cache has 2 layers");
+    let (a, b) = (cache.add_sequence(), cache.add_sequence());
+    let mut layer = cache.layer(1).unwrap();
+    let (k, v) = (Array3::<f32>::zeros((2, 3, 3)), Array3::<f32>::zeros((2, 3, 5)));
+    assert_eq!(
+        err(layer.append(a, k.view(), Array3::zeros((2, 2, 5)).view()).unwrap_err()),
+        "layer 1 of the paged KV cache takes values of shape [2, 3, 5], not [2, 2, 5]: one value for \
+         every key, one [n_new, value_dim] block per key/value head"
+    );
+    let mut bad = k.clone();
+    bad[[1, 2, 0]] = f32::NAN;
+    assert_eq!(
+        err(layer.append(a, bad.view(), v.view()).unwrap_err()),
+        "keys[1, 2, 0] is NaN: attention needs finite inputs"
+    );
+    assert_eq!(layer.len(a).unwrap(), 0, "a failed append writes nothing");
+    layer.append(a, k.view(), v.view()).unwrap();
+    let big = (Array3::<f32>::zeros((2, 126, 3)), Array3::<f32>::zeros((2, 126, 5)));
+    assert_eq!(
+        err(layer.append(a, big.0.view(), big.1.view()).unwrap_err()),
+        "appending 126 positions to sequence 0 (layer 1, holding 3) needs 2 free blocks but the pool \
+         has 1 of its 2: free finished sequences, or make the pool larger"
+    );
+    let q = Array3::<f32>::zeros((4, 2, 3));
+    assert_eq!(
+        err(layer.attend(&[a, b], &[0, 1, 2], q.view()).unwrap_err()),
+        "layer 1 of the paged KV cache takes the queries of sequences[1] (sequence 1) of shape [4, at \
+         most 0, 3], not [4, 1, 3]: the queries are the last positions held, so append their keys and \
+         values first"
+    );
+    for (offsets, why) in [
+        (&[0, 2][..], "one offset per sequence and one for the end"),
+        (&[1, 1, 2], "they start at 0 and end at the number of queries"),
+        (&[0, 1, 3], "they start at 0 and end at the number of queries"),
+        (&[0, 2, 1, 2], "one offset per sequence and one for the end"),
+    ] {
+        assert_eq!(
+            err(layer.attend(&[a, b], offsets, q.view()).unwrap_err()),
+            format!("query_offsets {:?} do not fit 2 sequences and 2 packed queries: {why}", offsets)
+        );
+    }
+    assert_eq!(
+        err(layer.attend(&[a, a, a], &[0, 2, 1, 2], q.view()).unwrap_err()),
+        "query_offsets [0, 2, 1, 2] do not fit 3 sequences and 2 packed queries: they never decrease"
+    );
+    assert_eq!(
+        err(layer.attend(&[a], &[0, 2], Array3::zeros((3, 2, 3)).view()).unwrap_err()),
+        "layer 1 of the paged KV cache takes queries of shape [2, 2, 3], not [3, 2, 3]: query heads a \
+         positive multiple of the key/value heads, each query as wide as the keys"
+    );
+    let mut out = Array3::zeros((4, 2, 4));
+    assert_eq!(
+        err(layer.attend_into(&[a], &[0, 2], q.view(), out.view_mut()).unwrap_err()),
+        "layer 1 of the paged KV cache takes output of shape [4, 2, 5], not [4, 2, 4]: one value-wide row per query"
+    );
+    assert_eq!(
+        err(cache.truncate(a, 4).unwrap_err()),
+        "sequence 0 holds 3 positions: it cannot be truncated to 4 (truncation only removes positions)"
+    );
+    cache.free(b).unwrap();
+    assert_eq!(
+        err(cache.fork(b).unwrap_err()),
+        "sequence 1 is not in the paged KV cache: it was freed, or comes from another cache"
+    );
+    assert!(cache.free(b).is_err(), "freeing twice is an error, not a double release");
+    // Keys and queries of 1e19: a score could reach 1e38, past what f32 holds with room to spare.
+    let huge = Array3::from_elem((2, 1, 3), 1e19_f32);
+    cache.layer(0).unwrap().append(a, huge.view(), Array3::zeros((2, 1, 5)).view()).unwrap();
+    assert_eq!(
+        err(cache
+            .layer(0)
+            .unwrap()
+            .attend(&[a], &[0, 1], Array3::from_elem((2, 1, 3), 1e19).view())
+            .unwrap_err()),
+        "layer 0 of the KV cache: its keys and values with these queries could overflow an f32 score or sum; \
+         scale the inputs down"
+    );
+    let level = SimdLevel::dispatched().unwrap();
+    let panel = PagedKvCache::<f32>::block_granularity(level).unwrap();
+    assert_eq!(
+        err(PagedKvCache::<f32>::new(PagedShape { block_size: panel + 1, ..shape }).err().unwrap()),
+        format!(
+            "block_size {} is not a multiple of {panel}, the key panel of the {level} kernels: a block \
+             holds whole panels (PagedKvCache::block_granularity gives the multiple)",
+            panel + 1
+        )
+    );
+    assert_eq!(
+        err(PagedKvCache::<f32>::new(PagedShape { blocks: 0, ..shape }).err().unwrap()),
+        "the paged KV cache's shape [layers, kv_heads, key_dim, value_dim, block_size, blocks] [2, 2, 3, 5, 64, 0] \
+         is empty: a pool needs at least one layer, key/value head and block, blocks of at least one position, \
+         and keys and values at least one component wide"
+    );
+}
+
+#[test]
+fn a_pool_too_large_to_allocate_is_an_error_not_a_panic() {
+    // usize::MAX blocks overflow the size arithmetic; 2^32 blocks overflow the block table's
+    // entries; 2^24 blocks of a real model's 64 positions need 2^47 bytes, which the allocator
+    // refuses whatever the machine's memory.
+    let model =
+        PagedShape { layers: 32, kv_heads: 8, key_dim: 128, value_dim: 128, block_size: 64, blocks: 1 << 24 };
+    for (shape, why) in [
+        (
+            PagedShape { blocks: usize::MAX / 2, layers: 1, ..model },
+            "more blocks than a block table's u32 entries name",
+        ),
+        (
+            PagedShape { blocks: 1 << 31, block_size: 1 << 40, ..model },
+            "more than an address space holds (isize::MAX bytes)",
+        ),
+        (model, "which the allocator refused"),
+    ] {
+        for level in levels() {
+            let message = PagedKvCache::<f32>::for_level(shape, level).err().expect("too large").to_string();
+            assert!(message.starts_with("PagedKvCache shape ["), "{message}");
+            assert!(message.contains(why), "{message}");
+        }
+        assert!(PagedKvCache::<half::bf16>::new(shape).is_err());
+    }
+}
+
+/// A ragged batch over a cache of `E` (half precision): each sequence's rows must match full
+/// attention in f32 over the same rounded keys, values and queries.
+fn check_half_precision<E: qkv::Storage>(level: SimdLevel, seed: u64) {
+    let block_size = PagedKvCache::<E>::block_granularity(level).unwrap();
+    let shape = PagedShape { layers: 1, kv_heads: 2, key_dim: 16, value_dim: 12, block_size, blocks: 64 };
+    let mut cache = PagedKvCache::<E>::for_level(shape, level).unwrap();
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut rounded = |heads, n, d| {
+        Array3::from_shape_simple_fn((heads, n, d), || E::from_f32(rng.random_range(-1.0..1.0)))
+    };
+    let lengths = [1, 2 * block_size + 1, 150];
+    let n_queries = [1, 3, 2];
+    let held: Vec<(SequenceId, Array3<E>, Array3<E>)> = lengths
+        .iter()
+        .map(|&len| {
+            let seq = cache.add_sequence();
+            let (k, v) = (rounded(2, len, 16), rounded(2, len, 12));
+            cache.layer(0).unwrap().append(seq, k.view(), v.view()).unwrap();
+            (seq, k, v)
+        })
+        .collect();
+    let q = rounded(4, n_queries.iter().sum(), 16);
+    let sequences: Vec<SequenceId> = held.iter().map(|(seq, _, _)| *seq).collect();
+    let offsets = [0, 1, 4, 6];
+    let got = cache.layer(0).unwrap().attend(&sequences, &offsets, q.view()).unwrap();
+    let widen = |a: &Array3<E>| a.mapv(E::to_f32);
+    let options = AttentionOptions::new().causal(CausalMask::BottomRight).simd(level);
+    for (i, (_, k, v)) in held.iter().enumerate() {
+        let q = widen(&q.slice(s![.., offsets[i]..offsets[i + 1], ..]).to_owned());
+        let (k, v) = (widen(k), widen(v));
+        for h in 0..4 {
+            let (qh, kh, vh) =
+                (q.slice(s![h, .., ..]), k.slice(s![h / 2, .., ..]), v.slice(s![h / 2, .., ..]));
+            let want = qkv::reference::attention(qh, kh, vh, &options).unwrap();
+            let (_, bound) = error_bound(&want, &vh.to_owned());
+            let got = got.slice(s![h, offsets[i]..offsets[i + 1], ..]).to_owned();
+            assert_close(&format!("{level} {} sequences[{i}] head {h}", E::NAME), &got, &want.output, bound);
+        }
+    }
+}
+
+#[test]
+fn half_precision_caches_match_full_attention_over_the_rounded_values() {
+    for (seed, level) in levels().into_iter().enumerate() {
+        check_half_precision::<half::bf16>(level, seed as u64);
+        check_half_precision::<half::f16>(level, 10 + seed as u64);
+    }
+}
