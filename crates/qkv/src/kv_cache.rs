@@ -18,7 +18,7 @@ use ndarray::{Array2, Array3, ArrayView1, ArrayView2, ArrayView3, ArrayViewMut2,
 use crate::cache_options::CacheOptions;
 use crate::error::{AttentionError, Dims};
 use crate::flash::{self, CachedCall, CachedKeys, CachedProblem};
-use crate::kernels::{Buffer, Element, Isa, Job, Kernels};
+use crate::kernels::{self, Buffer, Element, Isa, Job, Kernels};
 use crate::partial::PartialAttention;
 use crate::shape::{Magnitudes, Shape, finite_magnitude};
 use crate::simd::{self, SimdLevel};
@@ -354,14 +354,10 @@ impl<E: Storage> CacheLayer<'_, E> {
         for (head, (k, v)) in store.heads.iter_mut().zip(k.outer_iter().zip(v.outer_iter())) {
             for (j, (key, value)) in k.outer_iter().zip(v.outer_iter()).enumerate() {
                 let position = len + j;
-                // Component `c` of the key sits in lane `position % key_panel` of row `c` of its panel.
                 let panel =
                     &mut head.panels[position / key_panel * key_panel * key_dim..][..key_panel * key_dim];
-                for (slot, &x) in panel[position % key_panel..].iter_mut().step_by(key_panel).zip(key) {
-                    *slot = x;
-                }
-                let row = &mut head.values[position * value_stride..][..value_dim];
-                row.iter_mut().zip(value).for_each(|(slot, &x)| *slot = x);
+                kernels::write_key_lane(key, position % key_panel, key_panel, panel);
+                kernels::pack_value_row(value, &mut head.values[position * value_stride..]);
             }
         }
         store.len += n_new;
