@@ -112,10 +112,12 @@ pub(crate) struct LayoutOf {
 }
 
 impl<E: Element> Job<E> for LayoutOf {
-    type Output = Layout;
+    /// `None` when the padded value row would not fit a `usize`.
+    type Output = Option<Layout>;
 
-    fn run<K: Kernels<E::Compute, E>>(self, _: K) -> Layout {
-        Layout { key_panel: K::KEY_PANEL, value_stride: self.value_dim.next_multiple_of(K::LANES) }
+    fn run<K: Kernels<E::Compute, E>>(self, _: K) -> Option<Layout> {
+        let value_stride = self.value_dim.checked_next_multiple_of(K::LANES)?;
+        Some(Layout { key_panel: K::KEY_PANEL, value_stride })
     }
 }
 
@@ -171,13 +173,14 @@ impl<E: Storage> KvCache<E> {
             });
         }
         let isa = simd::kernels_for(Some(level))?;
-        let layout = isa.run::<E, _>(LayoutOf { value_dim });
         let too_large = |bytes, why| AttentionError::CacheTooLarge {
             shape: Dims(vec![layers, kv_heads, capacity, key_dim, value_dim]),
             storage: E::NAME,
             bytes,
             why,
         };
+        let address_space = "which is more than an address space holds (isize::MAX bytes)";
+        let layout = isa.run::<E, _>(LayoutOf { value_dim }).ok_or_else(|| too_large(None, address_space))?;
         // Each head's two buffers, in elements, and the whole cache in bytes, bookkeeping
         // included: a capacity the caller chose may overflow any of them.
         let panels = capacity.checked_next_multiple_of(layout.key_panel).and_then(|c| c.checked_mul(key_dim));
@@ -190,7 +193,7 @@ impl<E: Storage> KvCache<E> {
             head.checked_mul(kv_heads)?.checked_add(size_of::<LayerStore<E>>())?.checked_mul(layers)
         });
         let (Some(panels), Some(values), Some(bytes @ ..=ISIZE_MAX)) = (panels, values, bytes) else {
-            return Err(too_large(bytes, "which is more than an address space holds (isize::MAX bytes)"));
+            return Err(too_large(bytes, address_space));
         };
         let refused = |_| too_large(Some(bytes), "which the allocator refused");
         // The whole size is asked for once before any buffer is written: a cache larger than the

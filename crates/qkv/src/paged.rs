@@ -256,12 +256,13 @@ impl<E: Storage> PagedKvCache<E> {
             });
         }
         let isa = simd::kernels_for(Some(level))?;
-        let layout = isa.run::<E, _>(LayoutOf { value_dim });
+        let too_large =
+            |bytes, why| AttentionError::PagedTooLarge { shape: shape.dims(), storage: E::NAME, bytes, why };
+        let address_space = "which is more than an address space holds (isize::MAX bytes)";
+        let layout = isa.run::<E, _>(LayoutOf { value_dim }).ok_or_else(|| too_large(None, address_space))?;
         if block_size % layout.key_panel != 0 {
             return Err(AttentionError::BlockSize { block_size, key_panel: layout.key_panel, level });
         }
-        let too_large =
-            |bytes, why| AttentionError::PagedTooLarge { shape: shape.dims(), storage: E::NAME, bytes, why };
         if u32::try_from(blocks).is_err() {
             return Err(too_large(None, "which is more blocks than a block table's u32 entries name"));
         }
@@ -274,7 +275,7 @@ impl<E: Storage> PagedKvCache<E> {
         let (Some(head_stride), Some(block_stride), Some(scalars), Some(bytes @ ..=ISIZE_MAX)) =
             (head_stride, block_stride, scalars, bytes)
         else {
-            return Err(too_large(bytes, "which is more than an address space holds (isize::MAX bytes)"));
+            return Err(too_large(bytes, address_space));
         };
         let refused = |_| too_large(Some(bytes), "which the allocator refused");
         let storage = Buffer::try_zeros(scalars).map_err(refused)?;
@@ -310,7 +311,8 @@ impl<E: Storage> PagedKvCache<E> {
     /// ```
     pub fn block_granularity(level: SimdLevel) -> Result<usize, AttentionError> {
         let isa = simd::kernels_for(Some(level))?;
-        Ok(isa.run::<E, _>(LayoutOf { value_dim: 1 }).key_panel)
+        let layout = isa.run::<E, _>(LayoutOf { value_dim: 1 }).expect("one value component fits");
+        Ok(layout.key_panel)
     }
 
     /// The sizes the cache was made with.

@@ -227,3 +227,25 @@ fn a_cache_too_large_to_allocate_is_an_error_not_a_panic() {
         )
     );
 }
+
+/// A value row too wide to pad to whole vectors (`value_dim` near `usize::MAX`) is the same
+/// error as any cache too large, for the single-sequence cache and the paged pool alike; the
+/// padding once overflowed and panicked.
+#[test]
+fn a_value_row_too_wide_to_pad_is_an_error_not_a_panic() {
+    for value_dim in [usize::MAX, usize::MAX - 3] {
+        for level in levels() {
+            // With no capacity such a cache holds nothing and may be made; it must not panic.
+            let empty = CacheShape { layers: 1, kv_heads: 1, capacity: 0, key_dim: 4, value_dim };
+            let _ = KvCache::<f32>::for_level(empty, level);
+            let shape = CacheShape { capacity: 1, ..empty };
+            let message = KvCache::<f32>::for_level(shape, level).err().expect("too wide").to_string();
+            assert!(message.contains("more than an address space holds"), "{message}");
+            let paged =
+                qkv::PagedShape { layers: 1, kv_heads: 1, key_dim: 4, value_dim, block_size: 64, blocks: 4 };
+            let message =
+                qkv::PagedKvCache::<f32>::for_level(paged, level).err().expect("too wide").to_string();
+            assert!(message.contains("more than an address space holds"), "{message}");
+        }
+    }
+}
