@@ -9,7 +9,7 @@ use crate::blocked;
 use crate::error::{AttentionError, Dims};
 use crate::flash;
 use crate::inputs;
-use crate::kernels::Isa;
+use crate::kernels::Element;
 use crate::mask::{AttentionOptions, MaskSet};
 use crate::partial::PartialAttention;
 use crate::real::Real;
@@ -118,10 +118,7 @@ pub fn attention<T: Real>(
     v: ArrayView2<T>,
     options: &AttentionOptions<T>,
 ) -> Result<Array2<T>, AttentionError> {
-    let shape = Shape::of_dims(q.shape(), k.shape(), v.shape())?;
-    let mut out = Array2::zeros((shape.n_queries, shape.value_dim));
-    attend_output(&shape, q, k, v, options, out.view_mut(), None)?;
-    Ok(out)
+    output(q, k, v, options)
 }
 
 /// Like [`attention`], writing the output into `out` (`[n_queries, d_v]`) without allocating it.
@@ -146,14 +143,7 @@ pub fn attention_into<T: Real>(
     options: &AttentionOptions<T>,
     out: ArrayViewMut2<T>,
 ) -> Result<(), AttentionError> {
-    let shape = Shape::of_dims(q.shape(), k.shape(), v.shape())?;
-    if out.shape() != [shape.n_queries, shape.value_dim] {
-        return Err(AttentionError::OutputShape {
-            expected: Dims(vec![shape.n_queries, shape.value_dim]),
-            found: out.shape().into(),
-        });
-    }
-    attend_output(&shape, q, k, v, options, out, None)
+    output_into(q, k, v, options, out)
 }
 
 /// Like [`attention`], also returning each row's logsumexp (see [`PartialAttention`]), so that
@@ -176,6 +166,47 @@ pub fn attention_with_lse<T: Real>(
     v: ArrayView2<T>,
     options: &AttentionOptions<T>,
 ) -> Result<PartialAttention<T>, AttentionError> {
+    output_with_lse(q, k, v, options)
+}
+
+/// [`attention`] over inputs stored as `E`: `T` itself, or a half-precision format under f32.
+pub(crate) fn output<T: Real, E: Element<Compute = T>>(
+    q: ArrayView2<E>,
+    k: ArrayView2<E>,
+    v: ArrayView2<E>,
+    options: &AttentionOptions<T>,
+) -> Result<Array2<T>, AttentionError> {
+    let shape = Shape::of_dims(q.shape(), k.shape(), v.shape())?;
+    let mut out = Array2::zeros((shape.n_queries, shape.value_dim));
+    attend_output(&shape, q, k, v, options, out.view_mut(), None)?;
+    Ok(out)
+}
+
+/// [`attention_into`] over inputs stored as `E` into an output stored as `O`.
+pub(crate) fn output_into<T: Real, E: Element<Compute = T>, O: Element<Compute = T>>(
+    q: ArrayView2<E>,
+    k: ArrayView2<E>,
+    v: ArrayView2<E>,
+    options: &AttentionOptions<T>,
+    out: ArrayViewMut2<O>,
+) -> Result<(), AttentionError> {
+    let shape = Shape::of_dims(q.shape(), k.shape(), v.shape())?;
+    if out.shape() != [shape.n_queries, shape.value_dim] {
+        return Err(AttentionError::OutputShape {
+            expected: Dims(vec![shape.n_queries, shape.value_dim]),
+            found: out.shape().into(),
+        });
+    }
+    attend_output(&shape, q, k, v, options, out, None)
+}
+
+/// [`attention_with_lse`] over inputs stored as `E`.
+pub(crate) fn output_with_lse<T: Real, E: Element<Compute = T>>(
+    q: ArrayView2<E>,
+    k: ArrayView2<E>,
+    v: ArrayView2<E>,
+    options: &AttentionOptions<T>,
+) -> Result<PartialAttention<T>, AttentionError> {
     let shape = Shape::of_dims(q.shape(), k.shape(), v.shape())?;
     let mut output = Array2::zeros((shape.n_queries, shape.value_dim));
     let mut logsumexp = Array1::zeros(shape.n_queries);
@@ -183,15 +214,19 @@ pub fn attention_with_lse<T: Real>(
     Ok(PartialAttention { output, logsumexp })
 }
 
-/// Output-only attention for a problem whose shapes are checked. Decoding checks its keys and
-/// values as it reads them (see [`decode_checked`]); everything else checks its inputs first.
-fn attend_output<T: Real>(
+/// Output-only attention for a problem whose shapes are checked, over inputs stored as `E` into
+/// an output stored as `O` (each `T` itself, or a half-precision format under `T = f32`).
+/// Decoding checks its keys and values as it reads them (see [`decode_checked`]); everything else
+/// checks its inputs first, then takes the tiled path, unless an intermediate could overflow:
+/// then the blocked path runs (on the inputs in `T`), which also names the query whose score
+/// overflows.
+fn attend_output<T: Real, E: Element<Compute = T>, O: Element<Compute = T>>(
     shape: &Shape,
-    q: ArrayView2<T>,
-    k: ArrayView2<T>,
-    v: ArrayView2<T>,
+    q: ArrayView2<E>,
+    k: ArrayView2<E>,
+    v: ArrayView2<E>,
     options: &AttentionOptions<T>,
-    mut out: ArrayViewMut2<T>,
+    mut out: ArrayViewMut2<O>,
     mut lse: Option<ArrayViewMut1<T>>,
 ) -> Result<(), AttentionError> {
     let masks = options.resolve(shape)?;
@@ -207,7 +242,12 @@ fn attend_output<T: Real>(
     }
     let checked = inputs::check(&q, k, v, &|_| masks.seen_keys())?;
     let (k, v) = (checked.k.view(), checked.v.view());
-    run(shape, &checked.magnitudes, Head { q, k, v, masks }, kernels, out, lse)
+    if flash::stays_finite(shape, &checked.magnitudes, &masks) {
+        flash::attend(kernels, shape, 1, vec![flash::Head { q, k, v, out, lse, masks }]);
+        return Ok(());
+    }
+    let (q, k, v) = (E::computed(q), E::computed(k), E::computed(v));
+    blocked::attend(shape, q.view(), k.view(), v.view(), &masks, out, lse, None)
 }
 
 /// Whether a decoding step's result stands: every key and value it read was finite, and with the
@@ -262,32 +302,4 @@ pub fn attention_with_weights<T: Real>(
     let (k, v) = (checked.k.view(), checked.v.view());
     blocked::attend(&shape, q, k, v, &masks, out.view_mut(), None, matrices)?;
     Ok(Attention { scores: Scores(scores), weights: AttentionWeights(weights), output: out })
-}
-
-/// One head of a checked problem: its inputs (keys and values as the paths may read them) and
-/// its masks.
-pub(crate) struct Head<'a, T> {
-    pub(crate) q: ArrayView2<'a, T>,
-    pub(crate) k: ArrayView2<'a, T>,
-    pub(crate) v: ArrayView2<'a, T>,
-    pub(crate) masks: MaskSet<'a, T>,
-}
-
-/// Hands one checked head to a path: the tiled path, unless an intermediate could overflow (then
-/// the blocked path runs, which also names the query whose score overflows).
-pub(crate) fn run<T: Real>(
-    shape: &Shape,
-    magnitudes: &Magnitudes,
-    head: Head<'_, T>,
-    kernels: Isa,
-    out: ArrayViewMut2<T>,
-    lse: Option<ArrayViewMut1<T>>,
-) -> Result<(), AttentionError> {
-    let Head { q, k, v, masks } = head;
-    if flash::stays_finite(shape, magnitudes, &masks) {
-        flash::attend(kernels, shape, 1, vec![flash::Head { q, k, v, out, lse, masks }]);
-        Ok(())
-    } else {
-        blocked::attend(shape, q, k, v, &masks, out, lse, None)
-    }
 }

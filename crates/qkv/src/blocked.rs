@@ -7,6 +7,7 @@ use ndarray::{Array2, ArrayView2, ArrayViewMut1, ArrayViewMut2, Axis, s};
 use rayon::prelude::*;
 
 use crate::error::AttentionError;
+use crate::kernels::Element;
 use crate::mask::MaskSet;
 use crate::real::Real;
 use crate::shape::Shape;
@@ -24,16 +25,17 @@ struct Block<T> {
     scores: Option<Array2<T>>,
 }
 
-/// Computes attention for a checked problem into `out`, and into `lse` (each row's logsumexp) and
-/// `matrices` (scores, weights) when asked.
+/// Computes attention for a checked problem into `out` (each row rounded once to `O`, when that
+/// is a half-precision format), and into `lse` (each row's logsumexp) and `matrices` (scores,
+/// weights) when asked.
 #[allow(clippy::too_many_arguments)] // one checked problem and its outputs
-pub(crate) fn attend<T: Real>(
+pub(crate) fn attend<T: Real, O: Element<Compute = T>>(
     shape: &Shape,
     q: ArrayView2<T>,
     k: ArrayView2<T>,
     v: ArrayView2<T>,
     masks: &MaskSet<'_, T>,
-    mut out: ArrayViewMut2<T>,
+    mut out: ArrayViewMut2<O>,
     mut lse: Option<ArrayViewMut1<T>>,
     matrices: Option<(ArrayViewMut2<T>, ArrayViewMut2<T>)>,
 ) -> Result<(), AttentionError> {
@@ -51,7 +53,7 @@ pub(crate) fn attend<T: Real>(
     let (mut scores, mut weights) = matrices.unzip();
     for (b, block) in blocks.into_iter().enumerate() {
         let rows = s![b * QUERY_BLOCK..b * QUERY_BLOCK + block.output.nrows(), ..];
-        out.slice_mut(rows).assign(&block.output);
+        out.slice_mut(rows).zip_mut_with(&block.output, |o, &x| *o = O::narrow(x));
         if let Some(lse) = lse.as_mut() {
             let first = b * QUERY_BLOCK;
             lse.slice_mut(s![first..first + block.logsumexp.len()])

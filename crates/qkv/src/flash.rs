@@ -68,12 +68,13 @@ pub(crate) fn stays_finite<T: Real>(shape: &Shape, magnitudes: &Magnitudes, mask
 /// checking beforehand.
 ///
 /// Inputs stored as `E` (a half-precision format, say) are widened to `T` as the kernels load
-/// them; everything else is computed in `T`.
-pub(crate) fn attend<T: Real, E: Element<Compute = T>>(
+/// them; everything else is computed in `T`. Each output row is stored as `O` once it is
+/// finished (normalised in `T`, then rounded once).
+pub(crate) fn attend<T: Real, E: Element<Compute = T>, O: Element<Compute = T>>(
     isa: Isa,
     shape: &Shape,
     rows_per_query: usize,
-    heads: Vec<Head<'_, '_, T, E>>,
+    heads: Vec<Head<'_, '_, T, E, O>>,
 ) -> Option<Measured<T>> {
     let heads = heads
         .into_iter()
@@ -143,14 +144,15 @@ pub(crate) fn attend_paged<T: Real, E: Element<Compute = T>>(
 type SplitItem = (usize, usize, usize, Range<usize>);
 
 /// A work item of the tiled path: head `.0`'s query blocks, each with its index and output.
-type HeadBlocks<'b, 'out, T> = (usize, Vec<(usize, &'b mut OutBlock<'out, T>)>);
+type HeadBlocks<'b, 'out, T, O> = (usize, Vec<(usize, &'b mut OutBlock<'out, T, O>)>);
 
-/// One head of a call to [`attend`]: inputs stored as `E`, the output in `T`.
-pub(crate) struct Head<'p, 'out, T, E = T> {
+/// One head of a call to [`attend`]: inputs stored as `E`, the output stored as `O` (both `T`
+/// itself, or a half-precision format), computed in `T`.
+pub(crate) struct Head<'p, 'out, T, E = T, O = T> {
     pub(crate) q: ArrayView2<'p, E>,
     pub(crate) k: ArrayView2<'p, E>,
     pub(crate) v: ArrayView2<'p, E>,
-    pub(crate) out: ArrayViewMut2<'out, T>,
+    pub(crate) out: ArrayViewMut2<'out, O>,
     /// Each row's logsumexp `m + ln l`, when asked for.
     pub(crate) lse: Option<ArrayViewMut1<'out, T>>,
     pub(crate) masks: MaskSet<'p, T>,
@@ -264,17 +266,17 @@ impl<'p, E> PagedKeys<'p, E> {
 }
 
 /// One head's operands inside a call, wherever its keys come from.
-struct Operands<'p, 'out, T, E> {
+struct Operands<'p, 'out, T, E, O> {
     q: ArrayView2<'p, E>,
     source: Source<'p, E>,
-    out: ArrayViewMut2<'out, T>,
+    out: ArrayViewMut2<'out, O>,
     lse: Option<ArrayViewMut1<'out, T>>,
     masks: MaskSet<'p, T>,
 }
 
-/// The output rows of one query block, and their logsumexp when asked for.
-struct OutBlock<'out, T> {
-    out: ArrayViewMut2<'out, T>,
+/// The output rows of one query block (stored as `O`), and their logsumexp when asked for.
+struct OutBlock<'out, T, O = T> {
+    out: ArrayViewMut2<'out, O>,
     lse: Option<ArrayViewMut1<'out, T>>,
 }
 
@@ -308,20 +310,20 @@ impl<T: Real> Measured<T> {
 }
 
 /// One call's operands, waiting for its kernels.
-struct Attend<'p, 'out, T: Real, E> {
+struct Attend<'p, 'out, T: Real, E, O> {
     shape: Shape,
     rows_per_query: usize,
-    heads: Vec<Operands<'p, 'out, T, E>>,
+    heads: Vec<Operands<'p, 'out, T, E, O>>,
 }
 
-impl<T: Real, E: Element<Compute = T>> Job<E> for Attend<'_, '_, T, E> {
+impl<T: Real, E: Element<Compute = T>, O: Element<Compute = T>> Job<E> for Attend<'_, '_, T, E, O> {
     type Output = Option<Measured<T>>;
 
     fn run<K: Kernels<T, E>>(self, kernels: K) -> Option<Measured<T>> {
         let Attend { shape, rows_per_query, heads } = self;
         let n_rows = shape.n_queries * rows_per_query;
         let mut problems = Vec::with_capacity(heads.len());
-        let mut blocks: Vec<Vec<OutBlock<T>>> = Vec::with_capacity(heads.len());
+        let mut blocks: Vec<Vec<OutBlock<T, O>>> = Vec::with_capacity(heads.len());
         for Operands { q, source, out, lse, masks } in heads {
             let key_rows = match &source {
                 Source::Rows { k, .. } => k.to_slice().filter(|_| decodes(n_rows, k)),
@@ -348,7 +350,7 @@ impl<T: Real, E: Element<Compute = T>> Job<E> for Attend<'_, '_, T, E> {
             // with block n-1-i, every pair costing about the same. Otherwise every block is an
             // item of its own, the finest split. Items are taken one at a time, so both cores stay
             // busy to the end.
-            let mut items: Vec<HeadBlocks<T>> = Vec::new();
+            let mut items: Vec<HeadBlocks<T, O>> = Vec::new();
             for (h, blocks) in blocks.iter_mut().enumerate() {
                 let n = blocks.len();
                 if problems[h].masks.is_causal() {
@@ -362,7 +364,7 @@ impl<T: Real, E: Element<Compute = T>> Job<E> for Attend<'_, '_, T, E> {
                     items.extend(blocks.iter_mut().enumerate().map(|block| (h, vec![block])));
                 }
             }
-            let attend_item = |scratch: &mut Scratch<T>, (h, item): HeadBlocks<T>| {
+            let attend_item = |scratch: &mut Scratch<T>, (h, item): HeadBlocks<T, O>| {
                 let mut measured = Measured::nothing();
                 for (b, out_block) in item {
                     let rows = out_block.out.nrows();
@@ -996,9 +998,10 @@ impl<T: Real> State<T> {
         }
     }
 
-    /// Writes `o / l` into the block's output, and `m + ln l` into its logsumexp when asked for;
-    /// a row with nothing visible (`l = 0`) gets zeros and a logsumexp of `-inf`.
-    fn write(&self, block: &mut OutBlock<T>) {
+    /// Writes `o / l` into the block's output, rounded once to the output's type, and `m + ln l`
+    /// into its logsumexp when asked for; a row with nothing visible (`l = 0`) gets zeros and a
+    /// logsumexp of `-inf`.
+    fn write<O: Element<Compute = T>>(&self, block: &mut OutBlock<T, O>) {
         if let Some(lse) = &mut block.lse {
             for ((lse, &m), &l) in lse.iter_mut().zip(&self.m).zip(&self.l) {
                 *lse = if l > T::zero() { m + l.ln() } else { T::neg_infinity() };
@@ -1007,7 +1010,8 @@ impl<T: Real> State<T> {
         for (r, mut out_row) in block.out.rows_mut().into_iter().enumerate() {
             let l = self.l[r];
             let o = &self.o[r * self.o_stride..];
-            let divide = |(x, &acc): (&mut T, &T)| *x = if l > T::zero() { acc / l } else { T::zero() };
+            let divide =
+                |(x, &acc): (&mut O, &T)| *x = O::narrow(if l > T::zero() { acc / l } else { T::zero() });
             // A contiguous row as a slice, so that the divisions vectorise.
             match out_row.as_slice_mut() {
                 Some(row) => row.iter_mut().zip(o).for_each(divide),

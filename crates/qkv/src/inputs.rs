@@ -9,11 +9,12 @@
 use ndarray::{ArrayView, Axis, CowArray, Dimension};
 
 use crate::error::{AttentionError, Dims};
+use crate::kernels::Element;
 use crate::real::Real;
 use crate::shape::{Magnitudes, finite_magnitude};
 
 /// Keys and values as the paths may read them (the caller's own, or copies with the unseen rows
-/// zeroed), and the largest magnitudes of the inputs.
+/// zeroed, in the caller's element type), and the largest magnitudes of the inputs.
 pub(crate) struct Inputs<'a, T, D: Dimension> {
     pub(crate) k: CowArray<'a, T, D>,
     pub(crate) v: CowArray<'a, T, D>,
@@ -23,13 +24,13 @@ pub(crate) struct Inputs<'a, T, D: Dimension> {
 /// Checks `q` (`[.., n_q, d_k]`), `k` (`[.., n_k, d_k]`) and `v` (`[.., n_k, d_v]`): the queries
 /// must be finite, the keys and values wherever they are seen. `seen(index)` says which keys of
 /// the matrix at leading index `index` (empty for a single head, `[b, kv_head]` for multi-head)
-/// some query sees.
-pub(crate) fn check<'a, T: Real, D: Dimension>(
-    q: &ArrayView<T, D>,
-    k: ArrayView<'a, T, D>,
-    v: ArrayView<'a, T, D>,
+/// some query sees. Elements may be stored in a half-precision format (`E`), measured widened.
+pub(crate) fn check<'a, T: Real, E: Element<Compute = T>, D: Dimension>(
+    q: &ArrayView<E, D>,
+    k: ArrayView<'a, E, D>,
+    v: ArrayView<'a, E, D>,
     seen: &dyn Fn(&[usize]) -> Vec<bool>,
-) -> Result<Inputs<'a, T, D>, AttentionError> {
+) -> Result<Inputs<'a, E, D>, AttentionError> {
     let queries = finite_magnitude("queries", q)?;
     let (k, keys) = seen_rows_finite("keys", k, seen)?;
     let (v, values) = seen_rows_finite("values", v, seen)?;
@@ -38,11 +39,11 @@ pub(crate) fn check<'a, T: Real, D: Dimension>(
 
 /// `x` and its largest magnitude if every element is finite; otherwise a copy whose rows no query
 /// sees are zero, or the error naming the first non-finite element of a row that is seen.
-fn seen_rows_finite<'a, T: Real, D: Dimension>(
+fn seen_rows_finite<'a, T: Real, E: Element<Compute = T>, D: Dimension>(
     argument: &'static str,
-    x: ArrayView<'a, T, D>,
+    x: ArrayView<'a, E, D>,
     seen: &dyn Fn(&[usize]) -> Vec<bool>,
-) -> Result<(CowArray<'a, T, D>, f64), AttentionError> {
+) -> Result<(CowArray<'a, E, D>, f64), AttentionError> {
     if let Ok(magnitude) = finite_magnitude(argument, &x) {
         return Ok((CowArray::from(x), magnitude));
     }
@@ -62,13 +63,13 @@ fn seen_rows_finite<'a, T: Real, D: Dimension>(
         let seen = seen(&index);
         for (j, mut row) in slab.axis_iter_mut(Axis(0)).enumerate() {
             if !seen[j] {
-                row.fill(T::zero());
-            } else if let Some((c, value)) = row.iter().enumerate().find(|(_, x)| !x.is_finite()) {
+                row.fill(E::default());
+            } else if let Some((c, value)) = row.iter().enumerate().find(|(_, x)| !x.widen().is_finite()) {
                 index.extend([j, c]);
                 return Err(AttentionError::NonFinite {
                     argument,
                     index: Dims(index),
-                    value: value.to_f64_exact(),
+                    value: value.widen().to_f64_exact(),
                 });
             }
         }

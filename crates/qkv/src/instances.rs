@@ -39,6 +39,6 @@ pub fn entry_points() -> [*const (); 20] {
         KvCache::<f32>::layer as *const (),
         CacheLayer::<f32>::append as *const (),
         CacheLayer::<f32>::attend::<f32> as *const (),
-        CacheLayer::<f32>::attend_into::<f32> as *const (),
+        CacheLayer::<f32>::attend_into::<f32, f32> as *const (),
     ]
 }

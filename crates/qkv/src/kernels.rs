@@ -32,7 +32,7 @@ mod avx512;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
-use ndarray::ArrayView2;
+use ndarray::{ArrayView, ArrayView2, CowArray, Dimension};
 
 use crate::real::Real;
 use crate::simd::SimdLevel;
@@ -53,6 +53,14 @@ pub trait Element: wide::bytemuck::Pod + Send + Sync + Default + 'static {
     /// This element in the compute type, exactly (every bf16 and f16 is an f32).
     fn widen(self) -> Self::Compute;
 
+    /// `x` rounded to this type (to nearest, ties to even; beyond the type's range, `±inf`): how
+    /// a finished output row is stored in a half-precision output, rounded once.
+    fn narrow(x: Self::Compute) -> Self;
+
+    /// `a` in the compute type: `a` itself for f32 and f64, a widened copy for a half-precision
+    /// format. For the paths that compute in the compute type alone (the blocked fallback).
+    fn computed<D: Dimension>(a: ArrayView<'_, Self, D>) -> CowArray<'_, Self::Compute, D>;
+
     /// Runs `job` with this element type's kernels of the level `isa` stands for.
     fn dispatch<J: Job<Self>>(isa: Isa, job: J) -> J::Output;
 }
@@ -60,7 +68,7 @@ pub trait Element: wide::bytemuck::Pod + Send + Sync + Default + 'static {
 /// Implements [`Element`] for one type: the dispatch is the same code for every type, but each
 /// type needs the compiler to see that every level's token implements `Kernels` for it.
 macro_rules! element {
-    ($t:ty, $line:ty, $compute:ty, $widen:expr) => {
+    ($t:ty, $line:ty, $compute:ty, $widen:expr, $narrow:expr, $computed:expr) => {
         impl Element for $t {
             type Line = $line;
             type Compute = $compute;
@@ -68,6 +76,15 @@ macro_rules! element {
             #[inline(always)]
             fn widen(self) -> $compute {
                 $widen(self)
+            }
+
+            #[inline(always)]
+            fn narrow(x: $compute) -> $t {
+                $narrow(x)
+            }
+
+            fn computed<D: Dimension>(a: ArrayView<'_, $t, D>) -> CowArray<'_, $compute, D> {
+                $computed(a)
             }
 
             fn dispatch<J: Job<Self>>(isa: Isa, job: J) -> J::Output {
@@ -82,10 +99,15 @@ macro_rules! element {
         }
     };
 }
-element!(f32, wide::f32x16, f32, std::convert::identity);
-element!(f64, wide::f64x8, f64, std::convert::identity);
-element!(half::bf16, wide::f32x16, f32, half::bf16::to_f32);
-element!(half::f16, wide::f32x16, f32, half::f16::to_f32);
+element!(f32, wide::f32x16, f32, std::convert::identity, std::convert::identity, CowArray::from);
+element!(f64, wide::f64x8, f64, std::convert::identity, std::convert::identity, CowArray::from);
+element!(half::bf16, wide::f32x16, f32, half::bf16::to_f32, half::bf16::from_f32, widened_copy);
+element!(half::f16, wide::f32x16, f32, half::f16::to_f32, half::f16::from_f32, widened_copy);
+
+/// A copy of `a` widened to the compute type: [`Element::computed`] for a half-precision format.
+fn widened_copy<E: Element, D: Dimension>(a: ArrayView<'_, E, D>) -> CowArray<'_, E::Compute, D> {
+    CowArray::from(a.mapv(E::widen))
+}
 
 /// An instruction-set level that this CPU runs, with the token that proves it.
 #[derive(Debug, Clone, Copy)]

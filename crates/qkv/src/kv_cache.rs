@@ -394,7 +394,9 @@ impl<E: Storage> CacheLayer<'_, E> {
         self.attend_with(q, &CacheOptions::new())
     }
 
-    /// Like [`attend`](Self::attend), writing the output into `out` (`[query_heads, n_q, d_v]`).
+    /// Like [`attend`](Self::attend), writing the output into `out` (`[query_heads, n_q, d_v]`)
+    /// of f32, bf16 or f16 ([`Storage`]): each row is computed in f32 and rounded once to `O`
+    /// (as `O::from_f32` rounds), never accumulated in half precision.
     /// If the call fails, `out` may hold anything. After a first step of the same shape, a step
     /// allocates nothing on the heap: not when it runs on the calling thread alone (a small step,
     /// or a pool of one thread), nor when it shares its work with the pool from a thread of the
@@ -412,10 +414,10 @@ impl<E: Storage> CacheLayer<'_, E> {
     /// assert!(out.iter().all(|&x| x == 1.0));
     /// # Ok::<(), qkv::AttentionError>(())
     /// ```
-    pub fn attend_into<Q: Storage>(
+    pub fn attend_into<Q: Storage, O: Storage>(
         &mut self,
         q: ArrayView3<Q>,
-        out: ArrayViewMut3<f32>,
+        out: ArrayViewMut3<O>,
     ) -> Result<(), AttentionError> {
         self.attend_with_into(q, &CacheOptions::new(), out, None)
     }
@@ -486,8 +488,9 @@ impl<E: Storage> CacheLayer<'_, E> {
         Ok(PartialAttention { output, logsumexp })
     }
 
-    /// [`attend_with`](Self::attend_with) into `out` (`[query_heads, n_q, d_v]`), and each
-    /// row's logsumexp into `lse` (`[query_heads, n_q]`) when given. Allocates as
+    /// [`attend_with`](Self::attend_with) into `out` (`[query_heads, n_q, d_v]`, of f32, bf16 or
+    /// f16, each row rounded once from f32 as in [`attend_into`](Self::attend_into)), and each
+    /// row's logsumexp into `lse` (`[query_heads, n_q]`, f32) when given. Allocates as
     /// [`attend_into`](Self::attend_into) does: nothing, after a first step of the same shape, on
     /// the calling thread. Every option is checked against the layer (the keep mask's shape
     /// against the queries and the positions held, one ALiBi slope per query head, a finite
@@ -512,11 +515,11 @@ impl<E: Storage> CacheLayer<'_, E> {
     /// assert!((lse[[0, 0]] - (3f32.ln() + 20.0 * (0.05f32).tanh())).abs() < 1e-5);
     /// # Ok::<(), qkv::AttentionError>(())
     /// ```
-    pub fn attend_with_into<Q: Storage>(
+    pub fn attend_with_into<Q: Storage, O: Storage>(
         &mut self,
         q: ArrayView3<Q>,
         options: &CacheOptions,
-        mut out: ArrayViewMut3<f32>,
+        mut out: ArrayViewMut3<O>,
         mut lse: Option<ArrayViewMut2<f32>>,
     ) -> Result<(), AttentionError> {
         let CacheShape { kv_heads, key_dim, value_dim, .. } = self.cache.shape;
@@ -603,7 +606,9 @@ impl<E: Storage> CacheLayer<'_, E> {
         flash::attend_cached(*isa, call, stacked_out, stacked_lse, workspace);
         for (r, row) in stacked_out.chunks_exact(value_dim).enumerate() {
             let (p, i, g) = (r / rows, r % rows / heads_per_problem, r % heads_per_problem);
-            out.slice_mut(s![p * heads_per_problem + g, i, ..]).assign(&ArrayView1::from(row));
+            let row = ArrayView1::from(row);
+            out.slice_mut(s![p * heads_per_problem + g, i, ..])
+                .zip_mut_with(&row, |o, &x| *o = O::from_f32(x));
         }
         if let Some(lse) = &mut lse {
             for (r, &x) in logsumexp[..n_problems * rows].iter().enumerate() {

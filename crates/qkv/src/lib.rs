@@ -98,7 +98,10 @@ pub use real::Real;
 pub use reference::{QueryTrace, TiledBlock, TiledTrace, trace_query, trace_tiled};
 pub use shape::Shape;
 pub use simd::{SimdLevel, simd_report};
-pub use storage::{Half, Storage, attention_half};
+pub use storage::{
+    Half, Storage, attention_half, attention_half_into, attention_half_with_lse, multi_head_attention_half,
+    multi_head_attention_half_into, multi_head_attention_half_with_lse,
+};
 
 /// Views a flat row-major slice as a `[rows, cols]` matrix, for embedders that hold plain slices.
 /// The slice must hold exactly `rows · cols` elements; `argument` names it in the error if not.

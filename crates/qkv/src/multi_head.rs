@@ -9,7 +9,7 @@ use crate::blocked;
 use crate::error::{AttentionError, Dims};
 use crate::flash;
 use crate::inputs;
-use crate::kernels::Isa;
+use crate::kernels::{Element, Isa};
 use crate::mask::{AttentionOptions, HeadMasks};
 use crate::partial::PartialAttention;
 use crate::real::Real;
@@ -49,11 +49,7 @@ pub fn multi_head_attention<T: Real>(
     v: ArrayView4<T>,
     options: &AttentionOptions<T>,
 ) -> Result<Array4<T>, AttentionError> {
-    let shape = check_heads(&q, &k, &v)?;
-    let [batch, query_heads, n_queries, _] = *q.shape() else { unreachable!("4-D view") };
-    let mut out = Array4::zeros((batch, query_heads, n_queries, shape.value_dim));
-    attend_heads(&shape, q, k, v, options, out.view_mut(), None)?;
-    Ok(out)
+    output(q, k, v, options)
 }
 
 /// Like [`multi_head_attention`], writing the output into `out`
@@ -76,16 +72,7 @@ pub fn multi_head_attention_into<T: Real>(
     options: &AttentionOptions<T>,
     out: ArrayViewMut4<T>,
 ) -> Result<(), AttentionError> {
-    let shape = check_heads(&q, &k, &v)?;
-    let [batch, query_heads, n_queries, _] = *q.shape() else { unreachable!("4-D view") };
-    let expected = [batch, query_heads, n_queries, shape.value_dim];
-    if out.shape() != expected {
-        return Err(AttentionError::OutputShape {
-            expected: Dims(expected.to_vec()),
-            found: out.shape().into(),
-        });
-    }
-    attend_heads(&shape, q, k, v, options, out, None)
+    output_into(q, k, v, options, out)
 }
 
 /// Like [`multi_head_attention`], also returning each row's logsumexp, `[batch, query_heads,
@@ -104,6 +91,51 @@ pub fn multi_head_attention_with_lse<T: Real>(
     q: ArrayView4<T>,
     k: ArrayView4<T>,
     v: ArrayView4<T>,
+    options: &AttentionOptions<T>,
+) -> Result<PartialAttention<T, Ix4>, AttentionError> {
+    output_with_lse(q, k, v, options)
+}
+
+/// [`multi_head_attention`] over inputs stored as `E`: `T` itself, or a half-precision format
+/// under f32.
+pub(crate) fn output<T: Real, E: Element<Compute = T>>(
+    q: ArrayView4<E>,
+    k: ArrayView4<E>,
+    v: ArrayView4<E>,
+    options: &AttentionOptions<T>,
+) -> Result<Array4<T>, AttentionError> {
+    let shape = check_heads(&q, &k, &v)?;
+    let [batch, query_heads, n_queries, _] = *q.shape() else { unreachable!("4-D view") };
+    let mut out = Array4::zeros((batch, query_heads, n_queries, shape.value_dim));
+    attend_heads(&shape, q, k, v, options, out.view_mut(), None)?;
+    Ok(out)
+}
+
+/// [`multi_head_attention_into`] over inputs stored as `E` into an output stored as `O`.
+pub(crate) fn output_into<T: Real, E: Element<Compute = T>, O: Element<Compute = T>>(
+    q: ArrayView4<E>,
+    k: ArrayView4<E>,
+    v: ArrayView4<E>,
+    options: &AttentionOptions<T>,
+    out: ArrayViewMut4<O>,
+) -> Result<(), AttentionError> {
+    let shape = check_heads(&q, &k, &v)?;
+    let [batch, query_heads, n_queries, _] = *q.shape() else { unreachable!("4-D view") };
+    let expected = [batch, query_heads, n_queries, shape.value_dim];
+    if out.shape() != expected {
+        return Err(AttentionError::OutputShape {
+            expected: Dims(expected.to_vec()),
+            found: out.shape().into(),
+        });
+    }
+    attend_heads(&shape, q, k, v, options, out, None)
+}
+
+/// [`multi_head_attention_with_lse`] over inputs stored as `E`.
+pub(crate) fn output_with_lse<T: Real, E: Element<Compute = T>>(
+    q: ArrayView4<E>,
+    k: ArrayView4<E>,
+    v: ArrayView4<E>,
     options: &AttentionOptions<T>,
 ) -> Result<PartialAttention<T, Ix4>, AttentionError> {
     let shape = check_heads(&q, &k, &v)?;
@@ -136,10 +168,10 @@ pub(crate) fn seen_by_group<T: Real>(
 }
 
 /// Checks that the tensors agree on their batch and head axes, and the shape of one head.
-pub(crate) fn check_heads<T: Real>(
-    q: &ArrayView4<T>,
-    k: &ArrayView4<T>,
-    v: &ArrayView4<T>,
+pub(crate) fn check_heads<E>(
+    q: &ArrayView4<E>,
+    k: &ArrayView4<E>,
+    v: &ArrayView4<E>,
 ) -> Result<Shape, AttentionError> {
     let [batch, query_heads, _, _] = *q.shape() else { unreachable!("4-D view") };
     let [_, kv_heads, _, _] = *k.shape() else { unreachable!("4-D view") };
@@ -165,14 +197,16 @@ pub(crate) fn check_heads<T: Real>(
     Shape::of_dims(q.shape(), k.shape(), v.shape())
 }
 
-/// Attention for every head of checked tensors into `out` (and `lse`).
-fn attend_heads<T: Real>(
+/// Attention for every head of checked tensors into `out` (and `lse`): inputs stored as `E` and
+/// the output as `O`, each `T` itself or a half-precision format under `T = f32` (see
+/// `attention.rs`'s `attend_output`, which does the same for one head).
+fn attend_heads<T: Real, E: Element<Compute = T>, O: Element<Compute = T>>(
     shape: &Shape,
-    q: ArrayView4<T>,
-    k: ArrayView4<T>,
-    v: ArrayView4<T>,
+    q: ArrayView4<E>,
+    k: ArrayView4<E>,
+    v: ArrayView4<E>,
     options: &AttentionOptions<T>,
-    mut out: ArrayViewMut4<T>,
+    mut out: ArrayViewMut4<O>,
     mut lse: Option<ArrayViewMut3<T>>,
 ) -> Result<(), AttentionError> {
     let [batch, query_heads, _, _] = *q.shape() else { unreachable!("4-D view") };
@@ -206,15 +240,19 @@ fn attend_heads<T: Real>(
         flash::attend(kernels, shape, 1, heads.collect());
         return Ok(());
     }
-    // The blocked path copes with scores that may overflow, and names the query whose does.
+    // The blocked path copes with scores that may overflow, and names the query whose does. It
+    // computes in `T` alone, so half-precision inputs are widened for it.
     for (index, flash::Head { q, k, v, out, lse, masks }) in heads.enumerate() {
-        blocked::attend(shape, q, k, v, &masks, out, lse, None).map_err(|error| match error {
-            AttentionError::ScoreOverflow { query_idx, ty, .. } => AttentionError::ScoreOverflow {
-                query_idx,
-                head: Some((index / query_heads, index % query_heads)),
-                ty,
-            },
-            error => error,
+        let (q, k, v) = (E::computed(q), E::computed(k), E::computed(v));
+        blocked::attend(shape, q.view(), k.view(), v.view(), &masks, out, lse, None).map_err(|error| {
+            match error {
+                AttentionError::ScoreOverflow { query_idx, ty, .. } => AttentionError::ScoreOverflow {
+                    query_idx,
+                    head: Some((index / query_heads, index % query_heads)),
+                    ty,
+                },
+                error => error,
+            }
         })?;
     }
     Ok(())
@@ -224,12 +262,12 @@ fn attend_heads<T: Real>(
 /// a key/value head (and their masks) are stacked as rows of one problem (query-major: row
 /// `i · stack + g` is query `i` of the stack's head `g`), so that its keys and values are read
 /// once for all of them, and checked as they are read (see [`decode_checked`]).
-struct Decoding<'a, 'm, 'o, T: Real> {
+struct Decoding<'a, 'm, 'o, T: Real, E> {
     kernels: Isa,
     shape: &'a Shape,
-    q: ArrayView4<'a, T>,
-    k: ArrayView4<'a, T>,
-    v: ArrayView4<'a, T>,
+    q: ArrayView4<'a, E>,
+    k: ArrayView4<'a, E>,
+    v: ArrayView4<'a, E>,
     masks: &'m HeadMasks<'o, 'a, T>,
     /// Query heads per key/value head.
     group: usize,
@@ -237,16 +275,21 @@ struct Decoding<'a, 'm, 'o, T: Real> {
     stack: usize,
 }
 
-impl<T: Real> Decoding<'_, '_, '_, T> {
-    /// Runs the step into `out` and `lse`. Returns whether the result stands; if not, the caller
-    /// checks the inputs in full and computes `out` again.
-    fn run(&self, out: &mut ArrayViewMut4<T>, lse: Option<&mut ArrayViewMut3<T>>, queries: f64) -> bool {
+impl<T: Real, E: Element<Compute = T>> Decoding<'_, '_, '_, T, E> {
+    /// Runs the step into `out` (each row rounded once to `O`) and `lse`. Returns whether the
+    /// result stands; if not, the caller checks the inputs in full and computes `out` again.
+    fn run<O: Element<Compute = T>>(
+        &self,
+        out: &mut ArrayViewMut4<O>,
+        lse: Option<&mut ArrayViewMut3<T>>,
+        queries: f64,
+    ) -> bool {
         let Decoding { kernels, shape, q, k, v, masks, group, stack } = *self;
         let [batch, query_heads, n_queries, d_k] = *q.shape() else { unreachable!("4-D view") };
         let rows = n_queries * stack;
         let steps: Vec<(usize, usize)> =
             (0..batch).flat_map(|b| (0..query_heads).step_by(stack).map(move |h| (b, h))).collect();
-        let stacked: Vec<Array2<T>> = steps
+        let stacked: Vec<Array2<E>> = steps
             .iter()
             .map(|&(b, h)| Array2::from_shape_fn((rows, d_k), |(r, c)| q[[b, h + r % stack, r / stack, c]]))
             .collect();
@@ -271,7 +314,8 @@ impl<T: Real> Decoding<'_, '_, '_, T> {
         let mut lse = lse;
         for (&(b, h), (stacked_out, stacked_lse)) in steps.iter().zip(&stacked_out) {
             for (r, row) in stacked_out.outer_iter().enumerate() {
-                out.slice_mut(s![b, h + r % stack, r / stack, ..]).assign(&row);
+                out.slice_mut(s![b, h + r % stack, r / stack, ..])
+                    .zip_mut_with(&row, |o, &x| *o = O::narrow(x));
                 if let Some(lse) = lse.as_mut() {
                     lse[[b, h + r % stack, r / stack]] = stacked_lse[r];
                 }

@@ -620,13 +620,32 @@ impl<E: Storage> PagedLayer<'_, E> {
     }
 
     /// Like [`attend`](Self::attend), writing the output into `out`
-    /// (`[query_heads, n_queries, d_v]`). If the call fails, `out` may hold anything.
-    pub fn attend_into(
+    /// (`[query_heads, n_queries, d_v]`) of f32, bf16 or f16 ([`Storage`]): each row is computed
+    /// in f32 and rounded once to `O` (as `O::from_f32` rounds). If the call fails, `out` may
+    /// hold anything.
+    ///
+    /// ```
+    /// use half::bf16;
+    /// use ndarray::Array3;
+    /// let shape = qkv::PagedShape { layers: 1, kv_heads: 1, key_dim: 2, value_dim: 1, block_size: 64, blocks: 2 };
+    /// let mut cache = qkv::PagedKvCache::<bf16>::new(shape)?;
+    /// let seq = cache.add_sequence();
+    /// let mut layer = cache.layer(0)?;
+    /// let v = Array3::from_shape_fn((1, 3, 1), |(_, j, _)| bf16::from_f32(j as f32 + 0.1));
+    /// layer.append(seq, Array3::from_elem((1, 3, 2), bf16::ZERO).view(), v.view())?;
+    /// let q = Array3::from_elem((1, 1, 2), bf16::ZERO);
+    /// let mut out = Array3::<bf16>::zeros((1, 1, 1));
+    /// layer.attend_into(&[seq], &[0, 1], q.view(), out.view_mut())?;
+    /// // The mean of the three values, computed in f32 and rounded once.
+    /// assert_eq!(out[[0, 0, 0]], bf16::from_f32(layer.attend(&[seq], &[0, 1], q.view())?[[0, 0, 0]]));
+    /// # Ok::<(), qkv::AttentionError>(())
+    /// ```
+    pub fn attend_into<O: Storage>(
         &self,
         sequences: &[SequenceId],
         query_offsets: &[usize],
         q: ArrayView3<E>,
-        mut out: ArrayViewMut3<f32>,
+        mut out: ArrayViewMut3<O>,
     ) -> Result<(), AttentionError> {
         let PagedShape { kv_heads, key_dim, value_dim, block_size, .. } = self.cache.shape;
         let [query_heads, n_queries, _] = *q.shape() else { unreachable!("3-D view") };
@@ -713,7 +732,8 @@ impl<E: Storage> PagedLayer<'_, E> {
         let items = batch.iter().flat_map(|m| (0..kv_heads).map(move |kv| (kv, m.queries.start)));
         for ((kv, first), stacked_out) in items.zip(&stacked_out) {
             for (r, row) in stacked_out.outer_iter().enumerate() {
-                out.slice_mut(s![kv * group + r % group, first + r / group, ..]).assign(&row);
+                let mut out_row = out.slice_mut(s![kv * group + r % group, first + r / group, ..]);
+                out_row.zip_mut_with(&row, |o, &x| *o = O::from_f32(x));
             }
         }
         Ok(())

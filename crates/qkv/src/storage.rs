@@ -1,15 +1,16 @@
 //! Inputs stored in fewer bits than they are computed in: `half::bf16` and `half::f16` keys,
 //! values and queries, widened to f32 as the kernels load them, with f32 scores, softmax and
-//! accumulation.
+//! accumulation; outputs in those formats on request, each row rounded once from f32. The
+//! single- and multi-head half-precision entry points.
 
-use ndarray::{Array2, ArrayView2};
+use ndarray::{Array2, Array4, ArrayView2, ArrayView4, ArrayViewMut2, ArrayViewMut4, Ix4};
 
+use crate::attention;
 use crate::error::AttentionError;
-use crate::flash;
 use crate::kernels::Element;
 use crate::mask::AttentionOptions;
-use crate::shape::{Magnitudes, Shape};
-use crate::simd;
+use crate::multi_head;
+use crate::partial::PartialAttention;
 
 mod sealed {
     pub trait Sealed {}
@@ -37,8 +38,10 @@ pub trait Storage: Element<Compute = f32> + std::fmt::Debug + sealed::Sealed {
     /// The name of the type, for messages (`"f32"`, `"bf16"`, `"f16"`).
     const NAME: &'static str;
 
-    /// Rounds an f32 to this type (to nearest, ties to even).
-    fn from_f32(x: f32) -> Self;
+    /// Rounds an f32 to this type (to nearest, ties to even; beyond the type's range, `±inf`).
+    fn from_f32(x: f32) -> Self {
+        Self::narrow(x)
+    }
 
     /// This value as an f32, exactly.
     fn to_f32(self) -> f32 {
@@ -48,26 +51,14 @@ pub trait Storage: Element<Compute = f32> + std::fmt::Debug + sealed::Sealed {
 
 impl Storage for f32 {
     const NAME: &'static str = "f32";
-
-    fn from_f32(x: f32) -> f32 {
-        x
-    }
 }
 
 impl Storage for half::bf16 {
     const NAME: &'static str = "bf16";
-
-    fn from_f32(x: f32) -> half::bf16 {
-        half::bf16::from_f32(x)
-    }
 }
 
 impl Storage for half::f16 {
     const NAME: &'static str = "f16";
-
-    fn from_f32(x: f32) -> half::f16 {
-        half::f16::from_f32(x)
-    }
 }
 
 /// A half-precision [`Storage`] type: `half::bf16` or `half::f16`, what
@@ -87,8 +78,10 @@ impl Half for half::f16 {}
 /// f32 (scores, softmax and `P·V` alike). The kernels widen each key and value as they load it,
 /// so a step bound by memory reads half the bytes of f32. Masks, bias and scale come in f32.
 ///
-/// Inputs so large that an f32 score or sum could overflow are widened to f32 and take the
-/// checked path of [`attention`](crate::attention), which names the query whose score overflows.
+/// Inputs are checked as [`attention`](crate::attention) checks them: a non-finite element that
+/// no query sees is read as 0, one that is seen is an error naming it. Inputs so large that an
+/// f32 score or sum could overflow are widened to f32 and take the checked path, which names the
+/// query whose score overflows.
 ///
 /// ```
 /// use half::bf16;
@@ -106,21 +99,129 @@ pub fn attention_half<H: Half>(
     v: ArrayView2<H>,
     options: &AttentionOptions<f32>,
 ) -> Result<Array2<f32>, AttentionError> {
-    let shape = Shape::of_dims(q.shape(), k.shape(), v.shape())?;
-    let masks = options.resolve(&shape)?;
-    let kernels = simd::kernels_for(options.simd_level())?;
-    let widened = || {
-        let widen = |a: ArrayView2<H>| a.mapv(|x| x.widen());
-        crate::attention(widen(q).view(), widen(k).view(), widen(v).view(), options)
-    };
-    // A non-finite input may sit in a key no query sees (accepted) or in one that is seen (an
-    // error naming it): the f32 path sorts that out, as it does a possible overflow.
-    let Ok(magnitudes) = Magnitudes::measure(&q, &k, &v) else { return widened() };
-    if !flash::stays_finite(&shape, &magnitudes, &masks) {
-        return widened();
-    }
-    let mut out = Array2::zeros((shape.n_queries, shape.value_dim));
-    let head = flash::Head { q, k, v, out: out.view_mut(), lse: None, masks };
-    flash::attend(kernels, &shape, 1, vec![head]);
-    Ok(out)
+    attention::output(q, k, v, options)
+}
+
+/// Like [`attention_half`], also returning each row's logsumexp in f32 (see
+/// [`PartialAttention`]), so that results over disjoint keys [merge](PartialAttention::merge).
+///
+/// ```
+/// use half::f16;
+/// let q = ndarray::Array2::from_elem((2, 4), f16::ONE);
+/// let kv = ndarray::Array2::from_elem((3, 4), f16::ZERO);
+/// let r = qkv::attention_half_with_lse(q.view(), kv.view(), kv.view(), &qkv::AttentionOptions::new())?;
+/// // Three equal scores of 0: ln 3.
+/// assert!(r.logsumexp.iter().all(|&l| (l - 3f32.ln()).abs() < 1e-6));
+/// # Ok::<(), qkv::AttentionError>(())
+/// ```
+pub fn attention_half_with_lse<H: Half>(
+    q: ArrayView2<H>,
+    k: ArrayView2<H>,
+    v: ArrayView2<H>,
+    options: &AttentionOptions<f32>,
+) -> Result<PartialAttention<f32>, AttentionError> {
+    attention::output_with_lse(q, k, v, options)
+}
+
+/// Like [`attention_half`], writing the output into `out` (`[n_queries, d_v]`), whose elements
+/// may be f32, bf16 or f16 ([`Storage`]): each row is computed and normalised in f32, then
+/// rounded once to `O` (to nearest, ties to even, as `O::from_f32`), so a bf16 output is the
+/// f32 output rounded. Nothing is accumulated in half precision. If the call fails, `out` may
+/// hold anything.
+///
+/// ```
+/// use half::bf16;
+/// use ndarray::{Array2, array};
+/// let q = array![[0.0_f32, 1.0]].mapv(bf16::from_f32);
+/// let k = array![[1.0_f32, 0.0], [0.0, 1.0], [1.0, 1.0]].mapv(bf16::from_f32);
+/// let v = array![[2.0_f32], [6.0], [4.0]].mapv(bf16::from_f32);
+/// let options = qkv::AttentionOptions::new();
+/// let mut out = Array2::<bf16>::zeros((1, 1));
+/// qkv::attention_half_into(q.view(), k.view(), v.view(), &options, out.view_mut())?;
+/// let f32_out = qkv::attention_half(q.view(), k.view(), v.view(), &options)?;
+/// assert_eq!(out[[0, 0]], bf16::from_f32(f32_out[[0, 0]]));
+/// # Ok::<(), qkv::AttentionError>(())
+/// ```
+pub fn attention_half_into<H: Half, O: Storage>(
+    q: ArrayView2<H>,
+    k: ArrayView2<H>,
+    v: ArrayView2<H>,
+    options: &AttentionOptions<f32>,
+    out: ArrayViewMut2<O>,
+) -> Result<(), AttentionError> {
+    attention::output_into(q, k, v, options, out)
+}
+
+/// Multi-head attention over half-precision inputs: like
+/// [`multi_head_attention`](crate::multi_head_attention) (`[batch, heads, n, d]` tensors,
+/// grouped-query heads, masks per sequence or per head), with `q`, `k` and `v` stored as bf16 or
+/// f16 and computed in f32, on the same path as f32: a decoding step stacks the query heads of a
+/// group and reads each key and value once, widening it as it loads it. Inputs are checked and
+/// widened as in [`attention_half`]. Returns `[batch, query_heads, n_queries, d_v]` in f32.
+///
+/// ```
+/// use half::bf16;
+/// use ndarray::Array4;
+/// // 8 query heads over 2 key/value heads, one decoding query each.
+/// let q = Array4::from_elem((1, 8, 1, 16), bf16::from_f32(0.25));
+/// let kv = Array4::from_elem((1, 2, 5, 16), bf16::from_f32(0.5));
+/// let out = qkv::multi_head_attention_half(q.view(), kv.view(), kv.view(), &qkv::AttentionOptions::new())?;
+/// assert_eq!(out.shape(), [1, 8, 1, 16]);
+/// assert!(out.iter().all(|&x| x == 0.5));
+/// # Ok::<(), qkv::AttentionError>(())
+/// ```
+pub fn multi_head_attention_half<H: Half>(
+    q: ArrayView4<H>,
+    k: ArrayView4<H>,
+    v: ArrayView4<H>,
+    options: &AttentionOptions<f32>,
+) -> Result<Array4<f32>, AttentionError> {
+    multi_head::output(q, k, v, options)
+}
+
+/// Like [`multi_head_attention_half`], also returning each row's logsumexp in f32, `[batch,
+/// query_heads, n_queries]` (see [`PartialAttention`]).
+///
+/// ```
+/// use half::f16;
+/// let q = ndarray::Array4::from_elem((1, 2, 3, 4), f16::ZERO);
+/// let kv = ndarray::Array4::from_elem((1, 1, 5, 4), f16::ONE);
+/// let r = qkv::multi_head_attention_half_with_lse(q.view(), kv.view(), kv.view(), &qkv::AttentionOptions::new())?;
+/// assert_eq!(r.logsumexp.shape(), [1, 2, 3]);
+/// assert!(r.logsumexp.iter().all(|&l| (l - 5f32.ln()).abs() < 1e-6));
+/// # Ok::<(), qkv::AttentionError>(())
+/// ```
+pub fn multi_head_attention_half_with_lse<H: Half>(
+    q: ArrayView4<H>,
+    k: ArrayView4<H>,
+    v: ArrayView4<H>,
+    options: &AttentionOptions<f32>,
+) -> Result<PartialAttention<f32, Ix4>, AttentionError> {
+    multi_head::output_with_lse(q, k, v, options)
+}
+
+/// Like [`multi_head_attention_half`], writing the output into `out` (`[batch, query_heads,
+/// n_queries, d_v]`) of f32, bf16 or f16, each row rounded once from its f32 result (see
+/// [`attention_half_into`]). If the call fails, `out` may hold anything.
+///
+/// ```
+/// use half::bf16;
+/// use ndarray::Array4;
+/// let q = Array4::from_elem((2, 4, 1, 8), bf16::from_f32(0.5));
+/// let kv = Array4::from_shape_fn((2, 2, 3, 8), |(b, h, j, c)| bf16::from_f32((b + h + j + c) as f32 / 8.0));
+/// let options = qkv::AttentionOptions::new();
+/// let mut out = Array4::<bf16>::zeros((2, 4, 1, 8));
+/// qkv::multi_head_attention_half_into(q.view(), kv.view(), kv.view(), &options, out.view_mut())?;
+/// let f32_out = qkv::multi_head_attention_half(q.view(), kv.view(), kv.view(), &options)?;
+/// assert_eq!(out, f32_out.mapv(bf16::from_f32));
+/// # Ok::<(), qkv::AttentionError>(())
+/// ```
+pub fn multi_head_attention_half_into<H: Half, O: Storage>(
+    q: ArrayView4<H>,
+    k: ArrayView4<H>,
+    v: ArrayView4<H>,
+    options: &AttentionOptions<f32>,
+    out: ArrayViewMut4<O>,
+) -> Result<(), AttentionError> {
+    multi_head::output_into(q, k, v, options, out)
 }
