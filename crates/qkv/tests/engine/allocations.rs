@@ -65,11 +65,12 @@ const QUERY_HEADS: usize = 32;
 /// `level` holding `len` positions, with `options`, as `count` counts them (this thread's by
 /// default).
 fn step_allocations(level: SimdLevel, len: usize, options: &CacheOptions, steps: usize) -> Vec<u64> {
-    counted_steps::<f32>(level, len, options, steps, &allocations)
+    counted_steps::<f32, f32>(level, len, options, steps, &allocations)
 }
 
-/// [`step_allocations`] over a cache of `E` (f32 queries), as `count` counts them.
-fn counted_steps<E: Storage>(
+/// [`step_allocations`] over a cache of `E` (f32 queries) into an output of `O`, as `count`
+/// counts them.
+fn counted_steps<E: Storage, O: Storage>(
     level: SimdLevel,
     len: usize,
     options: &CacheOptions,
@@ -83,7 +84,7 @@ fn counted_steps<E: Storage>(
     });
     layer.append(kv.view(), kv.view()).unwrap();
     let q = Array3::from_shape_fn((QUERY_HEADS, 1, 128), |(h, _, c)| ((h * c) % 5) as f32 / 5.0);
-    let (mut out, mut lse) = (Array3::zeros((QUERY_HEADS, 1, 128)), Array2::zeros((QUERY_HEADS, 1)));
+    let (mut out, mut lse) = (Array3::from_elem((QUERY_HEADS, 1, 128), O::from_f32(0.0)), Array2::zeros((QUERY_HEADS, 1)));
     layer.attend_with_into(q.view(), options, out.view_mut(), Some(lse.view_mut())).unwrap();
     (0..steps)
         .map(|_| {
@@ -112,8 +113,12 @@ fn a_warm_decoding_step_allocates_nothing_at_every_level() {
             }
             // A short step is not worth sharing, whatever the pool: it runs on the calling thread.
             assert_eq!(step_allocations(level, 200, &options, 3), [0, 0, 0], "{level} {what}, 200 positions");
-            let bf16_cache = counted_steps::<bf16>(level, 200, &options, 3, &allocations);
+            let bf16_cache = counted_steps::<bf16, f32>(level, 200, &options, 3, &allocations);
             assert_eq!(bf16_cache, [0, 0, 0], "{level} {what}, f32 queries over a bf16 cache");
+            // A bf16 output is rounded as each row is stored: no buffer of its own.
+            let bf16_out =
+                one_thread.install(|| counted_steps::<bf16, bf16>(level, 2000, &options, 3, &allocations));
+            assert_eq!(bf16_out, [0, 0, 0], "{level} {what}, a bf16 cache into a bf16 output, one thread");
         }
     }
 }
@@ -133,7 +138,7 @@ fn a_shared_step_allocates_nothing_inside_the_pool_and_one_job_outside() {
                 let me = rayon::current_thread_index().expect("inside the pool");
                 let helper = || two_threads.broadcast(|_| allocations())[1 - me];
                 let counts = step_allocations(level, len, &CacheOptions::new(), 3);
-                (counts, counted_steps::<f32>(level, len, &CacheOptions::new(), 3, &helper))
+                (counts, counted_steps::<f32, f32>(level, len, &CacheOptions::new(), 3, &helper))
             });
             assert_eq!(counts, [0, 0, 0], "{level} {len}: the calling thread, inside the pool");
             assert_eq!(helper, [0, 0, 0], "{level} {len}: the helper");

@@ -286,7 +286,7 @@ fn bad_options_are_errors_naming_the_layer_the_argument_and_the_shape() {
         err(&CacheOptions::new().scale(f32::NAN)),
         "scale is NaN: the score multiplier must be finite"
     );
-    let (mut out, mut lse) = (Array3::zeros((4, 2, 5)), Array2::zeros((4, 1)));
+    let (mut out, mut lse) = (Array3::<f32>::zeros((4, 2, 5)), Array2::zeros((4, 1)));
     assert_eq!(
         layer
             .attend_with_into(q.view(), &CacheOptions::new(), out.view_mut(), Some(lse.view_mut()))

@@ -170,7 +170,7 @@ fn errors_name_the_layer_the_argument_and_the_shapes() {
         "layer 1 of the KV cache takes queries of shape [4, 1, 3], not [4, 1, 2]: query heads a \
          positive multiple of the key/value heads, each query as wide as the keys"
     );
-    let mut out = Array3::zeros((4, 1, 4));
+    let mut out = Array3::<f32>::zeros((4, 1, 4));
     assert_eq!(
         err(layer.attend_into(Array3::<f32>::zeros((4, 1, 3)).view(), out.view_mut()).unwrap_err()),
         "layer 1 of the KV cache takes output of shape [4, 1, 5], not [4, 1, 4]: one value-wide row per query"

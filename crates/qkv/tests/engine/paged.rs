@@ -537,7 +537,7 @@ fn errors_name_the_sequence_the_argument_and_the_shapes() {
         "layer 1 of the paged KV cache takes queries of shape [2, 2, 3], not [3, 2, 3]: query heads a \
          positive multiple of the key/value heads, each query as wide as the keys"
     );
-    let mut out = Array3::zeros((4, 2, 4));
+    let mut out = Array3::<f32>::zeros((4, 2, 4));
     assert_eq!(
         err(layer.attend_into(&[a], &[0, 2], q.view(), out.view_mut()).unwrap_err()),
         "layer 1 of the paged KV cache takes output of shape [4, 2, 5], not [4, 2, 4]: one value-wide row per query"
