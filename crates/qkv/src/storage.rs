@@ -34,7 +34,7 @@ mod sealed {
 /// // 1 + 2^-8 is halfway between two bf16 values (8 significant bits): it rounds to even, 1.
 /// assert_eq!(half::bf16::from_f32(1.0 + 1.0 / 256.0).to_f32(), 1.0);
 /// ```
-pub trait Storage: Element<Compute = f32> + std::fmt::Debug + sealed::Sealed {
+pub trait Storage: Element<Compute = f32> + PartialEq + std::fmt::Debug + sealed::Sealed {
     /// The name of the type, for messages (`"f32"`, `"bf16"`, `"f16"`).
     const NAME: &'static str;
 

@@ -84,7 +84,8 @@ fn counted_steps<E: Storage, O: Storage>(
     });
     layer.append(kv.view(), kv.view()).unwrap();
     let q = Array3::from_shape_fn((QUERY_HEADS, 1, 128), |(h, _, c)| ((h * c) % 5) as f32 / 5.0);
-    let (mut out, mut lse) = (Array3::from_elem((QUERY_HEADS, 1, 128), O::from_f32(0.0)), Array2::zeros((QUERY_HEADS, 1)));
+    let (mut out, mut lse) =
+        (Array3::from_elem((QUERY_HEADS, 1, 128), O::from_f32(0.0)), Array2::zeros((QUERY_HEADS, 1)));
     layer.attend_with_into(q.view(), options, out.view_mut(), Some(lse.view_mut())).unwrap();
     (0..steps)
         .map(|_| {
@@ -116,9 +117,8 @@ fn a_warm_decoding_step_allocates_nothing_at_every_level() {
             let bf16_cache = counted_steps::<bf16, f32>(level, 200, &options, 3, &allocations);
             assert_eq!(bf16_cache, [0, 0, 0], "{level} {what}, f32 queries over a bf16 cache");
             // A bf16 output is rounded as each row is stored: no buffer of its own.
-            let bf16_out =
-                one_thread.install(|| counted_steps::<bf16, bf16>(level, 2000, &options, 3, &allocations));
-            assert_eq!(bf16_out, [0, 0, 0], "{level} {what}, a bf16 cache into a bf16 output, one thread");
+            let bf16_out = counted_steps::<bf16, bf16>(level, 200, &options, 3, &allocations);
+            assert_eq!(bf16_out, [0, 0, 0], "{level} {what}, a bf16 cache into a bf16 output");
         }
     }
 }

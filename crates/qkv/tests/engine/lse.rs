@@ -10,7 +10,7 @@ use crate::problem::{MASK_KINDS, MaskKind, Problem, assert_close, error_bound, l
 
 /// Logsumexps agree: `-inf` (a row that sees nothing) exactly, the rest within `tol · bound` as
 /// [`assert_close`] measures (a score's rounding moves its logsumexp by as much).
-fn assert_lse_close<T: Real>(what: &str, got: &Array1<T>, want: &Array1<f64>, bound: f64) {
+pub fn assert_lse_close<T: Real>(what: &str, got: &Array1<T>, want: &Array1<f64>, bound: f64) {
     assert_eq!(got.len(), want.len(), "{what}: lengths differ");
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
         if *w == f64::NEG_INFINITY {

@@ -6,6 +6,7 @@ mod backward;
 mod batched;
 mod cache_options;
 mod errors;
+mod half_output;
 mod half_precision;
 mod kv_cache;
 mod lesson;
