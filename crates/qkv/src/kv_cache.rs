@@ -409,9 +409,13 @@ impl<E: Storage> CacheLayer<'_, E> {
     /// let mut cache = qkv::KvCache::<f32>::new(shape)?;
     /// let mut layer = cache.layer(0)?;
     /// layer.append(Array3::zeros((1, 1, 2)).view(), Array3::ones((1, 1, 3)).view())?;
-    /// let mut out = Array3::zeros((2, 1, 3));
+    /// let mut out = Array3::<f32>::zeros((2, 1, 3));
     /// layer.attend_into(Array3::<f32>::zeros((2, 1, 2)).view(), out.view_mut())?;
     /// assert!(out.iter().all(|&x| x == 1.0));
+    /// // The same step into a bf16 output, as the next layer of a bf16 model takes it.
+    /// let mut half_out = Array3::<half::bf16>::zeros((2, 1, 3));
+    /// layer.attend_into(Array3::<f32>::zeros((2, 1, 2)).view(), half_out.view_mut())?;
+    /// assert_eq!(half_out, out.mapv(half::bf16::from_f32));
     /// # Ok::<(), qkv::AttentionError>(())
     /// ```
     pub fn attend_into<Q: Storage, O: Storage>(
