@@ -7,7 +7,10 @@
 //! exact merge of results over disjoint keys ([`attention_with_lse`], [`PartialAttention::merge`]);
 //! logit soft-capping ([`AttentionOptions::logit_softcap`]); a KV cache for decoding ([`KvCache`],
 //! f32, bf16 or f16 storage under f32 queries) whose steps take the same options
-//! ([`CacheOptions`]) and allocate nothing once warm;
+//! ([`CacheOptions`]) and allocate nothing once warm; bf16 and f16 inputs for one head or many
+//! ([`attention_half`], [`multi_head_attention_half`]) and bf16 or f16 outputs on request (their
+//! `_into` forms and the caches' [`attend_into`](CacheLayer::attend_into)), each row computed in
+//! f32 and rounded once;
 //! a worked trace of one query ([`trace_query`]) and of its tiled online softmax
 //! ([`trace_tiled`]). Inputs are `ndarray` views of `f32` or `f64`
 //! (this crate's `ndarray` is re-exported as [`qkv::ndarray`](ndarray), so an embedder on another
