@@ -1,7 +1,7 @@
 //! The implementations the table compares: qkv (all threads, one thread), the f64 reference, an
 //! unfused `ndarray` matmul → softmax → matmul, and with the `peers` feature candle's unfused
 //! attention and the `gemm` crate's f32 GEMM (the ceiling); on bf16 cases qkv's
-//! `attention_half`, on KV-cache cases qkv's `KvCache` (and, in f32, `multi_head_attention`
+//! `attention_half` (`multi_head_attention_half` over several heads), on KV-cache cases qkv's `KvCache` (and, in f32, `multi_head_attention`
 //! over the same tensors), on ragged batches qkv's `PagedKvCache` (and `multi_head_attention`
 //! over the padded tensors with key lengths), and on backward cases qkv's `attention_backward`.
 
@@ -111,15 +111,21 @@ fn qkv_fast(case: Case, inputs: &Inputs) -> Result<Array4<f32>> {
     Ok(qkv::multi_head_attention(q.view(), k.view(), v.view(), &options(case))?)
 }
 
-/// `attention_half` on one head of bf16 inputs (rounded from the f32 ones outside the timing).
+/// `attention_half` on one head of bf16 inputs, `multi_head_attention_half` on several (rounded
+/// from the f32 ones outside the timing).
 fn qkv_half(case: Case, inputs: &Inputs, threads: Option<usize>) -> Runner<'static> {
-    let bf16 = |a: &Array4<f32>| a.slice(s![0, 0, .., ..]).mapv(half::bf16::from_f32);
+    let bf16 = |a: &Array4<f32>| a.mapv(half::bf16::from_f32);
     let (q, k, v) = (bf16(&inputs.q), bf16(&inputs.k), bf16(&inputs.v));
-    let run = move || {
-        let out = qkv::attention_half(q.view(), k.view(), v.view(), &options(case))?;
-        Ok(out.insert_axis(Axis(0)).insert_axis(Axis(0)))
-    };
-    Runner { name: "qkv attention_half<bf16>".into(), threads, run: Box::new(run) }
+    if case.batch * case.heads == 1 {
+        let run = move || {
+            let head = |a: &Array4<half::bf16>| a.slice_move(s![0, 0, .., ..]);
+            let out = qkv::attention_half(head(&q), head(&k), head(&v), &options(case))?;
+            Ok(out.insert_axis(Axis(0)).insert_axis(Axis(0)))
+        };
+        return Runner { name: "qkv attention_half<bf16>".into(), threads, run: Box::new(run) };
+    }
+    let run = move || Ok(qkv::multi_head_attention_half(q.view(), k.view(), v.view(), &options(case))?);
+    Runner { name: "qkv multi_head_attention_half<bf16>".into(), threads, run: Box::new(run) }
 }
 
 fn reference(case: Case, inputs: &Inputs) -> Result<Array4<f32>> {

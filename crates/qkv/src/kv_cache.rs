@@ -511,7 +511,7 @@ impl<E: Storage> CacheLayer<'_, E> {
     /// layer.append(kv.view(), kv.view())?;
     /// // f32 queries over the bf16 cache, 4 query heads, scores capped at 20.
     /// let q = Array3::<f32>::ones((4, 1, 4));
-    /// let (mut out, mut lse) = (Array3::zeros((4, 1, 4)), Array2::zeros((4, 1)));
+    /// let (mut out, mut lse) = (Array3::<f32>::zeros((4, 1, 4)), Array2::zeros((4, 1)));
     /// let options = CacheOptions::new().logit_softcap(20.0);
     /// layer.attend_with_into(q.view(), &options, out.view_mut(), Some(lse.view_mut()))?;
     /// assert!(out.iter().all(|&x| x == 0.5));
