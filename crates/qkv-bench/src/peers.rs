@@ -118,8 +118,8 @@ fn qkv_half(case: Case, inputs: &Inputs, threads: Option<usize>) -> Runner<'stat
     let (q, k, v) = (bf16(&inputs.q), bf16(&inputs.k), bf16(&inputs.v));
     if case.batch * case.heads == 1 {
         let run = move || {
-            let head = |a: &Array4<half::bf16>| a.slice_move(s![0, 0, .., ..]);
-            let out = qkv::attention_half(head(&q), head(&k), head(&v), &options(case))?;
+            let one = s![0, 0, .., ..];
+            let out = qkv::attention_half(q.slice(one), k.slice(one), v.slice(one), &options(case))?;
             Ok(out.insert_axis(Axis(0)).insert_axis(Axis(0)))
         };
         return Runner { name: "qkv attention_half<bf16>".into(), threads, run: Box::new(run) };
