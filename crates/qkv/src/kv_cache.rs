@@ -84,6 +84,32 @@ pub struct CacheShape {
 /// assert_eq!(layer.len(), 3);
 /// # Ok::<(), qkv::AttentionError>(())
 /// ```
+///
+/// A windowed cache ([`KvCache::with_window`]) keeps only the last positions a sliding window
+/// needs, in a ring buffer that never fills: its steps equal attention over the whole history
+/// with the window.
+///
+/// ```
+/// use ndarray::{Array3, Axis, s};
+/// use qkv::{AttentionOptions, CacheShape, CausalMask, KvCache, SlidingWindow};
+///
+/// // Each query sees 4 positions (its own and 3 back), steps of up to 2 queries: 5 slots.
+/// let shape = CacheShape { layers: 1, kv_heads: 1, capacity: 5, key_dim: 2, value_dim: 2 };
+/// let mut cache = KvCache::<f32>::with_window(shape, 4)?;
+/// let mut layer = cache.layer(0)?;
+/// let history = Array3::from_shape_fn((1, 20, 2), |(_, p, c)| ((p * 7 + c * 3) % 5) as f32 / 4.0);
+/// for end in (2..=20).step_by(2) {
+///     let new = history.slice(s![.., end - 2..end, ..]);
+///     layer.append(new, new)?;
+///     let out = layer.attend(new)?; // the chunk's own positions as its queries
+///     let window = AttentionOptions::new().causal(CausalMask::BottomRight).sliding_window(SlidingWindow::new(3, 0));
+///     let seen = history.slice(s![.., ..end, ..]).insert_axis(Axis(0));
+///     let full = qkv::multi_head_attention(new.insert_axis(Axis(0)), seen, seen, &window)?;
+///     assert!(out.iter().zip(full.iter()).all(|(a, b)| (a - b).abs() < 1e-6));
+/// }
+/// assert_eq!((layer.len(), layer.held()), (20, 5));
+/// # Ok::<(), qkv::AttentionError>(())
+/// ```
 pub struct KvCache<E: Storage = f32> {
     shape: CacheShape,
     level: SimdLevel,
