@@ -142,7 +142,7 @@ fn a_warm_decoding_step_over_a_ring_allocates_nothing() {
                         bf16::from_f32(((h + i * c) % 7) as f32 / 7.0)
                     })
                 };
-                let (prompt, token) = (kv(700), kv(1));
+                let (prompt, token) = (kv(400), kv(1));
                 layer.append(prompt.view(), prompt.view()).unwrap();
                 let q = Array3::from_shape_fn((QUERY_HEADS, 1, 128), |(h, _, c)| ((h * c) % 5) as f32 / 5.0);
                 let (mut out, mut lse) =

@@ -274,3 +274,25 @@ fn bad_windows_and_steps_are_errors_naming_the_argument() {
     let same = CacheOptions::new().sliding_window(SlidingWindow::new(3, 0));
     assert_eq!(layer.attend_with(q.view(), &same).unwrap(), layer.attend(q.view()).unwrap());
 }
+
+/// A wrapped ring of 2100 slots, a decoding step and a chunk of 40 (both split their keys and
+/// read both runs), on 1, 2 and 3 threads: the same bits.
+#[test]
+fn ring_results_do_not_depend_on_the_thread_count() {
+    let shape = CacheShape { layers: 1, kv_heads: 2, capacity: 2100, key_dim: 32, value_dim: 16 };
+    let mut rng = ChaCha8Rng::seed_from_u64(900);
+    let mut tensor =
+        |heads, n, d| Array3::from_shape_simple_fn((heads, n, d), || rng.random_range(-1.0_f32..1.0));
+    let (k, v, q) = (tensor(2, 5000, 32), tensor(2, 5000, 16), tensor(8, 40, 32));
+    let mut outputs = Vec::new();
+    for threads in [1, 2, 3] {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+        let mut cache = KvCache::<f32>::with_window(shape, 2048).unwrap();
+        let mut layer = cache.layer(0).unwrap();
+        layer.append(k.view(), v.view()).unwrap();
+        let step = pool.install(|| layer.attend(q.slice(s![.., 39.., ..])).unwrap());
+        let chunk = pool.install(|| layer.attend(q.view()).unwrap());
+        outputs.push((step, chunk));
+    }
+    assert!(outputs.windows(2).all(|w| w[0] == w[1]), "1, 2 and 3 threads give the same bits");
+}
