@@ -732,10 +732,10 @@ impl<E: Storage> CacheLayer<'_, E> {
         // A plain cache is one problem over the positions held. A ring is one part per run of
         // slots, each placing its slots among keys of its own, with the ring's window, and the
         // keep mask's columns moved to the slots (see `ring.rs`).
-        let dense = options.dense();
-        let (runs, lengths, by_slot, ring_options);
+        let (dense, runs, lengths, by_slot, ring_options);
         let heads = match ring {
             None => {
+                dense = options.dense();
                 let whole = dense.resolve_heads(&shape, Some((1, query_heads)))?;
                 // One part: the second entry is never read.
                 [whole, whole]
