@@ -60,7 +60,9 @@ impl<'a> CacheOptions<'a> {
     /// Lets each query see only the positions in its window (Mistral's, Gemma 2's local layers:
     /// `SlidingWindow::new(window - 1, 0)`). The window places the queries by its `align`, as the
     /// dense API does: bottom-right, [`SlidingWindow::new`]'s default, puts them at the end of the
-    /// cache, where they are. A side of [`SlidingWindow::UNBOUNDED`] has no limit.
+    /// cache, where they are. A side of [`SlidingWindow::UNBOUNDED`] has no limit. A windowed
+    /// cache ([`KvCache::with_window`](crate::KvCache::with_window)) applies its own window
+    /// without it, and takes no other.
     pub fn sliding_window(mut self, window: SlidingWindow) -> Self {
         self.window = Some(window);
         self
@@ -81,9 +83,12 @@ impl<'a> CacheOptions<'a> {
         self
     }
 
-    /// Keeps only the (query, position) pairs that `keep` (`[n_q, len]`: the new queries over
-    /// every position held, their own included) marks `true`, on top of the causal mask: a
-    /// token tree's ancestors for tree or speculative verification.
+    /// Keeps only the (query, position) pairs that `keep` (`[n_q, held]`: the new queries over
+    /// every position held, oldest first, their own included) marks `true`, on top of the causal
+    /// mask: a token tree's ancestors for tree or speculative verification. Over a windowed
+    /// cache ([`KvCache::with_window`](crate::KvCache::with_window)), column `c` is position
+    /// `len - held + c` (see [`CacheLayer::held`](crate::CacheLayer::held)), wherever the ring
+    /// keeps it.
     ///
     /// ```
     /// // Two drafted tokens that are siblings after a prompt of 3: neither sees the other.
@@ -124,6 +129,16 @@ impl<'a> CacheOptions<'a> {
             options = options.keep_mask(KeepMask::new(keep));
         }
         options
+    }
+
+    /// The sliding window asked for, if any.
+    pub(crate) fn window(&self) -> Option<SlidingWindow> {
+        self.window
+    }
+
+    /// The keep mask asked for, if any.
+    pub(crate) fn keep(&self) -> Option<ArrayView2<'a, bool>> {
+        self.keep
     }
 
     /// Checks the shapes of the options against a call of `query_heads` heads of `n_queries`

@@ -341,6 +341,33 @@ pub enum AttentionError {
         /// Why it cannot be allocated.
         why: &'static str,
     },
+    /// A windowed [`KvCache`](crate::KvCache) whose window does not fit its capacity.
+    #[error(
+        "a KV cache's window of {window} positions must be at least 1 and at most its capacity, \
+         {capacity}: the ring holds the window and a step's new positions (capacity = window + the \
+         largest step - 1)"
+    )]
+    CacheWindow {
+        /// The window asked for, in positions.
+        window: usize,
+        /// The cache's capacity, in positions.
+        capacity: usize,
+    },
+    /// A step over a windowed [`KvCache`](crate::KvCache) whose `sliding_window` option is not
+    /// the window the cache keeps.
+    #[error(
+        "layer {layer} of the KV cache keeps a window of {window} positions, so its sliding_window \
+         option is SlidingWindow::new({}, 0) or none (the cache's window then applies), not {found:?}",
+        window - 1
+    )]
+    CacheWindowOption {
+        /// The layer.
+        layer: usize,
+        /// The window option given.
+        found: crate::SlidingWindow,
+        /// The cache's window, in positions.
+        window: usize,
+    },
     /// A step over a [`KvCache`](crate::KvCache) layer whose inputs are too large for f32.
     #[error(
         "layer {layer} of the KV cache: its keys and values with these queries could overflow an f32 \

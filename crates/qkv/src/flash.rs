@@ -107,13 +107,17 @@ pub(crate) fn attend_cached<T: Real, E: Element<Compute = T>>(
     isa.run(AttendCached { call, out, lse, workspace });
 }
 
-/// The problems of a call to [`attend_cached`], all of one shape: `problem(p)` gives the
-/// operands of problem `p < n_problems`, each of `rows_per_query` rows per query.
+/// The problems of a call to [`attend_cached`], all of one shape: `problem(p, part)` gives the
+/// operands of part `part < parts` of problem `p < n_problems`, each of `rows_per_query` rows
+/// per query. The parts of a problem are its query rows over disjoint keys, each under masks of
+/// its own (a ring buffer's two runs of positions, see `kv_cache`); their softmax states are
+/// merged in part order into the problem's output. A plain problem has one part.
 pub(crate) struct CachedCall<'p, 'c, T, E> {
     pub(crate) shape: Shape,
     pub(crate) rows_per_query: usize,
     pub(crate) n_problems: usize,
-    pub(crate) problem: &'c (dyn Fn(usize) -> CachedProblem<'p, T, E> + Sync),
+    pub(crate) parts: usize,
+    pub(crate) problem: &'c (dyn Fn(usize, usize) -> CachedProblem<'p, T, E> + Sync),
 }
 
 /// [`attend_cached`] for sequences of different lengths whose keys and values lie in the blocks
@@ -461,13 +465,15 @@ impl<T: Real, E: Element<Compute = T>> Job<E> for AttendCached<'_, '_, T, E> {
 
     fn run<K: Kernels<T, E>>(self, kernels: K) {
         let AttendCached { call, out, lse, workspace } = self;
-        let CachedCall { shape, rows_per_query, n_problems, problem } = call;
+        let CachedCall { shape, rows_per_query, n_problems, parts, problem } = call;
         let n_rows = shape.n_queries * rows_per_query;
         let blocks = n_rows.div_ceil(K::QUERY_BLOCK);
         let splits = key_splits(n_rows, shape.n_keys, K::QUERY_BLOCK);
-        // Items are (problem, query block, key split), split fastest: each computes one state,
-        // and the states of a block are then merged in split order, whichever thread ran them.
-        let n_items = n_problems * blocks * splits.count;
+        // Items are (problem, query block, part, key split), split fastest: each computes one
+        // state, and the states of a block are then merged in part and split order, whichever
+        // thread ran them.
+        let per_block = parts * splits.count;
+        let n_items = n_problems * blocks * per_block;
         if workspace.states.len() < n_items {
             workspace.states.resize_with(n_items, || Mutex::new(State::empty()));
         }
@@ -475,9 +481,9 @@ impl<T: Real, E: Element<Compute = T>> Job<E> for AttendCached<'_, '_, T, E> {
         let states = &mut states[..n_items];
         let rows = |b: usize| K::QUERY_BLOCK.min(n_rows - b * K::QUERY_BLOCK);
         let attend_item = |scratch: &mut Scratch<T>, item: usize, state: &mut State<T>| {
-            let (p, b, split) =
-                (item / (blocks * splits.count), item / splits.count % blocks, item % splits.count);
-            let CachedProblem { q, kv, masks } = problem(p);
+            let (p, b) = (item / (blocks * per_block), item / per_block % blocks);
+            let (part, split) = (item / splits.count % parts, item % splits.count);
+            let CachedProblem { q, kv, masks } = problem(p, part);
             let source = Source::Cached(kv);
             let problem =
                 Problem { shape, q: Queries::Computed(q), rows_per_query, source, key_rows: None, masks };
@@ -499,8 +505,8 @@ impl<T: Real, E: Element<Compute = T>> Job<E> for AttendCached<'_, '_, T, E> {
         });
         let d_v = shape.value_dim;
         let mut lse = lse;
-        for (block, parts) in states.chunks_exact_mut(splits.count).enumerate() {
-            let (merged, rest) = parts.split_first_mut().expect("one state per split");
+        for (block, block_states) in states.chunks_exact_mut(per_block).enumerate() {
+            let (merged, rest) = block_states.split_first_mut().expect("one state per split");
             let merged = merged.get_mut().expect("no task panicked");
             for part in rest.iter_mut() {
                 merged.merge(part.get_mut().expect("no task panicked"));

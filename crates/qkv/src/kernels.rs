@@ -505,6 +505,22 @@ pub(crate) fn larger_magnitude<T: Real>(a: T, b: T) -> T {
 /// `d · width` scalars: for each component `c`, `K[first_key .., c]` side by side (zeros past the
 /// last key), so the score tile reads the panel front to back. A full panel overwrites every
 /// element; a partial one clears the panel first.
+/// Asks the caches for the lines of `data`, without waiting for them (a no-op off x86-64).
+#[inline(always)]
+pub(crate) fn prefetch<E>(data: &[E]) {
+    #[cfg(target_arch = "x86_64")]
+    for offset in (0..size_of_val(data)).step_by(64) {
+        // SAFETY: the address is inside `data`; a prefetch reads nothing architecturally and
+        // cannot fault, and SSE is part of x86-64.
+        unsafe {
+            let line = data.as_ptr().cast::<i8>().add(offset);
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(line);
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = data;
+}
+
 pub(crate) fn pack_key_panel<E: Element>(k: ArrayView2<E>, first_key: usize, width: usize, panel: &mut [E]) {
     let last = (first_key + width).min(k.nrows());
     if last - first_key < width {

@@ -10,6 +10,9 @@
 //! old positions are never touched again, and no storage is allocated after `new`. A step's own
 //! buffers (the stacked queries and outputs, the fast path's states and scratch) are kept in the
 //! cache too, grown by the first step of a shape, so that later steps allocate nothing.
+//!
+//! A windowed cache ([`KvCache::with_window`]) is a ring buffer of the same layout: position `p`
+//! lives in slot `p % capacity`, so a long generation runs in the window's memory (`ring.rs`).
 
 use std::collections::TryReserveError;
 
@@ -19,10 +22,15 @@ use crate::cache_options::CacheOptions;
 use crate::error::{AttentionError, Dims};
 use crate::flash::{self, CachedCall, CachedKeys, CachedProblem};
 use crate::kernels::{self, Buffer, Element, Isa, Job, Kernels};
+use crate::mask::KeepMask;
 use crate::partial::PartialAttention;
 use crate::shape::{Magnitudes, Shape, finite_magnitude};
 use crate::simd::{self, SimdLevel};
 use crate::storage::Storage;
+
+mod ring;
+
+use ring::Ring;
 
 /// The sizes of a [`KvCache`]: `layers` × `kv_heads` sequences of at most `capacity` positions,
 /// each position a key of `key_dim` and a value of `value_dim` elements.
@@ -37,7 +45,9 @@ pub struct CacheShape {
     pub layers: usize,
     /// Key/value heads per layer; the queries may have any multiple of it (grouped-query attention).
     pub kv_heads: usize,
-    /// The most positions (tokens) a layer holds.
+    /// The most positions (tokens) a layer holds: of a windowed cache
+    /// ([`KvCache::with_window`]), the window and the new positions of its largest step but one
+    /// (`window + n_q - 1`).
     pub capacity: usize,
     /// Width of queries and keys (`d_k`).
     pub key_dim: usize,
@@ -74,11 +84,39 @@ pub struct CacheShape {
 /// assert_eq!(layer.len(), 3);
 /// # Ok::<(), qkv::AttentionError>(())
 /// ```
+///
+/// A windowed cache ([`KvCache::with_window`]) keeps only the last positions a sliding window
+/// needs, in a ring buffer that never fills: its steps equal attention over the whole history
+/// with the window.
+///
+/// ```
+/// use ndarray::{Array3, Axis, s};
+/// use qkv::{AttentionOptions, CacheShape, CausalMask, KvCache, SlidingWindow};
+///
+/// // Each query sees 4 positions (its own and 3 back), steps of up to 2 queries: 5 slots.
+/// let shape = CacheShape { layers: 1, kv_heads: 1, capacity: 5, key_dim: 2, value_dim: 2 };
+/// let mut cache = KvCache::<f32>::with_window(shape, 4)?;
+/// let mut layer = cache.layer(0)?;
+/// let history = Array3::from_shape_fn((1, 20, 2), |(_, p, c)| ((p * 7 + c * 3) % 5) as f32 / 4.0);
+/// for end in (2..=20).step_by(2) {
+///     let new = history.slice(s![.., end - 2..end, ..]);
+///     layer.append(new, new)?;
+///     let out = layer.attend(new)?; // the chunk's own positions as its queries
+///     let window = AttentionOptions::new().causal(CausalMask::BottomRight).sliding_window(SlidingWindow::new(3, 0));
+///     let seen = history.slice(s![.., ..end, ..]).insert_axis(Axis(0));
+///     let full = qkv::multi_head_attention(new.insert_axis(Axis(0)), seen, seen, &window)?;
+///     assert!(out.iter().zip(full.iter()).all(|(a, b)| (a - b).abs() < 1e-6));
+/// }
+/// assert_eq!((layer.len(), layer.held()), (20, 5));
+/// # Ok::<(), qkv::AttentionError>(())
+/// ```
 pub struct KvCache<E: Storage = f32> {
     shape: CacheShape,
     level: SimdLevel,
     isa: Isa,
     layout: Layout,
+    /// A windowed cache's ring; `None` holds every position up to the capacity.
+    ring: Option<Ring>,
     layers: Vec<LayerStore<E>>,
     step: StepBuffers,
 }
@@ -92,6 +130,8 @@ struct StepBuffers {
     output: Vec<f32>,
     logsumexp: Vec<f32>,
     workspace: flash::Workspace<f32>,
+    /// A keep mask over a ring's slots (`Ring::keep_by_slot`).
+    keep_by_slot: Vec<bool>,
 }
 
 /// The largest size of one allocation (Rust's limit for any object).
@@ -121,8 +161,9 @@ impl<E: Element> Job<E> for LayoutOf {
     }
 }
 
-/// One layer: how many positions it holds, and what they measured.
+/// One layer: how many positions were appended to it, and what they measured.
 struct LayerStore<E: Element> {
+    /// Positions appended since the last clear (of a ring, more than it holds).
     len: usize,
     /// The largest `|k|` and `|v|` appended since the last clear: they bound every score and
     /// sum (see `flash::stays_finite`), so that no step has to measure the keys again.
@@ -208,7 +249,72 @@ impl<E: Storage> KvCache<E> {
             Ok(LayerStore { len: 0, keys: 0.0, values: 0.0, heads })
         };
         let layers = (0..layers).map(|_| layer()).collect::<Result<_, _>>().map_err(refused)?;
-        Ok(KvCache { shape, level, isa, layout, layers, step: StepBuffers::default() })
+        Ok(KvCache { shape, level, isa, layout, ring: None, layers, step: StepBuffers::default() })
+    }
+
+    /// An empty windowed cache of `shape` for the dispatched SIMD level: a ring buffer of
+    /// `shape.capacity` slots per layer whose queries each see the last `window` positions up to
+    /// their own (Mistral's `sliding_window`, Gemma 2's local layers; `window - 1` back, as
+    /// `SlidingWindow::new(window - 1, 0)` has it). Appends never run out of room: a position
+    /// takes the slot of the one `capacity` before it. A step of `n_q` queries needs the window
+    /// of its first query and its own positions, so `capacity = window + n_q - 1` for the largest
+    /// step (`window` for decoding alone). `window` must be at least 1 and at most the capacity
+    /// ([`AttentionError::CacheWindow`]).
+    ///
+    /// A separate constructor rather than a field of [`CacheShape`], which embedders build as a
+    /// literal: the window is how the layers attend, the shape what they store. A model with
+    /// global and windowed layers (Gemma 2) keeps one cache of each kind.
+    ///
+    /// Each step applies the window by absolute position: results equal
+    /// [`multi_head_attention`](crate::multi_head_attention) over the whole history with a
+    /// bottom-right causal mask and `SlidingWindow::new(window - 1, 0)`, within rounding.
+    ///
+    /// ```
+    /// use ndarray::Array3;
+    /// use qkv::{CacheShape, KvCache};
+    ///
+    /// // A window of 4 positions, steps of up to 3 queries: 6 slots.
+    /// let shape = CacheShape { layers: 1, kv_heads: 1, capacity: 6, key_dim: 2, value_dim: 1 };
+    /// let mut cache = KvCache::<f32>::with_window(shape, 4)?;
+    /// let mut layer = cache.layer(0)?;
+    /// for position in 0..100 {
+    ///     let (k, v) = (Array3::zeros((1, 1, 2)), Array3::from_elem((1, 1, 1), position as f32));
+    ///     layer.append(k.view(), v.view())?;
+    ///     let out = layer.attend(Array3::<f32>::zeros((1, 1, 2)).view())?;
+    ///     // Equal scores: the mean of the last 4 positions' values.
+    ///     let first = position.max(3) - 3;
+    ///     let mean = (first..=position).sum::<usize>() as f32 / (position - first + 1) as f32;
+    ///     assert_eq!(out[[0, 0, 0]], mean);
+    /// }
+    /// assert_eq!((layer.len(), layer.held()), (100, 6)); // RoPE takes position len() - 1
+    /// # Ok::<(), qkv::AttentionError>(())
+    /// ```
+    pub fn with_window(shape: CacheShape, window: usize) -> Result<KvCache<E>, AttentionError> {
+        KvCache::with_window_for_level(shape, window, SimdLevel::dispatched()?)
+    }
+
+    /// [`with_window`](Self::with_window) laid out for the kernels of `level`, as
+    /// [`for_level`](Self::for_level) does.
+    ///
+    /// ```
+    /// let shape = qkv::CacheShape { layers: 1, kv_heads: 1, capacity: 8, key_dim: 4, value_dim: 4 };
+    /// let cache = qkv::KvCache::<f32>::with_window_for_level(shape, 8, qkv::SimdLevel::Baseline)?;
+    /// assert_eq!(cache.window(), Some(8));
+    /// let too_wide = qkv::KvCache::<f32>::with_window_for_level(shape, 9, qkv::SimdLevel::Baseline);
+    /// assert!(too_wide.err().unwrap().to_string().starts_with("a KV cache's window of 9 positions"));
+    /// # Ok::<(), qkv::AttentionError>(())
+    /// ```
+    pub fn with_window_for_level(
+        shape: CacheShape,
+        window: usize,
+        level: SimdLevel,
+    ) -> Result<KvCache<E>, AttentionError> {
+        let capacity = shape.capacity;
+        if window == 0 || window > capacity {
+            return Err(AttentionError::CacheWindow { window, capacity });
+        }
+        let cache = KvCache::for_level(shape, level)?;
+        Ok(KvCache { ring: Some(Ring { window, capacity }), ..cache })
     }
 
     /// The sizes the cache was made with.
@@ -232,6 +338,18 @@ impl<E: Storage> KvCache<E> {
     /// ```
     pub fn simd_level(&self) -> SimdLevel {
         self.level
+    }
+
+    /// The window of a windowed cache ([`with_window`](Self::with_window)), `None` for a cache
+    /// that holds every position.
+    ///
+    /// ```
+    /// let shape = qkv::CacheShape { layers: 1, kv_heads: 1, capacity: 8, key_dim: 4, value_dim: 4 };
+    /// assert_eq!(qkv::KvCache::<f32>::new(shape)?.window(), None);
+    /// # Ok::<(), qkv::AttentionError>(())
+    /// ```
+    pub fn window(&self) -> Option<usize> {
+        self.ring.map(|ring| ring.window)
     }
 
     /// Layer `layer`, to append to and attend over. Fails if there is no such layer.
@@ -291,7 +409,8 @@ pub struct CacheLayer<'c, E: Storage> {
 }
 
 impl<E: Storage> CacheLayer<'_, E> {
-    /// Positions held.
+    /// Positions appended since the cache was made or cleared: the position of the next one,
+    /// what RoPE needs. Of a windowed cache, more than it holds ([`held`](Self::held)).
     ///
     /// ```
     /// let shape = qkv::CacheShape { layers: 1, kv_heads: 1, capacity: 8, key_dim: 4, value_dim: 4 };
@@ -314,13 +433,32 @@ impl<E: Storage> CacheLayer<'_, E> {
         self.len() == 0
     }
 
+    /// Positions held: [`len`](Self::len), except that a windowed cache holds at most its
+    /// capacity, the last positions appended.
+    ///
+    /// ```
+    /// use ndarray::Array3;
+    /// let shape = qkv::CacheShape { layers: 1, kv_heads: 1, capacity: 4, key_dim: 2, value_dim: 2 };
+    /// let mut cache = qkv::KvCache::<f32>::with_window(shape, 4)?;
+    /// let mut layer = cache.layer(0)?;
+    /// layer.append(Array3::zeros((1, 7, 2)).view(), Array3::zeros((1, 7, 2)).view())?;
+    /// assert_eq!((layer.len(), layer.held()), (7, 4));
+    /// # Ok::<(), qkv::AttentionError>(())
+    /// ```
+    pub fn held(&self) -> usize {
+        let len = self.len();
+        self.cache.ring.map_or(len, |ring| ring.held(len))
+    }
+
     fn store(&self) -> &LayerStore<E> {
         &self.cache.layers[self.index]
     }
 
     /// Appends the keys `k` (`[kv_heads, n_new, d_k]`) and values `v` (`[kv_heads, n_new, d_v]`) of
     /// `n_new` positions. Checks the shapes, the capacity and that every element is finite
-    /// before it writes anything, so a failed append leaves the layer as it was.
+    /// before it writes anything, so a failed append leaves the layer as it was. A windowed
+    /// cache has no end: each position overwrites the one `capacity` before it (of an append
+    /// longer than the capacity, only the last `capacity` positions are written).
     ///
     /// ```
     /// use ndarray::Array3;
@@ -348,19 +486,21 @@ impl<E: Storage> CacheLayer<'_, E> {
             "one value for every key, one [n_new, value_dim] block per key/value head",
         )?;
         let len = self.len();
-        if len + n_new > capacity {
+        let ring = self.cache.ring;
+        if ring.is_none() && len + n_new > capacity {
             return Err(AttentionError::CacheFull { layer: self.index, len, appended: n_new, capacity });
         }
         let (keys, values) = (finite_magnitude("keys", &k)?, finite_magnitude("values", &v)?);
         let Layout { key_panel, value_stride } = self.cache.layout;
+        // A ring would overwrite the positions before the last `capacity` within this append.
+        let overwritten = if ring.is_some() { n_new.saturating_sub(capacity) } else { 0 };
         let store = &mut self.cache.layers[self.index];
         for (head, (k, v)) in store.heads.iter_mut().zip(k.outer_iter().zip(v.outer_iter())) {
-            for (j, (key, value)) in k.outer_iter().zip(v.outer_iter()).enumerate() {
-                let position = len + j;
-                let panel =
-                    &mut head.panels[position / key_panel * key_panel * key_dim..][..key_panel * key_dim];
-                kernels::write_key_lane(key, position % key_panel, key_panel, panel);
-                kernels::pack_value_row(value, &mut head.values[position * value_stride..]);
+            for (j, (key, value)) in k.outer_iter().zip(v.outer_iter()).enumerate().skip(overwritten) {
+                let slot = ring.map_or(len + j, |ring| ring.slot(len + j));
+                let panel = &mut head.panels[slot / key_panel * key_panel * key_dim..][..key_panel * key_dim];
+                kernels::write_key_lane(key, slot % key_panel, key_panel, panel);
+                kernels::pack_value_row(value, &mut head.values[slot * value_stride..]);
             }
         }
         store.len += n_new;
@@ -372,8 +512,10 @@ impl<E: Storage> CacheLayer<'_, E> {
     /// Attention of queries `q` (`[query_heads, n_q, d_k]`, `query_heads` a multiple of the
     /// cache's `kv_heads`) over every position held: one decoding step (`n_q = 1`) or a chunk of
     /// prefill (`n_q > 1`). The queries are the last `n_q` positions held (append their keys and
-    /// values first), so query `i` sees positions `0 ..= len - n_q + i`. Query head `h` reads
-    /// key/value head `h / (query_heads / kv_heads)`. Returns `[query_heads, n_q, d_v]` in f32.
+    /// values first), so query `i` sees positions `0 ..= len - n_q + i`; of a windowed cache,
+    /// the last `window` of those, and `n_q` is at most `capacity - window + 1`. Query head `h`
+    /// reads key/value head `h / (query_heads / kv_heads)`. Returns `[query_heads, n_q, d_v]` in
+    /// f32.
     ///
     /// The queries may be f32 or the cache's storage type, whatever that is (a bf16 cache takes
     /// f32 queries, as llama.cpp keeps f32 queries over an f16 cache); they are computed in f32.
@@ -498,8 +640,13 @@ impl<E: Storage> CacheLayer<'_, E> {
     /// [`attend_into`](Self::attend_into) does: nothing, after a first step of the same shape, on
     /// the calling thread. Every option is checked against the layer (the keep mask's shape
     /// against the queries and the positions held, one ALiBi slope per query head, a finite
-    /// scale, a finite positive cap) before anything is computed; if the call fails, `out` and
-    /// `lse` may hold anything.
+    /// scale, a finite positive cap; over a windowed cache, no window but its own,
+    /// [`AttentionError::CacheWindowOption`]) before anything is computed; if the call fails,
+    /// `out` and `lse` may hold anything.
+    ///
+    /// Over a windowed cache every option sees absolute positions: ALiBi's distances, the
+    /// window, and the keep mask's columns, which are the positions held, oldest first
+    /// (position `len - held + c` is column `c`), whatever slots they occupy.
     ///
     /// ```
     /// use ndarray::{Array2, Array3};
@@ -545,44 +692,99 @@ impl<E: Storage> CacheLayer<'_, E> {
         if let Some(lse) = &lse {
             self.check_shape("logsumexp", lse.shape(), &[query_heads, n_queries], "one per query row")?;
         }
-        let len = self.len();
-        if n_queries > len {
+        let (len, held) = (self.len(), self.held());
+        if n_queries > held {
             return Err(AttentionError::CacheInput {
                 layer: self.index,
                 argument: "queries",
                 found: q.shape().into(),
-                expected: format!("[{query_heads}, at most {len}, {key_dim}]"),
+                expected: format!("[{query_heads}, at most {held}, {key_dim}]"),
                 why: "the queries are the last positions held, so append their keys and values first",
             });
         }
-        options.check_shapes(query_heads, n_queries, len).map_err(|mismatch| AttentionError::CacheInput {
-            layer: self.index,
-            argument: mismatch.argument,
-            found: mismatch.found,
-            expected: mismatch.expected,
-            why: mismatch.why,
+        let ring = self.cache.ring;
+        if let Some(ring) = ring {
+            if n_queries > ring.largest_step() {
+                return Err(AttentionError::CacheInput {
+                    layer: self.index,
+                    argument: "queries",
+                    found: q.shape().into(),
+                    expected: format!("[{query_heads}, at most {}, {key_dim}]", ring.largest_step()),
+                    why: "a windowed cache holds the windows of at most capacity - window + 1 new queries: \
+                          attend in smaller steps, or make the capacity larger",
+                });
+            }
+            if let Some(found) = options.window()
+                && found != ring.sliding_window()
+            {
+                return Err(AttentionError::CacheWindowOption {
+                    layer: self.index,
+                    found,
+                    window: ring.window,
+                });
+            }
+        }
+        options.check_shapes(query_heads, n_queries, held).map_err(|mismatch| {
+            AttentionError::CacheInput {
+                layer: self.index,
+                argument: mismatch.argument,
+                found: mismatch.found,
+                expected: mismatch.expected,
+                why: mismatch.why,
+            }
         })?;
-        let dense = options.dense();
-        let shape = Shape { n_queries, n_keys: len, key_dim, value_dim };
-        let heads = dense.resolve_heads(&shape, Some((1, query_heads)))?;
+        let shape = Shape { n_queries, n_keys: held, key_dim, value_dim };
+        let KvCache { layout, isa, layers, step, .. } = &mut *self.cache;
+        let StepBuffers { queries, output, logsumexp, workspace, keep_by_slot } = step;
+        // A plain cache is one problem over the positions held. A ring is one part per run of
+        // slots, each placing its slots among keys of its own, with the ring's window, and the
+        // keep mask's columns moved to the slots (see `ring.rs`).
+        let (dense, runs, lengths, by_slot, ring_options);
+        let heads = match ring {
+            None => {
+                dense = options.dense();
+                let whole = dense.resolve_heads(&shape, Some((1, query_heads)))?;
+                // One part: the second entry is never read.
+                [whole, whole]
+            }
+            Some(ring) => {
+                runs = ring.runs(len);
+                lengths = runs.map(|run| [run.key_length]);
+                by_slot = options.keep().map(|keep| ring.keep_by_slot(len, keep, keep_by_slot));
+                ring_options = [0, 1].map(|part| {
+                    let options =
+                        options.dense().sliding_window(ring.sliding_window()).key_lengths(&lengths[part]);
+                    match by_slot {
+                        Some(keep) => {
+                            options.keep_mask(KeepMask::new(keep.slice_move(s![.., ..runs[part].n_keys])))
+                        }
+                        None => options,
+                    }
+                });
+                let run = |part: usize| {
+                    let shape = Shape { n_keys: runs[part].n_keys, ..shape };
+                    ring_options[part].resolve_heads(&shape, Some((1, query_heads)))
+                };
+                [run(0)?, run(1)?]
+            }
+        };
+        let parts = if ring.is_some() { 2 } else { 1 };
         if n_queries == 0 {
             return Ok(());
         }
-        let queries = finite_magnitude("queries", &q)?;
-        let KvCache { layout, isa, layers, step, .. } = &mut *self.cache;
+        let query_magnitude = finite_magnitude("queries", &q)?;
         let store = &layers[self.index];
-        let magnitudes = Magnitudes { queries, keys: store.keys, values: store.values };
-        if !flash::stays_finite(&shape, &magnitudes, &heads.head(0, 0)) {
+        let magnitudes = Magnitudes { queries: query_magnitude, keys: store.keys, values: store.values };
+        if !heads[..parts].iter().all(|heads| flash::stays_finite(&shape, &magnitudes, &heads.head(0, 0))) {
             return Err(AttentionError::CacheOverflow { layer: self.index });
         }
         // The query heads that share a key/value head are the rows of one problem, query-major
         // (row `i · group + g` is query `i` of the group's head `g`), so that its keys and values
         // are read once for all of them; heads with masks of their own (ALiBi) are a problem each.
         let group = query_heads / kv_heads;
-        let heads_per_problem = if heads.vary_by_head() { 1 } else { group };
+        let heads_per_problem = if heads[0].vary_by_head() { 1 } else { group };
         let n_problems = query_heads / heads_per_problem;
         let rows = n_queries * heads_per_problem;
-        let StepBuffers { queries, output, logsumexp, workspace } = step;
         let stacked = flash::prefix(queries, n_problems * rows * key_dim);
         for (r, row) in stacked.chunks_exact_mut(key_dim).enumerate() {
             let (p, i, g) = (r / rows, r % rows / heads_per_problem, r % heads_per_problem);
@@ -591,7 +793,7 @@ impl<E: Storage> CacheLayer<'_, E> {
         }
         let stacked = &*stacked;
         let value_stride = layout.value_stride;
-        let problem = |p: usize| CachedProblem {
+        let problem = |p: usize, part: usize| CachedProblem {
             q: ArrayView2::from_shape(
                 (rows, key_dim),
                 &stacked[p * rows * key_dim..(p + 1) * rows * key_dim],
@@ -599,14 +801,15 @@ impl<E: Storage> CacheLayer<'_, E> {
             .expect("the rows fit"),
             kv: CachedKeys {
                 panels: &store.heads[p * heads_per_problem / group].panels,
-                values: &store.heads[p * heads_per_problem / group].values[..len * value_stride],
+                values: &store.heads[p * heads_per_problem / group].values[..held * value_stride],
                 value_stride,
             },
-            masks: heads.head(0, p * heads_per_problem),
+            masks: heads[part].head(0, p * heads_per_problem),
         };
         let stacked_out = flash::prefix(output, n_problems * rows * value_dim);
         let stacked_lse = lse.is_some().then(|| flash::prefix(logsumexp, n_problems * rows));
-        let call = CachedCall { shape, rows_per_query: heads_per_problem, n_problems, problem: &problem };
+        let call =
+            CachedCall { shape, rows_per_query: heads_per_problem, n_problems, parts, problem: &problem };
         flash::attend_cached(*isa, call, stacked_out, stacked_lse, workspace);
         for (r, row) in stacked_out.chunks_exact(value_dim).enumerate() {
             let (p, i, g) = (r / rows, r % rows / heads_per_problem, r % heads_per_problem);

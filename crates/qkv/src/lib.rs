@@ -17,7 +17,8 @@
 //! version can build views with it); [`matrix`] and [`tensor`] view flat slices, and
 //! [`matrix_mut`] and [`tensor_mut`] let the `_into` functions write into them.
 //!
-//! For inference, [`KvCache`] holds one sequence's keys and values packed for the kernels, and
+//! For inference, [`KvCache`] holds one sequence's keys and values packed for the kernels (or,
+//! made [`with_window`](KvCache::with_window), a ring buffer of a sliding window's), and
 //! [`PagedKvCache`] many sequences in fixed-size blocks of one pool (fork with copy on write,
 //! truncate, free), attending with a whole ragged batch's new queries in one call.
 //!

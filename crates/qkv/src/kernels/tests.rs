@@ -158,9 +158,15 @@ fn pack_keys(k: &Array2<f32>, width: usize) -> Vec<f32> {
 #[test]
 fn score_and_value_tiles_match_plain_loops() {
     each_level!(f32, |kernels: K, level| {
-        for (rows, n_keys, d, d_v) in
-            [(1, 1, 1, 1), (8, 32, 3, 17), (13, 64, 64, 64), (6, 40, 80, 80), (9, 7, 5, 3), (4, 100, 64, 64)]
-        {
+        for (rows, n_keys, d, d_v) in [
+            (1, 1, 1, 1),
+            (8, 32, 3, 17),
+            (13, 64, 64, 64),
+            (6, 40, 80, 80),
+            (9, 7, 5, 3),
+            (4, 100, 64, 64),
+            (6, 128, 16, 130),
+        ] {
             let ctx = format!("{level} {rows}x{n_keys}x{d}x{d_v}");
             let (q, k, v) = (matrix(rows, d, 1), matrix(n_keys, d, 2), matrix(n_keys, d_v, 3));
             let width = K::KEY_PANEL;

@@ -57,3 +57,45 @@ fn keys_land_in_their_panel_lanes_and_values_in_padded_rows() {
         }
     }
 }
+
+#[test]
+fn a_ring_writes_position_p_into_slot_p_mod_capacity_and_never_moves() {
+    let shape = CacheShape { layers: 1, kv_heads: 2, capacity: 21, key_dim: 3, value_dim: 5 };
+    for level in SimdLevel::ALL.into_iter().filter(|level| level.is_supported()) {
+        let mut cache = KvCache::<f32>::with_window_for_level(shape, 10, level).unwrap();
+        let before = storage(&cache);
+        // Key p is [p, p + 0.25, p + 0.5] (head 1 negated); value p is [p; 5]. 100 positions in
+        // appends of every size, one longer than the ring.
+        let k = Array3::from_shape_fn((2, 100, 3), |(h, p, c)| {
+            (1.0 - 2.0 * h as f32) * (p as f32 + 0.25 * c as f32)
+        });
+        let v = Array3::from_shape_fn((2, 100, 5), |(_, p, _)| p as f32);
+        let mut layer = cache.layer(0).unwrap();
+        let mut len = 0;
+        for n_new in [1, 7, 20, 21, 25, 1, 13, 12] {
+            layer
+                .append(k.slice(s![.., len..len + n_new, ..]), v.slice(s![.., len..len + n_new, ..]))
+                .unwrap();
+            len += n_new;
+        }
+        assert_eq!((layer.len(), layer.held()), (100, 21));
+        assert_eq!(storage(&cache), before, "{level}: appends past the capacity");
+        let Layout { key_panel, value_stride } = cache.layout;
+        for (h, head) in cache.layers[0].heads.iter().enumerate() {
+            for position in 100 - 21..100 {
+                let slot = position % 21;
+                let panel = &head.panels[slot / key_panel * key_panel * 3..][..key_panel * 3];
+                let key: Vec<f32> = (0..3).map(|c| panel[c * key_panel + slot % key_panel]).collect();
+                assert_eq!(key, k.slice(s![h, position, ..]).to_vec(), "{level} key {position}");
+                assert_eq!(
+                    &head.values[slot * value_stride..][..5],
+                    &[position as f32; 5],
+                    "{level} value {position}"
+                );
+            }
+        }
+        cache.clear();
+        assert_eq!(cache.layer(0).unwrap().held(), 0);
+        assert_eq!(storage(&cache), before, "{level}: after clear");
+    }
+}

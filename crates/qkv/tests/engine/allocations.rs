@@ -123,6 +123,49 @@ fn a_warm_decoding_step_allocates_nothing_at_every_level() {
     }
 }
 
+/// A windowed cache (a ring of 300 slots, window 300) long past its capacity: each decoding
+/// step appends a position, overwriting the oldest, and attends over the two runs of slots the
+/// wrap point leaves; after a first such step none allocates, with every option but the keep
+/// mask, at every level.
+#[test]
+fn a_warm_decoding_step_over_a_ring_allocates_nothing() {
+    let slopes = qkv::alibi_slopes::<f32>(QUERY_HEADS);
+    let capped =
+        CacheOptions::new().sliding_window(SlidingWindow::new(299, 0)).logit_softcap(50.0).scale(0.1);
+    let alibi = CacheOptions::new().alibi(&slopes);
+    let one_thread = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+    let ring = CacheShape { capacity: 300, ..SHAPE };
+    for level in levels() {
+        for (what, options) in
+            [("plain", CacheOptions::new()), ("window + cap", capped.clone()), ("alibi", alibi.clone())]
+        {
+            let counts = one_thread.install(|| {
+                let mut cache = KvCache::<bf16>::with_window_for_level(ring, 300, level).unwrap();
+                let mut layer = cache.layer(0).unwrap();
+                let kv = |n: usize| {
+                    Array3::from_shape_fn((SHAPE.kv_heads, n, 128), |(h, i, c)| {
+                        bf16::from_f32(((h + i * c) % 7) as f32 / 7.0)
+                    })
+                };
+                let (prompt, token) = (kv(400), kv(1));
+                layer.append(prompt.view(), prompt.view()).unwrap();
+                let q = Array3::from_shape_fn((QUERY_HEADS, 1, 128), |(h, _, c)| ((h * c) % 5) as f32 / 5.0);
+                let (mut out, mut lse) =
+                    (Array3::<f32>::zeros((QUERY_HEADS, 1, 128)), Array2::zeros((QUERY_HEADS, 1)));
+                let mut step = || {
+                    let before = allocations();
+                    layer.append(token.view(), token.view()).unwrap();
+                    layer.attend_with_into(q.view(), &options, out.view_mut(), Some(lse.view_mut())).unwrap();
+                    allocations() - before
+                };
+                step();
+                [step(), step(), step()]
+            });
+            assert_eq!(counts, [0, 0, 0], "{level} {what}: a ring's decoding steps, one thread");
+        }
+    }
+}
+
 /// A step worth sharing with rayon's pool, called from a thread of the pool (inside
 /// `ThreadPool::install`, as a serving loop runs), hands the helper its share through
 /// `rayon::join`, whose job lives on the stack: nothing is allocated on the calling thread, and

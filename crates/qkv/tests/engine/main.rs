@@ -17,6 +17,7 @@ mod package;
 mod paged;
 mod problem;
 mod properties;
+mod ring;
 mod simd;
 mod softcap;
 mod tiled;
