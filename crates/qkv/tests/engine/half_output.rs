@@ -212,7 +212,8 @@ fn check_cache_step<E: Storage, O: Storage>(
 }
 
 /// A `KvCache` of `E` into f32, bf16 and f16 outputs, step after step (a prefill chunk, then
-/// steps), plain and under a window with ALiBi.
+/// steps): a plain cache with and without a window and ALiBi, and a ring buffer of a 12-position
+/// window that wraps (its keys read as two runs).
 fn check_kv_cache<E: Storage>() {
     let shape = CacheShape { layers: 1, kv_heads: 2, capacity: 300, key_dim: 24, value_dim: 40 };
     let mut rng = ChaCha8Rng::seed_from_u64(22);
@@ -220,30 +221,32 @@ fn check_kv_cache<E: Storage>() {
     let slopes = qkv::alibi_slopes::<f32>(4);
     let windowed = CacheOptions::new().sliding_window(SlidingWindow::new(50, 0)).alibi(&slopes);
     for level in levels() {
-        let mut cache = KvCache::<E>::for_level(shape, level).unwrap();
-        let mut layer = cache.layer(0).unwrap();
-        for n_new in [1, 129, 3, 1] {
-            let (k, v) =
-                (random3((2, n_new, 24)).mapv(E::from_f32), random3((2, n_new, 40)).mapv(E::from_f32));
-            layer.append(k.view(), v.view()).unwrap();
-            let q = random3((4, n_new, 24));
-            for (what, options) in [("plain", CacheOptions::new()), ("window + alibi", windowed.clone())] {
-                let ctx = format!("{} cache {level} {what}, {n_new} new of {}", E::NAME, layer.len());
-                let want = layer.attend_with_lse(q.view(), &options).unwrap();
-                let step = (q.view(), &options);
-                check_cache_step::<E, f32>(&mut layer, step, &want, &ctx);
-                check_cache_step::<E, bf16>(&mut layer, step, &want, &ctx);
-                check_cache_step::<E, f16>(&mut layer, step, &want, &ctx);
+        let plain = KvCache::<E>::for_level(shape, level).unwrap();
+        // 12 + 129 - 1 slots: steps of up to 129 queries.
+        let ring =
+            KvCache::<E>::with_window_for_level(CacheShape { capacity: 140, ..shape }, 12, level).unwrap();
+        let both = [("plain", CacheOptions::new()), ("window + alibi", windowed.clone())];
+        for (kind, mut cache, options) in [("plain", plain, &both[..]), ("ring", ring, &both[..1])] {
+            let mut layer = cache.layer(0).unwrap();
+            for n_new in [1, 129, 3, 1, 60, 1] {
+                let (k, v) = (random3((2, n_new, 24)), random3((2, n_new, 40)));
+                layer.append(k.mapv(E::from_f32).view(), v.mapv(E::from_f32).view()).unwrap();
+                let q = random3((4, n_new, 24));
+                for (what, options) in options {
+                    let ctx =
+                        format!("{} {kind} cache {level} {what}, {n_new} new of {}", E::NAME, layer.len());
+                    let want = layer.attend_with_lse(q.view(), options).unwrap();
+                    let step = (q.view(), options);
+                    check_cache_step::<E, f32>(&mut layer, step, &want, &ctx);
+                    check_cache_step::<E, bf16>(&mut layer, step, &want, &ctx);
+                    check_cache_step::<E, f16>(&mut layer, step, &want, &ctx);
+                }
+                let want = layer.attend(q.view()).unwrap();
+                let mut out = nans::<bf16, _, _>(want.raw_dim());
+                layer.attend_into(q.view(), out.view_mut()).unwrap();
+                let ctx = format!("{} {kind} cache {level}", E::NAME);
+                assert_eq!(out, rounded::<bf16, _>(&want), "{ctx}: attend_into a bf16 output");
             }
-            let want = layer.attend(q.view()).unwrap();
-            let mut out = nans::<bf16, _, _>(want.raw_dim());
-            layer.attend_into(q.view(), out.view_mut()).unwrap();
-            assert_eq!(
-                out,
-                rounded::<bf16, _>(&want),
-                "{} cache {level}: attend_into a bf16 output",
-                E::NAME
-            );
         }
     }
 }
