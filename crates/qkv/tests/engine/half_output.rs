@@ -7,7 +7,7 @@
 use half::{bf16, f16};
 use ndarray::{Array2, Array3, Array4, ArrayView3, ArrayView4, Dimension, Ix3, s};
 use qkv::{
-    AttentionOptions, CacheLayer, CacheOptions, CacheShape, CausalMask, Half, KvCache, PagedKvCache,
+    Alibi, AttentionOptions, CacheLayer, CacheOptions, CacheShape, CausalMask, Half, KvCache, PagedKvCache,
     PagedShape, PartialAttention, SlidingWindow, Storage,
 };
 use rand::{Rng, SeedableRng};
@@ -87,12 +87,12 @@ fn random4<H: Half>(rng: &mut ChaCha8Rng, shape: (usize, usize, usize, usize)) -
 
 /// One multi-head call: every half entry point against the f32 path on the widened inputs (bit
 /// for bit), against the reference for the first and last query head of each sequence
-/// (`per_sequence(b)`: the options of sequence `b` alone, for a single head), and its half
+/// (`per_head(b, h)`: the options of query head `h` of sequence `b` alone), and its half
 /// outputs against the f32 one rounded.
 fn check_heads<'a, H: Half>(
     (q, k, v): (ArrayView4<H>, ArrayView4<H>, ArrayView4<H>),
     options: &AttentionOptions<f32>,
-    per_sequence: &dyn Fn(usize) -> AttentionOptions<'a, f32>,
+    per_head: &dyn Fn(usize, usize) -> AttentionOptions<'a, f32>,
     ctx: &str,
 ) {
     let widen = |a: ArrayView4<H>| a.mapv(H::to_f32);
@@ -104,7 +104,7 @@ fn check_heads<'a, H: Half>(
     for b in 0..batch {
         for h in [0, query_heads - 1] {
             let (qh, kh, vh) = (head(&wq, b, h), head(&wk, b, h / group), head(&wv, b, h / group));
-            let alone = per_sequence(b);
+            let alone = per_head(b, h);
             let reference = qkv::reference::attention(qh.view(), kh.view(), vh.view(), &alone).unwrap();
             let want = qkv::reference::attention_with_lse(qh.view(), kh.view(), vh.view(), &alone).unwrap();
             references.push((b, h, want, error_bound(&reference, &vh)));
@@ -164,28 +164,40 @@ fn check_multi_head<H: Half>() {
         (1, 4, 2, 70, 141, 16, 24),
         (1, 2, 1, 5, 2100, 8, 4),
     ];
-    // Masks of `[n_q, n_k]`, shared by every head (the per-sequence and per-head kinds below).
-    let shared: Vec<MaskKind> =
-        MASK_KINDS.into_iter().filter(|m| !matches!(m, MaskKind::KeyLength | MaskKind::Alibi)).collect();
+    // A mask of `[n_q, n_k]` per shape, shared by every head (the per-sequence and per-head kinds
+    // below): rows that see nothing, a causal window over a decoding step, a bias, whole key
+    // tiles hidden from split keys.
+    let shared = [
+        MaskKind::KeepWithEmptyRows,
+        MaskKind::CausalWindow,
+        MaskKind::KeepWithEmptyRows,
+        MaskKind::Bias,
+        MaskKind::PaddingBlocks,
+    ];
     for (i, &(batch, query_heads, kv_heads, n_q, n_k, d_k, d_v)) in shapes.iter().enumerate() {
         let q = random4::<H>(&mut rng, (batch, query_heads, n_q, d_k));
         let k = random4::<H>(&mut rng, (batch, kv_heads, n_k, d_k));
         let v = random4::<H>(&mut rng, (batch, kv_heads, n_k, d_v));
         let qkv = (q.view(), k.view(), v.view());
         let dims = format!("[{batch}, {query_heads}/{kv_heads}, {n_q}x{n_k}, {d_k}/{d_v}]");
-        let mask = if i % 2 == 0 { MaskKind::KeepWithEmptyRows } else { shared[i % shared.len()] };
+        let mask = shared[i];
         // Only the masks of this problem are used (its inputs are one component wide); they apply
         // to every head alike, so the reference takes them as they are.
         let masked = Problem::<f32>::random(30 + i as u64, (n_q, n_k, 1, 1), 1.0, mask);
         let options = masked.options();
-        check_heads(qkv, &options, &|_| options.clone(), &format!("{dims} {mask:?}"));
+        check_heads(qkv, &options, &|_, _| options.clone(), &format!("{dims} {mask:?}"));
         // Key lengths, one per sequence: the last sequence sees nothing (zeros, logsumexp -inf).
         let lengths: Vec<usize> =
             (0..batch).map(|b| if b + 1 == batch && batch > 1 { 0 } else { n_k }).collect();
         let causal = AttentionOptions::new().causal(CausalMask::BottomRight);
         let options = causal.clone().key_lengths(&lengths);
-        let per_sequence = |b: usize| causal.clone().key_lengths(&lengths[b..b + 1]);
+        let per_sequence = |b: usize, _| causal.clone().key_lengths(&lengths[b..b + 1]);
         check_heads(qkv, &options, &per_sequence, &format!("{dims} key lengths {lengths:?}"));
+        // ALiBi, one slope per query head: the heads of a group are problems of their own.
+        let slopes = qkv::alibi_slopes::<f32>(query_heads);
+        let options = causal.clone().alibi(Alibi::new(&slopes));
+        let per_head = |_, h: usize| causal.clone().alibi(Alibi::new(&slopes[h..h + 1]));
+        check_heads(qkv, &options, &per_head, &format!("{dims} alibi"));
     }
 }
 
