@@ -255,6 +255,8 @@ pub(crate) struct PagedKeys<'p, E> {
     pub(crate) values_at: usize,
     pub(crate) key_dim: usize,
     pub(crate) value_stride: usize,
+    /// The sequence's positions: the keys its masks may show.
+    pub(crate) len: usize,
 }
 
 impl<'p, E> PagedKeys<'p, E> {
@@ -328,7 +330,16 @@ impl<T: Real, E: Element<Compute = T>, O: Element<Compute = T>> Job<E> for Atten
         let n_rows = shape.n_queries * rows_per_query;
         let mut problems = Vec::with_capacity(heads.len());
         let mut blocks: Vec<Vec<OutBlock<T, O>>> = Vec::with_capacity(heads.len());
+        // Each head's key splits follow its own rows and keys, never the call's bound, so that a
+        // sequence of a paged batch gets the same bits whatever the other sequences are.
+        let mut splits: Vec<KeySplits> = Vec::with_capacity(heads.len());
         for Operands { q, source, out, lse, masks } in heads {
+            let n_keys = match &source {
+                Source::Rows { k, .. } => k.nrows(),
+                Source::Cached(_) => shape.n_keys,
+                Source::Paged(paged) => paged.len,
+            };
+            splits.push(key_splits(out.nrows(), n_keys, K::QUERY_BLOCK));
             let key_rows = match &source {
                 Source::Rows { k, .. } => k.to_slice().filter(|_| decodes(n_rows, k)),
                 Source::Cached(_) | Source::Paged(_) => None,
@@ -346,10 +357,11 @@ impl<T: Real, E: Element<Compute = T>, O: Element<Compute = T>> Job<E> for Atten
         let decoding = problems.iter().all(|p| p.key_rows.is_some());
         let parallel =
             work::worth_sharing(shape.flops() * (rows_per_query * problems.len()) as f64, decoding);
-        let splits: Vec<Range<usize>> = key_splits(n_rows, shape.n_keys, K::QUERY_BLOCK).ranges().collect();
         let mut measured = Measured::nothing();
-        if let [keys] = splits.as_slice() {
-            let packed: Vec<Packed<E>> = problems.iter().map(|p| p.packed::<K>(keys.clone())).collect();
+        if splits.iter().all(|splits| splits.count == 1) {
+            let keys: Vec<Range<usize>> = splits.iter().map(|splits| splits.range(0)).collect();
+            let packed: Vec<Packed<E>> =
+                problems.iter().zip(&keys).map(|(p, keys)| p.packed::<K>(keys.clone())).collect();
             // Under a causal mask block i's cost grows with i, so items are zig-zag pairs: block i
             // with block n-1-i, every pair costing about the same. Otherwise every block is an
             // item of its own, the finest split. Items are taken one at a time, so both cores stay
@@ -374,7 +386,7 @@ impl<T: Real, E: Element<Compute = T>, O: Element<Compute = T>> Job<E> for Atten
                     let rows = out_block.out.nrows();
                     let first = b * K::QUERY_BLOCK;
                     let state =
-                        problems[h].attend_block(kernels, &packed[h], first, rows, keys.clone(), scratch);
+                        problems[h].attend_block(kernels, &packed[h], first, rows, keys[h].clone(), scratch);
                     state.write(out_block);
                     measured = measured.combine(state.measured);
                 }
@@ -386,14 +398,14 @@ impl<T: Real, E: Element<Compute = T>, O: Element<Compute = T>> Job<E> for Atten
             return decoding.then_some(measured);
         }
         let splits = &splits;
-        // Each item with its block's rows: heads may have different numbers of rows (the
-        // sequences of a paged batch).
+        // Each item with its block's rows: heads may have different numbers of rows and keys
+        // (the sequences of a paged batch).
         let items: Vec<SplitItem> = blocks
             .iter()
             .enumerate()
             .flat_map(|(h, blocks)| {
                 blocks.iter().enumerate().flat_map(move |(b, block)| {
-                    splits.iter().map(move |keys| (h, b, block.out.nrows(), keys.clone()))
+                    splits[h].ranges().map(move |keys| (h, b, block.out.nrows(), keys))
                 })
             })
             .collect();
@@ -404,10 +416,12 @@ impl<T: Real, E: Element<Compute = T>, O: Element<Compute = T>> Job<E> for Atten
             problems[h].attend_block(kernels, &packed, b * K::QUERY_BLOCK, rows, keys, scratch)
         };
         let mut states = work::map_items(items, parallel, Scratch::default, attend_item).into_iter();
-        for out_block in blocks.iter_mut().flatten() {
+        for (out_block, splits) in
+            blocks.iter_mut().zip(splits).flat_map(|(b, s)| b.iter_mut().zip(std::iter::repeat(s)))
+        {
             // Merged in split order, the same whichever thread computed each part.
             let mut merged = states.next().expect("one state per split");
-            for part in states.by_ref().take(splits.len() - 1) {
+            for part in states.by_ref().take(splits.count - 1) {
                 merged.merge(&part);
             }
             merged.write(out_block);

@@ -585,10 +585,10 @@ impl<E: Storage> PagedLayer<'_, E> {
     /// `q` is.
     ///
     /// The work items (sequence × key/value head × block of queries) of every sequence are shared
-    /// out together, so a batch of short sequences keeps every core busy. The results do not
-    /// depend on the number of threads; a sequence's rows may differ in their last bits from one
-    /// batch to another, since a decoding batch splits every sequence's keys as its longest
-    /// sequence needs.
+    /// out together, so a batch of short sequences keeps every core busy. The results depend on
+    /// neither the number of threads nor the batch: a sequence's rows are the same bits alone or
+    /// beside any others, since how its keys are split between tasks follows its own length and
+    /// queries.
     ///
     /// A token-major batch (`[n_queries, query_heads, d_k]`, as a projection writes it) is
     /// `q.permuted_axes([1, 0, 2])`, with no copy.
@@ -723,6 +723,7 @@ impl<E: Storage> PagedLayer<'_, E> {
                     values_at: at.values_at(self.index, kv),
                     key_dim,
                     value_stride: at.layout.value_stride,
+                    len: member.state.len,
                 },
                 out: out.view_mut(),
                 masks: sequence_masks(&shape)?,

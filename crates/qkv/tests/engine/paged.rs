@@ -376,6 +376,55 @@ fn results_do_not_depend_on_the_thread_count() {
     assert!(outputs.windows(2).all(|w| w[0] == w[1]), "1, 2 and 3 threads give the same bits");
 }
 
+#[test]
+fn a_sequence_gets_the_same_bits_alone_or_in_any_batch() {
+    // A long sequence splits its keys between tasks, a short one does not: each sequence's
+    // splits follow its own length and queries, so batching never changes a bit of its rows.
+    let shape =
+        PagedShape { layers: 1, kv_heads: 2, key_dim: 32, value_dim: 40, block_size: 64, blocks: 120 };
+    for level in levels() {
+        let mut harness = Harness::new(level, shape, 4, 11);
+        let lengths = [4097, 1, 300, 1500, 65];
+        let sequences: Vec<SequenceId> = lengths
+            .iter()
+            .map(|&len| {
+                let seq = harness.add();
+                harness.append(seq, len);
+                seq
+            })
+            .collect();
+        // Queries per sequence: a decoding step for most, a short prefill tail for two.
+        let n_queries = [1, 1, 3, 1, 2];
+        let q: Vec<Array3<f32>> = n_queries.iter().map(|&n| harness.random(8, n, 32)).collect();
+        let attend = |harness: &mut Harness, members: &[usize]| {
+            let ids: Vec<SequenceId> = members.iter().map(|&m| sequences[m]).collect();
+            let mut offsets = vec![0];
+            for &m in members {
+                offsets.push(offsets.last().unwrap() + n_queries[m]);
+            }
+            let views: Vec<_> = members.iter().map(|&m| q[m].view()).collect();
+            let packed = concatenate(Axis(1), &views).unwrap();
+            let out = harness.cache.layer(0).unwrap().attend(&ids, &offsets, packed.view()).unwrap();
+            members
+                .iter()
+                .zip(offsets.windows(2))
+                .map(|(&m, at)| (m, out.slice(s![.., at[0]..at[1], ..]).to_owned()))
+                .collect::<Vec<_>>()
+        };
+        let alone: Vec<Array3<f32>> =
+            (0..lengths.len()).map(|m| attend(&mut harness, &[m]).remove(0).1).collect();
+        for batch in [vec![0, 1, 2, 3, 4], vec![4, 3, 2, 1, 0], vec![1, 0], vec![2, 4, 3]] {
+            for (m, rows) in attend(&mut harness, &batch) {
+                assert!(
+                    rows == alone[m],
+                    "{level}: sequence {m} of length {} in batch {batch:?}",
+                    lengths[m]
+                );
+            }
+        }
+    }
+}
+
 /// An operation of the random sequences below; sequences are picked by position among the live
 /// ones, lengths as fractions.
 #[derive(Debug, Clone)]
