@@ -81,7 +81,7 @@ pub(crate) fn attend<T: Real, E: Element<Compute = T>, O: Element<Compute = T>>(
         .map(|Head { q, k, v, out, lse, masks }| Operands {
             q,
             source: Source::Rows { k, v },
-            out,
+            out: O::out_rows(out),
             lse,
             masks,
         })
@@ -136,7 +136,7 @@ pub(crate) fn attend_paged<T: Real, E: Element<Compute = T>>(
         .map(|PagedHead { q, kv, out, masks }| Operands {
             q,
             source: Source::Paged(kv),
-            out,
+            out: OutRows::Computed(out),
             lse: None,
             masks,
         })
@@ -148,7 +148,7 @@ pub(crate) fn attend_paged<T: Real, E: Element<Compute = T>>(
 type SplitItem = (usize, usize, usize, Range<usize>);
 
 /// A work item of the tiled path: head `.0`'s query blocks, each with its index and output.
-type HeadBlocks<'b, 'out, T, O> = (usize, Vec<(usize, &'b mut OutBlock<'out, T, O>)>);
+type HeadBlocks<'b, 'out, T> = (usize, Vec<(usize, &'b mut OutBlock<'out, T>)>);
 
 /// One head of a call to [`attend`]: inputs stored as `E`, the output stored as `O` (both `T`
 /// itself, or a half-precision format), computed in `T`.
@@ -272,17 +272,52 @@ impl<'p, E> PagedKeys<'p, E> {
 }
 
 /// One head's operands inside a call, wherever its keys come from.
-struct Operands<'p, 'out, T, E, O> {
+struct Operands<'p, 'out, T, E> {
     q: ArrayView2<'p, E>,
     source: Source<'p, E>,
-    out: ArrayViewMut2<'out, O>,
+    out: OutRows<'out, T>,
     lse: Option<ArrayViewMut1<'out, T>>,
     masks: MaskSet<'p, T>,
 }
 
-/// The output rows of one query block (stored as `O`), and their logsumexp when asked for.
-struct OutBlock<'out, T, O = T> {
-    out: ArrayViewMut2<'out, O>,
+/// Output rows as the caller stores them: in the compute type `T`, or rounded once from it to a
+/// half-precision format. An enum rather than a type parameter, so that the tiled path is
+/// compiled once per input type, not once per pair of input and output types (which doubled the
+/// engine tests' build).
+/// `pub` only because the (sealed) `Element` trait names it; nothing outside the crate can.
+pub enum OutRows<'out, T> {
+    /// Stored in the compute type.
+    Computed(ArrayViewMut2<'out, T>),
+    /// Rounded to bf16 (under an f32 compute type).
+    Bf16(ArrayViewMut2<'out, half::bf16>),
+    /// Rounded to f16 (under an f32 compute type).
+    F16(ArrayViewMut2<'out, half::f16>),
+}
+
+impl<'out, T: Real> OutRows<'out, T> {
+    fn nrows(&self) -> usize {
+        match self {
+            OutRows::Computed(out) => out.nrows(),
+            OutRows::Bf16(out) => out.nrows(),
+            OutRows::F16(out) => out.nrows(),
+        }
+    }
+
+    /// The rows in blocks of `rows` (the last one shorter).
+    fn blocks(self, rows: usize) -> Vec<OutRows<'out, T>> {
+        match self {
+            OutRows::Computed(out) => {
+                out.into_axis_chunks_iter_mut(Axis(0), rows).map(OutRows::Computed).collect()
+            }
+            OutRows::Bf16(out) => out.into_axis_chunks_iter_mut(Axis(0), rows).map(OutRows::Bf16).collect(),
+            OutRows::F16(out) => out.into_axis_chunks_iter_mut(Axis(0), rows).map(OutRows::F16).collect(),
+        }
+    }
+}
+
+/// The output rows of one query block, and their logsumexp when asked for.
+struct OutBlock<'out, T> {
+    out: OutRows<'out, T>,
     lse: Option<ArrayViewMut1<'out, T>>,
 }
 
@@ -316,20 +351,20 @@ impl<T: Real> Measured<T> {
 }
 
 /// One call's operands, waiting for its kernels.
-struct Attend<'p, 'out, T: Real, E, O> {
+struct Attend<'p, 'out, T: Real, E> {
     shape: Shape,
     rows_per_query: usize,
-    heads: Vec<Operands<'p, 'out, T, E, O>>,
+    heads: Vec<Operands<'p, 'out, T, E>>,
 }
 
-impl<T: Real, E: Element<Compute = T>, O: Element<Compute = T>> Job<E> for Attend<'_, '_, T, E, O> {
+impl<T: Real, E: Element<Compute = T>> Job<E> for Attend<'_, '_, T, E> {
     type Output = Option<Measured<T>>;
 
     fn run<K: Kernels<T, E>>(self, kernels: K) -> Option<Measured<T>> {
         let Attend { shape, rows_per_query, heads } = self;
         let n_rows = shape.n_queries * rows_per_query;
         let mut problems = Vec::with_capacity(heads.len());
-        let mut blocks: Vec<Vec<OutBlock<T, O>>> = Vec::with_capacity(heads.len());
+        let mut blocks: Vec<Vec<OutBlock<T>>> = Vec::with_capacity(heads.len());
         // Each head's key splits follow its own rows and keys, never the call's bound, so that a
         // sequence of a paged batch gets the same bits whatever the other sequences are.
         let mut splits: Vec<KeySplits> = Vec::with_capacity(heads.len());
@@ -345,7 +380,7 @@ impl<T: Real, E: Element<Compute = T>, O: Element<Compute = T>> Job<E> for Atten
                 Source::Cached(_) | Source::Paged(_) => None,
             };
             problems.push(Problem { shape, q: Queries::Stored(q), rows_per_query, source, key_rows, masks });
-            let outs = out.into_axis_chunks_iter_mut(Axis(0), K::QUERY_BLOCK);
+            let outs = out.blocks(K::QUERY_BLOCK).into_iter();
             blocks.push(match lse {
                 Some(lse) => outs
                     .zip(lse.into_axis_chunks_iter_mut(Axis(0), K::QUERY_BLOCK))
@@ -366,7 +401,7 @@ impl<T: Real, E: Element<Compute = T>, O: Element<Compute = T>> Job<E> for Atten
             // with block n-1-i, every pair costing about the same. Otherwise every block is an
             // item of its own, the finest split. Items are taken one at a time, so both cores stay
             // busy to the end.
-            let mut items: Vec<HeadBlocks<T, O>> = Vec::new();
+            let mut items: Vec<HeadBlocks<T>> = Vec::new();
             for (h, blocks) in blocks.iter_mut().enumerate() {
                 let n = blocks.len();
                 if problems[h].masks.is_causal() {
@@ -380,7 +415,7 @@ impl<T: Real, E: Element<Compute = T>, O: Element<Compute = T>> Job<E> for Atten
                     items.extend(blocks.iter_mut().enumerate().map(|block| (h, vec![block])));
                 }
             }
-            let attend_item = |scratch: &mut Scratch<T>, (h, item): HeadBlocks<T, O>| {
+            let attend_item = |scratch: &mut Scratch<T>, (h, item): HeadBlocks<T>| {
                 let mut measured = Measured::nothing();
                 for (b, out_block) in item {
                     let rows = out_block.out.nrows();
@@ -530,7 +565,7 @@ impl<T: Real, E: Element<Compute = T>> Job<E> for AttendCached<'_, '_, T, E> {
             let rows = rows(b);
             let out = ArrayViewMut2::from_shape((rows, d_v), &mut out[first * d_v..(first + rows) * d_v]);
             let lse = lse.as_deref_mut().map(|lse| ArrayViewMut1::from(&mut lse[first..first + rows]));
-            merged.write(&mut OutBlock { out: out.expect("the rows fit"), lse });
+            merged.write(&mut OutBlock { out: OutRows::Computed(out.expect("the rows fit")), lse });
         }
     }
 }
@@ -1021,17 +1056,32 @@ impl<T: Real> State<T> {
     /// Writes `o / l` into the block's output, rounded once to the output's type, and `m + ln l`
     /// into its logsumexp when asked for; a row with nothing visible (`l = 0`) gets zeros and a
     /// logsumexp of `-inf`.
-    fn write<O: Element<Compute = T>>(&self, block: &mut OutBlock<T, O>) {
+    fn write(&self, block: &mut OutBlock<T>) {
         if let Some(lse) = &mut block.lse {
             for ((lse, &m), &l) in lse.iter_mut().zip(&self.m).zip(&self.l) {
                 *lse = if l > T::zero() { m + l.ln() } else { T::neg_infinity() };
             }
         }
-        for (r, mut out_row) in block.out.rows_mut().into_iter().enumerate() {
+        match &mut block.out {
+            OutRows::Computed(out) => self.write_rows(out, |x| x),
+            // Half outputs are made only under an f32 compute type (`Element::out_rows`), where
+            // `to_f32` is exact: each element is rounded once, from the f32 result.
+            OutRows::Bf16(out) => {
+                self.write_rows(out, |x| half::bf16::from_f32(x.to_f32().unwrap_or(f32::NAN)))
+            }
+            OutRows::F16(out) => {
+                self.write_rows(out, |x| half::f16::from_f32(x.to_f32().unwrap_or(f32::NAN)))
+            }
+        }
+    }
+
+    /// `o / l` into `out`, each element stored with `narrow`.
+    fn write_rows<O>(&self, out: &mut ArrayViewMut2<O>, narrow: impl Fn(T) -> O) {
+        for (r, mut out_row) in out.rows_mut().into_iter().enumerate() {
             let l = self.l[r];
             let o = &self.o[r * self.o_stride..];
             let divide =
-                |(x, &acc): (&mut O, &T)| *x = O::narrow(if l > T::zero() { acc / l } else { T::zero() });
+                |(x, &acc): (&mut O, &T)| *x = narrow(if l > T::zero() { acc / l } else { T::zero() });
             // A contiguous row as a slice, so that the divisions vectorise.
             match out_row.as_slice_mut() {
                 Some(row) => row.iter_mut().zip(o).for_each(divide),

@@ -32,8 +32,9 @@ mod avx512;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
-use ndarray::{ArrayView, ArrayView2, CowArray, Dimension};
+use ndarray::{ArrayView, ArrayView2, ArrayViewMut2, CowArray, Dimension};
 
+use crate::flash::OutRows;
 use crate::real::Real;
 use crate::simd::SimdLevel;
 
@@ -61,6 +62,9 @@ pub trait Element: wide::bytemuck::Pod + Send + Sync + Default + 'static {
     /// format. For the paths that compute in the compute type alone (the blocked fallback).
     fn computed<D: Dimension>(a: ArrayView<'_, Self, D>) -> CowArray<'_, Self::Compute, D>;
 
+    /// An output stored as this type, as the tiled path writes it (see `flash::OutRows`).
+    fn out_rows(out: ArrayViewMut2<'_, Self>) -> OutRows<'_, Self::Compute>;
+
     /// Runs `job` with this element type's kernels of the level `isa` stands for.
     fn dispatch<J: Job<Self>>(isa: Isa, job: J) -> J::Output;
 }
@@ -68,7 +72,7 @@ pub trait Element: wide::bytemuck::Pod + Send + Sync + Default + 'static {
 /// Implements [`Element`] for one type: the dispatch is the same code for every type, but each
 /// type needs the compiler to see that every level's token implements `Kernels` for it.
 macro_rules! element {
-    ($t:ty, $line:ty, $compute:ty, $widen:expr, $narrow:expr, $computed:expr) => {
+    ($t:ty, $line:ty, $compute:ty, $widen:expr, $narrow:expr, $computed:expr, $out_rows:path) => {
         impl Element for $t {
             type Line = $line;
             type Compute = $compute;
@@ -87,6 +91,10 @@ macro_rules! element {
                 $computed(a)
             }
 
+            fn out_rows(out: ArrayViewMut2<'_, $t>) -> OutRows<'_, $compute> {
+                $out_rows(out)
+            }
+
             fn dispatch<J: Job<Self>>(isa: Isa, job: J) -> J::Output {
                 match isa {
                     #[cfg(target_arch = "x86_64")]
@@ -99,10 +107,34 @@ macro_rules! element {
         }
     };
 }
-element!(f32, wide::f32x16, f32, std::convert::identity, std::convert::identity, CowArray::from);
-element!(f64, wide::f64x8, f64, std::convert::identity, std::convert::identity, CowArray::from);
-element!(half::bf16, wide::f32x16, f32, half::bf16::to_f32, half::bf16::from_f32, widened_copy);
-element!(half::f16, wide::f32x16, f32, half::f16::to_f32, half::f16::from_f32, widened_copy);
+element!(
+    f32,
+    wide::f32x16,
+    f32,
+    std::convert::identity,
+    std::convert::identity,
+    CowArray::from,
+    OutRows::Computed
+);
+element!(
+    f64,
+    wide::f64x8,
+    f64,
+    std::convert::identity,
+    std::convert::identity,
+    CowArray::from,
+    OutRows::Computed
+);
+element!(
+    half::bf16,
+    wide::f32x16,
+    f32,
+    half::bf16::to_f32,
+    half::bf16::from_f32,
+    widened_copy,
+    OutRows::Bf16
+);
+element!(half::f16, wide::f32x16, f32, half::f16::to_f32, half::f16::from_f32, widened_copy, OutRows::F16);
 
 /// A copy of `a` widened to the compute type: [`Element::computed`] for a half-precision format.
 fn widened_copy<E: Element, D: Dimension>(a: ArrayView<'_, E, D>) -> CowArray<'_, E::Compute, D> {
