@@ -32,6 +32,9 @@ mod avx512;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
+use std::convert::identity;
+
+use half::{bf16, f16};
 use ndarray::{ArrayView, ArrayView2, ArrayViewMut2, CowArray, Dimension};
 
 use crate::flash::OutRows;
@@ -107,34 +110,10 @@ macro_rules! element {
         }
     };
 }
-element!(
-    f32,
-    wide::f32x16,
-    f32,
-    std::convert::identity,
-    std::convert::identity,
-    CowArray::from,
-    OutRows::Computed
-);
-element!(
-    f64,
-    wide::f64x8,
-    f64,
-    std::convert::identity,
-    std::convert::identity,
-    CowArray::from,
-    OutRows::Computed
-);
-element!(
-    half::bf16,
-    wide::f32x16,
-    f32,
-    half::bf16::to_f32,
-    half::bf16::from_f32,
-    widened_copy,
-    OutRows::Bf16
-);
-element!(half::f16, wide::f32x16, f32, half::f16::to_f32, half::f16::from_f32, widened_copy, OutRows::F16);
+element!(f32, wide::f32x16, f32, identity, identity, CowArray::from, OutRows::Computed);
+element!(f64, wide::f64x8, f64, identity, identity, CowArray::from, OutRows::Computed);
+element!(bf16, wide::f32x16, f32, bf16::to_f32, bf16::from_f32, widened_copy, OutRows::Bf16);
+element!(f16, wide::f32x16, f32, f16::to_f32, f16::from_f32, widened_copy, OutRows::F16);
 
 /// A copy of `a` widened to the compute type: [`Element::computed`] for a half-precision format.
 fn widened_copy<E: Element, D: Dimension>(a: ArrayView<'_, E, D>) -> CowArray<'_, E::Compute, D> {

@@ -392,8 +392,8 @@ fn check_every_pattern<E: Element<Compute = f32>>(name: &str, from_bits: fn(u16)
 
 #[test]
 fn half_precision_loads_widen_every_bit_pattern_exactly() {
-    check_every_pattern::<half::bf16>("bf16", half::bf16::from_bits);
-    check_every_pattern::<half::f16>("f16", half::f16::from_bits);
+    check_every_pattern::<bf16>("bf16", bf16::from_bits);
+    check_every_pattern::<f16>("f16", f16::from_bits);
 }
 
 #[test]

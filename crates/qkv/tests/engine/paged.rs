@@ -53,6 +53,18 @@ impl Harness {
         seq
     }
 
+    /// A new sequence for each of `lengths`, holding that many random positions at every layer.
+    fn add_holding(&mut self, lengths: &[usize]) -> Vec<SequenceId> {
+        lengths
+            .iter()
+            .map(|&len| {
+                let seq = self.add();
+                self.append(seq, len);
+                seq
+            })
+            .collect()
+    }
+
     fn held(&mut self, seq: SequenceId) -> &mut Held {
         &mut self.held.get_mut(&seq.index()).expect("a live sequence").1
     }
@@ -356,14 +368,7 @@ fn results_do_not_depend_on_the_thread_count() {
     let shape =
         PagedShape { layers: 1, kv_heads: 2, key_dim: 64, value_dim: 64, block_size: 64, blocks: 100 };
     let mut harness = Harness::new(SimdLevel::dispatched().unwrap(), shape, 4, 9);
-    let sequences: Vec<SequenceId> = [4097, 1, 300, 65]
-        .iter()
-        .map(|&len| {
-            let seq = harness.add();
-            harness.append(seq, len);
-            seq
-        })
-        .collect();
+    let sequences = harness.add_holding(&[4097, 1, 300, 65]);
     let q = harness.random(8, 4 * 3, 64);
     let offsets = [0, 3, 4, 10, 12];
     let outputs: Vec<Array3<f32>> = [1, 2, 3]
@@ -385,14 +390,7 @@ fn a_sequence_gets_the_same_bits_alone_or_in_any_batch() {
     for level in levels() {
         let mut harness = Harness::new(level, shape, 4, 11);
         let lengths = [4097, 1, 300, 1500, 65];
-        let sequences: Vec<SequenceId> = lengths
-            .iter()
-            .map(|&len| {
-                let seq = harness.add();
-                harness.append(seq, len);
-                seq
-            })
-            .collect();
+        let sequences = harness.add_holding(&lengths);
         // Queries per sequence: a decoding step for most, a short prefill tail for two.
         let n_queries = [1, 1, 3, 1, 2];
         let q: Vec<Array3<f32>> = n_queries.iter().map(|&n| harness.random(8, n, 32)).collect();
