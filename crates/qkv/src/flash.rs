@@ -284,6 +284,7 @@ struct Operands<'p, 'out, T, E> {
 /// half-precision format. An enum rather than a type parameter, so that the tiled path is
 /// compiled once per input type, not once per pair of input and output types (which doubled the
 /// engine tests' build).
+///
 /// `pub` only because the (sealed) `Element` trait names it; nothing outside the crate can.
 pub enum OutRows<'out, T> {
     /// Stored in the compute type.
