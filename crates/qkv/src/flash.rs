@@ -78,22 +78,21 @@ pub(crate) fn attend<T: Real, E: Element<Compute = T>, O: Element<Compute = T>>(
 ) -> Option<Measured<T>> {
     let heads = heads
         .into_iter()
-        .map(|Head { q, k, v, out, lse, masks }| Operands {
-            q,
-            source: Source::Rows { k, v },
-            out: O::out_rows(out),
-            lse,
-            masks,
-        })
+        .map(|Head { q, k, v, out, lse, masks }| Operands { q, k, v, out: O::out_rows(out), lse, masks })
         .collect();
     isa.run(Attend { shape: *shape, rows_per_query, heads })
 }
 
 /// [`attend`] for the problems of `call`, whose keys and values are already in the layout the
-/// kernels of `isa` read (a KV cache's) and whose queries are in the compute type: nothing is
-/// packed and nothing is measured. Problem `p`'s output is rows `p · n_rows ..` of `out`
-/// (`n_rows = n_queries · rows_per_query` rows of `d_v`, one after another), and its
-/// logsumexp, when asked for, `lse[p · n_rows ..]`.
+/// kernels of `isa` read (a KV cache's, or a paged cache's blocks) and whose queries are in the
+/// compute type: nothing is packed and nothing is measured. The problems' outputs follow one
+/// another in `out`, each `n_rows = n_queries · rows_per_query` rows of `d_v` of its own shape
+/// (problem `p`'s from row `p · n_rows` on when every problem has the same shape), and so do
+/// their logsumexps in `lse`, when asked for.
+///
+/// Each problem's work items (query block × part × key split) follow its own shape alone, so a
+/// problem gets the same bits whatever the other problems of the call are (a sequence of a paged
+/// batch, alone or beside any others).
 ///
 /// Every buffer of the call lives in `workspace` and is reused, so that a call for a shape seen
 /// before allocates nothing when it runs on the calling thread alone (see [`Workspace`]).
@@ -107,41 +106,20 @@ pub(crate) fn attend_cached<T: Real, E: Element<Compute = T>>(
     isa.run(AttendCached { call, out, lse, workspace });
 }
 
-/// The problems of a call to [`attend_cached`], all of one shape: `problem(p, part)` gives the
-/// operands of part `part < parts` of problem `p < n_problems`, each of `rows_per_query` rows
-/// per query. The parts of a problem are its query rows over disjoint keys, each under masks of
-/// its own (a ring buffer's two runs of positions, see `kv_cache`); their softmax states are
-/// merged in part order into the problem's output. A plain problem has one part.
+/// The problems of a call to [`attend_cached`]: `problem(p, part)` gives the operands of part
+/// `part < parts` of problem `p < n_problems`, each of `rows_per_query` rows per query, and
+/// `shape(p)` its shape: its queries, the keys its parts store (which its key splits cover) and
+/// the widths, the same for every problem. Problems may differ in queries and keys (the
+/// sequences of a paged batch, each under masks resolved against its own shape). The parts of a
+/// problem are its query rows over disjoint keys, each under masks of its own (a ring buffer's
+/// two runs of positions, see `kv_cache`); their softmax states are merged in part order into
+/// the problem's output. A plain problem has one part.
 pub(crate) struct CachedCall<'p, 'c, T, E> {
-    pub(crate) shape: Shape,
     pub(crate) rows_per_query: usize,
     pub(crate) n_problems: usize,
     pub(crate) parts: usize,
+    pub(crate) shape: &'c (dyn Fn(usize) -> Shape + Sync),
     pub(crate) problem: &'c (dyn Fn(usize, usize) -> CachedProblem<'p, T, E> + Sync),
-}
-
-/// [`attend_cached`] for sequences of different lengths whose keys and values lie in the blocks
-/// of a pool (a paged KV cache's): one call whose work items span every sequence and head.
-/// `shape` bounds every head (the most queries and keys of any sequence); each head's `masks`,
-/// resolved against its own sequence's shape, confine it to that sequence's queries and keys, as
-/// key lengths confine the sequences of a padded batch.
-pub(crate) fn attend_paged<T: Real, E: Element<Compute = T>>(
-    isa: Isa,
-    shape: &Shape,
-    rows_per_query: usize,
-    heads: Vec<PagedHead<'_, '_, T, E>>,
-) {
-    let heads = heads
-        .into_iter()
-        .map(|PagedHead { q, kv, out, masks }| Operands {
-            q,
-            source: Source::Paged(kv),
-            out: OutRows::Computed(out),
-            lse: None,
-            masks,
-        })
-        .collect();
-    isa.run(Attend { shape: *shape, rows_per_query, heads });
 }
 
 /// A work item of the key-split path: head, query block, its rows, and the keys of the split.
@@ -165,23 +143,35 @@ pub(crate) struct Head<'p, 'out, T, E = T, O = T> {
 /// in the compute type (a bf16 cache takes f32 queries), over a cache's keys and values.
 pub(crate) struct CachedProblem<'p, T, E> {
     pub(crate) q: ArrayView2<'p, T>,
-    pub(crate) kv: CachedKeys<'p, E>,
+    pub(crate) kv: StoredKeys<'p, E>,
     pub(crate) masks: MaskSet<'p, T>,
 }
 
+/// Where a cached problem's keys and values lie, already in the kernels' layout.
+#[derive(Clone, Copy)]
+pub(crate) enum StoredKeys<'p, E> {
+    /// Side by side (a `KvCache`'s).
+    Contiguous(CachedKeys<'p, E>),
+    /// In blocks of a pool (a paged cache's).
+    Paged(PagedKeys<'p, E>),
+}
+
 /// The buffers of [`attend_cached`], kept between calls: a scratch per thread that takes work
-/// items (see `work::for_each_index`) and the softmax state of every item, grown as needed and
-/// never shrunk. A call reads nothing that an earlier call left in them (each state is reset
-/// before its item runs, and scratch is written before it is read). The locks are never
-/// contended: each state belongs to one item and each scratch to one thread.
+/// items (see `work::for_each_index`), the softmax state of every item, and where each problem's
+/// items start, grown as needed and never shrunk. A call reads nothing that an earlier call left
+/// in them (each state is reset before its item runs, scratch is written before it is read, and
+/// the item starts are laid out anew). The locks are never contended: each state belongs to one
+/// item and each scratch to one thread.
 pub(crate) struct Workspace<T: Real> {
     scratches: Vec<Mutex<Scratch<T>>>,
     states: Vec<Mutex<State<T>>>,
+    /// Problem `p`'s items are `item_starts[p] .. item_starts[p + 1]`.
+    item_starts: Vec<usize>,
 }
 
 impl<T: Real> Default for Workspace<T> {
     fn default() -> Self {
-        Workspace { scratches: Vec::new(), states: Vec::new() }
+        Workspace { scratches: Vec::new(), states: Vec::new(), item_starts: Vec::new() }
     }
 }
 
@@ -223,18 +213,7 @@ enum Source<'p, E> {
     /// The caller's rows, packed as the work needs them.
     Rows { k: ArrayView2<'p, E>, v: ArrayView2<'p, E> },
     /// Already packed.
-    Cached(CachedKeys<'p, E>),
-    /// Already packed, in blocks of a pool.
-    Paged(PagedKeys<'p, E>),
-}
-
-/// One head of a call to [`attend_paged`]: a sequence's queries over its blocks, under the masks
-/// of its own sequence.
-pub(crate) struct PagedHead<'p, 'out, T, E> {
-    pub(crate) q: ArrayView2<'p, E>,
-    pub(crate) kv: PagedKeys<'p, E>,
-    pub(crate) out: ArrayViewMut2<'out, T>,
-    pub(crate) masks: MaskSet<'p, T>,
+    Stored(StoredKeys<'p, E>),
 }
 
 /// One (sequence, key/value head)'s keys and values in fixed-size blocks of a pool: entry `b` of
@@ -255,8 +234,6 @@ pub(crate) struct PagedKeys<'p, E> {
     pub(crate) values_at: usize,
     pub(crate) key_dim: usize,
     pub(crate) value_stride: usize,
-    /// The sequence's positions: the keys its masks may show.
-    pub(crate) len: usize,
 }
 
 impl<'p, E> PagedKeys<'p, E> {
@@ -271,10 +248,11 @@ impl<'p, E> PagedKeys<'p, E> {
     }
 }
 
-/// One head's operands inside a call, wherever its keys come from.
+/// One head's operands inside a call to [`attend`], its output as the caller stores it.
 struct Operands<'p, 'out, T, E> {
     q: ArrayView2<'p, E>,
-    source: Source<'p, E>,
+    k: ArrayView2<'p, E>,
+    v: ArrayView2<'p, E>,
     out: OutRows<'out, T>,
     lse: Option<ArrayViewMut1<'out, T>>,
     masks: MaskSet<'p, T>,
@@ -366,20 +344,12 @@ impl<T: Real, E: Element<Compute = T>> Job<E> for Attend<'_, '_, T, E> {
         let n_rows = shape.n_queries * rows_per_query;
         let mut problems = Vec::with_capacity(heads.len());
         let mut blocks: Vec<Vec<OutBlock<T>>> = Vec::with_capacity(heads.len());
-        // Each head's key splits follow its own rows and keys, never the call's bound, so that a
-        // sequence of a paged batch gets the same bits whatever the other sequences are.
+        // Each head's key splits follow its own rows and keys.
         let mut splits: Vec<KeySplits> = Vec::with_capacity(heads.len());
-        for Operands { q, source, out, lse, masks } in heads {
-            let n_keys = match &source {
-                Source::Rows { k, .. } => k.nrows(),
-                Source::Cached(_) => shape.n_keys,
-                Source::Paged(paged) => paged.len,
-            };
-            splits.push(key_splits(out.nrows(), n_keys, K::QUERY_BLOCK));
-            let key_rows = match &source {
-                Source::Rows { k, .. } => k.to_slice().filter(|_| decodes(n_rows, k)),
-                Source::Cached(_) | Source::Paged(_) => None,
-            };
+        for Operands { q, k, v, out, lse, masks } in heads {
+            splits.push(key_splits(out.nrows(), k.nrows(), K::QUERY_BLOCK));
+            let key_rows = k.to_slice().filter(|_| decodes(n_rows, &k));
+            let source = Source::Rows { k, v };
             problems.push(Problem { shape, q: Queries::Stored(q), rows_per_query, source, key_rows, masks });
             let outs = out.blocks(K::QUERY_BLOCK).into_iter();
             blocks.push(match lse {
@@ -515,58 +485,74 @@ impl<T: Real, E: Element<Compute = T>> Job<E> for AttendCached<'_, '_, T, E> {
 
     fn run<K: Kernels<T, E>>(self, kernels: K) {
         let AttendCached { call, out, lse, workspace } = self;
-        let CachedCall { shape, rows_per_query, n_problems, parts, problem } = call;
-        let n_rows = shape.n_queries * rows_per_query;
-        let blocks = n_rows.div_ceil(K::QUERY_BLOCK);
-        let splits = key_splits(n_rows, shape.n_keys, K::QUERY_BLOCK);
-        // Items are (problem, query block, part, key split), split fastest: each computes one
-        // state, and the states of a block are then merged in part and split order, whichever
-        // thread ran them.
-        let per_block = parts * splits.count;
-        let n_items = n_problems * blocks * per_block;
-        if workspace.states.len() < n_items {
-            workspace.states.resize_with(n_items, || Mutex::new(State::empty()));
+        let CachedCall { rows_per_query, n_problems, parts, shape, problem } = call;
+        let n_rows = |p: usize| shape(p).n_queries * rows_per_query;
+        let splits_of = |p: usize| key_splits(n_rows(p), shape(p).n_keys, K::QUERY_BLOCK);
+        let rows = |p: usize, b: usize| K::QUERY_BLOCK.min(n_rows(p) - b * K::QUERY_BLOCK);
+        // Each problem's items are (query block, part, key split), split fastest, one after
+        // another: each computes one state, and the states of a block are then merged in part
+        // and split order, whichever thread ran them.
+        let Workspace { scratches, states, item_starts } = workspace;
+        item_starts.clear();
+        let (mut n_items, mut flops, mut largest, mut key_dim) = (0, 0.0, 0, 0);
+        for p in 0..n_problems {
+            item_starts.push(n_items);
+            n_items += n_rows(p).div_ceil(K::QUERY_BLOCK) * parts * splits_of(p).count;
+            flops += shape(p).flops() * rows_per_query as f64;
+            largest = largest.max(K::QUERY_BLOCK.min(n_rows(p)));
+            key_dim = key_dim.max(shape(p).key_dim);
         }
-        let Workspace { scratches, states } = workspace;
+        item_starts.push(n_items);
+        if states.len() < n_items {
+            states.resize_with(n_items, || Mutex::new(State::empty()));
+        }
         let states = &mut states[..n_items];
-        let rows = |b: usize| K::QUERY_BLOCK.min(n_rows - b * K::QUERY_BLOCK);
+        let item_starts = &*item_starts;
         let attend_item = |scratch: &mut Scratch<T>, item: usize, state: &mut State<T>| {
-            let (p, b) = (item / (blocks * per_block), item / per_block % blocks);
-            let (part, split) = (item / splits.count % parts, item % splits.count);
+            // The last problem whose items start at or before `item` (problems without rows have
+            // none).
+            let p = item_starts.partition_point(|&start| start <= item) - 1;
+            let splits = splits_of(p);
+            let local = item - item_starts[p];
+            let b = local / (parts * splits.count);
+            let (part, split) = (local / splits.count % parts, local % splits.count);
             let CachedProblem { q, kv, masks } = problem(p, part);
-            let source = Source::Cached(kv);
+            let source = Source::Stored(kv);
+            let shape = shape(p);
             let problem =
                 Problem { shape, q: Queries::Computed(q), rows_per_query, source, key_rows: None, masks };
             let packed = problem.packed::<K>(0..shape.n_keys);
             let first = b * K::QUERY_BLOCK;
-            let query_rows = first..first + rows(b);
+            let query_rows = first..first + rows(p, b);
             problem.attend_block_into(kernels, &packed, query_rows, splits.range(split), scratch, state);
         };
-        let flops = shape.flops() * (rows_per_query * n_problems) as f64;
         let shared_states = &*states;
         // Every scratch a thread may take is grown here, on the calling thread, for the call's
         // largest block: a helper that joins a step for the first time allocates nothing then.
-        let largest = rows(0);
         let fit = |scratch: &mut Scratch<T>| {
-            scratch.fit(largest.next_multiple_of(K::TILE_ROWS), largest, shape.key_dim, K::LANES);
+            scratch.fit(largest.next_multiple_of(K::TILE_ROWS), largest, key_dim, K::LANES);
         };
         work::for_each_index(n_items, work::worth_sharing(flops, false), scratches, fit, |scratch, i| {
             attend_item(scratch, i, &mut shared_states[i].lock().expect("no task panicked"));
         });
-        let d_v = shape.value_dim;
         let mut lse = lse;
-        for (block, block_states) in states.chunks_exact_mut(per_block).enumerate() {
-            let (merged, rest) = block_states.split_first_mut().expect("one state per split");
-            let merged = merged.get_mut().expect("no task panicked");
-            for part in rest.iter_mut() {
-                merged.merge(part.get_mut().expect("no task panicked"));
+        let mut first_row = 0;
+        for p in 0..n_problems {
+            let d_v = shape(p).value_dim;
+            let per_block = parts * splits_of(p).count;
+            let problem_states = &mut states[item_starts[p]..item_starts[p + 1]];
+            for (b, block_states) in problem_states.chunks_exact_mut(per_block).enumerate() {
+                let (merged, rest) = block_states.split_first_mut().expect("one state per split");
+                let merged = merged.get_mut().expect("no task panicked");
+                for part in rest.iter_mut() {
+                    merged.merge(part.get_mut().expect("no task panicked"));
+                }
+                let (first, rows) = (first_row + b * K::QUERY_BLOCK, rows(p, b));
+                let out = ArrayViewMut2::from_shape((rows, d_v), &mut out[first * d_v..(first + rows) * d_v]);
+                let lse = lse.as_deref_mut().map(|lse| ArrayViewMut1::from(&mut lse[first..first + rows]));
+                merged.write(&mut OutBlock { out: OutRows::Computed(out.expect("the rows fit")), lse });
             }
-            let (p, b) = (block / blocks, block % blocks);
-            let first = p * n_rows + b * K::QUERY_BLOCK;
-            let rows = rows(b);
-            let out = ArrayViewMut2::from_shape((rows, d_v), &mut out[first * d_v..(first + rows) * d_v]);
-            let lse = lse.as_deref_mut().map(|lse| ArrayViewMut1::from(&mut lse[first..first + rows]));
-            merged.write(&mut OutBlock { out: OutRows::Computed(out.expect("the rows fit")), lse });
+            first_row += n_rows(p);
         }
     }
 }
@@ -814,8 +800,10 @@ impl<'p, T: Real, E: Element<Compute = T>> Problem<'p, T, E> {
     fn packed<K: Kernels<T, E>>(&self, keys: Range<usize>) -> Packed<'p, E> {
         match &self.source {
             Source::Rows { k, v } => Packed::new::<T, K>(*k, *v, keys, self.key_rows.is_none()),
-            Source::Cached(cached) => Packed::cached::<T, K>(*cached, self.shape.value_dim),
-            Source::Paged(paged) => Packed::paged::<T, K>(*paged, self.shape.value_dim),
+            Source::Stored(StoredKeys::Contiguous(cached)) => {
+                Packed::cached::<T, K>(*cached, self.shape.value_dim)
+            }
+            Source::Stored(StoredKeys::Paged(paged)) => Packed::paged::<T, K>(*paged, self.shape.value_dim),
         }
     }
 

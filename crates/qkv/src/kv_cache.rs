@@ -20,7 +20,7 @@ use ndarray::{Array2, Array3, ArrayView1, ArrayView2, ArrayView3, ArrayViewMut2,
 
 use crate::cache_options::CacheOptions;
 use crate::error::{AttentionError, Dims};
-use crate::flash::{self, CachedCall, CachedKeys, CachedProblem};
+use crate::flash::{self, CachedCall, CachedKeys, CachedProblem, StoredKeys};
 use crate::kernels::{self, Buffer, Element, Isa, Job, Kernels};
 use crate::mask::KeepMask;
 use crate::partial::PartialAttention;
@@ -799,17 +799,22 @@ impl<E: Storage> CacheLayer<'_, E> {
                 &stacked[p * rows * key_dim..(p + 1) * rows * key_dim],
             )
             .expect("the rows fit"),
-            kv: CachedKeys {
+            kv: StoredKeys::Contiguous(CachedKeys {
                 panels: &store.heads[p * heads_per_problem / group].panels,
                 values: &store.heads[p * heads_per_problem / group].values[..held * value_stride],
                 value_stride,
-            },
+            }),
             masks: heads[part].head(0, p * heads_per_problem),
         };
         let stacked_out = flash::prefix(output, n_problems * rows * value_dim);
         let stacked_lse = lse.is_some().then(|| flash::prefix(logsumexp, n_problems * rows));
-        let call =
-            CachedCall { shape, rows_per_query: heads_per_problem, n_problems, parts, problem: &problem };
+        let call = CachedCall {
+            rows_per_query: heads_per_problem,
+            n_problems,
+            parts,
+            shape: &|_| shape,
+            problem: &problem,
+        };
         flash::attend_cached(*isa, call, stacked_out, stacked_lse, workspace);
         for (r, row) in stacked_out.chunks_exact(value_dim).enumerate() {
             let (p, i, g) = (r / rows, r % rows / heads_per_problem, r % heads_per_problem);

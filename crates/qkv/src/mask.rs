@@ -70,7 +70,28 @@ type View<'a, E, D> = ArrayBase<ViewRepr<&'a E>, D, E>;
 struct Broadcast<'a, E> {
     view: View<'a, E, Ix4>,
     /// The shape the caller passed, for messages.
-    given: Dims,
+    given: GivenShape,
+}
+
+/// The shape of a view as the caller passed it (at most 4 axes), kept inline: a cache step wraps
+/// its keep mask on every call, and a `Dims` would allocate each time.
+#[derive(Debug, Clone, Copy)]
+struct GivenShape {
+    axes: [usize; 4],
+    rank: usize,
+}
+
+impl GivenShape {
+    fn of(shape: &[usize]) -> GivenShape {
+        let mut axes = [0; 4];
+        axes[..shape.len()].copy_from_slice(shape);
+        GivenShape { axes, rank: shape.len() }
+    }
+
+    /// The shape, for an error.
+    fn dims(&self) -> Dims {
+        Dims(self.axes[..self.rank].to_vec())
+    }
 }
 
 impl<'a, E> Broadcast<'a, E> {
@@ -101,7 +122,7 @@ impl<'a> KeepMask<'a> {
     /// # let _ = options;
     /// ```
     pub fn new(keep: ArrayView2<'a, bool>) -> Self {
-        let given = keep.shape().into();
+        let given = GivenShape::of(keep.shape());
         KeepMask(Broadcast { view: keep.insert_axis(Axis(0)).insert_axis(Axis(0)), given })
     }
 
@@ -116,7 +137,7 @@ impl<'a> KeepMask<'a> {
     /// # let _ = mask;
     /// ```
     pub fn batched(keep: ArrayView4<'a, bool>) -> Self {
-        KeepMask(Broadcast { given: keep.shape().into(), view: keep })
+        KeepMask(Broadcast { given: GivenShape::of(keep.shape()), view: keep })
     }
 }
 
@@ -133,7 +154,7 @@ impl<'a> KeyPadding<'a> {
     /// # let _ = options;
     /// ```
     pub fn new(real_keys: ArrayView1<'a, bool>) -> Self {
-        let given = real_keys.shape().into();
+        let given = GivenShape::of(real_keys.shape());
         let view = real_keys.insert_axis(Axis(0)).insert_axis(Axis(0)).insert_axis(Axis(0));
         KeyPadding(Broadcast { view, given })
     }
@@ -147,7 +168,7 @@ impl<'a> KeyPadding<'a> {
     /// # let _ = padding;
     /// ```
     pub fn batched(real_keys: ArrayView2<'a, bool>) -> Self {
-        let given = real_keys.shape().into();
+        let given = GivenShape::of(real_keys.shape());
         KeyPadding(Broadcast { view: real_keys.insert_axis(Axis(1)).insert_axis(Axis(1)), given })
     }
 }
@@ -167,7 +188,7 @@ impl<'a, T: Real> AdditiveBias<'a, T> {
     /// # let _ = options;
     /// ```
     pub fn new(bias: ArrayView2<'a, T>) -> Self {
-        let given = bias.shape().into();
+        let given = GivenShape::of(bias.shape());
         AdditiveBias(Broadcast { view: bias.insert_axis(Axis(0)).insert_axis(Axis(0)), given })
     }
 
@@ -180,7 +201,7 @@ impl<'a, T: Real> AdditiveBias<'a, T> {
     /// # let _ = bias;
     /// ```
     pub fn batched(bias: ArrayView4<'a, T>) -> Self {
-        AdditiveBias(Broadcast { given: bias.shape().into(), view: bias })
+        AdditiveBias(Broadcast { given: GivenShape::of(bias.shape()), view: bias })
     }
 }
 
@@ -536,7 +557,7 @@ impl ScoreLayout {
                  [{batch}, {heads}, {n_q}, {n_k}]"
             ),
         };
-        Err(AttentionError::MaskShape { argument, found: mask.given.clone(), scores: self.scores(), needs })
+        Err(AttentionError::MaskShape { argument, found: mask.given.dims(), scores: self.scores(), needs })
     }
 
     /// Checks a `[n_k]` or `[batch, n_k]` key padding.
@@ -553,7 +574,7 @@ impl ScoreLayout {
         };
         Err(AttentionError::MaskShape {
             argument: "key_padding",
-            found: padding.given.clone(),
+            found: padding.given.dims(),
             scores: self.scores(),
             needs,
         })
@@ -588,7 +609,7 @@ fn bias_magnitude_checked<T: Real>(bias: &Broadcast<'_, T>) -> Result<f64, Atten
         let index = [index.0, index.1, index.2, index.3];
         return Err(AttentionError::NonFinite {
             argument: "bias",
-            index: Dims(index[4 - bias.given.0.len()..].to_vec()),
+            index: Dims(index[4 - bias.given.rank..].to_vec()),
             value: b.to_f64_exact(),
         });
     }

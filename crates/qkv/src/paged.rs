@@ -16,11 +16,13 @@
 //! holds alone: it first copies each shared block it would write into (the partial last block of
 //! a fork, typically) to a free block, and the sequence lets go of the shared one.
 
-use ndarray::{Array2, Array3, ArrayView3, ArrayViewMut3, s};
+use std::ops::Range;
+
+use ndarray::{Array3, ArrayView1, ArrayView2, ArrayView3, ArrayViewMut3, s};
 
 use crate::Storage;
 use crate::error::{AttentionError, Dims};
-use crate::flash::{self, PagedHead, PagedKeys};
+use crate::flash::{self, CachedCall, CachedProblem, PagedKeys, StoredKeys};
 use crate::kernels::{self, Buffer, Isa};
 use crate::kv_cache::{Layout, LayoutOf};
 use crate::mask::{AttentionOptions, CausalMask, MaskSet};
@@ -126,6 +128,27 @@ pub struct PagedKvCache<E: Storage = f32> {
     slots: Vec<Slot>,
     /// Slots of freed sequences, for the next ones.
     free_slots: Vec<u32>,
+    step: StepBuffers,
+}
+
+/// What a batched attend keeps between calls so that, once warm, it allocates nothing (as a
+/// `KvCache` keeps its own): the batch's members, the queries stacked by (sequence, key/value
+/// head) and widened to f32, the stacked output, and the fast path's own buffers. Each grows to
+/// the largest batch seen and never shrinks.
+#[derive(Default)]
+struct StepBuffers {
+    members: Vec<Member>,
+    queries: Vec<f32>,
+    output: Vec<f32>,
+    workspace: flash::Workspace<f32>,
+}
+
+/// One sequence of a batch: its slot, what it holds at the layer, and its queries' run of the
+/// packed axis.
+struct Member {
+    slot: usize,
+    state: LayerState,
+    queries: Range<usize>,
 }
 
 /// Where a block keeps what, in scalars.
@@ -188,14 +211,23 @@ struct Slot {
 }
 
 /// One sequence: its blocks in position order, and each layer's length.
-#[derive(Clone)]
 struct Sequence {
+    /// Made with room for every block of the pool, so that an append that takes a block never
+    /// grows it: a decoding step allocates nothing (4 bytes a block, next to the block's own
+    /// size, is little).
     blocks: Vec<u32>,
     layers: Vec<LayerState>,
 }
 
-/// The sequence `id` names among `slots` (a function of the slots alone, so that the pool can be
-/// borrowed beside it).
+/// The sequence `id` names among `slots` (a function of the slots alone, so that the cache's
+/// other fields can be borrowed beside it).
+fn sequence_ref(slots: &[Slot], id: SequenceId) -> Result<&Sequence, AttentionError> {
+    let slot = slots.get(id.index()).filter(|slot| slot.generation == id.generation);
+    slot.and_then(|slot| slot.sequence.as_ref())
+        .ok_or(AttentionError::UnknownSequence { sequence: id.index() })
+}
+
+/// [`sequence_ref`], to change the sequence.
 fn sequence_mut(slots: &mut [Slot], id: SequenceId) -> Result<&mut Sequence, AttentionError> {
     let slot = slots.get_mut(id.index()).filter(|slot| slot.generation == id.generation);
     slot.and_then(|slot| slot.sequence.as_mut())
@@ -298,6 +330,7 @@ impl<E: Storage> PagedKvCache<E> {
             pool,
             slots: Vec::new(),
             free_slots: Vec::new(),
+            step: StepBuffers::default(),
         })
     }
 
@@ -345,8 +378,10 @@ impl<E: Storage> PagedKvCache<E> {
 
     /// A new, empty sequence.
     pub fn add_sequence(&mut self) -> SequenceId {
-        let sequence =
-            Sequence { blocks: Vec::new(), layers: vec![LayerState::default(); self.shape.layers] };
+        let sequence = Sequence {
+            blocks: Vec::with_capacity(self.shape.blocks),
+            layers: vec![LayerState::default(); self.shape.layers],
+        };
         self.insert(sequence)
     }
 
@@ -366,9 +401,7 @@ impl<E: Storage> PagedKvCache<E> {
     }
 
     fn sequence(&self, id: SequenceId) -> Result<&Sequence, AttentionError> {
-        let slot = self.slots.get(id.index()).filter(|slot| slot.generation == id.generation);
-        slot.and_then(|slot| slot.sequence.as_ref())
-            .ok_or(AttentionError::UnknownSequence { sequence: id.index() })
+        sequence_ref(&self.slots, id)
     }
 
     /// Positions `seq` holds (at its longest layer, while a decoder's layers take their turns).
@@ -401,7 +434,10 @@ impl<E: Storage> PagedKvCache<E> {
     /// # Ok::<(), qkv::AttentionError>(())
     /// ```
     pub fn fork(&mut self, seq: SequenceId) -> Result<SequenceId, AttentionError> {
-        let child = self.sequence(seq)?.clone();
+        let parent = self.sequence(seq)?;
+        let mut blocks = Vec::with_capacity(self.shape.blocks);
+        blocks.extend_from_slice(&parent.blocks);
+        let child = Sequence { blocks, layers: parent.layers.clone() };
         for &block in &child.blocks {
             self.pool.holders[block as usize] += 1;
         }
@@ -504,9 +540,9 @@ impl<E: Storage> PagedLayer<'_, E> {
         let PagedShape { kv_heads, key_dim, value_dim, block_size, blocks, .. } = self.cache.shape;
         let n_new = k.shape()[1];
         let per_head = "one [n_new, key_dim] block per key/value head";
-        self.check_shape("keys".into(), k.shape(), [kv_heads, n_new, key_dim], per_head)?;
+        self.check_shape("keys", k.shape(), [kv_heads, n_new, key_dim], per_head)?;
         let why = "one value for every key, one [n_new, value_dim] block per key/value head";
-        self.check_shape("values".into(), v.shape(), [kv_heads, n_new, value_dim], why)?;
+        self.check_shape("values", v.shape(), [kv_heads, n_new, value_dim], why)?;
         let (keys, values) = (finite_magnitude("keys", &k)?, finite_magnitude("values", &v)?);
         let layer = self.index;
         let cache = &mut *self.cache;
@@ -593,6 +629,10 @@ impl<E: Storage> PagedLayer<'_, E> {
     /// A token-major batch (`[n_queries, query_heads, d_k]`, as a projection writes it) is
     /// `q.permuted_axes([1, 0, 2])`, with no copy.
     ///
+    /// Takes `&mut self` because the step's buffers live in the cache:
+    /// [`attend_into`](Self::attend_into) allocates nothing once a batch of the same sequences
+    /// has run (see there).
+    ///
     /// ```
     /// use ndarray::Array3;
     /// let shape = qkv::PagedShape { layers: 1, kv_heads: 1, key_dim: 2, value_dim: 1, block_size: 64, blocks: 4 };
@@ -608,7 +648,7 @@ impl<E: Storage> PagedLayer<'_, E> {
     /// # Ok::<(), qkv::AttentionError>(())
     /// ```
     pub fn attend(
-        &self,
+        &mut self,
         sequences: &[SequenceId],
         query_offsets: &[usize],
         q: ArrayView3<E>,
@@ -623,6 +663,15 @@ impl<E: Storage> PagedLayer<'_, E> {
     /// (`[query_heads, n_queries, d_v]`) of f32, bf16 or f16 ([`Storage`]): each row is computed
     /// in f32 and rounded once to `O` (as `O::from_f32` rounds). If the call fails, `out` may
     /// hold anything.
+    ///
+    /// A decoding step allocates nothing on the calling thread once warm: the stacked queries,
+    /// the output rows and the fast path's states and scratch are kept in the cache and reused,
+    /// grown by the first call of a batch and never shrunk. So after a first call with a batch,
+    /// a step over the same sequences (each one position longer, its new token appended) makes
+    /// no allocation when it runs on the calling thread (a one-thread pool, or a step too short
+    /// to share); shared from a thread of the pool, none either, and from outside the pool only
+    /// the job rayon boxes for each helper thread. A batch whose sequences need more work items
+    /// than the cache has kept grows its buffers once.
     ///
     /// ```
     /// use half::bf16;
@@ -641,7 +690,7 @@ impl<E: Storage> PagedLayer<'_, E> {
     /// # Ok::<(), qkv::AttentionError>(())
     /// ```
     pub fn attend_into<O: Storage>(
-        &self,
+        &mut self,
         sequences: &[SequenceId],
         query_offsets: &[usize],
         q: ArrayView3<E>,
@@ -652,23 +701,27 @@ impl<E: Storage> PagedLayer<'_, E> {
         let groups_fit = query_heads > 0 && query_heads % kv_heads == 0;
         let expected_heads = if groups_fit { query_heads } else { kv_heads };
         self.check_shape(
-            "queries".into(),
+            "queries",
             q.shape(),
             [expected_heads, n_queries, key_dim],
             "query heads a positive multiple of the key/value heads, each query as wide as the keys",
         )?;
         let why = "one value-wide row per query";
-        self.check_shape("output".into(), out.shape(), [query_heads, n_queries, value_dim], why)?;
+        self.check_shape("output", out.shape(), [query_heads, n_queries, value_dim], why)?;
         check_offsets(query_offsets, sequences.len(), n_queries)?;
+        let layer = self.index;
+        let PagedKvCache { isa, block_layout: at, storage, slots, step, .. } = &mut *self.cache;
+        let StepBuffers { members, queries: stacked, output, workspace } = step;
+        let shape_of =
+            |m: &Member| Shape { n_queries: m.queries.len(), n_keys: m.state.len, key_dim, value_dim };
         // Each sequence with its queries, checked against what it holds at this layer.
-        let mut batch: Vec<Member> = Vec::with_capacity(sequences.len());
+        members.clear();
         for (i, &id) in sequences.iter().enumerate() {
-            let sequence = self.cache.sequence(id)?;
-            let state = sequence.layers[self.index];
+            let state = sequence_ref(slots, id)?.layers[layer];
             let queries = query_offsets[i]..query_offsets[i + 1];
             if queries.len() > state.len {
                 return Err(AttentionError::PagedInput {
-                    layer: self.index,
+                    layer,
                     argument: format!("the queries of sequences[{i}] (sequence {})", id.index()),
                     found: Dims(vec![query_heads, queries.len(), key_dim]),
                     expected: format!("[{query_heads}, at most {}, {key_dim}]", state.len),
@@ -676,74 +729,93 @@ impl<E: Storage> PagedLayer<'_, E> {
                 });
             }
             if !queries.is_empty() {
-                batch.push(Member { sequence, state, queries });
+                let member = Member { slot: id.index(), state, queries };
+                sequence_masks(&shape_of(&member))?;
+                members.push(member);
             }
         }
-        if batch.is_empty() {
+        let members = &*members;
+        if members.is_empty() {
             return Ok(());
         }
         let queries = finite_magnitude("queries", &q)?;
-        // One shape bounds every sequence; each head's masks confine it to its own sequence.
-        let n_queries = batch.iter().map(|m| m.queries.len()).max().unwrap_or(0);
-        let n_keys = batch.iter().map(|m| m.state.len).max().unwrap_or(0);
-        let bound = Shape { n_queries, n_keys, key_dim, value_dim };
-        let largest = |f: fn(&LayerState) -> f64| batch.iter().map(|m| f(&m.state)).fold(0.0, f64::max);
+        // One shape bounds every sequence; each problem's masks confine it to its own sequence.
+        let n_queries_bound = members.iter().map(|m| m.queries.len()).max().unwrap_or(0);
+        let n_keys = members.iter().map(|m| m.state.len).max().unwrap_or(0);
+        let bound = Shape { n_queries: n_queries_bound, n_keys, key_dim, value_dim };
+        let largest = |f: fn(&LayerState) -> f64| members.iter().map(|m| f(&m.state)).fold(0.0, f64::max);
         let magnitudes = Magnitudes { queries, keys: largest(|s| s.keys), values: largest(|s| s.values) };
         if !flash::stays_finite(&bound, &magnitudes, &sequence_masks(&bound)?) {
-            return Err(AttentionError::CacheOverflow { layer: self.index });
+            return Err(AttentionError::CacheOverflow { layer });
         }
         // The query heads that share a key/value head are the rows of one problem, query-major,
-        // as in `KvCache::attend`: its keys and values are read once for all of them.
+        // as in `KvCache::attend`: its keys and values are read once for all of them. Problem
+        // `m · kv_heads + kv` is member `m`'s key/value head `kv`; the problems' rows follow one
+        // another in the packed order, so member `m`'s start at row `queries.start · query_heads`.
         let group = query_heads / kv_heads;
-        let stacked: Vec<Array2<E>> = batch
-            .iter()
-            .flat_map(|m| (0..kv_heads).map(move |kv| (kv, m.queries.clone())))
-            .map(|(kv, queries)| {
-                Array2::from_shape_fn((queries.len() * group, key_dim), |(r, c)| {
-                    q[[kv * group + r % group, queries.start + r / group, c]]
-                })
-            })
-            .collect();
-        let mut stacked_out: Vec<Array2<f32>> =
-            stacked.iter().map(|q| Array2::zeros((q.nrows(), value_dim))).collect();
-        let at = self.cache.block_layout;
-        let mut heads = Vec::with_capacity(stacked.len());
-        let items = batch.iter().flat_map(|m| (0..kv_heads).map(move |kv| (m, kv)));
-        for ((member, kv), (q, out)) in items.zip(stacked.iter().zip(&mut stacked_out)) {
-            let shape =
-                Shape { n_queries: member.queries.len(), n_keys: member.state.len, key_dim, value_dim };
-            heads.push(PagedHead {
-                q: q.view(),
-                kv: PagedKeys {
-                    storage: &self.cache.storage,
+        // Row `r` of member `m`'s rows: query head and query of `q`.
+        let source_row = |m: &Member, r: usize| {
+            let rows = m.queries.len() * group;
+            let (kv, i, g) = (r / rows, r % rows / group, r % group);
+            (kv * group + g, m.queries.start + i)
+        };
+        let stacked = flash::prefix(stacked, n_queries * query_heads * key_dim);
+        for m in members {
+            let rows = &mut stacked[m.queries.start * query_heads * key_dim..]
+                [..m.queries.len() * query_heads * key_dim];
+            for (r, row) in rows.chunks_exact_mut(key_dim).enumerate() {
+                let (head, query) = source_row(m, r);
+                row.iter_mut().zip(q.slice(s![head, query, ..])).for_each(|(x, &y)| *x = y.widen());
+            }
+        }
+        let (stacked, storage, slots) = (&*stacked, &**storage, &*slots);
+        let shape = |p: usize| shape_of(&members[p / kv_heads]);
+        let problem = |p: usize, _part: usize| {
+            let (m, kv) = (&members[p / kv_heads], p % kv_heads);
+            let rows = m.queries.len() * group;
+            let first = m.queries.start * query_heads + kv * rows;
+            let sequence = slots[m.slot].sequence.as_ref().expect("a member's sequence was checked");
+            CachedProblem {
+                q: ArrayView2::from_shape(
+                    (rows, key_dim),
+                    &stacked[first * key_dim..(first + rows) * key_dim],
+                )
+                .expect("the rows fit"),
+                kv: StoredKeys::Paged(PagedKeys {
+                    storage,
                     block_stride: at.stride,
-                    table: &member.sequence.blocks,
+                    table: &sequence.blocks,
                     block_size,
-                    panels_at: at.panels_at(self.index, kv),
-                    values_at: at.values_at(self.index, kv),
+                    panels_at: at.panels_at(layer, kv),
+                    values_at: at.values_at(layer, kv),
                     key_dim,
                     value_stride: at.layout.value_stride,
-                    len: member.state.len,
-                },
-                out: out.view_mut(),
-                masks: sequence_masks(&shape)?,
-            });
-        }
-        flash::attend_paged(self.cache.isa, &bound, group, heads);
-        let items = batch.iter().flat_map(|m| (0..kv_heads).map(move |kv| (kv, m.queries.start)));
-        for ((kv, first), stacked_out) in items.zip(&stacked_out) {
-            for (r, row) in stacked_out.outer_iter().enumerate() {
-                let mut out_row = out.slice_mut(s![kv * group + r % group, first + r / group, ..]);
-                out_row.zip_mut_with(&row, |o, &x| *o = O::from_f32(x));
+                }),
+                masks: sequence_masks(&shape_of(m)).expect("resolved when the batch was checked"),
+            }
+        };
+        let stacked_out = flash::prefix(output, n_queries * query_heads * value_dim);
+        let n_problems = members.len() * kv_heads;
+        let call =
+            CachedCall { rows_per_query: group, n_problems, parts: 1, shape: &shape, problem: &problem };
+        flash::attend_cached(*isa, call, stacked_out, None, workspace);
+        for m in members {
+            let rows = &stacked_out[m.queries.start * query_heads * value_dim..]
+                [..m.queries.len() * query_heads * value_dim];
+            for (r, row) in rows.chunks_exact(value_dim).enumerate() {
+                let (head, query) = source_row(m, r);
+                out.slice_mut(s![head, query, ..])
+                    .zip_mut_with(&ArrayView1::from(row), |o, &x| *o = O::from_f32(x));
             }
         }
         Ok(())
     }
 
-    /// Fails with [`AttentionError::PagedInput`] unless `found` is `expected`.
+    /// Fails with [`AttentionError::PagedInput`] unless `found` is `expected` (the argument's
+    /// name is made a `String` only then: a decoding step checks its shapes on every call).
     fn check_shape(
         &self,
-        argument: String,
+        argument: &'static str,
         found: &[usize],
         expected: [usize; 3],
         why: &'static str,
@@ -753,19 +825,12 @@ impl<E: Storage> PagedLayer<'_, E> {
         }
         Err(AttentionError::PagedInput {
             layer: self.index,
-            argument,
+            argument: argument.into(),
             found: found.into(),
             expected: Dims(expected.to_vec()).to_string(),
             why,
         })
     }
-}
-
-/// One sequence of a batch: what it holds at the layer, and its queries' run of the packed axis.
-struct Member<'s> {
-    sequence: &'s Sequence,
-    state: LayerState,
-    queries: std::ops::Range<usize>,
 }
 
 /// The masks of one sequence's queries over its keys (`shape`: its queries and the positions it

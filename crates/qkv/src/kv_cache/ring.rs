@@ -70,7 +70,8 @@ impl Ring {
     /// `keep` (`[n_q, held]`, a column per position held, oldest first) laid out by slot in
     /// `buffer` for [`Self::runs`]: `[n_q, head + capacity]`, column `j` for slot `j`, `false`
     /// where no position is held. The older run reads every column, the newer one the first
-    /// `head`. The buffer only grows.
+    /// `head`. The buffer only grows, and at once to the widest layout (`head` is at most
+    /// `capacity - 1`), so that the steps after a first one allocate nothing as `head` moves on.
     pub(crate) fn keep_by_slot<'b>(
         self,
         len: usize,
@@ -81,7 +82,7 @@ impl Ring {
         let wrapped = len >= self.capacity;
         let (n_queries, width) = (keep.nrows(), head + self.capacity);
         if buffer.len() < n_queries * width {
-            buffer.resize(n_queries * width, false);
+            buffer.resize(n_queries * (2 * self.capacity - 1), false);
         }
         let by_slot = &mut buffer[..n_queries * width];
         for (i, row) in by_slot.chunks_exact_mut(width).enumerate() {

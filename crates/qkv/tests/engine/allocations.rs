@@ -1,13 +1,14 @@
-//! Heap allocations of a warm decoding step over a KV cache (32 query heads over 8 key/value
-//! heads, d = 128, one query), counted by this test binary's global allocator, which counts per
-//! thread so that the tests running beside it do not add to the count.
+//! Heap allocations of a warm decoding step over a KV cache and of a batched one over a paged
+//! cache (32 query heads over 8 key/value heads, d = 128, one query per sequence), counted by
+//! this test binary's global allocator, which counts per thread so that the tests running beside
+//! it do not add to the count.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
-use ndarray::{Array2, Array3};
+use ndarray::{Array2, Array3, ArrayView2};
 use qkv::half::bf16;
-use qkv::{CacheOptions, CacheShape, KvCache, SimdLevel, SlidingWindow, Storage};
+use qkv::{CacheOptions, CacheShape, KvCache, PagedKvCache, PagedShape, SimdLevel, SlidingWindow, Storage};
 
 use crate::problem::levels;
 
@@ -96,49 +97,76 @@ fn counted_steps<E: Storage, O: Storage>(
         .collect()
 }
 
+/// The options a step is counted with: none, a window with soft-capping, and ALiBi, the last
+/// two with a keep mask `keep` (`[1, held]`) as tree verification passes one.
+fn step_options<'a>(slopes: &'a [f32], keep: ArrayView2<'a, bool>) -> [(&'static str, CacheOptions<'a>); 3] {
+    let window = CacheOptions::new().sliding_window(SlidingWindow::new(300, 0)).logit_softcap(50.0);
+    [
+        ("plain", CacheOptions::new()),
+        ("window + cap + keep", window.keep_mask(keep)),
+        ("alibi + keep", CacheOptions::new().alibi(slopes).keep_mask(keep)),
+    ]
+}
+
+/// A keep mask for one query over `held` positions: every third position hidden.
+fn every_third_hidden(held: usize) -> Array2<bool> {
+    Array2::from_shape_fn((1, held), |(_, j)| j % 3 != 1)
+}
+
 #[test]
 fn a_warm_decoding_step_allocates_nothing_at_every_level() {
     let slopes = qkv::alibi_slopes::<f32>(QUERY_HEADS);
-    let window = CacheOptions::new().sliding_window(SlidingWindow::new(300, 0)).logit_softcap(50.0);
-    let alibi = CacheOptions::new().alibi(&slopes);
     // A pool of one thread runs every step on the calling thread, however long the cache: 2000
     // positions also split the keys into parts merged at the end.
     let one_thread = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
     for level in levels() {
-        for (what, options) in
-            [("plain", CacheOptions::new()), ("window + cap", window.clone()), ("alibi", alibi.clone())]
-        {
-            for len in [1, 200, 2000] {
+        for len in [1, 200, 2000] {
+            let keep = every_third_hidden(len);
+            for (what, options) in step_options(&slopes, keep.view()) {
                 let counts = one_thread.install(|| step_allocations(level, len, &options, 3));
                 assert_eq!(counts, [0, 0, 0], "{level} {what} over {len} positions, one thread");
+                if len != 200 {
+                    continue;
+                }
+                // A short step is not worth sharing, whatever the pool: it runs on the calling
+                // thread.
+                assert_eq!(
+                    step_allocations(level, len, &options, 3),
+                    [0, 0, 0],
+                    "{level} {what}, {len} positions"
+                );
+                let bf16_cache = counted_steps::<bf16, f32>(level, len, &options, 3, &allocations);
+                assert_eq!(bf16_cache, [0, 0, 0], "{level} {what}, f32 queries over a bf16 cache");
+                // A bf16 output is rounded as each row is stored: no buffer of its own.
+                let bf16_out = counted_steps::<bf16, bf16>(level, len, &options, 3, &allocations);
+                assert_eq!(bf16_out, [0, 0, 0], "{level} {what}, a bf16 cache into a bf16 output");
             }
-            // A short step is not worth sharing, whatever the pool: it runs on the calling thread.
-            assert_eq!(step_allocations(level, 200, &options, 3), [0, 0, 0], "{level} {what}, 200 positions");
-            let bf16_cache = counted_steps::<bf16, f32>(level, 200, &options, 3, &allocations);
-            assert_eq!(bf16_cache, [0, 0, 0], "{level} {what}, f32 queries over a bf16 cache");
-            // A bf16 output is rounded as each row is stored: no buffer of its own.
-            let bf16_out = counted_steps::<bf16, bf16>(level, 200, &options, 3, &allocations);
-            assert_eq!(bf16_out, [0, 0, 0], "{level} {what}, a bf16 cache into a bf16 output");
         }
     }
 }
 
 /// A windowed cache (a ring of 300 slots, window 300) long past its capacity: each decoding
 /// step appends a position, overwriting the oldest, and attends over the two runs of slots the
-/// wrap point leaves; after a first such step none allocates, with every option but the keep
-/// mask, at every level.
+/// wrap point leaves; after a first such step none allocates, with every option (a keep mask
+/// over the 300 positions held included), at every level.
 #[test]
 fn a_warm_decoding_step_over_a_ring_allocates_nothing() {
     let slopes = qkv::alibi_slopes::<f32>(QUERY_HEADS);
-    let capped =
-        CacheOptions::new().sliding_window(SlidingWindow::new(299, 0)).logit_softcap(50.0).scale(0.1);
-    let alibi = CacheOptions::new().alibi(&slopes);
+    let keep = every_third_hidden(300);
+    let capped = CacheOptions::new()
+        .sliding_window(SlidingWindow::new(299, 0))
+        .logit_softcap(50.0)
+        .scale(0.1)
+        .keep_mask(keep.view());
+    let alibi = CacheOptions::new().alibi(&slopes).keep_mask(keep.view());
     let one_thread = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
     let ring = CacheShape { capacity: 300, ..SHAPE };
     for level in levels() {
-        for (what, options) in
-            [("plain", CacheOptions::new()), ("window + cap", capped.clone()), ("alibi", alibi.clone())]
-        {
+        for (what, options) in [
+            ("plain", CacheOptions::new()),
+            ("window + cap + keep", capped.clone()),
+            ("alibi + keep", alibi.clone()),
+        ] {
             let counts = one_thread.install(|| {
                 let mut cache = KvCache::<bf16>::with_window_for_level(ring, 300, level).unwrap();
                 let mut layer = cache.layer(0).unwrap();
@@ -194,5 +222,64 @@ fn a_shared_step_allocates_nothing_inside_the_pool_and_one_job_outside() {
             let helpers = rayon::current_num_threads().min(SHAPE.kv_heads) as u64 - 1;
             assert!(counts.iter().all(|&n| n == helpers), "{level}, outside the pool: {counts:?}");
         }
+    }
+}
+
+/// The allocations of each of `steps` batched decoding steps over a paged cache of `E` at
+/// `level` (blocks of 64 positions) whose sequences first hold `lengths` positions, into an
+/// output of `O`: each step appends every sequence's new position, then attends with one query
+/// per sequence in one call, after a first such step of the batch.
+fn paged_steps<E: Storage, O: Storage>(level: SimdLevel, lengths: &[usize], steps: usize) -> Vec<u64> {
+    let block_size = 64;
+    let blocks = lengths.iter().map(|len| (len + steps + 1).div_ceil(block_size)).sum();
+    let CacheShape { kv_heads, key_dim, value_dim, .. } = SHAPE;
+    let shape = PagedShape { layers: 1, kv_heads, key_dim, value_dim, block_size, blocks };
+    let mut cache = PagedKvCache::<E>::for_level(shape, level).unwrap();
+    let sequences: Vec<_> = lengths.iter().map(|_| cache.add_sequence()).collect();
+    let kv = |n: usize| {
+        Array3::from_shape_fn((kv_heads, n, key_dim), |(h, i, c)| E::from_f32(((h + i * c) % 7) as f32 / 7.0))
+    };
+    let mut layer = cache.layer(0).unwrap();
+    for (&seq, &len) in sequences.iter().zip(lengths) {
+        let prompt = kv(len);
+        layer.append(seq, prompt.view(), prompt.view()).unwrap();
+    }
+    let token = kv(1);
+    let q = Array3::from_shape_fn((QUERY_HEADS, lengths.len(), key_dim), |(h, j, c)| {
+        E::from_f32(((h * c + j) % 5) as f32 / 5.0)
+    });
+    let offsets: Vec<usize> = (0..=lengths.len()).collect();
+    let mut out = Array3::from_elem((QUERY_HEADS, lengths.len(), value_dim), O::from_f32(0.0));
+    let mut step = || {
+        let before = allocations();
+        for &seq in &sequences {
+            layer.append(seq, token.view(), token.view()).unwrap();
+        }
+        layer.attend_into(&sequences, &offsets, q.view(), out.view_mut()).unwrap();
+        allocations() - before
+    };
+    step();
+    (0..steps).map(|_| step()).collect()
+}
+
+/// A batch of ragged sequences decoding over a paged cache: after a first step of the batch,
+/// no step allocates (appends that take a new block included), at every level, for f32 and
+/// bf16 caches, on a pool of one thread and for a short step on the calling thread.
+#[test]
+fn a_warm_batched_decoding_step_over_a_paged_cache_allocates_nothing() {
+    let one_thread = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+    // One position; 62, whose steps cross into a second block; 200; and 2100, whose keys are
+    // split into parts merged at the end (worth sharing, so run on the one-thread pool).
+    let (short, long) = ([1, 62, 200].as_slice(), [1, 62, 200, 2100].as_slice());
+    for level in levels() {
+        let f32_cache = one_thread.install(|| paged_steps::<f32, f32>(level, long, 3));
+        assert_eq!(f32_cache, [0, 0, 0], "{level}: {long:?} positions, one thread");
+        let bf16_cache = one_thread.install(|| paged_steps::<bf16, bf16>(level, long, 3));
+        assert_eq!(bf16_cache, [0, 0, 0], "{level}: {long:?} positions of bf16, one thread");
+        assert_eq!(paged_steps::<f32, f32>(level, short, 3), [0, 0, 0], "{level}: {short:?} positions");
+        let bf16_cache = paged_steps::<bf16, f32>(level, short, 3);
+        assert_eq!(bf16_cache, [0, 0, 0], "{level}: {short:?} positions of bf16 into f32");
+        let bf16_out = paged_steps::<bf16, bf16>(level, short, 3);
+        assert_eq!(bf16_out, [0, 0, 0], "{level}: {short:?} positions of bf16 into bf16");
     }
 }

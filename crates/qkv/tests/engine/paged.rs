@@ -119,7 +119,7 @@ impl Harness {
         let total = *offsets.last().unwrap();
         let q = self.random(self.query_heads, total, self.shape.key_dim);
         let sequences: Vec<SequenceId> = batch.iter().map(|&(seq, _)| seq).collect();
-        let paged = self.cache.layer(layer).unwrap();
+        let mut paged = self.cache.layer(layer).unwrap();
         // Pre-filled with NaN: an element the call forgets to write fails the comparison.
         let mut got = Array3::from_elem((self.query_heads, total, self.shape.value_dim), f32::NAN);
         paged.attend_into(&sequences, &offsets, q.view(), got.view_mut()).unwrap();
