@@ -20,7 +20,8 @@
 //! For inference, [`KvCache`] holds one sequence's keys and values packed for the kernels (or,
 //! made [`with_window`](KvCache::with_window), a ring buffer of a sliding window's), and
 //! [`PagedKvCache`] many sequences in fixed-size blocks of one pool (fork with copy on write,
-//! truncate, free), attending with a whole ragged batch's new queries in one call.
+//! truncate, free), attending with a whole ragged batch's new queries in one call; a warm
+//! batched decoding step allocates nothing.
 //!
 //! Every path is checked against [`reference`](mod@reference), a plain f64 implementation. Results do not depend
 //! on the number of threads. The engine does no I/O.

@@ -264,10 +264,12 @@ fn paged_steps<E: Storage, O: Storage>(level: SimdLevel, lengths: &[usize], step
 
 /// A batch of ragged sequences decoding over a paged cache: after a first step of the batch,
 /// no step allocates (appends that take a new block included), at every level, for f32 and
-/// bf16 caches, on a pool of one thread and for a short step on the calling thread.
+/// bf16 caches, on a pool of one thread, for a short step on the calling thread, and on the
+/// calling thread of a step shared inside a pool of two.
 #[test]
 fn a_warm_batched_decoding_step_over_a_paged_cache_allocates_nothing() {
     let one_thread = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+    let two_threads = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
     // One position; 62, whose steps cross into a second block; 200; and 2100, whose keys are
     // split into parts merged at the end (worth sharing, so run on the one-thread pool).
     let (short, long) = ([1, 62, 200].as_slice(), [1, 62, 200, 2100].as_slice());
@@ -276,6 +278,8 @@ fn a_warm_batched_decoding_step_over_a_paged_cache_allocates_nothing() {
         assert_eq!(f32_cache, [0, 0, 0], "{level}: {long:?} positions, one thread");
         let bf16_cache = one_thread.install(|| paged_steps::<bf16, bf16>(level, long, 3));
         assert_eq!(bf16_cache, [0, 0, 0], "{level}: {long:?} positions of bf16, one thread");
+        let shared = two_threads.install(|| paged_steps::<f32, f32>(level, long, 3));
+        assert_eq!(shared, [0, 0, 0], "{level}: {long:?} positions, the calling thread inside a pool of two");
         assert_eq!(paged_steps::<f32, f32>(level, short, 3), [0, 0, 0], "{level}: {short:?} positions");
         let bf16_cache = paged_steps::<bf16, f32>(level, short, 3);
         assert_eq!(bf16_cache, [0, 0, 0], "{level}: {short:?} positions of bf16 into f32");
