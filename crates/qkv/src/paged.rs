@@ -18,14 +18,15 @@
 
 use std::ops::Range;
 
-use ndarray::{Array3, ArrayView1, ArrayView2, ArrayView3, ArrayViewMut3, s};
+use ndarray::{Array3, ArrayView1, ArrayView2, ArrayView3, ArrayViewMut2, ArrayViewMut3, s};
 
 use crate::Storage;
+use crate::cache_options::CacheOptions;
 use crate::error::{AttentionError, Dims};
 use crate::flash::{self, CachedCall, CachedProblem, PagedKeys, StoredKeys};
 use crate::kernels::{self, Buffer, Isa};
 use crate::kv_cache::{Layout, LayoutOf};
-use crate::mask::{AttentionOptions, CausalMask, MaskSet};
+use crate::mask::AttentionOptions;
 use crate::shape::{Magnitudes, Shape, finite_magnitude};
 use crate::simd::{self, SimdLevel};
 
@@ -140,6 +141,7 @@ struct StepBuffers {
     members: Vec<Member>,
     queries: Vec<f32>,
     output: Vec<f32>,
+    logsumexp: Vec<f32>,
     workspace: flash::Workspace<f32>,
 }
 
@@ -540,9 +542,9 @@ impl<E: Storage> PagedLayer<'_, E> {
         let PagedShape { kv_heads, key_dim, value_dim, block_size, blocks, .. } = self.cache.shape;
         let n_new = k.shape()[1];
         let per_head = "one [n_new, key_dim] block per key/value head";
-        self.check_shape("keys", k.shape(), [kv_heads, n_new, key_dim], per_head)?;
+        self.check_shape("keys", k.shape(), &[kv_heads, n_new, key_dim], per_head)?;
         let why = "one value for every key, one [n_new, value_dim] block per key/value head";
-        self.check_shape("values", v.shape(), [kv_heads, n_new, value_dim], why)?;
+        self.check_shape("values", v.shape(), &[kv_heads, n_new, value_dim], why)?;
         let (keys, values) = (finite_magnitude("keys", &k)?, finite_magnitude("values", &v)?);
         let layer = self.index;
         let cache = &mut *self.cache;
@@ -694,7 +696,48 @@ impl<E: Storage> PagedLayer<'_, E> {
         sequences: &[SequenceId],
         query_offsets: &[usize],
         q: ArrayView3<E>,
+        out: ArrayViewMut3<O>,
+    ) -> Result<(), AttentionError> {
+        self.attend_with_into(sequences, query_offsets, q, &CacheOptions::new(), out, None)
+    }
+
+    /// [`attend_into`](Self::attend_into) under `options` (a scale, a sliding window, ALiBi,
+    /// soft-capping, a keep mask: [`CacheOptions`], as a [`KvCache`](crate::KvCache) takes
+    /// them), with each row's logsumexp written into `lse` (`[query_heads, n_queries]`, f32,
+    /// packed as `q` is) when given. Each sequence's options see its own positions: ALiBi's
+    /// distances and the window count from its queries' positions, and a keep mask
+    /// (`[n_queries, longest]`, `longest` the most positions any sequence of the call holds) gives
+    /// a query of a sequence that holds `len` positions the columns `0 .. len` of its row, the
+    /// others unread. Every option is checked before anything is computed; allocates as
+    /// [`attend_into`](Self::attend_into) does.
+    ///
+    /// ```
+    /// use ndarray::{Array2, Array3, array};
+    /// let shape = qkv::PagedShape { layers: 1, kv_heads: 1, key_dim: 1, value_dim: 1, block_size: 64, blocks: 4 };
+    /// let mut cache = qkv::PagedKvCache::<f32>::new(shape)?;
+    /// let (a, b) = (cache.add_sequence(), cache.add_sequence());
+    /// let mut layer = cache.layer(0)?;
+    /// let values = |v: Vec<f32>| Array3::from_shape_vec((1, v.len(), 1), v).unwrap();
+    /// layer.append(a, Array3::zeros((1, 3, 1)).view(), values(vec![1.0, 2.0, 3.0]).view())?;
+    /// layer.append(b, Array3::zeros((1, 2, 1)).view(), values(vec![5.0, 7.0]).view())?;
+    /// // One query each; a keeps positions 0 and 2, b position 1 (its third column unread).
+    /// let keep = array![[true, false, true], [false, true, false]];
+    /// let options = qkv::CacheOptions::new().keep_mask(keep.view());
+    /// let (mut out, mut lse) = (Array3::<f32>::zeros((1, 2, 1)), Array2::zeros((1, 2)));
+    /// layer.attend_with_into(&[a, b], &[0, 1, 2], Array3::zeros((1, 2, 1)).view(), &options, out.view_mut(), Some(lse.view_mut()))?;
+    /// assert_eq!(out.into_raw_vec_and_offset().0, vec![2.0, 7.0]);
+    /// // Two equal scores of 0, then one.
+    /// assert_eq!(lse.into_raw_vec_and_offset().0, vec![2f32.ln(), 0.0]);
+    /// # Ok::<(), qkv::AttentionError>(())
+    /// ```
+    pub fn attend_with_into<O: Storage>(
+        &mut self,
+        sequences: &[SequenceId],
+        query_offsets: &[usize],
+        q: ArrayView3<E>,
+        options: &CacheOptions,
         mut out: ArrayViewMut3<O>,
+        mut lse: Option<ArrayViewMut2<f32>>,
     ) -> Result<(), AttentionError> {
         let PagedShape { kv_heads, key_dim, value_dim, block_size, .. } = self.cache.shape;
         let [query_heads, n_queries, _] = *q.shape() else { unreachable!("3-D view") };
@@ -703,15 +746,31 @@ impl<E: Storage> PagedLayer<'_, E> {
         self.check_shape(
             "queries",
             q.shape(),
-            [expected_heads, n_queries, key_dim],
+            &[expected_heads, n_queries, key_dim],
             "query heads a positive multiple of the key/value heads, each query as wide as the keys",
         )?;
         let why = "one value-wide row per query";
-        self.check_shape("output", out.shape(), [query_heads, n_queries, value_dim], why)?;
+        self.check_shape("output", out.shape(), &[query_heads, n_queries, value_dim], why)?;
+        if let Some(lse) = &lse {
+            self.check_shape("logsumexp", lse.shape(), &[query_heads, n_queries], "one per query row")?;
+        }
         check_offsets(query_offsets, sequences.len(), n_queries)?;
         let layer = self.index;
+        let mut longest = 0;
+        for &id in sequences {
+            longest = longest.max(self.cache.sequence(id)?.layers[layer].len);
+        }
+        options.check_shapes(query_heads, n_queries, longest).map_err(|mismatch| {
+            AttentionError::PagedInput {
+                layer,
+                argument: mismatch.argument.into(),
+                found: mismatch.found,
+                expected: mismatch.expected,
+                why: mismatch.why,
+            }
+        })?;
         let PagedKvCache { isa, block_layout: at, storage, slots, step, .. } = &mut *self.cache;
-        let StepBuffers { members, queries: stacked, output, workspace } = step;
+        let StepBuffers { members, queries: stacked, output, logsumexp, workspace } = step;
         let shape_of =
             |m: &Member| Shape { n_queries: m.queries.len(), n_keys: m.state.len, key_dim, value_dim };
         // Each sequence with its queries, checked against what it holds at this layer.
@@ -730,7 +789,7 @@ impl<E: Storage> PagedLayer<'_, E> {
             }
             if !queries.is_empty() {
                 let member = Member { slot: id.index(), state, queries };
-                sequence_masks(&shape_of(&member))?;
+                sequence_masks(options, &member).resolve_heads(&shape_of(&member), Some((1, query_heads)))?;
                 members.push(member);
             }
         }
@@ -738,6 +797,11 @@ impl<E: Storage> PagedLayer<'_, E> {
         if members.is_empty() {
             return Ok(());
         }
+        let masks = |m: &Member, head: usize| {
+            let options = sequence_masks(options, m);
+            let heads = options.resolve_heads(&shape_of(m), Some((1, query_heads)));
+            heads.expect("resolved when the batch was checked").head(0, head)
+        };
         let queries = finite_magnitude("queries", &q)?;
         // One shape bounds every sequence; each problem's masks confine it to its own sequence.
         let n_queries_bound = members.iter().map(|m| m.queries.len()).max().unwrap_or(0);
@@ -745,19 +809,27 @@ impl<E: Storage> PagedLayer<'_, E> {
         let bound = Shape { n_queries: n_queries_bound, n_keys, key_dim, value_dim };
         let largest = |f: fn(&LayerState) -> f64| members.iter().map(|m| f(&m.state)).fold(0.0, f64::max);
         let magnitudes = Magnitudes { queries, keys: largest(|s| s.keys), values: largest(|s| s.values) };
-        if !flash::stays_finite(&bound, &magnitudes, &sequence_masks(&bound)?) {
+        // Every head of the longest sequence bounds the scores of every other (ALiBi's biases
+        // grow with the distance, and the scale and the cap are the call's).
+        let longest_member = members.iter().max_by_key(|m| m.state.len).expect("a member");
+        if !(0..query_heads).all(|h| flash::stays_finite(&bound, &magnitudes, &masks(longest_member, h))) {
             return Err(AttentionError::CacheOverflow { layer });
         }
         // The query heads that share a key/value head are the rows of one problem, query-major,
-        // as in `KvCache::attend`: its keys and values are read once for all of them. Problem
-        // `m · kv_heads + kv` is member `m`'s key/value head `kv`; the problems' rows follow one
-        // another in the packed order, so member `m`'s start at row `queries.start · query_heads`.
+        // as in `KvCache::attend`: its keys and values are read once for all of them; heads with
+        // masks of their own (ALiBi) are a problem each. Problem `m · per_member + j` is member
+        // `m`'s `j`-th; the problems' rows follow one another in the packed order, so member
+        // `m`'s start at row `queries.start · query_heads`.
         let group = query_heads / kv_heads;
+        let first_heads = sequence_masks(options, &members[0]);
+        let first_heads = first_heads.resolve_heads(&shape_of(&members[0]), Some((1, query_heads)))?;
+        let heads_per_problem = if first_heads.vary_by_head() { 1 } else { group };
+        let per_member = query_heads / heads_per_problem;
         // Row `r` of member `m`'s rows: query head and query of `q`.
         let source_row = |m: &Member, r: usize| {
-            let rows = m.queries.len() * group;
-            let (kv, i, g) = (r / rows, r % rows / group, r % group);
-            (kv * group + g, m.queries.start + i)
+            let rows = m.queries.len() * heads_per_problem;
+            let (j, i, g) = (r / rows, r % rows / heads_per_problem, r % heads_per_problem);
+            (j * heads_per_problem + g, m.queries.start + i)
         };
         let stacked = flash::prefix(stacked, n_queries * query_heads * key_dim);
         for m in members {
@@ -769,11 +841,12 @@ impl<E: Storage> PagedLayer<'_, E> {
             }
         }
         let (stacked, storage, slots) = (&*stacked, &**storage, &*slots);
-        let shape = |p: usize| shape_of(&members[p / kv_heads]);
+        let shape = |p: usize| shape_of(&members[p / per_member]);
         let problem = |p: usize, _part: usize| {
-            let (m, kv) = (&members[p / kv_heads], p % kv_heads);
-            let rows = m.queries.len() * group;
-            let first = m.queries.start * query_heads + kv * rows;
+            let (m, j) = (&members[p / per_member], p % per_member);
+            let kv = j * heads_per_problem / group;
+            let rows = m.queries.len() * heads_per_problem;
+            let first = m.queries.start * query_heads + j * rows;
             let sequence = slots[m.slot].sequence.as_ref().expect("a member's sequence was checked");
             CachedProblem {
                 q: ArrayView2::from_shape(
@@ -791,21 +864,32 @@ impl<E: Storage> PagedLayer<'_, E> {
                     key_dim,
                     value_stride: at.layout.value_stride,
                 }),
-                masks: sequence_masks(&shape_of(m)).expect("resolved when the batch was checked"),
+                masks: masks(m, j * heads_per_problem),
             }
         };
         let stacked_out = flash::prefix(output, n_queries * query_heads * value_dim);
-        let n_problems = members.len() * kv_heads;
-        let call =
-            CachedCall { rows_per_query: group, n_problems, parts: 1, shape: &shape, problem: &problem };
-        flash::attend_cached(*isa, call, stacked_out, None, workspace);
+        let stacked_lse = lse.is_some().then(|| flash::prefix(logsumexp, n_queries * query_heads));
+        let n_problems = members.len() * per_member;
+        let call = CachedCall {
+            rows_per_query: heads_per_problem,
+            n_problems,
+            parts: 1,
+            shape: &shape,
+            problem: &problem,
+        };
+        flash::attend_cached(*isa, call, stacked_out, stacked_lse, workspace);
         for m in members {
-            let rows = &stacked_out[m.queries.start * query_heads * value_dim..]
-                [..m.queries.len() * query_heads * value_dim];
-            for (r, row) in rows.chunks_exact(value_dim).enumerate() {
+            let rows = m.queries.start * query_heads..m.queries.end * query_heads;
+            let out_rows = stacked_out[rows.start * value_dim..rows.end * value_dim].chunks_exact(value_dim);
+            for (r, row) in out_rows.enumerate() {
                 let (head, query) = source_row(m, r);
                 out.slice_mut(s![head, query, ..])
                     .zip_mut_with(&ArrayView1::from(row), |o, &x| *o = O::from_f32(x));
+            }
+            if let Some(lse) = &mut lse {
+                for (r, &x) in logsumexp[rows].iter().enumerate() {
+                    lse[source_row(m, r)] = x;
+                }
             }
         }
         Ok(())
@@ -817,7 +901,7 @@ impl<E: Storage> PagedLayer<'_, E> {
         &self,
         argument: &'static str,
         found: &[usize],
-        expected: [usize; 3],
+        expected: &[usize],
         why: &'static str,
     ) -> Result<(), AttentionError> {
         if found == expected {
@@ -833,15 +917,15 @@ impl<E: Storage> PagedLayer<'_, E> {
     }
 }
 
-/// The masks of one sequence's queries over its keys (`shape`: its queries and the positions it
-/// holds): the bottom-right causal mask, with the scale `1 / sqrt(d_k)`. The one place where the
-/// options of the cached path (windows, ALiBi, soft-capping, keep masks) will resolve per
-/// sequence, so that every path under [`PagedLayer::attend`] takes them: with the `cached`
-/// branch's `CacheOptions`, `options.dense().resolve(shape)`. Options that differ between the
-/// query heads of a group (ALiBi's slopes) then need a problem per query head instead of the
-/// group's heads stacked as rows, and a keep mask one per sequence.
-fn sequence_masks(shape: &Shape) -> Result<MaskSet<'static, f32>, AttentionError> {
-    AttentionOptions::new().causal(CausalMask::BottomRight).resolve(shape)
+/// The options of member `m`'s queries over its keys: `options` with the bottom-right causal
+/// mask ([`CacheOptions::dense`]), its keep mask cut to the member's rows and positions.
+fn sequence_masks<'a>(options: &CacheOptions<'a>, m: &Member) -> AttentionOptions<'a, f32> {
+    match options.keep() {
+        Some(keep) => {
+            options.clone().keep_mask(keep.slice_move(s![m.queries.clone(), ..m.state.len])).dense()
+        }
+        None => options.dense(),
+    }
 }
 
 /// Checks that `offsets` cut `n_queries` packed queries into one run per sequence, in order:

@@ -228,8 +228,14 @@ fn a_shared_step_allocates_nothing_inside_the_pool_and_one_job_outside() {
 /// The allocations of each of `steps` batched decoding steps over a paged cache of `E` at
 /// `level` (blocks of 64 positions) whose sequences first hold `lengths` positions, into an
 /// output of `O`: each step appends every sequence's new position, then attends with one query
-/// per sequence in one call, after a first such step of the batch.
-fn paged_steps<E: Storage, O: Storage>(level: SimdLevel, lengths: &[usize], steps: usize) -> Vec<u64> {
+/// per sequence in one call (with `options`' options and the logsumexp), after a first such step
+/// of the batch.
+fn paged_steps<E: Storage, O: Storage>(
+    level: SimdLevel,
+    lengths: &[usize],
+    steps: usize,
+    options: Options,
+) -> Vec<u64> {
     let block_size = 64;
     let blocks = lengths.iter().map(|len| (len + steps + 1).div_ceil(block_size)).sum();
     let CacheShape { kv_heads, key_dim, value_dim, .. } = SHAPE;
@@ -250,22 +256,57 @@ fn paged_steps<E: Storage, O: Storage>(level: SimdLevel, lengths: &[usize], step
     });
     let offsets: Vec<usize> = (0..=lengths.len()).collect();
     let mut out = Array3::from_elem((QUERY_HEADS, lengths.len(), value_dim), O::from_f32(0.0));
-    let mut step = || {
+    let mut lse = Array2::zeros((QUERY_HEADS, lengths.len()));
+    let slopes = qkv::alibi_slopes::<f32>(QUERY_HEADS);
+    // Each step's keep mask, made beforehand: one column more every step.
+    let longest = lengths.iter().copied().max().unwrap_or(0);
+    let keeps: Vec<Array2<bool>> = (1..=steps + 1)
+        .map(|s| Array2::from_shape_fn((lengths.len(), longest + s), |(i, j)| (i + j) % 3 != 1))
+        .collect();
+    let mut step = |s: usize| {
+        let options = options.with(&slopes, keeps[s].view());
         let before = allocations();
         for &seq in &sequences {
             layer.append(seq, token.view(), token.view()).unwrap();
         }
-        layer.attend_into(&sequences, &offsets, q.view(), out.view_mut()).unwrap();
+        layer
+            .attend_with_into(&sequences, &offsets, q.view(), &options, out.view_mut(), Some(lse.view_mut()))
+            .unwrap();
         allocations() - before
     };
-    step();
-    (0..steps).map(|_| step()).collect()
+    step(0);
+    (1..=steps).map(&mut step).collect()
+}
+
+/// The options of [`paged_steps`].
+#[derive(Clone, Copy, Debug)]
+enum Options {
+    Plain,
+    /// A sliding window and a soft-cap, then with a keep mask.
+    WindowCap,
+    WindowCapKeep,
+    /// ALiBi (a problem per query head), then with a keep mask.
+    Alibi,
+    AlibiKeep,
+}
+
+impl Options {
+    fn with<'a>(self, slopes: &'a [f32], keep: ArrayView2<'a, bool>) -> CacheOptions<'a> {
+        let window = || CacheOptions::new().sliding_window(SlidingWindow::new(300, 0)).logit_softcap(50.0);
+        match self {
+            Options::Plain => CacheOptions::new(),
+            Options::WindowCap => window(),
+            Options::WindowCapKeep => window().keep_mask(keep),
+            Options::Alibi => CacheOptions::new().alibi(slopes),
+            Options::AlibiKeep => CacheOptions::new().alibi(slopes).keep_mask(keep),
+        }
+    }
 }
 
 /// A batch of ragged sequences decoding over a paged cache: after a first step of the batch,
 /// no step allocates (appends that take a new block included), at every level, for f32 and
 /// bf16 caches, on a pool of one thread, for a short step on the calling thread, and on the
-/// calling thread of a step shared inside a pool of two.
+/// calling thread of a step shared inside a pool of two, with every option of the cached path.
 #[test]
 fn a_warm_batched_decoding_step_over_a_paged_cache_allocates_nothing() {
     let one_thread = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
@@ -274,16 +315,28 @@ fn a_warm_batched_decoding_step_over_a_paged_cache_allocates_nothing() {
     // split into parts merged at the end (worth sharing, so run on the one-thread pool).
     let (short, long) = ([1, 62, 200].as_slice(), [1, 62, 200, 2100].as_slice());
     for level in levels() {
-        let f32_cache = one_thread.install(|| paged_steps::<f32, f32>(level, long, 3));
+        let f32_cache = one_thread.install(|| paged_steps::<f32, f32>(level, long, 3, Options::Plain));
         assert_eq!(f32_cache, [0, 0, 0], "{level}: {long:?} positions, one thread");
-        let bf16_cache = one_thread.install(|| paged_steps::<bf16, bf16>(level, long, 3));
-        assert_eq!(bf16_cache, [0, 0, 0], "{level}: {long:?} positions of bf16, one thread");
-        let shared = two_threads.install(|| paged_steps::<f32, f32>(level, long, 3));
-        assert_eq!(shared, [0, 0, 0], "{level}: {long:?} positions, the calling thread inside a pool of two");
-        assert_eq!(paged_steps::<f32, f32>(level, short, 3), [0, 0, 0], "{level}: {short:?} positions");
-        let bf16_cache = paged_steps::<bf16, f32>(level, short, 3);
+        let bf16_cache =
+            one_thread.install(|| paged_steps::<bf16, bf16>(level, long, 3, Options::WindowCapKeep));
+        assert_eq!(
+            bf16_cache,
+            [0, 0, 0],
+            "{level}: {long:?} positions of bf16, window + cap + keep, one thread"
+        );
+        let shared = two_threads.install(|| paged_steps::<f32, f32>(level, long, 3, Options::Alibi));
+        assert_eq!(
+            shared,
+            [0, 0, 0],
+            "{level}: {long:?} positions, ALiBi, the calling thread inside a pool of two"
+        );
+        for options in [Options::Plain, Options::WindowCap, Options::AlibiKeep] {
+            let steps = paged_steps::<f32, f32>(level, short, 3, options);
+            assert_eq!(steps, [0, 0, 0], "{level} {options:?}: {short:?} positions");
+        }
+        let bf16_cache = paged_steps::<bf16, f32>(level, short, 3, Options::WindowCap);
         assert_eq!(bf16_cache, [0, 0, 0], "{level}: {short:?} positions of bf16 into f32");
-        let bf16_out = paged_steps::<bf16, bf16>(level, short, 3);
+        let bf16_out = paged_steps::<bf16, bf16>(level, short, 3, Options::AlibiKeep);
         assert_eq!(bf16_out, [0, 0, 0], "{level}: {short:?} positions of bf16 into bf16");
     }
 }

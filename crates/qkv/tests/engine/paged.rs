@@ -1,13 +1,16 @@
 //! The paged KV cache against full attention over each sequence's prefix: every batched attend
-//! compared, sequence by sequence, with `multi_head_attention` (bottom-right causal mask) and the
-//! f64 reference head by head, at every SIMD level, on ragged batches, after forks, truncations
+//! compared, sequence by sequence, with `multi_head_attention` (bottom-right causal mask, and every
+//! `CacheOptions` option with the logsumexp) and the f64 reference head by head, at every SIMD level, on ragged batches, after forks, truncations
 //! and freed blocks reused; random operation sequences against a plain model; and its errors.
 
 use std::collections::BTreeMap;
 
-use ndarray::{Array3, Axis, concatenate, s};
+use ndarray::{Array2, Array3, ArrayView2, Axis, concatenate, s};
 use proptest::prelude::*;
-use qkv::{AttentionOptions, CausalMask, PagedKvCache, PagedShape, SequenceId, SimdLevel};
+use qkv::{
+    AttentionOptions, CacheOptions, CausalMask, PagedKvCache, PagedShape, SequenceId, SimdLevel,
+    SlidingWindow,
+};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -111,6 +114,13 @@ impl Harness {
     /// packed along axis 1); each sequence's rows must match full attention over its prefix.
     /// Returns the packed output.
     fn check(&mut self, layer: usize, batch: &[(SequenceId, usize)]) -> Array3<f32> {
+        self.check_with(layer, batch, Kind::Plain)
+    }
+
+    /// [`check`](Self::check) under `kind`'s options, the logsumexp compared too, with a random
+    /// keep mask where `kind` has one (`[n_queries, longest]`, each sequence's columns its own
+    /// positions, some rows hiding everything).
+    fn check_with(&mut self, layer: usize, batch: &[(SequenceId, usize)], kind: Kind) -> Array3<f32> {
         let mut offsets = vec![0];
         offsets.extend(batch.iter().scan(0, |end, &(_, n)| {
             *end += n;
@@ -119,43 +129,75 @@ impl Harness {
         let total = *offsets.last().unwrap();
         let q = self.random(self.query_heads, total, self.shape.key_dim);
         let sequences: Vec<SequenceId> = batch.iter().map(|&(seq, _)| seq).collect();
+        let lengths: Vec<usize> =
+            batch.iter().map(|&(seq, _)| self.held[&seq.index()].1.k[layer].shape()[1]).collect();
+        let longest = lengths.iter().copied().max().unwrap_or(0);
+        let mut keep = Array2::from_elem((total, longest), false);
+        for (i, &len) in lengths.iter().enumerate() {
+            for (r, row) in (offsets[i]..offsets[i + 1]).enumerate() {
+                let own = len - (offsets[i + 1] - offsets[i]) + r;
+                for j in 0..longest {
+                    keep[[row, j]] = row % 5 != 3 && (j == own || self.rng.random_bool(0.6));
+                }
+            }
+        }
+        let slopes: Vec<f32> =
+            (0..self.query_heads).map(|h| 0.05 + 0.3 * h as f32 / self.query_heads as f32).collect();
+        let options = kind.options(&slopes, keep.view());
         let mut paged = self.cache.layer(layer).unwrap();
         // Pre-filled with NaN: an element the call forgets to write fails the comparison.
         let mut got = Array3::from_elem((self.query_heads, total, self.shape.value_dim), f32::NAN);
-        paged.attend_into(&sequences, &offsets, q.view(), got.view_mut()).unwrap();
-        assert_eq!(
-            paged.attend(&sequences, &offsets, q.view()).unwrap(),
-            got,
-            "attend and attend_into agree"
-        );
-        let options = AttentionOptions::new().causal(CausalMask::BottomRight).simd(self.level);
+        let mut lse = Array2::from_elem((self.query_heads, total), f32::NAN);
+        paged
+            .attend_with_into(&sequences, &offsets, q.view(), &options, got.view_mut(), Some(lse.view_mut()))
+            .unwrap();
+        if let Kind::Plain = kind {
+            assert_eq!(
+                paged.attend(&sequences, &offsets, q.view()).unwrap(),
+                got,
+                "attend and attend_with_into agree"
+            );
+        }
         let group = self.query_heads / self.shape.kv_heads;
-        let lengths: Vec<usize> =
-            batch.iter().map(|&(seq, _)| self.held[&seq.index()].1.k[layer].shape()[1]).collect();
         for (i, &(seq, n_q)) in batch.iter().enumerate() {
             let held = &self.held[&seq.index()].1;
             let (k, v) = (held.k[layer].view(), held.v[layer].view());
-            let q = q.slice(s![.., offsets[i]..offsets[i + 1], ..]);
-            let full = qkv::multi_head_attention(
+            let rows = offsets[i]..offsets[i + 1];
+            let q = q.slice(s![.., rows.clone(), ..]);
+            let own_keep = keep.slice(s![rows.clone(), ..lengths[i]]);
+            let dense = kind.options(&slopes, own_keep).dense().simd(self.level);
+            let full = qkv::multi_head_attention_with_lse(
                 q.insert_axis(Axis(0)),
                 k.insert_axis(Axis(0)),
                 v.insert_axis(Axis(0)),
-                &options,
+                &dense,
             )
             .unwrap();
             for h in 0..self.query_heads {
                 let ctx = format!(
-                    "{} {:?}, layer {layer}, batch lengths {lengths:?}, sequences[{i}]: {n_q} queries, head {h}",
+                    "{} {kind:?} {:?}, layer {layer}, batch lengths {lengths:?}, sequences[{i}]: {n_q} queries, head {h}",
                     self.level, self.shape
                 );
                 let (qh, kh, vh) =
                     (q.slice(s![h, .., ..]), k.slice(s![h / group, .., ..]), v.slice(s![h / group, .., ..]));
-                let want = qkv::reference::attention(qh, kh, vh, &options).unwrap();
-                let (_, bound) = error_bound(&want, &vh.to_owned());
-                let got_head = got.slice(s![h, offsets[i]..offsets[i + 1], ..]).to_owned();
+                // One head's options: its own ALiBi slope.
+                let head_options = kind.options(&slopes[h..=h], own_keep).dense();
+                let want = qkv::reference::attention(qh, kh, vh, &head_options).unwrap();
+                let want_lse =
+                    qkv::reference::attention_with_lse(qh, kh, vh, &head_options).unwrap().logsumexp;
+                let (weights_bound, bound) = error_bound(&want, &vh.to_owned());
+                let got_head = got.slice(s![h, rows.clone(), ..]).to_owned();
                 assert_close(&format!("paged vs reference {ctx}"), &got_head, &want.output, bound);
-                let full_head = full.slice(s![0, h, .., ..]).mapv(f64::from);
+                let full_head = full.output.slice(s![0, h, .., ..]).mapv(f64::from);
                 assert_close(&format!("paged vs multi_head_attention {ctx}"), &got_head, &full_head, bound);
+                for (r, (&g, &w)) in lse.slice(s![h, rows.clone()]).iter().zip(&want_lse).enumerate() {
+                    let close = if w == f64::NEG_INFINITY {
+                        g == f32::NEG_INFINITY
+                    } else {
+                        (f64::from(g) - w).abs() <= 2e-5 * (weights_bound + lengths[i] as f64)
+                    };
+                    assert!(close, "logsumexp {ctx} row {r}: got {g}, want {w}");
+                }
             }
         }
         got
@@ -171,6 +213,40 @@ impl Harness {
         let batch: Vec<(SequenceId, usize)> = live.iter().map(|&seq| (seq, 1)).collect();
         for layer in 0..self.shape.layers {
             self.check(layer, &batch);
+        }
+    }
+}
+
+/// The options of a checked attend ([`Harness::check_with`]).
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Plain,
+    Window,
+    Alibi,
+    /// A scale and a soft-cap.
+    Softcap,
+    /// A keep mask (a tree's ancestors), some rows hiding everything.
+    Keep,
+    /// Everything at once.
+    All,
+}
+
+impl Kind {
+    /// The options, with `slopes` one per query head and `keep` the step's keep mask.
+    fn options<'a>(self, slopes: &'a [f32], keep: ArrayView2<'a, bool>) -> CacheOptions<'a> {
+        let o = CacheOptions::new();
+        match self {
+            Kind::Plain => o,
+            Kind::Window => o.sliding_window(SlidingWindow::new(40, 0)),
+            Kind::Alibi => o.alibi(slopes),
+            Kind::Softcap => o.scale(1.5).logit_softcap(2.0),
+            Kind::Keep => o.keep_mask(keep),
+            Kind::All => o
+                .scale(1.2)
+                .sliding_window(SlidingWindow::new(150, 0))
+                .alibi(slopes)
+                .logit_softcap(3.0)
+                .keep_mask(keep),
         }
     }
 }
@@ -219,6 +295,27 @@ fn ragged_batches_match_full_attention_over_each_prefix() {
         harness.check(1, &batch);
         for _ in 0..2 {
             harness.decode_all();
+        }
+    }
+}
+
+/// Every option of the cached path, on a ragged batch of prefill chunks and then decoding steps.
+#[test]
+fn every_option_matches_full_attention_over_each_prefix() {
+    let kinds = [Kind::Window, Kind::Alibi, Kind::Softcap, Kind::Keep, Kind::All];
+    for (seed, (level, shape, group)) in configurations().into_iter().enumerate() {
+        let mut harness = Harness::new(level, shape, group, 300 + seed as u64);
+        let sequences = harness.add_holding(&[1, 45, shape.block_size + 3, 200]);
+        // Each configuration meets two of the options, in turn.
+        for kind in [kinds[seed % kinds.len()], kinds[(seed + 2) % kinds.len()]] {
+            let chunks = [1, 4, 0, 7];
+            let batch: Vec<(SequenceId, usize)> = sequences.iter().copied().zip(chunks).collect();
+            harness.check_with(0, &batch, kind);
+            for &seq in &sequences {
+                harness.append(seq, 1);
+            }
+            let step: Vec<(SequenceId, usize)> = sequences.iter().map(|&seq| (seq, 1)).collect();
+            harness.check_with(shape.layers - 1, &step, kind);
         }
     }
 }
@@ -588,6 +685,35 @@ fn errors_name_the_sequence_the_argument_and_the_shapes() {
     assert_eq!(
         err(layer.attend_into(&[a], &[0, 2], q.view(), out.view_mut()).unwrap_err()),
         "layer 1 of the paged KV cache takes output of shape [4, 2, 5], not [4, 2, 4]: one value-wide row per query"
+    );
+    // The options' shapes: a keep mask is as wide as the longest sequence (a holds 3).
+    let (keep, slopes) = (Array2::from_elem((2, 2), true), [0.5_f32; 3]);
+    let mut out = Array3::<f32>::zeros((4, 2, 5));
+    for (options, message) in [
+        (
+            CacheOptions::new().keep_mask(keep.view()),
+            "keep_mask of shape [2, 3], not [2, 2]: one row per new query, one column per position held",
+        ),
+        (CacheOptions::new().alibi(&slopes), "alibi slopes of shape [4], not [3]: one slope per query head"),
+    ] {
+        assert_eq!(
+            err(layer.attend_with_into(&[a], &[0, 2], q.view(), &options, out.view_mut(), None).unwrap_err()),
+            format!("layer 1 of the paged KV cache takes {message}")
+        );
+    }
+    let mut lse = Array2::<f32>::zeros((4, 3));
+    assert_eq!(
+        err(layer
+            .attend_with_into(
+                &[a],
+                &[0, 2],
+                q.view(),
+                &CacheOptions::new(),
+                out.view_mut(),
+                Some(lse.view_mut())
+            )
+            .unwrap_err()),
+        "layer 1 of the paged KV cache takes logsumexp of shape [4, 2], not [4, 3]: one per query row"
     );
     assert_eq!(
         err(cache.truncate(a, 4).unwrap_err()),
