@@ -1,7 +1,8 @@
 //! The paged KV cache against full attention over each sequence's prefix: every batched attend
 //! compared, sequence by sequence, with `multi_head_attention` (bottom-right causal mask, and every
 //! `CacheOptions` option with the logsumexp) and the f64 reference head by head, at every SIMD
-//! level, on ragged batches, after forks, truncations and freed blocks reused; random operation sequences against a plain model; and its errors.
+//! level, on ragged batches, after forks, truncations and freed blocks reused; random operation
+//! sequences against a plain model; and its errors.
 
 use std::collections::BTreeMap;
 
