@@ -655,10 +655,7 @@ impl<E: Storage> PagedLayer<'_, E> {
         query_offsets: &[usize],
         q: ArrayView3<E>,
     ) -> Result<Array3<f32>, AttentionError> {
-        let [query_heads, n_queries, _] = *q.shape() else { unreachable!("3-D view") };
-        let mut out = Array3::zeros((query_heads, n_queries, self.cache.shape.value_dim));
-        self.attend_into(sequences, query_offsets, q, out.view_mut())?;
-        Ok(out)
+        self.attend_with(sequences, query_offsets, q, &CacheOptions::new())
     }
 
     /// Like [`attend`](Self::attend), writing the output into `out`
@@ -699,6 +696,36 @@ impl<E: Storage> PagedLayer<'_, E> {
         out: ArrayViewMut3<O>,
     ) -> Result<(), AttentionError> {
         self.attend_with_into(sequences, query_offsets, q, &CacheOptions::new(), out, None)
+    }
+
+    /// [`attend`](Self::attend) under `options` (see [`attend_with_into`](Self::attend_with_into)).
+    ///
+    /// ```
+    /// use ndarray::Array3;
+    /// use qkv::{CacheOptions, SlidingWindow};
+    /// let shape = qkv::PagedShape { layers: 1, kv_heads: 1, key_dim: 1, value_dim: 1, block_size: 64, blocks: 2 };
+    /// let mut cache = qkv::PagedKvCache::<f32>::new(shape)?;
+    /// let seq = cache.add_sequence();
+    /// let mut layer = cache.layer(0)?;
+    /// let v = Array3::from_shape_vec((1, 4, 1), vec![1.0, 2.0, 3.0, 4.0]).unwrap();
+    /// layer.append(seq, Array3::zeros((1, 4, 1)).view(), v.view())?;
+    /// // The last position sees itself and one position back: the mean of 3 and 4.
+    /// let window = CacheOptions::new().sliding_window(SlidingWindow::new(1, 0));
+    /// let out = layer.attend_with(&[seq], &[0, 1], Array3::zeros((1, 1, 1)).view(), &window)?;
+    /// assert_eq!(out[[0, 0, 0]], 3.5);
+    /// # Ok::<(), qkv::AttentionError>(())
+    /// ```
+    pub fn attend_with(
+        &mut self,
+        sequences: &[SequenceId],
+        query_offsets: &[usize],
+        q: ArrayView3<E>,
+        options: &CacheOptions,
+    ) -> Result<Array3<f32>, AttentionError> {
+        let [query_heads, n_queries, _] = *q.shape() else { unreachable!("3-D view") };
+        let mut out = Array3::zeros((query_heads, n_queries, self.cache.shape.value_dim));
+        self.attend_with_into(sequences, query_offsets, q, options, out.view_mut(), None)?;
+        Ok(out)
     }
 
     /// [`attend_into`](Self::attend_into) under `options` (a scale, a sliding window, ALiBi,

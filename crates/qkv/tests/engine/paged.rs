@@ -152,6 +152,8 @@ impl Harness {
         paged
             .attend_with_into(&sequences, &offsets, q.view(), &options, got.view_mut(), Some(lse.view_mut()))
             .unwrap();
+        let with = paged.attend_with(&sequences, &offsets, q.view(), &options).unwrap();
+        assert_eq!(with, got, "attend_with and attend_with_into agree");
         if let Kind::Plain = kind {
             assert_eq!(
                 paged.attend(&sequences, &offsets, q.view()).unwrap(),
@@ -387,6 +389,7 @@ fn a_fork_shares_its_prefix_and_neither_side_changes_the_other() {
         harness.append(parent, 1);
         assert_eq!(harness.cache.free_blocks(), free, "the parent now holds its partial block alone");
         harness.check(0, &[(child, 1), (parent, 1)]);
+        harness.check_with(0, &[(child, 1), (parent, 1)], Kind::All);
         harness.check(1, &[(parent, 2), (child, 4)]);
         harness.decode_all();
     }
@@ -431,6 +434,7 @@ fn truncate_then_append_matches_the_shorter_prefix() {
         harness.truncate(seq, 3);
         harness.append(seq, 4);
         harness.check(0, &[(seq, 4), (child, 1)]);
+        harness.check_with(0, &[(seq, 4), (child, 1)], Kind::All);
         harness.truncate(child, 0);
         harness.append(child, 2);
         harness.check(1, &[(child, 2), (seq, 1)]);
