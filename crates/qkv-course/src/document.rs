@@ -100,6 +100,13 @@ pub(crate) fn citation_shapes(s: &str) -> Vec<(usize, Shape)> {
         }
         i
     };
+    // `\verb`, its delimiter (any character), then `=` after optional spaces.
+    let verb_marker = |i: usize| {
+        s[i..].starts_with("\\verb") && {
+            let delimiter = s[i + 5..].chars().next().map_or(0, char::len_utf8);
+            delimiter > 0 && bytes.get(after_spaces(i + 5 + delimiter)) == Some(&b'=')
+        }
+    };
     let mut found = Vec::new();
     for (i, &b) in bytes.iter().enumerate() {
         let shape = match b {
@@ -107,11 +114,17 @@ pub(crate) fn citation_shapes(s: &str) -> Vec<(usize, Shape)> {
                 (bytes.get(after_spaces(after_spaces(i + 1) + 1)) == Some(&b'=')).then_some(Shape::Link)
             }
             b'{' => (bytes.get(after_spaces(i + 1)) == Some(&b'=')).then_some(Shape::Braced),
-            b'\\' if s[i..].starts_with("\\verb") => {
-                // `\verb`, its delimiter (any character), then `=` after optional spaces.
-                let delimiter = s[i + 5..].chars().next().map_or(0, char::len_utf8);
-                (delimiter > 0 && bytes.get(after_spaces(i + 5 + delimiter)) == Some(&b'='))
-                    .then_some(Shape::Marker)
+            b'\\' if verb_marker(i) => Some(Shape::Marker),
+            // A marker's `\vphantom` with no `\verb|=` right inside it: one cut short (`{4.41}\vphantom{`
+            // at the end of a file) or mistyped. The scan of the built pages counts every
+            // `\vphantom` as citation syntax, so none may stand anywhere but in a marker.
+            b'\\' if s[i..].starts_with("\\vphantom") => {
+                // Spaced out or not, a `\vphantom` around a `\verb|=` is that marker's, found there.
+                let mut inner = after_spaces(i + "\\vphantom".len());
+                if bytes.get(inner) == Some(&b'{') {
+                    inner = after_spaces(inner + 1);
+                }
+                (!verb_marker(inner)).then_some(Shape::Marker)
             }
             _ => None,
         };
@@ -359,7 +372,8 @@ pub(crate) fn parse(doc: usize, text: &str) -> Result<Document, Vec<Problem>> {
                             m
                         }
                         Err((at, message)) => {
-                            explained.push(at + VERB_IN_MARKER);
+                            // Its `\vphantom` and its `\verb`, whichever shape the scan sees.
+                            explained.extend([at, at + VERB_IN_MARKER]);
                             let expected = "`{4.41}\\vphantom{\\verb|=example.path:2|}`: the number in braces, then the path in the marker";
                             problems.push(Problem::new(
                                 doc,

@@ -66,6 +66,25 @@ fn malformed_math_citations_say_what_is_wrong() {
     }
 }
 
+/// A marker cut short (a file that ends inside it) or a stray `\vphantom` is an error at its
+/// place, once, not text that the page would show: the fuzzer's cases 212 and 331 of seed
+/// 1796196341 left `$({6.0111}\vphantom{` on a page.
+#[test]
+fn a_marker_cut_short_is_an_error_where_it_stands() {
+    let outside = "a math citation outside math, which would be shown as typed";
+    let unread = "a math citation marker that is not read: it must be written exactly as `\\vphantom{\\verb|=…|}`, right after the number in braces";
+    for (text, message, at) in [
+        ("For love the row is $({6.0111}\\vphantom{", outside, 30),
+        ("For love the row is $({6.0111}\\vphantom{\\verb", outside, 30),
+        ("$x \\vphantom{y}$ and more", unread, 3),
+        ("${3}\\vphantom{\\verb x}$", "`\\verb` needs a delimiter such as `|` right after it", 4),
+    ] {
+        let problems = parse(0, text).expect_err(text);
+        assert_eq!(problems.len(), 1, "one problem for {text}: {problems:?}");
+        assert_eq!((problems[0].message.as_str(), problems[0].at), (message, at), "{text}");
+    }
+}
+
 /// A math citation's mistakes are quoted as the marker has them, not as a link would.
 #[test]
 fn a_math_citation_without_a_format_is_quoted_as_written() {
