@@ -21,7 +21,7 @@ use std::ops::Range;
 use std::sync::{Mutex, OnceLock};
 
 use crate::kernels::{
-    self, Buffer, Element, Isa, Job, KEY_BLOCK, Kernels, Rows, RowsMut, ScoreTile, ValueRows, Weights,
+    self, Buffer, Element, Isa, Job, KEY_BLOCK, Kernels, Layout, Rows, RowsMut, ScoreTile, ValueRows, Weights,
 };
 use crate::mask::MaskSet;
 use crate::real::Real;
@@ -76,6 +76,9 @@ pub(crate) fn attend<T: Real, E: Element<Compute = T>, O: Element<Compute = T>>(
     rows_per_query: usize,
     heads: Vec<Head<'_, '_, T, E, O>>,
 ) -> Option<Measured<T>> {
+    // Decoding reads key rows and value rows as they are, which the tiles do not.
+    let n_rows = shape.n_queries * rows_per_query;
+    let isa = if heads.iter().any(|head| decodes(n_rows, &head.k)) { isa.vectors() } else { isa };
     let heads = heads
         .into_iter()
         .map(|Head { q, k, v, out, lse, masks }| Operands { q, k, v, out: O::out_rows(out), lse, masks })
@@ -103,7 +106,8 @@ pub(crate) fn attend_cached<T: Real, E: Element<Compute = T>>(
     lse: Option<&mut [T]>,
     workspace: &mut Workspace<T>,
 ) {
-    isa.run(AttendCached { call, out, lse, workspace });
+    // The caches' layouts are the vector levels'.
+    isa.vectors().run(AttendCached { call, out, lse, workspace });
 }
 
 /// The problems of a call to [`attend_cached`]: `problem(p, part)` gives the operands of part
@@ -197,14 +201,24 @@ enum Queries<'p, T, E> {
 
 impl<T: Real, E: Element<Compute = T>> Queries<'_, T, E> {
     /// Packs rows `first .. first + rows`, times `scale`, row after row for the direct scores
-    /// (`direct`) or in groups of `tile_rows` for the score tile.
-    fn pack(&self, direct: bool, first: usize, rows: usize, scale: T, tile_rows: usize, out: &mut [T]) {
+    /// (`direct`) or for the score tile of `tiles` (rows per tile, layout; see
+    /// `kernels::pack_queries`). Returns the factor the scores still take.
+    fn pack(
+        &self,
+        direct: bool,
+        first: usize,
+        rows: usize,
+        scale: T,
+        tiles: (usize, Layout),
+        out: &mut [T],
+    ) -> T {
         match *self {
             Queries::Stored(q) if direct => kernels::pack_query_rows(q, first, rows, scale, out),
-            Queries::Stored(q) => kernels::pack_queries(q, first, rows, scale, tile_rows, out),
+            Queries::Stored(q) => return kernels::pack_queries(q, first, rows, scale, tiles, out),
             Queries::Computed(q) if direct => kernels::pack_query_rows(q, first, rows, scale, out),
-            Queries::Computed(q) => kernels::pack_queries(q, first, rows, scale, tile_rows, out),
+            Queries::Computed(q) => return kernels::pack_queries(q, first, rows, scale, tiles, out),
         }
+        T::one()
     }
 }
 
@@ -577,8 +591,9 @@ enum PackedKeys<'a, E: Element> {
     Packing {
         /// The keys from `first_key` on, as the caller passed them.
         k: ArrayView2<'a, E>,
-        /// Keys per packed panel, the level's `KEY_PANEL`.
+        /// Keys per packed panel, the level's `KEY_PANEL`, and the layout of its tiles.
         key_panel: usize,
+        layout: Layout,
         blocks: Vec<OnceLock<Buffer<E>>>,
     },
     /// Every key's panel, packed beforehand (a KV cache's), `d_k` scalars per key.
@@ -613,6 +628,11 @@ impl<'a, E: Element> Packed<'a, E> {
         let value_vectors = v.ncols().div_ceil(K::LANES);
         let value_stride = value_vectors * K::LANES;
         let values = match v.to_slice() {
+            _ if K::LAYOUT == Layout::Pairs => {
+                let mut values = Buffer::zeros(v.nrows().div_ceil(2) * 2 * value_stride);
+                kernels::pack_value_pairs(v, value_stride, &mut values);
+                Values::Packed(values)
+            }
             Some(values) if v.ncols() == value_stride => Values::Borrowed(values),
             _ => {
                 let mut values = Buffer::zeros(v.nrows() * value_stride);
@@ -622,7 +642,7 @@ impl<'a, E: Element> Packed<'a, E> {
                 Values::Packed(values)
             }
         };
-        let keys = PackedKeys::Packing { k, key_panel: K::KEY_PANEL, blocks };
+        let keys = PackedKeys::Packing { k, key_panel: K::KEY_PANEL, layout: K::LAYOUT, blocks };
         Packed { first_key, keys, values, value_stride, value_vectors }
     }
 
@@ -668,16 +688,16 @@ impl<'a, E: Element> Packed<'a, E> {
     fn key_block(&self, start: usize, d: usize) -> &[E] {
         let offset = start - self.first_key;
         match &self.keys {
-            PackedKeys::Packing { k, key_panel: width, blocks } => {
-                blocks[offset / KEY_BLOCK].get_or_init(|| {
+            PackedKeys::Packing { k, key_panel: width, layout, blocks } => blocks[offset / KEY_BLOCK]
+                .get_or_init(|| {
                     let n_keys = KEY_BLOCK.min(k.nrows() - offset);
-                    let mut panels = Buffer::zeros(n_keys.div_ceil(*width) * width * d);
-                    for (p, panel) in panels.chunks_exact_mut(width * d).enumerate() {
-                        kernels::pack_key_panel(*k, offset + p * width, *width, panel);
+                    let panel_len = width * layout.padded_dim(d);
+                    let mut panels = Buffer::zeros(n_keys.div_ceil(*width) * panel_len);
+                    for (p, panel) in panels.chunks_exact_mut(panel_len).enumerate() {
+                        kernels::pack_key_panel(*k, offset + p * width, *width, *layout, panel);
                     }
                     panels
-                })
-            }
+                }),
             // A block starts at a whole panel: its panels start `d` scalars per key in.
             PackedKeys::Cached(panels) => &panels[offset * d..],
             PackedKeys::Paged(paged) => {
@@ -863,7 +883,7 @@ impl<'p, T: Real, E: Element<Compute = T>> Problem<'p, T, E> {
         }
         let Fitted { q, s, row_max, tile_max, m_new, sums, alpha } = scratch.fit(padded, rows, d, lanes);
         let scale = T::from_f64_round(masks.scale);
-        self.q.pack(direct, first, rows, scale, K::TILE_ROWS, &mut *q);
+        let score_scale = self.q.pack(direct, first, rows, scale, (K::TILE_ROWS, K::LAYOUT), &mut *q);
         // Padding rows keep a factor of 1: their outputs are never read, but stay as without reuse.
         alpha[rows..].fill(T::one());
         let mut start = from;
@@ -885,6 +905,7 @@ impl<'p, T: Real, E: Element<Compute = T>> Problem<'p, T, E> {
                 };
                 let tile = ScoreTile {
                     q,
+                    scale: score_scale,
                     d,
                     rows: padded,
                     keys: packed.key_block(start, d),

@@ -26,6 +26,8 @@ mod generic;
 mod simd;
 
 #[cfg(target_arch = "x86_64")]
+mod amx;
+#[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
@@ -75,7 +77,10 @@ pub trait Element: wide::bytemuck::Pod + Send + Sync + Default + 'static {
 /// Implements [`Element`] for one type: the dispatch is the same code for every type, but each
 /// type needs the compiler to see that every level's token implements `Kernels` for it.
 macro_rules! element {
-    ($t:ty, $line:ty, $compute:ty, $widen:expr, $narrow:expr, $computed:expr, $out_rows:path) => {
+    (
+        $t:ty, $line:ty, $compute:ty, $widen:expr, $narrow:expr, $computed:expr, $out_rows:path,
+        amx = |$amx:ident| $amx_kernels:expr
+    ) => {
         impl Element for $t {
             type Line = $line;
             type Compute = $compute;
@@ -101,6 +106,8 @@ macro_rules! element {
             fn dispatch<J: Job<Self>>(isa: Isa, job: J) -> J::Output {
                 match isa {
                     #[cfg(target_arch = "x86_64")]
+                    Isa::Amx($amx) => job.run($amx_kernels),
+                    #[cfg(target_arch = "x86_64")]
                     Isa::Avx512(level) => job.run(level),
                     #[cfg(target_arch = "x86_64")]
                     Isa::Avx2(level) => job.run(level),
@@ -110,10 +117,47 @@ macro_rules! element {
         }
     };
 }
-element!(f32, wide::f32x16, f32, identity, identity, CowArray::from, OutRows::Computed);
-element!(f64, wide::f64x8, f64, identity, identity, CowArray::from, OutRows::Computed);
-element!(bf16, wide::f32x16, f32, bf16::to_f32, bf16::from_f32, widened_copy, OutRows::Bf16);
-element!(f16, wide::f32x16, f32, f16::to_f32, f16::from_f32, widened_copy, OutRows::F16);
+// Only bf16 has tile kernels: the other types run the AMX level's vectors, AVX-512.
+element!(
+    f32,
+    wide::f32x16,
+    f32,
+    identity,
+    identity,
+    CowArray::from,
+    OutRows::Computed,
+    amx = |level| level.vectors()
+);
+element!(
+    f64,
+    wide::f64x8,
+    f64,
+    identity,
+    identity,
+    CowArray::from,
+    OutRows::Computed,
+    amx = |level| level.vectors()
+);
+element!(
+    bf16,
+    wide::f32x16,
+    f32,
+    bf16::to_f32,
+    bf16::from_f32,
+    widened_copy,
+    OutRows::Bf16,
+    amx = |level| level
+);
+element!(
+    f16,
+    wide::f32x16,
+    f32,
+    f16::to_f32,
+    f16::from_f32,
+    widened_copy,
+    OutRows::F16,
+    amx = |level| level.vectors()
+);
 
 /// A copy of `a` widened to the compute type: [`Element::computed`] for a half-precision format.
 fn widened_copy<E: Element, D: Dimension>(a: ArrayView<'_, E, D>) -> CowArray<'_, E::Compute, D> {
@@ -123,6 +167,9 @@ fn widened_copy<E: Element, D: Dimension>(a: ArrayView<'_, E, D>) -> CowArray<'_
 /// An instruction-set level that this CPU runs, with the token that proves it.
 #[derive(Debug, Clone, Copy)]
 pub enum Isa {
+    /// AMX-BF16 tiles for bf16 inputs, AVX-512 for the rest.
+    #[cfg(target_arch = "x86_64")]
+    Amx(amx::Amx),
     /// AVX-512F.
     #[cfg(target_arch = "x86_64")]
     Avx512(avx512::Avx512),
@@ -139,12 +186,25 @@ impl Isa {
     pub(crate) fn new(level: SimdLevel) -> Option<Isa> {
         match level {
             #[cfg(target_arch = "x86_64")]
+            SimdLevel::Amx => amx::Amx::detect().map(Isa::Amx),
+            #[cfg(target_arch = "x86_64")]
             SimdLevel::Avx512 => avx512::Avx512::detect().map(Isa::Avx512),
             #[cfg(target_arch = "x86_64")]
             SimdLevel::Avx2 => avx2::Avx2::detect().map(Isa::Avx2),
             SimdLevel::Baseline => Some(Isa::Baseline(baseline::Baseline)),
             #[cfg(not(target_arch = "x86_64"))]
             _ => None,
+        }
+    }
+
+    /// This level's vector kernels: itself, or AVX-512 for the AMX level. For the paths whose
+    /// layouts the tiles do not read: decoding (scores straight from key rows, values read once)
+    /// and the KV caches (keys written into panels a position at a time).
+    pub(crate) fn vectors(self) -> Isa {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Amx(level) => Isa::Avx512(level.vectors()),
+            isa => isa,
         }
     }
 
@@ -187,6 +247,8 @@ pub trait Kernels<T: Real, E: Element<Compute = T> = T>: Copy + Send + Sync {
     /// (`QUERY_BLOCK × KEY_BLOCK`) and the output accumulator stay in cache as key blocks stream
     /// past.
     const QUERY_BLOCK: usize;
+    /// How packed keys, queries and values are laid out for the tiles (see [`Layout`]).
+    const LAYOUT: Layout = Layout::Lanes;
 
     /// `S = Q·Kᵀ` for whole groups of packed queries against whole key panels, and the lane-wise
     /// maxima of each row (see [`ScoreTile`]). `group_keys(g)`, when given, is how many of the
@@ -254,10 +316,38 @@ pub struct RowsMut<'a, T> {
     pub rows: usize,
 }
 
+/// How a level's tiles read their packed operands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// Vector lanes: key panels component-major (`[d][KEY_PANEL]`, see [`pack_key_panel`]),
+    /// queries in groups of `TILE_ROWS` component-major and already scaled, value rows as they
+    /// are (each padded to whole vectors).
+    Lanes,
+    /// Pairs, for instructions that multiply two bf16 per f32 lane (`tdpbf16ps`): key panels
+    /// `[d / 2][KEY_PANEL][2]` (each key's components two by two, `d` padded to even with a
+    /// zero), queries row after row as bf16 (`[rows][d]`, `d` padded alike, two to a scratch
+    /// scalar) and not scaled, and value rows two by two (`[n / 2][stride][2]`: keys `2i` and
+    /// `2i + 1` interleaved, column by column, a zero row after an odd last one).
+    Pairs,
+}
+
+impl Layout {
+    /// Components per packed key or query of width `d`.
+    pub(crate) fn padded_dim(self, d: usize) -> usize {
+        match self {
+            Layout::Lanes => d,
+            Layout::Pairs => d.next_multiple_of(2),
+        }
+    }
+}
+
 /// The operands of [`Kernels::scores`], the keys stored as `E`.
 pub struct ScoreTile<'a, T, E = T> {
     /// Packed queries (see [`pack_queries`]): `rows · d` scalars.
     pub q: &'a [T],
+    /// The factor the kernel applies to each score: 1 where the packed queries carry the scale
+    /// ([`Layout::Lanes`]), the attention's scale where they do not.
+    pub scale: T,
     /// The width of queries and keys.
     pub d: usize,
     /// Query rows, a multiple of [`Kernels::TILE_ROWS`].
@@ -512,10 +602,6 @@ pub(crate) fn larger_magnitude<T: Real>(a: T, b: T) -> T {
     if b.is_nan() || b.abs() > a { b.abs() } else { a }
 }
 
-/// Packs keys `first_key ..` (at most `width` of them) of `k` (`[n_k, d]`) into one panel of
-/// `d · width` scalars: for each component `c`, `K[first_key .., c]` side by side (zeros past the
-/// last key), so the score tile reads the panel front to back. A full panel overwrites every
-/// element; a partial one clears the panel first.
 /// Asks the caches for the lines of `data`, without waiting for them (a no-op off x86-64).
 #[inline(always)]
 pub(crate) fn prefetch<E>(data: &[E]) {
@@ -532,17 +618,34 @@ pub(crate) fn prefetch<E>(data: &[E]) {
     let _ = data;
 }
 
-pub(crate) fn pack_key_panel<E: Element>(k: ArrayView2<E>, first_key: usize, width: usize, panel: &mut [E]) {
+/// Packs keys `first_key ..` (at most `width` of them) of `k` (`[n_k, d]`) into one panel of
+/// `layout.padded_dim(d) · width` scalars: for each component `c`, `K[first_key .., c]` side by
+/// side ([`Layout::Lanes`]), or each pair of components of each key side by side
+/// ([`Layout::Pairs`]) (zeros past the
+/// last key), so the score tile reads the panel front to back. A full panel overwrites every
+/// element; a partial one clears the panel first.
+pub(crate) fn pack_key_panel<E: Element>(
+    k: ArrayView2<E>,
+    first_key: usize,
+    width: usize,
+    layout: Layout,
+    panel: &mut [E],
+) {
     let last = (first_key + width).min(k.nrows());
-    if last - first_key < width {
+    if last - first_key < width || layout.padded_dim(k.ncols()) > k.ncols() {
         panel.fill(E::default());
     }
     for (lane, key) in k.slice(ndarray::s![first_key..last, ..]).rows().into_iter().enumerate() {
-        let column = panel[lane..].iter_mut().step_by(width);
         // Contiguous rows (the usual case) as slices: ndarray's element iterator is much slower.
-        match key.as_slice() {
-            Some(key) => column.zip(key).for_each(|(o, &x)| *o = x),
-            None => column.zip(key.iter()).for_each(|(o, &x)| *o = x),
+        let copy = |slots: &mut dyn Iterator<Item = &mut E>| match key.as_slice() {
+            Some(key) => slots.zip(key).for_each(|(o, &x)| *o = x),
+            None => slots.zip(key.iter()).for_each(|(o, &x)| *o = x),
+        };
+        match layout {
+            Layout::Lanes => copy(&mut panel[lane..].iter_mut().step_by(width)),
+            Layout::Pairs => {
+                copy(&mut panel[2 * lane..].chunks_mut(2 * width).flat_map(|pair| &mut pair[..2]))
+            }
         }
     }
 }
@@ -561,6 +664,18 @@ pub(crate) fn write_key_lane<E: Element>(
     }
 }
 
+/// Packs the value rows `v` in pairs ([`Layout::Pairs`]): rows `2i` and `2i + 1` interleaved,
+/// column by column, at `out[2i · stride ..]` (`stride` scalars per row, at least `d_v`); `out`
+/// holds `v.nrows().div_ceil(2) · 2 · stride` zeros.
+pub(crate) fn pack_value_pairs<E: Element>(v: ArrayView2<E>, stride: usize, out: &mut [E]) {
+    for (j, row) in v.rows().into_iter().enumerate() {
+        let pair = &mut out[j / 2 * 2 * stride..][..2 * stride];
+        for (o, &x) in pair[j % 2..].iter_mut().step_by(2).zip(row) {
+            *o = x;
+        }
+    }
+}
+
 /// Packs value row `v_row` (`d_v` scalars) into the first `d_v` scalars of `out`.
 pub(crate) fn pack_value_row<E: Element>(v_row: ndarray::ArrayView1<E>, out: &mut [E]) {
     let out = &mut out[..v_row.len()];
@@ -570,20 +685,38 @@ pub(crate) fn pack_value_row<E: Element>(v_row: ndarray::ArrayView1<E>, out: &mu
     }
 }
 
-/// Packs `rows` queries starting at `q`'s row `first`, widened and times `scale`, into groups of
-/// `group_rows`: for each group, component-major (`[d][group_rows]`), so the score tile broadcasts
-/// consecutive scalars. `out` holds `rows.next_multiple_of(group_rows) · d` scalars; the rows that
-/// pad the last group are zeros.
+/// Packs `rows` queries starting at `q`'s row `first` for the score tile of a level whose
+/// tiles take `group_rows` rows and read `layout`, and returns the factor the scores still take.
+///
+/// [`Layout::Lanes`]: widened and times `scale`, in groups of `group_rows`, each component-major
+/// (`[d][group_rows]`), so the score tile broadcasts consecutive scalars; returns 1. `out` holds
+/// `rows.next_multiple_of(group_rows) · d` scalars; the rows that pad the last group are zeros.
+///
+/// [`Layout::Pairs`]: as bf16 (exactly, for bf16 inputs), row after row with `d` padded to even,
+/// two to a scalar of `out`, unscaled; returns `scale`. The padding rows and components are
+/// zeros.
 pub(crate) fn pack_queries<T: Real, E: Element<Compute = T>>(
     q: ArrayView2<E>,
     first: usize,
     rows: usize,
     scale: T,
-    group_rows: usize,
+    (group_rows, layout): (usize, Layout),
     out: &mut [T],
-) {
+) -> T {
     let d = q.ncols();
-    for (g, group) in out.chunks_exact_mut(group_rows * d).enumerate() {
+    let padded = rows.next_multiple_of(group_rows);
+    if layout == Layout::Pairs {
+        let depth = layout.padded_dim(d);
+        let out: &mut [bf16] = &mut wide::bytemuck::cast_slice_mut(out)[..padded * depth];
+        out.fill(bf16::ZERO);
+        for (r, out) in out.chunks_exact_mut(depth).take(rows).enumerate() {
+            for (o, &x) in out.iter_mut().zip(q.row(first + r)) {
+                *o = bf16::from_f64(x.widen().to_f64_exact());
+            }
+        }
+        return scale;
+    }
+    for (g, group) in out[..padded * d].chunks_exact_mut(group_rows * d).enumerate() {
         let real = group_rows.min(rows - g * group_rows);
         if real < group_rows {
             group.fill(T::zero());
@@ -597,6 +730,7 @@ pub(crate) fn pack_queries<T: Real, E: Element<Compute = T>>(
             }
         }
     }
+    T::one()
 }
 
 /// Queries `first .. first + rows` of `q`, widened and times `scale`, row after row: the layout

@@ -213,7 +213,8 @@ impl<E: Storage> KvCache<E> {
                       at least one component wide",
             });
         }
-        let isa = simd::kernels_for(Some(level))?;
+        // The tiles' layouts are not a cache's: caches run the level's vectors.
+        let isa = simd::kernels_for(Some(level))?.vectors();
         let too_large = |bytes, why| AttentionError::CacheTooLarge {
             shape: Dims(vec![layers, kv_heads, capacity, key_dim, value_dim]),
             storage: E::NAME,

@@ -289,7 +289,8 @@ impl<E: Storage> PagedKvCache<E> {
                       one position, and keys and values at least one component wide",
             });
         }
-        let isa = simd::kernels_for(Some(level))?;
+        // The tiles' layouts are not a cache's: caches run the level's vectors.
+        let isa = simd::kernels_for(Some(level))?.vectors();
         let too_large =
             |bytes, why| AttentionError::PagedTooLarge { shape: shape.dims(), storage: E::NAME, bytes, why };
         let address_space = "which is more than an address space holds (isize::MAX bytes)";
@@ -345,7 +346,8 @@ impl<E: Storage> PagedKvCache<E> {
     /// # Ok::<(), qkv::AttentionError>(())
     /// ```
     pub fn block_granularity(level: SimdLevel) -> Result<usize, AttentionError> {
-        let isa = simd::kernels_for(Some(level))?;
+        // The tiles' layouts are not a cache's: caches run the level's vectors.
+        let isa = simd::kernels_for(Some(level))?.vectors();
         let layout = isa.run::<E, _>(LayoutOf { value_dim: 1 }).expect("one value component fits");
         Ok(layout.key_panel)
     }

@@ -30,27 +30,34 @@ pub enum SimdLevel {
     Avx2,
     /// AVX-512F (x86-64): 16 f32 lanes.
     Avx512,
+    /// AMX-BF16 (x86-64, Intel since Sapphire Rapids): bf16 inputs multiplied on the tile unit,
+    /// 16 × 16 sums at a time, with their weights rounded to bf16 before `P·V` (as PyTorch's and
+    /// FlashAttention's bf16 kernels round them), and everything else at [`SimdLevel::Avx512`].
+    /// Needs AVX-512F, BW and BF16 too, and Linux to grant the process the tile state.
+    Amx,
 }
 
-/// The environment variable that forces a level: `avx512`, `avx2` or `baseline`.
+/// The environment variable that forces a level: `amx`, `avx512`, `avx2` or `baseline`.
 pub(crate) const SIMD_VARIABLE: &str = "QKV_SIMD";
 
 impl SimdLevel {
     /// Every level, lowest first.
-    pub const ALL: [SimdLevel; 3] = [SimdLevel::Baseline, SimdLevel::Avx2, SimdLevel::Avx512];
+    pub const ALL: [SimdLevel; 4] = [SimdLevel::Baseline, SimdLevel::Avx2, SimdLevel::Avx512, SimdLevel::Amx];
 
-    /// The name `QKV_SIMD` and [`SimdLevel::from_str`] take: `baseline`, `avx2`, `avx512`.
+    /// The name `QKV_SIMD` and [`SimdLevel::from_str`] take: `baseline`, `avx2`, `avx512`, `amx`.
     pub const fn name(self) -> &'static str {
         match self {
             SimdLevel::Baseline => "baseline",
             SimdLevel::Avx2 => "avx2",
             SimdLevel::Avx512 => "avx512",
+            SimdLevel::Amx => "amx",
         }
     }
 
     /// The instructions the level uses on this target, for reports: `AVX2+FMA`, `SSE2`, ….
     pub const fn instructions(self) -> &'static str {
         match self {
+            SimdLevel::Amx => "AMX-BF16+AVX-512",
             SimdLevel::Avx512 => "AVX-512F",
             SimdLevel::Avx2 => "AVX2+FMA",
             SimdLevel::Baseline if cfg!(target_arch = "x86_64") => "SSE2",

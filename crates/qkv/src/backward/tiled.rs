@@ -26,7 +26,7 @@ use ndarray::{ArrayView1, ArrayView2, ArrayViewMut2, Axis};
 
 use crate::flash::{BlockKeys, aligned_prefix, mask_tile, prefix};
 use crate::kernels::{
-    self, Buffer, Isa, Job, KEY_BLOCK, Kernels, Rows, RowsMut, ScoreTile, ValueRows, Weights,
+    self, Buffer, Isa, Job, KEY_BLOCK, Kernels, Layout, Rows, RowsMut, ScoreTile, ValueRows, Weights,
 };
 use crate::mask::MaskSet;
 use crate::real::Real;
@@ -162,7 +162,7 @@ fn panels<T: Real>(x: ArrayView2<T>, key_panel: usize) -> Buffer<T> {
     let width = x.ncols();
     let mut panels = Buffer::zeros(x.nrows().div_ceil(key_panel) * key_panel * width);
     for (p, panel) in panels.chunks_exact_mut(key_panel * width).enumerate() {
-        kernels::pack_key_panel(x, p * key_panel, key_panel, panel);
+        kernels::pack_key_panel(x, p * key_panel, key_panel, Layout::Lanes, panel);
     }
     panels
 }
@@ -174,7 +174,8 @@ fn packed_blocks<T: Real, K: Kernels<T>>(x: ArrayView2<T>, scale: T) -> Vec<T> {
     for (b, block) in out.chunks_exact_mut(K::QUERY_BLOCK * d).enumerate() {
         let rows = K::QUERY_BLOCK.min(n - b * K::QUERY_BLOCK);
         let padded = rows.next_multiple_of(K::TILE_ROWS);
-        kernels::pack_queries(x, b * K::QUERY_BLOCK, rows, scale, K::TILE_ROWS, &mut block[..padded * d]);
+        let tiles = (K::TILE_ROWS, K::LAYOUT);
+        kernels::pack_queries(x, b * K::QUERY_BLOCK, rows, scale, tiles, &mut block[..padded * d]);
     }
     out
 }
@@ -449,6 +450,7 @@ impl<T: Real> Operands<'_, T> {
         let sums = prefix(&mut scratch.sums, rows);
         let tile = ScoreTile {
             q: &head.q_packed[first * d_k..][..padded * d_k],
+            scale: T::one(),
             d: d_k,
             rows: padded,
             keys: &operands.k_panels[keys.start * d_k..],
@@ -468,6 +470,7 @@ impl<T: Real> Operands<'_, T> {
         kernels.exp_rows(RowsMut { data: &mut *s, stride: KEY_BLOCK, rows }, used, lse, sums);
         let tile = ScoreTile {
             q: &head.d_output_packed[first * d_v..][..padded * d_v],
+            scale: T::one(),
             d: d_v,
             rows: padded,
             keys: &operands.v_panels[keys.start * d_v..],

@@ -19,7 +19,8 @@ pub(super) fn scores<T: Real, E: Element, S: Load<T, E>, const MR: usize, const 
     tile: ScoreTile<'_, T, E>,
     group_keys: Option<&dyn Fn(usize) -> usize>,
 ) {
-    let ScoreTile { q, d, rows, keys, panels, s, row_max } = tile;
+    let ScoreTile { q, scale, d, rows, keys, panels, s, row_max } = tile;
+    debug_assert!(scale == T::one(), "queries of the lane layout are packed scaled");
     let width = NV * S::LANES;
     let panel_len = d * width;
     // Every tile folds its maxima into these (a fill here is a plain memset; a "first panel sets

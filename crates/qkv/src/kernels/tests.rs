@@ -13,7 +13,7 @@ macro_rules! each_level {
         impl Job<$t> for Test {
             type Output = ();
             #[allow(unused_variables)]
-            fn run<$K: Kernels<$t>>(self, $kernels: $K) {
+            fn run<$K: Kernels<<$t as Element>::Compute, $t>>(self, $kernels: $K) {
                 let $level = self.0;
                 $body
             }
@@ -145,91 +145,120 @@ fn matrix(rows: usize, cols: usize, seed: usize) -> Array2<f32> {
     Array2::from_shape_fn((rows, cols), |(i, j)| (((i * 31 + j * 17 + seed) % 23) as f32 - 11.0) / 8.0)
 }
 
-/// Packs `k`'s keys into panels of `width` keys.
-fn pack_keys(k: &Array2<f32>, width: usize) -> Vec<f32> {
+/// Packs `k`'s keys into panels of `width` keys in `layout`.
+fn pack_keys<E: Element>(k: &Array2<E>, width: usize, layout: Layout) -> Vec<E> {
     let (n_keys, d) = k.dim();
-    let mut keys = vec![f32::NAN; n_keys.div_ceil(width) * d * width];
-    for (p, panel) in keys.chunks_exact_mut(d * width).enumerate() {
-        pack_key_panel(k.view(), p * width, width, panel);
+    let depth = layout.padded_dim(d);
+    let mut keys = vec![E::default(); n_keys.div_ceil(width) * depth * width];
+    for (p, panel) in keys.chunks_exact_mut(depth * width).enumerate() {
+        pack_key_panel(k.view(), p * width, width, layout, panel);
     }
     keys
 }
 
-#[test]
-fn score_and_value_tiles_match_plain_loops() {
-    each_level!(f32, |kernels: K, level| {
-        for (rows, n_keys, d, d_v) in [
-            (1, 1, 1, 1),
-            (8, 32, 3, 17),
-            (13, 64, 64, 64),
-            (6, 40, 80, 80),
-            (9, 7, 5, 3),
-            (4, 100, 64, 64),
-            (6, 128, 16, 130),
-        ] {
-            let ctx = format!("{level} {rows}x{n_keys}x{d}x{d_v}");
-            let (q, k, v) = (matrix(rows, d, 1), matrix(n_keys, d, 2), matrix(n_keys, d_v, 3));
-            let width = K::KEY_PANEL;
-            let panels = n_keys.div_ceil(width);
-            let keys = pack_keys(&k, width);
-            let padded = rows.next_multiple_of(K::TILE_ROWS);
-            let mut packed_q = vec![f32::NAN; padded * d];
-            pack_queries(q.view(), 0, rows, 0.5, K::TILE_ROWS, &mut packed_q);
-            let s_stride = KEY_BLOCK;
-            let mut s = vec![f32::NAN; padded * s_stride];
-            // Stale maxima from an earlier tile must not leak into this one.
-            let mut row_max = vec![1e30; padded * K::LANES];
-            let tile = ScoreTile {
-                q: &packed_q,
-                d,
-                rows: padded,
-                keys: &keys,
-                panels,
-                s: &mut s,
-                row_max: &mut row_max,
-            };
-            kernels.scores(tile, None);
-            let want = q.dot(&k.t()) * 0.5;
-            for ((i, j), w) in want.indexed_iter() {
-                assert!((s[i * s_stride + j] - w).abs() < 1e-4, "{ctx}: S[{i}, {j}]");
-            }
-            // The row maxima cover every computed lane (padding included), whatever was in them.
-            let mut maxima = vec![f32::NAN; rows];
-            kernels.row_maxima(Rows { data: &row_max, stride: K::LANES, rows }, K::LANES, &mut maxima);
-            for (i, m) in maxima.iter().enumerate() {
-                let row = &s[i * s_stride..i * s_stride + panels * width];
-                assert_eq!(
-                    *m,
-                    row.iter().copied().fold(f32::NEG_INFINITY, f32::max),
-                    "{ctx}: max of row {i}"
-                );
-            }
+/// The score and `P·V` tiles of one level for inputs stored as `E`, against plain f64 loops over
+/// the same (exactly representable) inputs. A level whose tiles round the weights to bf16
+/// ([`Layout::Pairs`]) is held to that rounding: half an ulp of 2^-8 on each weight.
+fn check_score_and_value_tiles<E: Element<Compute = f32>, K: Kernels<f32, E>>(kernels: K, level: SimdLevel) {
+    let stored = |a: Array2<f32>| a.mapv(|x| E::narrow(x));
+    for (rows, n_keys, d, d_v) in [
+        (1, 1, 1, 1),
+        (8, 32, 3, 17),
+        (13, 64, 64, 64),
+        (6, 40, 80, 80),
+        (9, 7, 5, 3),
+        (4, 100, 64, 64),
+        (6, 128, 16, 130),
+        (17, 127, 33, 48),
+        (32, 128, 128, 128),
+        (20, 3, 62, 16),
+    ] {
+        let ctx = format!("{level} {rows}x{n_keys}x{d}x{d_v}");
+        let (q, k, v) =
+            (stored(matrix(rows, d, 1)), stored(matrix(n_keys, d, 2)), stored(matrix(n_keys, d_v, 3)));
+        let wide = |a: &Array2<E>| a.mapv(|x| f64::from(x.widen()));
+        let width = K::KEY_PANEL;
+        let panels = n_keys.div_ceil(width);
+        let keys = pack_keys(&k, width, K::LAYOUT);
+        let padded = rows.next_multiple_of(K::TILE_ROWS);
+        let mut packed_q = vec![f32::NAN; padded * d];
+        let scale = pack_queries(q.view(), 0, rows, 0.5, (K::TILE_ROWS, K::LAYOUT), &mut packed_q);
+        let s_stride = KEY_BLOCK;
+        let mut s = vec![f32::NAN; padded * s_stride];
+        // Stale maxima from an earlier tile must not leak into this one.
+        let mut row_max = vec![1e30; padded * K::LANES];
+        let tile = ScoreTile {
+            q: &packed_q,
+            scale,
+            d,
+            rows: padded,
+            keys: &keys,
+            panels,
+            s: &mut s,
+            row_max: &mut row_max,
+        };
+        kernels.scores(tile, None);
+        let want = wide(&q).dot(&wide(&k).t()) * 0.5;
+        for ((i, j), w) in want.indexed_iter() {
+            assert!((f64::from(s[i * s_stride + j]) - w).abs() < 1e-4, "{ctx}: S[{i}, {j}]");
+        }
+        // The row maxima cover every computed lane (padding included), whatever was in them.
+        let mut maxima = vec![f32::NAN; rows];
+        kernels.row_maxima(Rows { data: &row_max, stride: K::LANES, rows }, K::LANES, &mut maxima);
+        for (i, m) in maxima.iter().enumerate() {
+            let row = &s[i * s_stride..i * s_stride + panels * width];
+            assert_eq!(*m, row.iter().copied().fold(f32::NEG_INFINITY, f32::max), "{ctx}: max of row {i}");
+        }
 
-            let vectors = d_v.div_ceil(K::LANES);
-            let v_stride = vectors * K::LANES;
-            let mut values = vec![0.0; n_keys * v_stride];
-            for (j, out) in values.chunks_exact_mut(v_stride).enumerate() {
-                pack_value_row(v.row(j), out);
-            }
-            // Every row count, so that whole groups and rows left over (decoding) both run.
-            for rows in [rows, rows.min(K::TILE_ROWS - 1).max(1)] {
-                let alpha: Vec<f32> = (0..rows).map(|r| 0.25 * r as f32).collect();
-                let mut o = vec![1.0; rows * v_stride];
-                let weights = Weights { p: &s, rows, n_keys };
-                let values = ValueRows { v: &values, stride: v_stride, vectors };
-                kernels.accumulate_values(weights, &alpha, values, &mut o);
-                let p = Array2::from_shape_fn((rows, n_keys), |(i, j)| s[i * s_stride + j]);
-                for ((i, c), w) in p.dot(&v).indexed_iter() {
-                    let want = alpha[i] + w;
-                    let got = o[i * v_stride + c];
-                    assert!(
-                        (got - want).abs() < 1e-3 * (1.0 + want.abs()),
-                        "{ctx}: O[{i}, {c}] = {got}, want {want}"
-                    );
+        let vectors = d_v.div_ceil(K::LANES);
+        let v_stride = vectors * K::LANES;
+        // NaN past the last value row: an odd last key's partner in a pair is never read.
+        let mut values = vec![E::narrow(f32::NAN); n_keys.next_multiple_of(2) * v_stride];
+        match K::LAYOUT {
+            Layout::Lanes => {
+                for (j, out) in values.chunks_exact_mut(v_stride).enumerate().take(n_keys) {
+                    out.fill(E::default());
+                    pack_value_row(v.row(j), out);
                 }
             }
+            Layout::Pairs => {
+                values[..n_keys.div_ceil(2) * 2 * v_stride].fill(E::default());
+                pack_value_pairs(v.view(), v_stride, &mut values);
+                values[n_keys * v_stride..]
+                    .iter_mut()
+                    .skip(1)
+                    .step_by(2)
+                    .for_each(|x| *x = E::narrow(f32::NAN));
+            }
         }
-    });
+        let rounding = if K::LAYOUT == Layout::Pairs { 2f64.powi(-8) } else { 0.0 };
+        // Whole groups, and for the lane levels rows left over (decoding); the pair levels take
+        // whole tiles of rows only.
+        let fewer = if K::LAYOUT == Layout::Lanes { rows.min(K::TILE_ROWS - 1).max(1) } else { padded };
+        for rows in [padded, fewer] {
+            let alpha: Vec<f32> = (0..rows).map(|r| 0.25 * r as f32).collect();
+            let mut o = vec![1.0; rows * v_stride];
+            let weights = Weights { p: &s, rows, n_keys };
+            let value_rows = ValueRows { v: &values, stride: v_stride, vectors };
+            kernels.accumulate_values(weights, &alpha, value_rows, &mut o);
+            let p = Array2::from_shape_fn((rows, n_keys), |(i, j)| f64::from(s[i * s_stride + j]));
+            let v = wide(&v);
+            let size = p.mapv(f64::abs).dot(&v.mapv(f64::abs));
+            for ((i, c), w) in p.dot(&v).indexed_iter() {
+                let want = f64::from(alpha[i]) + w;
+                let got = f64::from(o[i * v_stride + c]);
+                let bound = 1e-3 * (1.0 + want.abs()) + rounding * size[(i, c)];
+                assert!((got - want).abs() <= bound, "{ctx}: O[{i}, {c}] = {got}, want {want}");
+            }
+        }
+    }
+}
+
+#[test]
+fn score_and_value_tiles_match_plain_loops() {
+    each_level!(f32, |kernels: K, level| { check_score_and_value_tiles(kernels, level) });
+    each_level!(bf16, |kernels: K, level| { check_score_and_value_tiles(kernels, level) });
+    each_level!(f16, |kernels: K, level| { check_score_and_value_tiles(kernels, level) });
 }
 
 #[test]
@@ -263,25 +292,26 @@ fn direct_scores_match_plain_loops() {
     });
 }
 
-#[test]
-fn trimmed_score_tiles_compute_every_score_a_group_needs() {
-    // A causal diagonal: the group starting at row `g` needs keys `..g + TILE_ROWS + 3`, so full
-    // groups take one to all vectors of a panel, and the last groups skip panels or not.
-    each_level!(f32, |kernels: K, level| {
-        let (rows, n_keys, d) = (48, 128, 64);
-        let (q, k) = (matrix(rows, d, 4), matrix(n_keys, d, 5));
+/// A causal diagonal: the group starting at row `g` needs keys `..g + TILE_ROWS + 3`, so full
+/// groups take one to all vectors of a panel, and the last groups skip panels or not.
+fn check_trimmed_score_tiles<E: Element<Compute = f32>, K: Kernels<f32, E>>(kernels: K, level: SimdLevel) {
+    {
+        let rows = 48_usize.next_multiple_of(K::TILE_ROWS);
+        let (n_keys, d) = (128, 64);
+        let (q, k) = (matrix(rows, d, 4).mapv(E::narrow), matrix(n_keys, d, 5).mapv(E::narrow));
         let width = K::KEY_PANEL;
         let panels = n_keys / width;
-        let keys = pack_keys(&k, width);
+        let keys = pack_keys(&k, width, K::LAYOUT);
         let mut packed_q = vec![0.0; rows * d];
-        pack_queries(q.view(), 0, rows, 1.0, K::TILE_ROWS, &mut packed_q);
+        let scale = pack_queries(q.view(), 0, rows, 1.0, (K::TILE_ROWS, K::LAYOUT), &mut packed_q);
         let s_stride = KEY_BLOCK;
         let mut s = vec![f32::NAN; rows * s_stride];
         let mut row_max = vec![f32::NEG_INFINITY; rows * K::LANES];
         let needed = |g: usize| (g + K::TILE_ROWS).min(rows) + 3;
-        let tile = ScoreTile { q: &packed_q, d, rows, keys: &keys, panels, s: &mut s, row_max: &mut row_max };
+        let tile =
+            ScoreTile { q: &packed_q, scale, d, rows, keys: &keys, panels, s: &mut s, row_max: &mut row_max };
         kernels.scores(tile, Some(&needed));
-        let want = q.dot(&k.t());
+        let want = q.mapv(E::widen).dot(&k.mapv(E::widen).t());
         let group = |i: usize| i / K::TILE_ROWS * K::TILE_ROWS;
         let mut checked = 0;
         for ((i, j), w) in want.indexed_iter() {
@@ -301,7 +331,13 @@ fn trimmed_score_tiles_compute_every_score_a_group_needs() {
                 "{level}: max of row {i}: {got}, want at least {most}"
             );
         }
-    });
+    }
+}
+
+#[test]
+fn trimmed_score_tiles_compute_every_score_a_group_needs() {
+    each_level!(f32, |kernels: K, level| { check_trimmed_score_tiles(kernels, level) });
+    each_level!(bf16, |kernels: K, level| { check_trimmed_score_tiles(kernels, level) });
 }
 
 #[test]

@@ -47,7 +47,13 @@ fn keys_land_in_their_panel_lanes_and_values_in_padded_rows() {
         let head = &cache.layers[0].heads[0];
         let mut packed = vec![0.0; 37_usize.next_multiple_of(key_panel) * 3];
         for (p, panel) in packed.chunks_exact_mut(key_panel * 3).enumerate() {
-            kernels::pack_key_panel(k.slice(s![0, .., ..]), p * key_panel, key_panel, panel);
+            kernels::pack_key_panel(
+                k.slice(s![0, .., ..]),
+                p * key_panel,
+                key_panel,
+                kernels::Layout::Lanes,
+                panel,
+            );
         }
         assert_eq!(&head.panels[..packed.len()], packed.as_slice(), "{level}");
         for j in 0..37 {

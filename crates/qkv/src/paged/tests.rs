@@ -35,7 +35,7 @@ fn keys_land_in_their_blocks_panel_lanes_and_values_in_padded_rows() {
                 let keys = k.slice(s![head, positions.clone(), ..]);
                 let mut packed = vec![0.0; block_size * 3];
                 for (p, panel) in packed.chunks_exact_mut(key_panel * 3).enumerate() {
-                    kernels::pack_key_panel(keys, p * key_panel, key_panel, panel);
+                    kernels::pack_key_panel(keys, p * key_panel, key_panel, kernels::Layout::Lanes, panel);
                 }
                 let panels = &block[at.panels_at(1, head)..][..block_size * 3];
                 assert_eq!(panels, packed.as_slice(), "{level} block {b} head {head}");

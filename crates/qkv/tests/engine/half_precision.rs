@@ -1,11 +1,15 @@
-//! bf16 and f16 inputs: the same f32 arithmetic as on their widened values, bit for bit; within
+//! bf16 and f16 inputs: the same f32 arithmetic as on their widened values, bit for bit (within
+//! the rounding of the weights to bf16 at the AMX level); within
 //! f32's tolerance of the f64 reference on the rounded inputs; and within a bound derived from
 //! the format's precision of the reference on the original f32 inputs.
 
 use ndarray::{Array2, Array3, ArrayView2, s};
 use qkv::{CacheShape, KvCache, Storage};
 
-use crate::problem::{MASK_KINDS, Problem, assert_close, error_bound, levels};
+use crate::problem::{
+    MASK_KINDS, Problem, assert_close, assert_f32_path, error_bound, levels, max_abs, weight_rounding,
+    with_rounding,
+};
 
 /// Round-to-nearest unit roundoff `u = 2^-p` of a format with `p` bits of significand (the
 /// implicit bit included): every finite f32 `x` in range rounds to `x · (1 + e)`, `|e| <= u`.
@@ -74,12 +78,15 @@ fn check_format<H: Storage + qkv::Half>() {
             let options = p.options().simd(level);
             let got = qkv::attention_half(q.view(), k.view(), v.view(), &options).unwrap();
             let ctx = format!("{} {level} {dims:?} {mask:?}", H::NAME);
-            // The kernels widen each element exactly and then do what the f32 path does.
+            // The kernels widen each element exactly and then do what the f32 path does (but for
+            // the AMX tiles' rounding of the weights).
             let f32_path = qkv::attention(wq.view(), wk.view(), wv.view(), &options).unwrap();
-            assert_eq!(got, f32_path, "{ctx}: the f32 path on the widened inputs, bit for bit");
+            let rounding = weight_rounding(level, H::NAME, max_abs(&wv));
+            assert_f32_path(&ctx, &got, &f32_path, rounding);
+            let tight = with_rounding(tight, rounding);
             assert_close(&format!("{ctx}, reference on the rounded inputs"), &got, &rounded.output, tight);
             for ((idx, g), w) in got.indexed_iter().zip(&original.output) {
-                let error = (f64::from(*g) - w).abs();
+                let (error, loose) = ((f64::from(*g) - w).abs(), loose + rounding);
                 assert!(error <= loose, "{ctx}{idx:?}: {g} against the f32 inputs' {w}, beyond {loose:e}");
             }
         }

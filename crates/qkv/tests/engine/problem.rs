@@ -134,12 +134,54 @@ impl<T: Real> Problem<T> {
 /// size of the quantity's condition: rounding in a score of size `s` moves a weight by about
 /// `eps · s`, and an output by that times the largest value. Use [`error_bound`] to get it.
 pub fn assert_close<T: Real>(what: &str, got: &Array2<T>, want: &Array2<f64>, bound: f64) {
-    let tol = if T::NAME == "f32" { 2e-5 } else { 1e-12 };
+    let tol = if T::NAME == "f32" { F32_TOLERANCE } else { 1e-12 };
     assert_eq!(got.shape(), want.shape(), "{what}: shapes differ");
     for ((idx, g), w) in got.indexed_iter().zip(want.iter()) {
         let g = g.to_f64_exact();
         assert!((g - w).abs() <= tol * bound, "{what}{idx:?}: got {g}, want {w} (tol {tol} x {bound})");
     }
+}
+
+/// The `tol` of [`assert_close`] for f32.
+pub const F32_TOLERANCE: f64 = 2e-5;
+
+/// How far `level` may move an output of inputs stored as `storage` (`"bf16"`, …) whose values
+/// reach `max_value`, beyond f32 arithmetic on the widened inputs: the AMX tiles round each
+/// weight to bf16 before `P·V` (unit roundoff 2^-8), and since the weights sum to 1 that moves
+/// an output by at most 2^-8 of the largest value. 0 for every other level and type, whose
+/// results are the f32 path's bit for bit.
+pub fn weight_rounding(level: SimdLevel, storage: &str, max_value: f64) -> f64 {
+    if level == SimdLevel::Amx && storage == "bf16" { 2f64.powi(-8) * max_value } else { 0.0 }
+}
+
+/// `bound` of [`assert_close`] for f32 results, widened by `rounding` (see [`weight_rounding`]).
+pub fn with_rounding(bound: f64, rounding: f64) -> f64 {
+    bound + rounding / F32_TOLERANCE
+}
+
+/// `got` against the f32 path's result on the widened inputs: bit for bit, or within `rounding`
+/// (see [`weight_rounding`]) and f32's own error where the level rounds the weights.
+pub fn assert_f32_path<D: ndarray::Dimension>(
+    what: &str,
+    got: &ndarray::Array<f32, D>,
+    f32_path: &ndarray::Array<f32, D>,
+    rounding: f64,
+) {
+    if rounding == 0.0 {
+        assert_eq!(got, f32_path, "{what}: the f32 path on the widened inputs, bit for bit");
+        return;
+    }
+    assert_eq!(got.shape(), f32_path.shape(), "{what}: shapes differ");
+    for ((idx, g), f) in got.indexed_iter().zip(f32_path) {
+        let (g, f) = (f64::from(*g), f64::from(*f));
+        let bound = rounding + 1e-6 * (1.0 + f.abs());
+        assert!((g - f).abs() <= bound, "{what}{idx:?}: {g} against the f32 path's {f}, beyond {bound:e}");
+    }
+}
+
+/// The largest `|v|` of `v`.
+pub fn max_abs<'a>(v: impl IntoIterator<Item = &'a f32>) -> f64 {
+    v.into_iter().fold(0.0_f64, |m, &x| m.max(f64::from(x).abs()))
 }
 
 /// The bounds for weights and outputs of a problem: `(1 + max |s|)` and that times `(1 + max |v|)`.

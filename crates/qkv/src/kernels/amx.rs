@@ -1,0 +1,448 @@
+//! The AMX level: bf16 score and `P·V` tiles on Intel's tile unit (AMX-BF16, `tdpbf16ps`: a
+//! 16 × 32 by 32 × 16 bf16 product added to 16 × 16 f32 sums in one instruction), with
+//! AVX-512 for everything between the tiles (the softmax, the rescale, rounding the weights).
+//!
+//! Only bf16 inputs take the tiles; every other element type runs the AVX-512 kernels at this
+//! level, and so do the decoding and cache paths (see `Isa::vectors`), whose layouts the tiles
+//! do not read.
+//!
+//! The tiles multiply bf16 by bf16, so the weights `P` are rounded to bf16 before `P·V`, as
+//! PyTorch's and FlashAttention's bf16 kernels round them; scores, sums and the output stay f32.
+//! Queries are multiplied unscaled (the scale is applied to the f32 scores), so the scores are
+//! the exact products of the stored inputs, summed in f32.
+//!
+//! The tile registers are not known to the compiler: every kernel loads its own tile
+//! configuration, uses registers `tmm0`–`tmm7` inside one call, and releases them before it
+//! returns, so no tile state lives across calls or threads.
+
+use std::arch::asm;
+use std::arch::x86_64::*;
+use std::sync::OnceLock;
+
+use half::bf16;
+
+use super::avx512::Avx512;
+use super::{KEY_BLOCK, Kernels, Layout, Rows, RowsMut, ScoreTile, ValueRows, Weights};
+
+/// Proof that this CPU runs AMX-BF16 and AMX-TILE with AVX-512F, BW and BF16, and that the
+/// operating system gave this process the tile state: only [`Amx::detect`] makes one.
+#[derive(Debug, Clone, Copy)]
+pub struct Amx(Avx512);
+
+/// Keys per score tile column block, and value columns per `P·V` tile: 16 f32 per tile row.
+const TILE: usize = 16;
+/// bf16 components (or keys) per tile row of an `A` operand: 64 bytes.
+const TILE_DEPTH: usize = 32;
+/// Accumulator tiles per pass (`tmm0`–`tmm3`).
+const SUMS: usize = 4;
+
+impl Amx {
+    /// `Some` if the CPU has the features and Linux grants the tile data state (asked once per
+    /// process with `arch_prctl(ARCH_REQ_XCOMP_PERM)`; every thread of the process may then use
+    /// the tiles).
+    pub(crate) fn detect() -> Option<Amx> {
+        static GRANTED: OnceLock<bool> = OnceLock::new();
+        let avx512 = Avx512::detect()?;
+        let vectors = is_x86_feature_detected!("avx512bw") && is_x86_feature_detected!("avx512bf16");
+        // CPUID leaf 7, sub-leaf 0: EDX bit 22 is AMX-BF16, bit 24 AMX-TILE (the standard
+        // library's detection of these is not stable yet).
+        let edx = __cpuid_count(7, 0).edx;
+        let tiles = edx & (1 << 22) != 0 && edx & (1 << 24) != 0;
+        (vectors && tiles && *GRANTED.get_or_init(request_tile_state)).then_some(Amx(avx512))
+    }
+
+    /// The AVX-512 level this one runs its vector kernels at.
+    pub(crate) fn vectors(self) -> Avx512 {
+        self.0
+    }
+}
+
+/// Asks Linux for permission to use the tile data state (`arch_prctl(ARCH_REQ_XCOMP_PERM,
+/// XFEATURE_XTILEDATA)`), without which the first tile instruction faults.
+#[cfg(target_os = "linux")]
+fn request_tile_state() -> bool {
+    const ARCH_PRCTL: usize = 158;
+    const ARCH_REQ_XCOMP_PERM: usize = 0x1023;
+    const XFEATURE_XTILEDATA: usize = 18;
+    let result: isize;
+    // SAFETY: the system call reads two integers and changes only this process's permissions;
+    // `syscall` clobbers rcx and r11, declared here.
+    unsafe {
+        asm!(
+            "syscall",
+            inlateout("rax") ARCH_PRCTL as isize => result,
+            in("rdi") ARCH_REQ_XCOMP_PERM,
+            in("rsi") XFEATURE_XTILEDATA,
+            lateout("rcx") _,
+            lateout("r11") _,
+            options(nostack),
+        );
+    }
+    result == 0
+}
+
+/// Other systems: not asked, so the level is not offered.
+#[cfg(not(target_os = "linux"))]
+fn request_tile_state() -> bool {
+    false
+}
+
+/// A tile configuration (`ldtilecfg`'s 64-byte operand, palette 1): bytes per row and rows of
+/// each of the eight tile registers (the entries past the eighth are reserved, zero).
+#[repr(C, align(64))]
+struct TileConfig {
+    palette: u8,
+    start_row: u8,
+    reserved: [u8; 14],
+    bytes_per_row: [u16; 16],
+    rows: [u8; 16],
+}
+
+const _: () = assert!(size_of::<TileConfig>() == 64);
+
+impl TileConfig {
+    /// `tmm0`–`tmm3` sums of 16 × 16 f32, `tmm4` and `tmm5` a whole `A` (16 × 32 bf16) and `B`
+    /// (16 pairs × 16 lanes), `tmm6` and `tmm7` the `A` and `B` of a shorter last step of
+    /// `tail` bf16 components (even, below 32; none if 0).
+    fn new(tail: usize) -> TileConfig {
+        let mut config =
+            TileConfig { palette: 1, start_row: 0, reserved: [0; 14], bytes_per_row: [0; 16], rows: [0; 16] };
+        for t in 0..6 {
+            config.bytes_per_row[t] = 64;
+            config.rows[t] = 16;
+        }
+        if tail > 0 {
+            config.bytes_per_row[6] = (2 * tail) as u16;
+            config.rows[6] = 16;
+            config.bytes_per_row[7] = 64;
+            config.rows[7] = (tail / 2) as u8;
+        }
+        config
+    }
+}
+
+/// The tile registers configured for one kernel call and released when it ends (also on a
+/// panic), so that no tile state outlives the call.
+struct Tiles(());
+
+impl Tiles {
+    /// Loads `config`.
+    ///
+    /// # Safety
+    /// The CPU must run AMX-TILE with the tile state granted (an [`Amx`] token proves both).
+    #[inline(always)]
+    unsafe fn configure(config: &TileConfig) -> Tiles {
+        // SAFETY: the caller guarantees AMX; `config` is a valid 64-byte palette-1 configuration.
+        unsafe { asm!("ldtilecfg [{}]", in(reg) config, options(nostack, readonly)) };
+        Tiles(())
+    }
+}
+
+impl Drop for Tiles {
+    fn drop(&mut self) {
+        // SAFETY: a `Tiles` exists only after `configure` ran on an AMX CPU.
+        unsafe { asm!("tilerelease", options(nostack, nomem)) };
+    }
+}
+
+/// `tileloadd`: tile register `$tmm` from `rows` rows of its configured width, `stride` bytes
+/// apart from `$ptr`.
+macro_rules! tile_load {
+    ($tmm:literal, $ptr:expr, $stride:expr) => {
+        asm!(
+            concat!("tileloadd ", $tmm, ", [{base} + {stride}*1]"),
+            base = in(reg) $ptr,
+            stride = in(reg) ($stride) as usize,
+            options(nostack, readonly),
+        )
+    };
+}
+
+/// `tilestored`: tile register `$tmm` to its rows, `stride` bytes apart from `$ptr`.
+macro_rules! tile_store {
+    ($tmm:literal, $ptr:expr, $stride:expr) => {
+        asm!(
+            concat!("tilestored [{base} + {stride}*1], ", $tmm),
+            base = in(reg) $ptr,
+            stride = in(reg) ($stride) as usize,
+            options(nostack),
+        )
+    };
+}
+
+/// `tdpbf16ps` into sum tile `sum` (0–3) from the `A` and `B` registers given.
+macro_rules! tile_multiply {
+    ($sum:expr, $a:literal, $b:literal) => {
+        match $sum {
+            0 => asm!(concat!("tdpbf16ps tmm0, ", $a, ", ", $b), options(nostack, nomem)),
+            1 => asm!(concat!("tdpbf16ps tmm1, ", $a, ", ", $b), options(nostack, nomem)),
+            2 => asm!(concat!("tdpbf16ps tmm2, ", $a, ", ", $b), options(nostack, nomem)),
+            _ => asm!(concat!("tdpbf16ps tmm3, ", $a, ", ", $b), options(nostack, nomem)),
+        }
+    };
+}
+
+/// Sum tile `sum` (0–3) loaded from, or stored to, 16 rows `stride` bytes apart.
+macro_rules! sum_tile {
+    (load $sum:expr, $ptr:expr, $stride:expr) => {
+        match $sum {
+            0 => tile_load!("tmm0", $ptr, $stride),
+            1 => tile_load!("tmm1", $ptr, $stride),
+            2 => tile_load!("tmm2", $ptr, $stride),
+            _ => tile_load!("tmm3", $ptr, $stride),
+        }
+    };
+    (store $sum:expr, $ptr:expr, $stride:expr) => {
+        match $sum {
+            0 => tile_store!("tmm0", $ptr, $stride),
+            1 => tile_store!("tmm1", $ptr, $stride),
+            2 => tile_store!("tmm2", $ptr, $stride),
+            _ => tile_store!("tmm3", $ptr, $stride),
+        }
+    };
+    (zero $sum:expr) => {
+        match $sum {
+            0 => asm!("tilezero tmm0", options(nostack, nomem)),
+            1 => asm!("tilezero tmm1", options(nostack, nomem)),
+            2 => asm!("tilezero tmm2", options(nostack, nomem)),
+            _ => asm!("tilezero tmm3", options(nostack, nomem)),
+        }
+    };
+}
+
+/// The bf16 of packed queries, which [`Layout::Pairs`] stores in the f32 scratch (two to a
+/// scalar).
+fn as_bf16(scalars: &[f32]) -> &[bf16] {
+    wide::bytemuck::cast_slice(scalars)
+}
+
+/// `S = scale · Q·Kᵀ` for groups of 16 packed query rows (`[rows][d_even]` bf16) against panels
+/// of 16 keys (`[d_even / 2][16][2]` bf16), with the lane-wise row maxima.
+///
+/// # Safety
+/// The CPU must run AMX-BF16 with the tile state granted and AVX-512F.
+#[target_feature(enable = "avx512f")]
+unsafe fn scores(tile: ScoreTile<'_, f32, bf16>, group_keys: Option<&dyn Fn(usize) -> usize>) {
+    let ScoreTile { q, d, rows, keys, panels, s, row_max, scale } = tile;
+    let depth = Layout::Pairs.padded_dim(d);
+    let q = &as_bf16(q)[..rows * depth];
+    let panel_len = TILE * depth;
+    let keys = &keys[..panels * panel_len];
+    assert!(rows % TILE == 0 && s.len() >= rows * KEY_BLOCK && row_max.len() >= rows * TILE);
+    let (steps, tail) = (depth / TILE_DEPTH, depth % TILE_DEPTH);
+    row_max[..rows * TILE].fill(f32::NEG_INFINITY);
+    // SAFETY: the caller guarantees AMX. Every tile load reads 16 rows (or `tail / 2` for the
+    // last `B`) of at most 64 bytes inside `q` (rows `g .. g + 16` of `depth` bf16, from
+    // component `c`) or inside `keys` (a panel's pair rows from `c / 2`); every store writes 16
+    // rows of 16 f32 inside `s` (rows `g ..` of `KEY_BLOCK`, keys `p · 16 ..`, within a row since
+    // `panels · 16 <= KEY_BLOCK`). The slices were cut to those lengths above.
+    unsafe {
+        let _tiles = Tiles::configure(&TileConfig::new(tail));
+        for g in (0..rows).step_by(TILE) {
+            let needed = match group_keys {
+                Some(keys) => keys(g).div_ceil(TILE).min(panels),
+                None => panels,
+            };
+            for first in (0..needed).step_by(SUMS) {
+                let count = SUMS.min(needed - first);
+                for j in 0..count {
+                    sum_tile!(zero j);
+                }
+                for step in 0..steps + usize::from(tail > 0) {
+                    let c = step * TILE_DEPTH;
+                    let a = q[g * depth + c..].as_ptr();
+                    let whole = step < steps;
+                    if whole {
+                        tile_load!("tmm4", a, 2 * depth);
+                    } else {
+                        tile_load!("tmm6", a, 2 * depth);
+                    }
+                    for j in 0..count {
+                        let b = keys[(first + j) * panel_len + c * TILE..].as_ptr();
+                        if whole {
+                            tile_load!("tmm5", b, 64);
+                            tile_multiply!(j, "tmm4", "tmm5");
+                        } else {
+                            tile_load!("tmm7", b, 64);
+                            tile_multiply!(j, "tmm6", "tmm7");
+                        }
+                    }
+                }
+                for j in 0..count {
+                    let out = s[g * KEY_BLOCK + (first + j) * TILE..].as_mut_ptr();
+                    sum_tile!(store j, out, 4 * KEY_BLOCK);
+                }
+            }
+            let factor = _mm512_set1_ps(scale);
+            for r in g..g + TILE {
+                let row = &mut s[r * KEY_BLOCK..][..needed * TILE];
+                let mut max = _mm512_set1_ps(f32::NEG_INFINITY);
+                for x in row.chunks_exact_mut(TILE) {
+                    let scaled = _mm512_mul_ps(_mm512_loadu_ps(x.as_ptr()), factor);
+                    _mm512_storeu_ps(x.as_mut_ptr(), scaled);
+                    max = _mm512_max_ps(max, scaled);
+                }
+                _mm512_storeu_ps(row_max[r * TILE..][..TILE].as_mut_ptr(), max);
+            }
+        }
+    }
+}
+
+/// `O_r = α_r · O_r + Σ_j P[r, j] · V_j` for groups of 16 rows, the weights rounded to bf16 and
+/// the value rows in pairs (`[n / 2][stride][2]` bf16, see [`Layout::Pairs`]).
+///
+/// # Safety
+/// The CPU must run AMX-BF16 with the tile state granted, AVX-512F, BW and BF16.
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+unsafe fn accumulate_values(
+    weights: Weights<'_, f32>,
+    alpha: &[f32],
+    values: ValueRows<'_, bf16>,
+    o: &mut [f32],
+) {
+    let Weights { p, rows, n_keys } = weights;
+    let ValueRows { v, stride, vectors } = values;
+    let o_stride = vectors * TILE;
+    assert!(rows % TILE == 0 && o.len() >= rows * o_stride && stride >= o_stride);
+    let o = &mut o[..rows * o_stride];
+    for (o, &a) in o.chunks_exact_mut(o_stride).zip(&alpha[..rows]) {
+        let a = _mm512_set1_ps(a);
+        for x in o.chunks_exact_mut(TILE) {
+            // SAFETY: the caller guarantees AVX-512F; `x` holds exactly 16 f32.
+            unsafe { _mm512_storeu_ps(x.as_mut_ptr(), _mm512_mul_ps(_mm512_loadu_ps(x.as_ptr()), a)) };
+        }
+    }
+    // The tiles take pairs of keys; an odd last key is added with vectors, so that its pair's
+    // other half (a key no query of the tile may see) is never read.
+    let paired = n_keys & !1;
+    let (steps, tail) = (paired / TILE_DEPTH, paired % TILE_DEPTH);
+    let v = &v[..n_keys.div_ceil(2) * 2 * stride];
+    let mut weights = [bf16::ZERO; TILE * KEY_BLOCK];
+    for g in (0..rows).step_by(TILE) {
+        // The group's weights as bf16, rows of KEY_BLOCK.
+        for r in 0..TILE {
+            let row = &p[(g + r) * KEY_BLOCK..][..KEY_BLOCK];
+            let out = &mut weights[r * KEY_BLOCK..][..KEY_BLOCK];
+            for (x, out) in
+                row.chunks_exact(2 * TILE).zip(out.chunks_exact_mut(2 * TILE)).take(paired.div_ceil(32))
+            {
+                // SAFETY: the caller guarantees AVX512-BF16; `x` holds 32 f32 and `out` 32 bf16.
+                unsafe {
+                    let rounded =
+                        _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x[TILE..].as_ptr()), _mm512_loadu_ps(x.as_ptr()));
+                    _mm512_storeu_si512(
+                        out.as_mut_ptr().cast(),
+                        std::mem::transmute::<__m512bh, __m512i>(rounded),
+                    );
+                }
+            }
+        }
+        let o = &mut o[g * o_stride..(g + TILE) * o_stride];
+        // SAFETY: the caller guarantees AMX. The `A` loads read 16 rows of at most 64 bytes of
+        // `weights` (row stride `2 · KEY_BLOCK` bytes, from key `c < paired`); the `B` loads read
+        // 16 (or `tail / 2`) pair rows of 64 bytes of `v` from pair `c / 2` at column `t · 16`
+        // (`4 · stride` bytes apart, all below pair `paired / 2 <= v.len() / (2 · stride)`); the
+        // sums read and write 16 rows of 16 f32 of `o` at column `t · 16 < o_stride`.
+        unsafe {
+            let _tiles = Tiles::configure(&TileConfig::new(tail));
+            for first in (0..vectors).step_by(SUMS) {
+                let count = SUMS.min(vectors - first);
+                for j in 0..count {
+                    sum_tile!(load j, o[(first + j) * TILE..].as_ptr(), 4 * o_stride);
+                }
+                for step in 0..steps + usize::from(tail > 0) {
+                    let c = step * TILE_DEPTH;
+                    let a = weights[c..].as_ptr();
+                    let whole = step < steps;
+                    if whole {
+                        tile_load!("tmm4", a, 2 * KEY_BLOCK);
+                    } else {
+                        tile_load!("tmm6", a, 2 * KEY_BLOCK);
+                    }
+                    for j in 0..count {
+                        let b = v[c * stride + (first + j) * 2 * TILE..].as_ptr();
+                        if whole {
+                            tile_load!("tmm5", b, 4 * stride);
+                            tile_multiply!(j, "tmm4", "tmm5");
+                        } else {
+                            tile_load!("tmm7", b, 4 * stride);
+                            tile_multiply!(j, "tmm6", "tmm7");
+                        }
+                    }
+                }
+                for j in 0..count {
+                    sum_tile!(store j, o[(first + j) * TILE..].as_mut_ptr(), 4 * o_stride);
+                }
+            }
+        }
+        if paired < n_keys {
+            // The odd last key: the even halves of its pair row, widened.
+            let key_row = &v[paired * stride..][..2 * o_stride];
+            for r in 0..TILE {
+                let weight = _mm512_set1_ps(p[(g + r) * KEY_BLOCK + paired]);
+                let o = &mut o[r * o_stride..(r + 1) * o_stride];
+                for (x, pair) in o.chunks_exact_mut(TILE).zip(key_row.chunks_exact(2 * TILE)) {
+                    // SAFETY: the caller guarantees AVX-512F; `x` holds 16 f32 and `pair` 32 bf16.
+                    unsafe {
+                        let bits = _mm512_loadu_si512(pair.as_ptr().cast());
+                        let value = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(bits));
+                        let sum = _mm512_fmadd_ps(weight, value, _mm512_loadu_ps(x.as_ptr()));
+                        _mm512_storeu_ps(x.as_mut_ptr(), sum);
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Kernels<f32, bf16> for Amx {
+    const LANES: usize = TILE;
+    const KEY_PANEL: usize = TILE;
+    const TILE_ROWS: usize = TILE;
+    const QUERY_BLOCK: usize = 64;
+    const LAYOUT: Layout = Layout::Pairs;
+
+    fn scores(self, tile: ScoreTile<'_, f32, bf16>, group_keys: Option<&dyn Fn(usize) -> usize>) {
+        // SAFETY: `self` proves AMX and AVX-512F (its `detect`).
+        unsafe { scores(tile, group_keys) }
+    }
+
+    fn direct_scores(self, q: &[f32], rows: usize, keys: &[bf16], d: usize, s: &mut [f32]) -> f32 {
+        self.0.direct_scores(q, rows, keys, d, s)
+    }
+
+    fn magnitude(self, x: &[bf16]) -> f32 {
+        Kernels::<f32, bf16>::magnitude(self.0, x)
+    }
+
+    fn row_maxima(self, rows: Rows<'_, f32>, len: usize, out: &mut [f32]) {
+        Kernels::<f32, bf16>::row_maxima(self.0, rows, len, out)
+    }
+
+    fn exp_rows(self, rows: RowsMut<'_, f32>, len: usize, maxima: &[f32], sums: &mut [f32]) {
+        Kernels::<f32, bf16>::exp_rows(self.0, rows, len, maxima, sums)
+    }
+
+    fn exp_differences(self, a: &[f32], b: &[f32], out: &mut [f32]) {
+        Kernels::<f32, bf16>::exp_differences(self.0, a, b, out)
+    }
+
+    fn accumulate_values(
+        self,
+        weights: Weights<'_, f32>,
+        alpha: &[f32],
+        values: ValueRows<'_, bf16>,
+        o: &mut [f32],
+    ) {
+        // SAFETY: `self` proves AMX, AVX-512F, BW and BF16 (its `detect`).
+        unsafe { accumulate_values(weights, alpha, values, o) }
+    }
+
+    fn accumulate_transposed(self, _: Weights<'_, f32>, _: ValueRows<'_, bf16>, _: &mut [f32]) {
+        unreachable!("the backward computes from f32 and f64 inputs, never at the bf16 tiles")
+    }
+
+    fn softmax_gradient(self, p: Rows<'_, f32>, dp: RowsMut<'_, f32>, len: usize, delta: &[f32]) {
+        Kernels::<f32, bf16>::softmax_gradient(self.0, p, dp, len, delta)
+    }
+}
