@@ -8,15 +8,25 @@
 //! (decoding) go through each layer in one `append` per sequence and one `attend` for all. A
 //! request that has its tokens is freed, and its blocks return to the pool.
 //!
-//! Each layer of each step is checked against dense attention: the decoding rows against one
-//! padded `multi_head_attention` call with each sequence's key length, the prefill rows against
-//! `multi_head_attention` with a bottom-right causal mask over their own sequence.
+//! The layers take the options of Gemma 2's (Gemma Team, "Gemma 2: Improving Open Language
+//! Models at a Practical Size", 2024): attention logits soft-capped at 50 (`cap · tanh(s / cap)`)
+//! in every layer, and local layers (a sliding window, here of 16 positions) between global
+//! ones. They go to the paged cache as `CacheOptions` through `PagedLayer::attend_with`.
+//!
+//! Each layer of each step is checked against dense attention: every sequence's rows against
+//! `multi_head_attention` over its own keys with the layer's options as the dense API's
+//! (`CacheOptions::dense`: a bottom-right causal mask, the window, the cap), and in a global layer
+//! the decoding rows also against one padded `multi_head_attention` call with each sequence's key
+//! length.
 //!
 //! `cargo run -p qkv --example serve_batch --release`; `cargo test -p qkv --example serve_batch`
 //! runs the check as a test.
 
 use ndarray::{Array2, Array3, Array4, ArrayView2, Axis, s};
-use qkv::{AttentionError, AttentionOptions, CausalMask, PagedKvCache, PagedShape, SequenceId, SimdLevel};
+use qkv::{
+    AttentionError, AttentionOptions, CacheOptions, PagedKvCache, PagedShape, SequenceId, SimdLevel,
+    SlidingWindow,
+};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -28,6 +38,16 @@ const HEAD_DIM: usize = 8;
 const LAYERS: usize = 2;
 /// The system prompt every request starts with: 70 tokens, past one block of 64.
 const SYSTEM_PROMPT: usize = 70;
+/// Gemma 2's soft cap on the attention logits.
+const SOFTCAP: f32 = 50.0;
+/// The window of the local layers (odd layers): the position itself and the 15 before it.
+const WINDOW: usize = 16;
+
+/// The cache options of layer `l`: every layer soft-capped, odd layers local.
+fn layer_options(l: usize) -> CacheOptions<'static> {
+    let options = CacheOptions::new().logit_softcap(SOFTCAP);
+    if l % 2 == 1 { options.sliding_window(SlidingWindow::new(WINDOW - 1, 0)) } else { options }
+}
 
 /// A request: the step it arrives at, its own prompt after the system prompt, and how many
 /// tokens it wants.
@@ -211,7 +231,7 @@ fn run_batch(
             r.keys[l] = ndarray::concatenate![Axis(1), r.keys[l], k];
             r.values[l] = ndarray::concatenate![Axis(1), r.values[l], v];
         }
-        let out = paged.attend(&sequences, &offsets, heads(q.view(), QUERY_HEADS))?;
+        let out = paged.attend_with(&sequences, &offsets, heads(q.view(), QUERY_HEADS), &layer_options(l))?;
         difference = difference.max(dense_difference(batch, &offsets, &q, &out, l)?);
         // Back to rows, through the output projection, with a residual connection.
         let rows = out.permuted_axes([1, 0, 2]).as_standard_layout().into_owned();
@@ -229,8 +249,8 @@ fn run_batch(
 }
 
 /// The largest difference between the batch's paged output at layer `l` and dense attention over
-/// what each sequence holds: decoding rows as one padded batch with key lengths, prefill rows
-/// one sequence at a time with a bottom-right causal mask.
+/// what each sequence holds under the layer's options: every sequence alone, and in a global
+/// layer the decoding rows as one padded batch with key lengths.
 fn dense_difference(
     batch: &[Running],
     offsets: &[usize],
@@ -242,23 +262,24 @@ fn dense_difference(
     let mut compare = |got: ndarray::ArrayView3<f32>, want: ndarray::ArrayView3<f32>| {
         difference = got.iter().zip(want).fold(difference, |d, (g, w)| d.max((g - w).abs()));
     };
-    let causal = AttentionOptions::new().causal(CausalMask::BottomRight);
-    let decoding: Vec<usize> = (0..batch.len()).filter(|&i| !batch[i].prefill).collect();
-    for (i, r) in batch.iter().enumerate().filter(|(_, r)| r.prefill) {
-        let queries = heads(q.slice(s![offsets[i]..offsets[i + 1], ..]), QUERY_HEADS);
+    let options = layer_options(l);
+    let queries_of = |i: usize| heads(q.slice(s![offsets[i]..offsets[i + 1], ..]), QUERY_HEADS);
+    for (i, r) in batch.iter().enumerate() {
         let (k, v) = (r.keys[l].view(), r.values[l].view());
         let want = qkv::multi_head_attention(
-            queries.insert_axis(Axis(0)),
+            queries_of(i).insert_axis(Axis(0)),
             k.insert_axis(Axis(0)),
             v.insert_axis(Axis(0)),
-            &causal,
+            &options.dense(),
         )?;
         compare(out.slice(s![.., offsets[i]..offsets[i + 1], ..]), want.index_axis(Axis(0), 0));
     }
-    if decoding.is_empty() {
+    let decoding: Vec<usize> = (0..batch.len()).filter(|&i| !batch[i].prefill).collect();
+    if decoding.is_empty() || l % 2 == 1 {
         return Ok(difference);
     }
-    // A padded batch: each decoding sequence's keys, zeros past its length (never read).
+    // A padded batch: each decoding sequence's keys, zeros past its length (never read). One
+    // query at the end of its keys sees them all, so the key length is its only mask.
     let lengths: Vec<usize> = decoding.iter().map(|&i| batch[i].keys[l].shape()[1]).collect();
     let longest = lengths.iter().copied().max().unwrap_or(0);
     let mut k = Array4::zeros((decoding.len(), KV_HEADS, longest, HEAD_DIM));
@@ -267,12 +288,10 @@ fn dense_difference(
     for (b, &i) in decoding.iter().enumerate() {
         k.slice_mut(s![b, .., ..lengths[b], ..]).assign(&batch[i].keys[l]);
         v.slice_mut(s![b, .., ..lengths[b], ..]).assign(&batch[i].values[l]);
-        queries
-            .slice_mut(s![b, .., .., ..])
-            .assign(&heads(q.slice(s![offsets[i]..offsets[i + 1], ..]), QUERY_HEADS));
+        queries.slice_mut(s![b, .., .., ..]).assign(&queries_of(i));
     }
-    let options = AttentionOptions::new().key_lengths(&lengths);
-    let want = qkv::multi_head_attention(queries.view(), k.view(), v.view(), &options)?;
+    let padded = AttentionOptions::new().key_lengths(&lengths).logit_softcap(SOFTCAP);
+    let want = qkv::multi_head_attention(queries.view(), k.view(), v.view(), &padded)?;
     for (b, &i) in decoding.iter().enumerate() {
         compare(out.slice(s![.., offsets[i]..offsets[i + 1], ..]), want.index_axis(Axis(0), b));
     }
@@ -282,8 +301,9 @@ fn dense_difference(
 fn main() -> Result<(), AttentionError> {
     println!("qkv kernels: {}", qkv::simd_report());
     println!(
-        "{LAYERS} layers, {QUERY_HEADS} query heads over {KV_HEADS} key/value heads of {HEAD_DIM}; \
-         a system prompt of {SYSTEM_PROMPT} tokens shared by {} requests",
+        "{LAYERS} layers (global, then local over {WINDOW} positions; logits soft-capped at {SOFTCAP}), \
+         {QUERY_HEADS} query heads over {KV_HEADS} key/value heads of {HEAD_DIM}; a system prompt of \
+         {SYSTEM_PROMPT} tokens shared by {} requests",
         REQUESTS.len()
     );
     let (steps, tokens) = serve(3)?;

@@ -643,9 +643,13 @@ pub(crate) fn pack_key_panel<E: Element>(
         };
         match layout {
             Layout::Lanes => copy(&mut panel[lane..].iter_mut().step_by(width)),
-            Layout::Pairs => {
-                copy(&mut panel[2 * lane..].chunks_mut(2 * width).flat_map(|pair| &mut pair[..2]))
-            }
+            Layout::Pairs => match as_pairs(key.as_slice(), panel) {
+                // A pair of 16-bit components is one 32-bit unit: the lane layout of those.
+                Some((key, panel)) => {
+                    panel[lane..].iter_mut().step_by(width).zip(key).for_each(|(o, &x)| *o = x)
+                }
+                None => copy(&mut panel[2 * lane..].chunks_mut(2 * width).flat_map(|pair| &mut pair[..2])),
+            },
         }
     }
 }
@@ -670,10 +674,27 @@ pub(crate) fn write_key_lane<E: Element>(
 pub(crate) fn pack_value_pairs<E: Element>(v: ArrayView2<E>, stride: usize, out: &mut [E]) {
     for (j, row) in v.rows().into_iter().enumerate() {
         let pair = &mut out[j / 2 * 2 * stride..][..2 * stride];
-        for (o, &x) in pair[j % 2..].iter_mut().step_by(2).zip(row) {
-            *o = x;
+        match as_pairs(row.as_slice(), pair) {
+            // Contiguous 16-bit rows: each unit of the pair row takes its half of the 32 bits.
+            Some((row, pair)) => {
+                let (row, shift) = (wide::bytemuck::cast_slice::<u32, u16>(row), 16 * (j % 2));
+                let keep = !(0xffff_u32 << shift);
+                for (o, &x) in pair.iter_mut().zip(row) {
+                    *o = *o & keep | u32::from(x) << shift;
+                }
+            }
+            _ => pair[j % 2..].iter_mut().step_by(2).zip(row).for_each(|(o, &x)| *o = x),
         }
     }
+}
+
+/// `row` (16-bit elements, of even length) and `out` as 32-bit units, each holding a pair of
+/// elements, when both are 16-bit and aligned to 4 bytes (as rows of even width are); `None`
+/// otherwise.
+fn as_pairs<'a, E: Element>(row: Option<&'a [E]>, out: &'a mut [E]) -> Option<(&'a [u32], &'a mut [u32])> {
+    let row = row.filter(|row| size_of::<E>() == 2 && row.len() % 2 == 0)?;
+    let row = wide::bytemuck::try_cast_slice(row).ok()?;
+    Some((row, wide::bytemuck::try_cast_slice_mut(out).ok()?))
 }
 
 /// Packs value row `v_row` (`d_v` scalars) into the first `d_v` scalars of `out`.
@@ -710,8 +731,15 @@ pub(crate) fn pack_queries<T: Real, E: Element<Compute = T>>(
         let out: &mut [bf16] = &mut wide::bytemuck::cast_slice_mut(out)[..padded * depth];
         out.fill(bf16::ZERO);
         for (r, out) in out.chunks_exact_mut(depth).take(rows).enumerate() {
-            for (o, &x) in out.iter_mut().zip(q.row(first + r)) {
-                *o = bf16::from_f64(x.widen().to_f64_exact());
+            let row = q.row(first + r);
+            match row.as_slice() {
+                // bf16 rows (the only inputs the pair tiles take) are copied as they are.
+                Some(row) if std::any::TypeId::of::<E>() == std::any::TypeId::of::<bf16>() => {
+                    out[..d].copy_from_slice(wide::bytemuck::cast_slice(row));
+                }
+                _ => {
+                    out.iter_mut().zip(row).for_each(|(o, &x)| *o = bf16::from_f64(x.widen().to_f64_exact()))
+                }
             }
         }
         return scale;

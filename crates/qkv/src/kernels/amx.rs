@@ -305,7 +305,8 @@ unsafe fn accumulate_values(
     let o_stride = vectors * TILE;
     assert!(rows % TILE == 0 && o.len() >= rows * o_stride && stride >= o_stride);
     let o = &mut o[..rows * o_stride];
-    for (o, &a) in o.chunks_exact_mut(o_stride).zip(&alpha[..rows]) {
+    // A row whose maximum did not move (most rows, once a few key blocks are in) keeps its sums.
+    for (o, &a) in o.chunks_exact_mut(o_stride).zip(&alpha[..rows]).filter(|&(_, &a)| a != 1.0) {
         let a = _mm512_set1_ps(a);
         for x in o.chunks_exact_mut(TILE) {
             // SAFETY: the caller guarantees AVX-512F; `x` holds exactly 16 f32.
