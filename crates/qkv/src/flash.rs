@@ -230,6 +230,20 @@ enum Source<'p, E> {
     Stored(StoredKeys<'p, E>),
 }
 
+impl<E> Source<'_, E> {
+    /// Whether both are the same rows of the caller's (the same elements, as the heads of a
+    /// group share their key/value head), so that one packing serves both.
+    fn same_rows(&self, other: &Self) -> bool {
+        let same = |a: &ArrayView2<E>, b: &ArrayView2<E>| {
+            a.as_ptr() == b.as_ptr() && a.shape() == b.shape() && a.strides() == b.strides()
+        };
+        match (self, other) {
+            (Source::Rows { k, v }, Source::Rows { k: k2, v: v2 }) => same(k, k2) && same(v, v2),
+            _ => false,
+        }
+    }
+}
+
 /// One (sequence, key/value head)'s keys and values in fixed-size blocks of a pool: entry `b` of
 /// `table` is the pool block holding positions `b · block_size ..`, and each block holds this
 /// head's positions as [`CachedKeys`] of `block_size` keys (`block_size` a multiple of the
@@ -380,8 +394,19 @@ impl<T: Real, E: Element<Compute = T>> Job<E> for Attend<'_, '_, T, E> {
         let mut measured = Measured::nothing();
         if splits.iter().all(|splits| splits.count == 1) {
             let keys: Vec<Range<usize>> = splits.iter().map(|splits| splits.range(0)).collect();
-            let packed: Vec<Packed<E>> =
-                problems.iter().zip(&keys).map(|(p, keys)| p.packed::<K>(keys.clone())).collect();
+            // The query heads of a group read one key/value head: it is packed once for all.
+            let mut packed: Vec<Packed<E>> = Vec::new();
+            let mut packed_of: Vec<usize> = Vec::with_capacity(problems.len());
+            for (h, (p, range)) in problems.iter().zip(&keys).enumerate() {
+                let same = |g: &usize| problems[*g].source.same_rows(&p.source) && keys[*g] == *range;
+                match (0..h).find(same) {
+                    Some(earlier) => packed_of.push(packed_of[earlier]),
+                    None => {
+                        packed_of.push(packed.len());
+                        packed.push(p.packed::<K>(range.clone()));
+                    }
+                }
+            }
             // Under a causal mask block i's cost grows with i, so items are zig-zag pairs: block i
             // with block n-1-i, every pair costing about the same. Otherwise every block is an
             // item of its own, the finest split. Items are taken one at a time, so both cores stay
@@ -405,8 +430,14 @@ impl<T: Real, E: Element<Compute = T>> Job<E> for Attend<'_, '_, T, E> {
                 for (b, out_block) in item {
                     let rows = out_block.out.nrows();
                     let first = b * K::QUERY_BLOCK;
-                    let state =
-                        problems[h].attend_block(kernels, &packed[h], first, rows, keys[h].clone(), scratch);
+                    let state = problems[h].attend_block(
+                        kernels,
+                        &packed[packed_of[h]],
+                        first,
+                        rows,
+                        keys[h].clone(),
+                        scratch,
+                    );
                     state.write(out_block);
                     measured = measured.combine(state.measured);
                 }

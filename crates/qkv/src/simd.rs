@@ -33,7 +33,8 @@ pub enum SimdLevel {
     /// AMX-BF16 (x86-64, Intel since Sapphire Rapids): bf16 inputs multiplied on the tile unit,
     /// 16 × 16 sums at a time, with their weights rounded to bf16 before `P·V` (as PyTorch's and
     /// FlashAttention's bf16 kernels round them), and everything else at [`SimdLevel::Avx512`].
-    /// Needs AVX-512F, BW and BF16 too, and Linux to grant the process the tile state.
+    /// The tile unit reads bf16 subnormals (magnitudes below 2^-126) as zero. Needs AVX-512F, BW
+    /// and BF16 too, and Linux to grant the process the tile state.
     Amx,
 }
 
