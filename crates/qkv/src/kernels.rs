@@ -327,7 +327,9 @@ pub enum Layout {
     /// `[d / 2][KEY_PANEL][2]` (each key's components two by two, `d` padded to even with a
     /// zero), queries row after row as bf16 (`[rows][d]`, `d` padded alike, two to a scratch
     /// scalar) and not scaled, and value rows two by two (`[n / 2][stride][2]`: keys `2i` and
-    /// `2i + 1` interleaved, column by column, a zero row after an odd last one).
+    /// `2i + 1` interleaved, column by column, a zero row after an odd last one). The weights
+    /// `exp_rows` leaves for `accumulate_values` are bf16 at the start of each row of scores (two
+    /// to a scalar).
     Pairs,
 }
 

@@ -22,6 +22,7 @@ use std::sync::OnceLock;
 use half::bf16;
 
 use super::avx512::Avx512;
+use super::simd::exp_shifted;
 use super::{KEY_BLOCK, Kernels, Layout, Rows, RowsMut, ScoreTile, ValueRows, Weights};
 
 /// Proof that this CPU runs AMX-BF16 and AMX-TILE with AVX-512F, BW and BF16, and that the
@@ -288,8 +289,62 @@ unsafe fn scores(tile: ScoreTile<'_, f32, bf16>, group_keys: Option<&dyn Fn(usiz
     }
 }
 
-/// `O_r = α_r · O_r + Σ_j P[r, j] · V_j` for groups of 16 rows, the weights rounded to bf16 and
-/// the value rows in pairs (`[n / 2][stride][2]` bf16, see [`Layout::Pairs`]).
+/// The weights `exp(s - maxima[r])` of the first `len` scores of each row (a multiple of 16),
+/// rounded to bf16 and written over the start of the row (two to a scalar: the `A` operand of
+/// `P·V` as it lies), with each row's sum of the unrounded weights; a row whose maximum is `-inf`
+/// becomes zeros.
+///
+/// # Safety
+/// The CPU must run AVX-512F and AVX512-BF16.
+#[target_feature(enable = "avx512f,avx512bf16")]
+unsafe fn exp_rows(avx512: Avx512, rows: RowsMut<'_, f32>, len: usize, maxima: &[f32], sums: &mut [f32]) {
+    for r in 0..rows.rows {
+        let row = &mut rows.data[r * rows.stride..][..len];
+        let max = maxima[r];
+        if max == f32::NEG_INFINITY {
+            row[..len / 2].fill(0.0);
+            sums[r] = 0.0;
+            continue;
+        }
+        let shift = _mm512_set1_ps(max);
+        let mut sum = _mm512_setzero_ps();
+        // Each chunk is read whole before its weights are written, and they go to bytes no later
+        // than its own: the bf16 of scores `c ..` start at byte `2c`, the scores at `4c`.
+        for c in (0..len).step_by(2 * TILE) {
+            let whole = c + TILE < len;
+            let x = &row[c..][..if whole { 2 * TILE } else { TILE }];
+            // SAFETY: the caller guarantees AVX-512F and BF16; `x` holds the 32 (or 16) scalars
+            // loaded, and the 64 (or 32) bytes stored from byte `2c` lie inside the row's scalars
+            // from `c / 2`.
+            unsafe {
+                let low = exp_shifted::<f32, _>(avx512, _mm512_loadu_ps(x.as_ptr()), shift);
+                let high = if whole {
+                    Some(exp_shifted::<f32, _>(avx512, _mm512_loadu_ps(x[TILE..].as_ptr()), shift))
+                } else {
+                    None
+                };
+                let out = row.as_mut_ptr().cast::<bf16>().add(c);
+                sum = _mm512_add_ps(sum, low);
+                match high {
+                    Some(high) => {
+                        sum = _mm512_add_ps(sum, high);
+                        let rounded = _mm512_cvtne2ps_pbh(high, low);
+                        _mm512_storeu_si512(out.cast(), std::mem::transmute::<__m512bh, __m512i>(rounded));
+                    }
+                    None => {
+                        let rounded = _mm512_cvtneps_pbh(low);
+                        _mm256_storeu_si256(out.cast(), std::mem::transmute::<__m256bh, __m256i>(rounded));
+                    }
+                }
+            }
+        }
+        sums[r] = _mm512_reduce_add_ps(sum);
+    }
+}
+
+/// `O_r = α_r · O_r + Σ_j P[r, j] · V_j` for groups of 16 rows, the weights as [`exp_rows`]
+/// leaves them (bf16 at the start of each row of `KEY_BLOCK` scalars) and the value rows in
+/// pairs (`[n / 2][stride][2]` bf16, see [`Layout::Pairs`]).
 ///
 /// # Safety
 /// The CPU must run AMX-BF16 with the tile state granted, AVX-512F, BW and BF16.
@@ -318,29 +373,12 @@ unsafe fn accumulate_values(
     let paired = n_keys & !1;
     let (steps, tail) = (paired / TILE_DEPTH, paired % TILE_DEPTH);
     let v = &v[..n_keys.div_ceil(2) * 2 * stride];
-    let mut weights = [bf16::ZERO; TILE * KEY_BLOCK];
+    // Rows of `2 · KEY_BLOCK` bf16, each starting with its weights.
+    let p = as_bf16(&p[..rows * KEY_BLOCK]);
     for g in (0..rows).step_by(TILE) {
-        // The group's weights as bf16, rows of KEY_BLOCK.
-        for r in 0..TILE {
-            let row = &p[(g + r) * KEY_BLOCK..][..KEY_BLOCK];
-            let out = &mut weights[r * KEY_BLOCK..][..KEY_BLOCK];
-            for (x, out) in
-                row.chunks_exact(2 * TILE).zip(out.chunks_exact_mut(2 * TILE)).take(paired.div_ceil(32))
-            {
-                // SAFETY: the caller guarantees AVX512-BF16; `x` holds 32 f32 and `out` 32 bf16.
-                unsafe {
-                    let rounded =
-                        _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x[TILE..].as_ptr()), _mm512_loadu_ps(x.as_ptr()));
-                    _mm512_storeu_si512(
-                        out.as_mut_ptr().cast(),
-                        std::mem::transmute::<__m512bh, __m512i>(rounded),
-                    );
-                }
-            }
-        }
         let o = &mut o[g * o_stride..(g + TILE) * o_stride];
         // SAFETY: the caller guarantees AMX. The `A` loads read 16 rows of at most 64 bytes of
-        // `weights` (row stride `2 · KEY_BLOCK` bytes, from key `c < paired`); the `B` loads read
+        // `p` (rows `g ..`, `4 · KEY_BLOCK` bytes apart, from key `c < paired`); the `B` loads read
         // 16 (or `tail / 2`) pair rows of 64 bytes of `v` from pair `c / 2` at column `t · 16`
         // (`4 · stride` bytes apart, all below pair `paired / 2 <= v.len() / (2 · stride)`); the
         // sums read and write 16 rows of 16 f32 of `o` at column `t · 16 < o_stride`.
@@ -353,12 +391,12 @@ unsafe fn accumulate_values(
                 }
                 for step in 0..steps + usize::from(tail > 0) {
                     let c = step * TILE_DEPTH;
-                    let a = weights[c..].as_ptr();
+                    let a = p[2 * g * KEY_BLOCK + c..].as_ptr();
                     let whole = step < steps;
                     if whole {
-                        tile_load!("tmm4", a, 2 * KEY_BLOCK);
+                        tile_load!("tmm4", a, 4 * KEY_BLOCK);
                     } else {
-                        tile_load!("tmm6", a, 2 * KEY_BLOCK);
+                        tile_load!("tmm6", a, 4 * KEY_BLOCK);
                     }
                     for j in 0..count {
                         let b = v[c * stride + (first + j) * 2 * TILE..].as_ptr();
@@ -380,7 +418,7 @@ unsafe fn accumulate_values(
             // The odd last key: the even halves of its pair row, widened.
             let key_row = &v[paired * stride..][..2 * o_stride];
             for r in 0..TILE {
-                let weight = _mm512_set1_ps(p[(g + r) * KEY_BLOCK + paired]);
+                let weight = _mm512_set1_ps(p[2 * (g + r) * KEY_BLOCK + paired].to_f32());
                 let o = &mut o[r * o_stride..(r + 1) * o_stride];
                 for (x, pair) in o.chunks_exact_mut(TILE).zip(key_row.chunks_exact(2 * TILE)) {
                     // SAFETY: the caller guarantees AVX-512F; `x` holds 16 f32 and `pair` 32 bf16.
@@ -421,7 +459,8 @@ impl Kernels<f32, bf16> for Amx {
     }
 
     fn exp_rows(self, rows: RowsMut<'_, f32>, len: usize, maxima: &[f32], sums: &mut [f32]) {
-        Kernels::<f32, bf16>::exp_rows(self.0, rows, len, maxima, sums)
+        // SAFETY: `self` proves AVX-512F and BF16 (its `detect`).
+        unsafe { exp_rows(self.0, rows, len, maxima, sums) }
     }
 
     fn exp_differences(self, a: &[f32], b: &[f32], out: &mut [f32]) {

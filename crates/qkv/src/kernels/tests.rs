@@ -60,6 +60,52 @@ fn softmax_exp_is_within_its_stated_bound() {
     });
 }
 
+/// `exp_rows` of one level for inputs stored as `E`: each weight `exp(s - m)` (in f32, or rounded
+/// to bf16 at the start of the row for [`Layout::Pairs`]) and each row's sum of the unrounded
+/// weights, over rows of one to eight vectors (odd counts included) and a row that sees nothing.
+fn check_exp_rows<E: Element<Compute = f32>, K: Kernels<f32, E>>(kernels: K, level: SimdLevel) {
+    for vectors in [1, 3, 8] {
+        let (rows, len, stride) = (4, vectors * K::LANES, KEY_BLOCK);
+        let scores: Vec<f32> = (0..rows * stride).map(|i| ((i * 37) % 101) as f32 / 10.0 - 12.0).collect();
+        let maxima: Vec<f32> = (0..rows)
+            .map(|r| match r {
+                2 => f32::NEG_INFINITY,
+                _ => scores[r * stride..r * stride + len].iter().copied().fold(f32::NEG_INFINITY, f32::max),
+            })
+            .collect();
+        let mut data = scores.clone();
+        let mut sums = vec![f32::NAN; rows];
+        kernels.exp_rows(RowsMut { data: &mut data, stride, rows }, len, &maxima, &mut sums);
+        for r in 0..rows {
+            let ctx = format!("{level} {} row {r} of {len}", std::any::type_name::<E>());
+            let want: Vec<f64> = (0..len)
+                .map(|j| match r {
+                    2 => 0.0,
+                    _ => (f64::from(scores[r * stride + j]) - f64::from(maxima[r])).exp(),
+                })
+                .collect();
+            let (got, rounding): (Vec<f64>, f64) = match K::LAYOUT {
+                Layout::Lanes => (data[r * stride..][..len].iter().map(|&x| f64::from(x)).collect(), 0.0),
+                Layout::Pairs => {
+                    let row: &[half::bf16] = wide::bytemuck::cast_slice(&data[r * stride..][..len]);
+                    (row[..len].iter().map(|x| f64::from(x.to_f32())).collect(), 2f64.powi(-8))
+                }
+            };
+            for (j, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert!((g - w).abs() <= (1e-6 + rounding) * w, "{ctx}: weight {j} is {g}, want {w}");
+            }
+            let sum: f64 = want.iter().sum();
+            assert!((f64::from(sums[r]) - sum).abs() <= 1e-6 * sum, "{ctx}: sum {}, want {sum}", sums[r]);
+        }
+    }
+}
+
+#[test]
+fn exp_rows_give_each_weight_and_the_sums() {
+    each_level!(f32, |kernels: K, level| { check_exp_rows(kernels, level) });
+    each_level!(bf16, |kernels: K, level| { check_exp_rows(kernels, level) });
+}
+
 #[test]
 fn softmax_exp_of_hidden_and_tiny_scores_is_zero() {
     each_level!(f32, |kernels: K, level| {
@@ -157,8 +203,8 @@ fn pack_keys<E: Element>(k: &Array2<E>, width: usize, layout: Layout) -> Vec<E> 
 }
 
 /// The score and `P·V` tiles of one level for inputs stored as `E`, against plain f64 loops over
-/// the same (exactly representable) inputs. A level whose tiles round the weights to bf16
-/// ([`Layout::Pairs`]) is held to that rounding: half an ulp of 2^-8 on each weight.
+/// the same (exactly representable) inputs, and the weights as that level's `exp_rows` leaves
+/// them (rounded to bf16 for [`Layout::Pairs`]).
 fn check_score_and_value_tiles<E: Element<Compute = f32>, K: Kernels<f32, E>>(kernels: K, level: SimdLevel) {
     let stored = |a: Array2<f32>| a.mapv(|x| E::narrow(x));
     for (rows, n_keys, d, d_v) in [
@@ -231,24 +277,44 @@ fn check_score_and_value_tiles<E: Element<Compute = f32>, K: Kernels<f32, E>>(ke
                     .for_each(|x| *x = E::narrow(f32::NAN));
             }
         }
-        let rounding = if K::LAYOUT == Layout::Pairs { 2f64.powi(-8) } else { 0.0 };
+        // The weights as `accumulate_values` reads them: the scores themselves (f32), or the
+        // scores rounded to bf16 at the start of each row, as `exp_rows` leaves them.
+        let weights: Vec<f32> = match K::LAYOUT {
+            Layout::Lanes => s.clone(),
+            Layout::Pairs => {
+                let mut weights = vec![f32::NAN; s.len()];
+                for (row, out) in s.chunks_exact(s_stride).zip(weights.chunks_exact_mut(s_stride)) {
+                    let out: &mut [half::bf16] = wide::bytemuck::cast_slice_mut(out);
+                    for (o, &x) in out.iter_mut().zip(&row[..n_keys]) {
+                        *o = half::bf16::from_f32(x);
+                    }
+                }
+                weights
+            }
+        };
+        let weight = |i: usize, j: usize| match K::LAYOUT {
+            Layout::Lanes => f64::from(weights[i * s_stride + j]),
+            Layout::Pairs => {
+                f64::from(wide::bytemuck::cast_slice::<f32, half::bf16>(&weights)[2 * i * s_stride + j])
+            }
+        };
         // Whole groups, and for the lane levels rows left over (decoding); the pair levels take
         // whole tiles of rows only.
         let fewer = if K::LAYOUT == Layout::Lanes { rows.min(K::TILE_ROWS - 1).max(1) } else { padded };
         for rows in [padded, fewer] {
             let alpha: Vec<f32> = (0..rows).map(|r| 0.25 * r as f32).collect();
             let mut o = vec![1.0; rows * v_stride];
-            let weights = Weights { p: &s, rows, n_keys };
+            let tile = Weights { p: &weights, rows, n_keys };
             let value_rows = ValueRows { v: &values, stride: v_stride, vectors };
-            kernels.accumulate_values(weights, &alpha, value_rows, &mut o);
-            let p = Array2::from_shape_fn((rows, n_keys), |(i, j)| f64::from(s[i * s_stride + j]));
-            let v = wide(&v);
-            let size = p.mapv(f64::abs).dot(&v.mapv(f64::abs));
-            for ((i, c), w) in p.dot(&v).indexed_iter() {
+            kernels.accumulate_values(tile, &alpha, value_rows, &mut o);
+            let p = Array2::from_shape_fn((rows, n_keys), |(i, j)| weight(i, j));
+            for ((i, c), w) in p.dot(&wide(&v)).indexed_iter() {
                 let want = f64::from(alpha[i]) + w;
                 let got = f64::from(o[i * v_stride + c]);
-                let bound = 1e-3 * (1.0 + want.abs()) + rounding * size[(i, c)];
-                assert!((got - want).abs() <= bound, "{ctx}: O[{i}, {c}] = {got}, want {want}");
+                assert!(
+                    (got - want).abs() <= 1e-3 * (1.0 + want.abs()),
+                    "{ctx}: O[{i}, {c}] = {got}, want {want}"
+                );
             }
         }
     }
