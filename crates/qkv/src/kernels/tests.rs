@@ -87,7 +87,7 @@ fn check_exp_rows<E: Element<Compute = f32>, K: Kernels<f32, E>>(kernels: K, lev
             let (got, rounding): (Vec<f64>, f64) = match K::LAYOUT {
                 Layout::Lanes => (data[r * stride..][..len].iter().map(|&x| f64::from(x)).collect(), 0.0),
                 Layout::Pairs => {
-                    let row: &[half::bf16] = wide::bytemuck::cast_slice(&data[r * stride..][..len]);
+                    let row: &[bf16] = wide::bytemuck::cast_slice(&data[r * stride..][..len]);
                     (row[..len].iter().map(|x| f64::from(x.to_f32())).collect(), 2f64.powi(-8))
                 }
             };
@@ -284,9 +284,9 @@ fn check_score_and_value_tiles<E: Element<Compute = f32>, K: Kernels<f32, E>>(ke
             Layout::Pairs => {
                 let mut weights = vec![f32::NAN; s.len()];
                 for (row, out) in s.chunks_exact(s_stride).zip(weights.chunks_exact_mut(s_stride)) {
-                    let out: &mut [half::bf16] = wide::bytemuck::cast_slice_mut(out);
+                    let out: &mut [bf16] = wide::bytemuck::cast_slice_mut(out);
                     for (o, &x) in out.iter_mut().zip(&row[..n_keys]) {
-                        *o = half::bf16::from_f32(x);
+                        *o = bf16::from_f32(x);
                     }
                 }
                 weights
@@ -295,7 +295,7 @@ fn check_score_and_value_tiles<E: Element<Compute = f32>, K: Kernels<f32, E>>(ke
         let weight = |i: usize, j: usize| match K::LAYOUT {
             Layout::Lanes => f64::from(weights[i * s_stride + j]),
             Layout::Pairs => {
-                f64::from(wide::bytemuck::cast_slice::<f32, half::bf16>(&weights)[2 * i * s_stride + j])
+                f64::from(wide::bytemuck::cast_slice::<f32, bf16>(&weights)[2 * i * s_stride + j])
             }
         };
         // Whole groups, and for the lane levels rows left over (decoding); the pair levels take
