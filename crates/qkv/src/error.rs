@@ -478,7 +478,7 @@ pub enum AttentionError {
         why: &'static str,
     },
     /// A SIMD level name that is not one (from `QKV_SIMD`).
-    #[error("{value:?} is not a SIMD level: QKV_SIMD takes amx, avx512, avx2 or baseline")]
+    #[error("{value:?} is not a SIMD level: QKV_SIMD takes amx, avx512bf16, avx512, avx2 or baseline")]
     UnknownSimdLevel {
         /// The text given.
         value: String,

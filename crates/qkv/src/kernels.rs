@@ -32,6 +32,8 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 #[cfg(target_arch = "x86_64")]
+mod avx512bf16;
+#[cfg(target_arch = "x86_64")]
 mod x86;
 
 use std::convert::identity;
@@ -108,6 +110,8 @@ macro_rules! element {
                     #[cfg(target_arch = "x86_64")]
                     Isa::Amx($amx) => job.run($amx_kernels),
                     #[cfg(target_arch = "x86_64")]
+                    Isa::Avx512Bf16($amx) => job.run($amx_kernels),
+                    #[cfg(target_arch = "x86_64")]
                     Isa::Avx512(level) => job.run(level),
                     #[cfg(target_arch = "x86_64")]
                     Isa::Avx2(level) => job.run(level),
@@ -117,7 +121,8 @@ macro_rules! element {
         }
     };
 }
-// Only bf16 has tile kernels: the other types run the AMX level's vectors, AVX-512.
+// Only bf16 has pair kernels (the tiles, and AVX512-BF16's dot products): the other types run
+// those levels' vectors, AVX-512.
 element!(
     f32,
     wide::f32x16,
@@ -170,6 +175,9 @@ pub enum Isa {
     /// AMX-BF16 tiles for bf16 inputs, AVX-512 for the rest.
     #[cfg(target_arch = "x86_64")]
     Amx(amx::Amx),
+    /// AVX512-BF16 dot products for bf16 inputs, AVX-512 for the rest.
+    #[cfg(target_arch = "x86_64")]
+    Avx512Bf16(avx512bf16::Avx512Bf16),
     /// AVX-512F.
     #[cfg(target_arch = "x86_64")]
     Avx512(avx512::Avx512),
@@ -188,6 +196,8 @@ impl Isa {
             #[cfg(target_arch = "x86_64")]
             SimdLevel::Amx => amx::Amx::detect().map(Isa::Amx),
             #[cfg(target_arch = "x86_64")]
+            SimdLevel::Avx512Bf16 => avx512bf16::Avx512Bf16::detect().map(Isa::Avx512Bf16),
+            #[cfg(target_arch = "x86_64")]
             SimdLevel::Avx512 => avx512::Avx512::detect().map(Isa::Avx512),
             #[cfg(target_arch = "x86_64")]
             SimdLevel::Avx2 => avx2::Avx2::detect().map(Isa::Avx2),
@@ -197,13 +207,16 @@ impl Isa {
         }
     }
 
-    /// This level's vector kernels: itself, or AVX-512 for the AMX level. For the paths whose
-    /// layouts the tiles do not read: decoding (scores straight from key rows, values read once)
-    /// and the KV caches (keys written into panels a position at a time).
+    /// This level's vector kernels: itself, or AVX-512 for the pair levels (AMX, AVX512-BF16).
+    /// For the paths whose layouts the pair kernels do not read: decoding (scores straight from
+    /// key rows, values read once) and the KV caches (keys written into panels a position at a
+    /// time).
     pub(crate) fn vectors(self) -> Isa {
         match self {
             #[cfg(target_arch = "x86_64")]
             Isa::Amx(level) => Isa::Avx512(level.vectors()),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Bf16(level) => Isa::Avx512(level.vectors()),
             isa => isa,
         }
     }

@@ -30,6 +30,11 @@ pub enum SimdLevel {
     Avx2,
     /// AVX-512F (x86-64): 16 f32 lanes.
     Avx512,
+    /// AVX512-BF16 (x86-64: AMD Zen 4 and later, Intel since Cooper Lake): bf16 inputs multiplied
+    /// two by two in vector registers (`vdpbf16ps`), with their weights rounded to bf16 before
+    /// `P·V` as at [`SimdLevel::Amx`], and everything else at [`SimdLevel::Avx512`]. Reads bf16
+    /// subnormals as zero, as the instruction does. Needs AVX-512F and BW too.
+    Avx512Bf16,
     /// AMX-BF16 (x86-64, Intel since Sapphire Rapids): bf16 inputs multiplied on the tile unit,
     /// 16 × 16 sums at a time, with their weights rounded to bf16 before `P·V` (as PyTorch's and
     /// FlashAttention's bf16 kernels round them), and everything else at [`SimdLevel::Avx512`].
@@ -38,19 +43,23 @@ pub enum SimdLevel {
     Amx,
 }
 
-/// The environment variable that forces a level: `amx`, `avx512`, `avx2` or `baseline`.
+/// The environment variable that forces a level: `amx`, `avx512bf16`, `avx512`, `avx2` or
+/// `baseline`.
 pub(crate) const SIMD_VARIABLE: &str = "QKV_SIMD";
 
 impl SimdLevel {
     /// Every level, lowest first.
-    pub const ALL: [SimdLevel; 4] = [SimdLevel::Baseline, SimdLevel::Avx2, SimdLevel::Avx512, SimdLevel::Amx];
+    pub const ALL: [SimdLevel; 5] =
+        [SimdLevel::Baseline, SimdLevel::Avx2, SimdLevel::Avx512, SimdLevel::Avx512Bf16, SimdLevel::Amx];
 
-    /// The name `QKV_SIMD` and [`SimdLevel::from_str`] take: `baseline`, `avx2`, `avx512`, `amx`.
+    /// The name `QKV_SIMD` and [`SimdLevel::from_str`] take: `baseline`, `avx2`, `avx512`,
+    /// `avx512bf16`, `amx`.
     pub const fn name(self) -> &'static str {
         match self {
             SimdLevel::Baseline => "baseline",
             SimdLevel::Avx2 => "avx2",
             SimdLevel::Avx512 => "avx512",
+            SimdLevel::Avx512Bf16 => "avx512bf16",
             SimdLevel::Amx => "amx",
         }
     }
@@ -59,6 +68,7 @@ impl SimdLevel {
     pub const fn instructions(self) -> &'static str {
         match self {
             SimdLevel::Amx => "AMX-BF16+AVX-512",
+            SimdLevel::Avx512Bf16 => "AVX512-BF16",
             SimdLevel::Avx512 => "AVX-512F",
             SimdLevel::Avx2 => "AVX2+FMA",
             SimdLevel::Baseline if cfg!(target_arch = "x86_64") => "SSE2",

@@ -78,10 +78,11 @@ impl Half for half::f16 {}
 /// f32 (scores, softmax and `P·V` alike). The kernels widen each key and value as they load it,
 /// so a step bound by memory reads half the bytes of f32. Masks, bias and scale come in f32.
 ///
-/// At [`SimdLevel::Amx`](crate::SimdLevel::Amx) (chosen by default where the CPU has AMX) bf16
-/// inputs are multiplied on the tile unit instead: the scores are the same exact products summed
-/// in f32, but the weights are rounded to bf16 before `P·V`, as PyTorch's bf16 kernel rounds them,
-/// so an output may move by up to 2^-8 of the largest `|v|`. Ask for
+/// At [`SimdLevel::Amx`](crate::SimdLevel::Amx) and
+/// [`SimdLevel::Avx512Bf16`](crate::SimdLevel::Avx512Bf16) (chosen by default where the CPU has
+/// them) bf16 inputs are multiplied as bf16 instead: the scores are the same exact products
+/// summed in f32, but the weights are rounded to bf16 before `P·V`, as PyTorch's bf16 kernel
+/// rounds them, so an output may move by up to 2^-8 of the largest `|v|`. Ask for
 /// [`SimdLevel::Avx512`](crate::SimdLevel::Avx512) with
 /// [`AttentionOptions::simd`](crate::AttentionOptions::simd) to keep f32 weights.
 ///

@@ -22,13 +22,13 @@ use std::sync::OnceLock;
 use half::bf16;
 
 use super::avx512::Avx512;
-use super::simd::exp_shifted;
+use super::avx512bf16::{Avx512Bf16, add_odd_key, exp_rows};
 use super::{KEY_BLOCK, Kernels, Layout, Rows, RowsMut, ScoreTile, ValueRows, Weights};
 
 /// Proof that this CPU runs AMX-BF16 and AMX-TILE with AVX-512F, BW and BF16, and that the
 /// operating system gave this process the tile state: only [`Amx::detect`] makes one.
 #[derive(Debug, Clone, Copy)]
-pub struct Amx(Avx512);
+pub struct Amx(Avx512Bf16);
 
 /// Keys per score tile column block, and value columns per `P·V` tile: 16 f32 per tile row.
 const TILE: usize = 16;
@@ -43,18 +43,17 @@ impl Amx {
     /// the tiles).
     pub(crate) fn detect() -> Option<Amx> {
         static GRANTED: OnceLock<bool> = OnceLock::new();
-        let avx512 = Avx512::detect()?;
-        let vectors = is_x86_feature_detected!("avx512bw") && is_x86_feature_detected!("avx512bf16");
+        let vectors = Avx512Bf16::detect()?;
         // CPUID leaf 7, sub-leaf 0: EDX bit 22 is AMX-BF16, bit 24 AMX-TILE (the standard
         // library's detection of these is not stable yet).
         let edx = __cpuid_count(7, 0).edx;
         let tiles = edx & (1 << 22) != 0 && edx & (1 << 24) != 0;
-        (vectors && tiles && *GRANTED.get_or_init(request_tile_state)).then_some(Amx(avx512))
+        (tiles && *GRANTED.get_or_init(request_tile_state)).then_some(Amx(vectors))
     }
 
     /// The AVX-512 level this one runs its vector kernels at.
     pub(crate) fn vectors(self) -> Avx512 {
-        self.0
+        self.0.vectors()
     }
 }
 
@@ -289,59 +288,6 @@ unsafe fn scores(tile: ScoreTile<'_, f32, bf16>, group_keys: Option<&dyn Fn(usiz
     }
 }
 
-/// The weights `exp(s - maxima[r])` of the first `len` scores of each row (a multiple of 16),
-/// rounded to bf16 and written over the start of the row (two to a scalar: the `A` operand of
-/// `P·V` as it lies), with each row's sum of the unrounded weights; a row whose maximum is `-inf`
-/// becomes zeros.
-///
-/// # Safety
-/// The CPU must run AVX-512F and AVX512-BF16.
-#[target_feature(enable = "avx512f,avx512bf16")]
-unsafe fn exp_rows(avx512: Avx512, rows: RowsMut<'_, f32>, len: usize, maxima: &[f32], sums: &mut [f32]) {
-    for r in 0..rows.rows {
-        let row = &mut rows.data[r * rows.stride..][..len];
-        let max = maxima[r];
-        if max == f32::NEG_INFINITY {
-            row[..len / 2].fill(0.0);
-            sums[r] = 0.0;
-            continue;
-        }
-        let shift = _mm512_set1_ps(max);
-        let mut sum = _mm512_setzero_ps();
-        // Each chunk is read whole before its weights are written, and they go to bytes no later
-        // than its own: the bf16 of scores `c ..` start at byte `2c`, the scores at `4c`.
-        for c in (0..len).step_by(2 * TILE) {
-            let whole = c + TILE < len;
-            let x = &row[c..][..if whole { 2 * TILE } else { TILE }];
-            // SAFETY: the caller guarantees AVX-512F and BF16; `x` holds the 32 (or 16) scalars
-            // loaded, and the 64 (or 32) bytes stored from byte `2c` lie inside the row's scalars
-            // from `c / 2`.
-            unsafe {
-                let low = exp_shifted::<f32, _>(avx512, _mm512_loadu_ps(x.as_ptr()), shift);
-                let high = if whole {
-                    Some(exp_shifted::<f32, _>(avx512, _mm512_loadu_ps(x[TILE..].as_ptr()), shift))
-                } else {
-                    None
-                };
-                let out = row.as_mut_ptr().cast::<bf16>().add(c);
-                sum = _mm512_add_ps(sum, low);
-                match high {
-                    Some(high) => {
-                        sum = _mm512_add_ps(sum, high);
-                        let rounded = _mm512_cvtne2ps_pbh(high, low);
-                        _mm512_storeu_si512(out.cast(), std::mem::transmute::<__m512bh, __m512i>(rounded));
-                    }
-                    None => {
-                        let rounded = _mm512_cvtneps_pbh(low);
-                        _mm256_storeu_si256(out.cast(), std::mem::transmute::<__m256bh, __m256i>(rounded));
-                    }
-                }
-            }
-        }
-        sums[r] = _mm512_reduce_add_ps(sum);
-    }
-}
-
 /// `O_r = α_r · O_r + Σ_j P[r, j] · V_j` for groups of 16 rows, the weights as [`exp_rows`]
 /// leaves them (bf16 at the start of each row of `KEY_BLOCK` scalars) and the value rows in
 /// pairs (`[n / 2][stride][2]` bf16, see [`Layout::Pairs`]).
@@ -415,20 +361,11 @@ unsafe fn accumulate_values(
             }
         }
         if paired < n_keys {
-            // The odd last key: the even halves of its pair row, widened.
             let key_row = &v[paired * stride..][..2 * o_stride];
             for r in 0..TILE {
-                let weight = _mm512_set1_ps(p[2 * (g + r) * KEY_BLOCK + paired].to_f32());
-                let o = &mut o[r * o_stride..(r + 1) * o_stride];
-                for (x, pair) in o.chunks_exact_mut(TILE).zip(key_row.chunks_exact(2 * TILE)) {
-                    // SAFETY: the caller guarantees AVX-512F; `x` holds 16 f32 and `pair` 32 bf16.
-                    unsafe {
-                        let bits = _mm512_loadu_si512(pair.as_ptr().cast());
-                        let value = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(bits));
-                        let sum = _mm512_fmadd_ps(weight, value, _mm512_loadu_ps(x.as_ptr()));
-                        _mm512_storeu_ps(x.as_mut_ptr(), sum);
-                    }
-                }
+                let weight = p[2 * (g + r) * KEY_BLOCK + paired].to_f32();
+                // SAFETY: the caller guarantees AVX-512F.
+                unsafe { add_odd_key(weight, key_row, &mut o[r * o_stride..(r + 1) * o_stride]) };
             }
         }
     }
@@ -447,24 +384,24 @@ impl Kernels<f32, bf16> for Amx {
     }
 
     fn direct_scores(self, q: &[f32], rows: usize, keys: &[bf16], d: usize, s: &mut [f32]) -> f32 {
-        self.0.direct_scores(q, rows, keys, d, s)
+        self.vectors().direct_scores(q, rows, keys, d, s)
     }
 
     fn magnitude(self, x: &[bf16]) -> f32 {
-        Kernels::<f32, bf16>::magnitude(self.0, x)
+        Kernels::<f32, bf16>::magnitude(self.vectors(), x)
     }
 
     fn row_maxima(self, rows: Rows<'_, f32>, len: usize, out: &mut [f32]) {
-        Kernels::<f32, bf16>::row_maxima(self.0, rows, len, out)
+        Kernels::<f32, bf16>::row_maxima(self.vectors(), rows, len, out)
     }
 
     fn exp_rows(self, rows: RowsMut<'_, f32>, len: usize, maxima: &[f32], sums: &mut [f32]) {
         // SAFETY: `self` proves AVX-512F and BF16 (its `detect`).
-        unsafe { exp_rows(self.0, rows, len, maxima, sums) }
+        unsafe { exp_rows(self.vectors(), rows, len, maxima, sums) }
     }
 
     fn exp_differences(self, a: &[f32], b: &[f32], out: &mut [f32]) {
-        Kernels::<f32, bf16>::exp_differences(self.0, a, b, out)
+        Kernels::<f32, bf16>::exp_differences(self.vectors(), a, b, out)
     }
 
     fn accumulate_values(
@@ -483,6 +420,6 @@ impl Kernels<f32, bf16> for Amx {
     }
 
     fn softmax_gradient(self, p: Rows<'_, f32>, dp: RowsMut<'_, f32>, len: usize, delta: &[f32]) {
-        Kernels::<f32, bf16>::softmax_gradient(self.0, p, dp, len, delta)
+        Kernels::<f32, bf16>::softmax_gradient(self.vectors(), p, dp, len, delta)
     }
 }

@@ -146,12 +146,13 @@ pub fn assert_close<T: Real>(what: &str, got: &Array2<T>, want: &Array2<f64>, bo
 pub const F32_TOLERANCE: f64 = 2e-5;
 
 /// How far `level` may move an output of inputs stored as `storage` (`"bf16"`, …) whose values
-/// reach `max_value`, beyond f32 arithmetic on the widened inputs: the AMX tiles round each
-/// weight to bf16 before `P·V` (unit roundoff 2^-8), and since the weights sum to 1 that moves
-/// an output by at most 2^-8 of the largest value. 0 for every other level and type, whose
-/// results are the f32 path's bit for bit.
+/// reach `max_value`, beyond f32 arithmetic on the widened inputs: the levels that multiply bf16
+/// (AMX, AVX512-BF16) round each weight to bf16 before `P·V` (unit roundoff 2^-8), and since the
+/// weights sum to 1 that moves an output by at most 2^-8 of the largest value. 0 for every other
+/// level and type, whose results are the f32 path's bit for bit.
 pub fn weight_rounding(level: SimdLevel, storage: &str, max_value: f64) -> f64 {
-    if level == SimdLevel::Amx && storage == "bf16" { 2f64.powi(-8) * max_value } else { 0.0 }
+    let pairs = matches!(level, SimdLevel::Amx | SimdLevel::Avx512Bf16);
+    if pairs && storage == "bf16" { 2f64.powi(-8) * max_value } else { 0.0 }
 }
 
 /// `bound` of [`assert_close`] for f32 results, widened by `rounding` (see [`weight_rounding`]).

@@ -82,7 +82,7 @@ fn qkv_simd_with_a_bad_name_fails_every_call_clearly() {
 #[test]
 #[ignore = "run by qkv_simd_with_a_bad_name_fails_every_call_clearly with QKV_SIMD=sse9"]
 fn child_bad_name() {
-    let expected = "\"sse9\" is not a SIMD level: QKV_SIMD takes amx, avx512, avx2 or baseline";
+    let expected = "\"sse9\" is not a SIMD level: QKV_SIMD takes amx, avx512bf16, avx512, avx2 or baseline";
     assert_eq!(SimdLevel::dispatched().unwrap_err().to_string(), expected);
     assert_eq!(qkv::simd_report(), format!("no level: {expected}"));
     let (q, k, v) = small_problem();

@@ -1,0 +1,376 @@
+//! The AVX512-BF16 level: bf16 inputs multiplied two by two in vector registers (`vdpbf16ps`:
+//! each f32 lane adds the products of a pair of bf16), for CPUs with AVX512-BF16 and no tile
+//! unit (AMD Zen 4 and later; Intel since Cooper Lake). The layouts are the AMX level's
+//! ([`Layout::Pairs`]): a pair row of a key panel (16 keys × 2 components) is one register, and
+//! so is a pair row of 16 value columns; a query's or a weight's pair is one 32-bit broadcast.
+//! The weights are rounded to bf16 before `P·V` as at the AMX level; everything between the
+//! products is the AVX-512 level's code, and every other element type runs AVX-512 here.
+
+use std::arch::x86_64::*;
+
+use half::bf16;
+
+use super::avx512::Avx512;
+use super::simd::exp_shifted;
+use super::{KEY_BLOCK, Kernels, Layout, Rows, RowsMut, ScoreTile, ValueRows, Weights};
+
+/// Proof that this CPU runs AVX-512F, BW and BF16: only [`Avx512Bf16::detect`] makes one.
+#[derive(Debug, Clone, Copy)]
+pub struct Avx512Bf16(Avx512);
+
+/// f32 lanes per register, keys per panel, value columns per register.
+const LANES: usize = 16;
+/// Query rows per register tile, of scores and of `P·V` alike.
+const ROWS: usize = 6;
+/// Key panels (or value vectors) per register tile: 6 × 4 sums, 4 operands and a broadcast
+/// fill 29 of the 32 registers.
+const PANELS: usize = 4;
+
+impl Avx512Bf16 {
+    /// `Some` if the CPU has AVX-512F, BW and BF16 (`is_x86_feature_detected!`).
+    pub(crate) fn detect() -> Option<Avx512Bf16> {
+        let avx512 = Avx512::detect()?;
+        (is_x86_feature_detected!("avx512bw") && is_x86_feature_detected!("avx512bf16"))
+            .then_some(Avx512Bf16(avx512))
+    }
+
+    /// The AVX-512 level this one runs its other kernels at.
+    pub(crate) fn vectors(self) -> Avx512 {
+        self.0
+    }
+}
+
+/// Scalars of f32 storage as 32-bit units, each a pair of bf16 (the first in the low half).
+fn pairs(scalars: &[f32]) -> &[u32] {
+    wide::bytemuck::cast_slice(scalars)
+}
+
+/// `S = scale · Q·Kᵀ` for groups of [`ROWS`] packed query rows (bf16, `[rows][d_even]`) against
+/// panels of 16 keys (`[d_even / 2][16][2]`), [`PANELS`] at a time, with the lane-wise row maxima.
+///
+/// # Safety
+/// The CPU must run AVX-512F and AVX512-BF16.
+#[target_feature(enable = "avx512f,avx512bf16")]
+unsafe fn scores(tile: ScoreTile<'_, f32, bf16>, group_keys: Option<&dyn Fn(usize) -> usize>) {
+    let ScoreTile { q, d, rows, keys, panels, s, row_max, scale } = tile;
+    let half_depth = Layout::Pairs.padded_dim(d) / 2;
+    let q = &pairs(q)[..rows * half_depth];
+    let panel_len = LANES * 2 * half_depth;
+    let keys = &keys[..panels * panel_len];
+    assert!(rows % ROWS == 0);
+    row_max[..rows * LANES].fill(f32::NEG_INFINITY);
+    for g in (0..rows).step_by(ROWS) {
+        let needed = match group_keys {
+            Some(keys) => keys(g).div_ceil(LANES).min(panels),
+            None => panels,
+        };
+        for first in (0..needed).step_by(PANELS) {
+            let group =
+                ScoreGroup { q: &q[g * half_depth..], half_depth, keys: &keys[first * panel_len..], scale };
+            let s = &mut s[g * KEY_BLOCK + first * LANES..];
+            let row_max = &mut row_max[g * LANES..];
+            // SAFETY: the caller guarantees the features.
+            unsafe {
+                match needed - first {
+                    1 => group.run::<1>(s, row_max),
+                    2 => group.run::<2>(s, row_max),
+                    3 => group.run::<3>(s, row_max),
+                    _ => group.run::<PANELS>(s, row_max),
+                }
+            }
+        }
+    }
+}
+
+/// [`ROWS`] query rows against some key panels.
+struct ScoreGroup<'a> {
+    /// The rows' components two by two, `half_depth` pairs per row.
+    q: &'a [u32],
+    half_depth: usize,
+    /// The panels, from the first of the tile.
+    keys: &'a [bf16],
+    scale: f32,
+}
+
+impl ScoreGroup<'_> {
+    /// The scores of `NV` panels, stored at `s` (rows of `KEY_BLOCK`) and folded into the rows'
+    /// maxima.
+    ///
+    /// # Safety
+    /// The CPU must run AVX-512F and AVX512-BF16.
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    unsafe fn run<const NV: usize>(&self, s: &mut [f32], row_max: &mut [f32]) {
+        let panel_len = LANES * 2 * self.half_depth;
+        let keys = &self.keys[..NV * panel_len];
+        let q = &self.q[..ROWS * self.half_depth];
+        let mut acc = [[_mm512_setzero_ps(); NV]; ROWS];
+        for i in 0..self.half_depth {
+            // SAFETY: the caller guarantees the features; each load reads the 32 bf16 of pair
+            // row `i` of panel `v`, inside `keys`.
+            unsafe {
+                let k: [__m512bh; NV] = std::array::from_fn(|v| {
+                    let pair_row = &keys[v * panel_len + i * 2 * LANES..][..2 * LANES];
+                    std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(pair_row.as_ptr().cast()))
+                });
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let x = std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi32(
+                        q[r * self.half_depth + i] as i32,
+                    ));
+                    for (acc, &k) in acc.iter_mut().zip(&k) {
+                        *acc = _mm512_dpbf16_ps(*acc, x, k);
+                    }
+                }
+            }
+        }
+        let factor = _mm512_set1_ps(self.scale);
+        for (r, acc) in acc.iter().enumerate() {
+            let row = &mut s[r * KEY_BLOCK..][..NV * LANES];
+            let max = &mut row_max[r * LANES..][..LANES];
+            // SAFETY: the caller guarantees AVX-512F; `row` holds `NV` vectors and `max` one.
+            unsafe {
+                let mut m = _mm512_loadu_ps(max.as_ptr());
+                for (v, &x) in acc.iter().enumerate() {
+                    let scaled = _mm512_mul_ps(x, factor);
+                    _mm512_storeu_ps(row[v * LANES..].as_mut_ptr(), scaled);
+                    m = _mm512_max_ps(m, scaled);
+                }
+                _mm512_storeu_ps(max.as_mut_ptr(), m);
+            }
+        }
+    }
+}
+
+/// The weights `exp(s - maxima[r])` of the first `len` scores of each row (a multiple of 16),
+/// rounded to bf16 and written over the start of the row (two to a scalar: the pairs `P·V`
+/// broadcasts, and the AMX level's `A` operand as it lies), with each row's sum of the
+/// unrounded weights; a row whose maximum is `-inf` becomes zeros. The pair levels' `exp_rows`.
+///
+/// # Safety
+/// The CPU must run AVX-512F and AVX512-BF16 (the token proves AVX-512F).
+#[target_feature(enable = "avx512f,avx512bf16")]
+pub(super) unsafe fn exp_rows(
+    avx512: Avx512,
+    rows: RowsMut<'_, f32>,
+    len: usize,
+    maxima: &[f32],
+    sums: &mut [f32],
+) {
+    for r in 0..rows.rows {
+        let row = &mut rows.data[r * rows.stride..][..len];
+        let max = maxima[r];
+        if max == f32::NEG_INFINITY {
+            row[..len / 2].fill(0.0);
+            sums[r] = 0.0;
+            continue;
+        }
+        let shift = _mm512_set1_ps(max);
+        let mut sum = _mm512_setzero_ps();
+        // Each chunk is read whole before its weights are written, and they go to bytes no later
+        // than its own: the bf16 of scores `c ..` start at byte `2c`, the scores at `4c`.
+        for c in (0..len).step_by(2 * LANES) {
+            let whole = c + LANES < len;
+            let x = &row[c..][..if whole { 2 * LANES } else { LANES }];
+            // SAFETY: the caller guarantees AVX-512F and BF16; `x` holds the 32 (or 16) scalars
+            // loaded, and the 64 (or 32) bytes stored from byte `2c` lie inside the row's scalars
+            // from `c / 2`.
+            unsafe {
+                let low = exp_shifted::<f32, _>(avx512, _mm512_loadu_ps(x.as_ptr()), shift);
+                let high = if whole {
+                    Some(exp_shifted::<f32, _>(avx512, _mm512_loadu_ps(x[LANES..].as_ptr()), shift))
+                } else {
+                    None
+                };
+                let out = row.as_mut_ptr().cast::<bf16>().add(c);
+                sum = _mm512_add_ps(sum, low);
+                match high {
+                    Some(high) => {
+                        sum = _mm512_add_ps(sum, high);
+                        let rounded = _mm512_cvtne2ps_pbh(high, low);
+                        _mm512_storeu_si512(out.cast(), std::mem::transmute::<__m512bh, __m512i>(rounded));
+                    }
+                    None => {
+                        let rounded = _mm512_cvtneps_pbh(low);
+                        _mm256_storeu_si256(out.cast(), std::mem::transmute::<__m256bh, __m256i>(rounded));
+                    }
+                }
+            }
+        }
+        sums[r] = _mm512_reduce_add_ps(sum);
+    }
+}
+
+/// Adds `weight · V_j` to one output row `o` for an odd last key `j` of a tile, whose pair row
+/// `key_row` (`2 · o.len()` bf16) holds it in its even halves: the other half, a key no query of
+/// the tile may see, is never read. For the pair levels' `P·V`.
+///
+/// # Safety
+/// The CPU must run AVX-512F.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn add_odd_key(weight: f32, key_row: &[bf16], o: &mut [f32]) {
+    let weight = _mm512_set1_ps(weight);
+    for (x, pair) in o.chunks_exact_mut(LANES).zip(key_row.chunks_exact(2 * LANES)) {
+        // SAFETY: the caller guarantees AVX-512F; `x` holds 16 f32 and `pair` 32 bf16.
+        unsafe {
+            let bits = _mm512_loadu_si512(pair.as_ptr().cast());
+            let value = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(bits));
+            _mm512_storeu_ps(x.as_mut_ptr(), _mm512_fmadd_ps(weight, value, _mm512_loadu_ps(x.as_ptr())));
+        }
+    }
+}
+
+/// `O_r = α_r · O_r + Σ_j P[r, j] · V_j` for groups of [`ROWS`] rows, the weights as
+/// [`exp_rows`] leaves them and the value rows in pairs.
+///
+/// # Safety
+/// The CPU must run AVX-512F and AVX512-BF16.
+#[target_feature(enable = "avx512f,avx512bf16")]
+unsafe fn accumulate_values(
+    weights: Weights<'_, f32>,
+    alpha: &[f32],
+    values: ValueRows<'_, bf16>,
+    o: &mut [f32],
+) {
+    let Weights { p, rows, n_keys } = weights;
+    let ValueRows { v, stride, vectors } = values;
+    let o_stride = vectors * LANES;
+    assert!(rows % ROWS == 0 && o.len() >= rows * o_stride && stride >= o_stride);
+    let paired = n_keys & !1;
+    let v = &v[..n_keys.div_ceil(2) * 2 * stride];
+    let p = &pairs(&p[..rows * KEY_BLOCK]);
+    for g in (0..rows).step_by(ROWS) {
+        let o = &mut o[g * o_stride..(g + ROWS) * o_stride];
+        for first in (0..vectors).step_by(PANELS) {
+            let tile = ValueGroup {
+                p: &p[g * KEY_BLOCK..],
+                alpha: &alpha[g..g + ROWS],
+                v,
+                stride,
+                pairs: paired / 2,
+            };
+            let o = &mut o[first * LANES..];
+            // SAFETY: the caller guarantees the features.
+            unsafe {
+                match vectors - first {
+                    1 => tile.run::<1>(first, o, o_stride),
+                    2 => tile.run::<2>(first, o, o_stride),
+                    3 => tile.run::<3>(first, o, o_stride),
+                    _ => tile.run::<PANELS>(first, o, o_stride),
+                }
+            }
+        }
+        if paired < n_keys {
+            let key_row = &v[paired * stride..][..2 * o_stride];
+            for r in 0..ROWS {
+                let weight = bf16::from_bits((p[(g + r) * KEY_BLOCK + paired / 2] & 0xffff) as u16).to_f32();
+                // SAFETY: the caller guarantees AVX-512F.
+                unsafe { add_odd_key(weight, key_row, &mut o[r * o_stride..(r + 1) * o_stride]) };
+            }
+        }
+    }
+}
+
+/// [`ROWS`] rows of weights (pairs, rows of `KEY_BLOCK` units) against some value columns.
+struct ValueGroup<'a> {
+    p: &'a [u32],
+    alpha: &'a [f32],
+    v: &'a [bf16],
+    stride: usize,
+    /// Pairs of keys to add.
+    pairs: usize,
+}
+
+impl ValueGroup<'_> {
+    /// `NC` vectors of columns from vector `first`: the rows of `o` (`o_stride` apart, from that
+    /// column) rescaled, the pairs added, stored back.
+    ///
+    /// # Safety
+    /// The CPU must run AVX-512F and AVX512-BF16.
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    unsafe fn run<const NC: usize>(&self, first: usize, o: &mut [f32], o_stride: usize) {
+        // SAFETY: the caller guarantees the features; the loads and stores are of 16 f32 inside
+        // the rows of `o`, and of 32 bf16 inside pair row `i < pairs` of `v` (columns
+        // `first · 16 ..`, inside its `2 · stride`); the weights' pairs are inside their rows.
+        unsafe {
+            let mut acc: [[__m512; NC]; ROWS] = std::array::from_fn(|r| {
+                let a = _mm512_set1_ps(self.alpha[r]);
+                std::array::from_fn(|c| {
+                    _mm512_mul_ps(a, _mm512_loadu_ps(o[r * o_stride + c * LANES..][..LANES].as_ptr()))
+                })
+            });
+            for i in 0..self.pairs {
+                let pair_row = &self.v[i * 2 * self.stride + first * 2 * LANES..][..NC * 2 * LANES];
+                let values: [__m512bh; NC] = std::array::from_fn(|c| {
+                    std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(
+                        pair_row[c * 2 * LANES..].as_ptr().cast(),
+                    ))
+                });
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let w = std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi32(
+                        self.p[r * KEY_BLOCK + i] as i32,
+                    ));
+                    for (acc, &x) in acc.iter_mut().zip(&values) {
+                        *acc = _mm512_dpbf16_ps(*acc, w, x);
+                    }
+                }
+            }
+            for (r, acc) in acc.iter().enumerate() {
+                for (c, &x) in acc.iter().enumerate() {
+                    _mm512_storeu_ps(o[r * o_stride + c * LANES..][..LANES].as_mut_ptr(), x);
+                }
+            }
+        }
+    }
+}
+
+impl Kernels<f32, bf16> for Avx512Bf16 {
+    const LANES: usize = LANES;
+    const KEY_PANEL: usize = LANES;
+    const TILE_ROWS: usize = ROWS;
+    const QUERY_BLOCK: usize = 48;
+    const LAYOUT: Layout = Layout::Pairs;
+
+    fn scores(self, tile: ScoreTile<'_, f32, bf16>, group_keys: Option<&dyn Fn(usize) -> usize>) {
+        // SAFETY: `self` proves AVX-512F and BF16 (its `detect`).
+        unsafe { scores(tile, group_keys) }
+    }
+
+    fn direct_scores(self, q: &[f32], rows: usize, keys: &[bf16], d: usize, s: &mut [f32]) -> f32 {
+        self.0.direct_scores(q, rows, keys, d, s)
+    }
+
+    fn magnitude(self, x: &[bf16]) -> f32 {
+        Kernels::<f32, bf16>::magnitude(self.0, x)
+    }
+
+    fn row_maxima(self, rows: Rows<'_, f32>, len: usize, out: &mut [f32]) {
+        Kernels::<f32, bf16>::row_maxima(self.0, rows, len, out)
+    }
+
+    fn exp_rows(self, rows: RowsMut<'_, f32>, len: usize, maxima: &[f32], sums: &mut [f32]) {
+        // SAFETY: `self` proves AVX-512F and BF16 (its `detect`).
+        unsafe { exp_rows(self.0, rows, len, maxima, sums) }
+    }
+
+    fn exp_differences(self, a: &[f32], b: &[f32], out: &mut [f32]) {
+        Kernels::<f32, bf16>::exp_differences(self.0, a, b, out)
+    }
+
+    fn accumulate_values(
+        self,
+        weights: Weights<'_, f32>,
+        alpha: &[f32],
+        values: ValueRows<'_, bf16>,
+        o: &mut [f32],
+    ) {
+        // SAFETY: `self` proves AVX-512F and BF16 (its `detect`).
+        unsafe { accumulate_values(weights, alpha, values, o) }
+    }
+
+    fn accumulate_transposed(self, _: Weights<'_, f32>, _: ValueRows<'_, bf16>, _: &mut [f32]) {
+        unreachable!("the backward computes from f32 and f64 inputs, never at the bf16 pair levels")
+    }
+
+    fn softmax_gradient(self, p: Rows<'_, f32>, dp: RowsMut<'_, f32>, len: usize, delta: &[f32]) {
+        Kernels::<f32, bf16>::softmax_gradient(self.0, p, dp, len, delta)
+    }
+}
