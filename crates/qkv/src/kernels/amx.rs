@@ -22,8 +22,8 @@ use std::sync::OnceLock;
 use half::bf16;
 
 use super::avx512::Avx512;
-use super::avx512bf16::{Avx512Bf16, add_odd_key, exp_rows};
-use super::{KEY_BLOCK, Kernels, Layout, Rows, RowsMut, ScoreTile, ValueRows, Weights};
+use super::avx512bf16::{Avx512Bf16, add_odd_key, pair_level_kernels};
+use super::{KEY_BLOCK, Layout, ScoreTile, ValueRows, Weights};
 
 /// Proof that this CPU runs AMX-BF16 and AMX-TILE with AVX-512F, BW and BF16, and that the
 /// operating system gave this process the tile state: only [`Amx::detect`] makes one.
@@ -371,55 +371,6 @@ unsafe fn accumulate_values(
     }
 }
 
-impl Kernels<f32, bf16> for Amx {
-    const LANES: usize = TILE;
-    const KEY_PANEL: usize = TILE;
-    const TILE_ROWS: usize = TILE;
-    const QUERY_BLOCK: usize = 64;
-    const LAYOUT: Layout = Layout::Pairs;
-
-    fn scores(self, tile: ScoreTile<'_, f32, bf16>, group_keys: Option<&dyn Fn(usize) -> usize>) {
-        // SAFETY: `self` proves AMX and AVX-512F (its `detect`).
-        unsafe { scores(tile, group_keys) }
-    }
-
-    fn direct_scores(self, q: &[f32], rows: usize, keys: &[bf16], d: usize, s: &mut [f32]) -> f32 {
-        self.vectors().direct_scores(q, rows, keys, d, s)
-    }
-
-    fn magnitude(self, x: &[bf16]) -> f32 {
-        Kernels::<f32, bf16>::magnitude(self.vectors(), x)
-    }
-
-    fn row_maxima(self, rows: Rows<'_, f32>, len: usize, out: &mut [f32]) {
-        Kernels::<f32, bf16>::row_maxima(self.vectors(), rows, len, out)
-    }
-
-    fn exp_rows(self, rows: RowsMut<'_, f32>, len: usize, maxima: &[f32], sums: &mut [f32]) {
-        // SAFETY: `self` proves AVX-512F and BF16 (its `detect`).
-        unsafe { exp_rows(self.vectors(), rows, len, maxima, sums) }
-    }
-
-    fn exp_differences(self, a: &[f32], b: &[f32], out: &mut [f32]) {
-        Kernels::<f32, bf16>::exp_differences(self.vectors(), a, b, out)
-    }
-
-    fn accumulate_values(
-        self,
-        weights: Weights<'_, f32>,
-        alpha: &[f32],
-        values: ValueRows<'_, bf16>,
-        o: &mut [f32],
-    ) {
-        // SAFETY: `self` proves AMX, AVX-512F, BW and BF16 (its `detect`).
-        unsafe { accumulate_values(weights, alpha, values, o) }
-    }
-
-    fn accumulate_transposed(self, _: Weights<'_, f32>, _: ValueRows<'_, bf16>, _: &mut [f32]) {
-        unreachable!("the backward computes from f32 and f64 inputs, never at the bf16 tiles")
-    }
-
-    fn softmax_gradient(self, p: Rows<'_, f32>, dp: RowsMut<'_, f32>, len: usize, delta: &[f32]) {
-        Kernels::<f32, bf16>::softmax_gradient(self.vectors(), p, dp, len, delta)
-    }
-}
+// 16 rows per tile; blocks of 64 rows, four tiles of rows over each key block.
+pair_level_kernels!(Amx, tile_rows = TILE, query_block = 64;
+    scores = scores, accumulate_values = accumulate_values);

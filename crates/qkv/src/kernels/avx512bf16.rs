@@ -12,7 +12,7 @@ use half::bf16;
 
 use super::avx512::Avx512;
 use super::simd::exp_shifted;
-use super::{KEY_BLOCK, Kernels, Layout, Rows, RowsMut, ScoreTile, ValueRows, Weights};
+use super::{KEY_BLOCK, Layout, RowsMut, ScoreTile, ValueRows, Weights};
 
 /// Proof that this CPU runs AVX-512F, BW and BF16: only [`Avx512Bf16::detect`] makes one.
 #[derive(Debug, Clone, Copy)]
@@ -322,55 +322,103 @@ impl ValueGroup<'_> {
     }
 }
 
-impl Kernels<f32, bf16> for Avx512Bf16 {
-    const LANES: usize = LANES;
-    const KEY_PANEL: usize = LANES;
-    const TILE_ROWS: usize = ROWS;
-    const QUERY_BLOCK: usize = 48;
-    const LAYOUT: Layout = Layout::Pairs;
+/// Implements `Kernels<f32, bf16>` for a pair level (`$token`, with a `vectors()` AVX-512 token):
+/// its own `scores` and `accumulate_values` (unsafe functions needing the level's features,
+/// which the token proves), the pair levels' `exp_rows`, and AVX-512's kernels for the rest.
+macro_rules! pair_level_kernels {
+    (
+        $token:ty, tile_rows = $tile_rows:expr, query_block = $query_block:expr;
+        scores = $scores:path, accumulate_values = $accumulate_values:path
+    ) => {
+        impl $crate::kernels::Kernels<f32, half::bf16> for $token {
+            const LANES: usize = 16;
+            const KEY_PANEL: usize = 16;
+            const TILE_ROWS: usize = $tile_rows;
+            const QUERY_BLOCK: usize = $query_block;
+            const LAYOUT: $crate::kernels::Layout = $crate::kernels::Layout::Pairs;
 
-    fn scores(self, tile: ScoreTile<'_, f32, bf16>, group_keys: Option<&dyn Fn(usize) -> usize>) {
-        // SAFETY: `self` proves AVX-512F and BF16 (its `detect`).
-        unsafe { scores(tile, group_keys) }
-    }
+            fn scores(
+                self,
+                tile: $crate::kernels::ScoreTile<'_, f32, half::bf16>,
+                group_keys: Option<&dyn Fn(usize) -> usize>,
+            ) {
+                // SAFETY: `self` proves the level's features (its `detect`).
+                unsafe { $scores(tile, group_keys) }
+            }
 
-    fn direct_scores(self, q: &[f32], rows: usize, keys: &[bf16], d: usize, s: &mut [f32]) -> f32 {
-        self.0.direct_scores(q, rows, keys, d, s)
-    }
+            fn direct_scores(
+                self,
+                q: &[f32],
+                rows: usize,
+                keys: &[half::bf16],
+                d: usize,
+                s: &mut [f32],
+            ) -> f32 {
+                self.vectors().direct_scores(q, rows, keys, d, s)
+            }
 
-    fn magnitude(self, x: &[bf16]) -> f32 {
-        Kernels::<f32, bf16>::magnitude(self.0, x)
-    }
+            fn magnitude(self, x: &[half::bf16]) -> f32 {
+                $crate::kernels::Kernels::<f32, half::bf16>::magnitude(self.vectors(), x)
+            }
 
-    fn row_maxima(self, rows: Rows<'_, f32>, len: usize, out: &mut [f32]) {
-        Kernels::<f32, bf16>::row_maxima(self.0, rows, len, out)
-    }
+            fn row_maxima(self, rows: $crate::kernels::Rows<'_, f32>, len: usize, out: &mut [f32]) {
+                $crate::kernels::Kernels::<f32, half::bf16>::row_maxima(self.vectors(), rows, len, out)
+            }
 
-    fn exp_rows(self, rows: RowsMut<'_, f32>, len: usize, maxima: &[f32], sums: &mut [f32]) {
-        // SAFETY: `self` proves AVX-512F and BF16 (its `detect`).
-        unsafe { exp_rows(self.0, rows, len, maxima, sums) }
-    }
+            fn exp_rows(
+                self,
+                rows: $crate::kernels::RowsMut<'_, f32>,
+                len: usize,
+                maxima: &[f32],
+                sums: &mut [f32],
+            ) {
+                // SAFETY: `self` proves AVX-512F and BF16 (its `detect`).
+                unsafe { $crate::kernels::avx512bf16::exp_rows(self.vectors(), rows, len, maxima, sums) }
+            }
 
-    fn exp_differences(self, a: &[f32], b: &[f32], out: &mut [f32]) {
-        Kernels::<f32, bf16>::exp_differences(self.0, a, b, out)
-    }
+            fn exp_differences(self, a: &[f32], b: &[f32], out: &mut [f32]) {
+                $crate::kernels::Kernels::<f32, half::bf16>::exp_differences(self.vectors(), a, b, out)
+            }
 
-    fn accumulate_values(
-        self,
-        weights: Weights<'_, f32>,
-        alpha: &[f32],
-        values: ValueRows<'_, bf16>,
-        o: &mut [f32],
-    ) {
-        // SAFETY: `self` proves AVX-512F and BF16 (its `detect`).
-        unsafe { accumulate_values(weights, alpha, values, o) }
-    }
+            fn accumulate_values(
+                self,
+                weights: $crate::kernels::Weights<'_, f32>,
+                alpha: &[f32],
+                values: $crate::kernels::ValueRows<'_, half::bf16>,
+                o: &mut [f32],
+            ) {
+                // SAFETY: `self` proves the level's features (its `detect`).
+                unsafe { $accumulate_values(weights, alpha, values, o) }
+            }
 
-    fn accumulate_transposed(self, _: Weights<'_, f32>, _: ValueRows<'_, bf16>, _: &mut [f32]) {
-        unreachable!("the backward computes from f32 and f64 inputs, never at the bf16 pair levels")
-    }
+            fn accumulate_transposed(
+                self,
+                _: $crate::kernels::Weights<'_, f32>,
+                _: $crate::kernels::ValueRows<'_, half::bf16>,
+                _: &mut [f32],
+            ) {
+                unreachable!("the backward computes from f32 and f64 inputs, never at a bf16 pair level")
+            }
 
-    fn softmax_gradient(self, p: Rows<'_, f32>, dp: RowsMut<'_, f32>, len: usize, delta: &[f32]) {
-        Kernels::<f32, bf16>::softmax_gradient(self.0, p, dp, len, delta)
-    }
+            fn softmax_gradient(
+                self,
+                p: $crate::kernels::Rows<'_, f32>,
+                dp: $crate::kernels::RowsMut<'_, f32>,
+                len: usize,
+                delta: &[f32],
+            ) {
+                $crate::kernels::Kernels::<f32, half::bf16>::softmax_gradient(
+                    self.vectors(),
+                    p,
+                    dp,
+                    len,
+                    delta,
+                )
+            }
+        }
+    };
 }
+pub(super) use pair_level_kernels;
+
+pair_level_kernels!(Avx512Bf16, tile_rows = ROWS, query_block = 48;
+    scores = scores, accumulate_values = accumulate_values);
