@@ -18,6 +18,7 @@
 //! every level and owns the tiling, the masking decisions, the online softmax and the work split.
 
 use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use crate::kernels::{
@@ -390,7 +391,7 @@ impl<T: Real, E: Element<Compute = T>> Job<E> for Attend<'_, '_, T, E> {
         }
         let decoding = problems.iter().all(|p| p.key_rows.is_some());
         let parallel =
-            work::worth_sharing(shape.flops() * (rows_per_query * problems.len()) as f64, decoding);
+            work::worth_sharing(shape.flops() * (rows_per_query * problems.len()) as f64, decoding, K::LANES);
         let mut measured = Measured::nothing();
         if splits.iter().all(|splits| splits.count == 1) {
             let keys: Vec<Range<usize>> = splits.iter().map(|splits| splits.range(0)).collect();
@@ -425,25 +426,29 @@ impl<T: Real, E: Element<Compute = T>> Job<E> for Attend<'_, '_, T, E> {
                     items.extend(blocks.iter_mut().enumerate().map(|block| (h, vec![block])));
                 }
             }
-            let attend_item = |scratch: &mut Scratch<T>, (h, item): HeadBlocks<T>| {
+            // Each thread keeps one softmax state and reuses it block after block: a state is
+            // written out as soon as its block is done.
+            let attend_item = |(scratch, state): &mut (Scratch<T>, State<T>), (h, item): HeadBlocks<T>| {
                 let mut measured = Measured::nothing();
                 for (b, out_block) in item {
-                    let rows = out_block.out.nrows();
                     let first = b * K::QUERY_BLOCK;
-                    let state = problems[h].attend_block(
+                    let query_rows = first..first + out_block.out.nrows();
+                    let packed = &packed[packed_of[h]];
+                    problems[h].attend_block_into(
                         kernels,
-                        &packed[packed_of[h]],
-                        first,
-                        rows,
+                        packed,
+                        query_rows,
                         keys[h].clone(),
                         scratch,
+                        state,
                     );
                     state.write(out_block);
                     measured = measured.combine(state.measured);
                 }
                 measured
             };
-            for part in work::map_items(items, parallel, Scratch::default, attend_item) {
+            let new_scratch = || (Scratch::default(), State::empty());
+            for part in work::map_items(items, parallel, new_scratch, attend_item) {
                 measured = measured.combine(part);
             }
             return decoding.then_some(measured);
@@ -577,7 +582,8 @@ impl<T: Real, E: Element<Compute = T>> Job<E> for AttendCached<'_, '_, T, E> {
         let fit = |scratch: &mut Scratch<T>| {
             scratch.fit(largest.next_multiple_of(K::TILE_ROWS), largest, key_dim, K::LANES);
         };
-        work::for_each_index(n_items, work::worth_sharing(flops, false), scratches, fit, |scratch, i| {
+        let share = work::worth_sharing(flops, false, K::LANES);
+        work::for_each_index(n_items, share, scratches, fit, |scratch, i| {
             attend_item(scratch, i, &mut shared_states[i].lock().expect("no task panicked"));
         });
         let mut lse = lse;
@@ -625,12 +631,49 @@ enum PackedKeys<'a, E: Element> {
         /// Keys per packed panel, the level's `KEY_PANEL`, and the layout of its tiles.
         key_panel: usize,
         layout: Layout,
-        blocks: Vec<OnceLock<Buffer<E>>>,
+        blocks: Vec<KeyBlock<E>>,
     },
     /// Every key's panel, packed beforehand (a KV cache's), `d_k` scalars per key.
     Cached(&'a [E]),
     /// Packed beforehand, block by block.
     Paged(PagedKeys<'a, E>),
+}
+
+/// One block of packed key panels, packed by the first task that needs it. A task that finds
+/// another packing it waits by spinning rather than sleeping: packing a block takes a few
+/// microseconds, and a thread put to sleep on a virtual machine took tens to wake (at 8 heads of
+/// 256 queries, a third of a call's context switches were such waits).
+struct KeyBlock<E: Element> {
+    panels: OnceLock<Buffer<E>>,
+    claimed: AtomicBool,
+}
+
+impl<E: Element> Default for KeyBlock<E> {
+    fn default() -> Self {
+        KeyBlock { panels: OnceLock::new(), claimed: AtomicBool::new(false) }
+    }
+}
+
+impl<E: Element> KeyBlock<E> {
+    /// Spins before waiting the ordinary way (which also packs the block if its packer panicked).
+    const SPINS: usize = 1 << 16;
+
+    /// The panels, packed with `pack` now if no task has claimed them yet.
+    fn get(&self, pack: impl FnOnce() -> Buffer<E>) -> &[E] {
+        if let Some(panels) = self.panels.get() {
+            return panels;
+        }
+        if !self.claimed.swap(true, Ordering::AcqRel) {
+            return self.panels.get_or_init(pack);
+        }
+        for _ in 0..Self::SPINS {
+            if let Some(panels) = self.panels.get() {
+                return panels;
+            }
+            std::hint::spin_loop();
+        }
+        self.panels.get_or_init(pack)
+    }
 }
 
 /// The values as the `P·V` kernel reads them: the caller's own rows when they are contiguous and
@@ -655,7 +698,7 @@ impl<'a, E: Element> Packed<'a, E> {
         let first_key = keys.start;
         let (k, v) = (k.slice_move(ndarray::s![keys.clone(), ..]), v.slice_move(ndarray::s![keys, ..]));
         let blocks = if pack_keys { k.nrows().div_ceil(KEY_BLOCK) } else { 0 };
-        let blocks = (0..blocks).map(|_| OnceLock::new()).collect();
+        let blocks = (0..blocks).map(|_| KeyBlock::default()).collect();
         let value_vectors = v.ncols().div_ceil(K::LANES);
         let value_stride = value_vectors * K::LANES;
         let values = match v.to_slice() {
@@ -719,8 +762,8 @@ impl<'a, E: Element> Packed<'a, E> {
     fn key_block(&self, start: usize, d: usize) -> &[E] {
         let offset = start - self.first_key;
         match &self.keys {
-            PackedKeys::Packing { k, key_panel: width, layout, blocks } => blocks[offset / KEY_BLOCK]
-                .get_or_init(|| {
+            PackedKeys::Packing { k, key_panel: width, layout, blocks } => {
+                blocks[offset / KEY_BLOCK].get(|| {
                     let n_keys = KEY_BLOCK.min(k.nrows() - offset);
                     let panel_len = width * layout.padded_dim(d);
                     let mut panels = Buffer::zeros(n_keys.div_ceil(*width) * panel_len);
@@ -728,7 +771,8 @@ impl<'a, E: Element> Packed<'a, E> {
                         kernels::pack_key_panel(*k, offset + p * width, *width, *layout, panel);
                     }
                     panels
-                }),
+                })
+            }
             // A block starts at a whole panel: its panels start `d` scalars per key in.
             PackedKeys::Cached(panels) => &panels[offset * d..],
             PackedKeys::Paged(paged) => {

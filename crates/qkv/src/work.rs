@@ -22,9 +22,13 @@ const SHARE_ABOVE_US: f64 = match option_env!("QKV_SHARE_ABOVE_US") {
     None => 200.0,
 };
 
-/// One thread's rate on the tiled path (FLOPs per microsecond), to estimate a problem's time:
-/// about what one Zen 3 core reaches with AVX2 (faster levels only share sooner).
-const TILED_FLOPS_PER_US: f64 = 70e3;
+/// One thread's rate on the tiled path (FLOPs per microsecond) per lane of the kernels' vectors
+/// (of the type they compute in), to estimate a problem's time: one Zen 3 core reaches about
+/// 70e3 in f32 with AVX2's 8 lanes, and one Intel Xeon core about 140e3 with AVX-512's 16 (and
+/// half that in f64, 8 lanes). Counting too slow a rate shares work
+/// too small to gain: a single head of 256 queries, d = 64, took 0.137 ms on one AVX-512 thread
+/// and 0.154 ms shared between two (2026-12-02).
+const TILED_FLOPS_PER_US_PER_LANE: f64 = 70e3 / 8.0;
 /// One thread's rate when decoding, which reads every key and value once and is bound by memory
 /// more than by arithmetic.
 const DECODING_FLOPS_PER_US: f64 = 15e3;
@@ -42,9 +46,10 @@ const fn parse_whole_number(text: &str) -> u64 {
     value
 }
 
-/// Whether work of `flops` (on the decoding path if `decoding`) is worth sharing with the pool.
-pub(crate) fn worth_sharing(flops: f64, decoding: bool) -> bool {
-    let rate = if decoding { DECODING_FLOPS_PER_US } else { TILED_FLOPS_PER_US };
+/// Whether work of `flops` (on the decoding path if `decoding`) is worth sharing with the pool,
+/// on kernels of `lanes` lanes.
+pub(crate) fn worth_sharing(flops: f64, decoding: bool, lanes: usize) -> bool {
+    let rate = if decoding { DECODING_FLOPS_PER_US } else { TILED_FLOPS_PER_US_PER_LANE * lanes as f64 };
     flops / rate >= SHARE_ABOVE_US
 }
 

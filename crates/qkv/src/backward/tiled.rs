@@ -240,7 +240,7 @@ impl<T: Real> Job<T> for Backward<'_, '_, T> {
             Operands { shape, key_stride, value_stride, queries: query_operands, keys: key_operands };
         // The backward is 2.5 times the forward's work.
         let flops = 2.5 * shape.flops() * operands.queries.len() as f64;
-        let parallel = work::worth_sharing(flops, false);
+        let parallel = work::worth_sharing(flops, false, K::LANES);
         operands.run(kernels, key_outputs, query_outputs, parallel);
     }
 }
