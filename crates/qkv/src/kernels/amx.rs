@@ -288,9 +288,9 @@ unsafe fn scores(tile: ScoreTile<'_, f32, bf16>, group_keys: Option<&dyn Fn(usiz
     }
 }
 
-/// `O_r = α_r · O_r + Σ_j P[r, j] · V_j` for groups of 16 rows, the weights as [`exp_rows`]
-/// leaves them (bf16 at the start of each row of `KEY_BLOCK` scalars) and the value rows in
-/// pairs (`[n / 2][stride][2]` bf16, see [`Layout::Pairs`]).
+/// `O_r = α_r · O_r + Σ_j P[r, j] · V_j` for groups of 16 rows, the weights as the pair levels'
+/// `exp_rows` leaves them (bf16 at the start of each row of `KEY_BLOCK` scalars) and the value
+/// rows in pairs (`[n / 2][stride][2]` bf16, see [`Layout::Pairs`]).
 ///
 /// # Safety
 /// The CPU must run AMX-BF16 with the tile state granted, AVX-512F, BW and BF16.
