@@ -247,9 +247,16 @@ impl Browser {
         let deadline = Instant::now() + TIMEOUT;
         let probe =
             format!("(() => {{ try {{ return !!({expression}); }} catch (e) {{ return false; }} }})()");
+        let params = json!({ "expression": probe, "returnByValue": true, "awaitPromise": true });
         loop {
-            if self.eval(&probe) == Value::Bool(true) {
-                return;
+            match self.try_call("Runtime.evaluate", params.clone()) {
+                Ok(reply) if reply["result"]["value"] == Value::Bool(true) => return,
+                Ok(_) => {}
+                // A probe sent as the page navigates (the condition is often that it has) is
+                // dropped with the old page: it is not an answer, so ask the new page.
+                Err(error)
+                    if error["message"].as_str().is_some_and(|m| m.contains("navigated or closed")) => {}
+                Err(error) => panic!("Runtime.evaluate failed: {error}"),
             }
             // Between polls, take in whatever the browser reports (a condition wait, not a nap).
             let poll = (Instant::now() + Duration::from_millis(15)).min(deadline);
@@ -376,6 +383,14 @@ impl Browser {
     /// Sends one command to the tab (or, before a tab is attached, to the browser) and waits for
     /// its reply, taking in the events that arrive meanwhile.
     pub fn call(&mut self, method: &str, params: Value) -> Value {
+        match self.try_call(method, params) {
+            Ok(result) => result,
+            Err(error) => panic!("{method} failed: {error}"),
+        }
+    }
+
+    /// [`Browser::call`], with the browser's error reply returned rather than failed on.
+    fn try_call(&mut self, method: &str, params: Value) -> Result<Value, Value> {
         self.next_id += 1;
         let id = self.next_id;
         let mut message = json!({ "id": id, "method": method, "params": params });
@@ -393,9 +408,9 @@ impl Browser {
             match self.inbox.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
                 Ok(reply) if reply["id"].as_u64() == Some(id) => {
                     if let Some(error) = reply.get("error") {
-                        panic!("{method} failed: {error}");
+                        return Err(error.clone());
                     }
-                    return reply["result"].clone();
+                    return Ok(reply["result"].clone());
                 }
                 Ok(event) => self.observe(&event),
                 Err(RecvTimeoutError::Timeout) => panic!("{method}: no reply within {TIMEOUT:?}"),
