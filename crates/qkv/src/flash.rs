@@ -395,18 +395,16 @@ impl<T: Real, E: Element<Compute = T>> Job<E> for Attend<'_, '_, T, E> {
         let mut measured = Measured::nothing();
         if splits.iter().all(|splits| splits.count == 1) {
             let keys: Vec<Range<usize>> = splits.iter().map(|splits| splits.range(0)).collect();
-            // The query heads of a group read one key/value head: it is packed once for all.
+            // The query heads of a group read one key/value head, and follow one another: a
+            // head reading what the head before it reads shares its packing.
             let mut packed: Vec<Packed<E>> = Vec::new();
             let mut packed_of: Vec<usize> = Vec::with_capacity(problems.len());
             for (h, (p, range)) in problems.iter().zip(&keys).enumerate() {
-                let same = |g: &usize| problems[*g].source.same_rows(&p.source) && keys[*g] == *range;
-                match (0..h).find(same) {
-                    Some(earlier) => packed_of.push(packed_of[earlier]),
-                    None => {
-                        packed_of.push(packed.len());
-                        packed.push(p.packed::<K>(range.clone()));
-                    }
+                let shared = h > 0 && problems[h - 1].source.same_rows(&p.source) && keys[h - 1] == *range;
+                if !shared {
+                    packed.push(p.packed::<K>(range.clone()));
                 }
+                packed_of.push(packed.len() - 1);
             }
             // Under a causal mask block i's cost grows with i, so items are zig-zag pairs: block i
             // with block n-1-i, every pair costing about the same. Otherwise every block is an

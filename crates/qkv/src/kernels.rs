@@ -76,12 +76,24 @@ pub trait Element: wide::bytemuck::Pod + Send + Sync + Default + 'static {
     fn dispatch<J: Job<Self>>(isa: Isa, job: J) -> J::Output;
 }
 
+/// The kernels a pair level (AMX, AVX512-BF16) runs for an element type: its `own` (bf16), or
+/// its AVX-512 `vectors` (every other type).
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_macros))]
+macro_rules! pair_kernels {
+    (own, $level:expr) => {
+        $level
+    };
+    (vectors, $level:expr) => {
+        $level.vectors()
+    };
+}
+
 /// Implements [`Element`] for one type: the dispatch is the same code for every type, but each
 /// type needs the compiler to see that every level's token implements `Kernels` for it.
 macro_rules! element {
     (
         $t:ty, $line:ty, $compute:ty, $widen:expr, $narrow:expr, $computed:expr, $out_rows:path,
-        amx = |$amx:ident| $amx_kernels:expr
+        pairs = $pairs:ident
     ) => {
         impl Element for $t {
             type Line = $line;
@@ -108,9 +120,9 @@ macro_rules! element {
             fn dispatch<J: Job<Self>>(isa: Isa, job: J) -> J::Output {
                 match isa {
                     #[cfg(target_arch = "x86_64")]
-                    Isa::Amx($amx) => job.run($amx_kernels),
+                    Isa::Amx(level) => job.run(pair_kernels!($pairs, level)),
                     #[cfg(target_arch = "x86_64")]
-                    Isa::Avx512Bf16($amx) => job.run($amx_kernels),
+                    Isa::Avx512Bf16(level) => job.run(pair_kernels!($pairs, level)),
                     #[cfg(target_arch = "x86_64")]
                     Isa::Avx512(level) => job.run(level),
                     #[cfg(target_arch = "x86_64")]
@@ -123,46 +135,10 @@ macro_rules! element {
 }
 // Only bf16 has pair kernels (the tiles, and AVX512-BF16's dot products): the other types run
 // those levels' vectors, AVX-512.
-element!(
-    f32,
-    wide::f32x16,
-    f32,
-    identity,
-    identity,
-    CowArray::from,
-    OutRows::Computed,
-    amx = |level| level.vectors()
-);
-element!(
-    f64,
-    wide::f64x8,
-    f64,
-    identity,
-    identity,
-    CowArray::from,
-    OutRows::Computed,
-    amx = |level| level.vectors()
-);
-element!(
-    bf16,
-    wide::f32x16,
-    f32,
-    bf16::to_f32,
-    bf16::from_f32,
-    widened_copy,
-    OutRows::Bf16,
-    amx = |level| level
-);
-element!(
-    f16,
-    wide::f32x16,
-    f32,
-    f16::to_f32,
-    f16::from_f32,
-    widened_copy,
-    OutRows::F16,
-    amx = |level| level.vectors()
-);
+element!(f32, wide::f32x16, f32, identity, identity, CowArray::from, OutRows::Computed, pairs = vectors);
+element!(f64, wide::f64x8, f64, identity, identity, CowArray::from, OutRows::Computed, pairs = vectors);
+element!(bf16, wide::f32x16, f32, bf16::to_f32, bf16::from_f32, widened_copy, OutRows::Bf16, pairs = own);
+element!(f16, wide::f32x16, f32, f16::to_f32, f16::from_f32, widened_copy, OutRows::F16, pairs = vectors);
 
 /// A copy of `a` widened to the compute type: [`Element::computed`] for a half-precision format.
 fn widened_copy<E: Element, D: Dimension>(a: ArrayView<'_, E, D>) -> CowArray<'_, E::Compute, D> {

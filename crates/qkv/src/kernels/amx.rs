@@ -216,6 +216,44 @@ fn as_bf16(scalars: &[f32]) -> &[bf16] {
     wide::bytemuck::cast_slice(scalars)
 }
 
+/// `sum_j += A_c · B_{j, c}` for the sum tiles `j < count` over every step `c` of 32 bf16 (the
+/// last one `tail` wide, in `tmm6`/`tmm7`): `a(c)` is where step `c`'s `A` starts (16 rows,
+/// `a_stride` bytes apart), `b(j, c)` where sum `j`'s `B` does (pair rows `b_stride` apart). The
+/// inner loop of both tile kernels.
+///
+/// # Safety
+/// The tiles must be configured (`TileConfig::new(tail)`), and every tile the addresses name must
+/// lie inside memory the caller may read.
+#[inline(always)]
+unsafe fn multiply_steps(
+    (steps, tail): (usize, usize),
+    count: usize,
+    (a, a_stride): (impl Fn(usize) -> *const bf16, usize),
+    (b, b_stride): (impl Fn(usize, usize) -> *const bf16, usize),
+) {
+    for step in 0..steps + usize::from(tail > 0) {
+        let c = step * TILE_DEPTH;
+        let whole = step < steps;
+        // SAFETY: the caller guarantees the configuration and the addresses.
+        unsafe {
+            if whole {
+                tile_load!("tmm4", a(c), a_stride);
+            } else {
+                tile_load!("tmm6", a(c), a_stride);
+            }
+            for j in 0..count {
+                if whole {
+                    tile_load!("tmm5", b(j, c), b_stride);
+                    tile_multiply!(j, "tmm4", "tmm5");
+                } else {
+                    tile_load!("tmm7", b(j, c), b_stride);
+                    tile_multiply!(j, "tmm6", "tmm7");
+                }
+            }
+        }
+    }
+}
+
 /// `S = scale · Q·Kᵀ` for groups of 16 packed query rows (`[rows][d_even]` bf16) against panels
 /// of 16 keys (`[d_even / 2][16][2]` bf16), with the lane-wise row maxima.
 ///
@@ -248,26 +286,9 @@ unsafe fn scores(tile: ScoreTile<'_, f32, bf16>, group_keys: Option<&dyn Fn(usiz
                 for j in 0..count {
                     sum_tile!(zero j);
                 }
-                for step in 0..steps + usize::from(tail > 0) {
-                    let c = step * TILE_DEPTH;
-                    let a = q[g * depth + c..].as_ptr();
-                    let whole = step < steps;
-                    if whole {
-                        tile_load!("tmm4", a, 2 * depth);
-                    } else {
-                        tile_load!("tmm6", a, 2 * depth);
-                    }
-                    for j in 0..count {
-                        let b = keys[(first + j) * panel_len + c * TILE..].as_ptr();
-                        if whole {
-                            tile_load!("tmm5", b, 64);
-                            tile_multiply!(j, "tmm4", "tmm5");
-                        } else {
-                            tile_load!("tmm7", b, 64);
-                            tile_multiply!(j, "tmm6", "tmm7");
-                        }
-                    }
-                }
+                let a = |c: usize| q[g * depth + c..].as_ptr();
+                let b = |j: usize, c: usize| keys[(first + j) * panel_len + c * TILE..].as_ptr();
+                multiply_steps((steps, tail), count, (a, 2 * depth), (b, 64));
                 for j in 0..count {
                     let out = s[g * KEY_BLOCK + (first + j) * TILE..].as_mut_ptr();
                     sum_tile!(store j, out, 4 * KEY_BLOCK);
@@ -321,40 +342,24 @@ unsafe fn accumulate_values(
     let v = &v[..n_keys.div_ceil(2) * 2 * stride];
     // Rows of `2 · KEY_BLOCK` bf16, each starting with its weights.
     let p = as_bf16(&p[..rows * KEY_BLOCK]);
+    // SAFETY: the caller guarantees AMX.
+    let _tiles = unsafe { Tiles::configure(&TileConfig::new(tail)) };
     for g in (0..rows).step_by(TILE) {
         let o = &mut o[g * o_stride..(g + TILE) * o_stride];
-        // SAFETY: the caller guarantees AMX. The `A` loads read 16 rows of at most 64 bytes of
+        // SAFETY: the tiles are configured. The `A` loads read 16 rows of at most 64 bytes of
         // `p` (rows `g ..`, `4 · KEY_BLOCK` bytes apart, from key `c < paired`); the `B` loads read
         // 16 (or `tail / 2`) pair rows of 64 bytes of `v` from pair `c / 2` at column `t · 16`
         // (`4 · stride` bytes apart, all below pair `paired / 2 <= v.len() / (2 · stride)`); the
         // sums read and write 16 rows of 16 f32 of `o` at column `t · 16 < o_stride`.
         unsafe {
-            let _tiles = Tiles::configure(&TileConfig::new(tail));
             for first in (0..vectors).step_by(SUMS) {
                 let count = SUMS.min(vectors - first);
                 for j in 0..count {
                     sum_tile!(load j, o[(first + j) * TILE..].as_ptr(), 4 * o_stride);
                 }
-                for step in 0..steps + usize::from(tail > 0) {
-                    let c = step * TILE_DEPTH;
-                    let a = p[2 * g * KEY_BLOCK + c..].as_ptr();
-                    let whole = step < steps;
-                    if whole {
-                        tile_load!("tmm4", a, 4 * KEY_BLOCK);
-                    } else {
-                        tile_load!("tmm6", a, 4 * KEY_BLOCK);
-                    }
-                    for j in 0..count {
-                        let b = v[c * stride + (first + j) * 2 * TILE..].as_ptr();
-                        if whole {
-                            tile_load!("tmm5", b, 4 * stride);
-                            tile_multiply!(j, "tmm4", "tmm5");
-                        } else {
-                            tile_load!("tmm7", b, 4 * stride);
-                            tile_multiply!(j, "tmm6", "tmm7");
-                        }
-                    }
-                }
+                let a = |c: usize| p[2 * g * KEY_BLOCK + c..].as_ptr();
+                let b = |j: usize, c: usize| v[c * stride + (first + j) * 2 * TILE..].as_ptr();
+                multiply_steps((steps, tail), count, (a, 4 * KEY_BLOCK), (b, 4 * stride));
                 for j in 0..count {
                     sum_tile!(store j, o[(first + j) * TILE..].as_mut_ptr(), 4 * o_stride);
                 }
