@@ -3,6 +3,7 @@
 mod attend;
 mod browser;
 mod content;
+mod layers;
 mod serve;
 mod support;
 mod workspace;

@@ -55,6 +55,3 @@ pub use stale::{Stale, stale_report};
 #[cfg(doctest)]
 #[doc = include_str!("../../../README.md")]
 struct WorkspaceReadmeExample;
-
-#[cfg(test)]
-mod tests;

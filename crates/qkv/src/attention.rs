@@ -10,10 +10,10 @@ use crate::error::{AttentionError, Dims};
 use crate::flash;
 use crate::inputs;
 use crate::kernels::Element;
-use crate::mask::{AttentionOptions, MaskSet};
+use crate::options::AttentionOptions;
 use crate::partial::PartialAttention;
-use crate::real::Real;
-use crate::shape::{Magnitudes, Shape, finite_magnitude};
+use crate::element::Real;
+use crate::shape::{Shape, finite_magnitude};
 use crate::simd;
 
 /// Scaled scores `S = Q·Kᵀ · scale (+ bias)`, `[n_queries, n_keys]`; `-inf` where a pair is hidden.
@@ -216,7 +216,7 @@ pub(crate) fn output_with_lse<T: Real, E: Element<Compute = T>>(
 
 /// Output-only attention for a problem whose shapes are checked, over inputs stored as `E` into
 /// an output stored as `O` (each `T` itself, or a half-precision format under `T = f32`).
-/// Decoding checks its keys and values as it reads them (see [`decode_checked`]); everything else
+/// Decoding checks its keys and values as it reads them (see [`flash::decode_checked`]); everything else
 /// checks its inputs first, then takes the tiled path, unless an intermediate could overflow:
 /// then the blocked path runs (on the inputs in `T`), which also names the query whose score
 /// overflows.
@@ -236,7 +236,7 @@ fn attend_output<T: Real, E: Element<Compute = T>, O: Element<Compute = T>>(
         let lse = lse.as_mut().map(|lse| lse.view_mut());
         let head = flash::Head { q, k, v, out: out.view_mut(), lse, masks };
         let measured = flash::attend(kernels, shape, 1, vec![head]);
-        if decode_checked(shape, queries, measured, &masks) {
+        if flash::decode_checked(shape, queries, measured, &masks) {
             return Ok(());
         }
     }
@@ -248,27 +248,6 @@ fn attend_output<T: Real, E: Element<Compute = T>, O: Element<Compute = T>>(
     }
     let (q, k, v) = (E::computed(q), E::computed(k), E::computed(v));
     blocked::attend(shape, q.view(), k.view(), v.view(), &masks, out, lse, None)
-}
-
-/// Whether a decoding step's result stands: every key and value it read was finite, and with the
-/// magnitudes it measured no intermediate could have overflowed ([`flash::stays_finite`]).
-/// Otherwise the caller checks the inputs in full, which names a non-finite one, and runs the
-/// path that suits them, overwriting the output.
-///
-/// Decoding reads each key and value once, so checking them in the same pass, rather than in a
-/// pass of their own beforehand, halves its memory traffic.
-pub(crate) fn decode_checked<T: Real>(
-    shape: &Shape,
-    queries: f64,
-    measured: Option<flash::Measured<T>>,
-    masks: &MaskSet<'_, T>,
-) -> bool {
-    let Some(measured) = measured else { return false };
-    let magnitudes =
-        Magnitudes { queries, keys: measured.keys.to_f64_exact(), values: measured.values.to_f64_exact() };
-    magnitudes.keys.is_finite()
-        && magnitudes.values.is_finite()
-        && flash::stays_finite(shape, &magnitudes, masks)
 }
 
 /// Scaled dot-product attention that also returns the scores and the weight matrix.

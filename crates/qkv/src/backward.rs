@@ -13,10 +13,10 @@ use ndarray::{
 
 use crate::error::{AttentionError, Dims};
 use crate::inputs;
-use crate::mask::AttentionOptions;
-use crate::multi_head::{check_heads, seen_by_group};
+use crate::options::AttentionOptions;
+use crate::inputs::{check_heads, seen_by_group};
 use crate::partial::PartialAttention;
-use crate::real::Real;
+use crate::element::Real;
 use crate::shape::{Shape, finite_magnitude};
 use crate::simd;
 

@@ -8,8 +8,8 @@ use rayon::prelude::*;
 
 use crate::error::AttentionError;
 use crate::kernels::Element;
-use crate::mask::MaskSet;
-use crate::real::Real;
+use crate::masking::MaskSet;
+use crate::element::Real;
 use crate::shape::Shape;
 
 /// Queries per block: large enough for the GEMMs to run near full speed, small enough that a

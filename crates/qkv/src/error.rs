@@ -281,9 +281,9 @@ pub enum AttentionError {
     )]
     UnsupportedSimdLevel {
         /// The level asked for.
-        requested: crate::SimdLevel,
+        requested: crate::level::SimdLevel,
         /// The best level this CPU runs.
-        supported: crate::SimdLevel,
+        supported: crate::level::SimdLevel,
         /// Who asked: `QKV_SIMD` or `AttentionOptions::simd`.
         by: &'static str,
     },
@@ -364,9 +364,19 @@ pub enum AttentionError {
         /// The layer.
         layer: usize,
         /// The window option given.
-        found: crate::SlidingWindow,
+        found: crate::mask::SlidingWindow,
         /// The cache's window, in positions.
         window: usize,
+    },
+    /// An option that a cache step decides itself, asked for in the options of a
+    /// [`KvCache`](crate::KvCache) or [`PagedKvCache`](crate::PagedKvCache) step
+    /// ([`CacheOptions`](crate::CacheOptions)).
+    #[error("a KV cache step takes no {option} option: {why}")]
+    CacheOption {
+        /// The option (`causal`, `key_padding`, `key_lengths`, `bias`, `simd`).
+        option: &'static str,
+        /// Why the cache decides it.
+        why: &'static str,
     },
     /// A step over a [`KvCache`](crate::KvCache) layer whose inputs are too large for f32.
     #[error(
@@ -405,7 +415,7 @@ pub enum AttentionError {
         /// Positions per key panel at `level`.
         key_panel: usize,
         /// The SIMD level the cache is laid out for.
-        level: crate::SimdLevel,
+        level: crate::level::SimdLevel,
     },
     /// An append to a [`PagedKvCache`](crate::PagedKvCache) that needs more blocks than the pool
     /// has free.

@@ -22,13 +22,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use crate::kernels::{
-    self, Buffer, Element, Isa, Job, KEY_BLOCK, Kernels, Layout, Rows, RowsMut, ScoreTile, ValueRows, Weights,
+    self, Buffer, Element, Isa, Job, KEY_BLOCK, Kernels, Layout, OutRows, Rows, RowsMut, ScoreTile, ValueRows,
+    Weights,
 };
-use crate::mask::MaskSet;
-use crate::real::Real;
+use crate::mask::View;
+use crate::masking::MaskSet;
+use crate::element::Real;
 use crate::shape::{Magnitudes, Shape};
 use crate::work;
-use ndarray::{ArrayView2, ArrayViewMut1, ArrayViewMut2, Axis};
+use ndarray::{ArrayView2, ArrayViewMut1, ArrayViewMut2, Axis, Ix2};
 
 /// Problems with fewer query blocks than this also split their keys, so that every core works.
 const SPLIT_BELOW_BLOCKS: usize = 4;
@@ -50,6 +52,27 @@ pub(crate) fn stays_finite<T: Real>(shape: &Shape, magnitudes: &Magnitudes, mask
     let score = masks.scale.abs() * d * magnitudes.queries * magnitudes.keys + masks.bias_magnitude;
     let value = magnitudes.values * shape.n_keys as f64;
     score <= limit && value <= limit
+}
+
+/// Whether a decoding step's result stands: every key and value it read was finite, and with the
+/// magnitudes it measured no intermediate could have overflowed ([`stays_finite`]).
+/// Otherwise the caller checks the inputs in full, which names a non-finite one, and runs the
+/// path that suits them, overwriting the output.
+///
+/// Decoding reads each key and value once, so checking them in the same pass, rather than in a
+/// pass of their own beforehand, halves its memory traffic.
+pub(crate) fn decode_checked<T: Real>(
+    shape: &Shape,
+    queries: f64,
+    measured: Option<Measured<T>>,
+    masks: &MaskSet<'_, T>,
+) -> bool {
+    let Some(measured) = measured else { return false };
+    let magnitudes =
+        Magnitudes { queries, keys: measured.keys.to_f64_exact(), values: measured.values.to_f64_exact() };
+    magnitudes.keys.is_finite()
+        && magnitudes.values.is_finite()
+        && stays_finite(shape, &magnitudes, masks)
 }
 
 /// Computes attention for heads of one checked shape with the kernels of `isa`: each head's
@@ -87,9 +110,11 @@ pub(crate) fn attend<T: Real, E: Element<Compute = T>, O: Element<Compute = T>>(
     isa.run(Attend { shape: *shape, rows_per_query, heads })
 }
 
-/// [`attend`] for the problems of `call`, whose keys and values are already in the layout the
-/// kernels of `isa` read (a KV cache's, or a paged cache's blocks) and whose queries are in the
-/// compute type: nothing is packed and nothing is measured. The problems' outputs follow one
+/// [`attend`] for the problems of `call`, whose queries are in the compute type and whose keys
+/// and values are already in the layout the kernels of `isa` read (a KV cache's, or a paged
+/// cache's blocks: nothing is packed or measured), or rows read as they are (the dense decoding
+/// step: they are measured as [`attend`] measures them, and when every problem decodes, their
+/// magnitudes are returned). The problems' outputs follow one
 /// another in `out`, each `n_rows = n_queries · rows_per_query` rows of `d_v` of its own shape
 /// (problem `p`'s from row `p · n_rows` on when every problem has the same shape), and so do
 /// their logsumexps in `lse`, when asked for.
@@ -106,9 +131,9 @@ pub(crate) fn attend_cached<T: Real, E: Element<Compute = T>>(
     out: &mut [T],
     lse: Option<&mut [T]>,
     workspace: &mut Workspace<T>,
-) {
-    // The caches' layouts are the vector levels'.
-    isa.vectors().run(AttendCached { call, out, lse, workspace });
+) -> Option<Measured<T>> {
+    // The caches' layouts, and decoding, are the vector levels'.
+    isa.vectors().run(AttendCached { call, out, lse, workspace })
 }
 
 /// The problems of a call to [`attend_cached`]: `problem(p, part)` gives the operands of part
@@ -152,9 +177,12 @@ pub(crate) struct CachedProblem<'p, T, E> {
     pub(crate) masks: MaskSet<'p, T>,
 }
 
-/// Where a cached problem's keys and values lie, already in the kernels' layout.
+/// Where a cached problem's keys and values lie: in the kernels' layout already, or as rows.
 #[derive(Clone, Copy)]
 pub(crate) enum StoredKeys<'p, E> {
+    /// The caller's rows (the dense decoding step's), read as they are. Spelled as [`View`]s so
+    /// that the keys stay covariant in `'p`, as the other variants are.
+    Rows { k: View<'p, E, Ix2>, v: View<'p, E, Ix2> },
     /// Side by side (a `KvCache`'s).
     Contiguous(CachedKeys<'p, E>),
     /// In blocks of a pool (a paged cache's).
@@ -177,6 +205,30 @@ pub(crate) struct Workspace<T: Real> {
 impl<T: Real> Default for Workspace<T> {
     fn default() -> Self {
         Workspace { scratches: Vec::new(), states: Vec::new(), item_starts: Vec::new() }
+    }
+}
+
+/// What a level's kernels need of the cached layout.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CachedLayout {
+    /// Keys per packed panel.
+    pub(crate) key_panel: usize,
+    /// Elements from one value row to the next: `value_dim` rounded up to whole vectors.
+    pub(crate) value_stride: usize,
+}
+
+/// Asks a level's kernels for their layout.
+pub(crate) struct LayoutOf {
+    pub(crate) value_dim: usize,
+}
+
+impl<E: Element> Job<E> for LayoutOf {
+    /// `None` when the padded value row would not fit a `usize`.
+    type Output = Option<CachedLayout>;
+
+    fn run<K: Kernels<E::Compute, E>>(self, _: K) -> Option<CachedLayout> {
+        let value_stride = self.value_dim.checked_next_multiple_of(K::LANES)?;
+        Some(CachedLayout { key_panel: K::KEY_PANEL, value_stride })
     }
 }
 
@@ -223,15 +275,7 @@ impl<T: Real, E: Element<Compute = T>> Queries<'_, T, E> {
     }
 }
 
-/// Where a head's keys and values come from.
-enum Source<'p, E> {
-    /// The caller's rows, packed as the work needs them.
-    Rows { k: ArrayView2<'p, E>, v: ArrayView2<'p, E> },
-    /// Already packed.
-    Stored(StoredKeys<'p, E>),
-}
-
-impl<E> Source<'_, E> {
+impl<E> StoredKeys<'_, E> {
     /// Whether both are the same rows of the caller's (the same elements, as the heads of a
     /// group share their key/value head), so that one packing serves both.
     fn same_rows(&self, other: &Self) -> bool {
@@ -239,7 +283,7 @@ impl<E> Source<'_, E> {
             a.as_ptr() == b.as_ptr() && a.shape() == b.shape() && a.strides() == b.strides()
         };
         match (self, other) {
-            (Source::Rows { k, v }, Source::Rows { k: k2, v: v2 }) => same(k, k2) && same(v, v2),
+            (StoredKeys::Rows { k, v }, StoredKeys::Rows { k: k2, v: v2 }) => same(k, k2) && same(v, v2),
             _ => false,
         }
     }
@@ -285,21 +329,6 @@ struct Operands<'p, 'out, T, E> {
     out: OutRows<'out, T>,
     lse: Option<ArrayViewMut1<'out, T>>,
     masks: MaskSet<'p, T>,
-}
-
-/// Output rows as the caller stores them: in the compute type `T`, or rounded once from it to a
-/// half-precision format. An enum rather than a type parameter, so that the tiled path is
-/// compiled once per input type, not once per pair of input and output types (which doubled the
-/// engine tests' build).
-///
-/// `pub` only because the (sealed) `Element` trait names it; nothing outside the crate can.
-pub enum OutRows<'out, T> {
-    /// Stored in the compute type.
-    Computed(ArrayViewMut2<'out, T>),
-    /// Rounded to bf16 (under an f32 compute type).
-    Bf16(ArrayViewMut2<'out, half::bf16>),
-    /// Rounded to f16 (under an f32 compute type).
-    F16(ArrayViewMut2<'out, half::f16>),
 }
 
 impl<'out, T: Real> OutRows<'out, T> {
@@ -378,7 +407,7 @@ impl<T: Real, E: Element<Compute = T>> Job<E> for Attend<'_, '_, T, E> {
         for Operands { q, k, v, out, lse, masks } in heads {
             splits.push(key_splits(out.nrows(), k.nrows(), K::QUERY_BLOCK));
             let key_rows = k.to_slice().filter(|_| decodes(n_rows, &k));
-            let source = Source::Rows { k, v };
+            let source = StoredKeys::Rows { k, v };
             problems.push(Problem { shape, q: Queries::Stored(q), rows_per_query, source, key_rows, masks });
             let outs = out.blocks(K::QUERY_BLOCK).into_iter();
             blocks.push(match lse {
@@ -529,9 +558,9 @@ struct AttendCached<'p, 'c, T: Real, E> {
 }
 
 impl<T: Real, E: Element<Compute = T>> Job<E> for AttendCached<'_, '_, T, E> {
-    type Output = ();
+    type Output = Option<Measured<T>>;
 
-    fn run<K: Kernels<T, E>>(self, kernels: K) {
+    fn run<K: Kernels<T, E>>(self, kernels: K) -> Option<Measured<T>> {
         let AttendCached { call, out, lse, workspace } = self;
         let CachedCall { rows_per_query, n_problems, parts, shape, problem } = call;
         let n_rows = |p: usize| shape(p).n_queries * rows_per_query;
@@ -565,14 +594,22 @@ impl<T: Real, E: Element<Compute = T>> Job<E> for AttendCached<'_, '_, T, E> {
             let b = local / (parts * splits.count);
             let (part, split) = (local / splits.count % parts, local % splits.count);
             let CachedProblem { q, kv, masks } = problem(p, part);
-            let source = Source::Stored(kv);
             let shape = shape(p);
-            let problem =
-                Problem { shape, q: Queries::Computed(q), rows_per_query, source, key_rows: None, masks };
-            let packed = problem.packed::<K>(0..shape.n_keys);
+            let keys = splits.range(split);
+            let (source, key_rows, packed_keys) = match kv {
+                // Rows are packed for this item's keys alone (decoding packs only values that are
+                // not whole vectors wide), and decoded straight from the key rows.
+                StoredKeys::Rows { k, .. } => {
+                    let key_rows = k.to_slice().filter(|_| decodes(n_rows(p), &k));
+                    (kv, key_rows, keys.clone())
+                }
+                kv => (kv, None, 0..shape.n_keys),
+            };
+            let problem = Problem { shape, q: Queries::Computed(q), rows_per_query, source, key_rows, masks };
+            let packed = problem.packed::<K>(packed_keys);
             let first = b * K::QUERY_BLOCK;
             let query_rows = first..first + rows(p, b);
-            problem.attend_block_into(kernels, &packed, query_rows, splits.range(split), scratch, state);
+            problem.attend_block_into(kernels, &packed, query_rows, keys, scratch, state);
         };
         let shared_states = &*states;
         // Every scratch a thread may take is grown here, on the calling thread, for the call's
@@ -580,11 +617,15 @@ impl<T: Real, E: Element<Compute = T>> Job<E> for AttendCached<'_, '_, T, E> {
         let fit = |scratch: &mut Scratch<T>| {
             scratch.fit(largest.next_multiple_of(K::TILE_ROWS), largest, key_dim, K::LANES);
         };
-        let share = work::worth_sharing(flops, false, K::LANES);
+        let decoding = (0..n_problems).all(|p| {
+            matches!(problem(p, 0).kv, StoredKeys::Rows { k, .. } if decodes(n_rows(p), &k))
+        });
+        let share = work::worth_sharing(flops, decoding, K::LANES);
         work::for_each_index(n_items, share, scratches, fit, |scratch, i| {
             attend_item(scratch, i, &mut shared_states[i].lock().expect("no task panicked"));
         });
         let mut lse = lse;
+        let mut measured = Measured::nothing();
         let mut first_row = 0;
         for p in 0..n_problems {
             let d_v = shape(p).value_dim;
@@ -600,9 +641,11 @@ impl<T: Real, E: Element<Compute = T>> Job<E> for AttendCached<'_, '_, T, E> {
                 let out = ArrayViewMut2::from_shape((rows, d_v), &mut out[first * d_v..(first + rows) * d_v]);
                 let lse = lse.as_deref_mut().map(|lse| ArrayViewMut1::from(&mut lse[first..first + rows]));
                 merged.write(&mut OutBlock { out: OutRows::Computed(out.expect("the rows fit")), lse });
+                measured = measured.combine(merged.measured);
             }
             first_row += n_rows(p);
         }
+        decoding.then_some(measured)
     }
 }
 
@@ -799,7 +842,7 @@ struct Problem<'p, T: Real, E> {
     q: Queries<'p, T, E>,
     /// Rows of `q` per query (stacked heads): row `r` takes the masks of query `r / rows_per_query`.
     rows_per_query: usize,
-    source: Source<'p, E>,
+    source: StoredKeys<'p, E>,
     /// The keys, row after row, when decoding: scores come from the key rows themselves
     /// (`Kernels::direct_scores`), with no packed keys.
     key_rows: Option<&'p [E]>,
@@ -892,11 +935,9 @@ impl<'p, T: Real, E: Element<Compute = T>> Problem<'p, T, E> {
     /// The keys and values in `keys`, for the kernels of `K`.
     fn packed<K: Kernels<T, E>>(&self, keys: Range<usize>) -> Packed<'p, E> {
         match &self.source {
-            Source::Rows { k, v } => Packed::new::<T, K>(*k, *v, keys, self.key_rows.is_none()),
-            Source::Stored(StoredKeys::Contiguous(cached)) => {
-                Packed::cached::<T, K>(*cached, self.shape.value_dim)
-            }
-            Source::Stored(StoredKeys::Paged(paged)) => Packed::paged::<T, K>(*paged, self.shape.value_dim),
+            StoredKeys::Rows { k, v } => Packed::new::<T, K>(*k, *v, keys, self.key_rows.is_none()),
+            StoredKeys::Contiguous(cached) => Packed::cached::<T, K>(*cached, self.shape.value_dim),
+            StoredKeys::Paged(paged) => Packed::paged::<T, K>(*paged, self.shape.value_dim),
         }
     }
 

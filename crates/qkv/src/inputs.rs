@@ -6,12 +6,13 @@
 //! everywhere (a hidden weight of 0 times NaN is NaN). Only inputs that fail the plain finiteness
 //! check pay for working out which keys are seen, and for the copy.
 
-use ndarray::{ArrayView, Axis, CowArray, Dimension};
+use ndarray::{ArrayView, Axis, CowArray, Dimension, ArrayView4};
 
 use crate::error::{AttentionError, Dims};
 use crate::kernels::Element;
-use crate::real::Real;
-use crate::shape::{Magnitudes, finite_magnitude};
+use crate::element::Real;
+use crate::masking::HeadMasks;
+use crate::shape::{Magnitudes, Shape, finite_magnitude};
 
 /// Keys and values as the paths may read them (the caller's own, or copies with the unseen rows
 /// zeroed, in the caller's element type), and the largest magnitudes of the inputs.
@@ -76,4 +77,55 @@ fn seen_rows_finite<'a, T: Real, E: Element<Compute = T>, D: Dimension>(
     }
     let magnitude = finite_magnitude(argument, &clean)?;
     Ok((CowArray::from(clean), magnitude))
+}
+
+/// Which keys of key/value head `index` (`[batch, kv_head]`; `[]` for a single-head call) some
+/// query sees: a key is seen if a query of any of the `group` query heads reading it sees it.
+pub(crate) fn seen_by_group<T: Real>(
+    masks: &HeadMasks<'_, '_, T>,
+    group: usize,
+    index: &[usize],
+) -> Vec<bool> {
+    let (b, kv) = match *index {
+        [] => (0, 0),
+        [b, kv] => (b, kv),
+        _ => unreachable!("[batch, kv_head]"),
+    };
+    let mut seen = masks.head(b, kv * group).seen_keys();
+    for h in kv * group + 1..(kv + 1) * group {
+        for (seen, s) in seen.iter_mut().zip(masks.head(b, h).seen_keys()) {
+            *seen |= s;
+        }
+    }
+    seen
+}
+
+/// Checks that the tensors agree on their batch and head axes, and the shape of one head.
+pub(crate) fn check_heads<E>(
+    q: &ArrayView4<E>,
+    k: &ArrayView4<E>,
+    v: &ArrayView4<E>,
+) -> Result<Shape, AttentionError> {
+    let [batch, query_heads, _, _] = *q.shape() else { unreachable!("4-D view") };
+    let [_, kv_heads, _, _] = *k.shape() else { unreachable!("4-D view") };
+    for (argument, other, other_shape, axis, a, b) in [
+        ("keys", "queries", q.shape(), "batch", k.shape()[0], batch),
+        ("values", "keys", k.shape(), "batch", v.shape()[0], batch),
+        ("values", "keys", k.shape(), "heads", v.shape()[1], kv_heads),
+    ] {
+        if a != b {
+            let found = if argument == "keys" { k.shape() } else { v.shape() };
+            return Err(AttentionError::AxisMismatch {
+                argument,
+                found: found.into(),
+                other,
+                other_shape: other_shape.into(),
+                axis,
+            });
+        }
+    }
+    if kv_heads == 0 || query_heads % kv_heads != 0 {
+        return Err(AttentionError::HeadCount { query_heads, kv_heads });
+    }
+    Shape::of_dims(q.shape(), k.shape(), v.shape())
 }

@@ -41,11 +41,20 @@ use std::convert::identity;
 use half::{bf16, f16};
 use ndarray::{ArrayView, ArrayView2, ArrayViewMut2, CowArray, Dimension};
 
-use crate::flash::OutRows;
-use crate::real::Real;
-use crate::simd::SimdLevel;
+use crate::level::SimdLevel;
 
 pub use simd::Exp2;
+
+/// A type the kernels compute in: `f32` or `f64`. What the kernels need of it (arithmetic, the
+/// exponential's constants, plain bits); the public [`crate::Real`] is sealed by it, so the
+/// kernels never depend on the public element trait.
+pub trait Scalar:
+    Element<Compute = Self> + num_traits::Float + Exp2 + Default + Send + Sync + std::fmt::Debug + 'static
+{
+}
+
+impl Scalar for f32 {}
+impl Scalar for f64 {}
 
 /// An element type the kernels read at every level: the computing types f32 and f64 (implied by
 /// [`crate::Real`] through its sealing supertrait), and the storage formats `half::bf16` and
@@ -56,7 +65,7 @@ pub trait Element: wide::bytemuck::Pod + Send + Sync + Default + 'static {
     type Line: wide::bytemuck::Pod + Default + Send + Sync;
     /// The type the kernels compute in when they read this one: itself for f32 and f64, f32 for
     /// the half-precision formats.
-    type Compute: Real;
+    type Compute: Scalar;
 
     /// This element in the compute type, exactly (every bf16 and f16 is an f32).
     fn widen(self) -> Self::Compute;
@@ -69,7 +78,7 @@ pub trait Element: wide::bytemuck::Pod + Send + Sync + Default + 'static {
     /// format. For the paths that compute in the compute type alone (the blocked fallback).
     fn computed<D: Dimension>(a: ArrayView<'_, Self, D>) -> CowArray<'_, Self::Compute, D>;
 
-    /// An output stored as this type, as the tiled path writes it (see `flash::OutRows`).
+    /// An output stored as this type, as the tiled path writes it (see [`OutRows`]).
     fn out_rows(out: ArrayViewMut2<'_, Self>) -> OutRows<'_, Self::Compute>;
 
     /// Runs `job` with this element type's kernels of the level `isa` stands for.
@@ -143,6 +152,21 @@ element!(f16, wide::f32x16, f32, f16::to_f32, f16::from_f32, widened_copy, OutRo
 /// A copy of `a` widened to the compute type: [`Element::computed`] for a half-precision format.
 fn widened_copy<E: Element, D: Dimension>(a: ArrayView<'_, E, D>) -> CowArray<'_, E::Compute, D> {
     CowArray::from(a.mapv(E::widen))
+}
+
+/// Output rows as the caller stores them: in the compute type `T`, or rounded once from it to a
+/// half-precision format. An enum rather than a type parameter, so that the tiled path is
+/// compiled once per input type, not once per pair of input and output types (which doubled the
+/// engine tests' build).
+///
+/// `pub` only because the (sealed) `Element` trait names it; nothing outside the crate can.
+pub enum OutRows<'out, T> {
+    /// Stored in the compute type.
+    Computed(ArrayViewMut2<'out, T>),
+    /// Rounded to bf16 (under an f32 compute type).
+    Bf16(ArrayViewMut2<'out, bf16>),
+    /// Rounded to f16 (under an f32 compute type).
+    F16(ArrayViewMut2<'out, f16>),
 }
 
 /// An instruction-set level that this CPU runs, with the token that proves it.
@@ -223,7 +247,7 @@ pub(crate) const KEY_BLOCK: usize = 128;
 /// half-precision format widened as it is loaded): the whole interface between the algorithm
 /// (`flash.rs`) and the SIMD code. The constants describe the layouts the kernels read; every
 /// buffer is plain scalars, with lengths and strides in scalars.
-pub trait Kernels<T: Real, E: Element<Compute = T> = T>: Copy + Send + Sync {
+pub trait Kernels<T: Scalar, E: Element<Compute = T> = T>: Copy + Send + Sync {
     /// Scalars per vector register. Score rows, value rows and output rows are padded to it.
     const LANES: usize;
     /// Keys per packed key panel (see [`pack_key_panel`]): the width of a score tile.
@@ -589,7 +613,7 @@ impl<T: Element> std::ops::DerefMut for Buffer<T> {
 
 /// The larger of two magnitudes (see [`Kernels::magnitude`]), NaN winning over everything, so
 /// that a non-finite input is never lost when partial magnitudes are combined.
-pub(crate) fn larger_magnitude<T: Real>(a: T, b: T) -> T {
+pub(crate) fn larger_magnitude<T: Scalar>(a: T, b: T) -> T {
     if b.is_nan() || b.abs() > a { b.abs() } else { a }
 }
 
@@ -707,7 +731,7 @@ pub(crate) fn pack_value_row<E: Element>(v_row: ndarray::ArrayView1<E>, out: &mu
 /// [`Layout::Pairs`]: as bf16 (exactly, for bf16 inputs), row after row with `d` padded to even,
 /// two to a scalar of `out`, unscaled; returns `scale`. The padding rows and components are
 /// zeros.
-pub(crate) fn pack_queries<T: Real, E: Element<Compute = T>>(
+pub(crate) fn pack_queries<T: Scalar, E: Element<Compute = T>>(
     q: ArrayView2<E>,
     first: usize,
     rows: usize,
@@ -729,7 +753,7 @@ pub(crate) fn pack_queries<T: Real, E: Element<Compute = T>>(
                     out[..d].copy_from_slice(wide::bytemuck::cast_slice(row));
                 }
                 _ => {
-                    out.iter_mut().zip(row).for_each(|(o, &x)| *o = bf16::from_f64(x.widen().to_f64_exact()))
+                    out.iter_mut().zip(row).for_each(|(o, &x)| *o = bf16::from_f64(x.widen().to_f64().unwrap_or(f64::NAN)))
                 }
             }
         }
@@ -754,7 +778,7 @@ pub(crate) fn pack_queries<T: Real, E: Element<Compute = T>>(
 
 /// Queries `first .. first + rows` of `q`, widened and times `scale`, row after row: the layout
 /// of [`Kernels::direct_scores`].
-pub(crate) fn pack_query_rows<T: Real, E: Element<Compute = T>>(
+pub(crate) fn pack_query_rows<T: Scalar, E: Element<Compute = T>>(
     q: ArrayView2<E>,
     first: usize,
     rows: usize,

@@ -16,17 +16,18 @@
 
 use std::collections::TryReserveError;
 
-use ndarray::{Array2, Array3, ArrayView1, ArrayView2, ArrayView3, ArrayViewMut2, ArrayViewMut3, Ix3, s};
+use ndarray::{Array2, Array3, ArrayView3, Axis, ArrayViewMut2, ArrayViewMut3, Ix3, s};
 
-use crate::cache_options::CacheOptions;
 use crate::error::{AttentionError, Dims};
-use crate::flash::{self, CachedCall, CachedKeys, CachedProblem, StoredKeys};
-use crate::kernels::{self, Buffer, Element, Isa, Job, Kernels};
-use crate::mask::KeepMask;
+use crate::flash::{self, CachedKeys, CachedLayout, LayoutOf, StoredKeys};
+use crate::options::CacheOptions;
+use crate::step::{self, OptionShape, Step};
+use crate::kernels::{self, Buffer, Element, Isa};
 use crate::partial::PartialAttention;
 use crate::shape::{Magnitudes, Shape, finite_magnitude};
-use crate::simd::{self, SimdLevel};
-use crate::storage::Storage;
+use crate::level::SimdLevel;
+use crate::simd;
+use crate::element::Storage;
 
 mod ring;
 
@@ -114,52 +115,25 @@ pub struct KvCache<E: Storage = f32> {
     shape: CacheShape,
     level: SimdLevel,
     isa: Isa,
-    layout: Layout,
+    layout: CachedLayout,
     /// A windowed cache's ring; `None` holds every position up to the capacity.
     ring: Option<Ring>,
     layers: Vec<LayerStore<E>>,
     step: StepBuffers,
 }
 
-/// What a step keeps between calls so that, once warm, it allocates nothing: the queries stacked
-/// by key/value head and widened to f32, the stacked output and logsumexp, and the fast path's
-/// own buffers. Each grows to the largest step seen and never shrinks.
+/// What a step keeps between calls so that, once warm, it allocates nothing: the step's own
+/// buffers (see [`step::StepBuffers`]) and a ring's keep mask over its slots. Each grows to the
+/// largest step seen and never shrinks.
 #[derive(Default)]
 struct StepBuffers {
-    queries: Vec<f32>,
-    output: Vec<f32>,
-    logsumexp: Vec<f32>,
-    workspace: flash::Workspace<f32>,
+    step: step::StepBuffers<f32>,
     /// A keep mask over a ring's slots (`Ring::keep_by_slot`).
     keep_by_slot: Vec<bool>,
 }
 
 /// The largest size of one allocation (Rust's limit for any object).
 const ISIZE_MAX: usize = isize::MAX as usize;
-
-/// What a level's kernels need of the cached layout.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Layout {
-    /// Keys per packed panel.
-    pub(crate) key_panel: usize,
-    /// Elements from one value row to the next: `value_dim` rounded up to whole vectors.
-    pub(crate) value_stride: usize,
-}
-
-/// Asks a level's kernels for their layout.
-pub(crate) struct LayoutOf {
-    pub(crate) value_dim: usize,
-}
-
-impl<E: Element> Job<E> for LayoutOf {
-    /// `None` when the padded value row would not fit a `usize`.
-    type Output = Option<Layout>;
-
-    fn run<K: Kernels<E::Compute, E>>(self, _: K) -> Option<Layout> {
-        let value_stride = self.value_dim.checked_next_multiple_of(K::LANES)?;
-        Some(Layout { key_panel: K::KEY_PANEL, value_stride })
-    }
-}
 
 /// One layer: how many positions were appended to it, and what they measured.
 struct LayerStore<E: Element> {
@@ -492,7 +466,7 @@ impl<E: Storage> CacheLayer<'_, E> {
             return Err(AttentionError::CacheFull { layer: self.index, len, appended: n_new, capacity });
         }
         let (keys, values) = (finite_magnitude("keys", &k)?, finite_magnitude("values", &v)?);
-        let Layout { key_panel, value_stride } = self.cache.layout;
+        let CachedLayout { key_panel, value_stride } = self.cache.layout;
         // A ring would overwrite the positions before the last `capacity` within this append.
         let overwritten = if ring.is_some() { n_new.saturating_sub(capacity) } else { 0 };
         let store = &mut self.cache.layers[self.index];
@@ -671,8 +645,8 @@ impl<E: Storage> CacheLayer<'_, E> {
         &mut self,
         q: ArrayView3<Q>,
         options: &CacheOptions,
-        mut out: ArrayViewMut3<O>,
-        mut lse: Option<ArrayViewMut2<f32>>,
+        out: ArrayViewMut3<O>,
+        lse: Option<ArrayViewMut2<f32>>,
     ) -> Result<(), AttentionError> {
         let CacheShape { kv_heads, key_dim, value_dim, .. } = self.cache.shape;
         let [query_heads, n_queries, _] = *q.shape() else { unreachable!("3-D view") };
@@ -715,7 +689,7 @@ impl<E: Storage> CacheLayer<'_, E> {
                           attend in smaller steps, or make the capacity larger",
                 });
             }
-            if let Some(found) = options.window()
+            if let Some(found) = options.window
                 && found != ring.sliding_window()
             {
                 return Err(AttentionError::CacheWindowOption {
@@ -725,18 +699,18 @@ impl<E: Storage> CacheLayer<'_, E> {
                 });
             }
         }
-        options.check_shapes(query_heads, n_queries, held).map_err(|mismatch| {
-            AttentionError::CacheInput {
-                layer: self.index,
-                argument: mismatch.argument,
-                found: mismatch.found,
-                expected: mismatch.expected,
-                why: mismatch.why,
-            }
-        })?;
+        let shape_error = |mismatch: OptionShape| AttentionError::CacheInput {
+            layer: self.index,
+            argument: mismatch.argument,
+            found: mismatch.found,
+            expected: mismatch.expected,
+            why: mismatch.why,
+        };
+        let level = self.cache.level;
+        step::check_cache_options(options, level, query_heads, n_queries, held)?.map_err(shape_error)?;
         let shape = Shape { n_queries, n_keys: held, key_dim, value_dim };
         let KvCache { layout, isa, layers, step, .. } = &mut *self.cache;
-        let StepBuffers { queries, output, logsumexp, workspace, keep_by_slot } = step;
+        let StepBuffers { step: buffers, keep_by_slot } = step;
         // A plain cache is one problem over the positions held. A ring is one part per run of
         // slots, each placing its slots among keys of its own, with the ring's window, and the
         // keep mask's columns moved to the slots (see `ring.rs`).
@@ -751,14 +725,12 @@ impl<E: Storage> CacheLayer<'_, E> {
             Some(ring) => {
                 runs = ring.runs(len);
                 lengths = runs.map(|run| [run.key_length]);
-                by_slot = options.keep().map(|keep| ring.keep_by_slot(len, keep, keep_by_slot));
+                by_slot = options.keep.as_ref().map(|keep| ring.keep_by_slot(len, keep.0.head(0, 0), keep_by_slot));
                 ring_options = [0, 1].map(|part| {
                     let options =
                         options.dense().sliding_window(ring.sliding_window()).key_lengths(&lengths[part]);
                     match by_slot {
-                        Some(keep) => {
-                            options.keep_mask(KeepMask::new(keep.slice_move(s![.., ..runs[part].n_keys])))
-                        }
+                        Some(keep) => options.keep_mask(keep.slice_move(s![.., ..runs[part].n_keys])),
                         None => options,
                     }
                 });
@@ -779,56 +751,29 @@ impl<E: Storage> CacheLayer<'_, E> {
         if !heads[..parts].iter().all(|heads| flash::stays_finite(&shape, &magnitudes, &heads.head(0, 0))) {
             return Err(AttentionError::CacheOverflow { layer: self.index });
         }
-        // The query heads that share a key/value head are the rows of one problem, query-major
-        // (row `i · group + g` is query `i` of the group's head `g`), so that its keys and values
-        // are read once for all of them; heads with masks of their own (ALiBi) are a problem each.
-        let group = query_heads / kv_heads;
-        let heads_per_problem = if heads[0].vary_by_head() { 1 } else { group };
-        let n_problems = query_heads / heads_per_problem;
-        let rows = n_queries * heads_per_problem;
-        let stacked = flash::prefix(queries, n_problems * rows * key_dim);
-        for (r, row) in stacked.chunks_exact_mut(key_dim).enumerate() {
-            let (p, i, g) = (r / rows, r % rows / heads_per_problem, r % heads_per_problem);
-            let query = q.slice(s![p * heads_per_problem + g, i, ..]);
-            row.iter_mut().zip(query).for_each(|(x, &y)| *x = y.widen());
-        }
-        let stacked = &*stacked;
         let value_stride = layout.value_stride;
-        let problem = |p: usize, part: usize| CachedProblem {
-            q: ArrayView2::from_shape(
-                (rows, key_dim),
-                &stacked[p * rows * key_dim..(p + 1) * rows * key_dim],
-            )
-            .expect("the rows fit"),
-            kv: StoredKeys::Contiguous(CachedKeys {
-                panels: &store.heads[p * heads_per_problem / group].panels,
-                values: &store.heads[p * heads_per_problem / group].values[..held * value_stride],
+        let keys = |_: usize, kv: usize| {
+            StoredKeys::Contiguous(CachedKeys {
+                panels: &store.heads[kv].panels,
+                values: &store.heads[kv].values[..held * value_stride],
                 value_stride,
-            }),
-            masks: heads[part].head(0, p * heads_per_problem),
+            })
         };
-        let stacked_out = flash::prefix(output, n_problems * rows * value_dim);
-        let stacked_lse = lse.is_some().then(|| flash::prefix(logsumexp, n_problems * rows));
-        let call = CachedCall {
-            rows_per_query: heads_per_problem,
-            n_problems,
+        let step = Step {
+            isa: *isa,
+            q: q.insert_axis(Axis(0)),
+            kv_heads,
+            value_dim,
+            members: 1,
+            member: &|_| (0, 0..n_queries),
+            n_keys: &|_| held,
+            keys: &keys,
             parts,
-            shape: &|_| shape,
-            problem: &problem,
+            masks: &|_, part, head| heads[part].head(0, head),
+            heads_differ: heads[0].vary_by_head(),
         };
-        flash::attend_cached(*isa, call, stacked_out, stacked_lse, workspace);
-        for (r, row) in stacked_out.chunks_exact(value_dim).enumerate() {
-            let (p, i, g) = (r / rows, r % rows / heads_per_problem, r % heads_per_problem);
-            let row = ArrayView1::from(row);
-            out.slice_mut(s![p * heads_per_problem + g, i, ..])
-                .zip_mut_with(&row, |o, &x| *o = O::from_f32(x));
-        }
-        if let Some(lse) = &mut lse {
-            for (r, &x) in logsumexp[..n_problems * rows].iter().enumerate() {
-                let (p, i, g) = (r / rows, r % rows / heads_per_problem, r % heads_per_problem);
-                lse[[p * heads_per_problem + g, i]] = x;
-            }
-        }
+        let lse = lse.map(|lse| lse.insert_axis(Axis(0)));
+        step::attend(&step, out.insert_axis(Axis(0)), lse, buffers);
         Ok(())
     }
 

@@ -47,27 +47,34 @@
 //! # Ok::<(), qkv::AttentionError>(())
 //! ```
 
+// `unsafe` lives in the kernels alone, where a detected CPU feature makes it sound.
+#![deny(unsafe_code)]
+
 mod attention;
 mod backward;
 mod blocked;
-mod cache_options;
+mod element;
 mod error;
 mod flash;
+mod half_precision;
 mod inputs;
 #[cfg(all(debug_assertions, not(test)))]
 mod instances;
+#[allow(unsafe_code)]
 mod kernels;
 mod kv_cache;
+mod level;
 mod mask;
+mod masking;
 mod multi_head;
+mod options;
 mod paged;
 mod partial;
 mod projection;
-mod real;
 pub mod reference;
 mod shape;
 mod simd;
-mod storage;
+mod step;
 mod work;
 
 /// The `ndarray` this crate takes and returns, so that an embedder on another version of
@@ -86,25 +93,24 @@ pub use backward::{
     Gradients, GradientsMut, attention_backward, attention_backward_into, multi_head_attention_backward,
     multi_head_attention_backward_into,
 };
-pub use cache_options::CacheOptions;
 pub use error::{AttentionError, Dims};
 #[cfg(all(debug_assertions, not(test)))]
 #[doc(hidden)]
 pub use instances::entry_points;
 pub use kv_cache::{CacheLayer, CacheShape, KvCache};
-pub use mask::{
-    AdditiveBias, Alibi, AttentionOptions, CausalMask, KeepMask, KeyPadding, SlidingWindow, alibi_slopes,
-};
+pub use mask::{AdditiveBias, Alibi, CausalMask, KeepMask, KeyPadding, SlidingWindow, alibi_slopes};
 pub use multi_head::{multi_head_attention, multi_head_attention_into, multi_head_attention_with_lse};
 pub use paged::{PagedKvCache, PagedLayer, PagedShape, SequenceId};
 pub use partial::PartialAttention;
 pub use projection::{Projected, Projections};
-pub use real::Real;
+pub use element::{Half, Real, Storage};
+pub use options::{AttentionOptions, CacheOptions};
 pub use reference::{QueryTrace, TiledBlock, TiledTrace, trace_query, trace_tiled};
 pub use shape::Shape;
-pub use simd::{SimdLevel, simd_report};
-pub use storage::{
-    Half, Storage, attention_half, attention_half_into, attention_half_with_lse, multi_head_attention_half,
+pub use level::SimdLevel;
+pub use simd::simd_report;
+pub use half_precision::{
+    attention_half, attention_half_into, attention_half_with_lse, multi_head_attention_half,
     multi_head_attention_half_into, multi_head_attention_half_with_lse,
 };
 

@@ -2,19 +2,20 @@
 //! (several query heads sharing one key/value head; multi-query attention is one shared head),
 //! and masks per sequence or per head.
 
-use ndarray::{Array2, Array3, Array4, ArrayView4, ArrayViewMut3, ArrayViewMut4, Ix4, s};
+use ndarray::{Array3, Array4, ArrayView4, ArrayViewMut3, ArrayViewMut4, Ix4, s};
 
-use crate::attention::decode_checked;
 use crate::blocked;
 use crate::error::{AttentionError, Dims};
 use crate::flash;
-use crate::inputs;
-use crate::kernels::{Element, Isa};
-use crate::mask::{AttentionOptions, HeadMasks};
+use crate::inputs::{self, check_heads, seen_by_group};
+use crate::kernels::Element;
+use crate::options::AttentionOptions;
 use crate::partial::PartialAttention;
-use crate::real::Real;
+use crate::element::Real;
 use crate::shape::{Shape, finite_magnitude};
 use crate::simd;
+use crate::flash::StoredKeys;
+use crate::step::{self, Step, StepBuffers};
 
 /// Attention for every (batch, query head) pair.
 ///
@@ -146,57 +147,6 @@ pub(crate) fn output_with_lse<T: Real, E: Element<Compute = T>>(
     Ok(PartialAttention { output, logsumexp })
 }
 
-/// Which keys of key/value head `index` (`[batch, kv_head]`; `[]` for a single-head call) some
-/// query sees: a key is seen if a query of any of the `group` query heads reading it sees it.
-pub(crate) fn seen_by_group<T: Real>(
-    masks: &HeadMasks<'_, '_, T>,
-    group: usize,
-    index: &[usize],
-) -> Vec<bool> {
-    let (b, kv) = match *index {
-        [] => (0, 0),
-        [b, kv] => (b, kv),
-        _ => unreachable!("[batch, kv_head]"),
-    };
-    let mut seen = masks.head(b, kv * group).seen_keys();
-    for h in kv * group + 1..(kv + 1) * group {
-        for (seen, s) in seen.iter_mut().zip(masks.head(b, h).seen_keys()) {
-            *seen |= s;
-        }
-    }
-    seen
-}
-
-/// Checks that the tensors agree on their batch and head axes, and the shape of one head.
-pub(crate) fn check_heads<E>(
-    q: &ArrayView4<E>,
-    k: &ArrayView4<E>,
-    v: &ArrayView4<E>,
-) -> Result<Shape, AttentionError> {
-    let [batch, query_heads, _, _] = *q.shape() else { unreachable!("4-D view") };
-    let [_, kv_heads, _, _] = *k.shape() else { unreachable!("4-D view") };
-    for (argument, other, other_shape, axis, a, b) in [
-        ("keys", "queries", q.shape(), "batch", k.shape()[0], batch),
-        ("values", "keys", k.shape(), "batch", v.shape()[0], batch),
-        ("values", "keys", k.shape(), "heads", v.shape()[1], kv_heads),
-    ] {
-        if a != b {
-            let found = if argument == "keys" { k.shape() } else { v.shape() };
-            return Err(AttentionError::AxisMismatch {
-                argument,
-                found: found.into(),
-                other,
-                other_shape: other_shape.into(),
-                axis,
-            });
-        }
-    }
-    if kv_heads == 0 || query_heads % kv_heads != 0 {
-        return Err(AttentionError::HeadCount { query_heads, kv_heads });
-    }
-    Shape::of_dims(q.shape(), k.shape(), v.shape())
-}
-
 /// Attention for every head of checked tensors into `out` (and `lse`): inputs stored as `E` and
 /// the output as `O`, each `T` itself or a half-precision format under `T = f32` (see
 /// `attention.rs`'s `attend_output`, which does the same for one head).
@@ -219,9 +169,29 @@ fn attend_heads<T: Real, E: Element<Compute = T>, O: Element<Compute = T>>(
     // Heads that share a key/value head and their masks run as the rows of one problem.
     let stack = if masks.vary_by_head() { 1 } else { group };
     if flash::decodes(shape.n_queries * stack, &k.slice(s![0, 0, .., ..])) {
+        // Decoding reads each key and value once, for every query head of its group, and checks
+        // them as it reads them: the inference step the caches take too.
         let queries = finite_magnitude("queries", &q)?;
-        let step = Decoding { kernels, shape, q, k, v, masks: &masks, group, stack };
-        if step.run(&mut out, lse.as_mut(), queries) {
+        let keys = |b: usize, kv: usize| StoredKeys::Rows {
+            k: k.slice_move(s![b, kv, .., ..]),
+            v: v.slice_move(s![b, kv, .., ..]),
+        };
+        let step = Step {
+            isa: kernels,
+            q,
+            kv_heads: k.shape()[1],
+            value_dim: shape.value_dim,
+            members: batch,
+            member: &|b| (b, 0..shape.n_queries),
+            n_keys: &|_| shape.n_keys,
+            keys: &keys,
+            parts: 1,
+            masks: &|b, _, h| masks.head(b, h),
+            heads_differ: masks.vary_by_head(),
+        };
+        let lse = lse.as_mut().map(|lse| lse.view_mut());
+        let measured = step::attend(&step, out.view_mut(), lse, &mut StepBuffers::default());
+        if flash::decode_checked(shape, queries, measured, &masks.head(0, 0)) {
             return Ok(());
         }
     }
@@ -256,71 +226,4 @@ fn attend_heads<T: Real, E: Element<Compute = T>, O: Element<Compute = T>>(
         })?;
     }
     Ok(())
-}
-
-/// A decoding step over every (batch, stack of query heads): the `stack` query heads that share
-/// a key/value head (and their masks) are stacked as rows of one problem (query-major: row
-/// `i · stack + g` is query `i` of the stack's head `g`), so that its keys and values are read
-/// once for all of them, and checked as they are read (see [`decode_checked`]).
-struct Decoding<'a, 'm, 'o, T: Real, E> {
-    kernels: Isa,
-    shape: &'a Shape,
-    q: ArrayView4<'a, E>,
-    k: ArrayView4<'a, E>,
-    v: ArrayView4<'a, E>,
-    masks: &'m HeadMasks<'o, 'a, T>,
-    /// Query heads per key/value head.
-    group: usize,
-    /// Query heads per problem: `group`, or 1 when heads have masks of their own.
-    stack: usize,
-}
-
-impl<T: Real, E: Element<Compute = T>> Decoding<'_, '_, '_, T, E> {
-    /// Runs the step into `out` (each row rounded once to `O`) and `lse`. Returns whether the
-    /// result stands; if not, the caller checks the inputs in full and computes `out` again.
-    fn run<O: Element<Compute = T>>(
-        &self,
-        out: &mut ArrayViewMut4<O>,
-        lse: Option<&mut ArrayViewMut3<T>>,
-        queries: f64,
-    ) -> bool {
-        let Decoding { kernels, shape, q, k, v, masks, group, stack } = *self;
-        let [batch, query_heads, n_queries, d_k] = *q.shape() else { unreachable!("4-D view") };
-        let rows = n_queries * stack;
-        let steps: Vec<(usize, usize)> =
-            (0..batch).flat_map(|b| (0..query_heads).step_by(stack).map(move |h| (b, h))).collect();
-        let stacked: Vec<Array2<E>> = steps
-            .iter()
-            .map(|&(b, h)| Array2::from_shape_fn((rows, d_k), |(r, c)| q[[b, h + r % stack, r / stack, c]]))
-            .collect();
-        let mut stacked_out: Vec<(Array2<T>, ndarray::Array1<T>)> = steps
-            .iter()
-            .map(|_| (Array2::zeros((rows, shape.value_dim)), ndarray::Array1::zeros(rows)))
-            .collect();
-        let heads = steps
-            .iter()
-            .zip(&stacked)
-            .zip(&mut stacked_out)
-            .map(|((&(b, h), q), (out, lse))| flash::Head {
-                q: q.view(),
-                k: k.slice(s![b, h / group, .., ..]),
-                v: v.slice(s![b, h / group, .., ..]),
-                out: out.view_mut(),
-                lse: Some(lse.view_mut()),
-                masks: masks.head(b, h),
-            })
-            .collect();
-        let measured = flash::attend(kernels, shape, stack, heads);
-        let mut lse = lse;
-        for (&(b, h), (stacked_out, stacked_lse)) in steps.iter().zip(&stacked_out) {
-            for (r, row) in stacked_out.outer_iter().enumerate() {
-                out.slice_mut(s![b, h + r % stack, r / stack, ..])
-                    .zip_mut_with(&row, |o, &x| *o = O::narrow(x));
-                if let Some(lse) = lse.as_mut() {
-                    lse[[b, h + r % stack, r / stack]] = stacked_lse[r];
-                }
-            }
-        }
-        decode_checked(shape, queries, measured, &masks.head(0, 0))
-    }
 }

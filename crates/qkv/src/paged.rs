@@ -18,17 +18,17 @@
 
 use std::ops::Range;
 
-use ndarray::{Array3, ArrayView1, ArrayView2, ArrayView3, ArrayViewMut2, ArrayViewMut3, s};
+use ndarray::{Array3, ArrayView3, Axis, ArrayViewMut2, ArrayViewMut3, s};
 
-use crate::Storage;
-use crate::cache_options::CacheOptions;
+use crate::element::Storage;
 use crate::error::{AttentionError, Dims};
-use crate::flash::{self, CachedCall, CachedProblem, PagedKeys, StoredKeys};
+use crate::flash::{self, CachedLayout, LayoutOf, PagedKeys, StoredKeys};
+use crate::options::CacheOptions;
+use crate::step::{self, OptionShape, Step};
 use crate::kernels::{self, Buffer, Isa};
-use crate::kv_cache::{Layout, LayoutOf};
-use crate::mask::AttentionOptions;
 use crate::shape::{Magnitudes, Shape, finite_magnitude};
-use crate::simd::{self, SimdLevel};
+use crate::level::SimdLevel;
+use crate::simd;
 
 /// The sizes of a [`PagedKvCache`]: a pool of `blocks` blocks of `block_size` positions, each
 /// position a key of `key_dim` and a value of `value_dim` elements for each of `kv_heads`
@@ -139,10 +139,7 @@ pub struct PagedKvCache<E: Storage = f32> {
 #[derive(Default)]
 struct StepBuffers {
     members: Vec<Member>,
-    queries: Vec<f32>,
-    output: Vec<f32>,
-    logsumexp: Vec<f32>,
-    workspace: flash::Workspace<f32>,
+    step: step::StepBuffers<f32>,
 }
 
 /// One sequence of a batch: its slot, what it holds at the layer, and its queries' run of the
@@ -157,7 +154,7 @@ struct Member {
 #[derive(Debug, Clone, Copy)]
 struct BlockLayout {
     /// The level's panel width and padded value rows.
-    layout: Layout,
+    layout: CachedLayout,
     kv_heads: usize,
     key_dim: usize,
     /// Positions per block.
@@ -587,7 +584,7 @@ impl<E: Storage> PagedLayer<'_, E> {
         while sequence.blocks.len() < written.end {
             sequence.blocks.push(pool.take());
         }
-        let Layout { key_panel, value_stride } = at.layout;
+        let CachedLayout { key_panel, value_stride } = at.layout;
         for (head, (k, v)) in k.outer_iter().zip(v.outer_iter()).enumerate() {
             for (j, (key, value)) in k.outer_iter().zip(v.outer_iter()).enumerate() {
                 let position = len + j;
@@ -765,8 +762,8 @@ impl<E: Storage> PagedLayer<'_, E> {
         query_offsets: &[usize],
         q: ArrayView3<E>,
         options: &CacheOptions,
-        mut out: ArrayViewMut3<O>,
-        mut lse: Option<ArrayViewMut2<f32>>,
+        out: ArrayViewMut3<O>,
+        lse: Option<ArrayViewMut2<f32>>,
     ) -> Result<(), AttentionError> {
         let PagedShape { kv_heads, key_dim, value_dim, block_size, .. } = self.cache.shape;
         let [query_heads, n_queries, _] = *q.shape() else { unreachable!("3-D view") };
@@ -789,17 +786,17 @@ impl<E: Storage> PagedLayer<'_, E> {
         for &id in sequences {
             longest = longest.max(self.cache.sequence(id)?.layers[layer].len);
         }
-        options.check_shapes(query_heads, n_queries, longest).map_err(|mismatch| {
-            AttentionError::PagedInput {
-                layer,
-                argument: mismatch.argument.into(),
-                found: mismatch.found,
-                expected: mismatch.expected,
-                why: mismatch.why,
-            }
-        })?;
+        let shape_error = |mismatch: OptionShape| AttentionError::PagedInput {
+            layer,
+            argument: mismatch.argument.into(),
+            found: mismatch.found,
+            expected: mismatch.expected,
+            why: mismatch.why,
+        };
+        let level = self.cache.level;
+        step::check_cache_options(options, level, query_heads, n_queries, longest)?.map_err(shape_error)?;
         let PagedKvCache { isa, block_layout: at, storage, slots, step, .. } = &mut *self.cache;
-        let StepBuffers { members, queries: stacked, output, logsumexp, workspace } = step;
+        let StepBuffers { members, step: buffers } = step;
         let shape_of =
             |m: &Member| Shape { n_queries: m.queries.len(), n_keys: m.state.len, key_dim, value_dim };
         // Each sequence with its queries, checked against what it holds at this layer.
@@ -844,83 +841,37 @@ impl<E: Storage> PagedLayer<'_, E> {
         if !(0..query_heads).all(|h| flash::stays_finite(&bound, &magnitudes, &masks(longest_member, h))) {
             return Err(AttentionError::CacheOverflow { layer });
         }
-        // The query heads that share a key/value head are the rows of one problem, query-major,
-        // as in `KvCache::attend`: its keys and values are read once for all of them; heads with
-        // masks of their own (ALiBi) are a problem each. Problem `m · per_member + j` is member
-        // `m`'s `j`-th; the problems' rows follow one another in the packed order, so member
-        // `m`'s start at row `queries.start · query_heads`.
-        let group = query_heads / kv_heads;
         let first_heads = sequence_masks(options, &members[0]);
         let first_heads = first_heads.resolve_heads(&shape_of(&members[0]), Some((1, query_heads)))?;
-        let heads_per_problem = if first_heads.vary_by_head() { 1 } else { group };
-        let per_member = query_heads / heads_per_problem;
-        // Row `r` of member `m`'s rows: query head and query of `q`.
-        let source_row = |m: &Member, r: usize| {
-            let rows = m.queries.len() * heads_per_problem;
-            let (j, i, g) = (r / rows, r % rows / heads_per_problem, r % heads_per_problem);
-            (j * heads_per_problem + g, m.queries.start + i)
+        let (storage, slots) = (&**storage, &*slots);
+        let keys = |m: usize, kv: usize| {
+            let sequence = slots[members[m].slot].sequence.as_ref().expect("a member's sequence was checked");
+            StoredKeys::Paged(PagedKeys {
+                storage,
+                block_stride: at.stride,
+                table: &sequence.blocks,
+                block_size,
+                panels_at: at.panels_at(layer, kv),
+                values_at: at.values_at(layer, kv),
+                key_dim,
+                value_stride: at.layout.value_stride,
+            })
         };
-        let stacked = flash::prefix(stacked, n_queries * query_heads * key_dim);
-        for m in members {
-            let rows = &mut stacked[m.queries.start * query_heads * key_dim..]
-                [..m.queries.len() * query_heads * key_dim];
-            for (r, row) in rows.chunks_exact_mut(key_dim).enumerate() {
-                let (head, query) = source_row(m, r);
-                row.iter_mut().zip(q.slice(s![head, query, ..])).for_each(|(x, &y)| *x = y.widen());
-            }
-        }
-        let (stacked, storage, slots) = (&*stacked, &**storage, &*slots);
-        let shape = |p: usize| shape_of(&members[p / per_member]);
-        let problem = |p: usize, _part: usize| {
-            let (m, j) = (&members[p / per_member], p % per_member);
-            let kv = j * heads_per_problem / group;
-            let rows = m.queries.len() * heads_per_problem;
-            let first = m.queries.start * query_heads + j * rows;
-            let sequence = slots[m.slot].sequence.as_ref().expect("a member's sequence was checked");
-            CachedProblem {
-                q: ArrayView2::from_shape(
-                    (rows, key_dim),
-                    &stacked[first * key_dim..(first + rows) * key_dim],
-                )
-                .expect("the rows fit"),
-                kv: StoredKeys::Paged(PagedKeys {
-                    storage,
-                    block_stride: at.stride,
-                    table: &sequence.blocks,
-                    block_size,
-                    panels_at: at.panels_at(layer, kv),
-                    values_at: at.values_at(layer, kv),
-                    key_dim,
-                    value_stride: at.layout.value_stride,
-                }),
-                masks: masks(m, j * heads_per_problem),
-            }
-        };
-        let stacked_out = flash::prefix(output, n_queries * query_heads * value_dim);
-        let stacked_lse = lse.is_some().then(|| flash::prefix(logsumexp, n_queries * query_heads));
-        let n_problems = members.len() * per_member;
-        let call = CachedCall {
-            rows_per_query: heads_per_problem,
-            n_problems,
+        let step = Step {
+            isa: *isa,
+            q: q.insert_axis(Axis(0)),
+            kv_heads,
+            value_dim,
+            members: members.len(),
+            member: &|m| (0, members[m].queries.clone()),
+            n_keys: &|m| members[m].state.len,
+            keys: &keys,
             parts: 1,
-            shape: &shape,
-            problem: &problem,
+            masks: &|m, _, head| masks(&members[m], head),
+            heads_differ: first_heads.vary_by_head(),
         };
-        flash::attend_cached(*isa, call, stacked_out, stacked_lse, workspace);
-        for m in members {
-            let rows = m.queries.start * query_heads..m.queries.end * query_heads;
-            let out_rows = stacked_out[rows.start * value_dim..rows.end * value_dim].chunks_exact(value_dim);
-            for (r, row) in out_rows.enumerate() {
-                let (head, query) = source_row(m, r);
-                out.slice_mut(s![head, query, ..])
-                    .zip_mut_with(&ArrayView1::from(row), |o, &x| *o = O::from_f32(x));
-            }
-            if let Some(lse) = &mut lse {
-                for (r, &x) in logsumexp[rows].iter().enumerate() {
-                    lse[source_row(m, r)] = x;
-                }
-            }
-        }
+        let lse = lse.map(|lse| lse.insert_axis(Axis(0)));
+        step::attend(&step, out.insert_axis(Axis(0)), lse, buffers);
         Ok(())
     }
 
@@ -947,11 +898,12 @@ impl<E: Storage> PagedLayer<'_, E> {
 }
 
 /// The options of member `m`'s queries over its keys: `options` with the bottom-right causal
-/// mask ([`CacheOptions::dense`]), its keep mask cut to the member's rows and positions.
-fn sequence_masks<'a>(options: &CacheOptions<'a>, m: &Member) -> AttentionOptions<'a, f32> {
-    match options.keep() {
+/// mask ([`AttentionOptions::dense`](crate::AttentionOptions::dense)), its keep mask cut to the member's rows and positions.
+fn sequence_masks<'a>(options: &CacheOptions<'a>, m: &Member) -> CacheOptions<'a> {
+    match &options.keep {
         Some(keep) => {
-            options.clone().keep_mask(keep.slice_move(s![m.queries.clone(), ..m.state.len])).dense()
+            let keep = keep.0.head(0, 0).slice_move(s![m.queries.clone(), ..m.state.len]);
+            options.clone().keep_mask(keep).dense()
         }
         None => options.dense(),
     }

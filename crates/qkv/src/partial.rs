@@ -4,7 +4,7 @@
 use ndarray::{Array, Dimension, IntoDimension, Ix2, Zip};
 
 use crate::error::{AttentionError, Dims};
-use crate::real::Real;
+use crate::element::Real;
 
 /// The output of attention and each row's logsumexp, from
 /// [`attention_with_lse`](crate::attention_with_lse) (`D = Ix2`: `output` is `[n_q, d_v]`,

@@ -6,8 +6,8 @@ use ndarray::{Array2, ArrayView2};
 
 use crate::attention::attention;
 use crate::error::AttentionError;
-use crate::mask::AttentionOptions;
-use crate::real::Real;
+use crate::options::AttentionOptions;
+use crate::element::Real;
 use crate::shape::check_finite;
 
 /// The learned projections of an attention layer.

@@ -12,9 +12,10 @@ use ndarray::{Array1, Array2, ArrayView2};
 use crate::attention::{Attention, AttentionWeights, Scores};
 use crate::error::AttentionError;
 use crate::inputs::{self, Inputs};
-use crate::mask::{AttentionOptions, MaskSet};
+use crate::masking::MaskSet;
+use crate::options::AttentionOptions;
 use crate::partial::PartialAttention;
-use crate::real::Real;
+use crate::element::Real;
 use crate::shape::Shape;
 
 pub use tiled::{TiledBlock, TiledTrace, trace_tiled};

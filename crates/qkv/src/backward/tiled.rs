@@ -28,8 +28,8 @@ use crate::flash::{BlockKeys, aligned_prefix, mask_tile, prefix};
 use crate::kernels::{
     self, Buffer, Isa, Job, KEY_BLOCK, Kernels, Layout, Rows, RowsMut, ScoreTile, ValueRows, Weights,
 };
-use crate::mask::MaskSet;
-use crate::real::Real;
+use crate::masking::MaskSet;
+use crate::element::Real;
 use crate::shape::{Magnitudes, Shape};
 use crate::work;
 

@@ -7,14 +7,14 @@
 
 use super::simd::{Load, Simd, exp_shifted};
 use super::{Element, KEY_BLOCK, Rows, RowsMut, ScoreTile, ValueRows, Weights, larger_magnitude};
-use crate::real::Real;
+use super::Scalar;
 
 /// The most lanes any level has (AVX-512's 16 f32): the size of the scratch for partial vectors.
 const MAX_LANES: usize = 16;
 
 /// See [`super::Kernels::scores`]: tiles of `MR` rows × `NV` vectors of keys (one panel).
 #[inline(always)]
-pub(super) fn scores<T: Real, E: Element, S: Load<T, E>, const MR: usize, const NV: usize>(
+pub(super) fn scores<T: Scalar, E: Element, S: Load<T, E>, const MR: usize, const NV: usize>(
     simd: S,
     tile: ScoreTile<'_, T, E>,
     group_keys: Option<&dyn Fn(usize) -> usize>,
@@ -62,7 +62,7 @@ struct ScoreGroup<'a, T, E> {
     row_max: &'a mut [T],
 }
 
-impl<T: Real, E: Element> ScoreGroup<'_, T, E> {
+impl<T: Scalar, E: Element> ScoreGroup<'_, T, E> {
     /// The first `NV` vectors of an `NP`-vector panel: the accumulators stay in registers across
     /// the whole `d` loop and are stored once, their lane-wise maxima folded into `row_max`.
     #[inline(always)]
@@ -92,7 +92,7 @@ impl<T: Real, E: Element> ScoreGroup<'_, T, E> {
 
 /// One component `c` of a score tile: `acc[r][v] += Q[r, c] · K[c, v]`.
 #[inline(always)]
-fn score_step<T: Real, E: Element, S: Load<T, E>, const MR: usize, const NV: usize>(
+fn score_step<T: Scalar, E: Element, S: Load<T, E>, const MR: usize, const NV: usize>(
     simd: S,
     acc: &mut [[S::V; NV]; MR],
     q: &[T],
@@ -112,7 +112,7 @@ fn score_step<T: Real, E: Element, S: Load<T, E>, const MR: usize, const NV: usi
 /// `N` keys (eight accumulators, independent chains that hide the multiply-add latency); each key
 /// vector is loaded once for all rows and folded into the keys' magnitude from the same load.
 #[inline(always)]
-pub(super) fn direct_scores<T: Real, E: Element<Compute = T>, S: Load<T, E>>(
+pub(super) fn direct_scores<T: Scalar, E: Element<Compute = T>, S: Load<T, E>>(
     simd: S,
     q: &[T],
     rows: usize,
@@ -132,7 +132,7 @@ pub(super) fn direct_scores<T: Real, E: Element<Compute = T>, S: Load<T, E>>(
 /// [`direct_scores`] for exactly `R` query rows, `N` keys at a time (the last few through a
 /// zero-padded copy); `R · N` is at most 8.
 #[inline(always)]
-fn direct_rows<T: Real, E: Element<Compute = T>, S: Load<T, E>, const R: usize, const N: usize>(
+fn direct_rows<T: Scalar, E: Element<Compute = T>, S: Load<T, E>, const R: usize, const N: usize>(
     simd: S,
     q: &[T],
     keys: &[E],
@@ -197,7 +197,7 @@ fn direct_rows<T: Real, E: Element<Compute = T>, S: Load<T, E>, const R: usize, 
 
 /// See [`super::Kernels::magnitude`].
 #[inline(always)]
-pub(super) fn magnitude<T: Real, E: Element<Compute = T>, S: Load<T, E>>(simd: S, x: &[E]) -> T {
+pub(super) fn magnitude<T: Scalar, E: Element<Compute = T>, S: Load<T, E>>(simd: S, x: &[E]) -> T {
     let chunks = x.chunks_exact(S::LANES);
     let tail = chunks.remainder();
     let mut acc = simd.zero();
@@ -209,7 +209,7 @@ pub(super) fn magnitude<T: Real, E: Element<Compute = T>, S: Load<T, E>>(simd: S
 
 /// The largest of the magnitudes folded into `acc` and those of `tail`, NaN winning over all.
 #[inline(always)]
-fn finish_magnitude<T: Real, E: Element<Compute = T>, S: Simd<T>>(simd: S, acc: S::V, tail: &[E]) -> T {
+fn finish_magnitude<T: Scalar, E: Element<Compute = T>, S: Simd<T>>(simd: S, acc: S::V, tail: &[E]) -> T {
     let mut lanes = [T::zero(); MAX_LANES];
     simd.store(acc, &mut lanes);
     let tail = tail.iter().map(|x| x.widen());
@@ -218,7 +218,7 @@ fn finish_magnitude<T: Real, E: Element<Compute = T>, S: Simd<T>>(simd: S, acc: 
 
 /// See [`super::Kernels::row_maxima`].
 #[inline(always)]
-pub(super) fn row_maxima<T: Real, S: Simd<T>>(simd: S, rows: Rows<'_, T>, len: usize, out: &mut [T]) {
+pub(super) fn row_maxima<T: Scalar, S: Simd<T>>(simd: S, rows: Rows<'_, T>, len: usize, out: &mut [T]) {
     for (r, out) in out.iter_mut().enumerate().take(rows.rows) {
         let row = &rows.data[r * rows.stride..][..len];
         let mut chunks = row.chunks_exact(S::LANES);
@@ -229,7 +229,7 @@ pub(super) fn row_maxima<T: Real, S: Simd<T>>(simd: S, rows: Rows<'_, T>, len: u
 
 /// See [`super::Kernels::exp_rows`].
 #[inline(always)]
-pub(super) fn exp_rows<T: Real, S: Simd<T>>(
+pub(super) fn exp_rows<T: Scalar, S: Simd<T>>(
     simd: S,
     rows: RowsMut<'_, T>,
     len: usize,
@@ -257,7 +257,7 @@ pub(super) fn exp_rows<T: Real, S: Simd<T>>(
 
 /// See [`super::Kernels::exp_differences`].
 #[inline(always)]
-pub(super) fn exp_differences<T: Real, S: Simd<T>>(simd: S, a: &[T], b: &[T], out: &mut [T]) {
+pub(super) fn exp_differences<T: Scalar, S: Simd<T>>(simd: S, a: &[T], b: &[T], out: &mut [T]) {
     let lanes = S::LANES;
     for ((a, b), out) in a.chunks(lanes).zip(b.chunks(lanes)).zip(out.chunks_mut(lanes)) {
         // A partial last chunk goes through a scratch vector: the extra lanes compute exp(0).
@@ -274,7 +274,7 @@ pub(super) fn exp_differences<T: Real, S: Simd<T>>(simd: S, a: &[T], b: &[T], ou
 /// rows left over (a few queries: decoding) one at a time × `NC1` vectors.
 #[inline(always)]
 pub(super) fn accumulate_values<
-    T: Real,
+    T: Scalar,
     E: Element,
     S: Load<T, E>,
     const MR: usize,
@@ -352,7 +352,7 @@ struct ValueTile<'a, T, E> {
 
 /// A register tile over the vectors of a value-like row (`P·V` and `Pᵀ·X` alike): `run` computes
 /// the `MR × NC` block at vector `c`, and `columns` walks every vector with it.
-trait VectorTile<T: Real, E: Element>: Copy {
+trait VectorTile<T: Scalar, E: Element>: Copy {
     /// Vectors in each output row.
     fn vectors(&self) -> usize;
 
@@ -373,7 +373,7 @@ trait VectorTile<T: Real, E: Element>: Copy {
     }
 }
 
-impl<T: Real, E: Element> VectorTile<T, E> for ValueTile<'_, T, E> {
+impl<T: Scalar, E: Element> VectorTile<T, E> for ValueTile<'_, T, E> {
     #[inline(always)]
     fn vectors(&self) -> usize {
         self.values.vectors
@@ -414,7 +414,7 @@ impl<T: Real, E: Element> VectorTile<T, E> for ValueTile<'_, T, E> {
 
 /// Stores an `MR × NC` block of accumulators into rows `o_stride` apart of `o`, from `column`.
 #[inline(always)]
-fn store_tile<T: Real, E: Element, S: Load<T, E>, const MR: usize, const NC: usize>(
+fn store_tile<T: Scalar, E: Element, S: Load<T, E>, const MR: usize, const NC: usize>(
     simd: S,
     acc: &[[S::V; NC]; MR],
     o: &mut [T],
@@ -434,7 +434,7 @@ fn store_tile<T: Real, E: Element, S: Load<T, E>, const MR: usize, const NC: usi
 /// vectors, the keys left over one at a time. For each weight row `r` the `MR` weights of a group
 /// are side by side in `P`'s row, so the broadcasts read one short run per row.
 #[inline(always)]
-pub(super) fn accumulate_transposed<T: Real, E: Element, S: Load<T, E>, const MR: usize, const NC: usize>(
+pub(super) fn accumulate_transposed<T: Scalar, E: Element, S: Load<T, E>, const MR: usize, const NC: usize>(
     simd: S,
     weights: Weights<'_, T>,
     values: ValueRows<'_, E>,
@@ -462,7 +462,7 @@ struct TransposedTile<'a, T, E> {
     o_stride: usize,
 }
 
-impl<T: Real, E: Element> VectorTile<T, E> for TransposedTile<'_, T, E> {
+impl<T: Scalar, E: Element> VectorTile<T, E> for TransposedTile<'_, T, E> {
     #[inline(always)]
     fn vectors(&self) -> usize {
         self.values.vectors
@@ -501,7 +501,7 @@ impl<T: Real, E: Element> VectorTile<T, E> for TransposedTile<'_, T, E> {
 
 /// See [`super::Kernels::softmax_gradient`].
 #[inline(always)]
-pub(super) fn softmax_gradient<T: Real, S: Simd<T>>(
+pub(super) fn softmax_gradient<T: Scalar, S: Simd<T>>(
     simd: S,
     p: Rows<'_, T>,
     dp: RowsMut<'_, T>,

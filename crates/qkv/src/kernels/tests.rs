@@ -4,6 +4,7 @@
 use ndarray::Array2;
 
 use super::*;
+use crate::element::Real;
 
 /// Runs `$body` once per level this CPU runs, with `$kernels: $K` that level's kernels for `$t`
 /// and `$level` its [`SimdLevel`]; prints the levels it skips.

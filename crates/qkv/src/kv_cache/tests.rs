@@ -43,7 +43,7 @@ fn keys_land_in_their_panel_lanes_and_values_in_padded_rows() {
         let mut layer = cache.layer(0).unwrap();
         layer.append(k.slice(s![.., ..20, ..]), v.slice(s![.., ..20, ..])).unwrap();
         layer.append(k.slice(s![.., 20.., ..]), v.slice(s![.., 20.., ..])).unwrap();
-        let Layout { key_panel, value_stride } = cache.layout;
+        let CachedLayout { key_panel, value_stride } = cache.layout;
         let head = &cache.layers[0].heads[0];
         let mut packed = vec![0.0; 37_usize.next_multiple_of(key_panel) * 3];
         for (p, panel) in packed.chunks_exact_mut(key_panel * 3).enumerate() {
@@ -86,7 +86,7 @@ fn a_ring_writes_position_p_into_slot_p_mod_capacity_and_never_moves() {
         }
         assert_eq!((layer.len(), layer.held()), (100, 21));
         assert_eq!(storage(&cache), before, "{level}: appends past the capacity");
-        let Layout { key_panel, value_stride } = cache.layout;
+        let CachedLayout { key_panel, value_stride } = cache.layout;
         for (h, head) in cache.layers[0].heads.iter().enumerate() {
             for position in 100 - 21..100 {
                 let slot = position % 21;

@@ -24,7 +24,7 @@ fn keys_land_in_their_blocks_panel_lanes_and_values_in_padded_rows() {
         layer.append(other, Array3::ones((2, 1, 3)).view(), Array3::ones((2, 1, 5)).view()).unwrap();
         layer.append(seq, k.slice(s![.., 5.., ..]), v.slice(s![.., 5.., ..])).unwrap();
         let at = cache.block_layout;
-        let Layout { key_panel, value_stride } = at.layout;
+        let CachedLayout { key_panel, value_stride } = at.layout;
         let table = cache.block_table(seq).unwrap();
         assert_eq!(table.len(), 2);
         assert_ne!(table[1], table[0] + 1, "{level}: the other sequence took a block in between");

@@ -7,8 +7,8 @@ use super::trace_row;
 use crate::backward::{Gradients, check_d_output};
 use crate::error::AttentionError;
 use crate::inputs;
-use crate::mask::AttentionOptions;
-use crate::real::Real;
+use crate::options::AttentionOptions;
+use crate::element::Real;
 use crate::shape::Shape;
 
 /// The gradients of `L` with respect to the queries, keys, values (and the additive bias, if

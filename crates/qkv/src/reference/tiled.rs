@@ -14,9 +14,9 @@ use ndarray::{Array1, Array2, ArrayView2};
 
 use super::{check_query, largest_visible, row_scores};
 use crate::error::AttentionError;
-use crate::mask::AttentionOptions;
+use crate::options::AttentionOptions;
 use crate::partial::PartialAttention;
-use crate::real::Real;
+use crate::element::Real;
 
 /// The online softmax of one query over its keys in blocks (see [`trace_tiled`]).
 #[derive(Debug, Clone, PartialEq)]

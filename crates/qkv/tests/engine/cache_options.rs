@@ -295,3 +295,39 @@ fn bad_options_are_errors_naming_the_layer_the_argument_and_the_shape() {
         "layer 1 of the KV cache takes logsumexp of shape [4, 2], not [4, 1]: one per query row"
     );
 }
+
+#[test]
+fn options_a_cache_decides_are_errors_on_both_caches() {
+    use qkv::{AdditiveBias, CausalMask, KeyPadding, PagedKvCache, PagedShape};
+    let shape = CacheShape { layers: 1, kv_heads: 1, capacity: 8, key_dim: 2, value_dim: 2 };
+    let mut cache = KvCache::<f32>::new(shape).unwrap();
+    let mut layer = cache.layer(0).unwrap();
+    layer.append(Array3::zeros((1, 3, 2)).view(), Array3::zeros((1, 3, 2)).view()).unwrap();
+    let paged_shape = PagedShape { layers: 1, kv_heads: 1, key_dim: 2, value_dim: 2, block_size: 64, blocks: 1 };
+    let mut paged = PagedKvCache::<f32>::new(paged_shape).unwrap();
+    let seq = paged.add_sequence();
+    let mut paged_layer = paged.layer(0).unwrap();
+    paged_layer.append(seq, Array3::zeros((1, 3, 2)).view(), Array3::zeros((1, 3, 2)).view()).unwrap();
+    let q = Array3::<f32>::zeros((1, 1, 2));
+    let (padding, lengths, bias) = (ndarray::array![true, true, false], [2], Array2::<f32>::zeros((1, 3)));
+    // The level neither cache runs at: a request for it is refused whatever it is.
+    let other = if cache.simd_level() == SimdLevel::Baseline { SimdLevel::Avx2 } else { SimdLevel::Baseline };
+    let cases = [
+        (CacheOptions::new().causal(CausalMask::TopLeft), "causal"),
+        (CacheOptions::new().key_padding(KeyPadding::new(padding.view())), "key_padding"),
+        (CacheOptions::new().key_lengths(&lengths), "key_lengths"),
+        (CacheOptions::new().bias(AdditiveBias::new(bias.view())), "bias"),
+        (CacheOptions::new().simd(other), "simd"),
+    ];
+    for (options, option) in &cases {
+        for message in [
+            layer.attend_with(q.view(), options).unwrap_err().to_string(),
+            paged_layer.attend_with(&[seq], &[0, 1], q.view(), options).unwrap_err().to_string(),
+        ] {
+            assert!(message.starts_with(&format!("a KV cache step takes no {option} option: ")), "{message}");
+        }
+    }
+    // What a cache step is anyway is no error: the bottom-right causal mask, its own level.
+    let same = CacheOptions::new().causal(CausalMask::BottomRight).simd(cache.simd_level());
+    layer.attend_with(q.view(), &same).unwrap();
+}

@@ -1,77 +1,15 @@
-//! Inputs stored in fewer bits than they are computed in: `half::bf16` and `half::f16` keys,
-//! values and queries, widened to f32 as the kernels load them, with f32 scores, softmax and
-//! accumulation; outputs in those formats on request, each row rounded once from f32. The
-//! single- and multi-head half-precision entry points.
+//! The half-precision entry points: attention over `half::bf16` and `half::f16` keys, values and
+//! queries, widened to f32 as the kernels load them, with f32 scores, softmax and accumulation;
+//! outputs in those formats on request, each row rounded once from f32.
 
 use ndarray::{Array2, Array4, ArrayView2, ArrayView4, ArrayViewMut2, ArrayViewMut4, Ix4};
 
 use crate::attention;
 use crate::error::AttentionError;
-use crate::kernels::Element;
-use crate::mask::AttentionOptions;
+use crate::element::{Half, Storage};
+use crate::options::AttentionOptions;
 use crate::multi_head;
 use crate::partial::PartialAttention;
-
-mod sealed {
-    pub trait Sealed {}
-    impl Sealed for f32 {}
-    impl Sealed for half::bf16 {}
-    impl Sealed for half::f16 {}
-}
-
-/// An element type the engine stores keys, values and queries in and computes from in f32:
-/// `f32` itself, `half::bf16` and `half::f16`. A [`KvCache`](crate::KvCache) holds any of them.
-///
-/// Sealed: each needs kernels that widen it as they load it.
-///
-/// ```
-/// use qkv::Storage;
-/// fn bytes_per_key<E: Storage>(key_dim: usize) -> usize {
-///     key_dim * size_of::<E>()
-/// }
-/// assert_eq!(bytes_per_key::<half::bf16>(128), 256);
-/// assert_eq!(half::bf16::NAME, "bf16");
-/// // 1 + 2^-8 is halfway between two bf16 values (8 significant bits): it rounds to even, 1.
-/// assert_eq!(half::bf16::from_f32(1.0 + 1.0 / 256.0).to_f32(), 1.0);
-/// ```
-pub trait Storage: Element<Compute = f32> + PartialEq + std::fmt::Debug + sealed::Sealed {
-    /// The name of the type, for messages (`"f32"`, `"bf16"`, `"f16"`).
-    const NAME: &'static str;
-
-    /// Rounds an f32 to this type (to nearest, ties to even; beyond the type's range, `±inf`).
-    fn from_f32(x: f32) -> Self {
-        Self::narrow(x)
-    }
-
-    /// This value as an f32, exactly.
-    fn to_f32(self) -> f32 {
-        self.widen()
-    }
-}
-
-impl Storage for f32 {
-    const NAME: &'static str = "f32";
-}
-
-impl Storage for half::bf16 {
-    const NAME: &'static str = "bf16";
-}
-
-impl Storage for half::f16 {
-    const NAME: &'static str = "f16";
-}
-
-/// A half-precision [`Storage`] type: `half::bf16` or `half::f16`, what
-/// [`attention_half`] takes.
-///
-/// ```
-/// fn is_half<H: qkv::Half>() {}
-/// is_half::<half::f16>();
-/// ```
-pub trait Half: Storage {}
-
-impl Half for half::bf16 {}
-impl Half for half::f16 {}
 
 /// Scaled dot-product attention, output only, over half-precision inputs: like
 /// [`attention`](crate::attention), with `q`, `k` and `v` stored as bf16 or f16 and computed in

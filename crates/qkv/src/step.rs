@@ -1,0 +1,203 @@
+//! The inference step, written once: a few new queries per sequence over keys and values that are
+//! already stored (a [`KvCache`](crate::KvCache)'s, a [`PagedKvCache`](crate::PagedKvCache)'s) or
+//! read as they are (the dense decoding step of
+//! [`multi_head_attention`](crate::multi_head_attention)). It stacks the query heads that share a
+//! key/value head as the rows of one problem (unless their masks differ by head), widens the
+//! queries into the compute type, runs the problems in one call of the fast path
+//! ([`flash::attend_cached`]), and copies each row back to where its head and query belong,
+//! rounded once to the output's type.
+//!
+//! The callers keep only what differs: which keys each sequence reads, and the masks each of
+//! its parts takes (a ring's two runs of slots, a paged sequence's own positions). A cache's
+//! options are checked here too ([`check_cache_options`]), once for both caches.
+
+use std::ops::Range;
+
+use ndarray::{ArrayView1, ArrayView2, ArrayView4, ArrayViewMut3, ArrayViewMut4, s};
+
+use crate::element::Real;
+use crate::error::{AttentionError, Dims};
+use crate::flash::{self, CachedCall, CachedProblem, Measured, StoredKeys, Workspace};
+use crate::kernels::{Element, Isa};
+use crate::level::SimdLevel;
+use crate::masking::MaskSet;
+use crate::options::CacheOptions;
+use crate::shape::Shape;
+
+/// The buffers of a step, kept between steps by the caches (a dense call makes them anew): the
+/// queries stacked by key/value head and widened, the stacked output and logsumexp, and the fast
+/// path's own buffers. Each grows to the largest step seen and never shrinks.
+pub(crate) struct StepBuffers<T: Real> {
+    queries: Vec<T>,
+    output: Vec<T>,
+    logsumexp: Vec<T>,
+    /// Where each member's rows start among the stacked rows.
+    first_rows: Vec<usize>,
+    workspace: Workspace<T>,
+}
+
+impl<T: Real> Default for StepBuffers<T> {
+    fn default() -> Self {
+        StepBuffers {
+            queries: Vec::new(),
+            output: Vec::new(),
+            logsumexp: Vec::new(),
+            first_rows: Vec::new(),
+            workspace: Workspace::default(),
+        }
+    }
+}
+
+/// One step's problems: `members` sequences, member `m` being batch element `member(m).0` of
+/// the queries `q` (`[batch, query_heads, n, d_k]`), its queries `member(m).1` there, over
+/// `n_keys(m)` stored keys. Member `m`'s key/value head `kv` reads `keys(m, kv)`; its query head
+/// `h` takes `masks(m, part, h)` over part `part < parts` of those keys (see
+/// [`flash::CachedCall`]).
+pub(crate) struct Step<'c, 'p, T: Real, E, Q> {
+    pub(crate) isa: Isa,
+    pub(crate) q: ArrayView4<'p, Q>,
+    pub(crate) kv_heads: usize,
+    pub(crate) value_dim: usize,
+    pub(crate) members: usize,
+    pub(crate) member: &'c (dyn Fn(usize) -> (usize, Range<usize>) + Sync),
+    pub(crate) n_keys: &'c (dyn Fn(usize) -> usize + Sync),
+    pub(crate) keys: &'c (dyn Fn(usize, usize) -> StoredKeys<'p, E> + Sync),
+    pub(crate) parts: usize,
+    pub(crate) masks: &'c (dyn Fn(usize, usize, usize) -> MaskSet<'p, T> + Sync),
+    /// Whether query heads take masks of their own (ALiBi, per-head masks or biases), so that
+    /// each reads its key/value head alone rather than stacked with its group.
+    pub(crate) heads_differ: bool,
+}
+
+/// Runs `step` into `out` (`[batch, query_heads, n, d_v]`, each row rounded once to `O`) and
+/// `lse` (`[batch, query_heads, n]`), where its members' queries are: nothing else of them is
+/// written. When its keys are rows and every problem decodes, returns their magnitudes as it
+/// measured them (see [`flash::attend_cached`]); stored keys were measured when they were stored.
+pub(crate) fn attend<T: Real, E: Element<Compute = T>, Q: Element<Compute = T>, O: Element<Compute = T>>(
+    step: &Step<'_, '_, T, E, Q>,
+    mut out: ArrayViewMut4<O>,
+    mut lse: Option<ArrayViewMut3<T>>,
+    buffers: &mut StepBuffers<T>,
+) -> Option<Measured<T>> {
+    let &Step { isa, q, kv_heads, value_dim, members, member, n_keys, keys, parts, masks, heads_differ } = step;
+    let [_, query_heads, _, key_dim] = *q.shape() else { unreachable!("4-D view") };
+    // The query heads that share a key/value head are the rows of one problem, query-major (row
+    // `i · stack + g` is query `i` of the stack's head `g`), so that its keys and values are read
+    // once for all of them; heads with masks of their own are a problem each. Problem
+    // `m · per_member + j` is member `m`'s `j`-th, and the problems' rows follow one another.
+    let group = query_heads / kv_heads;
+    let stack = if heads_differ { 1 } else { group };
+    let per_member = query_heads / stack;
+    let StepBuffers { queries, output, logsumexp, first_rows, workspace } = buffers;
+    first_rows.clear();
+    let mut total_rows = 0;
+    for m in 0..members {
+        first_rows.push(total_rows);
+        total_rows += member(m).1.len() * query_heads;
+    }
+    // Row `r` of a problem of member `m`: its query head (of the problem's `j`) and query.
+    let source = |j: usize, r: usize| (j * stack + r % stack, r / stack);
+    let stacked = flash::prefix(queries, total_rows * key_dim);
+    for m in 0..members {
+        let (b, range) = member(m);
+        let rows = range.len() * stack;
+        let member_rows = &mut stacked[first_rows[m] * key_dim..][..range.len() * query_heads * key_dim];
+        for (r, row) in member_rows.chunks_exact_mut(key_dim).enumerate() {
+            let (head, i) = source(r / rows, r % rows);
+            row.iter_mut().zip(q.slice(s![b, head, range.start + i, ..])).for_each(|(x, &y)| *x = y.widen());
+        }
+    }
+    let stacked = &*stacked;
+    let first_rows = &*first_rows;
+    let shape = |p: usize| {
+        let m = p / per_member;
+        Shape { n_queries: member(m).1.len(), n_keys: n_keys(m), key_dim, value_dim }
+    };
+    let problem = |p: usize, part: usize| {
+        let (m, j) = (p / per_member, p % per_member);
+        let rows = member(m).1.len() * stack;
+        let first = first_rows[m] + j * rows;
+        CachedProblem {
+            q: ArrayView2::from_shape((rows, key_dim), &stacked[first * key_dim..(first + rows) * key_dim])
+                .expect("the rows fit"),
+            kv: keys(m, j * stack / group),
+            masks: masks(m, part, j * stack),
+        }
+    };
+    let stacked_out = flash::prefix(output, total_rows * value_dim);
+    let stacked_lse = lse.is_some().then(|| flash::prefix(logsumexp, total_rows));
+    let call =
+        CachedCall { rows_per_query: stack, n_problems: members * per_member, parts, shape: &shape, problem: &problem };
+    let measured = flash::attend_cached(isa, call, stacked_out, stacked_lse, workspace);
+    for m in 0..members {
+        let (b, range) = member(m);
+        let rows = range.len() * stack;
+        let first = first_rows[m];
+        let member_out = &stacked_out[first * value_dim..][..range.len() * query_heads * value_dim];
+        for (r, row) in member_out.chunks_exact(value_dim).enumerate() {
+            let (head, i) = source(r / rows, r % rows);
+            out.slice_mut(s![b, head, range.start + i, ..])
+                .zip_mut_with(&ArrayView1::from(row), |o, &x| *o = O::narrow(x));
+            if let Some(lse) = &mut lse {
+                lse[[b, head, range.start + i]] = logsumexp[first + r];
+            }
+        }
+    }
+    measured
+}
+
+/// An option whose shape does not fit the call, for the cache to report with its own context.
+pub(crate) struct OptionShape {
+    pub(crate) argument: &'static str,
+    pub(crate) found: Dims,
+    pub(crate) expected: String,
+    pub(crate) why: &'static str,
+}
+
+/// Checks that `options` are a cache step's (see [`CacheOptions`]): no option that the cache
+/// decides itself, a keep mask of `[n_queries, n_keys]` and one ALiBi slope per query head. The
+/// values (scale, cap, slopes) are checked when the options are resolved. `level` is the level
+/// the cache runs at.
+pub(crate) fn check_cache_options(
+    options: &CacheOptions,
+    level: SimdLevel,
+    query_heads: usize,
+    n_queries: usize,
+    n_keys: usize,
+) -> Result<Result<(), OptionShape>, AttentionError> {
+    let refuse = |option, why| Err(AttentionError::CacheOption { option, why });
+    if options.causal.is_some_and(|causal| causal != crate::mask::CausalMask::BottomRight) {
+        return refuse("causal", "a step's queries are the last positions held, aligned bottom-right");
+    }
+    if options.padding.is_some() || options.key_lengths.is_some() {
+        let option = if options.padding.is_some() { "key_padding" } else { "key_lengths" };
+        return refuse(option, "the positions a sequence holds are its keys; hide others with a keep mask");
+    }
+    if options.bias.is_some() {
+        return refuse("bias", "a bias is a matrix over dense keys; use ALiBi or a keep mask");
+    }
+    if options.simd.is_some_and(|asked| asked != level) {
+        return refuse("simd", "a cache runs the level it was made for (its `for_level`)");
+    }
+    if let Some(keep) = &options.keep
+        && keep.0.view.shape() != [1, 1, n_queries, n_keys]
+    {
+        return Ok(Err(OptionShape {
+            argument: "keep_mask",
+            found: keep.0.given.dims(),
+            expected: Dims(vec![n_queries, n_keys]).to_string(),
+            why: "one row per new query, one column per position held",
+        }));
+    }
+    if let Some(alibi) = &options.alibi
+        && alibi.slopes.len() != query_heads
+    {
+        return Ok(Err(OptionShape {
+            argument: "alibi slopes",
+            found: Dims(vec![alibi.slopes.len()]),
+            expected: Dims(vec![query_heads]).to_string(),
+            why: "one slope per query head",
+        }));
+    }
+    Ok(Ok(()))
+}
