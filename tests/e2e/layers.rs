@@ -209,7 +209,8 @@ fn the_layer_check_sees_imports_that_point_up() {
         "use crate::{format, pipeline::Plan};\n// crate::html in a comment is no import\n#[cfg(test)]\nmod t { use crate::pipeline; }\n",
     )
     .expect("write");
-    std::fs::write(src.join("eval.rs"), "fn f() { crate::figures::draw(); crate::build(); }\n").expect("write");
+    std::fs::write(src.join("eval.rs"), "fn f() { crate::figures::draw(); crate::build(); }\n")
+        .expect("write");
     std::fs::write(src.join("widgets.rs"), "").expect("write");
     let problems = violations(&src, COURSE);
     assert_eq!(problems.len(), 4, "{problems:#?}");

@@ -137,14 +137,7 @@ fn serve(seed: u64) -> Result<(Vec<Step>, Vec<Vec<usize>>), AttentionError> {
     let model = Model::random(seed);
     let level = SimdLevel::dispatched()?;
     let block_size = 64_usize.next_multiple_of(PagedKvCache::<f32>::block_granularity(level)?);
-    let shape = PagedShape {
-        layers: LAYERS,
-        kv_heads: KV_HEADS,
-        key_dim: HEAD_DIM,
-        value_dim: HEAD_DIM,
-        block_size,
-        blocks: 24,
-    };
+    let shape = PagedShape::new(LAYERS, KV_HEADS, HEAD_DIM, HEAD_DIM, block_size, 24);
     let mut cache = PagedKvCache::<f32>::new(shape)?;
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let system: Vec<usize> = (0..SYSTEM_PROMPT).map(|_| rng.random_range(0..VOCAB)).collect();

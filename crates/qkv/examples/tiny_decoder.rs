@@ -141,13 +141,7 @@ struct Step {
 fn generate(seed: u64) -> Result<Vec<Step>, AttentionError> {
     let decoder = Decoder::random(seed);
     let mut rng = ChaCha8Rng::seed_from_u64(seed + 1);
-    let shape = CacheShape {
-        layers: LAYERS,
-        kv_heads: KV_HEADS,
-        capacity: PROMPT.len() + STEPS,
-        key_dim: HEAD_DIM,
-        value_dim: HEAD_DIM,
-    };
+    let shape = CacheShape::new(LAYERS, KV_HEADS, PROMPT.len() + STEPS, HEAD_DIM, HEAD_DIM);
     let mut cache = KvCache::<f32>::new(shape)?;
     let mut cached = |l: usize, q: ArrayView3<f32>, k: ArrayView3<f32>, v: ArrayView3<f32>| {
         let mut layer = cache.layer(l)?;

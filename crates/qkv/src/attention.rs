@@ -6,13 +6,13 @@ use std::ops::Deref;
 use ndarray::{Array1, Array2, ArrayView2, ArrayViewMut1, ArrayViewMut2};
 
 use crate::blocked;
+use crate::element::Real;
 use crate::error::{AttentionError, Dims};
 use crate::flash;
 use crate::inputs;
 use crate::kernels::Element;
 use crate::options::AttentionOptions;
 use crate::partial::PartialAttention;
-use crate::element::Real;
 use crate::shape::{Shape, finite_magnitude};
 use crate::simd;
 

@@ -11,12 +11,12 @@ use ndarray::{
     RawData,
 };
 
+use crate::element::Real;
 use crate::error::{AttentionError, Dims};
 use crate::inputs;
-use crate::options::AttentionOptions;
 use crate::inputs::{check_heads, seen_by_group};
+use crate::options::AttentionOptions;
 use crate::partial::PartialAttention;
-use crate::element::Real;
 use crate::shape::{Shape, finite_magnitude};
 use crate::simd;
 
@@ -42,6 +42,7 @@ use crate::simd;
 /// # Ok::<(), qkv::AttentionError>(())
 /// ```
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct Gradients<T, D: Dimension = Ix2> {
     /// `∂L/∂Q`, shaped as the queries.
     pub dq: Array<T, D>,
@@ -59,16 +60,16 @@ pub struct Gradients<T, D: Dimension = Ix2> {
 ///
 /// ```
 /// let (mut dq, mut dk, mut dv) = (vec![0.0_f32; 2 * 4], vec![0.0_f32; 3 * 4], vec![0.0_f32; 3 * 8]);
-/// let into = qkv::GradientsMut {
-///     dq: qkv::matrix_mut("dq", &mut dq, 2, 4)?,
-///     dk: qkv::matrix_mut("dk", &mut dk, 3, 4)?,
-///     dv: qkv::matrix_mut("dv", &mut dv, 3, 8)?,
-///     dbias: None,
-/// };
+/// let into = qkv::GradientsMut::new(
+///     qkv::matrix_mut("dq", &mut dq, 2, 4)?,
+///     qkv::matrix_mut("dk", &mut dk, 3, 4)?,
+///     qkv::matrix_mut("dv", &mut dv, 3, 8)?,
+/// );
 /// # let _ = into;
 /// # Ok::<(), qkv::AttentionError>(())
 /// ```
 #[derive(Debug)]
+#[non_exhaustive]
 pub struct GradientsMut<'a, T, D: Dimension = Ix2> {
     /// `∂L/∂Q`, shaped as the queries.
     pub dq: ArrayViewMut<'a, T, D>,
@@ -78,6 +79,18 @@ pub struct GradientsMut<'a, T, D: Dimension = Ix2> {
     pub dv: ArrayViewMut<'a, T, D>,
     /// `∂L/∂S`, `[.., n_q, n_k]`, when wanted.
     pub dbias: Option<ArrayViewMut<'a, T, D>>,
+}
+
+impl<'a, T, D: Dimension> GradientsMut<'a, T, D> {
+    /// Where to write `dQ`, `dK` and `dV`, shaped as the queries, keys and values.
+    pub fn new(dq: ArrayViewMut<'a, T, D>, dk: ArrayViewMut<'a, T, D>, dv: ArrayViewMut<'a, T, D>) -> Self {
+        GradientsMut { dq, dk, dv, dbias: None }
+    }
+
+    /// These, and `dS` (`[.., n_q, n_k]`) written into `dbias`.
+    pub fn with_dbias(self, dbias: ArrayViewMut<'a, T, D>) -> Self {
+        GradientsMut { dbias: Some(dbias), ..self }
+    }
 }
 
 /// The gradients of attention's inputs (see [`Gradients`]) from `d_output = ∂L/∂O` and what the
@@ -128,7 +141,7 @@ pub fn attention_backward<T: Real>(
 /// let forward = qkv::attention_with_lse(x.view(), x.view(), x.view(), &options)?;
 /// let d_out = Array2::ones((2, 2));
 /// let (mut dq, mut dk, mut dv) = (Array2::zeros((2, 2)), Array2::zeros((2, 2)), Array2::zeros((2, 2)));
-/// let into = qkv::GradientsMut { dq: dq.view_mut(), dk: dk.view_mut(), dv: dv.view_mut(), dbias: None };
+/// let into = qkv::GradientsMut::new(dq.view_mut(), dk.view_mut(), dv.view_mut());
 /// qkv::attention_backward_into(x.view(), x.view(), x.view(), &forward, d_out.view(), &options, into)?;
 /// // Every output row's weights sum to 1, so dV's rows sum to the output gradient's.
 /// assert!((dv.sum() - 4.0).abs() < 1e-6);
@@ -194,7 +207,7 @@ pub fn multi_head_attention_backward<T: Real>(
 /// let forward = qkv::multi_head_attention_with_lse(x.view(), x.view(), x.view(), &options)?;
 /// let d_out = Array4::ones((1, 2, 3, 4));
 /// let (mut dq, mut dk, mut dv) = (x.clone(), x.clone(), x.clone());
-/// let into = qkv::GradientsMut { dq: dq.view_mut(), dk: dk.view_mut(), dv: dv.view_mut(), dbias: None };
+/// let into = qkv::GradientsMut::new(dq.view_mut(), dk.view_mut(), dv.view_mut());
 /// qkv::multi_head_attention_backward_into(x.view(), x.view(), x.view(), &forward, d_out.view(), &options, into)?;
 /// // Equal scores: every weight is 1/3 and dS is 0, so only the values get a gradient.
 /// assert!(dq.iter().all(|&g| g.abs() < 1e-6));

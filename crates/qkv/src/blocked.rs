@@ -6,10 +6,10 @@ use ndarray::linalg::general_mat_mul;
 use ndarray::{Array2, ArrayView2, ArrayViewMut1, ArrayViewMut2, Axis, s};
 use rayon::prelude::*;
 
+use crate::element::Real;
 use crate::error::AttentionError;
 use crate::kernels::Element;
 use crate::masking::MaskSet;
-use crate::element::Real;
 use crate::shape::Shape;
 
 /// Queries per block: large enough for the GEMMs to run near full speed, small enough that a

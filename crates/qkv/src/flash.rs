@@ -21,13 +21,13 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
 
+use crate::element::Real;
 use crate::kernels::{
-    self, Buffer, Element, Isa, Job, KEY_BLOCK, Kernels, Layout, OutRows, Rows, RowsMut, ScoreTile, ValueRows,
-    Weights,
+    self, Buffer, Element, Isa, Job, KEY_BLOCK, Kernels, Layout, OutRows, Rows, RowsMut, ScoreTile,
+    ValueRows, Weights,
 };
 use crate::mask::View;
 use crate::masking::MaskSet;
-use crate::element::Real;
 use crate::shape::{Magnitudes, Shape};
 use crate::work;
 use ndarray::{ArrayView2, ArrayViewMut1, ArrayViewMut2, Axis, Ix2};
@@ -70,9 +70,7 @@ pub(crate) fn decode_checked<T: Real>(
     let Some(measured) = measured else { return false };
     let magnitudes =
         Magnitudes { queries, keys: measured.keys.to_f64_exact(), values: measured.values.to_f64_exact() };
-    magnitudes.keys.is_finite()
-        && magnitudes.values.is_finite()
-        && stays_finite(shape, &magnitudes, masks)
+    magnitudes.keys.is_finite() && magnitudes.values.is_finite() && stays_finite(shape, &magnitudes, masks)
 }
 
 /// Computes attention for heads of one checked shape with the kernels of `isa`: each head's
@@ -617,9 +615,8 @@ impl<T: Real, E: Element<Compute = T>> Job<E> for AttendCached<'_, '_, T, E> {
         let fit = |scratch: &mut Scratch<T>| {
             scratch.fit(largest.next_multiple_of(K::TILE_ROWS), largest, key_dim, K::LANES);
         };
-        let decoding = (0..n_problems).all(|p| {
-            matches!(problem(p, 0).kv, StoredKeys::Rows { k, .. } if decodes(n_rows(p), &k))
-        });
+        let decoding = (0..n_problems)
+            .all(|p| matches!(problem(p, 0).kv, StoredKeys::Rows { k, .. } if decodes(n_rows(p), &k)));
         let share = work::worth_sharing(flops, decoding, K::LANES);
         work::for_each_index(n_items, share, scratches, fit, |scratch, i| {
             attend_item(scratch, i, &mut shared_states[i].lock().expect("no task panicked"));

@@ -5,10 +5,10 @@
 use ndarray::{Array2, Array4, ArrayView2, ArrayView4, ArrayViewMut2, ArrayViewMut4, Ix4};
 
 use crate::attention;
-use crate::error::AttentionError;
 use crate::element::{Half, Storage};
-use crate::options::AttentionOptions;
+use crate::error::AttentionError;
 use crate::multi_head;
+use crate::options::AttentionOptions;
 use crate::partial::PartialAttention;
 
 /// Scaled dot-product attention, output only, over half-precision inputs: like

@@ -6,11 +6,11 @@
 //! everywhere (a hidden weight of 0 times NaN is NaN). Only inputs that fail the plain finiteness
 //! check pay for working out which keys are seen, and for the copy.
 
-use ndarray::{ArrayView, Axis, CowArray, Dimension, ArrayView4};
+use ndarray::{ArrayView, ArrayView4, Axis, CowArray, Dimension};
 
+use crate::element::Real;
 use crate::error::{AttentionError, Dims};
 use crate::kernels::Element;
-use crate::element::Real;
 use crate::masking::HeadMasks;
 use crate::shape::{Magnitudes, Shape, finite_magnitude};
 

@@ -752,9 +752,10 @@ pub(crate) fn pack_queries<T: Scalar, E: Element<Compute = T>>(
                 Some(row) if std::any::TypeId::of::<E>() == std::any::TypeId::of::<bf16>() => {
                     out[..d].copy_from_slice(wide::bytemuck::cast_slice(row));
                 }
-                _ => {
-                    out.iter_mut().zip(row).for_each(|(o, &x)| *o = bf16::from_f64(x.widen().to_f64().unwrap_or(f64::NAN)))
-                }
+                _ => out
+                    .iter_mut()
+                    .zip(row)
+                    .for_each(|(o, &x)| *o = bf16::from_f64(x.widen().to_f64().unwrap_or(f64::NAN))),
             }
         }
         return scale;

@@ -16,18 +16,18 @@
 
 use std::collections::TryReserveError;
 
-use ndarray::{Array2, Array3, ArrayView3, Axis, ArrayViewMut2, ArrayViewMut3, Ix3, s};
+use ndarray::{Array2, Array3, ArrayView3, ArrayViewMut2, ArrayViewMut3, Axis, Ix3, s};
 
+use crate::element::Storage;
 use crate::error::{AttentionError, Dims};
 use crate::flash::{self, CachedKeys, CachedLayout, LayoutOf, StoredKeys};
-use crate::options::CacheOptions;
-use crate::step::{self, OptionShape, Step};
 use crate::kernels::{self, Buffer, Element, Isa};
+use crate::level::SimdLevel;
+use crate::options::CacheOptions;
 use crate::partial::PartialAttention;
 use crate::shape::{Magnitudes, Shape, finite_magnitude};
-use crate::level::SimdLevel;
 use crate::simd;
-use crate::element::Storage;
+use crate::step::{self, OptionShape, Step};
 
 mod ring;
 
@@ -37,10 +37,11 @@ use ring::Ring;
 /// each position a key of `key_dim` and a value of `value_dim` elements.
 ///
 /// ```
-/// let shape = qkv::CacheShape { layers: 2, kv_heads: 8, capacity: 4096, key_dim: 128, value_dim: 128 };
+/// let shape = qkv::CacheShape::new(2, 8, 4096, 128, 128);
 /// assert_eq!(shape.kv_heads * shape.capacity, 32768);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct CacheShape {
     /// Decoder layers, each with keys and values of its own.
     pub layers: usize,
@@ -54,6 +55,46 @@ pub struct CacheShape {
     pub key_dim: usize,
     /// Width of values and of the output (`d_v`).
     pub value_dim: usize,
+}
+
+impl CacheShape {
+    /// `layers` × `kv_heads` sequences of at most `capacity` positions, each a key of `key_dim`
+    /// and a value of `value_dim` elements. (The shape is built by this and the `with_` methods
+    /// rather than as a literal, so that a later field is no breaking change.)
+    pub const fn new(
+        layers: usize,
+        kv_heads: usize,
+        capacity: usize,
+        key_dim: usize,
+        value_dim: usize,
+    ) -> Self {
+        CacheShape { layers, kv_heads, capacity, key_dim, value_dim }
+    }
+
+    /// This shape with `layers` layers.
+    pub const fn with_layers(self, layers: usize) -> Self {
+        CacheShape { layers, ..self }
+    }
+
+    /// This shape with `kv_heads` key/value heads.
+    pub const fn with_kv_heads(self, kv_heads: usize) -> Self {
+        CacheShape { kv_heads, ..self }
+    }
+
+    /// This shape with room for `capacity` positions.
+    pub const fn with_capacity(self, capacity: usize) -> Self {
+        CacheShape { capacity, ..self }
+    }
+
+    /// This shape with keys of `key_dim`.
+    pub const fn with_key_dim(self, key_dim: usize) -> Self {
+        CacheShape { key_dim, ..self }
+    }
+
+    /// This shape with values of `value_dim`.
+    pub const fn with_value_dim(self, value_dim: usize) -> Self {
+        CacheShape { value_dim, ..self }
+    }
 }
 
 /// The keys and values of one sequence for every layer of a decoder, preallocated for
@@ -71,7 +112,7 @@ pub struct CacheShape {
 /// use qkv::{CacheShape, KvCache};
 ///
 /// // One layer, 2 key/value heads, 4 query heads (2 per group), widths 8.
-/// let shape = CacheShape { layers: 1, kv_heads: 2, capacity: 16, key_dim: 8, value_dim: 8 };
+/// let shape = CacheShape::new(1, 2, 16, 8, 8);
 /// let mut cache = KvCache::<f32>::new(shape)?;
 /// let mut layer = cache.layer(0)?;
 /// for step in 0..3 {
@@ -95,7 +136,7 @@ pub struct CacheShape {
 /// use qkv::{AttentionOptions, CacheShape, CausalMask, KvCache, SlidingWindow};
 ///
 /// // Each query sees 4 positions (its own and 3 back), steps of up to 2 queries: 5 slots.
-/// let shape = CacheShape { layers: 1, kv_heads: 1, capacity: 5, key_dim: 2, value_dim: 2 };
+/// let shape = CacheShape::new(1, 1, 5, 2, 2);
 /// let mut cache = KvCache::<f32>::with_window(shape, 4)?;
 /// let mut layer = cache.layer(0)?;
 /// let history = Array3::from_shape_fn((1, 20, 2), |(_, p, c)| ((p * 7 + c * 3) % 5) as f32 / 4.0);
@@ -159,7 +200,7 @@ impl<E: Storage> KvCache<E> {
     /// ([`AttentionError::CacheTooLarge`]), not an abort.
     ///
     /// ```
-    /// let shape = qkv::CacheShape { layers: 1, kv_heads: 1, capacity: 8, key_dim: 4, value_dim: 4 };
+    /// let shape = qkv::CacheShape::new(1, 1, 8, 4, 4);
     /// let cache = qkv::KvCache::<half::bf16>::new(shape)?;
     /// assert_eq!(cache.shape(), shape);
     /// # Ok::<(), qkv::AttentionError>(())
@@ -172,7 +213,7 @@ impl<E: Storage> KvCache<E> {
     /// layout differs between levels). Fails if this CPU does not run `level`.
     ///
     /// ```
-    /// let shape = qkv::CacheShape { layers: 1, kv_heads: 1, capacity: 8, key_dim: 4, value_dim: 4 };
+    /// let shape = qkv::CacheShape::new(1, 1, 8, 4, 4);
     /// let cache = qkv::KvCache::<f32>::for_level(shape, qkv::SimdLevel::Baseline)?;
     /// assert_eq!(cache.simd_level(), qkv::SimdLevel::Baseline);
     /// # Ok::<(), qkv::AttentionError>(())
@@ -249,7 +290,7 @@ impl<E: Storage> KvCache<E> {
     /// use qkv::{CacheShape, KvCache};
     ///
     /// // A window of 4 positions, steps of up to 3 queries: 6 slots.
-    /// let shape = CacheShape { layers: 1, kv_heads: 1, capacity: 6, key_dim: 2, value_dim: 1 };
+    /// let shape = CacheShape::new(1, 1, 6, 2, 1);
     /// let mut cache = KvCache::<f32>::with_window(shape, 4)?;
     /// let mut layer = cache.layer(0)?;
     /// for position in 0..100 {
@@ -272,7 +313,7 @@ impl<E: Storage> KvCache<E> {
     /// [`for_level`](Self::for_level) does.
     ///
     /// ```
-    /// let shape = qkv::CacheShape { layers: 1, kv_heads: 1, capacity: 8, key_dim: 4, value_dim: 4 };
+    /// let shape = qkv::CacheShape::new(1, 1, 8, 4, 4);
     /// let cache = qkv::KvCache::<f32>::with_window_for_level(shape, 8, qkv::SimdLevel::Baseline)?;
     /// assert_eq!(cache.window(), Some(8));
     /// let too_wide = qkv::KvCache::<f32>::with_window_for_level(shape, 9, qkv::SimdLevel::Baseline);
@@ -295,7 +336,7 @@ impl<E: Storage> KvCache<E> {
     /// The sizes the cache was made with.
     ///
     /// ```
-    /// let shape = qkv::CacheShape { layers: 3, kv_heads: 2, capacity: 8, key_dim: 4, value_dim: 6 };
+    /// let shape = qkv::CacheShape::new(3, 2, 8, 4, 6);
     /// assert_eq!(qkv::KvCache::<f32>::new(shape)?.shape().layers, 3);
     /// # Ok::<(), qkv::AttentionError>(())
     /// ```
@@ -306,7 +347,7 @@ impl<E: Storage> KvCache<E> {
     /// The SIMD level whose kernels the cache is laid out for.
     ///
     /// ```
-    /// let shape = qkv::CacheShape { layers: 1, kv_heads: 1, capacity: 8, key_dim: 4, value_dim: 4 };
+    /// let shape = qkv::CacheShape::new(1, 1, 8, 4, 4);
     /// let cache = qkv::KvCache::<f32>::new(shape)?;
     /// assert_eq!(cache.simd_level(), qkv::SimdLevel::dispatched()?);
     /// # Ok::<(), qkv::AttentionError>(())
@@ -319,7 +360,7 @@ impl<E: Storage> KvCache<E> {
     /// that holds every position.
     ///
     /// ```
-    /// let shape = qkv::CacheShape { layers: 1, kv_heads: 1, capacity: 8, key_dim: 4, value_dim: 4 };
+    /// let shape = qkv::CacheShape::new(1, 1, 8, 4, 4);
     /// assert_eq!(qkv::KvCache::<f32>::new(shape)?.window(), None);
     /// # Ok::<(), qkv::AttentionError>(())
     /// ```
@@ -330,7 +371,7 @@ impl<E: Storage> KvCache<E> {
     /// Layer `layer`, to append to and attend over. Fails if there is no such layer.
     ///
     /// ```
-    /// let shape = qkv::CacheShape { layers: 2, kv_heads: 1, capacity: 8, key_dim: 4, value_dim: 4 };
+    /// let shape = qkv::CacheShape::new(2, 1, 8, 4, 4);
     /// let mut cache = qkv::KvCache::<f32>::new(shape)?;
     /// assert!(cache.layer(1)?.is_empty());
     /// assert_eq!(cache.layer(2).err().unwrap().to_string(), "layer 2 is out of range: the KV cache has 2 layers");
@@ -348,7 +389,7 @@ impl<E: Storage> KvCache<E> {
     ///
     /// ```
     /// use ndarray::Array3;
-    /// let shape = qkv::CacheShape { layers: 1, kv_heads: 1, capacity: 8, key_dim: 4, value_dim: 4 };
+    /// let shape = qkv::CacheShape::new(1, 1, 8, 4, 4);
     /// let mut cache = qkv::KvCache::<f32>::new(shape)?;
     /// let kv = Array3::zeros((1, 3, 4));
     /// cache.layer(0)?.append(kv.view(), kv.view())?;
@@ -369,7 +410,7 @@ impl<E: Storage> KvCache<E> {
 /// ```
 /// use half::bf16;
 /// use ndarray::Array3;
-/// let shape = qkv::CacheShape { layers: 4, kv_heads: 2, capacity: 32, key_dim: 16, value_dim: 16 };
+/// let shape = qkv::CacheShape::new(4, 2, 32, 16, 16);
 /// let mut cache = qkv::KvCache::<bf16>::new(shape)?;
 /// let mut layer = cache.layer(3)?;
 /// let kv = Array3::from_elem((2, 5, 16), bf16::from_f32(0.5)); // a prompt of 5 positions
@@ -388,7 +429,7 @@ impl<E: Storage> CacheLayer<'_, E> {
     /// what RoPE needs. Of a windowed cache, more than it holds ([`held`](Self::held)).
     ///
     /// ```
-    /// let shape = qkv::CacheShape { layers: 1, kv_heads: 1, capacity: 8, key_dim: 4, value_dim: 4 };
+    /// let shape = qkv::CacheShape::new(1, 1, 8, 4, 4);
     /// let mut cache = qkv::KvCache::<f32>::new(shape)?;
     /// assert_eq!(cache.layer(0)?.len(), 0);
     /// # Ok::<(), qkv::AttentionError>(())
@@ -400,7 +441,7 @@ impl<E: Storage> CacheLayer<'_, E> {
     /// Whether the layer holds no position.
     ///
     /// ```
-    /// let shape = qkv::CacheShape { layers: 1, kv_heads: 1, capacity: 8, key_dim: 4, value_dim: 4 };
+    /// let shape = qkv::CacheShape::new(1, 1, 8, 4, 4);
     /// assert!(qkv::KvCache::<f32>::new(shape)?.layer(0)?.is_empty());
     /// # Ok::<(), qkv::AttentionError>(())
     /// ```
@@ -413,7 +454,7 @@ impl<E: Storage> CacheLayer<'_, E> {
     ///
     /// ```
     /// use ndarray::Array3;
-    /// let shape = qkv::CacheShape { layers: 1, kv_heads: 1, capacity: 4, key_dim: 2, value_dim: 2 };
+    /// let shape = qkv::CacheShape::new(1, 1, 4, 2, 2);
     /// let mut cache = qkv::KvCache::<f32>::with_window(shape, 4)?;
     /// let mut layer = cache.layer(0)?;
     /// layer.append(Array3::zeros((1, 7, 2)).view(), Array3::zeros((1, 7, 2)).view())?;
@@ -437,7 +478,7 @@ impl<E: Storage> CacheLayer<'_, E> {
     ///
     /// ```
     /// use ndarray::Array3;
-    /// let shape = qkv::CacheShape { layers: 1, kv_heads: 2, capacity: 4, key_dim: 3, value_dim: 5 };
+    /// let shape = qkv::CacheShape::new(1, 2, 4, 3, 5);
     /// let mut cache = qkv::KvCache::<f32>::new(shape)?;
     /// let mut layer = cache.layer(0)?;
     /// layer.append(Array3::zeros((2, 3, 3)).view(), Array3::zeros((2, 3, 5)).view())?;
@@ -497,7 +538,7 @@ impl<E: Storage> CacheLayer<'_, E> {
     ///
     /// ```
     /// use ndarray::Array3;
-    /// let shape = qkv::CacheShape { layers: 1, kv_heads: 1, capacity: 4, key_dim: 2, value_dim: 1 };
+    /// let shape = qkv::CacheShape::new(1, 1, 4, 2, 1);
     /// let mut cache = qkv::KvCache::<f32>::new(shape)?;
     /// let mut layer = cache.layer(0)?;
     /// let (k, v) = (Array3::zeros((1, 2, 2)), Array3::from_shape_vec((1, 2, 1), vec![2.0, 4.0]).unwrap());
@@ -522,7 +563,7 @@ impl<E: Storage> CacheLayer<'_, E> {
     ///
     /// ```
     /// use ndarray::Array3;
-    /// let shape = qkv::CacheShape { layers: 1, kv_heads: 1, capacity: 4, key_dim: 2, value_dim: 3 };
+    /// let shape = qkv::CacheShape::new(1, 1, 4, 2, 3);
     /// let mut cache = qkv::KvCache::<f32>::new(shape)?;
     /// let mut layer = cache.layer(0)?;
     /// layer.append(Array3::zeros((1, 1, 2)).view(), Array3::ones((1, 1, 3)).view())?;
@@ -549,7 +590,7 @@ impl<E: Storage> CacheLayer<'_, E> {
     /// ```
     /// use ndarray::Array3;
     /// use qkv::{CacheOptions, SlidingWindow};
-    /// let shape = qkv::CacheShape { layers: 1, kv_heads: 1, capacity: 8, key_dim: 2, value_dim: 1 };
+    /// let shape = qkv::CacheShape::new(1, 1, 8, 2, 1);
     /// let mut cache = qkv::KvCache::<f32>::new(shape)?;
     /// let mut layer = cache.layer(0)?;
     /// let v = Array3::from_shape_vec((1, 4, 1), vec![1.0, 2.0, 3.0, 4.0]).unwrap();
@@ -580,7 +621,7 @@ impl<E: Storage> CacheLayer<'_, E> {
     /// ```
     /// use ndarray::Array3;
     /// use qkv::CacheOptions;
-    /// let shape = qkv::CacheShape { layers: 2, kv_heads: 1, capacity: 4, key_dim: 2, value_dim: 1 };
+    /// let shape = qkv::CacheShape::new(2, 1, 4, 2, 1);
     /// let mut cache = qkv::KvCache::<f32>::new(shape)?;
     /// let k = Array3::from_shape_vec((1, 3, 2), vec![1.0, 0.0, 0.0, 1.0, 1.0, 1.0]).unwrap();
     /// let v = Array3::from_shape_vec((1, 3, 1), vec![2.0, 6.0, 4.0]).unwrap();
@@ -626,7 +667,7 @@ impl<E: Storage> CacheLayer<'_, E> {
     /// ```
     /// use ndarray::{Array2, Array3};
     /// use qkv::CacheOptions;
-    /// let shape = qkv::CacheShape { layers: 1, kv_heads: 2, capacity: 8, key_dim: 4, value_dim: 4 };
+    /// let shape = qkv::CacheShape::new(1, 2, 8, 4, 4);
     /// let mut cache = qkv::KvCache::<half::bf16>::new(shape)?;
     /// let mut layer = cache.layer(0)?;
     /// let kv = Array3::from_elem((2, 3, 4), half::bf16::from_f32(0.5));
@@ -725,7 +766,8 @@ impl<E: Storage> CacheLayer<'_, E> {
             Some(ring) => {
                 runs = ring.runs(len);
                 lengths = runs.map(|run| [run.key_length]);
-                by_slot = options.keep.as_ref().map(|keep| ring.keep_by_slot(len, keep.0.head(0, 0), keep_by_slot));
+                by_slot =
+                    options.keep.as_ref().map(|keep| ring.keep_by_slot(len, keep.0.head(0, 0), keep_by_slot));
                 ring_options = [0, 1].map(|part| {
                     let options =
                         options.dense().sliding_window(ring.sliding_window()).key_lengths(&lengths[part]);

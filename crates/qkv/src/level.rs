@@ -75,4 +75,3 @@ impl fmt::Display for SimdLevel {
         f.write_str(self.name())
     }
 }
-

@@ -93,26 +93,26 @@ pub use backward::{
     Gradients, GradientsMut, attention_backward, attention_backward_into, multi_head_attention_backward,
     multi_head_attention_backward_into,
 };
-pub use error::{AttentionError, Dims};
-#[cfg(all(debug_assertions, not(test)))]
-#[doc(hidden)]
-pub use instances::entry_points;
-pub use kv_cache::{CacheLayer, CacheShape, KvCache};
-pub use mask::{AdditiveBias, Alibi, CausalMask, KeepMask, KeyPadding, SlidingWindow, alibi_slopes};
-pub use multi_head::{multi_head_attention, multi_head_attention_into, multi_head_attention_with_lse};
-pub use paged::{PagedKvCache, PagedLayer, PagedShape, SequenceId};
-pub use partial::PartialAttention;
-pub use projection::{Projected, Projections};
 pub use element::{Half, Real, Storage};
-pub use options::{AttentionOptions, CacheOptions};
-pub use reference::{QueryTrace, TiledBlock, TiledTrace, trace_query, trace_tiled};
-pub use shape::Shape;
-pub use level::SimdLevel;
-pub use simd::simd_report;
+pub use error::{AttentionError, Dims};
 pub use half_precision::{
     attention_half, attention_half_into, attention_half_with_lse, multi_head_attention_half,
     multi_head_attention_half_into, multi_head_attention_half_with_lse,
 };
+#[cfg(all(debug_assertions, not(test)))]
+#[doc(hidden)]
+pub use instances::entry_points;
+pub use kv_cache::{CacheLayer, CacheShape, KvCache};
+pub use level::SimdLevel;
+pub use mask::{AdditiveBias, Alibi, CausalMask, KeepMask, KeyPadding, SlidingWindow, alibi_slopes};
+pub use multi_head::{multi_head_attention, multi_head_attention_into, multi_head_attention_with_lse};
+pub use options::{AttentionOptions, CacheOptions};
+pub use paged::{PagedKvCache, PagedLayer, PagedShape, SequenceId};
+pub use partial::PartialAttention;
+pub use projection::{Projected, Projections};
+pub use reference::{QueryTrace, TiledBlock, TiledTrace, trace_query, trace_tiled};
+pub use shape::Shape;
+pub use simd::simd_report;
 
 /// Views a flat row-major slice as a `[rows, cols]` matrix, for embedders that hold plain slices.
 /// The slice must hold exactly `rows · cols` elements; `argument` names it in the error if not.

@@ -70,7 +70,6 @@ impl GivenShape {
         axes[..shape.len()].copy_from_slice(shape);
         GivenShape { axes, rank: shape.len() }
     }
-
 }
 
 impl<'a, E> Broadcast<'a, E> {
@@ -314,4 +313,3 @@ pub fn alibi_slopes<T: Real>(heads: usize) -> Vec<T> {
     slopes.extend(geometric(2 * below).into_iter().step_by(2).take(heads - below));
     slopes.into_iter().map(T::from_f64_round).collect()
 }
-

@@ -10,7 +10,9 @@ use ndarray::{ArrayView1, Axis, Ix1, Ix2};
 
 use crate::element::Real;
 use crate::error::{AttentionError, Dims};
-use crate::mask::{AdditiveBias, Broadcast, CausalMask, GivenShape, KeepMask, KeyPadding, SlidingWindow, View};
+use crate::mask::{
+    AdditiveBias, Broadcast, CausalMask, GivenShape, KeepMask, KeyPadding, SlidingWindow, View,
+};
 use crate::options::AttentionOptions;
 use crate::shape::Shape;
 

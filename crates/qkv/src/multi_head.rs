@@ -5,16 +5,16 @@
 use ndarray::{Array3, Array4, ArrayView4, ArrayViewMut3, ArrayViewMut4, Ix4, s};
 
 use crate::blocked;
+use crate::element::Real;
 use crate::error::{AttentionError, Dims};
 use crate::flash;
+use crate::flash::StoredKeys;
 use crate::inputs::{self, check_heads, seen_by_group};
 use crate::kernels::Element;
 use crate::options::AttentionOptions;
 use crate::partial::PartialAttention;
-use crate::element::Real;
 use crate::shape::{Shape, finite_magnitude};
 use crate::simd;
-use crate::flash::StoredKeys;
 use crate::step::{self, Step, StepBuffers};
 
 /// Attention for every (batch, query head) pair.

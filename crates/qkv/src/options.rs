@@ -2,9 +2,9 @@
 //! level, declared once for every path: dense calls, the backward, and the KV caches' steps
 //! ([`CacheOptions`] is the same type, in f32).
 
+use crate::element::Real;
 use crate::level::SimdLevel;
 use crate::mask::{AdditiveBias, Alibi, CausalMask, KeepMask, KeyPadding, SlidingWindow};
-use crate::element::Real;
 
 /// How to run attention: the scale and any masks. All masks combine: a pair is kept only if
 /// every mask keeps it.

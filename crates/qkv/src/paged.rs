@@ -18,27 +18,28 @@
 
 use std::ops::Range;
 
-use ndarray::{Array3, ArrayView3, Axis, ArrayViewMut2, ArrayViewMut3, s};
+use ndarray::{Array3, ArrayView3, ArrayViewMut2, ArrayViewMut3, Axis, s};
 
 use crate::element::Storage;
 use crate::error::{AttentionError, Dims};
 use crate::flash::{self, CachedLayout, LayoutOf, PagedKeys, StoredKeys};
-use crate::options::CacheOptions;
-use crate::step::{self, OptionShape, Step};
 use crate::kernels::{self, Buffer, Isa};
-use crate::shape::{Magnitudes, Shape, finite_magnitude};
 use crate::level::SimdLevel;
+use crate::options::CacheOptions;
+use crate::shape::{Magnitudes, Shape, finite_magnitude};
 use crate::simd;
+use crate::step::{self, OptionShape, Step};
 
 /// The sizes of a [`PagedKvCache`]: a pool of `blocks` blocks of `block_size` positions, each
 /// position a key of `key_dim` and a value of `value_dim` elements for each of `kv_heads`
 /// key/value heads of each of `layers` layers.
 ///
 /// ```
-/// let shape = qkv::PagedShape { layers: 2, kv_heads: 8, key_dim: 128, value_dim: 128, block_size: 64, blocks: 256 };
+/// let shape = qkv::PagedShape::new(2, 8, 128, 128, 64, 256);
 /// assert_eq!(shape.block_size * shape.blocks, 16384); // positions, over every sequence
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PagedShape {
     /// Decoder layers, each with keys and values of its own.
     pub layers: usize,
@@ -55,6 +56,50 @@ pub struct PagedShape {
 }
 
 impl PagedShape {
+    /// `layers` × `kv_heads` heads of keys of `key_dim` and values of `value_dim` elements, in a
+    /// pool of `blocks` blocks of `block_size` positions. (Built by this and the `with_` methods
+    /// rather than as a literal, so that a later field is no breaking change.)
+    pub const fn new(
+        layers: usize,
+        kv_heads: usize,
+        key_dim: usize,
+        value_dim: usize,
+        block_size: usize,
+        blocks: usize,
+    ) -> Self {
+        PagedShape { layers, kv_heads, key_dim, value_dim, block_size, blocks }
+    }
+
+    /// This shape with `layers` layers.
+    pub const fn with_layers(self, layers: usize) -> Self {
+        PagedShape { layers, ..self }
+    }
+
+    /// This shape with `kv_heads` key/value heads.
+    pub const fn with_kv_heads(self, kv_heads: usize) -> Self {
+        PagedShape { kv_heads, ..self }
+    }
+
+    /// This shape with keys of `key_dim`.
+    pub const fn with_key_dim(self, key_dim: usize) -> Self {
+        PagedShape { key_dim, ..self }
+    }
+
+    /// This shape with values of `value_dim`.
+    pub const fn with_value_dim(self, value_dim: usize) -> Self {
+        PagedShape { value_dim, ..self }
+    }
+
+    /// This shape with blocks of `block_size` positions.
+    pub const fn with_block_size(self, block_size: usize) -> Self {
+        PagedShape { block_size, ..self }
+    }
+
+    /// This shape with a pool of `blocks` blocks.
+    pub const fn with_blocks(self, blocks: usize) -> Self {
+        PagedShape { blocks, ..self }
+    }
+
     fn dims(&self) -> Dims {
         let PagedShape { layers, kv_heads, key_dim, value_dim, block_size, blocks } = *self;
         Dims(vec![layers, kv_heads, key_dim, value_dim, block_size, blocks])
@@ -75,7 +120,7 @@ impl SequenceId {
     /// later sequence, so two ids may share an index, never at the same time.
     ///
     /// ```
-    /// let shape = qkv::PagedShape { layers: 1, kv_heads: 1, key_dim: 4, value_dim: 4, block_size: 64, blocks: 2 };
+    /// let shape = qkv::PagedShape::new(1, 1, 4, 4, 64, 2);
     /// let mut cache = qkv::PagedKvCache::<f32>::new(shape)?;
     /// let (a, b) = (cache.add_sequence(), cache.add_sequence());
     /// assert_eq!((a.index(), b.index()), (0, 1));
@@ -103,7 +148,7 @@ impl SequenceId {
 /// use qkv::{PagedKvCache, PagedShape};
 ///
 /// // One layer, 2 key/value heads, 4 query heads; blocks of 64 positions.
-/// let shape = PagedShape { layers: 1, kv_heads: 2, key_dim: 8, value_dim: 8, block_size: 64, blocks: 8 };
+/// let shape = PagedShape::new(1, 2, 8, 8, 64, 8);
 /// let mut cache = PagedKvCache::<f32>::new(shape)?;
 /// let prompt = cache.add_sequence();
 /// let kv = Array3::from_elem((2, 5, 8), 0.5);
@@ -258,7 +303,7 @@ impl<E: Storage> PagedKvCache<E> {
     /// the level's key panels ([`AttentionError::BlockSize`]; a multiple of 64 fits every level).
     ///
     /// ```
-    /// let shape = qkv::PagedShape { layers: 1, kv_heads: 1, key_dim: 4, value_dim: 4, block_size: 64, blocks: 4 };
+    /// let shape = qkv::PagedShape::new(1, 1, 4, 4, 64, 4);
     /// let cache = qkv::PagedKvCache::<half::bf16>::new(shape)?;
     /// assert_eq!(cache.free_blocks(), 4);
     /// # Ok::<(), qkv::AttentionError>(())
@@ -271,7 +316,7 @@ impl<E: Storage> PagedKvCache<E> {
     /// layout differs between levels). Fails if this CPU does not run `level`.
     ///
     /// ```
-    /// let shape = qkv::PagedShape { layers: 1, kv_heads: 1, key_dim: 4, value_dim: 4, block_size: 8, blocks: 4 };
+    /// let shape = qkv::PagedShape::new(1, 1, 4, 4, 8, 4);
     /// let cache = qkv::PagedKvCache::<f32>::for_level(shape, qkv::SimdLevel::Baseline)?;
     /// assert_eq!(cache.simd_level(), qkv::SimdLevel::Baseline);
     /// # Ok::<(), qkv::AttentionError>(())
@@ -363,7 +408,7 @@ impl<E: Storage> PagedKvCache<E> {
     ///
     /// ```
     /// use ndarray::Array3;
-    /// let shape = qkv::PagedShape { layers: 1, kv_heads: 1, key_dim: 4, value_dim: 4, block_size: 64, blocks: 4 };
+    /// let shape = qkv::PagedShape::new(1, 1, 4, 4, 64, 4);
     /// let mut cache = qkv::PagedKvCache::<f32>::new(shape)?;
     /// let seq = cache.add_sequence();
     /// let kv = Array3::zeros((1, 65, 4));
@@ -421,7 +466,7 @@ impl<E: Storage> PagedKvCache<E> {
     ///
     /// ```
     /// use ndarray::Array3;
-    /// let shape = qkv::PagedShape { layers: 1, kv_heads: 1, key_dim: 4, value_dim: 4, block_size: 64, blocks: 4 };
+    /// let shape = qkv::PagedShape::new(1, 1, 4, 4, 64, 4);
     /// let mut cache = qkv::PagedKvCache::<f32>::new(shape)?;
     /// let parent = cache.add_sequence();
     /// let kv = Array3::zeros((1, 70, 4)); // one full block and one partial
@@ -450,7 +495,7 @@ impl<E: Storage> PagedKvCache<E> {
     ///
     /// ```
     /// use ndarray::Array3;
-    /// let shape = qkv::PagedShape { layers: 1, kv_heads: 1, key_dim: 4, value_dim: 4, block_size: 64, blocks: 4 };
+    /// let shape = qkv::PagedShape::new(1, 1, 4, 4, 64, 4);
     /// let mut cache = qkv::PagedKvCache::<f32>::new(shape)?;
     /// let seq = cache.add_sequence();
     /// let kv = Array3::zeros((1, 130, 4));
@@ -523,7 +568,7 @@ impl<E: Storage> PagedLayer<'_, E> {
     ///
     /// ```
     /// use ndarray::Array3;
-    /// let shape = qkv::PagedShape { layers: 1, kv_heads: 2, key_dim: 3, value_dim: 5, block_size: 64, blocks: 1 };
+    /// let shape = qkv::PagedShape::new(1, 2, 3, 5, 64, 1);
     /// let mut cache = qkv::PagedKvCache::<f32>::new(shape)?;
     /// let seq = cache.add_sequence();
     /// let mut layer = cache.layer(0)?;
@@ -636,7 +681,7 @@ impl<E: Storage> PagedLayer<'_, E> {
     ///
     /// ```
     /// use ndarray::Array3;
-    /// let shape = qkv::PagedShape { layers: 1, kv_heads: 1, key_dim: 2, value_dim: 1, block_size: 64, blocks: 4 };
+    /// let shape = qkv::PagedShape::new(1, 1, 2, 1, 64, 4);
     /// let mut cache = qkv::PagedKvCache::<f32>::new(shape)?;
     /// let (a, b) = (cache.add_sequence(), cache.add_sequence());
     /// let mut layer = cache.layer(0)?;
@@ -674,7 +719,7 @@ impl<E: Storage> PagedLayer<'_, E> {
     /// ```
     /// use half::bf16;
     /// use ndarray::Array3;
-    /// let shape = qkv::PagedShape { layers: 1, kv_heads: 1, key_dim: 2, value_dim: 1, block_size: 64, blocks: 2 };
+    /// let shape = qkv::PagedShape::new(1, 1, 2, 1, 64, 2);
     /// let mut cache = qkv::PagedKvCache::<bf16>::new(shape)?;
     /// let seq = cache.add_sequence();
     /// let mut layer = cache.layer(0)?;
@@ -702,7 +747,7 @@ impl<E: Storage> PagedLayer<'_, E> {
     /// ```
     /// use ndarray::Array3;
     /// use qkv::{CacheOptions, SlidingWindow};
-    /// let shape = qkv::PagedShape { layers: 1, kv_heads: 1, key_dim: 1, value_dim: 1, block_size: 64, blocks: 2 };
+    /// let shape = qkv::PagedShape::new(1, 1, 1, 1, 64, 2);
     /// let mut cache = qkv::PagedKvCache::<f32>::new(shape)?;
     /// let seq = cache.add_sequence();
     /// let mut layer = cache.layer(0)?;
@@ -739,7 +784,7 @@ impl<E: Storage> PagedLayer<'_, E> {
     ///
     /// ```
     /// use ndarray::{Array2, Array3, array};
-    /// let shape = qkv::PagedShape { layers: 1, kv_heads: 1, key_dim: 1, value_dim: 1, block_size: 64, blocks: 4 };
+    /// let shape = qkv::PagedShape::new(1, 1, 1, 1, 64, 4);
     /// let mut cache = qkv::PagedKvCache::<f32>::new(shape)?;
     /// let (a, b) = (cache.add_sequence(), cache.add_sequence());
     /// let mut layer = cache.layer(0)?;

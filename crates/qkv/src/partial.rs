@@ -3,8 +3,8 @@
 
 use ndarray::{Array, Dimension, IntoDimension, Ix2, Zip};
 
-use crate::error::{AttentionError, Dims};
 use crate::element::Real;
+use crate::error::{AttentionError, Dims};
 
 /// The output of attention and each row's logsumexp, from
 /// [`attention_with_lse`](crate::attention_with_lse) (`D = Ix2`: `output` is `[n_q, d_v]`,

@@ -5,9 +5,9 @@
 use ndarray::{Array2, ArrayView2};
 
 use crate::attention::attention;
+use crate::element::Real;
 use crate::error::AttentionError;
 use crate::options::AttentionOptions;
-use crate::element::Real;
 use crate::shape::check_finite;
 
 /// The learned projections of an attention layer.

@@ -10,18 +10,19 @@ mod tiled;
 use ndarray::{Array1, Array2, ArrayView2};
 
 use crate::attention::{Attention, AttentionWeights, Scores};
+use crate::element::Real;
 use crate::error::AttentionError;
 use crate::inputs::{self, Inputs};
 use crate::masking::MaskSet;
 use crate::options::AttentionOptions;
 use crate::partial::PartialAttention;
-use crate::element::Real;
 use crate::shape::Shape;
 
 pub use tiled::{TiledBlock, TiledTrace, trace_tiled};
 
 /// Every intermediate of one query's attention, in f64: what a worked example shows step by step.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct QueryTrace {
     /// The query vector.
     pub query: Vec<f64>,

@@ -2,9 +2,9 @@
 
 use ndarray::{ArrayBase, ArrayView2, Data, Dimension};
 
+use crate::element::Real;
 use crate::error::{AttentionError, Dims};
 use crate::kernels::Element;
-use crate::element::Real;
 
 /// The validated sizes of one attention problem (one batch element, one head).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

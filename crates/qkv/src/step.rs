@@ -79,7 +79,8 @@ pub(crate) fn attend<T: Real, E: Element<Compute = T>, Q: Element<Compute = T>, 
     mut lse: Option<ArrayViewMut3<T>>,
     buffers: &mut StepBuffers<T>,
 ) -> Option<Measured<T>> {
-    let &Step { isa, q, kv_heads, value_dim, members, member, n_keys, keys, parts, masks, heads_differ } = step;
+    let &Step { isa, q, kv_heads, value_dim, members, member, n_keys, keys, parts, masks, heads_differ } =
+        step;
     let [_, query_heads, _, key_dim] = *q.shape() else { unreachable!("4-D view") };
     // The query heads that share a key/value head are the rows of one problem, query-major (row
     // `i · stack + g` is query `i` of the stack's head `g`), so that its keys and values are read
@@ -126,8 +127,13 @@ pub(crate) fn attend<T: Real, E: Element<Compute = T>, Q: Element<Compute = T>, 
     };
     let stacked_out = flash::prefix(output, total_rows * value_dim);
     let stacked_lse = lse.is_some().then(|| flash::prefix(logsumexp, total_rows));
-    let call =
-        CachedCall { rows_per_query: stack, n_problems: members * per_member, parts, shape: &shape, problem: &problem };
+    let call = CachedCall {
+        rows_per_query: stack,
+        n_problems: members * per_member,
+        parts,
+        shape: &shape,
+        problem: &problem,
+    };
     let measured = flash::attend_cached(isa, call, stacked_out, stacked_lse, workspace);
     for m in 0..members {
         let (b, range) = member(m);

@@ -12,13 +12,7 @@ use crate::cases::{Case, Inputs};
 /// A filled cache of `E` for `case` (batch 1), its step run in a pool of `threads`.
 pub fn runner<E: Storage>(case: Case, inputs: &Inputs, threads: Option<usize>) -> Result<Runner<'static>> {
     ensure!(case.batch == 1, "a KV cache holds one sequence: {} has a batch of {}", case.label(), case.batch);
-    let shape = CacheShape {
-        layers: 1,
-        kv_heads: case.kv_heads,
-        capacity: case.n_k,
-        key_dim: case.d,
-        value_dim: case.d,
-    };
+    let shape = CacheShape::new(1, case.kv_heads, case.n_k, case.d, case.d);
     let mut cache = KvCache::<E>::new(shape)?;
     let stored = |a: ArrayView3<f32>| -> Array3<E> { a.mapv(E::from_f32) };
     let first = |a: &ndarray::Array4<f32>| stored(a.index_axis(Axis(0), 0));

@@ -18,14 +18,7 @@ pub fn runner(case: Case, inputs: &Inputs, threads: Option<usize>) -> Result<Run
     let block_size =
         BLOCK_SIZE.next_multiple_of(PagedKvCache::<f32>::block_granularity(SimdLevel::dispatched()?)?);
     let blocks = lengths.iter().map(|len| len.div_ceil(block_size)).sum();
-    let shape = PagedShape {
-        layers: 1,
-        kv_heads: case.kv_heads,
-        key_dim: case.d,
-        value_dim: case.d,
-        block_size,
-        blocks,
-    };
+    let shape = PagedShape::new(1, case.kv_heads, case.d, case.d, block_size, blocks);
     let mut cache = PagedKvCache::<f32>::new(shape)?;
     let mut sequences: Vec<SequenceId> = Vec::new();
     for (b, &len) in lengths.iter().enumerate() {

@@ -765,7 +765,7 @@ fn decoding_steps_equal_causal_attention_and_the_engine_s_kv_cache() {
         &causal,
     )
     .expect("reference");
-    let shape = qkv::CacheShape { layers: 1, kv_heads: 1, capacity: 3, key_dim: 2, value_dim: 1 };
+    let shape = qkv::CacheShape::new(1, 1, 3, 2, 1);
     let mut cache = qkv::KvCache::<f32>::new(shape).expect("cache");
     let mut layer = cache.layer(0).expect("layer");
     let as_f32 = |rows: &[[f64; 2]]| rows.iter().flatten().map(|&x| x as f32).collect::<Vec<_>>();

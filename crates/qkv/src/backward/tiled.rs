@@ -24,12 +24,12 @@ use std::ops::Range;
 
 use ndarray::{ArrayView1, ArrayView2, ArrayViewMut2, Axis};
 
+use crate::element::Real;
 use crate::flash::{BlockKeys, aligned_prefix, mask_tile, prefix};
 use crate::kernels::{
     self, Buffer, Isa, Job, KEY_BLOCK, Kernels, Layout, Rows, RowsMut, ScoreTile, ValueRows, Weights,
 };
 use crate::masking::MaskSet;
-use crate::element::Real;
 use crate::shape::{Magnitudes, Shape};
 use crate::work;
 

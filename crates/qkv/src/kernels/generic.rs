@@ -5,9 +5,9 @@
 //! Bounds: every load goes through a slice whose length the loop makes known (`chunks_exact`,
 //! a fixed-length reslice per row), so the compiler drops the checks from the inner loops.
 
+use super::Scalar;
 use super::simd::{Load, Simd, exp_shifted};
 use super::{Element, KEY_BLOCK, Rows, RowsMut, ScoreTile, ValueRows, Weights, larger_magnitude};
-use super::Scalar;
 
 /// The most lanes any level has (AVX-512's 16 f32): the size of the scratch for partial vectors.
 const MAX_LANES: usize = 16;
@@ -434,7 +434,13 @@ fn store_tile<T: Scalar, E: Element, S: Load<T, E>, const MR: usize, const NC: u
 /// vectors, the keys left over one at a time. For each weight row `r` the `MR` weights of a group
 /// are side by side in `P`'s row, so the broadcasts read one short run per row.
 #[inline(always)]
-pub(super) fn accumulate_transposed<T: Scalar, E: Element, S: Load<T, E>, const MR: usize, const NC: usize>(
+pub(super) fn accumulate_transposed<
+    T: Scalar,
+    E: Element,
+    S: Load<T, E>,
+    const MR: usize,
+    const NC: usize,
+>(
     simd: S,
     weights: Weights<'_, T>,
     values: ValueRows<'_, E>,

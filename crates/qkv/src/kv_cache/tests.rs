@@ -13,7 +13,7 @@ fn storage(cache: &KvCache<f32>) -> Vec<(*const f32, usize)> {
 
 #[test]
 fn appends_never_reallocate_or_move_the_storage() {
-    let shape = CacheShape { layers: 2, kv_heads: 3, capacity: 300, key_dim: 5, value_dim: 7 };
+    let shape = CacheShape::new(2, 3, 300, 5, 7);
     for level in SimdLevel::ALL.into_iter().filter(|level| level.is_supported()) {
         let mut cache = KvCache::<f32>::for_level(shape, level).unwrap();
         let before = storage(&cache);
@@ -33,7 +33,7 @@ fn appends_never_reallocate_or_move_the_storage() {
 
 #[test]
 fn keys_land_in_their_panel_lanes_and_values_in_padded_rows() {
-    let shape = CacheShape { layers: 1, kv_heads: 1, capacity: 40, key_dim: 3, value_dim: 5 };
+    let shape = CacheShape::new(1, 1, 40, 3, 5);
     for level in SimdLevel::ALL.into_iter().filter(|level| level.is_supported()) {
         let mut cache = KvCache::<f32>::for_level(shape, level).unwrap();
         // Key j is [j, j + 0.25, j + 0.5]; value j is [j, -j, j, -j, j]. Appended in two parts.
@@ -66,7 +66,7 @@ fn keys_land_in_their_panel_lanes_and_values_in_padded_rows() {
 
 #[test]
 fn a_ring_writes_position_p_into_slot_p_mod_capacity_and_never_moves() {
-    let shape = CacheShape { layers: 1, kv_heads: 2, capacity: 21, key_dim: 3, value_dim: 5 };
+    let shape = CacheShape::new(1, 2, 21, 3, 5);
     for level in SimdLevel::ALL.into_iter().filter(|level| level.is_supported()) {
         let mut cache = KvCache::<f32>::with_window_for_level(shape, 10, level).unwrap();
         let before = storage(&cache);

@@ -9,7 +9,7 @@ use super::*;
 fn keys_land_in_their_blocks_panel_lanes_and_values_in_padded_rows() {
     for level in SimdLevel::ALL.into_iter().filter(|level| level.is_supported()) {
         let block_size = 2 * PagedKvCache::<f32>::block_granularity(level).unwrap();
-        let shape = PagedShape { layers: 2, kv_heads: 2, key_dim: 3, value_dim: 5, block_size, blocks: 8 };
+        let shape = PagedShape::new(2, 2, 3, 5, block_size, 8);
         let mut cache = PagedKvCache::<f32>::for_level(shape, level).unwrap();
         let (other, seq) = (cache.add_sequence(), cache.add_sequence());
         // Key j of head h is [j, j + 0.25, j + 0.5] + 100 h; value j is [j, -j, j, -j, j].
@@ -53,7 +53,7 @@ fn keys_land_in_their_blocks_panel_lanes_and_values_in_padded_rows() {
 
 #[test]
 fn each_block_counts_the_tables_that_hold_it_and_the_pool_never_moves() {
-    let shape = PagedShape { layers: 1, kv_heads: 1, key_dim: 4, value_dim: 4, block_size: 64, blocks: 6 };
+    let shape = PagedShape::new(1, 1, 4, 4, 64, 6);
     let mut cache = PagedKvCache::<f32>::new(shape).unwrap();
     let storage = (cache.storage.as_ptr(), cache.storage.len());
     let append = |cache: &mut PagedKvCache<f32>, seq, n| {

@@ -5,10 +5,10 @@ use ndarray::{Array2, ArrayView2, Axis};
 
 use super::trace_row;
 use crate::backward::{Gradients, check_d_output};
+use crate::element::Real;
 use crate::error::AttentionError;
 use crate::inputs;
 use crate::options::AttentionOptions;
-use crate::element::Real;
 use crate::shape::Shape;
 
 /// The gradients of `L` with respect to the queries, keys, values (and the additive bias, if

@@ -13,10 +13,10 @@ use std::ops::Range;
 use ndarray::{Array1, Array2, ArrayView2};
 
 use super::{check_query, largest_visible, row_scores};
+use crate::element::Real;
 use crate::error::AttentionError;
 use crate::options::AttentionOptions;
 use crate::partial::PartialAttention;
-use crate::element::Real;
 
 /// The online softmax of one query over its keys in blocks (see [`trace_tiled`]).
 #[derive(Debug, Clone, PartialEq)]

@@ -59,7 +59,7 @@ unsafe impl GlobalAlloc for CountingAllocator {
 #[global_allocator]
 static GLOBAL: CountingAllocator = CountingAllocator;
 
-const SHAPE: CacheShape = CacheShape { layers: 1, kv_heads: 8, capacity: 2048, key_dim: 128, value_dim: 128 };
+const SHAPE: CacheShape = CacheShape::new(1, 8, 2048, 128, 128);
 const QUERY_HEADS: usize = 32;
 
 /// The allocations of each of `steps` decoding steps after a warm-up step, over a cache at
@@ -160,7 +160,7 @@ fn a_warm_decoding_step_over_a_ring_allocates_nothing() {
         .keep_mask(keep.view());
     let alibi = CacheOptions::new().alibi(&slopes).keep_mask(keep.view());
     let one_thread = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
-    let ring = CacheShape { capacity: 300, ..SHAPE };
+    let ring = SHAPE.with_capacity(300);
     for level in levels() {
         for (what, options) in [
             ("plain", CacheOptions::new()),
@@ -239,7 +239,7 @@ fn paged_steps<E: Storage, O: Storage>(
     let block_size = 64;
     let blocks = lengths.iter().map(|len| (len + steps + 1).div_ceil(block_size)).sum();
     let CacheShape { kv_heads, key_dim, value_dim, .. } = SHAPE;
-    let shape = PagedShape { layers: 1, kv_heads, key_dim, value_dim, block_size, blocks };
+    let shape = PagedShape::new(1, kv_heads, key_dim, value_dim, block_size, blocks);
     let mut cache = PagedKvCache::<E>::for_level(shape, level).unwrap();
     let sequences: Vec<_> = lengths.iter().map(|_| cache.add_sequence()).collect();
     let kv = |n: usize| {

@@ -3,7 +3,7 @@
 //! grid; thread-count independence, keys no query sees, grouped-query heads and the errors.
 
 use ndarray::{Array2, Array4, ArrayView2, Axis, s};
-use qkv::{AdditiveBias, AttentionOptions, Gradients, GradientsMut, Real};
+use qkv::{AdditiveBias, AttentionOptions, GradientsMut, Real};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -122,7 +122,7 @@ fn gradient_bounds<T: Real>(
     p: &Problem<T>,
     d_out: &Array2<T>,
     options: &AttentionOptions<T>,
-) -> (f64, Gradients<f64>) {
+) -> (f64, GradientBounds) {
     let r = qkv::reference::attention(p.q.view(), p.k.view(), p.v.view(), options).unwrap();
     let abs = |x: &Array2<T>| x.mapv(|x| x.to_f64_exact().abs());
     let (q, k, v, d_o) = (abs(&p.q), abs(&p.k), abs(&p.v), abs(d_out));
@@ -139,7 +139,15 @@ fn gradient_bounds<T: Real>(
     let dq = ds.dot(&k) * scale;
     let dk = ds.t().dot(&q) * scale;
     let max_score = r.scores.iter().filter(|s| s.is_finite()).fold(0.0_f64, |m, s| m.max(s.abs()));
-    (1.0 + max_score, Gradients { dq, dk, dv, dbias: Some(ds) })
+    (1.0 + max_score, GradientBounds { dq, dk, dv, dbias: Some(ds) })
+}
+
+/// [`gradient_bounds`]' bound of each gradient, named as `qkv::Gradients`' fields.
+struct GradientBounds {
+    dq: Array2<f64>,
+    dk: Array2<f64>,
+    dv: Array2<f64>,
+    dbias: Option<Array2<f64>>,
 }
 
 fn mask_rows(mut x: Array2<f64>, seen: &[bool]) -> Array2<f64> {
@@ -200,12 +208,8 @@ fn check_fast_capped<T: Real>(
         let mut into = [&p.q, &p.k, &p.v].map(|x| Array2::from_elem(x.raw_dim(), T::nan()));
         let mut dbias = Array2::from_elem((dims.0, dims.1), T::nan());
         let [dq, dk, dv] = &mut into;
-        let buffers = GradientsMut {
-            dq: dq.view_mut(),
-            dk: dk.view_mut(),
-            dv: dv.view_mut(),
-            dbias: want.dbias.is_some().then(|| dbias.view_mut()),
-        };
+        let buffers = GradientsMut::new(dq.view_mut(), dk.view_mut(), dv.view_mut());
+        let buffers = if want.dbias.is_some() { buffers.with_dbias(dbias.view_mut()) } else { buffers };
         qkv::attention_backward_into(
             p.q.view(),
             p.k.view(),
@@ -457,7 +461,7 @@ fn backward_errors_name_the_argument_and_both_shapes() {
         .unwrap_err();
     assert_eq!(error.to_string(), "d_output[2, 1] is NaN: attention needs finite inputs");
     let (mut dq, mut dk, mut dv) = (Array2::zeros((4, 3)), Array2::zeros((5, 3)), Array2::zeros((4, 2)));
-    let into = GradientsMut { dq: dq.view_mut(), dk: dk.view_mut(), dv: dv.view_mut(), dbias: None };
+    let into = GradientsMut::new(dq.view_mut(), dk.view_mut(), dv.view_mut());
     let d_out = d_output::<f32>(1, 4, 2);
     let error = qkv::attention_backward_into(
         p.q.view(),

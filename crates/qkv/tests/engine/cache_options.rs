@@ -160,7 +160,7 @@ fn check_options(kinds: &[Kind], mut seed: u64) {
             for (kv_heads, group, key_dim, value_dim) in [shapes[(l + k) % 3], shapes[(l + k + 1) % 3]] {
                 seed += 1;
                 let capacity = CHUNKS.iter().sum::<usize>();
-                let shape = CacheShape { layers: 2, kv_heads, capacity, key_dim, value_dim };
+                let shape = CacheShape::new(2, kv_heads, capacity, key_dim, value_dim);
                 check_steps::<f32>(level, shape, kv_heads * group, &CHUNKS, usize::MAX, kind, seed);
             }
         }
@@ -184,7 +184,7 @@ fn f32_queries_over_half_caches_match_the_widened_values() {
     for level in levels() {
         for kind in [Kind::Unbounded, Kind::All] {
             seed += 1;
-            let shape = CacheShape { layers: 1, kv_heads: 2, capacity: 300, key_dim: 32, value_dim: 24 };
+            let shape = CacheShape::new(1, 2, 300, 32, 24);
             check_steps::<bf16>(level, shape, 8, &[1, 130, 1, 60, 1], usize::MAX, kind, seed);
             check_steps::<f16>(level, shape, 8, &[1, 130, 1, 60, 1], usize::MAX, kind, seed);
         }
@@ -196,7 +196,7 @@ fn long_steps_with_options_split_their_keys_and_still_match() {
     // Past 1024 positions a step with few rows splits its keys between tasks and merges them.
     for level in levels() {
         for kind in [Kind::CausalWindow, Kind::All] {
-            let shape = CacheShape { layers: 1, kv_heads: 2, capacity: 2200, key_dim: 32, value_dim: 16 };
+            let shape = CacheShape::new(1, 2, 2200, 32, 16);
             check_steps::<f32>(level, shape, 4, &[2100, 1, 1], 2, kind, 300);
         }
     }
@@ -204,7 +204,7 @@ fn long_steps_with_options_split_their_keys_and_still_match() {
 
 #[test]
 fn storage_type_queries_still_work_and_agree_with_f32_queries() {
-    let shape = CacheShape { layers: 1, kv_heads: 1, capacity: 8, key_dim: 4, value_dim: 4 };
+    let shape = CacheShape::new(1, 1, 8, 4, 4);
     let mut cache = KvCache::<bf16>::new(shape).unwrap();
     let mut layer = cache.layer(0).unwrap();
     let kv = Array3::from_shape_fn((1, 5, 4), |(_, i, c)| bf16::from_f32((i * 4 + c) as f32 / 16.0));
@@ -221,7 +221,7 @@ fn storage_type_queries_still_work_and_agree_with_f32_queries() {
 fn a_cache_split_in_two_merges_into_the_whole() {
     for level in levels() {
         for (len, split) in [(2, 1), (300, 129), (300, 1), (1500, 700)] {
-            let shape = CacheShape { layers: 3, kv_heads: 2, capacity: len, key_dim: 16, value_dim: 8 };
+            let shape = CacheShape::new(3, 2, len, 16, 8);
             let mut rng = ChaCha8Rng::seed_from_u64(len as u64);
             let mut tensor =
                 |heads, n, d| Array3::from_shape_simple_fn((heads, n, d), || rng.random_range(-1.0_f32..1.0));
@@ -256,7 +256,7 @@ fn a_cache_split_in_two_merges_into_the_whole() {
 
 #[test]
 fn bad_options_are_errors_naming_the_layer_the_argument_and_the_shape() {
-    let shape = CacheShape { layers: 2, kv_heads: 2, capacity: 8, key_dim: 3, value_dim: 5 };
+    let shape = CacheShape::new(2, 2, 8, 3, 5);
     let mut cache = KvCache::<f32>::new(shape).unwrap();
     let mut layer = cache.layer(1).unwrap();
     layer.append(Array3::zeros((2, 4, 3)).view(), Array3::zeros((2, 4, 5)).view()).unwrap();
@@ -299,11 +299,12 @@ fn bad_options_are_errors_naming_the_layer_the_argument_and_the_shape() {
 #[test]
 fn options_a_cache_decides_are_errors_on_both_caches() {
     use qkv::{AdditiveBias, CausalMask, KeyPadding, PagedKvCache, PagedShape};
-    let shape = CacheShape { layers: 1, kv_heads: 1, capacity: 8, key_dim: 2, value_dim: 2 };
+    let shape = CacheShape::new(1, 1, 8, 2, 2);
     let mut cache = KvCache::<f32>::new(shape).unwrap();
+    let level = cache.simd_level();
     let mut layer = cache.layer(0).unwrap();
     layer.append(Array3::zeros((1, 3, 2)).view(), Array3::zeros((1, 3, 2)).view()).unwrap();
-    let paged_shape = PagedShape { layers: 1, kv_heads: 1, key_dim: 2, value_dim: 2, block_size: 64, blocks: 1 };
+    let paged_shape = PagedShape::new(1, 1, 2, 2, 64, 1);
     let mut paged = PagedKvCache::<f32>::new(paged_shape).unwrap();
     let seq = paged.add_sequence();
     let mut paged_layer = paged.layer(0).unwrap();
@@ -311,7 +312,7 @@ fn options_a_cache_decides_are_errors_on_both_caches() {
     let q = Array3::<f32>::zeros((1, 1, 2));
     let (padding, lengths, bias) = (ndarray::array![true, true, false], [2], Array2::<f32>::zeros((1, 3)));
     // The level neither cache runs at: a request for it is refused whatever it is.
-    let other = if cache.simd_level() == SimdLevel::Baseline { SimdLevel::Avx2 } else { SimdLevel::Baseline };
+    let other = if level == SimdLevel::Baseline { SimdLevel::Avx2 } else { SimdLevel::Baseline };
     let cases = [
         (CacheOptions::new().causal(CausalMask::TopLeft), "causal"),
         (CacheOptions::new().key_padding(KeyPadding::new(padding.view())), "key_padding"),
@@ -328,6 +329,6 @@ fn options_a_cache_decides_are_errors_on_both_caches() {
         }
     }
     // What a cache step is anyway is no error: the bottom-right causal mask, its own level.
-    let same = CacheOptions::new().causal(CausalMask::BottomRight).simd(cache.simd_level());
+    let same = CacheOptions::new().causal(CausalMask::BottomRight).simd(level);
     layer.attend_with(q.view(), &same).unwrap();
 }

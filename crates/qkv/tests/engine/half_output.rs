@@ -240,7 +240,7 @@ fn check_cache_step<E: Storage, O: Storage>(
 /// steps): a plain cache with and without a window and ALiBi, and a ring buffer of a 12-position
 /// window that wraps (its keys read as two runs).
 fn check_kv_cache<E: Storage>() {
-    let shape = CacheShape { layers: 1, kv_heads: 2, capacity: 300, key_dim: 24, value_dim: 40 };
+    let shape = CacheShape::new(1, 2, 300, 24, 40);
     let mut rng = ChaCha8Rng::seed_from_u64(22);
     let mut random3 = |shape| Array3::from_shape_simple_fn(shape, || rng.random_range(-1.0..1.0_f32));
     let slopes = qkv::alibi_slopes::<f32>(4);
@@ -248,8 +248,7 @@ fn check_kv_cache<E: Storage>() {
     for level in levels() {
         let plain = KvCache::<E>::for_level(shape, level).unwrap();
         // 12 + 129 - 1 slots: steps of up to 129 queries.
-        let ring =
-            KvCache::<E>::with_window_for_level(CacheShape { capacity: 140, ..shape }, 12, level).unwrap();
+        let ring = KvCache::<E>::with_window_for_level(shape.with_capacity(140), 12, level).unwrap();
         let both = [("plain", CacheOptions::new()), ("window + alibi", windowed.clone())];
         for (kind, mut cache, options) in [("plain", plain, &both[..]), ("ring", ring, &both[..1])] {
             let mut layer = cache.layer(0).unwrap();
@@ -286,7 +285,7 @@ fn caches_write_half_outputs_rounded_once_from_f32() {
         |shape| Array3::from_shape_simple_fn(shape, || bf16::from_f32(rng.random_range(-1.0..1.0)));
     for level in levels() {
         let block_size = PagedKvCache::<bf16>::block_granularity(level).unwrap();
-        let shape = PagedShape { layers: 1, kv_heads: 2, key_dim: 16, value_dim: 24, block_size, blocks: 32 };
+        let shape = PagedShape::new(1, 2, 16, 24, block_size, 32);
         let mut cache = PagedKvCache::<bf16>::for_level(shape, level).unwrap();
         let (a, b) = (cache.add_sequence(), cache.add_sequence());
         let mut layer = cache.layer(0).unwrap();
@@ -354,7 +353,7 @@ fn an_output_of_the_wrong_shape_is_named() {
             .unwrap_err()),
         "output has shape [1, 2, 2, 3] but the attention result has shape [1, 4, 2, 3]"
     );
-    let shape = CacheShape { layers: 1, kv_heads: 2, capacity: 4, key_dim: 3, value_dim: 5 };
+    let shape = CacheShape::new(1, 2, 4, 3, 5);
     let mut cache = KvCache::<bf16>::new(shape).unwrap();
     let mut layer = cache.layer(0).unwrap();
     layer
@@ -368,7 +367,7 @@ fn an_output_of_the_wrong_shape_is_named() {
         err(layer.attend_into(Array3::<f32>::zeros((4, 1, 3)).view(), out.view_mut()).unwrap_err()),
         "layer 0 of the KV cache takes output of shape [4, 1, 5], not [4, 1, 4]: one value-wide row per query"
     );
-    let paged = PagedShape { layers: 1, kv_heads: 2, key_dim: 3, value_dim: 5, block_size: 64, blocks: 2 };
+    let paged = PagedShape::new(1, 2, 3, 5, 64, 2);
     let mut cache = PagedKvCache::<bf16>::new(paged).unwrap();
     let seq = cache.add_sequence();
     let mut layer = cache.layer(0).unwrap();

@@ -105,7 +105,7 @@ fn f16_inputs_match_the_reference_within_their_rounding() {
 
 /// A cache of `H` against a cache of f32 holding the widened values: the same bits, step by step.
 fn check_cache<H: Storage>() {
-    let shape = CacheShape { layers: 1, kv_heads: 2, capacity: 1400, key_dim: 24, value_dim: 40 };
+    let shape = CacheShape::new(1, 2, 1400, 24, 40);
     let p = Problem::<f32>::random(3, (1300, 1300, 24, 40), 1.0, MASK_KINDS[0]);
     // Two key/value heads from one problem's keys and values, four query heads from its queries.
     let heads = |a: &Array2<f32>, n: usize| {

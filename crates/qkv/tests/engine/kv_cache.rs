@@ -91,7 +91,7 @@ fn decoding_and_prefill_chunks_match_full_attention_over_the_prefix() {
         {
             seed += 1;
             let capacity = CHUNKS.iter().sum::<usize>() + 3;
-            let shape = CacheShape { layers: 2, kv_heads, capacity, key_dim, value_dim };
+            let shape = CacheShape::new(2, kv_heads, capacity, key_dim, value_dim);
             check_chunks(level, shape, kv_heads * group, &CHUNKS, usize::MAX, seed);
         }
     }
@@ -102,14 +102,14 @@ fn long_decoding_steps_split_their_keys_and_still_match() {
     // Past 1024 positions a step with few rows splits its keys between tasks and merges them;
     // after the long appends only the last few positions attend, as in a decoder's steps.
     for level in levels() {
-        let shape = CacheShape { layers: 1, kv_heads: 2, capacity: 3000, key_dim: 32, value_dim: 24 };
+        let shape = CacheShape::new(1, 2, 3000, 32, 24);
         check_chunks(level, shape, 8, &[1, 2049, 1, 1, 700, 1], 2, 40);
     }
 }
 
 #[test]
 fn results_do_not_depend_on_the_thread_count() {
-    let shape = CacheShape { layers: 1, kv_heads: 2, capacity: 5000, key_dim: 64, value_dim: 64 };
+    let shape = CacheShape::new(1, 2, 5000, 64, 64);
     let seq = Sequence::random(41, shape, 8, 4097);
     let mut outputs = Vec::new();
     for threads in [1, 2, 3] {
@@ -126,7 +126,7 @@ fn results_do_not_depend_on_the_thread_count() {
 
 #[test]
 fn errors_name_the_layer_the_argument_and_the_shapes() {
-    let shape = CacheShape { layers: 2, kv_heads: 2, capacity: 4, key_dim: 3, value_dim: 5 };
+    let shape = CacheShape::new(2, 2, 4, 3, 5);
     let mut cache = KvCache::<f32>::new(shape).unwrap();
     let err = |e: qkv::AttentionError| e.to_string();
     assert_eq!(err(cache.layer(2).err().unwrap()), "layer 2 is out of range: the KV cache has 2 layers");
@@ -182,7 +182,7 @@ fn errors_name_the_layer_the_argument_and_the_shapes() {
         "layer 0 of the KV cache: its keys and values with these queries could overflow an f32 score or sum; \
          scale the inputs down"
     );
-    let empty = CacheShape { kv_heads: 0, ..shape };
+    let empty = shape.with_kv_heads(0);
     assert_eq!(
         err(KvCache::<f32>::new(empty).err().unwrap()),
         "the KV cache's shape [layers, kv_heads, capacity, key_dim, value_dim] [2, 0, 4, 3, 5] is empty: a cache \
@@ -204,8 +204,8 @@ fn a_cache_too_large_to_allocate_is_an_error_not_a_panic() {
     // need 2^49 bytes per head's keys alone, more than a 48-bit address space maps, so the
     // allocator refuses them whatever the machine's memory or overcommit setting: nothing of
     // that size is ever written.
-    let tiny = CacheShape { layers: 1, kv_heads: 1, capacity: usize::MAX, key_dim: 4, value_dim: 4 };
-    let model = CacheShape { layers: 32, kv_heads: 8, capacity: 1 << 40, key_dim: 128, value_dim: 128 };
+    let tiny = CacheShape::new(1, 1, usize::MAX, 4, 4);
+    let model = CacheShape::new(32, 8, 1 << 40, 128, 128);
     for (shape, why) in [
         (tiny, "which is more than an address space holds (isize::MAX bytes)"),
         (model, "which the allocator refused"),
@@ -236,13 +236,12 @@ fn a_value_row_too_wide_to_pad_is_an_error_not_a_panic() {
     for value_dim in [usize::MAX, usize::MAX - 3] {
         for level in levels() {
             // With no capacity such a cache holds nothing and may be made; it must not panic.
-            let empty = CacheShape { layers: 1, kv_heads: 1, capacity: 0, key_dim: 4, value_dim };
+            let empty = CacheShape::new(1, 1, 0, 4, value_dim);
             let _ = KvCache::<f32>::for_level(empty, level);
-            let shape = CacheShape { capacity: 1, ..empty };
+            let shape = empty.with_capacity(1);
             let message = KvCache::<f32>::for_level(shape, level).err().expect("too wide").to_string();
             assert!(message.contains("more than an address space holds"), "{message}");
-            let paged =
-                qkv::PagedShape { layers: 1, kv_heads: 1, key_dim: 4, value_dim, block_size: 64, blocks: 4 };
+            let paged = qkv::PagedShape::new(1, 1, 4, value_dim, 64, 4);
             let message =
                 qkv::PagedKvCache::<f32>::for_level(paged, level).err().expect("too wide").to_string();
             assert!(message.contains("more than an address space holds"), "{message}");

@@ -267,14 +267,7 @@ fn configurations() -> Vec<(SimdLevel, PagedShape, usize)> {
     for level in levels() {
         for (i, block_size) in block_sizes(level).into_iter().enumerate() {
             let (kv_heads, group, key_dim, value_dim) = [(2, 4, 16, 24), (1, 1, 1, 1), (3, 2, 17, 5)][i];
-            let shape = PagedShape {
-                layers: 2,
-                kv_heads,
-                key_dim,
-                value_dim,
-                block_size,
-                blocks: 1200 / block_size + 12,
-            };
+            let shape = PagedShape::new(2, kv_heads, key_dim, value_dim, block_size, 1200 / block_size + 12);
             configurations.push((level, shape, group));
         }
     }
@@ -345,8 +338,7 @@ fn long_sequences_split_their_keys_beside_short_ones() {
     // A decoding step over 2049 positions splits its keys between tasks; the short sequences of
     // the same batch then have splits with nothing in them.
     for level in levels() {
-        let shape =
-            PagedShape { layers: 1, kv_heads: 2, key_dim: 32, value_dim: 24, block_size: 64, blocks: 40 };
+        let shape = PagedShape::new(1, 2, 32, 24, 64, 40);
         let mut harness = Harness::new(level, shape, 4, 7);
         let (long, short) = (harness.add(), harness.add());
         harness.append(long, 2049);
@@ -467,8 +459,7 @@ fn freed_blocks_are_reused_and_keep_nothing_of_before() {
 
 #[test]
 fn results_do_not_depend_on_the_thread_count() {
-    let shape =
-        PagedShape { layers: 1, kv_heads: 2, key_dim: 64, value_dim: 64, block_size: 64, blocks: 100 };
+    let shape = PagedShape::new(1, 2, 64, 64, 64, 100);
     let mut harness = Harness::new(SimdLevel::dispatched().unwrap(), shape, 4, 9);
     let sequences = harness.add_holding(&[4097, 1, 300, 65]);
     let q = harness.random(8, 4 * 3, 64);
@@ -487,8 +478,7 @@ fn results_do_not_depend_on_the_thread_count() {
 fn a_sequence_gets_the_same_bits_alone_or_in_any_batch() {
     // A long sequence splits its keys between tasks, a short one does not: each sequence's
     // splits follow its own length and queries, so batching never changes a bit of its rows.
-    let shape =
-        PagedShape { layers: 1, kv_heads: 2, key_dim: 32, value_dim: 40, block_size: 64, blocks: 120 };
+    let shape = PagedShape::new(1, 2, 32, 40, 64, 120);
     for level in levels() {
         let mut harness = Harness::new(level, shape, 4, 11);
         let lengths = [4097, 1, 300, 1500, 65];
@@ -561,7 +551,7 @@ proptest! {
         let levels = levels();
         let level = levels[level % levels.len()];
         let block_size = PagedKvCache::<f32>::block_granularity(level).unwrap();
-        let shape = PagedShape { layers: 2, kv_heads: 2, key_dim: 8, value_dim: 12, block_size, blocks: 512 / block_size };
+        let shape = PagedShape::new(2, 2, 8, 12, block_size, 512 / block_size);
         let mut harness = Harness::new(level, shape, 2, 11);
         for op in ops {
             let live: Vec<SequenceId> = harness.held.values().map(|(seq, _)| *seq).collect();
@@ -633,7 +623,7 @@ fn try_append(harness: &mut Harness, seq: SequenceId, layer: usize, n: usize) {
 
 #[test]
 fn errors_name_the_sequence_the_argument_and_the_shapes() {
-    let shape = PagedShape { layers: 2, kv_heads: 2, key_dim: 3, value_dim: 5, block_size: 64, blocks: 2 };
+    let shape = PagedShape::new(2, 2, 3, 5, 64, 2);
     let mut cache = PagedKvCache::<f32>::new(shape).unwrap();
     let err = |e: qkv::AttentionError| e.to_string();
     assert_eq!(err(cache.layer(2).err().unwrap()), "layer 2 is out of range: the KV cache has 2 layers");
@@ -745,7 +735,7 @@ fn errors_name_the_sequence_the_argument_and_the_shapes() {
     let level = SimdLevel::dispatched().unwrap();
     let panel = PagedKvCache::<f32>::block_granularity(level).unwrap();
     assert_eq!(
-        err(PagedKvCache::<f32>::new(PagedShape { block_size: panel + 1, ..shape }).err().unwrap()),
+        err(PagedKvCache::<f32>::new(shape.with_block_size(panel + 1)).err().unwrap()),
         format!(
             "block_size {} is not a multiple of {panel}, the key panel of the {level} kernels: a block \
              holds whole panels (PagedKvCache::block_granularity gives the multiple)",
@@ -753,7 +743,7 @@ fn errors_name_the_sequence_the_argument_and_the_shapes() {
         )
     );
     assert_eq!(
-        err(PagedKvCache::<f32>::new(PagedShape { blocks: 0, ..shape }).err().unwrap()),
+        err(PagedKvCache::<f32>::new(shape.with_blocks(0)).err().unwrap()),
         "the paged KV cache's shape [layers, kv_heads, key_dim, value_dim, block_size, blocks] [2, 2, 3, 5, 64, 0] \
          is empty: a pool needs at least one layer, key/value head and block, blocks of at least one position, \
          and keys and values at least one component wide"
@@ -765,15 +755,14 @@ fn a_pool_too_large_to_allocate_is_an_error_not_a_panic() {
     // usize::MAX blocks overflow the size arithmetic; 2^32 blocks overflow the block table's
     // entries; 2^24 blocks of a real model's 64 positions need 2^47 bytes, which the allocator
     // refuses whatever the machine's memory.
-    let model =
-        PagedShape { layers: 32, kv_heads: 8, key_dim: 128, value_dim: 128, block_size: 64, blocks: 1 << 24 };
+    let model = PagedShape::new(32, 8, 128, 128, 64, 1 << 24);
     for (shape, why) in [
         (
-            PagedShape { blocks: usize::MAX / 2, layers: 1, ..model },
+            model.with_blocks(usize::MAX / 2).with_layers(1),
             "more blocks than a block table's u32 entries name",
         ),
         (
-            PagedShape { blocks: 1 << 31, block_size: 1 << 40, ..model },
+            model.with_blocks(1 << 31).with_block_size(1 << 40),
             "more than an address space holds (isize::MAX bytes)",
         ),
         (model, "which the allocator refused"),
@@ -791,7 +780,7 @@ fn a_pool_too_large_to_allocate_is_an_error_not_a_panic() {
 /// attention in f32 over the same rounded keys, values and queries.
 fn check_half_precision<E: qkv::Storage>(level: SimdLevel, seed: u64) {
     let block_size = PagedKvCache::<E>::block_granularity(level).unwrap();
-    let shape = PagedShape { layers: 1, kv_heads: 2, key_dim: 16, value_dim: 12, block_size, blocks: 64 };
+    let shape = PagedShape::new(1, 2, 16, 12, block_size, 64);
     let mut cache = PagedKvCache::<E>::for_level(shape, level).unwrap();
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut rounded = |heads, n, d| {

@@ -30,13 +30,7 @@ struct Ring {
 impl Ring {
     fn shape(&self) -> CacheShape {
         let capacity = self.window + self.largest_step - 1;
-        CacheShape {
-            layers: 2,
-            kv_heads: self.kv_heads,
-            capacity,
-            key_dim: self.key_dim,
-            value_dim: self.value_dim,
-        }
+        CacheShape::new(2, self.kv_heads, capacity, self.key_dim, self.value_dim)
     }
 }
 
@@ -236,7 +230,7 @@ fn a_bf16_ring_matches_full_attention_over_the_rounded_values() {
 
 #[test]
 fn bad_windows_and_steps_are_errors_naming_the_argument() {
-    let shape = CacheShape { layers: 2, kv_heads: 1, capacity: 6, key_dim: 2, value_dim: 3 };
+    let shape = CacheShape::new(2, 1, 6, 2, 3);
     let err = |e: qkv::AttentionError| e.to_string();
     for window in [0, 7] {
         assert_eq!(
@@ -279,7 +273,7 @@ fn bad_windows_and_steps_are_errors_naming_the_argument() {
 /// read both runs), on 1, 2 and 3 threads: the same bits.
 #[test]
 fn ring_results_do_not_depend_on_the_thread_count() {
-    let shape = CacheShape { layers: 1, kv_heads: 2, capacity: 2100, key_dim: 32, value_dim: 16 };
+    let shape = CacheShape::new(1, 2, 2100, 32, 16);
     let mut rng = ChaCha8Rng::seed_from_u64(900);
     let mut tensor =
         |heads, n, d| Array3::from_shape_simple_fn((heads, n, d), || rng.random_range(-1.0_f32..1.0));
