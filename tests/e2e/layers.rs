@@ -17,8 +17,11 @@ const ENGINE: &[&[&str]] = &[
     // The masks a caller can name, then the error every layer above reports with.
     &["mask"],
     &["error"],
-    // Shared helpers: validated shapes, the work split, the dispatched level, partial results.
-    &["shape", "work", "simd", "partial"],
+    // Shared helpers: validated shapes, the work split, the dispatched level, the softmax's
+    // finishing rule.
+    &["shape", "work", "simd", "softmax"],
+    // Partial results and their exact merge.
+    &["partial"],
     // Options, declared once, then masking, applied once.
     &["options"],
     &["masking"],

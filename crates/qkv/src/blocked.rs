@@ -11,6 +11,7 @@ use crate::error::AttentionError;
 use crate::kernels::Element;
 use crate::masking::MaskSet;
 use crate::shape::Shape;
+use crate::softmax;
 
 /// Queries per block: large enough for the GEMMs to run near full speed, small enough that a
 /// block's `[QUERY_BLOCK, n_keys]` score matrix stays modest.
@@ -115,9 +116,8 @@ fn softmax_in_place<T: Real>(row: &mut [T], query_idx: usize) -> Result<T, Atten
         *x = (*x - max).exp();
         sum = sum + *x;
     }
-    let inv = T::one() / sum;
     for x in row.iter_mut() {
-        *x = *x * inv;
+        *x = softmax::normalised(*x, sum);
     }
-    Ok(max + sum.ln())
+    Ok(softmax::logsumexp(max, sum))
 }

@@ -29,6 +29,7 @@ use crate::kernels::{
 use crate::mask::View;
 use crate::masking::MaskSet;
 use crate::shape::{Magnitudes, Shape};
+use crate::softmax;
 use crate::work;
 use ndarray::{ArrayView2, ArrayViewMut1, ArrayViewMut2, Axis, Ix2};
 
@@ -1180,7 +1181,7 @@ impl<T: Real> State<T> {
     fn write(&self, block: &mut OutBlock<T>) {
         if let Some(lse) = &mut block.lse {
             for ((lse, &m), &l) in lse.iter_mut().zip(&self.m).zip(&self.l) {
-                *lse = if l > T::zero() { m + l.ln() } else { T::neg_infinity() };
+                *lse = softmax::logsumexp(m, l);
             }
         }
         match &mut block.out {
@@ -1201,8 +1202,7 @@ impl<T: Real> State<T> {
         for (r, mut out_row) in out.rows_mut().into_iter().enumerate() {
             let l = self.l[r];
             let o = &self.o[r * self.o_stride..];
-            let divide =
-                |(x, &acc): (&mut O, &T)| *x = narrow(if l > T::zero() { acc / l } else { T::zero() });
+            let divide = |(x, &acc): (&mut O, &T)| *x = narrow(softmax::normalised(acc, l));
             // A contiguous row as a slice, so that the divisions vectorise.
             match out_row.as_slice_mut() {
                 Some(row) => row.iter_mut().zip(o).for_each(divide),

@@ -74,6 +74,7 @@ mod projection;
 pub mod reference;
 mod shape;
 mod simd;
+mod softmax;
 mod step;
 mod work;
 

@@ -5,6 +5,7 @@ use ndarray::{Array, Dimension, IntoDimension, Ix2, Zip};
 
 use crate::element::Real;
 use crate::error::{AttentionError, Dims};
+use crate::softmax;
 
 /// The output of attention and each row's logsumexp, from
 /// [`attention_with_lse`](crate::attention_with_lse) (`D = Ix2`: `output` is `[n_q, d_v]`,
@@ -77,8 +78,10 @@ impl<T: Real, D: Dimension> PartialAttention<T, D> {
             }
             let (a, b) = ((*lse - m).exp(), (their_lse - m).exp());
             let total = a + b;
-            Zip::from(&mut mine).and(&theirs).for_each(|x, &y| *x = (*x * a + y * b) / total);
-            *lse = m + total.ln();
+            Zip::from(&mut mine)
+                .and(&theirs)
+                .for_each(|x, &y| *x = softmax::normalised(*x * a + y * b, total));
+            *lse = softmax::logsumexp(m, total);
         }
         Ok(self)
     }

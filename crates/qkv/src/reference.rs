@@ -17,6 +17,7 @@ use crate::masking::MaskSet;
 use crate::options::AttentionOptions;
 use crate::partial::PartialAttention;
 use crate::shape::Shape;
+use crate::softmax;
 
 pub use tiled::{TiledBlock, TiledTrace, trace_tiled};
 
@@ -64,7 +65,7 @@ impl QueryTrace {
     /// # Ok::<(), qkv::AttentionError>(())
     /// ```
     pub fn logsumexp(&self) -> f64 {
-        self.max.map_or(f64::NEG_INFINITY, |max| max + self.sum.ln())
+        softmax::logsumexp(self.max.unwrap_or(f64::NEG_INFINITY), self.sum)
     }
 }
 
@@ -219,7 +220,7 @@ fn trace_row<T: Real>(
     let shifted: Vec<f64> = scores.iter().map(|s| s - max.unwrap_or(0.0)).collect();
     let exponentials: Vec<f64> = shifted.iter().map(|s| s.exp()).collect();
     let sum: f64 = exponentials.iter().sum();
-    let weights: Vec<f64> = exponentials.iter().map(|e| if sum > 0.0 { e / sum } else { 0.0 }).collect();
+    let weights: Vec<f64> = exponentials.iter().map(|&e| softmax::normalised(e, sum)).collect();
     let weighted_values: Vec<Vec<f64>> = weights
         .iter()
         .zip(v.rows())

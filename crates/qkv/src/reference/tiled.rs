@@ -17,6 +17,7 @@ use crate::element::Real;
 use crate::error::AttentionError;
 use crate::options::AttentionOptions;
 use crate::partial::PartialAttention;
+use crate::softmax;
 
 /// The online softmax of one query over its keys in blocks (see [`trace_tiled`]).
 #[derive(Debug, Clone, PartialEq)]
@@ -116,12 +117,12 @@ impl Online {
     /// `acc / l`, or zeros while no key is visible (`l = 0` exactly then: a visible key adds
     /// `exp(0) = 1` for the maximum).
     fn output(&self) -> Vec<f64> {
-        self.accumulator.iter().map(|a| if self.sum > 0.0 { a / self.sum } else { 0.0 }).collect()
+        self.accumulator.iter().map(|&a| softmax::normalised(a, self.sum)).collect()
     }
 
     /// `m + ln l`, `-inf` while no key is visible.
     fn logsumexp(&self) -> f64 {
-        self.max.map_or(f64::NEG_INFINITY, |m| m + self.sum.ln())
+        softmax::logsumexp(self.max.unwrap_or(f64::NEG_INFINITY), self.sum)
     }
 }
 
