@@ -459,6 +459,16 @@ pub enum AttentionError {
         /// The length asked for.
         requested: usize,
     },
+    /// A [`KvCache::truncate`](crate::KvCache::truncate) that cannot be done.
+    #[error("the KV cache holds {len} positions: it cannot be truncated to {requested}: {why}")]
+    CacheTruncate {
+        /// Positions its longest layer holds.
+        len: usize,
+        /// The length asked for.
+        requested: usize,
+        /// Why not.
+        why: &'static str,
+    },
     /// An argument of a [`PagedKvCache`](crate::PagedKvCache) layer's append or attend whose
     /// shape does not fit.
     #[error("layer {layer} of the paged KV cache takes {argument} of shape {expected}, not {found}: {why}")]

@@ -402,6 +402,52 @@ impl<E: Storage> KvCache<E> {
             (layer.len, layer.keys, layer.values) = (0, 0.0, 0.0);
         }
     }
+
+    /// Rolls the cache back to its first `len` positions (every layer holding more is cut to
+    /// `len`): a speculative draft's rejected tokens, say. Nothing is copied; the next append
+    /// writes over what was cut. Fails, changing nothing, if the longest layer holds fewer than
+    /// `len`, or if a windowed cache ([`KvCache::with_window`]) no longer holds what the window
+    /// of the next position needs (its ring has written over positions `capacity` back, so it
+    /// can roll back at most `capacity - window + 1` positions from where it is).
+    ///
+    /// ```
+    /// use ndarray::Array3;
+    /// let shape = qkv::CacheShape::new(1, 1, 8, 1, 1);
+    /// let mut cache = qkv::KvCache::<f32>::new(shape)?;
+    /// let v = Array3::from_shape_vec((1, 4, 1), vec![1.0, 2.0, 3.0, 4.0]).unwrap();
+    /// cache.layer(0)?.append(Array3::zeros((1, 4, 1)).view(), v.view())?;
+    /// cache.truncate(2)?; // positions 2 and 3 were a rejected draft
+    /// let mut layer = cache.layer(0)?;
+    /// assert_eq!(layer.len(), 2);
+    /// // The last position held (value 2) sees positions 0 and 1 under equal scores.
+    /// assert_eq!(layer.attend(Array3::<f32>::zeros((1, 1, 1)).view())?[[0, 0, 0]], 1.5);
+    /// assert!(cache.truncate(3).is_err());
+    /// # Ok::<(), qkv::AttentionError>(())
+    /// ```
+    pub fn truncate(&mut self, len: usize) -> Result<(), AttentionError> {
+        let held = self.layers.iter().map(|layer| layer.len).max().unwrap_or(0);
+        let refuse = |why| Err(AttentionError::CacheTruncate { len: held, requested: len, why });
+        if len > held {
+            return refuse("truncation only removes positions");
+        }
+        if let Some(ring) = self.ring {
+            // The next position's window reaches back to `len + 1 - window`; a layer that has
+            // appended `n` positions holds them from `n - capacity` on.
+            let needed = (len + 1).saturating_sub(ring.window);
+            if self
+                .layers
+                .iter()
+                .any(|layer| layer.len > len && layer.len.saturating_sub(ring.capacity) > needed)
+            {
+                return refuse("the ring has written over positions the window of the next one needs");
+            }
+        }
+        for layer in &mut self.layers {
+            // The magnitudes stay: they bound what is held, the more loosely the more was cut.
+            layer.len = layer.len.min(len);
+        }
+        Ok(())
+    }
 }
 
 /// One layer of a [`KvCache`] ([`KvCache::layer`]): where a decoder layer appends each new

@@ -340,15 +340,17 @@ impl<E: Storage> PagedKvCache<E> {
         if block_size % layout.key_panel != 0 {
             return Err(AttentionError::BlockSize { block_size, key_panel: layout.key_panel, level });
         }
-        if u32::try_from(blocks).is_err() {
-            return Err(too_large(None, "which is more blocks than a block table's u32 entries name"));
-        }
         // A block in scalars, and the pool in bytes, bookkeeping included: sizes the caller chose
         // may overflow any of them.
         let head_stride = key_dim.checked_add(layout.value_stride).and_then(|w| w.checked_mul(block_size));
         let block_stride = head_stride.and_then(|h| h.checked_mul(kv_heads)?.checked_mul(layers));
         let scalars = block_stride.and_then(|b| b.checked_mul(blocks));
         let bytes = scalars.and_then(|s| s.checked_mul(size_of::<E>())?.checked_add(blocks.checked_mul(8)?));
+        if u32::try_from(blocks).is_err() {
+            // The size is still what the message gives: the limit met is the table's, not memory's.
+            let why = "which is more blocks than a block table's u32 entries can name (2^32 - 1 at most)";
+            return Err(too_large(bytes, why));
+        }
         let (Some(head_stride), Some(block_stride), Some(scalars), Some(bytes @ ..=ISIZE_MAX)) =
             (head_stride, block_stride, scalars, bytes)
         else {
@@ -664,7 +666,8 @@ impl<E: Storage> PagedLayer<'_, E> {
     /// sequence is a batched decoding step; a sequence's whole prompt is its prefill, and prompts
     /// of several sequences go in one call. Query head `h` reads key/value head
     /// `h / (query_heads / kv_heads)`. Returns `[query_heads, n_queries, d_v]` in f32, packed as
-    /// `q` is.
+    /// `q` is. The queries are f32 or the pool's own type (llama.cpp keeps f32 queries over an
+    /// f16 cache): either is widened to f32 once per step.
     ///
     /// The work items (sequence × key/value head × block of queries) of every sequence are shared
     /// out together, so a batch of short sequences keeps every core busy. The results depend on
@@ -689,15 +692,15 @@ impl<E: Storage> PagedLayer<'_, E> {
     /// layer.append(a, k.view(), Array3::from_shape_vec((1, 2, 1), vec![2.0, 4.0]).unwrap().view())?;
     /// layer.append(b, k.view(), Array3::from_shape_vec((1, 2, 1), vec![6.0, 8.0]).unwrap().view())?;
     /// // Sequence a: two queries (its prefill); sequence b: one (a decoding step).
-    /// let out = layer.attend(&[a, b], &[0, 2, 3], Array3::zeros((1, 3, 2)).view())?;
+    /// let out = layer.attend(&[a, b], &[0, 2, 3], Array3::<f32>::zeros((1, 3, 2)).view())?;
     /// assert_eq!(out.into_raw_vec_and_offset().0, vec![2.0, 3.0, 7.0]);
     /// # Ok::<(), qkv::AttentionError>(())
     /// ```
-    pub fn attend(
+    pub fn attend<Q: Storage>(
         &mut self,
         sequences: &[SequenceId],
         query_offsets: &[usize],
-        q: ArrayView3<E>,
+        q: ArrayView3<Q>,
     ) -> Result<Array3<f32>, AttentionError> {
         self.attend_with(sequences, query_offsets, q, &CacheOptions::new())
     }
@@ -732,11 +735,11 @@ impl<E: Storage> PagedLayer<'_, E> {
     /// assert_eq!(out[[0, 0, 0]], bf16::from_f32(layer.attend(&[seq], &[0, 1], q.view())?[[0, 0, 0]]));
     /// # Ok::<(), qkv::AttentionError>(())
     /// ```
-    pub fn attend_into<O: Storage>(
+    pub fn attend_into<Q: Storage, O: Storage>(
         &mut self,
         sequences: &[SequenceId],
         query_offsets: &[usize],
-        q: ArrayView3<E>,
+        q: ArrayView3<Q>,
         out: ArrayViewMut3<O>,
     ) -> Result<(), AttentionError> {
         self.attend_with_into(sequences, query_offsets, q, &CacheOptions::new(), out, None)
@@ -759,11 +762,11 @@ impl<E: Storage> PagedLayer<'_, E> {
     /// assert_eq!(out[[0, 0, 0]], 3.5);
     /// # Ok::<(), qkv::AttentionError>(())
     /// ```
-    pub fn attend_with(
+    pub fn attend_with<Q: Storage>(
         &mut self,
         sequences: &[SequenceId],
         query_offsets: &[usize],
-        q: ArrayView3<E>,
+        q: ArrayView3<Q>,
         options: &CacheOptions,
     ) -> Result<Array3<f32>, AttentionError> {
         let [query_heads, n_queries, _] = *q.shape() else { unreachable!("3-D view") };
@@ -801,11 +804,11 @@ impl<E: Storage> PagedLayer<'_, E> {
     /// assert_eq!(lse.into_raw_vec_and_offset().0, vec![2f32.ln(), 0.0]);
     /// # Ok::<(), qkv::AttentionError>(())
     /// ```
-    pub fn attend_with_into<O: Storage>(
+    pub fn attend_with_into<Q: Storage, O: Storage>(
         &mut self,
         sequences: &[SequenceId],
         query_offsets: &[usize],
-        q: ArrayView3<E>,
+        q: ArrayView3<Q>,
         options: &CacheOptions,
         out: ArrayViewMut3<O>,
         lse: Option<ArrayViewMut2<f32>>,

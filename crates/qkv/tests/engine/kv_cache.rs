@@ -3,7 +3,7 @@
 //! decoding steps and prefill chunks of awkward lengths; and its errors.
 
 use ndarray::{Array3, Axis, s};
-use qkv::{AttentionOptions, CacheShape, CausalMask, KvCache, SimdLevel};
+use qkv::{AttentionOptions, CacheOptions, CacheShape, CausalMask, KvCache, SimdLevel, Storage};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -247,4 +247,87 @@ fn a_value_row_too_wide_to_pad_is_an_error_not_a_panic() {
             assert!(message.contains("more than an address space holds"), "{message}");
         }
     }
+}
+
+/// A cache truncated to `keep` positions and then appended to equals, bit for bit, a cache that
+/// never held the cut positions: plain and windowed (its ring rolled back across a wrap), every
+/// level, f32 and bf16 storage, with its step's options.
+fn check_truncate<E: Storage>(level: SimdLevel, window: Option<usize>) {
+    // A ring of 24 slots wraps at position 24; a plain cache holds all 34.
+    let (kv_heads, d) = (2, 8);
+    let capacity = if window.is_some() { 24 } else { 40 };
+    let shape = CacheShape::new(2, kv_heads, capacity, d, d);
+    let make = || match window {
+        Some(window) => KvCache::<E>::with_window_for_level(shape, window, level).unwrap(),
+        None => KvCache::<E>::for_level(shape, level).unwrap(),
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(7);
+    let mut random = |n: usize| {
+        Array3::from_shape_simple_fn((kv_heads, n, d), || E::from_f32(rng.random_range(-1.0..1.0)))
+    };
+    // Positions 0 .. 30 (a ring of 24 wraps), then cut back to 27 and 4 new ones appended.
+    let (k, v) = (random(31), random(31));
+    let (new_k, new_v) = (random(4), random(4));
+    let (cut, keep) = (30, 27);
+    let mut truncated = make();
+    let mut fresh = make();
+    // Appended five positions at a time, as steps of a windowed cache may hold no more.
+    let append = |cache: &mut KvCache<E>, end: usize| {
+        for layer in 0..2 {
+            for start in (0..end).step_by(5) {
+                let at = s![.., start..(start + 5).min(end), ..];
+                cache.layer(layer).unwrap().append(k.slice(at), v.slice(at)).unwrap();
+            }
+        }
+    };
+    append(&mut truncated, cut);
+    append(&mut fresh, keep);
+    truncated.truncate(keep).unwrap();
+    let q = Array3::from_shape_fn((4, 2, d), |(h, i, c)| ((h * 7 + i * 3 + c) % 5) as f32 * 0.25 - 0.5);
+    for cache in [&mut truncated, &mut fresh] {
+        for layer in 0..2 {
+            let mut layer = cache.layer(layer).unwrap();
+            assert_eq!(layer.len(), keep);
+            layer.append(new_k.view(), new_v.view()).unwrap();
+        }
+    }
+    for layer in 0..2 {
+        let options = CacheOptions::new().logit_softcap(20.0);
+        let got = truncated.layer(layer).unwrap().attend_with_lse(q.view(), &options).unwrap();
+        let want = fresh.layer(layer).unwrap().attend_with_lse(q.view(), &options).unwrap();
+        let what = format!("{level} {} window {window:?} layer {layer}", E::NAME);
+        assert_eq!(got.output, want.output, "{what}: output");
+        assert_eq!(got.logsumexp, want.logsumexp, "{what}: logsumexp");
+    }
+}
+
+#[test]
+fn truncate_then_append_matches_a_cache_that_never_held_the_cut_positions() {
+    for level in levels() {
+        for window in [None, Some(6)] {
+            check_truncate::<f32>(level, window);
+            check_truncate::<half::bf16>(level, window);
+        }
+    }
+}
+
+#[test]
+fn truncate_refuses_what_it_cannot_do_and_changes_nothing() {
+    let shape = CacheShape::new(1, 1, 10, 1, 1);
+    let kv = Array3::<f32>::zeros((1, 5, 1));
+    let mut cache = KvCache::<f32>::with_window(shape, 4).unwrap();
+    for n in [5, 5, 5, 2] {
+        cache.layer(0).unwrap().append(kv.slice(s![.., ..n, ..]), kv.slice(s![.., ..n, ..])).unwrap();
+    }
+    // 17 appended: slots hold positions 7 .. 17; the window of position 10 needs 7 .. 10.
+    let err = cache.truncate(18).unwrap_err().to_string();
+    assert_eq!(
+        err,
+        "the KV cache holds 17 positions: it cannot be truncated to 18: truncation only removes positions"
+    );
+    let err = cache.truncate(9).unwrap_err().to_string();
+    assert!(err.ends_with("the ring has written over positions the window of the next one needs"), "{err}");
+    assert_eq!(cache.layer(0).unwrap().len(), 17, "a refused truncation changes nothing");
+    cache.truncate(10).unwrap();
+    assert_eq!(cache.layer(0).unwrap().len(), 10);
 }

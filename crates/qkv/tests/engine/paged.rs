@@ -672,7 +672,7 @@ fn errors_name_the_sequence_the_argument_and_the_shapes() {
         "query_offsets [0, 2, 1, 2] do not fit 3 sequences and 2 packed queries: they never decrease"
     );
     assert_eq!(
-        err(layer.attend(&[a], &[0, 2], Array3::zeros((3, 2, 3)).view()).unwrap_err()),
+        err(layer.attend(&[a], &[0, 2], Array3::<f32>::zeros((3, 2, 3)).view()).unwrap_err()),
         "layer 1 of the paged KV cache takes queries of shape [2, 2, 3], not [3, 2, 3]: query heads a \
          positive multiple of the key/value heads, each query as wide as the keys"
     );
@@ -759,7 +759,14 @@ fn a_pool_too_large_to_allocate_is_an_error_not_a_panic() {
     for (shape, why) in [
         (
             model.with_blocks(usize::MAX / 2).with_layers(1),
-            "more blocks than a block table's u32 entries name",
+            "more blocks than a block table's u32 entries can name",
+        ),
+        // 2^32 blocks of one head of 64 positions of 128 + 128 f32 fit a usize: the message gives
+        // their size (2^48 bytes, and 8 per block of bookkeeping), then the table's limit.
+        (
+            model.with_blocks(1 << 32).with_layers(1).with_kv_heads(1),
+            "needs 281509336449024 bytes of f32 storage, which is more blocks than a block table's u32 \
+             entries can name",
         ),
         (
             model.with_blocks(1 << 31).with_block_size(1 << 40),
@@ -778,7 +785,9 @@ fn a_pool_too_large_to_allocate_is_an_error_not_a_panic() {
 
 /// A ragged batch over a cache of `E` (half precision): each sequence's rows must match full
 /// attention in f32 over the same rounded keys, values and queries.
-fn check_half_precision<E: qkv::Storage>(level: SimdLevel, seed: u64) {
+/// A pool of `E` against the reference over its widened keys and values, with queries of `E`,
+/// or of f32 that `E` cannot hold (`f32_queries`), widened to f32 as a step takes them.
+fn check_half_precision<E: qkv::Storage>(level: SimdLevel, seed: u64, f32_queries: bool) {
     let block_size = PagedKvCache::<E>::block_granularity(level).unwrap();
     let shape = PagedShape::new(1, 2, 16, 12, block_size, 64);
     let mut cache = PagedKvCache::<E>::for_level(shape, level).unwrap();
@@ -797,14 +806,20 @@ fn check_half_precision<E: qkv::Storage>(level: SimdLevel, seed: u64) {
             (seq, k, v)
         })
         .collect();
-    let q = rounded(4, n_queries.iter().sum(), 16);
+    let q = rounded(4, n_queries.iter().sum(), 16).mapv(E::to_f32);
+    // f32 queries off the grid of `E`: a pool that rounded them would fail the comparison.
+    let q = if f32_queries { q.mapv(|x| x + 1e-3 * x.signum() / 3.0) } else { q };
     let sequences: Vec<SequenceId> = held.iter().map(|(seq, _, _)| *seq).collect();
     let offsets = [0, 1, 4, 6];
-    let got = cache.layer(0).unwrap().attend(&sequences, &offsets, q.view()).unwrap();
+    let got = if f32_queries {
+        cache.layer(0).unwrap().attend(&sequences, &offsets, q.view()).unwrap()
+    } else {
+        cache.layer(0).unwrap().attend(&sequences, &offsets, q.mapv(E::from_f32).view()).unwrap()
+    };
     let widen = |a: &Array3<E>| a.mapv(E::to_f32);
     let options = AttentionOptions::new().causal(CausalMask::BottomRight).simd(level);
     for (i, (_, k, v)) in held.iter().enumerate() {
-        let q = widen(&q.slice(s![.., offsets[i]..offsets[i + 1], ..]).to_owned());
+        let q = q.slice(s![.., offsets[i]..offsets[i + 1], ..]).to_owned();
         let (k, v) = (widen(k), widen(v));
         for h in 0..4 {
             let (qh, kh, vh) =
@@ -820,7 +835,9 @@ fn check_half_precision<E: qkv::Storage>(level: SimdLevel, seed: u64) {
 #[test]
 fn half_precision_caches_match_full_attention_over_the_rounded_values() {
     for (seed, level) in levels().into_iter().enumerate() {
-        check_half_precision::<half::bf16>(level, seed as u64);
-        check_half_precision::<half::f16>(level, 10 + seed as u64);
+        for f32_queries in [false, true] {
+            check_half_precision::<half::bf16>(level, seed as u64, f32_queries);
+            check_half_precision::<half::f16>(level, 10 + seed as u64, f32_queries);
+        }
     }
 }
