@@ -1,6 +1,13 @@
 //! The half-precision entry points: attention over `half::bf16` and `half::f16` keys, values and
 //! queries, widened to f32 as the kernels load them, with f32 scores, softmax and accumulation;
 //! outputs in those formats on request, each row rounded once from f32.
+//!
+//! They are functions of their own rather than a generic `attention` because `attention::<T>`
+//! returns `T` and takes its options (masks, bias, scale) in `T`, which a half type cannot be
+//! without arithmetic of its own; and embedders keep the signature they know. Inside, a half
+//! call takes the f32 call's path, generic over the stored element: only the blocked fallback
+//! (for inputs whose f32 scores could overflow) computes in the compute type alone, through
+//! `Element::computed`, which gives it a widened f32 copy of each half input.
 
 use ndarray::{Array2, Array4, ArrayView2, ArrayView4, ArrayViewMut2, ArrayViewMut4, Ix4};
 

@@ -11,15 +11,44 @@
 //! The kernels are compiled once per instruction-set level and chosen at run time ([`Isa`]):
 //! AVX-512F and AVX2 + FMA with `core::arch` intrinsics on x86-64, and a baseline through `wide`
 //! (SSE2 on x86-64, NEON on aarch64). Every kernel is written once, in `kernels/generic.rs`, as an
-//! `#[inline(always)]` function generic over a level's [`Simd`] primitives (load, store, splat,
-//! fused multiply-add, max, add, mul, the reductions; the exponential is built from them); each
-//! level's file implements those primitives and, through [`level_kernels!`], one
+//! `#[inline(always)]` function generic over a level's [`Simd`](simd::Simd) primitives (load,
+//! store, splat, fused multiply-add, max, add, mul, the reductions; the exponential is built from
+//! them); each level's file implements those primitives and, through [`level_kernels!`], one
 //! `#[target_feature]` entry function per kernel that instantiates the generic code with the
 //! level's register tiles. So a level is its primitives and its tile sizes, nothing else.
 //!
-//! `unsafe` lives only here: intrinsics and calls into `#[target_feature]` functions, each sound
-//! because a level's token type (`Avx2`, `Avx512`) can only be made by a function that checked
-//! the CPU with `is_x86_feature_detected!`, and every kernel takes the token.
+//! The x86 levels use intrinsics, not `wide`, because `wide` picks its instructions when it is
+//! compiled: `#[target_feature]` around `wide` code changes nothing, and a default build ran
+//! `f32x16` as four SSE2 pieces, 5.4× slower than native at n = 4096. The baseline keeps `wide`,
+//! since the target's own instructions are exactly what it should run, and it keeps the non-x86
+//! targets building.
+//!
+//! Two more x86-64 levels, for bf16 only, multiply in pairs (two bf16 products added into each
+//! f32 lane): AMX (`tdpbf16ps` on the tile unit, `kernels/amx.rs`) and AVX512-BF16
+//! (`vdpbf16ps` in vector registers, `kernels/avx512bf16.rs`). Their operands lie differently
+//! ([`Layout::Pairs`]), so they are not `Simd` levels: `pair_level_kernels!` implements
+//! `Kernels<f32, bf16>` for them from their own score and `P·V` tiles and AVX-512's kernels for
+//! the rest. Every other element type runs AVX-512 at those levels (`element!`'s `pairs =` arm),
+//! and so do decoding and the KV caches ([`Isa::vectors`]), whose layouts the pair tiles do not
+//! read.
+//!
+//! `unsafe` lives only here: intrinsics, `asm!` (the AMX tile instructions, whose intrinsics are
+//! not stable, and the system call that asks for the tile state) and calls into
+//! `#[target_feature]` functions. Each is sound because a level's token type (`Avx2`, `Avx512`,
+//! `Avx512Bf16`, `Amx`) can only be made by its `detect`, which checked the CPU with
+//! `is_x86_feature_detected!`, and every kernel takes the token. `Amx::detect` also reads the
+//! tile features from CPUID (the standard library does not detect them yet) and asks Linux for
+//! the tile state (`arch_prctl(ARCH_REQ_XCOMP_PERM)`), without which the first tile instruction
+//! faults; off Linux it is not asked and the level is not offered.
+//!
+//! # Extending
+//!
+//! - A new kernel: a method on [`Kernels`], a generic function in `kernels/generic.rs` and an
+//!   entry in [`level_kernels!`] (and in `pair_level_kernels!`, usually handing it to AVX-512).
+//! - A new level: a file with its token (and `detect`), its `Simd` primitives and its
+//!   `level_kernels!` lines, plus an [`Isa`] arm here and a `SimdLevel` name in `level.rs`.
+//! - A new storage type: an `element!` line here, a `Load` per level, a `level_kernels!` line per
+//!   level, and `Storage` in `element.rs`.
 
 mod baseline;
 mod generic;
@@ -238,9 +267,10 @@ pub trait Job<E: Element> {
 }
 
 /// Keys per score tile: the stride of score and weight rows in every tile the kernels read or
-/// write, fixed so that the `P·V` tile addresses its rows with constant offsets. A multiple of
-/// every level's key panel (16 to 64 keys for f32); 128 measured about 10% faster than 64 (the
-/// per-row work of the online softmax is spread over more keys).
+/// write, the same at every level (unlike the key panels, see [`pack_key_panel`]) and fixed so
+/// that the `P·V` tile addresses its rows with constant offsets. A multiple of every level's key
+/// panel (16 to 64 keys for f32); 128 measured about 10% faster than 64 (the per-row work of the
+/// online softmax is spread over more keys).
 pub(crate) const KEY_BLOCK: usize = 128;
 
 /// One level's kernels computing in `T` over keys and values stored as `E` (`T` itself, or a
@@ -639,6 +669,11 @@ pub(crate) fn prefetch<E>(data: &[E]) {
 /// ([`Layout::Pairs`]) (zeros past the
 /// last key), so the score tile reads the panel front to back. A full panel overwrites every
 /// element; a partial one clears the panel first.
+///
+/// The layout is the level's own because a panel is as wide as the level's score tile
+/// ([`Kernels::KEY_PANEL`]: 16 keys for AVX2, 64 for AVX-512, in f32), so the tile reads it with
+/// no stride; only the score and weight rows share one stride, [`KEY_BLOCK`], at every level.
+/// Packing is plain scalar code, so a layout per level costs nothing.
 pub(crate) fn pack_key_panel<E: Element>(
     k: ArrayView2<E>,
     first_key: usize,

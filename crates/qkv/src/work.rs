@@ -14,9 +14,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 /// Work that one thread would finish in less than this many microseconds runs on the calling
 /// thread: a pool thread woken for it arrives too late to take a share worth its wake-up, and
 /// the caller then waits for it at the end. Measured with
-/// `crates/qkv-bench/examples/threshold.rs` (see its doc and ARCHITECTURE.md); a build with the
-/// environment variable `QKV_SHARE_ABOVE_US` set to a whole number uses that instead, for that
-/// measurement.
+/// `crates/qkv-bench/examples/threshold.rs` (see its doc); a build with the environment variable
+/// `QKV_SHARE_ABOVE_US` set to a whole number uses that instead, for that measurement.
 const SHARE_ABOVE_US: f64 = match option_env!("QKV_SHARE_ABOVE_US") {
     Some(us) => parse_whole_number(us) as f64,
     None => 200.0,

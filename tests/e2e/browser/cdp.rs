@@ -24,9 +24,9 @@ use serde_json::{Value, json};
 /// course on one page, several times one section's work.
 const TIMEOUT: Duration = Duration::from_secs(30);
 
-/// The flags headless chromium needs here (`../shared/stack-notes.md`): root needs
-/// `--no-sandbox`; the background-networking, component-update and sync switches keep it from
-/// flooding the closed network; the rest keep runs alike.
+/// The flags headless chromium needs here: run as root it refuses to start without
+/// `--no-sandbox`; without the background-networking, component-update and sync switches it
+/// floods the closed network with refused connections; the rest keep runs alike.
 const FLAGS: &[&str] = &[
     "--headless",
     "--no-sandbox",
