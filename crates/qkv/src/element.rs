@@ -118,7 +118,7 @@ impl Storage for half::f16 {
 }
 
 /// A half-precision [`Storage`] type: `half::bf16` or `half::f16`, what
-/// [`attention_half`] takes.
+/// [`attention_half`](crate::attention_half) takes.
 ///
 /// ```
 /// fn is_half<H: qkv::Half>() {}

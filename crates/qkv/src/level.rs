@@ -44,7 +44,7 @@ impl SimdLevel {
     pub const ALL: [SimdLevel; 5] =
         [SimdLevel::Baseline, SimdLevel::Avx2, SimdLevel::Avx512, SimdLevel::Avx512Bf16, SimdLevel::Amx];
 
-    /// The name `QKV_SIMD` and [`SimdLevel::from_str`] take: `baseline`, `avx2`, `avx512`,
+    /// The name `QKV_SIMD` and `str::parse` take: `baseline`, `avx2`, `avx512`,
     /// `avx512bf16`, `amx`.
     pub const fn name(self) -> &'static str {
         match self {

@@ -121,7 +121,7 @@ impl<'a, T: Real> AttentionOptions<'a, T> {
     /// Caps the scaled scores smoothly at `±cap` (logit soft-capping, Gemma 2): each score `s`
     /// becomes `cap · tanh(s / cap)` before any bias or ALiBi term is added and before masking,
     /// the order of Gemma 2's reference code (`softcap(Q·Kᵀ · scale) + mask`). `cap` must be
-    /// finite and positive ([`AttentionError::InvalidSoftcap`]). The backward differentiates
+    /// finite and positive ([`AttentionError::InvalidSoftcap`](crate::AttentionError::InvalidSoftcap)). The backward differentiates
     /// through it (`1 - tanh²(s / cap)`).
     ///
     /// ```
@@ -142,7 +142,7 @@ impl<'a, T: Real> AttentionOptions<'a, T> {
 
     /// Runs the fast path's kernels at `level` instead of the dispatched one ([`SimdLevel::dispatched`]):
     /// for tests that cover every level, and for reproducing another machine's rounding. A level
-    /// this CPU does not run makes the call fail with [`AttentionError::UnsupportedSimdLevel`].
+    /// this CPU does not run makes the call fail with [`AttentionError::UnsupportedSimdLevel`](crate::AttentionError::UnsupportedSimdLevel).
     pub fn simd(mut self, level: SimdLevel) -> Self {
         self.simd = Some(level);
         self

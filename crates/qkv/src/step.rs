@@ -135,10 +135,9 @@ pub(crate) fn attend<T: Real, E: Element<Compute = T>, Q: Element<Compute = T>, 
         problem: &problem,
     };
     let measured = flash::attend_cached(isa, call, stacked_out, stacked_lse, workspace);
-    for m in 0..members {
+    for (m, &first) in first_rows.iter().enumerate() {
         let (b, range) = member(m);
         let rows = range.len() * stack;
-        let first = first_rows[m];
         let member_out = &stacked_out[first * value_dim..][..range.len() * query_heads * value_dim];
         for (r, row) in member_out.chunks_exact(value_dim).enumerate() {
             let (head, i) = source(r / rows, r % rows);
