@@ -1,8 +1,8 @@
 //! The lesson in a real browser (issue 8): Debian's chromium, driven over the DevTools protocol
 //! (`browser/cdp.rs`), on the site that the real `xtask build-content` writes. Every scenario
-//! asserts on the page's `data-qkv-*` contract (`/work/issue8-contract.md`, documented in
-//! `content/README.md`) and compares the numbers it shows with the engine's f64 reference,
-//! computed here in Rust from the lesson's own inputs (`browser/lesson.rs`).
+//! asserts on the page's `data-qkv-*` contract (documented in `content/README.md`) and compares
+//! the numbers it shows with the engine's f64 reference, computed here in Rust from the lesson's
+//! own inputs (`browser/lesson.rs`).
 //!
 //! Without chromium the tests print one line and pass, unless `CI` is set: then they fail, so CI
 //! can never go green by skipping them. Every browser starts with a fresh profile (empty

@@ -1,4 +1,18 @@
 //! The workspace's own build: what a newcomer's first `cargo test` has to compile.
+//!
+//! A newcomer runs `cargo xtask build-content`, then `cargo test`; the second should build only
+//! the tests. What keeps it short:
+//!
+//! - Nothing is built twice: a test build unifies features over the dev-dependencies too, so
+//!   `xtask/Cargo.toml` turns on in the lesson build the features the tests would add (the test
+//!   below fails when they drift apart).
+//! - The engine's generic code is compiled once: dev builds share generics, and
+//!   `crates/qkv/src/instances.rs` names the entry points that more than one dev build uses.
+//! - The profiles in the root `Cargo.toml`: dependencies at opt-level 2 and the engine at 1 (its
+//!   tests check every path against the f64 reference on random shapes), line tables only, and
+//!   test-only dependencies unoptimised.
+//! - `crates/qkv-bench`, which holds every divan bench and the heavy peers, is not a default
+//!   member.
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -1,5 +1,8 @@
-//! qkv's command line: `build-content`, `serve`, `attend`, `bench`, `fuzz`. The only code in the workspace that
-//! reads or writes files; each subcommand lives in its own module.
+//! qkv's command line: `build-content`, `serve`, `attend`, `bench`, `fuzz`. The only code in the
+//! workspace that reads or writes the lesson (`content/`) and the site; the engine, `qkv-plot` and
+//! `qkv-course` take and return strings and bytes. Each subcommand lives in its own module, over
+//! `lesson.rs` (the lesson on disk, written all or nothing) and `cli.rs` (arguments, output to a
+//! closed pipe, where the workspace is).
 
 mod attend;
 mod bench;

@@ -6,6 +6,17 @@
 //! `cargo run --release -p qkv-bench --features peers -- [--quick] [--json FILE] [--only TEXT]
 //! [--python PYTHON]` (`cargo xtask bench` runs exactly that). Without `peers`, candle and the
 //! GEMM ceiling are left out and the rest still runs.
+//!
+//! Beside the dense rows: KV-cache steps (`KvCache`, f32 and bf16, with tokens per second),
+//! ragged batched decoding over a `PagedKvCache` (beside `multi_head_attention` with key lengths
+//! over the padded batch), bf16 attention (`attention_half`) and the backward (beside PyTorch's
+//! SDPA backward). Peak heap comes from a counting allocator (`alloc.rs`).
+//!
+//! This crate is outside the workspace's default members, so neither `cargo test` nor
+//! `cargo xtask build-content` compiles it; that is why every divan bench of the workspace lives
+//! here (`benches/attention.rs` for the engine, `benches/pipeline.rs` for the course build,
+//! `benches/figures.rs` for `qkv-plot`), and a plain `cargo test` builds neither divan nor its
+//! clap. The last measured tables are in `README.md` and `results/`.
 
 mod alloc;
 mod cases;

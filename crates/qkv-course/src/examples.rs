@@ -2,6 +2,12 @@
 //!
 //! A numeric field holds either a literal (`keys = [[1, 0], [0, 1]]`) or a reference to another
 //! block's value (`keys = "sentence.values"`), resolved when the block is evaluated.
+//!
+//! A new example kind touches its declaration here (a line in `KINDS`, a `DeclKind` arm), its
+//! evaluation (`eval.rs` or a file under `eval/`: a `Computed` arm and its `Node` record) and the
+//! regions that show it, and nothing else; `Computed::part` lets a kind expose parts that are
+//! attention examples (a multi-head example's heads), so every attention region shows them too.
+//! `pipeline/fixtures/every-kind.md` gets a case checked against an independent computation.
 
 use std::collections::HashSet;
 

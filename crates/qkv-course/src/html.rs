@@ -2,6 +2,11 @@
 //! plain numbers, a contents list), an index, a small hand-written stylesheet and the page script.
 //! Every page is complete without script and works from `file://`; `qkv.js` (a classic script,
 //! since module scripts do not load from `file://`) only upgrades the elements marked `data-qkv-*`.
+//!
+//! The script computes almost nothing: the build writes every state a widget can show as text
+//! (tile stepper, decode stepper, head explorer, window and ALiBi), and the script swaps them in.
+//! Only the drag widget recomputes attention, in the order of `qkv::reference::trace_query`,
+//! formatting as `format::fixed` does, and at the declared query it shows the build's own text.
 
 use pulldown_cmark::{CodeBlockKind, CowStr, Event, HeadingLevel, Parser, Tag, TagEnd};
 

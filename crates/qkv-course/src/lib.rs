@@ -5,6 +5,7 @@
 //! citations and generated regions; declarations are evaluated with the engine's f64 reference
 //! path (`eval`); citations and regions get their new text (`region`, one module per kind; `figures`); where that
 //! differs from the file, the place is stale; the updated markdown is rendered to HTML (`html`).
+//! The modules form layers, listed in `tests/e2e/layers.rs`, and every `use crate::` points down.
 //!
 //! ```no_run
 //! use qkv_course::{SourceFile, Sources};
