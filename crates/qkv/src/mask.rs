@@ -4,7 +4,7 @@
 
 use std::ops::Range;
 
-use ndarray::{ArrayBase, ArrayView1, ArrayView2, ArrayView4, Axis, Ix4, ViewRepr};
+use ndarray::{ArrayBase, ArrayView1, ArrayView2, ArrayView4, Axis, Ix2, Ix4, ViewRepr};
 
 use crate::element::Real;
 
@@ -244,8 +244,9 @@ impl SlidingWindow {
 /// ALiBi (Press et al., "Train short, test long"): query head `h` adds `slopes[h] · (j - p)` to the
 /// score of key `j`, where `p` is the query's key position (placed by `align`, as the causal mask
 /// places it). That is the paper's `m · (j - i)`, a penalty growing with the distance back; keys
-/// after the query (without a causal mask) get a positive term. Computed from the indices, never
-/// stored as a matrix.
+/// after the query (without a causal mask) get a positive term. [`Alibi::symmetric`] is
+/// flash-attn's non-causal form instead, `-slopes[h] · |j - p|`, a penalty growing with the
+/// distance either way. Computed from the indices, never stored as a matrix.
 ///
 /// ```
 /// let slopes = qkv::alibi_slopes::<f32>(8);
@@ -256,14 +257,20 @@ impl SlidingWindow {
 /// ```
 #[derive(Debug, Clone, Copy)]
 pub struct Alibi<'a, T> {
-    pub(crate) slopes: &'a [T],
+    /// `[1 | batch, heads]`: one slope per query head, shared by the batch or per sequence.
+    pub(crate) slopes: View<'a, T, Ix2>,
+    /// The shape the caller passed, for messages.
+    pub(crate) given: GivenShape,
     pub(crate) align: CausalMask,
+    pub(crate) symmetric: bool,
 }
 
 impl<'a, T> From<&'a [T]> for Alibi<'a, T> {
     /// [`Alibi::new`]: the slopes, bottom-right aligned.
     fn from(slopes: &'a [T]) -> Self {
-        Alibi { slopes, align: CausalMask::BottomRight }
+        let given = GivenShape::of(&[slopes.len()]);
+        let slopes = ArrayView1::from(slopes).insert_axis(Axis(0));
+        Alibi { slopes, given, align: CausalMask::BottomRight, symmetric: false }
     }
 }
 
@@ -286,9 +293,41 @@ impl<'a, T: Real> Alibi<'a, T> {
         Alibi::from(slopes)
     }
 
+    /// One slope per (sequence, query head) of a multi-head call: `slopes` is `[batch, heads]`
+    /// (flash-attn's `alibi_slopes` of shape `(batch, nheads)`), bottom-right aligned.
+    ///
+    /// ```
+    /// let slopes = ndarray::array![[0.5_f32, 0.25], [0.125, 0.0625]]; // 2 sequences, 2 heads
+    /// let options = qkv::AttentionOptions::new().alibi(qkv::Alibi::batched(slopes.view()));
+    /// # let _ = options;
+    /// ```
+    pub fn batched(slopes: ArrayView2<'a, T>) -> Self {
+        let given = GivenShape::of(slopes.shape());
+        Alibi { slopes, given, align: CausalMask::BottomRight, symmetric: false }
+    }
+
     /// The same slopes with the queries placed by `align`.
     pub fn aligned(self, align: CausalMask) -> Self {
         Alibi { align, ..self }
+    }
+
+    /// The same slopes as flash-attn applies them without a causal mask: `-slope · |j - p|`,
+    /// hiding nothing, penalising keys after the query as much as keys before it. Under a causal
+    /// mask (every visible key at or before `p`) both forms are the same.
+    ///
+    /// ```
+    /// let q = ndarray::array![[0.0_f64]];
+    /// let kv = ndarray::array![[0.0], [0.0], [1.0]];
+    /// // One query at position 2 (bottom-right) over keys 0, 1, 2: terms -1, -0.5, 0.
+    /// let slopes = [0.5];
+    /// let options = qkv::AttentionOptions::new().alibi(qkv::Alibi::new(&slopes).symmetric());
+    /// let r = qkv::attention_with_weights(q.view(), kv.view(), kv.view(), &options)?;
+    /// let e = |x: f64| x.exp();
+    /// assert!((r.weights[[0, 0]] - e(-1.0) / (e(-1.0) + e(-0.5) + 1.0)).abs() < 1e-12);
+    /// # Ok::<(), qkv::AttentionError>(())
+    /// ```
+    pub fn symmetric(self) -> Self {
+        Alibi { symmetric: true, ..self }
     }
 }
 

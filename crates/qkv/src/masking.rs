@@ -51,18 +51,26 @@ impl<'a, T: Real> AttentionOptions<'a, T> {
             bias_magnitude = bias_magnitude_checked(bias)?;
         }
         if let Some(alibi) = &self.alibi {
-            if alibi.slopes.len() != n_heads {
-                return Err(layout.mismatch(
-                    "alibi slopes",
-                    alibi.slopes.len(),
-                    "one slope per query head",
-                    n_heads,
-                ));
+            let [sequences, heads] = *alibi.slopes.shape() else { unreachable!("2-D view") };
+            if alibi.given.rank == 1 && heads != n_heads {
+                return Err(layout.mismatch("alibi slopes", heads, "one slope per query head", n_heads));
             }
-            if let Some((i, s)) = alibi.slopes.iter().enumerate().find(|(_, s)| !s.is_finite()) {
+            if heads != n_heads || (sequences != 1 && sequences != batch) {
+                return Err(AttentionError::MaskShape {
+                    argument: "alibi slopes",
+                    found: alibi.given.dims(),
+                    scores: layout.scores(),
+                    needs: format!(
+                        "one slope per query head [{n_heads}], or per sequence and head [{batch}, {n_heads}]"
+                    ),
+                });
+            }
+            if let Some(((b, h), s)) = alibi.slopes.indexed_iter().find(|(_, s)| !s.is_finite()) {
+                // Named in the shape the caller passed.
+                let index = if alibi.given.rank == 1 { vec![h] } else { vec![b, h] };
                 return Err(AttentionError::NonFinite {
                     argument: "alibi slopes",
-                    index: Dims(vec![i]),
+                    index: Dims(index),
                     value: s.to_f64_exact(),
                 });
             }
@@ -223,7 +231,10 @@ impl<'a, T: Real> HeadMasks<'_, 'a, T> {
             keep: o.keep.as_ref().map(|KeepMask(m)| m.head(b, h)),
             padding: o.padding.as_ref().map(|KeyPadding(p)| p.head(b, 0).index_axis_move(Axis(0), 0)),
             bias: o.bias.as_ref().map(|AdditiveBias(m)| m.head(b, h)),
-            alibi: o.alibi.map(|a| (a.slopes[h].to_f64_exact(), a.align)),
+            alibi: o.alibi.map(|a| {
+                let b = if a.slopes.nrows() == 1 { 0 } else { b };
+                Slope { slope: a.slopes[[b, h]].to_f64_exact(), align: a.align, symmetric: a.symmetric }
+            }),
             scale: self.scale,
             softcap: self.softcap,
             bias_magnitude: self.bias_magnitude,
@@ -240,6 +251,15 @@ impl<'a, T: Real> HeadMasks<'_, 'a, T> {
     }
 }
 
+/// One query head's ALiBi: its slope, where its queries stand, and whether the term is
+/// flash-attn's symmetric `-slope · |j - p|` rather than `slope · (j - p)`.
+#[derive(Debug, Clone, Copy)]
+struct Slope {
+    slope: f64,
+    align: CausalMask,
+    symmetric: bool,
+}
+
 /// The masks of one (batch element, query head), checked against its [`Shape`].
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct MaskSet<'a, T> {
@@ -252,7 +272,7 @@ pub(crate) struct MaskSet<'a, T> {
     padding: Option<View<'a, bool, Ix1>>,
     bias: Option<View<'a, T, Ix2>>,
     /// This head's ALiBi slope, and where its queries stand.
-    alibi: Option<(f64, CausalMask)>,
+    alibi: Option<Slope>,
     /// The logit soft-cap: scores become `cap · tanh(s / cap)` before anything is added or hidden.
     softcap: Option<f64>,
     /// The score multiplier, in f64; paths narrow it to their element type.
@@ -371,11 +391,14 @@ impl<T: Real> MaskSet<'_, T> {
                 None => row.iter_mut().zip(terms).for_each(add),
             }
         }
-        if let Some((slope, align)) = self.alibi {
-            // slope · (j - p), in f64 and rounded once, as a bias matrix would hold it.
+        if let Some(Slope { slope, align, symmetric }) = self.alibi {
+            // slope · (j - p), or -slope · |j - p|, in f64 and rounded once, as a bias matrix
+            // would hold it.
             let p = align.position(query_idx, &self.shape) as f64;
             for (j, s) in keys.clone().zip(row.iter_mut()) {
-                *s = *s + U::from_f64_round(slope * (j as f64 - p));
+                let distance = j as f64 - p;
+                let term = if symmetric { -slope * distance.abs() } else { slope * distance };
+                *s = *s + U::from_f64_round(term);
             }
         }
         row.iter().any(|s| *s != U::neg_infinity())

@@ -195,11 +195,11 @@ pub(crate) fn check_cache_options(
         }));
     }
     if let Some(alibi) = &options.alibi
-        && alibi.slopes.len() != query_heads
+        && alibi.slopes.shape() != [1, query_heads]
     {
         return Ok(Err(OptionShape {
             argument: "alibi slopes",
-            found: Dims(vec![alibi.slopes.len()]),
+            found: alibi.given.dims(),
             expected: Dims(vec![query_heads]).to_string(),
             why: "one slope per query head",
         }));

@@ -480,3 +480,35 @@ fn backward_errors_name_the_argument_and_both_shapes() {
             .unwrap_err();
     assert!(matches!(error, qkv::AttentionError::GradientOverflow { ty: "f32" }), "{error}");
 }
+
+#[test]
+fn symmetric_alibi_gradients_are_those_of_its_bias_matrix() {
+    // The backward of flash-attn's symmetric ALiBi, against the backward of the same terms as an
+    // explicit bias (whose own gradient is the only difference): reference and every level.
+    let mut rng = ChaCha8Rng::seed_from_u64(21);
+    let (n_q, n_k, d) = (70, 150, 16);
+    let mut random = |r, c| Array2::from_shape_simple_fn((r, c), || rng.random_range(-1.0..1.0_f64));
+    let (q, k, v) = (random(n_q, d), random(n_k, d), random(n_k, d));
+    let slope = [0.05];
+    let bias = Array2::from_shape_fn((n_q, n_k), |(i, j)| {
+        -0.05 * (i as f64 + n_k as f64 - n_q as f64 - j as f64).abs()
+    });
+    let explicit = AttentionOptions::new().bias(AdditiveBias::new(bias.view()));
+    let alibi = AttentionOptions::new().alibi(qkv::Alibi::new(&slope).symmetric());
+    let d_out = d_output::<f64>(3, n_q, d);
+    let want =
+        qkv::reference::attention_backward(q.view(), k.view(), v.view(), d_out.view(), &explicit).unwrap();
+    for level in levels() {
+        let options = alibi.clone().simd(level);
+        let forward = qkv::attention_with_lse(q.view(), k.view(), v.view(), &options).unwrap();
+        let got =
+            qkv::attention_backward(q.view(), k.view(), v.view(), &forward, d_out.view(), &options).unwrap();
+        for (what, got, want) in
+            [("dq", &got.dq, &want.dq), ("dk", &got.dk, &want.dk), ("dv", &got.dv, &want.dv)]
+        {
+            let worst = (got - want).iter().fold(0.0_f64, |m, x| m.max(x.abs()));
+            assert!(worst < 1e-10, "{level} {what}: {worst}");
+        }
+        assert!(got.dbias.is_none(), "ALiBi is no bias with a gradient");
+    }
+}

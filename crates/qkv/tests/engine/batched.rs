@@ -233,3 +233,80 @@ fn alibi_slopes_follow_the_paper() {
     assert_eq!(qkv::alibi_slopes::<f64>(1), powers(&[8]));
     assert!(qkv::alibi_slopes::<f32>(0).is_empty());
 }
+
+#[test]
+fn symmetric_alibi_per_sequence_and_head_is_flash_attn_s_bias() {
+    // flash-attn's non-causal ALiBi, -slope[b, h] · |i + n_k - n_q - j|, built here as a bias
+    // matrix per (sequence, head) from its own formula, against the engine's indices: the
+    // reference and every level, over key-split decoding shapes and tiled ones.
+    let mut rng = ChaCha8Rng::seed_from_u64(6);
+    let (batch, heads, kv_heads) = (2, 4, 2);
+    let slopes = Array2::from_shape_fn((batch, heads), |(b, h)| 0.03 * (1 + b * heads + h) as f64);
+    for (n_q, n_k) in [(1, 1), (3, 2000), (7, 9), (130, 70)] {
+        let mut random = |shape: (usize, usize, usize, usize)| {
+            Array4::from_shape_simple_fn(shape, || rng.random_range(-1.0..1.0_f64))
+        };
+        let (q, k, v) = (
+            random((batch, heads, n_q, 8)),
+            random((batch, kv_heads, n_k, 8)),
+            random((batch, kv_heads, n_k, 5)),
+        );
+        let bias = Array4::from_shape_fn((batch, heads, n_q, n_k), |(b, h, i, j)| {
+            -slopes[[b, h]] * (i as f64 + n_k as f64 - n_q as f64 - j as f64).abs()
+        });
+        let alibi = AttentionOptions::new().alibi(Alibi::batched(slopes.view()).symmetric());
+        for b in 0..batch {
+            for h in 0..heads {
+                let (qh, kh, vh) =
+                    (q.slice(s![b, h, .., ..]), k.slice(s![b, h / 2, .., ..]), v.slice(s![b, h / 2, .., ..]));
+                let explicit = AttentionOptions::new().bias(AdditiveBias::new(bias.slice(s![b, h, .., ..])));
+                let want = qkv::reference::attention(qh, kh, vh, &explicit).unwrap();
+                let slope = [slopes[[b, h]]];
+                let one = AttentionOptions::new().alibi(Alibi::new(&slope).symmetric());
+                let got = qkv::reference::attention(qh, kh, vh, &one).unwrap();
+                assert_close(&format!("reference {n_q}x{n_k} [{b}, {h}]"), &got.output, &want.output, 1.0);
+                for level in levels() {
+                    let fast =
+                        qkv::multi_head_attention(q.view(), k.view(), v.view(), &alibi.clone().simd(level))
+                            .unwrap();
+                    let ctx = format!("{level} {n_q}x{n_k} [{b}, {h}]");
+                    let got = fast.slice(s![b, h, .., ..]).to_owned();
+                    assert_close(&ctx, &got, &want.output, error_bound(&want, &vh.to_owned()).1);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn symmetric_alibi_under_a_causal_mask_is_plain_alibi() {
+    let mut rng = ChaCha8Rng::seed_from_u64(7);
+    let mut random = |r, c| Array2::from_shape_simple_fn((r, c), || rng.random_range(-1.0..1.0_f32));
+    let (q, k, v) = (random(40, 16), random(90, 16), random(90, 8));
+    let slope = [0.3_f32];
+    let causal = AttentionOptions::new().causal(CausalMask::BottomRight);
+    let plain = qkv::attention(q.view(), k.view(), v.view(), &causal.clone().alibi(&slope)).unwrap();
+    let symmetric =
+        qkv::attention(q.view(), k.view(), v.view(), &causal.alibi(Alibi::new(&slope).symmetric()));
+    assert_eq!(plain, symmetric.unwrap());
+}
+
+#[test]
+fn alibi_slopes_per_sequence_are_checked_against_the_batch() {
+    let q = Array4::<f32>::zeros((2, 2, 1, 4));
+    let kv = Array4::<f32>::zeros((2, 1, 3, 4));
+    let err = |slopes: Array2<f32>| {
+        let options = AttentionOptions::new().alibi(Alibi::batched(slopes.view()));
+        qkv::multi_head_attention(q.view(), kv.view(), kv.view(), &options).unwrap_err().to_string()
+    };
+    let message = err(Array2::zeros((3, 2)));
+    assert!(message.contains("alibi slopes"), "{message}");
+    assert!(message.contains("[3, 2]") && message.contains("per sequence and head [2, 2]"), "{message}");
+    let mut slopes = Array2::zeros((2, 2));
+    slopes[[1, 0]] = f32::NAN;
+    assert_eq!(err(slopes), "alibi slopes[1, 0] is NaN: attention needs finite inputs");
+    // One row of slopes is shared by the batch.
+    let shared = Array2::from_elem((1, 2), 0.5_f32);
+    let options = AttentionOptions::new().alibi(Alibi::batched(shared.view()));
+    qkv::multi_head_attention(q.view(), kv.view(), kv.view(), &options).unwrap();
+}
