@@ -25,7 +25,7 @@ use crate::kernels::{self, Buffer, Element, Isa};
 use crate::level::SimdLevel;
 use crate::options::CacheOptions;
 use crate::partial::PartialAttention;
-use crate::shape::{Magnitudes, Shape, finite_magnitude};
+use crate::shape::{Magnitudes, Shape, finite_magnitude, with_fields};
 use crate::simd;
 use crate::step::{self, OptionShape, Step};
 
@@ -70,32 +70,15 @@ impl CacheShape {
     ) -> Self {
         CacheShape { layers, kv_heads, capacity, key_dim, value_dim }
     }
-
-    /// This shape with `layers` layers.
-    pub const fn with_layers(self, layers: usize) -> Self {
-        CacheShape { layers, ..self }
-    }
-
-    /// This shape with `kv_heads` key/value heads.
-    pub const fn with_kv_heads(self, kv_heads: usize) -> Self {
-        CacheShape { kv_heads, ..self }
-    }
-
-    /// This shape with room for `capacity` positions.
-    pub const fn with_capacity(self, capacity: usize) -> Self {
-        CacheShape { capacity, ..self }
-    }
-
-    /// This shape with keys of `key_dim`.
-    pub const fn with_key_dim(self, key_dim: usize) -> Self {
-        CacheShape { key_dim, ..self }
-    }
-
-    /// This shape with values of `value_dim`.
-    pub const fn with_value_dim(self, value_dim: usize) -> Self {
-        CacheShape { value_dim, ..self }
-    }
 }
+
+with_fields!(CacheShape:
+    with_layers(layers), "This shape with `layers` layers.";
+    with_kv_heads(kv_heads), "This shape with `kv_heads` key/value heads.";
+    with_capacity(capacity), "This shape with room for `capacity` positions.";
+    with_key_dim(key_dim), "This shape with keys of `key_dim`.";
+    with_value_dim(value_dim), "This shape with values of `value_dim`.";
+);
 
 /// The keys and values of one sequence for every layer of a decoder, preallocated for
 /// `capacity` positions, in the layout the kernels of one SIMD level read; elements stored as

@@ -26,7 +26,7 @@ use crate::flash::{self, CachedLayout, LayoutOf, PagedKeys, StoredKeys};
 use crate::kernels::{self, Buffer, Isa};
 use crate::level::SimdLevel;
 use crate::options::CacheOptions;
-use crate::shape::{Magnitudes, Shape, finite_magnitude};
+use crate::shape::{Magnitudes, Shape, finite_magnitude, with_fields};
 use crate::simd;
 use crate::step::{self, OptionShape, Step};
 
@@ -70,41 +70,20 @@ impl PagedShape {
         PagedShape { layers, kv_heads, key_dim, value_dim, block_size, blocks }
     }
 
-    /// This shape with `layers` layers.
-    pub const fn with_layers(self, layers: usize) -> Self {
-        PagedShape { layers, ..self }
-    }
-
-    /// This shape with `kv_heads` key/value heads.
-    pub const fn with_kv_heads(self, kv_heads: usize) -> Self {
-        PagedShape { kv_heads, ..self }
-    }
-
-    /// This shape with keys of `key_dim`.
-    pub const fn with_key_dim(self, key_dim: usize) -> Self {
-        PagedShape { key_dim, ..self }
-    }
-
-    /// This shape with values of `value_dim`.
-    pub const fn with_value_dim(self, value_dim: usize) -> Self {
-        PagedShape { value_dim, ..self }
-    }
-
-    /// This shape with blocks of `block_size` positions.
-    pub const fn with_block_size(self, block_size: usize) -> Self {
-        PagedShape { block_size, ..self }
-    }
-
-    /// This shape with a pool of `blocks` blocks.
-    pub const fn with_blocks(self, blocks: usize) -> Self {
-        PagedShape { blocks, ..self }
-    }
-
     fn dims(&self) -> Dims {
         let PagedShape { layers, kv_heads, key_dim, value_dim, block_size, blocks } = *self;
         Dims(vec![layers, kv_heads, key_dim, value_dim, block_size, blocks])
     }
 }
+
+with_fields!(PagedShape:
+    with_layers(layers), "This shape with `layers` layers.";
+    with_kv_heads(kv_heads), "This shape with `kv_heads` key/value heads.";
+    with_key_dim(key_dim), "This shape with keys of `key_dim`.";
+    with_value_dim(value_dim), "This shape with values of `value_dim`.";
+    with_block_size(block_size), "This shape with blocks of `block_size` positions.";
+    with_blocks(blocks), "This shape with a pool of `blocks` blocks.";
+);
 
 /// A sequence of a [`PagedKvCache`], from [`PagedKvCache::add_sequence`] or
 /// [`PagedKvCache::fork`]. Once the sequence is freed the id names nothing, even after its slot
@@ -758,7 +737,7 @@ impl<E: Storage> PagedLayer<'_, E> {
     /// layer.append(seq, Array3::zeros((1, 4, 1)).view(), v.view())?;
     /// // The last position sees itself and one position back: the mean of 3 and 4.
     /// let window = CacheOptions::new().sliding_window(SlidingWindow::new(1, 0));
-    /// let out = layer.attend_with(&[seq], &[0, 1], Array3::zeros((1, 1, 1)).view(), &window)?;
+    /// let out = layer.attend_with(&[seq], &[0, 1], Array3::<f32>::zeros((1, 1, 1)).view(), &window)?;
     /// assert_eq!(out[[0, 0, 0]], 3.5);
     /// # Ok::<(), qkv::AttentionError>(())
     /// ```
@@ -798,7 +777,7 @@ impl<E: Storage> PagedLayer<'_, E> {
     /// let keep = array![[true, false, true], [false, true, false]];
     /// let options = qkv::CacheOptions::new().keep_mask(keep.view());
     /// let (mut out, mut lse) = (Array3::<f32>::zeros((1, 2, 1)), Array2::zeros((1, 2)));
-    /// layer.attend_with_into(&[a, b], &[0, 1, 2], Array3::zeros((1, 2, 1)).view(), &options, out.view_mut(), Some(lse.view_mut()))?;
+    /// layer.attend_with_into(&[a, b], &[0, 1, 2], Array3::<f32>::zeros((1, 2, 1)).view(), &options, out.view_mut(), Some(lse.view_mut()))?;
     /// assert_eq!(out.into_raw_vec_and_offset().0, vec![2.0, 7.0]);
     /// // Two equal scores of 0, then one.
     /// assert_eq!(lse.into_raw_vec_and_offset().0, vec![2f32.ln(), 0.0]);

@@ -183,3 +183,20 @@ where
     let value = a.iter().nth(flat).map_or(f64::NAN, |x| x.widen().to_f64_exact());
     Err(AttentionError::NonFinite { argument, index: Dims(index), value })
 }
+
+/// `with_FIELD(self, value) -> Self` for `usize` fields of a `#[non_exhaustive]` shape, so that
+/// its callers build it as `Shape::new(..).with_capacity(..)` and a later field is no breaking
+/// change.
+macro_rules! with_fields {
+    ($shape:ident: $($with:ident($field:ident), $doc:literal;)*) => {
+        impl $shape {
+            $(
+                #[doc = $doc]
+                pub const fn $with(self, $field: usize) -> Self {
+                    $shape { $field, ..self }
+                }
+            )*
+        }
+    };
+}
+pub(crate) use with_fields;
