@@ -18,8 +18,8 @@ const ENGINE: &[&[&str]] = &[
     &["mask"],
     &["error"],
     // Shared helpers: validated shapes, the work split, the dispatched level, the softmax's
-    // finishing rule.
-    &["shape", "work", "simd", "softmax"],
+    // finishing rule, rotary position embeddings.
+    &["shape", "work", "simd", "softmax", "rotary"],
     // Partial results and their exact merge.
     &["partial"],
     // Options, declared once, then masking, applied once.

@@ -459,6 +459,23 @@ pub enum AttentionError {
         /// The length asked for.
         requested: usize,
     },
+    /// A [`Rotary`](crate::Rotary) that does not fit the rows it would turn.
+    #[error("rotary embedding (base {base}, {dims} rotated components) over rows of {width}: {why}")]
+    InvalidRotary {
+        /// The base.
+        base: f64,
+        /// The components it would rotate.
+        dims: usize,
+        /// The rows' width.
+        width: usize,
+        /// What is wrong.
+        why: &'static str,
+    },
+    /// A rotary embedding given to a cache that already holds positions, appended unrotated.
+    #[error(
+        "a KV cache takes its rotary embedding before its first append: the positions it holds were stored unrotated"
+    )]
+    RotaryAfterAppend,
     /// A [`KvCache::truncate`](crate::KvCache::truncate) that cannot be done.
     #[error("the KV cache holds {len} positions: it cannot be truncated to {requested}: {why}")]
     CacheTruncate {

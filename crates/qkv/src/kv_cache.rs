@@ -25,6 +25,7 @@ use crate::kernels::{self, Buffer, Element, Isa};
 use crate::level::SimdLevel;
 use crate::options::CacheOptions;
 use crate::partial::PartialAttention;
+use crate::rotary::{Rotary, rotate_keys, rotation_growth};
 use crate::shape::{Magnitudes, Shape, finite_magnitude, with_fields};
 use crate::simd;
 use crate::step::{self, OptionShape, Step};
@@ -143,6 +144,8 @@ pub struct KvCache<E: Storage = f32> {
     /// A windowed cache's ring; `None` holds every position up to the capacity.
     ring: Option<Ring>,
     layers: Vec<LayerStore<E>>,
+    /// Keys are rotated as they are appended, queries as a step stacks them.
+    rotary: Option<Rotary>,
     step: StepBuffers,
 }
 
@@ -248,7 +251,16 @@ impl<E: Storage> KvCache<E> {
             Ok(LayerStore { len: 0, keys: 0.0, values: 0.0, heads })
         };
         let layers = (0..layers).map(|_| layer()).collect::<Result<_, _>>().map_err(refused)?;
-        Ok(KvCache { shape, level, isa, layout, ring: None, layers, step: StepBuffers::default() })
+        Ok(KvCache {
+            shape,
+            level,
+            isa,
+            layout,
+            ring: None,
+            layers,
+            rotary: None,
+            step: StepBuffers::default(),
+        })
     }
 
     /// An empty windowed cache of `shape` for the dispatched SIMD level: a ring buffer of
@@ -366,6 +378,41 @@ impl<E: Storage> KvCache<E> {
             return Err(AttentionError::CacheLayer { layer, layers });
         }
         Ok(CacheLayer { cache: self, index: layer })
+    }
+    /// This cache with a rotary position embedding (RoPE): each key is rotated by its absolute
+    /// position as it is appended and each query of a step by its own as the step takes it (a
+    /// windowed cache's too, by position, never by slot), so that callers pass unrotated keys
+    /// and queries, as to flash-attn's `flash_attn_with_kvcache` with `rotary_cos`/`rotary_sin`.
+    /// An append then allocates its rotated keys. Fails if the embedding does not fit the keys,
+    /// or if the cache already holds positions (they were appended unrotated).
+    ///
+    /// ```
+    /// use ndarray::Array3;
+    /// let shape = qkv::CacheShape::new(1, 1, 8, 2, 1);
+    /// let mut cache = qkv::KvCache::<f32>::new(shape)?.with_rotary(qkv::Rotary::new(10_000.0))?;
+    /// let mut layer = cache.layer(0)?;
+    /// // The same key at positions 0 and 1, then a query at position 2 equal to that key: the
+    /// // score falls with the distance, so the nearer key weighs more.
+    /// let k = Array3::from_shape_vec((1, 3, 2), vec![1.0, 0.0, 1.0, 0.0, 0.0, 0.0]).unwrap();
+    /// let v = Array3::from_shape_vec((1, 3, 1), vec![0.0, 1.0, 0.5]).unwrap();
+    /// layer.append(k.view(), v.view())?;
+    /// let q = Array3::from_shape_vec((1, 1, 2), vec![1.0_f32, 0.0]).unwrap();
+    /// let out = layer.attend(q.view())?;
+    /// assert!(out[[0, 0, 0]] > 0.5);
+    /// # Ok::<(), qkv::AttentionError>(())
+    /// ```
+    pub fn with_rotary(mut self, rotary: Rotary) -> Result<Self, AttentionError> {
+        rotary.check(self.shape.key_dim)?;
+        if self.layers.iter().any(|layer| layer.len > 0) {
+            return Err(AttentionError::RotaryAfterAppend);
+        }
+        self.rotary = Some(rotary);
+        Ok(self)
+    }
+
+    /// The rotary embedding its keys and queries take, if any.
+    pub fn rotary(&self) -> Option<Rotary> {
+        self.rotary
     }
 
     /// Empties every layer for a new sequence, keeping the memory.
@@ -535,7 +582,16 @@ impl<E: Storage> CacheLayer<'_, E> {
         if ring.is_none() && len + n_new > capacity {
             return Err(AttentionError::CacheFull { layer: self.index, len, appended: n_new, capacity });
         }
-        let (keys, values) = (finite_magnitude("keys", &k)?, finite_magnitude("values", &v)?);
+        let (mut keys, values) = (finite_magnitude("keys", &k)?, finite_magnitude("values", &v)?);
+        // Keys are stored rotated, and measured after rotation: that is what the scores read.
+        let rotated = self.cache.rotary.map(|rotary| rotate_keys(&rotary, k, len));
+        let k = match &rotated {
+            Some(rotated) => {
+                keys = finite_magnitude("keys", rotated)?;
+                rotated.view()
+            }
+            None => k,
+        };
         let CachedLayout { key_panel, value_stride } = self.cache.layout;
         // A ring would overwrite the positions before the last `capacity` within this append.
         let overwritten = if ring.is_some() { n_new.saturating_sub(capacity) } else { 0 };
@@ -779,7 +835,7 @@ impl<E: Storage> CacheLayer<'_, E> {
         let level = self.cache.level;
         step::check_cache_options(options, level, query_heads, n_queries, held)?.map_err(shape_error)?;
         let shape = Shape { n_queries, n_keys: held, key_dim, value_dim };
-        let KvCache { layout, isa, layers, step, .. } = &mut *self.cache;
+        let KvCache { layout, isa, layers, rotary, step, .. } = &mut *self.cache;
         let StepBuffers { step: buffers, keep_by_slot } = step;
         // A plain cache is one problem over the positions held. A ring is one part per run of
         // slots, each placing its slots among keys of its own, with the ring's window, and the
@@ -816,7 +872,8 @@ impl<E: Storage> CacheLayer<'_, E> {
         if n_queries == 0 {
             return Ok(());
         }
-        let query_magnitude = finite_magnitude("queries", &q)?;
+        let rotary = *rotary;
+        let query_magnitude = finite_magnitude("queries", &q)? * rotation_growth(rotary.as_ref());
         let store = &layers[self.index];
         let magnitudes = Magnitudes { queries: query_magnitude, keys: store.keys, values: store.values };
         if !heads[..parts].iter().all(|heads| flash::stays_finite(&shape, &magnitudes, &heads.head(0, 0))) {
@@ -830,6 +887,7 @@ impl<E: Storage> CacheLayer<'_, E> {
                 value_stride,
             })
         };
+        let first_query = |_: usize| len - n_queries;
         let step = Step {
             isa: *isa,
             q: q.insert_axis(Axis(0)),
@@ -842,6 +900,7 @@ impl<E: Storage> CacheLayer<'_, E> {
             parts,
             masks: &|_, part, head| heads[part].head(0, head),
             heads_differ: heads[0].vary_by_head(),
+            rotary: rotary.as_ref().map(|rotary| (rotary, &first_query as &(dyn Fn(usize) -> usize + Sync))),
         };
         let lse = lse.map(|lse| lse.insert_axis(Axis(0)));
         step::attend(&step, out.insert_axis(Axis(0)), lse, buffers);

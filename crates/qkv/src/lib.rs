@@ -72,6 +72,7 @@ mod paged;
 mod partial;
 mod projection;
 pub mod reference;
+mod rotary;
 mod shape;
 mod simd;
 mod softmax;
@@ -112,6 +113,7 @@ pub use paged::{PagedKvCache, PagedLayer, PagedShape, SequenceId};
 pub use partial::PartialAttention;
 pub use projection::{Projected, Projections};
 pub use reference::{QueryTrace, TiledBlock, TiledTrace, trace_query, trace_tiled};
+pub use rotary::{Rotary, RotaryPairing};
 pub use shape::Shape;
 pub use simd::simd_report;
 

@@ -188,6 +188,8 @@ fn attend_heads<T: Real, E: Element<Compute = T>, O: Element<Compute = T>>(
             parts: 1,
             masks: &|b, _, h| masks.head(b, h),
             heads_differ: masks.vary_by_head(),
+            // Dense callers rotate their queries and keys themselves (`Rotary::rotate`).
+            rotary: None,
         };
         let lse = lse.as_mut().map(|lse| lse.view_mut());
         let measured = step::attend(&step, out.view_mut(), lse, &mut StepBuffers::default());

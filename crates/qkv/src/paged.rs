@@ -26,6 +26,7 @@ use crate::flash::{self, CachedLayout, LayoutOf, PagedKeys, StoredKeys};
 use crate::kernels::{self, Buffer, Isa};
 use crate::level::SimdLevel;
 use crate::options::CacheOptions;
+use crate::rotary::{Rotary, rotate_keys, rotation_growth};
 use crate::shape::{Magnitudes, Shape, finite_magnitude, with_fields};
 use crate::simd;
 use crate::step::{self, OptionShape, Step};
@@ -153,6 +154,8 @@ pub struct PagedKvCache<E: Storage = f32> {
     slots: Vec<Slot>,
     /// Slots of freed sequences, for the next ones.
     free_slots: Vec<u32>,
+    /// Keys are rotated as they are appended, queries as a step stacks them.
+    rotary: Option<Rotary>,
     step: StepBuffers,
 }
 
@@ -356,8 +359,23 @@ impl<E: Storage> PagedKvCache<E> {
             pool,
             slots: Vec::new(),
             free_slots: Vec::new(),
+            rotary: None,
             step: StepBuffers::default(),
         })
+    }
+
+    /// This cache with a rotary position embedding, as
+    /// [`KvCache::with_rotary`](crate::KvCache::with_rotary) takes one: keys rotated by their
+    /// position as each sequence appends them, queries by theirs as a step takes them (a fork
+    /// shares its prefix's rotated keys, positions and all). Fails if the embedding does not fit
+    /// the keys, or if any sequence already holds positions.
+    pub fn with_rotary(mut self, rotary: Rotary) -> Result<Self, AttentionError> {
+        rotary.check(self.shape.key_dim)?;
+        if self.slots.iter().any(|slot| slot.sequence.as_ref().is_some_and(|s| s.len() > 0)) {
+            return Err(AttentionError::RotaryAfterAppend);
+        }
+        self.rotary = Some(rotary);
+        Ok(self)
     }
 
     /// The positions a block's size must be a multiple of for a cache of `E` at `level`: the
@@ -570,8 +588,18 @@ impl<E: Storage> PagedLayer<'_, E> {
         self.check_shape("keys", k.shape(), &[kv_heads, n_new, key_dim], per_head)?;
         let why = "one value for every key, one [n_new, value_dim] block per key/value head";
         self.check_shape("values", v.shape(), &[kv_heads, n_new, value_dim], why)?;
-        let (keys, values) = (finite_magnitude("keys", &k)?, finite_magnitude("values", &v)?);
+        let (mut keys, values) = (finite_magnitude("keys", &k)?, finite_magnitude("values", &v)?);
         let layer = self.index;
+        let len = self.cache.sequence(seq)?.layers[layer].len;
+        // Stored rotated and measured after rotation, as a `KvCache` stores them.
+        let rotated = self.cache.rotary.map(|rotary| rotate_keys(&rotary, k, len));
+        let k = match &rotated {
+            Some(rotated) => {
+                keys = finite_magnitude("keys", rotated)?;
+                rotated.view()
+            }
+            None => k,
+        };
         let cache = &mut *self.cache;
         let (pool, storage, at) = (&mut cache.pool, &mut cache.storage, cache.block_layout);
         let sequence = sequence_mut(&mut cache.slots, seq)?;
@@ -822,7 +850,7 @@ impl<E: Storage> PagedLayer<'_, E> {
         };
         let level = self.cache.level;
         step::check_cache_options(options, level, query_heads, n_queries, longest)?.map_err(shape_error)?;
-        let PagedKvCache { isa, block_layout: at, storage, slots, step, .. } = &mut *self.cache;
+        let PagedKvCache { isa, block_layout: at, storage, slots, rotary, step, .. } = &mut *self.cache;
         let StepBuffers { members, step: buffers } = step;
         let shape_of =
             |m: &Member| Shape { n_queries: m.queries.len(), n_keys: m.state.len, key_dim, value_dim };
@@ -855,7 +883,7 @@ impl<E: Storage> PagedLayer<'_, E> {
             let heads = options.resolve_heads(&shape_of(m), Some((1, query_heads)));
             heads.expect("resolved when the batch was checked").head(0, head)
         };
-        let queries = finite_magnitude("queries", &q)?;
+        let queries = finite_magnitude("queries", &q)? * rotation_growth(rotary.as_ref());
         // One shape bounds every sequence; each problem's masks confine it to its own sequence.
         let n_queries_bound = members.iter().map(|m| m.queries.len()).max().unwrap_or(0);
         let n_keys = members.iter().map(|m| m.state.len).max().unwrap_or(0);
@@ -884,6 +912,8 @@ impl<E: Storage> PagedLayer<'_, E> {
                 value_stride: at.layout.value_stride,
             })
         };
+        // A sequence's queries are its last positions held.
+        let first_query = |m: usize| members[m].state.len - members[m].queries.len();
         let step = Step {
             isa: *isa,
             q: q.insert_axis(Axis(0)),
@@ -896,6 +926,7 @@ impl<E: Storage> PagedLayer<'_, E> {
             parts: 1,
             masks: &|m, _, head| masks(&members[m], head),
             heads_differ: first_heads.vary_by_head(),
+            rotary: rotary.as_ref().map(|rotary| (rotary, &first_query as &(dyn Fn(usize) -> usize + Sync))),
         };
         let lse = lse.map(|lse| lse.insert_axis(Axis(0)));
         step::attend(&step, out.insert_axis(Axis(0)), lse, buffers);

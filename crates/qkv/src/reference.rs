@@ -16,6 +16,7 @@ use crate::inputs::{self, Inputs};
 use crate::masking::MaskSet;
 use crate::options::AttentionOptions;
 use crate::partial::PartialAttention;
+use crate::rotary::{Rotary, RotaryPairing};
 use crate::shape::Shape;
 use crate::softmax;
 
@@ -122,6 +123,38 @@ pub fn attention_with_lse<T: Real>(
     }
     let logsumexp = Array1::from_iter(traces.iter().map(QueryTrace::logsumexp));
     Ok(PartialAttention { output, logsumexp })
+}
+
+/// `x` (`[n, d]`) under the rotary embedding `rotary`, row `i` standing at position
+/// `first_position + i`, in f64: each rotated pair read as a complex number and multiplied by
+/// `e^{i·θ}`, with `θ = position · position_scale / base^(2i / dims)`. Written apart from
+/// [`Rotary::rotate`], which the caches run, as the oracle it is checked against.
+///
+/// ```
+/// let x = ndarray::array![[1.0_f64, 0.0, 0.0, 1.0]];
+/// let turned = qkv::reference::rotate(x.view(), &qkv::Rotary::new(100.0), 1);
+/// // Pairs (0, 2) and (1, 3); frequencies 1 and 1/10.
+/// assert!((turned[[0, 0]] - 1f64.cos()).abs() < 1e-15 && (turned[[0, 2]] - 1f64.sin()).abs() < 1e-15);
+/// assert!((turned[[0, 1]] + 0.1f64.sin()).abs() < 1e-15 && (turned[[0, 3]] - 0.1f64.cos()).abs() < 1e-15);
+/// ```
+pub fn rotate<T: Real>(x: ArrayView2<T>, rotary: &Rotary, first_position: usize) -> Array2<f64> {
+    let dims = rotary.dims.unwrap_or(x.ncols());
+    let pair = |i: usize| match rotary.pairing {
+        RotaryPairing::HalfSplit => (i, i + dims / 2),
+        RotaryPairing::Interleaved => (2 * i, 2 * i + 1),
+    };
+    let mut out = x.mapv(|v| v.to_f64_exact());
+    for (r, mut row) in out.rows_mut().into_iter().enumerate() {
+        let position = (first_position + r) as f64 * rotary.position_scale;
+        for i in 0..dims / 2 {
+            let theta = position / rotary.base.powf(2.0 * i as f64 / dims as f64);
+            let (a, b) = pair(i);
+            let (re, im) = (row[a], row[b]);
+            row[a] = re * theta.cos() - im * theta.sin();
+            row[b] = re * theta.sin() + im * theta.cos();
+        }
+    }
+    out
 }
 
 /// The trace of every query, after checking the inputs against the masks.

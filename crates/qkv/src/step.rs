@@ -22,6 +22,7 @@ use crate::kernels::{Element, Isa};
 use crate::level::SimdLevel;
 use crate::masking::MaskSet;
 use crate::options::CacheOptions;
+use crate::rotary::Rotary;
 use crate::shape::Shape;
 
 /// The buffers of a step, kept between steps by the caches (a dense call makes them anew): the
@@ -33,6 +34,8 @@ pub(crate) struct StepBuffers<T: Real> {
     logsumexp: Vec<T>,
     /// Where each member's rows start among the stacked rows.
     first_rows: Vec<usize>,
+    /// One query turned by a rotary embedding, in f64.
+    rotated: Vec<f64>,
     workspace: Workspace<T>,
 }
 
@@ -43,6 +46,7 @@ impl<T: Real> Default for StepBuffers<T> {
             output: Vec::new(),
             logsumexp: Vec::new(),
             first_rows: Vec::new(),
+            rotated: Vec::new(),
             workspace: Workspace::default(),
         }
     }
@@ -67,6 +71,9 @@ pub(crate) struct Step<'c, 'p, T: Real, E, Q> {
     /// Whether query heads take masks of their own (ALiBi, per-head masks or biases), so that
     /// each reads its key/value head alone rather than stacked with its group.
     pub(crate) heads_differ: bool,
+    /// A cache's rotary embedding, with the absolute position of member `m`'s first query: its
+    /// queries are rotated as they are stacked (a ring's by position, never by slot).
+    pub(crate) rotary: Option<(&'c Rotary, &'c (dyn Fn(usize) -> usize + Sync))>,
 }
 
 /// Runs `step` into `out` (`[batch, query_heads, n, d_v]`, each row rounded once to `O`) and
@@ -79,8 +86,20 @@ pub(crate) fn attend<T: Real, E: Element<Compute = T>, Q: Element<Compute = T>, 
     mut lse: Option<ArrayViewMut3<T>>,
     buffers: &mut StepBuffers<T>,
 ) -> Option<Measured<T>> {
-    let &Step { isa, q, kv_heads, value_dim, members, member, n_keys, keys, parts, masks, heads_differ } =
-        step;
+    let &Step {
+        isa,
+        q,
+        kv_heads,
+        value_dim,
+        members,
+        member,
+        n_keys,
+        keys,
+        parts,
+        masks,
+        heads_differ,
+        rotary,
+    } = step;
     let [_, query_heads, _, key_dim] = *q.shape() else { unreachable!("4-D view") };
     // The query heads that share a key/value head are the rows of one problem, query-major (row
     // `i · stack + g` is query `i` of the stack's head `g`), so that its keys and values are read
@@ -89,7 +108,7 @@ pub(crate) fn attend<T: Real, E: Element<Compute = T>, Q: Element<Compute = T>, 
     let group = query_heads / kv_heads;
     let stack = if heads_differ { 1 } else { group };
     let per_member = query_heads / stack;
-    let StepBuffers { queries, output, logsumexp, first_rows, workspace } = buffers;
+    let StepBuffers { queries, output, logsumexp, first_rows, rotated, workspace } = buffers;
     first_rows.clear();
     let mut total_rows = 0;
     for m in 0..members {
@@ -106,6 +125,12 @@ pub(crate) fn attend<T: Real, E: Element<Compute = T>, Q: Element<Compute = T>, 
         for (r, row) in member_rows.chunks_exact_mut(key_dim).enumerate() {
             let (head, i) = source(r / rows, r % rows);
             row.iter_mut().zip(q.slice(s![b, head, range.start + i, ..])).for_each(|(x, &y)| *x = y.widen());
+            if let Some((rotary, first_position)) = rotary {
+                let dims = rotary.dims.unwrap_or(key_dim);
+                let turned = flash::prefix(rotated, dims);
+                rotary.turn_into(row.iter().map(|x| x.to_f64_exact()), turned, first_position(m) + i, 1.0);
+                row.iter_mut().zip(&*turned).for_each(|(x, &y)| *x = T::from_f64_round(y));
+            }
         }
     }
     let stacked = &*stacked;

@@ -18,6 +18,7 @@ mod paged;
 mod problem;
 mod properties;
 mod ring;
+mod rotary;
 mod simd;
 mod softcap;
 mod tiled;
