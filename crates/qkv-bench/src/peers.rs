@@ -42,8 +42,10 @@ pub fn runners<'a>(case: &Case, inputs: &'a Inputs, quick: bool) -> Result<Vec<R
     if case.cache {
         return Ok(match case.precision {
             Precision::F32 => vec![
-                kv_cache::runner::<f32>(case, inputs, None)?,
-                kv_cache::runner::<f32>(case, inputs, Some(1))?,
+                kv_cache::runner::<f32>(case, inputs, None, None)?,
+                kv_cache::runner::<f32>(case, inputs, Some(1), None)?,
+                // LLaMA's embedding: the step's own cost of rotating its queries.
+                kv_cache::runner::<f32>(case, inputs, None, Some(qkv::Rotary::new(10_000.0)))?,
                 Runner {
                     name: "qkv multi_head_attention".into(),
                     threads: None,
@@ -51,8 +53,9 @@ pub fn runners<'a>(case: &Case, inputs: &'a Inputs, quick: bool) -> Result<Vec<R
                 },
             ],
             Precision::Bf16 => vec![
-                kv_cache::runner::<half::bf16>(case, inputs, None)?,
-                kv_cache::runner::<half::bf16>(case, inputs, Some(1))?,
+                kv_cache::runner::<half::bf16>(case, inputs, None, None)?,
+                kv_cache::runner::<half::bf16>(case, inputs, Some(1), None)?,
+                kv_cache::runner::<half::bf16>(case, inputs, None, Some(qkv::Rotary::new(10_000.0)))?,
             ],
         });
     }
