@@ -825,3 +825,43 @@ fn the_tiled_trace_equals_attention_and_the_merge_of_its_blocks() {
     // The weight of d is its exponential over the final sum.
     assert!((get("flash.blocks.2.exp.d") / get("flash.l") - w[3]).abs() < 1e-12);
 }
+
+/// The right option of a quiz, as its page key or its forge answer names it, is never listed
+/// among the wrong ones ("Not (c): …" beside the key "(c)"): on a page, in print, in markdown.
+/// A computed key's right option has feedback of its own (it could be wrong after an input
+/// changes), so this is easy to get wrong.
+#[test]
+fn no_built_page_lists_a_quiz_s_right_option_as_wrong() {
+    let built = build(&lesson()).expect("lesson builds");
+    let mut checked = 0;
+    for page in built.site.iter().filter(|f| f.name.ends_with(".html")) {
+        for quiz in page.text.split("<section class=\"quiz").skip(1) {
+            let quiz = quiz.split("</section>").next().unwrap_or_default();
+            let Some(at) = quiz.find("\"correct\":\"") else { continue };
+            let right = &quiz[at + 11..at + 12];
+            checked += 1;
+            for listed in [format!("data-qkv-feedback-for=\"{right}\""), format!("Not ({right}):")] {
+                assert!(
+                    !quiz.contains(&listed),
+                    "{}: a quiz keyed ({right}) lists {listed}:\n{quiz}",
+                    page.name
+                );
+            }
+        }
+    }
+    for file in &built.markdown {
+        for answer in file.text.split("<summary>Answer</summary>").skip(1) {
+            let answer = answer.split("</details>").next().unwrap_or_default();
+            let Some(right) = answer.trim_start().strip_prefix("**(").and_then(|r| r.get(..1)) else {
+                continue;
+            };
+            checked += 1;
+            assert!(
+                !answer.contains(&format!("Not ({right}):")),
+                "{}: ({right}) listed as wrong:\n{answer}",
+                file.path
+            );
+        }
+    }
+    assert!(checked > 20, "only {checked} choice quizzes found: the scan reads the wrong shapes");
+}
