@@ -370,6 +370,7 @@ pub(crate) const ATTENTION_FIELDS: &[&str] = &[
 fn label_problem(labels: &[String]) -> Option<String> {
     use unicode_normalization::UnicodeNormalization;
     let normal: Vec<String> = labels.iter().map(|l| l.nfc().collect()).collect();
+    let seen: Vec<String> = labels.iter().map(|l| skeleton(l)).collect();
     for (i, label) in labels.iter().enumerate() {
         if let Some(j) = normal[..i].iter().position(|n| *n == normal[i]) {
             let how = if labels[j] == *label { "" } else { " (the same text in another Unicode form)" };
@@ -377,6 +378,28 @@ fn label_problem(labels: &[String]) -> Option<String> {
                 "labels {} and {} are both `{label}`{how}: a path could name only the first",
                 j + 1,
                 i + 1
+            ));
+        }
+        if let Some(j) = seen[..i].iter().position(|n| *n == seen[i]) {
+            let odd: Vec<String> = [&labels[j], label]
+                .iter()
+                .flat_map(|l| l.chars())
+                .filter(|c| skeleton(&c.to_string()) != c.to_string())
+                .map(|c| format!("U+{:04X}", c as u32))
+                .collect();
+            return Some(format!(
+                "labels {} and {} look alike (`{}` and `{label}`, {:?} and {label:?}) but differ in {}, which a reader cannot see: a path would name one while the page seems to show the other",
+                j + 1,
+                i + 1,
+                labels[j],
+                labels[j],
+                odd.join(", ")
+            ));
+        }
+        if let Some(c) = label.chars().find(|&c| invisible(c)) {
+            return Some(format!(
+                "label `{label}` ({label:?}) holds the invisible character U+{:04X}, which a reader cannot see or type in a path",
+                c as u32
             ));
         }
         if label.contains('.') {
@@ -397,6 +420,97 @@ fn label_problem(labels: &[String]) -> Option<String> {
         }
     }
     None
+}
+
+/// A label as a reader sees it: compatibility-normalised (a no-break space is a space, `ﬁ` is
+/// `fi`), without invisible characters, and with the Cyrillic and Greek letters that look like
+/// Latin ones written as those (`аре` is `ape`). Two labels with one skeleton cannot be told
+/// apart on the page (UTS #39's confusable detection, for the look-alikes a lesson meets).
+fn skeleton(label: &str) -> String {
+    use unicode_normalization::UnicodeNormalization;
+    label.nfkc().filter(|&c| !invisible(c)).map(latin_look_alike).collect()
+}
+
+/// A character that draws nothing, or only changes how its neighbours are drawn: zero-width
+/// spaces and joiners, bidirectional controls (an override can show `abc` as `cba`), the soft
+/// hyphen, the byte-order mark, the Mongolian vowel separator and the invisible operators.
+fn invisible(c: char) -> bool {
+    matches!(c,
+        '\u{00AD}' | '\u{034F}' | '\u{061C}' | '\u{115F}' | '\u{1160}' | '\u{17B4}' | '\u{17B5}'
+        | '\u{180B}'..='\u{180F}' | '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}'
+        | '\u{2060}'..='\u{206F}' | '\u{3164}' | '\u{FE00}'..='\u{FE0F}' | '\u{FEFF}' | '\u{FFA0}'
+        | '\u{FFF0}'..='\u{FFF8}')
+}
+
+/// The Latin letter a Cyrillic or Greek one is drawn like, or the character itself.
+fn latin_look_alike(c: char) -> char {
+    const PAIRS: &[(char, char)] = &[
+        // Cyrillic
+        ('а', 'a'),
+        ('в', 'B'),
+        ('е', 'e'),
+        ('ё', 'ë'),
+        ('к', 'k'),
+        ('м', 'M'),
+        ('н', 'H'),
+        ('о', 'o'),
+        ('р', 'p'),
+        ('с', 'c'),
+        ('т', 'T'),
+        ('у', 'y'),
+        ('х', 'x'),
+        ('ѕ', 's'),
+        ('і', 'i'),
+        ('ї', 'ï'),
+        ('ј', 'j'),
+        ('ԁ', 'd'),
+        ('ԛ', 'q'),
+        ('ԝ', 'w'),
+        ('һ', 'h'),
+        ('ӏ', 'l'),
+        ('А', 'A'),
+        ('В', 'B'),
+        ('Е', 'E'),
+        ('К', 'K'),
+        ('М', 'M'),
+        ('Н', 'H'),
+        ('О', 'O'),
+        ('Р', 'P'),
+        ('С', 'C'),
+        ('Т', 'T'),
+        ('Х', 'X'),
+        ('У', 'Y'),
+        ('Ү', 'Y'),
+        ('Ѕ', 'S'),
+        ('І', 'I'),
+        ('Ј', 'J'),
+        ('Ԛ', 'Q'),
+        ('Ԝ', 'W'),
+        ('Һ', 'h'),
+        ('Ӏ', 'I'),
+        // Greek
+        ('Α', 'A'),
+        ('Β', 'B'),
+        ('Ε', 'E'),
+        ('Ζ', 'Z'),
+        ('Η', 'H'),
+        ('Ι', 'I'),
+        ('Κ', 'K'),
+        ('Μ', 'M'),
+        ('Ν', 'N'),
+        ('Ο', 'O'),
+        ('Ρ', 'P'),
+        ('Τ', 'T'),
+        ('Υ', 'Y'),
+        ('Χ', 'X'),
+        ('ο', 'o'),
+        ('ν', 'v'),
+        ('ι', 'i'),
+        ('κ', 'k'),
+        ('ρ', 'p'),
+        ('α', 'a'),
+    ];
+    PAIRS.iter().find(|(from, _)| *from == c).map_or(c, |&(_, to)| to)
 }
 
 /// The `id = "..."` of a block that failed to parse, found line by line.
