@@ -142,6 +142,36 @@ fn focus_inside(b: &mut Browser, selector: &str) -> bool {
     b.eval(&format!("{}.contains(document.activeElement)", the(selector))) == Value::Bool(true)
 }
 
+/// After a wrong choice by keyboard the option is disabled and the focus is on the message; the
+/// next Tab goes on to the quiz's own buttons and Shift+Tab back to the options left, so neither
+/// leaves the quiz.
+#[test]
+fn after_a_wrong_choice_by_keyboard_tab_stays_in_the_quiz() {
+    let Some(mut b) = launch(DESKTOP) else { return };
+    let (section, quiz) = super::lesson::lesson().quiz(CHOICE);
+    let (_, wrong) = quiz.letters();
+    b.open(&format!("{}.html", section.id));
+    for (modifiers, way) in [(0, "Tab"), (SHIFT, "Shift+Tab")] {
+        b.eval("localStorage.clear()");
+        b.reload();
+        b.focus(&format!("{} [data-qkv-option=\"{}\"]", root(CHOICE), wrong[0]));
+        b.press(SPACE, 0);
+        b.wait_for(
+            &format!("document.querySelector({}).dataset.qkvTries === '1'", js(&root(CHOICE))),
+            "the wrong choice to be graded",
+            "",
+        );
+        b.press(TAB, modifiers);
+        assert!(
+            focus_inside(&mut b, &root(CHOICE)),
+            "after a wrong choice by keyboard, {way} moved the focus to {}",
+            b.eval(FOCUSED)
+        );
+        assert_eq!(b.eval("document.activeElement.disabled === true"), Value::Bool(false), "{way}");
+    }
+    b.assert_clean("Tab after a wrong choice");
+}
+
 #[test]
 fn answering_by_keyboard_keeps_the_focus_in_the_quiz() {
     let Some(mut b) = launch(DESKTOP) else { return };
