@@ -537,11 +537,23 @@ pub(crate) fn parse(doc: usize, block: &Block) -> Result<Decl, Vec<Problem>> {
         Ok(t) => t.into_inner(),
         Err(e) => {
             let at = e.span().map_or(0, |s| s.start);
-            let offset = block.source_offset(at);
+            let mut message = format!("malformed `qkv {kind}` block: {}", e.message().trim());
+            // A list left open reads on into the next line, where TOML finds the mistake: the
+            // line to fix is the one whose `[` never closes.
+            let at = match unclosed_bracket(&block.content, at) {
+                Some(open) => {
+                    message = format!(
+                        "malformed `qkv {kind}` block: this `[` is never closed, so the next line was read as more of the list ({})",
+                        e.message().trim()
+                    );
+                    open
+                }
+                None => at,
+            };
             return Err(vec![Problem::new(
                 doc,
-                offset,
-                format!("malformed `qkv {kind}` block: {}", e.message().trim()),
+                block.source_offset(at),
+                message,
                 line_at(&block.content, at),
                 "TOML: `name = value` lines, numbers in lists like `[[1, 0], [0, 1]]`, text in quotes",
             )]);
@@ -821,6 +833,47 @@ fn line_at(text: &str, at: usize) -> String {
     let at = at.min(text.len());
     let start = text[..at].rfind('\n').map_or(0, |i| i + 1);
     first_line(&text[start..])
+}
+
+/// Where the outermost `[` still open at `at` was opened, when `at` begins a line (only
+/// blanks before it) and that `[` is on an earlier line: TOML reports a list left open where
+/// the next line starts, one line after the mistake. Strings and comments are skipped.
+fn unclosed_bracket(text: &str, at: usize) -> Option<usize> {
+    let at = at.min(text.len());
+    let line_start = text[..at].rfind('\n').map_or(0, |i| i + 1);
+    if !text[line_start..at].trim().is_empty() {
+        return None;
+    }
+    let mut open: Vec<usize> = Vec::new();
+    let mut chars = text[..line_start].char_indices();
+    while let Some((i, c)) = chars.next() {
+        match c {
+            '[' => open.push(i),
+            ']' => {
+                open.pop();
+            }
+            '#' => {
+                for (_, c) in chars.by_ref() {
+                    if c == '\n' {
+                        break;
+                    }
+                }
+            }
+            '"' | '\'' => {
+                let mut escaped = false;
+                for (_, d) in chars.by_ref() {
+                    if d == c && !escaped || d == '\n' {
+                        break;
+                    }
+                    escaped = c == '"' && d == '\\' && !escaped;
+                }
+            }
+            // A new `name = value` line or table header at the outer level ends nothing: a
+            // line starting while a list is open is still inside it.
+            _ => {}
+        }
+    }
+    open.first().copied()
 }
 
 /// The allowed name nearest to a misspelt one, if it is close.
