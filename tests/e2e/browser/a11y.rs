@@ -123,6 +123,52 @@ fn axe_every_page_at(viewport: Viewport) {
     assert!(failures.is_empty(), "axe-core's serious and critical violations:\n{}", failures.join("\n"));
 }
 
+/// Every state of every widget whose cells are shaded by weight keeps its numbers readable: each
+/// head the head explorer can show, in light and dark, at both widths (the darkest cells once
+/// held white text on a mid blue, 2.2:1).
+#[test]
+fn every_head_the_explorer_shows_passes_contrast() {
+    let Some(axe) = axe_source() else { return };
+    for viewport in [DESKTOP, PHONE] {
+        let Some(mut b) = launch(viewport) else { return };
+        let (section, _) = super::lesson::lesson().widget_block("head-explorer");
+        let page = format!("{}.html", section.id);
+        for scheme in ["light", "dark"] {
+            set_scheme(&mut b, scheme);
+            b.open(&page);
+            let picks =
+                b.eval("Array.from(document.querySelectorAll('[data-qkv-pick]'), (r) => r.dataset.qkvPick)");
+            let picks: Vec<String> = picks
+                .as_array()
+                .expect("heads")
+                .iter()
+                .filter_map(|h| h.as_str().map(str::to_string))
+                .collect();
+            assert!(picks.len() >= 2, "{page}: the explorer offers {picks:?}");
+            for head in &picks {
+                b.click(&format!("[data-qkv-pick=\"{head}\"]"));
+                b.wait_for(
+                    &format!("document.querySelector('[data-qkv-widget=\"head-explorer\"]').dataset.qkvHead === {}", js(head)),
+                    "the head to be shown",
+                    "",
+                );
+                let found = serious_violations(&mut b, axe);
+                assert!(
+                    found.is_empty(),
+                    "{page} at {} px, {scheme}, head {head}:\n{}",
+                    viewport.width,
+                    found.join("\n")
+                );
+            }
+            b.screenshot_of(
+                "[data-qkv-widget=\"head-explorer\"]",
+                &screenshot_path(&format!("heads-{}-{scheme}-last-head", viewport.width)),
+            );
+            b.assert_clean(&format!("{page}, {scheme}"));
+        }
+    }
+}
+
 #[test]
 fn axe_finds_no_serious_violation_at_1280_px() {
     axe_every_page_at(DESKTOP);
