@@ -162,6 +162,8 @@ pub(crate) enum Computed {
     MultiHead(Box<MultiHeadResult>),
     Decode(Box<DecodeResult>),
     Tiled(Box<TiledResult>),
+    /// A `measurements` figure's data file: only its record, which prose cites.
+    Measured,
 }
 
 /// A decoded example: each token's step as an attention example of one query over the keys
@@ -560,7 +562,15 @@ impl<'d> Evaluator<'d> {
             DeclKind::MultiHead(m) => self.multi_head(decl, m),
             DeclKind::Decode { example, prompt } => self.decode(decl, example, prompt),
             DeclKind::Tiled { example, query, block } => self.tiled(decl, example, query, block),
-            DeclKind::Figure(_) | DeclKind::Page(_) => None,
+            DeclKind::Figure(f) => {
+                // A `measurements` figure's numbers, for the prose to cite. A file that is missing
+                // or does not read is the figure region's error, at its `data` field.
+                let data =
+                    f.data.as_ref().filter(|_| f.kind == crate::figure_kind::FigureKind::Measurements)?;
+                let m = crate::measured::parse(&data.value, self.data.get(&data.value)?).ok()?;
+                Some(Record { node: m.node(), computed: Computed::Measured })
+            }
+            DeclKind::Page(_) => None,
         }
     }
 

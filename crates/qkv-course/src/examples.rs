@@ -199,7 +199,12 @@ pub(crate) struct KvHeadDecl {
 impl DeclKind {
     /// Whether the block computes values that paths can name (figures and page blocks do not).
     pub(crate) fn computes(&self) -> bool {
-        !matches!(self, DeclKind::Figure(_) | DeclKind::Page(_))
+        match self {
+            // A `measurements` figure's id cites its data file's numbers.
+            DeclKind::Figure(f) => f.kind == FigureKind::Measurements,
+            DeclKind::Page(_) => false,
+            _ => true,
+        }
     }
 }
 

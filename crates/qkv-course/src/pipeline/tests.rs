@@ -865,3 +865,28 @@ fn no_built_page_lists_a_quiz_s_right_option_as_wrong() {
     }
     assert!(checked > 20, "only {checked} choice quizzes found: the scan reads the wrong shapes");
 }
+
+/// The prose about a benchmark cites its data file through the figure's id, so it says what the
+/// plot shows: decoding's text gives the f32 growth of its own data (by hand, 56.754 / 0.993 =
+/// 57.15, over 32768 / 1024 = 32 times the cache), and a new measurement makes it stale.
+#[test]
+fn prose_about_measured_numbers_follows_the_data_file() {
+    let sources = lesson();
+    let decoding = sources.markdown.iter().find(|f| f.path.ends_with("-decoding.md")).expect("decoding");
+    for cited in ["[57](=decode-cost.f32.growth:0)", "[32](=decode-cost.x_growth:0)"] {
+        assert!(decoding.text.contains(cited), "the decoding text cites {cited}");
+    }
+    assert!(!decoding.text.contains("roughly doubles"), "a claim its own plot contradicts");
+    let mut remeasured = sources.clone();
+    let data = remeasured.data.get_mut("data/decode-bench.toml").expect("the data file");
+    *data = data.replacen(
+        "y = [0.993, 1.443, 3.441, 7.305, 18.598, 56.754]",
+        "y = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0]",
+        1,
+    );
+    let stale = check(&remeasured).expect("valid");
+    let report = crate::stale_report(&stale);
+    for path in ["decode-cost.f32.growth", "decode-cost.f32.step_max", "decode-cost.f32.y.6"] {
+        assert!(stale.iter().any(|s| s.what == format!("citation {path}")), "{path}:\n{report}");
+    }
+}
