@@ -291,6 +291,7 @@ const KINDS: &[(&str, &[&str])] = &[
     ),
     ("widget", &["id", "kind", "example", "query", "goal", "head", "windows", "slopes", "prompt", "digits"]),
     ("settings", &["credit", "notebook_repository", "summary"]),
+    ("term", &["id", "term", "symbol", "forms", "definition"]),
 ];
 
 /// Every declaration of the lesson, one per `qkv` block that parses, with the problems of the
@@ -674,7 +675,7 @@ pub(crate) fn parse(doc: usize, block: &Block) -> Result<Decl, Vec<Problem>> {
                 _ => return Err(reader.problems),
             }
         }
-        "quiz" | "widget" | "settings" => match reader.page(kind, &table) {
+        "quiz" | "widget" | "settings" | "term" => match reader.page(kind, &table) {
             Some(page) => DeclKind::Page(Box::new(page)),
             None => return Err(reader.problems),
         },
