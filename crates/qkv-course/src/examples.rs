@@ -19,8 +19,8 @@ use crate::location::LineIndex;
 mod interactive;
 
 pub(crate) use interactive::{
-    ChoiceKey, Goal, Operand, PageDecl, QuizDecl, QuizKey, QuizOption, SETTINGS_ID, Settings, WidgetDecl,
-    WidgetKind, colab_base, letter,
+    ChoiceKey, Goal, Operand, PageDecl, QuizDecl, QuizKey, QuizOption, SETTINGS_ID, Settings, TermDecl,
+    WidgetDecl, WidgetKind, colab_base, letter,
 };
 
 /// A numeric input: a literal, or a reference to be resolved at evaluation.

@@ -252,13 +252,9 @@ fn terms_of(decls: &[Decl], doc: usize) -> Vec<html::glossary::Term> {
         .filter(|d| d.doc == doc)
         .filter_map(|d| match &d.kind {
             DeclKind::Page(p) => match p.as_ref() {
-                PageDecl::Term(t) => Some(html::glossary::Term {
-                    id: d.id.clone(),
-                    term: t.term.clone(),
-                    symbol: t.symbol.clone(),
-                    forms: t.forms.clone(),
-                    definition: t.definition.clone(),
-                }),
+                PageDecl::Term(t) => {
+                    Some(html::glossary::Term { id: d.id.clone(), entry: t.as_ref().clone() })
+                }
                 _ => None,
             },
             _ => None,
@@ -282,13 +278,19 @@ fn term_problems(sources: &Sources, decls: &[Decl]) -> Vec<Problem> {
                 LineIndex::new(text).position(text, other.start).0
             )
         };
-        if let Some((first, _)) =
-            seen.iter().find(|(o, t)| o.id == d.id || t.term.to_lowercase() == term.term.to_lowercase())
+        if let Some((first, _)) = seen
+            .iter()
+            .find(|(o, t)| o.id == d.id || t.entry.term.to_lowercase() == term.entry.term.to_lowercase())
         {
             problems.push(Problem::new(
                 d.doc,
                 d.id_at,
-                format!("the glossary already has term `{}` (id `{}`, {})", term.term, first.id, line(first)),
+                format!(
+                    "the glossary already has term `{}` (id `{}`, {})",
+                    term.entry.term,
+                    first.id,
+                    line(first)
+                ),
                 format!("id = \"{}\"", d.id),
                 "one `qkv term` block per term in the whole course, in the section that introduces it",
             ));
@@ -301,12 +303,12 @@ fn term_problems(sources: &Sources, decls: &[Decl]) -> Vec<Problem> {
                 d.id_at,
                 format!(
                     "term `{}` is not used in the prose of this section, so no first use would link to it",
-                    term.term
+                    term.entry.term
                 ),
                 format!("id = \"{}\"", d.id),
                 format!(
                     "a use of {} in this section's prose (not in a heading, link, table or code), or `forms` that match one",
-                    term.forms.iter().map(|f| format!("`{f}`")).collect::<Vec<_>>().join(", ")
+                    term.entry.forms.iter().map(|f| format!("`{f}`")).collect::<Vec<_>>().join(", ")
                 ),
             ));
         }

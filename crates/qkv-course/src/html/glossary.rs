@@ -11,20 +11,14 @@ use pulldown_cmark::{Event, Parser, Tag, TagEnd};
 
 use super::Section;
 use crate::document;
+use crate::examples::TermDecl;
 use crate::markup::{escape, inline_markdown, markdown_options, mathml};
 
-/// A glossary entry as the site shows it.
+/// A glossary entry: its `qkv term` block, and the block's id (the entry's anchor is `term-ID`).
 #[derive(Debug, Clone)]
 pub(crate) struct Term {
-    /// The block's id: the entry's anchor is `term-ID`.
     pub id: String,
-    pub term: String,
-    /// TeX, without dollars.
-    pub symbol: Option<String>,
-    /// The words that count as a use, matched as whole words, letter case aside.
-    pub forms: Vec<String>,
-    /// Markdown.
-    pub definition: String,
+    pub entry: TermDecl,
 }
 
 /// Where a term is first used on a page: the index of a text event among the events of the
@@ -39,13 +33,13 @@ pub(crate) type Use = (usize, Range<usize>);
 pub(crate) fn first_uses(text: &str, terms: &[Term]) -> Vec<Option<Use>> {
     let prose = prose_texts(text);
     let mut order: Vec<usize> = (0..terms.len()).collect();
-    let longest = |t: &Term| t.forms.iter().map(String::len).max().unwrap_or(0);
+    let longest = |t: &Term| t.entry.forms.iter().map(String::len).max().unwrap_or(0);
     order.sort_by_key(|&i| std::cmp::Reverse(longest(&terms[i])));
     let mut taken: Vec<Use> = Vec::new();
     let mut found = vec![None; terms.len()];
     for i in order {
         found[i] = prose.iter().find_map(|(event, t)| {
-            let uses = terms[i].forms.iter().filter_map(|form| {
+            let uses = terms[i].entry.forms.iter().filter_map(|form| {
                 whole_words(t, form).find(|r| {
                     !taken.iter().any(|(e, other)| e == event && r.start < other.end && other.start < r.end)
                 })
@@ -129,13 +123,14 @@ pub(crate) fn link_uses<'a>(
 /// introduces it. `terms` holds each term with the index of the section that declares it.
 pub(super) fn page(sections: &[Section], terms: &[(usize, Term)]) -> String {
     let mut sorted: Vec<&(usize, Term)> = terms.iter().collect();
-    sorted.sort_by_key(|(_, t)| t.term.to_lowercase());
+    sorted.sort_by_key(|(_, t)| t.entry.term.to_lowercase());
     let mut out = String::from(
         "<h1>Glossary</h1>\n<p class=\"lede\">The course's terms and symbols. Each links to the section that introduces it, and each section links the first use of a term on its page here.</p>\n<dl class=\"glossary\">\n",
     );
     for (i, t) in sorted {
         let s = &sections[*i];
         let symbol = t
+            .entry
             .symbol
             .as_ref()
             .map(|tex| format!(" <span class=\"symbol\">{}</span>", mathml(tex, false)))
@@ -144,8 +139,8 @@ pub(super) fn page(sections: &[Section], terms: &[(usize, Term)]) -> String {
             out,
             "<dt id=\"term-{0}\">{1}{symbol}</dt>\n<dd>{2} <span class=\"glossary-where\">Introduced in <a href=\"{3}.html#term-use-{0}\">{4}</a>.</span></dd>",
             escape(&t.id),
-            escape(&t.term),
-            inline_markdown(&t.definition),
+            escape(&t.entry.term),
+            inline_markdown(&t.entry.definition),
             escape(&s.id),
             escape(&super::site::numbered(s)),
         );

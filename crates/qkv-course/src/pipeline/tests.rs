@@ -888,7 +888,7 @@ fn prose_about_measured_numbers_follows_the_data_file() {
         1,
     );
     let stale = check(&remeasured).expect("valid");
-    let report = crate::stale_report(&stale);
+    let report = stale_report(&stale);
     for path in ["decode-cost.f32.growth", "decode-cost.f32.step_max", "decode-cost.f32.y.6"] {
         assert!(stale.iter().any(|s| s.what == format!("citation {path}")), "{path}:\n{report}");
     }

@@ -1,22 +1,4 @@
-use super::*;
-use crate::files::{SourceFile, Sources};
-
-/// A course of `files` (name, text), built; its site's files by name, or the error report.
-fn course(files: &[(&str, &str)]) -> Result<std::collections::HashMap<String, String>, String> {
-    let sources = Sources {
-        markdown: files
-            .iter()
-            .enumerate()
-            .map(|(i, (name, text))| SourceFile {
-                path: format!("content/0{}-{name}.md", i + 1),
-                text: text.to_string(),
-            })
-            .collect(),
-        ..Default::default()
-    };
-    let built = crate::pipeline::build(&sources).map_err(|e| e.to_string())?;
-    Ok(built.site.into_iter().map(|f| (f.name, f.text)).collect())
-}
+use crate::html::tests::built_course as course;
 
 fn term(id: &str, term: &str, forms: &str, definition: &str) -> String {
     format!(
