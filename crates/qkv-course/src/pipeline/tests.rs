@@ -918,10 +918,8 @@ fn the_guide_s_recipes_build_and_say_what_the_build_does() {
     let e = [0.0f64, 1.0, 1.0].map(|s| (s / 2f64.sqrt()).exp());
     let by_hand = (e[0] + 2.0 * e[1] + 3.0 * e[2]) / e.iter().sum::<f64>();
     assert!((values["test.cross_1.chat.output.1"] - by_hand).abs() < 1e-12);
-    let mixed = format!(
-        "# Mixed\n\n```qkv multi-head\nid = \"m\"\ntokens = [\"a\", \"b\"]\nx_q = [[1, 0], [0, 1]]\nx = [[1, 0], [0, 1]]\nw_o = [[1]]\n\n[[heads]]\nw_q = [[1, 0], [0, 1]]\nw_k = [[1, 0], [0, 1]]\nw_v = [[1], [2]]\n```\n"
-    );
-    let report = check(&one_file(&mixed)).map(|_| ()).expect_err("x_q in a multi-head block");
+    let mixed = "# Mixed\n\n```qkv multi-head\nid = \"m\"\ntokens = [\"a\", \"b\"]\nx_q = [[1, 0], [0, 1]]\nx = [[1, 0], [0, 1]]\nw_o = [[1]]\n\n[[heads]]\nw_q = [[1, 0], [0, 1]]\nw_k = [[1, 0], [0, 1]]\nw_v = [[1], [2]]\n```\n";
+    let report = check(&one_file(mixed)).map(|_| ()).expect_err("x_q in a multi-head block");
     assert!(report.to_string().contains("x_q"), "{report}");
 
     let sentence = guide_block("```qkv attention\nid = \"sentence\"");
