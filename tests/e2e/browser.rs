@@ -38,7 +38,7 @@ use crate::content::{content_dir, copy_dir};
 use crate::support::xtask;
 
 /// The pages `cargo xtask build-content` writes: the index, one per `content/NN-NAME.md`
-/// (`NAME.html`) in course order, and the print view. The page-wide tests (layout,
+/// (`NAME.html`) in course order, the glossary and the print view. The page-wide tests (layout,
 /// accessibility) open every one.
 pub fn pages() -> Vec<String> {
     let mut sections: Vec<String> = std::fs::read_dir(content_dir())
@@ -50,7 +50,7 @@ pub fn pages() -> Vec<String> {
     let named = sections.iter().map(|name| format!("{}.html", qkv_course::section_id(name)));
     std::iter::once("index.html".to_string())
         .chain(named)
-        .chain(std::iter::once("print.html".to_string()))
+        .chain(["glossary.html".to_string(), "print.html".to_string()])
         .collect()
 }
 

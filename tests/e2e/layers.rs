@@ -44,8 +44,9 @@ const ENGINE: &[&[&str]] = &[
 const COURSE: &[&[&str]] = &[
     // Shared types and leaf helpers: what several layers use.
     &["error", "location", "limits", "files", "figure_kind", "format", "values", "markup"],
-    // Text: bytes to text, and the markdown document (blocks, citations, regions by byte range).
-    &["encoding", "document"],
+    // Text: bytes to text, the markdown document (blocks, citations, regions by byte range), and
+    // the data files of measured numbers.
+    &["encoding", "document", "measured"],
     // Citations: one grammar for every place a number is cited.
     &["citation"],
     // Declarations: typed `qkv` blocks.

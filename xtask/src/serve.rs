@@ -284,7 +284,7 @@ fn page_or_file(out: &Path, url: &str, generation: u64, error: Option<&str>) -> 
         ),
         Some(Ok(bytes)) => (200, bytes, content_type(&name)),
         // Out of file descriptors, say: the file is there, and a 404 would say it is not.
-        Some(Err(e)) if !matches!(e.kind(), ErrorKind::NotFound | ErrorKind::IsADirectory) => {
+        Some(Err(e)) if !names_nothing(&e) => {
             (500, format!("reading {path}: {e}\n").into_bytes(), "text/plain; charset=utf-8")
         }
         Some(Err(_)) | None => {
@@ -296,6 +296,17 @@ fn page_or_file(out: &Path, url: &str, generation: u64, error: Option<&str>) -> 
         }
     };
     Response::new(status, kind, body)
+}
+
+/// Whether reading a site file failed because the URL names no file: a missing file or a folder,
+/// and also a name longer than the file system allows (a 256-byte path segment) or a file where
+/// a folder should be (`/attention.html/x`). Those are the client's mistakes, a 404, not the
+/// server's trouble (a 500 that would echo the operating system's error).
+fn names_nothing(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        ErrorKind::NotFound | ErrorKind::IsADirectory | ErrorKind::NotADirectory | ErrorKind::InvalidFilename
+    )
 }
 
 /// The site file a URL path names, or `None` for paths that leave the site folder.

@@ -160,6 +160,11 @@ impl Text {
         Ok(Text { value, refs })
     }
 
+    /// Each citation's path with the source offset where it is written.
+    pub(crate) fn cited(&self) -> impl Iterator<Item = (&str, usize)> {
+        self.refs.iter().map(|r| (r.path.as_str(), r.path_at))
+    }
+
     /// The text with every citation replaced by its number, as document `doc` computes it.
     pub(crate) fn fill(&self, eval: &mut impl Resolve, doc: usize) -> Result<String, Problem> {
         let mut out = String::with_capacity(self.value.len());

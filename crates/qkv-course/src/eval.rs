@@ -162,6 +162,8 @@ pub(crate) enum Computed {
     MultiHead(Box<MultiHeadResult>),
     Decode(Box<DecodeResult>),
     Tiled(Box<TiledResult>),
+    /// A `measurements` figure's data file: only its record, which prose cites.
+    Measured,
 }
 
 /// A decoded example: each token's step as an attention example of one query over the keys
@@ -398,6 +400,38 @@ impl<'d> Evaluator<'d> {
         }
     }
 
+    /// A labelled matrix named by reference (`x = "emb"`) is taken row by row, by position: were
+    /// the example's `tokens` to list its labels in another order, each token would silently get
+    /// another token's row. So a token that labels another row of the matrix is an error at the
+    /// tokens' field; `false` when it was reported.
+    fn rows_in_token_order(
+        &mut self,
+        decl: &Decl,
+        (field, name): (&Field<Input<Vec<Vec<f64>>>>, &str),
+        (tokens, tokens_name): (Option<&Field<Vec<String>>>, &str),
+    ) -> bool {
+        let (Input::Ref(path), Some(tokens)) = (&field.value, tokens) else { return true };
+        let Ok(node) = self.resolve(decl.doc, path) else { return true };
+        let labels = node.children();
+        let moved = tokens.value.iter().enumerate().find_map(|(i, token)| {
+            let j = labels.iter().position(|l| l == token).filter(|&j| j != i)?;
+            Some((i, j, token))
+        });
+        let Some((i, j, token)) = moved else { return true };
+        self.fail(
+            decl,
+            tokens.at,
+            format!(
+                "`{tokens_name}` puts `{token}` at row {} but `{name} = \"{path}\"` labels row {} `{token}`: its rows are taken by position, so each token would get another's row",
+                i + 1,
+                j + 1
+            ),
+            format!("{:?}", tokens.value),
+            format!("the tokens in the order of `{path}`'s rows: {labels:?}"),
+        );
+        false
+    }
+
     fn evaluate(&mut self, decl: &Decl) -> Option<Record> {
         match &decl.kind {
             DeclKind::Attention(a) => self.attention(decl, a),
@@ -528,7 +562,15 @@ impl<'d> Evaluator<'d> {
             DeclKind::MultiHead(m) => self.multi_head(decl, m),
             DeclKind::Decode { example, prompt } => self.decode(decl, example, prompt),
             DeclKind::Tiled { example, query, block } => self.tiled(decl, example, query, block),
-            DeclKind::Figure(_) | DeclKind::Page(_) => None,
+            DeclKind::Figure(f) => {
+                // A `measurements` figure's numbers, for the prose to cite. A file that is missing
+                // or does not read is the figure region's error, at its `data` field.
+                let data =
+                    f.data.as_ref().filter(|_| f.kind == crate::figure_kind::FigureKind::Measurements)?;
+                let m = crate::measured::parse(&data.value, self.data.get(&data.value)?).ok()?;
+                Some(Record { node: m.node(), computed: Computed::Measured })
+            }
+            DeclKind::Page(_) => None,
         }
     }
 
@@ -781,6 +823,15 @@ impl Evaluator<'_> {
             (None, Some(x_q), Some(x_kv)) => (x_q, x_kv, ["x_q", "x_kv"]),
             _ => return Ok(()),
         };
+        let ordered = if a.x.is_some() {
+            self.rows_in_token_order(decl, (x_q, "x"), (a.tokens.as_ref(), "tokens"))
+        } else {
+            self.rows_in_token_order(decl, (x_q, "x_q"), (a.query_tokens.as_ref(), "query_tokens"))
+                && self.rows_in_token_order(decl, (x_kv, "x_kv"), (a.tokens.as_ref(), "tokens"))
+        };
+        if !ordered {
+            return Err(None);
+        }
         let x_q = self.matrix(decl, x_q, names[0]);
         let x_kv = if a.x.is_some() { x_q.clone() } else { self.matrix(decl, x_kv, names[1]) };
         let ws: Vec<_> = [(&a.w_q, "w_q"), (&a.w_k, "w_k"), (&a.w_v, "w_v")]
@@ -906,18 +957,24 @@ fn limit_problem(decl: &Decl, a: &AttentionDecl, inputs: &AttentionInputs) -> Op
             "one `true` (padding) or `false` (a real key) per key",
         ));
     }
-    if let Some(slope) = inputs.limits.alibi
-        && slope < 0.0
-    {
-        return Some(Problem::new(
+    inputs
+        .limits
+        .alibi
+        .and_then(|slope| negative_slope(decl, at(a.limits.alibi.as_ref().map(|f| f.at)), slope))
+}
+
+/// A negative ALiBi slope, on an attention example or a head of a multi-head one (at `at`): the
+/// engine would take it, and favour far keys over near ones.
+fn negative_slope(decl: &Decl, at: usize, slope: f64) -> Option<Problem> {
+    (slope < 0.0).then(|| {
+        Problem::new(
             decl.doc,
-            at(a.limits.alibi.as_ref().map(|f| f.at)),
+            at,
             format!("an ALiBi slope of {slope} would favour far keys over near ones"),
             format!("alibi = {slope}"),
             "a slope of 0 or more, such as `0.5` (the paper's are 1/2, 1/4, … for 8 heads: 2^-1 … 2^-8)",
-        ));
-    }
-    None
+        )
+    })
 }
 
 /// Where to point a problem of block `a`: the first of `fields` it writes, else its `from`,

@@ -25,8 +25,8 @@ use crate::location::LineIndex;
 mod interactive;
 
 pub(crate) use interactive::{
-    ChoiceKey, Goal, Operand, PageDecl, QuizDecl, QuizKey, QuizOption, SETTINGS_ID, Settings, WidgetDecl,
-    WidgetKind, colab_base, letter,
+    ChoiceKey, Goal, Operand, PageDecl, QuizDecl, QuizKey, QuizOption, SETTINGS_ID, Settings, TermDecl,
+    WidgetDecl, WidgetKind, colab_base, letter,
 };
 
 /// A numeric input: a literal, or a reference to be resolved at evaluation.
@@ -205,7 +205,12 @@ pub(crate) struct KvHeadDecl {
 impl DeclKind {
     /// Whether the block computes values that paths can name (figures and page blocks do not).
     pub(crate) fn computes(&self) -> bool {
-        !matches!(self, DeclKind::Figure(_) | DeclKind::Page(_))
+        match self {
+            // A `measurements` figure's id cites its data file's numbers.
+            DeclKind::Figure(f) => f.kind == FigureKind::Measurements,
+            DeclKind::Page(_) => false,
+            _ => true,
+        }
     }
 }
 
@@ -292,6 +297,7 @@ const KINDS: &[(&str, &[&str])] = &[
     ),
     ("widget", &["id", "kind", "example", "query", "goal", "head", "windows", "slopes", "prompt", "digits"]),
     ("settings", &["credit", "notebook_repository", "summary"]),
+    ("term", &["id", "term", "symbol", "forms", "definition"]),
 ];
 
 /// Every declaration of the lesson, one per `qkv` block that parses, with the problems of the
@@ -376,6 +382,7 @@ pub(crate) const ATTENTION_FIELDS: &[&str] = &[
 fn label_problem(labels: &[String]) -> Option<String> {
     use unicode_normalization::UnicodeNormalization;
     let normal: Vec<String> = labels.iter().map(|l| l.nfc().collect()).collect();
+    let seen: Vec<String> = labels.iter().map(|l| skeleton(l)).collect();
     for (i, label) in labels.iter().enumerate() {
         if let Some(j) = normal[..i].iter().position(|n| *n == normal[i]) {
             let how = if labels[j] == *label { "" } else { " (the same text in another Unicode form)" };
@@ -383,6 +390,28 @@ fn label_problem(labels: &[String]) -> Option<String> {
                 "labels {} and {} are both `{label}`{how}: a path could name only the first",
                 j + 1,
                 i + 1
+            ));
+        }
+        if let Some(j) = seen[..i].iter().position(|n| *n == seen[i]) {
+            let odd: Vec<String> = [&labels[j], label]
+                .iter()
+                .flat_map(|l| l.chars())
+                .filter(|c| skeleton(&c.to_string()) != c.to_string())
+                .map(|c| format!("U+{:04X}", c as u32))
+                .collect();
+            return Some(format!(
+                "labels {} and {} look alike (`{}` and `{label}`, {:?} and {label:?}) but differ in {}, which a reader cannot see: a path would name one while the page seems to show the other",
+                j + 1,
+                i + 1,
+                labels[j],
+                labels[j],
+                odd.join(", ")
+            ));
+        }
+        if let Some(c) = label.chars().find(|&c| invisible(c)) {
+            return Some(format!(
+                "label `{label}` ({label:?}) holds the invisible character U+{:04X}, which a reader cannot see or type in a path",
+                c as u32
             ));
         }
         if label.contains('.') {
@@ -403,6 +432,97 @@ fn label_problem(labels: &[String]) -> Option<String> {
         }
     }
     None
+}
+
+/// A label as a reader sees it: compatibility-normalised (a no-break space is a space, `ﬁ` is
+/// `fi`), without invisible characters, and with the Cyrillic and Greek letters that look like
+/// Latin ones written as those (`аре` is `ape`). Two labels with one skeleton cannot be told
+/// apart on the page (UTS #39's confusable detection, for the look-alikes a lesson meets).
+fn skeleton(label: &str) -> String {
+    use unicode_normalization::UnicodeNormalization;
+    label.nfkc().filter(|&c| !invisible(c)).map(latin_look_alike).collect()
+}
+
+/// A character that draws nothing, or only changes how its neighbours are drawn: zero-width
+/// spaces and joiners, bidirectional controls (an override can show `abc` as `cba`), the soft
+/// hyphen, the byte-order mark, the Mongolian vowel separator and the invisible operators.
+fn invisible(c: char) -> bool {
+    matches!(c,
+        '\u{00AD}' | '\u{034F}' | '\u{061C}' | '\u{115F}' | '\u{1160}' | '\u{17B4}' | '\u{17B5}'
+        | '\u{180B}'..='\u{180F}' | '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}'
+        | '\u{2060}'..='\u{206F}' | '\u{3164}' | '\u{FE00}'..='\u{FE0F}' | '\u{FEFF}' | '\u{FFA0}'
+        | '\u{FFF0}'..='\u{FFF8}')
+}
+
+/// The Latin letter a Cyrillic or Greek one is drawn like, or the character itself.
+fn latin_look_alike(c: char) -> char {
+    const PAIRS: &[(char, char)] = &[
+        // Cyrillic
+        ('а', 'a'),
+        ('в', 'B'),
+        ('е', 'e'),
+        ('ё', 'ë'),
+        ('к', 'k'),
+        ('м', 'M'),
+        ('н', 'H'),
+        ('о', 'o'),
+        ('р', 'p'),
+        ('с', 'c'),
+        ('т', 'T'),
+        ('у', 'y'),
+        ('х', 'x'),
+        ('ѕ', 's'),
+        ('і', 'i'),
+        ('ї', 'ï'),
+        ('ј', 'j'),
+        ('ԁ', 'd'),
+        ('ԛ', 'q'),
+        ('ԝ', 'w'),
+        ('һ', 'h'),
+        ('ӏ', 'l'),
+        ('А', 'A'),
+        ('В', 'B'),
+        ('Е', 'E'),
+        ('К', 'K'),
+        ('М', 'M'),
+        ('Н', 'H'),
+        ('О', 'O'),
+        ('Р', 'P'),
+        ('С', 'C'),
+        ('Т', 'T'),
+        ('Х', 'X'),
+        ('У', 'Y'),
+        ('Ү', 'Y'),
+        ('Ѕ', 'S'),
+        ('І', 'I'),
+        ('Ј', 'J'),
+        ('Ԛ', 'Q'),
+        ('Ԝ', 'W'),
+        ('Һ', 'h'),
+        ('Ӏ', 'I'),
+        // Greek
+        ('Α', 'A'),
+        ('Β', 'B'),
+        ('Ε', 'E'),
+        ('Ζ', 'Z'),
+        ('Η', 'H'),
+        ('Ι', 'I'),
+        ('Κ', 'K'),
+        ('Μ', 'M'),
+        ('Ν', 'N'),
+        ('Ο', 'O'),
+        ('Ρ', 'P'),
+        ('Τ', 'T'),
+        ('Υ', 'Y'),
+        ('Χ', 'X'),
+        ('ο', 'o'),
+        ('ν', 'v'),
+        ('ι', 'i'),
+        ('κ', 'k'),
+        ('ρ', 'p'),
+        ('α', 'a'),
+    ];
+    PAIRS.iter().find(|(from, _)| *from == c).map_or(c, |&(_, to)| to)
 }
 
 /// The `id = "..."` of a block that failed to parse, found line by line.
@@ -429,11 +549,23 @@ pub(crate) fn parse(doc: usize, block: &Block) -> Result<Decl, Vec<Problem>> {
         Ok(t) => t.into_inner(),
         Err(e) => {
             let at = e.span().map_or(0, |s| s.start);
-            let offset = block.source_offset(at);
+            let mut message = format!("malformed `qkv {kind}` block: {}", e.message().trim());
+            // A list left open reads on into the next line, where TOML finds the mistake: the
+            // line to fix is the one whose `[` never closes.
+            let at = match unclosed_bracket(&block.content, at) {
+                Some(open) => {
+                    message = format!(
+                        "malformed `qkv {kind}` block: this `[` is never closed, so the next line was read as more of the list ({})",
+                        e.message().trim()
+                    );
+                    open
+                }
+                None => at,
+            };
             return Err(vec![Problem::new(
                 doc,
-                offset,
-                format!("malformed `qkv {kind}` block: {}", e.message().trim()),
+                block.source_offset(at),
+                message,
                 line_at(&block.content, at),
                 "TOML: `name = value` lines, numbers in lists like `[[1, 0], [0, 1]]`, text in quotes",
             )]);
@@ -549,7 +681,7 @@ pub(crate) fn parse(doc: usize, block: &Block) -> Result<Decl, Vec<Problem>> {
                 _ => return Err(reader.problems),
             }
         }
-        "quiz" | "widget" | "settings" => match reader.page(kind, &table) {
+        "quiz" | "widget" | "settings" | "term" => match reader.page(kind, &table) {
             Some(page) => DeclKind::Page(Box::new(page)),
             None => return Err(reader.problems),
         },
@@ -713,6 +845,47 @@ fn line_at(text: &str, at: usize) -> String {
     let at = at.min(text.len());
     let start = text[..at].rfind('\n').map_or(0, |i| i + 1);
     first_line(&text[start..])
+}
+
+/// Where the outermost `[` still open at `at` was opened, when `at` begins a line (only
+/// blanks before it) and that `[` is on an earlier line: TOML reports a list left open where
+/// the next line starts, one line after the mistake. Strings and comments are skipped.
+fn unclosed_bracket(text: &str, at: usize) -> Option<usize> {
+    let at = at.min(text.len());
+    let line_start = text[..at].rfind('\n').map_or(0, |i| i + 1);
+    if !text[line_start..at].trim().is_empty() {
+        return None;
+    }
+    let mut open: Vec<usize> = Vec::new();
+    let mut chars = text[..line_start].char_indices();
+    while let Some((i, c)) = chars.next() {
+        match c {
+            '[' => open.push(i),
+            ']' => {
+                open.pop();
+            }
+            '#' => {
+                for (_, c) in chars.by_ref() {
+                    if c == '\n' {
+                        break;
+                    }
+                }
+            }
+            '"' | '\'' => {
+                let mut escaped = false;
+                for (_, d) in chars.by_ref() {
+                    if d == c && !escaped || d == '\n' {
+                        break;
+                    }
+                    escaped = c == '"' && d == '\\' && !escaped;
+                }
+            }
+            // A new `name = value` line or table header at the outer level ends nothing: a
+            // line starting while a list is open is still inside it.
+            _ => {}
+        }
+    }
+    open.first().copied()
 }
 
 /// The allowed name nearest to a misspelt one, if it is close.

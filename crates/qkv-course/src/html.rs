@@ -14,6 +14,7 @@ use crate::document;
 use crate::files::{OutputFile, SourceFile, section_id};
 use crate::markup::{display_math, escape, markdown_options, mathml, scroll_box, slug};
 
+pub(crate) mod glossary;
 mod print;
 mod search;
 mod site;
@@ -51,6 +52,8 @@ pub(crate) struct SectionInfo {
     /// The quiz ids of its graded checks, in the order their regions appear (so check `k + 1`
     /// is `checks[k]`, as the page numbers them).
     pub checks: Vec<String>,
+    /// The glossary entries it declares (`qkv term` blocks).
+    pub terms: Vec<glossary::Term>,
 }
 
 /// A section as the site shows it.
@@ -61,6 +64,8 @@ struct Section {
     title: String,
     summary: Option<String>,
     checks: Vec<String>,
+    /// How many glossary entries it declares.
+    terms: usize,
 }
 
 /// Every file of the site except the figures: pages, contents, print view, search index,
@@ -85,15 +90,27 @@ pub(crate) fn site(
                 title,
                 summary: info.summary,
                 checks: info.checks,
+                terms: info.terms.len(),
             }
         })
         .collect();
+    // Every entry with the section that declares it; each page links its first use of each.
+    let terms: Vec<(usize, glossary::Term)> =
+        info.iter().enumerate().flat_map(|(i, s)| s.terms.iter().map(move |t| (i, t.clone()))).collect();
+    let bare: Vec<glossary::Term> = terms.iter().map(|(_, t)| t.clone()).collect();
     let mut out = Vec::new();
     let mut bodies = Vec::new();
     let mut entries = Vec::new();
     for (i, file) in markdown.iter().enumerate() {
         let s = &sections[i];
-        let (body, found) = render_body(&file.text, region_html.get(i).map_or(&[], Vec::as_slice), markdown);
+        let uses = glossary::first_uses(&file.text, &bare);
+        let uses: Vec<(&glossary::Term, &glossary::Use, bool)> = terms
+            .iter()
+            .zip(&uses)
+            .filter_map(|((declared, term), u)| Some((term, u.as_ref()?, *declared == i)))
+            .collect();
+        let regions = region_html.get(i).map_or(&[][..], Vec::as_slice);
+        let (body, found) = render_body(&file.text, regions, markdown, &uses);
         let body = numbered_title(&body, s.number);
         let page_body = format!("{body}{}", site::summary(s));
         out.push(OutputFile {
@@ -114,6 +131,17 @@ pub(crate) fn site(
         name: "index.html".into(),
         text: site::page(&sections, &site::Kind::Index, "Contents", &site::index(&sections)),
     });
+    if !terms.is_empty() {
+        out.push(OutputFile {
+            name: "glossary.html".into(),
+            text: site::page(
+                &sections,
+                &site::Kind::Glossary,
+                "Glossary",
+                &glossary::page(&sections, &terms),
+            ),
+        });
+    }
     out.push(OutputFile { name: "print.html".into(), text: print::print_page(&sections, &bodies) });
     out.push(OutputFile { name: "search-index.js".into(), text: search::index(&sections, &entries) });
     out.push(OutputFile { name: "style.css".into(), text: STYLE.to_string() });
@@ -134,12 +162,14 @@ fn numbered_title(body: &str, number: usize) -> String {
 }
 
 /// Renders one section's markdown to the page body; `regions` holds the HTML of each region
-/// (in order) that replaces its rendered markdown. Also returns the section's headings with the
+/// (in order) that replaces its rendered markdown, `uses` the first use of each glossary term on
+/// the page (and whether this page declares it). Also returns the section's headings with the
 /// text under each, for the search index.
 fn render_body(
     text: &str,
     regions: &[Option<String>],
     markdown: &[SourceFile],
+    uses: &[(&glossary::Term, &glossary::Use, bool)],
 ) -> (String, Vec<search::Entry>) {
     let events: Vec<(Event<'_>, std::ops::Range<usize>)> =
         Parser::new_ext(text, markdown_options()).into_offset_iter().collect();
@@ -177,7 +207,10 @@ fn render_body(
                     e.text.push_str(t);
                     e.text.push(' ');
                 }
-                out.push(event.clone());
+                let linked = matches!(event, Event::Text(_)) && glossary::link_uses(i - 1, t, uses, &mut out);
+                if !linked {
+                    out.push(event.clone());
+                }
             }
             Event::End(TagEnd::Heading(_)) => {
                 in_heading = false;

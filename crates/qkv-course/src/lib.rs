@@ -36,6 +36,7 @@ mod leftovers;
 mod limits;
 mod location;
 mod markup;
+mod measured;
 mod notebook;
 mod pipeline;
 mod region;

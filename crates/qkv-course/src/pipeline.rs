@@ -245,6 +245,82 @@ fn locate(sources: &Sources, problems: Vec<Problem>) -> ContentErrors {
     ContentErrors(errors)
 }
 
+/// The glossary entries section `doc` declares, in the order of its blocks.
+fn terms_of(decls: &[Decl], doc: usize) -> Vec<html::glossary::Term> {
+    decls
+        .iter()
+        .filter(|d| d.doc == doc)
+        .filter_map(|d| match &d.kind {
+            DeclKind::Page(p) => match p.as_ref() {
+                PageDecl::Term(t) => {
+                    Some(html::glossary::Term { id: d.id.clone(), entry: t.as_ref().clone() })
+                }
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect()
+}
+
+/// The glossary is one page for the whole course: a term's id (its anchor) and its text are
+/// declared once, and the section that declares a term uses it in its prose, where the glossary's
+/// "introduced in" link lands.
+fn term_problems(sources: &Sources, decls: &[Decl]) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    let mut seen: Vec<(&Decl, html::glossary::Term)> = Vec::new();
+    for d in decls {
+        let Some(term) = terms_of(std::slice::from_ref(d), d.doc).pop() else { continue };
+        let line = |other: &Decl| {
+            let text = &sources.markdown[other.doc].text;
+            format!(
+                "{}:{}",
+                sources.markdown[other.doc].path,
+                LineIndex::new(text).position(text, other.start).0
+            )
+        };
+        if let Some((first, _)) = seen
+            .iter()
+            .find(|(o, t)| o.id == d.id || t.entry.term.to_lowercase() == term.entry.term.to_lowercase())
+        {
+            problems.push(Problem::new(
+                d.doc,
+                d.id_at,
+                format!(
+                    "the glossary already has term `{}` (id `{}`, {})",
+                    term.entry.term,
+                    first.id,
+                    line(first)
+                ),
+                format!("id = \"{}\"", d.id),
+                "one `qkv term` block per term in the whole course, in the section that introduces it",
+            ));
+            continue;
+        }
+        if html::glossary::first_uses(&sources.markdown[d.doc].text, std::slice::from_ref(&term))[0].is_none()
+        {
+            problems.push(Problem::new(
+                d.doc,
+                d.id_at,
+                format!(
+                    "term `{}` is not used in the prose of this section, so no first use would link to it",
+                    term.entry.term
+                ),
+                format!("id = \"{}\"", d.id),
+                format!(
+                    "a use of {} in this section's prose (not in a heading, link, table or code), or `forms` that match one",
+                    term.entry.forms.iter().map(|f| format!("`{f}`")).collect::<Vec<_>>().join(", ")
+                ),
+            ));
+        }
+        seen.push((d, term));
+    }
+    problems
+}
+
+/// The site's own pages, which no section id may take: the page name and what it is.
+const SITE_PAGES: &[(&str, &str)] =
+    &[("index", "contents page"), ("print", "print view"), ("glossary", "glossary")];
+
 /// Problems with the section ids the file names give: each must be usable in paths and page
 /// names, and no two files may share one (both would be written to the same page).
 fn section_problems(sources: &Sources, sections: &[String]) -> Vec<Problem> {
@@ -257,8 +333,8 @@ fn section_problems(sources: &Sources, sections: &[String]) -> Vec<Problem> {
                 "the file name gives the section id `{id}`, which cannot name a page or begin a path"
             );
             problems.push(Problem::new(i, 0, message, name, expected));
-        } else if id == "index" {
-            let message = "the section id `index` would overwrite the site's contents page (index.html)";
+        } else if let Some((_, what)) = SITE_PAGES.iter().find(|(page, _)| page == id) {
+            let message = format!("the section id `{id}` would overwrite the site's {what} ({id}.html)");
             problems.push(Problem::new(i, 0, message, name, expected));
         } else if let Some(first) = sections[..i].iter().position(|s| s == id) {
             let message = format!(
@@ -378,6 +454,7 @@ fn plan(sources: &Sources) -> Result<Plan, ContentErrors> {
         region_html.push(page);
     }
     problems.extend(region::misplaced(&decls, &docs));
+    problems.extend(term_problems(sources, &decls));
     problems.append(&mut eval.problems);
     if !problems.is_empty() {
         return Err(locate(sources, problems));
@@ -394,6 +471,7 @@ fn plan(sources: &Sources) -> Result<Plan, ContentErrors> {
                 _ => None,
             }),
             checks: region::graded_checks(&decls, i, &doc.regions),
+            terms: terms_of(&decls, i),
         })
         .collect();
     Ok(Plan { docs, edits, figures: figures_out, region_html, notebooks, records, sections })

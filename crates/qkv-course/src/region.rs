@@ -228,7 +228,7 @@ pub(crate) fn misplaced(decls: &[Decl], docs: &[crate::document::Document]) -> V
             DeclKind::Page(p) => match p.as_ref() {
                 PageDecl::Quiz(_) => "quiz",
                 PageDecl::Widget(_) => "widget",
-                PageDecl::Settings(_) => continue,
+                PageDecl::Settings(_) | PageDecl::Term(_) => continue,
             },
             _ => continue,
         };

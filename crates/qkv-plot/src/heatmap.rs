@@ -274,10 +274,14 @@ impl Checked<'_> {
             .filter(|&(i, j)| !self.is_masked(i, j))
             .map(|(i, j)| fixed(self.spec.weights[i][j], self.spec.decimals))
             .max_by_key(|s| s.len())?;
-        let base = (f64::from(cell) * 0.28).min(MAX_ANNOTATION);
-        let room = f64::from(cell - 8);
-        let w = f64::from(measure(&text(base, INK), &widest).0);
-        let size = if w > room { base * room / w } else { base };
+        // As large as the cell holds, up to the largest size: a number needs its width plus a
+        // margin of 3 on each side, and a line of text within half the cell's height, so that the
+        // rows of numbers stay apart. (A cap of 0.28 of the cell once dropped the numbers of
+        // five-token matrices at 360 units, whose cells hold them.)
+        let base = MAX_ANNOTATION;
+        let room = f64::from(cell - 6);
+        let (w, h) = measure(&text(base, INK), &widest);
+        let size = base * (room / f64::from(w)).min(f64::from(cell) / f64::from(2 * h)).min(1.0);
         (size >= MIN_ANNOTATION).then_some(size)
     }
 }

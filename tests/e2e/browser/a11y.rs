@@ -123,6 +123,52 @@ fn axe_every_page_at(viewport: Viewport) {
     assert!(failures.is_empty(), "axe-core's serious and critical violations:\n{}", failures.join("\n"));
 }
 
+/// Every state of every widget whose cells are shaded by weight keeps its numbers readable: each
+/// head the head explorer can show, in light and dark, at both widths (the darkest cells once
+/// held white text on a mid blue, 2.2:1).
+#[test]
+fn every_head_the_explorer_shows_passes_contrast() {
+    let Some(axe) = axe_source() else { return };
+    for viewport in [DESKTOP, PHONE] {
+        let Some(mut b) = launch(viewport) else { return };
+        let (section, _) = super::lesson::lesson().widget_block("head-explorer");
+        let page = format!("{}.html", section.id);
+        for scheme in ["light", "dark"] {
+            set_scheme(&mut b, scheme);
+            b.open(&page);
+            let picks =
+                b.eval("Array.from(document.querySelectorAll('[data-qkv-pick]'), (r) => r.dataset.qkvPick)");
+            let picks: Vec<String> = picks
+                .as_array()
+                .expect("heads")
+                .iter()
+                .filter_map(|h| h.as_str().map(str::to_string))
+                .collect();
+            assert!(picks.len() >= 2, "{page}: the explorer offers {picks:?}");
+            for head in &picks {
+                b.click(&format!("[data-qkv-pick=\"{head}\"]"));
+                b.wait_for(
+                    &format!("document.querySelector('[data-qkv-widget=\"head-explorer\"]').dataset.qkvHead === {}", js(head)),
+                    "the head to be shown",
+                    "",
+                );
+                let found = serious_violations(&mut b, axe);
+                assert!(
+                    found.is_empty(),
+                    "{page} at {} px, {scheme}, head {head}:\n{}",
+                    viewport.width,
+                    found.join("\n")
+                );
+            }
+            b.screenshot_of(
+                "[data-qkv-widget=\"head-explorer\"]",
+                &screenshot_path(&format!("heads-{}-{scheme}-last-head", viewport.width)),
+            );
+            b.assert_clean(&format!("{page}, {scheme}"));
+        }
+    }
+}
+
 #[test]
 fn axe_finds_no_serious_violation_at_1280_px() {
     axe_every_page_at(DESKTOP);
@@ -140,6 +186,36 @@ const FOCUSED: &str = "(() => { const el = document.activeElement;
 /// Whether the focus is inside the element matching `selector`.
 fn focus_inside(b: &mut Browser, selector: &str) -> bool {
     b.eval(&format!("{}.contains(document.activeElement)", the(selector))) == Value::Bool(true)
+}
+
+/// After a wrong choice by keyboard the option is disabled and the focus is on the message; the
+/// next Tab goes on to the quiz's own buttons and Shift+Tab back to the options left, so neither
+/// leaves the quiz.
+#[test]
+fn after_a_wrong_choice_by_keyboard_tab_stays_in_the_quiz() {
+    let Some(mut b) = launch(DESKTOP) else { return };
+    let (section, quiz) = super::lesson::lesson().quiz(CHOICE);
+    let (_, wrong) = quiz.letters();
+    b.open(&format!("{}.html", section.id));
+    for (modifiers, way) in [(0, "Tab"), (SHIFT, "Shift+Tab")] {
+        b.eval("localStorage.clear()");
+        b.reload();
+        b.focus(&format!("{} [data-qkv-option=\"{}\"]", root(CHOICE), wrong[0]));
+        b.press(SPACE, 0);
+        b.wait_for(
+            &format!("document.querySelector({}).dataset.qkvTries === '1'", js(&root(CHOICE))),
+            "the wrong choice to be graded",
+            "",
+        );
+        b.press(TAB, modifiers);
+        assert!(
+            focus_inside(&mut b, &root(CHOICE)),
+            "after a wrong choice by keyboard, {way} moved the focus to {}",
+            b.eval(FOCUSED)
+        );
+        assert_eq!(b.eval("document.activeElement.disabled === true"), Value::Bool(false), "{way}");
+    }
+    b.assert_clean("Tab after a wrong choice");
 }
 
 #[test]

@@ -30,14 +30,26 @@ fn wait_answered(b: &mut Browser, selector: &str, answered: usize) {
 fn sections_are_numbered_in_the_navigation_the_titles_and_the_pager() {
     let Some(mut b) = launch(DESKTOP) else { return };
     let sections = &lesson().sections;
+    let glossary = std::fs::read_dir(crate::content::content_dir())
+        .expect("content/")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(|c: char| c.is_ascii_digit()))
+        })
+        .filter_map(|p| std::fs::read_to_string(p).ok())
+        .any(|text| text.contains("```qkv term"));
     for (i, s) in sections.iter().enumerate() {
         b.open(&format!("{}.html", s.id));
         let numbered = format!("{}. {}", i + 1, s.title);
         assert_eq!(b.text("h1"), numbered, "{}: the title", s.id);
         assert!(b.eval("document.title").as_str().unwrap_or_default().starts_with(&numbered), "{}", s.id);
         let nav = b.eval("Array.from(document.querySelectorAll('nav.sections a'), (a) => a.textContent)");
+        // The glossary comes after the sections, once any section declares a term.
         let expected: Vec<String> = std::iter::once("Contents".to_string())
             .chain(sections.iter().enumerate().map(|(k, t)| format!("{}. {}", k + 1, t.title)))
+            .chain(glossary.then(|| "Glossary".to_string()))
             .collect();
         assert_eq!(nav, serde_json::json!(expected), "{}: the navigation", s.id);
         let link = |b: &mut Browser, rel: &str| {

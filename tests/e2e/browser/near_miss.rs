@@ -1,10 +1,15 @@
 //! A near miss: an answer off only because the learner rounded along the way (the key less one
 //! unit in its last shown place, as 0.730 for 0.731) is told to keep more decimals and uses no
 //! try, so a right answer next still earns full credit. The band comes from the lesson's rule.
+//! A whole-number key (a count, a dot product of whole numbers) has no band: an off-by-one
+//! there is a wrong try that says which way it is off.
 
 use super::cdp::DESKTOP;
 use super::lesson::lesson;
 use super::quiz::{Expect, NUMERIC, enter, expect, key, near};
+
+/// A numeric check whose key is a whole number: the dot product of two whole-number vectors.
+const WHOLE: &str = "raw_dot";
 use super::{launch, screenshot_path};
 
 #[test]
@@ -28,4 +33,32 @@ fn a_near_miss_says_so_and_uses_no_try() {
         Expect { state: "right", credit: section.credit[0], tries: 0, outcome: "right-first" },
     );
     b.assert_clean("a near miss");
+}
+
+#[test]
+fn an_off_by_one_count_costs_a_try() {
+    let Some(mut b) = launch(DESKTOP) else { return };
+    let (section, quiz) = lesson().quiz(WHOLE);
+    let (key, _, _) = key(section, quiz);
+    assert_eq!(key, key.trunc(), "{WHOLE}'s key {key} is a whole number");
+    assert!(quiz.block.get("near_miss").is_none(), "{WHOLE} declares no band of its own");
+    b.open(&format!("{}.html", section.id));
+    let band = b.eval(&format!(
+        "JSON.parse(document.querySelector('[data-qkv-quiz=\"{WHOLE}\"] script[data-qkv-key]').textContent).near"
+    ));
+    assert_eq!(band.as_f64(), Some(0.0), "the page's key has no near-miss band");
+    enter(&mut b, WHOLE, &format!("{}", key - 1.0), true);
+    let low = expect(&mut b, WHOLE, Expect { state: "wrong", credit: 0.0, tries: 1, outcome: "wrong" });
+    assert!(low.message.starts_with("Too low."), "one below says {:?}", low.message);
+    enter(&mut b, WHOLE, &format!("{}", key + 1.0), true);
+    let high = expect(&mut b, WHOLE, Expect { state: "wrong", credit: 0.0, tries: 2, outcome: "wrong" });
+    assert!(high.message.starts_with("Too high."), "one above says {:?}", high.message);
+    b.screenshot_of(&format!("[data-qkv-quiz=\"{WHOLE}\"]"), &screenshot_path("attention-1280-off-by-one"));
+    enter(&mut b, WHOLE, &format!("{key}"), true);
+    expect(
+        &mut b,
+        WHOLE,
+        Expect { state: "right", credit: section.credit[2], tries: 2, outcome: "right-later" },
+    );
+    b.assert_clean("an off-by-one count");
 }

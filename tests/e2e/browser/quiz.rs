@@ -121,12 +121,12 @@ pub fn key(section: &Section, quiz: &Quiz) -> (f64, usize, f64) {
 }
 
 /// The near-miss band of a numeric quiz, by the rule of `content/README.md`: its `near_miss`,
-/// or two units in the last shown place or 0.5% of the key, whichever is wider.
+/// or two units in the last shown place or 0.5% of the key, whichever is wider, and none around
+/// a whole number.
 pub fn near(quiz: &Quiz, key: f64, digits: usize) -> f64 {
-    quiz.block
-        .get("near_miss")
-        .and_then(toml::Value::as_float)
-        .unwrap_or_else(|| (2.0 * 10f64.powi(-(digits as i32))).max(0.005 * key.abs()))
+    let default =
+        if key == key.trunc() { 0.0 } else { (2.0 * 10f64.powi(-(digits as i32))).max(0.005 * key.abs()) };
+    quiz.block.get("near_miss").and_then(toml::Value::as_float).unwrap_or(default)
 }
 
 fn page(section: &Section) -> String {

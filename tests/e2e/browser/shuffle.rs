@@ -24,7 +24,7 @@ id = "top"
 kind = "choice"
 shuffle = true
 question = "Which key does NLP weigh most?"
-why = "Its own key lines up with its query: {=s.NLP.weights.NLP:3}."
+why = "The key that lines up best with the query gets the most weight."
 correct = { largest = "s.NLP.weights" }
 
 [[options]]
@@ -41,6 +41,7 @@ feedback = "Its weight is {=s.NLP.weights.love:3}."
 text = "NLP"
 item = "NLP"
 feedback = "Its weight is {=s.NLP.weights.NLP:3}."
+why = "Its own key lines up with its query: {=s.NLP.weights.NLP:3}."
 
 [[options]]
 text = "you"

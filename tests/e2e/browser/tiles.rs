@@ -85,7 +85,7 @@ fn expected(s: &Stepper) -> Vec<Expected> {
         let m_new = m.max(max);
         let rescale = (m - m_new).exp();
         let exps: Vec<f64> = scores.iter().map(|x| (x - m_new).exp()).collect();
-        let (l_before, m_before) = (l, m);
+        let (l_before, m_before, acc_before) = (l, m, acc.clone());
         l = rescale * l + exps.iter().sum::<f64>();
         for (c, a) in acc.iter_mut().enumerate() {
             *a = rescale * *a + tile.clone().zip(&exps).map(|(j, e)| e * s.values[j][c]).sum::<f64>();
@@ -99,11 +99,14 @@ fn expected(s: &Stepper) -> Vec<Expected> {
         m = m_new;
         states.push(Expected::from([
             ("scores", scores),
+            // The tile's values and exponentials, from which the accumulator can be checked.
+            ("values", s.values[tile.clone()].concat()),
             ("max", vec![max]),
             ("m", vec![m_before, m]),
             ("rescale", vec![rescale]),
+            ("exp", exps),
             ("l", vec![l_before, l]),
-            ("acc", acc.clone()),
+            ("acc", [acc_before, acc.clone()].concat()),
             ("output", acc.iter().map(|a| a / l).collect()),
             ("partial", own_output),
             ("lse", vec![own_lse]),
@@ -305,14 +308,17 @@ fn without_script_the_tile_stepper_is_a_table_of_every_block() {
     let half_unit = 0.5 * 10f64.powi(-(s.digits as i32));
     for (k, (row, state)) in rows.as_array().expect("rows").iter().zip(blocks).enumerate() {
         let cell = |c: usize| row[c].as_str().unwrap_or_default().to_string();
-        // block, keys, scores, block max, m, rescale, l, output so far.
+        // block, keys, scores, values, block max, m, rescale, l, accumulator, output so far.
+        let d_v = s.values[0].len();
         let columns = [
             (2, state["scores"].clone()),
-            (3, state["max"].clone()),
-            (4, vec![state["m"][1]]),
-            (5, state["rescale"].clone()),
-            (6, vec![state["l"][1]]),
-            (7, state["output"].clone()),
+            (3, state["values"].clone()),
+            (4, state["max"].clone()),
+            (5, vec![state["m"][1]]),
+            (6, state["rescale"].clone()),
+            (7, vec![state["l"][1]]),
+            (8, state["acc"][d_v..].to_vec()),
+            (9, state["output"].clone()),
         ];
         for (c, reference) in columns {
             let shown = numbers(&cell(c), s.digits).unwrap_or_else(|e| panic!("block {}: {e}", k + 1));

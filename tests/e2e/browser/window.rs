@@ -308,6 +308,19 @@ fn the_window_alibi_widget_works_on_a_phone_and_shows_its_declared_state_without
         js(&format!("{} .controls", w.root))
     ));
     assert_eq!(wide, Value::Bool(true), "the controls are wider than a phone's screen");
+    // The prompt asks about the outputs: every output cell is on screen without scrolling the
+    // table sideways, and not covered by another cell.
+    let hidden = b.eval(&format!(
+        "Array.from(document.querySelectorAll({}), (td) => {{
+            window.scrollBy(0, td.getBoundingClientRect().top - innerHeight / 2);
+            const s = td.getBoundingClientRect();
+            const seen = s.left >= 0 && s.right <= innerWidth + 0.5;
+            const top = document.elementFromPoint((s.left + s.right) / 2, (s.top + s.bottom) / 2);
+            return seen && top && td.contains(top) ? '' : td.dataset.qkvReadout + ' at ' + Math.round(s.left) + '..' + Math.round(s.right);
+        }}).filter((s) => s)",
+        js(&format!("{} [data-qkv-readout^=\"output:\"]", w.root))
+    ));
+    assert_eq!(hidden, Value::Array(vec![]), "output cells off a 360 px screen");
     b.screenshot_of(&w.root, &screenshot_path("where-to-look-360-window-alibi"));
     b.assert_clean("the window-alibi widget on a phone");
 }

@@ -67,6 +67,12 @@ impl Response {
         Response { status, content_type, body }
     }
 
+    /// The status code and the body, for tests.
+    #[cfg(test)]
+    pub fn parts(&self) -> (u16, &[u8]) {
+        (self.status, &self.body)
+    }
+
     fn plain(status: u16, text: &str) -> Response {
         Response::new(status, "text/plain; charset=utf-8", format!("{text}\n").into_bytes())
     }

@@ -13,6 +13,25 @@ fn urls_map_into_the_site_and_never_out_of_it() {
     }
 }
 
+/// A URL that names no file is a 404 whatever the file system says about it, never a 500 with the
+/// operating system's message: a path segment of 256 bytes (longer than a file name may be), a
+/// file used as a folder, a missing file. A file that is there is served.
+#[test]
+fn urls_that_name_no_file_are_not_found() {
+    let out = tempfile::tempdir().expect("a folder");
+    std::fs::write(out.path().join("attention.html"), "<p>4.41</p>").expect("a page");
+    let long = format!("/{}", "a".repeat(256));
+    let in_a_folder = format!("/figures{long}.svg");
+    for url in [long.as_str(), "/attention.html/x", "/nothing.html", &in_a_folder] {
+        let response = page_or_file(out.path(), url, 0, None);
+        let (status, body) = response.parts();
+        let body = String::from_utf8_lossy(body);
+        assert_eq!(status, 404, "{url}: {body}");
+        assert!(!body.contains("os error"), "{url} echoes the OS error: {body}");
+    }
+    assert_eq!(page_or_file(out.path(), "/attention.html", 0, None).parts().0, 200);
+}
+
 #[test]
 fn pages_get_the_reload_script_and_after_a_failed_build_the_overlay() {
     let page = "<html><body><p>4.41</p></body></html>";

@@ -6,7 +6,7 @@ use ndarray::Array2;
 
 use super::{
     AttentionInputs, AttentionResult, Computed, Evaluator, MultiHeadResult, Projection, Record, array,
-    attention_node, compute, labels, overflow, rows_node,
+    attention_node, compute, labels, negative_slope, overflow, rows_node,
 };
 use crate::examples::{Decl, Field, HeadKv, Input, Limits, MultiHeadDecl};
 use crate::limits;
@@ -46,6 +46,9 @@ impl Evaluator<'_> {
 
     /// A `qkv multi-head` block.
     pub(super) fn multi_head(&mut self, decl: &Decl, m: &MultiHeadDecl) -> Option<Record> {
+        if !self.rows_in_token_order(decl, (&m.x, "x"), (m.tokens.as_ref(), "tokens")) {
+            return None;
+        }
         let x = self.matrix(decl, &m.x, "x")?;
         let w_o = self.matrix(decl, &m.w_o, "w_o")?;
         for (name, field, rows) in [("x", &m.x, &x), ("w_o", &m.w_o, &w_o)] {
@@ -75,6 +78,10 @@ impl Evaluator<'_> {
         let mut heads = Vec::new();
         let mut kv_of = Vec::new();
         for (h, head) in m.heads.iter().enumerate() {
+            if let Some(p) = head.alibi.as_ref().and_then(|f| negative_slope(decl, f.at, f.value)) {
+                self.problems.push(p);
+                return None;
+            }
             let w_q = self.matrix(decl, &head.w_q, "w_q")?;
             let ((w_k, w_v), shared) = match &head.kv {
                 HeadKv::Own { w_k, w_v } => {

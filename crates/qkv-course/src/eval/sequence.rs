@@ -222,8 +222,10 @@ impl Evaluator<'_> {
             let keys = &key_labels[b.keys.clone()];
             let labelled = |xs: &[f64]| Node::labelled(keys, xs.iter().map(|&x| Node::Number(x)));
             Node::Map(vec![
-                ("first", Node::Text(keys[0].clone())),
-                ("last", Node::Text(keys[keys.len() - 1].clone())),
+                // Positions, counted from 1, so that prose can cite them ("keys 3 to 4"); a
+                // citation shows numbers only, and the labels are the `scores` entries' names.
+                ("first", Node::Number((b.keys.start + 1) as f64)),
+                ("last", Node::Number(b.keys.end as f64)),
                 ("scores", labelled(&b.scores)),
                 ("max", number(b.block_max)),
                 ("m_before", number(b.max_before)),

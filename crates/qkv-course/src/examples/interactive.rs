@@ -20,6 +20,23 @@ pub(crate) enum PageDecl {
     Quiz(Box<QuizDecl>),
     Widget(Box<WidgetDecl>),
     Settings(Settings),
+    Term(Box<TermDecl>),
+}
+
+/// A `qkv term` block: one entry of the course's glossary, declared in the section that
+/// introduces it. The glossary page lists every section's terms; each page links the first use
+/// of each term in its prose to the entry.
+#[derive(Debug, Clone)]
+pub(crate) struct TermDecl {
+    /// The term as the glossary lists it (`query`, `KV cache`).
+    pub term: String,
+    /// Its symbol, TeX without dollars (`q`, `d_k`), if it has one.
+    pub symbol: Option<String>,
+    /// The words in the prose that are uses of it (`query`, `queries`), matched as whole words,
+    /// letter case aside; by default the term itself.
+    pub forms: Vec<String>,
+    /// What it is: markdown, one or two sentences.
+    pub definition: String,
 }
 
 /// A `qkv quiz` block.
@@ -351,8 +368,64 @@ impl Reader<'_> {
         match kind {
             "quiz" => self.quiz(table).map(|q| PageDecl::Quiz(Box::new(q))),
             "widget" => self.widget(table).map(|w| PageDecl::Widget(Box::new(w))),
+            "term" => self.term(table).map(|t| PageDecl::Term(Box::new(t))),
             _ => self.settings(table).map(PageDecl::Settings),
         }
+    }
+
+    /// A glossary entry: `term`, `definition` (plain markdown, no citations: the glossary page
+    /// computes nothing), optional `symbol` and `forms`.
+    fn term(&mut self, table: &DeTable<'_>) -> Option<TermDecl> {
+        const FORMS: &str = "the words that count as a use, such as `forms = [\"query\", \"queries\"]`";
+        let line = |r: &mut Self, name: &str, what: &str| -> Option<String> {
+            let v = table.get(name)?;
+            let f = r.string(v, what)?;
+            let text = f.value.trim();
+            if text.is_empty() || text.contains('\n') || !citation_shapes(text).is_empty() {
+                r.wrong(v, what, "one line of text without citations (the glossary computes nothing)");
+                return None;
+            }
+            Some(text.to_string())
+        };
+        let term = line(self, "term", "the term as the glossary lists it");
+        let symbol = line(self, "symbol", "its symbol in TeX, such as `d_k`");
+        let definition = line(self, "definition", "what the term means, in markdown");
+        for (name, value) in [("term", &term), ("definition", &definition)] {
+            if value.is_none() && table.get(name).is_none() {
+                self.problem(
+                    0,
+                    format!("`qkv term` block has no `{name}`"),
+                    first_line(&self.block.content),
+                    format!("`{name} = \"…\"`"),
+                );
+            }
+        }
+        let forms = match table.get("forms") {
+            None => term.clone().into_iter().collect(),
+            Some(v) => {
+                let words = match v.get_ref() {
+                    DeValue::Array(a) => a
+                        .iter()
+                        .map(|x| x.get_ref().as_str().map(str::trim).map(str::to_string))
+                        .collect::<Option<Vec<String>>>(),
+                    _ => None,
+                };
+                match words {
+                    Some(w)
+                        if !w.is_empty()
+                            && w.iter()
+                                .all(|f| f.chars().any(char::is_alphanumeric) && !f.contains('\n')) =>
+                    {
+                        w
+                    }
+                    _ => {
+                        self.wrong(v, "a list of words", FORMS);
+                        return None;
+                    }
+                }
+            }
+        };
+        Some(TermDecl { term: term?, symbol, forms, definition: definition? })
     }
 
     /// Markdown text that may cite numbers as `{=PATH:FORMAT}`.

@@ -21,11 +21,18 @@ pub(super) enum Kind<'a> {
     Index,
     /// The whole course on one page, for print (no script).
     Print,
+    /// The glossary of the course's terms.
+    Glossary,
 }
 
 /// "1. Title": a section's number and title, as navigation and links show it.
 pub(super) fn numbered(s: &Section) -> String {
     format!("{}. {}", s.number, s.title)
+}
+
+/// Whether any section declares a glossary entry (and so the site has `glossary.html`).
+fn has_glossary(sections: &[Section]) -> bool {
+    sections.iter().any(|s| s.terms > 0)
 }
 
 /// Whether the course has any graded check (and so any progress to show).
@@ -47,6 +54,10 @@ pub(super) fn page(sections: &[Section], kind: &Kind<'_>, title: &str, body: &st
     for (i, s) in sections.iter().enumerate() {
         let class = if Some(i) == current { " aria-current=\"page\"" } else { "" };
         nav.push_str(&format!(" · <a href=\"{}.html\"{class}>{}</a>", escape(&s.id), escape(&numbered(s))));
+    }
+    if has_glossary(sections) {
+        let current = if matches!(kind, Kind::Glossary) { " aria-current=\"page\"" } else { "" };
+        nav.push_str(&format!(" · <a href=\"glossary.html\"{current}>Glossary</a>"));
     }
     nav.push_str("</nav>");
     // The print view has no script, so nothing that only the script can use.
@@ -164,6 +175,9 @@ pub(super) fn index(sections: &[Section]) -> String {
         out.push_str("</li>\n");
     }
     out.push_str("</ol>\n<p class=\"print-link\"><a href=\"print.html\">The whole course on one page</a>, to print or to read offline (answers collapsed, no widgets).</p>\n");
+    if has_glossary(sections) {
+        out.push_str("<p class=\"print-link\"><a href=\"glossary.html\">The glossary</a>: every term and symbol of the course, with the section that introduces it.</p>\n");
+    }
     out
 }
 

@@ -67,6 +67,14 @@ fn the_page_script_is_small_classic_and_offline() {
 
 /// A two-section course: each file's text, in order; the built site's files by name.
 fn course(files: &[(&str, &str)]) -> std::collections::HashMap<String, String> {
+    built_course(files).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A course of `files` (name, text), built as `content/0N-NAME.md`: its site's files by name, or
+/// the error report.
+pub(super) fn built_course(
+    files: &[(&str, &str)],
+) -> Result<std::collections::HashMap<String, String>, String> {
     let sources = crate::files::Sources {
         markdown: files
             .iter()
@@ -78,8 +86,8 @@ fn course(files: &[(&str, &str)]) -> std::collections::HashMap<String, String> {
             .collect(),
         ..Default::default()
     };
-    let built = crate::pipeline::build(&sources).unwrap_or_else(|e| panic!("{e}"));
-    built.site.into_iter().map(|f| (f.name, f.text)).collect()
+    let built = crate::pipeline::build(&sources).map_err(|e| e.to_string())?;
+    Ok(built.site.into_iter().map(|f| (f.name, f.text)).collect())
 }
 
 /// A graded numeric check on a dot product, and a practice one.

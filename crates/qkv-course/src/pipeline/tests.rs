@@ -824,4 +824,116 @@ fn the_tiled_trace_equals_attention_and_the_merge_of_its_blocks() {
     assert!((get("flash.blocks.2.l") - l).abs() < 1e-12);
     // The weight of d is its exponential over the final sum.
     assert!((get("flash.blocks.2.exp.d") / get("flash.l") - w[3]).abs() < 1e-12);
+    // Each block's first and last key, as positions counted from 1 that prose can cite.
+    assert_eq!((get("flash.blocks.1.first"), get("flash.blocks.1.last")), (1.0, 3.0));
+    assert_eq!((get("flash.blocks.2.first"), get("flash.blocks.2.last")), (4.0, 4.0));
+}
+
+/// The right option of a quiz, as its page key or its forge answer names it, is never listed
+/// among the wrong ones ("Not (c): …" beside the key "(c)"): on a page, in print, in markdown.
+/// A computed key's right option has feedback of its own (it could be wrong after an input
+/// changes), so this is easy to get wrong.
+#[test]
+fn no_built_page_lists_a_quiz_s_right_option_as_wrong() {
+    let built = build(&lesson()).expect("lesson builds");
+    let mut checked = 0;
+    for page in built.site.iter().filter(|f| f.name.ends_with(".html")) {
+        for quiz in page.text.split("<section class=\"quiz").skip(1) {
+            let quiz = quiz.split("</section>").next().unwrap_or_default();
+            let Some(at) = quiz.find("\"correct\":\"") else { continue };
+            let right = &quiz[at + 11..at + 12];
+            checked += 1;
+            for listed in [format!("data-qkv-feedback-for=\"{right}\""), format!("Not ({right}):")] {
+                assert!(
+                    !quiz.contains(&listed),
+                    "{}: a quiz keyed ({right}) lists {listed}:\n{quiz}",
+                    page.name
+                );
+            }
+        }
+    }
+    for file in &built.markdown {
+        for answer in file.text.split("<summary>Answer</summary>").skip(1) {
+            let answer = answer.split("</details>").next().unwrap_or_default();
+            let Some(right) = answer.trim_start().strip_prefix("**(").and_then(|r| r.get(..1)) else {
+                continue;
+            };
+            checked += 1;
+            assert!(
+                !answer.contains(&format!("Not ({right}):")),
+                "{}: ({right}) listed as wrong:\n{answer}",
+                file.path
+            );
+        }
+    }
+    assert!(checked > 20, "only {checked} choice quizzes found: the scan reads the wrong shapes");
+}
+
+/// The prose about a benchmark cites its data file through the figure's id, so it says what the
+/// plot shows: decoding's text gives the f32 growth of its own data (by hand, 56.754 / 0.993 =
+/// 57.15, over 32768 / 1024 = 32 times the cache), and a new measurement makes it stale.
+#[test]
+fn prose_about_measured_numbers_follows_the_data_file() {
+    let sources = lesson();
+    let decoding = sources.markdown.iter().find(|f| f.path.ends_with("-decoding.md")).expect("decoding");
+    for cited in ["[57](=decode-cost.f32.growth:0)", "[32](=decode-cost.x_growth:0)"] {
+        assert!(decoding.text.contains(cited), "the decoding text cites {cited}");
+    }
+    assert!(!decoding.text.contains("roughly doubles"), "a claim its own plot contradicts");
+    let mut remeasured = sources.clone();
+    let data = remeasured.data.get_mut("data/decode-bench.toml").expect("the data file");
+    *data = data.replacen(
+        "y = [0.993, 1.443, 3.441, 7.305, 18.598, 56.754]",
+        "y = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0]",
+        1,
+    );
+    let stale = check(&remeasured).expect("valid");
+    let report = stale_report(&stale);
+    for path in ["decode-cost.f32.growth", "decode-cost.f32.step_max", "decode-cost.f32.y.6"] {
+        assert!(stale.iter().any(|s| s.what == format!("citation {path}")), "{path}:\n{report}");
+    }
+}
+
+/// The authoring guide's own words, `content/README.md`, as the build has them.
+const GUIDE: &str = include_str!("../../../../content/README.md");
+
+/// The fenced block of the guide that starts with `start`, as written there.
+fn guide_block(start: &str) -> String {
+    let at = GUIDE.find(start).unwrap_or_else(|| panic!("the guide has no block starting {start:?}"));
+    let end = GUIDE[at + 3..].find("```").expect("a closed block") + at + 6;
+    GUIDE[at..end].to_string()
+}
+
+/// What the guide promises of multi-head cross-attention, the tiled paths and formats holds: its
+/// cross-attention head builds on two named matrices, with the output worked by hand; a
+/// multi-head block does not take `x_q`; its tiled example's first tile is keys 1 to 2, cited as
+/// the guide cites them; `:0` rounds 0.25 to "0", decimals stop at 12.
+#[test]
+fn the_guide_s_recipes_build_and_say_what_the_build_does() {
+    let matrices = "```qkv matrix\nid = \"dec\"\nlabels = [\"le\", \"chat\"]\nrows = [[1, 0], [0, 1]]\n```\n\n```qkv matrix\nid = \"enc\"\nlabels = [\"the\", \"cat\", \"sat\"]\nrows = [[1, 0, 0], [0, 1, 0], [0, 0, 1]]\n```\n";
+    let head = guide_block("```qkv attention\nid = \"cross_1\"");
+    let lesson = format!("# Cross\n\n{matrices}\n{head}\n\nIt gives [?](=cross_1.chat.output:4).\n");
+    let values = values_of(&one_file(&lesson));
+    // By hand: q_chat = (0, 1); keys (1, 0), (0, 1), (1, 1); values 1, 2, 3; scale 1/√2.
+    let e = [0.0f64, 1.0, 1.0].map(|s| (s / 2f64.sqrt()).exp());
+    let by_hand = (e[0] + 2.0 * e[1] + 3.0 * e[2]) / e.iter().sum::<f64>();
+    assert!((values["test.cross_1.chat.output.1"] - by_hand).abs() < 1e-12);
+    let mixed = "# Mixed\n\n```qkv multi-head\nid = \"m\"\ntokens = [\"a\", \"b\"]\nx_q = [[1, 0], [0, 1]]\nx = [[1, 0], [0, 1]]\nw_o = [[1]]\n\n[[heads]]\nw_q = [[1, 0], [0, 1]]\nw_k = [[1, 0], [0, 1]]\nw_v = [[1], [2]]\n```\n";
+    let report = check(&one_file(mixed)).map(|_| ()).expect_err("x_q in a multi-head block");
+    assert!(report.to_string().contains("x_q"), "{report}");
+
+    let sentence = guide_block("```qkv attention\nid = \"sentence\"");
+    let tiled = guide_block("```qkv tiled\nid = \"flash\"");
+    let prose = "The first tile holds keys [?](=flash.blocks.1.first:0) to [?](=flash.blocks.1.last:0).";
+    assert!(GUIDE.replace('\n', " ").contains("[1](=flash.blocks.1.first:0) to [2](=flash.blocks.1.last:0)"));
+    let built = build(&one_file(&format!("# Tiles\n\n{sentence}\n\n{tiled}\n\n{prose}\n"))).expect("builds");
+    assert!(
+        built.markdown[0].text.contains("keys [1](=flash.blocks.1.first:0) to [2](=flash.blocks.1.last:0)")
+    );
+
+    assert!(GUIDE.contains("`:0` writes 0.25 as `0`"));
+    let whole = crate::format::Format::parse("0").expect(":0");
+    assert_eq!([0.25, 0.75, 0.5, 1.5].map(|x| whole.apply(x)), ["0", "1", "0", "2"]);
+    assert!(GUIDE.contains("`:0` to `:12`"));
+    assert!(crate::format::Format::parse("12").is_some() && crate::format::Format::parse("13").is_none());
 }

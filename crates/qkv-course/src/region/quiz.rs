@@ -125,7 +125,12 @@ impl Filled {
     fn new(cx: &mut Context<'_, '_>, quiz: &QuizDecl) -> Result<Self, Problem> {
         let doc = cx.doc;
         let right = match &quiz.key {
-            QuizKey::Choice { options, correct, .. } => Some(right_option(cx, options, correct)?),
+            QuizKey::Choice { options, correct, .. } => {
+                if let (ChoiceKey::Extreme { path, .. }, Some(why)) = (correct, &quiz.why) {
+                    why_names_no_item(cx, why, &path.value, options)?;
+                }
+                Some(right_option(cx, options, correct)?)
+            }
             _ => None,
         };
         let mut fill = |t: &Text| t.fill(cx.eval, doc);
@@ -173,7 +178,23 @@ impl Filled {
                         t.value
                     }
                 };
-                let near = near_band(value, *digits, unit, tolerance, near_miss.as_ref().map(|n| n.value));
+                let whole = !*percent && value == value.trunc();
+                if let Some(n) = near_miss.as_ref().filter(|n| whole && n.value >= 1.0) {
+                    return Err(Problem::new(
+                        doc,
+                        n.at,
+                        format!(
+                            "a near-miss band of {} around the whole number {shown} would take an off-by-one answer ({} or {}) for a rounding slip and use no try",
+                            n.value,
+                            value - 1.0,
+                            value + 1.0
+                        ),
+                        format!("near_miss = {}", n.value),
+                        "no `near_miss` (a whole-number key has no band), or one below 1",
+                    ));
+                }
+                let declared = near_miss.as_ref().map(|n| n.value);
+                let near = near_band(value, *digits, unit, tolerance, declared, whole);
                 let steps = match steps {
                     Some(s) => Some(steps::worked(cx, &s.value, DEFAULT_DIGITS).map_err(|p| Problem {
                         at: s.at,
@@ -204,10 +225,20 @@ impl Filled {
 /// How far from the key an answer is a near miss, an answer off only because the learner
 /// rounded intermediate steps to the shown precision: the declared `near_miss`, or by default
 /// two units in the last shown place or 0.5% of the key, whichever is wider (0.002 around 0.731,
-/// 0.021 around 4.243, 0.039 around 7.85). A band no wider than the tolerance is none (0).
-fn near_band(value: f64, digits: usize, unit: f64, tolerance: f64, declared: Option<f64>) -> f64 {
-    let band =
-        declared.unwrap_or_else(|| (2.0 * 10f64.powi(-(digits as i32)) * unit).max(0.005 * value.abs()));
+/// 0.021 around 4.243, 0.039 around 7.85). A `whole` key (a count, a dot product of whole
+/// numbers) has no default band: nothing was rounded, so 3 for 4 is an off-by-one, a wrong try
+/// that says "too low". A band no wider than the tolerance is none (0).
+fn near_band(
+    value: f64,
+    digits: usize,
+    unit: f64,
+    tolerance: f64,
+    declared: Option<f64>,
+    whole: bool,
+) -> f64 {
+    let band = declared.unwrap_or_else(|| {
+        if whole { 0.0 } else { (2.0 * 10f64.powi(-(digits as i32)) * unit).max(0.005 * value.abs()) }
+    });
     if band > tolerance { band } else { 0.0 }
 }
 
@@ -270,6 +301,9 @@ fn right_option(cx: &mut Context<'_, '_>, options: &[QuizOption], key: &ChoiceKe
                     "a path to a list of numbers, such as `sentence.love.weights`",
                 )
             })?;
+            if !*largest {
+                hidden_pick(cx, &path.value, at, &items)?;
+            }
             let mut ranked = items.clone();
             ranked.sort_by(|a, b| if *largest { b.1.total_cmp(&a.1) } else { a.1.total_cmp(&b.1) });
             let (best, value) = &ranked[0];
@@ -358,6 +392,95 @@ fn right_option(cx: &mut Context<'_, '_>, options: &[QuizOption], key: &ChoiceKe
     }
 }
 
+/// A quiz-level `why` of a computed key may not cite one item of the key's list
+/// (`sentence.love.weights.NLP` beside `largest = "sentence.love.weights"`): it is shown with
+/// whichever option is right, so when an input moves the key to another item it would explain the
+/// old one. What is said about one item belongs in that option's own `why`. When every option has
+/// its own, the quiz-level one is never shown and may say anything.
+fn why_names_no_item(
+    cx: &mut Context<'_, '_>,
+    why: &Text,
+    list: &str,
+    options: &[QuizOption],
+) -> Result<(), Problem> {
+    if options.iter().all(|o| o.why.is_some()) {
+        return Ok(());
+    }
+    let doc = cx.doc;
+    let Ok(items) = cx.eval.resolve(doc, list) else { return Ok(()) };
+    let labels = items.children();
+    for (cited, at) in why.cited() {
+        let Some(item) = cited.strip_prefix(list).and_then(|rest| rest.strip_prefix('.')) else { continue };
+        let item = item.split('.').next().unwrap_or(item);
+        let named = labels.iter().position(|l| l == item).or_else(|| {
+            item.parse::<usize>().ok().and_then(|p| p.checked_sub(1)).filter(|&p| p < labels.len())
+        });
+        if let Some(i) = named {
+            return Err(Problem::new(
+                doc,
+                at,
+                format!(
+                    "the quiz's `why` cites `{cited}`, item `{}` of the computed key `{list}`: once an input moves the key to another item, this reason would be shown with that one",
+                    labels[i]
+                ),
+                cited,
+                "what is said of one item in the `why` of the option that names it (shown when that option is right), and a quiz-level `why` that cites no single item",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A `smallest` key must not pick a key that the example's masks hide: its weight is 0 and its
+/// score `-inf` only because it is hidden, which is no answer to "which key does it weigh
+/// least?". A list of scores says so itself (`-inf`); for the other lists of a query's trace
+/// (`weights`, `exp`, `shifted`, `bias`), the `scores` beside them tell.
+fn hidden_pick(
+    cx: &mut Context<'_, '_>,
+    path: &str,
+    at: usize,
+    items: &[(String, f64)],
+) -> Result<(), Problem> {
+    let doc = cx.doc;
+    let segments: Vec<&str> = path.split('.').collect();
+    let mut scores: Option<Vec<(String, f64)>> = None;
+    if let Some(i) =
+        segments.iter().rposition(|s| ["weights", "exp", "shifted", "bias", "scores"].contains(s))
+    {
+        let mut beside = segments.clone();
+        beside[i] = "scores";
+        scores = cx.eval.resolve(doc, &beside.join(".")).ok().and_then(|n| n.numbers());
+    }
+    let hidden: Vec<&str> = items
+        .iter()
+        .enumerate()
+        .filter(|(i, (label, x))| {
+            *x == f64::NEG_INFINITY
+                || scores.as_ref().is_some_and(|s| {
+                    s.len() == items.len() && s[*i].0 == *label && s[*i].1 == f64::NEG_INFINITY
+                })
+        })
+        .map(|(_, (label, _))| label.as_str())
+        .collect();
+    if hidden.is_empty() {
+        return Ok(());
+    }
+    let least =
+        items.iter().min_by(|a, b| a.1.total_cmp(&b.1)).map(|(label, _)| label.as_str()).unwrap_or_default();
+    if !hidden.contains(&least) {
+        return Ok(());
+    }
+    Err(Problem::new(
+        doc,
+        at,
+        format!(
+            "the smallest number of `{path}` is `{least}`'s, but the mask hides key `{least}`: the key would be a key the query cannot see, not the one it weighs least among those it sees"
+        ),
+        path,
+        "a list whose keys the query all sees (a query without masked keys), or a `largest` key",
+    ))
+}
+
 /// The other ways of writing `shown` (the key at `digits` decimals) that the page accepts, to
 /// list with the answer.
 fn also_accepted(shown: &str, value: f64, digits: usize) -> Vec<String> {
@@ -432,6 +555,20 @@ fn key_json(
     })
 }
 
+/// The feedback of each option but the right one, with its index. A computed key's right option
+/// has feedback too (it may be wrong after an input changes), which must not be listed as
+/// "Not (c)" beside the key "(c)".
+fn wrong_feedback(
+    options: &[(String, Option<String>)],
+    correct: usize,
+) -> impl Iterator<Item = (usize, &str)> {
+    options
+        .iter()
+        .enumerate()
+        .filter(move |(i, _)| *i != correct)
+        .filter_map(|(i, (_, feedback))| Some((i, feedback.as_deref()?)))
+}
+
 /// Text for a one-line markdown context (a list item, a bold question): no line breaks.
 fn one_line(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
@@ -473,11 +610,9 @@ fn forge_view(label: &str, f: &Filled) -> String {
         let _ = writeln!(out, "{}", steps.trim_end());
         out.push('\n');
     }
-    if let Answer::Choice { options, .. } = &f.answer {
-        for (i, (_, feedback)) in options.iter().enumerate() {
-            if let Some(feedback) = feedback {
-                let _ = writeln!(out, "- Not ({}): {}", letter(i), one_line(feedback));
-            }
+    if let Answer::Choice { options, correct, .. } = &f.answer {
+        for (i, feedback) in wrong_feedback(options, *correct) {
+            let _ = writeln!(out, "- Not ({}): {}", letter(i), one_line(feedback));
         }
         out.push('\n');
     }
@@ -568,17 +703,15 @@ fn page_view(
     if let Answer::Numeric { steps: Some(steps), .. } = &f.answer {
         let _ = writeln!(out, "<div class=\"quiz-steps\">{}</div>", fragment(steps));
     }
-    if let Answer::Choice { options, .. } = &f.answer {
+    if let Answer::Choice { options, correct, .. } = &f.answer {
         out.push_str("<ul class=\"quiz-feedback\">\n");
-        for (i, (_, feedback)) in options.iter().enumerate() {
-            if let Some(feedback) = feedback {
-                let _ = writeln!(
-                    out,
-                    "<li data-qkv-feedback-for=\"{0}\"><strong>Not ({0}):</strong> <span data-qkv-feedback-text>{1}</span></li>",
-                    letter(i),
-                    inline_markdown(feedback)
-                );
-            }
+        for (i, feedback) in wrong_feedback(options, *correct) {
+            let _ = writeln!(
+                out,
+                "<li data-qkv-feedback-for=\"{0}\"><strong>Not ({0}):</strong> <span data-qkv-feedback-text>{1}</span></li>",
+                letter(i),
+                inline_markdown(feedback)
+            );
         }
         out.push_str("</ul>\n");
     }

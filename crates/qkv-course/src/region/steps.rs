@@ -66,7 +66,7 @@ pub(super) fn worked(cx: &mut Context<'_, '_>, target: &str, digits: usize) -> R
             ])?;
             tiled_steps(&t, digits)
         }
-        Computed::Matrix { .. } | Computed::MultiHead(_) | Computed::Decode(_) => {
+        Computed::Matrix { .. } | Computed::MultiHead(_) | Computed::Decode(_) | Computed::Measured => {
             return Err(cx.problem(
                 format!("`{target}` has no worked steps of its own"),
                 "`EXAMPLE.TOKEN` of an attention example, `MULTIHEAD.heads.HEAD.TOKEN` for one head, `DECODE.TOKEN` for one step, or a `qkv tiled` block",

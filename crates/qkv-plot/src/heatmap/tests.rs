@@ -145,3 +145,29 @@ fn labels_that_almost_fit_stay_horizontal_in_a_smaller_size() {
     assert!(!layout.vertical_cols);
     assert!(layout.col_size < layout.label_size);
 }
+
+/// The course draws heatmaps 360 units wide, about as wide as they show on a 360 px phone: every
+/// matrix whose cells hold a number at the least readable size prints its numbers, the course's
+/// five-token examples included (they once lost them to a size cap proportional to the cell),
+/// and a matrix whose cells cannot hold them prints none.
+#[test]
+fn numbers_are_printed_wherever_the_cells_hold_them() {
+    let words = ["I", "love", "NLP", "so", "much", "more", "and", "then"];
+    for n in 1..=8 {
+        let mut spec = Heatmap::new(
+            words[..n].iter().map(|w| w.to_string()).collect(),
+            words[..n].iter().map(|w| w.to_string()).collect(),
+            vec![vec![0.38; n]; n],
+        );
+        spec.title = "Attention weights".into();
+        let checked = Checked::new(&spec).unwrap();
+        let layout = checked.layout(360, 320, 40);
+        let number = measure(&text(MIN_ANNOTATION, INK), "0.38");
+        let holds = number.0 <= layout.cell - 6 && number.1 * 2 <= layout.cell;
+        let size = checked.annotation_size(layout.cell);
+        assert_eq!(size.is_some(), holds, "{n} tokens, cells of {}: {size:?}", layout.cell);
+        if n <= 5 {
+            assert!(holds, "{n} tokens at 360 units: cells of {} should hold 0.38 ({number:?})", layout.cell);
+        }
+    }
+}

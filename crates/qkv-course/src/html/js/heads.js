@@ -39,7 +39,6 @@
           var w = data.shade[shown][i][j];
           td.textContent = data.weights[shown][i][j];
           td.style.setProperty("--w", String(w));
-          td.classList.toggle("strong", w > 0.55);
         });
         data.outputs[shown][i].forEach(function (y, c) {
           cell("head-output:" + q + ":" + (c + 1)).textContent = y;

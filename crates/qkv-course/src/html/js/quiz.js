@@ -131,7 +131,12 @@
     root.insertBefore(controls, this.hintText || this.answer);
 
     this.feedback = el("p", { "data-qkv-feedback": "", role: "status", "aria-live": "polite", tabindex: "-1" });
-    root.insertBefore(this.feedback, this.answer);
+    // A choice quiz says what happened right under its options. A wrong option is disabled once
+    // chosen, so the focus moves to this message: from here the next Tab reaches the quiz's own
+    // buttons ("Hint", "Show answer") and Shift+Tab the options left, instead of leaving the quiz.
+    var list = root.querySelector("ol.quiz-options");
+    if (list) list.parentNode.insertBefore(this.feedback, list.nextSibling);
+    else root.insertBefore(this.feedback, this.answer);
   };
 
   /* Back to a fresh quiz: no tries, nothing shown. */

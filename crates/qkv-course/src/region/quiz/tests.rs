@@ -159,13 +159,14 @@ id = "top"
 kind = "choice"
 shuffle = true
 question = "Which key does NLP weigh most?"
-why = "Its weight is {{=s.NLP.weights.NLP:3}} against {{=s.NLP.weights.I:3}} for I."
+why = "The key that lines up best with the query wins."
 correct = {{ largest = "s.NLP.weights" }}
 
 [[options]]
 text = "I"
 item = "I"
 feedback = "I's weight is {{=s.NLP.weights.I:3}}."
+why = "I's weight is {{=s.NLP.weights.I:3}} against {{=s.NLP.weights.NLP:3}} for NLP."
 
 [[options]]
 text = "NLP"
@@ -263,4 +264,25 @@ fn a_numeric_key_can_be_shown_as_a_percentage() {
     assert_eq!(key["percent"], true);
     assert!((key["tolerance"].as_f64().expect("number") - 0.0005).abs() < 1e-15);
     assert!(markdown.contains("**73.1%** (also accepted: 73.1, 73,1%, 0.731)"), "{markdown}");
+}
+
+/// A whole-number key (here a dot product of whole numbers, 1·3 + 2·1 = 5 by hand) has no
+/// near-miss band: nothing was rounded, so 4 or 6 is an off-by-one, not a rounding slip. The same
+/// quiz on a fractional key (the scaled score 5/√2) keeps the default band.
+#[test]
+fn a_whole_number_key_has_no_near_miss_band() {
+    let quiz = |answer: &str| {
+        format!(
+            "# W\n\n```qkv dot\nid = \"d\"\nq = [1, 2]\nk = [3, 1]\n```\n\n```qkv quiz\nid = \"n\"\nkind = \"numeric\"\nquestion = \"What is it?\"\nwhy = \"Multiply and add.\"\nanswer = \"{answer}\"\ndigits = 2\n```\n\n<!-- qkv quiz n -->\n<!-- /qkv -->\n"
+        )
+    };
+    let (_, page) = one_section("whole", &quiz("d.dot"));
+    let key = key_of(&page, "n");
+    assert_eq!(key["value"], 5.0);
+    assert_eq!(key["near"], 0.0, "{key}");
+    let (_, page) = one_section("whole", &quiz("d.scaled"));
+    let key = key_of(&page, "n");
+    let scaled = 5.0 / 2f64.sqrt();
+    assert_eq!(key["value"], scaled);
+    assert_eq!(key["near"], (0.02f64).max(0.005 * scaled), "{key}");
 }

@@ -21,10 +21,6 @@ use crate::region::table::{escape_cell, matrix_table, shown_counts};
 /// The most heads one explorer switches: 2^6 = 64 combinations of on and off, each embedded.
 const MAX_HEADS: usize = 6;
 
-/// A weight above this is dark enough in the heatmap to need light text (the script uses the
-/// same threshold, as the attention-matrix widget does).
-const STRONG: f64 = 0.55;
-
 /// The explorer's markdown and page HTML.
 pub(super) fn widget(
     cx: &mut Context<'_, '_>,
@@ -233,9 +229,8 @@ impl Explorer<'_> {
                 let w = result.weights[[i, j]];
                 let _ = write!(
                     out,
-                    "<td data-qkv-readout=\"weight:{q}:{}\" style=\"--w: {w:.4}\"{}>{}</td>",
+                    "<td data-qkv-readout=\"weight:{q}:{}\" style=\"--w: {w:.4}\">{}</td>",
                     escape(k),
-                    if w > STRONG { " class=\"strong\"" } else { "" },
                     weights[i][j]
                 );
             }

@@ -149,9 +149,12 @@ prompt = "Walk the tiles."
 #[test]
 fn the_tile_stepper_holds_every_state_and_a_table_of_every_tile() {
     let (markdown, page) = one_section("tiles", &format!("# Tiles\n\n{SENTENCE}\n{TILES}"));
-    // Without script: one row per tile (m, rescale, l, output so far), then the result.
+    // Without script: one row per tile (its values, m, rescale, l, the accumulator, output so
+    // far), then the result. By hand, tile 2: m = 0.7071, rescale e^-0.7071 = 0.4931, l = 0.4931
+    // + 1, accumulator 0.49307 · 2 + 1 · 6 = 6.9861, output 6.9861 / 1.4931 = 4.6790.
     assert!(
-        markdown.contains("| 2 | love | 0.7071 | 0.7071 | 0.7071 | 0.4931 | 1.4931 | 4.6790 |"),
+        markdown
+            .contains("| 2 | love | 0.7071 | 6.0000 | 0.7071 | 0.7071 | 0.4931 | 1.4931 | 6.9861 | 4.6790 |"),
         "{markdown}"
     );
     assert!(markdown.contains("attention over all keys at once gives 4.4067"), "{markdown}");
@@ -164,6 +167,10 @@ fn the_tile_stepper_holds_every_state_and_a_table_of_every_tile() {
     assert_eq!(states[0]["readouts"]["m"], "-∞");
     assert_eq!(states[2]["readouts"]["m"], "0.0000 → 0.7071");
     assert_eq!(states[2]["readouts"]["rescale"], "0.4931");
+    // What the accumulator is made of, so that the learner can check it.
+    assert_eq!(states[2]["readouts"]["values"], "6.0000");
+    assert_eq!(states[2]["readouts"]["exp"], "1.0000");
+    assert_eq!(states[2]["readouts"]["acc"], "2.0000 → 6.9861");
     assert_eq!(states[3]["readouts"]["l"], "1.4931 → 2.4931");
     assert_eq!(states[4]["readouts"]["attention"], "4.4067");
     assert_eq!(states[4]["readouts"]["merged"], "4.4067");

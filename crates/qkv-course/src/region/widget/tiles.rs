@@ -19,9 +19,11 @@ use crate::region::Context;
 /// heading.
 const ROWS: &[(&str, &str)] = &[
     ("scores", "scores $s$"),
+    ("values", "values $v$"),
     ("max", "tile max"),
     ("m", "running max $m$"),
     ("rescale", "rescale $\\alpha$"),
+    ("exp", "$e^{s - m}$"),
     ("l", "running sum $l$"),
     ("acc", "accumulator"),
     ("output", "output $\\text{acc} / l$"),
@@ -32,8 +34,18 @@ const ROWS: &[(&str, &str)] = &[
 ];
 
 /// The columns of the every-block table (the page without script, and the markdown).
-const COLUMNS: &[&str] =
-    &["block", "keys", "scores $s$", "block max", "$m$", "rescale", "$l$", "output so far"];
+const COLUMNS: &[&str] = &[
+    "block",
+    "keys",
+    "scores $s$",
+    "values $v$",
+    "block max",
+    "$m$",
+    "rescale",
+    "$l$",
+    "accumulator",
+    "output so far",
+];
 
 /// One state of the stepper: a title, the readouts by name, and what the live region says.
 struct State {
@@ -82,6 +94,13 @@ impl Stepper<'_> {
         self.number(m.unwrap_or(f64::NEG_INFINITY))
     }
 
+    /// Block `b`'s value rows, one vector each, as the table and the stepper show them: the
+    /// numbers the accumulator adds up, so that a learner can check it.
+    fn values(&self, b: usize) -> String {
+        let rows = &self.t.inputs.values[self.t.trace.blocks[b].keys.clone()];
+        rows.iter().map(|v| self.vector(v)).collect::<Vec<_>>().join(", ")
+    }
+
     /// Labels of block `b`'s keys.
     fn keys(&self, b: usize) -> Vec<String> {
         self.t.inputs.key_labels()[self.t.trace.blocks[b].keys.clone()].to_vec()
@@ -97,25 +116,32 @@ impl Stepper<'_> {
             readouts: vec![("m", self.max(None)), ("l", self.number(0.0)), ("acc", self.vector(&zeros))],
             announce: "Before the first block: m is minus infinity, l and the accumulator are 0.".to_string(),
         }];
+        let mut acc_before = zeros.clone();
         for (k, b) in trace.blocks.iter().enumerate() {
             let keys = self.keys(k).iter().map(|l| format!("“{l}”")).collect::<Vec<_>>().join(", ");
             let scores = b.scores.iter().map(|&s| self.number(s)).collect::<Vec<_>>().join(", ");
+            let exps = b.exponentials.iter().map(|&e| self.number(e)).collect::<Vec<_>>().join(", ");
+            let values = self.values(k);
+            let acc = format!("{} → {}", self.vector(&acc_before), self.vector(&b.accumulator));
+            acc_before.clone_from(&b.accumulator);
             let m = format!("{} → {}", self.max(b.max_before), self.max(b.max_after));
             let l = format!("{} → {}", self.number(b.sum_before), self.number(b.sum_after));
             let (rescale, output) = (self.number(b.rescale), self.vector(&b.output));
             let max = b.block_max.map_or_else(|| "every key masked".to_string(), |x| self.number(x));
             let title = format!("Block {} of {n}: keys {keys}.", k + 1);
             let announce = format!(
-                "Block {} of {n}, keys {keys}: scores {scores}; m {m}; rescale {rescale}; l {l}; output so far {output}.",
+                "Block {} of {n}, keys {keys}: scores {scores}; values {values}; m {m}; rescale {rescale}; e to the s minus m {exps}; l {l}; accumulator {acc}; output so far {output}.",
                 k + 1
             );
             let readouts = vec![
                 ("scores", scores),
+                ("values", values),
                 ("max", max),
                 ("m", m),
                 ("rescale", rescale),
+                ("exp", exps),
                 ("l", l),
-                ("acc", self.vector(&b.accumulator)),
+                ("acc", acc),
                 ("output", output),
                 ("partial", self.vector(&b.partial.output.row(0).to_vec())),
                 ("lse", self.number(b.partial.logsumexp[0])),
@@ -154,10 +180,12 @@ impl Stepper<'_> {
                     (k + 1).to_string(),
                     self.keys(k).join(", "),
                     b.scores.iter().map(|&s| self.number(s)).collect::<Vec<_>>().join(", "),
+                    self.values(k),
                     b.block_max.map_or_else(|| "masked".to_string(), |x| self.number(x)),
                     self.max(b.max_after),
                     self.number(b.rescale),
                     self.number(b.sum_after),
+                    self.vector(&b.accumulator),
                     self.vector(&b.output),
                 ]
             })
@@ -177,7 +205,7 @@ impl Stepper<'_> {
     /// The forge's and `--check`'s view: the prompt, every block in a table, the result.
     fn markdown(&self, prompt: &str) -> String {
         let mut out = format!("**Try it.** {}\n\n| {} |\n", prompt.trim(), COLUMNS.join(" | "));
-        out.push_str("|--:|:--|--:|--:|--:|--:|--:|--:|\n");
+        out.push_str("|--:|:--|--:|--:|--:|--:|--:|--:|--:|--:|\n");
         for row in self.rows() {
             let _ = writeln!(out, "| {} |", row.join(" | "));
         }
