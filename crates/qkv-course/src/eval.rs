@@ -10,8 +10,11 @@ use crate::examples::{AttentionDecl, Decl, DeclKind, Field, Input, Limits, Mask}
 use crate::limits::{self, MAX_ROWS, MAX_WIDTH};
 use crate::values::{Miss, Node, Resolve};
 
+mod block;
 mod multi_head;
 mod sequence;
+
+pub(crate) use block::{BlockResult, NormRow, Order, TokenPass, length};
 
 /// The resolved inputs of an attention example.
 #[derive(Debug, Clone)]
@@ -162,6 +165,8 @@ pub(crate) enum Computed {
     MultiHead(Box<MultiHeadResult>),
     Decode(Box<DecodeResult>),
     Tiled(Box<TiledResult>),
+    /// A Transformer block: both orders of layer norm around a multi-head example.
+    Block(Box<BlockResult>),
 }
 
 /// A decoded example: each token's step as an attention example of one query over the keys
@@ -216,6 +221,15 @@ impl Computed {
             (Computed::Decode(d), [token, ..]) if d.steps.iter().any(|(t, _, _)| t == token) => {
                 let (_, inputs, result) = d.steps.into_iter().find(|(t, _, _)| t == token).expect("checked");
                 (Computed::Attention { inputs, result: Ok(result) }, 1)
+            }
+            // `attn.pre` of a block is the multi-head attention its pre-norm order ran.
+            (Computed::Block(b), [attn, order, rest @ ..])
+                if attn == "attn" && Order::from_name(order).is_some() =>
+            {
+                let order = Order::from_name(order).expect("checked");
+                let (_, m, _) = b.orders.into_iter().find(|(o, _, _)| *o == order).expect("both orders");
+                let (part, taken) = Computed::MultiHead(Box::new(m)).part(rest);
+                (part, taken + 2)
             }
             (computed, _) => (computed, 0),
         }
@@ -528,6 +542,7 @@ impl<'d> Evaluator<'d> {
             DeclKind::MultiHead(m) => self.multi_head(decl, m),
             DeclKind::Decode { example, prompt } => self.decode(decl, example, prompt),
             DeclKind::Tiled { example, query, block } => self.tiled(decl, example, query, block),
+            DeclKind::Block(b) => self.block(decl, b),
             DeclKind::Figure(_) | DeclKind::Page(_) => None,
         }
     }

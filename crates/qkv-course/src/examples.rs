@@ -16,7 +16,10 @@ use crate::format;
 use crate::limits::{self, MAX_DIM, MAX_DIMS, MAX_SAMPLES};
 use crate::location::LineIndex;
 
+mod block;
 mod interactive;
+
+pub(crate) use block::{BlockDecl, DEFAULT_EPS};
 
 pub(crate) use interactive::{
     ChoiceKey, Goal, Operand, PageDecl, QuizDecl, QuizKey, QuizOption, SETTINGS_ID, Settings, WidgetDecl,
@@ -148,6 +151,8 @@ pub(crate) enum DeclKind {
         query: Field<String>,
         block: Field<usize>,
     },
+    /// A Transformer block around a multi-head example: layer norms, residuals, feed-forward.
+    Block(Box<BlockDecl>),
 }
 
 /// A `qkv multi-head` block: heads with their own projections of one `x`, concatenated and
@@ -259,6 +264,7 @@ const KINDS: &[(&str, &[&str])] = &[
     ),
     ("decode", &["id", "example", "prompt"]),
     ("tiled", &["id", "example", "query", "block"]),
+    ("block", block::FIELDS),
     ("softmax", &["id", "scores"]),
     ("dot", &["id", "q", "k"]),
     ("weighted-sum", &["id", "weights", "values"]),
@@ -523,6 +529,10 @@ pub(crate) fn parse(doc: usize, block: &Block) -> Result<Decl, Vec<Problem>> {
                 _ => return Err(reader.problems),
             }
         }
+        "block" => match reader.block(&table) {
+            Some(b) => DeclKind::Block(Box::new(b)),
+            None => return Err(reader.problems),
+        },
         "softmax" => match reader.required(&table, "scores", Reader::vector) {
             Some(scores) => DeclKind::Softmax { scores },
             None => return Err(reader.problems),

@@ -228,6 +228,8 @@ pub(crate) enum WidgetKind {
     DecodeStepper,
     /// A window control and an ALiBi-slope control over the bias, the weights and the outputs.
     WindowAlibi,
+    /// One token through a Transformer block, stage by stage, pre-norm or post-norm.
+    BlockWalk,
 }
 
 impl WidgetKind {
@@ -239,6 +241,7 @@ impl WidgetKind {
         "tile-stepper",
         "decode-stepper",
         "window-alibi",
+        "block-walk",
     ];
     /// The kinds, in the order of their `NAMES`.
     const KINDS: &'static [WidgetKind] = &[
@@ -248,6 +251,7 @@ impl WidgetKind {
         WidgetKind::TileStepper,
         WidgetKind::DecodeStepper,
         WidgetKind::WindowAlibi,
+        WidgetKind::BlockWalk,
     ];
 
     /// The name authors write in `kind = "..."`.
@@ -263,7 +267,7 @@ impl WidgetKind {
 
 /// The fields only some widget kinds take, and those kinds.
 const WIDGET_FIELDS: &[(&str, &[WidgetKind])] = &[
-    ("query", &[WidgetKind::DragQuery, WidgetKind::DecodeStepper]),
+    ("query", &[WidgetKind::DragQuery, WidgetKind::DecodeStepper, WidgetKind::BlockWalk]),
     ("goal", &[WidgetKind::DragQuery]),
     ("head", &[WidgetKind::HeadExplorer]),
     ("windows", &[WidgetKind::WindowAlibi]),
@@ -723,7 +727,8 @@ impl Reader<'_> {
             WidgetKind::AttentionMatrix
             | WidgetKind::HeadExplorer
             | WidgetKind::TileStepper
-            | WidgetKind::DecodeStepper => &[],
+            | WidgetKind::DecodeStepper
+            | WidgetKind::BlockWalk => &[],
         };
         for &(name, expected) in needs {
             if table.get(name).is_none() {

@@ -18,7 +18,7 @@ use crate::notebook;
 
 pub(super) const KIND: Kind = Kind {
     name: "lab",
-    usage: "`lab EXAMPLE.TOKEN`, `lab TILED`, `lab MULTIHEAD` or `lab DECODE`",
+    usage: "`lab EXAMPLE.TOKEN`, `lab TILED`, `lab MULTIHEAD`, `lab DECODE` or `lab BLOCK`",
     options: &["digits", "rounded"],
     generate,
 };
@@ -39,6 +39,10 @@ fn generate(cx: &mut Context<'_, '_>) -> Result<Generated, Problem> {
         Computed::MultiHead(m) if named.rest.is_empty() => {
             let name = format!("notebooks/{}.ipynb", named.key.replace('.', "-"));
             (multi_head::lab(cx, &m, cx.digits)?, name, multi_head::TITLE.to_string(), multi_head::INTRO)
+        }
+        Computed::Block(b) if named.rest.is_empty() => {
+            let name = format!("notebooks/{}.ipynb", named.key.replace('.', "-"));
+            (block::lab(cx, &b, cx.digits)?, name, block::TITLE.to_string(), block::INTRO)
         }
         Computed::Decode(d) if named.rest.is_empty() => (
             decode_lab(&d, cx.digits),
@@ -407,6 +411,7 @@ fn lab_html(lab: &Lab, notebook: &str, colab: Option<&str>, text: &str) -> Strin
     )
 }
 
+mod block;
 mod multi_head;
 #[cfg(test)]
 mod tests;

@@ -4,9 +4,11 @@
 
 use std::fmt::Write;
 
+mod block;
+
 use super::{Context, Generated, Kind};
 use crate::error::Problem;
-use crate::eval::{AttentionInputs, Computed};
+use crate::eval::{AttentionInputs, Computed, Order};
 use crate::format::{Shown, relation, shown, sum_relation};
 
 pub(super) const KIND: Kind = Kind { name: "steps", usage: "`steps TARGET`", options: &["digits"], generate };
@@ -37,6 +39,30 @@ pub(super) fn worked(cx: &mut Context<'_, '_>, target: &str, digits: usize) -> R
                 (widths[0].max(widths[1]), "components of a vector"),
             ])?;
             attention_steps(&inputs, &result.traces[i], &inputs.query_labels()[i], digits)
+        }
+        // `BLOCK.ORDER.TOKEN`: one token through a Transformer block.
+        Computed::Block(b) => {
+            let [order, token] = named.rest.as_slice() else {
+                return Err(cx.problem(
+                    format!("`{target}` needs an order and a token after the block"),
+                    format!(
+                        "`{target}.pre.TOKEN` or `{target}.post.TOKEN`, TOKEN one of {}",
+                        b.tokens.join(", ")
+                    ),
+                ));
+            };
+            let order = Order::from_name(order).ok_or_else(|| {
+                cx.problem(format!("`{order}` is not an order of a block"), "`pre` or `post`")
+            })?;
+            let i = b.tokens.iter().position(|t| t == token).ok_or_else(|| {
+                cx.problem(
+                    format!("`{token}` is not a token of the block"),
+                    format!("one of {}", b.tokens.join(", ")),
+                )
+            })?;
+            let (_, passes) = b.order(order);
+            cx.at_most_shown(&[(b.b_1.len(), "components of a vector")])?;
+            block::block_steps(order, &passes[i], token, b.eps, digits)
         }
         Computed::Attention { result: Err(_), .. } => {
             return Err(cx.problem("an example that fails has no steps", "`error EXAMPLE` to show its error"));

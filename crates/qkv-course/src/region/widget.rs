@@ -13,6 +13,7 @@
 //! - `decode-stepper` (`widget/decode.rs`): a decoding walked step by step.
 //! - `window-alibi` (`widget/window.rs`): a window control and an ALiBi-slope control over the
 //!   bias, the weights and the outputs, every state computed by the build.
+//! - `block-walk` (`widget/block.rs`): one token through a Transformer block, pre- or post-norm.
 
 use std::fmt::Write;
 
@@ -39,6 +40,7 @@ fn generate(cx: &mut Context<'_, '_>) -> Result<Generated, Problem> {
         }
         WidgetKind::HeadExplorer => heads::widget(cx, id, widget)?,
         WidgetKind::DecodeStepper => decode::stepper(cx, id, widget)?,
+        WidgetKind::BlockWalk => block::walk(cx, id, widget)?,
         WidgetKind::TileStepper => {
             let prompt = widget.prompt.fill(cx.eval, cx.doc)?;
             tiles::widget(cx, id, widget, &prompt)?
@@ -626,6 +628,7 @@ fn row_sum(weights: &[f64], digits: usize) -> String {
     )
 }
 
+mod block;
 mod decode;
 mod heads;
 mod tiles;
