@@ -354,7 +354,8 @@ fn every_notebook_runs_in_jupyter_and_prints_what_its_page_shows() {
 }
 
 /// NumPy's own computation of the fixture lesson's cited numbers: multi-head with `W_o`, GQA
-/// under a causal mask with ALiBi, every mask kind, decoding and the tiled trace's output.
+/// under a causal mask with ALiBi, every mask kind, decoding, the tiled trace's output, and a
+/// Transformer block in both orders (NumPy's own mean and variance for the layer norms).
 const EVERY_KIND_NUMPY: &str = r#"
 import numpy as np
 def softmax_rows(s):
@@ -394,6 +395,25 @@ out["flash.output"] = o[0, 0]
 s = K4 @ Q4[3] / np.sqrt(2)
 out["flash.blocks.1.max"] = s[:3].max()
 out["flash.blocks.2.rescale"] = np.exp(s[:3].max() - max(s[:3].max(), s[3]))
+Xb = np.array([[1,0,2,-1],[0,1,-1,0],[1,1,0.5,0]], float)
+Wk = np.array([[1,0],[0,1],[0,0],[1,1]], float); Wv = np.array([[1,0],[0,1],[1,1],[0,0]], float)
+Wq = [np.array([[1,0],[0,1],[1,0],[0,1]], float), np.array([[0,1],[1,0],[0,0],[1,1]], float)]
+Wo = np.array([[1,0,0,0.5],[0,1,0.5,0],[0,0,1,0],[-0.5,0,0,1]], float)
+W1 = np.array([[1,0,-1],[0,1,0],[-1,0,1],[0.5,-1,0]], float); b1 = np.array([0,0.5,-0.5])
+W2 = np.array([[0.5,0,0,-1],[0,0.5,1,0],[-0.5,0,0.5,0]], float); b2 = np.array([0.25,0,0,-0.25])
+def ln(H): return (H - H.mean(1, keepdims=True)) / np.sqrt(H.var(1, keepdims=True) + 0.001)
+def mha(H): return np.hstack([attend(H @ q, H @ Wk, H @ Wv)[1] for q in Wq]) @ Wo
+def hidden(H): return H @ W1 + b1
+def ffn(H): return np.maximum(hidden(H), 0) @ W2 + b2
+H = Xb + mha(ln(Xb)); pre = H + ffn(ln(H))
+Hp = ln(Xb + mha(Xb)); post = ln(Hp + ffn(Hp))
+out["blk.pre.love.output.1"], out["blk.pre.love.output.4"] = pre[1, 0], pre[1, 3]
+out["blk.pre.love.norm1.variance"] = Xb[1].var()
+out["blk.post.NLP.output.1"], out["blk.post.NLP.output.3"] = post[2, 0], post[2, 2]
+out["blk.post.NLP.hidden.3"] = hidden(Hp)[2, 2]
+params = sum(w.size for w in Wq + [Wk, Wv, Wo, W1, b1, W2, b2]) + 2 * 2 * 4
+out["blk.params.total"] = params
+out["blk.flops.total"] = 2 * sum(w.size for w in Wq + [Wk, Wv, Wo, W1, W2]) + 2 * 2 * 3 * (2 + 2)
 for k, v in out.items(): print(k, repr(float(v)))
 "#;
 
