@@ -10,6 +10,7 @@
 //! `target/browser-screenshots/`.
 
 mod a11y;
+mod block;
 mod cdp;
 mod course;
 mod decode;

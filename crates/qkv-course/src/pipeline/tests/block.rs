@@ -23,10 +23,8 @@ fn a_block_equals_the_engine_s_attention_and_an_independent_norm_and_feed_forwar
     let values = values_of(&one_file(EVERY_KIND));
     let get = |path: &str| *values.get(&format!("test.blk.{path}")).unwrap_or_else(|| panic!("no {path}"));
     let x = m(&[&[1., 0., 2., -1.], &[0., 1., -1., 0.], &[1., 1., 0.5, 0.]]);
-    let w_q = [
-        m(&[&[1., 0.], &[0., 1.], &[1., 0.], &[0., 1.]]),
-        m(&[&[0., 1.], &[1., 0.], &[0., 0.], &[1., 1.]]),
-    ];
+    let w_q =
+        [m(&[&[1., 0.], &[0., 1.], &[1., 0.], &[0., 1.]]), m(&[&[0., 1.], &[1., 0.], &[0., 0.], &[1., 1.]])];
     // One key/value head that both query heads share (GQA).
     let w_k = m(&[&[1., 0.], &[0., 1.], &[0., 0.], &[1., 1.]]);
     let w_v = m(&[&[1., 0.], &[0., 1.], &[1., 1.], &[0., 0.]]);

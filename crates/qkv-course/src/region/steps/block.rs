@@ -4,7 +4,7 @@
 
 use std::fmt::Write;
 
-use super::{shown_all, tuple};
+use super::{shown_all, tex};
 use crate::eval::{NormRow, Order, TokenPass};
 use crate::format::{Shown, relation, shown, sum_relation};
 
@@ -15,8 +15,8 @@ pub(super) fn block_steps(order: Order, pass: &TokenPass, label: &str, eps: f64,
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "The token enters as $x_{{{token}}} = {}$, {} numbers wide.\n",
-        tuple(&v(&pass.x)),
+        "The token enters as $x_{{{token}}} =$ {}, {} numbers wide.\n",
+        pieces(&v(&pass.x)),
         pass.x.len()
     );
     let mut step = 0;
@@ -31,9 +31,9 @@ pub(super) fn block_steps(order: Order, pass: &TokenPass, label: &str, eps: f64,
                 &mut out,
                 "Attention.",
                 format!(
-                    "Every token's $n_1$ goes through the heads, and $W_o$ joins them: $a_{{{token}}} {} {}$.",
+                    "Every token's $n_1$ goes through the heads, and $W_o$ joins them: $a_{{{token}}} {}$ {}.",
                     rel(&v(&pass.attention)),
-                    tuple(&v(&pass.attention))
+                    pieces(&v(&pass.attention))
                 ),
             );
             line(&mut out, "Residual.", sum("h", &pass.x, &pass.attention, &pass.residual1, digits));
@@ -50,9 +50,9 @@ pub(super) fn block_steps(order: Order, pass: &TokenPass, label: &str, eps: f64,
                 &mut out,
                 "Attention.",
                 format!(
-                    "Every token's $x$ goes through the heads, and $W_o$ joins them: $a_{{{token}}} {} {}$.",
+                    "Every token's $x$ goes through the heads, and $W_o$ joins them: $a_{{{token}}} {}$ {}.",
                     rel(&v(&pass.attention)),
-                    tuple(&v(&pass.attention))
+                    pieces(&v(&pass.attention))
                 ),
             );
             line(&mut out, "Residual.", sum(r"x + a", &pass.x, &pass.attention, &pass.residual1, digits));
@@ -68,11 +68,25 @@ pub(super) fn block_steps(order: Order, pass: &TokenPass, label: &str, eps: f64,
     }
     let _ = writeln!(
         out,
-        "\nThe block's output for the token: $y_{{{token}}} {} {}$.",
+        "\nThe block's output for the token: $y_{{{token}}} {}$ {}.",
         rel(&v(&pass.output)),
-        tuple(&v(&pass.output))
+        pieces(&v(&pass.output))
     );
     out
+}
+
+/// A vector as pieces of inline math of two numbers each, `$(a, b,$ $c, d)$`: inline math never
+/// wraps inside itself, and a vector of eight numbers is wider than a phone.
+fn pieces(xs: &[Shown]) -> String {
+    let chunks: Vec<String> =
+        xs.chunks(2).map(|c| c.iter().map(tex).collect::<Vec<_>>().join(", ")).collect();
+    let n = chunks.len();
+    let piece = |(i, c): (usize, &String)| {
+        let open = if i == 0 { "(" } else { "" };
+        let close = if i + 1 == n { ")" } else { "," };
+        format!("${open}{c}{close}$")
+    };
+    chunks.iter().enumerate().map(piece).collect::<Vec<_>>().join(" ")
 }
 
 /// `=` when every shown number is the value itself.
@@ -94,9 +108,9 @@ fn feed_forward(
         out,
         "Feed-forward, first layer.",
         format!(
-            "$u = {name} W_1 + b_1 {} {}$: {} numbers, {}× the width.",
+            "$u = {name} W_1 + b_1 {}$ {}: {} numbers, {}× the width.",
             rel(&hidden),
-            tuple(&hidden),
+            pieces(&hidden),
             pass.hidden.len(),
             shown(pass.hidden.len() as f64 / pass.x.len() as f64, digits).text
         ),
@@ -106,20 +120,20 @@ fn feed_forward(
         out,
         "ReLU.",
         format!(
-            "$r = \\max(u, 0) {} {}$: {off} of the {} units are off (0) for this token.",
+            "$r = \\max(u, 0) {}$ {}: {off} of the {} units are off (0) for this token.",
             rel(&relu),
-            tuple(&relu),
+            pieces(&relu),
             pass.relu.len()
         ),
     );
-    line(out, "Feed-forward, second layer.", format!("$f = r W_2 + b_2 {} {}$.", rel(&ffn), tuple(&ffn)));
+    line(out, "Feed-forward, second layer.", format!("$f = r W_2 + b_2 {}$ {}.", rel(&ffn), pieces(&ffn)));
 }
 
 /// `lhs = a + b ≈ total`, component by component.
 fn sum(lhs: &str, a: &[f64], b: &[f64], total: &[f64], digits: usize) -> String {
     let (sa, sb, st) = (shown_all(a, digits), shown_all(b, digits), shown_all(total, digits));
     let exact = (0..st.len()).all(|i| sum_relation(&[sa[i].clone(), sb[i].clone()], &st[i]) == "=");
-    format!("${lhs} = {} + {} {} {}$.", tuple(&sa), tuple(&sb), relation(exact), tuple(&st))
+    format!("${lhs} =$ {} $+$ {} ${}$ {}.", pieces(&sa), pieces(&sb), relation(exact), pieces(&st))
 }
 
 /// A layer norm's steps: the mean, the variance, and the division.
@@ -128,7 +142,7 @@ fn norm(n: &NormRow, input: &str, output: &str, eps: f64, digits: usize) -> Stri
     let (mean, variance, std) = (shown(n.mean, digits), shown(n.variance, digits), shown(n.std, digits));
     let out = shown_all(&n.output, digits);
     format!(
-        "Mean $\\mu {} {}$ (the {d} numbers of ${input}$ added, divided by {d}); variance $\\sigma^2 {} {}$ (the mean squared distance from $\\mu$); $\\sqrt{{\\sigma^2 + \\epsilon}} {} {}$ with $\\epsilon = {}$. Then ${output} = ({input} - \\mu) / \\sqrt{{\\sigma^2 + \\epsilon}} {} {}$.",
+        "Mean $\\mu {} {}$ (the {d} numbers of ${input}$ added, divided by {d}); variance $\\sigma^2 {} {}$ (the mean squared distance from $\\mu$); $\\sqrt{{\\sigma^2 + \\epsilon}} {} {}$ with $\\epsilon = {}$. Then ${output} = ({input} - \\mu) / \\sqrt{{\\sigma^2 + \\epsilon}} {}$ {}.",
         relation(mean.exact),
         mean.text,
         relation(variance.exact),
@@ -137,6 +151,6 @@ fn norm(n: &NormRow, input: &str, output: &str, eps: f64, digits: usize) -> Stri
         std.text,
         crate::format::tex_number(&crate::format::shortest(eps, 0)),
         rel(&out),
-        tuple(&out),
+        pieces(&out),
     )
 }

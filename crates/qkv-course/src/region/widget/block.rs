@@ -55,7 +55,12 @@ pub(super) fn walk(cx: &mut Context<'_, '_>, id: &str, w: &WidgetDecl) -> Result
     let b = match computed(cx, &w.example, "just the block's id")? {
         Computed::Block(b) => b,
         _ => {
-            return Err(wrong_example(cx, &w.example, "a Transformer block", "the id of a `qkv block` block"));
+            return Err(wrong_example(
+                cx,
+                &w.example,
+                "a Transformer block",
+                "the id of a `qkv block` block",
+            ));
         }
     };
     cx.at_most_shown(&[(b.b_1.len(), "components of a vector")])?;
