@@ -44,16 +44,16 @@ pub(super) fn table(
 /// One token's pass: a row per stage with its formula, its vector and the vector's length.
 fn pass_table(b: &BlockResult, order: Order, i: usize, digits: usize) -> String {
     let (_, passes) = b.order(order);
-    let mut out = String::from("| stage | vector | length |\n|:--|:--|--:|\n");
+    let mut out = String::from("| stage | length | vector |\n|:--|--:|:--|\n");
     for stage in passes[i].stages(order) {
         let parts: Vec<String> = stage.vector.iter().map(|&x| shown(x, digits).text).collect();
         let length = length(stage.vector);
         let _ = writeln!(
             out,
-            "| ${}$ | ({}) | {} |",
+            "| ${}$ | {} | ({}) |",
             stage.formula,
-            parts.join(", "),
-            shown(length, digits).text
+            shown(length, digits).text,
+            parts.join(", ")
         );
     }
     out
@@ -64,14 +64,14 @@ fn costs_table(b: &BlockResult) -> String {
     let c = &b.costs;
     let params = c.attention_params + c.ffn_params + c.norm_params;
     let flops = c.projection_flops + c.score_flops + c.ffn_flops;
-    let share = |x: f64, of: f64| format!("{}%", shown(100.0 * x / of, 1).text);
+    let share = |x: f64, of: f64| shown(100.0 * x / of, 1).text;
     let mut out =
-        String::from("| part | parameters | share | operations per token | share |\n|:--|--:|--:|--:|--:|\n");
+        String::from("| part | parameters | % | operations | % |\n|:--|--:|--:|--:|--:|\n");
     let rows = [
-        ("attention: $W_q$, $W_k$, $W_v$, $W_o$", c.attention_params, c.projection_flops),
-        ("attention: scores and weighted values", 0.0, c.score_flops),
-        ("feed-forward: $W_1$, $b_1$, $W_2$, $b_2$", c.ffn_params, c.ffn_flops),
-        ("layer norms: scale and shift", c.norm_params, 0.0),
+        ("$W_q$, $W_k$, $W_v$, $W_o$", c.attention_params, c.projection_flops),
+        ("scores, weighted values", 0.0, c.score_flops),
+        ("feed-forward", c.ffn_params, c.ffn_flops),
+        ("layer norms", c.norm_params, 0.0),
     ];
     for (name, p, f) in rows {
         let _ = writeln!(
@@ -84,6 +84,6 @@ fn costs_table(b: &BlockResult) -> String {
         );
     }
     let _ =
-        writeln!(out, "| **block** | {} | 100% | {} | 100% |", shown(params, 0).text, shown(flops, 0).text);
+        writeln!(out, "| **block** | {} | 100 | {} | 100 |", shown(params, 0).text, shown(flops, 0).text);
     out
 }
