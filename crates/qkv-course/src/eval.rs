@@ -11,10 +11,12 @@ use crate::limits::{self, MAX_ROWS, MAX_WIDTH};
 use crate::values::{Miss, Node, Resolve};
 
 mod block;
+mod gradient;
 mod multi_head;
 mod sequence;
 
 pub(crate) use block::{BlockResult, NormRow, Order, TokenPass, length};
+pub(crate) use gradient::GradientResult;
 
 /// The resolved inputs of an attention example.
 #[derive(Debug, Clone)]
@@ -167,6 +169,8 @@ pub(crate) enum Computed {
     Tiled(Box<TiledResult>),
     /// A Transformer block: both orders of layer norm around a multi-head example.
     Block(Box<BlockResult>),
+    /// The backward of an attention example under a squared-error loss, and descent steps.
+    Gradient(Box<GradientResult>),
 }
 
 /// A decoded example: each token's step as an attention example of one query over the keys
@@ -543,6 +547,7 @@ impl<'d> Evaluator<'d> {
             DeclKind::Decode { example, prompt } => self.decode(decl, example, prompt),
             DeclKind::Tiled { example, query, block } => self.tiled(decl, example, query, block),
             DeclKind::Block(b) => self.block(decl, b),
+            DeclKind::Gradient(g) => self.gradient(decl, g),
             DeclKind::Figure(_) | DeclKind::Page(_) => None,
         }
     }

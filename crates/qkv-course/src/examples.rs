@@ -17,9 +17,11 @@ use crate::limits::{self, MAX_DIM, MAX_DIMS, MAX_SAMPLES};
 use crate::location::LineIndex;
 
 mod block;
+mod gradient;
 mod interactive;
 
 pub(crate) use block::{BlockDecl, DEFAULT_EPS};
+pub(crate) use gradient::GradientDecl;
 
 pub(crate) use interactive::{
     ChoiceKey, Goal, Operand, PageDecl, QuizDecl, QuizKey, QuizOption, SETTINGS_ID, Settings, WidgetDecl,
@@ -153,6 +155,8 @@ pub(crate) enum DeclKind {
     },
     /// A Transformer block around a multi-head example: layer norms, residuals, feed-forward.
     Block(Box<BlockDecl>),
+    /// The backward of an attention example under a squared-error loss, and gradient steps.
+    Gradient(Box<GradientDecl>),
 }
 
 /// A `qkv multi-head` block: heads with their own projections of one `x`, concatenated and
@@ -265,6 +269,7 @@ const KINDS: &[(&str, &[&str])] = &[
     ("decode", &["id", "example", "prompt"]),
     ("tiled", &["id", "example", "query", "block"]),
     ("block", block::FIELDS),
+    ("gradient", gradient::FIELDS),
     ("softmax", &["id", "scores"]),
     ("dot", &["id", "q", "k"]),
     ("weighted-sum", &["id", "weights", "values"]),
@@ -531,6 +536,10 @@ pub(crate) fn parse(doc: usize, block: &Block) -> Result<Decl, Vec<Problem>> {
         }
         "block" => match reader.block(&table) {
             Some(b) => DeclKind::Block(Box::new(b)),
+            None => return Err(reader.problems),
+        },
+        "gradient" => match reader.gradient(&table) {
+            Some(g) => DeclKind::Gradient(Box::new(g)),
             None => return Err(reader.problems),
         },
         "softmax" => match reader.required(&table, "scores", Reader::vector) {

@@ -230,6 +230,8 @@ pub(crate) enum WidgetKind {
     WindowAlibi,
     /// One token through a Transformer block, stage by stage, pre-norm or post-norm.
     BlockWalk,
+    /// A gradient block's descent walked step by step: the loss, the inputs, outputs, gradients.
+    GradientDescent,
 }
 
 impl WidgetKind {
@@ -242,6 +244,7 @@ impl WidgetKind {
         "decode-stepper",
         "window-alibi",
         "block-walk",
+        "gradient-descent",
     ];
     /// The kinds, in the order of their `NAMES`.
     const KINDS: &'static [WidgetKind] = &[
@@ -252,6 +255,7 @@ impl WidgetKind {
         WidgetKind::DecodeStepper,
         WidgetKind::WindowAlibi,
         WidgetKind::BlockWalk,
+        WidgetKind::GradientDescent,
     ];
 
     /// The name authors write in `kind = "..."`.
@@ -728,7 +732,8 @@ impl Reader<'_> {
             | WidgetKind::HeadExplorer
             | WidgetKind::TileStepper
             | WidgetKind::DecodeStepper
-            | WidgetKind::BlockWalk => &[],
+            | WidgetKind::BlockWalk
+            | WidgetKind::GradientDescent => &[],
         };
         for &(name, expected) in needs {
             if table.get(name).is_none() {

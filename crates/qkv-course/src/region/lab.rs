@@ -18,7 +18,7 @@ use crate::notebook;
 
 pub(super) const KIND: Kind = Kind {
     name: "lab",
-    usage: "`lab EXAMPLE.TOKEN`, `lab TILED`, `lab MULTIHEAD`, `lab DECODE` or `lab BLOCK`",
+    usage: "`lab EXAMPLE.TOKEN`, `lab TILED`, `lab MULTIHEAD`, `lab DECODE`, `lab BLOCK` or `lab GRADIENT`",
     options: &["digits", "rounded"],
     generate,
 };
@@ -39,6 +39,10 @@ fn generate(cx: &mut Context<'_, '_>) -> Result<Generated, Problem> {
         Computed::MultiHead(m) if named.rest.is_empty() => {
             let name = format!("notebooks/{}.ipynb", named.key.replace('.', "-"));
             (multi_head::lab(cx, &m, cx.digits)?, name, multi_head::TITLE.to_string(), multi_head::INTRO)
+        }
+        Computed::Gradient(g) if named.rest.is_empty() => {
+            let name = format!("notebooks/{}.ipynb", named.key.replace('.', "-"));
+            (gradient::lab(cx, &g, cx.digits)?, name, gradient::TITLE.to_string(), gradient::INTRO)
         }
         Computed::Block(b) if named.rest.is_empty() => {
             let name = format!("notebooks/{}.ipynb", named.key.replace('.', "-"));
@@ -412,6 +416,7 @@ fn lab_html(lab: &Lab, notebook: &str, colab: Option<&str>, text: &str) -> Strin
 }
 
 mod block;
+mod gradient;
 mod multi_head;
 #[cfg(test)]
 mod tests;

@@ -5,6 +5,7 @@
 use std::fmt::Write;
 
 mod block;
+mod gradient;
 
 use super::{Context, Generated, Kind};
 use crate::error::Problem;
@@ -63,6 +64,24 @@ pub(super) fn worked(cx: &mut Context<'_, '_>, target: &str, digits: usize) -> R
             let (_, passes) = b.order(order);
             cx.at_most_shown(&[(b.b_1.len(), "components of a vector")])?;
             block::block_steps(order, &passes[i], token, b.eps, digits)
+        }
+        // `GRADIENT.TOKEN`: one query's row of the backward.
+        Computed::Gradient(g) => {
+            let (ql, _) = g.labels();
+            let [token] = named.rest.as_slice() else {
+                return Err(cx.problem(
+                    format!("`{target}` needs a query token after the gradient block"),
+                    format!("`{target}.TOKEN`, TOKEN one of {}", ql.join(", ")),
+                ));
+            };
+            let i = ql.iter().position(|t| t == token).ok_or_else(|| {
+                cx.problem(
+                    format!("`{token}` is not a query of the gradient block"),
+                    format!("one of {}", ql.join(", ")),
+                )
+            })?;
+            cx.at_most_shown(&[(g.rows[i].dp.len(), "keys")])?;
+            gradient::gradient_steps(&g, i, digits)
         }
         Computed::Attention { result: Err(_), .. } => {
             return Err(cx.problem("an example that fails has no steps", "`error EXAMPLE` to show its error"));

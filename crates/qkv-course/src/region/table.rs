@@ -11,6 +11,7 @@
 use std::fmt::Write;
 
 mod block;
+mod gradient;
 
 use super::{Context, Generated, Kind};
 use crate::error::Problem;
@@ -40,6 +41,13 @@ fn generate(cx: &mut Context<'_, '_>) -> Result<Generated, Problem> {
         let body = block::table(b, &named.rest, cx.args.get(1).copied(), cx.digits).map_err(|expected| {
             cx.problem(format!("`{}` is not a table of a block", cx.what.trim()), expected)
         })?;
+        return Ok(cx.markdown(body));
+    }
+    if let Computed::Gradient(g) = &named.computed {
+        let body =
+            gradient::table(g, &named.rest, cx.args.get(1).copied(), cx.digits).map_err(|expected| {
+                cx.problem(format!("`{}` is not a table of a gradient block", cx.what.trim()), expected)
+            })?;
         return Ok(cx.markdown(body));
     }
     let body = match (named.computed, named.rest.is_empty()) {

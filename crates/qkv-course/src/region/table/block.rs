@@ -65,8 +65,7 @@ fn costs_table(b: &BlockResult) -> String {
     let params = c.attention_params + c.ffn_params + c.norm_params;
     let flops = c.projection_flops + c.score_flops + c.ffn_flops;
     let share = |x: f64, of: f64| shown(100.0 * x / of, 1).text;
-    let mut out =
-        String::from("| part | parameters | % | operations | % |\n|:--|--:|--:|--:|--:|\n");
+    let mut out = String::from("| part | parameters | % | operations | % |\n|:--|--:|--:|--:|--:|\n");
     let rows = [
         ("$W_q$, $W_k$, $W_v$, $W_o$", c.attention_params, c.projection_flops),
         ("scores, weighted values", 0.0, c.score_flops),
@@ -83,7 +82,6 @@ fn costs_table(b: &BlockResult) -> String {
             share(f, flops)
         );
     }
-    let _ =
-        writeln!(out, "| **block** | {} | 100 | {} | 100 |", shown(params, 0).text, shown(flops, 0).text);
+    let _ = writeln!(out, "| **block** | {} | 100 | {} | 100 |", shown(params, 0).text, shown(flops, 0).text);
     out
 }
