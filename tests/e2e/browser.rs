@@ -14,6 +14,7 @@ mod block;
 mod cdp;
 mod course;
 mod decode;
+mod descent;
 mod dom;
 mod drag;
 mod heads;

@@ -355,7 +355,8 @@ fn every_notebook_runs_in_jupyter_and_prints_what_its_page_shows() {
 
 /// NumPy's own computation of the fixture lesson's cited numbers: multi-head with `W_o`, GQA
 /// under a causal mask with ALiBi, every mask kind, decoding, the tiled trace's output, and a
-/// Transformer block in both orders (NumPy's own mean and variance for the layer norms).
+/// Transformer block in both orders (NumPy's own mean and variance for the layer norms), and
+/// gradients under a causal mask with ALiBi, their descent and a logsumexp.
 const EVERY_KIND_NUMPY: &str = r#"
 import numpy as np
 def softmax_rows(s):
@@ -414,6 +415,24 @@ out["blk.post.NLP.hidden.3"] = hidden(Hp)[2, 2]
 params = sum(w.size for w in Wq + [Wk, Wv, Wo, W1, b1, W2, b2]) + 2 * 2 * 4
 out["blk.params.total"] = params
 out["blk.flops.total"] = 2 * sum(w.size for w in Wq + [Wk, Wv, Wo, W1, W2]) + 2 * 2 * 3 * (2 + 2)
+def backward(Q, K, V, T, visible=None, bias=None):  # NumPy's own backward, from the weights
+    P, O = attend(Q, K, V, visible, bias); dO = O - T
+    dP = dO @ V.T; delta = (P * dP).sum(1, keepdims=True); dS = P * (dP - delta)
+    return dS @ K / np.sqrt(K.shape[1]), dS.T @ Q / np.sqrt(K.shape[1]), P.T @ dO, 0.5 * (dO ** 2).sum(), delta, dS
+mask, bias4 = (d4 <= 0), 0.5 * d4
+T = np.array([[1],[5],[3],[6]], float)
+dQ, dK, dV, L, delta, dS = backward(Q4, K4, V4, T, mask, bias4)
+out["g_alibi.d_queries.c.2"], out["g_alibi.d_keys.a.1"], out["g_alibi.d_values.b.1"] = dQ[2, 1], dK[0, 0], dV[1, 0]
+out["g_alibi.d.delta"], out["g_alibi.d.ds.a"], out["g_alibi.loss"] = delta[3, 0], dS[3, 0], L
+q, k, v = Q4, K4, V4
+for _ in range(2):
+    dq, dk, dv, _, _, _ = backward(q, k, v, T, mask, bias4); q, k, v = q - 0.1 * dq, k - 0.1 * dk, v - 0.1 * dv
+out["g_alibi.steps.2.loss"] = backward(q, k, v, T, mask, bias4)[3]
+S4 = Q4 @ K4.T / np.sqrt(2)
+out["g_four.lse.b"] = np.log(np.exp(S4[1]).sum())
+T4 = np.array([[3],[5],[4],[7]], float)
+dq, dk, dv, _, _, _ = backward(Q4, K4, V4, T4)
+out["g_four.loss_after"] = backward(Q4 - 0.5 * dq, K4 - 0.5 * dk, V4 - 0.5 * dv, T4)[3]
 for k, v in out.items(): print(k, repr(float(v)))
 "#;
 

@@ -2,6 +2,7 @@ use super::*;
 use crate::stale_report;
 
 mod block;
+mod gradient;
 
 /// The two files the tests edit: the lesson and causal masking.
 const ATTENTION: &str = include_str!("../../../../content/01-attention.md");

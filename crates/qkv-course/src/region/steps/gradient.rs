@@ -93,7 +93,7 @@ pub(super) fn gradient_steps(g: &GradientResult, i: usize, digits: usize) -> Str
     );
     let _ = writeln!(
         out,
-        "5. **Into the query.** $dq_{{{q}}} = {} \\sum_j ds_j\\, k_j {} {}$ (the scale $1/\\sqrt{{d_k}}$ of the forward again).",
+        "5. **Into the query.** $dq_{{{q}}} = {} \\sum_j ds_j\\, k_j$ ${} {}$ (the scale $1/\\sqrt{{d_k}}$ of the forward again).",
         n(trace.scale).text,
         rel(&row.d_query),
         tuple(&v(&row.d_query))
