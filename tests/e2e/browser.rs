@@ -27,6 +27,7 @@ mod progress;
 mod quiz;
 mod search;
 mod shuffle;
+mod sweep;
 mod tiles;
 mod window;
 

@@ -356,7 +356,8 @@ fn every_notebook_runs_in_jupyter_and_prints_what_its_page_shows() {
 /// NumPy's own computation of the fixture lesson's cited numbers: multi-head with `W_o`, GQA
 /// under a causal mask with ALiBi, every mask kind, decoding, the tiled trace's output, and a
 /// Transformer block in both orders (NumPy's own mean and variance for the layer norms), and
-/// gradients under a causal mask with ALiBi, their descent and a logsumexp.
+/// gradients under a causal mask with ALiBi, their descent and a logsumexp; RoPE (as complex
+/// multiplication) and sinusoidal encodings.
 const EVERY_KIND_NUMPY: &str = r#"
 import numpy as np
 def softmax_rows(s):
@@ -433,6 +434,19 @@ out["g_four.lse.b"] = np.log(np.exp(S4[1]).sum())
 T4 = np.array([[3],[5],[4],[7]], float)
 dq, dk, dv, _, _, _ = backward(Q4, K4, V4, T4)
 out["g_four.loss_after"] = backward(Q4 - 0.5 * dq, K4 - 0.5 * dk, V4 - 0.5 * dv, T4)[3]
+Qw = np.array([[1,0,2,-1],[0,1,-1,0.5],[1,1,0.5,0]], float); Kw = np.array([[0.5,1,0,-1],[1,0,1,1],[-1,2,0,0.5]], float)
+Vw = np.array([[2,0],[6,1],[4,-1]], float)
+theta = 100.0 ** (-np.arange(0, 4, 2) / 4)
+def rope(x, m):  # each pair as a complex number, turned by e^{i m theta}
+    z = (x[0::2] + 1j * x[1::2]) * np.exp(1j * m * theta); out = np.empty(4); out[0::2], out[1::2] = z.real, z.imag; return out
+def pe(m):
+    out = np.empty(4); out[0::2], out[1::2] = np.sin(m * theta), np.cos(m * theta); return out
+w, o = attend(np.array([rope(q, i) for i, q in enumerate(Qw)]), np.array([rope(k, j) for j, k in enumerate(Kw)]), Vw)
+out["rot.rope.c.weights.a"], out["rot.rope.c.output.1"] = w[2, 0], o[2, 0]
+out["rot.sweep.1.rope_score"] = rope(Qw[2], 1) @ rope(Kw[0], 0) / 2
+out["rot.sweep.4.rope_score"] = rope(Qw[2], 4) @ rope(Kw[0], 3) / 2
+out["rot.sweep.2.sinusoid_score"] = (Qw[2] + pe(2)) @ (Kw[0] + pe(1)) / 2
+out["rot.theta.2"], out["rot.encoding.3.1"], out["rot.encoding.3.4"] = theta[1], pe(3)[0], pe(3)[3]
 for k, v in out.items(): print(k, repr(float(v)))
 "#;
 

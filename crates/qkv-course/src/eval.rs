@@ -13,10 +13,12 @@ use crate::values::{Miss, Node, Resolve};
 mod block;
 mod gradient;
 mod multi_head;
+mod positions;
 mod sequence;
 
 pub(crate) use block::{BlockResult, NormRow, Order, TokenPass, length};
 pub(crate) use gradient::GradientResult;
+pub(crate) use positions::{PositionsResult, angle as positions_angle, sinusoid as positions_sinusoid};
 
 /// The resolved inputs of an attention example.
 #[derive(Debug, Clone)]
@@ -171,6 +173,8 @@ pub(crate) enum Computed {
     Block(Box<BlockResult>),
     /// The backward of an attention example under a squared-error loss, and descent steps.
     Gradient(Box<GradientResult>),
+    /// An attention example with positions: rotary and sinusoidal, and a sweep.
+    Positions(Box<PositionsResult>),
 }
 
 /// A decoded example: each token's step as an attention example of one query over the keys
@@ -234,6 +238,11 @@ impl Computed {
                 let (_, m, _) = b.orders.into_iter().find(|(o, _, _)| *o == order).expect("both orders");
                 let (part, taken) = Computed::MultiHead(Box::new(m)).part(rest);
                 (part, taken + 2)
+            }
+            // `rope` and `sinusoid` of a positions block are attention examples.
+            (Computed::Positions(p), [name, ..]) if p.example(name).is_some() => {
+                let (inputs, result) = p.example(name).cloned().expect("checked");
+                (Computed::Attention { inputs, result: Ok(result) }, 1)
             }
             (computed, _) => (computed, 0),
         }
@@ -548,6 +557,7 @@ impl<'d> Evaluator<'d> {
             DeclKind::Tiled { example, query, block } => self.tiled(decl, example, query, block),
             DeclKind::Block(b) => self.block(decl, b),
             DeclKind::Gradient(g) => self.gradient(decl, g),
+            DeclKind::Positions(p) => self.positions(decl, p),
             DeclKind::Figure(_) | DeclKind::Page(_) => None,
         }
     }

@@ -19,9 +19,11 @@ use crate::location::LineIndex;
 mod block;
 mod gradient;
 mod interactive;
+mod positions;
 
 pub(crate) use block::{BlockDecl, DEFAULT_EPS};
 pub(crate) use gradient::GradientDecl;
+pub(crate) use positions::PositionsDecl;
 
 pub(crate) use interactive::{
     ChoiceKey, Goal, Operand, PageDecl, QuizDecl, QuizKey, QuizOption, SETTINGS_ID, Settings, WidgetDecl,
@@ -157,6 +159,8 @@ pub(crate) enum DeclKind {
     Block(Box<BlockDecl>),
     /// The backward of an attention example under a squared-error loss, and gradient steps.
     Gradient(Box<GradientDecl>),
+    /// Positions for an attention example: rotary embeddings, sinusoidal encodings, a sweep.
+    Positions(Box<PositionsDecl>),
 }
 
 /// A `qkv multi-head` block: heads with their own projections of one `x`, concatenated and
@@ -270,6 +274,7 @@ const KINDS: &[(&str, &[&str])] = &[
     ("tiled", &["id", "example", "query", "block"]),
     ("block", block::FIELDS),
     ("gradient", gradient::FIELDS),
+    ("positions", positions::FIELDS),
     ("softmax", &["id", "scores"]),
     ("dot", &["id", "q", "k"]),
     ("weighted-sum", &["id", "weights", "values"]),
@@ -536,6 +541,10 @@ pub(crate) fn parse(doc: usize, block: &Block) -> Result<Decl, Vec<Problem>> {
         }
         "block" => match reader.block(&table) {
             Some(b) => DeclKind::Block(Box::new(b)),
+            None => return Err(reader.problems),
+        },
+        "positions" => match reader.positions(&table) {
+            Some(p) => DeclKind::Positions(Box::new(p)),
             None => return Err(reader.problems),
         },
         "gradient" => match reader.gradient(&table) {

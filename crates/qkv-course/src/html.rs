@@ -29,6 +29,7 @@ const SCRIPT_PARTS: &[&str] = &[
     include_str!("html/js/window.js"),
     include_str!("html/js/block.js"),
     include_str!("html/js/descent.js"),
+    include_str!("html/js/sweep.js"),
     include_str!("html/js/lab.js"),
     include_str!("html/js/decode.js"),
     include_str!("html/js/init.js"),

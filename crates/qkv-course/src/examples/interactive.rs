@@ -232,6 +232,8 @@ pub(crate) enum WidgetKind {
     BlockWalk,
     /// A gradient block's descent walked step by step: the loss, the inputs, outputs, gradients.
     GradientDescent,
+    /// A positions block's sweep: a query moved along the positions, its key a distance behind.
+    PositionSweep,
 }
 
 impl WidgetKind {
@@ -245,6 +247,7 @@ impl WidgetKind {
         "window-alibi",
         "block-walk",
         "gradient-descent",
+        "position-sweep",
     ];
     /// The kinds, in the order of their `NAMES`.
     const KINDS: &'static [WidgetKind] = &[
@@ -256,6 +259,7 @@ impl WidgetKind {
         WidgetKind::WindowAlibi,
         WidgetKind::BlockWalk,
         WidgetKind::GradientDescent,
+        WidgetKind::PositionSweep,
     ];
 
     /// The name authors write in `kind = "..."`.
@@ -733,7 +737,8 @@ impl Reader<'_> {
             | WidgetKind::TileStepper
             | WidgetKind::DecodeStepper
             | WidgetKind::BlockWalk
-            | WidgetKind::GradientDescent => &[],
+            | WidgetKind::GradientDescent
+            | WidgetKind::PositionSweep => &[],
         };
         for &(name, expected) in needs {
             if table.get(name).is_none() {

@@ -3,6 +3,7 @@ use crate::stale_report;
 
 mod block;
 mod gradient;
+mod positions;
 
 /// The two files the tests edit: the lesson and causal masking.
 const ATTENTION: &str = include_str!("../../../../content/01-attention.md");

@@ -18,7 +18,7 @@ use crate::notebook;
 
 pub(super) const KIND: Kind = Kind {
     name: "lab",
-    usage: "`lab EXAMPLE.TOKEN`, `lab TILED`, `lab MULTIHEAD`, `lab DECODE`, `lab BLOCK` or `lab GRADIENT`",
+    usage: "`lab EXAMPLE.TOKEN`, `lab TILED`, `lab MULTIHEAD`, `lab DECODE`, `lab BLOCK`, `lab GRADIENT` or `lab POSITIONS`",
     options: &["digits", "rounded"],
     generate,
 };
@@ -39,6 +39,10 @@ fn generate(cx: &mut Context<'_, '_>) -> Result<Generated, Problem> {
         Computed::MultiHead(m) if named.rest.is_empty() => {
             let name = format!("notebooks/{}.ipynb", named.key.replace('.', "-"));
             (multi_head::lab(cx, &m, cx.digits)?, name, multi_head::TITLE.to_string(), multi_head::INTRO)
+        }
+        Computed::Positions(p) if named.rest.is_empty() => {
+            let name = format!("notebooks/{}.ipynb", named.key.replace('.', "-"));
+            (positions::lab(&p, cx.digits), name, positions::TITLE.to_string(), positions::INTRO)
         }
         Computed::Gradient(g) if named.rest.is_empty() => {
             let name = format!("notebooks/{}.ipynb", named.key.replace('.', "-"));
@@ -418,5 +422,6 @@ fn lab_html(lab: &Lab, notebook: &str, colab: Option<&str>, text: &str) -> Strin
 mod block;
 mod gradient;
 mod multi_head;
+mod positions;
 #[cfg(test)]
 mod tests;

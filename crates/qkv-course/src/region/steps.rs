@@ -6,6 +6,7 @@ use std::fmt::Write;
 
 mod block;
 mod gradient;
+mod positions;
 
 use super::{Context, Generated, Kind};
 use crate::error::Problem;
@@ -83,6 +84,7 @@ pub(super) fn worked(cx: &mut Context<'_, '_>, target: &str, digits: usize) -> R
             cx.at_most_shown(&[(g.rows[i].dp.len(), "keys")])?;
             gradient::gradient_steps(&g, i, digits)
         }
+        Computed::Positions(p) if named.rest.is_empty() => positions::positions_steps(&p, digits),
         Computed::Attention { result: Err(_), .. } => {
             return Err(cx.problem("an example that fails has no steps", "`error EXAMPLE` to show its error"));
         }
@@ -111,7 +113,7 @@ pub(super) fn worked(cx: &mut Context<'_, '_>, target: &str, digits: usize) -> R
             ])?;
             tiled_steps(&t, digits)
         }
-        Computed::Matrix { .. } | Computed::MultiHead(_) | Computed::Decode(_) => {
+        Computed::Matrix { .. } | Computed::MultiHead(_) | Computed::Decode(_) | Computed::Positions(_) => {
             return Err(cx.problem(
                 format!("`{target}` has no worked steps of its own"),
                 "`EXAMPLE.TOKEN` of an attention example, `MULTIHEAD.heads.HEAD.TOKEN` for one head, `DECODE.TOKEN` for one step, or a `qkv tiled` block",

@@ -12,6 +12,7 @@ use std::fmt::Write;
 
 mod block;
 mod gradient;
+mod positions;
 
 use super::{Context, Generated, Kind};
 use crate::error::Problem;
@@ -41,6 +42,13 @@ fn generate(cx: &mut Context<'_, '_>) -> Result<Generated, Problem> {
         let body = block::table(b, &named.rest, cx.args.get(1).copied(), cx.digits).map_err(|expected| {
             cx.problem(format!("`{}` is not a table of a block", cx.what.trim()), expected)
         })?;
+        return Ok(cx.markdown(body));
+    }
+    if let Computed::Positions(p) = &named.computed {
+        let body =
+            positions::table(p, &named.rest, cx.args.get(1).copied(), cx.digits).map_err(|expected| {
+                cx.problem(format!("`{}` is not a table of a positions block", cx.what.trim()), expected)
+            })?;
         return Ok(cx.markdown(body));
     }
     if let Computed::Gradient(g) = &named.computed {

@@ -15,6 +15,7 @@
 //!   bias, the weights and the outputs, every state computed by the build.
 //! - `block-walk` (`widget/block.rs`): one token through a Transformer block, pre- or post-norm.
 //! - `gradient-descent` (`widget/descent.rs`): a gradient block's steps, one at a time.
+//! - `position-sweep` (`widget/sweep.rs`): a query moved along the positions, RoPE against sinusoids.
 
 use std::fmt::Write;
 
@@ -43,6 +44,7 @@ fn generate(cx: &mut Context<'_, '_>) -> Result<Generated, Problem> {
         WidgetKind::DecodeStepper => decode::stepper(cx, id, widget)?,
         WidgetKind::BlockWalk => block::walk(cx, id, widget)?,
         WidgetKind::GradientDescent => descent::descent(cx, id, widget)?,
+        WidgetKind::PositionSweep => sweep::sweep(cx, id, widget)?,
         WidgetKind::TileStepper => {
             let prompt = widget.prompt.fill(cx.eval, cx.doc)?;
             tiles::widget(cx, id, widget, &prompt)?
@@ -634,6 +636,7 @@ mod block;
 mod decode;
 mod descent;
 mod heads;
+mod sweep;
 mod tiles;
 mod window;
 
