@@ -63,23 +63,12 @@ impl Widget {
 
 /// Every readout's text, the state attributes, the state line and the live region.
 fn read(b: &mut Browser, w: &Widget) -> (BTreeMap<String, String>, [String; 4]) {
-    let v = b.eval(&format!(
-        "(() => {{ const root = document.querySelector({root});
-           const readouts = Object.fromEntries(Array.from(root.querySelectorAll('[data-qkv-readout]'),
-             (e) => [e.dataset.qkvReadout, e.textContent.trim()]));
-           return {{ readouts, order: root.dataset.qkvOrder, token: root.dataset.qkvToken,
-                     state: root.querySelector('[data-qkv-state]').textContent,
-                     announce: root.querySelector('[data-qkv-announce]').textContent }}; }})()",
-        root = js(&w.root)
-    ));
-    let readouts = v["readouts"]
-        .as_object()
-        .expect("readouts")
-        .iter()
-        .map(|(k, x)| (k.clone(), x.as_str().unwrap_or_default().to_string()))
-        .collect();
-    let text = |key: &str| v[key].as_str().unwrap_or_default().to_string();
-    (readouts, [text("order"), text("token"), text("state"), text("announce")])
+    let readouts = b.readouts(&w.root);
+    let attr = |b: &mut Browser, name: &str| b.attr(&w.root, name).unwrap_or_default();
+    let (order, token) = (attr(b, "data-qkv-order"), attr(b, "data-qkv-token"));
+    let state = b.text(&format!("{} [data-qkv-state]", w.root));
+    let announce = b.text(&format!("{} [data-qkv-announce]", w.root));
+    (readouts, [order, token, state, announce])
 }
 
 /// Every difference between the shown readouts and the record at `order` and `token`.

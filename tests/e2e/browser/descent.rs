@@ -62,22 +62,9 @@ impl Widget {
 }
 
 fn read(b: &mut super::cdp::Browser, w: &Widget) -> (BTreeMap<String, String>, String, String) {
-    let v = b.eval(&format!(
-        "(() => {{ const root = document.querySelector({root});
-           const readouts = Object.fromEntries(Array.from(root.querySelectorAll('[data-qkv-readout]'),
-             (e) => [e.dataset.qkvReadout, e.textContent.trim()]));
-           return {{ readouts, step: root.dataset.qkvStep,
-                     announce: root.querySelector('[data-qkv-announce]').textContent }}; }})()",
-        root = js(&w.root)
-    ));
-    let readouts = v["readouts"]
-        .as_object()
-        .expect("readouts")
-        .iter()
-        .map(|(k, x)| (k.clone(), x.as_str().unwrap_or_default().to_string()))
-        .collect();
-    let text = |key: &str| v[key].as_str().unwrap_or_default().to_string();
-    (readouts, text("step"), text("announce"))
+    let readouts = b.readouts(&w.root);
+    let step = b.attr(&w.root, "data-qkv-step").unwrap_or_default();
+    (readouts, step, b.text(&format!("{} [data-qkv-announce]", w.root)))
 }
 
 fn assert_step(w: &Widget, readouts: &BTreeMap<String, String>, s: usize) {
