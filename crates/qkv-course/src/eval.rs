@@ -244,6 +244,13 @@ impl Computed {
                 let (inputs, result) = p.example(name).cloned().expect("checked");
                 (Computed::Attention { inputs, result: Ok(result) }, 1)
             }
+            // `steps.N` of a gradient block is the example after step N (`steps.0`, the start).
+            (Computed::Gradient(g), [steps, n, ..])
+                if steps == "steps" && n.parse::<usize>().is_ok_and(|n| n < g.steps.len()) =>
+            {
+                let step = g.steps.into_iter().nth(n.parse().expect("checked")).expect("checked");
+                (Computed::Attention { inputs: step.inputs, result: Ok(step.result) }, 2)
+            }
             (computed, _) => (computed, 0),
         }
     }

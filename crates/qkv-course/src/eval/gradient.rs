@@ -284,6 +284,10 @@ fn gradient_node(g: &GradientResult) -> Node {
             ("keys", rows_node(&kl, &s.inputs.keys)),
             ("values", rows_node(&kl, &s.inputs.values)),
             ("output", rows_node(&ql, &rows(&s.result.output))),
+            (
+                "weights",
+                Node::labelled(&ql, s.result.weights.rows().into_iter().map(|r| numbers(&kl, &r.to_vec()))),
+            ),
         ])
     });
     entries.push(("steps".into(), Node::numbered(steps)));

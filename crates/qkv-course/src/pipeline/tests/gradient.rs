@@ -59,6 +59,13 @@ fn gradients_equal_finite_differences_and_the_engine_s_fast_backward() {
         let after = loss(&by_hand, &target, &options);
         assert!((get(&format!("{id}.steps.1.loss")) - after).abs() < 1e-12, "{id} step");
         assert!(after < base, "{id}: a step raised the loss from {base} to {after}");
+        let stepped =
+            qkv::reference::attention(by_hand[0].view(), by_hand[1].view(), by_hand[2].view(), &options)
+                .expect("forward");
+        for ((i, j), &w) in stepped.weights.indexed_iter() {
+            let ours = get(&format!("{id}.steps.1.weights.{}.{}", tokens[i], tokens[j]));
+            assert!((ours - w).abs() < 1e-12, "{id} weight {i},{j} after a step: {ours} vs {w}");
+        }
         // The engine's fast backward, one batch of one head, from its own saved logsumexp.
         let four_d = |a: &Array2<f64>| a.clone().insert_axis(Axis(0)).insert_axis(Axis(0));
         let (q, k, v): (Array4<f64>, Array4<f64>, Array4<f64>) =
