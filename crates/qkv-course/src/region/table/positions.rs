@@ -18,9 +18,7 @@ pub(super) fn table(
 ) -> Result<String, String> {
     match (rest, field) {
         ([], Some("sweep")) => {
-            let mut out = String::from(
-                "| query at | key at | score, RoPE | score, sinusoids added |\n|--:|--:|--:|--:|\n",
-            );
+            let mut out = String::from("| query at | key at | RoPE | sinusoids |\n|--:|--:|--:|--:|\n");
             for s in &p.sweep {
                 let _ = writeln!(
                     out,

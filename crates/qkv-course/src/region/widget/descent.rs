@@ -69,7 +69,7 @@ pub(super) fn descent(
     };
     // Self-attention: one row per token; queries and keys go by the same labels.
     let mut markdown = format!(
-        "**Try it.** {}\n\n{} Loss: {}.\n\n| token | query | key | value | output | $dq$ |\n|:--|:--|:--|:--|:--|:--|\n",
+        "**Try it.** {}\n\n{} Loss: {}.\n\n| token | output | $dq$ | query | key | value |\n|:--|:--|:--|:--|:--|:--|\n",
         prompt.trim(),
         title(0, last),
         get(0, "loss")
@@ -78,11 +78,11 @@ pub(super) fn descent(
         let _ = writeln!(
             markdown,
             "| {q} | {} | {} | {} | {} | {} |",
+            get(0, &format!("output:{q}")),
+            get(0, &format!("dq:{q}")),
             get(0, &format!("query:{q}")),
             get(0, &format!("key:{k}")),
-            get(0, &format!("value:{k}")),
-            get(0, &format!("output:{q}")),
-            get(0, &format!("dq:{q}"))
+            get(0, &format!("value:{k}"))
         );
     }
     let data = json!({
@@ -106,16 +106,16 @@ pub(super) fn descent(
         get(0, "loss")
     );
     html.push_str(&scroll_box("Readouts"));
-    html.push_str("<table class=\"readouts\">\n<thead><tr><th scope=\"col\">token</th><th scope=\"col\">query</th><th scope=\"col\">key</th><th scope=\"col\">value</th><th scope=\"col\">output</th><th scope=\"col\">dq</th></tr></thead>\n<tbody>\n");
+    html.push_str("<table class=\"readouts\">\n<thead><tr><th scope=\"col\">token</th><th scope=\"col\">output</th><th scope=\"col\">dq</th><th scope=\"col\">query</th><th scope=\"col\">key</th><th scope=\"col\">value</th></tr></thead>\n<tbody>\n");
     for (q, k) in ql.iter().zip(&kl) {
         let (q, k) = (escape(q), escape(k));
         let _ = write!(html, "<tr><th scope=\"row\">{q}</th>");
         for name in [
+            format!("output:{q}"),
+            format!("dq:{q}"),
             format!("query:{q}"),
             format!("key:{k}"),
             format!("value:{k}"),
-            format!("output:{q}"),
-            format!("dq:{q}"),
         ] {
             let _ = write!(html, "<td data-qkv-readout=\"{name}\">{}</td>", get(0, &name));
         }
