@@ -13,6 +13,25 @@ use crate::values::Node;
 
 type Matrix = Vec<Vec<f64>>;
 
+/// The names of a gradient block's own values, beside which each query's row is listed.
+const FIELDS: &[&str] = &[
+    "learning_rate",
+    "loss",
+    "loss_after",
+    "norm2",
+    "queries",
+    "keys",
+    "values",
+    "target",
+    "output",
+    "d_output",
+    "d_queries",
+    "d_keys",
+    "d_values",
+    "lse",
+    "steps",
+];
+
 /// How far the fast backward may be from the reference on a lesson's small example, in f64.
 const FAST_TOLERANCE: f64 = 1e-9;
 
@@ -151,6 +170,20 @@ impl Evaluator<'_> {
                 format!("`{}` fails: {e}", g.example.value),
                 g.example.value.clone(),
                 "an example that computes",
+            );
+            return None;
+        }
+        // Each query's row sits beside the record's own fields, so no label may be one of them.
+        if let Some(label) = inputs.query_labels().into_iter().find(|l| FIELDS.contains(&l.as_str())) {
+            self.fail(
+                decl,
+                g.example.at,
+                format!(
+                    "token `{label}` of `{}` is also the name of a gradient block's field",
+                    g.example.value
+                ),
+                g.example.value.clone(),
+                format!("token labels other than {}", FIELDS.join(", ")),
             );
             return None;
         }

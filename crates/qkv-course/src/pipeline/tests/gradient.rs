@@ -104,3 +104,15 @@ fn gradients_equal_finite_differences_and_the_engine_s_fast_backward() {
         assert!((by_rows / 2f64.sqrt() - reference).abs() < 1e-12, "row by hand, column {c}");
     }
 }
+
+/// A query labelled like one of the block's own fields would be shadowed in paths: an error at
+/// the block's `example`, with its position.
+#[test]
+fn a_token_named_like_a_gradient_field_is_an_error_at_the_example() {
+    let lesson = "# T\n\n```qkv attention\nid = \"ex\"\ntokens = [\"loss\", \"b\"]\nqueries = [[1], [0]]\nkeys = [[1], [0]]\nvalues = [[1], [2]]\n```\n\n```qkv gradient\nid = \"g\"\nexample = \"ex\"\ntarget = [[0], [0]]\nlearning_rate = 0.1\n```\n";
+    let error = match super::check(&one_file(lesson)) {
+        Ok(_) => panic!("the lesson built"),
+        Err(e) => e.to_string(),
+    };
+    assert!(error.contains("content/01-test.md:13:12: token `loss` of `ex` is also the name"), "{error}");
+}
