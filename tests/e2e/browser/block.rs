@@ -29,20 +29,20 @@ struct Widget {
 }
 
 fn widget() -> Widget {
-    let (section, block) = lesson().widget_block("block-walk");
-    let field = |name: &str| block.get(name).and_then(toml::Value::as_str).map(str::to_string);
-    let id = field("id").expect("an id");
-    let example = field("example").expect("a block");
-    let tokens = lesson().names(&section.id, &format!("{example}.pre"), "x.1");
+    let w = lesson().widget_names("block-walk");
+    let tokens = lesson().names(&w.section, &format!("{}.pre", w.example), "x.1");
     assert!(tokens.len() >= 2, "the block has too few tokens to walk: {tokens:?}");
+    let (_, block) = lesson().widget_block("block-walk");
+    let start =
+        block.get("query").and_then(toml::Value::as_str).map_or_else(|| tokens[0].clone(), str::to_string);
     Widget {
-        root: format!("[data-qkv-widget=\"block-walk\"]#widget-{id}"),
-        page: format!("{}.html", section.id),
-        section: section.id.clone(),
-        start: field("query").unwrap_or_else(|| tokens[0].clone()),
-        block: example,
+        root: w.root,
+        page: w.page,
+        section: w.section,
+        block: w.example,
         tokens,
-        digits: block.get("digits").and_then(toml::Value::as_integer).unwrap_or(4) as usize,
+        start,
+        digits: w.digits,
     }
 }
 

@@ -21,21 +21,18 @@ struct Widget {
 }
 
 fn widget() -> Widget {
-    let (section, block) = lesson().widget_block("gradient-descent");
-    let field = |name: &str| block.get(name).and_then(toml::Value::as_str).map(str::to_string);
-    let id = field("id").expect("an id");
-    let example = field("example").expect("a gradient block");
-    let tokens = lesson().names(&section.id, &format!("{example}.d_queries"), "1");
-    let steps = lesson().names(&section.id, &format!("{example}.steps"), "loss").len();
+    let w = lesson().widget_names("gradient-descent");
+    let tokens = lesson().names(&w.section, &format!("{}.d_queries", w.example), "1");
+    let steps = lesson().names(&w.section, &format!("{}.steps", w.example), "loss").len();
     assert!(tokens.len() >= 2 && steps >= 2, "too little to walk: {tokens:?}, {steps} steps");
     Widget {
-        root: format!("[data-qkv-widget=\"gradient-descent\"]#widget-{id}"),
-        page: format!("{}.html", section.id),
-        section: section.id.clone(),
-        block: example,
+        root: w.root,
+        page: w.page,
+        section: w.section,
+        block: w.example,
         tokens,
         steps,
-        digits: block.get("digits").and_then(toml::Value::as_integer).unwrap_or(4) as usize,
+        digits: w.digits,
     }
 }
 

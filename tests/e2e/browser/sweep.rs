@@ -18,20 +18,10 @@ struct Widget {
 }
 
 fn widget() -> Widget {
-    let (section, block) = lesson().widget_block("position-sweep");
-    let field = |name: &str| block.get(name).and_then(toml::Value::as_str).map(str::to_string);
-    let id = field("id").expect("an id");
-    let example = field("example").expect("a positions block");
-    let points = lesson().names(&section.id, &format!("{example}.sweep"), "rope_score").len();
+    let w = lesson().widget_names("position-sweep");
+    let points = lesson().names(&w.section, &format!("{}.sweep", w.example), "rope_score").len();
     assert!(points >= 3, "a sweep of {points} points is too short to test");
-    Widget {
-        root: format!("[data-qkv-widget=\"position-sweep\"]#widget-{id}"),
-        page: format!("{}.html", section.id),
-        section: section.id.clone(),
-        block: example,
-        points,
-        digits: block.get("digits").and_then(toml::Value::as_integer).unwrap_or(4) as usize,
-    }
+    Widget { root: w.root, page: w.page, section: w.section, block: w.example, points, digits: w.digits }
 }
 
 /// Every readout of point `s` (from 1) against the record.
