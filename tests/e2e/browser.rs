@@ -10,9 +10,11 @@
 //! `target/browser-screenshots/`.
 
 mod a11y;
+mod block;
 mod cdp;
 mod course;
 mod decode;
+mod descent;
 mod dom;
 mod drag;
 mod heads;
@@ -25,6 +27,7 @@ mod progress;
 mod quiz;
 mod search;
 mod shuffle;
+mod sweep;
 mod tiles;
 mod window;
 

@@ -354,7 +354,10 @@ fn every_notebook_runs_in_jupyter_and_prints_what_its_page_shows() {
 }
 
 /// NumPy's own computation of the fixture lesson's cited numbers: multi-head with `W_o`, GQA
-/// under a causal mask with ALiBi, every mask kind, decoding and the tiled trace's output.
+/// under a causal mask with ALiBi, every mask kind, decoding, the tiled trace's output, and a
+/// Transformer block in both orders (NumPy's own mean and variance for the layer norms), and
+/// gradients under a causal mask with ALiBi, their descent and a logsumexp; RoPE (as complex
+/// multiplication) and sinusoidal encodings.
 const EVERY_KIND_NUMPY: &str = r#"
 import numpy as np
 def softmax_rows(s):
@@ -394,6 +397,56 @@ out["flash.output"] = o[0, 0]
 s = K4 @ Q4[3] / np.sqrt(2)
 out["flash.blocks.1.max"] = s[:3].max()
 out["flash.blocks.2.rescale"] = np.exp(s[:3].max() - max(s[:3].max(), s[3]))
+Xb = np.array([[1,0,2,-1],[0,1,-1,0],[1,1,0.5,0]], float)
+Wk = np.array([[1,0],[0,1],[0,0],[1,1]], float); Wv = np.array([[1,0],[0,1],[1,1],[0,0]], float)
+Wq = [np.array([[1,0],[0,1],[1,0],[0,1]], float), np.array([[0,1],[1,0],[0,0],[1,1]], float)]
+Wo = np.array([[1,0,0,0.5],[0,1,0.5,0],[0,0,1,0],[-0.5,0,0,1]], float)
+W1 = np.array([[1,0,-1],[0,1,0],[-1,0,1],[0.5,-1,0]], float); b1 = np.array([0,0.5,-0.5])
+W2 = np.array([[0.5,0,0,-1],[0,0.5,1,0],[-0.5,0,0.5,0]], float); b2 = np.array([0.25,0,0,-0.25])
+def ln(H): return (H - H.mean(1, keepdims=True)) / np.sqrt(H.var(1, keepdims=True) + 0.001)
+def mha(H): return np.hstack([attend(H @ q, H @ Wk, H @ Wv)[1] for q in Wq]) @ Wo
+def hidden(H): return H @ W1 + b1
+def ffn(H): return np.maximum(hidden(H), 0) @ W2 + b2
+H = Xb + mha(ln(Xb)); pre = H + ffn(ln(H))
+Hp = ln(Xb + mha(Xb)); post = ln(Hp + ffn(Hp))
+out["blk.pre.love.output.1"], out["blk.pre.love.output.4"] = pre[1, 0], pre[1, 3]
+out["blk.pre.love.norm1.variance"] = Xb[1].var()
+out["blk.post.NLP.output.1"], out["blk.post.NLP.output.3"] = post[2, 0], post[2, 2]
+out["blk.post.NLP.hidden.3"] = hidden(Hp)[2, 2]
+params = sum(w.size for w in Wq + [Wk, Wv, Wo, W1, b1, W2, b2]) + 2 * 2 * 4
+out["blk.params.total"] = params
+out["blk.flops.total"] = 2 * sum(w.size for w in Wq + [Wk, Wv, Wo, W1, W2]) + 2 * 2 * 3 * (2 + 2)
+def backward(Q, K, V, T, visible=None, bias=None):  # NumPy's own backward, from the weights
+    P, O = attend(Q, K, V, visible, bias); dO = O - T
+    dP = dO @ V.T; delta = (P * dP).sum(1, keepdims=True); dS = P * (dP - delta)
+    return dS @ K / np.sqrt(K.shape[1]), dS.T @ Q / np.sqrt(K.shape[1]), P.T @ dO, 0.5 * (dO ** 2).sum(), delta, dS
+mask, bias4 = (d4 <= 0), 0.5 * d4
+T = np.array([[1],[5],[3],[6]], float)
+dQ, dK, dV, L, delta, dS = backward(Q4, K4, V4, T, mask, bias4)
+out["g_alibi.d_queries.c.2"], out["g_alibi.d_keys.a.1"], out["g_alibi.d_values.b.1"] = dQ[2, 1], dK[0, 0], dV[1, 0]
+out["g_alibi.d.delta"], out["g_alibi.d.ds.a"], out["g_alibi.loss"] = delta[3, 0], dS[3, 0], L
+q, k, v = Q4, K4, V4
+for _ in range(2):
+    dq, dk, dv, _, _, _ = backward(q, k, v, T, mask, bias4); q, k, v = q - 0.1 * dq, k - 0.1 * dk, v - 0.1 * dv
+out["g_alibi.steps.2.loss"] = backward(q, k, v, T, mask, bias4)[3]
+S4 = Q4 @ K4.T / np.sqrt(2)
+out["g_four.lse.b"] = np.log(np.exp(S4[1]).sum())
+T4 = np.array([[3],[5],[4],[7]], float)
+dq, dk, dv, _, _, _ = backward(Q4, K4, V4, T4)
+out["g_four.loss_after"] = backward(Q4 - 0.5 * dq, K4 - 0.5 * dk, V4 - 0.5 * dv, T4)[3]
+Qw = np.array([[1,0,2,-1],[0,1,-1,0.5],[1,1,0.5,0]], float); Kw = np.array([[0.5,1,0,-1],[1,0,1,1],[-1,2,0,0.5]], float)
+Vw = np.array([[2,0],[6,1],[4,-1]], float)
+theta = 100.0 ** (-np.arange(0, 4, 2) / 4)
+def rope(x, m):  # each pair as a complex number, turned by e^{i m theta}
+    z = (x[0::2] + 1j * x[1::2]) * np.exp(1j * m * theta); out = np.empty(4); out[0::2], out[1::2] = z.real, z.imag; return out
+def pe(m):
+    out = np.empty(4); out[0::2], out[1::2] = np.sin(m * theta), np.cos(m * theta); return out
+w, o = attend(np.array([rope(q, i) for i, q in enumerate(Qw)]), np.array([rope(k, j) for j, k in enumerate(Kw)]), Vw)
+out["rot.rope.c.weights.a"], out["rot.rope.c.output.1"] = w[2, 0], o[2, 0]
+out["rot.sweep.1.rope_score"] = rope(Qw[2], 1) @ rope(Kw[0], 0) / 2
+out["rot.sweep.4.rope_score"] = rope(Qw[2], 4) @ rope(Kw[0], 3) / 2
+out["rot.sweep.2.sinusoid_score"] = (Qw[2] + pe(2)) @ (Kw[0] + pe(1)) / 2
+out["rot.theta.2"], out["rot.encoding.3.1"], out["rot.encoding.3.4"] = theta[1], pe(3)[0], pe(3)[3]
 for k, v in out.items(): print(k, repr(float(v)))
 "#;
 

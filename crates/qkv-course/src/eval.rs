@@ -10,8 +10,15 @@ use crate::examples::{AttentionDecl, Decl, DeclKind, Field, Input, Limits, Mask}
 use crate::limits::{self, MAX_ROWS, MAX_WIDTH};
 use crate::values::{Miss, Node, Resolve};
 
+mod block;
+mod gradient;
 mod multi_head;
+mod positions;
 mod sequence;
+
+pub(crate) use block::{BlockResult, NormRow, Order, TokenPass, length};
+pub(crate) use gradient::GradientResult;
+pub(crate) use positions::{PositionsResult, angle as positions_angle, sinusoid as positions_sinusoid};
 
 /// The resolved inputs of an attention example.
 #[derive(Debug, Clone)]
@@ -164,6 +171,12 @@ pub(crate) enum Computed {
     Tiled(Box<TiledResult>),
     /// A `measurements` figure's data file: only its record, which prose cites.
     Measured,
+    /// A Transformer block: both orders of layer norm around a multi-head example.
+    Block(Box<BlockResult>),
+    /// The backward of an attention example under a squared-error loss, and descent steps.
+    Gradient(Box<GradientResult>),
+    /// An attention example with positions: rotary and sinusoidal, and a sweep.
+    Positions(Box<PositionsResult>),
 }
 
 /// A decoded example: each token's step as an attention example of one query over the keys
@@ -218,6 +231,27 @@ impl Computed {
             (Computed::Decode(d), [token, ..]) if d.steps.iter().any(|(t, _, _)| t == token) => {
                 let (_, inputs, result) = d.steps.into_iter().find(|(t, _, _)| t == token).expect("checked");
                 (Computed::Attention { inputs, result: Ok(result) }, 1)
+            }
+            // `attn.pre` of a block is the multi-head attention its pre-norm order ran.
+            (Computed::Block(b), [attn, order, rest @ ..])
+                if attn == "attn" && Order::from_name(order).is_some() =>
+            {
+                let order = Order::from_name(order).expect("checked");
+                let (_, m, _) = b.orders.into_iter().find(|(o, _, _)| *o == order).expect("both orders");
+                let (part, taken) = Computed::MultiHead(Box::new(m)).part(rest);
+                (part, taken + 2)
+            }
+            // `rope` and `sinusoid` of a positions block are attention examples.
+            (Computed::Positions(p), [name, ..]) if p.example(name).is_some() => {
+                let (inputs, result) = p.example(name).cloned().expect("checked");
+                (Computed::Attention { inputs, result: Ok(result) }, 1)
+            }
+            // `steps.N` of a gradient block is the example after step N (`steps.0`, the start).
+            (Computed::Gradient(g), [steps, n, ..])
+                if steps == "steps" && n.parse::<usize>().is_ok_and(|n| n < g.steps.len()) =>
+            {
+                let step = g.steps.into_iter().nth(n.parse().expect("checked")).expect("checked");
+                (Computed::Attention { inputs: step.inputs, result: Ok(step.result) }, 2)
             }
             (computed, _) => (computed, 0),
         }
@@ -570,6 +604,9 @@ impl<'d> Evaluator<'d> {
                 let m = crate::measured::parse(&data.value, self.data.get(&data.value)?).ok()?;
                 Some(Record { node: m.node(), computed: Computed::Measured })
             }
+            DeclKind::Block(b) => self.block(decl, b),
+            DeclKind::Gradient(g) => self.gradient(decl, g),
+            DeclKind::Positions(p) => self.positions(decl, p),
             DeclKind::Page(_) => None,
         }
     }

@@ -22,7 +22,14 @@ use crate::format;
 use crate::limits::{self, MAX_DIM, MAX_DIMS, MAX_SAMPLES};
 use crate::location::LineIndex;
 
+mod block;
+mod gradient;
 mod interactive;
+mod positions;
+
+pub(crate) use block::{BlockDecl, DEFAULT_EPS};
+pub(crate) use gradient::GradientDecl;
+pub(crate) use positions::PositionsDecl;
 
 pub(crate) use interactive::{
     ChoiceKey, Goal, Operand, PageDecl, QuizDecl, QuizKey, QuizOption, SETTINGS_ID, Settings, TermDecl,
@@ -154,6 +161,12 @@ pub(crate) enum DeclKind {
         query: Field<String>,
         block: Field<usize>,
     },
+    /// A Transformer block around a multi-head example: layer norms, residuals, feed-forward.
+    Block(Box<BlockDecl>),
+    /// The backward of an attention example under a squared-error loss, and gradient steps.
+    Gradient(Box<GradientDecl>),
+    /// Positions for an attention example: rotary embeddings, sinusoidal encodings, a sweep.
+    Positions(Box<PositionsDecl>),
 }
 
 /// A `qkv multi-head` block: heads with their own projections of one `x`, concatenated and
@@ -270,6 +283,9 @@ const KINDS: &[(&str, &[&str])] = &[
     ),
     ("decode", &["id", "example", "prompt"]),
     ("tiled", &["id", "example", "query", "block"]),
+    ("block", block::FIELDS),
+    ("gradient", gradient::FIELDS),
+    ("positions", positions::FIELDS),
     ("softmax", &["id", "scores"]),
     ("dot", &["id", "q", "k"]),
     ("weighted-sum", &["id", "weights", "values"]),
@@ -661,6 +677,18 @@ pub(crate) fn parse(doc: usize, block: &Block) -> Result<Decl, Vec<Problem>> {
                 _ => return Err(reader.problems),
             }
         }
+        "block" => match reader.block(&table) {
+            Some(b) => DeclKind::Block(Box::new(b)),
+            None => return Err(reader.problems),
+        },
+        "positions" => match reader.positions(&table) {
+            Some(p) => DeclKind::Positions(Box::new(p)),
+            None => return Err(reader.problems),
+        },
+        "gradient" => match reader.gradient(&table) {
+            Some(g) => DeclKind::Gradient(Box::new(g)),
+            None => return Err(reader.problems),
+        },
         "softmax" => match reader.required(&table, "scores", Reader::vector) {
             Some(scores) => DeclKind::Softmax { scores },
             None => return Err(reader.problems),

@@ -29,6 +29,17 @@ impl Browser {
         value.as_str().unwrap_or_default().to_string()
     }
 
+    /// The trimmed text of every `[data-qkv-readout]` inside the first element matching `root`,
+    /// by readout name.
+    pub fn readouts(&mut self, root: &str) -> std::collections::BTreeMap<String, String> {
+        let v = self.eval(&format!(
+            "Object.fromEntries(Array.from({}.querySelectorAll('[data-qkv-readout]'), (e) => [e.dataset.qkvReadout, e.textContent.trim()]))",
+            the(root)
+        ));
+        let entries = v.as_object().expect("readouts");
+        entries.iter().map(|(k, x)| (k.clone(), x.as_str().unwrap_or_default().to_string())).collect()
+    }
+
     /// Whether the first element matching `selector` is rendered and visible (not `hidden`, not
     /// inside a closed `<details>`, not `display: none` or `visibility: hidden`, not zero-sized).
     pub fn visible(&mut self, selector: &str) -> bool {

@@ -81,6 +81,15 @@ impl Quiz {
     }
 }
 
+/// What a widget block names, whatever its example (see [`Lesson::widget_names`]).
+pub struct WidgetNames {
+    pub root: String,
+    pub page: String,
+    pub section: String,
+    pub example: String,
+    pub digits: usize,
+}
+
 /// The whole lesson, read once per test binary.
 pub struct Lesson {
     pub sections: Vec<Section>,
@@ -212,6 +221,21 @@ impl Lesson {
             .unwrap_or_else(|| {
                 panic!("the lesson declares no `{kind}` widget (issue 8's contract, section 1)")
             })
+    }
+
+    /// What the first widget of `kind` names, whatever its example is (a block, a gradient, …):
+    /// its root's selector, page, section, `example` and `digits`.
+    pub fn widget_names(&self, kind: &str) -> WidgetNames {
+        let (section, block) = self.widget_block(kind);
+        let field = |name: &str| block.get(name).and_then(toml::Value::as_str);
+        let id = field("id").expect("a widget has an id");
+        WidgetNames {
+            root: format!("[data-qkv-widget=\"{kind}\"]#widget-{id}"),
+            page: format!("{}.html", section.id),
+            section: section.id.clone(),
+            example: field("example").unwrap_or_else(|| panic!("widget {id} names no example")).to_string(),
+            digits: block.get("digits").and_then(toml::Value::as_integer).unwrap_or(4) as usize,
+        }
     }
 
     /// The first widget of `kind` in any section, with what every widget names.

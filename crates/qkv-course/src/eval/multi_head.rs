@@ -50,6 +50,12 @@ impl Evaluator<'_> {
             return None;
         }
         let x = self.matrix(decl, &m.x, "x")?;
+        self.multi_head_on(decl, m, x)
+    }
+
+    /// A multi-head example's heads and `W_o` on embeddings `x` (its own `x`, or what a
+    /// Transformer block feeds it: their layer norm).
+    pub(super) fn multi_head_on(&mut self, decl: &Decl, m: &MultiHeadDecl, x: Matrix) -> Option<Record> {
         let w_o = self.matrix(decl, &m.w_o, "w_o")?;
         for (name, field, rows) in [("x", &m.x, &x), ("w_o", &m.w_o, &w_o)] {
             if let Err(message) = limits::matrix(rows, "rows") {

@@ -245,6 +245,12 @@ pub(crate) enum WidgetKind {
     DecodeStepper,
     /// A window control and an ALiBi-slope control over the bias, the weights and the outputs.
     WindowAlibi,
+    /// One token through a Transformer block, stage by stage, pre-norm or post-norm.
+    BlockWalk,
+    /// A gradient block's descent walked step by step: the loss, the inputs, outputs, gradients.
+    GradientDescent,
+    /// A positions block's sweep: a query moved along the positions, its key a distance behind.
+    PositionSweep,
 }
 
 impl WidgetKind {
@@ -256,6 +262,9 @@ impl WidgetKind {
         "tile-stepper",
         "decode-stepper",
         "window-alibi",
+        "block-walk",
+        "gradient-descent",
+        "position-sweep",
     ];
     /// The kinds, in the order of their `NAMES`.
     const KINDS: &'static [WidgetKind] = &[
@@ -265,6 +274,9 @@ impl WidgetKind {
         WidgetKind::TileStepper,
         WidgetKind::DecodeStepper,
         WidgetKind::WindowAlibi,
+        WidgetKind::BlockWalk,
+        WidgetKind::GradientDescent,
+        WidgetKind::PositionSweep,
     ];
 
     /// The name authors write in `kind = "..."`.
@@ -280,7 +292,7 @@ impl WidgetKind {
 
 /// The fields only some widget kinds take, and those kinds.
 const WIDGET_FIELDS: &[(&str, &[WidgetKind])] = &[
-    ("query", &[WidgetKind::DragQuery, WidgetKind::DecodeStepper]),
+    ("query", &[WidgetKind::DragQuery, WidgetKind::DecodeStepper, WidgetKind::BlockWalk]),
     ("goal", &[WidgetKind::DragQuery]),
     ("head", &[WidgetKind::HeadExplorer]),
     ("windows", &[WidgetKind::WindowAlibi]),
@@ -796,7 +808,10 @@ impl Reader<'_> {
             WidgetKind::AttentionMatrix
             | WidgetKind::HeadExplorer
             | WidgetKind::TileStepper
-            | WidgetKind::DecodeStepper => &[],
+            | WidgetKind::DecodeStepper
+            | WidgetKind::BlockWalk
+            | WidgetKind::GradientDescent
+            | WidgetKind::PositionSweep => &[],
         };
         for &(name, expected) in needs {
             if table.get(name).is_none() {

@@ -1,6 +1,10 @@
 use super::*;
 use crate::stale_report;
 
+mod block;
+mod gradient;
+mod positions;
+
 /// The two files the tests edit: the lesson and causal masking.
 const ATTENTION: &str = include_str!("../../../../content/01-attention.md");
 const MASKING: &str = include_str!("../../../../content/02-causal-masking.md");

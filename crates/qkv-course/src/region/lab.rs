@@ -18,7 +18,7 @@ use crate::notebook;
 
 pub(super) const KIND: Kind = Kind {
     name: "lab",
-    usage: "`lab EXAMPLE.TOKEN`, `lab TILED`, `lab MULTIHEAD` or `lab DECODE`",
+    usage: "`lab EXAMPLE.TOKEN`, `lab TILED`, `lab MULTIHEAD`, `lab DECODE`, `lab BLOCK`, `lab GRADIENT` or `lab POSITIONS`",
     options: &["digits", "rounded"],
     generate,
 };
@@ -39,6 +39,18 @@ fn generate(cx: &mut Context<'_, '_>) -> Result<Generated, Problem> {
         Computed::MultiHead(m) if named.rest.is_empty() => {
             let name = format!("notebooks/{}.ipynb", named.key.replace('.', "-"));
             (multi_head::lab(cx, &m, cx.digits)?, name, multi_head::TITLE.to_string(), multi_head::INTRO)
+        }
+        Computed::Positions(p) if named.rest.is_empty() => {
+            let name = format!("notebooks/{}.ipynb", named.key.replace('.', "-"));
+            (positions::lab(&p, cx.digits), name, positions::TITLE.to_string(), positions::INTRO)
+        }
+        Computed::Gradient(g) if named.rest.is_empty() => {
+            let name = format!("notebooks/{}.ipynb", named.key.replace('.', "-"));
+            (gradient::lab(cx, &g, cx.digits)?, name, gradient::TITLE.to_string(), gradient::INTRO)
+        }
+        Computed::Block(b) if named.rest.is_empty() => {
+            let name = format!("notebooks/{}.ipynb", named.key.replace('.', "-"));
+            (block::lab(cx, &b, cx.digits)?, name, block::TITLE.to_string(), block::INTRO)
         }
         Computed::Decode(d) if named.rest.is_empty() => (
             decode_lab(&d, cx.digits),
@@ -407,6 +419,9 @@ fn lab_html(lab: &Lab, notebook: &str, colab: Option<&str>, text: &str) -> Strin
     )
 }
 
+mod block;
+mod gradient;
 mod multi_head;
+mod positions;
 #[cfg(test)]
 mod tests;

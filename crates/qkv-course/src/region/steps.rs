@@ -4,9 +4,13 @@
 
 use std::fmt::Write;
 
+mod block;
+mod gradient;
+mod positions;
+
 use super::{Context, Generated, Kind};
 use crate::error::Problem;
-use crate::eval::{AttentionInputs, Computed};
+use crate::eval::{AttentionInputs, Computed, Order};
 use crate::format::{Shown, relation, shown, sum_relation};
 
 pub(super) const KIND: Kind = Kind { name: "steps", usage: "`steps TARGET`", options: &["digits"], generate };
@@ -38,6 +42,49 @@ pub(super) fn worked(cx: &mut Context<'_, '_>, target: &str, digits: usize) -> R
             ])?;
             attention_steps(&inputs, &result.traces[i], &inputs.query_labels()[i], digits)
         }
+        // `BLOCK.ORDER.TOKEN`: one token through a Transformer block.
+        Computed::Block(b) => {
+            let [order, token] = named.rest.as_slice() else {
+                return Err(cx.problem(
+                    format!("`{target}` needs an order and a token after the block"),
+                    format!(
+                        "`{target}.pre.TOKEN` or `{target}.post.TOKEN`, TOKEN one of {}",
+                        b.tokens.join(", ")
+                    ),
+                ));
+            };
+            let order = Order::from_name(order).ok_or_else(|| {
+                cx.problem(format!("`{order}` is not an order of a block"), "`pre` or `post`")
+            })?;
+            let i = b.tokens.iter().position(|t| t == token).ok_or_else(|| {
+                cx.problem(
+                    format!("`{token}` is not a token of the block"),
+                    format!("one of {}", b.tokens.join(", ")),
+                )
+            })?;
+            let (_, passes) = b.order(order);
+            cx.at_most_shown(&[(b.b_1.len(), "components of a vector")])?;
+            block::block_steps(order, &passes[i], token, b.eps, digits)
+        }
+        // `GRADIENT.TOKEN`: one query's row of the backward.
+        Computed::Gradient(g) => {
+            let (ql, _) = g.labels();
+            let [token] = named.rest.as_slice() else {
+                return Err(cx.problem(
+                    format!("`{target}` needs a query token after the gradient block"),
+                    format!("`{target}.TOKEN`, TOKEN one of {}", ql.join(", ")),
+                ));
+            };
+            let i = ql.iter().position(|t| t == token).ok_or_else(|| {
+                cx.problem(
+                    format!("`{token}` is not a query of the gradient block"),
+                    format!("one of {}", ql.join(", ")),
+                )
+            })?;
+            cx.at_most_shown(&[(g.rows[i].dp.len(), "keys")])?;
+            gradient::gradient_steps(&g, i, digits)
+        }
+        Computed::Positions(p) if named.rest.is_empty() => positions::positions_steps(&p, digits),
         Computed::Attention { result: Err(_), .. } => {
             return Err(cx.problem("an example that fails has no steps", "`error EXAMPLE` to show its error"));
         }
@@ -66,7 +113,11 @@ pub(super) fn worked(cx: &mut Context<'_, '_>, target: &str, digits: usize) -> R
             ])?;
             tiled_steps(&t, digits)
         }
-        Computed::Matrix { .. } | Computed::MultiHead(_) | Computed::Decode(_) | Computed::Measured => {
+        Computed::Matrix { .. }
+        | Computed::MultiHead(_)
+        | Computed::Decode(_)
+        | Computed::Measured
+        | Computed::Positions(_) => {
             return Err(cx.problem(
                 format!("`{target}` has no worked steps of its own"),
                 "`EXAMPLE.TOKEN` of an attention example, `MULTIHEAD.heads.HEAD.TOKEN` for one head, `DECODE.TOKEN` for one step, or a `qkv tiled` block",

@@ -10,6 +10,10 @@
 
 use std::fmt::Write;
 
+mod block;
+mod gradient;
+mod positions;
+
 use super::{Context, Generated, Kind};
 use crate::error::Problem;
 use crate::eval::{AttentionInputs, AttentionResult, Computed};
@@ -34,6 +38,26 @@ fn generate(cx: &mut Context<'_, '_>) -> Result<Generated, Problem> {
     let named = cx.named(KIND.usage)?;
     let field = cx.args.get(1).copied().unwrap_or("weights");
     let target = cx.args[0];
+    if let Computed::Block(b) = &named.computed {
+        let body = block::table(b, &named.rest, cx.args.get(1).copied(), cx.digits).map_err(|expected| {
+            cx.problem(format!("`{}` is not a table of a block", cx.what.trim()), expected)
+        })?;
+        return Ok(cx.markdown(body));
+    }
+    if let Computed::Positions(p) = &named.computed {
+        let body =
+            positions::table(p, &named.rest, cx.args.get(1).copied(), cx.digits).map_err(|expected| {
+                cx.problem(format!("`{}` is not a table of a positions block", cx.what.trim()), expected)
+            })?;
+        return Ok(cx.markdown(body));
+    }
+    if let Computed::Gradient(g) = &named.computed {
+        let body =
+            gradient::table(g, &named.rest, cx.args.get(1).copied(), cx.digits).map_err(|expected| {
+                cx.problem(format!("`{}` is not a table of a gradient block", cx.what.trim()), expected)
+            })?;
+        return Ok(cx.markdown(body));
+    }
     let body = match (named.computed, named.rest.is_empty()) {
         (Computed::Attention { inputs, .. }, true) if field == "inputs" => {
             cx.at_most_shown(&shown_counts(&inputs))?;

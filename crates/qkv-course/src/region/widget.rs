@@ -13,6 +13,9 @@
 //! - `decode-stepper` (`widget/decode.rs`): a decoding walked step by step.
 //! - `window-alibi` (`widget/window.rs`): a window control and an ALiBi-slope control over the
 //!   bias, the weights and the outputs, every state computed by the build.
+//! - `block-walk` (`widget/block.rs`): one token through a Transformer block, pre- or post-norm.
+//! - `gradient-descent` (`widget/descent.rs`): a gradient block's steps, one at a time.
+//! - `position-sweep` (`widget/sweep.rs`): a query moved along the positions, RoPE against sinusoids.
 
 use std::fmt::Write;
 
@@ -39,6 +42,9 @@ fn generate(cx: &mut Context<'_, '_>) -> Result<Generated, Problem> {
         }
         WidgetKind::HeadExplorer => heads::widget(cx, id, widget)?,
         WidgetKind::DecodeStepper => decode::stepper(cx, id, widget)?,
+        WidgetKind::BlockWalk => block::walk(cx, id, widget)?,
+        WidgetKind::GradientDescent => descent::descent(cx, id, widget)?,
+        WidgetKind::PositionSweep => sweep::sweep(cx, id, widget)?,
         WidgetKind::TileStepper => {
             let prompt = widget.prompt.fill(cx.eval, cx.doc)?;
             tiles::widget(cx, id, widget, &prompt)?
@@ -626,8 +632,11 @@ fn row_sum(weights: &[f64], digits: usize) -> String {
     )
 }
 
+mod block;
 mod decode;
+mod descent;
 mod heads;
+mod sweep;
 mod tiles;
 mod window;
 

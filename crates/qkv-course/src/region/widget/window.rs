@@ -188,7 +188,7 @@ pub(super) fn window_alibi(
 }
 
 /// A group of radio buttons, one per choice, `checked` chosen.
-fn radios(id: &str, name: &str, legend: &str, choices: &[String], checked: usize) -> String {
+pub(super) fn radios(id: &str, name: &str, legend: &str, choices: &[String], checked: usize) -> String {
     let mut out = format!("<fieldset data-qkv-control=\"{name}\"><legend>{legend}</legend>");
     for (i, choice) in choices.iter().enumerate() {
         let _ = write!(
