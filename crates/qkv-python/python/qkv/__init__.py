@@ -24,9 +24,16 @@ __all__ = [
 ]
 
 
+_ops_module = None
+
+
 def _torch_ops():
-    """The torch operators (imported on first use, so that NumPy users need no torch)."""
-    return importlib.import_module("qkv._ops")
+    """The torch operators (imported on first use, so that NumPy users need no torch; kept in a
+    global so that torch.compile, which will not trace an import, reads it)."""
+    global _ops_module
+    if _ops_module is None:
+        _ops_module = importlib.import_module("qkv._ops")
+    return _ops_module
 
 
 def _needs_op(query, key, value, attn_mask):

@@ -37,6 +37,15 @@ def _(query, key, value, attn_mask, is_causal, scale, enable_gqa, window, alibi,
     return out, lse
 
 
+def _like(gradient, input):
+    """The gradient laid out as its input (``torch.empty_like``'s strides), as the fake
+    implementation promises and torch.compile's compiled backward checks."""
+    gradient = gradient.reshape(input.shape)
+    if gradient.stride() == input.stride():
+        return gradient
+    return torch.empty_like(input).copy_(gradient)
+
+
 @torch.library.custom_op("qkv::attention_backward", mutates_args=())
 def attention_backward(
     grad_out: Tensor,
@@ -57,13 +66,13 @@ def attention_backward(
     """``(dq, dk, dv, dmask)``; ``dmask`` is empty unless ``mask_grad``."""
     call = _core.Call(query, key, value, attn_mask, is_causal, scale, enable_gqa, window, alibi, softcap)
     dq, dk, dv, dmask = call.backward(out, lse, grad_out, mask_grad)
-    dq, dk, dv = dq.reshape(query.shape), dk.reshape(key.shape), dv.reshape(value.shape)
+    dq, dk, dv = (_like(g, t) for g, t in ((dq, query), (dk, key), (dv, value)))
     if dmask is None:
         return dq, dk, dv, query.new_empty(0)
     # A mask shared along some axes gets the sum of its slices' gradients.
     scores = (*call.lead, call.n_q, call.n_k)
     dmask = dmask.reshape(scores).sum_to_size(attn_mask.shape).to(attn_mask.dtype)
-    return dq, dk, dv, dmask
+    return dq, dk, dv, _like(dmask, attn_mask)
 
 
 @attention_backward.register_fake
