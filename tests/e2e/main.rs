@@ -3,6 +3,7 @@
 mod attend;
 mod browser;
 mod content;
+mod python;
 mod serve;
 mod support;
 mod workspace;

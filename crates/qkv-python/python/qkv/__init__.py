@@ -7,6 +7,7 @@ and under ``torch.compile`` as an opaque operator) or NumPy arrays. The engine i
 """
 
 import importlib
+import math
 import sys
 
 from . import _core
@@ -42,16 +43,45 @@ def _needs_op(query, key, value, attn_mask):
     torch = sys.modules.get("torch")
     if torch is None or not isinstance(query, torch.Tensor):
         return False
-    if torch.compiler.is_compiling():
+    if torch.is_grad_enabled() and (
+        query.requires_grad or key.requires_grad or value.requires_grad
+        or (attn_mask is not None and attn_mask.requires_grad)
+    ):
         return True
-    if not torch.is_grad_enabled():
-        return False
-    return any(t is not None and t.requires_grad for t in (query, key, value, attn_mask))
+    return torch.compiler.is_compiling()
+
+
+def _fast(query, key, value, is_causal, scale, enable_gqa):
+    """The common call (4-D CPU torch tensors of one dtype, no mask), checked just enough to hand
+    to the engine, which checks the rest; None for anything else, which ``_core.Call`` checks in
+    full (and words the errors for). Saves most of the Python side's cost per call."""
+    codes = _core.TORCH_CODES
+    if not codes or type(query) is not codes["type"]:
+        return None
+    qs, ks, vs = query.shape, key.shape, value.shape
+    dtype = query.dtype
+    if (
+        len(qs) != 4 or len(ks) != 4 or len(vs) != 4 or key.dtype is not dtype or value.dtype is not dtype
+        or dtype not in codes or not (query.is_cpu and key.is_cpu and value.is_cpu)
+        or qs[0] != ks[0] or qs[3] != ks[3] or ks[:3] != vs[:3] or (qs[1] != ks[1] and not enable_gqa)
+        or (scale is not None and not math.isfinite(scale))
+    ):
+        return None
+    code = codes[dtype]
+    out = query.new_empty((qs[0], qs[1], qs[2], vs[3]))
+    raw = [(t.data_ptr(), code, t.shape, t.stride()) for t in (query, key, value, out)]
+    spec = (bool(is_causal), None if scale is None else float(scale), None, None, None)
+    _qkv.forward((raw[0], raw[1], raw[2]), None, spec, raw[3])
+    return out
 
 
 def _attend(query, key, value, attn_mask, is_causal, scale, enable_gqa, extensions, with_lse):
     """The direct call, or the operator when autograd or torch.compile needs it."""
     window, alibi, softcap = extensions
+    if attn_mask is None and window is None and alibi is None and softcap is None and not with_lse:
+        out = None if _needs_op(query, key, value, None) else _fast(query, key, value, is_causal, scale, enable_gqa)
+        if out is not None:
+            return out
     if _needs_op(query, key, value, attn_mask):
         window = None if window is None else [int(-1 if s is None else s) for s in window]
         alibi = None if alibi is None else [float(s) for s in alibi]

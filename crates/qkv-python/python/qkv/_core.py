@@ -88,6 +88,10 @@ class _NumPy:
 
 _backends = {}
 
+# torch's dtypes to the extension's codes, and "type": torch.Tensor, once torch is in use (for
+# ``qkv.__init__._fast``).
+TORCH_CODES = {}
+
 
 def backend(*tensors):
     """The library the tensors belong to (all of them the same one)."""
@@ -98,7 +102,9 @@ def backend(*tensors):
             raise TypeError(f"mixed tensor types: {type(first).__name__} and {type(t).__name__}; pass one library's")
     if kind not in _backends:
         if kind == "torch":
-            _backends[kind] = _Torch(sys.modules["torch"])
+            torch = sys.modules["torch"]
+            _backends[kind] = _Torch(torch)
+            TORCH_CODES.update({getattr(torch, n): c for n, c in _CODES.items()}, type=torch.Tensor)
         elif kind == "numpy":
             _backends[kind] = _NumPy(sys.modules["numpy"])
         else:
