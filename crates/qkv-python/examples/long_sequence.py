@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""A sequence too long for one process's memory, attended over four (``qkv.distributed``).
+
+    python crates/qkv-python/examples/long_sequence.py [--n 32768] [--heads 4] [--dim 64] [--budget-mib 96]
+
+Every process gets ``--budget-mib`` of data memory beyond what importing torch took (a
+``RLIMIT_DATA`` limit, so an allocation past it fails). The whole problem, queries, keys, values
+and output in float32, needs ``4 · n · heads · dim · 4`` bytes (128 MiB at the defaults): one
+process with the budget cannot even hold its inputs. Four processes on a gloo group over
+127.0.0.1 each hold a quarter (zig-zag slices, causal), pass key/value slices around the ring,
+and produce their quarter of the output; the first chunk's rows, which see only that chunk's
+keys, are checked against ``qkv.scaled_dot_product_attention`` on that chunk alone.
+"""
+
+import argparse
+import os
+import resource
+import socket
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import qkv
+import qkv.distributed as cp
+
+
+def data_bytes():
+    """This process's data segment (heap and private anonymous mappings), as RLIMIT_DATA counts."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmData:"))
+
+
+def limit_memory(budget_mib):
+    limit = data_bytes() + budget_mib * 2**20
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+
+
+def chunk(index, chunks, args):
+    """Chunk ``index`` of the whole sequence's queries, keys and values, from its own seed, so
+    that a process makes its chunks without the rest."""
+    gen = torch.Generator().manual_seed(index)
+    n = args.n // chunks
+    return [torch.randn(1, args.heads, n, args.dim, generator=gen) for _ in range(3)]
+
+
+def one_process(rank, args, results):
+    limit_memory(args.budget_mib)
+    try:
+        parts = [chunk(i, 8, args) for i in range(8)]
+        q, k, v = (torch.cat([p[j] for p in parts], 2) for j in range(3))
+        qkv.scaled_dot_product_attention(q, k, v, is_causal=True)
+        results.put("one process: ran (raise --n or lower --budget-mib)")
+    except (RuntimeError, MemoryError) as error:
+        results.put(f"one process: {type(error).__name__}: {str(error).splitlines()[0][:120]}")
+
+
+def four_processes(rank, args, port, results):
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=4)
+    limit_memory(args.budget_mib)
+    # Zig-zag: chunks rank and 7 - rank of 8.
+    mine = [chunk(i, 8, args) for i in (rank, 7 - rank)]
+    q, k, v = (torch.cat([c[j] for c in mine], 2) for j in range(3))
+    start = time.perf_counter()
+    out = cp.context_parallel_attention(q, k, v, is_causal=True)
+    elapsed = time.perf_counter() - start
+    check = ""
+    if rank == 0:
+        first = qkv.scaled_dot_product_attention(*mine[0], is_causal=True)
+        check = f", chunk 0 against one-chunk attention: {(out[:, :, : first.shape[2]] - first).abs().max().item():.1e}"
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    results.put(f"rank {rank}: {tuple(out.shape)} in {elapsed:.1f} s, peak RSS {peak:.0f} MiB{check}")
+    dist.destroy_process_group()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=32768)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--budget-mib", type=int, default=96)
+    args = parser.parse_args()
+    whole = 4 * args.n * args.heads * args.dim * 4 / 2**20
+    print(f"n = {args.n}, {args.heads} heads of {args.dim}, causal: {whole:.0f} MiB of inputs and output; "
+          f"{args.budget_mib} MiB per process")
+    results = mp.get_context("spawn").SimpleQueue()
+    mp.spawn(one_process, args=(args, results), nprocs=1)
+    print(results.get())
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(four_processes, args=(args, port, results), nprocs=4)
+    for _ in range(4):
+        print(results.get())
+
+
+if __name__ == "__main__":
+    main()
