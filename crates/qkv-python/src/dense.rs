@@ -164,14 +164,17 @@ unsafe fn forward_as<E: Input>(
     (q, k, v): &Inputs,
     mask: Option<&Raw>,
     spec: &Spec,
-    out: &Raw,
-    lse: Option<&Raw>,
+    (out, lse): (&Raw, Option<&Raw>),
+    dry_run: bool,
 ) -> PyResult<()> {
     let slopes = slopes::<E::Compute>(spec);
     // SAFETY (every view below): the caller vouches for the memory.
     let options = unsafe { options(spec, &slopes, mask)? };
     let (q, k, v) = unsafe { (q.view("query")?, k.view("key")?, v.view("value")?) };
     let mut out = unsafe { out.view_mut::<E, Ix4>("out")? };
+    if dry_run {
+        return Ok(());
+    }
     match lse {
         None => E::attend_into(q, k, v, &options, out).map_err(value_error),
         Some(lse) => {
@@ -185,9 +188,11 @@ unsafe fn forward_as<E: Input>(
 }
 
 /// Attention of `inputs` (`[batch, heads, n, d]`, GQA when the key heads divide the query heads)
-/// into `out`, and each row's logsumexp into `lse` if given.
+/// into `out`, and each row's logsumexp into `lse` if given. With `dry_run`, everything but the
+/// engine's work (arguments, views, options, releasing the GIL): the binding's own cost, which
+/// `crates/qkv-bench/python/binding.py` times.
 #[pyfunction]
-#[pyo3(signature = (inputs, mask, spec, out, lse=None))]
+#[pyo3(signature = (inputs, mask, spec, out, lse=None, dry_run=false))]
 fn forward(
     py: Python<'_>,
     inputs: Inputs,
@@ -195,16 +200,17 @@ fn forward(
     spec: Spec,
     out: Raw,
     lse: Option<Raw>,
+    dry_run: bool,
 ) -> PyResult<()> {
     detached(py, move || {
-        let (mask, lse) = (mask.as_ref(), lse.as_ref());
+        let (mask, into) = (mask.as_ref(), (&out, lse.as_ref()));
         // SAFETY: the package passes tensors it holds for the call, outputs freshly allocated.
         unsafe {
             match inputs.0.dtype("query")? {
-                Dtype::F32 => forward_as::<f32>(&inputs, mask, &spec, &out, lse),
-                Dtype::F64 => forward_as::<f64>(&inputs, mask, &spec, &out, lse),
-                Dtype::Bf16 => forward_as::<bf16>(&inputs, mask, &spec, &out, lse),
-                Dtype::F16 => forward_as::<f16>(&inputs, mask, &spec, &out, lse),
+                Dtype::F32 => forward_as::<f32>(&inputs, mask, &spec, into, dry_run),
+                Dtype::F64 => forward_as::<f64>(&inputs, mask, &spec, into, dry_run),
+                Dtype::Bf16 => forward_as::<bf16>(&inputs, mask, &spec, into, dry_run),
+                Dtype::F16 => forward_as::<f16>(&inputs, mask, &spec, into, dry_run),
                 Dtype::Bool => {
                     Err(PyValueError::new_err("query has dtype bool where a floating type is needed"))
                 }
