@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
 """A sequence too long for one process's memory, attended over four (``qkv.distributed``).
 
-    python crates/qkv-python/examples/long_sequence.py [--n 32768] [--heads 4] [--dim 64] [--budget-mib 96]
+    python crates/qkv-python/examples/long_sequence.py [--n 8192] [--heads 32] [--dim 128] [--budget-mib 384]
 
 Every process gets ``--budget-mib`` of data memory beyond what importing torch took (a
-``RLIMIT_DATA`` limit, so an allocation past it fails). The whole problem, queries, keys, values
-and output in float32, needs ``4 · n · heads · dim · 4`` bytes (128 MiB at the defaults): one
+``RLIMIT_DATA`` limit, so an allocation past it fails; in the engine, an allocation failure
+aborts the process). The whole problem, queries, keys, values
+and output in float32, needs ``4 · n · heads · dim · 4`` bytes (512 MiB at the defaults): one
 process with the budget cannot even hold its inputs. Four processes on a gloo group over
 127.0.0.1 each hold a quarter (zig-zag slices, causal), pass key/value slices around the ring,
-and produce their quarter of the output; the first chunk's rows, which see only that chunk's
+and produce their quarter of the output (each holds its queries, the key/value slice it works on
+and the one arriving: about half the whole problem on four processes, less on more); the first chunk's rows, which see only that chunk's
 keys, are checked against ``qkv.scaled_dot_product_attention`` on that chunk alone.
 """
 
@@ -26,15 +28,20 @@ import qkv
 import qkv.distributed as cp
 
 
-def data_bytes():
-    """This process's data segment (heap and private anonymous mappings), as RLIMIT_DATA counts."""
+def status(field):
+    """A field of /proc/self/status in bytes: VmData (heap and private anonymous mappings, what
+    RLIMIT_DATA limits), VmRSS, VmHWM (peak resident)."""
     with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmData:"))
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field + ":"))
 
 
 def limit_memory(budget_mib):
-    limit = data_bytes() + budget_mib * 2**20
-    resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+    """Allows ``budget_mib`` more of data memory (none: no limit); returns the resident memory now,
+    to report the peak beyond it."""
+    if budget_mib:
+        limit = status("VmData") + budget_mib * 2**20
+        resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+    return status("VmRSS")
 
 
 def chunk(index, chunks, args):
@@ -60,29 +67,34 @@ def four_processes(rank, args, port, results):
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=4)
-    limit_memory(args.budget_mib)
+    resident = limit_memory(args.budget_mib)
     # Zig-zag: chunks rank and 7 - rank of 8.
     mine = [chunk(i, 8, args) for i in (rank, 7 - rank)]
     q, k, v = (torch.cat([c[j] for c in mine], 2) for j in range(3))
+    first_chunk = mine[0] if rank == 0 else None
+    del mine
     start = time.perf_counter()
     out = cp.context_parallel_attention(q, k, v, is_causal=True)
     elapsed = time.perf_counter() - start
     check = ""
     if rank == 0:
-        first = qkv.scaled_dot_product_attention(*mine[0], is_causal=True)
+        first = qkv.scaled_dot_product_attention(*first_chunk, is_causal=True)
         check = f", chunk 0 against one-chunk attention: {(out[:, :, : first.shape[2]] - first).abs().max().item():.1e}"
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    results.put(f"rank {rank}: {tuple(out.shape)} in {elapsed:.1f} s, peak RSS {peak:.0f} MiB{check}")
+    peak = (status("VmHWM") - resident) / 2**20
+    results.put(f"rank {rank}: {tuple(out.shape)} in {elapsed:.1f} s, peak resident beyond torch's {peak:.0f} MiB{check}")
     dist.destroy_process_group()
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, default=32768)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--dim", type=int, default=64)
-    parser.add_argument("--budget-mib", type=int, default=96)
+    parser.add_argument("--n", type=int, default=8192)
+    parser.add_argument("--heads", type=int, default=32)
+    parser.add_argument("--dim", type=int, default=128)
+    parser.add_argument("--budget-mib", type=int, default=384, help="0: no limit")
     args = parser.parse_args()
+    # glibc keeps freed blocks below its (growing) mmap threshold in its arenas, where they still
+    # count against RLIMIT_DATA: blocks of 1 MiB and more go back to the system when freed.
+    os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(2**20))
     whole = 4 * args.n * args.heads * args.dim * 4 / 2**20
     print(f"n = {args.n}, {args.heads} heads of {args.dim}, causal: {whole:.0f} MiB of inputs and output; "
           f"{args.budget_mib} MiB per process")

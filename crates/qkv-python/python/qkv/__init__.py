@@ -126,7 +126,10 @@ def scaled_dot_product_attention(
 
     Where qkv differs from PyTorch:
 
-    - a query whose keys are all masked gets an output of 0 (PyTorch's math gives NaN);
+    - a query whose keys are all masked gets an output of 0, whatever the mask's kind (PyTorch
+      2.15 on the CPU agrees; other versions and backends give NaN);
+    - queries and keys of width 0, or values of width 0, raise ``ValueError`` (PyTorch returns the
+      mean of the values, or an empty output);
     - ``dropout_p`` other than 0 raises ``ValueError``: qkv has no dropout;
     - ``attn_mask`` together with ``is_causal`` raises ``ValueError`` (as PyTorch does);
     - keys and values that some query sees must be finite (``ValueError`` naming the element).

@@ -117,6 +117,16 @@ def compute_dtype(name):
     return "float64" if name == "float64" else "float32"
 
 
+class _Shapes:
+    """The inputs' shapes for a message, formatted only if one is raised."""
+
+    def __init__(self, *shapes):
+        self.shapes = shapes
+
+    def __format__(self, spec):
+        return "(query {}, key {}, value {})".format(*self.shapes)
+
+
 class Call:
     """One dense call's inputs, checked and viewed as ``[batch, heads, n, d]``."""
 
@@ -140,7 +150,7 @@ class Call:
         qs, ks, vs = tuple(query.shape), tuple(key.shape), tuple(value.shape)
         if not (len(qs) == len(ks) == len(vs)):
             raise ValueError(f"query {qs}, key {ks} and value {vs} need the same number of dimensions")
-        shapes = f"(query {qs}, key {ks}, value {vs})"
+        shapes = _Shapes(qs, ks, vs)
         if qs[-1] != ks[-1]:
             raise ValueError(f"query and key have widths {qs[-1]} and {ks[-1]}: they need the same {shapes}")
         if ks[:-1] != vs[:-1]:
@@ -250,7 +260,7 @@ def merge(out_a, lse_a, out_b, lse_b):
     dtype = xp.dtype_name(out_a)
     compute = compute_dtype(dtype)
     outs = [xp.cast(o, compute) if xp.dtype_name(o) != compute else o for o in (out_a, out_b)]
-    lses = [xp.cast(l, compute) if xp.dtype_name(l) != compute else l for l in (lse_a, lse_b)]
+    lses = [xp.cast(x, compute) if xp.dtype_name(x) != compute else x for x in (lse_a, lse_b)]
     out, lse = xp.empty(tuple(out_a.shape), compute), xp.empty(tuple(lse_a.shape), compute)
     _qkv.merge((xp.raw(outs[0]), xp.raw(lses[0])), (xp.raw(outs[1]), xp.raw(lses[1])), (xp.raw(out), xp.raw(lse)))
     return (out if dtype == compute else xp.cast(out, dtype)), lse

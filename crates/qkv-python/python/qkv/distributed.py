@@ -119,6 +119,8 @@ class _ContextParallel(torch.autograd.Function):
         out = torch.cat([m[0] for m in merged], -2)
         lse = torch.cat([m[1] for m in merged], -1)
         ctx.save_for_backward(query, key, value, out, lse)
+        # The logsumexp is returned for merging further, not differentiated through.
+        ctx.mark_non_differentiable(lse)
         ctx.options = (is_causal, scale, enable_gqa, group, compute)
         return out.to(query.dtype), lse
 
