@@ -114,3 +114,17 @@ def test_backward_without_a_float64_or_float32_path_is_float32():
     (q, k, v), _ = inputs("plain", torch.float16)
     qkv.scaled_dot_product_attention(q, k, v).sum().backward()
     assert q.grad.dtype == torch.float16 and math.isfinite(q.grad.float().abs().max().item())
+
+
+@pytest.mark.parametrize("config", ["plain", "causal gqa", "additive mask"])
+def test_the_operators_pass_torch_library_opcheck(config):
+    # Schema, fake (meta) implementation against the real one, autograd registration.
+    (q, k, v), kwargs = inputs(config)
+    mask = kwargs.get("attn_mask")
+    args = (q, k, v, mask, kwargs.get("is_causal", False), None, kwargs.get("enable_gqa", False), None, None, None)
+    torch.library.opcheck(torch.ops.qkv.attention.default, args)
+    out, lse = torch.ops.qkv.attention(*args)
+    # The backward has no backward of its own (no second derivatives): checked on plain tensors.
+    plain = [None if t is None else t.detach() for t in (q, k, v, out, lse, mask)]
+    backward_args = (torch.ones_like(out), *plain, *args[4:], mask is not None)
+    torch.library.opcheck(torch.ops.qkv.attention_backward.default, backward_args)
