@@ -7,7 +7,7 @@ Every process gets ``--budget-mib`` of data memory beyond what importing torch t
 ``RLIMIT_DATA`` limit, so an allocation past it fails; in the engine, an allocation failure
 aborts the process). The whole problem, queries, keys, values
 and output in float32, needs ``4 · n · heads · dim · 4`` bytes (512 MiB at the defaults): one
-process with the budget cannot even hold its inputs. Four processes on a gloo group over
+process with the budget cannot hold them. Four processes on a gloo group over
 127.0.0.1 each hold a quarter (zig-zag slices, causal), pass key/value slices around the ring,
 and produce their quarter of the output (each holds its queries, the key/value slice it works on
 and the one arriving, and the partial results: at the defaults a peak of about 310 MiB resident
@@ -57,8 +57,11 @@ def chunk(index, chunks, args):
 def one_process(rank, args, results):
     limit_memory(args.budget_mib)
     try:
-        parts = [chunk(i, 8, args) for i in range(8)]
-        q, k, v = (torch.cat([p[j] for p in parts], 2) for j in range(3))
+        q, k, v = (torch.empty(1, args.heads, args.n, args.dim) for _ in range(3))
+        size = args.n // 8
+        for i in range(8):
+            for whole, part in zip((q, k, v), chunk(i, 8, args)):
+                whole[:, :, i * size : (i + 1) * size] = part
         qkv.scaled_dot_product_attention(q, k, v, is_causal=True)
         results.put("one process: ran (raise --n or lower --budget-mib)")
     except (RuntimeError, MemoryError) as error:
