@@ -82,20 +82,24 @@ def backward_runs(c, q, k, v):
 
 
 def rust_ratios(path):
-    """torch/qkv per shape from the Rust bench's JSON (its default threads)."""
+    """torch/qkv per shape from the Rust bench's JSON, at its default threads: qkv's first row of
+    a shape (its own implementation: ``qkv``, ``qkv KvCache<f32>``, ``qkv attention_backward``,
+    ...; the reference and the peers it lists after) against the torch row."""
     import json
 
     with open(path) as f:
         rows = json.load(f)
     threads = max(r["threads"] for r in rows)
-    best = {}
+    qkv_ms, torch_ms = {}, {}
     for r in rows:
+        name = r["implementation"]
         if r["threads"] != threads:
             continue
-        side = "qkv" if r["implementation"] == "qkv" else "torch" if r["implementation"].startswith("torch") else None
-        if side:
-            best[(r["shape"], side)] = r["median_ms"]
-    return {s: best[(s, "torch")] / best[(s, "qkv")] for s, side in best if side == "qkv" and (s, "torch") in best}
+        if name.startswith("qkv") and "reference" not in name:
+            qkv_ms.setdefault(r["shape"], r["median_ms"])
+        elif name.startswith("torch"):
+            torch_ms[r["shape"]] = r["median_ms"]
+    return {s: torch_ms[s] / qkv_ms[s] for s in qkv_ms if s in torch_ms}
 
 
 def binding_cost(calls=20000):
