@@ -3,7 +3,7 @@
 shapes of ``cargo xtask bench`` (``peers.CASES``), and the binding's own cost per call.
 
     pip install ./crates/qkv-python
-    python crates/qkv-bench/python/binding.py [--quick] [--only TEXT] [--rust FILE.json]
+    python crates/qkv-bench/python/binding.py [--quick] [--only TEXT] [--rust FILE.json] [--threads 1]
 
 Both sides run on the same torch tensors with their default threads: ``qkv.scaled_dot_product_
 attention`` (a KV-cache case: a step of ``qkv.KvCache`` holding the keys and values; a backward
@@ -11,7 +11,10 @@ case: ``out.backward(d_out)`` through qkv's operator) and ``F.scaled_dot_product
 With ``--rust`` (a ``cargo xtask bench --python PYTHON --json FILE`` result of the same sitting)
 the table adds the Rust bench's torch/qkv ratio for the same rows, which the Python ratio should
 keep when the binding costs nothing. Paged ragged cases are left out (no PyTorch counterpart
-here).
+here). ``--threads 1`` runs both on one thread (``RAYON_NUM_THREADS=1``,
+``torch.set_num_threads(1)``) and reads the Rust bench's one-thread rows: on a machine shared with
+other work, one thread each is the steadier comparison (PyTorch's OpenMP threads wait for each
+other at every parallel region).
 
 The binding's cost is timed on a problem too small to measure the engine by: one query, one key,
 d = 8, calls in a tight loop. ``qkv call`` is the whole Python call; ``entry point`` the
@@ -81,7 +84,7 @@ def backward_runs(c, q, k, v):
     return runs
 
 
-def rust_ratios(path):
+def rust_ratios(path, threads):
     """torch/qkv per shape from the Rust bench's JSON, at its default threads: qkv's first row of
     a shape (its own implementation: ``qkv``, ``qkv KvCache<f32>``, ``qkv attention_backward``,
     ...; the reference and the peers it lists after) against the torch row."""
@@ -89,7 +92,7 @@ def rust_ratios(path):
 
     with open(path) as f:
         rows = json.load(f)
-    threads = max(r["threads"] for r in rows)
+    threads = threads or max(r["threads"] for r in rows)
     qkv_ms, torch_ms = {}, {}
     for r in rows:
         name = r["implementation"]
@@ -130,13 +133,19 @@ def main():
     quick = "--quick" in args
     value = lambda name: args[args.index(name) + 1] if name in args else None  # noqa: E731
     only, rust = value("--only"), value("--rust")
-    ratios = rust_ratios(rust) if rust else {}
+    threads = int(value("--threads") or 0)
+    if threads:
+        # Before the engine's first call, which starts rayon's pool.
+        os.environ["RAYON_NUM_THREADS"] = str(threads)
+        torch.set_num_threads(threads)
+    ratios = rust_ratios(rust, threads) if rust else {}
     cases = [peers.as_case(c) for c in peers.CASES]
     cases = [c for c in cases if not c.get("ragged") and (only is None or only in c["label"])]
     if quick:
         cases = [c for c in cases if c["n_q"] * c["n_k"] <= 4096 * 4096]
     torch.manual_seed(0)
-    print(f"qkv {qkv.simd_report()}; torch {torch.__version__}, {torch.get_num_threads()} threads")
+    qkv_threads = os.environ.get("RAYON_NUM_THREADS", os.cpu_count())
+    print(f"qkv {qkv.simd_report()}, {qkv_threads} threads; torch {torch.__version__}, {torch.get_num_threads()} threads")
     print(f"| shape | qkv from Python (ms) | torch SDPA (ms) | torch/qkv | Rust bench torch/qkv |")
     print("|---|---:|---:|---:|---:|")
     for c in cases:
