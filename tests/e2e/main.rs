@@ -13,6 +13,7 @@ mod attend;
 mod browser;
 mod content;
 mod layers;
+mod python;
 mod serve;
 mod support;
 mod workspace;

@@ -31,14 +31,20 @@ pub fn numpy_available(test: &str) -> bool {
 /// With `CI` set a missing module fails the test instead, as a missing browser does: `.ci/run`
 /// installs them, so CI never goes green by skipping the NumPy and notebook checks.
 pub fn python_modules_available(test: &str, modules: &[&str]) -> bool {
+    interpreter_imports(test, "python3", modules)
+}
+
+/// Whether `python` (a path or a command on `PATH`) can import every one of `modules`, with the
+/// same skip message and the same failure under `CI` as [`python_modules_available`].
+pub fn interpreter_imports(test: &str, python: &str, modules: &[&str]) -> bool {
     let import = format!("import {}", modules.join(", "));
-    let ok = Command::new("python3").args(["-c", &import]).output().is_ok_and(|o| o.status.success());
+    let ok = Command::new(python).args(["-c", &import]).output().is_ok_and(|o| o.status.success());
     if !ok && std::env::var_os("CI").is_some_and(|v| !v.is_empty()) {
-        panic!("{test}: CI is set but python3 cannot `{import}`: `.ci/run` installs them with pip");
+        panic!("{test}: CI is set but {python} cannot `{import}`: `.ci/run` installs them with pip");
     }
     if !ok {
         eprintln!(
-            "{test}: skipped: python3 with {} is not installed (`.ci/run` installs it)",
+            "{test}: skipped: {python} with {} is not installed (`.ci/run` installs it)",
             modules.join(" and ")
         );
     }

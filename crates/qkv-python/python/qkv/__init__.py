@@ -1,0 +1,176 @@
+"""qkv: fast scaled dot-product attention on the CPU, from Python.
+
+``qkv.scaled_dot_product_attention`` takes PyTorch's arguments and returns what
+``torch.nn.functional.scaled_dot_product_attention`` returns, on torch tensors (with autograd,
+and under ``torch.compile`` as an opaque operator) or NumPy arrays. The engine is the Rust crate
+``qkv``; see ``qkv.simd_report()`` for the kernels this CPU runs.
+"""
+
+import importlib
+import math
+import sys
+
+from . import _core
+from ._cache import KvCache, PagedKvCache
+from ._qkv import alibi_slopes, simd_report
+
+__all__ = [
+    "scaled_dot_product_attention",
+    "attention_with_lse",
+    "merge",
+    "KvCache",
+    "PagedKvCache",
+    "alibi_slopes",
+    "simd_report",
+]
+
+
+_ops_module = None
+
+
+def _torch_ops():
+    """The torch operators (imported on first use, so that NumPy users need no torch; kept in a
+    global so that torch.compile, which will not trace an import, reads it)."""
+    global _ops_module
+    if _ops_module is None:
+        _ops_module = importlib.import_module("qkv._ops")
+    return _ops_module
+
+
+def _needs_op(query, key, value, attn_mask):
+    """Whether a torch call must go through the registered operator: to be differentiated, or
+    traced by ``torch.compile``. Otherwise the direct call skips the dispatcher's overhead."""
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(query, torch.Tensor):
+        return False
+    if torch.is_grad_enabled() and (
+        query.requires_grad or key.requires_grad or value.requires_grad
+        or (attn_mask is not None and attn_mask.requires_grad)
+    ):
+        return True
+    return torch.compiler.is_compiling()
+
+
+def _fast(query, key, value, is_causal, scale, enable_gqa):
+    """The common call (4-D CPU torch tensors of one dtype, no mask), checked just enough to hand
+    to the engine, which checks the rest; None for anything else, which ``_core.Call`` checks in
+    full (and words the errors for). Saves most of the Python side's cost per call."""
+    codes = _core.TORCH_CODES
+    if not codes or type(query) is not codes["type"]:
+        return None
+    qs, ks, vs = query.shape, key.shape, value.shape
+    dtype = query.dtype
+    if (
+        len(qs) != 4 or len(ks) != 4 or len(vs) != 4 or key.dtype is not dtype or value.dtype is not dtype
+        or dtype not in codes or not (query.is_cpu and key.is_cpu and value.is_cpu)
+        or qs[0] != ks[0] or qs[3] != ks[3] or ks[:3] != vs[:3] or (qs[1] != ks[1] and not enable_gqa)
+        or (scale is not None and not math.isfinite(scale))
+    ):
+        return None
+    code = codes[dtype]
+    out = query.new_empty((qs[0], qs[1], qs[2], vs[3]))
+    raw = [(t.data_ptr(), code, t.shape, t.stride()) for t in (query, key, value, out)]
+    spec = (bool(is_causal), None if scale is None else float(scale), None, None, None)
+    _qkv.forward((raw[0], raw[1], raw[2]), None, spec, raw[3])
+    return out
+
+
+def _attend(query, key, value, attn_mask, is_causal, scale, enable_gqa, extensions, with_lse):
+    """The direct call, or the operator when autograd or torch.compile needs it."""
+    window, alibi, softcap = extensions
+    if attn_mask is None and window is None and alibi is None and softcap is None and not with_lse:
+        out = None if _needs_op(query, key, value, None) else _fast(query, key, value, is_causal, scale, enable_gqa)
+        if out is not None:
+            return out
+    if _needs_op(query, key, value, attn_mask):
+        window = None if window is None else [int(-1 if s is None else s) for s in window]
+        alibi = None if alibi is None else [float(s) for s in alibi]
+        out, lse = _torch_ops().attention(query, key, value, attn_mask, is_causal, scale, enable_gqa, window, alibi, softcap)
+        return (out, lse) if with_lse else out
+    call = _core.Call(query, key, value, attn_mask, is_causal, scale, enable_gqa, window, alibi, softcap)
+    return call.forward(with_lse)
+
+
+def scaled_dot_product_attention(
+    query,
+    key,
+    value,
+    attn_mask=None,
+    dropout_p=0.0,
+    is_causal=False,
+    scale=None,
+    enable_gqa=False,
+    *,
+    sliding_window=None,
+    alibi_slopes=None,
+    softcap=None,
+):
+    """``softmax(query · keyᵀ · scale + mask) · value``, as PyTorch's
+    ``torch.nn.functional.scaled_dot_product_attention`` computes it.
+
+    Arguments are PyTorch's: ``query`` ``[..., L, E]``, ``key`` ``[..., S, E]``, ``value``
+    ``[..., S, Ev]`` (the same leading dimensions; with ``enable_gqa`` the key/value heads, the
+    third dimension from the end, may divide the query heads); ``attn_mask`` boolean (``True``
+    takes part in attention) or additive (the query's dtype), broadcast to ``[..., L, S]``;
+    ``is_causal`` hides the keys after each query, aligned top-left; ``scale`` defaults to
+    ``1 / sqrt(E)``. Torch tensors or NumPy arrays, float32, float64, bfloat16 or float16 (half
+    precision is computed in float32 and rounded once). Returns ``[..., L, Ev]`` in the inputs'
+    dtype and library. Contiguous inputs are read in place, and the engine runs with the GIL
+    released.
+
+    qkv's extensions, keyword-only: ``sliding_window=(before, after)`` (each query sees the keys
+    from ``before`` before its position to ``after`` after it; -1 or None for no limit),
+    ``alibi_slopes`` (one per query head; ``qkv.alibi_slopes(heads)`` gives the paper's),
+    ``softcap`` (scores become ``softcap · tanh(score / softcap)`` before masks and ALiBi). Windows
+    and ALiBi place the queries top-left, as ``is_causal`` does.
+
+    Where qkv differs from PyTorch:
+
+    - a query whose keys are all masked gets an output of 0, whatever the mask's kind (PyTorch
+      2.15 on the CPU agrees; other versions and backends give NaN);
+    - queries and keys of width 0, or values of width 0, raise ``ValueError`` (PyTorch returns the
+      mean of the values, or an empty output);
+    - ``dropout_p`` other than 0 raises ``ValueError``: qkv has no dropout;
+    - ``attn_mask`` together with ``is_causal`` raises ``ValueError`` (as PyTorch does);
+    - keys and values that some query sees must be finite (``ValueError`` naming the element).
+
+    Errors in shapes and arguments raise ``ValueError`` with the engine's message.
+    """
+    if dropout_p != 0.0:
+        raise ValueError(f"dropout_p is {dropout_p}: qkv has no dropout; pass 0.0 (PyTorch's default in eval)")
+    extensions = (sliding_window, alibi_slopes, softcap)
+    return _attend(query, key, value, attn_mask, is_causal, scale, enable_gqa, extensions, with_lse=False)
+
+
+def attention_with_lse(
+    query,
+    key,
+    value,
+    attn_mask=None,
+    is_causal=False,
+    scale=None,
+    enable_gqa=False,
+    *,
+    sliding_window=None,
+    alibi_slopes=None,
+    softcap=None,
+):
+    """Like ``scaled_dot_product_attention``, also returning each row's logsumexp
+    ``ln Σ_j exp(score_ij)`` (``[..., L]``, float64 for float64 inputs, float32 otherwise; ``-inf``
+    for a row that sees no key): ``(out, lse)``. Attention over disjoint sets of keys merges into
+    attention over their union with ``qkv.merge``. On torch tensors ``out`` is differentiable
+    (``lse`` is not)."""
+    extensions = (sliding_window, alibi_slopes, softcap)
+    return _attend(query, key, value, attn_mask, is_causal, scale, enable_gqa, extensions, with_lse=True)
+
+
+def merge(out_a, lse_a, out_b, lse_b):
+    """Attention over two disjoint sets of keys (``(out, lse)`` each, from ``attention_with_lse``)
+    merged exactly into attention over both: ``(out, lse)``. A row that sees no key in one part
+    takes the other's. Not differentiable (``qkv.distributed`` has the differentiable form)."""
+    return _core.merge(out_a, lse_a, out_b, lse_b)
+
+
+if "torch" in sys.modules:
+    # Registered now so that torch.compile finds the operators before its first trace.
+    _torch_ops()

@@ -1,0 +1,168 @@
+"""The engine's KV caches for decoding: ``KvCache`` (one sequence) and ``PagedKvCache`` (many
+sequences in blocks of one pool), over torch tensors or NumPy arrays."""
+
+from . import _core, _qkv
+
+
+def _dtype_name(dtype):
+    """``"float32"`` from a string, a torch dtype or a NumPy dtype."""
+    if isinstance(dtype, str):
+        return dtype
+    text = str(dtype)
+    if text.startswith("torch."):
+        return text[len("torch."):]
+    import numpy
+
+    return numpy.dtype(dtype).name
+
+
+def _window(window):
+    return None if window is None else tuple(int(-1 if s is None else s) for s in window)
+
+
+def _spec(xp, scale, sliding_window, alibi_slopes, softcap, keep):
+    alibi = None if alibi_slopes is None else [float(s) for s in alibi_slopes]
+    keep = None if keep is None else xp.raw(keep)
+    return (None if scale is None else float(scale), _window(sliding_window), alibi,
+            None if softcap is None else float(softcap), keep)
+
+
+class _Cache:
+    """What both caches share: the storage dtype and converting keys, values and queries to it."""
+
+    def __init__(self, inner, dtype):
+        self._inner, self.dtype = inner, dtype
+
+    def _stored(self, xp, t):
+        return t if xp.dtype_name(t) == self.dtype else xp.cast(t, self.dtype)
+
+    def _outputs(self, xp, query, value_dim, return_lse):
+        heads, n_q = query.shape[0], query.shape[1]
+        out = xp.empty((heads, n_q, value_dim), "float32")
+        lse = xp.empty((heads, n_q), "float32") if return_lse else None
+        return out, lse
+
+
+class KvCache(_Cache):
+    """The keys and values of one sequence for every layer of a decoder (the engine's
+    ``KvCache``), stored as ``dtype`` (float32, bfloat16 or float16) and computed in float32.
+
+    ``append(layer, key, value)`` adds positions (``[kv_heads, n_new, key_dim]``), and
+    ``attend(layer, query)`` (``[query_heads, n_q, key_dim]``, the last ``n_q`` positions held,
+    causal bottom-right) returns ``[query_heads, n_q, value_dim]`` in float32. With ``window`` the
+    cache is a ring buffer of the last positions a sliding window of that many keys needs, and
+    ``capacity`` is the window plus the largest step but one.
+    """
+
+    def __init__(self, layers, kv_heads, capacity, key_dim, value_dim=None, dtype="float32", window=None):
+        dtype = _dtype_name(dtype)
+        value_dim = key_dim if value_dim is None else value_dim
+        super().__init__(_qkv.KvCache(layers, kv_heads, capacity, key_dim, value_dim, dtype, window), dtype)
+
+    def append(self, layer, key, value):
+        """Appends ``key`` ``[kv_heads, n_new, key_dim]`` and ``value`` to layer ``layer``."""
+        xp = _core.backend(key, value)
+        key, value = self._stored(xp, key), self._stored(xp, value)
+        self._inner.append(layer, xp.raw(key), xp.raw(value))
+
+    def attend(self, layer, query, *, scale=None, sliding_window=None, alibi_slopes=None, softcap=None,
+               keep=None, return_lse=False):
+        """Attention of ``query`` over layer ``layer``: ``out`` (and ``(out, lse)`` with
+        ``return_lse``). ``keep`` is a boolean ``[n_q, held]`` mask on top of the causal one."""
+        xp = _core.backend(query, keep)
+        if xp.dtype_name(query) not in ("float32", self.dtype):
+            query = xp.cast(query, "float32")
+        out, lse = self._outputs(xp, query, self.shape[4], return_lse)
+        spec = _spec(xp, scale, sliding_window, alibi_slopes, softcap, keep)
+        self._inner.attend(layer, xp.raw(query), spec, (xp.raw(out), None if lse is None else xp.raw(lse)))
+        return (out, lse) if return_lse else out
+
+    def length(self, layer):
+        """Positions appended to layer ``layer`` since the cache was made or cleared."""
+        return self._inner.len(layer)
+
+    def held(self, layer):
+        """Positions layer ``layer`` holds (a windowed cache holds at most its capacity)."""
+        return self._inner.held(layer)
+
+    def clear(self):
+        """Empties every layer."""
+        self._inner.clear()
+
+    @property
+    def shape(self):
+        """``(layers, kv_heads, capacity, key_dim, value_dim)``."""
+        return self._inner.shape
+
+    @property
+    def window(self):
+        """The window of a windowed cache, else None."""
+        return self._inner.window
+
+
+class PagedKvCache(_Cache):
+    """Many sequences' keys and values in blocks of ``block_size`` positions from one pool of
+    ``blocks`` (the engine's ``PagedKvCache``), stored as ``dtype``.
+
+    Sequences are integer handles: ``add_sequence()``, ``fork(seq)`` (shares the prefix, copied
+    on write), ``truncate(seq, length)``, ``free(seq)``. ``attend(layer, sequences, offsets,
+    query)`` runs a whole ragged batch: ``sequences[i]`` with the queries ``offsets[i] ..
+    offsets[i + 1]`` of ``query`` ``[query_heads, n_queries, key_dim]``.
+    """
+
+    def __init__(self, layers, kv_heads, key_dim, value_dim=None, block_size=64, blocks=256, dtype="float32"):
+        dtype = _dtype_name(dtype)
+        value_dim = key_dim if value_dim is None else value_dim
+        super().__init__(_qkv.PagedKvCache(layers, kv_heads, key_dim, value_dim, block_size, blocks, dtype), dtype)
+
+    @staticmethod
+    def block_granularity():
+        """Block sizes must be a multiple of this on this CPU (64 fits every CPU)."""
+        return _qkv.PagedKvCache.block_granularity()
+
+    def add_sequence(self):
+        """A new, empty sequence's handle."""
+        return self._inner.add_sequence()
+
+    def fork(self, seq):
+        """A new sequence sharing ``seq``'s positions."""
+        return self._inner.fork(seq)
+
+    def truncate(self, seq, length):
+        """Keeps ``seq``'s first ``length`` positions."""
+        self._inner.truncate(seq, length)
+
+    def free(self, seq):
+        """Returns ``seq``'s blocks to the pool."""
+        self._inner.free(seq)
+
+    def length(self, seq, layer=0):
+        """Positions ``seq`` holds at layer ``layer``."""
+        return self._inner.len(seq, layer)
+
+    def free_blocks(self):
+        """Blocks no sequence holds."""
+        return self._inner.free_blocks()
+
+    def append(self, layer, seq, key, value):
+        """Appends ``key`` ``[kv_heads, n_new, key_dim]`` and ``value`` to ``seq`` at ``layer``."""
+        xp = _core.backend(key, value)
+        key, value = self._stored(xp, key), self._stored(xp, value)
+        self._inner.append(layer, seq, xp.raw(key), xp.raw(value))
+
+    def attend(self, layer, sequences, offsets, query, *, scale=None, sliding_window=None, alibi_slopes=None,
+               softcap=None, keep=None, return_lse=False):
+        """Attention for a batch of sequences, ``[query_heads, n_queries, value_dim]`` in float32
+        packed as ``query`` is (and the logsumexp with ``return_lse``)."""
+        xp = _core.backend(query, keep)
+        query = self._stored(xp, query)
+        out, lse = self._outputs(xp, query, self.shape[3], return_lse)
+        spec = _spec(xp, scale, sliding_window, alibi_slopes, softcap, keep)
+        batch = ([int(s) for s in sequences], [int(o) for o in offsets])
+        self._inner.attend(layer, batch, xp.raw(query), spec, (xp.raw(out), None if lse is None else xp.raw(lse)))
+        return (out, lse) if return_lse else out
+
+    @property
+    def shape(self):
+        """``(layers, kv_heads, key_dim, value_dim, block_size, blocks)``."""
+        return self._inner.shape

@@ -1,0 +1,266 @@
+"""Torch tensors and NumPy arrays as the extension module takes them, and the checks, reshapes
+and allocations around its calls.
+
+The extension (``qkv._qkv``) takes each tensor as ``(address, dtype code, shape, strides in
+elements)`` and views that memory in place: nothing is copied on the way in, and outputs are
+allocated here, in the caller's library, and written by the engine.
+"""
+
+import math
+import sys
+
+from . import _qkv
+
+_CODES = {"float32": 0, "float64": 1, "bfloat16": 2, "float16": 3, "bool": 4}
+_FLOATS = ("float32", "float64", "bfloat16", "float16")
+
+
+class _Torch:
+    """How to read, reshape and allocate torch tensors."""
+
+    def __init__(self, torch):
+        self.torch = torch
+        self.names = {getattr(torch, n): n for n in _CODES}
+
+    def dtype_name(self, t):
+        return self.names.get(t.dtype, str(t.dtype).replace("torch.", ""))
+
+    def raw(self, t):
+        return (t.data_ptr(), _CODES[self.names[t.dtype]], t.shape, t.stride())
+
+    def empty(self, shape, dtype_name):
+        return self.torch.empty(shape, dtype=getattr(self.torch, dtype_name))
+
+    def zeros(self, shape, dtype_name):
+        return self.torch.zeros(shape, dtype=getattr(self.torch, dtype_name))
+
+    def broadcast(self, t, shape):
+        return t.expand(shape)
+
+    def cast(self, t, dtype_name):
+        return t.to(getattr(self.torch, dtype_name))
+
+    def check_device(self, argument, t):
+        if t.device.type != "cpu":
+            raise ValueError(f"{argument} is on {t.device}: qkv runs on the CPU")
+
+
+class _NumPy:
+    """How to read, reshape and allocate NumPy arrays (and ml_dtypes' bfloat16)."""
+
+    def __init__(self, np):
+        self.np = np
+
+    def dtype_name(self, a):
+        return a.dtype.name
+
+    def raw(self, a):
+        item = a.itemsize
+        strides = a.strides
+        if any(s < 0 or s % item for s in strides):
+            # Negative or misaligned strides: the engine reads forward, whole elements.
+            a = self.np.ascontiguousarray(a)
+            strides = a.strides
+        return (a.__array_interface__["data"][0], _CODES[a.dtype.name], a.shape, tuple(s // item for s in strides))
+
+    def empty(self, shape, dtype_name):
+        return self.np.empty(shape, dtype=self._dtype(dtype_name))
+
+    def zeros(self, shape, dtype_name):
+        return self.np.zeros(shape, dtype=self._dtype(dtype_name))
+
+    def _dtype(self, name):
+        if name == "bfloat16":
+            import ml_dtypes
+
+            return ml_dtypes.bfloat16
+        return self.np.dtype(name)
+
+    def broadcast(self, a, shape):
+        return self.np.broadcast_to(a, shape)
+
+    def cast(self, a, dtype_name):
+        return a.astype(self._dtype(dtype_name))
+
+    def check_device(self, argument, a):
+        pass
+
+
+_backends = {}
+
+# torch's dtypes to the extension's codes, and "type": torch.Tensor, once torch is in use (for
+# ``qkv.__init__._fast``).
+TORCH_CODES = {}
+
+
+def backend(*tensors):
+    """The library the tensors belong to (all of them the same one)."""
+    first = tensors[0]
+    kind = type(first).__module__.split(".")[0]
+    for t in tensors[1:]:
+        if t is not None and type(t).__module__.split(".")[0] != kind:
+            raise TypeError(f"mixed tensor types: {type(first).__name__} and {type(t).__name__}; pass one library's")
+    if kind not in _backends:
+        if kind == "torch":
+            torch = sys.modules["torch"]
+            _backends[kind] = _Torch(torch)
+            TORCH_CODES.update({getattr(torch, n): c for n, c in _CODES.items()}, type=torch.Tensor)
+        elif kind == "numpy":
+            _backends[kind] = _NumPy(sys.modules["numpy"])
+        else:
+            raise TypeError(f"qkv takes torch tensors or NumPy arrays, not {type(first).__name__}")
+    return _backends[kind]
+
+
+def compute_dtype(name):
+    """The dtype the engine computes in, and returns the logsumexp in."""
+    return "float64" if name == "float64" else "float32"
+
+
+class _Shapes:
+    """The inputs' shapes for a message, formatted only if one is raised."""
+
+    def __init__(self, *shapes):
+        self.shapes = shapes
+
+    def __format__(self, spec):
+        return "(query {}, key {}, value {})".format(*self.shapes)
+
+
+class Call:
+    """One dense call's inputs, checked and viewed as ``[batch, heads, n, d]``."""
+
+    def __init__(
+        self, query, key, value, attn_mask, is_causal, scale, enable_gqa, window=None, alibi=None, softcap=None
+    ):
+        xp = backend(query, key, value, attn_mask)
+        self.xp = xp
+        for argument, t in (("query", query), ("key", key), ("value", value)):
+            xp.check_device(argument, t)
+            if t.ndim < 2:
+                raise ValueError(f"{argument} has shape {tuple(t.shape)}: it needs at least [n, d]")
+            if xp.dtype_name(t) not in _FLOATS:
+                raise ValueError(f"{argument} has dtype {xp.dtype_name(t)}: qkv takes {', '.join(_FLOATS)}")
+        dtype = xp.dtype_name(query)
+        if xp.dtype_name(key) != dtype or xp.dtype_name(value) != dtype:
+            raise ValueError(
+                f"query, key and value have dtypes {dtype}, {xp.dtype_name(key)} and "
+                f"{xp.dtype_name(value)}: they need one dtype"
+            )
+        qs, ks, vs = tuple(query.shape), tuple(key.shape), tuple(value.shape)
+        if not (len(qs) == len(ks) == len(vs)):
+            raise ValueError(f"query {qs}, key {ks} and value {vs} need the same number of dimensions")
+        shapes = _Shapes(qs, ks, vs)
+        if qs[-1] != ks[-1]:
+            raise ValueError(f"query and key have widths {qs[-1]} and {ks[-1]}: they need the same {shapes}")
+        if ks[:-1] != vs[:-1]:
+            raise ValueError(f"key and value need the same shape but for their width {shapes}")
+        lead = qs[:-2]
+        if lead[:-1] != ks[:-3]:
+            raise ValueError(f"query and key need the same batch dimensions (all but the last three) {shapes}")
+        heads, kv_heads = (lead[-1], ks[-3]) if lead else (1, 1)
+        if enable_gqa:
+            if kv_heads == 0 or heads % kv_heads:
+                raise ValueError(
+                    f"enable_gqa: query heads ({heads}) must be a multiple of key/value heads ({kv_heads}) {shapes}"
+                )
+        elif heads != kv_heads:
+            raise ValueError(
+                f"query has {heads} heads and key {kv_heads}: pass enable_gqa=True for grouped-query attention {shapes}"
+            )
+        if is_causal and attn_mask is not None:
+            raise ValueError("attn_mask and is_causal are both set: pass one (PyTorch refuses both too)")
+        if scale is not None and not math.isfinite(scale):
+            raise ValueError(f"scale is {scale}: it must be finite")
+        batch = math.prod(lead[:-1])
+        self.dtype, self.lead, self.n_q, self.n_k = dtype, lead, qs[-2], ks[-2]
+        self.q = self._four(query, batch, heads)
+        self.k = self._four(key, batch, kv_heads)
+        self.v = self._four(value, batch, kv_heads)
+        self.mask = None if attn_mask is None else self._mask(attn_mask, batch, heads)
+        self.out_shape = (batch, heads, qs[-2], vs[-1])
+        if window is not None:
+            window = tuple(int(-1 if side is None else side) for side in window)
+            if len(window) != 2:
+                raise ValueError(f"sliding_window is {window}: it is (before, after), -1 or None for no limit")
+        if alibi is not None:
+            alibi = [float(s) for s in (alibi.tolist() if hasattr(alibi, "tolist") else alibi)]
+            if len(alibi) != heads:
+                raise ValueError(f"alibi_slopes has {len(alibi)} slopes for {heads} query heads: one per head")
+        self.spec = (bool(is_causal), None if scale is None else float(scale), window, alibi,
+                     None if softcap is None else float(softcap))
+
+    def _four(self, t, batch, heads):
+        return t if t.ndim == 4 else t.reshape(batch, heads, t.shape[-2], t.shape[-1])
+
+    def _mask(self, mask, batch, heads):
+        xp = self.xp
+        xp.check_device("attn_mask", mask)
+        name = xp.dtype_name(mask)
+        if name != "bool" and name != self.dtype:
+            raise ValueError(f"attn_mask has dtype {name}: it is bool, or the query's dtype ({self.dtype})")
+        scores = self.lead + (self.n_q, self.n_k)
+        ms = tuple(mask.shape)
+        padded = (1,) * (len(scores) - len(ms)) + ms
+        if len(ms) > len(scores) or any(m not in (1, s) for m, s in zip(padded, scores)):
+            raise ValueError(f"attn_mask has shape {ms}, which does not broadcast to the scores' shape {scores}")
+        outer = padded[: max(len(self.lead) - 1, 0)]
+        head = padded[len(self.lead) - 1] if self.lead else 1
+        if any(d != 1 for d in outer) and outer != self.lead[:-1]:
+            # Broadcast over some batch dimensions but not others: only this case copies.
+            mask = xp.broadcast(mask.reshape(padded), self.lead[:-1] + padded[len(outer):])
+            outer = self.lead[:-1]
+        shared = 1 if all(d == 1 for d in outer) else batch
+        mask = mask.reshape(shared, head, padded[-2], padded[-1])
+        if name != "bool" and self.dtype in ("bfloat16", "float16"):
+            mask = xp.cast(mask, "float32")
+        # Rows and columns of length 1 broadcast as zero strides: no copy.
+        return xp.broadcast(mask, (shared, head, self.n_q, self.n_k))
+
+    def raws(self):
+        xp = self.xp
+        return (xp.raw(self.q), xp.raw(self.k), xp.raw(self.v))
+
+    def forward(self, with_lse):
+        """The output as ``lead + [n_q, d_v]``, and with ``with_lse`` the logsumexp ``lead + [n_q]``."""
+        xp = self.xp
+        out = xp.empty(self.out_shape, self.dtype)
+        lse = xp.empty(self.out_shape[:3], compute_dtype(self.dtype)) if with_lse else None
+        mask = None if self.mask is None else xp.raw(self.mask)
+        _qkv.forward(self.raws(), mask, self.spec, xp.raw(out), None if lse is None else xp.raw(lse))
+        out = out.reshape(self.lead + out.shape[2:])
+        return (out, lse.reshape(self.lead + (self.n_q,))) if with_lse else out
+
+    def backward(self, out, lse, grad_out, mask_grad):
+        """``(dq, dk, dv, dmask)`` shaped as the inputs (``dmask`` as ``[batch, heads, n_q, n_k]``,
+        or None), from the forward's ``out`` and ``lse`` (over every key) and the output's gradient."""
+        xp = self.xp
+        compute = compute_dtype(self.dtype)
+        as_compute = (lambda t: t) if compute == self.dtype else (lambda t: xp.cast(t, compute))
+        q, k, v = (as_compute(t) for t in (self.q, self.k, self.v))
+        out, grad_out = (as_compute(self._four(t, *self.out_shape[:2])) for t in (out, grad_out))
+        lse = lse.reshape(self.out_shape[:3])
+        dq, dk, dv = (xp.zeros(t.shape, compute) for t in (q, k, v))
+        dmask = xp.zeros(self.out_shape[:3] + (self.n_k,), compute) if mask_grad else None
+        _qkv.backward(
+            (xp.raw(q), xp.raw(k), xp.raw(v)),
+            None if self.mask is None else xp.raw(self.mask),
+            self.spec,
+            (xp.raw(out), xp.raw(lse), xp.raw(grad_out)),
+            (xp.raw(dq), xp.raw(dk), xp.raw(dv), None if dmask is None else xp.raw(dmask)),
+        )
+        if compute != self.dtype:
+            dq, dk, dv = (xp.cast(t, self.dtype) for t in (dq, dk, dv))
+        return dq, dk, dv, dmask
+
+
+def merge(out_a, lse_a, out_b, lse_b):
+    """Attention over two disjoint sets of keys, merged exactly into attention over both."""
+    xp = backend(out_a, lse_a, out_b, lse_b)
+    dtype = xp.dtype_name(out_a)
+    compute = compute_dtype(dtype)
+    outs = [xp.cast(o, compute) if xp.dtype_name(o) != compute else o for o in (out_a, out_b)]
+    lses = [xp.cast(x, compute) if xp.dtype_name(x) != compute else x for x in (lse_a, lse_b)]
+    out, lse = xp.empty(tuple(out_a.shape), compute), xp.empty(tuple(lse_a.shape), compute)
+    _qkv.merge((xp.raw(outs[0]), xp.raw(lses[0])), (xp.raw(outs[1]), xp.raw(lses[1])), (xp.raw(out), xp.raw(lse)))
+    return (out if dtype == compute else xp.cast(out, dtype)), lse

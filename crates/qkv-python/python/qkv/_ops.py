@@ -1,0 +1,104 @@
+"""qkv as PyTorch operators: ``qkv::attention`` and its backward ``qkv::attention_backward``,
+registered with ``torch.library.custom_op`` so that autograd differentiates through the engine's
+own backward and ``torch.compile`` treats both as opaque calls (their fake implementations give
+the output shapes)."""
+
+from typing import List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from . import _core
+
+
+@torch.library.custom_op("qkv::attention", mutates_args=())
+def attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Optional[Tensor],
+    is_causal: bool,
+    scale: Optional[float],
+    enable_gqa: bool,
+    window: Optional[List[int]],
+    alibi: Optional[List[float]],
+    softcap: Optional[float],
+) -> Tuple[Tensor, Tensor]:
+    """The output ``[..., L, Ev]`` and each row's logsumexp ``[..., L]``."""
+    call = _core.Call(query, key, value, attn_mask, is_causal, scale, enable_gqa, window, alibi, softcap)
+    return call.forward(with_lse=True)
+
+
+@attention.register_fake
+def _(query, key, value, attn_mask, is_causal, scale, enable_gqa, window, alibi, softcap):
+    lead, n_q = query.shape[:-2], query.shape[-2]
+    out = query.new_empty((*lead, n_q, value.shape[-1]))
+    lse = query.new_empty((*lead, n_q), dtype=torch.float64 if query.dtype == torch.float64 else torch.float32)
+    return out, lse
+
+
+def _like(gradient, input):
+    """The gradient laid out as its input (``torch.empty_like``'s strides), as the fake
+    implementation promises and torch.compile's compiled backward checks."""
+    gradient = gradient.reshape(input.shape)
+    if gradient.stride() == input.stride():
+        return gradient
+    return torch.empty_like(input).copy_(gradient)
+
+
+@torch.library.custom_op("qkv::attention_backward", mutates_args=())
+def attention_backward(
+    grad_out: Tensor,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    attn_mask: Optional[Tensor],
+    is_causal: bool,
+    scale: Optional[float],
+    enable_gqa: bool,
+    window: Optional[List[int]],
+    alibi: Optional[List[float]],
+    softcap: Optional[float],
+    mask_grad: bool,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(dq, dk, dv, dmask)``; ``dmask`` is empty unless ``mask_grad``."""
+    call = _core.Call(query, key, value, attn_mask, is_causal, scale, enable_gqa, window, alibi, softcap)
+    dq, dk, dv, dmask = call.backward(out, lse, grad_out, mask_grad)
+    dq, dk, dv = (_like(g, t) for g, t in ((dq, query), (dk, key), (dv, value)))
+    if dmask is None:
+        return dq, dk, dv, query.new_empty(0)
+    # A mask shared along some axes gets the sum of its slices' gradients.
+    scores = (*call.lead, call.n_q, call.n_k)
+    dmask = dmask.reshape(scores).sum_to_size(attn_mask.shape).to(attn_mask.dtype)
+    return dq, dk, dv, _like(dmask, attn_mask)
+
+
+@attention_backward.register_fake
+def _(grad_out, query, key, value, out, lse, attn_mask, is_causal, scale, enable_gqa, window, alibi, softcap,
+      mask_grad):
+    dmask = torch.empty_like(attn_mask) if mask_grad else query.new_empty(0)
+    return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value), dmask
+
+
+def _setup_context(ctx, inputs, output):
+    query, key, value, attn_mask, *options = inputs
+    out, lse = output
+    ctx.save_for_backward(query, key, value, out, lse, attn_mask)
+    ctx.options = options
+    ctx.mask_grad = attn_mask is not None and attn_mask.requires_grad
+
+
+def _backward(ctx, grad_out, grad_lse):
+    query, key, value, out, lse, attn_mask = ctx.saved_tensors
+    if grad_out is None:
+        grad_out = torch.zeros_like(out)
+    # The logsumexp is an output for merging, not differentiated through.
+    dq, dk, dv, dmask = attention_backward(
+        grad_out, query, key, value, out, lse, attn_mask, *ctx.options, ctx.mask_grad
+    )
+    return dq, dk, dv, (dmask if ctx.mask_grad else None), None, None, None, None, None, None
+
+
+attention.register_autograd(_backward, setup_context=_setup_context)

@@ -1,0 +1,405 @@
+//! The engine's KV caches for Python: [`KvCache`] (one sequence, optionally a sliding-window
+//! ring) and [`PagedKvCache`] (many sequences in blocks of one pool), each storing f32, bf16 or
+//! f16, with the options of `qkv::CacheOptions`.
+
+use std::collections::HashMap;
+
+use ndarray::{Ix2, Ix3};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use qkv::half::{bf16, f16};
+use qkv::{CacheOptions, CacheShape, PagedShape, SequenceId, SimdLevel, SlidingWindow, Storage};
+
+use crate::raw::{Dtype, Element, Raw};
+use crate::{detached, value_error};
+
+/// A cache's options as `python/qkv/_cache.py` packs them: `(scale, window (before, after; -1
+/// unbounded), ALiBi slopes, soft-cap, keep mask [n_q, held])`. Windows are aligned bottom-right:
+/// the queries are the last positions held.
+#[derive(Debug, Clone, FromPyObject)]
+pub struct CacheSpec(Option<f64>, Option<(i64, i64)>, Option<Vec<f32>>, Option<f64>, Option<Raw>);
+
+impl CacheSpec {
+    /// The engine's options, borrowing the slopes and the keep mask.
+    ///
+    /// # Safety
+    /// The keep mask must describe live memory for `'a` (see [`Raw::view`]).
+    unsafe fn options(&self) -> PyResult<CacheOptions<'_>> {
+        let side = |n: i64| usize::try_from(n).unwrap_or(SlidingWindow::UNBOUNDED);
+        let mut options = CacheOptions::new();
+        if let Some(scale) = self.0 {
+            options = options.scale(scale as f32);
+        }
+        if let Some((before, after)) = self.1 {
+            options = options.sliding_window(SlidingWindow::new(side(before), side(after)));
+        }
+        if let Some(slopes) = &self.2 {
+            options = options.alibi(slopes);
+        }
+        if let Some(cap) = self.3 {
+            options = options.logit_softcap(cap as f32);
+        }
+        if let Some(keep) = &self.4 {
+            // SAFETY: the caller vouches for the mask's memory.
+            options = options.keep_mask(unsafe { keep.view::<bool, Ix2>("keep")? });
+        }
+        Ok(options)
+    }
+}
+
+/// A cache of any storage type: `$cache!(value, c => expr)` runs `expr` with `c` the typed cache.
+macro_rules! storage_enum {
+    ($name:ident, $inner:ident, $each:ident) => {
+        enum $name {
+            F32(qkv::$inner<f32>),
+            Bf16(qkv::$inner<bf16>),
+            F16(qkv::$inner<f16>),
+        }
+
+        macro_rules! $each {
+            ($value:expr, $c:ident => $body:expr) => {
+                match $value {
+                    $name::F32($c) => $body,
+                    $name::Bf16($c) => $body,
+                    $name::F16($c) => $body,
+                }
+            };
+        }
+    };
+}
+storage_enum!(AnyKvCache, KvCache, each_kv);
+storage_enum!(AnyPaged, PagedKvCache, each_paged);
+
+/// The storage type named by `dtype` (`float32`, `bfloat16`, `float16`).
+fn storage(dtype: &str) -> PyResult<Dtype> {
+    match dtype {
+        "float32" => Ok(Dtype::F32),
+        "bfloat16" => Ok(Dtype::Bf16),
+        "float16" => Ok(Dtype::F16),
+        other => Err(PyValueError::new_err(format!(
+            "dtype is {other:?}: a cache stores float32, bfloat16 or float16"
+        ))),
+    }
+}
+
+/// The keys and values of one sequence for every layer of a decoder (`qkv::KvCache`); with a
+/// window, a ring buffer of the last positions a sliding window needs.
+#[pyclass(module = "qkv._qkv")]
+pub struct KvCache {
+    inner: AnyKvCache,
+}
+
+/// Appends `k`, `v` to layer `layer` of a typed cache.
+///
+/// # Safety
+/// The tensors must describe live memory for the call.
+unsafe fn kv_append<E: Storage + Element>(
+    cache: &mut qkv::KvCache<E>,
+    layer: usize,
+    k: &Raw,
+    v: &Raw,
+) -> PyResult<()> {
+    // SAFETY: the caller vouches for the memory.
+    let (k, v) = unsafe { (k.view::<E, Ix3>("key")?, v.view::<E, Ix3>("value")?) };
+    cache.layer(layer).and_then(|mut l| l.append(k, v)).map_err(value_error)
+}
+
+/// One step of a typed cache with queries of type `Q`.
+///
+/// # Safety
+/// As [`kv_append`]; the outputs fresh.
+unsafe fn kv_attend<E: Storage, Q: Storage + Element>(
+    cache: &mut qkv::KvCache<E>,
+    layer: usize,
+    q: &Raw,
+    spec: &CacheSpec,
+    (out, lse): &(Raw, Option<Raw>),
+) -> PyResult<()> {
+    // SAFETY (every view): the caller vouches for the memory.
+    let options = unsafe { spec.options()? };
+    let q = unsafe { q.view::<Q, Ix3>("query")? };
+    let out = unsafe { out.view_mut::<f32, Ix3>("out")? };
+    let lse = unsafe { lse.as_ref().map(|l| l.view_mut::<f32, Ix2>("lse")).transpose()? };
+    cache.layer(layer).and_then(|mut l| l.attend_with_into(q, &options, out, lse)).map_err(value_error)
+}
+
+#[pymethods]
+impl KvCache {
+    /// A cache of `layers` × `kv_heads` sequences of at most `capacity` positions (of a windowed
+    /// cache, the window and the new positions of the largest step but one).
+    #[new]
+    #[pyo3(signature = (layers, kv_heads, capacity, key_dim, value_dim, dtype, window=None))]
+    fn new(
+        layers: usize,
+        kv_heads: usize,
+        capacity: usize,
+        key_dim: usize,
+        value_dim: usize,
+        dtype: &str,
+        window: Option<usize>,
+    ) -> PyResult<KvCache> {
+        let shape = CacheShape::new(layers, kv_heads, capacity, key_dim, value_dim);
+        fn make<E: Storage>(
+            shape: CacheShape,
+            window: Option<usize>,
+        ) -> Result<qkv::KvCache<E>, qkv::AttentionError> {
+            match window {
+                Some(w) => qkv::KvCache::with_window(shape, w),
+                None => qkv::KvCache::new(shape),
+            }
+        }
+        let inner = match storage(dtype)? {
+            Dtype::F32 => AnyKvCache::F32(make(shape, window).map_err(value_error)?),
+            Dtype::Bf16 => AnyKvCache::Bf16(make(shape, window).map_err(value_error)?),
+            _ => AnyKvCache::F16(make(shape, window).map_err(value_error)?),
+        };
+        Ok(KvCache { inner })
+    }
+
+    /// Appends keys `k` (`[kv_heads, n_new, key_dim]`) and values `v` to layer `layer`.
+    fn append(&mut self, py: Python<'_>, layer: usize, k: Raw, v: Raw) -> PyResult<()> {
+        let inner = &mut self.inner;
+        // SAFETY: the package passes tensors it holds for the call.
+        detached(py, move || each_kv!(inner, c => unsafe { kv_append(c, layer, &k, &v) }))
+    }
+
+    /// Attention of `q` (`[query_heads, n_q, key_dim]`, f32 or the cache's dtype; the last `n_q`
+    /// positions held) into `out` (f32) and each row's logsumexp into `lse` if given.
+    fn attend(
+        &mut self,
+        py: Python<'_>,
+        layer: usize,
+        q: Raw,
+        spec: CacheSpec,
+        into: (Raw, Option<Raw>),
+    ) -> PyResult<()> {
+        let inner = &mut self.inner;
+        detached(py, move || {
+            let same = q.dtype("query")? != Dtype::F32;
+            // SAFETY: the package passes tensors it holds for the call, outputs fresh.
+            unsafe {
+                match inner {
+                    AnyKvCache::F32(c) => kv_attend::<f32, f32>(c, layer, &q, &spec, &into),
+                    AnyKvCache::Bf16(c) if same => kv_attend::<bf16, bf16>(c, layer, &q, &spec, &into),
+                    AnyKvCache::Bf16(c) => kv_attend::<bf16, f32>(c, layer, &q, &spec, &into),
+                    AnyKvCache::F16(c) if same => kv_attend::<f16, f16>(c, layer, &q, &spec, &into),
+                    AnyKvCache::F16(c) => kv_attend::<f16, f32>(c, layer, &q, &spec, &into),
+                }
+            }
+        })
+    }
+
+    /// Positions appended to layer `layer` since the cache was made or cleared.
+    fn len(&mut self, layer: usize) -> PyResult<usize> {
+        each_kv!(&mut self.inner, c => c.layer(layer).map(|l| l.len()).map_err(value_error))
+    }
+
+    /// Positions layer `layer` holds (of a windowed cache, at most its capacity).
+    fn held(&mut self, layer: usize) -> PyResult<usize> {
+        each_kv!(&mut self.inner, c => c.layer(layer).map(|l| l.held()).map_err(value_error))
+    }
+
+    /// Empties every layer.
+    fn clear(&mut self) {
+        each_kv!(&mut self.inner, c => c.clear())
+    }
+
+    /// `(layers, kv_heads, capacity, key_dim, value_dim)`.
+    #[getter]
+    fn shape(&self) -> (usize, usize, usize, usize, usize) {
+        let CacheShape { layers, kv_heads, capacity, key_dim, value_dim, .. } =
+            each_kv!(&self.inner, c => c.shape());
+        (layers, kv_heads, capacity, key_dim, value_dim)
+    }
+
+    /// The window of a windowed cache.
+    #[getter]
+    fn window(&self) -> Option<usize> {
+        each_kv!(&self.inner, c => c.window())
+    }
+
+    /// The SIMD level the cache's layout is for.
+    #[getter]
+    fn simd_level(&self) -> String {
+        each_kv!(&self.inner, c => c.simd_level()).to_string()
+    }
+}
+
+/// Many sequences' keys and values in fixed-size blocks of one pool (`qkv::PagedKvCache`).
+/// Sequences are integer handles, never reused once freed.
+#[pyclass(module = "qkv._qkv")]
+pub struct PagedKvCache {
+    inner: AnyPaged,
+    sequences: HashMap<u64, SequenceId>,
+    next: u64,
+}
+
+/// Appends to `seq` at layer `layer` of a typed cache.
+///
+/// # Safety
+/// As [`kv_append`].
+unsafe fn paged_append<E: Storage + Element>(
+    cache: &mut qkv::PagedKvCache<E>,
+    layer: usize,
+    seq: SequenceId,
+    k: &Raw,
+    v: &Raw,
+) -> PyResult<()> {
+    // SAFETY: the caller vouches for the memory.
+    let (k, v) = unsafe { (k.view::<E, Ix3>("key")?, v.view::<E, Ix3>("value")?) };
+    cache.layer(layer).and_then(|mut l| l.append(seq, k, v)).map_err(value_error)
+}
+
+/// One batched step of a typed cache.
+///
+/// # Safety
+/// As [`kv_attend`].
+unsafe fn paged_attend<E: Storage + Element>(
+    cache: &mut qkv::PagedKvCache<E>,
+    layer: usize,
+    (sequences, offsets): (&[SequenceId], &[usize]),
+    q: &Raw,
+    spec: &CacheSpec,
+    (out, lse): &(Raw, Option<Raw>),
+) -> PyResult<()> {
+    // SAFETY (every view): the caller vouches for the memory.
+    let options = unsafe { spec.options()? };
+    let q = unsafe { q.view::<E, Ix3>("query")? };
+    let out = unsafe { out.view_mut::<f32, Ix3>("out")? };
+    let lse = unsafe { lse.as_ref().map(|l| l.view_mut::<f32, Ix2>("lse")).transpose()? };
+    cache
+        .layer(layer)
+        .and_then(|mut l| l.attend_with_into(sequences, offsets, q, &options, out, lse))
+        .map_err(value_error)
+}
+
+impl PagedKvCache {
+    /// The engine's id of handle `seq`.
+    fn id(&self, seq: u64) -> PyResult<SequenceId> {
+        self.sequences.get(&seq).copied().ok_or_else(|| {
+            PyValueError::new_err(format!("sequence {seq} is not in this cache (freed, or never added)"))
+        })
+    }
+
+    /// A new handle for `id`.
+    fn handle(&mut self, id: SequenceId) -> u64 {
+        let handle = self.next;
+        self.next += 1;
+        self.sequences.insert(handle, id);
+        handle
+    }
+}
+
+#[pymethods]
+impl PagedKvCache {
+    /// A pool of `blocks` blocks of `block_size` positions (a multiple of
+    /// `block_granularity()`; 64 fits every level) for `layers` × `kv_heads` heads.
+    #[new]
+    fn new(
+        layers: usize,
+        kv_heads: usize,
+        key_dim: usize,
+        value_dim: usize,
+        block_size: usize,
+        blocks: usize,
+        dtype: &str,
+    ) -> PyResult<PagedKvCache> {
+        let shape = PagedShape::new(layers, kv_heads, key_dim, value_dim, block_size, blocks);
+        let inner = match storage(dtype)? {
+            Dtype::F32 => AnyPaged::F32(qkv::PagedKvCache::new(shape).map_err(value_error)?),
+            Dtype::Bf16 => AnyPaged::Bf16(qkv::PagedKvCache::new(shape).map_err(value_error)?),
+            _ => AnyPaged::F16(qkv::PagedKvCache::new(shape).map_err(value_error)?),
+        };
+        Ok(PagedKvCache { inner, sequences: HashMap::new(), next: 0 })
+    }
+
+    /// The block sizes must be a multiple of this, on this CPU.
+    #[staticmethod]
+    fn block_granularity() -> PyResult<usize> {
+        let level = SimdLevel::dispatched().map_err(value_error)?;
+        qkv::PagedKvCache::<f32>::block_granularity(level).map_err(value_error)
+    }
+
+    /// A new, empty sequence.
+    fn add_sequence(&mut self) -> u64 {
+        let id = each_paged!(&mut self.inner, c => c.add_sequence());
+        self.handle(id)
+    }
+
+    /// A new sequence sharing `seq`'s positions (copied on write).
+    fn fork(&mut self, seq: u64) -> PyResult<u64> {
+        let id = self.id(seq)?;
+        let forked = each_paged!(&mut self.inner, c => c.fork(id)).map_err(value_error)?;
+        Ok(self.handle(forked))
+    }
+
+    /// Keeps the first `len` positions of `seq` at every layer.
+    fn truncate(&mut self, seq: u64, len: usize) -> PyResult<()> {
+        let id = self.id(seq)?;
+        each_paged!(&mut self.inner, c => c.truncate(id, len)).map_err(value_error)
+    }
+
+    /// Frees `seq`'s blocks; the handle names nothing afterwards.
+    fn free(&mut self, seq: u64) -> PyResult<()> {
+        let id = self.id(seq)?;
+        each_paged!(&mut self.inner, c => c.free(id)).map_err(value_error)?;
+        self.sequences.remove(&seq);
+        Ok(())
+    }
+
+    /// Positions `seq` holds at layer `layer`.
+    fn len(&mut self, seq: u64, layer: usize) -> PyResult<usize> {
+        let id = self.id(seq)?;
+        each_paged!(&mut self.inner, c => c.layer(layer).and_then(|l| l.len(id))).map_err(value_error)
+    }
+
+    /// Blocks not held by any sequence.
+    fn free_blocks(&self) -> usize {
+        each_paged!(&self.inner, c => c.free_blocks())
+    }
+
+    /// Appends keys `k` (`[kv_heads, n_new, key_dim]`, the cache's dtype) and values `v` to
+    /// sequence `seq` at layer `layer`.
+    fn append(&mut self, py: Python<'_>, layer: usize, seq: u64, k: Raw, v: Raw) -> PyResult<()> {
+        let id = self.id(seq)?;
+        let inner = &mut self.inner;
+        // SAFETY: the package passes tensors it holds for the call.
+        detached(py, move || each_paged!(inner, c => unsafe { paged_append(c, layer, id, &k, &v) }))
+    }
+
+    /// Attention for a batch of sequences: `sequences[i]` attends with the queries
+    /// `offsets[i] .. offsets[i + 1]` of `q` (`[query_heads, n_queries, key_dim]`, the cache's
+    /// dtype), into `out` (f32) and `lse` if given.
+    fn attend(
+        &mut self,
+        py: Python<'_>,
+        layer: usize,
+        batch: (Vec<u64>, Vec<usize>),
+        q: Raw,
+        spec: CacheSpec,
+        into: (Raw, Option<Raw>),
+    ) -> PyResult<()> {
+        let ids = batch.0.iter().map(|&s| self.id(s)).collect::<PyResult<Vec<_>>>()?;
+        let offsets = batch.1;
+        let inner = &mut self.inner;
+        detached(py, move || {
+            // SAFETY: the package passes tensors it holds for the call, outputs fresh.
+            each_paged!(inner, c => unsafe { paged_attend(c, layer, (&ids, &offsets), &q, &spec, &into) })
+        })
+    }
+
+    /// `(layers, kv_heads, key_dim, value_dim, block_size, blocks)`.
+    #[getter]
+    fn shape(&self) -> (usize, usize, usize, usize, usize, usize) {
+        let PagedShape { layers, kv_heads, key_dim, value_dim, block_size, blocks, .. } =
+            each_paged!(&self.inner, c => c.shape());
+        (layers, kv_heads, key_dim, value_dim, block_size, blocks)
+    }
+}
+
+/// Adds the cache classes.
+pub fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    module.add_class::<KvCache>()?;
+    module.add_class::<PagedKvCache>()?;
+    Ok(())
+}

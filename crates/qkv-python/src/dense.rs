@@ -1,0 +1,334 @@
+//! Attention over `[batch, heads, n, d]` tensors: the forward (with or without each row's
+//! logsumexp), the backward, and the merge of two partial results.
+
+use ndarray::{Ix3, Ix4, IxDyn};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use qkv::half::{bf16, f16};
+use qkv::{
+    AdditiveBias, Alibi, AttentionError, AttentionOptions, CausalMask, GradientsMut, KeepMask,
+    PartialAttention, Real, SlidingWindow,
+};
+
+use crate::raw::{Dtype, Element, Raw};
+use crate::{detached, value_error};
+
+/// The options every dense call takes, as `python/qkv/_core.py` packs them: `(is_causal, scale,
+/// window (before, after; -1 unbounded), ALiBi slopes, soft-cap)`. Causal masks, windows and
+/// ALiBi are aligned top-left, as PyTorch's `is_causal` is.
+#[derive(Debug, Clone, FromPyObject)]
+pub struct Spec(bool, Option<f64>, Option<(i64, i64)>, Option<Vec<f64>>, Option<f64>);
+
+/// `(query, key, value)`, each `[batch, heads, n, d]`.
+type Inputs = (Raw, Raw, Raw);
+
+/// A window side as the engine takes it: -1 (flash-attn's spelling) or any negative is unbounded.
+fn side(n: i64) -> usize {
+    usize::try_from(n).unwrap_or(SlidingWindow::UNBOUNDED)
+}
+
+/// The ALiBi slopes in the compute type, kept alive for the options that borrow them.
+fn slopes<T: Real>(spec: &Spec) -> Option<Vec<T>> {
+    spec.3.as_ref().map(|s| s.iter().map(|&x| T::from_f64_round(x)).collect())
+}
+
+/// The engine's options for `spec` and the mask, if any: a boolean mask keeps what is `true`, a
+/// floating one is added to the scores. Both are `[batch or 1, heads or 1, n_q, n_k]`.
+///
+/// # Safety
+/// `mask` must describe live memory for `'a` (see [`Raw::view`]).
+unsafe fn options<'a, T: Real + Element>(
+    spec: &Spec,
+    slopes: &'a Option<Vec<T>>,
+    mask: Option<&Raw>,
+) -> PyResult<AttentionOptions<'a, T>> {
+    let top_left = CausalMask::TopLeft;
+    let mut options = AttentionOptions::new();
+    if spec.0 {
+        options = options.causal(top_left);
+    }
+    if let Some(scale) = spec.1 {
+        options = options.scale(T::from_f64_round(scale));
+    }
+    if let Some((before, after)) = spec.2 {
+        options = options.sliding_window(SlidingWindow::new(side(before), side(after)).aligned(top_left));
+    }
+    if let Some(slopes) = slopes {
+        options = options.alibi(Alibi::new(slopes).aligned(top_left));
+    }
+    if let Some(cap) = spec.4 {
+        options = options.logit_softcap(T::from_f64_round(cap));
+    }
+    if let Some(mask) = mask {
+        // SAFETY: the caller vouches for the mask's memory.
+        options = match mask.dtype("attn_mask")? {
+            Dtype::Bool => options.keep_mask(KeepMask::batched(unsafe { mask.view("attn_mask")? })),
+            _ => options.bias(AdditiveBias::batched(unsafe { mask.view("attn_mask")? })),
+        };
+    }
+    Ok(options)
+}
+
+/// An input element type and how the engine runs on it: `f32` and `f64` as they are, bf16 and
+/// f16 computed in f32.
+trait Input: Element + Send + Sync {
+    /// The type the engine computes (and returns the logsumexp) in.
+    type Compute: Real + Element;
+
+    fn attend_into(
+        q: ndarray::ArrayView4<Self>,
+        k: ndarray::ArrayView4<Self>,
+        v: ndarray::ArrayView4<Self>,
+        options: &AttentionOptions<Self::Compute>,
+        out: ndarray::ArrayViewMut4<Self>,
+    ) -> Result<(), AttentionError>;
+
+    fn attend_with_lse(
+        q: ndarray::ArrayView4<Self>,
+        k: ndarray::ArrayView4<Self>,
+        v: ndarray::ArrayView4<Self>,
+        options: &AttentionOptions<Self::Compute>,
+    ) -> Result<PartialAttention<Self::Compute, Ix4>, AttentionError>;
+
+    /// Rounds a computed element to this type.
+    fn round(x: Self::Compute) -> Self;
+}
+
+/// [`Input`] for `f32` and `f64`.
+macro_rules! real_input {
+    ($t:ty) => {
+        impl Input for $t {
+            type Compute = $t;
+            fn attend_into(
+                q: ndarray::ArrayView4<$t>,
+                k: ndarray::ArrayView4<$t>,
+                v: ndarray::ArrayView4<$t>,
+                options: &AttentionOptions<$t>,
+                out: ndarray::ArrayViewMut4<$t>,
+            ) -> Result<(), AttentionError> {
+                qkv::multi_head_attention_into(q, k, v, options, out)
+            }
+            fn attend_with_lse(
+                q: ndarray::ArrayView4<$t>,
+                k: ndarray::ArrayView4<$t>,
+                v: ndarray::ArrayView4<$t>,
+                options: &AttentionOptions<$t>,
+            ) -> Result<PartialAttention<$t, Ix4>, AttentionError> {
+                qkv::multi_head_attention_with_lse(q, k, v, options)
+            }
+            fn round(x: $t) -> $t {
+                x
+            }
+        }
+    };
+}
+real_input!(f32);
+real_input!(f64);
+
+/// [`Input`] for bf16 and f16.
+macro_rules! half_input {
+    ($t:ty) => {
+        impl Input for $t {
+            type Compute = f32;
+            fn attend_into(
+                q: ndarray::ArrayView4<$t>,
+                k: ndarray::ArrayView4<$t>,
+                v: ndarray::ArrayView4<$t>,
+                options: &AttentionOptions<f32>,
+                out: ndarray::ArrayViewMut4<$t>,
+            ) -> Result<(), AttentionError> {
+                qkv::multi_head_attention_half_into(q, k, v, options, out)
+            }
+            fn attend_with_lse(
+                q: ndarray::ArrayView4<$t>,
+                k: ndarray::ArrayView4<$t>,
+                v: ndarray::ArrayView4<$t>,
+                options: &AttentionOptions<f32>,
+            ) -> Result<PartialAttention<f32, Ix4>, AttentionError> {
+                qkv::multi_head_attention_half_with_lse(q, k, v, options)
+            }
+            fn round(x: f32) -> $t {
+                <$t>::from_f32(x)
+            }
+        }
+    };
+}
+half_input!(bf16);
+half_input!(f16);
+
+/// The forward for inputs of type `E`.
+///
+/// # Safety
+/// Every [`Raw`] must describe live memory for the call, the outputs fresh.
+unsafe fn forward_as<E: Input>(
+    (q, k, v): &Inputs,
+    mask: Option<&Raw>,
+    spec: &Spec,
+    (out, lse): (&Raw, Option<&Raw>),
+    dry_run: bool,
+) -> PyResult<()> {
+    let slopes = slopes::<E::Compute>(spec);
+    // SAFETY (every view below): the caller vouches for the memory.
+    let options = unsafe { options(spec, &slopes, mask)? };
+    let (q, k, v) = unsafe { (q.view("query")?, k.view("key")?, v.view("value")?) };
+    let mut out = unsafe { out.view_mut::<E, Ix4>("out")? };
+    if dry_run {
+        return Ok(());
+    }
+    match lse {
+        None => E::attend_into(q, k, v, &options, out).map_err(value_error),
+        Some(lse) => {
+            let mut lse = unsafe { lse.view_mut::<E::Compute, Ix3>("lse")? };
+            let result = E::attend_with_lse(q, k, v, &options).map_err(value_error)?;
+            out.zip_mut_with(&result.output, |o, &x| *o = E::round(x));
+            lse.assign(&result.logsumexp);
+            Ok(())
+        }
+    }
+}
+
+/// Attention of `inputs` (`[batch, heads, n, d]`, GQA when the key heads divide the query heads)
+/// into `out`, and each row's logsumexp into `lse` if given. With `dry_run`, everything but the
+/// engine's work (arguments, views, options, releasing the GIL): the binding's own cost, which
+/// `crates/qkv-bench/python/binding.py` times.
+#[pyfunction]
+#[pyo3(signature = (inputs, mask, spec, out, lse=None, dry_run=false))]
+fn forward(
+    py: Python<'_>,
+    inputs: Inputs,
+    mask: Option<Raw>,
+    spec: Spec,
+    out: Raw,
+    lse: Option<Raw>,
+    dry_run: bool,
+) -> PyResult<()> {
+    detached(py, move || {
+        let (mask, into) = (mask.as_ref(), (&out, lse.as_ref()));
+        // SAFETY: the package passes tensors it holds for the call, outputs freshly allocated.
+        unsafe {
+            match inputs.0.dtype("query")? {
+                Dtype::F32 => forward_as::<f32>(&inputs, mask, &spec, into, dry_run),
+                Dtype::F64 => forward_as::<f64>(&inputs, mask, &spec, into, dry_run),
+                Dtype::Bf16 => forward_as::<bf16>(&inputs, mask, &spec, into, dry_run),
+                Dtype::F16 => forward_as::<f16>(&inputs, mask, &spec, into, dry_run),
+                Dtype::Bool => {
+                    Err(PyValueError::new_err("query has dtype bool where a floating type is needed"))
+                }
+            }
+        }
+    })
+}
+
+/// The backward for `T`.
+///
+/// # Safety
+/// As [`forward_as`].
+unsafe fn backward_as<T: Real + Element>(
+    (q, k, v): &Inputs,
+    mask: Option<&Raw>,
+    spec: &Spec,
+    (out, lse, d_out): &(Raw, Raw, Raw),
+    (dq, dk, dv, dbias): &(Raw, Raw, Raw, Option<Raw>),
+) -> PyResult<()> {
+    let slopes = slopes::<T>(spec);
+    // SAFETY (every view below): the caller vouches for the memory.
+    let options = unsafe { options(spec, &slopes, mask)? };
+    let (q, k, v) = unsafe { (q.view("query")?, k.view("key")?, v.view("value")?) };
+    // The engine takes the forward's result as owned arrays: one copy of `[.., n_q, d_v]`.
+    let forward = unsafe {
+        PartialAttention {
+            output: out.view::<T, Ix4>("out")?.to_owned(),
+            logsumexp: lse.view("lse")?.to_owned(),
+        }
+    };
+    let d_out = unsafe { d_out.view("grad_out")? };
+    let gradients = unsafe {
+        let into = GradientsMut::new(dq.view_mut("dq")?, dk.view_mut("dk")?, dv.view_mut("dv")?);
+        match &dbias {
+            Some(d) => into.with_dbias(d.view_mut("dbias")?),
+            None => into,
+        }
+    };
+    qkv::multi_head_attention_backward_into(q, k, v, &forward, d_out, &options, gradients)
+        .map_err(value_error)
+}
+
+/// The gradients of `inputs` from the output's gradient and the forward's `out` and `lse` (the
+/// logsumexp over every key, so that a part of the keys gets its share of the gradient:
+/// context-parallel attention calls it per part), into `dq`, `dk`, `dv` and, if given, the
+/// additive mask's `dbias` (`[batch, query_heads, n_q, n_k]`). f32 or f64.
+#[pyfunction]
+fn backward(
+    py: Python<'_>,
+    inputs: Inputs,
+    mask: Option<Raw>,
+    spec: Spec,
+    saved: (Raw, Raw, Raw),
+    gradients: (Raw, Raw, Raw, Option<Raw>),
+) -> PyResult<()> {
+    detached(py, move || {
+        let mask = mask.as_ref();
+        // SAFETY: as in `forward`.
+        unsafe {
+            match inputs.0.dtype("query")? {
+                Dtype::F32 => backward_as::<f32>(&inputs, mask, &spec, &saved, &gradients),
+                Dtype::F64 => backward_as::<f64>(&inputs, mask, &spec, &saved, &gradients),
+                other => Err(PyValueError::new_err(format!(
+                    "the backward takes float32 or float64, not {}",
+                    other.name()
+                ))),
+            }
+        }
+    })
+}
+
+/// The merge for `T`.
+///
+/// # Safety
+/// As [`forward_as`].
+unsafe fn merge_as<T: Real + Element>(parts: &[(Raw, Raw); 2], (out, lse): &(Raw, Raw)) -> PyResult<()> {
+    let owned = |(o, l): &(Raw, Raw)| -> PyResult<PartialAttention<T, IxDyn>> {
+        // SAFETY: the caller vouches for the memory.
+        Ok(unsafe {
+            PartialAttention {
+                output: o.view::<T, IxDyn>("out")?.to_owned(),
+                logsumexp: l.view("lse")?.to_owned(),
+            }
+        })
+    };
+    let merged = owned(&parts[0])?.merge(&owned(&parts[1])?).map_err(value_error)?;
+    // SAFETY: the caller vouches for the memory.
+    unsafe {
+        out.view_mut::<T, IxDyn>("out")?.assign(&merged.output);
+        lse.view_mut::<T, IxDyn>("lse")?.assign(&merged.logsumexp);
+    }
+    Ok(())
+}
+
+/// Attention over two disjoint sets of keys (`(out, lse)` each, any leading dimensions) merged
+/// into attention over both, written to `into` (`PartialAttention::merge`). f32 or f64.
+#[pyfunction]
+fn merge(py: Python<'_>, first: (Raw, Raw), second: (Raw, Raw), into: (Raw, Raw)) -> PyResult<()> {
+    detached(py, move || {
+        let parts = [first, second];
+        // SAFETY: as in `forward`.
+        unsafe {
+            match parts[0].0.dtype("out")? {
+                Dtype::F32 => merge_as::<f32>(&parts, &into),
+                Dtype::F64 => merge_as::<f64>(&parts, &into),
+                other => Err(PyValueError::new_err(format!(
+                    "merge takes float32 or float64, not {}",
+                    other.name()
+                ))),
+            }
+        }
+    })
+}
+
+/// Adds this module's functions.
+pub fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    module.add_function(wrap_pyfunction!(forward, module)?)?;
+    module.add_function(wrap_pyfunction!(backward, module)?)?;
+    module.add_function(wrap_pyfunction!(merge, module)?)?;
+    Ok(())
+}

@@ -1,0 +1,130 @@
+"""Autograd through the engine's backward: gradcheck in float64, PyTorch's gradients in float32,
+half precision, and torch.compile with qkv as an opaque operator."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import qkv
+
+CONFIGS = {
+    "plain": ((2, 3, 4, 5), (2, 3, 6, 5), (2, 3, 6, 4), {}),
+    "n=1, d_k != d_v": ((1, 1, 1, 3), (1, 1, 1, 3), (1, 1, 1, 7), {}),
+    "causal gqa": ((1, 4, 5, 3), (1, 2, 5, 3), (1, 2, 5, 2), {"is_causal": True, "enable_gqa": True}),
+    "bool mask, a hidden row": ((2, 4, 3), (2, 5, 3), (2, 5, 3), {"attn_mask": "bool"}),
+    "additive mask": ((2, 2, 3, 4), (2, 2, 5, 4), (2, 2, 5, 4), {"attn_mask": "additive"}),
+    "2-d, scale": ((4, 3), (6, 3), (6, 2), {"scale": 0.3}),
+    "window, softcap": ((1, 2, 6, 3), (1, 2, 6, 3), (1, 2, 6, 3), {"sliding_window": (2, 1), "softcap": 1.5}),
+    "alibi": ((1, 2, 4, 3), (1, 2, 5, 3), (1, 2, 5, 3), {"alibi_slopes": [0.5, 0.25]}),
+}
+
+
+def inputs(config, dtype=torch.float64, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    qs, ks, vs, kwargs = CONFIGS[config]
+    tensors = [torch.randn(s, generator=gen, dtype=torch.float64).to(dtype).requires_grad_() for s in (qs, ks, vs)]
+    kwargs = dict(kwargs)
+    scores = qs[:-1] + (ks[-2],)
+    if kwargs.get("attn_mask") == "bool":
+        mask = torch.rand(scores, generator=gen) > 0.3
+        mask[..., 1, :] = False
+        kwargs["attn_mask"] = mask
+    elif kwargs.get("attn_mask") == "additive":
+        # One bias per query and key shared by the heads: its gradient sums over them.
+        kwargs["attn_mask"] = torch.randn(scores[-2:], generator=gen, dtype=torch.float64).to(dtype).requires_grad_()
+    return tensors, kwargs
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_gradcheck_float64(config):
+    tensors, kwargs = inputs(config)
+    mask = kwargs.pop("attn_mask", None)
+    if mask is not None and mask.requires_grad:
+        # Differentiated with respect to the additive mask too.
+        def f(q, k, v, m):
+            return qkv.scaled_dot_product_attention(q, k, v, m, **kwargs)
+
+        assert torch.autograd.gradcheck(f, (*tensors, mask))
+    else:
+
+        def f(q, k, v):
+            return qkv.scaled_dot_product_attention(q, k, v, mask, **kwargs)
+
+        assert torch.autograd.gradcheck(f, tensors)
+
+
+# PyTorch has no sliding window, soft-cap or ALiBi argument: gradcheck covers those.
+PYTORCH_CONFIGS = [c for c, (*_, kwargs) in CONFIGS.items() if not {"sliding_window", "softcap", "alibi_slopes"} & set(kwargs)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("config", PYTORCH_CONFIGS)
+def test_gradients_match_pytorch(config, dtype):
+    tensors, kwargs = inputs(config, dtype)
+    mask = kwargs.get("attn_mask")
+    leaves = tensors + ([mask] if mask is not None and mask.requires_grad else [])
+    weights = torch.randn(qkv.scaled_dot_product_attention(*tensors, **kwargs).shape, dtype=torch.float64)
+    (qkv.scaled_dot_product_attention(*tensors, **kwargs).double() * weights).sum().backward()
+    ours = [t.grad.double() for t in leaves]
+    wide = [t.detach().double().requires_grad_() for t in leaves]
+    wide_kwargs = dict(kwargs, attn_mask=wide[3]) if len(wide) == 4 else kwargs
+    (F.scaled_dot_product_attention(*wide[:3], **wide_kwargs) * weights).sum().backward()
+    tolerance = 1e-4 if dtype == torch.float32 else 6e-2
+    for name, got, want in zip(["dq", "dk", "dv", "dmask"], ours, wide):
+        assert got.shape == want.shape
+        assert (got - want.grad).abs().max().item() <= tolerance, name
+
+
+def test_lse_is_an_output_without_a_gradient():
+    (q, k, v), _ = inputs("plain")
+    out, lse = qkv.attention_with_lse(q, k, v)
+    assert out.requires_grad
+    out.sum().backward()
+    assert q.grad is not None
+
+
+def test_torch_compile_runs_qkv_as_an_opaque_operator():
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(16, 48)
+
+        def forward(self, x, attend):
+            q, k, v = self.proj(x).view(2, 6, 3, 4, 4).permute(2, 0, 3, 1, 4)
+            return attend(q, k, v, is_causal=True).sum(dim=1)
+
+    torch.manual_seed(0)
+    block, x = Block(), torch.randn(2, 6, 16)
+    eager = block(x, F.scaled_dot_product_attention)
+    compiled = torch.compile(block, fullgraph=True)
+    out = compiled(x, qkv.scaled_dot_product_attention)
+    assert (out - eager).abs().max().item() < 1e-5
+    out.square().sum().backward()
+    ours = [p.grad.clone() for p in block.parameters()]
+    block.zero_grad()
+    eager.square().sum().backward()
+    for got, p in zip(ours, block.parameters()):
+        assert (got - p.grad).abs().max().item() < 1e-4
+
+
+def test_backward_without_a_float64_or_float32_path_is_float32():
+    # float16 inputs: the backward runs in float32 and returns float16 gradients.
+    (q, k, v), _ = inputs("plain", torch.float16)
+    qkv.scaled_dot_product_attention(q, k, v).sum().backward()
+    assert q.grad.dtype == torch.float16 and math.isfinite(q.grad.float().abs().max().item())
+
+
+@pytest.mark.parametrize("config", ["plain", "causal gqa", "additive mask"])
+def test_the_operators_pass_torch_library_opcheck(config):
+    # Schema, fake (meta) implementation against the real one, autograd registration.
+    (q, k, v), kwargs = inputs(config)
+    mask = kwargs.get("attn_mask")
+    args = (q, k, v, mask, kwargs.get("is_causal", False), None, kwargs.get("enable_gqa", False), None, None, None)
+    torch.library.opcheck(torch.ops.qkv.attention.default, args)
+    out, lse = torch.ops.qkv.attention(*args)
+    # The backward has no backward of its own (no second derivatives): checked on plain tensors.
+    plain = [None if t is None else t.detach() for t in (q, k, v, out, lse, mask)]
+    backward_args = (torch.ones_like(out), *plain, *args[4:], mask is not None)
+    torch.library.opcheck(torch.ops.qkv.attention_backward.default, backward_args)

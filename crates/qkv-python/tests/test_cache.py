@@ -1,0 +1,140 @@
+"""qkv.KvCache and qkv.PagedKvCache: decoding steps against attention over the whole prefix
+written out in float64 (causal, bottom-right: the queries are the last positions)."""
+
+import numpy as np
+import pytest
+import torch
+from conftest import TOLERANCE, assert_close, explicit
+
+import qkv
+
+KV_HEADS, HEADS, D_K, D_V = 2, 4, 8, 6
+
+
+def history(n, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(HEADS, n, D_K, generator=gen), torch.randn(KV_HEADS, n, D_K, generator=gen),
+            torch.randn(KV_HEADS, n, D_V, generator=gen))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_kv_cache_steps_match_attention_over_the_prefix(dtype):
+    q, k, v = history(20)
+    cache = qkv.KvCache(layers=2, kv_heads=KV_HEADS, capacity=32, key_dim=D_K, value_dim=D_V, dtype=dtype)
+    stored = [t.to(dtype).float() for t in (k, v)]
+    # A prefill of 5 positions, then one position per step, on layer 1.
+    ends = [5] + list(range(6, 21))
+    start = 0
+    for end in ends:
+        cache.append(1, k[:, start:end], v[:, start:end])
+        out = cache.attend(1, q[:, start:end])
+        want, _ = explicit(q[:, start:end], stored[0][:, :end], stored[1][:, :end], is_causal=True, bottom_right=True)
+        assert out.dtype == torch.float32
+        assert_close(out, want, dtype, f"end {end}")
+        start = end
+    assert cache.length(1) == 20 and cache.length(0) == 0
+    cache.clear()
+    assert cache.length(1) == 0
+
+
+def test_kv_cache_options_and_logsumexp():
+    q, k, v = history(12)
+    cache = qkv.KvCache(1, KV_HEADS, 16, D_K, D_V)
+    cache.append(0, k, v)
+    keep = torch.rand(3, 12, generator=torch.Generator().manual_seed(1)) > 0.3
+    keep[:, -3:] = True
+    slopes = qkv.alibi_slopes(HEADS)
+    out, lse = cache.attend(0, q[:, -3:], scale=0.5, sliding_window=(6, 0), alibi_slopes=slopes, softcap=4.0,
+                            keep=keep, return_lse=True)
+    want, want_lse = explicit(q[:, -3:], k, v, is_causal=True, scale=0.5, window=(6, 0), alibi=slopes,
+                              softcap=4.0, keep=keep, bottom_right=True)
+    assert_close(out, want, torch.float32)
+    assert_close(lse, want_lse, torch.float32)
+
+
+def test_windowed_kv_cache_keeps_only_the_window():
+    q, k, v = history(30)
+    cache = qkv.KvCache(1, KV_HEADS, capacity=5, key_dim=D_K, value_dim=D_V, window=4)
+    assert cache.window == 4
+    for end in range(2, 31, 2):
+        cache.append(0, k[:, end - 2:end], v[:, end - 2:end])
+        out = cache.attend(0, q[:, end - 2:end])
+        want, _ = explicit(q[:, end - 2:end], k[:, :end], v[:, :end], is_causal=True, window=(3, 0), bottom_right=True)
+        assert_close(out, want, torch.float32, f"end {end}")
+    assert (cache.length(0), cache.held(0)) == (30, 5)
+
+
+def test_kv_cache_takes_numpy():
+    q, k, v = (t.numpy() for t in history(4))
+    cache = qkv.KvCache(1, KV_HEADS, 8, D_K, D_V, dtype=np.float32)
+    cache.append(0, k, v)
+    out = cache.attend(0, q[:, -1:])
+    assert isinstance(out, np.ndarray)
+    want, _ = explicit(*(torch.from_numpy(t) for t in (q[:, -1:], k, v)), is_causal=True, bottom_right=True)
+    assert_close(torch.from_numpy(out), want, torch.float32)
+
+
+def test_kv_cache_errors():
+    cache = qkv.KvCache(1, KV_HEADS, 4, D_K, D_V)
+    q, k, v = history(5)
+    with pytest.raises(ValueError, match="capacity"):
+        cache.append(0, k, v)
+    with pytest.raises(ValueError, match="layer"):
+        cache.append(3, k[:, :1], v[:, :1])
+    with pytest.raises(ValueError, match="keys"):
+        cache.append(0, k[:1, :1], v[:, :1])
+    with pytest.raises(ValueError, match="dtype"):
+        qkv.KvCache(1, 1, 4, 4, 4, dtype="int8")
+    with pytest.raises(ValueError, match="is empty"):
+        qkv.KvCache(0, 1, 4, 4, 4)
+    cache.append(0, k[:, :2], v[:, :2])
+    with pytest.raises(ValueError, match="queries"):
+        cache.attend(0, q[:3, -1:])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_paged_cache_runs_a_ragged_batch_like_dense_attention(dtype):
+    block = qkv.PagedKvCache.block_granularity()
+    assert 64 % block == 0
+    cache = qkv.PagedKvCache(layers=1, kv_heads=KV_HEADS, key_dim=D_K, value_dim=D_V, block_size=64, blocks=8,
+                             dtype=dtype)
+    seqs = [history(n, seed) for n, seed in ((70, 1), (3, 2), (40, 3))]
+    ids = [cache.add_sequence() for _ in seqs]
+    for seq, (_, k, v) in zip(ids, seqs):
+        cache.append(0, seq, k, v)
+    # Sequence 0 a decoding step, 1 its whole prefill of 3, 2 two queries.
+    counts = [1, 3, 2]
+    q = torch.cat([s[0][:, -c:] for s, c in zip(seqs, counts)], 1)
+    offsets = np.cumsum([0] + counts).tolist()
+    out, lse = cache.attend(0, ids, offsets, q, return_lse=True)
+    for i, ((sq, k, v), c) in enumerate(zip(seqs, counts)):
+        stored = [t.to(dtype).float() for t in (sq[:, -c:], k, v)]
+        want, want_lse = explicit(*stored, is_causal=True, bottom_right=True)
+        rows = slice(offsets[i], offsets[i + 1])
+        assert_close(out[:, rows], want, dtype, f"sequence {i}")
+        assert_close(lse[:, rows], want_lse, dtype, f"sequence {i} lse")
+    assert cache.length(ids[0]) == 70
+
+
+def test_paged_cache_fork_truncate_free():
+    cache = qkv.PagedKvCache(1, KV_HEADS, D_K, D_V, block_size=64, blocks=4)
+    q, k, v = history(10)
+    a = cache.add_sequence()
+    cache.append(0, a, k[:, :8], v[:, :8])
+    b = cache.fork(a)
+    assert cache.free_blocks() == 3  # shared until written
+    cache.append(0, b, k[:, 8:], v[:, 8:])
+    assert cache.free_blocks() == 2  # copied on write
+    cache.truncate(b, 8)
+    out_a = cache.attend(0, [a], [0, 1], q[:, 7:8])
+    out_b = cache.attend(0, [b], [0, 1], q[:, 7:8])
+    assert torch.equal(out_a, out_b)
+    cache.free(b)
+    assert cache.free_blocks() == 3
+    with pytest.raises(ValueError, match=f"sequence {b} is not in this cache"):
+        cache.length(b)
+    with pytest.raises(ValueError, match="block"):
+        qkv.PagedKvCache(1, 1, 4, 4, block_size=3, blocks=2)
+    big = history(300)
+    with pytest.raises(ValueError, match="appending 300 positions"):
+        cache.append(0, a, big[1], big[2])

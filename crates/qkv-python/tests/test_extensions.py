@@ -1,0 +1,115 @@
+"""qkv's extensions to PyTorch's signature (sliding windows, ALiBi, soft-capping), the logsumexp
+and the merge, against attention written out in float64."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import TOLERANCE, assert_close, explicit
+
+import qkv
+
+
+def qkv_inputs(shape_q, shape_k, d_v, dtype=torch.float64, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(shape_q, generator=gen, dtype=torch.float64).to(dtype)
+    k = torch.randn(shape_k, generator=gen, dtype=torch.float64).to(dtype)
+    v = torch.randn(shape_k[:-1] + (d_v,), generator=gen, dtype=torch.float64).to(dtype)
+    return q, k, v
+
+
+def test_the_explicit_reference_is_pytorchs_sdpa():
+    q, k, v = qkv_inputs((2, 3, 5, 4), (2, 3, 7, 4), 6)
+    out, lse = explicit(q, k, v, is_causal=True, scale=0.7)
+    assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.7), torch.float64)
+
+
+CASES = {
+    "window": dict(sliding_window=(2, 1)),
+    "causal window": dict(is_causal=True, sliding_window=(3, 0)),
+    "one-sided window": dict(sliding_window=(None, 0)),
+    "alibi": dict(alibi_slopes=qkv.alibi_slopes(4)),
+    "causal alibi": dict(is_causal=True, alibi_slopes=qkv.alibi_slopes(4)),
+    "softcap": dict(softcap=0.8, scale=2.0),
+    "everything": dict(is_causal=True, sliding_window=(4, 0), alibi_slopes=[0.3, 0.1, 0.2, 0.05], softcap=5.0),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("n_q, n_k", [(9, 9), (1, 6), (5, 11), (12, 4)])
+def test_extensions_match_the_float64_formula(case, dtype, n_q, n_k):
+    kwargs = CASES[case]
+    q, k, v = qkv_inputs((2, 4, n_q, 8), (2, 2, n_k, 8), 5, dtype)
+    out, lse = qkv.attention_with_lse(q, k, v, enable_gqa=True, **kwargs)
+    want_out, want_lse = explicit(
+        q, k, v, is_causal=kwargs.get("is_causal", False), scale=kwargs.get("scale"),
+        window=kwargs.get("sliding_window"), alibi=kwargs.get("alibi_slopes"), softcap=kwargs.get("softcap"),
+    )
+    assert_close(out, want_out, dtype, case)
+    assert lse.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
+    hidden = torch.isinf(want_lse)
+    assert torch.equal(torch.isinf(lse), hidden)
+    assert_close(lse.masked_fill(hidden, 0), want_lse.masked_fill(hidden, 0), dtype, f"{case} lse")
+
+
+def test_alibi_slopes_are_the_papers():
+    assert qkv.alibi_slopes(4) == [0.25, 0.0625, 0.015625, 0.00390625]
+    assert len(qkv.alibi_slopes(12)) == 12
+
+
+@pytest.mark.parametrize("library", ["torch", "numpy"])
+@pytest.mark.parametrize("split", [1, 5, 12])
+def test_merging_two_halves_of_the_keys_is_attention_over_all(library, split):
+    q, k, v = qkv_inputs((3, 4, 6), (3, 13, 6), 5)
+    if library == "numpy":
+        q, k, v = (t.numpy() for t in (q, k, v))
+    first = qkv.attention_with_lse(q, k[:, :split], v[:, :split])
+    second = qkv.attention_with_lse(q, k[:, split:], v[:, split:])
+    out, lse = qkv.merge(*first, *second)
+    full_out, full_lse = qkv.attention_with_lse(q, k, v)
+    assert_close(torch.as_tensor(out), torch.as_tensor(full_out).double(), torch.float64)
+    assert_close(torch.as_tensor(lse), torch.as_tensor(full_lse).double(), torch.float64)
+
+
+def test_merging_with_a_part_that_sees_nothing_keeps_the_other():
+    q, k, v = qkv_inputs((2, 4), (3, 4), 2)
+    part = qkv.attention_with_lse(q, k, v)
+    empty = qkv.attention_with_lse(q, k, v, torch.zeros(2, 3, dtype=torch.bool))
+    assert torch.isinf(empty[1]).all() and torch.equal(empty[0], torch.zeros(2, 2, dtype=torch.float64))
+    out, lse = qkv.merge(*empty, *part)
+    assert torch.equal(out, part[0]) and torch.equal(lse, part[1])
+
+
+def test_merge_of_bfloat16_outputs_keeps_their_dtype():
+    q, k, v = qkv_inputs((2, 4), (6, 4), 2, torch.bfloat16)
+    a, b = qkv.attention_with_lse(q, k[:3], v[:3]), qkv.attention_with_lse(q, k[3:], v[3:])
+    out, lse = qkv.merge(*a, *b)
+    assert out.dtype == torch.bfloat16 and lse.dtype == torch.float32
+    assert_close(out, explicit(q, k, v)[0], torch.bfloat16)
+
+
+def test_bad_merges_raise_the_engines_errors():
+    q, k, v = qkv_inputs((2, 4), (3, 4), 2)
+    out, lse = qkv.attention_with_lse(q, k, v)
+    with pytest.raises(ValueError, match="same shape"):
+        qkv.merge(out, lse, out[:1], lse[:1])
+    with pytest.raises(ValueError, match="logsumexp"):
+        qkv.merge(out, lse, out, torch.full_like(lse, math.nan))
+    with pytest.raises(ValueError, match="output"):
+        qkv.merge(out, lse, torch.full_like(out, math.inf), lse)
+
+
+def test_simd_report_names_a_level():
+    report = qkv.simd_report()
+    assert report.split()[0] in ("baseline", "avx2", "avx512", "avx512bf16", "amx"), report
+
+
+def test_numpy_extensions_agree_with_torch():
+    q, k, v = qkv_inputs((4, 7, 8), (4, 9, 8), 3)
+    kwargs = dict(is_causal=True, sliding_window=(2, 0), softcap=3.0, alibi_slopes=qkv.alibi_slopes(4))
+    from_numpy = qkv.scaled_dot_product_attention(q.numpy(), k.numpy(), v.numpy(), **kwargs)
+    assert isinstance(from_numpy, np.ndarray)
+    assert_close(torch.from_numpy(from_numpy), qkv.scaled_dot_product_attention(q, k, v, **kwargs), torch.float64)
