@@ -18,8 +18,10 @@ const ENGINE: &[&[&str]] = &[
     &["mask"],
     &["error"],
     // Shared helpers: validated shapes, the work split, the dispatched level, the softmax's
-    // finishing rule, rotary position embeddings.
-    &["shape", "work", "simd", "softmax", "rotary"],
+    // finishing rule.
+    &["shape", "work", "simd", "softmax"],
+    // Rotary position embeddings, and the keys a cache stores under them.
+    &["rotary"],
     // Partial results and their exact merge.
     &["partial"],
     // Options, declared once, then masking, applied once.

@@ -25,7 +25,7 @@ use crate::kernels::{self, Buffer, Element, Isa};
 use crate::level::SimdLevel;
 use crate::options::CacheOptions;
 use crate::partial::PartialAttention;
-use crate::rotary::{Rotary, rotate_keys, rotation_growth};
+use crate::rotary::{Rotary, rotation_growth, stored_keys};
 use crate::shape::{Magnitudes, Shape, finite_magnitude, with_fields};
 use crate::simd;
 use crate::step::{self, OptionShape, Step};
@@ -582,16 +582,9 @@ impl<E: Storage> CacheLayer<'_, E> {
         if ring.is_none() && len + n_new > capacity {
             return Err(AttentionError::CacheFull { layer: self.index, len, appended: n_new, capacity });
         }
-        let (mut keys, values) = (finite_magnitude("keys", &k)?, finite_magnitude("values", &v)?);
-        // Keys are stored rotated, and measured after rotation: that is what the scores read.
-        let rotated = self.cache.rotary.map(|rotary| rotate_keys(&rotary, k, len));
-        let k = match &rotated {
-            Some(rotated) => {
-                keys = finite_magnitude("keys", rotated)?;
-                rotated.view()
-            }
-            None => k,
-        };
+        let values = finite_magnitude("values", &v)?;
+        let (k, keys) = stored_keys(self.cache.rotary.as_ref(), k, len)?;
+        let k = k.view();
         let CachedLayout { key_panel, value_stride } = self.cache.layout;
         // A ring would overwrite the positions before the last `capacity` within this append.
         let overwritten = if ring.is_some() { n_new.saturating_sub(capacity) } else { 0 };

@@ -26,7 +26,7 @@ use crate::flash::{self, CachedLayout, LayoutOf, PagedKeys, StoredKeys};
 use crate::kernels::{self, Buffer, Isa};
 use crate::level::SimdLevel;
 use crate::options::CacheOptions;
-use crate::rotary::{Rotary, rotate_keys, rotation_growth};
+use crate::rotary::{Rotary, rotation_growth, stored_keys};
 use crate::shape::{Magnitudes, Shape, finite_magnitude, with_fields};
 use crate::simd;
 use crate::step::{self, OptionShape, Step};
@@ -588,18 +588,11 @@ impl<E: Storage> PagedLayer<'_, E> {
         self.check_shape("keys", k.shape(), &[kv_heads, n_new, key_dim], per_head)?;
         let why = "one value for every key, one [n_new, value_dim] block per key/value head";
         self.check_shape("values", v.shape(), &[kv_heads, n_new, value_dim], why)?;
-        let (mut keys, values) = (finite_magnitude("keys", &k)?, finite_magnitude("values", &v)?);
+        let values = finite_magnitude("values", &v)?;
         let layer = self.index;
         let len = self.cache.sequence(seq)?.layers[layer].len;
-        // Stored rotated and measured after rotation, as a `KvCache` stores them.
-        let rotated = self.cache.rotary.map(|rotary| rotate_keys(&rotary, k, len));
-        let k = match &rotated {
-            Some(rotated) => {
-                keys = finite_magnitude("keys", rotated)?;
-                rotated.view()
-            }
-            None => k,
-        };
+        let (k, keys) = stored_keys(self.cache.rotary.as_ref(), k, len)?;
+        let k = k.view();
         let cache = &mut *self.cache;
         let (pool, storage, at) = (&mut cache.pool, &mut cache.storage, cache.block_layout);
         let sequence = sequence_mut(&mut cache.slots, seq)?;

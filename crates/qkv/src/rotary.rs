@@ -6,11 +6,12 @@
 //! [`Rotary::rotate`] and turn gradients back with [`Rotary::rotate_back`], as PyTorch models
 //! apply RoPE outside their attention call.
 
-use ndarray::{Array3, ArrayView3, ArrayViewMut2};
+use ndarray::{Array3, ArrayView3, ArrayViewMut2, CowArray, Ix3};
 use num_traits::FromPrimitive;
 
 use crate::element::Storage;
 use crate::error::AttentionError;
+use crate::shape::finite_magnitude;
 
 /// Which components form a rotated pair.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -162,9 +163,28 @@ pub(crate) fn rotation_growth(rotary: Option<&Rotary>) -> f64 {
     if rotary.is_some() { std::f64::consts::SQRT_2 } else { 1.0 }
 }
 
+/// Keys `k` (`[kv_heads, n, d_k]`, from position `first` on) as a cache stores them, and their
+/// largest magnitude: checked finite, then rotated by `rotary` if the cache has one and measured
+/// again after rotation, since that is what the scores read.
+pub(crate) fn stored_keys<'k, E: Storage>(
+    rotary: Option<&Rotary>,
+    k: ArrayView3<'k, E>,
+    first: usize,
+) -> Result<(CowArray<'k, E, Ix3>, f64), AttentionError> {
+    let magnitude = finite_magnitude("keys", &k)?;
+    match rotary {
+        None => Ok((CowArray::from(k), magnitude)),
+        Some(rotary) => {
+            let rotated = rotate_keys(rotary, k, first);
+            let magnitude = finite_magnitude("keys", &rotated)?;
+            Ok((CowArray::from(rotated), magnitude))
+        }
+    }
+}
+
 /// Keys `k` (`[kv_heads, n, d_k]`) rotated by `rotary`, position `first` on: what a rotary cache
 /// stores. Both caches store these.
-pub(crate) fn rotate_keys<E: Storage>(rotary: &Rotary, k: ArrayView3<E>, first: usize) -> Array3<E> {
+fn rotate_keys<E: Storage>(rotary: &Rotary, k: ArrayView3<E>, first: usize) -> Array3<E> {
     let mut rotated = k.to_owned();
     let dims = rotary.dims.unwrap_or(k.shape()[2]);
     let mut row = vec![0.0_f64; dims];
