@@ -21,17 +21,12 @@ pub(crate) fn angle(i: usize, d: usize, base: f64) -> f64 {
     base.powf(-2.0 * i as f64 / d as f64)
 }
 
-/// `x` rotated for `position`: each pair `(x_2i, x_2i+1)` turned by `position · θ_i`.
-pub(crate) fn rotate(x: &[f64], position: f64, base: f64) -> Vec<f64> {
-    let d = x.len();
-    let mut out = x.to_vec();
-    for (i, pair) in out.chunks_exact_mut(2).enumerate() {
-        let (sin, cos) = (position * angle(i, d, base)).sin_cos();
-        let (a, b) = (pair[0], pair[1]);
-        pair[0] = a * cos - b * sin;
-        pair[1] = a * sin + b * cos;
-    }
-    out
+/// `x` rotated for `position` by the engine's rotary embedding (`qkv::Rotary`, GPT-J's
+/// interleaved pairs: each `(x_2i, x_2i+1)` turned by `position · θ_i`), through its f64
+/// reference, as the course takes every number.
+pub(crate) fn rotate(x: &[f64], position: usize, base: f64) -> Vec<f64> {
+    let row = ndarray::ArrayView2::from_shape((1, x.len()), x).expect("one row of the vector's length");
+    qkv::reference::rotate(row, &qkv::Rotary::new(base).interleaved(), position).into_raw_vec_and_offset().0
 }
 
 /// The sinusoidal encoding of `position` in `d` components: `sin` and `cos` of `position · θ_i`.
@@ -148,13 +143,17 @@ impl Evaluator<'_> {
         let base = p.base.as_ref().map_or(DEFAULT_BASE, |b| b.value);
         // Queries stand at the keys' positions, aligned at the end as the causal mask aligns them.
         let offset = inputs.keys.len() - inputs.queries.len().min(inputs.keys.len());
-        let at = |i: usize| (i + offset) as f64;
+        let at = |i: usize| i + offset;
         let mut rope = inputs.clone();
         rope.queries = inputs.queries.iter().enumerate().map(|(i, q)| rotate(q, at(i), base)).collect();
-        rope.keys = inputs.keys.iter().enumerate().map(|(j, k)| rotate(k, j as f64, base)).collect();
+        rope.keys = inputs.keys.iter().enumerate().map(|(j, k)| rotate(k, j, base)).collect();
         let mut sin = inputs.clone();
-        sin.queries =
-            inputs.queries.iter().enumerate().map(|(i, q)| add(q, &sinusoid(at(i), d, base))).collect();
+        sin.queries = inputs
+            .queries
+            .iter()
+            .enumerate()
+            .map(|(i, q)| add(q, &sinusoid(at(i) as f64, d, base)))
+            .collect();
         sin.keys =
             inputs.keys.iter().enumerate().map(|(j, k)| add(k, &sinusoid(j as f64, d, base))).collect();
         for x in [&mut rope, &mut sin] {
@@ -178,8 +177,8 @@ impl Evaluator<'_> {
         let sweep = (0..p.positions.value)
             .map(|s| {
                 let (query_position, key_position) = (s + p.distance.value, s);
-                let rope_query = rotate(q, query_position as f64, base);
-                let rope_key = rotate(k, key_position as f64, base);
+                let rope_query = rotate(q, query_position, base);
+                let rope_key = rotate(k, key_position, base);
                 let sinusoid_score = scale
                     * dot(
                         &add(q, &sinusoid(query_position as f64, d, base)),
