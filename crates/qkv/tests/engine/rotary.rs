@@ -276,3 +276,31 @@ fn embeddings_that_do_not_fit_are_errors() {
     let message = cache.with_rotary(Rotary::new(10.0)).err().unwrap().to_string();
     assert!(message.contains("before its first append"), "{message}");
 }
+
+#[test]
+fn extremes_of_the_new_parameters_are_errors_or_results_never_panics() {
+    // A position scale so large that the angles overflow: the rotated keys are not finite, and
+    // the append says so instead of storing them.
+    let shape = CacheShape::new(1, 1, 4, 2, 1);
+    let rotary = Rotary::new(10.0).position_scale(f64::MAX);
+    let mut cache = KvCache::<f32>::new(shape).unwrap().with_rotary(rotary).unwrap();
+    // Position 2 turns by 2 · f64::MAX radians: infinite.
+    let kv = Array3::from_elem((1, 3, 2), 1.0_f32);
+    let message =
+        cache.layer(0).unwrap().append(kv.view(), kv.slice(s![.., .., ..1])).unwrap_err().to_string();
+    assert!(message.contains("keys") && message.contains("finite"), "{message}");
+    // Positions near usize::MAX turn by finite angles.
+    let mut x = Array2::<f64>::ones((2, 4));
+    Rotary::new(10_000.0).rotate(x.view_mut(), usize::MAX - 1).unwrap();
+    assert!(x.iter().all(|v| v.is_finite()));
+    let huge = Rotary::new(10.0).dims(usize::MAX).rotate(x.view_mut(), 0).unwrap_err().to_string();
+    assert!(huge.contains("at most the width"), "{huge}");
+    // Truncating past anything held, or to nothing.
+    assert!(cache.truncate(usize::MAX).is_err());
+    cache.truncate(0).unwrap();
+    // Slopes per sequence and head of no heads.
+    let q = ndarray::Array4::<f32>::zeros((1, 1, 1, 2));
+    let none = Array2::<f32>::zeros((1, 0));
+    let options = AttentionOptions::new().alibi(qkv::Alibi::batched(none.view()));
+    assert!(qkv::multi_head_attention(q.view(), q.view(), q.view(), &options).is_err());
+}
