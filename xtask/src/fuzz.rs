@@ -1,4 +1,4 @@
-//! `cargo xtask fuzz [--minutes N] [--seed S] [--replay DIR]`: mutates the committed lesson and
+//! `cargo xtask fuzz [--minutes N] [--seed S [--case I]] [--replay DIR]`: mutates the committed lesson and
 //! holds the build to its promises on every mutant. Each case writes the mutant to a scratch
 //! folder and runs the real `build-content` code on it (check, then build):
 //!
@@ -291,6 +291,11 @@ pub fn run_cases(base: &Lesson, seed: u64, work: &Path, mut until: impl FnMut(&S
     summary
 }
 
+/// The first line of a failure, for the log (the whole report is saved beside the case).
+fn first_line(failure: &str) -> &str {
+    failure.lines().next().unwrap_or_default()
+}
+
 /// Where `cargo xtask fuzz` saves failing cases.
 fn failures_dir() -> PathBuf {
     workspace_root().join("target/fuzz")
@@ -325,6 +330,10 @@ pub fn run(args: Vec<String>) -> Result<()> {
         None => std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_secs()),
     };
     let replay = args.value("--replay")?;
+    let only_case: Option<u64> = match args.value("--case")? {
+        Some(c) => Some(c.parse().context("--case needs a whole number")?),
+        None => None,
+    };
     args.finish()?;
     let work = tempdir()?;
 
@@ -342,8 +351,26 @@ pub fn run(args: Vec<String>) -> Result<()> {
     }
 
     let base = Arc::new(Lesson::read(&workspace_root().join("content"))?);
+    if let Some(index) = only_case {
+        // One case of a seed, as a CI log names it: the same mutant without rerunning the others.
+        let case = Case::new(&base, seed, index);
+        let verdict = check_case(&case.lesson, &work);
+        let _ = fs::remove_dir_all(&work);
+        return match verdict {
+            Ok(outcome) => {
+                say!("seed {seed} case {index}: every promise held ({outcome:?})");
+                Ok(())
+            }
+            Err(failure) => {
+                let dir = save(&case, &failure)?;
+                bail!("seed {seed} case {index} broke a promise: {failure}\nsaved in {}", dir.display())
+            }
+        };
+    }
     let deadline = Instant::now() + Duration::from_secs_f64(minutes * 60.0);
-    say!("fuzzing the lesson for {minutes} minutes with seed {seed} (replay a case with --seed {seed})");
+    say!(
+        "fuzzing the lesson for {minutes} minutes with seed {seed} (rerun case I alone with --seed {seed} --case I)"
+    );
     let started = Instant::now();
     let current = watchdog(Arc::clone(&base), seed, work.clone());
     let mut saved = 0;
@@ -352,7 +379,12 @@ pub fn run(args: Vec<String>) -> Result<()> {
         // Save failures as they come, so a run stopped early keeps them.
         for (case, failure) in s.failures.iter().skip(saved) {
             if let Ok(dir) = save(case, failure) {
-                eprintln!("case {} broke a promise; saved in {}", case.index, dir.display());
+                eprintln!(
+                    "case {} broke a promise: {}\nsaved in {}",
+                    case.index,
+                    first_line(failure),
+                    dir.display()
+                );
             }
         }
         saved = s.failures.len();

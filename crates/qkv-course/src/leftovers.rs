@@ -90,19 +90,26 @@ fn without_code_html(html: &str) -> String {
 /// tildes alone.
 fn without_code_markdown(text: &str) -> String {
     let mut out = String::new();
-    let mut fence: Option<String> = None;
+    // The open fence's marker, and how deep in block quotes it was opened: a fence inside a
+    // quote ends with the quote, closed or not (CommonMark), so a line quoted less deeply is text.
+    let mut fence: Option<(String, usize)> = None;
     for line in text.lines() {
-        let trimmed = line.trim_start_matches([' ', '>']);
+        let prefix = line.len() - line.trim_start_matches([' ', '>']).len();
+        let depth = line[..prefix].matches('>').count();
+        let trimmed = &line[prefix..];
         let marker: String = trimmed.chars().take_while(|&c| c == '`' || c == '~').collect();
+        if fence.as_ref().is_some_and(|(_, opened)| depth < *opened) {
+            fence = None;
+        }
         match &fence {
-            Some(f)
+            Some((f, _))
                 if trimmed.starts_with(f.as_str())
                     && trimmed.trim_start_matches(['`', '~']).trim().is_empty() =>
             {
                 fence = None
             }
             Some(_) => {}
-            None if marker.len() >= 3 => fence = Some(marker),
+            None if marker.len() >= 3 => fence = Some((marker, depth)),
             None => {
                 // Inline code: drop what lies between matching runs of backticks.
                 // A run of backticks that no run of the same length closes is literal text.

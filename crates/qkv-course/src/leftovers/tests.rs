@@ -29,3 +29,13 @@ fn a_lesson_file_holds_only_the_citations_it_reads() {
     // The parser rejects the near miss, so it reads no citation at all: counted apart.
     check("01-a.md", "# A\n\nThe width is {=s.d_k:0}.\n", 1);
 }
+
+#[test]
+fn a_fence_opened_in_a_block_quote_ends_with_the_quote() {
+    // The fuzzer's case (seed 1796289054, case 247): a quoted fence line with no closing fence;
+    // CommonMark closes the code with the quote, so the citation below it is read and counted.
+    let text = "# A\n\nSome text\n> ```python\nmore text, $d = {3}\\vphantom{\\verb|=s.d_k:0|}$.\n";
+    check("01-a.md", text, 0);
+    // Inside the quote, the fence still hides what it holds.
+    check("01-a.md", "# A\n\n> ```\n> {=s.d_k:0}\n> ```\n", 0);
+}
