@@ -36,7 +36,7 @@ const ENGINE: &[&[&str]] = &[
     // Entry points, from one head up.
     &["attention"],
     &["multi_head", "kv_cache", "paged"],
-    &["backward", "half_precision", "projection"],
+    &["backward", "half_precision", "projection", "varlen"],
     // The f64 oracle and the debug build's instantiation list, which may name anything.
     &["reference"],
     &["instances"],

@@ -501,17 +501,28 @@ pub enum AttentionError {
         /// Why.
         why: &'static str,
     },
-    /// The offsets of a packed batch of queries (`cu_seqlens`) that do not cut the queries into
-    /// one run per sequence.
-    #[error("query_offsets {offsets} do not fit {sequences} sequences and {n_queries} packed queries: {why}")]
-    QueryOffsets {
+    /// The offsets of a packed batch (flash-attn's `cu_seqlens`) that do not cut the packed rows
+    /// into one run per sequence.
+    #[error("{argument} {offsets} do not fit {sequences} sequences and {rows} packed rows: {why}")]
+    PackedOffsets {
+        /// `query_offsets` or `key_offsets`.
+        argument: &'static str,
         /// The offsets given.
         offsets: Dims,
         /// Sequences in the batch.
         sequences: usize,
-        /// Queries along the packed axis.
-        n_queries: usize,
+        /// Rows along the packed axis.
+        rows: usize,
         /// What they must be.
+        why: &'static str,
+    },
+    /// An option that a packed call ([`varlen_attention`](crate::varlen_attention)) does not
+    /// take.
+    #[error("a packed (varlen) call takes no {option} option: {why}")]
+    PackedOption {
+        /// The option (`keep_mask`, `bias`, `key_padding`, `key_lengths`).
+        option: &'static str,
+        /// Why.
         why: &'static str,
     },
     /// A SIMD level name that is not one (from `QKV_SIMD`).

@@ -129,3 +129,23 @@ pub(crate) fn check_heads<E>(
     }
     Shape::of_dims(q.shape(), k.shape(), v.shape())
 }
+
+/// Checks that `offsets` (the argument `argument`, flash-attn's `cu_seqlens`) cut `rows` packed
+/// rows into one run per sequence: `sequences + 1` offsets from 0 to `rows`, never decreasing.
+pub(crate) fn check_offsets(
+    argument: &'static str,
+    offsets: &[usize],
+    sequences: usize,
+    rows: usize,
+) -> Result<(), AttentionError> {
+    let why = if offsets.len() != sequences + 1 {
+        "one offset per sequence and one for the end"
+    } else if offsets.first() != Some(&0) || offsets.last() != Some(&rows) {
+        "they start at 0 and end at the number of packed rows"
+    } else if offsets.windows(2).any(|w| w[0] > w[1]) {
+        "they never decrease"
+    } else {
+        return Ok(());
+    };
+    Err(AttentionError::PackedOffsets { argument, offsets: offsets.into(), sequences, rows, why })
+}

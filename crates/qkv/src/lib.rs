@@ -21,7 +21,8 @@
 //! made [`with_window`](KvCache::with_window), a ring buffer of a sliding window's), and
 //! [`PagedKvCache`] many sequences in fixed-size blocks of one pool (fork with copy on write,
 //! truncate, free), attending with a whole ragged batch's new queries in one call; a warm
-//! batched decoding step allocates nothing.
+//! batched decoding step allocates nothing. [`varlen_attention`] runs a packed batch of
+//! sequences of different lengths without padding (flash-attn's `cu_seqlens`), in one call.
 //!
 //! Every path is checked against [`reference`](mod@reference), a plain f64 implementation. Results do not depend
 //! on the number of threads. The engine does no I/O.
@@ -77,6 +78,7 @@ mod shape;
 mod simd;
 mod softmax;
 mod step;
+mod varlen;
 mod work;
 
 /// The `ndarray` this crate takes and returns, so that an embedder on another version of
@@ -116,6 +118,7 @@ pub use reference::{QueryTrace, TiledBlock, TiledTrace, trace_query, trace_tiled
 pub use rotary::{Rotary, RotaryPairing};
 pub use shape::Shape;
 pub use simd::simd_report;
+pub use varlen::{varlen_attention, varlen_attention_with_lse};
 
 /// Views a flat row-major slice as a `[rows, cols]` matrix, for embedders that hold plain slices.
 /// The slice must hold exactly `rows · cols` elements; `argument` names it in the error if not.

@@ -331,6 +331,20 @@ impl<'a, T: Real> Alibi<'a, T> {
     }
 }
 
+impl<'a, T> Alibi<'a, T> {
+    /// The slopes of sequence `b` alone (`[1, heads]`), for a call over that sequence by itself.
+    pub(crate) fn of_sequence(&self, b: usize) -> Alibi<'a, T> {
+        let row = if self.slopes.nrows() == 1 { 0 } else { b };
+        let slopes = self.slopes.slice_move(ndarray::s![row..row + 1, ..]);
+        Alibi {
+            slopes,
+            given: GivenShape::of(&[slopes.ncols()]),
+            align: self.align,
+            symmetric: self.symmetric,
+        }
+    }
+}
+
 /// The ALiBi paper's slopes for `heads` heads: the geometric sequence `2^(-8/n), 2^(-16/n), …` for
 /// `n = heads` a power of two; otherwise those of the power of two below, then every other slope of
 /// the power of two above (the paper's code, and BLOOM's).

@@ -120,6 +120,19 @@ pub(crate) fn output_into<T: Real, E: Element<Compute = T>, O: Element<Compute =
     options: &AttentionOptions<T>,
     out: ArrayViewMut4<O>,
 ) -> Result<(), AttentionError> {
+    output_into_with_lse(q, k, v, options, out, None)
+}
+
+/// [`output_into`], also writing each row's logsumexp into `lse` (`[batch, query_heads,
+/// n_queries]`, which the caller shaped) when given.
+pub(crate) fn output_into_with_lse<T: Real, E: Element<Compute = T>, O: Element<Compute = T>>(
+    q: ArrayView4<E>,
+    k: ArrayView4<E>,
+    v: ArrayView4<E>,
+    options: &AttentionOptions<T>,
+    out: ArrayViewMut4<O>,
+    lse: Option<ArrayViewMut3<T>>,
+) -> Result<(), AttentionError> {
     let shape = check_heads(&q, &k, &v)?;
     let [batch, query_heads, n_queries, _] = *q.shape() else { unreachable!("4-D view") };
     let expected = [batch, query_heads, n_queries, shape.value_dim];
@@ -129,7 +142,7 @@ pub(crate) fn output_into<T: Real, E: Element<Compute = T>, O: Element<Compute =
             found: out.shape().into(),
         });
     }
-    attend_heads(&shape, q, k, v, options, out, None)
+    attend_heads(&shape, q, k, v, options, out, lse)
 }
 
 /// [`multi_head_attention_with_lse`] over inputs stored as `E`.

@@ -23,6 +23,7 @@ use ndarray::{Array3, ArrayView3, ArrayViewMut2, ArrayViewMut3, Axis, s};
 use crate::element::Storage;
 use crate::error::{AttentionError, Dims};
 use crate::flash::{self, CachedLayout, LayoutOf, PagedKeys, StoredKeys};
+use crate::inputs::check_offsets;
 use crate::kernels::{self, Buffer, Isa};
 use crate::level::SimdLevel;
 use crate::options::CacheOptions;
@@ -828,7 +829,7 @@ impl<E: Storage> PagedLayer<'_, E> {
         if let Some(lse) = &lse {
             self.check_shape("logsumexp", lse.shape(), &[query_heads, n_queries], "one per query row")?;
         }
-        check_offsets(query_offsets, sequences.len(), n_queries)?;
+        check_offsets("query_offsets", query_offsets, sequences.len(), n_queries)?;
         let layer = self.index;
         let mut longest = 0;
         for &id in sequences {
@@ -958,21 +959,6 @@ fn sequence_masks<'a>(options: &CacheOptions<'a>, m: &Member) -> CacheOptions<'a
         }
         None => options.dense(),
     }
-}
-
-/// Checks that `offsets` cut `n_queries` packed queries into one run per sequence, in order:
-/// `sequences + 1` offsets from 0 to `n_queries`, never decreasing.
-fn check_offsets(offsets: &[usize], sequences: usize, n_queries: usize) -> Result<(), AttentionError> {
-    let why = if offsets.len() != sequences + 1 {
-        "one offset per sequence and one for the end"
-    } else if offsets.first() != Some(&0) || offsets.last() != Some(&n_queries) {
-        "they start at 0 and end at the number of queries"
-    } else if offsets.windows(2).any(|w| w[0] > w[1]) {
-        "they never decrease"
-    } else {
-        return Ok(());
-    };
-    Err(AttentionError::QueryOffsets { offsets: offsets.into(), sequences, n_queries, why })
 }
 
 #[cfg(test)]

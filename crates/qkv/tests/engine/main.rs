@@ -23,3 +23,4 @@ mod simd;
 mod softcap;
 mod tiled;
 mod unseen;
+mod varlen;

@@ -1,0 +1,251 @@
+//! Attention over a packed batch of sequences of different lengths, with no padding: flash-attn's
+//! `flash_attn_varlen_func` (its `cu_seqlens_q`/`cu_seqlens_k` are the offsets here). Every
+//! sequence's queries attend to its own keys only, in one call whose work items span every
+//! sequence and head, through the same step the caches take ([`step::attend`]).
+
+use std::ops::Range;
+
+use ndarray::{Array2, Array3, ArrayView3, ArrayViewMut2, ArrayViewMut3, Axis, Ix3, s};
+
+use crate::element::Real;
+use crate::error::AttentionError;
+use crate::flash::{self, StoredKeys};
+use crate::inputs::{check_heads, check_offsets};
+use crate::multi_head;
+use crate::options::AttentionOptions;
+use crate::partial::PartialAttention;
+use crate::shape::{Magnitudes, Shape, finite_magnitude};
+use crate::simd;
+use crate::step::{self, Step, StepBuffers};
+
+/// Attention for a packed batch of sequences: sequence `i`'s queries are rows
+/// `query_offsets[i]..query_offsets[i + 1]` of `q` (`[query_heads, total_queries, d_k]`), its keys
+/// and values rows `key_offsets[i]..key_offsets[i + 1]` of `k` (`[kv_heads, total_keys, d_k]`)
+/// and `v` (`[kv_heads, total_keys, d_v]`). Returns `[query_heads, total_queries, d_v]`. Query
+/// head `h` reads key/value head `h / (query_heads / kv_heads)`, as in
+/// [`multi_head_attention`](crate::multi_head_attention).
+///
+/// The offsets are flash-attn's `cu_seqlens`: one per sequence and one for the end, from 0 to
+/// the packed length, never decreasing. The options apply to every sequence over its own
+/// queries and keys (a causal mask aligned within each sequence, a sliding window, a scale, a
+/// cap, [`Alibi`](crate::Alibi) slopes per query head or per sequence and head); masks given as
+/// matrices over dense keys (a keep mask, a bias, key padding, key lengths) are refused, since
+/// the sequences' lengths differ. Every element must be finite: a packed batch has no padding
+/// for a non-finite value to hide in. A query of a sequence with no keys sees nothing: its row
+/// is 0.
+///
+/// ```
+/// use ndarray::Array3;
+/// use qkv::{AttentionOptions, CausalMask};
+/// // Two sequences of 3 and 5 tokens, 4 query heads sharing 2 key/value heads, width 8.
+/// let q = Array3::<f32>::from_elem((4, 8, 8), 0.1);
+/// let kv = Array3::<f32>::from_elem((2, 8, 8), 0.2);
+/// let offsets = [0, 3, 8];
+/// let options = AttentionOptions::new().causal(CausalMask::BottomRight);
+/// let out = qkv::varlen_attention(q.view(), kv.view(), kv.view(), &offsets, &offsets, &options)?;
+/// assert_eq!(out.shape(), [4, 8, 8]);
+/// # Ok::<(), qkv::AttentionError>(())
+/// ```
+pub fn varlen_attention<T: Real>(
+    q: ArrayView3<T>,
+    k: ArrayView3<T>,
+    v: ArrayView3<T>,
+    query_offsets: &[usize],
+    key_offsets: &[usize],
+    options: &AttentionOptions<T>,
+) -> Result<Array3<T>, AttentionError> {
+    let shape = check(&q, &k, &v, query_offsets, key_offsets, options)?;
+    let mut out = Array3::zeros((q.shape()[0], shape.n_queries, shape.value_dim));
+    attend(&shape, q, k, v, query_offsets, key_offsets, options, out.view_mut(), None)?;
+    Ok(out)
+}
+
+/// Like [`varlen_attention`], also returning each row's logsumexp (`[query_heads,
+/// total_queries]`, `-inf` for a row that sees no key), so that attention over other keys of
+/// the same sequences can be [merged](PartialAttention::merge) in.
+///
+/// ```
+/// let q = ndarray::Array3::<f64>::zeros((1, 3, 2));
+/// let kv = ndarray::Array3::<f64>::zeros((1, 5, 2));
+/// // One query over 1 key, two queries over 4.
+/// let options = qkv::AttentionOptions::new();
+/// let r = qkv::varlen_attention_with_lse(q.view(), kv.view(), kv.view(), &[0, 1, 3], &[0, 1, 5], &options)?;
+/// assert_eq!(r.logsumexp.row(0).to_vec(), [0.0, 4f64.ln(), 4f64.ln()]);
+/// # Ok::<(), qkv::AttentionError>(())
+/// ```
+pub fn varlen_attention_with_lse<T: Real>(
+    q: ArrayView3<T>,
+    k: ArrayView3<T>,
+    v: ArrayView3<T>,
+    query_offsets: &[usize],
+    key_offsets: &[usize],
+    options: &AttentionOptions<T>,
+) -> Result<PartialAttention<T, Ix3>, AttentionError> {
+    let shape = check(&q, &k, &v, query_offsets, key_offsets, options)?;
+    let heads = q.shape()[0];
+    let mut output = Array3::zeros((heads, shape.n_queries, shape.value_dim));
+    let mut logsumexp = Array2::zeros((heads, shape.n_queries));
+    let lse = Some(logsumexp.view_mut());
+    attend(&shape, q, k, v, query_offsets, key_offsets, options, output.view_mut(), lse)?;
+    Ok(PartialAttention { output, logsumexp })
+}
+
+/// Checks the tensors, the offsets and which options a packed call takes; returns the packed
+/// shape (`n_queries` and `n_keys` the packed lengths).
+fn check<T: Real>(
+    q: &ArrayView3<T>,
+    k: &ArrayView3<T>,
+    v: &ArrayView3<T>,
+    query_offsets: &[usize],
+    key_offsets: &[usize],
+    options: &AttentionOptions<T>,
+) -> Result<Shape, AttentionError> {
+    let shape = check_heads(
+        &q.view().insert_axis(Axis(0)),
+        &k.view().insert_axis(Axis(0)),
+        &v.view().insert_axis(Axis(0)),
+    )?;
+    let sequences = query_offsets.len().saturating_sub(1);
+    check_offsets("query_offsets", query_offsets, sequences, shape.n_queries)?;
+    check_offsets("key_offsets", key_offsets, sequences, shape.n_keys)?;
+    let refused = [
+        ("keep_mask", options.keep.is_some()),
+        ("bias", options.bias.is_some()),
+        ("key_padding", options.padding.is_some()),
+        ("key_lengths", options.key_lengths.is_some()),
+    ];
+    if let Some((option, _)) = refused.into_iter().find(|(_, given)| *given) {
+        return Err(AttentionError::PackedOption {
+            option,
+            why: "it is a matrix over dense keys, and a packed batch's sequences differ in length",
+        });
+    }
+    Ok(shape)
+}
+
+/// Sequence `m`'s rows in the packed queries and keys.
+struct Member {
+    queries: Range<usize>,
+    keys: Range<usize>,
+}
+
+/// Runs a checked packed call into `out` and `lse`, which hold zeros.
+#[allow(clippy::too_many_arguments)]
+fn attend<T: Real>(
+    shape: &Shape,
+    q: ArrayView3<T>,
+    k: ArrayView3<T>,
+    v: ArrayView3<T>,
+    query_offsets: &[usize],
+    key_offsets: &[usize],
+    options: &AttentionOptions<T>,
+    mut out: ArrayViewMut3<T>,
+    mut lse: Option<ArrayViewMut2<T>>,
+) -> Result<(), AttentionError> {
+    let [query_heads, _, key_dim] = *q.shape() else { unreachable!("3-D view") };
+    let kv_heads = k.shape()[0];
+    let kernels = simd::kernels_for(options.simd_level())?;
+    let sequences = query_offsets.len() - 1;
+    let magnitudes = Magnitudes {
+        queries: finite_magnitude("queries", &q)?,
+        keys: finite_magnitude("keys", &k)?,
+        values: finite_magnitude("values", &v)?,
+    };
+    let shape_of = |m: &Member| Shape {
+        n_queries: m.queries.len(),
+        n_keys: m.keys.len(),
+        key_dim,
+        value_dim: shape.value_dim,
+    };
+    let resolve = |m: &Member| options.resolve_heads(&shape_of(m), Some((sequences, query_heads)));
+    // A sequence with queries and no keys keeps its zero rows, and a logsumexp of -inf.
+    let mut members = Vec::with_capacity(sequences);
+    let mut heads_differ = false;
+    let mut finite = true;
+    for i in 0..sequences {
+        let member = Member {
+            queries: query_offsets[i]..query_offsets[i + 1],
+            keys: key_offsets[i]..key_offsets[i + 1],
+        };
+        let masks = resolve(&member)?;
+        if member.keys.is_empty() {
+            if let Some(lse) = &mut lse {
+                lse.slice_mut(s![.., member.queries.clone()]).fill(T::neg_infinity());
+            }
+            continue;
+        }
+        if member.queries.is_empty() {
+            continue;
+        }
+        heads_differ |= masks.vary_by_head();
+        let shape = shape_of(&member);
+        finite &= (0..query_heads).all(|h| flash::stays_finite(&shape, &magnitudes, &masks.head(i, h)));
+        members.push((i, member));
+    }
+    if !finite {
+        // The blocked path copes with scores that may overflow and names the query whose does:
+        // each sequence runs alone through it.
+        return members
+            .iter()
+            .try_for_each(|(i, member)| overflowing(*i, member, &q, &k, &v, options, &mut out, &mut lse));
+    }
+    let masks = |m: usize, head: usize| {
+        let (i, member) = &members[m];
+        resolve(member).expect("resolved when the batch was checked").head(*i, head)
+    };
+    let keys = |m: usize, kv: usize| {
+        let rows = members[m].1.keys.clone();
+        StoredKeys::Rows { k: k.slice_move(s![kv, rows.clone(), ..]), v: v.slice_move(s![kv, rows, ..]) }
+    };
+    let step = Step {
+        isa: kernels,
+        q: q.insert_axis(Axis(0)),
+        kv_heads,
+        value_dim: shape.value_dim,
+        members: members.len(),
+        member: &|m| (0, members[m].1.queries.clone()),
+        n_keys: &|m| members[m].1.keys.len(),
+        keys: &keys,
+        parts: 1,
+        masks: &|m, _, head| masks(m, head),
+        heads_differ,
+        rotary: None,
+    };
+    let lse = lse.map(|lse| lse.insert_axis(Axis(0)));
+    step::attend(&step, out.insert_axis(Axis(0)), lse, &mut StepBuffers::default());
+    Ok(())
+}
+
+/// Sequence `i` alone, through [`multi_head_attention`](crate::multi_head_attention)'s paths (the
+/// blocked one where scores may overflow), its errors naming the sequence as the batch index and
+/// the query by its packed row.
+#[allow(clippy::too_many_arguments)]
+fn overflowing<T: Real>(
+    i: usize,
+    member: &Member,
+    q: &ArrayView3<T>,
+    k: &ArrayView3<T>,
+    v: &ArrayView3<T>,
+    options: &AttentionOptions<T>,
+    out: &mut ArrayViewMut3<T>,
+    lse: &mut Option<ArrayViewMut2<T>>,
+) -> Result<(), AttentionError> {
+    let (queries, keys) = (member.queries.clone(), member.keys.clone());
+    let q = q.slice(s![.., queries, ..]).insert_axis(Axis(0));
+    let (k, v) = (
+        k.slice(s![.., keys.clone(), ..]).insert_axis(Axis(0)),
+        v.slice(s![.., keys, ..]).insert_axis(Axis(0)),
+    );
+    let out = out.slice_mut(s![.., member.queries.clone(), ..]).insert_axis(Axis(0));
+    let lse = lse.as_mut().map(|lse| lse.slice_mut(s![.., member.queries.clone()]).insert_axis(Axis(0)));
+    let alibi = options.alibi.map(|alibi| alibi.of_sequence(i));
+    let options = AttentionOptions { alibi, ..options.clone() };
+    multi_head::output_into_with_lse(q, k, v, &options, out, lse).map_err(|error| match error {
+        AttentionError::ScoreOverflow { query_idx, head, ty } => AttentionError::ScoreOverflow {
+            query_idx: member.queries.start + query_idx,
+            head: head.map(|(_, h)| (i, h)),
+            ty,
+        },
+        error => error,
+    })
+}

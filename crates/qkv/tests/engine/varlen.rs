@@ -1,0 +1,209 @@
+//! Packed batches of sequences of different lengths (`varlen_attention`): every sequence and head
+//! against the f64 reference run on that sequence's slices alone, at every level; the offsets
+//! and options a packed call refuses; and the sequences a call may hold that have no queries or
+//! no keys.
+
+use ndarray::{Array2, Array3, s};
+use qkv::{Alibi, AttentionError, AttentionOptions, CausalMask, SlidingWindow};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::problem::{assert_close, error_bound, levels};
+
+/// A packed batch: `[heads, total, d]` tensors and the offsets of each sequence's rows.
+struct Packed {
+    q: Array3<f32>,
+    k: Array3<f32>,
+    v: Array3<f32>,
+    query_offsets: Vec<usize>,
+    key_offsets: Vec<usize>,
+}
+
+impl Packed {
+    fn random(
+        rng: &mut ChaCha8Rng,
+        lengths: &[(usize, usize)],
+        heads: (usize, usize),
+        dims: (usize, usize),
+    ) -> Packed {
+        let offsets = |pick: fn(&(usize, usize)) -> usize| {
+            let mut offsets = vec![0];
+            for l in lengths {
+                offsets.push(offsets.last().unwrap() + pick(l));
+            }
+            offsets
+        };
+        let (query_offsets, key_offsets) = (offsets(|l| l.0), offsets(|l| l.1));
+        let (total_q, total_k) = (*query_offsets.last().unwrap(), *key_offsets.last().unwrap());
+        let mut random = |shape| Array3::from_shape_simple_fn(shape, || rng.random_range(-2.0_f32..2.0));
+        Packed {
+            q: random((heads.0, total_q, dims.0)),
+            k: random((heads.1, total_k, dims.0)),
+            v: random((heads.1, total_k, dims.1)),
+            query_offsets,
+            key_offsets,
+        }
+    }
+
+    fn run(
+        &self,
+        options: &AttentionOptions<f32>,
+    ) -> Result<qkv::PartialAttention<f32, ndarray::Ix3>, AttentionError> {
+        let (q, k, v) = (self.q.view(), self.k.view(), self.v.view());
+        qkv::varlen_attention_with_lse(q, k, v, &self.query_offsets, &self.key_offsets, options)
+    }
+
+    /// Checks `options` (made per sequence by `sequence_options(i, h)` for the reference) at
+    /// every level, output and logsumexp of every sequence and head.
+    fn check<'a>(
+        &'a self,
+        what: &str,
+        options: impl Fn(Option<(usize, usize)>) -> AttentionOptions<'a, f32>,
+    ) {
+        let heads = self.q.shape()[0];
+        let group = heads / self.k.shape()[0];
+        for level in levels() {
+            let got = self.run(&options(None).simd(level)).unwrap();
+            let plain = qkv::varlen_attention(
+                self.q.view(),
+                self.k.view(),
+                self.v.view(),
+                &self.query_offsets,
+                &self.key_offsets,
+                &options(None).simd(level),
+            )
+            .unwrap();
+            assert_eq!(plain, got.output, "{what} {level}: with and without the logsumexp");
+            for i in 0..self.query_offsets.len() - 1 {
+                let (rows, keys) = (
+                    self.query_offsets[i]..self.query_offsets[i + 1],
+                    self.key_offsets[i]..self.key_offsets[i + 1],
+                );
+                for h in 0..heads {
+                    let ctx = format!("{what} {level} sequence {i} head {h}");
+                    let got_out = got.output.slice(s![h, rows.clone(), ..]).to_owned();
+                    let got_lse = got.logsumexp.slice(s![h, rows.clone()]).to_owned();
+                    if keys.is_empty() {
+                        assert!(got_out.iter().all(|&x| x == 0.0), "{ctx}: no keys, zero rows");
+                        assert!(got_lse.iter().all(|&l| l == f32::NEG_INFINITY), "{ctx}: no keys, lse -inf");
+                        continue;
+                    }
+                    let qh = self.q.slice(s![h, rows.clone(), ..]);
+                    let kh = self.k.slice(s![h / group, keys.clone(), ..]);
+                    let vh = self.v.slice(s![h / group, keys.clone(), ..]);
+                    let head_options = options(Some((i, h)));
+                    let want = qkv::reference::attention(qh, kh, vh, &head_options).unwrap();
+                    let want_lse =
+                        qkv::reference::attention_with_lse(qh, kh, vh, &head_options).unwrap().logsumexp;
+                    let (_, bound) = error_bound(&want, &vh.to_owned());
+                    assert_close(&ctx, &got_out, &want.output, bound);
+                    let lse = Array2::from_shape_vec((rows.len(), 1), got_lse.to_vec()).unwrap();
+                    let want_lse = want_lse.insert_axis(ndarray::Axis(1)).to_owned();
+                    let finite = lse
+                        .iter()
+                        .zip(&want_lse)
+                        .all(|(g, w)| (*g == f32::NEG_INFINITY) == (*w == f64::NEG_INFINITY));
+                    assert!(finite, "{ctx}: the same rows see no key");
+                    let clean = |a: &Array2<f64>| a.mapv(|x| if x.is_finite() { x } else { 0.0 });
+                    assert_close(
+                        &ctx,
+                        &lse.mapv(|x| if x.is_finite() { x } else { 0.0 }),
+                        &clean(&want_lse),
+                        bound,
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn every_sequence_matches_the_reference_on_its_own_rows() {
+    let mut rng = ChaCha8Rng::seed_from_u64(31);
+    // Lengths with n = 1, lengths that are no multiple of a tile, a long prefill beside decoding
+    // steps, more queries than keys, and sequences without queries or without keys.
+    let batches: [&[(usize, usize)]; 4] = [
+        &[(1, 1)],
+        &[(3, 5), (1, 17), (0, 4), (70, 70), (2, 0), (1, 129)],
+        &[(33, 33), (1, 300), (5, 2)],
+        &[(0, 0), (1, 64), (9, 9)],
+    ];
+    for (n, lengths) in batches.iter().enumerate() {
+        for (heads, dims) in [((1, 1), (8, 8)), ((4, 2), (16, 5)), ((6, 1), (3, 12))] {
+            let packed = Packed::random(&mut rng, lengths, heads, dims);
+            let what = format!("batch {n}, heads {heads:?}, dims {dims:?}");
+            packed.check(&format!("{what} plain"), |_| AttentionOptions::new());
+            packed.check(&format!("{what} causal"), |_| {
+                AttentionOptions::new().causal(CausalMask::BottomRight)
+            });
+            packed.check(&format!("{what} top-left causal, window"), |_| {
+                AttentionOptions::new().causal(CausalMask::TopLeft).sliding_window(SlidingWindow::new(3, 0))
+            });
+            packed.check(&format!("{what} scale and cap"), |_| {
+                AttentionOptions::new().scale(0.9).logit_softcap(2.0)
+            });
+        }
+    }
+}
+
+#[test]
+fn alibi_slopes_apply_per_head_or_per_sequence_and_head() {
+    let mut rng = ChaCha8Rng::seed_from_u64(32);
+    let lengths = [(2, 7), (1, 40), (6, 6)];
+    let packed = Packed::random(&mut rng, &lengths, (4, 2), (8, 8));
+    let shared = qkv::alibi_slopes::<f32>(4);
+    packed.check("per head", |head| {
+        let o = AttentionOptions::new().causal(CausalMask::BottomRight);
+        match head {
+            None => o.alibi(Alibi::new(&shared)),
+            Some((_, h)) => o.alibi(Alibi::new(&shared[h..h + 1])),
+        }
+    });
+    let per_sequence = Array2::from_shape_fn((3, 4), |(i, h)| 0.1 * (i + 1) as f32 + 0.05 * h as f32);
+    packed.check("per sequence and head, symmetric", |head| match head {
+        None => AttentionOptions::new().alibi(Alibi::batched(per_sequence.view()).symmetric()),
+        Some((i, h)) => AttentionOptions::new()
+            .alibi(Alibi::batched(per_sequence.slice(s![i..i + 1, h..h + 1])).symmetric()),
+    });
+}
+
+#[test]
+fn scores_too_large_for_the_fast_path_still_match_the_reference() {
+    let mut rng = ChaCha8Rng::seed_from_u64(33);
+    let mut packed = Packed::random(&mut rng, &[(3, 4), (1, 9)], (2, 1), (4, 4));
+    // Scores near 1e36: beyond what the fast path's bounds allow, finite all the same.
+    packed.q.mapv_inplace(|x| x * 1e18);
+    packed.k.mapv_inplace(|x| x * 1e18);
+    packed.check("huge scores", |_| AttentionOptions::new());
+}
+
+#[test]
+fn offsets_and_options_that_do_not_fit_are_refused_by_name() {
+    let mut rng = ChaCha8Rng::seed_from_u64(34);
+    let packed = Packed::random(&mut rng, &[(2, 3), (1, 2)], (2, 1), (4, 4));
+    let (q, k, v) = (packed.q.view(), packed.k.view(), packed.v.view());
+    let options = AttentionOptions::new();
+    let run = |qo: &[usize], ko: &[usize], options: &AttentionOptions<f32>| {
+        qkv::varlen_attention(q, k, v, qo, ko, options).unwrap_err().to_string()
+    };
+    let error = run(&[0, 2, 3], &[0, 3], &options);
+    assert!(error.starts_with("key_offsets [0, 3] do not fit 2 sequences"), "{error}");
+    let error = run(&[0, 2, 4], &[0, 3, 5], &options);
+    assert!(
+        error.contains("query_offsets [0, 2, 4]") && error.contains("end at the number of packed rows"),
+        "{error}"
+    );
+    let error = run(&[0, 3, 2, 3], &[0, 3, 5, 5], &options);
+    assert!(error.contains("never decrease"), "{error}");
+    let keep = Array2::from_elem((3, 5), true);
+    let error =
+        run(&[0, 2, 3], &[0, 3, 5], &AttentionOptions::new().keep_mask(qkv::KeepMask::new(keep.view())));
+    assert!(error.starts_with("a packed (varlen) call takes no keep_mask option"), "{error}");
+    let mut nan = packed.k.clone();
+    nan[[0, 4, 1]] = f32::NAN;
+    let error = qkv::varlen_attention(q, nan.view(), v, &[0, 2, 3], &[0, 3, 5], &options).unwrap_err();
+    assert!(error.to_string().contains("keys"), "{error}");
+    let error =
+        qkv::varlen_attention(q, k.slice(s![.., .., ..3]), v, &[0, 2, 3], &[0, 3, 5], &options).unwrap_err();
+    assert!(matches!(error, AttentionError::KeyWidth { .. }), "{error}");
+}
