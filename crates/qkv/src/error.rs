@@ -459,6 +459,34 @@ pub enum AttentionError {
         /// The length asked for.
         requested: usize,
     },
+    /// A [`PagedKvCache::truncate`](crate::PagedKvCache::truncate) to fewer positions than
+    /// eviction left the sequence holding.
+    #[error(
+        "sequence {sequence} no longer holds position {position}: the positions before {first_held} \
+         were evicted"
+    )]
+    Evicted {
+        /// The sequence's index.
+        sequence: usize,
+        /// The position asked for.
+        position: usize,
+        /// The first position it holds.
+        first_held: usize,
+    },
+    /// A [`PagedKvCache::evict_before`](crate::PagedKvCache::evict_before) past what a layer of
+    /// the sequence holds.
+    #[error(
+        "sequence {sequence} cannot evict the positions before {position}: a layer of it holds only \
+         {held} (evict what every layer holds)"
+    )]
+    EvictBeyond {
+        /// The sequence's index.
+        sequence: usize,
+        /// The position asked for.
+        position: usize,
+        /// Positions its shortest layer holds.
+        held: usize,
+    },
     /// A [`Rotary`](crate::Rotary) that does not fit the rows it would turn.
     #[error("rotary embedding (base {base}, {dims} rotated components) over rows of {width}: {why}")]
     InvalidRotary {

@@ -20,7 +20,7 @@
 //! For inference, [`KvCache`] holds one sequence's keys and values packed for the kernels (or,
 //! made [`with_window`](KvCache::with_window), a ring buffer of a sliding window's), and
 //! [`PagedKvCache`] many sequences in fixed-size blocks of one pool (fork with copy on write,
-//! truncate, free), attending with a whole ragged batch's new queries in one call; a warm
+//! truncate, evict what a sliding window left behind, free), attending with a whole ragged batch's new queries in one call; a warm
 //! batched decoding step allocates nothing. [`varlen_attention`] runs a packed batch of
 //! sequences of different lengths without padding (flash-attn's `cu_seqlens`), in one call.
 //!

@@ -175,7 +175,16 @@ struct StepBuffers {
 struct Member {
     slot: usize,
     state: LayerState,
+    /// The first position the sequence holds (see [`PagedKvCache::evict_before`]).
+    first_held: usize,
     queries: Range<usize>,
+}
+
+impl Member {
+    /// The positions its queries read.
+    fn n_keys(&self) -> usize {
+        self.state.len - self.first_held
+    }
 }
 
 /// Where a block keeps what, in scalars.
@@ -241,8 +250,11 @@ struct Slot {
 struct Sequence {
     /// Made with room for every block of the pool, so that an append that takes a block never
     /// grows it: a decoding step allocates nothing (4 bytes a block, next to the block's own
-    /// size, is little).
+    /// size, is little). `blocks[i]` holds the positions of block `evicted + i`.
     blocks: Vec<u32>,
+    /// Blocks let go of from the front ([`PagedKvCache::evict_before`]): positions before
+    /// `evicted · block_size` are no longer held.
+    evicted: usize,
     layers: Vec<LayerState>,
 }
 
@@ -426,6 +438,7 @@ impl<E: Storage> PagedKvCache<E> {
     pub fn add_sequence(&mut self) -> SequenceId {
         let sequence = Sequence {
             blocks: Vec::with_capacity(self.shape.blocks),
+            evicted: 0,
             layers: vec![LayerState::default(); self.shape.layers],
         };
         self.insert(sequence)
@@ -456,7 +469,8 @@ impl<E: Storage> PagedKvCache<E> {
     }
 
     /// The pool blocks `seq` holds, in position order: block `i` holds positions
-    /// `i · block_size ..`. A fork's table starts as its parent's.
+    /// `first_held + i · block_size ..` ([`first_held`](Self::first_held)). A fork's table starts
+    /// as its parent's.
     pub fn block_table(&self, seq: SequenceId) -> Result<&[u32], AttentionError> {
         Ok(&self.sequence(seq)?.blocks)
     }
@@ -483,7 +497,7 @@ impl<E: Storage> PagedKvCache<E> {
         let parent = self.sequence(seq)?;
         let mut blocks = Vec::with_capacity(self.shape.blocks);
         blocks.extend_from_slice(&parent.blocks);
-        let child = Sequence { blocks, layers: parent.layers.clone() };
+        let child = Sequence { blocks, evicted: parent.evicted, layers: parent.layers.clone() };
         for &block in &child.blocks {
             self.pool.holders[block as usize] += 1;
         }
@@ -512,13 +526,60 @@ impl<E: Storage> PagedKvCache<E> {
         if len > held {
             return Err(AttentionError::TruncateLength { sequence: seq.index(), len: held, requested: len });
         }
+        let first_held = sequence.evicted * block_size;
+        if len < first_held {
+            return Err(AttentionError::Evicted { sequence: seq.index(), position: len, first_held });
+        }
         for layer in &mut sequence.layers {
             layer.len = layer.len.min(len);
         }
-        for block in sequence.blocks.drain(len.div_ceil(block_size)..) {
+        for block in sequence.blocks.drain(len.div_ceil(block_size) - sequence.evicted..) {
             self.pool.release(block);
         }
         Ok(())
+    }
+
+    /// Lets go of the blocks of `seq` that hold only positions before `position`: a sliding
+    /// window's keys that no query will see again (vLLM frees them so), so that a long
+    /// generation runs in the window's blocks. Positions keep their numbers: [`len`](Self::len)
+    /// is unchanged, the sequence holds positions [`first_held`](Self::first_held)`..len` (the
+    /// start of `position`'s block on), and a step's queries see those alone, their causal
+    /// alignment, ALiBi distances and rotary angles still counted from position 0. Fails if a
+    /// layer of `seq` holds fewer than `position` positions. Evicting before a position already
+    /// let go of does nothing.
+    ///
+    /// ```
+    /// use ndarray::Array3;
+    /// let shape = qkv::PagedShape::new(1, 1, 4, 4, 64, 4);
+    /// let mut cache = qkv::PagedKvCache::<f32>::new(shape)?;
+    /// let seq = cache.add_sequence();
+    /// let kv = Array3::zeros((1, 200, 4));
+    /// cache.layer(0)?.append(seq, kv.view(), kv.view())?; // blocks of positions 0, 64, 128, 192
+    /// cache.evict_before(seq, 200 - 100)?; // a window of 100 keys back from the next query
+    /// assert_eq!((cache.first_held(seq)?, cache.len(seq)?, cache.free_blocks()), (64, 200, 1));
+    /// # Ok::<(), qkv::AttentionError>(())
+    /// ```
+    pub fn evict_before(&mut self, seq: SequenceId, position: usize) -> Result<(), AttentionError> {
+        let block_size = self.shape.block_size;
+        let sequence = sequence_mut(&mut self.slots, seq)?;
+        let shortest = sequence.layers.iter().map(|l| l.len).min().unwrap_or(0);
+        if position > shortest {
+            return Err(AttentionError::EvictBeyond { sequence: seq.index(), position, held: shortest });
+        }
+        let keep_from = position / block_size;
+        if keep_from > sequence.evicted {
+            for block in sequence.blocks.drain(..keep_from - sequence.evicted) {
+                self.pool.release(block);
+            }
+            sequence.evicted = keep_from;
+        }
+        Ok(())
+    }
+
+    /// The first position `seq` still holds: 0 unless [`evict_before`](Self::evict_before) let
+    /// blocks go.
+    pub fn first_held(&self, seq: SequenceId) -> Result<usize, AttentionError> {
+        Ok(self.sequence(seq)?.evicted * self.shape.block_size)
     }
 
     /// Ends `seq`: its blocks are let go of (those no other sequence holds return to the pool)
@@ -601,7 +662,8 @@ impl<E: Storage> PagedLayer<'_, E> {
         let end = len + n_new;
         // The blocks the new positions land in: those of the table (copied first if shared),
         // then new ones.
-        let written = len / block_size..end.div_ceil(block_size);
+        let first = sequence.evicted;
+        let written = len / block_size - first..end.div_ceil(block_size) - first;
         let held = sequence.blocks.len();
         let shared = (written.start..written.end.min(held))
             .filter(|&i| pool.holders[sequence.blocks[i] as usize] > 1)
@@ -637,7 +699,7 @@ impl<E: Storage> PagedLayer<'_, E> {
             for (j, (key, value)) in k.outer_iter().zip(v.outer_iter()).enumerate() {
                 let position = len + j;
                 let within = position % block_size;
-                let block = sequence.blocks[position / block_size] as usize * at.stride;
+                let block = sequence.blocks[position / block_size - first] as usize * at.stride;
                 // The key in lane `within % key_panel` of its panel, the value in its row.
                 let panel = &mut storage
                     [block + at.panels_at(layer, head) + within / key_panel * key_panel * key_dim..];
@@ -847,23 +909,24 @@ impl<E: Storage> PagedLayer<'_, E> {
         let PagedKvCache { isa, block_layout: at, storage, slots, rotary, step, .. } = &mut *self.cache;
         let StepBuffers { members, step: buffers } = step;
         let shape_of =
-            |m: &Member| Shape { n_queries: m.queries.len(), n_keys: m.state.len, key_dim, value_dim };
+            |m: &Member| Shape { n_queries: m.queries.len(), n_keys: m.n_keys(), key_dim, value_dim };
         // Each sequence with its queries, checked against what it holds at this layer.
         members.clear();
         for (i, &id) in sequences.iter().enumerate() {
-            let state = sequence_ref(slots, id)?.layers[layer];
+            let sequence = sequence_ref(slots, id)?;
+            let (state, first_held) = (sequence.layers[layer], sequence.evicted * block_size);
             let queries = query_offsets[i]..query_offsets[i + 1];
-            if queries.len() > state.len {
+            if queries.len() > state.len - first_held {
                 return Err(AttentionError::PagedInput {
                     layer,
                     argument: format!("the queries of sequences[{i}] (sequence {})", id.index()),
                     found: Dims(vec![query_heads, queries.len(), key_dim]),
-                    expected: format!("[{query_heads}, at most {}, {key_dim}]", state.len),
+                    expected: format!("[{query_heads}, at most {}, {key_dim}]", state.len - first_held),
                     why: "the queries are the last positions held, so append their keys and values first",
                 });
             }
             if !queries.is_empty() {
-                let member = Member { slot: id.index(), state, queries };
+                let member = Member { slot: id.index(), state, first_held, queries };
                 sequence_masks(options, &member).resolve_heads(&shape_of(&member), Some((1, query_heads)))?;
                 members.push(member);
             }
@@ -880,7 +943,7 @@ impl<E: Storage> PagedLayer<'_, E> {
         let queries = finite_magnitude("queries", &q)? * rotation_growth(rotary.as_ref());
         // One shape bounds every sequence; each problem's masks confine it to its own sequence.
         let n_queries_bound = members.iter().map(|m| m.queries.len()).max().unwrap_or(0);
-        let n_keys = members.iter().map(|m| m.state.len).max().unwrap_or(0);
+        let n_keys = members.iter().map(Member::n_keys).max().unwrap_or(0);
         let bound = Shape { n_queries: n_queries_bound, n_keys, key_dim, value_dim };
         let largest = |f: fn(&LayerState) -> f64| members.iter().map(|m| f(&m.state)).fold(0.0, f64::max);
         let magnitudes = Magnitudes { queries, keys: largest(|s| s.keys), values: largest(|s| s.values) };
@@ -915,7 +978,7 @@ impl<E: Storage> PagedLayer<'_, E> {
             value_dim,
             members: members.len(),
             member: &|m| (0, members[m].queries.clone()),
-            n_keys: &|m| members[m].state.len,
+            n_keys: &|m| members[m].n_keys(),
             keys: &keys,
             parts: 1,
             masks: &|m, _, head| masks(&members[m], head),
@@ -950,11 +1013,12 @@ impl<E: Storage> PagedLayer<'_, E> {
 }
 
 /// The options of member `m`'s queries over its keys: `options` with the bottom-right causal
-/// mask ([`AttentionOptions::dense`](crate::AttentionOptions::dense)), its keep mask cut to the member's rows and positions.
+/// mask ([`AttentionOptions::dense`](crate::AttentionOptions::dense)), its keep mask cut to the
+/// member's rows and the positions it holds.
 fn sequence_masks<'a>(options: &CacheOptions<'a>, m: &Member) -> CacheOptions<'a> {
     match &options.keep {
         Some(keep) => {
-            let keep = keep.0.head(0, 0).slice_move(s![m.queries.clone(), ..m.state.len]);
+            let keep = keep.0.head(0, 0).slice_move(s![m.queries.clone(), m.first_held..m.state.len]);
             options.clone().keep_mask(keep).dense()
         }
         None => options.dense(),

@@ -22,6 +22,8 @@ use crate::problem::{assert_close, error_bound, levels};
 struct Held {
     k: Vec<Array3<f32>>,
     v: Vec<Array3<f32>>,
+    /// The first position the cache still holds (after `evict_before`).
+    first: usize,
 }
 
 /// A paged cache beside a plain model of it (a key and value array per sequence and layer), with
@@ -52,7 +54,7 @@ impl Harness {
     fn add(&mut self) -> SequenceId {
         let seq = self.cache.add_sequence();
         let empty = |d| (0..self.shape.layers).map(|_| Array3::zeros((self.shape.kv_heads, 0, d))).collect();
-        let held = Held { k: empty(self.shape.key_dim), v: empty(self.shape.value_dim) };
+        let held = Held { k: empty(self.shape.key_dim), v: empty(self.shape.value_dim), first: 0 };
         self.held.insert(seq.index(), (seq, held));
         seq
     }
@@ -104,6 +106,16 @@ impl Harness {
             let keep = len.min(a.shape()[1]);
             *a = a.slice(s![.., ..keep, ..]).to_owned();
         }
+    }
+
+    /// Evicts the blocks of `seq` before `position`'s, in the cache and the model.
+    fn evict(&mut self, seq: SequenceId, position: usize) {
+        self.cache.evict_before(seq, position).unwrap();
+        let first = self.cache.first_held(seq).unwrap();
+        // Whole blocks go, and never come back.
+        let before = self.held(seq).first;
+        assert_eq!(first, before.max(position / self.shape.block_size * self.shape.block_size));
+        self.held(seq).first = first;
     }
 
     fn free(&mut self, seq: SequenceId) {
@@ -163,11 +175,13 @@ impl Harness {
         }
         let group = self.query_heads / self.shape.kv_heads;
         for (i, &(seq, n_q)) in batch.iter().enumerate() {
+            // The positions the cache holds, from the first that eviction left.
             let held = &self.held[&seq.index()].1;
-            let (k, v) = (held.k[layer].view(), held.v[layer].view());
+            let first = held.first;
+            let (k, v) = (held.k[layer].slice(s![.., first.., ..]), held.v[layer].slice(s![.., first.., ..]));
             let rows = offsets[i]..offsets[i + 1];
             let q = q.slice(s![.., rows.clone(), ..]);
-            let own_keep = keep.slice(s![rows.clone(), ..lengths[i]]);
+            let own_keep = keep.slice(s![rows.clone(), first..lengths[i]]);
             let dense = kind.options(&slopes, own_keep).dense().simd(self.level);
             let full = qkv::multi_head_attention_with_lse(
                 q.insert_axis(Axis(0)),
@@ -434,6 +448,51 @@ fn truncate_then_append_matches_the_shorter_prefix() {
 }
 
 #[test]
+fn a_sliding_window_generation_runs_in_the_windows_blocks() {
+    for (seed, (level, shape, group)) in configurations().into_iter().enumerate() {
+        let mut harness = Harness::new(level, shape, group, 450 + seed as u64);
+        let window = 40;
+        let (a, b) = (harness.add(), harness.add());
+        harness.append(a, 3 * shape.block_size + 5);
+        harness.append(b, 2);
+        // A generation far longer than the pool holds, evicting what the window has left behind:
+        // the pool never runs out, and every step matches attention over the positions held.
+        let steps = shape.blocks * shape.block_size + 3;
+        let checked = [0, 1, steps / 2, steps - 1];
+        for step in 0..steps {
+            for seq in [a, b] {
+                harness.append(seq, 1);
+                let len = harness.cache.len(seq).unwrap();
+                harness.evict(seq, (len + 1).saturating_sub(window + 1));
+            }
+            if checked.contains(&step) {
+                for layer in 0..shape.layers {
+                    harness.check(layer, &[(a, 1), (b, 1)]);
+                    harness.check_with(layer, &[(b, 1), (a, 1)], Kind::Window);
+                    harness.check_with(layer, &[(a, 1)], Kind::All);
+                }
+            }
+        }
+        let held = |seq| harness.cache.block_table(seq).unwrap().len();
+        assert!(held(a) <= window.div_ceil(shape.block_size) + 1, "{level}: {} blocks held", held(a));
+        // Rotary angles and ALiBi distances count from position 0: positions keep their numbers.
+        assert_eq!(harness.cache.len(a).unwrap(), 3 * shape.block_size + 5 + steps);
+        // Forks share the window; truncating into evicted positions is an error naming them.
+        let child = harness.fork(a);
+        harness.append(child, 2);
+        harness.check(0, &[(child, 2), (a, 1)]);
+        let first = harness.cache.first_held(child).unwrap();
+        let error = harness.cache.truncate(child, first.saturating_sub(1)).unwrap_err().to_string();
+        if first > 0 {
+            assert!(error.contains(&format!("the positions before {first} were evicted")), "{error}");
+        }
+        let len = harness.cache.len(b).unwrap();
+        let error = harness.cache.evict_before(b, len + 1).unwrap_err().to_string();
+        assert!(error.contains(&format!("holds only {len}")), "{error}");
+    }
+}
+
+#[test]
 fn freed_blocks_are_reused_and_keep_nothing_of_before() {
     for (seed, (level, shape, group)) in configurations().into_iter().enumerate() {
         let mut harness = Harness::new(level, shape, group, 500 + seed as u64);
@@ -524,6 +583,7 @@ enum Op {
     AppendLayer { seq: usize, layer: usize, n: usize },
     Fork { seq: usize },
     Truncate { seq: usize, keep: f64 },
+    Evict { seq: usize, before: f64 },
     Free { seq: usize },
     Attend { layer: usize, queries: Vec<usize> },
 }
@@ -535,6 +595,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0..8_usize, 0..2_usize, 1..20_usize).prop_map(|(seq, layer, n)| Op::AppendLayer { seq, layer, n }),
         1 => (0..8_usize).prop_map(|seq| Op::Fork { seq }),
         1 => (0..8_usize, 0.0..1.0).prop_map(|(seq, keep)| Op::Truncate { seq, keep }),
+        1 => (0..8_usize, 0.0..1.0).prop_map(|(seq, before)| Op::Evict { seq, before }),
         1 => (0..8_usize).prop_map(|seq| Op::Free { seq }),
         2 => (0..2_usize, proptest::collection::vec(0..4_usize, 8)).prop_map(|(layer, queries)| Op::Attend { layer, queries }),
     ]
@@ -569,14 +630,22 @@ proptest! {
                 Op::Fork { seq } => if let Some(seq) = pick(seq) { harness.fork(seq); },
                 Op::Truncate { seq, keep } => if let Some(seq) = pick(seq) {
                     let len = harness.cache.len(seq).unwrap();
-                    harness.truncate(seq, (len as f64 * keep) as usize);
+                    let first = harness.cache.first_held(seq).unwrap();
+                    harness.truncate(seq, ((len as f64 * keep) as usize).max(first));
+                },
+                Op::Evict { seq, before } => if let Some(seq) = pick(seq) {
+                    let shortest = harness.held(seq).k.iter().map(|k| k.shape()[1]).min().unwrap();
+                    harness.evict(seq, (shortest as f64 * before) as usize);
                 },
                 Op::Free { seq } => if let Some(seq) = pick(seq) { harness.free(seq); },
                 Op::Attend { layer, queries } => {
                     let batch: Vec<(SequenceId, usize)> = live
                         .iter()
                         .zip(queries)
-                        .map(|(&seq, n)| (seq, n.min(harness.cache.layer(layer).unwrap().len(seq).unwrap())))
+                        .map(|(&seq, n)| {
+                            let held = harness.cache.layer(layer).unwrap().len(seq).unwrap();
+                            (seq, n.min(held - harness.cache.first_held(seq).unwrap().min(held)))
+                        })
                         .collect();
                     harness.check(layer, &batch);
                 }
@@ -598,9 +667,11 @@ fn try_append(harness: &mut Harness, seq: SequenceId, layer: usize, n: usize) {
     let PagedShape { kv_heads, key_dim, value_dim, block_size, .. } = harness.shape;
     let len = harness.cache.layer(layer).unwrap().len(seq).unwrap();
     let table = harness.cache.block_table(seq).unwrap().to_vec();
-    let shared = table[len / block_size..].len();
-    let room =
-        harness.cache.free_blocks() >= (len + n).div_ceil(block_size).saturating_sub(table.len()) + shared;
+    // The table starts at the first block eviction left.
+    let first = harness.cache.first_held(seq).unwrap() / block_size;
+    let shared = table[len / block_size - first..].len();
+    let room = harness.cache.free_blocks()
+        >= (len + n).div_ceil(block_size).saturating_sub(first + table.len()) + shared;
     if room {
         harness.append_layer(seq, layer, n);
         return;
@@ -658,18 +729,18 @@ fn errors_name_the_sequence_the_argument_and_the_shapes() {
     );
     for (offsets, why) in [
         (&[0, 2][..], "one offset per sequence and one for the end"),
-        (&[1, 1, 2], "they start at 0 and end at the number of queries"),
-        (&[0, 1, 3], "they start at 0 and end at the number of queries"),
+        (&[1, 1, 2], "they start at 0 and end at the number of packed rows"),
+        (&[0, 1, 3], "they start at 0 and end at the number of packed rows"),
         (&[0, 2, 1, 2], "one offset per sequence and one for the end"),
     ] {
         assert_eq!(
             err(layer.attend(&[a, b], offsets, q.view()).unwrap_err()),
-            format!("query_offsets {:?} do not fit 2 sequences and 2 packed queries: {why}", offsets)
+            format!("query_offsets {:?} do not fit 2 sequences and 2 packed rows: {why}", offsets)
         );
     }
     assert_eq!(
         err(layer.attend(&[a, a, a], &[0, 2, 1, 2], q.view()).unwrap_err()),
-        "query_offsets [0, 2, 1, 2] do not fit 3 sequences and 2 packed queries: they never decrease"
+        "query_offsets [0, 2, 1, 2] do not fit 3 sequences and 2 packed rows: they never decrease"
     );
     assert_eq!(
         err(layer.attend(&[a], &[0, 2], Array3::<f32>::zeros((3, 2, 3)).view()).unwrap_err()),
