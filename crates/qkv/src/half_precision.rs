@@ -176,5 +176,5 @@ pub fn multi_head_attention_half_into<H: Half, O: Storage>(
     options: &AttentionOptions<f32>,
     out: ArrayViewMut4<O>,
 ) -> Result<(), AttentionError> {
-    multi_head::output_into(q, k, v, options, out)
+    multi_head::output_into(q, k, v, options, out, None)
 }

@@ -73,7 +73,7 @@ pub fn multi_head_attention_into<T: Real>(
     options: &AttentionOptions<T>,
     out: ArrayViewMut4<T>,
 ) -> Result<(), AttentionError> {
-    output_into(q, k, v, options, out)
+    output_into(q, k, v, options, out, None)
 }
 
 /// Like [`multi_head_attention`], also returning each row's logsumexp, `[batch, query_heads,
@@ -112,20 +112,10 @@ pub(crate) fn output<T: Real, E: Element<Compute = T>>(
     Ok(out)
 }
 
-/// [`multi_head_attention_into`] over inputs stored as `E` into an output stored as `O`.
+/// [`multi_head_attention_into`] over inputs stored as `E` into an output stored as `O`, and
+/// each row's logsumexp into `lse` (`[batch, query_heads, n_queries]`, which the caller shaped)
+/// when given.
 pub(crate) fn output_into<T: Real, E: Element<Compute = T>, O: Element<Compute = T>>(
-    q: ArrayView4<E>,
-    k: ArrayView4<E>,
-    v: ArrayView4<E>,
-    options: &AttentionOptions<T>,
-    out: ArrayViewMut4<O>,
-) -> Result<(), AttentionError> {
-    output_into_with_lse(q, k, v, options, out, None)
-}
-
-/// [`output_into`], also writing each row's logsumexp into `lse` (`[batch, query_heads,
-/// n_queries]`, which the caller shaped) when given.
-pub(crate) fn output_into_with_lse<T: Real, E: Element<Compute = T>, O: Element<Compute = T>>(
     q: ArrayView4<E>,
     k: ArrayView4<E>,
     v: ArrayView4<E>,

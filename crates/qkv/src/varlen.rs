@@ -54,10 +54,8 @@ pub fn varlen_attention<T: Real>(
     key_offsets: &[usize],
     options: &AttentionOptions<T>,
 ) -> Result<Array3<T>, AttentionError> {
-    let shape = check(&q, &k, &v, query_offsets, key_offsets, options)?;
-    let mut out = Array3::zeros((q.shape()[0], shape.n_queries, shape.value_dim));
-    attend(&shape, q, k, v, query_offsets, key_offsets, options, out.view_mut(), None)?;
-    Ok(out)
+    let (output, _) = packed(Batch { q, k, v, query_offsets, key_offsets }, options, false)?;
+    Ok(output)
 }
 
 /// Like [`varlen_attention`], also returning each row's logsumexp (`[query_heads,
@@ -81,25 +79,38 @@ pub fn varlen_attention_with_lse<T: Real>(
     key_offsets: &[usize],
     options: &AttentionOptions<T>,
 ) -> Result<PartialAttention<T, Ix3>, AttentionError> {
-    let shape = check(&q, &k, &v, query_offsets, key_offsets, options)?;
-    let heads = q.shape()[0];
+    let (output, logsumexp) = packed(Batch { q, k, v, query_offsets, key_offsets }, options, true)?;
+    Ok(PartialAttention { output, logsumexp: logsumexp.expect("asked for") })
+}
+
+/// The tensors and offsets of a packed call.
+struct Batch<'a, T> {
+    q: ArrayView3<'a, T>,
+    k: ArrayView3<'a, T>,
+    v: ArrayView3<'a, T>,
+    query_offsets: &'a [usize],
+    key_offsets: &'a [usize],
+}
+
+/// The output of a packed call, and with `with_lse` its logsumexp.
+fn packed<T: Real>(
+    batch: Batch<'_, T>,
+    options: &AttentionOptions<T>,
+    with_lse: bool,
+) -> Result<(Array3<T>, Option<Array2<T>>), AttentionError> {
+    let shape = check(&batch, options)?;
+    let heads = batch.q.shape()[0];
     let mut output = Array3::zeros((heads, shape.n_queries, shape.value_dim));
-    let mut logsumexp = Array2::zeros((heads, shape.n_queries));
-    let lse = Some(logsumexp.view_mut());
-    attend(&shape, q, k, v, query_offsets, key_offsets, options, output.view_mut(), lse)?;
-    Ok(PartialAttention { output, logsumexp })
+    let mut logsumexp = with_lse.then(|| Array2::zeros((heads, shape.n_queries)));
+    let lse = logsumexp.as_mut().map(|lse| lse.view_mut());
+    attend(&shape, &batch, options, output.view_mut(), lse)?;
+    Ok((output, logsumexp))
 }
 
 /// Checks the tensors, the offsets and which options a packed call takes; returns the packed
 /// shape (`n_queries` and `n_keys` the packed lengths).
-fn check<T: Real>(
-    q: &ArrayView3<T>,
-    k: &ArrayView3<T>,
-    v: &ArrayView3<T>,
-    query_offsets: &[usize],
-    key_offsets: &[usize],
-    options: &AttentionOptions<T>,
-) -> Result<Shape, AttentionError> {
+fn check<T: Real>(batch: &Batch<'_, T>, options: &AttentionOptions<T>) -> Result<Shape, AttentionError> {
+    let Batch { q, k, v, query_offsets, key_offsets } = batch;
     let shape = check_heads(
         &q.view().insert_axis(Axis(0)),
         &k.view().insert_axis(Axis(0)),
@@ -130,18 +141,14 @@ struct Member {
 }
 
 /// Runs a checked packed call into `out` and `lse`, which hold zeros.
-#[allow(clippy::too_many_arguments)]
 fn attend<T: Real>(
     shape: &Shape,
-    q: ArrayView3<T>,
-    k: ArrayView3<T>,
-    v: ArrayView3<T>,
-    query_offsets: &[usize],
-    key_offsets: &[usize],
+    batch: &Batch<'_, T>,
     options: &AttentionOptions<T>,
     mut out: ArrayViewMut3<T>,
     mut lse: Option<ArrayViewMut2<T>>,
 ) -> Result<(), AttentionError> {
+    let &Batch { q, k, v, query_offsets, key_offsets } = batch;
     let [query_heads, _, key_dim] = *q.shape() else { unreachable!("3-D view") };
     let kv_heads = k.shape()[0];
     let kernels = simd::kernels_for(options.simd_level())?;
@@ -187,7 +194,7 @@ fn attend<T: Real>(
         // each sequence runs alone through it.
         return members
             .iter()
-            .try_for_each(|(i, member)| overflowing(*i, member, &q, &k, &v, options, &mut out, &mut lse));
+            .try_for_each(|(i, member)| overflowing(*i, member, batch, options, &mut out, &mut lse));
     }
     let masks = |m: usize, head: usize| {
         let (i, member) = &members[m];
@@ -219,17 +226,15 @@ fn attend<T: Real>(
 /// Sequence `i` alone, through [`multi_head_attention`](crate::multi_head_attention)'s paths (the
 /// blocked one where scores may overflow), its errors naming the sequence as the batch index and
 /// the query by its packed row.
-#[allow(clippy::too_many_arguments)]
 fn overflowing<T: Real>(
     i: usize,
     member: &Member,
-    q: &ArrayView3<T>,
-    k: &ArrayView3<T>,
-    v: &ArrayView3<T>,
+    batch: &Batch<'_, T>,
     options: &AttentionOptions<T>,
     out: &mut ArrayViewMut3<T>,
     lse: &mut Option<ArrayViewMut2<T>>,
 ) -> Result<(), AttentionError> {
+    let Batch { q, k, v, .. } = batch;
     let (queries, keys) = (member.queries.clone(), member.keys.clone());
     let q = q.slice(s![.., queries, ..]).insert_axis(Axis(0));
     let (k, v) = (
@@ -240,7 +245,7 @@ fn overflowing<T: Real>(
     let lse = lse.as_mut().map(|lse| lse.slice_mut(s![.., member.queries.clone()]).insert_axis(Axis(0)));
     let alibi = options.alibi.map(|alibi| alibi.of_sequence(i));
     let options = AttentionOptions { alibi, ..options.clone() };
-    multi_head::output_into_with_lse(q, k, v, &options, out, lse).map_err(|error| match error {
+    multi_head::output_into(q, k, v, &options, out, lse).map_err(|error| match error {
         AttentionError::ScoreOverflow { query_idx, head, ty } => AttentionError::ScoreOverflow {
             query_idx: member.queries.start + query_idx,
             head: head.map(|(_, h)| (i, h)),
