@@ -292,8 +292,8 @@ impl PagedKvCache {
 
 #[pymethods]
 impl PagedKvCache {
-    /// A pool of `blocks` blocks of `block_size` positions (a multiple of
-    /// `block_granularity()`; 64 fits every level) for `layers` × `kv_heads` heads.
+    /// A pool of `blocks` blocks of `block_size` positions (any number; a multiple of
+    /// `block_granularity()` wastes no memory) for `layers` × `kv_heads` heads.
     #[new]
     fn new(
         layers: usize,

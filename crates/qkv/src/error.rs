@@ -404,19 +404,6 @@ pub enum AttentionError {
         /// Why it cannot be allocated.
         why: &'static str,
     },
-    /// A block size that is not a whole number of the kernels' key panels.
-    #[error(
-        "block_size {block_size} is not a multiple of {key_panel}, the key panel of the {level} \
-         kernels: a block holds whole panels (PagedKvCache::block_granularity gives the multiple)"
-    )]
-    BlockSize {
-        /// The block size asked for, in positions.
-        block_size: usize,
-        /// Positions per key panel at `level`.
-        key_panel: usize,
-        /// The SIMD level the cache is laid out for.
-        level: crate::level::SimdLevel,
-    },
     /// An append to a [`PagedKvCache`](crate::PagedKvCache) that needs more blocks than the pool
     /// has free.
     #[error(

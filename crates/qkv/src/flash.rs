@@ -275,6 +275,22 @@ impl<T: Real, E: Element<Compute = T>> Queries<'_, T, E> {
 }
 
 impl<E> StoredKeys<'_, E> {
+    /// Key splits are whole multiples of this many keys, so that each split starts a tile where
+    /// one may start: at a key block (`KEY_BLOCK`, a whole number of panels), and in a paged
+    /// cache whose blocks are not whole panels at a block too.
+    fn split_unit(&self, key_panel: usize) -> usize {
+        match self {
+            StoredKeys::Paged(paged) if paged.block_size % key_panel != 0 => {
+                let (mut a, mut b) = (KEY_BLOCK, paged.block_size);
+                while b != 0 {
+                    (a, b) = (b, a % b);
+                }
+                KEY_BLOCK / a * paged.block_size
+            }
+            _ => KEY_BLOCK,
+        }
+    }
+
     /// Whether both are the same rows of the caller's (the same elements, as the heads of a
     /// group share their key/value head), so that one packing serves both.
     fn same_rows(&self, other: &Self) -> bool {
@@ -290,8 +306,9 @@ impl<E> StoredKeys<'_, E> {
 
 /// One (sequence, key/value head)'s keys and values in fixed-size blocks of a pool: entry `b` of
 /// `table` is the pool block holding positions `b · block_size ..`, and each block holds this
-/// head's positions as [`CachedKeys`] of `block_size` keys (`block_size` a multiple of the
-/// level's `KEY_PANEL`, so that a block is whole panels).
+/// head's positions as [`CachedKeys`] of `block_size` keys, its key panels padded to whole
+/// panels (`key_lanes` keys' room, `block_size` rounded up to the level's `KEY_PANEL`). A tile
+/// of keys starts at a whole panel of its block and ends at the block's end at the latest.
 #[derive(Clone, Copy)]
 pub(crate) struct PagedKeys<'p, E> {
     /// Every block of the pool, `block_stride` scalars apart.
@@ -300,7 +317,9 @@ pub(crate) struct PagedKeys<'p, E> {
     /// The sequence's blocks, in position order.
     pub(crate) table: &'p [u32],
     pub(crate) block_size: usize,
-    /// Where this head's key panels (`block_size · d_k` scalars) and value rows (`block_size`
+    /// Room for keys in a block's panels: `block_size` rounded up to whole panels.
+    pub(crate) key_lanes: usize,
+    /// Where this head's key panels (`key_lanes · d_k` scalars) and value rows (`block_size`
     /// rows of `value_stride`) start inside a block.
     pub(crate) panels_at: usize,
     pub(crate) values_at: usize,
@@ -313,7 +332,7 @@ impl<'p, E> PagedKeys<'p, E> {
     fn block(&self, b: usize) -> CachedKeys<'p, E> {
         let block = &self.storage[self.table[b] as usize * self.block_stride..][..self.block_stride];
         CachedKeys {
-            panels: &block[self.panels_at..][..self.block_size * self.key_dim],
+            panels: &block[self.panels_at..][..self.key_lanes * self.key_dim],
             values: &block[self.values_at..][..self.block_size * self.value_stride],
             value_stride: self.value_stride,
         }
@@ -404,7 +423,7 @@ impl<T: Real, E: Element<Compute = T>> Job<E> for Attend<'_, '_, T, E> {
         // Each head's key splits follow its own rows and keys.
         let mut splits: Vec<KeySplits> = Vec::with_capacity(heads.len());
         for Operands { q, k, v, out, lse, masks } in heads {
-            splits.push(key_splits(out.nrows(), k.nrows(), K::QUERY_BLOCK));
+            splits.push(key_splits(out.nrows(), k.nrows(), K::QUERY_BLOCK, KEY_BLOCK));
             let key_rows = k.to_slice().filter(|_| decodes(n_rows, &k));
             let source = StoredKeys::Rows { k, v };
             problems.push(Problem { shape, q: Queries::Stored(q), rows_per_query, source, key_rows, masks });
@@ -514,9 +533,9 @@ impl<T: Real, E: Element<Compute = T>> Job<E> for Attend<'_, '_, T, E> {
 }
 
 /// The key ranges each query block (of `query_block` rows, of `n_rows` in all) is split into: one
-/// unless the rows are few, and then a number fixed by `n_keys` alone, each a whole number of key
-/// blocks.
-fn key_splits(n_rows: usize, n_keys: usize, query_block: usize) -> KeySplits {
+/// unless the rows are few, and then a number fixed by `n_keys` alone, each a whole number of
+/// `unit` keys (see [`StoredKeys::split_unit`]).
+fn key_splits(n_rows: usize, n_keys: usize, query_block: usize, unit: usize) -> KeySplits {
     if n_keys == 0 {
         // No keys: one empty split, whose state is that of a fully masked row.
         return KeySplits { n_keys, count: 1, len: 0 };
@@ -526,7 +545,7 @@ fn key_splits(n_rows: usize, n_keys: usize, query_block: usize) -> KeySplits {
     } else {
         (n_keys / SPLIT_KEYS).clamp(1, MAX_SPLITS)
     };
-    let len = n_keys.div_ceil(splits).next_multiple_of(KEY_BLOCK);
+    let len = n_keys.div_ceil(splits).next_multiple_of(unit);
     KeySplits { n_keys, count: n_keys.div_ceil(len), len }
 }
 
@@ -563,7 +582,10 @@ impl<T: Real, E: Element<Compute = T>> Job<E> for AttendCached<'_, '_, T, E> {
         let AttendCached { call, out, lse, workspace } = self;
         let CachedCall { rows_per_query, n_problems, parts, shape, problem } = call;
         let n_rows = |p: usize| shape(p).n_queries * rows_per_query;
-        let splits_of = |p: usize| key_splits(n_rows(p), shape(p).n_keys, K::QUERY_BLOCK);
+        let splits_of = |p: usize| {
+            let unit = problem(p, 0).kv.split_unit(K::KEY_PANEL);
+            key_splits(n_rows(p), shape(p).n_keys, K::QUERY_BLOCK, unit)
+        };
         let rows = |p: usize, b: usize| K::QUERY_BLOCK.min(n_rows(p) - b * K::QUERY_BLOCK);
         // Each problem's items are (query block, part, key split), split fastest, one after
         // another: each computes one state, and the states of a block are then merged in part
@@ -787,6 +809,18 @@ impl<'a, E: Element> Packed<'a, E> {
         }
     }
 
+    /// Where the first tile of a range of keys from `first` (where a tile may start) starts to
+    /// reach key `key`: at a whole key block from `first`, or in a paged cache at the panel of
+    /// its block that holds `key`.
+    fn tile_start(&self, first: usize, key: usize, key_panel: usize) -> usize {
+        match &self.keys {
+            PackedKeys::Paged(paged) => first.max(key - key % paged.block_size % key_panel),
+            PackedKeys::Packing { .. } | PackedKeys::Cached(_) => {
+                first + (key - first) / KEY_BLOCK * KEY_BLOCK
+            }
+        }
+    }
+
     /// How many keys from `start` on lie side by side, panels and values alike: a tile may not
     /// run past them. Only a paged cache's block ends them.
     fn contiguous_keys(&self, start: usize) -> usize {
@@ -987,7 +1021,7 @@ impl<'p, T: Real, E: Element<Compute = T>> Problem<'p, T, E> {
         // blocks are skipped; blocks inside `clean_keys` are visible to every row and need no mask.
         let block = BlockKeys::of(masks, self.query(first), self.query(first + rows - 1));
         let reach = block.visible.end.min(keys.end);
-        let from = keys.start + (block.visible.start.max(keys.start) - keys.start) / KEY_BLOCK * KEY_BLOCK;
+        let from = packed.tile_start(keys.start, block.visible.start.max(keys.start), K::KEY_PANEL);
         let elementwise = masks.has_elementwise_masks();
         let clean_keys = block.clean;
         if from >= reach {

@@ -51,7 +51,8 @@ pub struct PagedShape {
     pub key_dim: usize,
     /// Width of values and of the output (`d_v`).
     pub value_dim: usize,
-    /// Positions per block: a multiple of [`PagedKvCache::block_granularity`].
+    /// Positions per block: any number at every level (vLLM's 16 included); a multiple of
+    /// [`PagedKvCache::block_granularity`] wastes no key memory.
     pub block_size: usize,
     /// Blocks in the pool.
     pub blocks: usize,
@@ -194,8 +195,8 @@ struct BlockLayout {
     layout: CachedLayout,
     kv_heads: usize,
     key_dim: usize,
-    /// Positions per block.
-    size: usize,
+    /// Room for keys in a block's panels: `size` rounded up to whole panels.
+    key_lanes: usize,
     /// Scalars per (layer, key/value head) inside a block: its panels, then its value rows.
     head_stride: usize,
     /// Scalars per block.
@@ -210,7 +211,7 @@ impl BlockLayout {
 
     /// Where its value rows start.
     fn values_at(&self, layer: usize, head: usize) -> usize {
-        self.panels_at(layer, head) + self.size * self.key_dim
+        self.panels_at(layer, head) + self.key_lanes * self.key_dim
     }
 }
 
@@ -294,8 +295,10 @@ impl<E: Storage> PagedKvCache<E> {
     /// An empty cache of `shape` for the SIMD level the engine dispatches to
     /// ([`SimdLevel::dispatched`]), its whole pool allocated now. A shape whose pool overflows the
     /// address space or that the allocator cannot provide is an error
-    /// ([`AttentionError::PagedTooLarge`]), and so is a block size that is not a whole number of
-    /// the level's key panels ([`AttentionError::BlockSize`]; a multiple of 64 fits every level).
+    /// ([`AttentionError::PagedTooLarge`]). Any block size fits every level: a block's keys are
+    /// padded to whole key panels of the level, so a block size that is a multiple of
+    /// [`block_granularity`](Self::block_granularity) (64 is one at every level) wastes no
+    /// memory, and vLLM's 16 wastes none below AVX-512.
     ///
     /// ```
     /// let shape = qkv::PagedShape::new(1, 1, 4, 4, 64, 4);
@@ -332,12 +335,12 @@ impl<E: Storage> PagedKvCache<E> {
             |bytes, why| AttentionError::PagedTooLarge { shape: shape.dims(), storage: E::NAME, bytes, why };
         let address_space = "which is more than an address space holds (isize::MAX bytes)";
         let layout = isa.run::<E, _>(LayoutOf { value_dim }).ok_or_else(|| too_large(None, address_space))?;
-        if block_size % layout.key_panel != 0 {
-            return Err(AttentionError::BlockSize { block_size, key_panel: layout.key_panel, level });
-        }
         // A block in scalars, and the pool in bytes, bookkeeping included: sizes the caller chose
         // may overflow any of them.
-        let head_stride = key_dim.checked_add(layout.value_stride).and_then(|w| w.checked_mul(block_size));
+        let key_lanes = block_size.checked_next_multiple_of(layout.key_panel);
+        let keys = key_lanes.and_then(|lanes| lanes.checked_mul(key_dim));
+        let head_stride =
+            keys.and_then(|keys| layout.value_stride.checked_mul(block_size)?.checked_add(keys));
         let block_stride = head_stride.and_then(|h| h.checked_mul(kv_heads)?.checked_mul(layers));
         let scalars = block_stride.and_then(|b| b.checked_mul(blocks));
         let bytes = scalars.and_then(|s| s.checked_mul(size_of::<E>())?.checked_add(blocks.checked_mul(8)?));
@@ -361,8 +364,9 @@ impl<E: Storage> PagedKvCache<E> {
         // Given out from the end: block 0 first.
         free.extend((0..blocks as u32).rev());
         let pool = BlockPool { holders, free };
+        let key_lanes = block_size.next_multiple_of(layout.key_panel);
         let block_layout =
-            BlockLayout { layout, kv_heads, key_dim, size: block_size, head_stride, stride: block_stride };
+            BlockLayout { layout, kv_heads, key_dim, key_lanes, head_stride, stride: block_stride };
         Ok(PagedKvCache {
             shape,
             level,
@@ -391,8 +395,9 @@ impl<E: Storage> PagedKvCache<E> {
         Ok(self)
     }
 
-    /// The positions a block's size must be a multiple of for a cache of `E` at `level`: the
-    /// level's key panel (8 to 64). Fails if this CPU does not run `level`.
+    /// The block sizes that waste no key memory for a cache of `E` at `level` are multiples of
+    /// this: the level's key panel (8 to 64), to which a block's keys are padded. Any block
+    /// size works. Fails if this CPU does not run `level`.
     ///
     /// ```
     /// let multiple = qkv::PagedKvCache::<f32>::block_granularity(qkv::SimdLevel::dispatched()?)?;
@@ -963,6 +968,7 @@ impl<E: Storage> PagedLayer<'_, E> {
                 block_stride: at.stride,
                 table: &sequence.blocks,
                 block_size,
+                key_lanes: at.key_lanes,
                 panels_at: at.panels_at(layer, kv),
                 values_at: at.values_at(layer, kv),
                 key_dim,

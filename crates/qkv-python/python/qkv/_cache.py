@@ -117,7 +117,7 @@ class PagedKvCache(_Cache):
 
     @staticmethod
     def block_granularity():
-        """Block sizes must be a multiple of this on this CPU (64 fits every CPU)."""
+        """Block sizes that are a multiple of this waste no memory on this CPU (any size works)."""
         return _qkv.PagedKvCache.block_granularity()
 
     def add_sequence(self):

@@ -2,9 +2,9 @@
 
 use super::*;
 
-/// The key ranges of [`key_splits`], in order.
+/// The key ranges of [`key_splits`], in order, in whole key blocks.
 fn splits(n_rows: usize, n_keys: usize) -> Vec<Range<usize>> {
-    key_splits(n_rows, n_keys, QUERY_BLOCK).ranges().collect()
+    key_splits(n_rows, n_keys, QUERY_BLOCK, KEY_BLOCK).ranges().collect()
 }
 
 /// A query block as large as any level's.
@@ -30,4 +30,31 @@ fn decoding_splits_long_key_sequences_into_whole_blocks() {
     }
     assert_eq!(splits(1, 16384).len(), 16);
     assert_eq!(splits(1, 1000).len(), 1);
+}
+
+#[test]
+fn paged_blocks_that_are_not_whole_panels_split_at_blocks() {
+    let paged = |block_size| {
+        StoredKeys::<f32>::Paged(PagedKeys {
+            storage: &[],
+            block_stride: 0,
+            table: &[],
+            block_size,
+            key_lanes: block_size.next_multiple_of(16),
+            panels_at: 0,
+            values_at: 0,
+            key_dim: 1,
+            value_stride: 1,
+        })
+    };
+    // Whole panels: splits at key blocks, which are whole panels of any block too.
+    assert_eq!(paged(48).split_unit(16), KEY_BLOCK);
+    // Otherwise at the least common multiple of a key block and a block.
+    assert_eq!(paged(24).split_unit(16), 384);
+    assert_eq!(paged(5).split_unit(16), 640);
+    for unit in [384, 640] {
+        let splits: Vec<Range<usize>> = key_splits(1, 16384, QUERY_BLOCK, unit).ranges().collect();
+        assert!(splits.len() > 1 && splits.iter().all(|r| r.start % unit == 0), "{splits:?}");
+        assert_eq!(splits.last().map(|r| r.end), Some(16384));
+    }
 }

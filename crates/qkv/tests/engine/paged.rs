@@ -268,11 +268,12 @@ impl Kind {
     }
 }
 
-/// Block sizes at `level`: a single key panel, three panels, and 192 positions (past a key tile
-/// of 128, not a multiple of it).
-fn block_sizes(level: SimdLevel) -> [usize; 3] {
+/// Block sizes at `level`: a single key panel, three panels, 192 positions (past a key tile of
+/// 128, not a multiple of it), vLLM's 16, and sizes whose keys are padded to whole panels at
+/// every level: 5 (less than a panel) and 150 (past a key tile, a part of a panel over).
+fn block_sizes(level: SimdLevel) -> [usize; 6] {
     let panel = PagedKvCache::<f32>::block_granularity(level).unwrap();
-    [panel, 3 * panel, 192]
+    [panel, 3 * panel, 192, 16, 5, 150]
 }
 
 /// Widths, grouped-query sharing and block sizes at every level.
@@ -280,7 +281,8 @@ fn configurations() -> Vec<(SimdLevel, PagedShape, usize)> {
     let mut configurations = Vec::new();
     for level in levels() {
         for (i, block_size) in block_sizes(level).into_iter().enumerate() {
-            let (kv_heads, group, key_dim, value_dim) = [(2, 4, 16, 24), (1, 1, 1, 1), (3, 2, 17, 5)][i];
+            let (kv_heads, group, key_dim, value_dim) =
+                [(2, 4, 16, 24), (1, 1, 1, 1), (3, 2, 17, 5), (1, 2, 8, 8), (2, 1, 4, 3), (1, 4, 33, 16)][i];
             let shape = PagedShape::new(2, kv_heads, key_dim, value_dim, block_size, 1200 / block_size + 12);
             configurations.push((level, shape, group));
         }
@@ -350,9 +352,10 @@ fn packed_prefill_of_several_prompts_is_one_call() {
 #[test]
 fn long_sequences_split_their_keys_beside_short_ones() {
     // A decoding step over 2049 positions splits its keys between tasks; the short sequences of
-    // the same batch then have splits with nothing in them.
-    for level in levels() {
-        let shape = PagedShape::new(1, 2, 32, 24, 64, 40);
+    // the same batch then have splits with nothing in them. Blocks whose keys are padded to whole
+    // panels (5 and 24 positions) split at blocks, never inside a panel.
+    for (level, block_size) in levels().into_iter().flat_map(|level| [(level, 64), (level, 5), (level, 24)]) {
+        let shape = PagedShape::new(1, 2, 32, 24, block_size, 2560 / block_size);
         let mut harness = Harness::new(level, shape, 4, 7);
         let (long, short) = (harness.add(), harness.add());
         harness.append(long, 2049);
@@ -368,7 +371,8 @@ fn a_fork_shares_its_prefix_and_neither_side_changes_the_other() {
         let mut harness = Harness::new(level, shape, group, 200 + seed as u64);
         let parent = harness.add();
         // Two full blocks and a partial one.
-        harness.append(parent, 2 * shape.block_size + 5);
+        let partial = (shape.block_size / 2 + 1).min(5);
+        harness.append(parent, 2 * shape.block_size + partial);
         let child = harness.fork(parent);
         assert_eq!(harness.cache.block_table(child).unwrap(), harness.cache.block_table(parent).unwrap());
         let free = harness.cache.free_blocks();
@@ -379,7 +383,7 @@ fn a_fork_shares_its_prefix_and_neither_side_changes_the_other() {
             |h: &mut Harness| h.cache.layer(0).unwrap().attend(&[parent], &[0, 2], q.view()).unwrap();
         let parent_before = attend(&mut harness);
         // The child's first append copies the shared partial block, and only that one.
-        harness.append(child, 3);
+        harness.append(child, 3.min(shape.block_size - partial));
         assert_eq!(harness.cache.free_blocks(), free - 1);
         let (p, c) = (harness.cache.block_table(parent).unwrap(), harness.cache.block_table(child).unwrap());
         assert_eq!(p[..2], c[..2], "full blocks stay shared");
@@ -426,7 +430,7 @@ fn truncate_then_append_matches_the_shorter_prefix() {
     for (seed, (level, shape, group)) in configurations().into_iter().enumerate() {
         let mut harness = Harness::new(level, shape, group, 400 + seed as u64);
         let seq = harness.add();
-        harness.append(seq, 3 * shape.block_size + 7);
+        harness.append(seq, 3 * shape.block_size + (shape.block_size / 2 + 1).min(7));
         let free = harness.cache.free_blocks();
         // Back into the second block: the third and fourth return to the pool.
         harness.truncate(seq, shape.block_size + 2);
@@ -608,10 +612,15 @@ proptest! {
     /// against the model: every attend matches full attention, the pool never loses a block, and
     /// a full pool refuses an append without changing anything.
     #[test]
-    fn random_operations_match_a_plain_model(ops in proptest::collection::vec(op(), 1..40), level in 0..3_usize) {
+    fn random_operations_match_a_plain_model(
+        ops in proptest::collection::vec(op(), 1..40),
+        level in 0..3_usize,
+        size in 0..3_usize,
+    ) {
         let levels = levels();
         let level = levels[level % levels.len()];
-        let block_size = PagedKvCache::<f32>::block_granularity(level).unwrap();
+        // A whole panel, vLLM's 16, and a size padded to whole panels at every level.
+        let block_size = [PagedKvCache::<f32>::block_granularity(level).unwrap(), 16, 7][size];
         let shape = PagedShape::new(2, 2, 8, 12, block_size, 512 / block_size);
         let mut harness = Harness::new(level, shape, 2, 11);
         for op in ops {
@@ -802,16 +811,6 @@ fn errors_name_the_sequence_the_argument_and_the_shapes() {
             .unwrap_err()),
         "layer 0 of the KV cache: its keys and values with these queries could overflow an f32 score or sum; \
          scale the inputs down"
-    );
-    let level = SimdLevel::dispatched().unwrap();
-    let panel = PagedKvCache::<f32>::block_granularity(level).unwrap();
-    assert_eq!(
-        err(PagedKvCache::<f32>::new(shape.with_block_size(panel + 1)).err().unwrap()),
-        format!(
-            "block_size {} is not a multiple of {panel}, the key panel of the {level} kernels: a block \
-             holds whole panels (PagedKvCache::block_granularity gives the multiple)",
-            panel + 1
-        )
     );
     assert_eq!(
         err(PagedKvCache::<f32>::new(shape.with_blocks(0)).err().unwrap()),
