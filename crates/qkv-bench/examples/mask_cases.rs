@@ -244,8 +244,10 @@ fn case(
 
 /// Decoding through a rotary [`KvCache`]: the keys and values of `n` positions appended in
 /// `chunks` (then one at a time), each chunk's or step's queries attending as they arrive,
-/// unrotated, the cache rotating them. Written as one bottom-right causal case over the whole
-/// sequence (queries and keys both from position 0), which is what the steps add up to.
+/// unrotated, the cache rotating them. With a `window`, a windowed cache
+/// ([`KvCache::with_window`]), whose ring wraps. Written as one bottom-right causal case over the
+/// whole sequence (queries and keys both from position 0, the window `window - 1` back), which
+/// is what the steps add up to.
 fn cache_case(
     name: &str,
     rng: &mut Lcg,
@@ -257,14 +259,17 @@ fn cache_case(
     let q = rng.tensor((1, hq, n, d));
     let k = rng.tensor((1, hkv, n, d));
     let v = rng.tensor((1, hkv, n, dv));
-    let shape = CacheShape::new(1, hkv, n, d, dv);
-    let mut cache =
-        KvCache::<f32>::new(shape).expect("a cache").with_rotary(rotary).expect("a valid embedding");
+    let cache = match window {
+        None => KvCache::<f32>::new(CacheShape::new(1, hkv, n, d, dv)),
+        // A ring of the window and the largest chunk but one: it wraps, and rotates by position.
+        Some(w) => {
+            let largest = chunks.iter().copied().max().unwrap_or(1);
+            KvCache::<f32>::with_window(CacheShape::new(1, hkv, w + largest - 1, d, dv), w)
+        }
+    };
+    let mut cache = cache.expect("a cache").with_rotary(rotary).expect("a valid embedding");
     let mut layer = cache.layer(0).expect("one layer");
-    let mut options = CacheOptions::new();
-    if let Some(w) = window {
-        options = options.sliding_window(SlidingWindow::new(w - 1, 0));
-    }
+    let options = CacheOptions::new();
     let (mut output, mut lse) = (Array4::zeros((1, hq, n, dv)), Array3::zeros((1, hq, n)));
     let mut start = 0;
     for step in 0.. {
@@ -279,6 +284,7 @@ fn cache_case(
         lse.slice_mut(s![0, .., rows.clone()]).assign(&r.logsumexp);
         start = rows.end;
     }
+    assert!(window.is_none() || layer.held() < n, "the ring wrapped");
     let masks = Masks {
         causal: Some(CausalMask::BottomRight),
         window: window.map(|w| SlidingWindow::new(w - 1, 0)),
@@ -528,7 +534,7 @@ fn main() {
         None,
     ));
     cases.push(cache_case(
-        "cache rotary interleaved 32 of 64, x1.5, window 24",
+        "cache ring (window 24) rotary interleaved 32 of 64",
         &mut rng,
         (4, 4, 60, 64, 64),
         &[10, 5],
