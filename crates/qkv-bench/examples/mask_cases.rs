@@ -1,15 +1,20 @@
-//! Writes attention cases with batched masks, sliding windows, ALiBi and NaN in masked positions,
-//! with qkv's outputs and logsumexps, and its gradients from a random output gradient, as JSON for
+//! Writes attention cases with batched masks, sliding windows, ALiBi (the paper's and flash-attn's
+//! symmetric form, slopes per head or per sequence and head), rotary embeddings, packed
+//! sequences (`varlen_attention`), a rotary KV cache's steps and NaN in masked positions, with
+//! qkv's outputs and logsumexps, and its gradients from a random output gradient, as JSON for
 //! `python/check_masks.py` and `python/check_backward.py` (which compare them with PyTorch):
 //! `cargo run --release -p qkv-bench --example mask_cases -- cases.json`.
 //!
-//! Masks are written as their parameters (lengths, window, slopes, ...), not as matrices, so the
-//! script builds its own masks from them and checks qkv's reading of each parameter. Never run in
-//! CI: PyTorch is not there.
+//! Masks and embeddings are written as their parameters (lengths, window, slopes, rotary base,
+//! pairing, ...), not as matrices or rotated tensors, so the script builds its own from them and
+//! checks qkv's reading of each parameter. Never run in CI: PyTorch is not there.
 
-use ndarray::{Array2, Array4, s};
-use qkv::{AdditiveBias, Alibi, AttentionOptions, CausalMask, KeepMask, KeyPadding, SlidingWindow};
-use serde_json::{Value, json};
+use ndarray::{Array2, Array3, Array4, Axis, s};
+use qkv::{
+    AdditiveBias, Alibi, AttentionOptions, CacheOptions, CacheShape, CausalMask, KeepMask, KeyPadding,
+    KvCache, Rotary, RotaryPairing, SlidingWindow,
+};
+use serde_json::{Map, Value, json};
 
 /// A small deterministic generator, so that the cases do not depend on a random crate.
 struct Lcg(u64);
@@ -36,6 +41,80 @@ fn align(a: CausalMask) -> &'static str {
     }
 }
 
+/// ALiBi as a case gives it: the slopes, `[1, heads]` (one per head, [`Alibi::new`]) or
+/// `[batch, heads]` ([`Alibi::batched`]), where the queries stand, and which form.
+struct AlibiCase {
+    slopes: Array2<f32>,
+    batched: bool,
+    align: CausalMask,
+    symmetric: bool,
+}
+
+impl AlibiCase {
+    /// One slope per head, the paper's form.
+    fn new(slopes: Vec<f32>, align: CausalMask) -> Self {
+        let slopes = Array2::from_shape_vec((1, slopes.len()), slopes).expect("one row");
+        AlibiCase { slopes, batched: false, align, symmetric: false }
+    }
+
+    /// One slope per (sequence, head), the paper's form.
+    fn batched(slopes: Array2<f32>, align: CausalMask) -> Self {
+        AlibiCase { slopes, batched: true, align, symmetric: false }
+    }
+
+    /// The same slopes in flash-attn's symmetric form.
+    fn symmetric(self) -> Self {
+        AlibiCase { symmetric: true, ..self }
+    }
+
+    fn options(&self) -> Alibi<'_, f32> {
+        let alibi = if self.batched {
+            Alibi::batched(self.slopes.view())
+        } else {
+            Alibi::new(self.slopes.as_slice().expect("a standard layout"))
+        };
+        let alibi = alibi.aligned(self.align);
+        if self.symmetric { alibi.symmetric() } else { alibi }
+    }
+
+    fn json(&self) -> Value {
+        json!({ "slopes": flat(&self.slopes), "align": align(self.align), "symmetric": self.symmetric })
+    }
+}
+
+/// A rotary embedding as a case gives it, and the positions of the first query and key: queries
+/// and keys are written unrotated, and qkv rotates them (`Rotary::rotate`, or a cache as it
+/// appends and attends) before attending.
+struct RotaryCase {
+    rotary: Rotary,
+    query_first: usize,
+    key_first: usize,
+}
+
+impl RotaryCase {
+    fn json(&self) -> Value {
+        let r = &self.rotary;
+        let pairing = match r.pairing {
+            RotaryPairing::HalfSplit => "half_split",
+            RotaryPairing::Interleaved => "interleaved",
+        };
+        json!({
+            "base": r.base, "pairing": pairing, "position_scale": r.position_scale, "dims": r.dims,
+            "query_first": self.query_first, "key_first": self.key_first,
+        })
+    }
+}
+
+/// Rotates (or, `back`, rotates back) every `[n, d]` head of `x`, its rows from position `first`.
+fn rotate(rotary: &Rotary, x: &mut Array4<f32>, first: usize, back: bool) {
+    for mut batch in x.outer_iter_mut() {
+        for head in batch.outer_iter_mut() {
+            let turned = if back { rotary.rotate_back(head, first) } else { rotary.rotate(head, first) };
+            turned.expect("a valid embedding");
+        }
+    }
+}
+
 /// The masks of one case, as parameters.
 #[derive(Default)]
 struct Masks {
@@ -45,9 +124,70 @@ struct Masks {
     keep: Option<Array4<bool>>,
     bias: Option<Array4<f32>>,
     window: Option<SlidingWindow>,
-    slopes: Option<Vec<f32>>,
+    alibi: Option<AlibiCase>,
+    /// Not a mask: the rotary embedding qkv applies to the queries and keys before attending.
+    rotary: Option<RotaryCase>,
     /// `[b, kv_head, key]` rows of keys and values that no query sees, filled with NaN for qkv.
     nan_rows: Vec<[usize; 3]>,
+}
+
+impl Masks {
+    /// The options of a multi-head or packed call (the rotary embedding is applied apart).
+    fn options(&self) -> AttentionOptions<'_, f32> {
+        let mut options = AttentionOptions::new();
+        if let Some(c) = self.causal {
+            options = options.causal(c);
+        }
+        if let Some(l) = &self.lengths {
+            options = options.key_lengths(l);
+        }
+        if let Some(p) = &self.padding {
+            options = options.key_padding(KeyPadding::batched(p.view()));
+        }
+        if let Some(m) = &self.keep {
+            options = options.keep_mask(KeepMask::batched(m.view()));
+        }
+        if let Some(m) = &self.bias {
+            options = options.bias(AdditiveBias::batched(m.view()));
+        }
+        if let Some(w) = self.window {
+            options = options.sliding_window(w);
+        }
+        if let Some(a) = &self.alibi {
+            options = options.alibi(a.options());
+        }
+        options
+    }
+
+    /// The case's inputs and parameters, every key present (`null` where unused); `varlen`, the
+    /// packed offsets, `null` but for a packed case.
+    fn record(&self, name: &str, inputs: [Value; 3], d: usize, varlen: Value) -> Map<String, Value> {
+        let [q, k, v] = inputs;
+        let record = json!({
+            "name": name,
+            "q": q, "k": k, "v": v,
+            "scale": 1.0 / (d as f64).sqrt(),
+            "varlen": varlen,
+            "causal": self.causal.map(align),
+            "key_lengths": self.lengths,
+            "key_padding": self.padding.as_ref().map(flat),
+            "keep": self.keep.as_ref().map(flat),
+            "bias": self.bias.as_ref().map(flat),
+            "window": self.window.map(|w| json!({ "before": w.before, "after": w.after, "align": align(w.align) })),
+            "alibi": self.alibi.as_ref().map(AlibiCase::json),
+            "rotary": self.rotary.as_ref().map(RotaryCase::json),
+            "nan_rows": self.nan_rows,
+            // No backward unless the case computes one.
+            "d_output": null, "qkv_dq": null, "qkv_dk": null, "qkv_dv": null, "qkv_dbias": null,
+        });
+        let Value::Object(record) = record else { unreachable!("an object") };
+        record
+    }
+}
+
+/// qkv's logsumexps for JSON, `-inf` (a row that sees no key) as `null`.
+fn lse_json<D: ndarray::Dimension>(lse: &ndarray::Array<f32, D>) -> Value {
+    flat(&lse.mapv(|l| if l == f32::NEG_INFINITY { None } else { Some(l) }))
 }
 
 fn case(
@@ -59,39 +199,25 @@ fn case(
     let q = rng.tensor((b, hq, nq, d));
     let k = rng.tensor((b, hkv, nk, d));
     let v = rng.tensor((b, hkv, nk, dv));
-    let mut options = AttentionOptions::new();
-    if let Some(c) = masks.causal {
-        options = options.causal(c);
+    let options = masks.options();
+    // A rotary case attends over its rotated queries and keys; the gradients of the unrotated
+    // ones are the rotated ones' turned back.
+    let (mut q_in, mut k_in) = (q.clone(), k.clone());
+    if let Some(r) = &masks.rotary {
+        rotate(&r.rotary, &mut q_in, r.query_first, false);
+        rotate(&r.rotary, &mut k_in, r.key_first, false);
     }
-    if let Some(l) = &masks.lengths {
-        options = options.key_lengths(l);
-    }
-    if let Some(p) = &masks.padding {
-        options = options.key_padding(KeyPadding::batched(p.view()));
-    }
-    if let Some(m) = &masks.keep {
-        options = options.keep_mask(KeepMask::batched(m.view()));
-    }
-    if let Some(m) = &masks.bias {
-        options = options.bias(AdditiveBias::batched(m.view()));
-    }
-    if let Some(w) = masks.window {
-        options = options.sliding_window(w);
-    }
-    if let Some(slopes) = &masks.slopes {
-        options = options.alibi(Alibi::new(slopes).aligned(masks.causal.unwrap_or_default()));
-    }
-    let (mut k_bad, mut v_bad) = (k.clone(), v.clone());
+    let (mut k_bad, mut v_bad) = (k_in, v.clone());
     for &[bi, h, j] in &masks.nan_rows {
         k_bad.slice_mut(s![bi, h, j, ..]).fill(f32::NAN);
         v_bad.slice_mut(s![bi, h, j, ..]).fill(f32::NAN);
     }
-    let r = qkv::multi_head_attention_with_lse(q.view(), k_bad.view(), v_bad.view(), &options)
+    let r = qkv::multi_head_attention_with_lse(q_in.view(), k_bad.view(), v_bad.view(), &options)
         .expect("a valid case");
     // The backward from a random output gradient, for `python/check_backward.py`.
     let d_output = rng.tensor((b, hq, nq, dv));
-    let g = qkv::multi_head_attention_backward(
-        q.view(),
+    let mut g = qkv::multi_head_attention_backward(
+        q_in.view(),
         k_bad.view(),
         v_bad.view(),
         &r,
@@ -99,24 +225,120 @@ fn case(
         &options,
     )
     .expect("a valid case");
-    json!({
-        "name": name,
-        "q": flat(&q), "k": flat(&k), "v": flat(&v),
-        "scale": 1.0 / (d as f64).sqrt(),
-        "causal": masks.causal.map(align),
-        "key_lengths": masks.lengths,
-        "key_padding": masks.padding.as_ref().map(flat),
-        "keep": masks.keep.as_ref().map(flat),
-        "bias": masks.bias.as_ref().map(flat),
-        "window": masks.window.map(|w| json!({ "before": w.before, "after": w.after, "align": align(w.align) })),
-        "alibi": masks.slopes.as_ref().map(|s| json!({ "slopes": s, "align": align(masks.causal.unwrap_or_default()) })),
-        "nan_rows": masks.nan_rows,
-        "qkv_output": flat(&r.output),
-        "qkv_logsumexp": flat(&r.logsumexp.mapv(|l| if l == f32::NEG_INFINITY { None } else { Some(l) })),
-        "d_output": flat(&d_output),
-        "qkv_dq": flat(&g.dq), "qkv_dk": flat(&g.dk), "qkv_dv": flat(&g.dv),
-        "qkv_dbias": g.dbias.as_ref().map(flat),
-    })
+    if let Some(r) = &masks.rotary {
+        rotate(&r.rotary, &mut g.dq, r.query_first, true);
+        rotate(&r.rotary, &mut g.dk, r.key_first, true);
+    }
+    let mut record = masks.record(name, [flat(&q), flat(&k), flat(&v)], d, Value::Null);
+    record.extend([
+        ("qkv_output".into(), flat(&r.output)),
+        ("qkv_logsumexp".into(), lse_json(&r.logsumexp)),
+        ("d_output".into(), flat(&d_output)),
+        ("qkv_dq".into(), flat(&g.dq)),
+        ("qkv_dk".into(), flat(&g.dk)),
+        ("qkv_dv".into(), flat(&g.dv)),
+        ("qkv_dbias".into(), g.dbias.as_ref().map_or(Value::Null, flat)),
+    ]);
+    Value::Object(record)
+}
+
+/// Decoding through a rotary [`KvCache`]: the keys and values of `n` positions appended in
+/// `chunks` (then one at a time), each chunk's or step's queries attending as they arrive,
+/// unrotated, the cache rotating them. With a `window`, a windowed cache
+/// ([`KvCache::with_window`]), whose ring wraps. Written as one bottom-right causal case over the
+/// whole sequence (queries and keys both from position 0, the window `window - 1` back), which
+/// is what the steps add up to.
+fn cache_case(
+    name: &str,
+    rng: &mut Lcg,
+    (hq, hkv, n, d, dv): (usize, usize, usize, usize, usize),
+    chunks: &[usize],
+    rotary: Rotary,
+    window: Option<usize>,
+) -> Value {
+    let q = rng.tensor((1, hq, n, d));
+    let k = rng.tensor((1, hkv, n, d));
+    let v = rng.tensor((1, hkv, n, dv));
+    let cache = match window {
+        None => KvCache::<f32>::new(CacheShape::new(1, hkv, n, d, dv)),
+        // A ring of the window and the largest chunk but one: it wraps, and rotates by position.
+        Some(w) => {
+            let largest = chunks.iter().copied().max().unwrap_or(1);
+            KvCache::<f32>::with_window(CacheShape::new(1, hkv, w + largest - 1, d, dv), w)
+        }
+    };
+    let mut cache = cache.expect("a cache").with_rotary(rotary).expect("a valid embedding");
+    let mut layer = cache.layer(0).expect("one layer");
+    let options = CacheOptions::new();
+    let (mut output, mut lse) = (Array4::zeros((1, hq, n, dv)), Array3::zeros((1, hq, n)));
+    let mut start = 0;
+    for step in 0.. {
+        if start == n {
+            break;
+        }
+        let rows = start..(start + chunks.get(step).copied().unwrap_or(1)).min(n);
+        let at = |x: &Array4<f32>| x.slice(s![0, .., rows.clone(), ..]).to_owned();
+        layer.append(at(&k).view(), at(&v).view()).expect("room in the cache");
+        let r = layer.attend_with_lse(at(&q).view(), &options).expect("a valid step");
+        output.slice_mut(s![0, .., rows.clone(), ..]).assign(&r.output);
+        lse.slice_mut(s![0, .., rows.clone()]).assign(&r.logsumexp);
+        start = rows.end;
+    }
+    assert!(window.is_none() || layer.held() < n, "the ring wrapped");
+    let masks = Masks {
+        causal: Some(CausalMask::BottomRight),
+        window: window.map(|w| SlidingWindow::new(w - 1, 0)),
+        rotary: Some(RotaryCase { rotary, query_first: 0, key_first: 0 }),
+        ..Masks::default()
+    };
+    let mut record = masks.record(name, [flat(&q), flat(&k), flat(&v)], d, Value::Null);
+    record.extend([("qkv_output".into(), flat(&output)), ("qkv_logsumexp".into(), lse_json(&lse))]);
+    Value::Object(record)
+}
+
+/// A packed batch through [`qkv::varlen_attention_with_lse`]: sequence `i` has `lengths[i]`
+/// (queries, keys). `magnify`: sequence 0's queries are multiplied by it and its keys divided
+/// by it, which leaves its scores of the usual size but the bound on every score (the largest
+/// query times the largest key) too large for the fast path, so that every sequence runs alone
+/// on the blocked path.
+fn varlen_case(
+    name: &str,
+    rng: &mut Lcg,
+    (hq, hkv, d, dv): (usize, usize, usize, usize),
+    lengths: &[(usize, usize)],
+    magnify: Option<f32>,
+    masks: Masks,
+) -> Value {
+    let offsets = |pick: fn(&(usize, usize)) -> usize| {
+        let mut offsets = vec![0];
+        offsets.extend(lengths.iter().scan(0, |end, l| {
+            *end += pick(l);
+            Some(*end)
+        }));
+        offsets
+    };
+    let (query_offsets, key_offsets) = (offsets(|l| l.0), offsets(|l| l.1));
+    let (total_q, total_k) = (query_offsets[lengths.len()], key_offsets[lengths.len()]);
+    let mut q = rng.tensor((1, hq, total_q, d)).index_axis_move(Axis(0), 0);
+    let mut k = rng.tensor((1, hkv, total_k, d)).index_axis_move(Axis(0), 0);
+    let v = rng.tensor((1, hkv, total_k, dv)).index_axis_move(Axis(0), 0);
+    if let Some(m) = magnify {
+        q.slice_mut(s![.., ..query_offsets[1], ..]).mapv_inplace(|x| x * m);
+        k.slice_mut(s![.., ..key_offsets[1], ..]).mapv_inplace(|x| x / m);
+    }
+    let r = qkv::varlen_attention_with_lse(
+        q.view(),
+        k.view(),
+        v.view(),
+        &query_offsets,
+        &key_offsets,
+        &masks.options(),
+    )
+    .expect("a valid case");
+    let varlen = json!({ "query_offsets": query_offsets, "key_offsets": key_offsets });
+    let mut record = masks.record(name, [flat(&q), flat(&k), flat(&v)], d, varlen);
+    record.extend([("qkv_output".into(), flat(&r.output)), ("qkv_logsumexp".into(), lse_json(&r.logsumexp))]);
+    Value::Object(record)
 }
 
 fn main() {
@@ -189,7 +411,7 @@ fn main() {
         (2, 8, 8, 150, 150, 32, 32),
         Masks {
             causal: Some(CausalMask::BottomRight),
-            slopes: Some(qkv::alibi_slopes(8)),
+            alibi: Some(AlibiCase::new(qkv::alibi_slopes(8), CausalMask::BottomRight)),
             ..Masks::default()
         },
     ));
@@ -199,7 +421,7 @@ fn main() {
         (1, 8, 2, 1, 500, 64, 64),
         Masks {
             causal: Some(CausalMask::BottomRight),
-            slopes: Some(qkv::alibi_slopes(8)),
+            alibi: Some(AlibiCase::new(qkv::alibi_slopes(8), CausalMask::BottomRight)),
             ..Masks::default()
         },
     ));
@@ -220,6 +442,145 @@ fn main() {
         &mut rng,
         (2, 4, 2, 1, 120, 32, 16),
         Masks { padding: Some(padding), nan_rows, ..Masks::default() },
+    ));
+    // Flash-attn's symmetric ALiBi without a causal mask: bottom-right, top-left with more
+    // queries than keys and a two-sided window, and under a causal mask (where it equals the
+    // paper's form). Slopes per (sequence, head), random, in both forms.
+    let symmetric = || AlibiCase::new(qkv::alibi_slopes(8), CausalMask::BottomRight).symmetric();
+    cases.push(case(
+        "alibi symmetric 40x96",
+        &mut rng,
+        (2, 8, 2, 40, 96, 32, 32),
+        Masks { alibi: Some(symmetric()), ..Masks::default() },
+    ));
+    cases.push(case(
+        "alibi symmetric top-left 64x48, window (16, 8)",
+        &mut rng,
+        (1, 8, 4, 64, 48, 16, 16),
+        Masks {
+            window: Some(SlidingWindow::new(16, 8).aligned(CausalMask::TopLeft)),
+            alibi: Some(AlibiCase { align: CausalMask::TopLeft, ..symmetric() }),
+            ..Masks::default()
+        },
+    ));
+    cases.push(case(
+        "alibi symmetric causal 70x70",
+        &mut rng,
+        (1, 8, 8, 70, 70, 32, 32),
+        Masks { causal: Some(CausalMask::BottomRight), alibi: Some(symmetric()), ..Masks::default() },
+    ));
+    let slopes = |rng: &mut Lcg, b, h| Array2::from_shape_simple_fn((b, h), || (rng.uniform() + 1.0) * 0.4);
+    let per_sequence = slopes(&mut rng, 3, 4);
+    cases.push(case(
+        "alibi [batch, heads] causal 50x80",
+        &mut rng,
+        (3, 4, 2, 50, 80, 32, 24),
+        Masks {
+            causal: Some(CausalMask::BottomRight),
+            alibi: Some(AlibiCase::batched(per_sequence, CausalMask::BottomRight)),
+            ..Masks::default()
+        },
+    ));
+    let per_sequence = slopes(&mut rng, 3, 4);
+    cases.push(case(
+        "alibi [batch, heads] symmetric decode 1x300",
+        &mut rng,
+        (3, 4, 1, 1, 300, 64, 64),
+        Masks {
+            alibi: Some(AlibiCase::batched(per_sequence, CausalMask::BottomRight).symmetric()),
+            ..Masks::default()
+        },
+    ));
+    // Rotary embeddings applied by `Rotary::rotate` before a causal call, both pairings, partial,
+    // with positions scaled and bases other than 10000; then LLaMA's, far from position 0.
+    let rotary = |rotary: Rotary, query_first, key_first| Some(RotaryCase { rotary, query_first, key_first });
+    cases.push(case(
+        "rotary half-split 24 of 32, x0.5, base 1e6, 48x80",
+        &mut rng,
+        (2, 4, 2, 48, 80, 32, 32),
+        Masks {
+            causal: Some(CausalMask::BottomRight),
+            rotary: rotary(Rotary::new(1e6).dims(24).position_scale(0.5), 32, 0),
+            ..Masks::default()
+        },
+    ));
+    cases.push(case(
+        "rotary interleaved 16 of 32, x2, base 500, 48x80",
+        &mut rng,
+        (2, 4, 2, 48, 80, 32, 32),
+        Masks {
+            causal: Some(CausalMask::BottomRight),
+            rotary: rotary(Rotary::new(500.0).interleaved().dims(16).position_scale(2.0), 32, 0),
+            ..Masks::default()
+        },
+    ));
+    cases.push(case(
+        "rotary LLaMA (64, base 1e4) at 4000, 20x60",
+        &mut rng,
+        (1, 4, 4, 20, 60, 64, 64),
+        Masks {
+            causal: Some(CausalMask::BottomRight),
+            rotary: rotary(Rotary::new(10_000.0), 4040, 4000),
+            ..Masks::default()
+        },
+    ));
+    // Decoding through a rotary KV cache: two chunks of prefill, then one position a step.
+    cases.push(cache_case(
+        "cache rotary half-split 48 of 64, x0.25, base 1e6",
+        &mut rng,
+        (8, 2, 64, 64, 32),
+        &[13, 27],
+        Rotary::new(1e6).dims(48).position_scale(0.25),
+        None,
+    ));
+    cases.push(cache_case(
+        "cache ring (window 24) rotary interleaved 32 of 64",
+        &mut rng,
+        (4, 4, 60, 64, 64),
+        &[10, 5],
+        Rotary::new(5e4).interleaved().dims(32).position_scale(1.5),
+        Some(24),
+    ));
+    // Packed sequences: GQA, a causal mask and a window within each sequence, a sequence with
+    // no queries, one with no keys, one with more queries than keys (its first rows see nothing).
+    let lengths = [(1, 33), (17, 17), (0, 9), (40, 64), (5, 0), (20, 8), (23, 30)];
+    cases.push(varlen_case(
+        "varlen 7 sequences, causal, window 12 back",
+        &mut rng,
+        (6, 2, 32, 16),
+        &lengths,
+        None,
+        Masks {
+            causal: Some(CausalMask::BottomRight),
+            window: Some(SlidingWindow::new(12, 0)),
+            ..Masks::default()
+        },
+    ));
+    let per_sequence = slopes(&mut rng, lengths.len(), 6);
+    cases.push(varlen_case(
+        "varlen alibi [seqs, heads] symmetric, window (8, 8)",
+        &mut rng,
+        (6, 3, 32, 32),
+        &lengths,
+        None,
+        Masks {
+            window: Some(SlidingWindow::new(8, 8)),
+            alibi: Some(AlibiCase::batched(per_sequence.clone(), CausalMask::BottomRight).symmetric()),
+            ..Masks::default()
+        },
+    ));
+    cases.push(varlen_case(
+        "varlen blocked path, alibi [seqs, heads] causal",
+        &mut rng,
+        (6, 2, 32, 16),
+        &lengths,
+        Some(1e37),
+        Masks {
+            causal: Some(CausalMask::BottomRight),
+            window: Some(SlidingWindow::new(12, 0)),
+            alibi: Some(AlibiCase::batched(per_sequence, CausalMask::BottomRight)),
+            ..Masks::default()
+        },
     ));
     let json =
         serde_json::to_string(&json!({ "simd": qkv::simd_report(), "cases": &cases })).expect("serialisable");
