@@ -185,7 +185,8 @@ pub(crate) struct OptionShape {
 }
 
 /// Checks that `options` are a cache step's (see [`CacheOptions`]): no option that the cache
-/// decides itself, a keep mask of `[n_queries, n_keys]` and one ALiBi slope per query head. The
+/// decides itself, a keep mask of `[n_queries, n_keys]`, one ALiBi slope and one attention sink
+/// per query head. The
 /// values (scale, cap, slopes) are checked when the options are resolved. `level` is the level
 /// the cache runs at.
 pub(crate) fn check_cache_options(
@@ -227,6 +228,16 @@ pub(crate) fn check_cache_options(
             found: alibi.given.dims(),
             expected: Dims(vec![query_heads]).to_string(),
             why: "one slope per query head",
+        }));
+    }
+    if let Some(sinks) = options.sinks
+        && sinks.len() != query_heads
+    {
+        return Ok(Err(OptionShape {
+            argument: "sinks",
+            found: Dims(vec![sinks.len()]),
+            expected: Dims(vec![query_heads]).to_string(),
+            why: "one attention-sink logit per query head",
         }));
     }
     Ok(Ok(()))

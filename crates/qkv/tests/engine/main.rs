@@ -20,6 +20,7 @@ mod properties;
 mod ring;
 mod rotary;
 mod simd;
+mod sinks;
 mod softcap;
 mod tiled;
 mod unseen;
