@@ -10,7 +10,8 @@ use crate::mask::{AdditiveBias, Alibi, CausalMask, KeepMask, KeyPadding, Sliding
 /// every mask keeps it.
 ///
 /// A query whose keys are all hidden gets all-zero weights and a zero output (never NaN): it has
-/// nothing to attend to, and zero is what a sum over no values is. Its logsumexp is `-inf`.
+/// nothing to attend to, and zero is what a sum over no values is. Its logsumexp is `-inf` (with
+/// an attention sink, [`Self::sinks`], the sink's logit).
 ///
 /// A key that no query sees (hidden from every query by the boolean masks, key lengths, the
 /// causal mask or window, or a `-inf` bias) is never used, so its key and value rows may hold
