@@ -475,3 +475,37 @@ fn bad_sinks_are_errors_naming_the_argument() {
     let message = layer.attend_with(q.view(), &CacheOptions::new().sinks(&[0.0])).unwrap_err().to_string();
     assert!(message.contains("sinks") && message.contains("[1]") && message.contains("[2]"), "{message}");
 }
+
+/// The traces the lesson prints take the sink as `attention` does: a query's trace (its `sink`,
+/// `max` and `sum` included) and its tiled online softmax, whose blocks are over the keys alone
+/// and whose end takes the sink once, give the reference's row.
+#[test]
+fn the_traces_take_the_sink_once_at_the_end() {
+    let p = Problem::<f64>::random(81, (9, 40, 8, 3), 1.0, MaskKind::CausalBottomRight);
+    let sink = [1.5];
+    let options = p.options().sinks(&sink);
+    let want = qkv::reference::attention_with_lse(p.q.view(), p.k.view(), p.v.view(), &options).unwrap();
+    for i in [0, 4, 8] {
+        let trace = qkv::trace_query(p.q.view(), p.k.view(), p.v.view(), i, &options).unwrap();
+        let tiled = qkv::trace_tiled(p.q.view(), p.k.view(), p.v.view(), i, 16, &options).unwrap();
+        assert_eq!(trace.sink, Some(1.5));
+        let weights: f64 = trace.weights.iter().sum();
+        let sink_weight = (1.5 - trace.max.unwrap()).exp() / trace.sum;
+        assert!((weights + sink_weight - 1.0).abs() < 1e-12, "row {i}: the sink takes the rest");
+        for c in 0..3 {
+            assert!((trace.output[c] - want.output[[i, c]]).abs() < 1e-12, "trace_query row {i}");
+            assert!((tiled.output[c] - want.output[[i, c]]).abs() < 1e-12, "trace_tiled row {i}");
+        }
+        assert!((trace.logsumexp() - want.logsumexp[i]).abs() < 1e-12, "trace_query lse row {i}");
+        assert!((tiled.logsumexp - want.logsumexp[i]).abs() < 1e-12, "trace_tiled lse row {i}");
+        // The blocks' parts are over the keys alone: merged, they are the row without the sink.
+        let merged = tiled
+            .blocks
+            .iter()
+            .skip(1)
+            .fold(tiled.blocks[0].partial.clone(), |m, b| m.merge(&b.partial).unwrap());
+        let without =
+            qkv::reference::attention_with_lse(p.q.view(), p.k.view(), p.v.view(), &p.options()).unwrap();
+        assert!((merged.logsumexp[0] - without.logsumexp[i]).abs() < 1e-12, "blocks row {i}");
+    }
+}
