@@ -7,8 +7,8 @@
 mod tiled;
 
 use ndarray::{
-    Array, ArrayBase, ArrayView, ArrayView2, ArrayView4, ArrayViewMut, Axis, Data, Dimension, Ix2, Ix3, Ix4,
-    RawData,
+    Array, Array1, ArrayBase, ArrayView, ArrayView2, ArrayView4, ArrayViewMut, ArrayViewMut1, Axis, Data,
+    Dimension, Ix2, Ix3, Ix4, RawData,
 };
 
 use crate::element::Real;
@@ -27,6 +27,9 @@ use crate::simd;
 ///
 /// A bias shared by several heads or sequences (a `[n_q, n_k]` or `[batch, 1, n_q, n_k]` bias in a
 /// multi-head call) has as its gradient the sum of `dbias` over the axes it is shared along.
+/// `dsinks = ∂L/∂s`, one per query head, is there when the options carry attention sinks
+/// ([`AttentionOptions::sinks`]): `-Σ exp(s_h - lse_i) · rowsum(dO ∘ O)_i` over every row `i` of
+/// head `h` (of every sequence: a sink is shared by the batch).
 ///
 /// ```
 /// use ndarray::array;
@@ -52,6 +55,9 @@ pub struct Gradients<T, D: Dimension = Ix2> {
     pub dv: Array<T, D>,
     /// `∂L/∂S`, the gradient of an additive bias, when the options carry one.
     pub dbias: Option<Array<T, D>>,
+    /// `∂L/∂s`, the gradient of the attention sinks (one per query head), when the options carry
+    /// them.
+    pub dsinks: Option<Array1<T>>,
 }
 
 /// Where the `_into` forms write the gradients (see [`Gradients`]): `dbias`, `[.., n_q, n_k]`,
@@ -79,17 +85,25 @@ pub struct GradientsMut<'a, T, D: Dimension = Ix2> {
     pub dv: ArrayViewMut<'a, T, D>,
     /// `∂L/∂S`, `[.., n_q, n_k]`, when wanted.
     pub dbias: Option<ArrayViewMut<'a, T, D>>,
+    /// `∂L/∂s` of the attention sinks, `[query_heads]`, when wanted (zeros without sinks).
+    pub dsinks: Option<ArrayViewMut1<'a, T>>,
 }
 
 impl<'a, T, D: Dimension> GradientsMut<'a, T, D> {
     /// Where to write `dQ`, `dK` and `dV`, shaped as the queries, keys and values.
     pub fn new(dq: ArrayViewMut<'a, T, D>, dk: ArrayViewMut<'a, T, D>, dv: ArrayViewMut<'a, T, D>) -> Self {
-        GradientsMut { dq, dk, dv, dbias: None }
+        GradientsMut { dq, dk, dv, dbias: None, dsinks: None }
     }
 
     /// These, and `dS` (`[.., n_q, n_k]`) written into `dbias`.
     pub fn with_dbias(self, dbias: ArrayViewMut<'a, T, D>) -> Self {
         GradientsMut { dbias: Some(dbias), ..self }
+    }
+
+    /// These, and the attention sinks' gradient (`[query_heads]`, one for a single head) written
+    /// into `dsinks`.
+    pub fn with_dsinks(self, dsinks: ArrayViewMut1<'a, T>) -> Self {
+        GradientsMut { dsinks: Some(dsinks), ..self }
     }
 }
 
@@ -126,7 +140,7 @@ pub fn attention_backward<T: Real>(
 ) -> Result<Gradients<T>, AttentionError> {
     // The shapes are checked before the gradients are allocated.
     let shape = Shape::of_dims(q.shape(), k.shape(), v.shape())?;
-    let mut gradients = Gradients::zeros(&q, &k, &v, shape.n_keys, options.has_bias());
+    let mut gradients = Gradients::zeros(&q, &k, &v, shape.n_keys, options);
     attention_backward_into(q, k, v, forward, d_output, options, gradients.view_mut())?;
     Ok(gradients)
 }
@@ -190,7 +204,7 @@ pub fn multi_head_attention_backward<T: Real>(
 ) -> Result<Gradients<T, Ix4>, AttentionError> {
     let shape = check_heads(&q, &k, &v)?;
     let heads = Some((q.shape()[0], q.shape()[1]));
-    let mut gradients = Gradients::zeros(&q, &k, &v, shape.n_keys, options.has_bias());
+    let mut gradients = Gradients::zeros(&q, &k, &v, shape.n_keys, options);
     let into = gradients.view_mut();
     let (output, lse) = (forward.output.view(), forward.logsumexp.view());
     backward(&shape, heads, q, k, v, output, lse, d_output, options, into)?;
@@ -229,20 +243,24 @@ pub fn multi_head_attention_backward_into<T: Real>(
 }
 
 impl<T: Real, D: Dimension> Gradients<T, D> {
-    /// Zero gradients for inputs shaped as `q`, `k`, `v`, with a bias gradient if `bias`.
+    /// Zero gradients for inputs shaped as `q`, `k`, `v`, with a bias gradient and the sinks'
+    /// if `options` carry them.
     fn zeros<S: Data<Elem = T>>(
         q: &ArrayBase<S, D>,
         k: &ArrayBase<S, D>,
         v: &ArrayBase<S, D>,
         n_keys: usize,
-        bias: bool,
+        options: &AttentionOptions<T>,
     ) -> Self {
-        let dbias = bias.then(|| Array::zeros(scores_dim(q.raw_dim(), n_keys)));
+        let dbias = options.has_bias().then(|| Array::zeros(scores_dim(q.raw_dim(), n_keys)));
+        let query_heads = if q.ndim() == 4 { q.shape()[1] } else { 1 };
+        let dsinks = options.sinks.map(|_| Array1::zeros(query_heads));
         Gradients {
             dq: Array::zeros(q.raw_dim()),
             dk: Array::zeros(k.raw_dim()),
             dv: Array::zeros(v.raw_dim()),
             dbias,
+            dsinks,
         }
     }
 
@@ -252,6 +270,7 @@ impl<T: Real, D: Dimension> Gradients<T, D> {
             dk: self.dk.view_mut(),
             dv: self.dv.view_mut(),
             dbias: self.dbias.as_mut().map(|b| b.view_mut()),
+            dsinks: self.dsinks.as_mut().map(|s| s.view_mut()),
         }
     }
 }
@@ -304,12 +323,16 @@ fn backward<T: Real, D: Dimension>(
     expect_shape("output", output.shape(), out_dim.slice(), "output")?;
     expect_shape("logsumexp", logsumexp.shape(), &q.shape()[..q.ndim() - 1], "queries")?;
     expect_shape("d_output", d_output.shape(), out_dim.slice(), "output")?;
-    let GradientsMut { dq, dk, dv, dbias } = gradients;
+    let GradientsMut { dq, dk, dv, dbias, dsinks } = gradients;
     expect_shape("dq", dq.shape(), q.shape(), "queries")?;
     expect_shape("dk", dk.shape(), k.shape(), "keys")?;
     expect_shape("dv", dv.shape(), v.shape(), "values")?;
     if let Some(dbias) = &dbias {
         expect_shape("dbias", dbias.shape(), scores_dim(q.raw_dim(), shape.n_keys).slice(), "scores")?;
+    }
+    let query_heads = heads.map_or(1, |(_, query_heads)| query_heads);
+    if let Some(dsinks) = &dsinks {
+        expect_shape("dsinks", dsinks.shape(), &[query_heads], "query heads")?;
     }
     let masks = options.resolve_heads(shape, heads)?;
     let kernels = simd::kernels_for(options.simd_level())?;
@@ -362,7 +385,14 @@ fn backward<T: Real, D: Dimension>(
             tiled::KvHead { k, v, dk, dv }
         })
         .collect();
-    tiled::backward(kernels, shape, query_heads_of, kv);
+    let sink_gradients = tiled::backward(kernels, shape, query_heads_of, kv);
+    if let Some(mut dsinks) = dsinks {
+        // Each head's sum over the sequences of the batch, in their order.
+        for (h, dsink) in dsinks.iter_mut().enumerate() {
+            let sum: f64 = (0..batch).map(|b| sink_gradients[b * query_heads + h]).sum();
+            *dsink = T::from_f64_round(sum);
+        }
+    }
     Ok(())
 }
 

@@ -92,16 +92,19 @@ fn attend_block<T: Real>(
     let logsumexp = p
         .axis_iter_mut(Axis(0))
         .enumerate()
-        .map(|(r, mut row)| softmax_in_place(row.as_slice_mut().expect("row-major"), first + r))
+        .map(|(r, mut row)| {
+            softmax_in_place(row.as_slice_mut().expect("row-major"), first + r, masks.sink(0))
+        })
         .collect::<Result<_, _>>()?;
     let mut o = Array2::zeros((q.nrows(), v.ncols()));
     general_mat_mul(T::one(), &p, &v, T::zero(), &mut o);
     Ok(Block { output: o, logsumexp, weights: p, scores })
 }
 
-/// Softmax of one score row in place, returning the row's logsumexp. Hidden entries (`-inf`)
-/// become 0; a row with nothing visible becomes all 0, with a logsumexp of `-inf`.
-fn softmax_in_place<T: Real>(row: &mut [T], query_idx: usize) -> Result<T, AttentionError> {
+/// Softmax of one score row in place, with the attention sink `sink` joining it
+/// ([`softmax::finish`]), returning the row's logsumexp. Hidden entries (`-inf`) become 0; a row
+/// with nothing visible becomes all 0, with a logsumexp of `-inf` (the sink's logit with a sink).
+fn softmax_in_place<T: Real>(row: &mut [T], query_idx: usize, sink: Option<T>) -> Result<T, AttentionError> {
     // Finite inputs can still overflow to `inf` (or `inf - inf = NaN`) in the dot product.
     if row.iter().any(|x| x.is_nan() || *x == T::infinity()) {
         return Err(AttentionError::ScoreOverflow { query_idx, head: None, ty: T::NAME });
@@ -109,15 +112,16 @@ fn softmax_in_place<T: Real>(row: &mut [T], query_idx: usize) -> Result<T, Atten
     let max = row.iter().copied().fold(T::neg_infinity(), T::max);
     if max == T::neg_infinity() {
         row.fill(T::zero());
-        return Ok(T::neg_infinity());
+        return Ok(softmax::finish(max, T::zero(), sink).logsumexp());
     }
     let mut sum = T::zero();
     for x in row.iter_mut() {
         *x = (*x - max).exp();
         sum = sum + *x;
     }
+    let finished = softmax::finish(max, sum, sink);
     for x in row.iter_mut() {
-        *x = softmax::normalised(*x, sum);
+        *x = finished.output(*x);
     }
-    Ok(softmax::logsumexp(max, sum))
+    Ok(finished.logsumexp())
 }

@@ -353,6 +353,15 @@ pub enum AttentionError {
         /// The cache's capacity, in positions.
         capacity: usize,
     },
+    /// Sink tokens ([`KvCache::with_sink_tokens`](crate::KvCache::with_sink_tokens)) asked of a
+    /// cache that cannot keep them.
+    #[error("a KV cache cannot keep its first {sink_tokens} positions as sink tokens: {why}")]
+    CacheSinkTokens {
+        /// The sink tokens asked for.
+        sink_tokens: usize,
+        /// Why not.
+        why: String,
+    },
     /// A step over a windowed [`KvCache`](crate::KvCache) whose `sliding_window` option is not
     /// the window the cache keeps.
     #[error(

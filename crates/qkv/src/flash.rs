@@ -487,7 +487,8 @@ impl<T: Real, E: Element<Compute = T>> Job<E> for Attend<'_, '_, T, E> {
                         scratch,
                         state,
                     );
-                    state.write(out_block);
+                    let problem = &problems[h];
+                    state.write(out_block, &|r| problem.sink(first + r));
                     measured = measured.combine(state.measured);
                 }
                 measured
@@ -517,15 +518,19 @@ impl<T: Real, E: Element<Compute = T>> Job<E> for Attend<'_, '_, T, E> {
             problems[h].attend_block(kernels, &packed, b * K::QUERY_BLOCK, rows, keys, scratch)
         };
         let mut states = work::map_items(items, parallel, Scratch::default, attend_item).into_iter();
-        for (out_block, splits) in
-            blocks.iter_mut().zip(splits).flat_map(|(b, s)| b.iter_mut().zip(std::iter::repeat(s)))
+        for (h, (b, out_block), splits) in blocks
+            .iter_mut()
+            .zip(splits)
+            .enumerate()
+            .flat_map(|(h, (b, s))| b.iter_mut().enumerate().map(move |block| (h, block, s)))
         {
-            // Merged in split order, the same whichever thread computed each part.
+            // Merged in split order, the same whichever thread computed each part; the sink joins
+            // the merged row.
             let mut merged = states.next().expect("one state per split");
             for part in states.by_ref().take(splits.count - 1) {
                 merged.merge(&part);
             }
-            merged.write(out_block);
+            merged.write(out_block, &|r| problems[h].sink(b * K::QUERY_BLOCK + r));
             measured = measured.combine(merged.measured);
         }
         decoding.then_some(measured)
@@ -660,7 +665,11 @@ impl<T: Real, E: Element<Compute = T>> Job<E> for AttendCached<'_, '_, T, E> {
                 let (first, rows) = (first_row + b * K::QUERY_BLOCK, rows(p, b));
                 let out = ArrayViewMut2::from_shape((rows, d_v), &mut out[first * d_v..(first + rows) * d_v]);
                 let lse = lse.as_deref_mut().map(|lse| ArrayViewMut1::from(&mut lse[first..first + rows]));
-                merged.write(&mut OutBlock { out: OutRows::Computed(out.expect("the rows fit")), lse });
+                // Every part of a problem takes its head's sinks; the merged row takes them once.
+                let masks = problem(p, 0).masks;
+                let sink = |r: usize| masks.sink((b * K::QUERY_BLOCK + r) % rows_per_query);
+                merged
+                    .write(&mut OutBlock { out: OutRows::Computed(out.expect("the rows fit")), lse }, &sink);
                 measured = measured.combine(merged.measured);
             }
             first_row += n_rows(p);
@@ -978,6 +987,11 @@ impl<'p, T: Real, E: Element<Compute = T>> Problem<'p, T, E> {
         row / self.rows_per_query
     }
 
+    /// The attention-sink logit of row `row`: its stacked head's (see [`MaskSet::sink`]).
+    fn sink(&self, row: usize) -> Option<T> {
+        self.masks.sink(row % self.rows_per_query)
+    }
+
     /// The state of queries `first .. first + rows` over the keys in `keys` (whole key blocks
     /// from a block boundary, except at the end).
     fn attend_block<K: Kernels<T, E>>(
@@ -1211,32 +1225,41 @@ impl<T: Real> State<T> {
 
     /// Writes `o / l` into the block's output, rounded once to the output's type, and `m + ln l`
     /// into its logsumexp when asked for; a row with nothing visible (`l = 0`) gets zeros and a
-    /// logsumexp of `-inf`.
-    fn write(&self, block: &mut OutBlock<T>) {
+    /// logsumexp of `-inf`. Row `r` is finished with its attention sink `sink(r)`
+    /// ([`softmax::finish`]): this is where the sink joins the row, once, after every part and key
+    /// split of the row has been merged.
+    fn write(&self, block: &mut OutBlock<T>, sink: &dyn Fn(usize) -> Option<T>) {
+        let finished = |r: usize| softmax::finish(self.m[r], self.l[r], sink(r));
         if let Some(lse) = &mut block.lse {
-            for ((lse, &m), &l) in lse.iter_mut().zip(&self.m).zip(&self.l) {
-                *lse = softmax::logsumexp(m, l);
+            for (r, lse) in lse.iter_mut().enumerate() {
+                *lse = finished(r).logsumexp();
             }
         }
         match &mut block.out {
-            OutRows::Computed(out) => self.write_rows(out, |x| x),
+            OutRows::Computed(out) => self.write_rows(out, &finished, |x| x),
             // Half outputs are made only under an f32 compute type (`Element::out_rows`), where
             // `to_f32` is exact: each element is rounded once, from the f32 result.
             OutRows::Bf16(out) => {
-                self.write_rows(out, |x| half::bf16::from_f32(x.to_f32().unwrap_or(f32::NAN)))
+                self.write_rows(out, &finished, |x| half::bf16::from_f32(x.to_f32().unwrap_or(f32::NAN)))
             }
             OutRows::F16(out) => {
-                self.write_rows(out, |x| half::f16::from_f32(x.to_f32().unwrap_or(f32::NAN)))
+                self.write_rows(out, &finished, |x| half::f16::from_f32(x.to_f32().unwrap_or(f32::NAN)))
             }
         }
     }
 
-    /// `o / l` into `out`, each element stored with `narrow`.
-    fn write_rows<O>(&self, out: &mut ArrayViewMut2<O>, narrow: impl Fn(T) -> O) {
+    /// The finished rows (`finished(r)`, see [`Self::write`]) into `out`, each element stored
+    /// with `narrow`.
+    fn write_rows<O>(
+        &self,
+        out: &mut ArrayViewMut2<O>,
+        finished: &dyn Fn(usize) -> softmax::Finished<T>,
+        narrow: impl Fn(T) -> O,
+    ) {
         for (r, mut out_row) in out.rows_mut().into_iter().enumerate() {
-            let l = self.l[r];
+            let finished = finished(r);
             let o = &self.o[r * self.o_stride..];
-            let divide = |(x, &acc): (&mut O, &T)| *x = narrow(softmax::normalised(acc, l));
+            let divide = |(x, &acc): (&mut O, &T)| *x = narrow(finished.output(acc));
             // A contiguous row as a slice, so that the divisions vectorise.
             match out_row.as_slice_mut() {
                 Some(row) => row.iter_mut().zip(o).for_each(divide),

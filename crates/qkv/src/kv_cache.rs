@@ -325,7 +325,7 @@ impl<E: Storage> KvCache<E> {
             return Err(AttentionError::CacheWindow { window, capacity });
         }
         let cache = KvCache::for_level(shape, level)?;
-        Ok(KvCache { ring: Some(Ring { window, capacity }), ..cache })
+        Ok(KvCache { ring: Some(Ring::new(window, capacity)), ..cache })
     }
 
     /// The sizes the cache was made with.
@@ -361,6 +361,72 @@ impl<E: Storage> KvCache<E> {
     /// ```
     pub fn window(&self) -> Option<usize> {
         self.ring.map(|ring| ring.window)
+    }
+
+    /// This windowed cache keeping its first `sink_tokens` positions for good (StreamingLLM's
+    /// attention sinks): each query then sees those positions (up to its own) and the last
+    /// `window` up to its own, and nothing between. The sink tokens take slots of their own
+    /// before the ring's, `sink_tokens` rounded up to whole key panels of the cache's level
+    /// ([`PagedKvCache::block_granularity`](crate::PagedKvCache::block_granularity): 8 or 16
+    /// slots, say), and the ring the rest of the capacity, which must still hold the window: a
+    /// step of `n_q` queries needs `capacity >= that rounding + window + n_q - 1`. Positions, for
+    /// rotary embeddings too, stay absolute. Steps equal
+    /// [`multi_head_attention`](crate::multi_head_attention) over the whole history with a
+    /// bottom-right causal mask and a keep mask of `j < sink_tokens || j > i - window` (query
+    /// position `i`, key position `j`), within rounding. Such a cache takes no keep mask option.
+    ///
+    /// Fails ([`AttentionError::CacheSinkTokens`]) on a cache without a window, one that already
+    /// holds positions, or one whose ring would no longer hold its window.
+    ///
+    /// ```
+    /// use ndarray::Array3;
+    /// use qkv::{CacheShape, KvCache};
+    /// // Keep the first position, and a window of 4 positions; the baseline level's key panel of
+    /// // 8 slots for the sink token.
+    /// let shape = CacheShape::new(1, 1, 20, 2, 1);
+    /// let level = qkv::SimdLevel::Baseline;
+    /// let mut cache = KvCache::<f32>::with_window_for_level(shape, 4, level)?.with_sink_tokens(1)?;
+    /// let mut layer = cache.layer(0)?;
+    /// for position in 0..100 {
+    ///     let (k, v) = (Array3::zeros((1, 1, 2)), Array3::from_elem((1, 1, 1), position as f32));
+    ///     layer.append(k.view(), v.view())?;
+    ///     let out = layer.attend(Array3::<f32>::zeros((1, 1, 2)).view())?;
+    ///     // Equal scores: the mean of position 0's value and the last 4 positions' (position 0
+    ///     // once, while it is in the window too).
+    ///     let window: Vec<usize> = (position.max(3) - 3..=position).filter(|&p| p > 0).collect();
+    ///     let mean = window.iter().sum::<usize>() as f32 / (window.len() + 1) as f32;
+    ///     assert!((out[[0, 0, 0]] - mean).abs() < 1e-5);
+    /// }
+    /// # Ok::<(), qkv::AttentionError>(())
+    /// ```
+    pub fn with_sink_tokens(mut self, sink_tokens: usize) -> Result<Self, AttentionError> {
+        let refuse = |why: String| Err(AttentionError::CacheSinkTokens { sink_tokens, why });
+        let Some(ring) = self.ring else {
+            return refuse(
+                "it has no window (KvCache::with_window), and it keeps every position anyway".into(),
+            );
+        };
+        if self.layers.iter().any(|layer| layer.len > 0) {
+            return refuse("it already holds positions".into());
+        }
+        let capacity = self.shape.capacity;
+        let first_slot =
+            sink_tokens.checked_next_multiple_of(self.layout.key_panel).filter(|&f| f <= capacity);
+        let Some(first_slot) = first_slot.filter(|&f| capacity - f >= ring.window) else {
+            return refuse(format!(
+                "they take {sink_tokens} slots rounded up to whole key panels of {}, and the window of {} \
+                 positions must still fit the capacity of {capacity}",
+                self.layout.key_panel, ring.window
+            ));
+        };
+        self.ring = Some(Ring { capacity: capacity - first_slot, sink_tokens, first_slot, ..ring });
+        Ok(self)
+    }
+
+    /// How many of its first positions a windowed cache keeps as sink tokens
+    /// ([`with_sink_tokens`](Self::with_sink_tokens)); 0 for every other cache.
+    pub fn sink_tokens(&self) -> usize {
+        self.ring.map_or(0, |ring| ring.sink_tokens)
     }
 
     /// Layer `layer`, to append to and attend over. Fails if there is no such layer.
@@ -461,14 +527,8 @@ impl<E: Storage> KvCache<E> {
             return refuse("truncation only removes positions");
         }
         if let Some(ring) = self.ring {
-            // The next position's window reaches back to `len + 1 - window`; a layer that has
-            // appended `n` positions holds them from `n - capacity` on.
-            let needed = (len + 1).saturating_sub(ring.window);
-            if self
-                .layers
-                .iter()
-                .any(|layer| layer.len > len && layer.len.saturating_sub(ring.capacity) > needed)
-            {
+            // The next position's window reaches back to `len + 1 - window`.
+            if self.layers.iter().any(|layer| layer.len > len && !ring.holds_window_of(layer.len, len)) {
                 return refuse("the ring has written over positions the window of the next one needs");
             }
         }
@@ -586,11 +646,13 @@ impl<E: Storage> CacheLayer<'_, E> {
         let (k, keys) = stored_keys(self.cache.rotary.as_ref(), k, len)?;
         let k = k.view();
         let CachedLayout { key_panel, value_stride } = self.cache.layout;
-        // A ring would overwrite the positions before the last `capacity` within this append.
-        let overwritten = if ring.is_some() { n_new.saturating_sub(capacity) } else { 0 };
         let store = &mut self.cache.layers[self.index];
         for (head, (k, v)) in store.heads.iter_mut().zip(k.outer_iter().zip(v.outer_iter())) {
-            for (j, (key, value)) in k.outer_iter().zip(v.outer_iter()).enumerate().skip(overwritten) {
+            for (j, (key, value)) in k.outer_iter().zip(v.outer_iter()).enumerate() {
+                // A ring would overwrite the positions before the last `capacity` within this append.
+                if ring.is_some_and(|ring| ring.overwritten(len + j, len + n_new)) {
+                    continue;
+                }
                 let slot = ring.map_or(len + j, |ring| ring.slot(len + j));
                 let panel = &mut head.panels[slot / key_panel * key_panel * key_dim..][..key_panel * key_dim];
                 kernels::write_key_lane(key, slot % key_panel, key_panel, panel);
@@ -832,16 +894,23 @@ impl<E: Storage> CacheLayer<'_, E> {
         let StepBuffers { step: buffers, keep_by_slot } = step;
         // A plain cache is one problem over the positions held. A ring is one part per run of
         // slots, each placing its slots among keys of its own, with the ring's window, and the
-        // keep mask's columns moved to the slots (see `ring.rs`).
-        let (dense, runs, lengths, by_slot, ring_options);
+        // keep mask's columns moved to the slots (see `ring.rs`); its sink tokens, if it keeps
+        // any, are a third part, at their own positions under the causal mask alone.
+        let (dense, runs, lengths, by_slot, ring_options, sink_length, sink_options);
         let heads = match ring {
             None => {
                 dense = options.dense();
                 let whole = dense.resolve_heads(&shape, Some((1, query_heads)))?;
-                // One part: the second entry is never read.
-                [whole, whole]
+                // One part: the other entries are never read.
+                [whole, whole, whole]
             }
             Some(ring) => {
+                if ring.sink_tokens > 0 && options.keep.is_some() {
+                    return Err(AttentionError::CacheOption {
+                        option: "keep_mask",
+                        why: "a cache that keeps sink tokens places them apart from its ring",
+                    });
+                }
                 runs = ring.runs(len);
                 lengths = runs.map(|run| [run.key_length]);
                 by_slot =
@@ -858,10 +927,21 @@ impl<E: Storage> CacheLayer<'_, E> {
                     let shape = Shape { n_keys: runs[part].n_keys, ..shape };
                     ring_options[part].resolve_heads(&shape, Some((1, query_heads)))
                 };
-                [run(0)?, run(1)?]
+                // The sink tokens' key `j` is position `j`, among keys as many as the positions
+                // appended, so that the bottom-right causal mask places the queries where they are.
+                sink_length = [len.min(ring.sink_tokens)];
+                sink_options =
+                    CacheOptions { window: None, keep: None, ..options.dense() }.key_lengths(&sink_length);
+                let sinks =
+                    sink_options.resolve_heads(&Shape { n_keys: len, ..shape }, Some((1, query_heads)))?;
+                [run(0)?, run(1)?, sinks]
             }
         };
-        let parts = if ring.is_some() { 2 } else { 1 };
+        let parts = match ring {
+            None => 1,
+            Some(ring) if ring.sink_tokens == 0 => 2,
+            Some(_) => 3,
+        };
         if n_queries == 0 {
             return Ok(());
         }
@@ -873,10 +953,21 @@ impl<E: Storage> CacheLayer<'_, E> {
             return Err(AttentionError::CacheOverflow { layer: self.index });
         }
         let value_stride = layout.value_stride;
-        let keys = |_: usize, kv: usize| {
+        // The slots each part reads, and as many keys as the largest part's: a ring's from its
+        // first slot on, its sink tokens' from slot 0.
+        let (ring_slots, sink_slots) = match ring {
+            None => (0..held, 0..0),
+            Some(ring) => {
+                let ring_held = ring.ring_len(len).min(ring.capacity);
+                (ring.first_slot..ring.first_slot + ring_held, 0..len.min(ring.sink_tokens))
+            }
+        };
+        let problem_keys = ring_slots.len().max(sink_slots.len());
+        let keys = |_: usize, part: usize, kv: usize| {
+            let slots = if part == 2 { sink_slots.clone() } else { ring_slots.clone() };
             StoredKeys::Contiguous(CachedKeys {
-                panels: &store.heads[kv].panels,
-                values: &store.heads[kv].values[..held * value_stride],
+                panels: &store.heads[kv].panels[slots.start * key_dim..],
+                values: &store.heads[kv].values[slots.start * value_stride..slots.end * value_stride],
                 value_stride,
             })
         };
@@ -888,7 +979,7 @@ impl<E: Storage> CacheLayer<'_, E> {
             value_dim,
             members: 1,
             member: &|_| (0, 0..n_queries),
-            n_keys: &|_| held,
+            n_keys: &|_| problem_keys,
             keys: &keys,
             parts,
             masks: &|_, part, head| heads[part].head(0, head),

@@ -5,7 +5,8 @@
 //! embeddings ([`Projections`]); causal, sliding-window, boolean, padding, key-length, additive
 //! and ALiBi masks, per sequence or per head ([`AttentionOptions`]); each row's logsumexp and the
 //! exact merge of results over disjoint keys ([`attention_with_lse`], [`PartialAttention::merge`]);
-//! logit soft-capping ([`AttentionOptions::logit_softcap`]); a KV cache for decoding ([`KvCache`],
+//! logit soft-capping ([`AttentionOptions::logit_softcap`]); attention sinks, one logit per query
+//! head with its gradient ([`AttentionOptions::sinks`]); a KV cache for decoding ([`KvCache`],
 //! f32, bf16 or f16 storage under f32 queries) whose steps take the same options
 //! ([`CacheOptions`]) and allocate nothing once warm; bf16 and f16 inputs for one head or many
 //! ([`attention_half`], [`multi_head_attention_half`]) and bf16 or f16 outputs on request (their
@@ -18,7 +19,8 @@
 //! [`matrix_mut`] and [`tensor_mut`] let the `_into` functions write into them.
 //!
 //! For inference, [`KvCache`] holds one sequence's keys and values packed for the kernels (or,
-//! made [`with_window`](KvCache::with_window), a ring buffer of a sliding window's), and
+//! made [`with_window`](KvCache::with_window), a ring buffer of a sliding window's, which can
+//! keep its first positions as sink tokens, [`with_sink_tokens`](KvCache::with_sink_tokens)), and
 //! [`PagedKvCache`] many sequences in fixed-size blocks of one pool (fork with copy on write,
 //! truncate, evict what a sliding window left behind, free), attending with a whole ragged batch's new queries in one call; a warm
 //! batched decoding step allocates nothing. [`varlen_attention`] runs a packed batch of

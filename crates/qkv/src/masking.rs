@@ -78,6 +78,19 @@ impl<'a, T: Real> AttentionOptions<'a, T> {
             let steepest = alibi.slopes.iter().fold(0.0_f64, |m, s| m.max(s.to_f64_exact().abs()));
             bias_magnitude += steepest * (shape.n_queries + shape.n_keys) as f64;
         }
+        if let Some(sinks) = self.sinks {
+            if sinks.len() != n_heads {
+                return Err(layout.mismatch("sinks", sinks.len(), "one logit per query head", n_heads));
+            }
+            // -inf is a head without a sink.
+            if let Some((h, s)) = sinks.iter().enumerate().find(|(_, s)| s.is_nan() || **s == T::infinity()) {
+                return Err(AttentionError::NonFinite {
+                    argument: "sinks",
+                    index: Dims(vec![h]),
+                    value: s.to_f64_exact(),
+                });
+            }
+        }
         let scale = match self.scale {
             Some(s) if !s.is_finite() => {
                 return Err(AttentionError::InvalidScale { value: s.to_f64_exact() });
@@ -235,6 +248,7 @@ impl<'a, T: Real> HeadMasks<'_, 'a, T> {
                 let b = if a.slopes.nrows() == 1 { 0 } else { b };
                 Slope { slope: a.slopes[[b, h]].to_f64_exact(), align: a.align, symmetric: a.symmetric }
             }),
+            sinks: o.sinks.map(|sinks| &sinks[h..]),
             scale: self.scale,
             softcap: self.softcap,
             bias_magnitude: self.bias_magnitude,
@@ -275,6 +289,9 @@ pub(crate) struct MaskSet<'a, T> {
     alibi: Option<Slope>,
     /// The logit soft-cap: scores become `cap · tanh(s / cap)` before anything is added or hidden.
     softcap: Option<f64>,
+    /// The attention-sink logits of this query head and of the heads after it (the query heads
+    /// stacked on one key/value head follow one another): see [`Self::sink`].
+    sinks: Option<&'a [T]>,
     /// The score multiplier, in f64; paths narrow it to their element type.
     pub(crate) scale: f64,
     /// The largest finite `|bias|` (0 without a bias), for bounding the scores.
@@ -282,6 +299,13 @@ pub(crate) struct MaskSet<'a, T> {
 }
 
 impl<T: Real> MaskSet<'_, T> {
+    /// The attention-sink logit of the query head `stacked` heads after this one (0 for this
+    /// head's own): the row of a stacked group (grouped-query attention) knows its head, so a sink
+    /// per head does not stop the heads of a group from running as the rows of one problem.
+    pub(crate) fn sink(&self, stacked: usize) -> Option<T> {
+        self.sinks.map(|sinks| sinks[stacked])
+    }
+
     /// Whether only the scale applies (no mask, no bias), so a path may skip [`Self::apply_row`].
     pub(crate) fn is_unmasked(&self) -> bool {
         !self.has_elementwise_masks()

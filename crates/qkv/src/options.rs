@@ -10,7 +10,8 @@ use crate::mask::{AdditiveBias, Alibi, CausalMask, KeepMask, KeyPadding, Sliding
 /// every mask keeps it.
 ///
 /// A query whose keys are all hidden gets all-zero weights and a zero output (never NaN): it has
-/// nothing to attend to, and zero is what a sum over no values is. Its logsumexp is `-inf`.
+/// nothing to attend to, and zero is what a sum over no values is. Its logsumexp is `-inf` (with
+/// an attention sink, [`Self::sinks`], the sink's logit).
 ///
 /// A key that no query sees (hidden from every query by the boolean masks, key lengths, the
 /// causal mask or window, or a `-inf` bias) is never used, so its key and value rows may hold
@@ -33,6 +34,8 @@ pub struct AttentionOptions<'a, T> {
     pub(crate) bias: Option<AdditiveBias<'a, T>>,
     pub(crate) alibi: Option<Alibi<'a, T>>,
     pub(crate) softcap: Option<T>,
+    /// One attention-sink logit per query head.
+    pub(crate) sinks: Option<&'a [T]>,
     pub(crate) simd: Option<SimdLevel>,
 }
 
@@ -48,6 +51,7 @@ impl<T> Default for AttentionOptions<'_, T> {
             bias: None,
             alibi: None,
             softcap: None,
+            sinks: None,
             simd: None,
         }
     }
@@ -140,6 +144,40 @@ impl<'a, T: Real> AttentionOptions<'a, T> {
         self
     }
 
+    /// Attention sinks (gpt-oss; StreamingLLM's learned form): one logit `s_h` per query head (one
+    /// for single-head [`attention`](crate::attention)) that joins every row's softmax as one more
+    /// key with no value. Row `i`'s weights become `exp(S_ij) / (exp(s_h) + Σ_k exp(S_ik))`, so they
+    /// sum to less than one and the output is `Σ_j P_ij · v_j`; its logsumexp is
+    /// `ln(exp(s_h) + Σ_k exp(S_ik))`. A row that sees no key has output 0 (the sink takes every
+    /// weight) and logsumexp `s_h`. The sink counts once per row whatever the path: key splits,
+    /// a ring cache's two runs and paged blocks are merged first, and the sink joins the merged
+    /// row once, where it is finished.
+    ///
+    /// Each logit is finite or `-inf` (no sink for that head: the same bits as without the option);
+    /// NaN or `+inf` is [`AttentionError::NonFinite`](crate::AttentionError::NonFinite), a length
+    /// other than the number of query heads [`AttentionError::MaskShape`](crate::AttentionError::MaskShape).
+    /// The backward returns their gradient ([`Gradients::dsinks`](crate::Gradients::dsinks)).
+    ///
+    /// [`PartialAttention::merge`](crate::PartialAttention::merge) adds parts up, and a part's
+    /// logsumexp includes its sink: when the keys are split into parts, pass the sinks to the
+    /// call of one part only (a part that sees no key then carries the sink alone: output 0,
+    /// logsumexp `s_h`).
+    ///
+    /// ```
+    /// let q = ndarray::array![[0.0_f64]];
+    /// let kv = ndarray::array![[1.0], [1.0]];
+    /// let options = qkv::AttentionOptions::new().sinks(&[0.0]);
+    /// let r = qkv::attention_with_lse(q.view(), kv.view(), kv.view(), &options)?;
+    /// // Two keys with score 0 and a sink of 0: each key weighs 1/3.
+    /// assert!((r.output[[0, 0]] - 2.0 / 3.0).abs() < 1e-12);
+    /// assert!((r.logsumexp[0] - 3f64.ln()).abs() < 1e-12);
+    /// # Ok::<(), qkv::AttentionError>(())
+    /// ```
+    pub fn sinks(mut self, sinks: &'a [T]) -> Self {
+        self.sinks = Some(sinks);
+        self
+    }
+
     /// Runs the fast path's kernels at `level` instead of the dispatched one ([`SimdLevel::dispatched`]):
     /// for tests that cover every level, and for reproducing another machine's rounding. A level
     /// this CPU does not run makes the call fail with [`AttentionError::UnsupportedSimdLevel`](crate::AttentionError::UnsupportedSimdLevel).
@@ -165,7 +203,8 @@ impl<T> AttentionOptions<'_, T> {
 /// [`PagedLayer::attend_with`](crate::PagedLayer::attend_with)): [`AttentionOptions`] in f32,
 /// the one declaration of every option. A cache step is causal, its queries the last positions
 /// held (aligned bottom-right), and its key lengths are what each sequence holds; of the options
-/// it takes a scale, a sliding window, ALiBi, logit soft-capping and a keep mask (`[n_q, held]`:
+/// it takes a scale, a sliding window, ALiBi, logit soft-capping, attention sinks (one per query
+/// head) and a keep mask (`[n_q, held]`:
 /// the new queries over every position held, oldest first, their own included). A causal mask
 /// other than bottom-right, key padding, key lengths, a bias or a SIMD level are the cache's to
 /// decide, and asking for them is an error ([`AttentionError::CacheOption`]).

@@ -961,7 +961,7 @@ impl<E: Storage> PagedLayer<'_, E> {
         let first_heads = sequence_masks(options, &members[0]);
         let first_heads = first_heads.resolve_heads(&shape_of(&members[0]), Some((1, query_heads)))?;
         let (storage, slots) = (&**storage, &*slots);
-        let keys = |m: usize, kv: usize| {
+        let keys = |m: usize, _: usize, kv: usize| {
             let sequence = slots[members[m].slot].sequence.as_ref().expect("a member's sequence was checked");
             StoredKeys::Paged(PagedKeys {
                 storage,

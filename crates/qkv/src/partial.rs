@@ -14,7 +14,9 @@ use crate::softmax;
 ///
 /// The logsumexp is in the scaled-score domain, natural log: `lse_i = ln Σ_j exp(S_ij)` with `S`
 /// the scaled scores including any bias (what `torch.logsumexp(scores, dim=-1)` gives), over the
-/// keys the row sees. A row that sees no key has output 0 and logsumexp `-inf`.
+/// keys the row sees. A row that sees no key has output 0 and logsumexp `-inf`. With attention
+/// sinks ([`AttentionOptions::sinks`](crate::AttentionOptions::sinks)) the sum also holds
+/// `exp(s_h)`, as a key with no value would: a row that sees no key then has logsumexp `s_h`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PartialAttention<T, D: Dimension = Ix2> {
     /// The output `O = softmax(S) · V` over the keys this part covers.
@@ -31,6 +33,11 @@ impl<T: Real, D: Dimension> PartialAttention<T, D> {
     /// Both parts need the same shapes, and values attention can produce: a logsumexp that is
     /// NaN or `+inf`, or an output element that is not finite, is an error naming it (the
     /// weighted sum would spread it over the merged row).
+    ///
+    /// A part computed with attention sinks holds them in its logsumexp, and the merge adds the
+    /// parts up, so a sink given to two parts' calls counts twice: give the sinks to one part's
+    /// call only (a part is the sink alone where it sees no key; the engine's own key splits and
+    /// cache parts add the sink once, after merging).
     ///
     /// ```
     /// use ndarray::{array, s};

@@ -37,15 +37,21 @@ pub struct QueryTrace {
     pub scores: Vec<f64>,
     /// `false` where a mask hides the key from this query.
     pub kept: Vec<bool>,
-    /// The largest visible score, subtracted before exponentiating; `None` if every key is hidden.
+    /// The attention sink's logit ([`AttentionOptions::sinks`]), if the options carry one that
+    /// is not `-inf`: one more key in the softmax, with no value.
+    pub sink: Option<f64>,
+    /// The largest visible score, or the sink's logit if that is larger, subtracted before
+    /// exponentiating; `None` if every key is hidden and there is no sink.
     pub max: Option<f64>,
     /// `s_i - max`; `-inf` where hidden.
     pub shifted: Vec<f64>,
     /// `exp(s_i - max)`; `0` where hidden.
     pub exponentials: Vec<f64>,
-    /// The sum of the exponentials (`0` if every key is hidden).
+    /// The sum of the exponentials, and `exp(sink - max)` with a sink (`0` if every key is hidden
+    /// and there is no sink).
     pub sum: f64,
-    /// Attention weights `a_i = exp(s_i - max) / sum`; all `0` if every key is hidden.
+    /// Attention weights `a_i = exp(s_i - max) / sum`; all `0` if every key is hidden. With a sink
+    /// they sum to `1 - exp(sink - max) / sum`.
     pub weights: Vec<f64>,
     /// The weighted terms `a_i · v_i`, one row per key.
     pub weighted_values: Vec<Vec<f64>>,
@@ -54,8 +60,9 @@ pub struct QueryTrace {
 }
 
 impl QueryTrace {
-    /// The row's logsumexp `max + ln(sum) = ln Σ_i exp(s_i)` over the visible keys, in the
-    /// scaled-score domain; `-inf` if every key is hidden.
+    /// The row's logsumexp `max + ln(sum) = ln Σ_i exp(s_i)` over the visible keys (and
+    /// `exp(sink)`), in the scaled-score domain; `-inf` if every key is hidden and there is no
+    /// sink, the sink's logit if every key is hidden.
     ///
     /// ```
     /// let k = ndarray::array![[1.0_f64, 0.0], [0.0, 1.0]];
@@ -249,10 +256,13 @@ fn trace_row<T: Real>(
     let (query, dot_products, scores) = row_scores(q, k, i, masks);
     let scale = masks.scale;
     let kept: Vec<bool> = scores.iter().map(|s| *s != f64::NEG_INFINITY).collect();
-    let max = largest_visible(&scores);
+    // The sink is one more key in the softmax, with no value.
+    let sink = masks.sink(0).map(|s| s.to_f64_exact()).filter(|&s| s != f64::NEG_INFINITY);
+    let max = largest_visible(&scores).into_iter().chain(sink).reduce(f64::max);
     let shifted: Vec<f64> = scores.iter().map(|s| s - max.unwrap_or(0.0)).collect();
     let exponentials: Vec<f64> = shifted.iter().map(|s| s.exp()).collect();
-    let sum: f64 = exponentials.iter().sum();
+    let sink_term = sink.zip(max).map_or(0.0, |(s, m)| (s - m).exp());
+    let sum: f64 = exponentials.iter().sum::<f64>() + sink_term;
     let weights: Vec<f64> = exponentials.iter().map(|&e| softmax::normalised(e, sum)).collect();
     let weighted_values: Vec<Vec<f64>> = weights
         .iter()
@@ -266,6 +276,7 @@ fn trace_row<T: Real>(
         scale,
         scores,
         kept,
+        sink,
         max,
         shifted,
         exponentials,

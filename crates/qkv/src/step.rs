@@ -54,7 +54,8 @@ impl<T: Real> Default for StepBuffers<T> {
 
 /// One step's problems: `members` sequences, member `m` being batch element `member(m).0` of
 /// the queries `q` (`[batch, query_heads, n, d_k]`), its queries `member(m).1` there, over
-/// `n_keys(m)` stored keys. Member `m`'s key/value head `kv` reads `keys(m, kv)`; its query head
+/// `n_keys(m)` stored keys. Member `m`'s key/value head `kv` reads `keys(m, part, kv)` in part
+/// `part` (a windowed cache's sink tokens are stored apart from its ring); its query head
 /// `h` takes `masks(m, part, h)` over part `part < parts` of those keys (see
 /// [`flash::CachedCall`]).
 pub(crate) struct Step<'c, 'p, T: Real, E, Q> {
@@ -65,7 +66,7 @@ pub(crate) struct Step<'c, 'p, T: Real, E, Q> {
     pub(crate) members: usize,
     pub(crate) member: &'c (dyn Fn(usize) -> (usize, Range<usize>) + Sync),
     pub(crate) n_keys: &'c (dyn Fn(usize) -> usize + Sync),
-    pub(crate) keys: &'c (dyn Fn(usize, usize) -> StoredKeys<'p, E> + Sync),
+    pub(crate) keys: &'c (dyn Fn(usize, usize, usize) -> StoredKeys<'p, E> + Sync),
     pub(crate) parts: usize,
     pub(crate) masks: &'c (dyn Fn(usize, usize, usize) -> MaskSet<'p, T> + Sync),
     /// Whether query heads take masks of their own (ALiBi, per-head masks or biases), so that
@@ -146,7 +147,7 @@ pub(crate) fn attend<T: Real, E: Element<Compute = T>, Q: Element<Compute = T>, 
         CachedProblem {
             q: ArrayView2::from_shape((rows, key_dim), &stacked[first * key_dim..(first + rows) * key_dim])
                 .expect("the rows fit"),
-            kv: keys(m, j * stack / group),
+            kv: keys(m, part, j * stack / group),
             masks: masks(m, part, j * stack),
         }
     };
@@ -185,7 +186,8 @@ pub(crate) struct OptionShape {
 }
 
 /// Checks that `options` are a cache step's (see [`CacheOptions`]): no option that the cache
-/// decides itself, a keep mask of `[n_queries, n_keys]` and one ALiBi slope per query head. The
+/// decides itself, a keep mask of `[n_queries, n_keys]`, one ALiBi slope and one attention sink
+/// per query head. The
 /// values (scale, cap, slopes) are checked when the options are resolved. `level` is the level
 /// the cache runs at.
 pub(crate) fn check_cache_options(
@@ -227,6 +229,16 @@ pub(crate) fn check_cache_options(
             found: alibi.given.dims(),
             expected: Dims(vec![query_heads]).to_string(),
             why: "one slope per query head",
+        }));
+    }
+    if let Some(sinks) = options.sinks
+        && sinks.len() != query_heads
+    {
+        return Ok(Err(OptionShape {
+            argument: "sinks",
+            found: Dims(vec![sinks.len()]),
+            expected: Dims(vec![query_heads]).to_string(),
+            why: "one attention-sink logit per query head",
         }));
     }
     Ok(Ok(()))

@@ -200,7 +200,7 @@ fn attend<T: Real>(
         let (i, member) = &members[m];
         resolve(member).expect("resolved when the batch was checked").head(*i, head)
     };
-    let keys = |m: usize, kv: usize| {
+    let keys = |m: usize, _: usize, kv: usize| {
         let rows = members[m].1.keys.clone();
         StoredKeys::Rows { k: k.slice_move(s![kv, rows.clone(), ..]), v: v.slice_move(s![kv, rows, ..]) }
     };

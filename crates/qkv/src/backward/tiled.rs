@@ -5,7 +5,8 @@
 //! `S = Q·Kᵀ · scale` from the same packed panels and score kernel, the same masking
 //! (`flash::mask_tile`, `flash::BlockKeys` for the tiles every row skips), then `P = exp(S - lse)`,
 //! `dP = dO·Vᵀ` (the score kernel again, on `dO` and the value panels) and
-//! `dS = P ∘ (dP - δ)` with `δ = rowsum(dO ∘ O)`. Under a soft-cap, `dS` is multiplied by the
+//! `dS = P ∘ (dP - δ)` with `δ = rowsum(dO ∘ O)`. An attention sink is in the saved logsumexp, so
+//! `P` is right as it stands; its own gradient is `-Σ_i exp(s - lse_i) · δ_i`. Under a soft-cap, `dS` is multiplied by the
 //! cap's derivative at the raw scores (`MaskSet::softcap_derivative`) after `dBias = dS` is
 //! written and before it reaches `dQ` and `dK`.
 //!
@@ -31,6 +32,7 @@ use crate::kernels::{
 };
 use crate::masking::MaskSet;
 use crate::shape::{Magnitudes, Shape};
+use crate::softmax;
 use crate::work;
 
 /// Whether no intermediate of the backward can overflow `T`: the forward's bound on the scores
@@ -73,13 +75,15 @@ pub(crate) struct KvHead<'a, 'out, T> {
 
 /// The gradients of every head of a checked problem of shape `shape`, with the kernels of `isa`.
 /// Each query head names its key/value head; the work items of all heads are shared out together.
+/// Returns each query head's attention-sink gradient `-Σ_i exp(s - lse_i) · δ_i`, in f64 (0
+/// without a sink), in the order of `queries`.
 pub(crate) fn backward<'a, 'out, T: Real>(
     isa: Isa,
     shape: &Shape,
     queries: Vec<QueryHead<'a, 'out, T>>,
     kv: Vec<KvHead<'a, 'out, T>>,
-) {
-    isa.run(Backward { shape: *shape, queries, kv });
+) -> Vec<f64> {
+    isa.run(Backward { shape: *shape, queries, kv })
 }
 
 /// One call's operands, waiting for its kernels.
@@ -190,28 +194,35 @@ struct Operands<'a, T: Real> {
 }
 
 impl<T: Real> Job<T> for Backward<'_, '_, T> {
-    type Output = ();
+    type Output = Vec<f64>;
 
-    fn run<K: Kernels<T>>(self, kernels: K) {
+    fn run<K: Kernels<T>>(self, kernels: K) -> Vec<f64> {
         let Backward { shape, queries, kv } = self;
         let key_stride = shape.key_dim.div_ceil(K::LANES) * K::LANES;
         let value_stride = shape.value_dim.div_ceil(K::LANES) * K::LANES;
         let mut query_outputs = Vec::with_capacity(queries.len());
+        let mut sink_gradients = Vec::with_capacity(queries.len());
         let query_operands = queries
             .into_iter()
             .map(|head| {
                 let QueryHead { q, output, logsumexp, d_output, masks, kv, dq, dbias } = head;
                 query_outputs.push((dq, dbias));
+                // The sink has no value, so its weight's gradient is `P_sink · (0 - δ)` per row.
+                let sink = masks.sink(0).map(T::to_f64_exact);
+                let mut sink_gradient = 0.0;
                 let delta = output
                     .rows()
                     .into_iter()
                     .zip(d_output.rows())
-                    .map(|(o, d_o)| {
+                    .zip(logsumexp)
+                    .map(|((o, d_o), lse)| {
                         let dot: f64 =
                             o.iter().zip(d_o).map(|(a, b)| a.to_f64_exact() * b.to_f64_exact()).sum();
+                        sink_gradient -= softmax::sink_weight(sink, lse.to_f64_exact()) * dot;
                         T::from_f64_round(dot)
                     })
                     .collect();
+                sink_gradients.push(sink_gradient);
                 QueryOperands {
                     masks,
                     kv,
@@ -242,6 +253,7 @@ impl<T: Real> Job<T> for Backward<'_, '_, T> {
         let flops = 2.5 * shape.flops() * operands.queries.len() as f64;
         let parallel = work::worth_sharing(flops, false, K::LANES);
         operands.run(kernels, key_outputs, query_outputs, parallel);
+        sink_gradients
     }
 }
 

@@ -8,17 +8,28 @@
 //! keys of its own so that the bottom-right causal mask, the window and ALiBi, all of which see
 //! only distances, measure the distance between absolute positions. The softmax does not care
 //! in which order the keys come; the masks do, and this is how they learn the positions.
+//!
+//! A ring that keeps its first `k` positions as sink tokens (StreamingLLM,
+//! [`KvCache::with_sink_tokens`](super::KvCache::with_sink_tokens)) holds them in slots `0 .. k`
+//! for good, and its ring proper from slot `first_slot` (`k` rounded up to whole key panels, so
+//! that the ring's keys are panels of their own) on: position `p >= k` lives in slot
+//! `first_slot + (p - k) % capacity`. The sink tokens are a third part of the step's problem,
+//! keys `0 .. k` at their own positions under the causal mask alone; the ring's runs are those
+//! of the positions from `k` on, so no position is in two parts.
 
 use ndarray::ArrayView2;
 
 use crate::mask::SlidingWindow;
 
 /// A windowed layer's ring of `capacity` slots, each query seeing the last `window` positions
-/// up to its own (`capacity >= window`, both positive).
+/// up to its own (`capacity >= window`, both positive), and the first `sink_tokens` positions,
+/// kept in slots of their own before the ring's, which starts at slot `first_slot`.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Ring {
     pub(crate) window: usize,
     pub(crate) capacity: usize,
+    pub(crate) sink_tokens: usize,
+    pub(crate) first_slot: usize,
 }
 
 /// One run of slots as a part of a step's problem: `n_keys` keys whose key `j` is slot `j`, the
@@ -32,14 +43,41 @@ pub(crate) struct Run {
 }
 
 impl Ring {
-    /// The slot that holds position `position`.
-    pub(crate) fn slot(self, position: usize) -> usize {
-        position % self.capacity
+    /// A ring of `capacity` slots and no sink tokens.
+    pub(crate) fn new(window: usize, capacity: usize) -> Ring {
+        Ring { window, capacity, sink_tokens: 0, first_slot: 0 }
     }
 
-    /// Positions held after `len` were appended.
+    /// The slot that holds position `position`.
+    pub(crate) fn slot(self, position: usize) -> usize {
+        match position.checked_sub(self.sink_tokens) {
+            Some(in_ring) => self.first_slot + in_ring % self.capacity,
+            None => position,
+        }
+    }
+
+    /// Of `len` positions appended, those that went to the ring (the sink tokens' excepted).
+    pub(crate) fn ring_len(self, len: usize) -> usize {
+        len.saturating_sub(self.sink_tokens)
+    }
+
+    /// Positions held after `len` were appended: the sink tokens and the ring's.
     pub(crate) fn held(self, len: usize) -> usize {
-        len.min(self.capacity)
+        len.min(self.sink_tokens) + self.ring_len(len).min(self.capacity)
+    }
+
+    /// Whether position `position` of an append that ends at position `end` (exclusive) is
+    /// written over by a later position of the same append.
+    pub(crate) fn overwritten(self, position: usize, end: usize) -> bool {
+        position >= self.sink_tokens && end - position > self.capacity
+    }
+
+    /// Whether a layer that appended `len` positions still holds every position the window of
+    /// position `next` needs (the sink tokens are never written over).
+    pub(crate) fn holds_window_of(self, len: usize, next: usize) -> bool {
+        let first_held = self.sink_tokens + self.ring_len(len).saturating_sub(self.capacity);
+        let needed = (next + 1).saturating_sub(self.window).max(self.sink_tokens);
+        first_held <= needed
     }
 
     /// The most queries one step may have: the window of the first of them and the step's own
@@ -62,6 +100,7 @@ impl Ring {
     /// `len - n_q - window + 1 >= len - capacity` when `n_q <= largest_step`, which is slot
     /// `head` of that run.
     pub(crate) fn runs(self, len: usize) -> [Run; 2] {
+        let len = self.ring_len(len);
         let head = len % self.capacity;
         let older = if len >= self.capacity { self.capacity } else { head };
         [Run { n_keys: head + self.capacity, key_length: older }, Run { n_keys: head, key_length: head }]
@@ -78,6 +117,7 @@ impl Ring {
         keep: ArrayView2<bool>,
         buffer: &'b mut Vec<bool>,
     ) -> ArrayView2<'b, bool> {
+        debug_assert_eq!(self.sink_tokens, 0, "a ring with sink tokens takes no keep mask");
         let (head, held) = (len % self.capacity, self.held(len));
         let wrapped = len >= self.capacity;
         let (n_queries, width) = (keep.nrows(), head + self.capacity);

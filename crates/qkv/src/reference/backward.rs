@@ -1,7 +1,7 @@
 //! The reference backward of scaled dot-product attention: the gradients of the inputs from the
 //! gradient of the output, in f64, one formula per line as the textbook writes them.
 
-use ndarray::{Array2, ArrayView2, Axis};
+use ndarray::{Array1, Array2, ArrayView2, Axis};
 
 use super::trace_row;
 use crate::backward::{Gradients, check_d_output};
@@ -18,6 +18,9 @@ use crate::shape::Shape;
 /// - `dP = dO · Vᵀ`
 /// - `dS = P ∘ (dP − rowsum(dO ∘ O))` (the softmax's backward, row by row)
 /// - `dQ = dS · K · scale`, `dK = dSᵀ · Q · scale`, `dBias = dS`
+/// - with an attention sink `s` (a key of no value, so `dP_sink = 0`):
+///   `dS_sink = P_sink ∘ (0 − rowsum(dO ∘ O))`, `ds = Σ_i dS_sink,i`, with
+///   `P_sink = exp(s − max) / sum` from each row's trace
 ///
 /// Masks mean what they mean in the forward ([`attention`](super::attention)): a hidden pair has
 /// `P = 0`, so it adds nothing to any gradient. A row that sees no key has zero gradients, and a
@@ -55,8 +58,12 @@ pub fn attention_backward<T: Real>(
     let mut p = Array2::zeros((shape.n_queries, shape.n_keys));
     let mut o = Array2::zeros((shape.n_queries, shape.value_dim));
     let mut cap_derivative = Array2::zeros((shape.n_queries, shape.n_keys));
+    let mut p_sink = Array1::zeros(shape.n_queries);
     for i in 0..shape.n_queries {
         let trace = trace_row(&q, &k, &v, i, &masks);
+        if let (Some(sink), Some(max)) = (trace.sink, trace.max) {
+            p_sink[i] = (sink - max).exp() / trace.sum;
+        }
         p.row_mut(i).assign(&ndarray::aview1(&trace.weights));
         o.row_mut(i).assign(&ndarray::aview1(&trace.output));
         let mut raw: Vec<f64> = trace.dot_products.iter().map(|d| d * masks.scale).collect();
@@ -70,6 +77,7 @@ pub fn attention_backward<T: Real>(
     let ds_raw = &ds * &cap_derivative;
     let dq = ds_raw.dot(&k64) * masks.scale;
     let dk = ds_raw.t().dot(&q64) * masks.scale;
+    let dsinks = options.sinks.map(|_| Array1::from_elem(1, -(&p_sink * &delta.column(0)).sum()));
     let dbias = options.has_bias().then_some(ds);
-    Ok(Gradients { dq, dk, dv, dbias })
+    Ok(Gradients { dq, dk, dv, dbias, dsinks })
 }

@@ -33,9 +33,12 @@ pub struct TiledTrace {
     /// The final running sum `l = Σ_j exp(s_j - m)` (`0` if every key is hidden).
     pub sum: f64,
     /// The output `acc / l`, the one division at the end; zero if every key is hidden. Equal to
-    /// the last block's `output`.
+    /// the last block's `output`, unless the options carry an attention sink
+    /// ([`AttentionOptions::sinks`]): the blocks, their outputs and parts, `max` and `sum` are
+    /// over the keys alone, and the sink joins the row here, once, after the last block.
     pub output: Vec<f64>,
     /// The row's logsumexp `m + ln l`, in the scaled-score domain; `-inf` if every key is hidden.
+    /// With a sink, the sink's term is included.
     pub logsumexp: f64,
 }
 
@@ -114,15 +117,16 @@ impl Online {
         (Online { max, sum, accumulator }, rescale, exponentials)
     }
 
-    /// `acc / l`, or zeros while no key is visible (`l = 0` exactly then: a visible key adds
-    /// `exp(0) = 1` for the maximum).
-    fn output(&self) -> Vec<f64> {
-        self.accumulator.iter().map(|&a| softmax::normalised(a, self.sum)).collect()
+    /// The state finished with the attention sink `sink` (see `softmax::finish`).
+    fn finished(&self, sink: Option<f64>) -> softmax::Finished<f64> {
+        softmax::finish(self.max.unwrap_or(f64::NEG_INFINITY), self.sum, sink)
     }
 
-    /// `m + ln l`, `-inf` while no key is visible.
-    fn logsumexp(&self) -> f64 {
-        softmax::logsumexp(self.max.unwrap_or(f64::NEG_INFINITY), self.sum)
+    /// `acc / l`, or zeros while no key is visible (`l = 0` exactly then: a visible key adds
+    /// `exp(0) = 1` for the maximum); with the sink `sink` joining the row.
+    fn output(&self, sink: Option<f64>) -> Vec<f64> {
+        let finished = self.finished(sink);
+        self.accumulator.iter().map(|&a| finished.output(a)).collect()
     }
 }
 
@@ -192,21 +196,23 @@ pub fn trace_tiled<T: Real>(
             sum_before: state.sum,
             sum_after: after.sum,
             accumulator: after.accumulator.clone(),
-            output: after.output(),
+            output: after.output(None),
             partial: PartialAttention {
-                output: Array2::from_shape_vec((1, v.ncols()), own.output()).expect("one row of d_v"),
-                logsumexp: Array1::from_elem(1, own.logsumexp()),
+                output: Array2::from_shape_vec((1, v.ncols()), own.output(None)).expect("one row of d_v"),
+                logsumexp: Array1::from_elem(1, own.finished(None).logsumexp()),
             },
         });
         state = after;
     }
+    // The attention sink joins the row once, after the last block.
+    let sink = masks.sink(0).map(|s| s.to_f64_exact());
     Ok(TiledTrace {
         block,
         scale: masks.scale,
         blocks,
         max: state.max,
         sum: state.sum,
-        output: state.output(),
-        logsumexp: state.logsumexp(),
+        output: state.output(sink),
+        logsumexp: state.finished(sink).logsumexp(),
     })
 }

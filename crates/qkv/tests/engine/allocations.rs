@@ -159,16 +159,21 @@ fn a_warm_decoding_step_over_a_ring_allocates_nothing() {
         .scale(0.1)
         .keep_mask(keep.view());
     let alibi = CacheOptions::new().alibi(&slopes).keep_mask(keep.view());
+    let sinks = vec![0.5_f32; QUERY_HEADS];
+    let with_sinks = CacheOptions::new().alibi(&slopes).sinks(&sinks);
     let one_thread = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
     let ring = SHAPE.with_capacity(300);
     for level in levels() {
-        for (what, options) in [
-            ("plain", CacheOptions::new()),
-            ("window + cap + keep", capped.clone()),
-            ("alibi + keep", alibi.clone()),
+        // (what, options, sink tokens, window): sink tokens take up to 64 slots of the ring.
+        for (what, options, sink_tokens, window) in [
+            ("plain", CacheOptions::new(), 0, 300),
+            ("window + cap + keep", capped.clone(), 0, 300),
+            ("alibi + keep", alibi.clone(), 0, 300),
+            ("sink tokens + alibi + sinks", with_sinks.clone(), 4, 236),
         ] {
             let counts = one_thread.install(|| {
-                let mut cache = KvCache::<bf16>::with_window_for_level(ring, 300, level).unwrap();
+                let cache = KvCache::<bf16>::with_window_for_level(ring, window, level).unwrap();
+                let mut cache = cache.with_sink_tokens(sink_tokens).unwrap();
                 let mut layer = cache.layer(0).unwrap();
                 let kv = |n: usize| {
                     Array3::from_shape_fn((SHAPE.kv_heads, n, 128), |(h, i, c)| {

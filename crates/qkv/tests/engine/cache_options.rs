@@ -24,11 +24,13 @@ enum Kind {
     Softcap,
     /// A random keep mask (a tree's ancestors), some rows hiding everything.
     Keep,
+    /// Attention sinks, one per query head (`-inf` for every third: no sink).
+    Sinks,
     /// Everything at once.
     All,
 }
 
-const KINDS: [Kind; 8] = [
+const KINDS: [Kind; 9] = [
     Kind::Scale,
     Kind::CausalWindow,
     Kind::UnboundedForward,
@@ -36,12 +38,13 @@ const KINDS: [Kind; 8] = [
     Kind::Alibi,
     Kind::Softcap,
     Kind::Keep,
+    Kind::Sinks,
     Kind::All,
 ];
 
-/// `kind`'s options for a step of `n_q` queries over `len` positions; `slopes` one per query
-/// head, `keep` `[n_q, len]`.
-fn options<'a>(kind: Kind, slopes: &'a [f32], keep: &'a Array2<bool>) -> CacheOptions<'a> {
+/// `kind`'s options for a step of `n_q` queries over `len` positions; `slopes` and `sinks` one
+/// per query head, `keep` `[n_q, len]`.
+fn options<'a>(kind: Kind, slopes: &'a [f32], sinks: &'a [f32], keep: &'a Array2<bool>) -> CacheOptions<'a> {
     let o = CacheOptions::new();
     match kind {
         Kind::Scale => o.scale(0.7),
@@ -53,8 +56,10 @@ fn options<'a>(kind: Kind, slopes: &'a [f32], keep: &'a Array2<bool>) -> CacheOp
         Kind::Alibi => o.alibi(slopes),
         Kind::Softcap => o.scale(1.5).logit_softcap(2.0),
         Kind::Keep => o.keep_mask(keep.view()),
+        Kind::Sinks => o.sinks(sinks),
         Kind::All => o
             .scale(1.2)
+            .sinks(sinks)
             .sliding_window(SlidingWindow::new(150, 0))
             .alibi(slopes)
             .logit_softcap(3.0)
@@ -86,6 +91,7 @@ fn check_steps<E: Storage>(
     let v = tensor(shape.kv_heads, shape.value_dim, &mut rng).mapv(E::from_f32);
     let (k32, v32) = (k.mapv(E::to_f32), v.mapv(E::to_f32));
     let slopes: Vec<f32> = (0..query_heads).map(|h| 0.05 + 0.3 * h as f32 / query_heads as f32).collect();
+    let sinks = test_sinks(query_heads);
     let mut cache = KvCache::<E>::for_level(shape, level).unwrap();
     let mut layer = cache.layer(shape.layers - 1).unwrap();
     let mut held = 0;
@@ -99,7 +105,7 @@ fn check_steps<E: Storage>(
             // Every row keeps its own position unless it is a row that sees nothing (every 5th).
             (i % 5 != 3) && (j == held - n_q + i || rng.random_bool(0.6))
         });
-        let options = options(kind, &slopes, &keep);
+        let options = options(kind, &slopes, &sinks, &keep);
         // Pre-filled with NaN: an element the step forgets to write fails the comparison.
         let mut got = Array3::from_elem((query_heads, n_q, shape.value_dim), f32::NAN);
         let mut lse = Array2::from_elem((query_heads, n_q), f32::NAN);
@@ -122,9 +128,11 @@ fn check_steps<E: Storage>(
             );
             let (qh, kh, vh) =
                 (q.slice(s![h, .., ..]), kp.slice(s![h / group, .., ..]), vp.slice(s![h / group, .., ..]));
-            // One head's options: its own ALiBi slope.
+            // One head's options: its own ALiBi slope and sink.
             let head_options = match kind {
-                Kind::Alibi | Kind::All => options.clone().alibi(&slopes[h..=h]),
+                Kind::Alibi => options.clone().alibi(&slopes[h..=h]),
+                Kind::Sinks => options.clone().sinks(&sinks[h..=h]),
+                Kind::All => options.clone().alibi(&slopes[h..=h]).sinks(&sinks[h..=h]),
                 _ => options.clone(),
             };
             let head_options = head_options.dense();
@@ -145,6 +153,12 @@ fn check_steps<E: Storage>(
             }
         }
     }
+}
+
+/// One attention-sink logit per query head: every third `-inf` (no sink), the others between -2
+/// and 3, about the size of the scores.
+pub fn test_sinks(query_heads: usize) -> Vec<f32> {
+    (0..query_heads).map(|h| if h % 3 == 1 { f32::NEG_INFINITY } else { -2.0 + 1.3 * h as f32 }).collect()
 }
 
 /// Lengths that cross the key panels and the key block off their boundaries.

@@ -20,6 +20,8 @@ mod properties;
 mod ring;
 mod rotary;
 mod simd;
+mod sink_tokens;
+mod sinks;
 mod softcap;
 mod tiled;
 mod unseen;

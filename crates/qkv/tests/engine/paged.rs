@@ -156,7 +156,8 @@ impl Harness {
         }
         let slopes: Vec<f32> =
             (0..self.query_heads).map(|h| 0.05 + 0.3 * h as f32 / self.query_heads as f32).collect();
-        let options = kind.options(&slopes, keep.view());
+        let sinks = crate::cache_options::test_sinks(self.query_heads);
+        let options = kind.options(&slopes, &sinks, keep.view());
         let mut paged = self.cache.layer(layer).unwrap();
         // Pre-filled with NaN: an element the call forgets to write fails the comparison.
         let mut got = Array3::from_elem((self.query_heads, total, self.shape.value_dim), f32::NAN);
@@ -182,7 +183,7 @@ impl Harness {
             let rows = offsets[i]..offsets[i + 1];
             let q = q.slice(s![.., rows.clone(), ..]);
             let own_keep = keep.slice(s![rows.clone(), first..lengths[i]]);
-            let dense = kind.options(&slopes, own_keep).dense().simd(self.level);
+            let dense = kind.options(&slopes, &sinks, own_keep).dense().simd(self.level);
             let full = qkv::multi_head_attention_with_lse(
                 q.insert_axis(Axis(0)),
                 k.insert_axis(Axis(0)),
@@ -197,8 +198,8 @@ impl Harness {
                 );
                 let (qh, kh, vh) =
                     (q.slice(s![h, .., ..]), k.slice(s![h / group, .., ..]), v.slice(s![h / group, .., ..]));
-                // One head's options: its own ALiBi slope.
-                let head_options = kind.options(&slopes[h..=h], own_keep).dense();
+                // One head's options: its own ALiBi slope and sink.
+                let head_options = kind.options(&slopes[h..=h], &sinks[h..=h], own_keep).dense();
                 let want = qkv::reference::attention(qh, kh, vh, &head_options).unwrap();
                 let want_lse =
                     qkv::reference::attention_with_lse(qh, kh, vh, &head_options).unwrap().logsumexp;
@@ -244,13 +245,20 @@ enum Kind {
     Softcap,
     /// A keep mask (a tree's ancestors), some rows hiding everything.
     Keep,
+    /// Attention sinks, one per query head.
+    Sinks,
     /// Everything at once.
     All,
 }
 
 impl Kind {
-    /// The options, with `slopes` one per query head and `keep` the step's keep mask.
-    fn options<'a>(self, slopes: &'a [f32], keep: ArrayView2<'a, bool>) -> CacheOptions<'a> {
+    /// The options, with `slopes` and `sinks` one per query head and `keep` the step's keep mask.
+    fn options<'a>(
+        self,
+        slopes: &'a [f32],
+        sinks: &'a [f32],
+        keep: ArrayView2<'a, bool>,
+    ) -> CacheOptions<'a> {
         let o = CacheOptions::new();
         match self {
             Kind::Plain => o,
@@ -258,8 +266,10 @@ impl Kind {
             Kind::Alibi => o.alibi(slopes),
             Kind::Softcap => o.scale(1.5).logit_softcap(2.0),
             Kind::Keep => o.keep_mask(keep),
+            Kind::Sinks => o.sinks(sinks),
             Kind::All => o
                 .scale(1.2)
+                .sinks(sinks)
                 .sliding_window(SlidingWindow::new(150, 0))
                 .alibi(slopes)
                 .logit_softcap(3.0)
@@ -314,7 +324,7 @@ fn ragged_batches_match_full_attention_over_each_prefix() {
 /// Every option of the cached path, on a ragged batch of prefill chunks and then decoding steps.
 #[test]
 fn every_option_matches_full_attention_over_each_prefix() {
-    let kinds = [Kind::Window, Kind::Alibi, Kind::Softcap, Kind::Keep, Kind::All];
+    let kinds = [Kind::Window, Kind::Alibi, Kind::Softcap, Kind::Keep, Kind::Sinks, Kind::All];
     for (seed, (level, shape, group)) in configurations().into_iter().enumerate() {
         let mut harness = Harness::new(level, shape, group, 300 + seed as u64);
         let sequences = harness.add_holding(&[1, 45, shape.block_size + 3, 200]);

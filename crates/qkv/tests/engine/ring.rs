@@ -80,6 +80,7 @@ fn check_ring<E: Storage>(
     let v = tensor(ring.kv_heads, ring.value_dim, &mut rng).mapv(E::from_f32);
     let (k32, v32) = (k.mapv(E::to_f32), v.mapv(E::to_f32));
     let slopes: Vec<f32> = (0..query_heads).map(|h| 0.05 + 0.3 * h as f32 / query_heads as f32).collect();
+    let sinks = crate::cache_options::test_sinks(query_heads);
     let window = SlidingWindow::new(ring.window - 1, 0);
     let mut cache = KvCache::<E>::with_window_for_level(shape, ring.window, level).unwrap();
     let first_round = if clear_half { &chunks[..chunks.len() / 2] } else { &[] };
@@ -114,6 +115,7 @@ fn check_ring<E: Storage>(
                         .sliding_window(window)
                         .alibi(&slopes)
                         .logit_softcap(3.0)
+                        .sinks(&sinks)
                         .keep_mask(keep.view()),
                     AttentionOptions::new()
                         .scale(0.8)
@@ -129,7 +131,7 @@ fn check_ring<E: Storage>(
             let (kp, vp) = (k32.slice(s![.., ..len, ..]), v32.slice(s![.., ..len, ..]));
             let all_heads = match extras {
                 Extras::None => dense.clone(),
-                Extras::Every => dense.clone().alibi(Alibi::new(&slopes)),
+                Extras::Every => dense.clone().alibi(Alibi::new(&slopes)).sinks(&sinks),
             };
             let full = qkv::multi_head_attention_with_lse(
                 q.insert_axis(Axis(0)),
@@ -145,7 +147,7 @@ fn check_ring<E: Storage>(
                     (q.slice(s![h, .., ..]), kp.slice(s![kv_head, .., ..]), vp.slice(s![kv_head, .., ..]));
                 let head_options = match extras {
                     Extras::None => dense.clone(),
-                    Extras::Every => dense.clone().alibi(Alibi::new(&slopes[h..=h])),
+                    Extras::Every => dense.clone().alibi(Alibi::new(&slopes[h..=h])).sinks(&sinks[h..=h]),
                 };
                 let want = qkv::reference::attention(qh, kh, vh, &head_options).unwrap();
                 let (weights_bound, bound) = error_bound(&want, &vh.to_owned());

@@ -147,7 +147,7 @@ fn every_sequence_matches_the_reference_on_its_own_rows() {
 }
 
 #[test]
-fn alibi_slopes_apply_per_head_or_per_sequence_and_head() {
+fn alibi_slopes_and_sinks_apply_per_head_or_per_sequence_and_head() {
     let mut rng = ChaCha8Rng::seed_from_u64(32);
     let lengths = [(2, 7), (1, 40), (6, 6)];
     let packed = Packed::random(&mut rng, &lengths, (4, 2), (8, 8));
@@ -157,6 +157,14 @@ fn alibi_slopes_apply_per_head_or_per_sequence_and_head() {
         match head {
             None => o.alibi(Alibi::new(&shared)),
             Some((_, h)) => o.alibi(Alibi::new(&shared[h..h + 1])),
+        }
+    });
+    let sinks = [0.5_f32, -1.0, 2.0, f32::NEG_INFINITY];
+    packed.check("sinks, causal", |head| {
+        let o = AttentionOptions::new().causal(CausalMask::BottomRight);
+        match head {
+            None => o.sinks(&sinks),
+            Some((_, h)) => o.sinks(&sinks[h..h + 1]),
         }
     });
     let per_sequence = Array2::from_shape_fn((3, 4), |(i, h)| 0.1 * (i + 1) as f32 + 0.05 * h as f32);
