@@ -143,7 +143,7 @@ pub(crate) fn attend_cached<T: Real, E: Element<Compute = T>>(
 /// problem are its query rows over disjoint keys, each under masks of its own (a ring buffer's
 /// two runs of positions, see `kv_cache`); their softmax states are merged in part order into
 /// the problem's output. A plain problem has one part.
-pub(crate) struct CachedCall<'p, 'c, T, E> {
+pub(crate) struct CachedCall<'p, 'c, T, E: Element> {
     pub(crate) rows_per_query: usize,
     pub(crate) n_problems: usize,
     pub(crate) parts: usize,
@@ -170,7 +170,7 @@ pub(crate) struct Head<'p, 'out, T, E = T, O = T> {
 }
 /// One problem of a call to [`attend_cached`]: `n_queries · rows_per_query` query rows, already
 /// in the compute type (a bf16 cache takes f32 queries), over a cache's keys and values.
-pub(crate) struct CachedProblem<'p, T, E> {
+pub(crate) struct CachedProblem<'p, T, E: Element> {
     pub(crate) q: ArrayView2<'p, T>,
     pub(crate) kv: StoredKeys<'p, E>,
     pub(crate) masks: MaskSet<'p, T>,
@@ -178,7 +178,7 @@ pub(crate) struct CachedProblem<'p, T, E> {
 
 /// Where a cached problem's keys and values lie: in the kernels' layout already, or as rows.
 #[derive(Clone, Copy)]
-pub(crate) enum StoredKeys<'p, E> {
+pub(crate) enum StoredKeys<'p, E: Element> {
     /// The caller's rows (the dense decoding step's), read as they are. Spelled as [`View`]s so
     /// that the keys stay covariant in `'p`, as the other variants are.
     Rows { k: View<'p, E, Ix2>, v: View<'p, E, Ix2> },
@@ -235,12 +235,23 @@ impl<E: Element> Job<E> for LayoutOf {
 /// `panels` holds the packed key panels of every key from the first (see
 /// `kernels::pack_key_panel`; panel `p` covers keys `p · KEY_PANEL ..` and is `KEY_PANEL · d_k`
 /// scalars), and `values` one row of `value_stride` scalars per key (`d_v` rounded up to whole
-/// vectors of the level).
+/// vectors of the level). Quantized keys and values (an int8 cache's) come with their scales.
 #[derive(Clone, Copy)]
-pub(crate) struct CachedKeys<'p, E> {
+pub(crate) struct CachedKeys<'p, E: Element> {
     pub(crate) panels: &'p [E],
     pub(crate) values: &'p [E],
     pub(crate) value_stride: usize,
+    pub(crate) scales: Option<Scales<'p, E::Compute>>,
+}
+
+/// The scales of quantized keys and values, one per key for each: key `j` stands for
+/// `keys[j] · K_j` (its stored integers `K_j`) and its value for `values[j] · V_j`. The
+/// kernels read the integers as they are, and the scales are applied to each tile's scores and
+/// weights (`Kernels::scale_columns`).
+#[derive(Clone, Copy)]
+pub(crate) struct Scales<'p, T> {
+    pub(crate) keys: &'p [T],
+    pub(crate) values: &'p [T],
 }
 
 /// A head's queries: stored as its keys are (the dense paths), or already in the compute type
@@ -274,7 +285,7 @@ impl<T: Real, E: Element<Compute = T>> Queries<'_, T, E> {
     }
 }
 
-impl<E> StoredKeys<'_, E> {
+impl<E: Element> StoredKeys<'_, E> {
     /// Whether both are the same rows of the caller's (the same elements, as the heads of a
     /// group share their key/value head), so that one packing serves both.
     fn same_rows(&self, other: &Self) -> bool {
@@ -308,7 +319,7 @@ pub(crate) struct PagedKeys<'p, E> {
     pub(crate) value_stride: usize,
 }
 
-impl<'p, E> PagedKeys<'p, E> {
+impl<'p, E: Element> PagedKeys<'p, E> {
     /// The keys and values of entry `b` of the block table.
     fn block(&self, b: usize) -> CachedKeys<'p, E> {
         let block = &self.storage[self.table[b] as usize * self.block_stride..][..self.block_stride];
@@ -316,6 +327,7 @@ impl<'p, E> PagedKeys<'p, E> {
             panels: &block[self.panels_at..][..self.block_size * self.key_dim],
             values: &block[self.values_at..][..self.block_size * self.value_stride],
             value_stride: self.value_stride,
+            scales: None,
         }
     }
 }
@@ -549,7 +561,7 @@ impl KeySplits {
 }
 
 /// The operands of [`attend_cached`], waiting for its kernels.
-struct AttendCached<'p, 'c, T: Real, E> {
+struct AttendCached<'p, 'c, T: Real, E: Element> {
     call: CachedCall<'p, 'c, T, E>,
     out: &'c mut [T],
     lse: Option<&'c mut [T]>,
@@ -656,6 +668,8 @@ struct Packed<'a, E: Element> {
     value_stride: usize,
     /// Vectors per value row.
     value_vectors: usize,
+    /// The keys' and values' scales, when they are quantized (an int8 cache's).
+    scales: Option<Scales<'a, E::Compute>>,
 }
 
 /// The packed key panels (see `kernels::pack_key_panel`), zero-padded to whole panels.
@@ -756,7 +770,7 @@ impl<'a, E: Element> Packed<'a, E> {
             }
         };
         let keys = PackedKeys::Packing { k, key_panel: K::KEY_PANEL, layout: K::LAYOUT, blocks };
-        Packed { first_key, keys, values, value_stride, value_vectors }
+        Packed { first_key, keys, values, value_stride, value_vectors, scales: None }
     }
 
     /// A cache's keys and values, in the layout of the kernels of `K` already.
@@ -770,6 +784,7 @@ impl<'a, E: Element> Packed<'a, E> {
             values: Values::Borrowed(cached.values),
             value_stride: cached.value_stride,
             value_vectors: value_dim.div_ceil(K::LANES),
+            scales: cached.scales,
         }
     }
 
@@ -784,6 +799,7 @@ impl<'a, E: Element> Packed<'a, E> {
             values: Values::Paged(paged),
             value_stride: paged.value_stride,
             value_vectors: value_dim.div_ceil(K::LANES),
+            scales: None,
         }
     }
 
@@ -820,6 +836,12 @@ impl<'a, E: Element> Packed<'a, E> {
         }
     }
 
+    /// The scales of the `n_keys` keys and values from key `start` on, when they are quantized.
+    fn scales(&self, start: usize, n_keys: usize) -> Option<Scales<'a, E::Compute>> {
+        let keys = start - self.first_key..start - self.first_key + n_keys;
+        self.scales.map(|scales| Scales { keys: &scales.keys[keys.clone()], values: &scales.values[keys] })
+    }
+
     /// The values of key `key` onwards, as the `P·V` kernel reads them.
     fn values_from(&self, key: usize) -> ValueRows<'_, E> {
         let offset = (key - self.first_key) * self.value_stride;
@@ -835,7 +857,7 @@ impl<'a, E: Element> Packed<'a, E> {
 }
 
 /// Everything a task of one head reads: inputs stored as `E`, computed in `T`.
-struct Problem<'p, T: Real, E> {
+struct Problem<'p, T: Real, E: Element> {
     shape: Shape,
     q: Queries<'p, T, E>,
     /// Rows of `q` per query (stacked heads): row `r` takes the masks of query `r / rows_per_query`.
@@ -1027,12 +1049,17 @@ impl<'p, T: Real, E: Element<Compute = T>> Problem<'p, T, E> {
                 };
                 kernels.scores(tile, trim.then_some(&group_keys as &dyn Fn(usize) -> usize));
             }
+            let scales = packed.scales(start, n_keys);
+            if let Some(scales) = scales {
+                // Quantized keys: each score takes its key's scale (`s_j · q·K_j`).
+                kernels.scale_columns(RowsMut { data: &mut *s, stride: KEY_BLOCK, rows }, scales.keys);
+            }
             let used = n_keys.next_multiple_of(lanes);
             let clean = clean_keys.start <= start && start + n_keys <= clean_keys.end;
             // The maxima the score kernel folded are exact for a tile without masks whose panels
             // hold only its own keys; otherwise masked pairs, padding or keys past `reach` are in
             // them, and the rows are scanned again.
-            let fused_max = !direct && clean && n_keys == panels * K::KEY_PANEL;
+            let fused_max = !direct && clean && n_keys == panels * K::KEY_PANEL && scales.is_none();
             let queries = |r: usize| self.query(first + r);
             mask_tile(masks, &queries, rows, start..start + n_keys, used, clean, &mut s[..]);
             if fused_max {
@@ -1057,6 +1084,11 @@ impl<'p, T: Real, E: Element<Compute = T>> Problem<'p, T, E> {
             if direct {
                 let magnitude = kernels.magnitude(&values.v[..n_keys * values.stride]);
                 state.measured.values = kernels::larger_magnitude(state.measured.values, magnitude);
+            }
+            if let Some(scales) = scales {
+                // Quantized values: each weight takes its value's scale, after the sums took it
+                // as it was (`Σ p_j · s_j · V_j`).
+                kernels.scale_columns(RowsMut { data: &mut *s, stride: KEY_BLOCK, rows }, scales.values);
             }
             if !trim {
                 let weights = Weights { p: s, rows: padded, n_keys };

@@ -16,11 +16,11 @@
 
 use std::collections::TryReserveError;
 
-use ndarray::{Array2, Array3, ArrayView3, ArrayViewMut2, ArrayViewMut3, Axis, Ix3, s};
+use ndarray::{Array2, Array3, ArrayView1, ArrayView3, ArrayViewMut2, ArrayViewMut3, Axis, Ix3, s};
 
-use crate::element::Storage;
+use crate::element::{CacheStorage, Storage};
 use crate::error::{AttentionError, Dims};
-use crate::flash::{self, CachedKeys, CachedLayout, LayoutOf, StoredKeys};
+use crate::flash::{self, CachedKeys, CachedLayout, LayoutOf, Scales, StoredKeys};
 use crate::kernels::{self, Buffer, Element, Isa};
 use crate::level::SimdLevel;
 use crate::options::CacheOptions;
@@ -136,7 +136,7 @@ with_fields!(CacheShape:
 /// assert_eq!((layer.len(), layer.held()), (20, 5));
 /// # Ok::<(), qkv::AttentionError>(())
 /// ```
-pub struct KvCache<E: Storage = f32> {
+pub struct KvCache<E: CacheStorage = f32> {
     shape: CacheShape,
     level: SimdLevel,
     isa: Isa,
@@ -173,13 +173,16 @@ struct LayerStore<E: Element> {
     heads: Vec<HeadStore<E>>,
 }
 
-/// One (layer, key/value head): keys as packed panels, values as padded rows.
+/// One (layer, key/value head): keys as packed panels, values as padded rows, and of an int8
+/// cache each slot's key and value scale (empty otherwise).
 struct HeadStore<E: Element> {
     panels: Buffer<E>,
     values: Buffer<E>,
+    key_scales: Vec<f32>,
+    value_scales: Vec<f32>,
 }
 
-impl<E: Storage> KvCache<E> {
+impl<E: CacheStorage> KvCache<E> {
     /// An empty cache of `shape` for the SIMD level the engine dispatches to
     /// ([`SimdLevel::dispatched`]), all its memory allocated now. A shape whose storage overflows
     /// the address space, or that the allocator cannot provide, is an error
@@ -228,10 +231,13 @@ impl<E: Storage> KvCache<E> {
         // included: a capacity the caller chose may overflow any of them.
         let panels = capacity.checked_next_multiple_of(layout.key_panel).and_then(|c| c.checked_mul(key_dim));
         let values = capacity.checked_mul(layout.value_stride);
+        // An int8 cache's scales: a key's and a value's per slot.
+        let scales = if E::SCALED { capacity } else { 0 };
         let bytes = panels.zip(values).and_then(|(panels, values)| {
             let head = panels
                 .checked_add(values)?
                 .checked_mul(size_of::<E>())?
+                .checked_add(scales.checked_mul(2 * size_of::<f32>())?)?
                 .checked_add(size_of::<HeadStore<E>>())?;
             head.checked_mul(kv_heads)?.checked_add(size_of::<LayerStore<E>>())?.checked_mul(layers)
         });
@@ -243,8 +249,19 @@ impl<E: Storage> KvCache<E> {
         // memory there is fails here, rather than after its first buffers were filled with zeros
         // (past the memory there is, Linux kills the process instead of failing an allocation).
         Vec::<u8>::new().try_reserve_exact(bytes).map_err(refused)?;
+        let zeros = |len| -> Result<Vec<f32>, TryReserveError> {
+            let mut zeros = Vec::new();
+            zeros.try_reserve_exact(len)?;
+            zeros.resize(len, 0.0);
+            Ok(zeros)
+        };
         let head = || -> Result<HeadStore<E>, TryReserveError> {
-            Ok(HeadStore { panels: Buffer::try_zeros(panels)?, values: Buffer::try_zeros(values)? })
+            Ok(HeadStore {
+                panels: Buffer::try_zeros(panels)?,
+                values: Buffer::try_zeros(values)?,
+                key_scales: zeros(scales)?,
+                value_scales: zeros(scales)?,
+            })
         };
         let layer = || {
             let heads = (0..kv_heads).map(|_| head()).collect::<Result<_, _>>()?;
@@ -495,12 +512,12 @@ impl<E: Storage> KvCache<E> {
 /// assert!(layer.attend(q.view())?.iter().all(|&x| x == 0.5));
 /// # Ok::<(), qkv::AttentionError>(())
 /// ```
-pub struct CacheLayer<'c, E: Storage> {
+pub struct CacheLayer<'c, E: CacheStorage> {
     cache: &'c mut KvCache<E>,
     index: usize,
 }
 
-impl<E: Storage> CacheLayer<'_, E> {
+impl<E: CacheStorage> CacheLayer<'_, E> {
     /// Positions appended since the cache was made or cleared: the position of the next one,
     /// what RoPE needs. Of a windowed cache, more than it holds ([`held`](Self::held)).
     ///
@@ -562,7 +579,11 @@ impl<E: Storage> CacheLayer<'_, E> {
     /// assert!(full.unwrap_err().to_string().starts_with("layer 0 of the KV cache holds 3 of its 4 positions"));
     /// # Ok::<(), qkv::AttentionError>(())
     /// ```
-    pub fn append(&mut self, k: ArrayView3<E>, v: ArrayView3<E>) -> Result<(), AttentionError> {
+    pub fn append(
+        &mut self,
+        k: ArrayView3<E::Appended>,
+        v: ArrayView3<E::Appended>,
+    ) -> Result<(), AttentionError> {
         let CacheShape { kv_heads, capacity, key_dim, value_dim, .. } = self.cache.shape;
         let n_new = k.shape()[1];
         self.check_shape(
@@ -592,9 +613,13 @@ impl<E: Storage> CacheLayer<'_, E> {
         for (head, (k, v)) in store.heads.iter_mut().zip(k.outer_iter().zip(v.outer_iter())) {
             for (j, (key, value)) in k.outer_iter().zip(v.outer_iter()).enumerate().skip(overwritten) {
                 let slot = ring.map_or(len + j, |ring| ring.slot(len + j));
+                let (key_scale, value_scale) = (row_scale::<E>(key), row_scale::<E>(value));
+                if E::SCALED {
+                    (head.key_scales[slot], head.value_scales[slot]) = (key_scale, value_scale);
+                }
                 let panel = &mut head.panels[slot / key_panel * key_panel * key_dim..][..key_panel * key_dim];
-                kernels::write_key_lane(key, slot % key_panel, key_panel, panel);
-                kernels::pack_value_row(value, &mut head.values[slot * value_stride..]);
+                kernels::write_key_lane(key, key_scale, slot % key_panel, key_panel, panel);
+                kernels::store_row(value, value_scale, head.values[slot * value_stride..].iter_mut());
             }
         }
         store.len += n_new;
@@ -874,10 +899,13 @@ impl<E: Storage> CacheLayer<'_, E> {
         }
         let value_stride = layout.value_stride;
         let keys = |_: usize, kv: usize| {
+            let head = &store.heads[kv];
             StoredKeys::Contiguous(CachedKeys {
-                panels: &store.heads[kv].panels,
-                values: &store.heads[kv].values[..held * value_stride],
+                panels: &head.panels,
+                values: &head.values[..held * value_stride],
                 value_stride,
+                scales: E::SCALED
+                    .then(|| Scales { keys: &head.key_scales[..held], values: &head.value_scales[..held] }),
             })
         };
         let first_query = |_: usize| len - n_queries;
@@ -925,6 +953,15 @@ impl<E: Storage> CacheLayer<'_, E> {
             why,
         })
     }
+}
+
+/// The scale row `x` is stored divided by: of an int8 cache, `max |x| / 127` (0 for a row of
+/// zeros), so that every stored integer is within `-127 ..= 127`; otherwise 1, a plain copy.
+fn row_scale<E: CacheStorage>(x: ArrayView1<E::Appended>) -> f32 {
+    if !E::SCALED {
+        return 1.0;
+    }
+    x.iter().fold(0.0_f32, |m, &x| m.max(x.to_f32().abs())) / 127.0
 }
 
 #[cfg(test)]

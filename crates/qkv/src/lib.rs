@@ -95,7 +95,7 @@ pub use backward::{
     Gradients, GradientsMut, attention_backward, attention_backward_into, multi_head_attention_backward,
     multi_head_attention_backward_into,
 };
-pub use element::{Half, Real, Storage};
+pub use element::{CacheStorage, Half, Q8, Real, Storage};
 pub use error::{AttentionError, Dims};
 pub use half_precision::{
     attention_half, attention_half_into, attention_half_with_lse, multi_head_attention_half,

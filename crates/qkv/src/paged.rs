@@ -642,6 +642,7 @@ impl<E: Storage> PagedLayer<'_, E> {
                     [block + at.panels_at(layer, head) + within / key_panel * key_panel * key_dim..];
                 kernels::write_key_lane(
                     key,
+                    1.0,
                     within % key_panel,
                     key_panel,
                     &mut panel[..key_panel * key_dim],

@@ -57,7 +57,7 @@ impl<T: Real> Default for StepBuffers<T> {
 /// `n_keys(m)` stored keys. Member `m`'s key/value head `kv` reads `keys(m, kv)`; its query head
 /// `h` takes `masks(m, part, h)` over part `part < parts` of those keys (see
 /// [`flash::CachedCall`]).
-pub(crate) struct Step<'c, 'p, T: Real, E, Q> {
+pub(crate) struct Step<'c, 'p, T: Real, E: Element, Q> {
     pub(crate) isa: Isa,
     pub(crate) q: ArrayView4<'p, Q>,
     pub(crate) kv_heads: usize,

@@ -406,6 +406,10 @@ macro_rules! pair_level_kernels {
                 unreachable!("the backward computes from f32 and f64 inputs, never at a bf16 pair level")
             }
 
+            fn scale_columns(self, rows: $crate::kernels::RowsMut<'_, f32>, scales: &[f32]) {
+                $crate::kernels::Kernels::<f32, half::bf16>::scale_columns(self.vectors(), rows, scales)
+            }
+
             fn softmax_gradient(
                 self,
                 p: $crate::kernels::Rows<'_, f32>,

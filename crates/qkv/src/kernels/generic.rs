@@ -505,6 +505,22 @@ impl<T: Scalar, E: Element> VectorTile<T, E> for TransposedTile<'_, T, E> {
     }
 }
 
+/// See [`super::Kernels::scale_columns`]: whole vectors, then the last few columns one by one.
+#[inline(always)]
+pub(super) fn scale_columns<T: Scalar, S: Simd<T>>(simd: S, rows: RowsMut<'_, T>, scales: &[T]) {
+    let len = scales.len();
+    let whole = len / S::LANES * S::LANES;
+    let (vectors, rest) = scales.split_at(whole);
+    for r in 0..rows.rows {
+        let row = &mut rows.data[r * rows.stride..][..len];
+        let (row_vectors, row_rest) = row.split_at_mut(whole);
+        for (x, scale) in row_vectors.chunks_exact_mut(S::LANES).zip(vectors.chunks_exact(S::LANES)) {
+            simd.store(simd.mul(simd.load(x), simd.load(scale)), x);
+        }
+        row_rest.iter_mut().zip(rest).for_each(|(x, &scale)| *x = *x * scale);
+    }
+}
+
 /// See [`super::Kernels::softmax_gradient`].
 #[inline(always)]
 pub(super) fn softmax_gradient<T: Scalar, S: Simd<T>>(

@@ -8,7 +8,10 @@ use std::cell::Cell;
 
 use ndarray::{Array2, Array3, ArrayView2};
 use qkv::half::bf16;
-use qkv::{CacheOptions, CacheShape, KvCache, PagedKvCache, PagedShape, SimdLevel, SlidingWindow, Storage};
+use qkv::{
+    CacheOptions, CacheShape, CacheStorage, KvCache, PagedKvCache, PagedShape, Q8, SimdLevel, SlidingWindow,
+    Storage,
+};
 
 use crate::problem::levels;
 
@@ -71,7 +74,7 @@ fn step_allocations(level: SimdLevel, len: usize, options: &CacheOptions, steps:
 
 /// [`step_allocations`] over a cache of `E` (f32 queries) into an output of `O`, as `count`
 /// counts them.
-fn counted_steps<E: Storage, O: Storage>(
+fn counted_steps<E: CacheStorage, O: Storage>(
     level: SimdLevel,
     len: usize,
     options: &CacheOptions,
@@ -81,7 +84,7 @@ fn counted_steps<E: Storage, O: Storage>(
     let mut cache = KvCache::<E>::for_level(SHAPE, level).unwrap();
     let mut layer = cache.layer(0).unwrap();
     let kv = Array3::from_shape_fn((SHAPE.kv_heads, len, 128), |(h, i, c)| {
-        E::from_f32(((h + i * c) % 7) as f32 / 7.0)
+        E::Appended::from_f32(((h + i * c) % 7) as f32 / 7.0)
     });
     layer.append(kv.view(), kv.view()).unwrap();
     let q = Array3::from_shape_fn((QUERY_HEADS, 1, 128), |(h, _, c)| ((h * c) % 5) as f32 / 5.0);
@@ -137,6 +140,8 @@ fn a_warm_decoding_step_allocates_nothing_at_every_level() {
                 );
                 let bf16_cache = counted_steps::<bf16, f32>(level, len, &options, 3, &allocations);
                 assert_eq!(bf16_cache, [0, 0, 0], "{level} {what}, f32 queries over a bf16 cache");
+                let int8_cache = counted_steps::<Q8, f32>(level, len, &options, 3, &allocations);
+                assert_eq!(int8_cache, [0, 0, 0], "{level} {what}, f32 queries over an int8 cache");
                 // A bf16 output is rounded as each row is stored: no buffer of its own.
                 let bf16_out = counted_steps::<bf16, bf16>(level, len, &options, 3, &allocations);
                 assert_eq!(bf16_out, [0, 0, 0], "{level} {what}, a bf16 cache into a bf16 output");

@@ -1,0 +1,302 @@
+//! The int8 KV cache (`KvCache<Q8>`) at every SIMD level: against the f64 reference over the
+//! keys and values as this test quantizes them on its own (tight: f32 arithmetic's error), and
+//! against the f64 reference over the original keys and values within the stated bound of the
+//! quantization (see [`quantization_bound`]); with every cache option, a ring, rotary keys,
+//! truncation, awkward shapes, rows of zeros and of huge values; and its errors.
+
+use ndarray::{Array2, Array3, ArrayView1, ArrayView2, Axis, s};
+use qkv::{CacheShape, KvCache, Q8, Rotary, SimdLevel};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::cache_options::{CHUNKS, KINDS, Kind, options};
+use crate::problem::{F32_TOLERANCE, assert_close, error_bound, levels, max_abs};
+
+/// `x` (`[heads, n, d]`) as an int8 cache stores it, widened back: each row `x` (one head's
+/// position) as `q · s` with `s = max |x| / 127` and `q = round(x / s)` (f32 arithmetic, as the
+/// cache quantizes; zeros for a row of zeros), written here independently of the engine.
+fn dequantized(x: &Array3<f32>) -> Array3<f32> {
+    let mut out = x.clone();
+    for mut row in out.lanes_mut(Axis(2)) {
+        let scale = row.iter().fold(0.0_f32, |m, &x| m.max(x.abs())) / 127.0;
+        row.mapv_inplace(
+            |x| if scale == 0.0 { 0.0 } else { (x / scale).round().clamp(-127.0, 127.0) * scale },
+        );
+    }
+    out
+}
+
+/// The stated bound on how far quantization moves an output row of query `q` (after any
+/// rotation, times `scale` in the scores) over keys `k` and values `v` (the original ones,
+/// before quantization; a row's keys all count, seen or not): each stored element is within
+/// `max |x| / 254` of its row's original `x` (half a step, up to a relative 2^-16 of f32
+/// rounding), so each score moves by at most `δ = |scale| · ‖q‖₁ · max |k| / 254` (logit
+/// soft-capping, 1-Lipschitz, only shrinks that), each weight by a factor within `e^{±2δ}`, and
+/// the output by at most `(e^{2δ} - 1) · max |v| + max |v| / 254`.
+fn quantization_bound(q: ArrayView1<f32>, scale: f64, k: ArrayView2<f32>, v: ArrayView2<f32>) -> f64 {
+    let step = |m: f64| m / 254.0 * (1.0 + 2f64.powi(-16));
+    let q_norm: f64 = q.iter().map(|&x| f64::from(x).abs()).sum();
+    let delta = scale.abs() * q_norm * step(max_abs(&k));
+    let v_max = max_abs(&v);
+    (2.0 * delta).exp_m1() * v_max + step(v_max)
+}
+
+/// Positions `positions` of head `head` of `x` (`[heads, n, d]`).
+fn head_of(x: &Array3<f32>, head: usize, positions: std::ops::Range<usize>) -> ArrayView2<'_, f32> {
+    x.slice(s![head, positions, ..])
+}
+
+/// The worst error against the original keys and values, absolute and as a share of the
+/// bound, over the steps checked.
+#[derive(Debug, Default, Clone, Copy)]
+struct Worst {
+    error: f64,
+    share: f64,
+}
+
+/// Attends at `level` over an int8 cache of `shape` (a ring of `window` if given, with
+/// `rotary` if given), appending `chunks` positions at a time and attending after each with
+/// their queries (at most `most_queries`) under `kind`'s options: each output row must match
+/// the reference over the test's own dequantization within f32's tolerance, and the reference
+/// over the original inputs within [`quantization_bound`] plus that tolerance.
+#[allow(clippy::too_many_arguments)]
+fn check_steps(
+    level: SimdLevel,
+    shape: CacheShape,
+    query_heads: usize,
+    chunks: &[usize],
+    most_queries: usize,
+    kind: Kind,
+    (window, rotary): (Option<usize>, Option<Rotary>),
+    seed: u64,
+    magnitude: f32,
+) -> Worst {
+    let len: usize = chunks.iter().sum();
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut tensor = |heads, d| {
+        Array3::from_shape_simple_fn((heads, len, d), || magnitude * rng.random_range(-1.5_f32..1.5))
+    };
+    let q = tensor(query_heads, shape.key_dim).mapv(|x| x / magnitude);
+    let (k, v) = (tensor(shape.kv_heads, shape.key_dim), tensor(shape.kv_heads, shape.value_dim));
+    // What the scores read: the keys and queries rotated by position (the cache rotates keys
+    // before it quantizes them).
+    let (mut q_turned, mut k_turned) = (q.clone(), k.clone());
+    if let Some(rotary) = rotary {
+        for mut x in q_turned.outer_iter_mut().chain(k_turned.outer_iter_mut()) {
+            rotary.rotate(x.view_mut(), 0).unwrap();
+        }
+    }
+    let (kq, vq) = (dequantized(&k_turned), dequantized(&v));
+    let slopes: Vec<f32> = (0..query_heads).map(|h| 0.05 + 0.3 * h as f32 / query_heads as f32).collect();
+    let cache = match window {
+        None => KvCache::<Q8>::for_level(shape, level).unwrap(),
+        Some(window) => KvCache::<Q8>::with_window_for_level(shape, window, level).unwrap(),
+    };
+    let mut cache = match rotary {
+        Some(rotary) => cache.with_rotary(rotary).unwrap(),
+        None => cache,
+    };
+    let mut layer = cache.layer(shape.layers - 1).unwrap();
+    let group = query_heads / shape.kv_heads;
+    let (mut held, mut worst) = (0, Worst::default());
+    for &n_new in chunks {
+        let new = s![.., held..held + n_new, ..];
+        layer.append(k.slice(new), v.slice(new)).unwrap();
+        held += n_new;
+        let n_q = n_new.min(most_queries);
+        let keep = Array2::from_shape_fn((n_q, layer.held()), |(i, j)| {
+            (i % 5 != 3) && (j == layer.held() - n_q + i || rng.random_bool(0.6))
+        });
+        // The positions the keep mask's columns are, oldest first.
+        let first_held = held - layer.held();
+        let options = options(kind, &slopes, &keep);
+        let mut got = Array3::from_elem((query_heads, n_q, shape.value_dim), f32::NAN);
+        layer
+            .attend_with_into(q.slice(s![.., held - n_q..held, ..]), &options, got.view_mut(), None)
+            .unwrap();
+        for h in 0..query_heads {
+            let ctx =
+                format!("{level} {kind:?} {shape:?} {query_heads} heads, {n_q} new of {held}, head {h}");
+            let kv = h / group;
+            // One head's options, over the positions held: its own ALiBi slope, and a ring's
+            // window as a sliding window over them.
+            let head_options = match kind {
+                Kind::Alibi | Kind::All => options.clone().alibi(&slopes[h..=h]),
+                _ => options.clone(),
+            };
+            let head_options = match window {
+                Some(window) => head_options.sliding_window(qkv::SlidingWindow::new(window - 1, 0)),
+                None => head_options,
+            }
+            .dense();
+            let qh = head_of(&q_turned, h, held - n_q..held);
+            let reference = |k: &Array3<f32>, v: &Array3<f32>| {
+                qkv::reference::attention(
+                    qh,
+                    head_of(k, kv, first_held..held),
+                    head_of(v, kv, first_held..held),
+                    &head_options,
+                )
+                .unwrap()
+            };
+            let got_head = got.slice(s![h, .., ..]).to_owned();
+            let over_dequantized = reference(&kq, &vq);
+            let (_, bound) = error_bound(&over_dequantized, &head_of(&vq, kv, first_held..held).to_owned());
+            assert_close(
+                &format!("int8 cache vs its dequantized inputs {ctx}"),
+                &got_head,
+                &over_dequantized.output,
+                bound,
+            );
+            let over_original = reference(&k_turned, &v);
+            let scale = match kind {
+                Kind::Scale => 0.7,
+                Kind::Softcap => 1.5,
+                Kind::All => 1.2,
+                _ => 1.0 / (shape.key_dim as f64).sqrt(),
+            };
+            for (i, (got_row, want_row)) in
+                got_head.outer_iter().zip(over_original.output.outer_iter()).enumerate()
+            {
+                let quantization = quantization_bound(
+                    qh.row(i),
+                    scale,
+                    head_of(&k_turned, kv, first_held..held),
+                    head_of(&v, kv, first_held..held),
+                );
+                let allowed = quantization + F32_TOLERANCE * bound;
+                for (c, (&g, &w)) in got_row.iter().zip(want_row).enumerate() {
+                    let error = (f64::from(g) - w).abs();
+                    assert!(
+                        error <= allowed,
+                        "int8 cache vs original {ctx} [{i}, {c}]: {g} against {w}, beyond {allowed:e}"
+                    );
+                    worst.error = worst.error.max(error);
+                    worst.share = worst.share.max(error / allowed);
+                }
+            }
+        }
+    }
+    worst
+}
+
+/// Every option on three awkward shapes (widths 1, 17 and 5, 16 and 24, 128; d_k ≠ d_v, nothing
+/// a multiple of a panel, a first step of one key), at every level.
+#[test]
+fn int8_cache_steps_match_the_reference_over_its_dequantized_inputs_and_the_stated_bound() {
+    let shapes = [(1, 1, 1, 1), (2, 3, 16, 24), (3, 2, 17, 5), (1, 4, 128, 128)];
+    let mut worst = Worst::default();
+    let mut seed = 2600;
+    for level in levels() {
+        for (k, &kind) in KINDS.iter().enumerate() {
+            for (kv_heads, group, key_dim, value_dim) in [shapes[k % 4], shapes[(k + 1) % 4]] {
+                seed += 1;
+                let shape = CacheShape::new(2, kv_heads, CHUNKS.iter().sum(), key_dim, value_dim);
+                let step = check_steps(
+                    level,
+                    shape,
+                    kv_heads * group,
+                    &CHUNKS,
+                    usize::MAX,
+                    kind,
+                    (None, None),
+                    seed,
+                    1.0,
+                );
+                worst = Worst { error: worst.error.max(step.error), share: worst.share.max(step.share) };
+            }
+        }
+    }
+    println!(
+        "int8 cache, worst error against the original inputs: {:.3e} ({:.1}% of its bound)",
+        worst.error,
+        100.0 * worst.share
+    );
+}
+
+/// A ring buffer with rotary keys, and a plain cache with them, of decoding steps and chunks: the
+/// ring's slots and the rotation by absolute position hold under quantization.
+#[test]
+fn an_int8_ring_with_rotary_keys_matches_the_reference() {
+    let mut seed = 2700;
+    for level in levels() {
+        for kind in [Kind::Scale, Kind::Keep, Kind::Alibi] {
+            seed += 1;
+            let shape = CacheShape::new(1, 2, 40, 32, 20);
+            let rotary = Some(Rotary::new(10_000.0));
+            check_steps(level, shape, 8, &[1, 30, 1, 1, 9, 1, 17, 1], 8, kind, (Some(33), rotary), seed, 1.0);
+            check_steps(level, shape, 4, &[3, 1, 20, 1], 8, kind, (None, rotary), seed, 1.0);
+        }
+    }
+}
+
+/// Past 1024 positions a decoding step splits its keys between tasks: the parts' scales are
+/// their own keys'. Huge and tiny magnitudes scale alike.
+#[test]
+fn long_int8_steps_split_their_keys_and_huge_or_tiny_values_scale_alike() {
+    for level in levels() {
+        let shape = CacheShape::new(1, 2, 2200, 64, 40);
+        check_steps(level, shape, 8, &[2100, 1, 1], 1, Kind::All, (None, None), 2800, 1.0);
+        for magnitude in [1e30, 1e-30] {
+            let shape = CacheShape::new(1, 1, 200, 24, 24);
+            check_steps(level, shape, 2, &[150, 1, 1], 1, Kind::Scale, (None, None), 2801, magnitude);
+        }
+    }
+}
+
+/// Rows of zeros (a scale of 0) store zeros; a row hiding every key gives exactly 0; huge and
+/// zero rows side by side; truncation and appends past it.
+#[test]
+fn zero_rows_hidden_rows_and_truncation_over_an_int8_cache() {
+    for level in levels() {
+        let shape = CacheShape::new(1, 1, 16, 3, 2);
+        let mut cache = KvCache::<Q8>::for_level(shape, level).unwrap();
+        let mut layer = cache.layer(0).unwrap();
+        let k =
+            Array3::from_shape_vec((1, 3, 3), vec![0.0, 0.0, 0.0, 1e30, -2e30, 0.5, 0.0, 0.0, 0.0]).unwrap();
+        let v = Array3::from_shape_vec((1, 3, 2), vec![0.0, 0.0, 3e30, 1.0, 0.0, 0.0]).unwrap();
+        layer.append(k.view(), v.view()).unwrap();
+        // A zero query: equal scores, the mean of the values as stored.
+        let out = layer.attend(Array3::<f32>::zeros((1, 1, 3)).view()).unwrap();
+        let want = dequantized(&v).mean_axis(Axis(1)).unwrap();
+        assert_eq!(out.slice(s![0, 0, ..]), want.slice(s![0, ..]), "{level}: the mean of the stored values");
+        assert_eq!(out[[0, 0, 1]], 1.0 / 3.0 * (1.0 / (3e30 / 127.0) as f32).round() * (3e30 / 127.0) as f32);
+        // A keep mask that hides everything: exactly zero, never NaN.
+        let keep = Array2::from_elem((1, 3), false);
+        let options = qkv::CacheOptions::new().keep_mask(keep.view());
+        let hidden = layer.attend_with(Array3::<f32>::ones((1, 1, 3)).view(), &options).unwrap();
+        assert!(hidden.iter().all(|&x| x == 0.0), "{level}: a hidden row is zeros, got {hidden:?}");
+        drop(layer);
+        cache.truncate(1).unwrap();
+        let mut layer = cache.layer(0).unwrap();
+        let (k, v) = (Array3::from_elem((1, 1, 3), 0.25_f32), Array3::from_elem((1, 1, 2), -4.0_f32));
+        layer.append(k.view(), v.view()).unwrap();
+        // Positions 0 (zeros) and the new one; the query sees both with scores 0 and 0.
+        let out = layer.attend(Array3::<f32>::zeros((1, 1, 3)).view()).unwrap();
+        assert_eq!(out.iter().copied().collect::<Vec<_>>(), [-2.0, -2.0], "{level}: after truncation");
+    }
+}
+
+/// Bad input is an error naming the argument and shape: appends of the wrong shape or with a
+/// non-finite element, queries of the wrong width; nothing is written by a failed append.
+#[test]
+fn bad_input_to_an_int8_cache_is_an_error_naming_the_argument() {
+    let shape = CacheShape::new(1, 2, 8, 4, 3);
+    let mut cache = KvCache::<Q8>::new(shape).unwrap();
+    let mut layer = cache.layer(0).unwrap();
+    let error = layer.append(Array3::zeros((2, 1, 5)).view(), Array3::zeros((2, 1, 3)).view()).unwrap_err();
+    assert!(error.to_string().contains("keys"), "{error}");
+    let mut k = Array3::zeros((2, 2, 4));
+    k[[1, 1, 2]] = f32::NAN;
+    let error = layer.append(k.view(), Array3::zeros((2, 2, 3)).view()).unwrap_err();
+    assert!(error.to_string().contains("keys"), "{error}");
+    assert_eq!(layer.len(), 0, "a failed append writes nothing");
+    let v = Array3::from_elem((2, 2, 3), f32::INFINITY);
+    let error = layer.append(Array3::zeros((2, 2, 4)).view(), v.view()).unwrap_err();
+    assert!(error.to_string().contains("values"), "{error}");
+    layer.append(Array3::ones((2, 2, 4)).view(), Array3::ones((2, 2, 3)).view()).unwrap();
+    let error = layer.attend(Array3::<f32>::zeros((4, 1, 5)).view()).unwrap_err();
+    assert!(error.to_string().contains("queries") && error.to_string().contains("[4, 1, 5]"), "{error}");
+    let error = KvCache::<Q8>::new(CacheShape::new(1, 1, usize::MAX / 2, 4, 4)).err().unwrap();
+    assert!(error.to_string().contains("int8"), "{error}");
+}
