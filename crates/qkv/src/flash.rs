@@ -1042,6 +1042,7 @@ impl<'p, T: Real, E: Element<Compute = T>> Problem<'p, T, E> {
                     scale: score_scale,
                     d,
                     rows: padded,
+                    real_rows: rows,
                     keys: packed.key_block(start, d),
                     panels,
                     s: &mut *s,
@@ -1091,7 +1092,10 @@ impl<'p, T: Real, E: Element<Compute = T>> Problem<'p, T, E> {
                 kernels.scale_columns(RowsMut { data: &mut *s, stride: KEY_BLOCK, rows }, scales.values);
             }
             if !trim {
-                let weights = Weights { p: s, rows: padded, n_keys };
+                // A block smaller than a register tile (a decoding step's stacked heads) takes its
+                // rows one by one: the padding rows of a tile would cost a third of the work.
+                let weight_rows = if rows < K::TILE_ROWS { rows } else { padded };
+                let weights = Weights { p: s, rows: weight_rows, n_keys };
                 kernels.accumulate_values(weights, alpha, values, &mut state.o);
             } else {
                 // A causal tile on the diagonal: each group of rows stops at the last key its

@@ -466,6 +466,10 @@ pub struct ScoreTile<'a, T, E = T> {
     pub d: usize,
     /// Query rows, a multiple of [`Kernels::TILE_ROWS`].
     pub rows: usize,
+    /// The rows that count, the first ones (at most `rows`): the scores of the zero rows that
+    /// pad the last group past them may be written as zeros without computing them (the vector
+    /// levels do).
+    pub real_rows: usize,
     /// Packed key panels (see [`pack_key_panel`]), `panels · d · KEY_PANEL` scalars or more.
     pub keys: &'a [E],
     /// Panels to score against.

@@ -13,6 +13,26 @@
 //!
 //! A windowed cache ([`KvCache::with_window`]) is a ring buffer of the same layout: position `p`
 //! lives in slot `p % capacity`, so a long generation runs in the window's memory (`ring.rs`).
+//!
+//! # int8
+//!
+//! A `KvCache<Q8>` keeps the same layout in int8: key panels and value rows of integers, one
+//! byte each, and beside them one f32 scale per slot for its key and one for its value (each
+//! head's `key_scales` and `value_scales`), so a position of a head costs `d_k + d_v + 8` bytes.
+//! An append takes f32 rows (keys after their rotation) and stores each row `x` as
+//! `q = round(x / s)`, `s = max |x| / 127` (0 for a row of zeros, whose integers are 0). One scale
+//! per row rather than per block of 32 components (`q8_0`'s) keeps the kernels' loads plain: a
+//! key's scale multiplies its score, `s_k · (Q · q_k)`, and a value's its weight, `p · s_v`,
+//! after the softmax's sums took `p` (`kernels::Kernels::scale_columns`), so the kernels read
+//! the integers as they read any storage type, widened to f32 as they load them, and nothing is
+//! dequantized into a copy. Any width works: a row is one block, whatever `d`.
+//!
+//! Error: each stored element is within `s / 2 = max |x| / 254` of the appended one (up to f32
+//! rounding, a relative 2^-16 of that), so a score moves by at most
+//! `δ = |scale| · ‖q‖₁ · max |k| / 254` (soft-capping only shrinks it), each weight by a factor
+//! within `e^{±2δ}`, and an output by at most `(e^{2δ} - 1) · max |v| + max |v| / 254`, beyond
+//! f32 attention over the stored values (`tests/engine/quantized.rs` checks both, at every
+//! level).
 
 use std::collections::TryReserveError;
 
@@ -83,7 +103,8 @@ with_fields!(CacheShape:
 
 /// The keys and values of one sequence for every layer of a decoder, preallocated for
 /// `capacity` positions, in the layout the kernels of one SIMD level read; elements stored as
-/// `E` ([`Storage`]: f32, `half::bf16` or `half::f16`), computed in f32.
+/// `E` ([`CacheStorage`]: f32, `half::bf16`, `half::f16`, or int8 with a scale per position and
+/// head, [`Q8`](crate::Q8), appended as f32), computed in f32.
 ///
 /// A decoding step appends the new position's keys and values to a layer ([`CacheLayer::append`])
 /// and attends with its queries ([`CacheLayer::attend`]): the queries are the last positions of
@@ -564,8 +585,10 @@ impl<E: CacheStorage> CacheLayer<'_, E> {
     }
 
     /// Appends the keys `k` (`[kv_heads, n_new, d_k]`) and values `v` (`[kv_heads, n_new, d_v]`) of
-    /// `n_new` positions. Checks the shapes, the capacity and that every element is finite
-    /// before it writes anything, so a failed append leaves the layer as it was. A windowed
+    /// `n_new` positions, of the cache's storage type (f32 for an int8 cache, which quantizes
+    /// each row as it stores it, see [`Q8`](crate::Q8)). Checks the shapes, the capacity and
+    /// that every element is finite before it writes anything, so a failed append leaves the
+    /// layer as it was. A windowed
     /// cache has no end: each position overwrites the one `capacity` before it (of an append
     /// longer than the capacity, only the last `capacity` positions are written).
     ///

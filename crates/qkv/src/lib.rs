@@ -6,7 +6,8 @@
 //! and ALiBi masks, per sequence or per head ([`AttentionOptions`]); each row's logsumexp and the
 //! exact merge of results over disjoint keys ([`attention_with_lse`], [`PartialAttention::merge`]);
 //! logit soft-capping ([`AttentionOptions::logit_softcap`]); a KV cache for decoding ([`KvCache`],
-//! f32, bf16 or f16 storage under f32 queries) whose steps take the same options
+//! f32, bf16 or f16 storage, or int8 with a scale per position and head ([`Q8`]), under f32
+//! queries) whose steps take the same options
 //! ([`CacheOptions`]) and allocate nothing once warm; bf16 and f16 inputs for one head or many
 //! ([`attention_half`], [`multi_head_attention_half`]) and bf16 or f16 outputs on request (their
 //! `_into` forms and the caches' [`attend_into`](CacheLayer::attend_into)), each row computed in

@@ -19,7 +19,7 @@ pub(super) fn scores<T: Scalar, E: Element, S: Load<T, E>, const MR: usize, cons
     tile: ScoreTile<'_, T, E>,
     group_keys: Option<&dyn Fn(usize) -> usize>,
 ) {
-    let ScoreTile { q, scale, d, rows, keys, panels, s, row_max } = tile;
+    let ScoreTile { q, scale, d, rows, real_rows, keys, panels, s, row_max } = tile;
     debug_assert!(scale == T::one(), "queries of the lane layout are packed scaled");
     let width = NV * S::LANES;
     let panel_len = d * width;
@@ -43,12 +43,18 @@ pub(super) fn scores<T: Scalar, E: Element, S: Load<T, E>, const MR: usize, cons
                 s: &mut s[g * KEY_BLOCK + p * width..][..(MR - 1) * KEY_BLOCK + width],
                 row_max: &mut row_max[g * S::LANES..(g + MR) * S::LANES],
             };
-            // A causal diagonal needs only the first vectors of a panel: fewer accumulators.
-            match vectors {
-                1 if NV > 1 => tile.run::<S, MR, 1, NV>(simd),
-                2 if NV > 2 => tile.run::<S, MR, 2, NV>(simd),
-                3 if NV > 3 => tile.run::<S, MR, 3, NV>(simd),
-                _ => tile.run::<S, MR, NV, NV>(simd),
+            // A causal diagonal needs only the first vectors of a panel: fewer accumulators. A
+            // group of fewer real rows (a decoding step's few stacked heads) computes only them.
+            match (vectors, real_rows.saturating_sub(g)) {
+                (1, _) if NV > 1 => tile.run::<S, MR, MR, 1, NV>(simd),
+                (2, _) if NV > 2 => tile.run::<S, MR, MR, 2, NV>(simd),
+                (3, _) if NV > 3 => tile.run::<S, MR, MR, 3, NV>(simd),
+                (_, 1) if MR > 1 => tile.run::<S, MR, 1, NV, NV>(simd),
+                (_, 2) if MR > 2 => tile.run::<S, MR, 2, NV, NV>(simd),
+                (_, 3) if MR > 3 => tile.run::<S, MR, 3, NV, NV>(simd),
+                (_, 4) if MR > 4 => tile.run::<S, MR, 4, NV, NV>(simd),
+                (_, 5) if MR > 5 => tile.run::<S, MR, 5, NV, NV>(simd),
+                _ => tile.run::<S, MR, MR, NV, NV>(simd),
             }
         }
     }
@@ -63,21 +69,26 @@ struct ScoreGroup<'a, T, E> {
 }
 
 impl<T: Scalar, E: Element> ScoreGroup<'_, T, E> {
-    /// The first `NV` vectors of an `NP`-vector panel: the accumulators stay in registers across
-    /// the whole `d` loop and are stored once, their lane-wise maxima folded into `row_max`.
+    /// The first `R` of the group's `MR` rows against the first `NV` vectors of an `NP`-vector
+    /// panel: the accumulators stay in registers across the whole `d` loop and are stored once,
+    /// their lane-wise maxima folded into `row_max`. The scores of the rows past `R` (zero
+    /// queries that pad the group) are zeros, as their products would be.
     #[inline(always)]
-    fn run<S: Load<T, E>, const MR: usize, const NV: usize, const NP: usize>(self, simd: S) {
+    fn run<S: Load<T, E>, const MR: usize, const R: usize, const NV: usize, const NP: usize>(self, simd: S) {
         let lanes = S::LANES;
-        let mut acc = [[simd.zero(); NV]; MR];
+        let mut acc = [[simd.zero(); NV]; R];
         // Two components per iteration: half the loop's own instructions and exits.
         let (q_pairs, panel_pairs) = (self.q.chunks_exact(2 * MR), self.panel.chunks_exact(2 * NP * lanes));
         let (q_last, panel_last) = (q_pairs.remainder(), panel_pairs.remainder());
         for (a, b) in q_pairs.zip(panel_pairs) {
-            score_step::<T, E, S, MR, NV>(simd, &mut acc, &a[..MR], &b[..NP * lanes]);
-            score_step::<T, E, S, MR, NV>(simd, &mut acc, &a[MR..], &b[NP * lanes..]);
+            score_step::<T, E, S, R, NV>(simd, &mut acc, &a[..R], &b[..NP * lanes]);
+            score_step::<T, E, S, R, NV>(simd, &mut acc, &a[MR..MR + R], &b[NP * lanes..]);
         }
         if !q_last.is_empty() {
-            score_step::<T, E, S, MR, NV>(simd, &mut acc, q_last, panel_last);
+            score_step::<T, E, S, R, NV>(simd, &mut acc, q_last, panel_last);
+        }
+        for r in R..MR {
+            self.s[r * KEY_BLOCK..][..NV * lanes].fill(T::zero());
         }
         for (r, acc) in acc.iter().enumerate() {
             let row = &mut self.s[r * KEY_BLOCK..][..NV * lanes];

@@ -54,23 +54,55 @@ struct Worst {
     share: f64,
 }
 
-/// Attends at `level` over an int8 cache of `shape` (a ring of `window` if given, with
-/// `rotary` if given), appending `chunks` positions at a time and attending after each with
-/// their queries (at most `most_queries`) under `kind`'s options: each output row must match
-/// the reference over the test's own dequantization within f32's tolerance, and the reference
-/// over the original inputs within [`quantization_bound`] plus that tolerance.
-#[allow(clippy::too_many_arguments)]
-fn check_steps(
+/// A run of steps over an int8 cache at `level` of `shape` (a ring of `window` if given, with
+/// `rotary` if given), of `query_heads` query heads, appending `chunks` positions at a time and
+/// attending after each with their queries (at most `most_queries`) under `kind`'s options, the
+/// keys and values random in `±1.5 · magnitude`.
+#[derive(Clone, Copy)]
+struct Steps<'a> {
     level: SimdLevel,
     shape: CacheShape,
     query_heads: usize,
-    chunks: &[usize],
+    chunks: &'a [usize],
     most_queries: usize,
     kind: Kind,
-    (window, rotary): (Option<usize>, Option<Rotary>),
+    window: Option<usize>,
+    rotary: Option<Rotary>,
     seed: u64,
     magnitude: f32,
-) -> Worst {
+}
+
+impl Steps<'_> {
+    /// Plain steps: every chunk's queries, no ring, no rotary, magnitude 1.
+    fn new(
+        level: SimdLevel,
+        shape: CacheShape,
+        query_heads: usize,
+        chunks: &[usize],
+        kind: Kind,
+        seed: u64,
+    ) -> Steps<'_> {
+        Steps {
+            level,
+            shape,
+            query_heads,
+            chunks,
+            most_queries: usize::MAX,
+            kind,
+            window: None,
+            rotary: None,
+            seed,
+            magnitude: 1.0,
+        }
+    }
+}
+
+/// Runs `steps`: each output row must match the reference over the test's own dequantization
+/// within f32's tolerance, and the reference over the original inputs within
+/// [`quantization_bound`] plus that tolerance. Returns the worst error against the original.
+fn check_steps(steps: Steps) -> Worst {
+    let Steps { level, shape, query_heads, chunks, most_queries, kind, window, rotary, seed, magnitude } =
+        steps;
     let len: usize = chunks.iter().sum();
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut tensor = |heads, d| {
@@ -192,17 +224,7 @@ fn int8_cache_steps_match_the_reference_over_its_dequantized_inputs_and_the_stat
             for (kv_heads, group, key_dim, value_dim) in [shapes[k % 4], shapes[(k + 1) % 4]] {
                 seed += 1;
                 let shape = CacheShape::new(2, kv_heads, CHUNKS.iter().sum(), key_dim, value_dim);
-                let step = check_steps(
-                    level,
-                    shape,
-                    kv_heads * group,
-                    &CHUNKS,
-                    usize::MAX,
-                    kind,
-                    (None, None),
-                    seed,
-                    1.0,
-                );
+                let step = check_steps(Steps::new(level, shape, kv_heads * group, &CHUNKS, kind, seed));
                 worst = Worst { error: worst.error.max(step.error), share: worst.share.max(step.share) };
             }
         }
@@ -224,8 +246,10 @@ fn an_int8_ring_with_rotary_keys_matches_the_reference() {
             seed += 1;
             let shape = CacheShape::new(1, 2, 40, 32, 20);
             let rotary = Some(Rotary::new(10_000.0));
-            check_steps(level, shape, 8, &[1, 30, 1, 1, 9, 1, 17, 1], 8, kind, (Some(33), rotary), seed, 1.0);
-            check_steps(level, shape, 4, &[3, 1, 20, 1], 8, kind, (None, rotary), seed, 1.0);
+            let ring = Steps::new(level, shape, 8, &[1, 30, 1, 1, 9, 1, 17, 1], kind, seed);
+            check_steps(Steps { most_queries: 8, window: Some(33), rotary, ..ring });
+            let plain = Steps::new(level, shape, 4, &[3, 1, 20, 1], kind, seed);
+            check_steps(Steps { most_queries: 8, rotary, ..plain });
         }
     }
 }
@@ -236,10 +260,11 @@ fn an_int8_ring_with_rotary_keys_matches_the_reference() {
 fn long_int8_steps_split_their_keys_and_huge_or_tiny_values_scale_alike() {
     for level in levels() {
         let shape = CacheShape::new(1, 2, 2200, 64, 40);
-        check_steps(level, shape, 8, &[2100, 1, 1], 1, Kind::All, (None, None), 2800, 1.0);
+        check_steps(Steps { most_queries: 1, ..Steps::new(level, shape, 8, &[2100, 1, 1], Kind::All, 2800) });
         for magnitude in [1e30, 1e-30] {
             let shape = CacheShape::new(1, 1, 200, 24, 24);
-            check_steps(level, shape, 2, &[150, 1, 1], 1, Kind::Scale, (None, None), 2801, magnitude);
+            let steps = Steps::new(level, shape, 2, &[150, 1, 1], Kind::Scale, 2801);
+            check_steps(Steps { most_queries: 1, magnitude, ..steps });
         }
     }
 }
@@ -299,4 +324,22 @@ fn bad_input_to_an_int8_cache_is_an_error_naming_the_argument() {
     assert!(error.to_string().contains("queries") && error.to_string().contains("[4, 1, 5]"), "{error}");
     let error = KvCache::<Q8>::new(CacheShape::new(1, 1, usize::MAX / 2, 4, 4)).err().unwrap();
     assert!(error.to_string().contains("int8"), "{error}");
+}
+
+/// bf16 queries over an int8 cache give what their f32 widening gives, bit for bit.
+#[test]
+fn bf16_queries_over_an_int8_cache_equal_their_widening() {
+    for level in levels() {
+        let shape = CacheShape::new(1, 2, 64, 40, 24);
+        let mut rng = ChaCha8Rng::seed_from_u64(2900);
+        let mut tensor =
+            |heads, n, d| Array3::from_shape_simple_fn((heads, n, d), || rng.random_range(-1.0_f32..1.0));
+        let (k, v) = (tensor(2, 50, 40), tensor(2, 50, 24));
+        let q = tensor(6, 3, 40).mapv(qkv::half::bf16::from_f32);
+        let mut cache = KvCache::<Q8>::for_level(shape, level).unwrap();
+        let mut layer = cache.layer(0).unwrap();
+        layer.append(k.view(), v.view()).unwrap();
+        let widened = layer.attend(q.mapv(qkv::half::bf16::to_f32).view()).unwrap();
+        assert_eq!(layer.attend(q.view()).unwrap(), widened, "{level}");
+    }
 }
