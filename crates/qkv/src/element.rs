@@ -1,11 +1,11 @@
 //! The element types of the public API: [`Real`], what the engine computes in (`f32`, the fast
 //! path, and `f64`), [`Storage`], what it stores keys, values and queries in (`f32`, `bf16`,
-//! `f16`) and computes from in f32, and [`CacheStorage`], what a [`KvCache`](crate::KvCache)
-//! stores: a `Storage` type, or int8 ([`Q8`]).
+//! `f16`) and computes from in f32, and [`CacheStorage`], what a [`KvCache`](crate::KvCache) or
+//! [`PagedKvCache`](crate::PagedKvCache) stores: a `Storage` type, or int8 ([`Q8`]).
 
 use std::fmt::{Debug, Display};
 
-use ndarray::LinalgScalar;
+use ndarray::{ArrayView1, LinalgScalar};
 
 use crate::kernels::Element;
 pub use crate::kernels::Q8;
@@ -78,7 +78,8 @@ mod storage_sealed {
 }
 
 /// An element type the engine stores keys, values and queries in and computes from in f32:
-/// `f32` itself, `half::bf16` and `half::f16`. A [`KvCache`](crate::KvCache) holds any of them.
+/// `f32` itself, `half::bf16` and `half::f16`. A [`KvCache`](crate::KvCache) holds any of them
+/// (and int8, [`Q8`], which is a [`CacheStorage`] but not a `Storage`).
 ///
 /// Sealed: each needs kernels that widen it as they load it.
 ///
@@ -146,7 +147,8 @@ mod cache_sealed {
     }
 }
 
-/// What a [`KvCache`](crate::KvCache) stores its keys and values as: any [`Storage`] type (f32,
+/// What a [`KvCache`](crate::KvCache) or [`PagedKvCache`](crate::PagedKvCache) stores its keys
+/// and values as: any [`Storage`] type (f32,
 /// `half::bf16`, `half::f16`), kept as appended, or [`Q8`], int8 quantized as appended. Every
 /// `Storage` type is one, so code generic over `E: Storage` names `KvCache<E>` as before.
 ///
@@ -174,4 +176,14 @@ impl<S: Storage> CacheStorage for S {
 impl CacheStorage for Q8 {
     type Appended = f32;
     const NAME: &'static str = "int8";
+}
+
+/// The scale row `x` of a cache's keys or values is stored divided by: of an int8 cache,
+/// `max |x| / 127` (0 for a row of zeros), so that every stored integer is within `-127 ..= 127`;
+/// otherwise 1, a plain copy. Both caches quantize with it.
+pub(crate) fn row_scale<E: CacheStorage>(x: ArrayView1<E::Appended>) -> f32 {
+    if !E::SCALED {
+        return 1.0;
+    }
+    x.iter().fold(0.0_f32, |m, &x| m.max(x.to_f32().abs())) / 127.0
 }

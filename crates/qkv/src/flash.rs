@@ -304,7 +304,7 @@ impl<E: Element> StoredKeys<'_, E> {
 /// head's positions as [`CachedKeys`] of `block_size` keys (`block_size` a multiple of the
 /// level's `KEY_PANEL`, so that a block is whole panels).
 #[derive(Clone, Copy)]
-pub(crate) struct PagedKeys<'p, E> {
+pub(crate) struct PagedKeys<'p, E: Element> {
     /// Every block of the pool, `block_stride` scalars apart.
     pub(crate) storage: &'p [E],
     pub(crate) block_stride: usize,
@@ -317,6 +317,12 @@ pub(crate) struct PagedKeys<'p, E> {
     pub(crate) values_at: usize,
     pub(crate) key_dim: usize,
     pub(crate) value_stride: usize,
+    /// Quantized keys' and values' scales (an int8 pool's; empty otherwise): every block's,
+    /// `scales_stride` apart, this head's `block_size` key scales from `scales_at` inside a
+    /// block, then its value scales.
+    pub(crate) scales: &'p [E::Compute],
+    pub(crate) scales_stride: usize,
+    pub(crate) scales_at: usize,
 }
 
 impl<'p, E: Element> PagedKeys<'p, E> {
@@ -327,7 +333,11 @@ impl<'p, E: Element> PagedKeys<'p, E> {
             panels: &block[self.panels_at..][..self.block_size * self.key_dim],
             values: &block[self.values_at..][..self.block_size * self.value_stride],
             value_stride: self.value_stride,
-            scales: None,
+            scales: (!self.scales.is_empty()).then(|| {
+                let size = self.block_size;
+                let scales = &self.scales[self.table[b] as usize * self.scales_stride + self.scales_at..];
+                Scales { keys: &scales[..size], values: &scales[size..2 * size] }
+            }),
         }
     }
 }
@@ -668,8 +678,6 @@ struct Packed<'a, E: Element> {
     value_stride: usize,
     /// Vectors per value row.
     value_vectors: usize,
-    /// The keys' and values' scales, when they are quantized (an int8 cache's).
-    scales: Option<Scales<'a, E::Compute>>,
 }
 
 /// The packed key panels (see `kernels::pack_key_panel`), zero-padded to whole panels.
@@ -686,8 +694,9 @@ enum PackedKeys<'a, E: Element> {
         layout: Layout,
         blocks: Vec<KeyBlock<E>>,
     },
-    /// Every key's panel, packed beforehand (a KV cache's), `d_k` scalars per key.
-    Cached(&'a [E]),
+    /// Every key's panel, packed beforehand (a KV cache's), `d_k` scalars per key, and the
+    /// scales of quantized keys and values.
+    Cached(&'a [E], Option<Scales<'a, E::Compute>>),
     /// Packed beforehand, block by block.
     Paged(PagedKeys<'a, E>),
 }
@@ -770,7 +779,7 @@ impl<'a, E: Element> Packed<'a, E> {
             }
         };
         let keys = PackedKeys::Packing { k, key_panel: K::KEY_PANEL, layout: K::LAYOUT, blocks };
-        Packed { first_key, keys, values, value_stride, value_vectors, scales: None }
+        Packed { first_key, keys, values, value_stride, value_vectors }
     }
 
     /// A cache's keys and values, in the layout of the kernels of `K` already.
@@ -780,11 +789,10 @@ impl<'a, E: Element> Packed<'a, E> {
     {
         Packed {
             first_key: 0,
-            keys: PackedKeys::Cached(cached.panels),
+            keys: PackedKeys::Cached(cached.panels, cached.scales),
             values: Values::Borrowed(cached.values),
             value_stride: cached.value_stride,
             value_vectors: value_dim.div_ceil(K::LANES),
-            scales: cached.scales,
         }
     }
 
@@ -799,7 +807,6 @@ impl<'a, E: Element> Packed<'a, E> {
             values: Values::Paged(paged),
             value_stride: paged.value_stride,
             value_vectors: value_dim.div_ceil(K::LANES),
-            scales: None,
         }
     }
 
@@ -808,7 +815,7 @@ impl<'a, E: Element> Packed<'a, E> {
     fn contiguous_keys(&self, start: usize) -> usize {
         match &self.keys {
             PackedKeys::Paged(paged) => paged.block_size - start % paged.block_size,
-            PackedKeys::Packing { .. } | PackedKeys::Cached(_) => usize::MAX,
+            PackedKeys::Packing { .. } | PackedKeys::Cached(..) => usize::MAX,
         }
     }
 
@@ -829,17 +836,25 @@ impl<'a, E: Element> Packed<'a, E> {
                 })
             }
             // A block starts at a whole panel: its panels start `d` scalars per key in.
-            PackedKeys::Cached(panels) => &panels[offset * d..],
+            PackedKeys::Cached(panels, _) => &panels[offset * d..],
             PackedKeys::Paged(paged) => {
                 &paged.block(offset / paged.block_size).panels[offset % paged.block_size * d..]
             }
         }
     }
 
-    /// The scales of the `n_keys` keys and values from key `start` on, when they are quantized.
+    /// The scales of the `n_keys` keys and values from key `start` on (inside one paged block),
+    /// when they are quantized.
     fn scales(&self, start: usize, n_keys: usize) -> Option<Scales<'a, E::Compute>> {
-        let keys = start - self.first_key..start - self.first_key + n_keys;
-        self.scales.map(|scales| Scales { keys: &scales.keys[keys.clone()], values: &scales.values[keys] })
+        let (scales, from) = match &self.keys {
+            PackedKeys::Packing { .. } => return None,
+            PackedKeys::Cached(_, scales) => (*scales, start - self.first_key),
+            PackedKeys::Paged(paged) => {
+                (paged.block(start / paged.block_size).scales, start % paged.block_size)
+            }
+        };
+        let keys = from..from + n_keys;
+        scales.map(|scales| Scales { keys: &scales.keys[keys.clone()], values: &scales.values[keys] })
     }
 
     /// The values of key `key` onwards, as the `P·V` kernel reads them.

@@ -179,20 +179,24 @@ element!(bf16, wide::f32x16, f32, bf16::to_f32, bf16::from_f32, widened_copy, Ou
 element!(f16, wide::f32x16, f32, f16::to_f32, f16::from_f32, widened_copy, OutRows::F16, pairs = vectors);
 element!(Q8, [wide::i8x32; 2], f32, Q8::to_f32, Q8::nearest, widened_copy, Q8::no_output, pairs = vectors);
 
-/// int8 storage for a KV cache, `KvCache<Q8>`: llama.cpp's `q8_0` idea with one scale per
-/// position and head, for each of its key and value rows. Appends take f32 keys and values;
-/// each row `x` (a key, `d_k` wide, or a value, `d_v` wide, after any rotary embedding) is stored
-/// as `q = round(x / s)` with `s = max |x| / 127` (an f32), so `|q| <= 127`, and `s` beside it
-/// (a row of zeros has `s = 0` and stores zeros). Steps take f32 (or bf16, f16) queries and
-/// dequantize inside the kernels, never into a copy: a score is `s_k · (q · k_q)`, and a
-/// weight multiplies its value row as `p · s_v` (see `KvCache`'s module documentation for the
-/// layout and the error bound).
+/// int8 storage for a KV cache, `KvCache<Q8>` or `PagedKvCache<Q8>`: llama.cpp's `q8_0` idea
+/// with one scale per position and head for each key and value row, rather than per block of 32.
+/// Appends take f32 keys and values; each row `x` (a key, `d_k` wide, after any rotary
+/// embedding, or a value, `d_v` wide) is stored as `q = round(x / s)` with `s = max |x| / 127`
+/// (an f32), so `|q| <= 127`, and `s` beside it (a row of zeros has `s = 0` and stores zeros).
+/// Any width works: a row is one block. Steps take f32 (or bf16, f16) queries and dequantize
+/// inside the kernels, never into a copy: the kernels widen the integers as they load them, a
+/// key's scale multiplies its score (`s_k · (Q · q_k)`) and a value's its weight (`p · s_v`,
+/// after the softmax's sum took `p`). Keys and values stay in the cache's panels and rows, one
+/// byte an element, beside 8 bytes of scales a position and head: a decoding step reads
+/// `d_k + d_v + 8` bytes a position against bf16's `2 · (d_k + d_v)`.
 ///
-/// A decoding step reads about 1 + 4 / d bytes per element, half of bf16's 2: decoding, which
-/// is bound by memory, runs about twice as fast.
-///
-/// Each stored element is within `s / 2 = max |x| / 254` of what was appended (up to f32
-/// rounding, a relative 2^-16 of that).
+/// Error: each stored element is within `s / 2 = max |x| / 254` of the appended one (up to f32
+/// rounding, a relative 2^-16 of that). So each score of a query `q` moves by at most
+/// `δ = |scale| · ‖q‖₁ · max |k| / 254` (logit soft-capping only shrinks that), each weight by a
+/// factor within `e^{±2δ}`, and each output element by at most
+/// `(e^{2δ} - 1) · max |v| + max |v| / 254` from attention over the appended keys and values,
+/// beyond f32's own rounding (`max` over the positions the step reads).
 ///
 /// ```
 /// use ndarray::Array3;
@@ -209,9 +213,9 @@ element!(Q8, [wide::i8x32; 2], f32, Q8::to_f32, Q8::nearest, widened_copy, Q8::n
 /// # Ok::<(), qkv::AttentionError>(())
 /// ```
 ///
-/// (Defined with the kernels, which load it, and public as `qkv::Q8`. As an [`Element`] it
-/// widens to the integer itself: the kernels load it into f32 lanes, and the scales are applied
-/// to the scores and weights, [`Kernels::scale_columns`].)
+/// (Defined with the kernels, which load it, and public as `qkv::Q8`. As an `Element` it widens
+/// to the integer itself: the kernels load it into f32 lanes, and the scales are applied to the
+/// scores and weights by `Kernels::scale_columns`.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[repr(transparent)]
 pub struct Q8(i8);

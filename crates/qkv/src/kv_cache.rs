@@ -36,9 +36,9 @@
 
 use std::collections::TryReserveError;
 
-use ndarray::{Array2, Array3, ArrayView1, ArrayView3, ArrayViewMut2, ArrayViewMut3, Axis, Ix3, s};
+use ndarray::{Array2, Array3, ArrayView3, ArrayViewMut2, ArrayViewMut3, Axis, Ix3, s};
 
-use crate::element::{CacheStorage, Storage};
+use crate::element::{CacheStorage, Storage, row_scale};
 use crate::error::{AttentionError, Dims};
 use crate::flash::{self, CachedKeys, CachedLayout, LayoutOf, Scales, StoredKeys};
 use crate::kernels::{self, Buffer, Element, Isa};
@@ -976,15 +976,6 @@ impl<E: CacheStorage> CacheLayer<'_, E> {
             why,
         })
     }
-}
-
-/// The scale row `x` is stored divided by: of an int8 cache, `max |x| / 127` (0 for a row of
-/// zeros), so that every stored integer is within `-127 ..= 127`; otherwise 1, a plain copy.
-fn row_scale<E: CacheStorage>(x: ArrayView1<E::Appended>) -> f32 {
-    if !E::SCALED {
-        return 1.0;
-    }
-    x.iter().fold(0.0_f32, |m, &x| m.max(x.to_f32().abs())) / 127.0
 }
 
 #[cfg(test)]

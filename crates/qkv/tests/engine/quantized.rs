@@ -5,7 +5,9 @@
 //! truncation, awkward shapes, rows of zeros and of huge values; and its errors.
 
 use ndarray::{Array2, Array3, ArrayView1, ArrayView2, Axis, s};
-use qkv::{CacheShape, KvCache, Q8, Rotary, SimdLevel};
+use qkv::{
+    AttentionOptions, CacheShape, CausalMask, KvCache, PagedKvCache, PagedShape, Q8, Rotary, SimdLevel,
+};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -36,8 +38,8 @@ fn dequantized(x: &Array3<f32>) -> Array3<f32> {
 fn quantization_bound(q: ArrayView1<f32>, scale: f64, k: ArrayView2<f32>, v: ArrayView2<f32>) -> f64 {
     let step = |m: f64| m / 254.0 * (1.0 + 2f64.powi(-16));
     let q_norm: f64 = q.iter().map(|&x| f64::from(x).abs()).sum();
-    let delta = scale.abs() * q_norm * step(max_abs(&k));
-    let v_max = max_abs(&v);
+    let delta = scale.abs() * q_norm * step(max_abs(k));
+    let v_max = max_abs(v);
     (2.0 * delta).exp_m1() * v_max + step(v_max)
 }
 
@@ -291,7 +293,6 @@ fn zero_rows_hidden_rows_and_truncation_over_an_int8_cache() {
         let options = qkv::CacheOptions::new().keep_mask(keep.view());
         let hidden = layer.attend_with(Array3::<f32>::ones((1, 1, 3)).view(), &options).unwrap();
         assert!(hidden.iter().all(|&x| x == 0.0), "{level}: a hidden row is zeros, got {hidden:?}");
-        drop(layer);
         cache.truncate(1).unwrap();
         let mut layer = cache.layer(0).unwrap();
         let (k, v) = (Array3::from_elem((1, 1, 3), 0.25_f32), Array3::from_elem((1, 1, 2), -4.0_f32));
@@ -335,11 +336,62 @@ fn bf16_queries_over_an_int8_cache_equal_their_widening() {
         let mut tensor =
             |heads, n, d| Array3::from_shape_simple_fn((heads, n, d), || rng.random_range(-1.0_f32..1.0));
         let (k, v) = (tensor(2, 50, 40), tensor(2, 50, 24));
-        let q = tensor(6, 3, 40).mapv(qkv::half::bf16::from_f32);
+        let q = tensor(6, 3, 40).mapv(half::bf16::from_f32);
         let mut cache = KvCache::<Q8>::for_level(shape, level).unwrap();
         let mut layer = cache.layer(0).unwrap();
         layer.append(k.view(), v.view()).unwrap();
-        let widened = layer.attend(q.mapv(qkv::half::bf16::to_f32).view()).unwrap();
+        let widened = layer.attend(q.mapv(half::bf16::to_f32).view()).unwrap();
         assert_eq!(layer.attend(q.view()).unwrap(), widened, "{level}");
+    }
+}
+
+/// An int8 paged cache: two sequences sharing a prefix (a fork, whose first append copies the
+/// shared partial block and its scales), positions across blocks, a batch of a prefill chunk and
+/// a decoding step, against the reference over the test's own dequantization of each sequence.
+#[test]
+fn an_int8_paged_cache_and_its_fork_match_the_reference_over_their_dequantized_inputs() {
+    for level in levels() {
+        let block_size = PagedKvCache::<Q8>::block_granularity(level).unwrap();
+        let shape = PagedShape::new(2, 2, 20, 12, block_size, 64);
+        let mut cache = PagedKvCache::<Q8>::for_level(shape, level).unwrap();
+        let mut rng = ChaCha8Rng::seed_from_u64(3000);
+        let mut tensor =
+            |heads, n, d| Array3::from_shape_simple_fn((heads, n, d), || rng.random_range(-2.0_f32..2.0));
+        let (shared, len_a, len_b) = (block_size + 5, 2 * block_size + 9, block_size + 11);
+        let (k_a, v_a) = (tensor(2, len_a, 20), tensor(2, len_a, 12));
+        let (mut k_b, mut v_b) = (tensor(2, len_b, 20), tensor(2, len_b, 12));
+        k_b.slice_mut(s![.., ..shared, ..]).assign(&k_a.slice(s![.., ..shared, ..]));
+        v_b.slice_mut(s![.., ..shared, ..]).assign(&v_a.slice(s![.., ..shared, ..]));
+        let a = cache.add_sequence();
+        let rows = |x: &Array3<f32>, range: std::ops::Range<usize>| x.slice(s![.., range, ..]).to_owned();
+        cache
+            .layer(1)
+            .unwrap()
+            .append(a, k_a.slice(s![.., ..shared, ..]), v_a.slice(s![.., ..shared, ..]))
+            .unwrap();
+        let b = cache.fork(a).unwrap();
+        let mut layer = cache.layer(1).unwrap();
+        layer.append(a, rows(&k_a, shared..len_a).view(), rows(&v_a, shared..len_a).view()).unwrap();
+        layer.append(b, rows(&k_b, shared..len_b).view(), rows(&v_b, shared..len_b).view()).unwrap();
+        // Sequence a: its last 3 positions' queries; sequence b: its last one's. 4 query heads.
+        let q = tensor(4, 4, 20);
+        let out = layer.attend(&[a, b], &[0, 3, 4], q.view()).unwrap();
+        let causal = AttentionOptions::new().causal(CausalMask::BottomRight);
+        for (name, k, v, queries, len) in [("a", &k_a, &v_a, 0..3, len_a), ("b", &k_b, &v_b, 3..4, len_b)] {
+            let (kq, vq) = (dequantized(k), dequantized(v));
+            for h in 0..4 {
+                let qh = q.slice(s![h, queries.clone(), ..]);
+                let (kh, vh) = (head_of(&kq, h / 2, 0..len), head_of(&vq, h / 2, 0..len));
+                let want = qkv::reference::attention(qh, kh, vh, &causal).unwrap();
+                let (_, bound) = error_bound(&want, &vh.to_owned());
+                let got = out.slice(s![h, queries.clone(), ..]).to_owned();
+                assert_close(
+                    &format!("{level} paged int8 sequence {name} head {h}"),
+                    &got,
+                    &want.output,
+                    bound,
+                );
+            }
+        }
     }
 }
