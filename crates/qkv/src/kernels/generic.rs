@@ -315,7 +315,12 @@ pub(super) fn accumulate_values<
     // the next run's rows ahead (a row read in one pass goes down the rows in order already).
     // A step of 32/8 heads, d = 128, over 16384 cached positions went from 17.9 to 14.2 ms on
     // 2 Zen 3 threads.
-    let one_pass = if groups > 0 { values.vectors <= NC } else { values.vectors <= NC1 };
+    // Four or five rows alone (a decoding step's stacked heads, fewer than a tile: 32 query heads
+    // over 8) take one tile of their own height, each value vector loaded and widened once for
+    // all of them rather than once per row; fewer rows keep the wider one-row tile, whose chains
+    // of multiply-adds are longer.
+    let few = if groups == 0 && (4..MR).contains(&rows) { rows } else { 0 };
+    let one_pass = if groups > 0 || few > 0 { values.vectors <= NC } else { values.vectors <= NC1 };
     let run = if rows <= MR && !one_pass { VALUE_RUN } else { n_keys };
     let ones = [T::one(); MR];
     let prefetching = run < n_keys;
@@ -340,8 +345,14 @@ pub(super) fn accumulate_values<
         for g in (0..groups).step_by(MR) {
             tile(g, MR).columns::<S, MR, NC>(simd, &mut o[g * o_stride..(g + MR) * o_stride]);
         }
-        for r in groups..rows {
-            tile(r, 1).columns::<S, 1, NC1>(simd, &mut o[r * o_stride..(r + 1) * o_stride]);
+        match few {
+            4 => tile(0, 4).columns::<S, 4, NC>(simd, &mut o[..4 * o_stride]),
+            5 => tile(0, 5).columns::<S, 5, NC>(simd, &mut o[..5 * o_stride]),
+            _ => {
+                for r in groups..rows {
+                    tile(r, 1).columns::<S, 1, NC1>(simd, &mut o[r * o_stride..(r + 1) * o_stride]);
+                }
+            }
         }
     }
 }
