@@ -9,6 +9,9 @@ pub enum Precision {
     #[default]
     F32,
     Bf16,
+    /// A KV cache's int8 storage (`KvCache<Q8>`: one f32 scale per position and head of keys and
+    /// of values).
+    Int8,
 }
 
 /// One attention problem: `batch × heads` query heads sharing `kv_heads` key/value heads.
@@ -84,7 +87,7 @@ impl Case {
     }
 
     /// A short name: `8h n=1024 causal`, `4x8h n=128`, `gqa 8/2 n=1024`, `decode 1x16384`,
-    /// `gqa 32/8 decode 1x4096`, `cache gqa 32/8 decode 1x8192 d=128 bf16`, `n=4096 bf16`,
+    /// `gqa 32/8 decode 1x4096`, `cache gqa 32/8 decode 1x8192 d=128 bf16`, `cache gqa 32/8 decode 1x8192 d=128 int8`, `n=4096 bf16`,
     /// `paged ragged 8xgqa 32/8 decode 1x4096 d=128`.
     pub fn label(&self) -> String {
         let cache = match (self.cache, self.ragged) {
@@ -93,7 +96,11 @@ impl Case {
             (false, false) => "",
         };
         let d = if self.d == 64 { String::new() } else { format!(" d={}", self.d) };
-        let precision = if self.precision == Precision::Bf16 { " bf16" } else { "" };
+        let precision = match self.precision {
+            Precision::F32 => "",
+            Precision::Bf16 => " bf16",
+            Precision::Int8 => " int8",
+        };
         let backward = if self.backward { " backward" } else { "" };
         format!("{cache}{}{d}{precision}{backward}", self.attention_label())
     }
@@ -122,8 +129,13 @@ impl Case {
 
     /// Bytes of keys and values, each read once by a decoding step.
     pub fn kv_bytes(&self) -> usize {
-        let element = if self.precision == Precision::Bf16 { 2 } else { size_of::<f32>() };
-        2 * self.kv_heads * self.keys() * self.d * element
+        let row = match self.precision {
+            Precision::F32 => self.d * size_of::<f32>(),
+            Precision::Bf16 => self.d * 2,
+            // One byte per element and the row's f32 scale.
+            Precision::Int8 => self.d + size_of::<f32>(),
+        };
+        2 * self.kv_heads * self.keys() * row
     }
 }
 
@@ -132,7 +144,7 @@ impl Case {
 /// 131072 keys, and a GQA decoding step (32 query heads over 8 KV heads, one query each); full
 /// attention over bf16 inputs at n = 4096 and over 8 bf16 query heads on 2 KV heads of 1024; the KV-cache decoding step (a layer of 32
 /// query heads over 8 KV heads, d = 128, one new token over 1k to 32k cached positions, doubling),
-/// in f32 and bf16; a ragged batch of 8 such layers' sequences over the paged cache, the longest
+/// in f32, bf16 and int8; a ragged batch of 8 such layers' sequences over the paged cache, the longest
 /// 4096 and 16384 positions, the others an eighth, two eighths, ... of it; the backward of a single head at n = 1024, 4096 and 16384, d = 64 and 128, causal
 /// and not; and (not with `--quick`) n = 65536.
 pub fn all(quick: bool) -> Vec<Case> {
@@ -159,7 +171,7 @@ pub fn all(quick: bool) -> Vec<Case> {
         Case { precision: Precision::Bf16, ..heads(8, 2, Case::single(1024, 1024, false)) },
     ];
     for n_k in [1024, 2048, 4096, 8192, 16384, 32768] {
-        for precision in [Precision::F32, Precision::Bf16] {
+        for precision in [Precision::F32, Precision::Bf16, Precision::Int8] {
             cases.push(Case { d: 128, precision, cache: true, ..heads(32, 8, Case::single(1, n_k, false)) });
         }
     }

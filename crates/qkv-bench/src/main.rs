@@ -7,7 +7,7 @@
 //! [--python PYTHON]` (`cargo xtask bench` runs exactly that). Without `peers`, candle and the
 //! GEMM ceiling are left out and the rest still runs.
 //!
-//! Beside the dense rows: KV-cache steps (`KvCache`, f32 and bf16, with tokens per second),
+//! Beside the dense rows: KV-cache steps (`KvCache`, f32, bf16 and int8, with tokens per second),
 //! ragged batched decoding over a `PagedKvCache` (beside `multi_head_attention` with key lengths
 //! over the padded batch), bf16 attention (`attention_half`) and the backward (beside PyTorch's
 //! SDPA backward). Peak heap comes from a counting allocator (`alloc.rs`).

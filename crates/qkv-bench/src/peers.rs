@@ -57,6 +57,11 @@ pub fn runners<'a>(case: &Case, inputs: &'a Inputs, quick: bool) -> Result<Vec<R
                 kv_cache::runner::<half::bf16>(case, inputs, Some(1), None)?,
                 kv_cache::runner::<half::bf16>(case, inputs, None, Some(qkv::Rotary::new(10_000.0)))?,
             ],
+            Precision::Int8 => vec![
+                kv_cache::runner::<qkv::Q8>(case, inputs, None, None)?,
+                kv_cache::runner::<qkv::Q8>(case, inputs, Some(1), None)?,
+                kv_cache::runner::<qkv::Q8>(case, inputs, None, Some(qkv::Rotary::new(10_000.0)))?,
+            ],
         });
     }
     if case.backward {

@@ -1,12 +1,14 @@
 //! The element types of the public API: [`Real`], what the engine computes in (`f32`, the fast
-//! path, and `f64`), and [`Storage`], what it stores keys, values and queries in (`f32`, `bf16`,
-//! `f16`) and computes from in f32.
+//! path, and `f64`), [`Storage`], what it stores keys, values and queries in (`f32`, `bf16`,
+//! `f16`) and computes from in f32, and [`CacheStorage`], what a [`KvCache`](crate::KvCache) or
+//! [`PagedKvCache`](crate::PagedKvCache) stores: a `Storage` type, or int8 ([`Q8`]).
 
 use std::fmt::{Debug, Display};
 
-use ndarray::LinalgScalar;
+use ndarray::{ArrayView1, LinalgScalar};
 
 use crate::kernels::Element;
+pub use crate::kernels::Q8;
 use num_traits::Float;
 
 /// The supertrait that seals [`Real`]: public, so that `Real` may name it, in a private module,
@@ -76,7 +78,8 @@ mod storage_sealed {
 }
 
 /// An element type the engine stores keys, values and queries in and computes from in f32:
-/// `f32` itself, `half::bf16` and `half::f16`. A [`KvCache`](crate::KvCache) holds any of them.
+/// `f32` itself, `half::bf16` and `half::f16`. A [`KvCache`](crate::KvCache) holds any of them
+/// (and int8, [`Q8`], which is a [`CacheStorage`] but not a `Storage`).
 ///
 /// Sealed: each needs kernels that widen it as they load it.
 ///
@@ -128,3 +131,59 @@ pub trait Half: Storage {}
 
 impl Half for half::bf16 {}
 impl Half for half::f16 {}
+
+mod cache_sealed {
+    /// Seals [`super::CacheStorage`], and says whether the type keeps a scale per position.
+    pub trait Sealed {
+        /// Whether each position's key and value rows are stored divided by a scale of their
+        /// own (int8), rather than as they are.
+        const SCALED: bool;
+    }
+    impl<S: super::Storage> Sealed for S {
+        const SCALED: bool = false;
+    }
+    impl Sealed for super::Q8 {
+        const SCALED: bool = true;
+    }
+}
+
+/// What a [`KvCache`](crate::KvCache) or [`PagedKvCache`](crate::PagedKvCache) stores its keys
+/// and values as: any [`Storage`] type (f32,
+/// `half::bf16`, `half::f16`), kept as appended, or [`Q8`], int8 quantized as appended. Every
+/// `Storage` type is one, so code generic over `E: Storage` names `KvCache<E>` as before.
+///
+/// Sealed: each needs kernels that widen it as they load it.
+///
+/// ```
+/// use qkv::CacheStorage;
+/// assert_eq!(<qkv::Q8 as CacheStorage>::NAME, "int8");
+/// assert_eq!(<half::bf16 as CacheStorage>::NAME, "bf16");
+/// ```
+pub trait CacheStorage: Element<Compute = f32> + Debug + cache_sealed::Sealed {
+    /// The element type appends take: the type itself, or f32 for [`Q8`].
+    type Appended: Storage;
+
+    /// The name of the type, for messages (`"f32"`, `"bf16"`, `"f16"`, `"int8"`).
+    const NAME: &'static str;
+}
+
+impl<S: Storage> CacheStorage for S {
+    type Appended = S;
+    const NAME: &'static str = <S as Storage>::NAME;
+}
+
+/// Appends take f32; each row is quantized with a scale of its own.
+impl CacheStorage for Q8 {
+    type Appended = f32;
+    const NAME: &'static str = "int8";
+}
+
+/// The scale row `x` of a cache's keys or values is stored divided by: of an int8 cache,
+/// `max |x| / 127` (0 for a row of zeros), so that every stored integer is within `-127 ..= 127`;
+/// otherwise 1, a plain copy. Both caches quantize with it.
+pub(crate) fn row_scale<E: CacheStorage>(x: ArrayView1<E::Appended>) -> f32 {
+    if !E::SCALED {
+        return 1.0;
+    }
+    x.iter().fold(0.0_f32, |m, &x| m.max(x.to_f32().abs())) / 127.0
+}

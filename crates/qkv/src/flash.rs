@@ -143,7 +143,7 @@ pub(crate) fn attend_cached<T: Real, E: Element<Compute = T>>(
 /// problem are its query rows over disjoint keys, each under masks of its own (a ring buffer's
 /// two runs of positions, see `kv_cache`); their softmax states are merged in part order into
 /// the problem's output. A plain problem has one part.
-pub(crate) struct CachedCall<'p, 'c, T, E> {
+pub(crate) struct CachedCall<'p, 'c, T, E: Element> {
     pub(crate) rows_per_query: usize,
     pub(crate) n_problems: usize,
     pub(crate) parts: usize,
@@ -170,7 +170,7 @@ pub(crate) struct Head<'p, 'out, T, E = T, O = T> {
 }
 /// One problem of a call to [`attend_cached`]: `n_queries · rows_per_query` query rows, already
 /// in the compute type (a bf16 cache takes f32 queries), over a cache's keys and values.
-pub(crate) struct CachedProblem<'p, T, E> {
+pub(crate) struct CachedProblem<'p, T, E: Element> {
     pub(crate) q: ArrayView2<'p, T>,
     pub(crate) kv: StoredKeys<'p, E>,
     pub(crate) masks: MaskSet<'p, T>,
@@ -178,7 +178,7 @@ pub(crate) struct CachedProblem<'p, T, E> {
 
 /// Where a cached problem's keys and values lie: in the kernels' layout already, or as rows.
 #[derive(Clone, Copy)]
-pub(crate) enum StoredKeys<'p, E> {
+pub(crate) enum StoredKeys<'p, E: Element> {
     /// The caller's rows (the dense decoding step's), read as they are. Spelled as [`View`]s so
     /// that the keys stay covariant in `'p`, as the other variants are.
     Rows { k: View<'p, E, Ix2>, v: View<'p, E, Ix2> },
@@ -235,12 +235,23 @@ impl<E: Element> Job<E> for LayoutOf {
 /// `panels` holds the packed key panels of every key from the first (see
 /// `kernels::pack_key_panel`; panel `p` covers keys `p · KEY_PANEL ..` and is `KEY_PANEL · d_k`
 /// scalars), and `values` one row of `value_stride` scalars per key (`d_v` rounded up to whole
-/// vectors of the level).
+/// vectors of the level). Quantized keys and values (an int8 cache's) come with their scales.
 #[derive(Clone, Copy)]
-pub(crate) struct CachedKeys<'p, E> {
+pub(crate) struct CachedKeys<'p, E: Element> {
     pub(crate) panels: &'p [E],
     pub(crate) values: &'p [E],
     pub(crate) value_stride: usize,
+    pub(crate) scales: Option<Scales<'p, E::Compute>>,
+}
+
+/// The scales of quantized keys and values, one per key for each: key `j` stands for
+/// `keys[j] · K_j` (its stored integers `K_j`) and its value for `values[j] · V_j`. The
+/// kernels read the integers as they are, and the scales are applied to each tile's scores and
+/// weights (`Kernels::scale_columns`).
+#[derive(Clone, Copy)]
+pub(crate) struct Scales<'p, T> {
+    pub(crate) keys: &'p [T],
+    pub(crate) values: &'p [T],
 }
 
 /// A head's queries: stored as its keys are (the dense paths), or already in the compute type
@@ -274,7 +285,7 @@ impl<T: Real, E: Element<Compute = T>> Queries<'_, T, E> {
     }
 }
 
-impl<E> StoredKeys<'_, E> {
+impl<E: Element> StoredKeys<'_, E> {
     /// Key splits are whole multiples of this many keys, so that each split starts a tile where
     /// one may start: at a key block (`KEY_BLOCK`, a whole number of panels), and in a paged
     /// cache whose blocks are not whole panels at a block too.
@@ -310,7 +321,7 @@ impl<E> StoredKeys<'_, E> {
 /// panels (`key_lanes` keys' room, `block_size` rounded up to the level's `KEY_PANEL`). A tile
 /// of keys starts at a whole panel of its block and ends at the block's end at the latest.
 #[derive(Clone, Copy)]
-pub(crate) struct PagedKeys<'p, E> {
+pub(crate) struct PagedKeys<'p, E: Element> {
     /// Every block of the pool, `block_stride` scalars apart.
     pub(crate) storage: &'p [E],
     pub(crate) block_stride: usize,
@@ -325,9 +336,15 @@ pub(crate) struct PagedKeys<'p, E> {
     pub(crate) values_at: usize,
     pub(crate) key_dim: usize,
     pub(crate) value_stride: usize,
+    /// Quantized keys' and values' scales (an int8 pool's; empty otherwise): every block's,
+    /// `scales_stride` apart, this head's `block_size` key scales from `scales_at` inside a
+    /// block, then its value scales.
+    pub(crate) scales: &'p [E::Compute],
+    pub(crate) scales_stride: usize,
+    pub(crate) scales_at: usize,
 }
 
-impl<'p, E> PagedKeys<'p, E> {
+impl<'p, E: Element> PagedKeys<'p, E> {
     /// The keys and values of entry `b` of the block table.
     fn block(&self, b: usize) -> CachedKeys<'p, E> {
         let block = &self.storage[self.table[b] as usize * self.block_stride..][..self.block_stride];
@@ -335,6 +352,11 @@ impl<'p, E> PagedKeys<'p, E> {
             panels: &block[self.panels_at..][..self.key_lanes * self.key_dim],
             values: &block[self.values_at..][..self.block_size * self.value_stride],
             value_stride: self.value_stride,
+            scales: (!self.scales.is_empty()).then(|| {
+                let size = self.block_size;
+                let scales = &self.scales[self.table[b] as usize * self.scales_stride + self.scales_at..];
+                Scales { keys: &scales[..size], values: &scales[size..2 * size] }
+            }),
         }
     }
 }
@@ -573,7 +595,7 @@ impl KeySplits {
 }
 
 /// The operands of [`attend_cached`], waiting for its kernels.
-struct AttendCached<'p, 'c, T: Real, E> {
+struct AttendCached<'p, 'c, T: Real, E: Element> {
     call: CachedCall<'p, 'c, T, E>,
     out: &'c mut [T],
     lse: Option<&'c mut [T]>,
@@ -703,8 +725,9 @@ enum PackedKeys<'a, E: Element> {
         layout: Layout,
         blocks: Vec<KeyBlock<E>>,
     },
-    /// Every key's panel, packed beforehand (a KV cache's), `d_k` scalars per key.
-    Cached(&'a [E]),
+    /// Every key's panel, packed beforehand (a KV cache's), `d_k` scalars per key, and the
+    /// scales of quantized keys and values.
+    Cached(&'a [E], Option<Scales<'a, E::Compute>>),
     /// Packed beforehand, block by block.
     Paged(PagedKeys<'a, E>),
 }
@@ -797,7 +820,7 @@ impl<'a, E: Element> Packed<'a, E> {
     {
         Packed {
             first_key: 0,
-            keys: PackedKeys::Cached(cached.panels),
+            keys: PackedKeys::Cached(cached.panels, cached.scales),
             values: Values::Borrowed(cached.values),
             value_stride: cached.value_stride,
             value_vectors: value_dim.div_ceil(K::LANES),
@@ -824,7 +847,7 @@ impl<'a, E: Element> Packed<'a, E> {
     fn tile_start(&self, first: usize, key: usize, key_panel: usize) -> usize {
         match &self.keys {
             PackedKeys::Paged(paged) => first.max(key - key % paged.block_size % key_panel),
-            PackedKeys::Packing { .. } | PackedKeys::Cached(_) => {
+            PackedKeys::Packing { .. } | PackedKeys::Cached(..) => {
                 first + (key - first) / KEY_BLOCK * KEY_BLOCK
             }
         }
@@ -835,7 +858,7 @@ impl<'a, E: Element> Packed<'a, E> {
     fn contiguous_keys(&self, start: usize) -> usize {
         match &self.keys {
             PackedKeys::Paged(paged) => paged.block_size - start % paged.block_size,
-            PackedKeys::Packing { .. } | PackedKeys::Cached(_) => usize::MAX,
+            PackedKeys::Packing { .. } | PackedKeys::Cached(..) => usize::MAX,
         }
     }
 
@@ -856,11 +879,25 @@ impl<'a, E: Element> Packed<'a, E> {
                 })
             }
             // A block starts at a whole panel: its panels start `d` scalars per key in.
-            PackedKeys::Cached(panels) => &panels[offset * d..],
+            PackedKeys::Cached(panels, _) => &panels[offset * d..],
             PackedKeys::Paged(paged) => {
                 &paged.block(offset / paged.block_size).panels[offset % paged.block_size * d..]
             }
         }
+    }
+
+    /// The scales of the `n_keys` keys and values from key `start` on (inside one paged block),
+    /// when they are quantized.
+    fn scales(&self, start: usize, n_keys: usize) -> Option<Scales<'a, E::Compute>> {
+        let (scales, from) = match &self.keys {
+            PackedKeys::Packing { .. } => return None,
+            PackedKeys::Cached(_, scales) => (*scales, start - self.first_key),
+            PackedKeys::Paged(paged) => {
+                (paged.block(start / paged.block_size).scales, start % paged.block_size)
+            }
+        };
+        let keys = from..from + n_keys;
+        scales.map(|scales| Scales { keys: &scales.keys[keys.clone()], values: &scales.values[keys] })
     }
 
     /// The values of key `key` onwards, as the `P·V` kernel reads them.
@@ -878,7 +915,7 @@ impl<'a, E: Element> Packed<'a, E> {
 }
 
 /// Everything a task of one head reads: inputs stored as `E`, computed in `T`.
-struct Problem<'p, T: Real, E> {
+struct Problem<'p, T: Real, E: Element> {
     shape: Shape,
     q: Queries<'p, T, E>,
     /// Rows of `q` per query (stacked heads): row `r` takes the masks of query `r / rows_per_query`.
@@ -1068,6 +1105,7 @@ impl<'p, T: Real, E: Element<Compute = T>> Problem<'p, T, E> {
                     scale: score_scale,
                     d,
                     rows: padded,
+                    real_rows: rows,
                     keys: packed.key_block(start, d),
                     panels,
                     s: &mut *s,
@@ -1075,12 +1113,17 @@ impl<'p, T: Real, E: Element<Compute = T>> Problem<'p, T, E> {
                 };
                 kernels.scores(tile, trim.then_some(&group_keys as &dyn Fn(usize) -> usize));
             }
+            let scales = packed.scales(start, n_keys);
+            if let Some(scales) = scales {
+                // Quantized keys: each score takes its key's scale (`s_j · q·K_j`).
+                kernels.scale_columns(RowsMut { data: &mut *s, stride: KEY_BLOCK, rows }, scales.keys);
+            }
             let used = n_keys.next_multiple_of(lanes);
             let clean = clean_keys.start <= start && start + n_keys <= clean_keys.end;
             // The maxima the score kernel folded are exact for a tile without masks whose panels
             // hold only its own keys; otherwise masked pairs, padding or keys past `reach` are in
             // them, and the rows are scanned again.
-            let fused_max = !direct && clean && n_keys == panels * K::KEY_PANEL;
+            let fused_max = !direct && clean && n_keys == panels * K::KEY_PANEL && scales.is_none();
             let queries = |r: usize| self.query(first + r);
             mask_tile(masks, &queries, rows, start..start + n_keys, used, clean, &mut s[..]);
             if fused_max {
@@ -1106,8 +1149,16 @@ impl<'p, T: Real, E: Element<Compute = T>> Problem<'p, T, E> {
                 let magnitude = kernels.magnitude(&values.v[..n_keys * values.stride]);
                 state.measured.values = kernels::larger_magnitude(state.measured.values, magnitude);
             }
+            if let Some(scales) = scales {
+                // Quantized values: each weight takes its value's scale, after the sums took it
+                // as it was (`Σ p_j · s_j · V_j`).
+                kernels.scale_columns(RowsMut { data: &mut *s, stride: KEY_BLOCK, rows }, scales.values);
+            }
             if !trim {
-                let weights = Weights { p: s, rows: padded, n_keys };
+                // A block smaller than a register tile (a decoding step's stacked heads) takes its
+                // rows one by one: the padding rows of a tile would cost a third of the work.
+                let weight_rows = if rows < K::TILE_ROWS { rows } else { padded };
+                let weights = Weights { p: s, rows: weight_rows, n_keys };
                 kernels.accumulate_values(weights, alpha, values, &mut state.o);
             } else {
                 // A causal tile on the diagonal: each group of rows stops at the last key its

@@ -177,6 +177,74 @@ element!(f32, wide::f32x16, f32, identity, identity, CowArray::from, OutRows::Co
 element!(f64, wide::f64x8, f64, identity, identity, CowArray::from, OutRows::Computed, pairs = vectors);
 element!(bf16, wide::f32x16, f32, bf16::to_f32, bf16::from_f32, widened_copy, OutRows::Bf16, pairs = own);
 element!(f16, wide::f32x16, f32, f16::to_f32, f16::from_f32, widened_copy, OutRows::F16, pairs = vectors);
+element!(Q8, [wide::i8x32; 2], f32, Q8::to_f32, Q8::nearest, widened_copy, Q8::no_output, pairs = vectors);
+
+/// int8 storage for a KV cache, `KvCache<Q8>` or `PagedKvCache<Q8>`: llama.cpp's `q8_0` idea
+/// with one scale per position and head for each key and value row, rather than per block of 32.
+/// Appends take f32 keys and values; each row `x` (a key, `d_k` wide, after any rotary
+/// embedding, or a value, `d_v` wide) is stored as `q = round(x / s)` with `s = max |x| / 127`
+/// (an f32), so `|q| <= 127`, and `s` beside it (a row of zeros has `s = 0` and stores zeros).
+/// Any width works: a row is one block. Steps take f32 (or bf16, f16) queries and dequantize
+/// inside the kernels, never into a copy: the kernels widen the integers as they load them, a
+/// key's scale multiplies its score (`s_k · (Q · q_k)`) and a value's its weight (`p · s_v`,
+/// after the softmax's sum took `p`). Keys and values stay in the cache's panels and rows, one
+/// byte an element, beside 8 bytes of scales a position and head: a decoding step reads
+/// `d_k + d_v + 8` bytes a position against bf16's `2 · (d_k + d_v)`.
+///
+/// Error: each stored element is within `s / 2 = max |x| / 254` of the appended one (up to f32
+/// rounding, a relative 2^-16 of that). So each score of a query `q` moves by at most
+/// `δ = |scale| · ‖q‖₁ · max |k| / 254` (logit soft-capping only shrinks that), each weight by a
+/// factor within `e^{±2δ}`, and each output element by at most
+/// `(e^{2δ} - 1) · max |v| + max |v| / 254` from attention over the appended keys and values,
+/// beyond f32's own rounding (`max` over the positions the step reads).
+///
+/// ```
+/// use ndarray::Array3;
+/// use qkv::{CacheShape, KvCache, Q8};
+///
+/// let shape = CacheShape::new(1, 1, 16, 4, 4);
+/// let mut cache = KvCache::<Q8>::new(shape)?;
+/// let mut layer = cache.layer(0)?;
+/// let kv = Array3::from_shape_fn((1, 3, 4), |(_, p, c)| (p * 4 + c) as f32 / 10.0);
+/// layer.append(kv.view(), kv.view())?; // f32 in, int8 stored
+/// let out = layer.attend(Array3::<f32>::zeros((1, 1, 4)).view())?;
+/// // Equal scores: the mean of the three values, within the quantization step of each row.
+/// assert!((out[[0, 0, 0]] - 0.4).abs() < 1.1 / 254.0);
+/// # Ok::<(), qkv::AttentionError>(())
+/// ```
+///
+/// (Defined with the kernels, which load it, and public as `qkv::Q8`. As an `Element` it widens
+/// to the integer itself: the kernels load it into f32 lanes, and the scales are applied to the
+/// scores and weights by `Kernels::scale_columns`.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(transparent)]
+pub struct Q8(i8);
+
+// SAFETY: `Q8` is a transparent `i8`: every bit pattern is a valid value, and zero is `Q8(0)`.
+unsafe impl wide::bytemuck::Zeroable for Q8 {}
+// SAFETY: as above; no padding, no interior mutability, `Copy` and `'static`.
+unsafe impl wide::bytemuck::Pod for Q8 {}
+
+impl Q8 {
+    /// The integer as an f32, exactly.
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        f32::from(self.0)
+    }
+
+    /// `x` rounded to the nearest integer (halves away from zero) within `-127 ..= 127`; NaN
+    /// gives 0. Quantizing divides by the scale first (see `kv_cache`).
+    fn nearest(x: f32) -> Q8 {
+        // An `as` cast saturates and takes NaN to 0; the clamp keeps the range symmetric.
+        Q8(x.round().clamp(-127.0, 127.0) as i8)
+    }
+
+    /// No output is stored as `Q8`: outputs are `Storage` types (f32, bf16, f16), which `Q8` is
+    /// not, so the tiled path never asks for these rows.
+    fn no_output(_: ArrayViewMut2<'_, Q8>) -> OutRows<'_, f32> {
+        unreachable!("no entry point takes an output stored as Q8")
+    }
+}
 
 /// A copy of `a` widened to the compute type: [`Element::computed`] for a half-precision format.
 fn widened_copy<E: Element, D: Dimension>(a: ArrayView<'_, E, D>) -> CowArray<'_, E::Compute, D> {
@@ -332,6 +400,11 @@ pub trait Kernels<T: Scalar, E: Element<Compute = T> = T>: Copy + Send + Sync {
     /// `values.vectors · LANES` scalars.
     fn accumulate_transposed(self, weights: Weights<'_, T>, values: ValueRows<'_, E>, o: &mut [T]);
 
+    /// `X[r, j] = X[r, j] · scales[j]` for `j < scales.len()` in each row of `rows`: a quantized
+    /// cache's per-position scales applied to a tile of scores (the keys' scales) or of weights
+    /// (the values'), so that the kernels read the stored integers as they are.
+    fn scale_columns(self, rows: RowsMut<'_, T>, scales: &[T]);
+
     /// `dP[r, j] = P[r, j] · (dP[r, j] - delta[r])` over the first `len` scalars of each row (a
     /// multiple of `LANES`): the softmax's backward, turning the weights' gradient into the
     /// scores' gradient `dS` in place.
@@ -397,6 +470,10 @@ pub struct ScoreTile<'a, T, E = T> {
     pub d: usize,
     /// Query rows, a multiple of [`Kernels::TILE_ROWS`].
     pub rows: usize,
+    /// The rows that count, the first ones (at most `rows`): the scores of the zero rows that
+    /// pad the last group past them may be written as zeros without computing them (the vector
+    /// levels do).
+    pub real_rows: usize,
     /// Packed key panels (see [`pack_key_panel`]), `panels · d · KEY_PANEL` scalars or more.
     pub keys: &'a [E],
     /// Panels to score against.
@@ -568,6 +645,15 @@ macro_rules! level_kernels {
                 unsafe { entry(self, weights, values, o) }
             }
 
+            fn scale_columns(self, rows: $crate::kernels::RowsMut<'_, $t>, scales: &[$t]) {
+                $(#[target_feature(enable = $features)])?
+                unsafe fn entry(level: $token, rows: $crate::kernels::RowsMut<'_, $t>, scales: &[$t]) {
+                    $crate::kernels::generic::scale_columns::<$t, $token>(level, rows, scales)
+                }
+                // SAFETY: `self` is the level's token, made only after its features were detected.
+                unsafe { entry(self, rows, scales) }
+            }
+
             fn softmax_gradient(
                 self,
                 p: $crate::kernels::Rows<'_, $t>,
@@ -704,17 +790,36 @@ pub(crate) fn pack_key_panel<E: Element>(
     }
 }
 
-/// Writes one key (`d` scalars) into lane `lane` of a packed panel of `width` keys (the layout of
-/// [`pack_key_panel`]): component `c` at `panel[c · width + lane]`. For caches that fill their
-/// panels a position at a time.
-pub(crate) fn write_key_lane<E: Element>(
-    key: ndarray::ArrayView1<E>,
+/// Writes one key (`d` elements of type `A`) into lane `lane` of a packed panel of `width` keys
+/// stored as `E` (the layout of [`pack_key_panel`]): component `c` at `panel[c · width + lane]`,
+/// each divided by `scale` as [`store_row`] stores it. For caches that fill their panels a
+/// position at a time.
+pub(crate) fn write_key_lane<A: Element<Compute = f32>, E: Element<Compute = f32>>(
+    key: ndarray::ArrayView1<A>,
+    scale: f32,
     lane: usize,
     width: usize,
     panel: &mut [E],
 ) {
-    for (slot, &x) in panel[lane..].iter_mut().step_by(width).zip(key) {
-        *slot = x;
+    store_row(key, scale, panel[lane..].iter_mut().step_by(width));
+}
+
+/// Stores `row` (elements of type `A`) into `slots` as `E`, each element `x` as
+/// `E::narrow(x / scale)`: a copy when `E` is `A` and `scale` is 1 (every f32, bf16 and f16 is an
+/// f32, and rounds back to itself), the nearest integer of `x / scale` for [`Q8`]. A scale of 0
+/// (a row of zeros) stores zeros.
+pub(crate) fn store_row<'s, A: Element<Compute = f32>, E: Element<Compute = f32>>(
+    row: ndarray::ArrayView1<A>,
+    scale: f32,
+    slots: impl Iterator<Item = &'s mut E>,
+) {
+    let store = |(slot, &x): (&mut E, &A)| {
+        *slot = if scale == 0.0 { E::default() } else { E::narrow(x.widen() / scale) };
+    };
+    // Contiguous rows (the usual case) as slices: ndarray's element iterator is much slower.
+    match row.as_slice() {
+        Some(row) => slots.zip(row).for_each(store),
+        None => slots.zip(row.iter()).for_each(store),
     }
 }
 

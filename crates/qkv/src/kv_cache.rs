@@ -13,14 +13,34 @@
 //!
 //! A windowed cache ([`KvCache::with_window`]) is a ring buffer of the same layout: position `p`
 //! lives in slot `p % capacity`, so a long generation runs in the window's memory (`ring.rs`).
+//!
+//! # int8
+//!
+//! A `KvCache<Q8>` keeps the same layout in int8: key panels and value rows of integers, one
+//! byte each, and beside them one f32 scale per slot for its key and one for its value (each
+//! head's `key_scales` and `value_scales`), so a position of a head costs `d_k + d_v + 8` bytes.
+//! An append takes f32 rows (keys after their rotation) and stores each row `x` as
+//! `q = round(x / s)`, `s = max |x| / 127` (0 for a row of zeros, whose integers are 0). One scale
+//! per row rather than per block of 32 components (`q8_0`'s) keeps the kernels' loads plain: a
+//! key's scale multiplies its score, `s_k · (Q · q_k)`, and a value's its weight, `p · s_v`,
+//! after the softmax's sums took `p` (`kernels::Kernels::scale_columns`), so the kernels read
+//! the integers as they read any storage type, widened to f32 as they load them, and nothing is
+//! dequantized into a copy. Any width works: a row is one block, whatever `d`.
+//!
+//! Error: each stored element is within `s / 2 = max |x| / 254` of the appended one (up to f32
+//! rounding, a relative 2^-16 of that), so a score moves by at most
+//! `δ = |scale| · ‖q‖₁ · max |k| / 254` (soft-capping only shrinks it), each weight by a factor
+//! within `e^{±2δ}`, and an output by at most `(e^{2δ} - 1) · max |v| + max |v| / 254`, beyond
+//! f32 attention over the stored values (`tests/engine/quantized.rs` checks both, at every
+//! level).
 
 use std::collections::TryReserveError;
 
 use ndarray::{Array2, Array3, ArrayView3, ArrayViewMut2, ArrayViewMut3, Axis, Ix3, s};
 
-use crate::element::Storage;
+use crate::element::{CacheStorage, Storage, row_scale};
 use crate::error::{AttentionError, Dims};
-use crate::flash::{self, CachedKeys, CachedLayout, LayoutOf, StoredKeys};
+use crate::flash::{self, CachedKeys, CachedLayout, LayoutOf, Scales, StoredKeys};
 use crate::kernels::{self, Buffer, Element, Isa};
 use crate::level::SimdLevel;
 use crate::options::CacheOptions;
@@ -83,7 +103,8 @@ with_fields!(CacheShape:
 
 /// The keys and values of one sequence for every layer of a decoder, preallocated for
 /// `capacity` positions, in the layout the kernels of one SIMD level read; elements stored as
-/// `E` ([`Storage`]: f32, `half::bf16` or `half::f16`), computed in f32.
+/// `E` ([`CacheStorage`]: f32, `half::bf16`, `half::f16`, or int8 with a scale per position and
+/// head, [`Q8`](crate::Q8), appended as f32), computed in f32.
 ///
 /// A decoding step appends the new position's keys and values to a layer ([`CacheLayer::append`])
 /// and attends with its queries ([`CacheLayer::attend`]): the queries are the last positions of
@@ -136,7 +157,7 @@ with_fields!(CacheShape:
 /// assert_eq!((layer.len(), layer.held()), (20, 5));
 /// # Ok::<(), qkv::AttentionError>(())
 /// ```
-pub struct KvCache<E: Storage = f32> {
+pub struct KvCache<E: CacheStorage = f32> {
     shape: CacheShape,
     level: SimdLevel,
     isa: Isa,
@@ -173,13 +194,16 @@ struct LayerStore<E: Element> {
     heads: Vec<HeadStore<E>>,
 }
 
-/// One (layer, key/value head): keys as packed panels, values as padded rows.
+/// One (layer, key/value head): keys as packed panels, values as padded rows, and of an int8
+/// cache each slot's key and value scale (empty otherwise).
 struct HeadStore<E: Element> {
     panels: Buffer<E>,
     values: Buffer<E>,
+    key_scales: Vec<f32>,
+    value_scales: Vec<f32>,
 }
 
-impl<E: Storage> KvCache<E> {
+impl<E: CacheStorage> KvCache<E> {
     /// An empty cache of `shape` for the SIMD level the engine dispatches to
     /// ([`SimdLevel::dispatched`]), all its memory allocated now. A shape whose storage overflows
     /// the address space, or that the allocator cannot provide, is an error
@@ -228,10 +252,13 @@ impl<E: Storage> KvCache<E> {
         // included: a capacity the caller chose may overflow any of them.
         let panels = capacity.checked_next_multiple_of(layout.key_panel).and_then(|c| c.checked_mul(key_dim));
         let values = capacity.checked_mul(layout.value_stride);
+        // An int8 cache's scales: a key's and a value's per slot.
+        let scales = if E::SCALED { capacity } else { 0 };
         let bytes = panels.zip(values).and_then(|(panels, values)| {
             let head = panels
                 .checked_add(values)?
                 .checked_mul(size_of::<E>())?
+                .checked_add(scales.checked_mul(2 * size_of::<f32>())?)?
                 .checked_add(size_of::<HeadStore<E>>())?;
             head.checked_mul(kv_heads)?.checked_add(size_of::<LayerStore<E>>())?.checked_mul(layers)
         });
@@ -243,8 +270,19 @@ impl<E: Storage> KvCache<E> {
         // memory there is fails here, rather than after its first buffers were filled with zeros
         // (past the memory there is, Linux kills the process instead of failing an allocation).
         Vec::<u8>::new().try_reserve_exact(bytes).map_err(refused)?;
+        let zeros = |len| -> Result<Vec<f32>, TryReserveError> {
+            let mut zeros = Vec::new();
+            zeros.try_reserve_exact(len)?;
+            zeros.resize(len, 0.0);
+            Ok(zeros)
+        };
         let head = || -> Result<HeadStore<E>, TryReserveError> {
-            Ok(HeadStore { panels: Buffer::try_zeros(panels)?, values: Buffer::try_zeros(values)? })
+            Ok(HeadStore {
+                panels: Buffer::try_zeros(panels)?,
+                values: Buffer::try_zeros(values)?,
+                key_scales: zeros(scales)?,
+                value_scales: zeros(scales)?,
+            })
         };
         let layer = || {
             let heads = (0..kv_heads).map(|_| head()).collect::<Result<_, _>>()?;
@@ -555,12 +593,12 @@ impl<E: Storage> KvCache<E> {
 /// assert!(layer.attend(q.view())?.iter().all(|&x| x == 0.5));
 /// # Ok::<(), qkv::AttentionError>(())
 /// ```
-pub struct CacheLayer<'c, E: Storage> {
+pub struct CacheLayer<'c, E: CacheStorage> {
     cache: &'c mut KvCache<E>,
     index: usize,
 }
 
-impl<E: Storage> CacheLayer<'_, E> {
+impl<E: CacheStorage> CacheLayer<'_, E> {
     /// Positions appended since the cache was made or cleared: the position of the next one,
     /// what RoPE needs. Of a windowed cache, more than it holds ([`held`](Self::held)).
     ///
@@ -607,8 +645,10 @@ impl<E: Storage> CacheLayer<'_, E> {
     }
 
     /// Appends the keys `k` (`[kv_heads, n_new, d_k]`) and values `v` (`[kv_heads, n_new, d_v]`) of
-    /// `n_new` positions. Checks the shapes, the capacity and that every element is finite
-    /// before it writes anything, so a failed append leaves the layer as it was. A windowed
+    /// `n_new` positions, of the cache's storage type (f32 for an int8 cache, which quantizes
+    /// each row as it stores it, see [`Q8`](crate::Q8)). Checks the shapes, the capacity and
+    /// that every element is finite before it writes anything, so a failed append leaves the
+    /// layer as it was. A windowed
     /// cache has no end: each position overwrites the one `capacity` before it (of an append
     /// longer than the capacity, only the last `capacity` positions are written).
     ///
@@ -622,7 +662,11 @@ impl<E: Storage> CacheLayer<'_, E> {
     /// assert!(full.unwrap_err().to_string().starts_with("layer 0 of the KV cache holds 3 of its 4 positions"));
     /// # Ok::<(), qkv::AttentionError>(())
     /// ```
-    pub fn append(&mut self, k: ArrayView3<E>, v: ArrayView3<E>) -> Result<(), AttentionError> {
+    pub fn append(
+        &mut self,
+        k: ArrayView3<E::Appended>,
+        v: ArrayView3<E::Appended>,
+    ) -> Result<(), AttentionError> {
         let CacheShape { kv_heads, capacity, key_dim, value_dim, .. } = self.cache.shape;
         let n_new = k.shape()[1];
         self.check_shape(
@@ -654,9 +698,13 @@ impl<E: Storage> CacheLayer<'_, E> {
                     continue;
                 }
                 let slot = ring.map_or(len + j, |ring| ring.slot(len + j));
+                let (key_scale, value_scale) = (row_scale::<E>(key), row_scale::<E>(value));
+                if E::SCALED {
+                    (head.key_scales[slot], head.value_scales[slot]) = (key_scale, value_scale);
+                }
                 let panel = &mut head.panels[slot / key_panel * key_panel * key_dim..][..key_panel * key_dim];
-                kernels::write_key_lane(key, slot % key_panel, key_panel, panel);
-                kernels::pack_value_row(value, &mut head.values[slot * value_stride..]);
+                kernels::write_key_lane(key, key_scale, slot % key_panel, key_panel, panel);
+                kernels::store_row(value, value_scale, head.values[slot * value_stride..].iter_mut());
             }
         }
         store.len += n_new;
@@ -965,10 +1013,15 @@ impl<E: Storage> CacheLayer<'_, E> {
         let problem_keys = ring_slots.len().max(sink_slots.len());
         let keys = |_: usize, part: usize, kv: usize| {
             let slots = if part == 2 { sink_slots.clone() } else { ring_slots.clone() };
+            let head = &store.heads[kv];
             StoredKeys::Contiguous(CachedKeys {
-                panels: &store.heads[kv].panels[slots.start * key_dim..],
-                values: &store.heads[kv].values[slots.start * value_stride..slots.end * value_stride],
+                panels: &head.panels[slots.start * key_dim..],
+                values: &head.values[slots.start * value_stride..slots.end * value_stride],
                 value_stride,
+                scales: E::SCALED.then(|| Scales {
+                    keys: &head.key_scales[slots.clone()],
+                    values: &head.value_scales[slots.clone()],
+                }),
             })
         };
         let first_query = |_: usize| len - n_queries;

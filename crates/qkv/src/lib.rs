@@ -7,7 +7,8 @@
 //! exact merge of results over disjoint keys ([`attention_with_lse`], [`PartialAttention::merge`]);
 //! logit soft-capping ([`AttentionOptions::logit_softcap`]); attention sinks, one logit per query
 //! head with its gradient ([`AttentionOptions::sinks`]); a KV cache for decoding ([`KvCache`],
-//! f32, bf16 or f16 storage under f32 queries) whose steps take the same options
+//! f32, bf16 or f16 storage, or int8 with a scale per position and head ([`Q8`]), under f32
+//! queries) whose steps take the same options
 //! ([`CacheOptions`]) and allocate nothing once warm; bf16 and f16 inputs for one head or many
 //! ([`attention_half`], [`multi_head_attention_half`]) and bf16 or f16 outputs on request (their
 //! `_into` forms and the caches' [`attend_into`](CacheLayer::attend_into)), each row computed in
@@ -99,7 +100,7 @@ pub use backward::{
     Gradients, GradientsMut, attention_backward, attention_backward_into, multi_head_attention_backward,
     multi_head_attention_backward_into,
 };
-pub use element::{Half, Real, Storage};
+pub use element::{CacheStorage, Half, Q8, Real, Storage};
 pub use error::{AttentionError, Dims};
 pub use half_precision::{
     attention_half, attention_half_into, attention_half_with_lse, multi_head_attention_half,

@@ -15,12 +15,18 @@
 //! [`PagedKvCache::truncate`] or copy on write. An append writes only into blocks its sequence
 //! holds alone: it first copies each shared block it would write into (the partial last block of
 //! a fork, typically) to a free block, and the sequence lets go of the shared one.
+//!
+//! An int8 pool (`PagedKvCache<Q8>`) quantizes as `KvCache<Q8>` does (see `kv_cache`'s module
+//! documentation: one scale per position and head for its key and its value, the same bound)
+//! and keeps the scales in a second pool of f32 indexed by the same blocks: a block's scales are
+//! each (layer, key/value head)'s `block_size` key scales, then its value scales, and copy on
+//! write copies them with the block.
 
 use std::ops::Range;
 
 use ndarray::{Array3, ArrayView3, ArrayViewMut2, ArrayViewMut3, Axis, s};
 
-use crate::element::Storage;
+use crate::element::{CacheStorage, Storage, row_scale};
 use crate::error::{AttentionError, Dims};
 use crate::flash::{self, CachedLayout, LayoutOf, PagedKeys, StoredKeys};
 use crate::inputs::check_offsets;
@@ -115,7 +121,8 @@ impl SequenceId {
 
 /// The keys and values of many sequences for every layer of a decoder, in fixed-size blocks of
 /// one pool allocated at [`PagedKvCache::new`], in the layout the kernels of one SIMD level read;
-/// elements stored as `E` ([`Storage`]), computed in f32.
+/// elements stored as `E` ([`CacheStorage`]: a [`Storage`] type, or int8, [`Q8`](crate::Q8),
+/// appended as f32), computed in f32.
 ///
 /// Sequences come and go ([`add_sequence`](Self::add_sequence), [`free`](Self::free)), share
 /// their prefix ([`fork`](Self::fork), copy on write) and roll back
@@ -146,12 +153,14 @@ impl SequenceId {
 /// assert_eq!(cache.len(other)?, 6);
 /// # Ok::<(), qkv::AttentionError>(())
 /// ```
-pub struct PagedKvCache<E: Storage = f32> {
+pub struct PagedKvCache<E: CacheStorage = f32> {
     shape: PagedShape,
     level: SimdLevel,
     isa: Isa,
     block_layout: BlockLayout,
     storage: Buffer<E>,
+    /// An int8 pool's scales, `block_layout.scales_stride` per block (empty otherwise).
+    scales: Vec<f32>,
     pool: BlockPool,
     slots: Vec<Slot>,
     /// Slots of freed sequences, for the next ones.
@@ -195,12 +204,17 @@ struct BlockLayout {
     layout: CachedLayout,
     kv_heads: usize,
     key_dim: usize,
+    /// Positions per block.
+    size: usize,
     /// Room for keys in a block's panels: `size` rounded up to whole panels.
     key_lanes: usize,
     /// Scalars per (layer, key/value head) inside a block: its panels, then its value rows.
     head_stride: usize,
     /// Scalars per block.
     stride: usize,
+    /// Scales per block of an int8 pool (0 otherwise): each (layer, key/value head)'s
+    /// `size` key scales, then its `size` value scales.
+    scales_stride: usize,
 }
 
 impl BlockLayout {
@@ -212,6 +226,11 @@ impl BlockLayout {
     /// Where its value rows start.
     fn values_at(&self, layer: usize, head: usize) -> usize {
         self.panels_at(layer, head) + self.key_lanes * self.key_dim
+    }
+
+    /// Where its key scales start inside a block's scales (its value scales follow them).
+    fn scales_at(&self, layer: usize, head: usize) -> usize {
+        (layer * self.kv_heads + head) * 2 * self.size
     }
 }
 
@@ -291,7 +310,7 @@ struct LayerState {
     values: f64,
 }
 
-impl<E: Storage> PagedKvCache<E> {
+impl<E: CacheStorage> PagedKvCache<E> {
     /// An empty cache of `shape` for the SIMD level the engine dispatches to
     /// ([`SimdLevel::dispatched`]), its whole pool allocated now. A shape whose pool overflows the
     /// address space or that the allocator cannot provide is an error
@@ -343,19 +362,39 @@ impl<E: Storage> PagedKvCache<E> {
             keys.and_then(|keys| layout.value_stride.checked_mul(block_size)?.checked_add(keys));
         let block_stride = head_stride.and_then(|h| h.checked_mul(kv_heads)?.checked_mul(layers));
         let scalars = block_stride.and_then(|b| b.checked_mul(blocks));
-        let bytes = scalars.and_then(|s| s.checked_mul(size_of::<E>())?.checked_add(blocks.checked_mul(8)?));
+        // An int8 pool's scales: a key's and a value's per position of each head of each layer.
+        let scales_stride = if E::SCALED {
+            kv_heads.checked_mul(layers).and_then(|h| h.checked_mul(2 * block_size))
+        } else {
+            Some(0)
+        };
+        let scales = scales_stride.and_then(|s| s.checked_mul(blocks));
+        let bytes = scalars.zip(scales).and_then(|(s, scales)| {
+            s.checked_mul(size_of::<E>())?
+                .checked_add(scales.checked_mul(size_of::<f32>())?)?
+                .checked_add(blocks.checked_mul(8)?)
+        });
         if u32::try_from(blocks).is_err() {
             // The size is still what the message gives: the limit met is the table's, not memory's.
             let why = "which is more blocks than a block table's u32 entries can name (2^32 - 1 at most)";
             return Err(too_large(bytes, why));
         }
-        let (Some(head_stride), Some(block_stride), Some(scalars), Some(bytes @ ..=ISIZE_MAX)) =
-            (head_stride, block_stride, scalars, bytes)
+        let (
+            Some(head_stride),
+            Some(block_stride),
+            Some(scalars),
+            Some(scales_stride),
+            Some(scales),
+            Some(bytes @ ..=ISIZE_MAX),
+        ) = (head_stride, block_stride, scalars, scales_stride, scales, bytes)
         else {
             return Err(too_large(bytes, address_space));
         };
         let refused = |_| too_large(Some(bytes), "which the allocator refused");
         let storage = Buffer::try_zeros(scalars).map_err(refused)?;
+        let mut scales_pool = Vec::new();
+        scales_pool.try_reserve_exact(scales).map_err(refused)?;
+        scales_pool.resize(scales, 0.0);
         let mut holders = Vec::new();
         holders.try_reserve_exact(blocks).map_err(refused)?;
         holders.resize(blocks, 0);
@@ -365,14 +404,23 @@ impl<E: Storage> PagedKvCache<E> {
         free.extend((0..blocks as u32).rev());
         let pool = BlockPool { holders, free };
         let key_lanes = block_size.next_multiple_of(layout.key_panel);
-        let block_layout =
-            BlockLayout { layout, kv_heads, key_dim, key_lanes, head_stride, stride: block_stride };
+        let block_layout = BlockLayout {
+            layout,
+            kv_heads,
+            key_dim,
+            size: block_size,
+            key_lanes,
+            head_stride,
+            stride: block_stride,
+            scales_stride,
+        };
         Ok(PagedKvCache {
             shape,
             level,
             isa,
             block_layout,
             storage,
+            scales: scales_pool,
             pool,
             slots: Vec::new(),
             free_slots: Vec::new(),
@@ -615,12 +663,12 @@ const ISIZE_MAX: usize = isize::MAX as usize;
 
 /// One layer of a [`PagedKvCache`] ([`PagedKvCache::layer`]): where a decoder layer appends each
 /// sequence's new positions and attends with a batch of sequences' queries.
-pub struct PagedLayer<'c, E: Storage> {
+pub struct PagedLayer<'c, E: CacheStorage> {
     cache: &'c mut PagedKvCache<E>,
     index: usize,
 }
 
-impl<E: Storage> PagedLayer<'_, E> {
+impl<E: CacheStorage> PagedLayer<'_, E> {
     /// Positions `seq` holds at this layer.
     pub fn len(&self, seq: SequenceId) -> Result<usize, AttentionError> {
         Ok(self.cache.sequence(seq)?.layers[self.index].len)
@@ -646,8 +694,8 @@ impl<E: Storage> PagedLayer<'_, E> {
     pub fn append(
         &mut self,
         seq: SequenceId,
-        k: ArrayView3<E>,
-        v: ArrayView3<E>,
+        k: ArrayView3<E::Appended>,
+        v: ArrayView3<E::Appended>,
     ) -> Result<(), AttentionError> {
         let PagedShape { kv_heads, key_dim, value_dim, block_size, blocks, .. } = self.cache.shape;
         let n_new = k.shape()[1];
@@ -661,7 +709,8 @@ impl<E: Storage> PagedLayer<'_, E> {
         let (k, keys) = stored_keys(self.cache.rotary.as_ref(), k, len)?;
         let k = k.view();
         let cache = &mut *self.cache;
-        let (pool, storage, at) = (&mut cache.pool, &mut cache.storage, cache.block_layout);
+        let (pool, storage, scales, at) =
+            (&mut cache.pool, &mut cache.storage, &mut cache.scales, cache.block_layout);
         let sequence = sequence_mut(&mut cache.slots, seq)?;
         let len = sequence.layers[layer].len;
         let end = len + n_new;
@@ -692,6 +741,8 @@ impl<E: Storage> PagedLayer<'_, E> {
                 let copy = pool.take();
                 let from = block as usize * at.stride;
                 storage.copy_within(from..from + at.stride, copy as usize * at.stride);
+                let from = block as usize * at.scales_stride;
+                scales.copy_within(from..from + at.scales_stride, copy as usize * at.scales_stride);
                 pool.release(block);
                 sequence.blocks[i] = copy;
             }
@@ -704,19 +755,26 @@ impl<E: Storage> PagedLayer<'_, E> {
             for (j, (key, value)) in k.outer_iter().zip(v.outer_iter()).enumerate() {
                 let position = len + j;
                 let within = position % block_size;
-                let block = sequence.blocks[position / block_size - first] as usize * at.stride;
+                let block = sequence.blocks[position / block_size - first] as usize;
+                let (key_scale, value_scale) = (row_scale::<E>(key), row_scale::<E>(value));
+                if E::SCALED {
+                    let at = block * at.scales_stride + at.scales_at(layer, head) + within;
+                    (scales[at], scales[at + block_size]) = (key_scale, value_scale);
+                }
+                let block = block * at.stride;
                 // The key in lane `within % key_panel` of its panel, the value in its row.
                 let panel = &mut storage
                     [block + at.panels_at(layer, head) + within / key_panel * key_panel * key_dim..];
                 kernels::write_key_lane(
                     key,
+                    key_scale,
                     within % key_panel,
                     key_panel,
                     &mut panel[..key_panel * key_dim],
                 );
                 let row =
                     &mut storage[block + at.values_at(layer, head) + within * value_stride..][..value_dim];
-                row.iter_mut().zip(value).for_each(|(slot, &x)| *slot = x);
+                kernels::store_row(value, value_scale, row.iter_mut());
             }
         }
         let state = &mut sequence.layers[layer];
@@ -911,7 +969,8 @@ impl<E: Storage> PagedLayer<'_, E> {
         };
         let level = self.cache.level;
         step::check_cache_options(options, level, query_heads, n_queries, longest)?.map_err(shape_error)?;
-        let PagedKvCache { isa, block_layout: at, storage, slots, rotary, step, .. } = &mut *self.cache;
+        let PagedKvCache { isa, block_layout: at, storage, scales, slots, rotary, step, .. } =
+            &mut *self.cache;
         let StepBuffers { members, step: buffers } = step;
         let shape_of =
             |m: &Member| Shape { n_queries: m.queries.len(), n_keys: m.n_keys(), key_dim, value_dim };
@@ -960,7 +1019,7 @@ impl<E: Storage> PagedLayer<'_, E> {
         }
         let first_heads = sequence_masks(options, &members[0]);
         let first_heads = first_heads.resolve_heads(&shape_of(&members[0]), Some((1, query_heads)))?;
-        let (storage, slots) = (&**storage, &*slots);
+        let (storage, scales, slots) = (&**storage, &scales[..], &*slots);
         let keys = |m: usize, _: usize, kv: usize| {
             let sequence = slots[members[m].slot].sequence.as_ref().expect("a member's sequence was checked");
             StoredKeys::Paged(PagedKeys {
@@ -973,6 +1032,9 @@ impl<E: Storage> PagedLayer<'_, E> {
                 values_at: at.values_at(layer, kv),
                 key_dim,
                 value_stride: at.layout.value_stride,
+                scales,
+                scales_stride: at.scales_stride,
+                scales_at: at.scales_at(layer, kv),
             })
         };
         // A sequence's queries are its last positions held.

@@ -58,7 +58,7 @@ impl<T: Real> Default for StepBuffers<T> {
 /// `part` (a windowed cache's sink tokens are stored apart from its ring); its query head
 /// `h` takes `masks(m, part, h)` over part `part < parts` of those keys (see
 /// [`flash::CachedCall`]).
-pub(crate) struct Step<'c, 'p, T: Real, E, Q> {
+pub(crate) struct Step<'c, 'p, T: Real, E: Element, Q> {
     pub(crate) isa: Isa,
     pub(crate) q: ArrayView4<'p, Q>,
     pub(crate) kv_heads: usize,

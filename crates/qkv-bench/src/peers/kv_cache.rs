@@ -7,14 +7,14 @@
 
 use anyhow::{Result, ensure};
 use ndarray::{Array3, ArrayView3, Axis};
-use qkv::{CacheShape, KvCache, Rotary, Storage};
+use qkv::{CacheShape, CacheStorage, KvCache, Rotary, Storage};
 
 use super::Runner;
 use crate::cases::{Case, Inputs};
 
-/// A filled cache of `E` for `case` (batch 1), with `rotary` if given, its step run in a pool of
+/// A filled cache of `E` for `case` (batch 1; appended as `E::Appended`, f32 for int8), with `rotary` if given, its step run in a pool of
 /// `threads`.
-pub fn runner<E: Storage>(
+pub fn runner<E: CacheStorage>(
     case: Case,
     inputs: &Inputs,
     threads: Option<usize>,
@@ -27,18 +27,18 @@ pub fn runner<E: Storage>(
         cache = cache.with_rotary(rotary)?;
     }
     // Keys at positions 0 .. n_k, the query at the last of them.
-    let stored = |a: ArrayView3<f32>, position: usize| -> Result<Array3<E>> {
+    let stored = |a: ArrayView3<f32>, position: usize| -> Result<Array3<E::Appended>> {
         let mut a = a.to_owned();
         if let Some(rotary) = rotary {
             for head in a.outer_iter_mut() {
                 rotary.rotate_back(head, position)?;
             }
         }
-        Ok(a.mapv(E::from_f32))
+        Ok(a.mapv(E::Appended::from_f32))
     };
     let first = |a: &ndarray::Array4<f32>, position| stored(a.index_axis(Axis(0), 0), position);
     // Values are never rotated.
-    let values = inputs.v.index_axis(Axis(0), 0).mapv(E::from_f32);
+    let values = inputs.v.index_axis(Axis(0), 0).mapv(E::Appended::from_f32);
     cache.layer(0)?.append(first(&inputs.k, 0)?.view(), values.view())?;
     let q = first(&inputs.q, case.n_k - case.n_q)?;
     let run = move || Ok(cache.layer(0)?.attend(q.view())?.insert_axis(Axis(0)));

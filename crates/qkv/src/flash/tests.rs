@@ -45,6 +45,9 @@ fn paged_blocks_that_are_not_whole_panels_split_at_blocks() {
             values_at: 0,
             key_dim: 1,
             value_stride: 1,
+            scales: &[],
+            scales_stride: 0,
+            scales_at: 0,
         })
     };
     // Whole panels: splits at key blocks, which are whole panels of any block too.

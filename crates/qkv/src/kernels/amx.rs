@@ -267,7 +267,7 @@ unsafe fn multiply_steps(
 /// The CPU must run AMX-BF16 with the tile state granted and AVX-512F.
 #[target_feature(enable = "avx512f")]
 unsafe fn scores(tile: ScoreTile<'_, f32, bf16>, group_keys: Option<&dyn Fn(usize) -> usize>) {
-    let ScoreTile { q, d, rows, keys, panels, s, row_max, scale } = tile;
+    let ScoreTile { q, d, rows, keys, panels, s, row_max, scale, real_rows: _ } = tile;
     let depth = Layout::Pairs.padded_dim(d);
     let q = &as_bf16(q)[..rows * depth];
     let panel_len = TILE * depth;

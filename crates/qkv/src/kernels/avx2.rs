@@ -4,9 +4,9 @@
 
 use std::arch::x86_64::*;
 
-use super::level_kernels;
 use super::simd::Load;
 use super::x86::{sum4_pd, sum4_ps, x86_simd};
+use super::{Q8, level_kernels};
 
 /// Proof that this CPU runs AVX2, FMA and F16C: only [`Avx2::detect`] makes one.
 #[derive(Debug, Clone, Copy)]
@@ -41,6 +41,16 @@ impl Load<f32, half::f16> for Avx2 {
         let s = &s[..8];
         // SAFETY: `self` proves F16C (its `detect`); `s` holds exactly 8 elements, the 16 bytes read.
         unsafe { _mm256_cvtph_ps(_mm_loadu_si128(s.as_ptr().cast())) }
+    }
+}
+
+impl Load<f32, Q8> for Avx2 {
+    /// Eight int8 sign-extended to 32 bits and converted (exactly) to f32.
+    #[inline(always)]
+    fn load_stored(self, s: &[Q8]) -> __m256 {
+        let s = &s[..8];
+        // SAFETY: `self` proves AVX2 (its `detect`); `s` holds exactly 8 elements, the 8 bytes read.
+        unsafe { _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(s.as_ptr().cast()))) }
     }
 }
 
@@ -94,13 +104,15 @@ x86_simd!(
 
 // 6 rows × 2 vectors (16 f32 keys) of scores: 12 accumulators, 2 key vectors and the broadcast
 // query scalar fill 15 of the 16 registers (the classic 6 × 16 sgemm tile). P·V the same shape;
-// a single row of P·V takes 8 vectors (d_v = 64 at once). Half-precision keys and values take the
-// f32 tiles: they are widened into the same registers.
+// a single row of P·V takes 8 vectors (d_v = 64 at once). Half-precision and int8 keys and values
+// take the f32 tiles: they are widened into the same registers.
 level_kernels!(Avx2, f32, stored = f32, features = "avx2,fma,f16c";
     score_tile = 6 x 2, value_tile = 6 x 2, one_row_value_vectors = 8, query_block = 48);
 level_kernels!(Avx2, f32, stored = half::bf16, features = "avx2,fma,f16c";
     score_tile = 6 x 2, value_tile = 6 x 2, one_row_value_vectors = 8, query_block = 48);
 level_kernels!(Avx2, f32, stored = half::f16, features = "avx2,fma,f16c";
+    score_tile = 6 x 2, value_tile = 6 x 2, one_row_value_vectors = 8, query_block = 48);
+level_kernels!(Avx2, f32, stored = Q8, features = "avx2,fma,f16c";
     score_tile = 6 x 2, value_tile = 6 x 2, one_row_value_vectors = 8, query_block = 48);
 level_kernels!(Avx2, f64, stored = f64, features = "avx2,fma,f16c";
     score_tile = 6 x 2, value_tile = 6 x 2, one_row_value_vectors = 8, query_block = 48);

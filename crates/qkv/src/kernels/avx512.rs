@@ -2,9 +2,9 @@
 
 use std::arch::x86_64::*;
 
-use super::level_kernels;
 use super::simd::Load;
 use super::x86::{sum4_pd, sum4_ps, x86_simd};
+use super::{Q8, level_kernels};
 
 /// Proof that this CPU runs AVX-512F: only [`Avx512::detect`] makes one.
 #[derive(Debug, Clone, Copy)]
@@ -28,6 +28,17 @@ impl Load<f32, half::bf16> for Avx512 {
             let bits = _mm512_cvtepu16_epi32(_mm256_loadu_si256(s.as_ptr().cast()));
             _mm512_castsi512_ps(_mm512_slli_epi32::<16>(bits))
         }
+    }
+}
+
+impl Load<f32, Q8> for Avx512 {
+    /// Sixteen int8 sign-extended to 32 bits and converted (exactly) to f32.
+    #[inline(always)]
+    fn load_stored(self, s: &[Q8]) -> __m512 {
+        let s = &s[..16];
+        // SAFETY: `self` proves AVX-512F (its `detect`); `s` holds exactly 16 elements, the 16
+        // bytes read.
+        unsafe { _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(s.as_ptr().cast()))) }
     }
 }
 
@@ -105,6 +116,8 @@ level_kernels!(Avx512, f32, stored = f32, features = "avx512f";
 level_kernels!(Avx512, f32, stored = half::bf16, features = "avx512f";
     score_tile = 6 x 4, value_tile = 6 x 4, one_row_value_vectors = 8, query_block = 48);
 level_kernels!(Avx512, f32, stored = half::f16, features = "avx512f";
+    score_tile = 6 x 4, value_tile = 6 x 4, one_row_value_vectors = 8, query_block = 48);
+level_kernels!(Avx512, f32, stored = Q8, features = "avx512f";
     score_tile = 6 x 4, value_tile = 6 x 4, one_row_value_vectors = 8, query_block = 48);
 level_kernels!(Avx512, f64, stored = f64, features = "avx512f";
     score_tile = 6 x 4, value_tile = 6 x 4, one_row_value_vectors = 8, query_block = 48);

@@ -58,7 +58,7 @@ fn pairs(scalars: &[f32]) -> &[u32] {
 /// The CPU must run AVX-512F and AVX512-BF16.
 #[target_feature(enable = "avx512f,avx512bf16")]
 unsafe fn scores(tile: ScoreTile<'_, f32, bf16>, group_keys: Option<&dyn Fn(usize) -> usize>) {
-    let ScoreTile { q, d, rows, keys, panels, s, row_max, scale } = tile;
+    let ScoreTile { q, d, rows, keys, panels, s, row_max, scale, real_rows: _ } = tile;
     let half_depth = Layout::Pairs.padded_dim(d) / 2;
     let q = &pairs(q)[..rows * half_depth];
     let panel_len = LANES * 2 * half_depth;
@@ -404,6 +404,10 @@ macro_rules! pair_level_kernels {
                 _: &mut [f32],
             ) {
                 unreachable!("the backward computes from f32 and f64 inputs, never at a bf16 pair level")
+            }
+
+            fn scale_columns(self, rows: $crate::kernels::RowsMut<'_, f32>, scales: &[f32]) {
+                $crate::kernels::Kernels::<f32, half::bf16>::scale_columns(self.vectors(), rows, scales)
             }
 
             fn softmax_gradient(

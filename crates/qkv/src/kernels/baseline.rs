@@ -4,9 +4,9 @@
 
 use wide::{f32x4, f64x2, i32x4, i64x2, u32x4, u64x2};
 
-use super::Element;
 use super::level_kernels;
 use super::simd::{Load, Simd};
+use super::{Element, Q8};
 
 /// The baseline level needs no proof: its instructions are the target's own.
 #[derive(Debug, Clone, Copy)]
@@ -92,8 +92,9 @@ macro_rules! wide_simd {
 wide_simd!(f32, f32x4, i32x4, u32x4, 0x7fff_ffff, 4, 23_u32);
 wide_simd!(f64, f64x2, i64x2, u64x2, 0x7fff_ffff_ffff_ffff, 2, 52_u32);
 
-/// Four stored half-precision elements in f32 lanes, through `half`'s portable conversions (a
-/// shift for bf16; for f16, whatever the target has when `half` is compiled).
+/// Four stored half-precision or int8 elements in f32 lanes, through `half`'s portable
+/// conversions (a shift for bf16; for f16, whatever the target has when `half` is compiled) or
+/// an integer conversion.
 #[inline(always)]
 fn widened<E: Element<Compute = f32>>(s: &[E]) -> f32x4 {
     let lanes: [E; 4] = s[..4].try_into().expect("a full vector of lanes");
@@ -114,8 +115,16 @@ impl Load<f32, half::f16> for Baseline {
     }
 }
 
+impl Load<f32, Q8> for Baseline {
+    #[inline(always)]
+    fn load_stored(self, s: &[Q8]) -> f32x4 {
+        widened(s)
+    }
+}
+
 // 6 × 8 f32 scores (12 of the 16 registers), 6 × 2 vectors of P·V; one row of P·V takes 8 vectors.
 level_kernels!(Baseline, f32, stored = f32; score_tile = 6 x 2, value_tile = 6 x 2, one_row_value_vectors = 8, query_block = 48);
 level_kernels!(Baseline, f32, stored = half::bf16; score_tile = 6 x 2, value_tile = 6 x 2, one_row_value_vectors = 8, query_block = 48);
 level_kernels!(Baseline, f32, stored = half::f16; score_tile = 6 x 2, value_tile = 6 x 2, one_row_value_vectors = 8, query_block = 48);
+level_kernels!(Baseline, f32, stored = Q8; score_tile = 6 x 2, value_tile = 6 x 2, one_row_value_vectors = 8, query_block = 48);
 level_kernels!(Baseline, f64, stored = f64; score_tile = 6 x 2, value_tile = 6 x 2, one_row_value_vectors = 8, query_block = 48);

@@ -19,7 +19,7 @@ pub(super) fn scores<T: Scalar, E: Element, S: Load<T, E>, const MR: usize, cons
     tile: ScoreTile<'_, T, E>,
     group_keys: Option<&dyn Fn(usize) -> usize>,
 ) {
-    let ScoreTile { q, scale, d, rows, keys, panels, s, row_max } = tile;
+    let ScoreTile { q, scale, d, rows, real_rows, keys, panels, s, row_max } = tile;
     debug_assert!(scale == T::one(), "queries of the lane layout are packed scaled");
     let width = NV * S::LANES;
     let panel_len = d * width;
@@ -43,12 +43,18 @@ pub(super) fn scores<T: Scalar, E: Element, S: Load<T, E>, const MR: usize, cons
                 s: &mut s[g * KEY_BLOCK + p * width..][..(MR - 1) * KEY_BLOCK + width],
                 row_max: &mut row_max[g * S::LANES..(g + MR) * S::LANES],
             };
-            // A causal diagonal needs only the first vectors of a panel: fewer accumulators.
-            match vectors {
-                1 if NV > 1 => tile.run::<S, MR, 1, NV>(simd),
-                2 if NV > 2 => tile.run::<S, MR, 2, NV>(simd),
-                3 if NV > 3 => tile.run::<S, MR, 3, NV>(simd),
-                _ => tile.run::<S, MR, NV, NV>(simd),
+            // A causal diagonal needs only the first vectors of a panel: fewer accumulators. A
+            // group of fewer real rows (a decoding step's few stacked heads) computes only them.
+            match (vectors, real_rows.saturating_sub(g)) {
+                (1, _) if NV > 1 => tile.run::<S, MR, MR, 1, NV>(simd),
+                (2, _) if NV > 2 => tile.run::<S, MR, MR, 2, NV>(simd),
+                (3, _) if NV > 3 => tile.run::<S, MR, MR, 3, NV>(simd),
+                (_, 1) if MR > 1 => tile.run::<S, MR, 1, NV, NV>(simd),
+                (_, 2) if MR > 2 => tile.run::<S, MR, 2, NV, NV>(simd),
+                (_, 3) if MR > 3 => tile.run::<S, MR, 3, NV, NV>(simd),
+                (_, 4) if MR > 4 => tile.run::<S, MR, 4, NV, NV>(simd),
+                (_, 5) if MR > 5 => tile.run::<S, MR, 5, NV, NV>(simd),
+                _ => tile.run::<S, MR, MR, NV, NV>(simd),
             }
         }
     }
@@ -63,21 +69,26 @@ struct ScoreGroup<'a, T, E> {
 }
 
 impl<T: Scalar, E: Element> ScoreGroup<'_, T, E> {
-    /// The first `NV` vectors of an `NP`-vector panel: the accumulators stay in registers across
-    /// the whole `d` loop and are stored once, their lane-wise maxima folded into `row_max`.
+    /// The first `R` of the group's `MR` rows against the first `NV` vectors of an `NP`-vector
+    /// panel: the accumulators stay in registers across the whole `d` loop and are stored once,
+    /// their lane-wise maxima folded into `row_max`. The scores of the rows past `R` (zero
+    /// queries that pad the group) are zeros, as their products would be.
     #[inline(always)]
-    fn run<S: Load<T, E>, const MR: usize, const NV: usize, const NP: usize>(self, simd: S) {
+    fn run<S: Load<T, E>, const MR: usize, const R: usize, const NV: usize, const NP: usize>(self, simd: S) {
         let lanes = S::LANES;
-        let mut acc = [[simd.zero(); NV]; MR];
+        let mut acc = [[simd.zero(); NV]; R];
         // Two components per iteration: half the loop's own instructions and exits.
         let (q_pairs, panel_pairs) = (self.q.chunks_exact(2 * MR), self.panel.chunks_exact(2 * NP * lanes));
         let (q_last, panel_last) = (q_pairs.remainder(), panel_pairs.remainder());
         for (a, b) in q_pairs.zip(panel_pairs) {
-            score_step::<T, E, S, MR, NV>(simd, &mut acc, &a[..MR], &b[..NP * lanes]);
-            score_step::<T, E, S, MR, NV>(simd, &mut acc, &a[MR..], &b[NP * lanes..]);
+            score_step::<T, E, S, R, NV>(simd, &mut acc, &a[..R], &b[..NP * lanes]);
+            score_step::<T, E, S, R, NV>(simd, &mut acc, &a[MR..MR + R], &b[NP * lanes..]);
         }
         if !q_last.is_empty() {
-            score_step::<T, E, S, MR, NV>(simd, &mut acc, q_last, panel_last);
+            score_step::<T, E, S, R, NV>(simd, &mut acc, q_last, panel_last);
+        }
+        for r in R..MR {
+            self.s[r * KEY_BLOCK..][..NV * lanes].fill(T::zero());
         }
         for (r, acc) in acc.iter().enumerate() {
             let row = &mut self.s[r * KEY_BLOCK..][..NV * lanes];
@@ -304,7 +315,12 @@ pub(super) fn accumulate_values<
     // the next run's rows ahead (a row read in one pass goes down the rows in order already).
     // A step of 32/8 heads, d = 128, over 16384 cached positions went from 17.9 to 14.2 ms on
     // 2 Zen 3 threads.
-    let one_pass = if groups > 0 { values.vectors <= NC } else { values.vectors <= NC1 };
+    // Four or five rows alone (a decoding step's stacked heads, fewer than a tile: 32 query heads
+    // over 8) take one tile of their own height, each value vector loaded and widened once for
+    // all of them rather than once per row; fewer rows keep the wider one-row tile, whose chains
+    // of multiply-adds are longer.
+    let few = if groups == 0 && (4..MR).contains(&rows) { rows } else { 0 };
+    let one_pass = if groups > 0 || few > 0 { values.vectors <= NC } else { values.vectors <= NC1 };
     let run = if rows <= MR && !one_pass { VALUE_RUN } else { n_keys };
     let ones = [T::one(); MR];
     let prefetching = run < n_keys;
@@ -329,8 +345,14 @@ pub(super) fn accumulate_values<
         for g in (0..groups).step_by(MR) {
             tile(g, MR).columns::<S, MR, NC>(simd, &mut o[g * o_stride..(g + MR) * o_stride]);
         }
-        for r in groups..rows {
-            tile(r, 1).columns::<S, 1, NC1>(simd, &mut o[r * o_stride..(r + 1) * o_stride]);
+        match few {
+            4 => tile(0, 4).columns::<S, 4, NC>(simd, &mut o[..4 * o_stride]),
+            5 => tile(0, 5).columns::<S, 5, NC>(simd, &mut o[..5 * o_stride]),
+            _ => {
+                for r in groups..rows {
+                    tile(r, 1).columns::<S, 1, NC1>(simd, &mut o[r * o_stride..(r + 1) * o_stride]);
+                }
+            }
         }
     }
 }
@@ -502,6 +524,22 @@ impl<T: Scalar, E: Element> VectorTile<T, E> for TransposedTile<'_, T, E> {
             }
         }
         store_tile(simd, &acc, o, o_stride, column);
+    }
+}
+
+/// See [`super::Kernels::scale_columns`]: whole vectors, then the last few columns one by one.
+#[inline(always)]
+pub(super) fn scale_columns<T: Scalar, S: Simd<T>>(simd: S, rows: RowsMut<'_, T>, scales: &[T]) {
+    let len = scales.len();
+    let whole = len / S::LANES * S::LANES;
+    let (vectors, rest) = scales.split_at(whole);
+    for r in 0..rows.rows {
+        let row = &mut rows.data[r * rows.stride..][..len];
+        let (row_vectors, row_rest) = row.split_at_mut(whole);
+        for (x, scale) in row_vectors.chunks_exact_mut(S::LANES).zip(vectors.chunks_exact(S::LANES)) {
+            simd.store(simd.mul(simd.load(x), simd.load(scale)), x);
+        }
+        row_rest.iter_mut().zip(rest).for_each(|(x, &scale)| *x = *x * scale);
     }
 }
 

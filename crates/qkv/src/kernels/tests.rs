@@ -239,6 +239,7 @@ fn check_score_and_value_tiles<E: Element<Compute = f32>, K: Kernels<f32, E>>(ke
             scale,
             d,
             rows: padded,
+            real_rows: rows,
             keys: &keys,
             panels,
             s: &mut s,
@@ -248,6 +249,10 @@ fn check_score_and_value_tiles<E: Element<Compute = f32>, K: Kernels<f32, E>>(ke
         let want = wide(&q).dot(&wide(&k).t()) * 0.5;
         for ((i, j), w) in want.indexed_iter() {
             assert!((f64::from(s[i * s_stride + j]) - w).abs() < 1e-4, "{ctx}: S[{i}, {j}]");
+        }
+        // The rows that pad the last group score zero, computed or not.
+        for i in rows..padded {
+            assert!(s[i * s_stride..][..panels * width].iter().all(|&x| x == 0.0), "{ctx}: padding row {i}");
         }
         // The row maxima cover every computed lane (padding included), whatever was in them.
         let mut maxima = vec![f32::NAN; rows];
@@ -326,6 +331,23 @@ fn score_and_value_tiles_match_plain_loops() {
     each_level!(f32, |kernels: K, level| { check_score_and_value_tiles(kernels, level) });
     each_level!(bf16, |kernels: K, level| { check_score_and_value_tiles(kernels, level) });
     each_level!(f16, |kernels: K, level| { check_score_and_value_tiles(kernels, level) });
+    each_level!(Q8, |kernels: K, level| { check_score_and_value_tiles(kernels, level) });
+}
+
+#[test]
+fn scale_columns_scales_each_column_of_each_row() {
+    each_level!(f32, |kernels: K, level| {
+        for (rows, len) in [(1, 1), (3, 7), (4, 16), (2, 37), (6, 128)] {
+            let data = matrix(rows, KEY_BLOCK, 5).into_raw_vec_and_offset().0;
+            let scales: Vec<f32> = (0..len).map(|j| 0.25 * j as f32 - 3.0).collect();
+            let mut scaled = data.clone();
+            kernels.scale_columns(RowsMut { data: &mut scaled, stride: KEY_BLOCK, rows }, &scales);
+            for (i, (got, x)) in scaled.iter().zip(&data).enumerate() {
+                let want = scales.get(i % KEY_BLOCK).map_or(*x, |s| x * s);
+                assert_eq!(*got, want, "{level} {rows}x{len}: element {i}");
+            }
+        }
+    });
 }
 
 #[test]
@@ -375,8 +397,17 @@ fn check_trimmed_score_tiles<E: Element<Compute = f32>, K: Kernels<f32, E>>(kern
         let mut s = vec![f32::NAN; rows * s_stride];
         let mut row_max = vec![f32::NEG_INFINITY; rows * K::LANES];
         let needed = |g: usize| (g + K::TILE_ROWS).min(rows) + 3;
-        let tile =
-            ScoreTile { q: &packed_q, scale, d, rows, keys: &keys, panels, s: &mut s, row_max: &mut row_max };
+        let tile = ScoreTile {
+            q: &packed_q,
+            scale,
+            d,
+            rows,
+            real_rows: rows,
+            keys: &keys,
+            panels,
+            s: &mut s,
+            row_max: &mut row_max,
+        };
         kernels.scores(tile, Some(&needed));
         let want = q.mapv(E::widen).dot(&k.mapv(E::widen).t());
         let group = |i: usize| i / K::TILE_ROWS * K::TILE_ROWS;
@@ -405,6 +436,7 @@ fn check_trimmed_score_tiles<E: Element<Compute = f32>, K: Kernels<f32, E>>(kern
 fn trimmed_score_tiles_compute_every_score_a_group_needs() {
     each_level!(f32, |kernels: K, level| { check_trimmed_score_tiles(kernels, level) });
     each_level!(bf16, |kernels: K, level| { check_trimmed_score_tiles(kernels, level) });
+    each_level!(Q8, |kernels: K, level| { check_trimmed_score_tiles(kernels, level) });
 }
 
 #[test]

@@ -8,7 +8,10 @@ use std::cell::Cell;
 
 use ndarray::{Array2, Array3, ArrayView2};
 use qkv::half::bf16;
-use qkv::{CacheOptions, CacheShape, KvCache, PagedKvCache, PagedShape, SimdLevel, SlidingWindow, Storage};
+use qkv::{
+    CacheOptions, CacheShape, CacheStorage, KvCache, PagedKvCache, PagedShape, Q8, SimdLevel, SlidingWindow,
+    Storage,
+};
 
 use crate::problem::levels;
 
@@ -71,7 +74,7 @@ fn step_allocations(level: SimdLevel, len: usize, options: &CacheOptions, steps:
 
 /// [`step_allocations`] over a cache of `E` (f32 queries) into an output of `O`, as `count`
 /// counts them.
-fn counted_steps<E: Storage, O: Storage>(
+fn counted_steps<E: CacheStorage, O: Storage>(
     level: SimdLevel,
     len: usize,
     options: &CacheOptions,
@@ -81,7 +84,7 @@ fn counted_steps<E: Storage, O: Storage>(
     let mut cache = KvCache::<E>::for_level(SHAPE, level).unwrap();
     let mut layer = cache.layer(0).unwrap();
     let kv = Array3::from_shape_fn((SHAPE.kv_heads, len, 128), |(h, i, c)| {
-        E::from_f32(((h + i * c) % 7) as f32 / 7.0)
+        E::Appended::from_f32(((h + i * c) % 7) as f32 / 7.0)
     });
     layer.append(kv.view(), kv.view()).unwrap();
     let q = Array3::from_shape_fn((QUERY_HEADS, 1, 128), |(h, _, c)| ((h * c) % 5) as f32 / 5.0);
@@ -137,6 +140,8 @@ fn a_warm_decoding_step_allocates_nothing_at_every_level() {
                 );
                 let bf16_cache = counted_steps::<bf16, f32>(level, len, &options, 3, &allocations);
                 assert_eq!(bf16_cache, [0, 0, 0], "{level} {what}, f32 queries over a bf16 cache");
+                let int8_cache = counted_steps::<Q8, f32>(level, len, &options, 3, &allocations);
+                assert_eq!(int8_cache, [0, 0, 0], "{level} {what}, f32 queries over an int8 cache");
                 // A bf16 output is rounded as each row is stored: no buffer of its own.
                 let bf16_out = counted_steps::<bf16, bf16>(level, len, &options, 3, &allocations);
                 assert_eq!(bf16_out, [0, 0, 0], "{level} {what}, a bf16 cache into a bf16 output");
@@ -235,7 +240,7 @@ fn a_shared_step_allocates_nothing_inside_the_pool_and_one_job_outside() {
 /// output of `O`: each step appends every sequence's new position, then attends with one query
 /// per sequence in one call (with `options`' options and the logsumexp), after a first such step
 /// of the batch.
-fn paged_steps<E: Storage, O: Storage>(
+fn paged_steps<E: CacheStorage, O: Storage>(
     level: SimdLevel,
     lengths: &[usize],
     steps: usize,
@@ -248,7 +253,9 @@ fn paged_steps<E: Storage, O: Storage>(
     let mut cache = PagedKvCache::<E>::for_level(shape, level).unwrap();
     let sequences: Vec<_> = lengths.iter().map(|_| cache.add_sequence()).collect();
     let kv = |n: usize| {
-        Array3::from_shape_fn((kv_heads, n, key_dim), |(h, i, c)| E::from_f32(((h + i * c) % 7) as f32 / 7.0))
+        Array3::from_shape_fn((kv_heads, n, key_dim), |(h, i, c)| {
+            E::Appended::from_f32(((h + i * c) % 7) as f32 / 7.0)
+        })
     };
     let mut layer = cache.layer(0).unwrap();
     for (&seq, &len) in sequences.iter().zip(lengths) {
@@ -257,7 +264,7 @@ fn paged_steps<E: Storage, O: Storage>(
     }
     let token = kv(1);
     let q = Array3::from_shape_fn((QUERY_HEADS, lengths.len(), key_dim), |(h, j, c)| {
-        E::from_f32(((h * c + j) % 5) as f32 / 5.0)
+        E::Appended::from_f32(((h * c + j) % 5) as f32 / 5.0)
     });
     let offsets: Vec<usize> = (0..=lengths.len()).collect();
     let mut out = Array3::from_elem((QUERY_HEADS, lengths.len(), value_dim), O::from_f32(0.0));
@@ -309,8 +316,8 @@ impl Options {
 }
 
 /// A batch of ragged sequences decoding over a paged cache: after a first step of the batch,
-/// no step allocates (appends that take a new block included), at every level, for f32 and
-/// bf16 caches, on a pool of one thread, for a short step on the calling thread, and on the
+/// no step allocates (appends that take a new block included), at every level, for f32, bf16
+/// and int8 caches, on a pool of one thread, for a short step on the calling thread, and on the
 /// calling thread of a step shared inside a pool of two, with every option of the cached path.
 #[test]
 fn a_warm_batched_decoding_step_over_a_paged_cache_allocates_nothing() {
@@ -343,5 +350,7 @@ fn a_warm_batched_decoding_step_over_a_paged_cache_allocates_nothing() {
         assert_eq!(bf16_cache, [0, 0, 0], "{level}: {short:?} positions of bf16 into f32");
         let bf16_out = paged_steps::<bf16, bf16>(level, short, 3, Options::AlibiKeep);
         assert_eq!(bf16_out, [0, 0, 0], "{level}: {short:?} positions of bf16 into bf16");
+        let int8_cache = paged_steps::<Q8, f32>(level, short, 3, Options::AlibiKeep);
+        assert_eq!(int8_cache, [0, 0, 0], "{level}: {short:?} positions of int8 into f32");
     }
 }

@@ -13,7 +13,7 @@ use crate::problem::{assert_close, error_bound, levels};
 
 /// The options a test step runs with: everything but the keep mask, which depends on the step.
 #[derive(Debug, Clone, Copy)]
-enum Kind {
+pub enum Kind {
     Scale,
     CausalWindow,
     /// A window of a few keys back and unbounded forward (the causal mask bounds it).
@@ -30,7 +30,7 @@ enum Kind {
     All,
 }
 
-const KINDS: [Kind; 9] = [
+pub const KINDS: [Kind; 9] = [
     Kind::Scale,
     Kind::CausalWindow,
     Kind::UnboundedForward,
@@ -44,7 +44,12 @@ const KINDS: [Kind; 9] = [
 
 /// `kind`'s options for a step of `n_q` queries over `len` positions; `slopes` and `sinks` one
 /// per query head, `keep` `[n_q, len]`.
-fn options<'a>(kind: Kind, slopes: &'a [f32], sinks: &'a [f32], keep: &'a Array2<bool>) -> CacheOptions<'a> {
+pub fn options<'a>(
+    kind: Kind,
+    slopes: &'a [f32],
+    sinks: &'a [f32],
+    keep: &'a Array2<bool>,
+) -> CacheOptions<'a> {
     let o = CacheOptions::new();
     match kind {
         Kind::Scale => o.scale(0.7),
@@ -162,7 +167,7 @@ pub fn test_sinks(query_heads: usize) -> Vec<f32> {
 }
 
 /// Lengths that cross the key panels and the key block off their boundaries.
-const CHUNKS: [usize; 8] = [1, 1, 15, 113, 1, 130, 7, 1];
+pub const CHUNKS: [usize; 8] = [1, 1, 15, 113, 1, 130, 7, 1];
 
 /// Each option of `kinds` on two of the three shapes per level, turning with the level and the
 /// option: every option meets every shape over the levels (on a CPU with two or more), and every

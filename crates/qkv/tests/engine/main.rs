@@ -17,6 +17,7 @@ mod package;
 mod paged;
 mod problem;
 mod properties;
+mod quantized;
 mod ring;
 mod rotary;
 mod simd;
