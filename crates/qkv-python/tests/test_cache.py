@@ -93,11 +93,13 @@ def test_kv_cache_errors():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_paged_cache_runs_a_ragged_batch_like_dense_attention(dtype):
+@pytest.mark.parametrize("block_size", [64, 16, 5])
+def test_paged_cache_runs_a_ragged_batch_like_dense_attention(dtype, block_size):
     block = qkv.PagedKvCache.block_granularity()
     assert 64 % block == 0
-    cache = qkv.PagedKvCache(layers=1, kv_heads=KV_HEADS, key_dim=D_K, value_dim=D_V, block_size=64, blocks=8,
-                             dtype=dtype)
+    # 64 is whole panels at every level, vLLM's 16 and 5 are padded where a panel is wider.
+    cache = qkv.PagedKvCache(layers=1, kv_heads=KV_HEADS, key_dim=D_K, value_dim=D_V, block_size=block_size,
+                             blocks=512 // block_size, dtype=dtype)
     seqs = [history(n, seed) for n, seed in ((70, 1), (3, 2), (40, 3))]
     ids = [cache.add_sequence() for _ in seqs]
     for seq, (_, k, v) in zip(ids, seqs):
@@ -133,8 +135,10 @@ def test_paged_cache_fork_truncate_free():
     assert cache.free_blocks() == 3
     with pytest.raises(ValueError, match=f"sequence {b} is not in this cache"):
         cache.length(b)
-    with pytest.raises(ValueError, match="block"):
-        qkv.PagedKvCache(1, 1, 4, 4, block_size=3, blocks=2)
+    # Any block size works (a block's keys are padded to whole panels); an empty one does not.
+    qkv.PagedKvCache(1, 1, 4, 4, block_size=3, blocks=2)
+    with pytest.raises(ValueError, match="blocks of at least one position"):
+        qkv.PagedKvCache(1, 1, 4, 4, block_size=0, blocks=2)
     big = history(300)
     with pytest.raises(ValueError, match="appending 300 positions"):
         cache.append(0, a, big[1], big[2])
