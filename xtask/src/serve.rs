@@ -53,12 +53,11 @@ struct Status {
     error: Option<String>,
     /// Set on Ctrl-C, so waiting pages are answered at once.
     stopping: bool,
-    /// The held reload requests' tickets, oldest first; one taken off is answered.
+    /// The held reload requests' tickets (their connections' [`Request::accepted`]), oldest
+    /// first; one taken off is answered.
     held: VecDeque<u64>,
     /// How many may be held: [`MAX_HELD_WAITS`], or fewer once descriptors ran out.
     held_limit: usize,
-    /// The last ticket given to a reload request.
-    last_ticket: u64,
 }
 
 impl Default for Status {
@@ -69,7 +68,6 @@ impl Default for Status {
             stopping: false,
             held: VecDeque::new(),
             held_limit: MAX_HELD_WAITS,
-            last_ticket: 0,
         }
     }
 }
@@ -99,21 +97,23 @@ impl Shared {
 
     /// `/__qkv/wait?since=N`: the build generation, once it is not `N` any more, the request has
     /// been held for [`LONG_POLL`], or newer requests pushed it out; `None` when the page went
-    /// away first.
-    fn wait_for_build(&self, since: Option<u64>, client_left: impl Fn() -> bool) -> Option<u64> {
+    /// away first. `ticket` orders the requests (older is smaller): one older than every held
+    /// request while as many as may be are held is answered at once.
+    fn wait_for_build(&self, since: Option<u64>, ticket: u64, client_left: impl Fn() -> bool) -> Option<u64> {
         let deadline = Instant::now() + LONG_POLL;
         let mut status = self.lock();
         if since != Some(status.generation) || status.stopping {
             return Some(status.generation);
         }
-        status.last_ticket += 1;
-        let ticket = status.last_ticket;
-        if status.held.len() >= status.held_limit {
-            let excess = status.held.len() + 1 - status.held_limit;
+        // In order, not at the back: threads reach here in any order, and a late older request
+        // must not push a newer one out.
+        let place = status.held.partition_point(|&t| t < ticket);
+        status.held.insert(place, ticket);
+        if status.held.len() > status.held_limit {
+            let excess = status.held.len() - status.held_limit;
             status.held.drain(..excess);
             self.changed.notify_all();
         }
-        status.held.push_back(ticket);
         let mut left = false;
         while since == Some(status.generation) && !status.stopping && status.held.contains(&ticket) && !left {
             let wait = deadline.saturating_duration_since(Instant::now()).min(CLIENT_CHECK);
@@ -147,7 +147,8 @@ impl Handler for Preview {
         let since =
             query.split('&').find_map(|pair| pair.strip_prefix("since=")).and_then(|n| n.parse().ok());
         // An answer to a page that went away is never read: any will do.
-        let generation = self.shared.wait_for_build(since, || request.client_left()).unwrap_or_default();
+        let generation =
+            self.shared.wait_for_build(since, request.accepted, || request.client_left()).unwrap_or_default();
         Response::new(200, "application/json", format!("{{\"generation\": {generation}}}").into_bytes())
     }
 

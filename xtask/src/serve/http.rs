@@ -35,6 +35,9 @@ const MAX_BACKOFF: Duration = Duration::from_millis(100);
 pub(super) struct Request<'a> {
     /// The request target as sent (`/attention.html?x`), not percent-decoded.
     pub target: &'a str,
+    /// The connection's place in the order the server accepted connections (the first is 1):
+    /// its threads run in any order, so this, not arrival at the handler, says which is older.
+    pub accepted: u64,
     connection: &'a TcpStream,
 }
 
@@ -218,17 +221,19 @@ fn accept_forever(
 ) {
     // Zero while accepting succeeds; after a failure, the pause before the next attempt.
     let mut backoff = Duration::ZERO;
+    let mut accepted = 0;
     loop {
         connections.wait_for_room();
         match listener.accept() {
             Ok((stream, _)) => {
                 backoff = Duration::ZERO;
+                accepted += 1;
                 let slot = connections.open();
                 let handler = Arc::clone(handler);
                 // Should the thread not start, the closure is dropped with the connection and
                 // its slot: the client sees it close, and the loop goes on.
                 let _ = thread::Builder::new().name("connection".into()).spawn(move || {
-                    serve_connection(&stream, port, handler.as_ref());
+                    serve_connection(&stream, accepted, port, handler.as_ref());
                     drop(slot);
                 });
             }
@@ -256,10 +261,12 @@ fn accept_forever(
     }
 }
 
-fn serve_connection(stream: &TcpStream, port: u16, handler: &dyn Handler) {
+fn serve_connection(stream: &TcpStream, accepted: u64, port: u16, handler: &dyn Handler) {
     let (response, with_body) = match read_head(stream) {
         Ok(head) => match admit(&head, port) {
-            Ok((target, with_body)) => (handler.respond(&Request { target, connection: stream }), with_body),
+            Ok((target, with_body)) => {
+                (handler.respond(&Request { target, accepted, connection: stream }), with_body)
+            }
             Err(refusal) => (refusal, true),
         },
         Err(Unread::TooLarge) => (Response::plain(431, "request head too large"), true),

@@ -59,11 +59,11 @@ fn every_kind_of_site_file_is_served_as_what_it_is() {
     }
 }
 
-/// Starts a reload request for generation 0 on its own thread, and waits until it is held.
-fn held_wait(shared: &Arc<Shared>) -> std::thread::JoinHandle<Option<u64>> {
-    let ticket = shared.lock().last_ticket + 1;
+/// Starts a reload request for generation 0 with `ticket` on its own thread, and waits until it
+/// is held.
+fn held_wait(shared: &Arc<Shared>, ticket: u64) -> std::thread::JoinHandle<Option<u64>> {
     let waiting = Arc::clone(shared);
-    let handle = std::thread::spawn(move || waiting.wait_for_build(Some(0), || false));
+    let handle = std::thread::spawn(move || waiting.wait_for_build(Some(0), ticket, || false));
     while !shared.lock().held.contains(&ticket) {
         std::thread::yield_now();
     }
@@ -73,8 +73,8 @@ fn held_wait(shared: &Arc<Shared>) -> std::thread::JoinHandle<Option<u64>> {
 #[test]
 fn beyond_the_bound_the_oldest_held_reload_is_answered_and_running_out_lowers_it() {
     let shared = Arc::new(Shared::default());
-    let oldest = held_wait(&shared);
-    let mut newer: Vec<_> = (0..MAX_HELD_WAITS).map(|_| held_wait(&shared)).collect();
+    let oldest = held_wait(&shared, 1);
+    let mut newer: Vec<_> = (2..).take(MAX_HELD_WAITS).map(|t| held_wait(&shared, t)).collect();
     assert_eq!(oldest.join().expect("the oldest"), Some(0), "answered with the generation it had");
     assert_eq!(shared.lock().held.len(), MAX_HELD_WAITS);
 
@@ -84,15 +84,19 @@ fn beyond_the_bound_the_oldest_held_reload_is_answered_and_running_out_lowers_it
     for answered in newer.drain(..MAX_HELD_WAITS - 4) {
         assert_eq!(answered.join().expect("an older one"), Some(0));
     }
-    assert_eq!(shared.lock().held.len(), 4);
-    newer.push(held_wait(&shared));
+    assert_eq!(shared.lock().held, [30, 31, 32, 33]);
+    newer.push(held_wait(&shared, 40));
     assert_eq!(newer.remove(0).join().expect("pushed out"), Some(0));
+    // A request accepted before every held one that reaches the handler late is the oldest: it
+    // is answered at once and pushes none of the newer ones out.
+    assert_eq!(shared.wait_for_build(Some(0), 3, || false), Some(0));
+    assert_eq!(shared.lock().held, [31, 32, 33, 40]);
 
     // A build answers the rest with the new generation; a page that is there already, at once.
     shared.update(|s| s.generation += 1);
     for held in newer {
         assert_eq!(held.join().expect("a held one"), Some(1));
     }
-    assert_eq!(shared.wait_for_build(Some(0), || false), Some(1));
+    assert_eq!(shared.wait_for_build(Some(0), 41, || false), Some(1));
     assert!(shared.lock().held.is_empty());
 }
