@@ -41,6 +41,8 @@ const DIRECT_ROWS: usize = 4;
 const SPLIT_KEYS: usize = 1024;
 /// The most splits a query block is cut into.
 const MAX_SPLITS: usize = 16;
+/// Calls with at least this many heads per thread make each head's query blocks one work item.
+const WHOLE_HEADS_PER_THREAD: usize = 8;
 
 /// Whether the fast path can run a problem without any intermediate overflowing: every score
 /// (at most `scale · d · max |q| · max |k| + max |bias|`, by Cauchy-Schwarz) and every
@@ -479,10 +481,18 @@ impl<T: Real, E: Element<Compute = T>> Job<E> for Attend<'_, '_, T, E> {
             // with block n-1-i, every pair costing about the same. Otherwise every block is an
             // item of its own, the finest split. Items are taken one at a time, so both cores stay
             // busy to the end.
+            //
+            // With heads enough to keep every thread busy, a head's blocks are one item instead:
+            // one thread packs its keys and reads them while they are in cache, where threads on
+            // blocks of one head would wait on each other's packing. Whichever item a block is
+            // in, it is computed the same way, so results do not depend on the number of threads.
+            let whole_heads = problems.len() >= WHOLE_HEADS_PER_THREAD * rayon::current_num_threads();
             let mut items: Vec<HeadBlocks<T>> = Vec::new();
             for (h, blocks) in blocks.iter_mut().enumerate() {
                 let n = blocks.len();
-                if problems[h].masks.is_causal() {
+                if whole_heads {
+                    items.push((h, blocks.iter_mut().enumerate().collect()));
+                } else if problems[h].masks.is_causal() {
                     let (front, back) = blocks.split_at_mut(n.div_ceil(2));
                     let mut partners = back.iter_mut().rev();
                     for (i, block) in front.iter_mut().enumerate() {

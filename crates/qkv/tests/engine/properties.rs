@@ -109,6 +109,34 @@ fn fast_path_results_do_not_depend_on_thread_count() {
 }
 
 #[test]
+fn multi_head_results_do_not_depend_on_how_heads_are_shared_out() {
+    // 20 query heads over 5 key/value heads: one thread, and two, take each head's query blocks
+    // as one work item (many heads per thread), three take every block on its own.
+    let value = |i: usize, salt: usize| ((i * 7919 + salt * 104_729) % 1999) as f32 / 999.5 - 1.0;
+    let tensor = |heads, n, d, salt| {
+        ndarray::Array4::from_shape_fn((2, heads, n, d), |(b, h, i, c)| {
+            value(((b * 31 + h) * 97 + i) * 13 + c, salt)
+        })
+    };
+    let (q, k, v) = (tensor(20, 130, 24, 1), tensor(5, 150, 24, 2), tensor(5, 150, 16, 3));
+    for level in levels() {
+        for causal in [false, true] {
+            let options = AttentionOptions::new().simd(level);
+            let options = if causal { options.causal(CausalMask::BottomRight) } else { options };
+            let run = |threads| {
+                let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+                pool.install(|| qkv::multi_head_attention(q.view(), k.view(), v.view(), &options).unwrap())
+            };
+            let (one, two, three) = (run(1), run(2), run(3));
+            assert!(
+                one == two && two == three,
+                "{level} causal {causal}: results differ between 1, 2 and 3 threads"
+            );
+        }
+    }
+}
+
+#[test]
 fn huge_scores_give_finite_results() {
     let q = ndarray::array![[100.0_f32, -100.0], [-100.0, 100.0]];
     let k = ndarray::array![[100.0_f32, 0.0], [0.0, 100.0], [-100.0, -100.0]];
