@@ -15,6 +15,7 @@ use crate::element::Real;
 use crate::error::{AttentionError, Dims};
 use crate::inputs;
 use crate::inputs::{check_heads, seen_by_group};
+use crate::kernels::Element;
 use crate::options::AttentionOptions;
 use crate::partial::PartialAttention;
 use crate::shape::{Shape, finite_magnitude};
@@ -138,10 +139,24 @@ pub fn attention_backward<T: Real>(
     d_output: ArrayView2<T>,
     options: &AttentionOptions<T>,
 ) -> Result<Gradients<T>, AttentionError> {
+    single_head(q, k, v, forward, d_output, options)
+}
+
+/// [`attention_backward`] over inputs stored as `E` and computed in `T` (`E` is `T`, or a
+/// half-precision format computed in f32).
+pub(crate) fn single_head<T: Real, E: Element<Compute = T>>(
+    q: ArrayView2<E>,
+    k: ArrayView2<E>,
+    v: ArrayView2<E>,
+    forward: &PartialAttention<T>,
+    d_output: ArrayView2<E>,
+    options: &AttentionOptions<T>,
+) -> Result<Gradients<T>, AttentionError> {
     // The shapes are checked before the gradients are allocated.
     let shape = Shape::of_dims(q.shape(), k.shape(), v.shape())?;
     let mut gradients = Gradients::zeros(&q, &k, &v, shape.n_keys, options);
-    attention_backward_into(q, k, v, forward, d_output, options, gradients.view_mut())?;
+    let (output, lse) = (forward.output.view(), forward.logsumexp.view());
+    backward(&shape, None, q, k, v, output, lse, d_output, options, gradients.view_mut())?;
     Ok(gradients)
 }
 
@@ -202,6 +217,18 @@ pub fn multi_head_attention_backward<T: Real>(
     d_output: ArrayView4<T>,
     options: &AttentionOptions<T>,
 ) -> Result<Gradients<T, Ix4>, AttentionError> {
+    multi_head(q, k, v, forward, d_output, options)
+}
+
+/// [`multi_head_attention_backward`] over inputs stored as `E` and computed in `T`.
+pub(crate) fn multi_head<T: Real, E: Element<Compute = T>>(
+    q: ArrayView4<E>,
+    k: ArrayView4<E>,
+    v: ArrayView4<E>,
+    forward: &PartialAttention<T, Ix4>,
+    d_output: ArrayView4<E>,
+    options: &AttentionOptions<T>,
+) -> Result<Gradients<T, Ix4>, AttentionError> {
     let shape = check_heads(&q, &k, &v)?;
     let heads = Some((q.shape()[0], q.shape()[1]));
     let mut gradients = Gradients::zeros(&q, &k, &v, shape.n_keys, options);
@@ -245,7 +272,7 @@ pub fn multi_head_attention_backward_into<T: Real>(
 impl<T: Real, D: Dimension> Gradients<T, D> {
     /// Zero gradients for inputs shaped as `q`, `k`, `v`, with a bias gradient and the sinks'
     /// if `options` carry them.
-    fn zeros<S: Data<Elem = T>>(
+    fn zeros<S: Data>(
         q: &ArrayBase<S, D>,
         k: &ArrayBase<S, D>,
         v: &ArrayBase<S, D>,
@@ -307,15 +334,15 @@ pub(crate) fn check_d_output<T: Real>(shape: &Shape, d_output: &ArrayView2<T>) -
 /// (`Ix4`, `heads = (batch, query heads)`): checks the saved forward, the output's gradient and
 /// the buffers, then runs the tiled path.
 #[allow(clippy::too_many_arguments)]
-fn backward<T: Real, D: Dimension>(
+fn backward<T: Real, E: Element<Compute = T>, D: Dimension>(
     shape: &Shape,
     heads: Option<(usize, usize)>,
-    q: ArrayView<T, D>,
-    k: ArrayView<T, D>,
-    v: ArrayView<T, D>,
+    q: ArrayView<E, D>,
+    k: ArrayView<E, D>,
+    v: ArrayView<E, D>,
     output: ArrayView<T, D>,
     logsumexp: ArrayView<T, D::Smaller>,
-    d_output: ArrayView<T, D>,
+    d_output: ArrayView<E, D>,
     options: &AttentionOptions<T>,
     gradients: GradientsMut<T, D>,
 ) -> Result<(), AttentionError> {
@@ -348,11 +375,16 @@ fn backward<T: Real, D: Dimension>(
     if !tiled::stays_finite(shape, &checked.magnitudes, gradient.max(outputs), &masks.head(0, 0)) {
         return Err(AttentionError::GradientOverflow { ty: T::NAME });
     }
+    // Half-precision inputs are widened once here (f32 and f64 are borrowed as they are): the
+    // tiled path copies every operand into its own layouts anyway, and on the levels without
+    // bf16 arithmetic a product of widened halves is what their kernels would compute.
+    let (q, k, v) = (E::computed(q), E::computed(checked.k.view()), E::computed(checked.v.view()));
+    let d_output = E::computed(d_output);
     let four = leading_axes::<_, D, Ix4>;
     let four_mut = leading_axes::<_, D, Ix4>;
     let lse = leading_axes::<_, D::Smaller, Ix3>(logsumexp);
-    let (q, k, v) = (four(q), four(checked.k.view()), four(checked.v.view()));
-    let (output, d_output) = (four(output), four(d_output));
+    let (q, k, v) = (four(q.view()), four(k.view()), four(v.view()));
+    let (output, d_output) = (four(output), four(d_output.view()));
     let [batch, query_heads, _, _] = *q.shape() else { unreachable!("4-D view") };
     let kv_heads = k.shape()[1];
     let mut dq_heads = four_mut(dq).into_outer_iter_mut().flat_map(|b| b.into_outer_iter_mut());

@@ -103,8 +103,9 @@ pub use backward::{
 pub use element::{CacheStorage, Half, Q8, Real, Storage};
 pub use error::{AttentionError, Dims};
 pub use half_precision::{
-    attention_half, attention_half_into, attention_half_with_lse, multi_head_attention_half,
-    multi_head_attention_half_into, multi_head_attention_half_with_lse,
+    attention_backward_half, attention_half, attention_half_into, attention_half_with_lse,
+    multi_head_attention_backward_half, multi_head_attention_half, multi_head_attention_half_into,
+    multi_head_attention_half_with_lse,
 };
 #[cfg(all(debug_assertions, not(test)))]
 #[doc(hidden)]
