@@ -55,6 +55,9 @@ CASES = [
     for n in (1024, 4096, 16384)
     for d in (64, 128)
     for causal in (False, True)
+] + [
+    (f"n={n} bf16 backward", 1, 1, 1, n, n, False, 64, "bf16", False, True)
+    for n in (1024, 4096)
 ]
 FIELDS = ("label", "batch", "heads", "kv_heads", "n_q", "n_k", "causal", "d", "precision", "cache", "backward")
 DEFAULTS = {"d": 64, "precision": "f32", "cache": False, "backward": False}

@@ -146,7 +146,7 @@ impl Case {
 /// query heads over 8 KV heads, d = 128, one new token over 1k to 32k cached positions, doubling),
 /// in f32, bf16 and int8; a ragged batch of 8 such layers' sequences over the paged cache, the longest
 /// 4096 and 16384 positions, the others an eighth, two eighths, ... of it; the backward of a single head at n = 1024, 4096 and 16384, d = 64 and 128, causal
-/// and not; and (not with `--quick`) n = 65536.
+/// and not, and of bf16 inputs at n = 1024 and 4096; and (not with `--quick`) n = 65536.
 pub fn all(quick: bool) -> Vec<Case> {
     let heads = |heads, kv_heads, case: Case| Case { heads, kv_heads, ..case };
     let mut cases = vec![
@@ -182,6 +182,9 @@ pub fn all(quick: bool) -> Vec<Case> {
         for d in [64, 128] {
             cases.extend([false, true].map(|causal| Case::backward(n, d, causal)));
         }
+    }
+    for n in [1024, 4096] {
+        cases.push(Case { precision: Precision::Bf16, ..Case::backward(n, 64, false) });
     }
     if !quick {
         cases.push(Case::single(65536, 65536, false));
