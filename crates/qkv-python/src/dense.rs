@@ -326,8 +326,72 @@ fn merge(py: Python<'_>, first: (Raw, Raw), second: (Raw, Raw), into: (Raw, Raw)
 }
 
 /// Adds this module's functions.
+/// A torch tensor's memory as a [`Raw`] of element type `code`, its shape read already: its
+/// address and strides, read through the tensor's own methods.
+fn torch_raw(tensor: &Bound<'_, PyAny>, code: u8, shape: Vec<usize>) -> PyResult<Raw> {
+    let py = tensor.py();
+    let address = tensor.call_method0(pyo3::intern!(py, "data_ptr"))?.extract()?;
+    let strides = tensor.call_method0(pyo3::intern!(py, "stride"))?.extract()?;
+    Ok(Raw::new(address, code, shape, strides))
+}
+
+/// The package's common call (`qkv.__init__._fast`) on torch tensors as they are: 4-D CPU
+/// tensors of one floating dtype (`codes` maps torch's dtypes to the extension's codes), no mask
+/// and no extension; PyTorch's shape rules (equal batches, query and key widths, key and value
+/// heads and lengths; key heads equal to the query heads unless `enable_gqa`). Returns the output
+/// (a new tensor), or `None` for any other call, which the package checks in full and words the
+/// errors for; the engine checks the rest, as [`forward`] does. Reading the tensors here rather
+/// than in Python took most of a small call's time off.
+#[pyfunction]
+#[pyo3(signature = (query, key, value, is_causal, scale, enable_gqa, codes))]
+fn forward_torch<'py>(
+    query: &Bound<'py, PyAny>,
+    key: &Bound<'py, PyAny>,
+    value: &Bound<'py, PyAny>,
+    is_causal: bool,
+    scale: Option<f64>,
+    enable_gqa: bool,
+    codes: &Bound<'py, pyo3::types::PyDict>,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    let py = query.py();
+    let dtype = query.getattr(pyo3::intern!(py, "dtype"))?;
+    let code = codes.get_item(&dtype)?.map(|c| c.extract::<u8>()).transpose()?;
+    let Some(code) = code.filter(|&c| c != Dtype::BOOL_CODE) else {
+        return Ok(None);
+    };
+    // Each input's shape, if it is a CPU tensor of the query's dtype.
+    let described = |t: &Bound<'py, PyAny>| -> PyResult<Option<Vec<usize>>> {
+        let same = t.getattr(pyo3::intern!(py, "dtype"))?.is(&dtype);
+        if !same || !t.getattr(pyo3::intern!(py, "is_cpu"))?.extract::<bool>()? {
+            return Ok(None);
+        }
+        Ok(Some(t.getattr(pyo3::intern!(py, "shape"))?.extract()?))
+    };
+    let (Some(qs), Some(ks), Some(vs)) = (described(query)?, described(key)?, described(value)?) else {
+        return Ok(None);
+    };
+    let fits = qs.len() == 4
+        && ks.len() == 4
+        && vs.len() == 4
+        && qs[0] == ks[0]
+        && qs[3] == ks[3]
+        && ks[..3] == vs[..3]
+        && (qs[1] == ks[1] || enable_gqa)
+        && scale.is_none_or(f64::is_finite);
+    if !fits {
+        return Ok(None);
+    }
+    let out_shape = (qs[0], qs[1], qs[2], vs[3]);
+    let out = query.call_method1(pyo3::intern!(py, "new_empty"), (out_shape,))?;
+    let inputs = (torch_raw(query, code, qs)?, torch_raw(key, code, ks)?, torch_raw(value, code, vs)?);
+    let out_raw = torch_raw(&out, code, vec![out_shape.0, out_shape.1, out_shape.2, out_shape.3])?;
+    forward(py, inputs, None, Spec(is_causal, scale, None, None, None), out_raw, None, false)?;
+    Ok(Some(out))
+}
+
 pub fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(forward, module)?)?;
+    module.add_function(wrap_pyfunction!(forward_torch, module)?)?;
     module.add_function(wrap_pyfunction!(backward, module)?)?;
     module.add_function(wrap_pyfunction!(merge, module)?)?;
     Ok(())

@@ -20,6 +20,9 @@ pub enum Dtype {
 }
 
 impl Dtype {
+    /// The code of [`Dtype::Bool`], which no attention input may have.
+    pub const BOOL_CODE: u8 = 4;
+
     fn from_code(code: u8) -> Option<Dtype> {
         [Dtype::F32, Dtype::F64, Dtype::Bf16, Dtype::F16, Dtype::Bool].get(usize::from(code)).copied()
     }
@@ -64,6 +67,11 @@ impl Element for bool {
 pub struct Raw(usize, u8, Vec<usize>, Vec<isize>);
 
 impl Raw {
+    /// A tensor at `address` of element type `code` (as `_CODES` numbers them).
+    pub fn new(address: usize, code: u8, shape: Vec<usize>, strides: Vec<isize>) -> Raw {
+        Raw(address, code, shape, strides)
+    }
+
     /// Its element type; `argument` names it in the error.
     pub fn dtype(&self, argument: &str) -> PyResult<Dtype> {
         Dtype::from_code(self.1)

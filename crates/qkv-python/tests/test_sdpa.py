@@ -215,3 +215,36 @@ def test_hidden_keys_may_hold_anything():
     mask[:, 4] = False
     want = reference(q, k[:4], v[:4])
     assert_close(qkv.scaled_dot_product_attention(q, k, v, mask), want, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+def test_the_direct_call_reads_the_tensors_as_the_full_path_does(dtype):
+    """The common call is read by the extension itself (``forward_torch``); every other call by
+    ``_core.Call``. Both must give the same bits, GQA, causal and scale included."""
+    from qkv import _core
+
+    torch.manual_seed(3)
+    q = torch.randn(2, 4, 5, 8).to(dtype)
+    k = torch.randn(2, 2, 7, 8).to(dtype)
+    v = torch.randn(2, 2, 7, 3).to(dtype)
+    # A view with strides of its own: every fourth query row of a larger tensor.
+    strided = torch.randn(2, 4, 20, 8).to(dtype)[:, :, ::4]
+    for query, kwargs in ((q, {}), (q, {"is_causal": True}), (strided, {"scale": 0.3})):
+        direct = qkv.scaled_dot_product_attention(query, k, v, enable_gqa=True, **kwargs)
+        full = _core.Call(query, k, v, None, kwargs.get("is_causal", False), kwargs.get("scale"), True).forward(False)
+        assert direct.dtype == dtype and torch.equal(direct, full)
+
+
+def test_calls_the_direct_path_declines_get_the_full_paths_answer():
+    k = torch.randn(1, 2, 7, 8)
+    with pytest.raises(ValueError, match="enable_gqa"):
+        qkv.scaled_dot_product_attention(torch.randn(1, 4, 5, 8), k, k)
+    with pytest.raises(ValueError, match="dtype"):
+        qkv.scaled_dot_product_attention(torch.randn(1, 2, 5, 8).double(), k, k)
+    with pytest.raises(ValueError, match="bool"):
+        qkv.scaled_dot_product_attention(torch.ones(1, 2, 5, 8, dtype=torch.bool), k, k)
+    with pytest.raises(ValueError, match="scale"):
+        qkv.scaled_dot_product_attention(torch.randn(1, 2, 5, 8), k, k, scale=float("nan"))
+    # Three dimensions: the full path, as PyTorch takes them.
+    three = qkv.scaled_dot_product_attention(torch.randn(2, 5, 8), torch.randn(2, 7, 8), torch.randn(2, 7, 3))
+    assert three.shape == (2, 5, 3)

@@ -7,7 +7,6 @@ and under ``torch.compile`` as an opaque operator) or NumPy arrays. The engine i
 """
 
 import importlib
-import math
 import sys
 
 from . import _core
@@ -53,26 +52,14 @@ def _needs_op(query, key, value, attn_mask):
 
 def _fast(query, key, value, is_causal, scale, enable_gqa):
     """The common call (4-D CPU torch tensors of one dtype, no mask), checked just enough to hand
-    to the engine, which checks the rest; None for anything else, which ``_core.Call`` checks in
-    full (and words the errors for). Saves most of the Python side's cost per call."""
+    to the engine, which checks the rest (the extension's ``forward_torch``, which reads the
+    tensors itself); None for anything else, which ``_core.Call`` checks in full (and words the
+    errors for). Saves most of the Python side's cost per call."""
     codes = _core.TORCH_CODES
     if not codes or type(query) is not codes["type"]:
         return None
-    qs, ks, vs = query.shape, key.shape, value.shape
-    dtype = query.dtype
-    if (
-        len(qs) != 4 or len(ks) != 4 or len(vs) != 4 or key.dtype is not dtype or value.dtype is not dtype
-        or dtype not in codes or not (query.is_cpu and key.is_cpu and value.is_cpu)
-        or qs[0] != ks[0] or qs[3] != ks[3] or ks[:3] != vs[:3] or (qs[1] != ks[1] and not enable_gqa)
-        or (scale is not None and not math.isfinite(scale))
-    ):
-        return None
-    code = codes[dtype]
-    out = query.new_empty((qs[0], qs[1], qs[2], vs[3]))
-    raw = [(t.data_ptr(), code, t.shape, t.stride()) for t in (query, key, value, out)]
-    spec = (bool(is_causal), None if scale is None else float(scale), None, None, None)
-    _qkv.forward((raw[0], raw[1], raw[2]), None, spec, raw[3])
-    return out
+    return _qkv.forward_torch(query, key, value, bool(is_causal), None if scale is None else float(scale),
+                              bool(enable_gqa), codes)
 
 
 def _attend(query, key, value, attn_mask, is_causal, scale, enable_gqa, extensions, with_lse):
