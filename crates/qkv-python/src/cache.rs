@@ -1,6 +1,6 @@
 //! The engine's KV caches for Python: [`KvCache`] (one sequence, optionally a sliding-window
-//! ring) and [`PagedKvCache`] (many sequences in blocks of one pool), each storing f32, bf16 or
-//! f16, with the options of `qkv::CacheOptions`.
+//! ring) and [`PagedKvCache`] (many sequences in blocks of one pool), each storing f32, bf16,
+//! f16 or int8 (`qkv::Q8`: appends take f32), with the options of `qkv::CacheOptions`.
 
 use std::collections::HashMap;
 
@@ -8,7 +8,9 @@ use ndarray::{Ix2, Ix3};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use qkv::half::{bf16, f16};
-use qkv::{CacheOptions, CacheShape, PagedShape, SequenceId, SimdLevel, SlidingWindow, Storage};
+use qkv::{
+    CacheOptions, CacheShape, CacheStorage, PagedShape, Q8, SequenceId, SimdLevel, SlidingWindow, Storage,
+};
 
 use crate::raw::{Dtype, Element, Raw};
 use crate::{detached, value_error};
@@ -54,6 +56,7 @@ macro_rules! storage_enum {
             F32(qkv::$inner<f32>),
             Bf16(qkv::$inner<bf16>),
             F16(qkv::$inner<f16>),
+            Int8(qkv::$inner<Q8>),
         }
 
         macro_rules! $each {
@@ -62,6 +65,7 @@ macro_rules! storage_enum {
                     $name::F32($c) => $body,
                     $name::Bf16($c) => $body,
                     $name::F16($c) => $body,
+                    $name::Int8($c) => $body,
                 }
             };
         }
@@ -70,14 +74,24 @@ macro_rules! storage_enum {
 storage_enum!(AnyKvCache, KvCache, each_kv);
 storage_enum!(AnyPaged, PagedKvCache, each_paged);
 
-/// The storage type named by `dtype` (`float32`, `bfloat16`, `float16`).
-fn storage(dtype: &str) -> PyResult<Dtype> {
+/// What a cache stores.
+#[derive(Debug, Clone, Copy)]
+enum Stored {
+    F32,
+    Bf16,
+    F16,
+    Int8,
+}
+
+/// The storage type named by `dtype` (`float32`, `bfloat16`, `float16`, `int8`).
+fn storage(dtype: &str) -> PyResult<Stored> {
     match dtype {
-        "float32" => Ok(Dtype::F32),
-        "bfloat16" => Ok(Dtype::Bf16),
-        "float16" => Ok(Dtype::F16),
+        "float32" => Ok(Stored::F32),
+        "bfloat16" => Ok(Stored::Bf16),
+        "float16" => Ok(Stored::F16),
+        "int8" => Ok(Stored::Int8),
         other => Err(PyValueError::new_err(format!(
-            "dtype is {other:?}: a cache stores float32, bfloat16 or float16"
+            "dtype is {other:?}: a cache stores float32, bfloat16, float16 or int8"
         ))),
     }
 }
@@ -93,14 +107,17 @@ pub struct KvCache {
 ///
 /// # Safety
 /// The tensors must describe live memory for the call.
-unsafe fn kv_append<E: Storage + Element>(
+unsafe fn kv_append<E: CacheStorage>(
     cache: &mut qkv::KvCache<E>,
     layer: usize,
     k: &Raw,
     v: &Raw,
-) -> PyResult<()> {
+) -> PyResult<()>
+where
+    E::Appended: Element,
+{
     // SAFETY: the caller vouches for the memory.
-    let (k, v) = unsafe { (k.view::<E, Ix3>("key")?, v.view::<E, Ix3>("value")?) };
+    let (k, v) = unsafe { (k.view::<E::Appended, Ix3>("key")?, v.view::<E::Appended, Ix3>("value")?) };
     cache.layer(layer).and_then(|mut l| l.append(k, v)).map_err(value_error)
 }
 
@@ -108,7 +125,7 @@ unsafe fn kv_append<E: Storage + Element>(
 ///
 /// # Safety
 /// As [`kv_append`]; the outputs fresh.
-unsafe fn kv_attend<E: Storage, Q: Storage + Element>(
+unsafe fn kv_attend<E: CacheStorage, Q: Storage + Element>(
     cache: &mut qkv::KvCache<E>,
     layer: usize,
     q: &Raw,
@@ -139,7 +156,7 @@ impl KvCache {
         window: Option<usize>,
     ) -> PyResult<KvCache> {
         let shape = CacheShape::new(layers, kv_heads, capacity, key_dim, value_dim);
-        fn make<E: Storage>(
+        fn make<E: CacheStorage>(
             shape: CacheShape,
             window: Option<usize>,
         ) -> Result<qkv::KvCache<E>, qkv::AttentionError> {
@@ -149,9 +166,10 @@ impl KvCache {
             }
         }
         let inner = match storage(dtype)? {
-            Dtype::F32 => AnyKvCache::F32(make(shape, window).map_err(value_error)?),
-            Dtype::Bf16 => AnyKvCache::Bf16(make(shape, window).map_err(value_error)?),
-            _ => AnyKvCache::F16(make(shape, window).map_err(value_error)?),
+            Stored::F32 => AnyKvCache::F32(make(shape, window).map_err(value_error)?),
+            Stored::Bf16 => AnyKvCache::Bf16(make(shape, window).map_err(value_error)?),
+            Stored::F16 => AnyKvCache::F16(make(shape, window).map_err(value_error)?),
+            Stored::Int8 => AnyKvCache::Int8(make(shape, window).map_err(value_error)?),
         };
         Ok(KvCache { inner })
     }
@@ -163,8 +181,9 @@ impl KvCache {
         detached(py, move || each_kv!(inner, c => unsafe { kv_append(c, layer, &k, &v) }))
     }
 
-    /// Attention of `q` (`[query_heads, n_q, key_dim]`, f32 or the cache's dtype; the last `n_q`
-    /// positions held) into `out` (f32) and each row's logsumexp into `lse` if given.
+    /// Attention of `q` (`[query_heads, n_q, key_dim]`, f32 or the cache's dtype, and any of f32,
+    /// bf16 and f16 over int8; the last `n_q` positions held) into `out` (f32) and each row's
+    /// logsumexp into `lse` if given.
     fn attend(
         &mut self,
         py: Python<'_>,
@@ -175,7 +194,8 @@ impl KvCache {
     ) -> PyResult<()> {
         let inner = &mut self.inner;
         detached(py, move || {
-            let same = q.dtype("query")? != Dtype::F32;
+            let query = q.dtype("query")?;
+            let same = query != Dtype::F32;
             // SAFETY: the package passes tensors it holds for the call, outputs fresh.
             unsafe {
                 match inner {
@@ -184,6 +204,11 @@ impl KvCache {
                     AnyKvCache::Bf16(c) => kv_attend::<bf16, f32>(c, layer, &q, &spec, &into),
                     AnyKvCache::F16(c) if same => kv_attend::<f16, f16>(c, layer, &q, &spec, &into),
                     AnyKvCache::F16(c) => kv_attend::<f16, f32>(c, layer, &q, &spec, &into),
+                    AnyKvCache::Int8(c) => match query {
+                        Dtype::Bf16 => kv_attend::<Q8, bf16>(c, layer, &q, &spec, &into),
+                        Dtype::F16 => kv_attend::<Q8, f16>(c, layer, &q, &spec, &into),
+                        _ => kv_attend::<Q8, f32>(c, layer, &q, &spec, &into),
+                    },
                 }
             }
         })
@@ -238,33 +263,39 @@ pub struct PagedKvCache {
 ///
 /// # Safety
 /// As [`kv_append`].
-unsafe fn paged_append<E: Storage + Element>(
+unsafe fn paged_append<E: CacheStorage>(
     cache: &mut qkv::PagedKvCache<E>,
     layer: usize,
     seq: SequenceId,
     k: &Raw,
     v: &Raw,
-) -> PyResult<()> {
+) -> PyResult<()>
+where
+    E::Appended: Element,
+{
     // SAFETY: the caller vouches for the memory.
-    let (k, v) = unsafe { (k.view::<E, Ix3>("key")?, v.view::<E, Ix3>("value")?) };
+    let (k, v) = unsafe { (k.view::<E::Appended, Ix3>("key")?, v.view::<E::Appended, Ix3>("value")?) };
     cache.layer(layer).and_then(|mut l| l.append(seq, k, v)).map_err(value_error)
 }
 
-/// One batched step of a typed cache.
+/// One batched step of a typed cache, with queries of the type its appends take (f32 for int8).
 ///
 /// # Safety
 /// As [`kv_attend`].
-unsafe fn paged_attend<E: Storage + Element>(
+unsafe fn paged_attend<E: CacheStorage>(
     cache: &mut qkv::PagedKvCache<E>,
     layer: usize,
     (sequences, offsets): (&[SequenceId], &[usize]),
     q: &Raw,
     spec: &CacheSpec,
     (out, lse): &(Raw, Option<Raw>),
-) -> PyResult<()> {
+) -> PyResult<()>
+where
+    E::Appended: Element,
+{
     // SAFETY (every view): the caller vouches for the memory.
     let options = unsafe { spec.options()? };
-    let q = unsafe { q.view::<E, Ix3>("query")? };
+    let q = unsafe { q.view::<E::Appended, Ix3>("query")? };
     let out = unsafe { out.view_mut::<f32, Ix3>("out")? };
     let lse = unsafe { lse.as_ref().map(|l| l.view_mut::<f32, Ix2>("lse")).transpose()? };
     cache
@@ -306,9 +337,10 @@ impl PagedKvCache {
     ) -> PyResult<PagedKvCache> {
         let shape = PagedShape::new(layers, kv_heads, key_dim, value_dim, block_size, blocks);
         let inner = match storage(dtype)? {
-            Dtype::F32 => AnyPaged::F32(qkv::PagedKvCache::new(shape).map_err(value_error)?),
-            Dtype::Bf16 => AnyPaged::Bf16(qkv::PagedKvCache::new(shape).map_err(value_error)?),
-            _ => AnyPaged::F16(qkv::PagedKvCache::new(shape).map_err(value_error)?),
+            Stored::F32 => AnyPaged::F32(qkv::PagedKvCache::new(shape).map_err(value_error)?),
+            Stored::Bf16 => AnyPaged::Bf16(qkv::PagedKvCache::new(shape).map_err(value_error)?),
+            Stored::F16 => AnyPaged::F16(qkv::PagedKvCache::new(shape).map_err(value_error)?),
+            Stored::Int8 => AnyPaged::Int8(qkv::PagedKvCache::new(shape).map_err(value_error)?),
         };
         Ok(PagedKvCache { inner, sequences: HashMap::new(), next: 0 })
     }
@@ -358,8 +390,8 @@ impl PagedKvCache {
         each_paged!(&self.inner, c => c.free_blocks())
     }
 
-    /// Appends keys `k` (`[kv_heads, n_new, key_dim]`, the cache's dtype) and values `v` to
-    /// sequence `seq` at layer `layer`.
+    /// Appends keys `k` (`[kv_heads, n_new, key_dim]`, the cache's dtype; f32 for int8) and
+    /// values `v` to sequence `seq` at layer `layer`.
     fn append(&mut self, py: Python<'_>, layer: usize, seq: u64, k: Raw, v: Raw) -> PyResult<()> {
         let id = self.id(seq)?;
         let inner = &mut self.inner;
@@ -369,7 +401,7 @@ impl PagedKvCache {
 
     /// Attention for a batch of sequences: `sequences[i]` attends with the queries
     /// `offsets[i] .. offsets[i + 1]` of `q` (`[query_heads, n_queries, key_dim]`, the cache's
-    /// dtype), into `out` (f32) and `lse` if given.
+    /// dtype; f32 for int8), into `out` (f32) and `lse` if given.
     fn attend(
         &mut self,
         py: Python<'_>,

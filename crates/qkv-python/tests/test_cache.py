@@ -84,12 +84,62 @@ def test_kv_cache_errors():
     with pytest.raises(ValueError, match="keys"):
         cache.append(0, k[:1, :1], v[:, :1])
     with pytest.raises(ValueError, match="dtype"):
-        qkv.KvCache(1, 1, 4, 4, 4, dtype="int8")
+        qkv.KvCache(1, 1, 4, 4, 4, dtype="int4")
     with pytest.raises(ValueError, match="is empty"):
         qkv.KvCache(0, 1, 4, 4, 4)
     cache.append(0, k[:, :2], v[:, :2])
     with pytest.raises(ValueError, match="queries"):
         cache.attend(0, q[:3, -1:])
+
+
+def dequantized(x):
+    """``x`` (``[heads, n, d]``) as an int8 cache holds it, written out here: one scale per head
+    and position, ``max |x| / 127``, and each element ``round(x / scale) · scale``."""
+    scale = x.abs().amax(-1, keepdim=True) / 127
+    return torch.where(scale > 0, torch.round(x / scale), torch.zeros_like(x)) * scale
+
+
+def int8_bound(query, key, value):
+    """The int8 cache's error bound per output against the keys and values as appended:
+    ``(e^{2δ} - 1) · max |v| + max |v| / 254`` with ``δ = scale · ‖q‖₁ · max |k| / 254``."""
+    delta = query.abs().sum(-1).max().item() / query.shape[-1] ** 0.5 * key.abs().max().item() / 254
+    top = value.abs().max().item()
+    return (np.exp(2 * delta) - 1) * top + top / 254
+
+
+@pytest.mark.parametrize("query_dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_int8_kv_cache_steps_match_attention_over_the_quantized_prefix(query_dtype):
+    q, k, v = history(20)
+    cache = qkv.KvCache(layers=2, kv_heads=KV_HEADS, capacity=32, key_dim=D_K, value_dim=D_V, dtype="int8")
+    assert cache.dtype == "int8"
+    held = [dequantized(t) for t in (k, v)]
+    start = 0
+    for end in [5] + list(range(6, 21)):
+        # Keys and values in any dtype are appended as float32.
+        cache.append(1, k[:, start:end].double(), v[:, start:end])
+        query = q[:, start:end].to(query_dtype)
+        out = cache.attend(1, query)
+        want, _ = explicit(query.float(), held[0][:, :end], held[1][:, :end], is_causal=True, bottom_right=True)
+        assert out.dtype == torch.float32
+        assert_close(out, want, torch.float32 if query_dtype == torch.float32 else query_dtype, f"end {end}")
+        exact, _ = explicit(query.float(), k[:, :end], v[:, :end], is_causal=True, bottom_right=True)
+        bound = int8_bound(query.float(), k[:, :end], v[:, :end])
+        assert (out.double() - exact).abs().max().item() <= bound, f"end {end}: beyond the int8 bound {bound}"
+        start = end
+
+
+def test_int8_paged_cache_runs_a_ragged_batch_over_the_quantized_keys():
+    cache = qkv.PagedKvCache(layers=1, kv_heads=KV_HEADS, key_dim=D_K, value_dim=D_V, block_size=16, blocks=16,
+                             dtype="int8")
+    seqs = [history(n, seed) for n, seed in ((40, 4), (7, 5))]
+    ids = [cache.add_sequence() for _ in seqs]
+    for seq, (_, k, v) in zip(ids, seqs):
+        cache.append(0, seq, k, v)
+    q = torch.cat([s[0][:, -1:] for s in seqs], 1)
+    out = cache.attend(0, ids, [0, 1, 2], q)
+    for i, (sq, k, v) in enumerate(seqs):
+        want, _ = explicit(sq[:, -1:], dequantized(k), dequantized(v), is_causal=True, bottom_right=True)
+        assert_close(out[:, i:i + 1], want, torch.float32, f"sequence {i}")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -28,13 +28,15 @@ def _spec(xp, scale, sliding_window, alibi_slopes, softcap, keep):
 
 
 class _Cache:
-    """What both caches share: the storage dtype and converting keys, values and queries to it."""
+    """What both caches share: the storage dtype and converting keys, values and queries to what
+    the engine takes (the storage dtype; float32 for int8, which quantizes as it appends)."""
 
     def __init__(self, inner, dtype):
         self._inner, self.dtype = inner, dtype
+        self._appended = "float32" if dtype == "int8" else dtype
 
     def _stored(self, xp, t):
-        return t if xp.dtype_name(t) == self.dtype else xp.cast(t, self.dtype)
+        return t if xp.dtype_name(t) == self._appended else xp.cast(t, self._appended)
 
     def _outputs(self, xp, query, value_dim, return_lse):
         heads, n_q = query.shape[0], query.shape[1]
@@ -45,7 +47,11 @@ class _Cache:
 
 class KvCache(_Cache):
     """The keys and values of one sequence for every layer of a decoder (the engine's
-    ``KvCache``), stored as ``dtype`` (float32, bfloat16 or float16) and computed in float32.
+    ``KvCache``), stored as ``dtype`` (float32, bfloat16, float16 or int8) and computed in float32.
+    An int8 cache keeps one float32 scale per position and head for its key row and for its value
+    row (``max |x| / 127``), takes its keys and values in float32 (any dtype is cast), and reads
+    float32, bfloat16 or float16 queries; each element is within ``max |x| / 254`` of what was
+    appended.
 
     ``append(layer, key, value)`` adds positions (``[kv_heads, n_new, key_dim]``), and
     ``attend(layer, query)`` (``[query_heads, n_q, key_dim]``, the last ``n_q`` positions held,
@@ -70,7 +76,8 @@ class KvCache(_Cache):
         """Attention of ``query`` over layer ``layer``: ``out`` (and ``(out, lse)`` with
         ``return_lse``). ``keep`` is a boolean ``[n_q, held]`` mask on top of the causal one."""
         xp = _core.backend(query, keep)
-        if xp.dtype_name(query) not in ("float32", self.dtype):
+        takes = ("float32", "bfloat16", "float16") if self.dtype == "int8" else ("float32", self.dtype)
+        if xp.dtype_name(query) not in takes:
             query = xp.cast(query, "float32")
         out, lse = self._outputs(xp, query, self.shape[4], return_lse)
         spec = _spec(xp, scale, sliding_window, alibi_slopes, softcap, keep)
@@ -102,7 +109,8 @@ class KvCache(_Cache):
 
 class PagedKvCache(_Cache):
     """Many sequences' keys and values in blocks of ``block_size`` positions from one pool of
-    ``blocks`` (the engine's ``PagedKvCache``), stored as ``dtype``.
+    ``blocks`` (the engine's ``PagedKvCache``), stored as ``dtype`` (float32, bfloat16, float16, or
+    int8 as ``KvCache`` stores it; queries in the storage dtype, float32 for int8).
 
     Sequences are integer handles: ``add_sequence()``, ``fork(seq)`` (shares the prefix, copied
     on write), ``truncate(seq, length)``, ``free(seq)``. ``attend(layer, sequences, offsets,
