@@ -144,8 +144,12 @@ unsafe fn kv_attend<E: CacheStorage, Q: Storage + Element>(
 impl KvCache {
     /// A cache of `layers` × `kv_heads` sequences of at most `capacity` positions (of a windowed
     /// cache, the window and the new positions of the largest step but one).
+    ///
+    /// With `sink_tokens`, a windowed cache also keeps its first positions for good
+    /// (StreamingLLM's attention sinks; `qkv::KvCache::with_sink_tokens`).
     #[new]
-    #[pyo3(signature = (layers, kv_heads, capacity, key_dim, value_dim, dtype, window=None))]
+    #[pyo3(signature = (layers, kv_heads, capacity, key_dim, value_dim, dtype, window=None, sink_tokens=None))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         layers: usize,
         kv_heads: usize,
@@ -154,22 +158,29 @@ impl KvCache {
         value_dim: usize,
         dtype: &str,
         window: Option<usize>,
+        sink_tokens: Option<usize>,
     ) -> PyResult<KvCache> {
         let shape = CacheShape::new(layers, kv_heads, capacity, key_dim, value_dim);
         fn make<E: CacheStorage>(
             shape: CacheShape,
             window: Option<usize>,
+            sink_tokens: Option<usize>,
         ) -> Result<qkv::KvCache<E>, qkv::AttentionError> {
-            match window {
-                Some(w) => qkv::KvCache::with_window(shape, w),
-                None => qkv::KvCache::new(shape),
+            let cache = match window {
+                Some(w) => qkv::KvCache::with_window(shape, w)?,
+                None => qkv::KvCache::new(shape)?,
+            };
+            match sink_tokens {
+                Some(k) => cache.with_sink_tokens(k),
+                None => Ok(cache),
             }
         }
+        let made = (shape, window, sink_tokens);
         let inner = match storage(dtype)? {
-            Stored::F32 => AnyKvCache::F32(make(shape, window).map_err(value_error)?),
-            Stored::Bf16 => AnyKvCache::Bf16(make(shape, window).map_err(value_error)?),
-            Stored::F16 => AnyKvCache::F16(make(shape, window).map_err(value_error)?),
-            Stored::Int8 => AnyKvCache::Int8(make(shape, window).map_err(value_error)?),
+            Stored::F32 => AnyKvCache::F32(make(made.0, made.1, made.2).map_err(value_error)?),
+            Stored::Bf16 => AnyKvCache::Bf16(make(made.0, made.1, made.2).map_err(value_error)?),
+            Stored::F16 => AnyKvCache::F16(make(made.0, made.1, made.2).map_err(value_error)?),
+            Stored::Int8 => AnyKvCache::Int8(make(made.0, made.1, made.2).map_err(value_error)?),
         };
         Ok(KvCache { inner })
     }
@@ -383,6 +394,19 @@ impl PagedKvCache {
     fn len(&mut self, seq: u64, layer: usize) -> PyResult<usize> {
         let id = self.id(seq)?;
         each_paged!(&mut self.inner, c => c.layer(layer).and_then(|l| l.len(id))).map_err(value_error)
+    }
+
+    /// Returns to the pool the blocks of `seq` that lie wholly before `position` (at every
+    /// layer); positions keep their numbers.
+    fn evict_before(&mut self, seq: u64, position: usize) -> PyResult<()> {
+        let id = self.id(seq)?;
+        each_paged!(&mut self.inner, c => c.evict_before(id, position)).map_err(value_error)
+    }
+
+    /// The first position `seq` still holds (0 unless blocks were evicted).
+    fn first_held(&self, seq: u64) -> PyResult<usize> {
+        let id = self.id(seq)?;
+        each_paged!(&self.inner, c => c.first_held(id)).map_err(value_error)
     }
 
     /// Blocks not held by any sequence.

@@ -64,6 +64,45 @@ def test_windowed_kv_cache_keeps_only_the_window():
     assert (cache.length(0), cache.held(0)) == (30, 5)
 
 
+def test_sink_tokens_stay_beside_the_window():
+    q, k, v = history(30)
+    sinks = 2
+    # The sink tokens take whole key panels of the kernels' level (up to 64 slots), then the ring.
+    cache = qkv.KvCache(1, KV_HEADS, capacity=64 + 5, key_dim=D_K, value_dim=D_V, window=4, sink_tokens=sinks)
+    for end in range(2, 31, 2):
+        cache.append(0, k[:, end - 2:end], v[:, end - 2:end])
+        out = cache.attend(0, q[:, end - 2:end])
+        # Query r is position end - 2 + r: it sees positions 0 and 1, and its window of 4.
+        positions = torch.arange(end)
+        keep = torch.stack([(positions < sinks) | (positions >= end - 2 + r - 3) for r in range(2)])
+        want, _ = explicit(q[:, end - 2:end], k[:, :end], v[:, :end], is_causal=True, keep=keep, bottom_right=True)
+        assert_close(out, want, torch.float32, f"end {end}")
+    with pytest.raises(ValueError, match="sink"):
+        qkv.KvCache(1, KV_HEADS, capacity=5, key_dim=D_K, value_dim=D_V, sink_tokens=2)
+
+
+def test_evicting_what_the_window_left_lets_a_generation_outrun_the_pool():
+    window, steps = 6, 40
+    # 8 blocks of 4 positions: 32 in all, fewer than the generation's 40.
+    cache = qkv.PagedKvCache(1, KV_HEADS, D_K, D_V, block_size=4, blocks=8)
+    seq = cache.add_sequence()
+    q, k, v = history(steps, seed=7)
+    for p in range(steps):
+        cache.append(0, seq, k[:, p:p + 1], v[:, p:p + 1])
+        out = cache.attend(0, [seq], [0, 1], q[:, p:p + 1], sliding_window=(window - 1, 0))
+        want, _ = explicit(q[:, p:p + 1], k[:, :p + 1], v[:, :p + 1], is_causal=True, window=(window - 1, 0),
+                           bottom_right=True)
+        assert_close(out, want, torch.float32, f"position {p}")
+        # The next query's window starts at p + 2 - window.
+        cache.evict_before(seq, max(p + 2 - window, 0))
+    assert cache.length(seq) == steps and cache.first_held(seq) > 0
+    assert cache.first_held(seq) <= steps + 1 - window
+    with pytest.raises(ValueError):
+        cache.evict_before(seq, steps + 1)
+    with pytest.raises(ValueError):
+        cache.truncate(seq, 1)
+
+
 def test_kv_cache_takes_numpy():
     q, k, v = (t.numpy() for t in history(4))
     cache = qkv.KvCache(1, KV_HEADS, 8, D_K, D_V, dtype=np.float32)

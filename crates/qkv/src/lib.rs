@@ -12,7 +12,9 @@
 //! ([`CacheOptions`]) and allocate nothing once warm; bf16 and f16 inputs for one head or many
 //! ([`attention_half`], [`multi_head_attention_half`]) and bf16 or f16 outputs on request (their
 //! `_into` forms and the caches' [`attend_into`](CacheLayer::attend_into)), each row computed in
-//! f32 and rounded once;
+//! f32 and rounded once; the backward, `dQ`, `dK`, `dV` (and a bias's and the sinks' gradients)
+//! from the saved logsumexp ([`attention_backward`], [`multi_head_attention_backward`], and
+//! [`attention_backward_half`], [`multi_head_attention_backward_half`] for bf16 and f16 inputs);
 //! a worked trace of one query ([`trace_query`]) and of its tiled online softmax
 //! ([`trace_tiled`]). Inputs are `ndarray` views of `f32` or `f64`
 //! (this crate's `ndarray` is re-exported as [`qkv::ndarray`](ndarray), so an embedder on another

@@ -57,13 +57,17 @@ class KvCache(_Cache):
     ``attend(layer, query)`` (``[query_heads, n_q, key_dim]``, the last ``n_q`` positions held,
     causal bottom-right) returns ``[query_heads, n_q, value_dim]`` in float32. With ``window`` the
     cache is a ring buffer of the last positions a sliding window of that many keys needs, and
-    ``capacity`` is the window plus the largest step but one.
+    ``capacity`` is the window plus the largest step but one; with ``sink_tokens`` as well it keeps
+    its first ``sink_tokens`` positions for good, beside the window (StreamingLLM's attention
+    sinks), at their own positions.
     """
 
-    def __init__(self, layers, kv_heads, capacity, key_dim, value_dim=None, dtype="float32", window=None):
+    def __init__(self, layers, kv_heads, capacity, key_dim, value_dim=None, dtype="float32", window=None,
+                 sink_tokens=None):
         dtype = _dtype_name(dtype)
         value_dim = key_dim if value_dim is None else value_dim
-        super().__init__(_qkv.KvCache(layers, kv_heads, capacity, key_dim, value_dim, dtype, window), dtype)
+        inner = _qkv.KvCache(layers, kv_heads, capacity, key_dim, value_dim, dtype, window, sink_tokens)
+        super().__init__(inner, dtype)
 
     def append(self, layer, key, value):
         """Appends ``key`` ``[kv_heads, n_new, key_dim]`` and ``value`` to layer ``layer``."""
@@ -113,9 +117,10 @@ class PagedKvCache(_Cache):
     int8 as ``KvCache`` stores it; queries in the storage dtype, float32 for int8).
 
     Sequences are integer handles: ``add_sequence()``, ``fork(seq)`` (shares the prefix, copied
-    on write), ``truncate(seq, length)``, ``free(seq)``. ``attend(layer, sequences, offsets,
-    query)`` runs a whole ragged batch: ``sequences[i]`` with the queries ``offsets[i] ..
-    offsets[i + 1]`` of ``query`` ``[query_heads, n_queries, key_dim]``.
+    on write), ``truncate(seq, length)``, ``evict_before(seq, position)``, ``free(seq)``.
+    ``attend(layer, sequences, offsets, query)`` runs a whole ragged batch: ``sequences[i]`` with
+    the queries ``offsets[i] .. offsets[i + 1]`` of ``query`` ``[query_heads, n_queries,
+    key_dim]``.
     """
 
     def __init__(self, layers, kv_heads, key_dim, value_dim=None, block_size=64, blocks=256, dtype="float32"):
@@ -147,6 +152,16 @@ class PagedKvCache(_Cache):
     def length(self, seq, layer=0):
         """Positions ``seq`` holds at layer ``layer``."""
         return self._inner.len(seq, layer)
+
+    def evict_before(self, seq, position):
+        """Returns to the pool ``seq``'s blocks that lie wholly before ``position`` (what a sliding
+        window has left behind), at every layer. Positions keep their numbers: causal alignment,
+        ALiBi distances and rotary angles count from 0 as before."""
+        self._inner.evict_before(seq, position)
+
+    def first_held(self, seq):
+        """The first position ``seq`` still holds (0 unless blocks were evicted)."""
+        return self._inner.first_held(seq)
 
     def free_blocks(self):
         """Blocks no sequence holds."""
