@@ -1,8 +1,9 @@
 //! The backward of attention: the gradients of the queries, keys, values (and an additive bias)
 //! from the gradient of the output and what the forward saved (its output and logsumexp).
 //!
-//! The public entry points check their arguments here, once, as the forward's do; the tiled
-//! algorithm is `backward/tiled.rs`, and the f64 oracle `reference::attention_backward`.
+//! The public entry points (for f32 and f64 inputs, and the `_half` ones for bf16 and f16, widened
+//! once) check their arguments here, once, as the forward's do; the tiled algorithm is
+//! `backward/tiled.rs`, and the f64 oracle `reference::attention_backward`.
 
 mod tiled;
 
@@ -11,7 +12,7 @@ use ndarray::{
     Dimension, Ix2, Ix3, Ix4, RawData,
 };
 
-use crate::element::Real;
+use crate::element::{Half, Real};
 use crate::error::{AttentionError, Dims};
 use crate::inputs;
 use crate::inputs::{check_heads, seen_by_group};
@@ -144,7 +145,7 @@ pub fn attention_backward<T: Real>(
 
 /// [`attention_backward`] over inputs stored as `E` and computed in `T` (`E` is `T`, or a
 /// half-precision format computed in f32).
-pub(crate) fn single_head<T: Real, E: Element<Compute = T>>(
+fn single_head<T: Real, E: Element<Compute = T>>(
     q: ArrayView2<E>,
     k: ArrayView2<E>,
     v: ArrayView2<E>,
@@ -221,7 +222,7 @@ pub fn multi_head_attention_backward<T: Real>(
 }
 
 /// [`multi_head_attention_backward`] over inputs stored as `E` and computed in `T`.
-pub(crate) fn multi_head<T: Real, E: Element<Compute = T>>(
+fn multi_head<T: Real, E: Element<Compute = T>>(
     q: ArrayView4<E>,
     k: ArrayView4<E>,
     v: ArrayView4<E>,
@@ -267,6 +268,68 @@ pub fn multi_head_attention_backward_into<T: Real>(
     let heads = Some((q.shape()[0], q.shape()[1]));
     let (output, lse) = (forward.output.view(), forward.logsumexp.view());
     backward(&shape, heads, q, k, v, output, lse, d_output, options, gradients)
+}
+
+/// The gradients of attention's half-precision inputs (see
+/// [`attention_backward`](crate::attention_backward)), in f32, from `d_output = ∂L/∂O` stored as
+/// the inputs are and what [`attention_half_with_lse`](crate::attention_half_with_lse) returned for the same inputs and options.
+///
+/// Computed as the f32 backward computes: the inputs are widened to f32 exactly, the weights are
+/// recomputed in f32 from the saved logsumexp, and every product is summed in f32. No level
+/// multiplies bf16 pairs in the backward yet, so the gradients are those of the f32 backward on
+/// the widened inputs, at every level. Round them with `mapv(bf16::from_f32)` where a model keeps
+/// bf16 gradients (as PyTorch's bf16 backward returns them).
+///
+/// ```
+/// use half::bf16;
+/// use ndarray::array;
+/// let x = array![[1.0_f32, 0.0], [0.0, 1.0], [1.0, 1.0]].mapv(bf16::from_f32);
+/// let options = qkv::AttentionOptions::new();
+/// let forward = qkv::attention_half_with_lse(x.view(), x.view(), x.view(), &options)?;
+/// let d_out = ndarray::Array2::from_elem((3, 2), bf16::ONE);
+/// let g = qkv::attention_backward_half(x.view(), x.view(), x.view(), &forward, d_out.view(), &options)?;
+/// // Every row's weights sum to 1, so dV's elements sum to dO's (3 rows × 2 columns of 1).
+/// assert!((g.dv.sum() - 6.0).abs() < 1e-5);
+/// # Ok::<(), qkv::AttentionError>(())
+/// ```
+pub fn attention_backward_half<H: Half>(
+    q: ArrayView2<H>,
+    k: ArrayView2<H>,
+    v: ArrayView2<H>,
+    forward: &PartialAttention<f32>,
+    d_output: ArrayView2<H>,
+    options: &AttentionOptions<f32>,
+) -> Result<Gradients<f32>, AttentionError> {
+    single_head(q, k, v, forward, d_output, options)
+}
+
+/// The gradients of multi-head attention's half-precision inputs (`[batch, heads, n, d]`, see
+/// [`multi_head_attention_backward`](crate::multi_head_attention_backward)), in f32, from
+/// `d_output` (`[batch, query_heads, n_q, d_v]`, stored as the inputs are) and what
+/// [`multi_head_attention_half_with_lse`](crate::multi_head_attention_half_with_lse) returned. Computed as [`attention_backward_half`]
+/// computes; a shared key/value head's gradient is summed over its query heads in their order.
+///
+/// ```
+/// use half::bf16;
+/// use ndarray::Array4;
+/// let q = Array4::from_elem((1, 4, 3, 8), bf16::from_f32(0.125));
+/// let kv = Array4::from_elem((1, 2, 5, 8), bf16::from_f32(0.25));
+/// let options = qkv::AttentionOptions::new();
+/// let forward = qkv::multi_head_attention_half_with_lse(q.view(), kv.view(), kv.view(), &options)?;
+/// let d_out = Array4::from_elem((1, 4, 3, 8), bf16::ONE);
+/// let g = qkv::multi_head_attention_backward_half(q.view(), kv.view(), kv.view(), &forward, d_out.view(), &options)?;
+/// assert_eq!(g.dk.shape(), [1, 2, 5, 8]);
+/// # Ok::<(), qkv::AttentionError>(())
+/// ```
+pub fn multi_head_attention_backward_half<H: Half>(
+    q: ArrayView4<H>,
+    k: ArrayView4<H>,
+    v: ArrayView4<H>,
+    forward: &PartialAttention<f32, Ix4>,
+    d_output: ArrayView4<H>,
+    options: &AttentionOptions<f32>,
+) -> Result<Gradients<f32, Ix4>, AttentionError> {
+    multi_head(q, k, v, forward, d_output, options)
 }
 
 impl<T: Real, D: Dimension> Gradients<T, D> {

@@ -12,7 +12,6 @@
 use ndarray::{Array2, Array4, ArrayView2, ArrayView4, ArrayViewMut2, ArrayViewMut4, Ix4};
 
 use crate::attention;
-use crate::backward::{self, Gradients};
 use crate::element::{Half, Storage};
 use crate::error::AttentionError;
 use crate::multi_head;
@@ -178,66 +177,4 @@ pub fn multi_head_attention_half_into<H: Half, O: Storage>(
     out: ArrayViewMut4<O>,
 ) -> Result<(), AttentionError> {
     multi_head::output_into(q, k, v, options, out, None)
-}
-
-/// The gradients of attention's half-precision inputs (see
-/// [`attention_backward`](crate::attention_backward)), in f32, from `d_output = ∂L/∂O` stored as
-/// the inputs are and what [`attention_half_with_lse`] returned for the same inputs and options.
-///
-/// Computed as the f32 backward computes: the inputs are widened to f32 exactly, the weights are
-/// recomputed in f32 from the saved logsumexp, and every product is summed in f32. No level
-/// multiplies bf16 pairs in the backward yet, so the gradients are those of the f32 backward on
-/// the widened inputs, at every level. Round them with `mapv(bf16::from_f32)` where a model keeps
-/// bf16 gradients (as PyTorch's bf16 backward returns them).
-///
-/// ```
-/// use half::bf16;
-/// use ndarray::array;
-/// let x = array![[1.0_f32, 0.0], [0.0, 1.0], [1.0, 1.0]].mapv(bf16::from_f32);
-/// let options = qkv::AttentionOptions::new();
-/// let forward = qkv::attention_half_with_lse(x.view(), x.view(), x.view(), &options)?;
-/// let d_out = ndarray::Array2::from_elem((3, 2), bf16::ONE);
-/// let g = qkv::attention_backward_half(x.view(), x.view(), x.view(), &forward, d_out.view(), &options)?;
-/// // Every row's weights sum to 1, so dV's elements sum to dO's (3 rows × 2 columns of 1).
-/// assert!((g.dv.sum() - 6.0).abs() < 1e-5);
-/// # Ok::<(), qkv::AttentionError>(())
-/// ```
-pub fn attention_backward_half<H: Half>(
-    q: ArrayView2<H>,
-    k: ArrayView2<H>,
-    v: ArrayView2<H>,
-    forward: &PartialAttention<f32>,
-    d_output: ArrayView2<H>,
-    options: &AttentionOptions<f32>,
-) -> Result<Gradients<f32>, AttentionError> {
-    backward::single_head(q, k, v, forward, d_output, options)
-}
-
-/// The gradients of multi-head attention's half-precision inputs (`[batch, heads, n, d]`, see
-/// [`multi_head_attention_backward`](crate::multi_head_attention_backward)), in f32, from
-/// `d_output` (`[batch, query_heads, n_q, d_v]`, stored as the inputs are) and what
-/// [`multi_head_attention_half_with_lse`] returned. Computed as [`attention_backward_half`]
-/// computes; a shared key/value head's gradient is summed over its query heads in their order.
-///
-/// ```
-/// use half::bf16;
-/// use ndarray::Array4;
-/// let q = Array4::from_elem((1, 4, 3, 8), bf16::from_f32(0.125));
-/// let kv = Array4::from_elem((1, 2, 5, 8), bf16::from_f32(0.25));
-/// let options = qkv::AttentionOptions::new();
-/// let forward = qkv::multi_head_attention_half_with_lse(q.view(), kv.view(), kv.view(), &options)?;
-/// let d_out = Array4::from_elem((1, 4, 3, 8), bf16::ONE);
-/// let g = qkv::multi_head_attention_backward_half(q.view(), kv.view(), kv.view(), &forward, d_out.view(), &options)?;
-/// assert_eq!(g.dk.shape(), [1, 2, 5, 8]);
-/// # Ok::<(), qkv::AttentionError>(())
-/// ```
-pub fn multi_head_attention_backward_half<H: Half>(
-    q: ArrayView4<H>,
-    k: ArrayView4<H>,
-    v: ArrayView4<H>,
-    forward: &PartialAttention<f32, Ix4>,
-    d_output: ArrayView4<H>,
-    options: &AttentionOptions<f32>,
-) -> Result<Gradients<f32, Ix4>, AttentionError> {
-    backward::multi_head(q, k, v, forward, d_output, options)
 }

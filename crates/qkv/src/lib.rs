@@ -99,15 +99,14 @@ pub use attention::{
     attention_with_weights,
 };
 pub use backward::{
-    Gradients, GradientsMut, attention_backward, attention_backward_into, multi_head_attention_backward,
-    multi_head_attention_backward_into,
+    Gradients, GradientsMut, attention_backward, attention_backward_half, attention_backward_into,
+    multi_head_attention_backward, multi_head_attention_backward_half, multi_head_attention_backward_into,
 };
 pub use element::{CacheStorage, Half, Q8, Real, Storage};
 pub use error::{AttentionError, Dims};
 pub use half_precision::{
-    attention_backward_half, attention_half, attention_half_into, attention_half_with_lse,
-    multi_head_attention_backward_half, multi_head_attention_half, multi_head_attention_half_into,
-    multi_head_attention_half_with_lse,
+    attention_half, attention_half_into, attention_half_with_lse, multi_head_attention_half,
+    multi_head_attention_half_into, multi_head_attention_half_with_lse,
 };
 #[cfg(all(debug_assertions, not(test)))]
 #[doc(hidden)]
