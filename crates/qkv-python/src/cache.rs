@@ -175,12 +175,11 @@ impl KvCache {
                 None => Ok(cache),
             }
         }
-        let made = (shape, window, sink_tokens);
         let inner = match storage(dtype)? {
-            Stored::F32 => AnyKvCache::F32(make(made.0, made.1, made.2).map_err(value_error)?),
-            Stored::Bf16 => AnyKvCache::Bf16(make(made.0, made.1, made.2).map_err(value_error)?),
-            Stored::F16 => AnyKvCache::F16(make(made.0, made.1, made.2).map_err(value_error)?),
-            Stored::Int8 => AnyKvCache::Int8(make(made.0, made.1, made.2).map_err(value_error)?),
+            Stored::F32 => AnyKvCache::F32(make(shape, window, sink_tokens).map_err(value_error)?),
+            Stored::Bf16 => AnyKvCache::Bf16(make(shape, window, sink_tokens).map_err(value_error)?),
+            Stored::F16 => AnyKvCache::F16(make(shape, window, sink_tokens).map_err(value_error)?),
+            Stored::Int8 => AnyKvCache::Int8(make(shape, window, sink_tokens).map_err(value_error)?),
         };
         Ok(KvCache { inner })
     }

@@ -356,7 +356,7 @@ fn forward_torch<'py>(
     let py = query.py();
     let dtype = query.getattr(pyo3::intern!(py, "dtype"))?;
     let code = codes.get_item(&dtype)?.map(|c| c.extract::<u8>()).transpose()?;
-    let Some(code) = code.filter(|&c| c != Dtype::BOOL_CODE) else {
+    let Some(code) = code.filter(|&c| Dtype::from_code(c) != Some(Dtype::Bool)) else {
         return Ok(None);
     };
     // Each input's shape, if it is a CPU tensor of the query's dtype.

@@ -20,10 +20,8 @@ pub enum Dtype {
 }
 
 impl Dtype {
-    /// The code of [`Dtype::Bool`], which no attention input may have.
-    pub const BOOL_CODE: u8 = 4;
-
-    fn from_code(code: u8) -> Option<Dtype> {
+    /// The element type numbered `code`, if any.
+    pub fn from_code(code: u8) -> Option<Dtype> {
         [Dtype::F32, Dtype::F64, Dtype::Bf16, Dtype::F16, Dtype::Bool].get(usize::from(code)).copied()
     }
 
