@@ -53,7 +53,8 @@
 //! # Ok::<(), qkv::AttentionError>(())
 //! ```
 
-// `unsafe` lives in the kernels alone, where a detected CPU feature makes it sound.
+// `unsafe` lives in the kernels, where a detected CPU feature makes it sound, and in the work
+// sharing's two scheduler calls (`work/cpu.rs`).
 #![deny(unsafe_code)]
 
 mod attention;
