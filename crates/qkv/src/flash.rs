@@ -761,14 +761,17 @@ impl<E: Element> KeyBlock<E> {
     /// Spins before waiting the ordinary way (which also packs the block if its packer panicked).
     const SPINS: usize = 1 << 16;
 
-    /// The panels, packed with `pack` now if no task has claimed them yet.
-    fn get(&self, pack: impl FnOnce() -> Buffer<E>) -> &[E] {
+    /// The panels, packed with `pack` now if no task has claimed them yet. While another task
+    /// packs them, `meanwhile` is called until it returns false (it packs a later block no task
+    /// has claimed, work that waiting would otherwise leave for later).
+    fn get(&self, pack: impl FnOnce() -> Buffer<E>, mut meanwhile: impl FnMut() -> bool) -> &[E] {
         if let Some(panels) = self.panels.get() {
             return panels;
         }
-        if !self.claimed.swap(true, Ordering::AcqRel) {
+        if self.claim() {
             return self.panels.get_or_init(pack);
         }
+        while self.panels.get().is_none() && meanwhile() {}
         for _ in 0..Self::SPINS {
             if let Some(panels) = self.panels.get() {
                 return panels;
@@ -776,6 +779,11 @@ impl<E: Element> KeyBlock<E> {
             std::hint::spin_loop();
         }
         self.panels.get_or_init(pack)
+    }
+
+    /// Whether this task is the first to claim the block (and so must pack it).
+    fn claim(&self) -> bool {
+        !self.claimed.load(Ordering::Relaxed) && !self.claimed.swap(true, Ordering::AcqRel)
     }
 }
 
@@ -878,7 +886,8 @@ impl<'a, E: Element> Packed<'a, E> {
         let offset = start - self.first_key;
         match &self.keys {
             PackedKeys::Packing { k, key_panel: width, layout, blocks } => {
-                blocks[offset / KEY_BLOCK].get(|| {
+                let pack = |block: usize| {
+                    let offset = block * KEY_BLOCK;
                     let n_keys = KEY_BLOCK.min(k.nrows() - offset);
                     let panel_len = width * layout.padded_dim(d);
                     let mut panels = Buffer::zeros(n_keys.div_ceil(*width) * panel_len);
@@ -886,7 +895,19 @@ impl<'a, E: Element> Packed<'a, E> {
                         kernels::pack_key_panel(*k, offset + p * width, *width, *layout, panel);
                     }
                     panels
-                })
+                };
+                let block = offset / KEY_BLOCK;
+                // Blocks are read in order, so the next ones unclaimed are the ones to pack while
+                // waiting for this one.
+                let mut later = block + 1..blocks.len();
+                let pack_a_later_block = || match later.find(|&b| blocks[b].claim()) {
+                    Some(b) => {
+                        let _ = blocks[b].panels.get_or_init(|| pack(b));
+                        true
+                    }
+                    None => false,
+                };
+                blocks[block].get(|| pack(block), pack_a_later_block)
             }
             // A block starts at a whole panel: its panels start `d` scalars per key in.
             PackedKeys::Cached(panels, _) => &panels[offset * d..],
