@@ -68,7 +68,7 @@ mod x86;
 use std::convert::identity;
 
 use half::{bf16, f16};
-use ndarray::{ArrayView, ArrayView2, ArrayViewMut2, CowArray, Dimension};
+use ndarray::{ArrayView, ArrayView2, ArrayViewMut2, Axis, CowArray, Dimension};
 
 use crate::level::SimdLevel;
 
@@ -771,21 +771,90 @@ pub(crate) fn pack_key_panel<E: Element>(
     if last - first_key < width || layout.padded_dim(k.ncols()) > k.ncols() {
         panel.fill(E::default());
     }
-    for (lane, key) in k.slice(ndarray::s![first_key..last, ..]).rows().into_iter().enumerate() {
-        // Contiguous rows (the usual case) as slices: ndarray's element iterator is much slower.
-        let copy = |slots: &mut dyn Iterator<Item = &mut E>| match key.as_slice() {
-            Some(key) => slots.zip(key).for_each(|(o, &x)| *o = x),
-            None => slots.zip(key.iter()).for_each(|(o, &x)| *o = x),
-        };
+    let d = k.ncols();
+    let keys = k.slice(ndarray::s![first_key..last, ..]);
+    for (chunk, first_lane) in keys.axis_chunks_iter(Axis(0), PACK_LANES).zip((0..).step_by(PACK_LANES)) {
         match layout {
-            Layout::Lanes => copy(&mut panel[lane..].iter_mut().step_by(width)),
-            Layout::Pairs => match as_pairs(key.as_slice(), panel) {
+            Layout::Lanes => interleave(chunk, first_lane, width, panel),
+            Layout::Pairs => {
                 // A pair of 16-bit components is one 32-bit unit: the lane layout of those.
-                Some((key, panel)) => {
-                    panel[lane..].iter_mut().step_by(width).zip(key).for_each(|(o, &x)| *o = x)
+                let units = contiguous_rows(chunk).and_then(|rows| pair_rows(&rows));
+                if let Some(units) = units
+                    && let Ok(panel) = wide::bytemuck::try_cast_slice_mut(panel)
+                {
+                    interleave_rows(&units[..chunk.nrows()], d / 2, first_lane, width, panel);
+                } else {
+                    for (lane, key) in (first_lane..).zip(chunk.rows()) {
+                        for (c, &x) in key.iter().enumerate() {
+                            panel[c / 2 * 2 * width + 2 * lane + c % 2] = x;
+                        }
+                    }
                 }
-                None => copy(&mut panel[2 * lane..].chunks_mut(2 * width).flat_map(|pair| &mut pair[..2])),
-            },
+            }
+        }
+    }
+}
+
+/// Rows of 16-bit elements (each of even length) as rows of 32-bit units, each holding a pair of
+/// elements, when all are aligned to 4 bytes (as rows of even width are).
+fn pair_rows<'a, E: Element>(rows: &[&'a [E]]) -> Option<[&'a [u32]; PACK_LANES]> {
+    let mut units: [&[u32]; PACK_LANES] = [&[]; PACK_LANES];
+    for (unit, &row) in units.iter_mut().zip(rows) {
+        *unit = pairs(row)?;
+    }
+    Some(units)
+}
+
+/// Keys [`pack_key_panel`] transposes at a time: eight loads down eight rows, then eight stores
+/// side by side.
+const PACK_LANES: usize = 8;
+
+/// Writes keys (at most [`PACK_LANES`] of them) into lanes `first_lane ..` of a panel `width`
+/// lanes wide: component `c` of key `i` at `panel[c · width + first_lane + i]`. Contiguous rows
+/// go as slices; others element by element (ndarray's element iterator is much slower).
+fn interleave<E: Copy>(keys: ArrayView2<E>, first_lane: usize, width: usize, panel: &mut [E]) {
+    match contiguous_rows(keys) {
+        Some(rows) => interleave_rows(&rows[..keys.nrows()], keys.ncols(), first_lane, width, panel),
+        None => {
+            for (lane, key) in (first_lane..).zip(keys.rows()) {
+                for (c, &x) in key.iter().enumerate() {
+                    panel[c * width + lane] = x;
+                }
+            }
+        }
+    }
+}
+
+/// The rows of `rows` (at most [`PACK_LANES`]) as slices, if each is contiguous; the slots past
+/// them are empty.
+fn contiguous_rows<A>(rows: ArrayView2<'_, A>) -> Option<[&[A]; PACK_LANES]> {
+    let mut slices: [&[A]; PACK_LANES] = [&[]; PACK_LANES];
+    for (i, slice) in slices.iter_mut().enumerate().take(rows.nrows()) {
+        *slice = rows.index_axis_move(Axis(0), i).to_slice()?;
+    }
+    Some(slices)
+}
+
+/// [`interleave`] for rows as slices, the first `len` units of each.
+fn interleave_rows<U: Copy>(rows: &[&[U]], len: usize, first_lane: usize, width: usize, panel: &mut [U]) {
+    let columns = (0..len).zip(panel.chunks_exact_mut(width));
+    match <&[&[U]; PACK_LANES]>::try_from(rows) {
+        // A whole group: the compiler unrolls the fixed-length inner loop.
+        Ok(rows) => {
+            let rows = rows.map(|row| &row[..len]);
+            for (c, out) in columns {
+                let out = &mut out[first_lane..first_lane + PACK_LANES];
+                for (o, row) in out.iter_mut().zip(&rows) {
+                    *o = row[c];
+                }
+            }
+        }
+        Err(_) => {
+            for (c, out) in columns {
+                for (o, row) in out[first_lane..].iter_mut().zip(rows) {
+                    *o = row[c];
+                }
+            }
         }
     }
 }
@@ -847,9 +916,14 @@ pub(crate) fn pack_value_pairs<E: Element>(v: ArrayView2<E>, stride: usize, out:
 /// elements, when both are 16-bit and aligned to 4 bytes (as rows of even width are); `None`
 /// otherwise.
 fn as_pairs<'a, E: Element>(row: Option<&'a [E]>, out: &'a mut [E]) -> Option<(&'a [u32], &'a mut [u32])> {
-    let row = row.filter(|row| size_of::<E>() == 2 && row.len() % 2 == 0)?;
-    let row = wide::bytemuck::try_cast_slice(row).ok()?;
-    Some((row, wide::bytemuck::try_cast_slice_mut(out).ok()?))
+    Some((pairs(row?)?, wide::bytemuck::try_cast_slice_mut(out).ok()?))
+}
+
+/// `row` as 32-bit units, each holding a pair of elements, when they are 16-bit, of even number
+/// and aligned to 4 bytes.
+fn pairs<E: Element>(row: &[E]) -> Option<&[u32]> {
+    let row = Some(row).filter(|row| size_of::<E>() == 2 && row.len() % 2 == 0)?;
+    wide::bytemuck::try_cast_slice(row).ok()
 }
 
 /// Packs value row `v_row` (`d_v` scalars) into the first `d_v` scalars of `out`.

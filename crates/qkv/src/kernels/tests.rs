@@ -192,6 +192,75 @@ fn matrix(rows: usize, cols: usize, seed: usize) -> Array2<f32> {
     Array2::from_shape_fn((rows, cols), |(i, j)| (((i * 31 + j * 17 + seed) % 23) as f32 - 11.0) / 8.0)
 }
 
+/// Every key component lands where the layout says, for keys in rows (whole, or cut from wider
+/// rows at an odd column, so that 16-bit rows lose their 4-byte alignment) and in columns (no
+/// row contiguous), full and partial panels, `d` odd and even, f32 and bf16.
+#[test]
+fn packed_key_panels_put_each_component_where_the_layout_says() {
+    fn check<E: Element + PartialEq + std::fmt::Debug>(narrow: impl Fn(f32) -> E) {
+        for (n_keys, d, width, first) in [
+            (1, 1, 16, 0),
+            (9, 3, 8, 0),
+            (40, 64, 16, 16),
+            (23, 65, 16, 16),
+            (40, 67, 16, 0),
+            (70, 6, 64, 0),
+            (64, 18, 32, 32),
+            (5, 2, 32, 0),
+        ] {
+            let wide = Array2::from_shape_fn((n_keys, d + 1), |(i, c)| narrow((i * 131 + c * 7 + 1) as f32));
+            let rows = wide.slice(ndarray::s![.., 1..]);
+            let columns = rows.t().as_standard_layout().into_owned().reversed_axes();
+            assert!(columns.row(0).as_slice().is_none() || n_keys == 1, "rows not contiguous");
+            for keys in [rows.view(), columns.view(), wide.slice(ndarray::s![.., ..d])] {
+                for layout in [Layout::Lanes, Layout::Pairs] {
+                    let mut panel = vec![narrow(-1.0); layout.padded_dim(d) * width];
+                    pack_key_panel(keys, first, width, layout, &mut panel);
+                    let mut want = vec![E::default(); panel.len()];
+                    for lane in 0..width.min(n_keys - first) {
+                        for c in 0..d {
+                            let at = match layout {
+                                Layout::Lanes => c * width + lane,
+                                Layout::Pairs => c / 2 * 2 * width + 2 * lane + c % 2,
+                            };
+                            want[at] = keys[[first + lane, c]];
+                        }
+                    }
+                    assert_eq!(panel, want, "{n_keys} keys, d = {d}, width {width}, {layout:?}");
+                }
+            }
+        }
+    }
+    check(|x| x);
+    check(bf16::from_f32);
+    check(|x| Q8::nearest(x % 254.0 - 127.0));
+}
+
+/// Queries packed for the lane layout: groups of `group_rows` rows, each component-major and
+/// scaled, zero rows padding the last group; from rows and from columns alike.
+#[test]
+fn packed_queries_put_each_component_where_the_layout_says() {
+    for (n_q, d, group_rows, first, rows) in
+        [(1, 1, 6, 0, 1usize), (20, 65, 6, 3, 17), (40, 8, 8, 0, 40), (9, 3, 14, 1, 8)]
+    {
+        let q = Array2::from_shape_fn((n_q, d), |(i, c)| (i * 131 + c * 7) as f32);
+        let columns = q.t().as_standard_layout().into_owned().reversed_axes();
+        for queries in [q.view(), columns.view()] {
+            let padded = rows.next_multiple_of(group_rows);
+            let mut out = vec![-1.0; padded * d];
+            assert_eq!(pack_queries(queries, first, rows, 0.5, (group_rows, Layout::Lanes), &mut out), 1.0);
+            let mut want = vec![0.0; out.len()];
+            for r in 0..rows {
+                for c in 0..d {
+                    want[r / group_rows * group_rows * d + c * group_rows + r % group_rows] =
+                        q[[first + r, c]] * 0.5;
+                }
+            }
+            assert_eq!(out, want, "{rows} of {n_q} queries, d = {d}, groups of {group_rows}");
+        }
+    }
+}
+
 /// Packs `k`'s keys into panels of `width` keys in `layout`.
 fn pack_keys<E: Element>(k: &Array2<E>, width: usize, layout: Layout) -> Vec<E> {
     let (n_keys, d) = k.dim();
