@@ -1,7 +1,8 @@
 //! The fast output-only path: FlashAttention-2-style tiling with an online softmax.
 //!
-//! Queries are cut into blocks of the kernel level's `QUERY_BLOCK` rows and keys into blocks of
-//! `KEY_BLOCK`. For one query block the key blocks are visited in order: scores `S = Q_b·K_jᵀ`
+//! Queries are cut into blocks of at most the kernel level's `QUERY_BLOCK` rows (as many for
+//! each thread, sized evenly: `query_blocks`) and keys into blocks of `KEY_BLOCK`. For one query
+//! block the key blocks are visited in order: scores `S = Q_b·K_jᵀ`
 //! (the scale is folded into the packed queries), masks where a tile needs them, then the online
 //! softmax: the running row maximum `m` and sum `l`, the rescale `α = exp(m_old - m_new)` of the
 //! output accumulator, and `O += P·V`. Each row is divided by its `l` once, at the end. No
@@ -31,7 +32,7 @@ use crate::masking::MaskSet;
 use crate::shape::{Magnitudes, Shape};
 use crate::softmax;
 use crate::work;
-use ndarray::{ArrayView2, ArrayViewMut1, ArrayViewMut2, Axis, Ix2};
+use ndarray::{ArrayView2, ArrayViewMut, ArrayViewMut1, ArrayViewMut2, Axis, Dimension, Ix2};
 
 /// Problems with fewer query blocks than this also split their keys, so that every core works.
 const SPLIT_BELOW_BLOCKS: usize = 4;
@@ -153,11 +154,12 @@ pub(crate) struct CachedCall<'p, 'c, T, E: Element> {
     pub(crate) problem: &'c (dyn Fn(usize, usize) -> CachedProblem<'p, T, E> + Sync),
 }
 
-/// A work item of the key-split path: head, query block, its rows, and the keys of the split.
+/// A work item of the key-split path: head, the query block's first row and its rows, and the
+/// keys of the split.
 type SplitItem = (usize, usize, usize, Range<usize>);
 
-/// A work item of the tiled path: head `.0`'s query blocks, each with its index and output.
-type HeadBlocks<'b, 'out, T> = (usize, Vec<(usize, &'b mut OutBlock<'out, T>)>);
+/// A work item of the tiled path: head `.0`'s query blocks.
+type HeadBlocks<'b, 'out, T> = (usize, Vec<&'b mut OutBlock<'out, T>>);
 
 /// One head of a call to [`attend`]: inputs stored as `E`, the output stored as `O` (both `T`
 /// itself, or a half-precision format), computed in `T`.
@@ -382,20 +384,34 @@ impl<'out, T: Real> OutRows<'out, T> {
         }
     }
 
-    /// The rows in blocks of `rows` (the last one shorter).
-    fn blocks(self, rows: usize) -> Vec<OutRows<'out, T>> {
+    /// The rows in consecutive blocks of `lens` rows.
+    fn blocks(self, lens: &[usize]) -> Vec<OutRows<'out, T>> {
         match self {
-            OutRows::Computed(out) => {
-                out.into_axis_chunks_iter_mut(Axis(0), rows).map(OutRows::Computed).collect()
-            }
-            OutRows::Bf16(out) => out.into_axis_chunks_iter_mut(Axis(0), rows).map(OutRows::Bf16).collect(),
-            OutRows::F16(out) => out.into_axis_chunks_iter_mut(Axis(0), rows).map(OutRows::F16).collect(),
+            OutRows::Computed(out) => split_rows(out, lens).into_iter().map(OutRows::Computed).collect(),
+            OutRows::Bf16(out) => split_rows(out, lens).into_iter().map(OutRows::Bf16).collect(),
+            OutRows::F16(out) => split_rows(out, lens).into_iter().map(OutRows::F16).collect(),
         }
     }
 }
 
+/// `a` cut along its rows into consecutive blocks of `lens` rows.
+fn split_rows<'a, A, D: Dimension>(
+    mut a: ArrayViewMut<'a, A, D>,
+    lens: &[usize],
+) -> Vec<ArrayViewMut<'a, A, D>> {
+    let mut blocks = Vec::with_capacity(lens.len());
+    for &len in lens {
+        let (block, rest) = a.split_at(Axis(0), len);
+        blocks.push(block);
+        a = rest;
+    }
+    blocks
+}
+
 /// The output rows of one query block, and their logsumexp when asked for.
 struct OutBlock<'out, T> {
+    /// The block's first row in its head.
+    first: usize,
     out: OutRows<'out, T>,
     lse: Option<ArrayViewMut1<'out, T>>,
 }
@@ -451,14 +467,14 @@ impl<T: Real, E: Element<Compute = T>> Job<E> for Attend<'_, '_, T, E> {
             let key_rows = k.to_slice().filter(|_| decodes(n_rows, &k));
             let source = StoredKeys::Rows { k, v };
             problems.push(Problem { shape, q: Queries::Stored(q), rows_per_query, source, key_rows, masks });
-            let outs = out.blocks(K::QUERY_BLOCK).into_iter();
-            blocks.push(match lse {
-                Some(lse) => outs
-                    .zip(lse.into_axis_chunks_iter_mut(Axis(0), K::QUERY_BLOCK))
-                    .map(|(out, lse)| OutBlock { out, lse: Some(lse) })
+            let lens = query_blocks(out.nrows(), K::TILE_ROWS, K::QUERY_BLOCK, rayon::current_num_threads());
+            let firsts = lens.iter().scan(0, |first, &len| Some(std::mem::replace(first, *first + len)));
+            let mut lse = lse.map(|lse| split_rows(lse, &lens).into_iter());
+            let outs = out.blocks(&lens).into_iter().zip(firsts);
+            blocks.push(
+                outs.map(|(out, first)| OutBlock { first, out, lse: lse.as_mut().and_then(Iterator::next) })
                     .collect(),
-                None => outs.map(|out| OutBlock { out, lse: None }).collect(),
-            });
+            );
         }
         let decoding = problems.iter().all(|p| p.key_rows.is_some());
         let parallel =
@@ -491,24 +507,23 @@ impl<T: Real, E: Element<Compute = T>> Job<E> for Attend<'_, '_, T, E> {
             for (h, blocks) in blocks.iter_mut().enumerate() {
                 let n = blocks.len();
                 if whole_heads {
-                    items.push((h, blocks.iter_mut().enumerate().collect()));
+                    items.push((h, blocks.iter_mut().collect()));
                 } else if problems[h].masks.is_causal() {
                     let (front, back) = blocks.split_at_mut(n.div_ceil(2));
                     let mut partners = back.iter_mut().rev();
-                    for (i, block) in front.iter_mut().enumerate() {
-                        let pair = std::iter::once((i, block)).chain(partners.next().map(|p| (n - 1 - i, p)));
-                        items.push((h, pair.collect()));
+                    for block in front {
+                        items.push((h, std::iter::once(block).chain(partners.next()).collect()));
                     }
                 } else {
-                    items.extend(blocks.iter_mut().enumerate().map(|block| (h, vec![block])));
+                    items.extend(blocks.iter_mut().map(|block| (h, vec![block])));
                 }
             }
             // Each thread keeps one softmax state and reuses it block after block: a state is
             // written out as soon as its block is done.
             let attend_item = |(scratch, state): &mut (Scratch<T>, State<T>), (h, item): HeadBlocks<T>| {
                 let mut measured = Measured::nothing();
-                for (b, out_block) in item {
-                    let first = b * K::QUERY_BLOCK;
+                for out_block in item {
+                    let first = out_block.first;
                     let query_rows = first..first + out_block.out.nrows();
                     let packed = &packed[packed_of[h]];
                     problems[h].attend_block_into(
@@ -538,23 +553,23 @@ impl<T: Real, E: Element<Compute = T>> Job<E> for Attend<'_, '_, T, E> {
             .iter()
             .enumerate()
             .flat_map(|(h, blocks)| {
-                blocks.iter().enumerate().flat_map(move |(b, block)| {
-                    splits[h].ranges().map(move |keys| (h, b, block.out.nrows(), keys))
+                blocks.iter().flat_map(move |block| {
+                    splits[h].ranges().map(move |keys| (h, block.first, block.out.nrows(), keys))
                 })
             })
             .collect();
-        let attend_item = |scratch: &mut Scratch<T>, (h, b, rows, keys): SplitItem| {
+        let attend_item = |scratch: &mut Scratch<T>, (h, first, rows, keys): SplitItem| {
             // Each task packs its own keys: they are read by few query rows, and a small buffer
             // per task stays in cache where one large one per call would not.
             let packed = problems[h].packed::<K>(keys.clone());
-            problems[h].attend_block(kernels, &packed, b * K::QUERY_BLOCK, rows, keys, scratch)
+            problems[h].attend_block(kernels, &packed, first, rows, keys, scratch)
         };
         let mut states = work::map_items(items, parallel, Scratch::default, attend_item).into_iter();
-        for (h, (b, out_block), splits) in blocks
+        for (h, out_block, splits) in blocks
             .iter_mut()
             .zip(splits)
             .enumerate()
-            .flat_map(|(h, (b, s))| b.iter_mut().enumerate().map(move |block| (h, block, s)))
+            .flat_map(|(h, (b, s))| b.iter_mut().map(move |block| (h, block, s)))
         {
             // Merged in split order, the same whichever thread computed each part; the sink joins
             // the merged row.
@@ -562,11 +577,34 @@ impl<T: Real, E: Element<Compute = T>> Job<E> for Attend<'_, '_, T, E> {
             for part in states.by_ref().take(splits.count - 1) {
                 merged.merge(&part);
             }
-            merged.write(out_block, &|r| problems[h].sink(b * K::QUERY_BLOCK + r));
+            let first = out_block.first;
+            merged.write(out_block, &|r| problems[h].sink(first + r));
             measured = measured.combine(merged.measured);
         }
         decoding.then_some(measured)
     }
+}
+
+/// The row counts of the query blocks `n_rows` rows are cut into: as few blocks as `query_block`
+/// rows each allow, their number rounded up to a multiple of `threads` (while each keeps a tile
+/// of rows), and the tiles of `tile_rows` rows shared out evenly, the larger blocks first, so
+/// that every block but the last is whole tiles. Blocks are items of work taken one at a time:
+/// 256 rows in 48-row blocks are 8, 8, 8, 8, 8 and 3 tiles (24 tiles for one of two threads,
+/// 19 for the other); evenly, 8, 7, 7, 7, 7 and 7 (22 and 21). A row's result does not depend on
+/// its block, so neither do the results on the number of threads.
+fn query_blocks(n_rows: usize, tile_rows: usize, query_block: usize, threads: usize) -> Vec<usize> {
+    if n_rows == 0 {
+        return Vec::new();
+    }
+    let tiles = n_rows.div_ceil(tile_rows);
+    let count = n_rows.div_ceil(query_block).next_multiple_of(threads.max(1)).min(tiles);
+    let mut lens: Vec<usize> =
+        (0..count).map(|b| (tiles / count + usize::from(b < tiles % count)) * tile_rows).collect();
+    // The last tile may be short.
+    if let Some(last) = lens.last_mut() {
+        *last -= tiles * tile_rows - n_rows;
+    }
+    lens
 }
 
 /// The key ranges each query block (of `query_block` rows, of `n_rows` in all) is split into: one
@@ -700,8 +738,10 @@ impl<T: Real, E: Element<Compute = T>> Job<E> for AttendCached<'_, '_, T, E> {
                 // Every part of a problem takes its head's sinks; the merged row takes them once.
                 let masks = problem(p, 0).masks;
                 let sink = |r: usize| masks.sink((b * K::QUERY_BLOCK + r) % rows_per_query);
-                merged
-                    .write(&mut OutBlock { out: OutRows::Computed(out.expect("the rows fit")), lse }, &sink);
+                merged.write(
+                    &mut OutBlock { first, out: OutRows::Computed(out.expect("the rows fit")), lse },
+                    &sink,
+                );
                 measured = measured.combine(merged.measured);
             }
             first_row += n_rows(p);

@@ -1,4 +1,5 @@
-//! The work split: key splits depend on the problem size only and tile the keys exactly.
+//! The work split: key splits depend on the problem size only and tile the keys exactly; query
+//! blocks tile the rows in whole tiles, evenly.
 
 use super::*;
 
@@ -59,5 +60,31 @@ fn paged_blocks_that_are_not_whole_panels_split_at_blocks() {
         let splits: Vec<Range<usize>> = key_splits(1, 16384, QUERY_BLOCK, unit).ranges().collect();
         assert!(splits.len() > 1 && splits.iter().all(|r| r.start % unit == 0), "{splits:?}");
         assert_eq!(splits.last().map(|r| r.end), Some(16384));
+    }
+}
+
+#[test]
+fn query_blocks_share_the_tiles_evenly_in_a_multiple_of_the_threads() {
+    assert_eq!(query_blocks(256, 6, 48, 2), [48, 42, 42, 42, 42, 40]);
+    assert_eq!(query_blocks(256, 6, 48, 1), [48, 42, 42, 42, 42, 40]);
+    assert_eq!(query_blocks(512, 6, 48, 2), [48, 48, 42, 42, 42, 42, 42, 42, 42, 42, 42, 38]);
+    assert_eq!(query_blocks(96, 6, 48, 1), [48, 48]);
+    assert_eq!(query_blocks(96, 6, 48, 3), [36, 30, 30]);
+    // Never an empty block: at most one per tile.
+    assert_eq!(query_blocks(1, 6, 48, 4), [1]);
+    assert_eq!(query_blocks(13, 6, 48, 8), [6, 6, 1]);
+    assert_eq!(query_blocks(0, 6, 48, 2), [0; 0]);
+    for n_rows in 1..400 {
+        for threads in 1..5 {
+            let lens = query_blocks(n_rows, 6, 48, threads);
+            assert_eq!(lens.iter().sum::<usize>(), n_rows, "{n_rows} rows, {threads} threads");
+            let (last, whole) = lens.split_last().expect("a block");
+            assert!(*last > 0 && lens.iter().all(|&len| len <= 48));
+            assert!(whole.iter().all(|&len| len.is_multiple_of(6)));
+            let tiles = |len: usize| len.div_ceil(6);
+            let (most, least) = (lens.iter().map(|&l| tiles(l)).max(), lens.iter().map(|&l| tiles(l)).min());
+            assert!(most.zip(least).is_some_and(|(m, l)| m - l <= 1), "{lens:?}");
+            assert!(lens.len().is_multiple_of(threads) || lens.len() == n_rows.div_ceil(6), "{lens:?}");
+        }
     }
 }
