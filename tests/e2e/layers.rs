@@ -20,6 +20,8 @@ const ENGINE: &[&[&str]] = &[
     // Shared helpers: validated shapes, the work split, the dispatched level, the softmax's
     // finishing rule.
     &["shape", "work", "simd", "softmax"],
+    // Input checks at the dispatched level.
+    &["finite"],
     // Rotary position embeddings, and the keys a cache stores under them.
     &["rotary"],
     // Partial results and their exact merge.

@@ -8,12 +8,13 @@ use ndarray::{Array1, Array2, ArrayView2, ArrayViewMut1, ArrayViewMut2};
 use crate::blocked;
 use crate::element::Real;
 use crate::error::{AttentionError, Dims};
+use crate::finite::finite_magnitude;
 use crate::flash;
 use crate::inputs;
 use crate::kernels::Element;
 use crate::options::AttentionOptions;
 use crate::partial::PartialAttention;
-use crate::shape::{Shape, finite_magnitude};
+use crate::shape::Shape;
 use crate::simd;
 
 /// Scaled scores `S = Q·Kᵀ · scale (+ bias)`, `[n_queries, n_keys]`; `-inf` where a pair is hidden.

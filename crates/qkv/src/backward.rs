@@ -14,12 +14,13 @@ use ndarray::{
 
 use crate::element::{Half, Real};
 use crate::error::{AttentionError, Dims};
+use crate::finite::finite_magnitude;
 use crate::inputs;
 use crate::inputs::{check_heads, seen_by_group};
 use crate::kernels::Element;
 use crate::options::AttentionOptions;
 use crate::partial::PartialAttention;
-use crate::shape::{Shape, finite_magnitude};
+use crate::shape::Shape;
 use crate::simd;
 
 /// The gradients of a loss `L` with respect to attention's inputs: `dq = ∂L/∂Q`, `dk = ∂L/∂K`,

@@ -10,9 +10,10 @@ use ndarray::{ArrayView, ArrayView4, Axis, CowArray, Dimension};
 
 use crate::element::Real;
 use crate::error::{AttentionError, Dims};
+use crate::finite::finite_magnitude;
 use crate::kernels::Element;
 use crate::masking::HeadMasks;
-use crate::shape::{Magnitudes, Shape, finite_magnitude};
+use crate::shape::{Magnitudes, Shape};
 
 /// Keys and values as the paths may read them (the caller's own, or copies with the unseen rows
 /// zeroed, in the caller's element type), and the largest magnitudes of the inputs.

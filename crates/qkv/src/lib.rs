@@ -62,6 +62,7 @@ mod backward;
 mod blocked;
 mod element;
 mod error;
+mod finite;
 mod flash;
 mod half_precision;
 mod inputs;

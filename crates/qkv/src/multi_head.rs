@@ -7,13 +7,14 @@ use ndarray::{Array3, Array4, ArrayView4, ArrayViewMut3, ArrayViewMut4, Ix4, s};
 use crate::blocked;
 use crate::element::Real;
 use crate::error::{AttentionError, Dims};
+use crate::finite::finite_magnitude;
 use crate::flash;
 use crate::flash::StoredKeys;
 use crate::inputs::{self, check_heads, seen_by_group};
 use crate::kernels::Element;
 use crate::options::AttentionOptions;
 use crate::partial::PartialAttention;
-use crate::shape::{Shape, finite_magnitude};
+use crate::shape::Shape;
 use crate::simd;
 use crate::step::{self, Step, StepBuffers};
 

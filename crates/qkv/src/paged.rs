@@ -28,13 +28,14 @@ use ndarray::{Array3, ArrayView3, ArrayViewMut2, ArrayViewMut3, Axis, s};
 
 use crate::element::{CacheStorage, Storage, row_scale};
 use crate::error::{AttentionError, Dims};
+use crate::finite::finite_magnitude;
 use crate::flash::{self, CachedLayout, LayoutOf, PagedKeys, StoredKeys};
 use crate::inputs::check_offsets;
 use crate::kernels::{self, Buffer, Isa};
 use crate::level::SimdLevel;
 use crate::options::CacheOptions;
 use crate::rotary::{Rotary, rotation_growth, stored_keys};
-use crate::shape::{Magnitudes, Shape, finite_magnitude, with_fields};
+use crate::shape::{Magnitudes, Shape, with_fields};
 use crate::simd;
 use crate::step::{self, OptionShape, Step};
 

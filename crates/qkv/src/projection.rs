@@ -7,8 +7,8 @@ use ndarray::{Array2, ArrayView2};
 use crate::attention::attention;
 use crate::element::Real;
 use crate::error::AttentionError;
+use crate::finite::check_finite;
 use crate::options::AttentionOptions;
-use crate::shape::check_finite;
 
 /// The learned projections of an attention layer.
 ///

@@ -11,7 +11,7 @@ use num_traits::FromPrimitive;
 
 use crate::element::Storage;
 use crate::error::AttentionError;
-use crate::shape::finite_magnitude;
+use crate::finite::finite_magnitude;
 
 /// Which components form a rotated pair.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

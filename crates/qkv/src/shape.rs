@@ -1,10 +1,9 @@
 //! Shape validation at the public boundary: once a [`Shape`] exists, the paths inside take it as given.
 
-use ndarray::{ArrayBase, ArrayView2, Data, Dimension};
+use ndarray::ArrayView2;
 
 use crate::element::Real;
-use crate::error::{AttentionError, Dims};
-use crate::kernels::Element;
+use crate::error::AttentionError;
 
 /// The validated sizes of one attention problem (one batch element, one head).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,16 +100,6 @@ impl Shape {
     }
 }
 
-/// Fails with the index of the first NaN or infinite element of `a`.
-pub(crate) fn check_finite<S, T, D>(argument: &'static str, a: &ArrayBase<S, D>) -> Result<(), AttentionError>
-where
-    S: Data<Elem = T>,
-    T: Real,
-    D: Dimension,
-{
-    finite_magnitude(argument, a).map(|_| ())
-}
-
 /// The largest `|x|` of each input, measured while checking that they are finite: the fast path
 /// bounds its intermediates with them.
 #[derive(Debug, Clone, Copy)]
@@ -118,70 +107,6 @@ pub(crate) struct Magnitudes {
     pub(crate) queries: f64,
     pub(crate) keys: f64,
     pub(crate) values: f64,
-}
-
-impl Magnitudes {
-    /// Checks that `q`, `k`, `v` are finite and measures them, one pass each.
-    pub(crate) fn measure<S: Data<Elem = E>, T: Real, E: Element<Compute = T>, D: Dimension>(
-        q: &ArrayBase<S, D>,
-        k: &ArrayBase<S, D>,
-        v: &ArrayBase<S, D>,
-    ) -> Result<Magnitudes, AttentionError> {
-        Ok(Magnitudes {
-            queries: finite_magnitude("queries", q)?,
-            keys: finite_magnitude("keys", k)?,
-            values: finite_magnitude("values", v)?,
-        })
-    }
-}
-
-/// The largest `|x|` in `a` (widened, for a half-precision format), or the error naming the
-/// first NaN or infinite element.
-pub(crate) fn finite_magnitude<S, T, E, D>(
-    argument: &'static str,
-    a: &ArrayBase<S, D>,
-) -> Result<f64, AttentionError>
-where
-    S: Data<Elem = E>,
-    T: Real,
-    E: Element<Compute = T>,
-    D: Dimension,
-{
-    // Fast pass over contiguous data, sixteen independent lanes so that it vectorises: `x · 0` is
-    // 0 for every finite `x` and NaN otherwise, so the sums stay 0 exactly when all are finite.
-    // Only a failing input pays for finding the index.
-    if let Some(data) = a.as_slice_memory_order() {
-        let zero = T::zero();
-        let mut zeros = [zero; 16];
-        let mut largest = [zero; 16];
-        let larger = |m: T, x: T| if x.abs() > m { x.abs() } else { m };
-        let chunks = data.chunks_exact(16);
-        // The tail widened into a vector of its own; its unused lanes (0) change no sum or maximum.
-        let mut tail = [zero; 16];
-        tail.iter_mut().zip(chunks.remainder()).for_each(|(t, x)| *t = x.widen());
-        for chunk in chunks {
-            for ((z, m), &x) in zeros.iter_mut().zip(largest.iter_mut()).zip(chunk) {
-                let x = x.widen();
-                *z = *z + x * zero;
-                *m = larger(*m, x);
-            }
-        }
-        if tail.iter().chain(&zeros).fold(zero, |acc, &x| acc + x * zero) == zero {
-            return Ok(tail.iter().chain(&largest).fold(zero, |m, &x| larger(m, x)).to_f64_exact());
-        }
-    } else if a.iter().all(|x| x.widen().is_finite()) {
-        return Ok(a.iter().fold(0.0, |m: f64, x| m.max(x.widen().to_f64_exact().abs())));
-    }
-    let flat = a.iter().position(|x| !x.widen().is_finite()).unwrap_or(0);
-    // `iter` walks in logical row-major order, so the flat position unravels against the shape.
-    let mut index = vec![0; a.ndim()];
-    let mut rest = flat;
-    for (slot, &len) in index.iter_mut().zip(a.shape()).rev() {
-        *slot = rest % len;
-        rest /= len;
-    }
-    let value = a.iter().nth(flat).map_or(f64::NAN, |x| x.widen().to_f64_exact());
-    Err(AttentionError::NonFinite { argument, index: Dims(index), value })
 }
 
 /// `with_FIELD(self, value) -> Self` for `usize` fields of a `#[non_exhaustive]` shape, so that

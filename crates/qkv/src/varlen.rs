@@ -9,12 +9,13 @@ use ndarray::{Array2, Array3, ArrayView3, ArrayViewMut2, ArrayViewMut3, Axis, Ix
 
 use crate::element::Real;
 use crate::error::AttentionError;
+use crate::finite::finite_magnitude;
 use crate::flash::{self, StoredKeys};
 use crate::inputs::{check_heads, check_offsets};
 use crate::multi_head;
 use crate::options::AttentionOptions;
 use crate::partial::PartialAttention;
-use crate::shape::{Magnitudes, Shape, finite_magnitude};
+use crate::shape::{Magnitudes, Shape};
 use crate::simd;
 use crate::step::{self, Step, StepBuffers};
 

@@ -1,0 +1,91 @@
+//! Input checks: every element finite, and the largest magnitude measured in the same pass, by
+//! the dispatched level's [`Kernels::magnitude`](crate::kernels::Kernels::magnitude). Every call
+//! reads its whole inputs here before any work is shared out, so the pass is vectorised at the
+//! level the kernels run at rather than at the baseline the rest of the crate compiles for.
+
+use ndarray::{ArrayBase, Data, Dimension};
+
+use crate::element::Real;
+use crate::error::{AttentionError, Dims};
+use crate::kernels::{Element, Job, Kernels};
+use crate::shape::Magnitudes;
+use crate::simd;
+
+/// Fails with the index of the first NaN or infinite element of `a`.
+pub(crate) fn check_finite<S, T, D>(argument: &'static str, a: &ArrayBase<S, D>) -> Result<(), AttentionError>
+where
+    S: Data<Elem = T>,
+    T: Real,
+    D: Dimension,
+{
+    finite_magnitude(argument, a).map(|_| ())
+}
+
+impl Magnitudes {
+    /// Checks that `q`, `k`, `v` are finite and measures them, one pass each.
+    pub(crate) fn measure<S: Data<Elem = E>, T: Real, E: Element<Compute = T>, D: Dimension>(
+        q: &ArrayBase<S, D>,
+        k: &ArrayBase<S, D>,
+        v: &ArrayBase<S, D>,
+    ) -> Result<Magnitudes, AttentionError> {
+        Ok(Magnitudes {
+            queries: finite_magnitude("queries", q)?,
+            keys: finite_magnitude("keys", k)?,
+            values: finite_magnitude("values", v)?,
+        })
+    }
+}
+
+/// The largest `|x|` in `a` (widened, for a half-precision format), or the error naming the
+/// first NaN or infinite element.
+pub(crate) fn finite_magnitude<S, T, E, D>(
+    argument: &'static str,
+    a: &ArrayBase<S, D>,
+) -> Result<f64, AttentionError>
+where
+    S: Data<Elem = E>,
+    T: Real,
+    E: Element<Compute = T>,
+    D: Dimension,
+{
+    // Contiguous data in one kernel pass, whose result is non-finite exactly when an element is.
+    // Without a level (`QKV_SIMD` names none this CPU runs, an error the call reports once it
+    // asks for its kernels) the elements are read one by one. Only a failing input pays for
+    // finding the index.
+    match (a.as_slice_memory_order(), simd::kernels_for(None)) {
+        (Some(data), Ok(isa)) => {
+            let largest = isa.run::<E, _>(Largest(data));
+            if largest.is_finite() {
+                return Ok(largest.to_f64_exact());
+            }
+        }
+        _ if a.iter().all(|x| x.widen().is_finite()) => {
+            return Ok(a.iter().fold(0.0, |m: f64, x| m.max(x.widen().to_f64_exact().abs())));
+        }
+        _ => {}
+    }
+    let flat = a.iter().position(|x| !x.widen().is_finite()).unwrap_or(0);
+    // `iter` walks in logical row-major order, so the flat position unravels against the shape.
+    let mut index = vec![0; a.ndim()];
+    let mut rest = flat;
+    for (slot, &len) in index.iter_mut().zip(a.shape()).rev() {
+        *slot = rest % len;
+        rest /= len;
+    }
+    let value = a.iter().nth(flat).map_or(f64::NAN, |x| x.widen().to_f64_exact());
+    Err(AttentionError::NonFinite { argument, index: Dims(index), value })
+}
+
+/// The largest magnitude of a slice, at the level that runs it.
+struct Largest<'a, E>(&'a [E]);
+
+impl<E: Element> Job<E> for Largest<'_, E> {
+    type Output = E::Compute;
+
+    fn run<K: Kernels<E::Compute, E>>(self, kernels: K) -> E::Compute {
+        kernels.magnitude(self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests;

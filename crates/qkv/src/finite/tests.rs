@@ -1,0 +1,49 @@
+//! The one-pass check against plain loops: the largest magnitude exactly, and every NaN or
+//! infinity found wherever it sits (the vector body or the tail), for each storage type.
+
+use half::{bf16, f16};
+use ndarray::{Array1, Array2};
+
+use super::*;
+use crate::element::Real;
+
+fn check<T: Real, E: Element<Compute = T>>(narrow: impl Fn(f64) -> E) {
+    for len in [0, 1, 7, 8, 9, 31, 64, 100] {
+        let values = Array1::from_shape_fn(len, |i| narrow(((i * 37 % 23) as f64 - 11.0) * 0.37 + 1e-30));
+        let want = values.iter().fold(0.0, |m: f64, x| m.max(x.widen().to_f64_exact().abs()));
+        assert_eq!(finite_magnitude("x", &values).ok(), Some(want), "{len} elements");
+        for at in 0..len {
+            for bad in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+                let mut broken = values.clone();
+                broken[at] = narrow(bad);
+                match finite_magnitude("x", &broken) {
+                    Err(AttentionError::NonFinite { argument: "x", index, .. }) => {
+                        assert_eq!(index.0, [at], "{bad} at {at} of {len}")
+                    }
+                    other => panic!("{bad} at {at} of {len}: {other:?}"),
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn the_largest_magnitude_and_every_non_finite_element_are_found() {
+    check(|x| x);
+    check(|x| x as f32);
+    check(bf16::from_f64);
+    check(f16::from_f64);
+}
+
+#[test]
+fn strided_inputs_name_the_element_by_its_logical_index() {
+    let mut a = Array2::<f32>::ones((3, 5));
+    a[[2, 1]] = -4.0;
+    let columns = a.t();
+    assert_eq!(finite_magnitude("x", &columns).ok(), Some(4.0));
+    a[[1, 3]] = f32::NAN;
+    match finite_magnitude("x", &a.t()) {
+        Err(AttentionError::NonFinite { index, .. }) => assert_eq!(index.0, [3, 1]),
+        other => panic!("{other:?}"),
+    }
+}
