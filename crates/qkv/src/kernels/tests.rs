@@ -194,7 +194,7 @@ fn matrix(rows: usize, cols: usize, seed: usize) -> Array2<f32> {
 
 /// Every key component lands where the layout says, for keys in rows (whole, or cut from wider
 /// rows at an odd column, so that 16-bit rows lose their 4-byte alignment) and in columns (no
-/// row contiguous), full and partial panels, `d` odd and even, f32 and bf16.
+/// row contiguous), full and partial panels, `d` odd and even, f32, bf16 and int8.
 #[test]
 fn packed_key_panels_put_each_component_where_the_layout_says() {
     fn check<E: Element + PartialEq + std::fmt::Debug>(narrow: impl Fn(f32) -> E) {
