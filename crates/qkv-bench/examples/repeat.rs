@@ -1,5 +1,6 @@
 //! Runs one attention shape many times, for profilers:
-//! `repeat N_Q N_K MASK REPS [HEADS KV_HEADS]`, MASK 0 = none, 1 = causal, 2 = key padding (the
+//! `repeat [--backward] N_Q N_K MASK REPS [HEADS KV_HEADS]` (with `--backward` each repetition is
+//! the backward from a forward run once before the loop), MASK 0 = none, 1 = causal, 2 = key padding (the
 //! last tenth of the keys), 3 = an additive bias (zeros), 4 = a causal sliding window of 256 keys
 //! back (the tiles before it skipped); with HEADS (and KV_HEADS, default
 //! HEADS) it runs `multi_head_attention` over that many query heads sharing KV_HEADS key/value
@@ -11,7 +12,12 @@ use ndarray::{Array1, Array2, Array4};
 use qkv::{AdditiveBias, AttentionOptions, CausalMask, KeyPadding, SlidingWindow};
 
 fn main() {
-    let args: Vec<usize> = std::env::args().skip(1).map(|a| a.parse().expect("numbers")).collect();
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let backward = args.first().is_some_and(|a| a == "--backward");
+    if backward {
+        args.remove(0);
+    }
+    let args: Vec<usize> = args.iter().map(|a| a.parse().expect("numbers")).collect();
     let (&[n_q, n_k, mask, reps], heads) = args.split_at(4.min(args.len())) else {
         panic!("usage: repeat N_Q N_K MASK(0..=4) REPS [HEADS KV_HEADS]");
     };
@@ -37,6 +43,37 @@ fn main() {
     };
     let m4 = |h, rows, salt| Array4::from_shape_fn((1, h, rows, d), |(_, h, i, j)| value(i + h, j, salt));
     let (q4, k4, v4) = (m4(heads, n_q, 1), m4(kv_heads, n_k, 2), m4(kv_heads, n_k, 3));
+    if backward {
+        let d_out = m(n_q, 4);
+        let d_out4 = m4(heads, n_q, 4);
+        let (forward, forward4) = if heads == 1 {
+            (Some(qkv::attention_with_lse(q.view(), k.view(), v.view(), &options).expect("valid")), None)
+        } else {
+            (
+                None,
+                Some(
+                    qkv::multi_head_attention_with_lse(q4.view(), k4.view(), v4.view(), &options)
+                        .expect("valid"),
+                ),
+            )
+        };
+        let start = std::time::Instant::now();
+        for _ in 0..reps {
+            if let Some(forward) = &forward {
+                let g =
+                    qkv::attention_backward(q.view(), k.view(), v.view(), forward, d_out.view(), &options);
+                std::hint::black_box(g.expect("valid"));
+            } else if let Some(forward) = &forward4 {
+                let (q, k, v) = (q4.view(), k4.view(), v4.view());
+                let g = qkv::multi_head_attention_backward(q, k, v, forward, d_out4.view(), &options);
+                std::hint::black_box(g.expect("valid"));
+            }
+        }
+        // FlashAttention-2's count: the backward is 2.5 forwards.
+        let flops = 10.0 * (heads * n_q * n_k * d) as f64 * reps as f64 / if mask == 1 { 2.0 } else { 1.0 };
+        println!("{flops:e} flops in {:.3} s", start.elapsed().as_secs_f64());
+        return;
+    }
     let start = std::time::Instant::now();
     for _ in 0..reps {
         if heads == 1 {

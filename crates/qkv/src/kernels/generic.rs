@@ -510,20 +510,45 @@ impl<T: Scalar, E: Element> VectorTile<T, E> for TransposedTile<'_, T, E> {
                 *acc = simd.load(&o_row[k * lanes..]);
             }
         }
-        assert!(values.v.len() >= rows.saturating_sub(1) * values.stride + column + NC * lanes);
-        assert!(rows == 0 || p.len() >= (rows - 1) * KEY_BLOCK + MR, "a weight for every pair");
-        for (r, x_row) in (0..rows).zip(values.v.chunks(values.stride)) {
-            let x_row = &x_row[column..column + NC * lanes];
-            let x: [S::V; NC] = std::array::from_fn(|k| simd.load_stored(&x_row[k * lanes..]));
-            let w = &p[r * KEY_BLOCK..][..MR];
-            for j in 0..MR {
-                let w = simd.splat(w[j]);
-                for k in 0..NC {
-                    acc[j][k] = simd.mul_add(w, x[k], acc[j][k]);
-                }
+        if let Some(last) = rows.checked_sub(1) {
+            // Every row but the last as whole rows of `X` and of `P` (`chunks_exact`: the slices'
+            // lengths are the strides, so the loop checks no bounds), then the last row alone.
+            let (x_rows, x_last) = values.v.split_at(last * values.stride);
+            let (p_rows, p_last) = p.split_at(last * KEY_BLOCK);
+            for (x_row, w) in x_rows.chunks_exact(values.stride).zip(p_rows.chunks_exact(KEY_BLOCK)) {
+                transposed_step::<T, E, S, MR, NC>(
+                    simd,
+                    &mut acc,
+                    &x_row[column..column + NC * lanes],
+                    &w[..MR],
+                );
             }
+            transposed_step::<T, E, S, MR, NC>(
+                simd,
+                &mut acc,
+                &x_last[column..column + NC * lanes],
+                &p_last[..MR],
+            );
         }
         store_tile(simd, &acc, o, o_stride, column);
+    }
+}
+
+/// One weight row of a transposed tile: `acc[j][k] += w[j] · x[k]` for the tile's `MR` keys.
+#[inline(always)]
+fn transposed_step<T: Scalar, E: Element, S: Load<T, E>, const MR: usize, const NC: usize>(
+    simd: S,
+    acc: &mut [[S::V; NC]; MR],
+    x_row: &[E],
+    w: &[T],
+) {
+    let lanes = S::LANES;
+    let x: [S::V; NC] = std::array::from_fn(|k| simd.load_stored(&x_row[k * lanes..]));
+    for (acc, &w) in acc.iter_mut().zip(&w[..MR]) {
+        let w = simd.splat(w);
+        for (acc, &x) in acc.iter_mut().zip(&x) {
+            *acc = simd.mul_add(w, x, *acc);
+        }
     }
 }
 
