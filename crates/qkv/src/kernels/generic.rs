@@ -81,11 +81,11 @@ impl<T: Scalar, E: Element> ScoreGroup<'_, T, E> {
         let (q_pairs, panel_pairs) = (self.q.chunks_exact(2 * MR), self.panel.chunks_exact(2 * NP * lanes));
         let (q_last, panel_last) = (q_pairs.remainder(), panel_pairs.remainder());
         for (a, b) in q_pairs.zip(panel_pairs) {
-            score_step::<T, E, S, R, NV>(simd, &mut acc, &a[..R], &b[..NP * lanes]);
-            score_step::<T, E, S, R, NV>(simd, &mut acc, &a[MR..MR + R], &b[NP * lanes..]);
+            outer_product_step::<T, E, S, R, NV>(simd, &mut acc, &a[..R], &b[..NP * lanes]);
+            outer_product_step::<T, E, S, R, NV>(simd, &mut acc, &a[MR..MR + R], &b[NP * lanes..]);
         }
         if !q_last.is_empty() {
-            score_step::<T, E, S, R, NV>(simd, &mut acc, q_last, panel_last);
+            outer_product_step::<T, E, S, R, NV>(simd, &mut acc, q_last, panel_last);
         }
         for r in R..MR {
             self.s[r * KEY_BLOCK..][..NV * lanes].fill(T::zero());
@@ -101,20 +101,22 @@ impl<T: Scalar, E: Element> ScoreGroup<'_, T, E> {
     }
 }
 
-/// One component `c` of a score tile: `acc[r][v] += Q[r, c] · K[c, v]`.
+/// One outer product added to a register tile, `acc[r][v] += a[r] · b[v]` (`b` loaded as `NV`
+/// vectors): one component `c` of a score tile (`a = Q[.., c]`, `b = K[c, ..]`) or one weight row
+/// `r` of a transposed tile (`a = P[r, j ..]`, `b = X_r`).
 #[inline(always)]
-fn score_step<T: Scalar, E: Element, S: Load<T, E>, const MR: usize, const NV: usize>(
+fn outer_product_step<T: Scalar, E: Element, S: Load<T, E>, const MR: usize, const NV: usize>(
     simd: S,
     acc: &mut [[S::V; NV]; MR],
-    q: &[T],
-    panel: &[E],
+    a: &[T],
+    b: &[E],
 ) {
     let lanes = S::LANES;
-    let k: [S::V; NV] = std::array::from_fn(|v| simd.load_stored(&panel[v * lanes..]));
-    for (acc, &q) in acc.iter_mut().zip(&q[..MR]) {
-        let x = simd.splat(q);
-        for (acc, &k) in acc.iter_mut().zip(&k) {
-            *acc = simd.mul_add(x, k, *acc);
+    let b: [S::V; NV] = std::array::from_fn(|v| simd.load_stored(&b[v * lanes..]));
+    for (acc, &a) in acc.iter_mut().zip(&a[..MR]) {
+        let a = simd.splat(a);
+        for (acc, &b) in acc.iter_mut().zip(&b) {
+            *acc = simd.mul_add(a, b, *acc);
         }
     }
 }
@@ -516,39 +518,13 @@ impl<T: Scalar, E: Element> VectorTile<T, E> for TransposedTile<'_, T, E> {
             let (x_rows, x_last) = values.v.split_at(last * values.stride);
             let (p_rows, p_last) = p.split_at(last * KEY_BLOCK);
             for (x_row, w) in x_rows.chunks_exact(values.stride).zip(p_rows.chunks_exact(KEY_BLOCK)) {
-                transposed_step::<T, E, S, MR, NC>(
-                    simd,
-                    &mut acc,
-                    &x_row[column..column + NC * lanes],
-                    &w[..MR],
-                );
+                let x_row = &x_row[column..column + NC * lanes];
+                outer_product_step::<T, E, S, MR, NC>(simd, &mut acc, &w[..MR], x_row);
             }
-            transposed_step::<T, E, S, MR, NC>(
-                simd,
-                &mut acc,
-                &x_last[column..column + NC * lanes],
-                &p_last[..MR],
-            );
+            let x_last = &x_last[column..column + NC * lanes];
+            outer_product_step::<T, E, S, MR, NC>(simd, &mut acc, &p_last[..MR], x_last);
         }
         store_tile(simd, &acc, o, o_stride, column);
-    }
-}
-
-/// One weight row of a transposed tile: `acc[j][k] += w[j] · x[k]` for the tile's `MR` keys.
-#[inline(always)]
-fn transposed_step<T: Scalar, E: Element, S: Load<T, E>, const MR: usize, const NC: usize>(
-    simd: S,
-    acc: &mut [[S::V; NC]; MR],
-    x_row: &[E],
-    w: &[T],
-) {
-    let lanes = S::LANES;
-    let x: [S::V; NC] = std::array::from_fn(|k| simd.load_stored(&x_row[k * lanes..]));
-    for (acc, &w) in acc.iter_mut().zip(&w[..MR]) {
-        let w = simd.splat(w);
-        for (acc, &x) in acc.iter_mut().zip(&x) {
-            *acc = simd.mul_add(w, x, *acc);
-        }
     }
 }
 
