@@ -1,6 +1,7 @@
 //! Runs one attention shape many times, for profilers:
-//! `repeat [--backward] N_Q N_K MASK REPS [HEADS KV_HEADS]` (with `--backward` each repetition is
-//! the backward from a forward run once before the loop), MASK 0 = none, 1 = causal, 2 = key
+//! `repeat [--backward] [--dim D] N_Q N_K MASK REPS [HEADS KV_HEADS]` (with `--backward` each
+//! repetition is the backward from a forward run once before the loop; D is `d_k = d_v`, 64
+//! unless given), MASK 0 = none, 1 = causal, 2 = key
 //! padding (the last tenth of the keys), 3 = an additive bias (zeros), 4 = a causal sliding window
 //! of 256 keys back (the tiles before it skipped); with HEADS (and KV_HEADS, default HEADS) it
 //! runs `multi_head_attention` over that many query heads sharing KV_HEADS key/value heads,
@@ -17,16 +18,23 @@ fn main() {
     if backward {
         args.remove(0);
     }
+    let d = match args.first().map(String::as_str) {
+        Some("--dim") => {
+            let d = args.get(1).and_then(|d| d.parse().ok()).expect("--dim takes a number");
+            args.drain(..2);
+            d
+        }
+        _ => 64,
+    };
     let args: Vec<usize> = args.iter().map(|a| a.parse().expect("numbers")).collect();
     let (&[n_q, n_k, mask, reps], heads) = args.split_at(4.min(args.len())) else {
-        panic!("usage: repeat N_Q N_K MASK(0..=4) REPS [HEADS KV_HEADS]");
+        panic!("usage: repeat [--backward] [--dim D] N_Q N_K MASK(0..=4) REPS [HEADS KV_HEADS]");
     };
     let (heads, kv_heads) = match heads {
         [] => (1, 1),
         [h] => (*h, *h),
         [h, kv, ..] => (*h, *kv),
     };
-    let d = 64;
     let value = |i: usize, j: usize, salt: usize| (((i * 31 + j * 17 + salt) % 29) as f32 - 14.0) / 14.0;
     let m = |rows, salt: usize| Array2::from_shape_fn((rows, d), |(i, j)| value(i, j, salt));
     let (q, k, v) = (m(n_q, 1), m(n_k, 2), m(n_k, 3));
