@@ -85,7 +85,10 @@ def median_seconds(fn, quick):
     start = time.perf_counter()
     fn()
     once = time.perf_counter() - start
-    runs = 3 if once > 2.0 else (5 if quick else max(7, min(51, int(3.0 / max(once, 1e-4)))))
+    # The rule of the Rust side's `measure::median`: about 3 s of runs (0.3 s quick), at least 7
+    # (5), at most 51, or 3 of a run over 2 s.
+    budget, least = (0.3, 5) if quick else (3.0, 7)
+    runs = 3 if once > 2.0 else max(least, min(51, int(budget / max(once, 1e-4))))
     times = []
     for _ in range(runs):
         start = time.perf_counter()

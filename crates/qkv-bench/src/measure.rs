@@ -26,13 +26,11 @@ pub fn median(
     let output = std::hint::black_box(run()?);
     let warm_up = start.elapsed().as_secs_f64();
     let peak_mb = Some(crate::alloc::peak().saturating_sub(before) as f64 / (1024.0 * 1024.0));
-    let runs = if warm_up > 2.0 {
-        3
-    } else if quick {
-        5
-    } else {
-        ((3.0 / warm_up.max(1e-4)) as usize).clamp(7, 51)
-    };
+    // About 3 s of runs (0.3 s with `--quick`), at least 7 (5) and at most 51, or 3 of a run
+    // over 2 s: a short row's median then rests on many runs, which a noisy host needs, at little
+    // cost. `peers.py`'s `median_seconds` follows the same rule.
+    let (budget, least) = if quick { (0.3, 5) } else { (3.0, 7) };
+    let runs = if warm_up > 2.0 { 3 } else { ((budget / warm_up.max(1e-4)) as usize).clamp(least, 51) };
     let mut times = Vec::with_capacity(runs);
     for _ in 0..runs {
         let start = Instant::now();
