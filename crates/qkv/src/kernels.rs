@@ -846,7 +846,7 @@ fn interleave_rows<U: Pod>(rows: &[&[U]], len: usize, first_lane: usize, width: 
             // register transposes: one unit per load and store left 3 instructions per element.
             let done = if size_of::<U>() == 4 {
                 let words = rows.map(wide::bytemuck::cast_slice::<U, f32>);
-                transpose_words(words, first_lane, width, wide::bytemuck::cast_slice_mut(panel))
+                transpose_words(words, first_lane, width, wide::bytemuck::cast_slice_mut(panel), identity)
             } else {
                 0
             };
@@ -867,10 +867,20 @@ fn interleave_rows<U: Pod>(rows: &[&[U]], len: usize, first_lane: usize, width: 
     }
 }
 
-/// The whole groups of four columns of [`PACK_LANES`] rows of 4-byte units (as f32: only moved,
-/// never computed with), each four rows × four columns transposed in registers and stored as four
-/// runs of four lanes. Returns the columns done.
-fn transpose_words(rows: [&[f32]; PACK_LANES], first_lane: usize, width: usize, panel: &mut [f32]) -> usize {
+/// The whole groups of four columns of `ROWS` rows of 4-byte units (a multiple of four rows), each
+/// four rows × four columns transposed in registers, passed through `map` and stored as four runs
+/// of four lanes: component `c` of row `i` at `panel[c · width + first_lane + i]`. Returns the
+/// columns done. Key units are only moved (`map` the identity: a pair of 16-bit elements read as
+/// an f32 may be a NaN, which arithmetic would alter).
+#[inline(always)]
+fn transpose_words<const ROWS: usize>(
+    rows: [&[f32]; ROWS],
+    first_lane: usize,
+    width: usize,
+    panel: &mut [f32],
+    map: impl Fn(wide::f32x4) -> wide::f32x4,
+) -> usize {
+    const { assert!(ROWS.is_multiple_of(4), "whole blocks of four rows") };
     let quads = rows[0].len() / 4;
     // Rows of exactly `quads` runs of four, and each run's four output rows cut once: the loop
     // checks each row's bound once per run, not per element.
@@ -880,13 +890,13 @@ fn transpose_words(rows: [&[f32]; PACK_LANES], first_lane: usize, width: usize, 
         let (first, rest) = out.split_at_mut(width);
         let (second, rest) = rest.split_at_mut(width);
         let (third, fourth) = rest.split_at_mut(width);
-        let mut out = [first, second, third, fourth].map(|row| &mut row[first_lane..first_lane + PACK_LANES]);
+        let mut out = [first, second, third, fourth].map(|row| &mut row[first_lane..first_lane + ROWS]);
         for (half, rows) in rows.chunks_exact(4).enumerate() {
             let block: [wide::f32x4; 4] = std::array::from_fn(|i| {
                 wide::f32x4::new(rows[i][4 * q..4 * q + 4].try_into().expect("four"))
             });
             for (out, column) in out.iter_mut().zip(wide::f32x4::transpose(block)) {
-                out[4 * half..4 * half + 4].copy_from_slice(column.as_array());
+                out[4 * half..4 * half + 4].copy_from_slice(map(column).as_array());
             }
         }
     }
@@ -1013,12 +1023,31 @@ pub(crate) fn pack_queries<T: Scalar, E: Element<Compute = T>>(
         if real < group_rows {
             group.fill(T::zero());
         }
+        let row = |r: usize| q.row(first + g * group_rows + r);
+        // f32 rows four at a time through register transposes, as keys are packed, scaled on the
+        // way (the same products as one at a time): the first `done` rows up to column `columns`.
+        let (mut done, mut columns) = (0, 0);
+        if std::any::TypeId::of::<E>() == std::any::TypeId::of::<f32>() {
+            let factor: f32 = wide::bytemuck::cast(scale);
+            let group: &mut [f32] = wide::bytemuck::cast_slice_mut(group);
+            while done + 4 <= real {
+                let rows: [Option<&[E]>; 4] = std::array::from_fn(|i| row(done + i).to_slice());
+                if rows.iter().any(Option::is_none) {
+                    break;
+                }
+                let rows = rows.map(|row| wide::bytemuck::cast_slice(row.unwrap_or_default()));
+                columns = transpose_words(rows, done, group_rows, group, |x| x * wide::f32x4::splat(factor));
+                done += 4;
+            }
+        }
         for r in 0..real {
-            let column = group[r..].iter_mut().step_by(group_rows);
-            let row = q.row(first + g * group_rows + r);
+            let from = if r < done { columns } else { 0 };
+            let column =
+                group.get_mut(from * group_rows + r..).unwrap_or_default().iter_mut().step_by(group_rows);
+            let row = row(r);
             match row.as_slice() {
-                Some(row) => column.zip(row).for_each(|(o, &x)| *o = x.widen() * scale),
-                None => column.zip(row.iter()).for_each(|(o, &x)| *o = x.widen() * scale),
+                Some(row) => column.zip(&row[from..]).for_each(|(o, &x)| *o = x.widen() * scale),
+                None => column.zip(row.iter().skip(from)).for_each(|(o, &x)| *o = x.widen() * scale),
             }
         }
     }
