@@ -7,17 +7,19 @@ backward case times ``out.backward(d_out)`` alone, after one forward with ``requ
 
     python3 crates/qkv-bench/peers.py [--quick] [--json FILE] [--cases FILE]
 
-``cargo xtask bench --python PYTHON`` runs this script itself and hands it its cases with
-``--cases`` (a JSON list of objects with label, batch, heads, kv_heads, n_q, n_k, d, causal,
-precision, cache, backward), so
-that both sides measure the same shapes; run alone, it uses ``CASES`` below, the same list as
-``crates/qkv-bench/src/cases.rs``.
+Run alone, it times the cases of ``CASES`` below (the same list as
+``crates/qkv-bench/src/cases.rs``, or those of ``--cases FILE``: a JSON list of objects with
+label, batch, heads, kv_heads, n_q, n_k, d, causal, precision, cache, backward).
+``cargo xtask bench --python PYTHON`` instead starts it as a server per library (``--serve numpy``,
+``--serve torch``) and asks it for runs of one case at a time, so that qkv's runs and PyTorch's
+take turns within a row (see ``serve``).
 
 Each library runs in its own child process: NumPy's with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE
 removed from the environment (they may be set on this machine and would pin OpenBLAS to a slower
 kernel), PyTorch's with the environment as it is.
 """
 
+import importlib.util
 import json
 import os
 import statistics
@@ -80,104 +82,149 @@ def flops(c):
     return full / 2 if c["causal"] else full
 
 
-def median_seconds(fn, quick):
-    fn()  # warm-up
-    start = time.perf_counter()
-    fn()
-    once = time.perf_counter() - start
-    # The rule of the Rust side's `measure::median`: about 3 s of runs (0.3 s quick), at least 7
-    # (5), at most 51, or 3 of a run over 2 s.
+def run_count(once, quick):
+    """The rule of the Rust side's `measure::run_count`: about 3 s of runs (0.3 s quick), at least
+    7 (5), at most 51, or 3 of a run over 2 s."""
     budget, least = (0.3, 5) if quick else (3.0, 7)
-    runs = 3 if once > 2.0 else max(least, min(51, int(budget / max(once, 1e-4))))
-    times = []
+    return 3 if once > 2.0 else max(least, min(51, int(budget / max(once, 1e-4))))
+
+
+def times(fn, runs):
+    """Seconds of each of `runs` calls of `fn`."""
+    out = []
     for _ in range(runs):
         start = time.perf_counter()
         fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        out.append(time.perf_counter() - start)
+    return out
 
 
-def numpy_rows(cases, quick):
+def median_seconds(fn, quick):
+    fn()  # warm-up
+    return statistics.median(times(fn, run_count(min(times(fn, 1)), quick)))
+
+
+def numpy_runner(c, quick):
+    """NumPy's unfused attention on `c` as (name, fn), or None where NumPy has nothing to compare:
+    no bf16, no gradients, no KV cache (those are PyTorch's)."""
     import numpy as np
 
+    b, h, kv, n_q, n_k, causal, d = (c[f] for f in ("batch", "heads", "kv_heads", "n_q", "n_k", "causal", "d"))
+    if (quick and n_q * n_k > 4096 * 4096) or c["precision"] != "f32" or c["cache"] or c["backward"]:
+        return None
     rng = np.random.default_rng(0)
-    rows = []
-    for c in cases:
-        b, h, kv, n_q, n_k, causal, d = (c[f] for f in ("batch", "heads", "kv_heads", "n_q", "n_k", "causal", "d"))
-        # NumPy has no bf16 and no gradients; the KV-cache steps are PyTorch's to compare with.
-        if (quick and n_q * n_k > 4096 * 4096) or c["precision"] != "f32" or c["cache"] or c["backward"]:
-            continue
-        q = rng.uniform(-1, 1, (b, h, n_q, d)).astype(np.float32)
-        k = rng.uniform(-1, 1, (b, kv, n_k, d)).astype(np.float32)
-        v = rng.uniform(-1, 1, (b, kv, n_k, d)).astype(np.float32)
-        k, v = np.repeat(k, h // kv, axis=1), np.repeat(v, h // kv, axis=1)
-        mask = None
-        if causal:
-            mask = np.triu(np.full((n_q, n_k), -np.inf, dtype=np.float32), k=n_k - n_q + 1)
-        scale = np.float32(1.0 / np.sqrt(d))
+    q = rng.uniform(-1, 1, (b, h, n_q, d)).astype(np.float32)
+    k = rng.uniform(-1, 1, (b, kv, n_k, d)).astype(np.float32)
+    v = rng.uniform(-1, 1, (b, kv, n_k, d)).astype(np.float32)
+    k, v = np.repeat(k, h // kv, axis=1), np.repeat(v, h // kv, axis=1)
+    mask = None
+    if causal:
+        mask = np.triu(np.full((n_q, n_k), -np.inf, dtype=np.float32), k=n_k - n_q + 1)
+    scale = np.float32(1.0 / np.sqrt(d))
 
-        def run():
-            s = (q @ np.swapaxes(k, -1, -2)) * scale
-            if mask is not None:
-                s += mask
-            s -= s.max(axis=-1, keepdims=True)
-            np.exp(s, out=s)
-            s /= s.sum(axis=-1, keepdims=True)
-            return s @ v
+    def run():
+        s = (q @ np.swapaxes(k, -1, -2)) * scale
+        if mask is not None:
+            s += mask
+        s -= s.max(axis=-1, keepdims=True)
+        np.exp(s, out=s)
+        s /= s.sum(axis=-1, keepdims=True)
+        return s @ v
 
-        t = median_seconds(run, quick)
-        rows.append(row(c, "numpy unfused", os.cpu_count(), t))
-    return rows
+    return "numpy unfused", run
 
 
-def torch_rows(cases, quick):
+def torch_runner(c, threads):
+    """PyTorch's SDPA on `c` with `threads` threads as (name, fn), or None without PyTorch."""
     try:
         import torch
         import torch.nn.functional as F
     except ImportError:
-        print("PyTorch is not installed: skipping scaled_dot_product_attention", file=sys.stderr)
-        return []
-    rows = []
+        return None
+    torch.set_num_threads(threads)
     torch.manual_seed(0)
-    for threads in (torch.get_num_threads(), 1):
-        torch.set_num_threads(threads)
-        for c in cases:
-            b, h, kv, n_q, n_k, causal, d = (c[f] for f in ("batch", "heads", "kv_heads", "n_q", "n_k", "causal", "d"))
-            if threads == 1 and (quick or n_q * n_k > 4096 * 4096):
+    b, h, kv, n_q, n_k, causal, d = (c[f] for f in ("batch", "heads", "kv_heads", "n_q", "n_k", "causal", "d"))
+    dtype = torch.bfloat16 if c["precision"] == "bf16" else torch.float32
+    q = (torch.rand(b, h, n_q, d) * 2 - 1).to(dtype)
+    k = (torch.rand(b, kv, n_k, d) * 2 - 1).to(dtype)
+    v = (torch.rand(b, kv, n_k, d) * 2 - 1).to(dtype)
+    # Bottom-right causal alignment, as qkv's default (is_causal is top-left; equal when n_q = n_k).
+    kwargs = {"is_causal": causal}
+    if h != kv:
+        kwargs["enable_gqa"] = True
+    name = f"torch {torch.__version__} sdpa" + (" bf16" if dtype == torch.bfloat16 else "")
+    if c["backward"]:
+        # The forward once, outside the timing; then out.backward(d_out) alone, the gradients
+        # reset before each run.
+        for x in (q, k, v):
+            x.requires_grad_()
+        out = F.scaled_dot_product_attention(q, k, v, **kwargs)
+        d_out = torch.rand_like(out) * 2 - 1
+
+        def run():
+            for x in (q, k, v):
+                x.grad = None
+            out.backward(d_out, retain_graph=True)
+
+        return name + " backward", run
+
+    def run():
+        with torch.inference_mode():
+            return F.scaled_dot_product_attention(q, k, v, **kwargs)
+
+    return name, run
+
+
+def runner(kind, c, threads, quick):
+    return numpy_runner(c, quick) if kind == "numpy" else torch_runner(c, threads)
+
+
+def worker(kind, cases, quick):
+    """Every case at all threads and, where it is not too long, at one (PyTorch only)."""
+    rows = []
+    if kind == "torch" and importlib.util.find_spec("torch") is None:
+        print("PyTorch is not installed: skipping scaled_dot_product_attention", file=sys.stderr)
+        cases = []
+    all_threads = os.cpu_count()
+    for c in cases:
+        for threads in (all_threads, 1):
+            if threads == 1 and (kind == "numpy" or quick or c["n_q"] * c["n_k"] > 4096 * 4096):
                 continue
-            dtype = torch.bfloat16 if c["precision"] == "bf16" else torch.float32
-            q = (torch.rand(b, h, n_q, d) * 2 - 1).to(dtype)
-            k = (torch.rand(b, kv, n_k, d) * 2 - 1).to(dtype)
-            v = (torch.rand(b, kv, n_k, d) * 2 - 1).to(dtype)
-            gqa = h != kv
-            # Bottom-right causal alignment, as qkv's default (is_causal is top-left; equal when n_q = n_k).
-            kwargs = {"is_causal": causal}
-            if gqa:
-                kwargs["enable_gqa"] = True
+            found = runner(kind, c, threads, quick)
+            if found is None:
+                continue
+            name, run = found
+            rows.append(row(c, name, threads, median_seconds(run, quick)))
+    json.dump(rows, sys.stdout)
 
-            if c["backward"]:
-                # The forward once, outside the timing; then out.backward(d_out) alone, the
-                # gradients reset before each run.
-                for x in (q, k, v):
-                    x.requires_grad_()
-                out = F.scaled_dot_product_attention(q, k, v, **kwargs)
-                d_out = torch.rand_like(out) * 2 - 1
 
-                def run():
-                    for x in (q, k, v):
-                        x.grad = None
-                    out.backward(d_out, retain_graph=True)
-            else:
-
-                def run():
-                    with torch.inference_mode():
-                        return F.scaled_dot_product_attention(q, k, v, **kwargs)
-
-            t = median_seconds(run, quick)
-            name = f"torch {torch.__version__} sdpa" + (" bf16" if dtype == torch.bfloat16 else "")
-            name += " backward" if c["backward"] else ""
-            rows.append(row(c, name, threads, t))
-    return rows
+def serve(kind, quick):
+    """Times calls on request, so that the benchmark can take turns with it in one sitting: each
+    line of stdin is {"case": CASE, "threads": T, "runs": N, "warm": SECONDS}; the reply, one line,
+    is {"implementation": NAME, "seconds": [...]} after untimed calls for "warm" seconds (at least
+    one if it is positive or the case is new), or {"implementation": null} where `kind` has
+    nothing for the case."""
+    prepared = {}
+    for line in sys.stdin:
+        request = json.loads(line)
+        c, threads = {**DEFAULTS, **request["case"]}, request["threads"]
+        key = (c["label"], threads)
+        new = key not in prepared
+        if new:
+            prepared.clear()  # one case at a time: the last one's tensors are freed
+            prepared[key] = runner(kind, c, threads, quick)
+        found = prepared[key]
+        if found is None:
+            reply = {"implementation": None}
+        else:
+            name, run = found
+            warm, start = request.get("warm", 0.0), time.perf_counter()
+            if new or warm > 0:
+                run()
+            while time.perf_counter() - start < warm:
+                run()
+            reply = {"implementation": name, "seconds": times(run, request["runs"])}
+        print(json.dumps(reply), flush=True)
 
 
 def row(c, implementation, threads, seconds):
@@ -192,17 +239,15 @@ def row(c, implementation, threads, seconds):
     }
 
 
-def worker(kind, cases, quick):
-    rows = numpy_rows(cases, quick) if kind == "numpy" else torch_rows(cases, quick)
-    json.dump(rows, sys.stdout)
-
-
 def main():
     args = sys.argv[1:]
     quick = "--quick" in args
     value = lambda name: args[args.index(name) + 1] if name in args else None
     cases_path = value("--cases")
     cases = load_cases(cases_path) if cases_path else [as_case(c) for c in CASES]
+    if "--serve" in args:
+        serve(value("--serve"), quick)
+        return
     if "--worker" in args:
         worker(value("--worker"), cases, quick)
         return

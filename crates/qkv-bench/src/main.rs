@@ -88,17 +88,21 @@ fn main() -> anyhow::Result<()> {
     let before = measure_ceiling();
     let cases: Vec<Case> =
         cases::all(options.quick).into_iter().filter(|c| options.wants(&c.label())).collect();
+    let mut python = match &options.python {
+        Some(python) => Some(PythonPeers {
+            numpy: python::Server::start(python, "numpy", options.quick)?,
+            torch: python::Server::start(python, "torch", options.quick)?,
+        }),
+        None => None,
+    };
     let mut rows: Vec<Row> = Vec::new();
     for case in &cases {
         eprintln!("measuring {}", case.label());
-        rows.extend(measure_case(case, options.quick, threads)?);
+        // `peers.py` has no ragged batches.
+        let python = python.as_mut().filter(|_| !case.ragged);
+        rows.extend(measure_case(case, options.quick, threads, python)?);
         if case.decodes() {
             rows.push(Row::stream(case, threads, machine::read_bandwidth(case.kv_bytes(), options.quick)));
-        }
-        // Python's peers right after qkv on the same case, so that both see the machine alike
-        // (`peers.py` has no ragged batches).
-        if let Some(python) = options.python.as_ref().filter(|_| !case.ragged) {
-            rows.extend(python::rows(python, std::slice::from_ref(case), options.quick)?);
         }
     }
     let after = measure_ceiling();
@@ -135,15 +139,53 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Every implementation that applies to `case`, each checked against qkv's own output.
-fn measure_case(case: &Case, quick: bool, threads: usize) -> anyhow::Result<Vec<Row>> {
+/// The Python peers' servers (`--python`).
+struct PythonPeers {
+    numpy: python::Server,
+    torch: python::Server,
+}
+
+/// Every implementation that applies to `case`, each checked against qkv's own output, and with
+/// `python` NumPy's and PyTorch's rows: PyTorch on all threads takes turns with the first runner
+/// (qkv on all threads), so that the two see the same spells of the machine; PyTorch on one thread
+/// follows where the case is not too long.
+fn measure_case(
+    case: &Case,
+    quick: bool,
+    threads: usize,
+    mut python: Option<&mut PythonPeers>,
+) -> anyhow::Result<Vec<Row>> {
     let inputs = Inputs::random(case);
     let mut rows = Vec::new();
+    let mut peer_rows = Vec::new();
     let mut runners = peers::runners(case, &inputs, quick)?;
     let mut expected = None;
-    for runner in &mut runners {
+    for (i, runner) in runners.iter_mut().enumerate() {
         let pool = rayon::ThreadPoolBuilder::new().num_threads(runner.threads.unwrap_or(threads)).build()?;
-        let m = pool.install(|| measure::median(&mut runner.run, case.flops(), quick))?;
+        // PyTorch's first call on the case (after an untimed one): whether it has the case, and
+        // how long a call takes.
+        let torch = match python.as_deref_mut() {
+            Some(p) if i == 0 => {
+                p.torch.times(case, threads, 1, 0.0)?.map(|(name, once)| (name, once, &mut p.torch))
+            }
+            _ => None,
+        };
+        let m = match torch {
+            Some((name, once, server)) => {
+                let mut peer = |runs, warm| {
+                    Ok(server
+                        .times(case, threads, runs, warm)?
+                        .map(|(_, seconds)| seconds)
+                        .unwrap_or_default())
+                };
+                let (m, seconds) = pool.install(|| {
+                    measure::paired(&mut runner.run, quick, measure::median_of(once), &mut peer)
+                })?;
+                peer_rows.push(Row::timed(case, &name, threads, seconds));
+                m
+            }
+            None => pool.install(|| measure::median(&mut runner.run, quick))?,
+        };
         // A peer that computes something else would make the comparison meaningless.
         match &expected {
             None => expected = Some(m.output.clone()),
@@ -155,6 +197,18 @@ fn measure_case(case: &Case, quick: bool, threads: usize) -> anyhow::Result<Vec<
             }
         }
         rows.push(Row::new(case, &runner.name, runner.threads.unwrap_or(threads), &m));
+    }
+    if let Some(p) = python {
+        if let Some((name, seconds)) = p.numpy.median(case, threads, quick)? {
+            rows.push(Row::timed(case, &name, threads, seconds));
+        }
+        rows.append(&mut peer_rows);
+        let one_thread = !quick && case.n_q * case.n_k <= 4096 * 4096;
+        if let Some((name, seconds)) =
+            one_thread.then(|| p.torch.median(case, 1, quick)).transpose()?.flatten()
+        {
+            rows.push(Row::timed(case, &name, 1, seconds));
+        }
     }
     Ok(rows)
 }

@@ -34,15 +34,21 @@ const CEILING: &str = "f32 GEMM";
 
 impl Row {
     pub fn new(case: &Case, implementation: &str, threads: usize, m: &Measurement) -> Row {
+        Row { peak_mb: m.peak_mb, ..Row::timed(case, implementation, threads, m.median_ms / 1e3) }
+    }
+
+    /// A row from a median time alone (a Python peer's), without peak memory.
+    pub fn timed(case: &Case, implementation: &str, threads: usize, seconds: f64) -> Row {
+        let median_ms = seconds * 1e3;
         Row {
             shape: case.label(),
             implementation: implementation.to_string(),
             case: *case,
             threads,
-            median_ms: m.median_ms,
-            gflops: m.gflops,
-            peak_mb: m.peak_mb,
-            kv_gbps: case.decodes().then(|| case.kv_bytes() as f64 / m.median_ms / 1e6),
+            median_ms,
+            gflops: case.flops() / seconds / 1e9,
+            peak_mb: None,
+            kv_gbps: case.decodes().then(|| case.kv_bytes() as f64 / median_ms / 1e6),
         }
     }
 
