@@ -179,11 +179,18 @@ def runner(kind, c, threads, quick):
     return numpy_runner(c, quick) if kind == "numpy" else torch_runner(c, threads)
 
 
+def torch_missing(kind):
+    """Whether `kind` is PyTorch and it does not import here (said on stderr)."""
+    missing = kind == "torch" and importlib.util.find_spec("torch") is None
+    if missing:
+        print(f"PyTorch is not installed for {sys.executable}: skipping scaled_dot_product_attention", file=sys.stderr)
+    return missing
+
+
 def worker(kind, cases, quick):
     """Every case at all threads and, where it is not too long, at one (PyTorch only)."""
     rows = []
-    if kind == "torch" and importlib.util.find_spec("torch") is None:
-        print("PyTorch is not installed: skipping scaled_dot_product_attention", file=sys.stderr)
+    if torch_missing(kind):
         cases = []
     all_threads = os.cpu_count()
     for c in cases:
@@ -205,6 +212,7 @@ def serve(kind, quick):
     one if it is positive or the case is new), or {"implementation": null} where `kind` has
     nothing for the case."""
     prepared = {}
+    torch_missing(kind)
     for line in sys.stdin:
         request = json.loads(line)
         c, threads = {**DEFAULTS, **request["case"]}, request["threads"]
