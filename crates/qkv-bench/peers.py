@@ -101,7 +101,7 @@ def times(fn, runs):
 
 def median_seconds(fn, quick):
     fn()  # warm-up
-    return statistics.median(times(fn, run_count(min(times(fn, 1)), quick)))
+    return statistics.median(times(fn, run_count(times(fn, 1)[0], quick)))
 
 
 def numpy_runner(c, quick):
@@ -193,6 +193,11 @@ def worker(kind, cases, quick):
     if torch_missing(kind):
         cases = []
     all_threads = os.cpu_count()
+    if kind == "torch" and cases:
+        import torch
+
+        # PyTorch's own default (one thread per physical core), read before a case sets it to one.
+        all_threads = torch.get_num_threads()
     for c in cases:
         for threads in (all_threads, 1):
             if threads == 1 and (kind == "numpy" or quick or c["n_q"] * c["n_k"] > 4096 * 4096):
