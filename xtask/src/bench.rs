@@ -2,7 +2,8 @@
 //! benchmark crate with its peers (candle, the `gemm` ceiling) in release mode, with no
 //! target-cpu flag (the engine picks its SIMD level at run time, as in an embedding crate). With
 //! `--python` the benchmark also runs NumPy and PyTorch (`crates/qkv-bench/peers.py`) on the same
-//! shapes, in the same sitting, PyTorch's runs taking turns with qkv's; with `--json` it writes the rows and a bar chart beside them.
+//! shapes, in the same sitting, PyTorch's runs taking turns with qkv's; with `--json` it writes
+//! the rows and a bar chart beside them.
 
 use std::process::Command;
 

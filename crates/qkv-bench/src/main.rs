@@ -173,10 +173,10 @@ fn measure_case(
         let m = match torch {
             Some((name, once, server)) => {
                 let mut peer = |runs, warm| {
-                    Ok(server
-                        .times(case, threads, runs, warm)?
+                    let times = server.times(case, threads, runs, warm)?;
+                    times
                         .map(|(_, seconds)| seconds)
-                        .unwrap_or_default())
+                        .context("PyTorch's server dropped the case it had timed")
                 };
                 let (m, seconds) = pool.install(|| {
                     measure::paired(&mut runner.run, quick, measure::median_of(once), &mut peer)

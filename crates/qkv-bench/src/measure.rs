@@ -8,7 +8,8 @@ use ndarray::Array4;
 
 /// What one implementation measured on one case.
 pub struct Measurement {
-    pub median_ms: f64,
+    /// The median of the timed runs, in seconds.
+    pub median: f64,
     /// Peak heap bytes during the warm-up run above those live before it (the inputs), in MB;
     /// the output is included.
     pub peak_mb: Option<f64>,
@@ -102,7 +103,7 @@ struct WarmUp {
 
 impl WarmUp {
     fn measured(self, median: f64) -> Measurement {
-        Measurement { median_ms: median * 1e3, peak_mb: self.peak_mb, output: self.output }
+        Measurement { median, peak_mb: self.peak_mb, output: self.output }
     }
 }
 

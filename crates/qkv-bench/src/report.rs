@@ -34,7 +34,7 @@ const CEILING: &str = "f32 GEMM";
 
 impl Row {
     pub fn new(case: &Case, implementation: &str, threads: usize, m: &Measurement) -> Row {
-        Row { peak_mb: m.peak_mb, ..Row::timed(case, implementation, threads, m.median_ms / 1e3) }
+        Row { peak_mb: m.peak_mb, ..Row::timed(case, implementation, threads, m.median) }
     }
 
     /// A row from a median time alone (a Python peer's), without peak memory.
