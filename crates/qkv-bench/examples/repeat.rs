@@ -1,7 +1,7 @@
 //! Runs one attention shape many times, for profilers:
-//! `repeat [--backward] [--dim D] N_Q N_K MASK REPS [HEADS KV_HEADS]` (with `--backward` each
-//! repetition is the backward from a forward run once before the loop; D is `d_k = d_v`, 64
-//! unless given), MASK 0 = none, 1 = causal, 2 = key padding (the last tenth of the keys), 3 = an
+//! `repeat [--backward | --bf16] [--dim D] N_Q N_K MASK REPS [HEADS KV_HEADS]` (with `--backward`
+//! each repetition is the backward from a forward run once before the loop; with `--bf16` the
+//! forward takes queries, keys and values rounded to bf16; D is `d_k = d_v`, 64 unless given), MASK 0 = none, 1 = causal, 2 = key padding (the last tenth of the keys), 3 = an
 //! additive bias (zeros), 4 = a causal sliding window of 256 keys back (the tiles before it
 //! skipped); with HEADS (and KV_HEADS, default HEADS) it runs `multi_head_attention` over that
 //! many query heads sharing KV_HEADS key/value heads, batch 1. `valgrind --tool=callgrind` with
@@ -13,10 +13,15 @@ use qkv::{AdditiveBias, AttentionOptions, CausalMask, KeyPadding, SlidingWindow}
 
 fn main() {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
-    let backward = args.first().is_some_and(|a| a == "--backward");
-    if backward {
-        args.remove(0);
-    }
+    let flag = |args: &mut Vec<String>, name: &str| {
+        let given = args.first().is_some_and(|a| a == name);
+        if given {
+            args.remove(0);
+        }
+        given
+    };
+    let backward = flag(&mut args, "--backward");
+    let bf16 = !backward && flag(&mut args, "--bf16");
     let d = match args.first().map(String::as_str) {
         Some("--dim") => {
             let d = args.get(1).and_then(|d| d.parse().ok()).expect("--dim takes a number");
@@ -27,7 +32,7 @@ fn main() {
     };
     let args: Vec<usize> = args.iter().map(|a| a.parse().expect("numbers")).collect();
     let (&[n_q, n_k, mask, reps], heads) = args.split_at(4.min(args.len())) else {
-        panic!("usage: repeat [--backward] [--dim D] N_Q N_K MASK(0..=4) REPS [HEADS KV_HEADS]");
+        panic!("usage: repeat [--backward | --bf16] [--dim D] N_Q N_K MASK(0..=4) REPS [HEADS KV_HEADS]");
     };
     let (heads, kv_heads) = match heads {
         [] => (1, 1),
@@ -81,9 +86,19 @@ fn main() {
         println!("{flops:e} flops in {:.3} s", start.elapsed().as_secs_f64());
         return;
     }
+    let rounded = |a: &Array2<f32>| a.mapv(half::bf16::from_f32);
+    let rounded4 = |a: &Array4<f32>| a.mapv(half::bf16::from_f32);
+    let halves = (bf16 && heads == 1).then(|| (rounded(&q), rounded(&k), rounded(&v)));
+    let halves4 = (bf16 && heads > 1).then(|| (rounded4(&q4), rounded4(&k4), rounded4(&v4)));
     let start = std::time::Instant::now();
     for _ in 0..reps {
-        if heads == 1 {
+        if let Some((q, k, v)) = &halves {
+            let out = qkv::attention_half(q.view(), k.view(), v.view(), &options).expect("valid");
+            std::hint::black_box(out);
+        } else if let Some((q, k, v)) = &halves4 {
+            let out = qkv::multi_head_attention_half(q.view(), k.view(), v.view(), &options).expect("valid");
+            std::hint::black_box(out);
+        } else if heads == 1 {
             std::hint::black_box(qkv::attention(q.view(), k.view(), v.view(), &options).expect("valid"));
         } else {
             let out = qkv::multi_head_attention(q4.view(), k4.view(), v4.view(), &options).expect("valid");

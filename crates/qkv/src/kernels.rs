@@ -359,6 +359,10 @@ pub trait Kernels<T: Scalar, E: Element<Compute = T> = T>: Copy + Send + Sync {
     /// (`QUERY_BLOCK × KEY_BLOCK`) and the output accumulator stay in cache as key blocks stream
     /// past.
     const QUERY_BLOCK: usize;
+    /// Query rows per block where the keys and values a block reads are long (see
+    /// `flash::LONG_KEYS_BYTES`): every block streams them all from beyond L2, and a block of more
+    /// rows streams them fewer times. A multiple of `TILE_ROWS`.
+    const LONG_QUERY_BLOCK: usize = Self::QUERY_BLOCK;
     /// How packed keys, queries and values are laid out for the tiles (see [`Layout`]).
     const LAYOUT: Layout = Layout::Lanes;
 
@@ -518,15 +522,18 @@ macro_rules! level_kernels {
         $token:ty, $t:ty, stored = $e:ty $(, features = $features:literal)?;
         score_tile = $mr:literal x $nv:literal, value_tile = $mr2:literal x $nc:literal,
         one_row_value_vectors = $nc1:literal, query_block = $query_block:literal
+        $(, long_query_block = $long_query_block:literal)?
     ) => {
         const _: () = assert!($mr == $mr2, "scores and P·V share the packed row groups");
         const _: () = assert!($query_block % $mr == 0, "blocks are whole groups of rows");
+        $(const _: () = assert!($long_query_block % $mr == 0, "blocks are whole groups of rows");)?
 
         impl $crate::kernels::Kernels<$t, $e> for $token {
             const LANES: usize = <$token as $crate::kernels::simd::Simd<$t>>::LANES;
             const KEY_PANEL: usize = $nv * <$token as $crate::kernels::simd::Simd<$t>>::LANES;
             const TILE_ROWS: usize = $mr;
             const QUERY_BLOCK: usize = $query_block;
+            $(const LONG_QUERY_BLOCK: usize = $long_query_block;)?
 
             fn scores(
                 self,

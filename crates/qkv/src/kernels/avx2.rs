@@ -106,12 +106,19 @@ x86_simd!(
 // query scalar fill 15 of the 16 registers (the classic 6 × 16 sgemm tile). P·V the same shape;
 // a single row of P·V takes 8 vectors (d_v = 64 at once). Half-precision and int8 keys and values
 // take the f32 tiles: they are widened into the same registers.
+// Over long keys and values (`flash::LONG_KEYS_BYTES`) blocks of 96 rows read them from beyond
+// L2 half as often: on Zen 3 (512 KiB of L2 a core, an L3 shared with other guests) one thread
+// ran 2048 queries over 16384 and 65536 keys 10% and 9% faster, bf16 over 65536 keys 7%; over
+// 4096 and 8192 keys, which keep 48, two threads gained nothing (bench README, 2026-12-04).
 level_kernels!(Avx2, f32, stored = f32, features = "avx2,fma,f16c";
-    score_tile = 6 x 2, value_tile = 6 x 2, one_row_value_vectors = 8, query_block = 48);
+    score_tile = 6 x 2, value_tile = 6 x 2, one_row_value_vectors = 8, query_block = 48,
+    long_query_block = 96);
 level_kernels!(Avx2, f32, stored = half::bf16, features = "avx2,fma,f16c";
-    score_tile = 6 x 2, value_tile = 6 x 2, one_row_value_vectors = 8, query_block = 48);
+    score_tile = 6 x 2, value_tile = 6 x 2, one_row_value_vectors = 8, query_block = 48,
+    long_query_block = 96);
 level_kernels!(Avx2, f32, stored = half::f16, features = "avx2,fma,f16c";
-    score_tile = 6 x 2, value_tile = 6 x 2, one_row_value_vectors = 8, query_block = 48);
+    score_tile = 6 x 2, value_tile = 6 x 2, one_row_value_vectors = 8, query_block = 48,
+    long_query_block = 96);
 level_kernels!(Avx2, f32, stored = Q8, features = "avx2,fma,f16c";
     score_tile = 6 x 2, value_tile = 6 x 2, one_row_value_vectors = 8, query_block = 48);
 level_kernels!(Avx2, f64, stored = f64, features = "avx2,fma,f16c";

@@ -132,6 +132,16 @@ fn fast_path_keeps_huge_scores_finite() {
 }
 
 #[test]
+fn long_keys_take_larger_query_blocks_and_match_reference() {
+    // Keys and values of more than 4 MiB (8200 × (64 + 72) f32) take the level's long query
+    // blocks (96 rows on AVX2): 100 queries make blocks of up to 54 rows on two threads, 102
+    // (17 tiles) on one, with a partial tile at the end.
+    for mask in MASK_KINDS {
+        check_fast_path::<f32>(13, (100, 8200, 64, 72), 1.0, mask);
+    }
+}
+
+#[test]
 fn decoding_splits_match_reference() {
     // One to a few queries over many keys: the keys are split and the partial states merged.
     for mask in MASK_KINDS {
