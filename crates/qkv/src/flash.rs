@@ -1,7 +1,7 @@
 //! The fast output-only path: FlashAttention-2-style tiling with an online softmax.
 //!
 //! Queries are cut into blocks of at most the kernel level's `QUERY_BLOCK` rows
-//! (`LONG_QUERY_BLOCK` over long keys and values: `query_block`; as many blocks for each thread,
+//! (`LONG_QUERY_BLOCK` over long keys and values: `long_keys`; as many blocks for each thread,
 //! sized evenly: `query_blocks`) and keys into blocks of `KEY_BLOCK`. For one query
 //! block the key blocks are visited in order: scores `S = Q_b·K_jᵀ`
 //! (the scale is folded into the packed queries), masks where a tile needs them, then the online
@@ -50,14 +50,10 @@ const WHOLE_HEADS_PER_THREAD: usize = 8;
 /// of 48 rows as of 96; 8 MiB and more, faster in 96.
 const LONG_KEYS_BYTES: usize = 4 << 20;
 
-/// Query rows per block for a head over `n_keys` keys and values of `row_elements` (`d_k + d_v`)
-/// elements stored as `E`.
-fn query_block<T: Real, E: Element<Compute = T>, K: Kernels<T, E>>(
-    n_keys: usize,
-    row_elements: usize,
-) -> usize {
-    let bytes = n_keys.saturating_mul(row_elements).saturating_mul(size_of::<E>());
-    if bytes > LONG_KEYS_BYTES { K::LONG_QUERY_BLOCK } else { K::QUERY_BLOCK }
+/// Whether `n_keys` keys and values of `row_elements` (`d_k + d_v`) elements of `element_bytes`
+/// each are long (see [`LONG_KEYS_BYTES`]); sizes past `usize` are long.
+fn long_keys(n_keys: usize, row_elements: usize, element_bytes: usize) -> bool {
+    n_keys.saturating_mul(row_elements).saturating_mul(element_bytes) > LONG_KEYS_BYTES
 }
 
 /// Whether the fast path can run a problem without any intermediate overflowing: every score
@@ -477,7 +473,8 @@ impl<T: Real, E: Element<Compute = T>> Job<E> for Attend<'_, '_, T, E> {
         let mut blocks: Vec<Vec<OutBlock<T>>> = Vec::with_capacity(heads.len());
         // Each head's key splits follow its own rows and keys.
         let mut splits: Vec<KeySplits> = Vec::with_capacity(heads.len());
-        let query_block = query_block::<T, E, K>(shape.n_keys, shape.key_dim + shape.value_dim);
+        let long = long_keys(shape.n_keys, shape.key_dim + shape.value_dim, size_of::<E>());
+        let query_block = if long { K::LONG_QUERY_BLOCK } else { K::QUERY_BLOCK };
         for Operands { q, k, v, out, lse, masks } in heads {
             splits.push(key_splits(out.nrows(), k.nrows(), query_block, KEY_BLOCK));
             let key_rows = k.to_slice().filter(|_| decodes(n_rows, &k));

@@ -359,9 +359,9 @@ pub trait Kernels<T: Scalar, E: Element<Compute = T> = T>: Copy + Send + Sync {
     /// (`QUERY_BLOCK × KEY_BLOCK`) and the output accumulator stay in cache as key blocks stream
     /// past.
     const QUERY_BLOCK: usize;
-    /// Query rows per block where the keys and values a block reads are long (see
-    /// `flash::LONG_KEYS_BYTES`): every block streams them all from beyond L2, and a block of more
-    /// rows streams them fewer times. A multiple of `TILE_ROWS`.
+    /// Query rows per block where the keys and values a block reads are long (the tiled loop
+    /// sets the length): every block streams them all from beyond L2, and a block of more rows
+    /// streams them fewer times. A multiple of `TILE_ROWS`.
     const LONG_QUERY_BLOCK: usize = Self::QUERY_BLOCK;
     /// How packed keys, queries and values are laid out for the tiles (see [`Layout`]).
     const LAYOUT: Layout = Layout::Lanes;

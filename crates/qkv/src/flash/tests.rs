@@ -88,3 +88,13 @@ fn query_blocks_share_the_tiles_evenly_in_a_multiple_of_the_threads() {
         }
     }
 }
+
+#[test]
+fn keys_are_long_above_four_mebibytes_and_sizes_past_usize_do_not_overflow() {
+    assert!(!long_keys(0, 0, 4) && !long_keys(0, 136, 4) && !long_keys(8200, 0, 4));
+    // 8192 keys of d_k = d_v = 64 in f32 are exactly 4 MiB: not long; one key more is.
+    assert!(!long_keys(8192, 128, 4) && long_keys(8193, 128, 4));
+    // bf16 reaches it at twice the keys.
+    assert!(!long_keys(16384, 128, 2) && long_keys(16385, 128, 2));
+    assert!(long_keys(usize::MAX, usize::MAX, usize::MAX) && long_keys(usize::MAX, 1, 1));
+}

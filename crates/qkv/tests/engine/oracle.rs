@@ -141,6 +141,10 @@ fn long_keys_take_larger_query_blocks_and_match_reference() {
     for mask in [MaskKind::CausalBottomRight, MaskKind::PaddingBlocks] {
         check_fast_path::<f32>(14, (100, 8200, 64, 72), 1.0, mask);
     }
+    // The extremes of the rule: no queries, one (decoding), five (the fewest that tile).
+    for n_q in [0, 1, 5] {
+        check_fast_path::<f32>(15, (n_q, 8200, 64, 72), 1.0, MaskKind::CausalBottomRight);
+    }
 }
 
 #[test]
