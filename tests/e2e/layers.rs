@@ -17,9 +17,9 @@ const ENGINE: &[&[&str]] = &[
     // The masks a caller can name, then the error every layer above reports with.
     &["mask"],
     &["error"],
-    // Shared helpers: validated shapes, the work split, the dispatched level, the softmax's
-    // finishing rule.
-    &["shape", "work", "simd", "softmax"],
+    // Shared helpers: validated shapes, the work split, buffers kept between calls, the
+    // dispatched level, the softmax's finishing rule.
+    &["shape", "work", "spare", "simd", "softmax"],
     // Input checks at the dispatched level.
     &["finite"],
     // Rotary position embeddings, and the keys a cache stores under them.

@@ -116,7 +116,9 @@ impl<'a, T, D: Dimension> GradientsMut<'a, T, D> {
 ///
 /// The weights are recomputed tile by tile from `Q`, `K` and the saved logsumexp
 /// (FlashAttention-2's backward), never stored: memory beyond the inputs and the gradients is
-/// linear in the sequence lengths. Masks mean what they mean in the forward; a row that sees no
+/// linear in the sequence lengths. The calling thread keeps that memory for its next call, up to
+/// 16 MiB a thread (freed when the thread ends), so that a warm call does not take it from the
+/// OS again page by page. Masks mean what they mean in the forward; a row that sees no
 /// key has zero gradients, and a key that no query sees has zero `dk` and `dv` (its key and value
 /// rows are never read). Results do not depend on the number of threads. Soft-capped scores
 /// ([`AttentionOptions::logit_softcap`]) are differentiated through the cap.
@@ -198,7 +200,8 @@ pub fn attention_backward_into<T: Real>(
 /// [`multi_head_attention_with_lse`](crate::multi_head_attention_with_lse) returned.
 ///
 /// With grouped-query attention the gradient of a shared key/value head is the sum over the query
-/// heads that read it, added in the order of the heads (whatever the number of threads).
+/// heads that read it, added in the order of the heads (whatever the number of threads). Working
+/// memory is kept between calls as [`attention_backward`] says.
 ///
 /// ```
 /// use ndarray::Array4;

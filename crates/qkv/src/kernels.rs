@@ -716,6 +716,16 @@ impl<T: Element> Buffer<T> {
         self.len = len;
     }
 
+    /// Whether this buffer's memory holds `len` elements without growing.
+    pub(crate) fn holds(&self, len: usize) -> bool {
+        self.lines.capacity() >= Self::lines(len)
+    }
+
+    /// The bytes of memory this buffer holds.
+    pub(crate) fn capacity_bytes(&self) -> usize {
+        self.lines.capacity() * size_of::<T::Line>()
+    }
+
     /// Lines that hold `len` elements.
     fn lines(len: usize) -> usize {
         len.div_ceil(size_of::<T::Line>() / size_of::<T>())

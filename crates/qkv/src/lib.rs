@@ -84,6 +84,7 @@ mod rotary;
 mod shape;
 mod simd;
 mod softmax;
+mod spare;
 mod step;
 mod varlen;
 mod work;

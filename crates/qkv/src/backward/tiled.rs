@@ -33,7 +33,7 @@ use crate::kernels::{
 use crate::masking::MaskSet;
 use crate::shape::{Magnitudes, Shape};
 use crate::softmax;
-use crate::work;
+use crate::{spare, work};
 
 /// Whether no intermediate of the backward can overflow `T`: the forward's bound on the scores
 /// and value sums, and for the gradients `dP = dO·Vᵀ` (at most `d_v · |dO| · |V|`), `δ` (at most
@@ -98,9 +98,9 @@ struct QueryOperands<'a, T: Real> {
     masks: MaskSet<'a, T>,
     kv: usize,
     /// Scaled queries packed for the score kernel, block `b` at `b · QUERY_BLOCK · d_k`.
-    q_packed: Vec<T>,
+    q_packed: Buffer<T>,
     /// `dO` packed the same way (unscaled), block `b` at `b · QUERY_BLOCK · d_v`.
-    d_output_packed: Vec<T>,
+    d_output_packed: Buffer<T>,
     /// Query rows, `key_stride` apart: the rows `dK` sums.
     q_rows: Buffer<T>,
     /// `dO` rows, `value_stride` apart: the rows `dV` sums.
@@ -154,7 +154,7 @@ impl<T: Real> Default for Scratch<T> {
 
 /// Rows of `x` packed `stride` scalars apart (zeros past each row's end).
 fn rows_buffer<T: Real>(x: ArrayView2<T>, stride: usize) -> Buffer<T> {
-    let mut rows = Buffer::zeros(x.nrows() * stride);
+    let mut rows = spare::zeros(x.nrows() * stride);
     for (row, out) in x.rows().into_iter().zip(rows.chunks_exact_mut(stride)) {
         kernels::pack_value_row(row, out);
     }
@@ -164,7 +164,7 @@ fn rows_buffer<T: Real>(x: ArrayView2<T>, stride: usize) -> Buffer<T> {
 /// Every key panel of `x` (`KEY_PANEL` keys of `x.ncols()` scalars each, zero-padded).
 fn panels<T: Real>(x: ArrayView2<T>, key_panel: usize) -> Buffer<T> {
     let width = x.ncols();
-    let mut panels = Buffer::zeros(x.nrows().div_ceil(key_panel) * key_panel * width);
+    let mut panels = spare::zeros(x.nrows().div_ceil(key_panel) * key_panel * width);
     for (p, panel) in panels.chunks_exact_mut(key_panel * width).enumerate() {
         kernels::pack_key_panel(x, p * key_panel, key_panel, Layout::Lanes, panel);
     }
@@ -172,9 +172,9 @@ fn panels<T: Real>(x: ArrayView2<T>, key_panel: usize) -> Buffer<T> {
 }
 
 /// Queries `x` packed block by block for the score kernel, times `scale`.
-fn packed_blocks<T: Real, K: Kernels<T>>(x: ArrayView2<T>, scale: T) -> Vec<T> {
+fn packed_blocks<T: Real, K: Kernels<T>>(x: ArrayView2<T>, scale: T) -> Buffer<T> {
     let (n, d) = (x.nrows(), x.ncols());
-    let mut out = vec![T::zero(); n.div_ceil(K::QUERY_BLOCK) * K::QUERY_BLOCK * d];
+    let mut out = spare::zeros(n.div_ceil(K::QUERY_BLOCK) * K::QUERY_BLOCK * d);
     for (b, block) in out.chunks_exact_mut(K::QUERY_BLOCK * d).enumerate() {
         let rows = K::QUERY_BLOCK.min(n - b * K::QUERY_BLOCK);
         let padded = rows.next_multiple_of(K::TILE_ROWS);
@@ -253,6 +253,7 @@ impl<T: Real> Job<T> for Backward<'_, '_, T> {
         let flops = 2.5 * shape.flops() * operands.queries.len() as f64;
         let parallel = work::worth_sharing(flops, false, K::LANES);
         operands.run(kernels, key_outputs, query_outputs, parallel);
+        operands.keep();
         sink_gradients
     }
 }
@@ -267,12 +268,14 @@ struct Tile {
 const CHUNKS: usize = 4;
 
 /// One work item: key/value head `kv`'s chunk of key blocks `blocks`, with its rows of `dK` and
-/// `dV` and, for each query head reading it, its columns of `dBias` when asked for.
-struct Item<'o, T> {
+/// `dV`, and for each query head reading it a zeroed buffer for its part of `dQ` and its columns
+/// of `dBias` when asked for.
+struct Item<'o, T: Real> {
     kv: usize,
     blocks: Range<usize>,
     dk: ArrayViewMut2<'o, T>,
     dv: ArrayViewMut2<'o, T>,
+    dq_parts: Vec<Buffer<T>>,
     dbias: Vec<Option<ArrayViewMut2<'o, T>>>,
 }
 
@@ -312,10 +315,13 @@ impl<T: Real> Operands<'_, T> {
                     })
                     .collect();
                 let blocks = c * per_chunk..((c + 1) * per_chunk).min(key_blocks);
-                items.push(Item { kv, blocks, dk, dv, dbias });
+                // Taken here, on the calling thread, which keeps them for its next call (`spare`).
+                let dq_parts =
+                    self.group(kv).map(|_| spare::zeros(self.shape.n_queries * self.key_stride)).collect();
+                items.push(Item { kv, blocks, dk, dv, dq_parts, dbias });
             }
         }
-        let parts = work::map_items(items, parallel, Scratch::default, |scratch, item| {
+        let mut parts = work::map_items(items, parallel, Scratch::default, |scratch, item| {
             self.item(kernels, scratch, item)
         });
         // dQ of each query head: the parts of its key/value head's chunks, in chunk order.
@@ -323,16 +329,29 @@ impl<T: Real> Operands<'_, T> {
         for (h, dq) in dq_heads.iter_mut().enumerate() {
             let head = &self.queries[h];
             let index = self.group(head.kv).position(|g| g == h).expect("in its group");
-            let mut chunk_parts = parts[head.kv * chunks..(head.kv + 1) * chunks].iter().map(|p| &p[index]);
-            let Some(first) = chunk_parts.next() else {
+            let Some((first, rest)) = parts[head.kv * chunks..(head.kv + 1) * chunks].split_first_mut()
+            else {
                 dq.fill(T::zero()); // no keys
                 continue;
             };
-            let mut sum = first.to_vec();
-            for part in chunk_parts {
-                sum.iter_mut().zip(part.iter()).for_each(|(s, &x)| *s = *s + x);
+            let sum = &mut first[index];
+            for part in rest {
+                sum.iter_mut().zip(part[index].iter()).for_each(|(s, &x)| *s = *s + x);
             }
-            write_rows(dq, &sum, self.key_stride, scale);
+            write_rows(dq, sum, self.key_stride, scale);
+        }
+        parts.into_iter().flatten().for_each(spare::keep);
+    }
+
+    /// Hands every packed operand to `spare`, for the calling thread's next call.
+    fn keep(self) {
+        for head in self.queries {
+            [head.q_packed, head.d_output_packed, head.q_rows, head.d_output_rows]
+                .into_iter()
+                .for_each(spare::keep);
+        }
+        for head in self.keys {
+            [head.k_panels, head.v_panels, head.k_rows].into_iter().for_each(spare::keep);
         }
     }
 
@@ -349,11 +368,9 @@ impl<T: Real> Operands<'_, T> {
     /// One item (see [`Self::run`]): returns its part of `dQ` for each query head of the group,
     /// rows `key_stride` apart, not yet scaled.
     fn item<K: Kernels<T>>(&self, kernels: K, scratch: &mut Scratch<T>, item: Item<T>) -> Vec<Buffer<T>> {
-        let Item { kv, blocks, mut dk, mut dv, mut dbias } = item;
+        let Item { kv, blocks, mut dk, mut dv, mut dq_parts, mut dbias } = item;
         let scale = self.scale();
         let heads: Vec<usize> = self.group(kv).collect();
-        let mut dq_parts: Vec<Buffer<T>> =
-            heads.iter().map(|_| Buffer::zeros(self.shape.n_queries * self.key_stride)).collect();
         dbias.iter_mut().flatten().for_each(|d| d.fill(T::zero()));
         let ones = vec![T::one(); K::QUERY_BLOCK];
         let (first_block, keys) = (blocks.start, &self.keys[kv]);

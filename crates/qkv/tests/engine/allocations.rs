@@ -1,16 +1,16 @@
 //! Heap allocations of a warm decoding step over a KV cache and of a batched one over a paged
-//! cache (32 query heads over 8 key/value heads, d = 128, one query per sequence), counted by
-//! this test binary's global allocator, which counts per thread so that the tests running beside
-//! it do not add to the count.
+//! cache (32 query heads over 8 key/value heads, d = 128, one query per sequence), and the large
+//! ones of a warm backward, counted by this test binary's global allocator, which counts per
+//! thread so that the tests running beside it do not add to the count.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
-use ndarray::{Array2, Array3, ArrayView2};
+use ndarray::{Array2, Array3, Array4, ArrayView2};
 use qkv::half::bf16;
 use qkv::{
-    CacheOptions, CacheShape, CacheStorage, KvCache, PagedKvCache, PagedShape, Q8, SimdLevel, SlidingWindow,
-    Storage,
+    AttentionOptions, CacheOptions, CacheShape, CacheStorage, GradientsMut, KvCache, PagedKvCache,
+    PagedShape, Q8, SimdLevel, SlidingWindow, Storage,
 };
 
 use crate::problem::levels;
@@ -22,10 +22,19 @@ thread_local! {
     /// Allocations made by this thread so far. A `const` cell has no destructor, so it can be
     /// read while the thread is being torn down too.
     static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
+    /// Those of them of at least [`LARGE`] bytes.
+    static LARGE_ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
 }
 
-fn count_one() {
+/// The size from which an allocation counts as large: glibc's allocator maps blocks this large
+/// from the OS afresh unless a larger one was freed before.
+const LARGE: usize = 128 << 10;
+
+fn count_one(bytes: usize) {
     let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
+    if bytes >= LARGE {
+        let _ = LARGE_ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
+    }
 }
 
 /// Allocations this thread has made so far.
@@ -36,19 +45,19 @@ fn allocations() -> u64 {
 // SAFETY: every call is passed to `System` unchanged; counting touches only a thread-local cell.
 unsafe impl GlobalAlloc for CountingAllocator {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        count_one();
+        count_one(layout.size());
         // SAFETY: the caller's guarantees for `alloc` are `System.alloc`'s.
         unsafe { System.alloc(layout) }
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        count_one();
+        count_one(layout.size());
         // SAFETY: as for `alloc`.
         unsafe { System.alloc_zeroed(layout) }
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        count_one();
+        count_one(new_size);
         // SAFETY: `ptr` came from this allocator, that is from `System`, with `layout`.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
@@ -352,5 +361,71 @@ fn a_warm_batched_decoding_step_over_a_paged_cache_allocates_nothing() {
         assert_eq!(bf16_out, [0, 0, 0], "{level}: {short:?} positions of bf16 into bf16");
         let int8_cache = paged_steps::<Q8, f32>(level, short, 3, Options::AlibiKeep);
         assert_eq!(int8_cache, [0, 0, 0], "{level}: {short:?} positions of int8 into f32");
+    }
+}
+
+/// A warm backward keeps its working memory on the calling thread: after a first call, a call of
+/// the same shape (1024 queries and keys, d = 128: its packed operands and parts of `dq` are
+/// 512 KiB each) allocates no large block there, at every level, on a pool of one thread and
+/// shared with the default pool, and for multi-head grouped queries.
+#[test]
+fn a_warm_backward_allocates_no_large_buffer() {
+    let large = || LARGE_ALLOCATIONS.with(Cell::get);
+    let (n, d) = (1024, 128);
+    let x = |seed: usize| {
+        Array2::from_shape_fn((n, d), |(i, c)| ((i * 7 + c * 3 + seed) % 11) as f32 / 11.0 - 0.5)
+    };
+    let (q, k, v) = (x(0), x(1), x(2));
+    let one_thread = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+    for level in levels() {
+        let options = AttentionOptions::new().simd(level);
+        let forward = qkv::attention_with_lse(q.view(), k.view(), v.view(), &options).unwrap();
+        let (mut dq, mut dk, mut dv) = (Array2::zeros((n, d)), Array2::zeros((n, d)), Array2::zeros((n, d)));
+        let mut call = || {
+            let before = large();
+            let into = GradientsMut::new(dq.view_mut(), dk.view_mut(), dv.view_mut());
+            qkv::attention_backward_into(q.view(), k.view(), v.view(), &forward, v.view(), &options, into)
+                .unwrap();
+            large() - before
+        };
+        let shared = [call(), call(), call()];
+        assert_eq!(shared[1..], [0, 0], "{level}, shared: {shared:?} large allocations");
+        let fresh = std::thread::scope(|scope| scope.spawn(&mut call).join().unwrap());
+        assert!(fresh > 0, "{level}: a new thread's first call allocates its buffers");
+        // The pool's thread keeps its own buffers: its first call allocates them.
+        let alone = one_thread.install(|| [call(), call(), call()]);
+        assert_eq!(alone[1..], [0, 0], "{level}, one thread: {alone:?}");
+    }
+    // Eight query heads over two key/value heads of 256 positions, d = 64.
+    let x = |seed: usize, heads: usize| {
+        Array4::from_shape_fn((1, heads, 256, 64), |(_, h, i, c)| {
+            ((h + i * 5 + c * 3 + seed) % 13) as f32 / 13.0 - 0.5
+        })
+    };
+    let (q, k, v) = (x(0, 8), x(1, 2), x(2, 2));
+    for level in levels() {
+        let options = AttentionOptions::new().simd(level);
+        let forward = qkv::multi_head_attention_with_lse(q.view(), k.view(), v.view(), &options).unwrap();
+        let d_output = forward.output.clone();
+        let (mut dq, mut dk, mut dv) =
+            (Array4::zeros(q.raw_dim()), Array4::zeros(k.raw_dim()), Array4::zeros(v.raw_dim()));
+        let mut call = || {
+            let before = large();
+            let into = GradientsMut::new(dq.view_mut(), dk.view_mut(), dv.view_mut());
+            let d_output = d_output.view();
+            qkv::multi_head_attention_backward_into(
+                q.view(),
+                k.view(),
+                v.view(),
+                &forward,
+                d_output,
+                &options,
+                into,
+            )
+            .unwrap();
+            large() - before
+        };
+        call();
+        assert_eq!([call(), call()], [0, 0], "{level}, grouped query heads");
     }
 }

@@ -1,0 +1,71 @@
+//! Large buffers a call is done with, kept on its thread for the next call.
+//!
+//! A call that allocates its working memory afresh and frees it at the end gets that memory
+//! faulted in page by page on every call: glibc's allocator returns the free top of its heap to
+//! the OS once it passes its trim threshold, and mapped chunks on every free. For the backward at
+//! n = 1024, d = 128 on two threads that was about 430 page faults a call and a tenth of its time
+//! (Zen 3, `crates/qkv-bench/results/2026-12-04-zen3-spare-buffers.md`). Kept here, the
+//! buffers are taken again by the next call on the same thread, whatever the allocator.
+//!
+//! At most [`KEEP_BYTES`] are kept per thread, the most recently returned first; a buffer is zeroed
+//! when it is taken, so nothing one call leaves in it reaches the next. A thread's buffers are
+//! freed when the thread ends.
+
+use std::any::Any;
+use std::cell::RefCell;
+
+use crate::kernels::{Buffer, Element};
+
+/// The most a thread keeps: a call whose buffers are larger does enough arithmetic per byte that
+/// faulting them in is a small part of its time (16 MiB holds a single head's backward up to
+/// n = 2048 at d = 128 in f32).
+const KEEP_BYTES: usize = 16 << 20;
+
+/// A kept buffer, of any element type, and its size in bytes.
+struct Kept {
+    bytes: usize,
+    buffer: Box<dyn Any>,
+}
+
+thread_local! {
+    /// This thread's kept buffers, oldest first.
+    static KEPT: RefCell<Vec<Kept>> = const { RefCell::new(Vec::new()) };
+}
+
+/// `len` zeros: the smallest kept buffer of `T` that holds them, or a new one.
+pub(crate) fn zeros<T: Element>(len: usize) -> Buffer<T> {
+    let kept = KEPT.with_borrow_mut(|kept| {
+        let fits = |k: &Kept| k.buffer.downcast_ref::<Buffer<T>>().is_some_and(|b| b.holds(len));
+        let best = kept.iter().enumerate().filter(|(_, k)| fits(k)).min_by_key(|(_, k)| k.bytes)?.0;
+        Some(kept.remove(best))
+    });
+    match kept.and_then(|k| k.buffer.downcast::<Buffer<T>>().ok()) {
+        Some(mut buffer) => {
+            buffer.reset_zeros(len);
+            *buffer
+        }
+        None => Buffer::zeros(len),
+    }
+}
+
+/// Keeps `buffer` for a later [`zeros`] on this thread, dropping the oldest kept buffers to stay
+/// within [`KEEP_BYTES`] (or `buffer` itself if it is larger than that).
+pub(crate) fn keep<T: Element>(buffer: Buffer<T>) {
+    let bytes = buffer.capacity_bytes();
+    if bytes > KEEP_BYTES {
+        return;
+    }
+    KEPT.with_borrow_mut(|kept| {
+        let mut total: usize = kept.iter().map(|k| k.bytes).sum::<usize>() + bytes;
+        let mut oldest = 0;
+        while total > KEEP_BYTES {
+            total -= kept[oldest].bytes;
+            oldest += 1;
+        }
+        kept.drain(..oldest);
+        kept.push(Kept { bytes, buffer: Box::new(buffer) });
+    });
+}
+
+#[cfg(test)]
+mod tests;
