@@ -3,13 +3,13 @@
 //! A call that allocates its working memory afresh and frees it at the end gets that memory
 //! faulted in page by page on every call: glibc's allocator returns the free top of its heap to
 //! the OS once it passes its trim threshold, and mapped chunks on every free. For the backward at
-//! n = 1024, d = 128 on two threads that was about 430 page faults a call and a tenth of its time
-//! (Zen 3, `crates/qkv-bench/results/2026-12-04-zen3-spare-buffers.md`). Kept here, the
+//! n = 1024, d = 128 on two threads that was about 430 page faults a call and about 9% of its
+//! time (Zen 3, `crates/qkv-bench/results/2026-12-04-zen3-spare-buffers.md`). Kept here, the
 //! buffers are taken again by the next call on the same thread, whatever the allocator.
 //!
-//! At most [`KEEP_BYTES`] are kept per thread, the most recently returned first; a buffer is zeroed
-//! when it is taken, so nothing one call leaves in it reaches the next. A thread's buffers are
-//! freed when the thread ends.
+//! At most [`KEEP_BYTES`] are kept per thread, the oldest dropped first; a buffer is zeroed when
+//! it is taken, so nothing one call leaves in it reaches the next. A thread's buffers are freed
+//! when the thread ends.
 
 use std::any::Any;
 use std::cell::RefCell;
