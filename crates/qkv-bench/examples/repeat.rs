@@ -1,7 +1,8 @@
 //! Runs one attention shape many times, for profilers:
 //! `repeat [--backward | --bf16] [--dim D] N_Q N_K MASK REPS [HEADS KV_HEADS]` (with `--backward`
 //! each repetition is the backward from a forward run once before the loop; with `--bf16` the
-//! forward takes queries, keys and values rounded to bf16; D is `d_k = d_v`, 64 unless given),
+//! forward, or the backward after `--backward`, takes queries, keys and values (and the output's
+//! gradient) rounded to bf16; D is `d_k = d_v`, 64 unless given),
 //! MASK 0 = none, 1 = causal, 2 = key padding (the last tenth of the keys), 3 = an additive bias
 //! (zeros), 4 = a causal sliding window of 256 keys back (the tiles before it skipped); with
 //! HEADS (and KV_HEADS, default HEADS) it runs `multi_head_attention` over that many query heads
@@ -22,7 +23,7 @@ fn main() {
         given
     };
     let backward = flag(&mut args, "--backward");
-    let bf16 = !backward && flag(&mut args, "--bf16");
+    let bf16 = flag(&mut args, "--bf16");
     let d = match args.first().map(String::as_str) {
         Some("--dim") => {
             let d = args.get(1).and_then(|d| d.parse().ok()).expect("--dim takes a number");
@@ -33,7 +34,7 @@ fn main() {
     };
     let args: Vec<usize> = args.iter().map(|a| a.parse().expect("numbers")).collect();
     let (&[n_q, n_k, mask, reps], heads) = args.split_at(4.min(args.len())) else {
-        panic!("usage: repeat [--backward | --bf16] [--dim D] N_Q N_K MASK(0..=4) REPS [HEADS KV_HEADS]");
+        panic!("usage: repeat [--backward] [--bf16] [--dim D] N_Q N_K MASK(0..=4) REPS [HEADS KV_HEADS]");
     };
     let (heads, kv_heads) = match heads {
         [] => (1, 1),
@@ -56,6 +57,43 @@ fn main() {
     };
     let m4 = |h, rows, salt| Array4::from_shape_fn((1, h, rows, d), |(_, h, i, j)| value(i + h, j, salt));
     let (q4, k4, v4) = (m4(heads, n_q, 1), m4(kv_heads, n_k, 2), m4(kv_heads, n_k, 3));
+    // FLOPs per `n_q · n_k · d` of one head (FlashAttention-2's count: the backward is 2.5
+    // forwards), halved under a causal mask. The sliding window's figure counts full attention:
+    // compare its time, not its rate.
+    let report = |per: f64, start: std::time::Instant| {
+        let flops = per * (heads * n_q * n_k * d) as f64 * reps as f64 / if mask == 1 { 2.0 } else { 1.0 };
+        println!("{flops:e} flops in {:.3} s", start.elapsed().as_secs_f64());
+    };
+    let rounded = |a: &Array2<f32>| a.mapv(half::bf16::from_f32);
+    let rounded4 = |a: &Array4<f32>| a.mapv(half::bf16::from_f32);
+    if backward && bf16 {
+        let start = if heads == 1 {
+            let (q, k, v, d_out) = (rounded(&q), rounded(&k), rounded(&v), rounded(&m(n_q, 4)));
+            let forward =
+                qkv::attention_half_with_lse(q.view(), k.view(), v.view(), &options).expect("valid");
+            let start = std::time::Instant::now();
+            for _ in 0..reps {
+                let (q, k, v) = (q.view(), k.view(), v.view());
+                let g = qkv::attention_backward_half(q, k, v, &forward, d_out.view(), &options);
+                std::hint::black_box(g.expect("valid"));
+            }
+            start
+        } else {
+            let (q, k, v, d_out) =
+                (rounded4(&q4), rounded4(&k4), rounded4(&v4), rounded4(&m4(heads, n_q, 4)));
+            let forward = qkv::multi_head_attention_half_with_lse(q.view(), k.view(), v.view(), &options)
+                .expect("valid");
+            let start = std::time::Instant::now();
+            for _ in 0..reps {
+                let (q, k, v) = (q.view(), k.view(), v.view());
+                let g = qkv::multi_head_attention_backward_half(q, k, v, &forward, d_out.view(), &options);
+                std::hint::black_box(g.expect("valid"));
+            }
+            start
+        };
+        report(10.0, start);
+        return;
+    }
     if backward {
         let d_out = m(n_q, 4);
         let d_out4 = m4(heads, n_q, 4);
@@ -82,13 +120,9 @@ fn main() {
                 std::hint::black_box(g.expect("valid"));
             }
         }
-        // FlashAttention-2's count: the backward is 2.5 forwards.
-        let flops = 10.0 * (heads * n_q * n_k * d) as f64 * reps as f64 / if mask == 1 { 2.0 } else { 1.0 };
-        println!("{flops:e} flops in {:.3} s", start.elapsed().as_secs_f64());
+        report(10.0, start);
         return;
     }
-    let rounded = |a: &Array2<f32>| a.mapv(half::bf16::from_f32);
-    let rounded4 = |a: &Array4<f32>| a.mapv(half::bf16::from_f32);
     let halves = (bf16 && heads == 1).then(|| (rounded(&q), rounded(&k), rounded(&v)));
     let halves4 = (bf16 && heads > 1).then(|| (rounded4(&q4), rounded4(&k4), rounded4(&v4)));
     let start = std::time::Instant::now();
@@ -106,7 +140,5 @@ fn main() {
             std::hint::black_box(out);
         }
     }
-    // The sliding window's figure counts full attention: compare its time, not its rate.
-    let flops = 4.0 * (heads * n_q * n_k * d) as f64 * reps as f64 / if mask == 1 { 2.0 } else { 1.0 };
-    println!("{flops:e} flops in {:.3} s", start.elapsed().as_secs_f64());
+    report(4.0, start);
 }

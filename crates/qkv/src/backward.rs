@@ -1,8 +1,9 @@
 //! The backward of attention: the gradients of the queries, keys, values (and an additive bias)
 //! from the gradient of the output and what the forward saved (its output and logsumexp).
 //!
-//! The public entry points (for f32 and f64 inputs, and the `_half` ones for bf16 and f16, widened
-//! once) check their arguments here, once, as the forward's do; the tiled algorithm is
+//! The public entry points (for f32 and f64 inputs, and the `_half` ones for bf16 and f16, read as
+//! stored and widened as the kernels load them) check their arguments here, once, as the
+//! forward's do; the tiled algorithm is
 //! `backward/tiled.rs`, and the f64 oracle `reference::attention_backward`.
 
 mod tiled;
@@ -278,10 +279,12 @@ pub fn multi_head_attention_backward_into<T: Real>(
 /// [`attention_backward`](crate::attention_backward)), in f32, from `d_output = ∂L/∂O` stored as
 /// the inputs are and what [`attention_half_with_lse`](crate::attention_half_with_lse) returned for the same inputs and options.
 ///
-/// Computed as the f32 backward computes: the inputs are widened to f32 exactly, the weights are
+/// Computed as the f32 backward computes: the inputs are widened to f32 exactly as the kernels
+/// load them (no widened copy is made: the packed operands of a bf16 call take half the memory
+/// of an f32 one, apart from the queries and `d_output`, packed in f32), the weights are
 /// recomputed in f32 from the saved logsumexp, and every product is summed in f32. No level
 /// multiplies bf16 pairs in the backward yet, so the gradients are those of the f32 backward on
-/// the widened inputs, at every level. Round them with `mapv(bf16::from_f32)` where a model keeps
+/// the widened inputs, bit for bit, at every level. Round them with `mapv(bf16::from_f32)` where a model keeps
 /// bf16 gradients (as PyTorch's bf16 backward returns them).
 ///
 /// ```
@@ -442,16 +445,13 @@ fn backward<T: Real, E: Element<Compute = T>, D: Dimension>(
     if !tiled::stays_finite(shape, &checked.magnitudes, gradient.max(outputs), &masks.head(0, 0)) {
         return Err(AttentionError::GradientOverflow { ty: T::NAME });
     }
-    // Half-precision inputs are widened once here (f32 and f64 are borrowed as they are): the
-    // tiled path copies every operand into its own layouts anyway, and on the levels without
-    // bf16 arithmetic a product of widened halves is what their kernels would compute.
-    let (q, k, v) = (E::computed(q), E::computed(checked.k.view()), E::computed(checked.v.view()));
-    let d_output = E::computed(d_output);
+    // Half-precision inputs are read as they are stored: the tiled path widens them as it packs
+    // and loads them.
     let four = leading_axes::<_, D, Ix4>;
     let four_mut = leading_axes::<_, D, Ix4>;
     let lse = leading_axes::<_, D::Smaller, Ix3>(logsumexp);
-    let (q, k, v) = (four(q.view()), four(k.view()), four(v.view()));
-    let (output, d_output) = (four(output), four(d_output.view()));
+    let (q, k, v) = (four(q), four(checked.k.view()), four(checked.v.view()));
+    let (output, d_output) = (leading_axes::<_, D, Ix4>(output), four(d_output));
     let [batch, query_heads, _, _] = *q.shape() else { unreachable!("4-D view") };
     let kv_heads = k.shape()[1];
     let mut dq_heads = four_mut(dq).into_outer_iter_mut().flat_map(|b| b.into_outer_iter_mut());

@@ -307,8 +307,8 @@ impl Isa {
 
     /// This level's vector kernels: itself, or AVX-512 for the pair levels (AMX, AVX512-BF16).
     /// For the paths whose layouts the pair kernels do not read: decoding (scores straight from
-    /// key rows, values read once) and the KV caches (keys written into panels a position at a
-    /// time).
+    /// key rows, values read once), the KV caches (keys written into panels a position at a
+    /// time) and the backward (its transposed `P·V` tiles).
     pub(crate) fn vectors(self) -> Isa {
         match self {
             #[cfg(target_arch = "x86_64")]

@@ -28,7 +28,7 @@ use ndarray::{ArrayView1, ArrayView2, ArrayViewMut2, Axis};
 use crate::element::Real;
 use crate::flash::{BlockKeys, aligned_prefix, mask_tile, prefix};
 use crate::kernels::{
-    self, Buffer, Isa, Job, KEY_BLOCK, Kernels, Layout, Rows, RowsMut, ScoreTile, ValueRows, Weights,
+    self, Buffer, Element, Isa, Job, KEY_BLOCK, Kernels, Layout, Rows, RowsMut, ScoreTile, ValueRows, Weights,
 };
 use crate::masking::MaskSet;
 use crate::shape::{Magnitudes, Shape};
@@ -51,13 +51,13 @@ pub(crate) fn stays_finite<T: Real>(
     crate::flash::stays_finite(shape, magnitudes, masks) && sums <= limit
 }
 
-/// One query head of a backward call: its queries, the saved forward, the output's gradient, its
-/// masks, the key/value head it reads, and where its gradients go.
-pub(crate) struct QueryHead<'a, 'out, T> {
-    pub(crate) q: ArrayView2<'a, T>,
+/// One query head of a backward call: its queries and the output's gradient (stored as `E`), the
+/// saved forward, its masks, the key/value head it reads, and where its gradients go.
+pub(crate) struct QueryHead<'a, 'out, T, E> {
+    pub(crate) q: ArrayView2<'a, E>,
     pub(crate) output: ArrayView2<'a, T>,
     pub(crate) logsumexp: ArrayView1<'a, T>,
-    pub(crate) d_output: ArrayView2<'a, T>,
+    pub(crate) d_output: ArrayView2<'a, E>,
     pub(crate) masks: MaskSet<'a, T>,
     /// The index of its key/value head in the call's list.
     pub(crate) kv: usize,
@@ -65,10 +65,10 @@ pub(crate) struct QueryHead<'a, 'out, T> {
     pub(crate) dbias: Option<ArrayViewMut2<'out, T>>,
 }
 
-/// One key/value head of a backward call, and where its gradients go.
-pub(crate) struct KvHead<'a, 'out, T> {
-    pub(crate) k: ArrayView2<'a, T>,
-    pub(crate) v: ArrayView2<'a, T>,
+/// One key/value head of a backward call (stored as `E`), and where its gradients go.
+pub(crate) struct KvHead<'a, 'out, T, E> {
+    pub(crate) k: ArrayView2<'a, E>,
+    pub(crate) v: ArrayView2<'a, E>,
     pub(crate) dk: ArrayViewMut2<'out, T>,
     pub(crate) dv: ArrayViewMut2<'out, T>,
 }
@@ -77,24 +77,30 @@ pub(crate) struct KvHead<'a, 'out, T> {
 /// Each query head names its key/value head; the work items of all heads are shared out together.
 /// Returns each query head's attention-sink gradient `-Σ_i exp(s - lse_i) · δ_i`, in f64 (0
 /// without a sink), in the order of `queries`.
-pub(crate) fn backward<'a, 'out, T: Real>(
+///
+/// Inputs stored as `E` (a half-precision format) are widened to `T` as the kernels load them, as
+/// in the forward: no widened copy of them is made.
+pub(crate) fn backward<'a, 'out, T: Real, E: Element<Compute = T>>(
     isa: Isa,
     shape: &Shape,
-    queries: Vec<QueryHead<'a, 'out, T>>,
-    kv: Vec<KvHead<'a, 'out, T>>,
+    queries: Vec<QueryHead<'a, 'out, T, E>>,
+    kv: Vec<KvHead<'a, 'out, T, E>>,
 ) -> Vec<f64> {
-    isa.run(Backward { shape: *shape, queries, kv })
+    // The pair levels' bf16 kernels multiply bf16 pairs in their own layout and have no
+    // transposed `P·V`; every other type runs the vector kernels at those levels anyway.
+    isa.vectors().run(Backward { shape: *shape, queries, kv })
 }
 
 /// One call's operands, waiting for its kernels.
-struct Backward<'a, 'out, T> {
+struct Backward<'a, 'out, T, E> {
     shape: Shape,
-    queries: Vec<QueryHead<'a, 'out, T>>,
-    kv: Vec<KvHead<'a, 'out, T>>,
+    queries: Vec<QueryHead<'a, 'out, T, E>>,
+    kv: Vec<KvHead<'a, 'out, T, E>>,
 }
 
-/// A query head's operands in the kernels' layouts.
-struct QueryOperands<'a, T: Real> {
+/// A query head's operands in the kernels' layouts: what the score kernel reads in `T` (queries
+/// are widened as they are packed), the rows the `P·V` tiles read as stored.
+struct QueryOperands<'a, T: Real, E: Element> {
     masks: MaskSet<'a, T>,
     kv: usize,
     /// Scaled queries packed for the score kernel, block `b` at `b · QUERY_BLOCK · d_k`.
@@ -102,22 +108,22 @@ struct QueryOperands<'a, T: Real> {
     /// `dO` packed the same way (unscaled), block `b` at `b · QUERY_BLOCK · d_v`.
     d_output_packed: Buffer<T>,
     /// Query rows, `key_stride` apart: the rows `dK` sums.
-    q_rows: Buffer<T>,
+    q_rows: Buffer<E>,
     /// `dO` rows, `value_stride` apart: the rows `dV` sums.
-    d_output_rows: Buffer<T>,
+    d_output_rows: Buffer<E>,
     logsumexp: Vec<T>,
     /// `δ_i = Σ_c dO[i, c] · O[i, c]`.
     delta: Vec<T>,
 }
 
-/// A key/value head's operands in the kernels' layouts.
-struct KeyOperands<T: Real> {
+/// A key/value head's operands in the kernels' layouts, as stored.
+struct KeyOperands<E: Element> {
     /// Key panels (see `kernels::pack_key_panel`), `d_k` scalars per key.
-    k_panels: Buffer<T>,
+    k_panels: Buffer<E>,
     /// Value panels, `d_v` scalars per key: the "keys" of `dP = dO·Vᵀ`.
-    v_panels: Buffer<T>,
+    v_panels: Buffer<E>,
     /// Key rows, `key_stride` apart: the rows `dQ` sums.
-    k_rows: Buffer<T>,
+    k_rows: Buffer<E>,
 }
 
 /// The buffers a work item borrows, one set per thread (see `work::map_items`); every item writes
@@ -153,7 +159,7 @@ impl<T: Real> Default for Scratch<T> {
 }
 
 /// Rows of `x` packed `stride` scalars apart (zeros past each row's end).
-fn rows_buffer<T: Real>(x: ArrayView2<T>, stride: usize) -> Buffer<T> {
+fn rows_buffer<E: Element>(x: ArrayView2<E>, stride: usize) -> Buffer<E> {
     let mut rows = spare::zeros(x.nrows() * stride);
     for (row, out) in x.rows().into_iter().zip(rows.chunks_exact_mut(stride)) {
         kernels::pack_value_row(row, out);
@@ -162,7 +168,7 @@ fn rows_buffer<T: Real>(x: ArrayView2<T>, stride: usize) -> Buffer<T> {
 }
 
 /// Every key panel of `x` (`KEY_PANEL` keys of `x.ncols()` scalars each, zero-padded).
-fn panels<T: Real>(x: ArrayView2<T>, key_panel: usize) -> Buffer<T> {
+fn panels<E: Element>(x: ArrayView2<E>, key_panel: usize) -> Buffer<E> {
     let width = x.ncols();
     let mut panels = spare::zeros(x.nrows().div_ceil(key_panel) * key_panel * width);
     for (p, panel) in panels.chunks_exact_mut(key_panel * width).enumerate() {
@@ -171,8 +177,11 @@ fn panels<T: Real>(x: ArrayView2<T>, key_panel: usize) -> Buffer<T> {
     panels
 }
 
-/// Queries `x` packed block by block for the score kernel, times `scale`.
-fn packed_blocks<T: Real, K: Kernels<T>>(x: ArrayView2<T>, scale: T) -> Buffer<T> {
+/// Queries `x` packed block by block for the score kernel, widened to `T`, times `scale`.
+fn packed_blocks<T: Real, E: Element<Compute = T>, K: Kernels<T, E>>(
+    x: ArrayView2<E>,
+    scale: T,
+) -> Buffer<T> {
     let (n, d) = (x.nrows(), x.ncols());
     let mut out = spare::zeros(n.div_ceil(K::QUERY_BLOCK) * K::QUERY_BLOCK * d);
     for (b, block) in out.chunks_exact_mut(K::QUERY_BLOCK * d).enumerate() {
@@ -185,18 +194,18 @@ fn packed_blocks<T: Real, K: Kernels<T>>(x: ArrayView2<T>, scale: T) -> Buffer<T
 }
 
 /// What both passes read: the shape, the strides and every head's operands.
-struct Operands<'a, T: Real> {
+struct Operands<'a, T: Real, E: Element> {
     shape: Shape,
     key_stride: usize,
     value_stride: usize,
-    queries: Vec<QueryOperands<'a, T>>,
-    keys: Vec<KeyOperands<T>>,
+    queries: Vec<QueryOperands<'a, T, E>>,
+    keys: Vec<KeyOperands<E>>,
 }
 
-impl<T: Real> Job<T> for Backward<'_, '_, T> {
+impl<T: Real, E: Element<Compute = T>> Job<E> for Backward<'_, '_, T, E> {
     type Output = Vec<f64>;
 
-    fn run<K: Kernels<T>>(self, kernels: K) -> Vec<f64> {
+    fn run<K: Kernels<T, E>>(self, kernels: K) -> Vec<f64> {
         let Backward { shape, queries, kv } = self;
         let key_stride = shape.key_dim.div_ceil(K::LANES) * K::LANES;
         let value_stride = shape.value_dim.div_ceil(K::LANES) * K::LANES;
@@ -217,7 +226,7 @@ impl<T: Real> Job<T> for Backward<'_, '_, T> {
                     .zip(logsumexp)
                     .map(|((o, d_o), lse)| {
                         let dot: f64 =
-                            o.iter().zip(d_o).map(|(a, b)| a.to_f64_exact() * b.to_f64_exact()).sum();
+                            o.iter().zip(d_o).map(|(a, b)| a.to_f64_exact() * b.widen().to_f64_exact()).sum();
                         sink_gradient -= softmax::sink_weight(sink, lse.to_f64_exact()) * dot;
                         T::from_f64_round(dot)
                     })
@@ -226,8 +235,8 @@ impl<T: Real> Job<T> for Backward<'_, '_, T> {
                 QueryOperands {
                     masks,
                     kv,
-                    q_packed: packed_blocks::<T, K>(q, T::from_f64_round(masks.scale)),
-                    d_output_packed: packed_blocks::<T, K>(d_output, T::one()),
+                    q_packed: packed_blocks::<T, E, K>(q, T::from_f64_round(masks.scale)),
+                    d_output_packed: packed_blocks::<T, E, K>(d_output, T::one()),
                     q_rows: rows_buffer(q, key_stride),
                     d_output_rows: rows_buffer(d_output, value_stride),
                     logsumexp: logsumexp.to_vec(),
@@ -279,14 +288,14 @@ struct Item<'o, T: Real> {
     dbias: Vec<Option<ArrayViewMut2<'o, T>>>,
 }
 
-impl<T: Real> Operands<'_, T> {
+impl<T: Real, E: Element<Compute = T>> Operands<'_, T, E> {
     /// Every gradient, in one pass of items per (key/value head, chunk of key blocks), each
     /// visiting its key blocks in order and, for each, the query blocks of every query head that
     /// reads the key/value head, in the order of heads and blocks. An item writes its rows of `dK`
     /// and `dV` and its columns of `dBias`, and returns its part of `dQ` (every query row, summed
     /// over its keys); the parts are added in chunk order, so that no sum depends on which thread
     /// computed what. The number of chunks depends on the problem's size alone.
-    fn run<K: Kernels<T>>(
+    fn run<K: Kernels<T, E>>(
         &self,
         kernels: K,
         key_outputs: Vec<(ArrayViewMut2<T>, ArrayViewMut2<T>)>,
@@ -346,9 +355,8 @@ impl<T: Real> Operands<'_, T> {
     /// Hands every packed operand to `spare`, for the calling thread's next call.
     fn keep(self) {
         for head in self.queries {
-            [head.q_packed, head.d_output_packed, head.q_rows, head.d_output_rows]
-                .into_iter()
-                .for_each(spare::keep);
+            [head.q_packed, head.d_output_packed].into_iter().for_each(spare::keep);
+            [head.q_rows, head.d_output_rows].into_iter().for_each(spare::keep);
         }
         for head in self.keys {
             [head.k_panels, head.v_panels, head.k_rows].into_iter().for_each(spare::keep);
@@ -367,7 +375,7 @@ impl<T: Real> Operands<'_, T> {
 
     /// One item (see [`Self::run`]): returns its part of `dQ` for each query head of the group,
     /// rows `key_stride` apart, not yet scaled.
-    fn item<K: Kernels<T>>(&self, kernels: K, scratch: &mut Scratch<T>, item: Item<T>) -> Vec<Buffer<T>> {
+    fn item<K: Kernels<T, E>>(&self, kernels: K, scratch: &mut Scratch<T>, item: Item<T>) -> Vec<Buffer<T>> {
         let Item { kv, blocks, mut dk, mut dv, mut dq_parts, mut dbias } = item;
         let scale = self.scale();
         let heads: Vec<usize> = self.group(kv).collect();
@@ -441,7 +449,7 @@ impl<T: Real> Operands<'_, T> {
     }
 
     /// `dO` rows from query `first` on, as the `Pᵀ` tile reads them.
-    fn value_rows<'b, K: Kernels<T>>(&self, rows: &'b Buffer<T>, first: usize) -> ValueRows<'b, T> {
+    fn value_rows<'b, K: Kernels<T, E>>(&self, rows: &'b Buffer<E>, first: usize) -> ValueRows<'b, E> {
         ValueRows {
             v: &rows[first * self.value_stride..],
             stride: self.value_stride,
@@ -451,7 +459,7 @@ impl<T: Real> Operands<'_, T> {
 
     /// Recomputes the tile of query head `h`'s block `b` over keys `keys` into `scratch`: `P` in
     /// `s` and `dS` in `dp`. `None` if the ranges hide every key of the tile from every row.
-    fn tile<K: Kernels<T>>(
+    fn tile<K: Kernels<T, E>>(
         &self,
         kernels: K,
         h: usize,

@@ -429,3 +429,34 @@ fn a_warm_backward_allocates_no_large_buffer() {
         assert_eq!([call(), call()], [0, 0], "{level}, grouped query heads");
     }
 }
+
+/// A warm half-precision backward reads its bf16 inputs as they are stored: after a first call,
+/// a call at 1024 queries and keys, d = 128, allocates three large blocks on the calling thread,
+/// its f32 gradients `dq`, `dk` and `dv` (512 KiB each), and no widened copy of the inputs, at
+/// every level.
+#[test]
+fn a_warm_half_precision_backward_allocates_only_its_gradients() {
+    let large = || LARGE_ALLOCATIONS.with(Cell::get);
+    let (n, d) = (1024, 128);
+    let x = |seed: usize| {
+        Array2::from_shape_fn((n, d), |(i, c)| {
+            bf16::from_f32(((i * 7 + c * 3 + seed) % 11) as f32 / 11.0 - 0.5)
+        })
+    };
+    let (q, k, v) = (x(0), x(1), x(2));
+    for level in levels() {
+        let options = AttentionOptions::new().simd(level);
+        let forward = qkv::attention_half_with_lse(q.view(), k.view(), v.view(), &options).unwrap();
+        let call = || {
+            let before = large();
+            let gradients =
+                qkv::attention_backward_half(q.view(), k.view(), v.view(), &forward, v.view(), &options)
+                    .unwrap();
+            let after = large();
+            drop(gradients);
+            after - before
+        };
+        let counts = [call(), call(), call()];
+        assert_eq!(counts[1..], [3, 3], "{level}: {counts:?} large allocations");
+    }
+}

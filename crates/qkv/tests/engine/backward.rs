@@ -3,6 +3,7 @@
 //! grid; thread-count independence, keys no query sees, grouped-query heads and the errors.
 
 use ndarray::{Array2, Array4, ArrayView2, Axis, s};
+use qkv::half::bf16;
 use qkv::{AdditiveBias, AttentionOptions, GradientsMut, Real, SimdLevel};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -292,7 +293,8 @@ fn fast_backward_matches_reference_with_huge_scores_and_many_tiles() {
 
 /// The half-precision backward (from the half-precision forward) against the reference on the
 /// same inputs, widened exactly, at every SIMD level: the f32 backward's tolerance, since the
-/// backward computes in f32 from the widened inputs.
+/// backward computes in f32 from the widened inputs. It reads them as stored and widens them as
+/// it loads them, which must give the f32 backward's gradients on widened copies bit for bit.
 fn check_half<H: qkv::Half>(seed: u64, dims: (usize, usize, usize, usize), magnitude: f64, mask: MaskKind) {
     let mut p = Problem::<f32>::random(seed, dims, magnitude, mask);
     let round = |x: &Array2<f32>| x.mapv(H::from_f32);
@@ -321,6 +323,10 @@ fn check_half<H: qkv::Half>(seed: u64, dims: (usize, usize, usize, usize), magni
         let got =
             qkv::attention_backward_half(q.view(), k.view(), v.view(), &forward, d_out.view(), &options)
                 .unwrap();
+        let widened =
+            qkv::attention_backward(p.q.view(), p.k.view(), p.v.view(), &forward, d_out_f32.view(), &options)
+                .unwrap();
+        assert_eq!(got, widened, "{ctx}: the f32 backward on the widened inputs");
         assert_gradient_close(&format!("dq {ctx}"), &got.dq, &want.dq, &bounds.dq, condition);
         assert_gradient_close(&format!("dk {ctx}"), &got.dk, &want.dk, &bounds.dk, condition);
         assert_gradient_close(&format!("dv {ctx}"), &got.dv, &want.dv, &bounds.dv, condition);
@@ -338,17 +344,16 @@ fn half_precision_backward_matches_reference_for_every_mask() {
     for (j, mask) in MASK_KINDS.into_iter().enumerate() {
         let n_q = GRID_SIZES[(j + 2) % GRID_SIZES.len()];
         let n_k = GRID_SIZES[(3 * j + 5) % GRID_SIZES.len()];
-        check_half::<half::bf16>(j as u64, (n_q, n_k, 17, 8), 1.0, mask);
+        check_half::<bf16>(j as u64, (n_q, n_k, 17, 8), 1.0, mask);
         check_half::<half::f16>(j as u64, (n_k, n_q, 8, 64), 1.0, mask);
     }
-    check_half::<half::bf16>(5, (1, 1, 3, 5), 1.0, MaskKind::None);
-    check_half::<half::bf16>(6, (49, 130, 64, 17), 40.0, MaskKind::CausalTopLeft);
+    check_half::<bf16>(5, (1, 1, 3, 5), 1.0, MaskKind::None);
+    check_half::<bf16>(6, (49, 130, 64, 17), 40.0, MaskKind::CausalTopLeft);
     check_half::<half::f16>(6, (49, 130, 64, 17), 8.0, MaskKind::Bias);
 }
 
 #[test]
 fn half_precision_backward_errors_name_the_argument() {
-    use half::bf16;
     let x = Array2::from_elem((3, 4), bf16::ONE);
     let options = AttentionOptions::new();
     let forward = qkv::attention_half_with_lse(x.view(), x.view(), x.view(), &options).unwrap();
@@ -456,15 +461,18 @@ fn rows_that_see_nothing_have_zero_gradients() {
 
 #[test]
 fn grouped_query_gradients_sum_over_the_heads_of_a_group() {
-    // 2 sequences, 6 query heads over 2 key/value heads, per-sequence key lengths, ALiBi.
+    // 2 sequences, 6 query heads over 2 key/value heads, per-sequence key lengths, ALiBi. The
+    // inputs are bf16 numbers, so that the bf16 backward can be compared too.
     let (batch, heads, kv_heads, n, d) = (2, 6, 2, 50, 16);
     let mut rng = ChaCha8Rng::seed_from_u64(11);
     let mut random = |shape: (usize, usize, usize, usize)| {
-        Array4::from_shape_simple_fn(shape, || rng.random_range(-1.0_f32..=1.0))
+        Array4::from_shape_simple_fn(shape, || bf16::from_f32(rng.random_range(-1.0_f32..=1.0)).to_f32())
     };
     let (q, k, v) =
         (random((batch, heads, n, d)), random((batch, kv_heads, n, d)), random((batch, kv_heads, n, d)));
     let d_out = random((batch, heads, n, d));
+    let half = |x: &Array4<f32>| x.mapv(bf16::from_f32);
+    let (q_half, k_half, v_half, d_out_half) = (half(&q), half(&k), half(&v), half(&d_out));
     let lengths = [50, 31];
     let slopes = qkv::alibi_slopes::<f32>(heads);
     for level in levels() {
@@ -483,6 +491,16 @@ fn grouped_query_gradients_sum_over_the_heads_of_a_group() {
             &options,
         )
         .unwrap();
+        let g_half = qkv::multi_head_attention_backward_half(
+            q_half.view(),
+            k_half.view(),
+            v_half.view(),
+            &forward,
+            d_out_half.view(),
+            &options,
+        )
+        .unwrap();
+        assert_eq!(g_half, g, "{level}: the bf16 backward is the f32 backward on its widened inputs");
         for b in 0..batch {
             let mut dk = Array2::<f64>::zeros((n, d));
             let mut dv = Array2::<f64>::zeros((n, d));
