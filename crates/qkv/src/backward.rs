@@ -1,10 +1,9 @@
 //! The backward of attention: the gradients of the queries, keys, values (and an additive bias)
 //! from the gradient of the output and what the forward saved (its output and logsumexp).
 //!
-//! The public entry points (for f32 and f64 inputs, and the `_half` ones for bf16 and f16, read as
-//! stored and widened as the kernels load them) check their arguments here, once, as the
-//! forward's do; the tiled algorithm is
-//! `backward/tiled.rs`, and the f64 oracle `reference::attention_backward`.
+//! The public entry points (for f32 and f64 inputs, and the `_half` ones for bf16 and f16,
+//! widened as the tiled path packs them) check their arguments here, once, as the forward's do;
+//! the tiled algorithm is `backward/tiled.rs`, and the f64 oracle `reference::attention_backward`.
 
 mod tiled;
 
@@ -279,13 +278,12 @@ pub fn multi_head_attention_backward_into<T: Real>(
 /// [`attention_backward`](crate::attention_backward)), in f32, from `d_output = ∂L/∂O` stored as
 /// the inputs are and what [`attention_half_with_lse`](crate::attention_half_with_lse) returned for the same inputs and options.
 ///
-/// Computed as the f32 backward computes: the inputs are widened to f32 exactly as the kernels
-/// load them (no widened copy is made: the packed operands of a bf16 call take half the memory
-/// of an f32 one, apart from the queries and `d_output`, packed in f32), the weights are
+/// Computed as the f32 backward computes: the inputs are widened to f32 exactly as they are
+/// packed for the kernels (no widened copy of a whole input is made), the weights are
 /// recomputed in f32 from the saved logsumexp, and every product is summed in f32. No level
 /// multiplies bf16 pairs in the backward yet, so the gradients are those of the f32 backward on
-/// the widened inputs, bit for bit, at every level. Round them with `mapv(bf16::from_f32)` where a model keeps
-/// bf16 gradients (as PyTorch's bf16 backward returns them).
+/// the widened inputs, bit for bit, at every level. Round them with `mapv(bf16::from_f32)` where
+/// a model keeps bf16 gradients (as PyTorch's bf16 backward returns them).
 ///
 /// ```
 /// use half::bf16;
@@ -446,7 +444,7 @@ fn backward<T: Real, E: Element<Compute = T>, D: Dimension>(
         return Err(AttentionError::GradientOverflow { ty: T::NAME });
     }
     // Half-precision inputs are read as they are stored: the tiled path widens them as it packs
-    // and loads them.
+    // them into its own layouts.
     let four = leading_axes::<_, D, Ix4>;
     let four_mut = leading_axes::<_, D, Ix4>;
     let lse = leading_axes::<_, D::Smaller, Ix3>(logsumexp);

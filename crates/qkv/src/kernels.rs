@@ -176,7 +176,7 @@ macro_rules! element {
 // those levels' vectors, AVX-512.
 element!(f32, wide::f32x16, f32, identity, identity, CowArray::from, OutRows::Computed, pairs = vectors);
 element!(f64, wide::f64x8, f64, identity, identity, CowArray::from, OutRows::Computed, pairs = vectors);
-element!(bf16, wide::f32x16, f32, bf16::to_f32, bf16::from_f32, widened_copy, OutRows::Bf16, pairs = own);
+element!(bf16, wide::f32x16, f32, bf16_to_f32, bf16::from_f32, widened_copy, OutRows::Bf16, pairs = own);
 element!(f16, wide::f32x16, f32, f16::to_f32, f16::from_f32, widened_copy, OutRows::F16, pairs = vectors);
 element!(Q8, [wide::i8x32; 2], f32, Q8::to_f32, Q8::nearest, widened_copy, Q8::no_output, pairs = vectors);
 
@@ -247,6 +247,13 @@ impl Q8 {
     }
 }
 
+/// `x` as an f32, exactly: a bf16 is the upper half of an f32's bits. Unlike `bf16::to_f32`,
+/// which tests for a NaN first (to quiet it), this is one shift a loop of them vectorises; a NaN
+/// stays a NaN.
+fn bf16_to_f32(x: bf16) -> f32 {
+    f32::from_bits(u32::from(x.to_bits()) << 16)
+}
+
 /// A copy of `a` widened to the compute type: [`Element::computed`] for a half-precision format.
 fn widened_copy<E: Element, D: Dimension>(a: ArrayView<'_, E, D>) -> CowArray<'_, E::Compute, D> {
     CowArray::from(a.mapv(E::widen))
@@ -307,8 +314,8 @@ impl Isa {
 
     /// This level's vector kernels: itself, or AVX-512 for the pair levels (AMX, AVX512-BF16).
     /// For the paths whose layouts the pair kernels do not read: decoding (scores straight from
-    /// key rows, values read once), the KV caches (keys written into panels a position at a
-    /// time) and the backward (its transposed `P·V` tiles).
+    /// key rows, values read once) and the KV caches (keys written into panels a position at a
+    /// time).
     pub(crate) fn vectors(self) -> Isa {
         match self {
             #[cfg(target_arch = "x86_64")]

@@ -78,17 +78,16 @@ pub(crate) struct KvHead<'a, 'out, T, E> {
 /// Returns each query head's attention-sink gradient `-Σ_i exp(s - lse_i) · δ_i`, in f64 (0
 /// without a sink), in the order of `queries`.
 ///
-/// Inputs stored as `E` (a half-precision format) are widened to `T` as the kernels load them, as
-/// in the forward: no widened copy of them is made.
+/// Inputs stored as `E` (a half-precision format) are widened to `T` as they are packed: the
+/// kernels compute from packed operands in `T`, as for `T` inputs, and no widened copy of a whole
+/// input is made.
 pub(crate) fn backward<'a, 'out, T: Real, E: Element<Compute = T>>(
     isa: Isa,
     shape: &Shape,
     queries: Vec<QueryHead<'a, 'out, T, E>>,
     kv: Vec<KvHead<'a, 'out, T, E>>,
 ) -> Vec<f64> {
-    // The pair levels' bf16 kernels multiply bf16 pairs in their own layout and have no
-    // transposed `P·V`; every other type runs the vector kernels at those levels anyway.
-    isa.vectors().run(Backward { shape: *shape, queries, kv })
+    isa.run(Backward { shape: *shape, queries, kv })
 }
 
 /// One call's operands, waiting for its kernels.
@@ -98,9 +97,8 @@ struct Backward<'a, 'out, T, E> {
     kv: Vec<KvHead<'a, 'out, T, E>>,
 }
 
-/// A query head's operands in the kernels' layouts: what the score kernel reads in `T` (queries
-/// are widened as they are packed), the rows the `P·V` tiles read as stored.
-struct QueryOperands<'a, T: Real, E: Element> {
+/// A query head's operands in the kernels' layouts.
+struct QueryOperands<'a, T: Real> {
     masks: MaskSet<'a, T>,
     kv: usize,
     /// Scaled queries packed for the score kernel, block `b` at `b · QUERY_BLOCK · d_k`.
@@ -108,22 +106,22 @@ struct QueryOperands<'a, T: Real, E: Element> {
     /// `dO` packed the same way (unscaled), block `b` at `b · QUERY_BLOCK · d_v`.
     d_output_packed: Buffer<T>,
     /// Query rows, `key_stride` apart: the rows `dK` sums.
-    q_rows: Buffer<E>,
+    q_rows: Buffer<T>,
     /// `dO` rows, `value_stride` apart: the rows `dV` sums.
-    d_output_rows: Buffer<E>,
+    d_output_rows: Buffer<T>,
     logsumexp: Vec<T>,
     /// `δ_i = Σ_c dO[i, c] · O[i, c]`.
     delta: Vec<T>,
 }
 
-/// A key/value head's operands in the kernels' layouts, as stored.
-struct KeyOperands<E: Element> {
+/// A key/value head's operands in the kernels' layouts.
+struct KeyOperands<T: Real> {
     /// Key panels (see `kernels::pack_key_panel`), `d_k` scalars per key.
-    k_panels: Buffer<E>,
+    k_panels: Buffer<T>,
     /// Value panels, `d_v` scalars per key: the "keys" of `dP = dO·Vᵀ`.
-    v_panels: Buffer<E>,
+    v_panels: Buffer<T>,
     /// Key rows, `key_stride` apart: the rows `dQ` sums.
-    k_rows: Buffer<E>,
+    k_rows: Buffer<T>,
 }
 
 /// The buffers a work item borrows, one set per thread (see `work::map_items`); every item writes
@@ -158,30 +156,35 @@ impl<T: Real> Default for Scratch<T> {
     }
 }
 
-/// Rows of `x` packed `stride` scalars apart (zeros past each row's end).
-fn rows_buffer<E: Element>(x: ArrayView2<E>, stride: usize) -> Buffer<E> {
+/// Rows of `x` widened to `T` and packed `stride` scalars apart (zeros past each row's end).
+fn rows_buffer<T: Real, E: Element<Compute = T>>(x: ArrayView2<E>, stride: usize) -> Buffer<T> {
     let mut rows = spare::zeros(x.nrows() * stride);
     for (row, out) in x.rows().into_iter().zip(rows.chunks_exact_mut(stride)) {
-        kernels::pack_value_row(row, out);
+        // A contiguous row as a slice: ndarray's element iterator is much slower.
+        match row.as_slice() {
+            Some(row) => out.iter_mut().zip(row).for_each(|(o, &x)| *o = x.widen()),
+            None => out.iter_mut().zip(row).for_each(|(o, &x)| *o = x.widen()),
+        }
     }
     rows
 }
 
-/// Every key panel of `x` (`KEY_PANEL` keys of `x.ncols()` scalars each, zero-padded).
-fn panels<E: Element>(x: ArrayView2<E>, key_panel: usize) -> Buffer<E> {
-    let width = x.ncols();
-    let mut panels = spare::zeros(x.nrows().div_ceil(key_panel) * key_panel * width);
+/// Every key panel of `x` widened to `T` (`KEY_PANEL` keys of `x.ncols()` scalars each,
+/// zero-padded). A half-precision `x` is widened a panel's keys at a time (`Element::computed`,
+/// which borrows `T` as it is), so that every panel is packed by `T`'s transposes.
+fn panels<T: Real, E: Element<Compute = T>>(x: ArrayView2<E>, key_panel: usize) -> Buffer<T> {
+    let (n, width) = x.dim();
+    let mut panels = spare::zeros(n.div_ceil(key_panel) * key_panel * width);
     for (p, panel) in panels.chunks_exact_mut(key_panel * width).enumerate() {
-        kernels::pack_key_panel(x, p * key_panel, key_panel, Layout::Lanes, panel);
+        let first = p * key_panel;
+        let keys = E::computed(x.slice(ndarray::s![first..(first + key_panel).min(n), ..]));
+        kernels::pack_key_panel(keys.view(), 0, key_panel, Layout::Lanes, panel);
     }
     panels
 }
 
 /// Queries `x` packed block by block for the score kernel, widened to `T`, times `scale`.
-fn packed_blocks<T: Real, E: Element<Compute = T>, K: Kernels<T, E>>(
-    x: ArrayView2<E>,
-    scale: T,
-) -> Buffer<T> {
+fn packed_blocks<T: Real, E: Element<Compute = T>, K: Kernels<T>>(x: ArrayView2<E>, scale: T) -> Buffer<T> {
     let (n, d) = (x.nrows(), x.ncols());
     let mut out = spare::zeros(n.div_ceil(K::QUERY_BLOCK) * K::QUERY_BLOCK * d);
     for (b, block) in out.chunks_exact_mut(K::QUERY_BLOCK * d).enumerate() {
@@ -194,18 +197,18 @@ fn packed_blocks<T: Real, E: Element<Compute = T>, K: Kernels<T, E>>(
 }
 
 /// What both passes read: the shape, the strides and every head's operands.
-struct Operands<'a, T: Real, E: Element> {
+struct Operands<'a, T: Real> {
     shape: Shape,
     key_stride: usize,
     value_stride: usize,
-    queries: Vec<QueryOperands<'a, T, E>>,
-    keys: Vec<KeyOperands<E>>,
+    queries: Vec<QueryOperands<'a, T>>,
+    keys: Vec<KeyOperands<T>>,
 }
 
-impl<T: Real, E: Element<Compute = T>> Job<E> for Backward<'_, '_, T, E> {
+impl<T: Real, E: Element<Compute = T>> Job<T> for Backward<'_, '_, T, E> {
     type Output = Vec<f64>;
 
-    fn run<K: Kernels<T, E>>(self, kernels: K) -> Vec<f64> {
+    fn run<K: Kernels<T>>(self, kernels: K) -> Vec<f64> {
         let Backward { shape, queries, kv } = self;
         let key_stride = shape.key_dim.div_ceil(K::LANES) * K::LANES;
         let value_stride = shape.value_dim.div_ceil(K::LANES) * K::LANES;
@@ -288,14 +291,14 @@ struct Item<'o, T: Real> {
     dbias: Vec<Option<ArrayViewMut2<'o, T>>>,
 }
 
-impl<T: Real, E: Element<Compute = T>> Operands<'_, T, E> {
+impl<T: Real> Operands<'_, T> {
     /// Every gradient, in one pass of items per (key/value head, chunk of key blocks), each
     /// visiting its key blocks in order and, for each, the query blocks of every query head that
     /// reads the key/value head, in the order of heads and blocks. An item writes its rows of `dK`
     /// and `dV` and its columns of `dBias`, and returns its part of `dQ` (every query row, summed
     /// over its keys); the parts are added in chunk order, so that no sum depends on which thread
     /// computed what. The number of chunks depends on the problem's size alone.
-    fn run<K: Kernels<T, E>>(
+    fn run<K: Kernels<T>>(
         &self,
         kernels: K,
         key_outputs: Vec<(ArrayViewMut2<T>, ArrayViewMut2<T>)>,
@@ -355,8 +358,9 @@ impl<T: Real, E: Element<Compute = T>> Operands<'_, T, E> {
     /// Hands every packed operand to `spare`, for the calling thread's next call.
     fn keep(self) {
         for head in self.queries {
-            [head.q_packed, head.d_output_packed].into_iter().for_each(spare::keep);
-            [head.q_rows, head.d_output_rows].into_iter().for_each(spare::keep);
+            [head.q_packed, head.d_output_packed, head.q_rows, head.d_output_rows]
+                .into_iter()
+                .for_each(spare::keep);
         }
         for head in self.keys {
             [head.k_panels, head.v_panels, head.k_rows].into_iter().for_each(spare::keep);
@@ -375,7 +379,7 @@ impl<T: Real, E: Element<Compute = T>> Operands<'_, T, E> {
 
     /// One item (see [`Self::run`]): returns its part of `dQ` for each query head of the group,
     /// rows `key_stride` apart, not yet scaled.
-    fn item<K: Kernels<T, E>>(&self, kernels: K, scratch: &mut Scratch<T>, item: Item<T>) -> Vec<Buffer<T>> {
+    fn item<K: Kernels<T>>(&self, kernels: K, scratch: &mut Scratch<T>, item: Item<T>) -> Vec<Buffer<T>> {
         let Item { kv, blocks, mut dk, mut dv, mut dq_parts, mut dbias } = item;
         let scale = self.scale();
         let heads: Vec<usize> = self.group(kv).collect();
@@ -449,7 +453,7 @@ impl<T: Real, E: Element<Compute = T>> Operands<'_, T, E> {
     }
 
     /// `dO` rows from query `first` on, as the `Pᵀ` tile reads them.
-    fn value_rows<'b, K: Kernels<T, E>>(&self, rows: &'b Buffer<E>, first: usize) -> ValueRows<'b, E> {
+    fn value_rows<'b, K: Kernels<T>>(&self, rows: &'b Buffer<T>, first: usize) -> ValueRows<'b, T> {
         ValueRows {
             v: &rows[first * self.value_stride..],
             stride: self.value_stride,
@@ -459,7 +463,7 @@ impl<T: Real, E: Element<Compute = T>> Operands<'_, T, E> {
 
     /// Recomputes the tile of query head `h`'s block `b` over keys `keys` into `scratch`: `P` in
     /// `s` and `dS` in `dp`. `None` if the ranges hide every key of the tile from every row.
-    fn tile<K: Kernels<T, E>>(
+    fn tile<K: Kernels<T>>(
         &self,
         kernels: K,
         h: usize,

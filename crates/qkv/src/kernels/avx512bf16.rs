@@ -403,7 +403,7 @@ macro_rules! pair_level_kernels {
                 _: $crate::kernels::ValueRows<'_, half::bf16>,
                 _: &mut [f32],
             ) {
-                unreachable!("the backward runs the vector kernels (`Isa::vectors`), never a bf16 pair level")
+                unreachable!("the backward computes from f32 and f64 inputs, never at a bf16 pair level")
             }
 
             fn scale_columns(self, rows: $crate::kernels::RowsMut<'_, f32>, scales: &[f32]) {

@@ -7,16 +7,9 @@ use super::*;
 use crate::element::Real;
 
 /// Runs `$body` once per level this CPU runs, with `$kernels: $K` that level's kernels for `$t`
-/// (its vector kernels, [`Isa::vectors`], after `vectors`) and `$level` its [`SimdLevel`]; prints
-/// the levels it skips.
+/// and `$level` its [`SimdLevel`]; prints the levels it skips.
 macro_rules! each_level {
-    ($t:ty, |$kernels:ident: $K:ident, $level:ident| $body:block) => {
-        each_level!(@run $t, |isa| isa, |$kernels: $K, $level| $body)
-    };
-    (vectors $t:ty, |$kernels:ident: $K:ident, $level:ident| $body:block) => {
-        each_level!(@run $t, |isa| isa.vectors(), |$kernels: $K, $level| $body)
-    };
-    (@run $t:ty, |$isa:ident| $pick:expr, |$kernels:ident: $K:ident, $level:ident| $body:block) => {{
+    ($t:ty, |$kernels:ident: $K:ident, $level:ident| $body:block) => {{
         struct Test(SimdLevel);
         impl Job<$t> for Test {
             type Output = ();
@@ -28,7 +21,7 @@ macro_rules! each_level {
         }
         for level in SimdLevel::ALL {
             match Isa::new(level) {
-                Some($isa) => $pick.run::<$t, _>(Test(level)),
+                Some(isa) => isa.run::<$t, _>(Test(level)),
                 None => println!("{level}: skipped, this CPU does not run it"),
             }
         }
@@ -578,10 +571,18 @@ impl<E: Element<Compute = f32>> Job<E> for WidenEveryPattern<E> {
     }
 }
 
-/// [`WidenEveryPattern`] for `E` at every level the CPU runs, against `half`'s own conversion.
-fn check_every_pattern<E: Element<Compute = f32>>(name: &str, from_bits: fn(u16) -> E) {
+/// [`WidenEveryPattern`] for `E` at every level the CPU runs, and `Element::widen`, against
+/// `half`'s own conversion `to_f32` (a NaN only has to stay a NaN).
+fn check_every_pattern<E: Element<Compute = f32>>(name: &str, from_bits: fn(u16) -> E, to_f32: fn(E) -> f32) {
     let (finite, non_finite): (Vec<E>, Vec<E>) =
-        (0..=u16::MAX).map(from_bits).partition(|x| x.widen().is_finite());
+        (0..=u16::MAX).map(from_bits).partition(|&x| to_f32(x).is_finite());
+    for &x in &finite {
+        assert_eq!(x.widen().to_bits(), to_f32(x).to_bits(), "{name}: widen({})", to_f32(x));
+    }
+    for &x in &non_finite {
+        let (got, want) = (x.widen(), to_f32(x));
+        assert!(got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()), "{name}: widen({want})");
+    }
     for level in SimdLevel::ALL {
         let Some(isa) = Isa::new(level) else {
             println!("{level}: skipped, this CPU does not run it");
@@ -603,64 +604,40 @@ fn check_every_pattern<E: Element<Compute = f32>>(name: &str, from_bits: fn(u16)
 
 #[test]
 fn half_precision_loads_widen_every_bit_pattern_exactly() {
-    check_every_pattern::<bf16>("bf16", bf16::from_bits);
-    check_every_pattern::<f16>("f16", f16::from_bits);
-}
-
-/// `accumulate_transposed` (`O_j += Σ_r P[r, j] · X_r`, the backward's `dV` and `dK` tiles)
-/// against `Pᵀ·X`, with the rows `X` stored as `E` (`store` rounds to it; the test's numbers are
-/// exact in bf16): groups of `TILE_ROWS` keys and keys left over, widths of whole vectors and a
-/// partial one.
-fn check_transposed_tiles<E: Element<Compute = f32>, K: Kernels<f32, E>>(
-    kernels: K,
-    level: SimdLevel,
-    store: fn(f32) -> E,
-) {
-    for (rows, n_keys, d) in TRANSPOSED_TILES {
-        let ctx = format!("{level} {} {rows}x{n_keys}x{d}", std::any::type_name::<E>());
-        let (p, tile) = weight_tile(rows, n_keys);
-        let x = matrix(rows, d, 5);
-        let vectors = d.div_ceil(K::LANES);
-        let stride = vectors * K::LANES;
-        let mut x_rows = vec![E::default(); rows * stride];
-        for (r, out) in x_rows.chunks_exact_mut(stride).enumerate() {
-            pack_value_row(x.row(r).mapv(store).view(), out);
-        }
-        let mut o = vec![1.0; n_keys * stride];
-        let weights = Weights { p: &tile, rows, n_keys };
-        kernels.accumulate_transposed(weights, ValueRows { v: &x_rows, stride, vectors }, &mut o);
-        for ((j, c), w) in p.t().dot(&x).indexed_iter() {
-            let (got, want) = (o[j * stride + c], 1.0 + w);
-            assert!(
-                (got - want).abs() < 1e-3 * (1.0 + want.abs()),
-                "{ctx}: O[{j}, {c}] = {got}, want {want}"
-            );
-        }
-    }
-}
-
-/// (weight rows, keys, width of the rows summed) of the backward's tiles under test.
-const TRANSPOSED_TILES: [(usize, usize, usize); 5] =
-    [(1, 1, 1), (48, 128, 64), (7, 13, 17), (12, 100, 80), (3, 6, 8)];
-
-/// Weights `P` (`rows × n_keys`) and the same in a tile of `KEY_BLOCK` scalars a row, NaN past
-/// `n_keys`.
-fn weight_tile(rows: usize, n_keys: usize) -> (Array2<f32>, Vec<f32>) {
-    let p = matrix(rows, n_keys, 4);
-    let mut tile = vec![f32::NAN; rows * KEY_BLOCK];
-    for (i, row) in p.rows().into_iter().enumerate() {
-        tile[i * KEY_BLOCK..i * KEY_BLOCK + n_keys].iter_mut().zip(row).for_each(|(t, &x)| *t = x);
-    }
-    (p, tile)
+    check_every_pattern::<bf16>("bf16", bf16::from_bits, bf16::to_f32);
+    check_every_pattern::<f16>("f16", f16::from_bits, f16::to_f32);
 }
 
 #[test]
 fn backward_tiles_match_plain_loops() {
     each_level!(f32, |kernels: K, level| {
-        check_transposed_tiles(kernels, level, |x| x);
-        for (rows, n_keys, _) in TRANSPOSED_TILES {
-            let ctx = format!("{level} {rows}x{n_keys}");
-            let (_, tile) = weight_tile(rows, n_keys);
+        // (weight rows, keys, width of the rows summed): groups of TILE_ROWS keys and keys left
+        // over, widths of whole vectors and a partial one.
+        for (rows, n_keys, d) in [(1, 1, 1), (48, 128, 64), (7, 13, 17), (12, 100, 80), (3, 6, 8)] {
+            let ctx = format!("{level} {rows}x{n_keys}x{d}");
+            let p = matrix(rows, n_keys, 4);
+            let mut tile = vec![f32::NAN; rows * KEY_BLOCK];
+            for (i, row) in p.rows().into_iter().enumerate() {
+                tile[i * KEY_BLOCK..i * KEY_BLOCK + n_keys].iter_mut().zip(row).for_each(|(t, &x)| *t = x);
+            }
+            let x = matrix(rows, d, 5);
+            let vectors = d.div_ceil(K::LANES);
+            let stride = vectors * K::LANES;
+            let mut x_rows = vec![0.0; rows * stride];
+            for (r, out) in x_rows.chunks_exact_mut(stride).enumerate() {
+                pack_value_row(x.row(r), out);
+            }
+            let mut o = vec![1.0; n_keys * stride];
+            let weights = Weights { p: &tile, rows, n_keys };
+            kernels.accumulate_transposed(weights, ValueRows { v: &x_rows, stride, vectors }, &mut o);
+            for ((j, c), w) in p.t().dot(&x).indexed_iter() {
+                let (got, want) = (o[j * stride + c], 1.0 + w);
+                assert!(
+                    (got - want).abs() < 1e-3 * (1.0 + want.abs()),
+                    "{ctx}: O[{j}, {c}] = {got}, want {want}"
+                );
+            }
+
             let used = n_keys.next_multiple_of(K::LANES).min(KEY_BLOCK);
             let dp = matrix(rows, KEY_BLOCK, 6);
             let mut ds: Vec<f32> = dp.iter().copied().collect();
@@ -683,7 +660,4 @@ fn backward_tiles_match_plain_loops() {
             }
         }
     });
-    // The half-precision backward reads its rows as stored, with the vector kernels at every level.
-    each_level!(vectors bf16, |kernels: K, level| { check_transposed_tiles(kernels, level, bf16::from_f32) });
-    each_level!(vectors f16, |kernels: K, level| { check_transposed_tiles(kernels, level, f16::from_f32) });
 }
