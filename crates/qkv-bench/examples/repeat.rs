@@ -1,14 +1,13 @@
 //! Runs one attention shape many times, for profilers:
-//! `repeat [--backward | --bf16] [--dim D] N_Q N_K MASK REPS [HEADS KV_HEADS]` (with `--backward`
+//! `repeat [--backward] [--bf16] [--dim D] N_Q N_K MASK REPS [HEADS KV_HEADS]` (with `--backward`
 //! each repetition is the backward from a forward run once before the loop; with `--bf16` the
-//! forward, or the backward after `--backward`, takes queries, keys and values (and the output's
-//! gradient) rounded to bf16; D is `d_k = d_v`, 64 unless given),
-//! MASK 0 = none, 1 = causal, 2 = key padding (the last tenth of the keys), 3 = an additive bias
-//! (zeros), 4 = a causal sliding window of 256 keys back (the tiles before it skipped); with
-//! HEADS (and KV_HEADS, default HEADS) it runs `multi_head_attention` over that many query heads
-//! sharing KV_HEADS key/value heads, batch 1. `valgrind --tool=callgrind` with
-//! `RAYON_NUM_THREADS=1` counts its instructions, a figure that other processes on the machine do
-//! not disturb the way they disturb wall-clock time.
+//! forward or the backward takes queries, keys and values (and the output's gradient) rounded to
+//! bf16; D is `d_k = d_v`, 64 unless given), MASK 0 = none, 1 = causal, 2 = key padding (the
+//! last tenth of the keys), 3 = an additive bias (zeros), 4 = a causal sliding window of 256 keys
+//! back (the tiles before it skipped); with HEADS (and KV_HEADS, default HEADS) it runs
+//! `multi_head_attention` over that many query heads sharing KV_HEADS key/value heads, batch 1.
+//! `valgrind --tool=callgrind` with `RAYON_NUM_THREADS=1` counts its instructions, a figure that
+//! other processes on the machine do not disturb the way they disturb wall-clock time.
 
 use ndarray::{Array1, Array2, Array4};
 use qkv::{AdditiveBias, AttentionOptions, CausalMask, KeyPadding, SlidingWindow};

@@ -430,9 +430,9 @@ fn a_warm_backward_allocates_no_large_buffer() {
     }
 }
 
-/// A warm half-precision backward reads its bf16 inputs as they are stored: after a first call,
-/// a call at 1024 queries and keys, d = 128, allocates three large blocks on the calling thread,
-/// its f32 gradients `dq`, `dk` and `dv` (512 KiB each), and no widened copy of the inputs, at
+/// A warm half-precision backward widens its bf16 inputs as it packs them: after a first call, a
+/// call at 1024 queries and keys, d = 128, allocates three large blocks on the calling thread,
+/// its f32 gradients `dq`, `dk` and `dv` (512 KiB each), and no widened copy of an input, at
 /// every level.
 #[test]
 fn a_warm_half_precision_backward_allocates_only_its_gradients() {

@@ -293,8 +293,8 @@ fn fast_backward_matches_reference_with_huge_scores_and_many_tiles() {
 
 /// The half-precision backward (from the half-precision forward) against the reference on the
 /// same inputs, widened exactly, at every SIMD level: the f32 backward's tolerance, since the
-/// backward computes in f32 from the widened inputs. It reads them as stored and widens them as
-/// it loads them, which must give the f32 backward's gradients on widened copies bit for bit.
+/// backward computes in f32 from the widened inputs. It widens them as it packs them, which must
+/// give the f32 backward's gradients on widened copies bit for bit.
 fn check_half<H: qkv::Half>(seed: u64, dims: (usize, usize, usize, usize), magnitude: f64, mask: MaskKind) {
     let mut p = Problem::<f32>::random(seed, dims, magnitude, mask);
     let round = |x: &Array2<f32>| x.mapv(H::from_f32);
