@@ -254,10 +254,11 @@ fn bf16_to_f32(x: bf16) -> f32 {
     f32::from_bits(u32::from(x.to_bits()) << 16)
 }
 
-/// `x` as an f32, exactly, without a branch (a loop of them vectorises; `f16::to_f32` converts one
-/// element at a time, at about five times the instructions): the exponent and mantissa moved
-/// into f32's places read as 2^-112 times the value, normal or subnormal alike, and a
-/// multiplication by 2^112 rebiases it exactly; an all-ones exponent (infinity, NaN) takes f32's.
+/// `x` as an f32, exactly, without a branch, so that a loop of them vectorises (`f16::to_f32`
+/// asks at each call whether the CPU has F16C, then converts one element): the exponent and
+/// mantissa moved into f32's places read as 2^-112 times the value, normal or subnormal alike,
+/// and a multiplication by 2^112 rebiases it exactly; an all-ones exponent (infinity, NaN)
+/// becomes f32's.
 fn f16_to_f32(x: f16) -> f32 {
     let bits = u32::from(x.to_bits());
     let (sign, magnitude) = ((bits & 0x8000) << 16, bits & 0x7fff);
