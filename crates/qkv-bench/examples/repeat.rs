@@ -56,88 +56,77 @@ fn main() {
     };
     let m4 = |h, rows, salt| Array4::from_shape_fn((1, h, rows, d), |(_, h, i, j)| value(i + h, j, salt));
     let (q4, k4, v4) = (m4(heads, n_q, 1), m4(kv_heads, n_k, 2), m4(kv_heads, n_k, 3));
-    // FLOPs per `n_q · n_k · d` of one head (FlashAttention-2's count: the backward is 2.5
-    // forwards), halved under a causal mask. The sliding window's figure counts full attention:
-    // compare its time, not its rate.
-    let report = |per: f64, start: std::time::Instant| {
+    // Runs `call` REPS times and prints its FLOPs, `per · n_q · n_k · d` a call for each head
+    // (FlashAttention-2's count: the backward is 2.5 forwards), halved under a causal mask. The
+    // sliding window's figure counts full attention: compare its time, not its rate.
+    let timed = |per: f64, call: &mut dyn FnMut()| {
+        let start = std::time::Instant::now();
+        (0..reps).for_each(|_| call());
         let flops = per * (heads * n_q * n_k * d) as f64 * reps as f64 / if mask == 1 { 2.0 } else { 1.0 };
         println!("{flops:e} flops in {:.3} s", start.elapsed().as_secs_f64());
     };
     let rounded = |a: &Array2<f32>| a.mapv(half::bf16::from_f32);
     let rounded4 = |a: &Array4<f32>| a.mapv(half::bf16::from_f32);
     if backward && bf16 {
-        let start = if heads == 1 {
+        if heads == 1 {
             let (q, k, v, d_out) = (rounded(&q), rounded(&k), rounded(&v), rounded(&m(n_q, 4)));
             let forward =
                 qkv::attention_half_with_lse(q.view(), k.view(), v.view(), &options).expect("valid");
-            let start = std::time::Instant::now();
-            for _ in 0..reps {
+            timed(10.0, &mut || {
                 let (q, k, v) = (q.view(), k.view(), v.view());
                 let g = qkv::attention_backward_half(q, k, v, &forward, d_out.view(), &options);
                 std::hint::black_box(g.expect("valid"));
-            }
-            start
+            });
         } else {
             let (q, k, v, d_out) =
                 (rounded4(&q4), rounded4(&k4), rounded4(&v4), rounded4(&m4(heads, n_q, 4)));
             let forward = qkv::multi_head_attention_half_with_lse(q.view(), k.view(), v.view(), &options)
                 .expect("valid");
-            let start = std::time::Instant::now();
-            for _ in 0..reps {
+            timed(10.0, &mut || {
                 let (q, k, v) = (q.view(), k.view(), v.view());
                 let g = qkv::multi_head_attention_backward_half(q, k, v, &forward, d_out.view(), &options);
                 std::hint::black_box(g.expect("valid"));
-            }
-            start
-        };
-        report(10.0, start);
-        return;
-    }
-    if backward {
-        let d_out = m(n_q, 4);
-        let d_out4 = m4(heads, n_q, 4);
-        let (forward, forward4) = if heads == 1 {
-            (Some(qkv::attention_with_lse(q.view(), k.view(), v.view(), &options).expect("valid")), None)
-        } else {
-            (
-                None,
-                Some(
-                    qkv::multi_head_attention_with_lse(q4.view(), k4.view(), v4.view(), &options)
-                        .expect("valid"),
-                ),
-            )
-        };
-        let start = std::time::Instant::now();
-        for _ in 0..reps {
-            if let Some(forward) = &forward {
-                let g =
-                    qkv::attention_backward(q.view(), k.view(), v.view(), forward, d_out.view(), &options);
-                std::hint::black_box(g.expect("valid"));
-            } else if let Some(forward) = &forward4 {
-                let (q, k, v) = (q4.view(), k4.view(), v4.view());
-                let g = qkv::multi_head_attention_backward(q, k, v, forward, d_out4.view(), &options);
-                std::hint::black_box(g.expect("valid"));
-            }
+            });
         }
-        report(10.0, start);
-        return;
-    }
-    let halves = (bf16 && heads == 1).then(|| (rounded(&q), rounded(&k), rounded(&v)));
-    let halves4 = (bf16 && heads > 1).then(|| (rounded4(&q4), rounded4(&k4), rounded4(&v4)));
-    let start = std::time::Instant::now();
-    for _ in 0..reps {
-        if let Some((q, k, v)) = &halves {
+    } else if backward {
+        if heads == 1 {
+            let d_out = m(n_q, 4);
+            let forward = qkv::attention_with_lse(q.view(), k.view(), v.view(), &options).expect("valid");
+            timed(10.0, &mut || {
+                let (q, k, v) = (q.view(), k.view(), v.view());
+                let g = qkv::attention_backward(q, k, v, &forward, d_out.view(), &options);
+                std::hint::black_box(g.expect("valid"));
+            });
+        } else {
+            let d_out = m4(heads, n_q, 4);
+            let forward =
+                qkv::multi_head_attention_with_lse(q4.view(), k4.view(), v4.view(), &options).expect("valid");
+            timed(10.0, &mut || {
+                let (q, k, v) = (q4.view(), k4.view(), v4.view());
+                let g = qkv::multi_head_attention_backward(q, k, v, &forward, d_out.view(), &options);
+                std::hint::black_box(g.expect("valid"));
+            });
+        }
+    } else if bf16 && heads == 1 {
+        let (q, k, v) = (rounded(&q), rounded(&k), rounded(&v));
+        timed(4.0, &mut || {
             let out = qkv::attention_half(q.view(), k.view(), v.view(), &options).expect("valid");
             std::hint::black_box(out);
-        } else if let Some((q, k, v)) = &halves4 {
+        });
+    } else if bf16 {
+        let (q, k, v) = (rounded4(&q4), rounded4(&k4), rounded4(&v4));
+        timed(4.0, &mut || {
             let out = qkv::multi_head_attention_half(q.view(), k.view(), v.view(), &options).expect("valid");
             std::hint::black_box(out);
-        } else if heads == 1 {
+        });
+    } else if heads == 1 {
+        timed(4.0, &mut || {
             std::hint::black_box(qkv::attention(q.view(), k.view(), v.view(), &options).expect("valid"));
-        } else {
+        });
+    } else {
+        timed(4.0, &mut || {
             let out = qkv::multi_head_attention(q4.view(), k4.view(), v4.view(), &options).expect("valid");
             std::hint::black_box(out);
-        }
+        });
     }
-    report(4.0, start);
 }
