@@ -142,7 +142,9 @@ impl Case {
 /// The shapes, d = 64: single heads from 256 to 16384 keys, causal variants; 8 heads of
 /// 256 and 1024, a batch of 4 × 8 heads of 128, GQA 8/2; decoding one query over 1024, 16384 and
 /// 131072 keys, and a GQA decoding step (32 query heads over 8 KV heads, one query each); full
-/// attention over bf16 inputs at n = 4096 and over 8 bf16 query heads on 2 KV heads of 1024; the KV-cache decoding step (a layer of 32
+/// attention over bf16 inputs at n = 4096 and over 8 bf16 query heads on 2 KV heads of 1024;
+/// decoding over bf16 keys and values as they are (no cache): one query over 16384, and the GQA
+/// step over 4096; the KV-cache decoding step (a layer of 32
 /// query heads over 8 KV heads, d = 128, one new token over 1k to 32k cached positions, doubling),
 /// in f32, bf16 and int8; a ragged batch of 8 such layers' sequences over the paged cache, the longest
 /// 4096 and 16384 positions, the others an eighth, two eighths, ... of it; the backward of a single head at n = 1024, 4096 and 16384, d = 64 and 128, causal
@@ -169,6 +171,8 @@ pub fn all(quick: bool) -> Vec<Case> {
         heads(32, 8, Case::single(1, 16384, false)),
         Case { precision: Precision::Bf16, ..Case::single(4096, 4096, false) },
         Case { precision: Precision::Bf16, ..heads(8, 2, Case::single(1024, 1024, false)) },
+        Case { precision: Precision::Bf16, ..Case::single(1, 16384, false) },
+        Case { precision: Precision::Bf16, ..heads(32, 8, Case::single(1, 4096, false)) },
     ];
     for n_k in [1024, 2048, 4096, 8192, 16384, 32768] {
         for precision in [Precision::F32, Precision::Bf16, Precision::Int8] {

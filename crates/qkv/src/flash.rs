@@ -1229,22 +1229,31 @@ impl<'p, T: Real, E: Element<Compute = T>> Problem<'p, T, E> {
                 state.m[r] = m_new[r];
             }
             let values = packed.values_from(start);
-            if direct {
-                let magnitude = kernels.magnitude(&values.v[..n_keys * values.stride]);
-                state.measured.values = kernels::larger_magnitude(state.measured.values, magnitude);
-            }
             if let Some(scales) = scales {
                 // Quantized values: each weight takes its value's scale, after the sums took it
                 // as it was (`Σ p_j · s_j · V_j`).
                 kernels.scale_columns(RowsMut { data: &mut *s, stride: KEY_BLOCK, rows }, scales.values);
             }
+            // Decoding checks the caller's values as `P·V` reads them
+            // (`accumulate_values_measuring`); on a causal diagonal, whose groups stop short of
+            // the tile's last rows, they are measured on their own.
+            let mut measure = |magnitude: T| {
+                state.measured.values = kernels::larger_magnitude(state.measured.values, magnitude);
+            };
             if !trim {
                 // A block smaller than a register tile (a decoding step's stacked heads) takes its
                 // rows one by one: the padding rows of a tile would cost a third of the work.
                 let weight_rows = if rows < K::TILE_ROWS { rows } else { padded };
                 let weights = Weights { p: s, rows: weight_rows, n_keys };
-                kernels.accumulate_values(weights, alpha, values, &mut state.o);
+                if direct {
+                    measure(kernels.accumulate_values_measuring(weights, alpha, values, &mut state.o));
+                } else {
+                    kernels.accumulate_values(weights, alpha, values, &mut state.o);
+                }
             } else {
+                if direct {
+                    measure(kernels.magnitude(&values.v[..n_keys * values.stride]));
+                }
                 // A causal tile on the diagonal: each group of rows stops at the last key its
                 // last row sees. The weights past it are exact zeros, so the sums are unchanged
                 // and about half of the diagonal's `P·V` work is skipped.

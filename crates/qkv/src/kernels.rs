@@ -420,6 +420,30 @@ pub trait Kernels<T: Scalar, E: Element<Compute = T> = T>: Copy + Send + Sync {
     /// `weights.rows` rows of `values.vectors · LANES` scalars.
     fn accumulate_values(self, weights: Weights<'_, T>, alpha: &[T], values: ValueRows<'_, E>, o: &mut [T]);
 
+    /// [`accumulate_values`](Self::accumulate_values), returning the [`magnitude`](Self::magnitude)
+    /// of the values it reads: the first `weights.n_keys` rows of `values.stride` scalars (in the
+    /// pair layout, the whole pairs that hold them: an odd last key's partner is zero in packed
+    /// values). The dense decoding step checks its values with it as it uses them. The lane
+    /// levels fold it from the loads of `P·V` where a register tile reads each value row in one
+    /// pass (a single query row of at most `one_row_value_vectors` vectors: d_v = 64 in f32 on
+    /// AVX2); elsewhere, and at the pair levels, the values are measured first, in a pass of
+    /// their own.
+    fn accumulate_values_measuring(
+        self,
+        weights: Weights<'_, T>,
+        alpha: &[T],
+        values: ValueRows<'_, E>,
+        o: &mut [T],
+    ) -> T {
+        let rows = match Self::LAYOUT {
+            Layout::Lanes => weights.n_keys,
+            Layout::Pairs => weights.n_keys.next_multiple_of(2),
+        };
+        let magnitude = self.magnitude(&values.v[..rows * values.stride]);
+        self.accumulate_values(weights, alpha, values, o);
+        magnitude
+    }
+
     /// `O_j += Σ_{r < weights.rows} P[r, j] · X_r` for every `j < weights.n_keys`: the `P·V` tile
     /// on the transposed weights, for the backward's `dV += Pᵀ·dO` and `dK += dSᵀ·Q` (`values`
     /// holds the rows `X_r`, one per weight row). `o` holds `weights.n_keys` rows of
@@ -645,7 +669,30 @@ macro_rules! level_kernels {
                     values: $crate::kernels::ValueRows<'_, $e>,
                     o: &mut [$t],
                 ) {
-                    $crate::kernels::generic::accumulate_values::<$t, $e, $token, $mr, $nc, $nc1>(
+                    $crate::kernels::generic::accumulate_values::<$t, $e, $token, $mr, $nc, $nc1, false>(
+                        level, weights, alpha, values, o,
+                    );
+                }
+                // SAFETY: `self` is the level's token, made only after its features were detected.
+                unsafe { entry(self, weights, alpha, values, o) }
+            }
+
+            fn accumulate_values_measuring(
+                self,
+                weights: $crate::kernels::Weights<'_, $t>,
+                alpha: &[$t],
+                values: $crate::kernels::ValueRows<'_, $e>,
+                o: &mut [$t],
+            ) -> $t {
+                $(#[target_feature(enable = $features)])?
+                unsafe fn entry(
+                    level: $token,
+                    weights: $crate::kernels::Weights<'_, $t>,
+                    alpha: &[$t],
+                    values: $crate::kernels::ValueRows<'_, $e>,
+                    o: &mut [$t],
+                ) -> $t {
+                    $crate::kernels::generic::accumulate_values::<$t, $e, $token, $mr, $nc, $nc1, true>(
                         level, weights, alpha, values, o,
                     )
                 }

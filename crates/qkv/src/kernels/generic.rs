@@ -5,6 +5,8 @@
 //! Bounds: every load goes through a slice whose length the loop makes known (`chunks_exact`,
 //! a fixed-length reslice per row), so the compiler drops the checks from the inner loops.
 
+use std::cell::Cell;
+
 use super::Scalar;
 use super::simd::{Load, Simd, exp_shifted};
 use super::{Element, KEY_BLOCK, Rows, RowsMut, ScoreTile, ValueRows, Weights, larger_magnitude};
@@ -101,6 +103,35 @@ impl<T: Scalar, E: Element> ScoreGroup<'_, T, E> {
     }
 }
 
+/// `N` vectors from `x`, vector `i` from `x[i * stride..]`. A plain loop, as in [`rows`], not
+/// `std::array::from_fn`: the compiler did not always inline that one's closure wrapper, and the
+/// widening intrinsics in it, outside the level's `#[target_feature]` entry, became calls (a bf16
+/// decoding step on AVX2 ran at a fifth of f32's rate).
+#[inline(always)]
+fn load_vectors<T: Scalar, E: Element, S: Load<T, E>, const N: usize>(
+    simd: S,
+    x: &[E],
+    stride: usize,
+) -> [S::V; N] {
+    let mut vectors = [simd.zero(); N];
+    for (i, v) in vectors.iter_mut().enumerate() {
+        *v = simd.load_stored(&x[i * stride..][..S::LANES]);
+    }
+    vectors
+}
+
+/// `N` rows of `x`, `stride` apart, `len` elements each. A plain loop (see [`load_vectors`]):
+/// where `std::array::from_fn` was not inlined, the rows of `P` lost their fixed stride and
+/// every weight read in `P·V` was checked against its row's length (a quarter more instructions).
+#[inline(always)]
+fn rows<X, const N: usize>(x: &[X], stride: usize, len: usize) -> [&[X]; N] {
+    let mut rows = [&x[..0]; N];
+    for (i, row) in rows.iter_mut().enumerate() {
+        *row = &x[i * stride..][..len];
+    }
+    rows
+}
+
 /// One outer product added to a register tile, `acc[r][v] += a[r] · b[v]` (`b` loaded as `NV`
 /// vectors): one component `c` of a score tile (`a = Q[.., c]`, `b = K[c, ..]`) or one weight row
 /// `r` of a transposed tile (`a = P[r, j ..]`, `b = X_r`).
@@ -112,7 +143,7 @@ fn outer_product_step<T: Scalar, E: Element, S: Load<T, E>, const MR: usize, con
     b: &[E],
 ) {
     let lanes = S::LANES;
-    let b: [S::V; NV] = std::array::from_fn(|v| simd.load_stored(&b[v * lanes..]));
+    let b: [S::V; NV] = load_vectors(simd, b, lanes);
     for (acc, &a) in acc.iter_mut().zip(&a[..MR]) {
         let a = simd.splat(a);
         for (acc, &b) in acc.iter_mut().zip(&b) {
@@ -156,7 +187,7 @@ fn direct_rows<T: Scalar, E: Element<Compute = T>, S: Load<T, E>, const R: usize
     let vectors = d / lanes;
     let whole = vectors * lanes;
     let n_keys = keys.len() / d;
-    let q_rows: [&[T]; R] = std::array::from_fn(|r| &q[r * d..(r + 1) * d]);
+    let q_rows: [&[T]; R] = rows(q, d, d);
     let groups = keys.chunks_exact(N * d);
     let rest = groups.remainder();
     let mut padded = vec![E::default(); if rest.is_empty() { 0 } else { N * d }];
@@ -164,11 +195,14 @@ fn direct_rows<T: Scalar, E: Element<Compute = T>, S: Load<T, E>, const R: usize
     let last = (!rest.is_empty()).then_some(padded.as_slice());
     let (mut magnitude, mut tail_magnitude) = (simd.zero(), T::zero());
     for (group, keys) in groups.chain(last).enumerate() {
-        let key_rows: [&[E]; N] = std::array::from_fn(|i| &keys[i * d..(i + 1) * d]);
+        let key_rows: [&[E]; N] = rows(keys, d, d);
         let mut acc = [[simd.zero(); N]; R];
         for c in 0..vectors {
             let at = c * lanes;
-            let k: [S::V; N] = std::array::from_fn(|i| simd.load_stored(&key_rows[i][at..at + lanes]));
+            let mut k = [simd.zero(); N];
+            for (k, key) in k.iter_mut().zip(&key_rows) {
+                *k = simd.load_stored(&key[at..at + lanes]);
+            }
             for &k in &k {
                 magnitude = simd.fold_magnitude(magnitude, k);
             }
@@ -284,29 +318,33 @@ pub(super) fn exp_differences<T: Scalar, S: Simd<T>>(simd: S, a: &[T], b: &[T], 
 }
 
 /// See [`super::Kernels::accumulate_values`]: groups of `MR` rows × `NC` vectors of values, and
-/// rows left over (a few queries: decoding) one at a time × `NC1` vectors.
+/// rows left over (a few queries: decoding) one at a time × `NC1` vectors. With `MEASURE`, also
+/// returns the values' magnitude ([`super::Kernels::accumulate_values_measuring`]): where a tile
+/// reads each value row in one pass, the first tile folds it from its loads; otherwise it is
+/// measured in a pass of its own first. Without, returns zero.
 #[inline(always)]
 pub(super) fn accumulate_values<
     T: Scalar,
-    E: Element,
+    E: Element<Compute = T>,
     S: Load<T, E>,
     const MR: usize,
     const NC: usize,
     const NC1: usize,
+    const MEASURE: bool,
 >(
     simd: S,
     weights: Weights<'_, T>,
     alpha: &[T],
     values: ValueRows<'_, E>,
     o: &mut [T],
-) {
+) -> T {
     let Weights { p, rows, n_keys } = weights;
     if n_keys == 0 {
         // Nothing to add: only the rescale.
         for (o, &a) in o.chunks_exact_mut(values.vectors * S::LANES).zip(&alpha[..rows]) {
             o.iter_mut().for_each(|x| *x = *x * a);
         }
-        return;
+        return T::zero();
     }
     let o_stride = values.vectors * S::LANES;
     let groups = rows / MR * MR;
@@ -326,6 +364,16 @@ pub(super) fn accumulate_values<
     let run = if rows <= MR && !one_pass { VALUE_RUN } else { n_keys };
     let ones = [T::one(); MR];
     let prefetching = run < n_keys;
+    // Values measured by the tiles that read each row in one pass; rows read a column pass at a
+    // time are measured first, in a pass of their own, which also brings the block in ahead of
+    // the runs (fused into the runs, a GQA step of 32/8 heads over 16384 keys in memory ran 5%
+    // slower on one Zen 3 thread).
+    let measure_in_tiles = MEASURE && one_pass;
+    let measured = Cell::new(if MEASURE && !one_pass {
+        magnitude::<T, E, S>(simd, &values.v[..n_keys * values.stride])
+    } else {
+        T::zero()
+    });
     for first in (0..n_keys).step_by(run) {
         let n_keys = run.min(n_keys - first);
         // The accumulator is rescaled once, before the first run adds to it.
@@ -343,20 +391,26 @@ pub(super) fn accumulate_values<
             alpha: &alpha[r..r + height],
             values,
             o_stride,
+            measured: &measured,
         };
+        // The first tile of the run (rows from 0) reads every value row of it: that one measures
+        // them when asked.
         for g in (0..groups).step_by(MR) {
-            tile(g, MR).columns::<S, MR, NC>(simd, &mut o[g * o_stride..(g + MR) * o_stride]);
+            let o = &mut o[g * o_stride..(g + MR) * o_stride];
+            tile(g, MR).columns_measuring::<S, MR, NC>(measure_in_tiles && g == 0, simd, o);
         }
         match few {
-            4 => tile(0, 4).columns::<S, 4, NC>(simd, &mut o[..4 * o_stride]),
-            5 => tile(0, 5).columns::<S, 5, NC>(simd, &mut o[..5 * o_stride]),
+            4 => tile(0, 4).columns_measuring::<S, 4, NC>(measure_in_tiles, simd, &mut o[..4 * o_stride]),
+            5 => tile(0, 5).columns_measuring::<S, 5, NC>(measure_in_tiles, simd, &mut o[..5 * o_stride]),
             _ => {
                 for r in groups..rows {
-                    tile(r, 1).columns::<S, 1, NC1>(simd, &mut o[r * o_stride..(r + 1) * o_stride]);
+                    let o = &mut o[r * o_stride..(r + 1) * o_stride];
+                    tile(r, 1).columns_measuring::<S, 1, NC1>(measure_in_tiles && r == 0, simd, o);
                 }
             }
         }
     }
+    measured.get()
 }
 
 /// Keys per run when few rows take a block of values (see [`accumulate_values`]): 16 value rows
@@ -364,14 +418,35 @@ pub(super) fn accumulate_values<
 /// percent of its multiply-adds.
 const VALUE_RUN: usize = 16;
 
-/// The operands of `P·V` register tiles: rows of `p` from its start, values stored as `E`.
+/// The operands of `P·V` register tiles: rows of `p` from its start, values stored as `E`; with
+/// `MEASURE`, the tiles gather the magnitude of the values they read into `measured`.
 #[derive(Clone, Copy)]
-struct ValueTile<'a, T, E> {
+struct ValueTile<'a, T, E, const MEASURE: bool = false> {
     p: &'a [T],
     n_keys: usize,
     alpha: &'a [T],
     values: ValueRows<'a, E>,
     o_stride: usize,
+    measured: &'a Cell<T>,
+}
+
+impl<T: Scalar, E: Element<Compute = T>> ValueTile<'_, T, E> {
+    /// Every column of the tile ([`VectorTile::columns`]), measuring its values if `measure`.
+    #[inline(always)]
+    fn columns_measuring<S: Load<T, E>, const MR: usize, const NC: usize>(
+        self,
+        measure: bool,
+        simd: S,
+        o: &mut [T],
+    ) {
+        if measure {
+            let ValueTile { p, n_keys, alpha, values, o_stride, measured } = self;
+            let tile: ValueTile<T, E, true> = ValueTile { p, n_keys, alpha, values, o_stride, measured };
+            tile.columns::<S, MR, NC>(simd, o);
+        } else {
+            self.columns::<S, MR, NC>(simd, o);
+        }
+    }
 }
 
 /// A register tile over the vectors of a value-like row (`P·V` and `Pᵀ·X` alike): `run` computes
@@ -397,21 +472,24 @@ trait VectorTile<T: Scalar, E: Element>: Copy {
     }
 }
 
-impl<T: Scalar, E: Element> VectorTile<T, E> for ValueTile<'_, T, E> {
+impl<T: Scalar, E: Element<Compute = T>, const MEASURE: bool> VectorTile<T, E>
+    for ValueTile<'_, T, E, MEASURE>
+{
     #[inline(always)]
     fn vectors(&self) -> usize {
         self.values.vectors
     }
 
     /// One `MR × NC` tile from value vector `c`: `O·α` is loaded into the accumulators, every key
-    /// adds `P[r, j] · V_j`, and the result is stored once.
+    /// adds `P[r, j] · V_j`, and the result is stored once; with `MEASURE`, the value vectors are
+    /// folded into the magnitude as they are loaded.
     #[inline(always)]
     fn run<S: Load<T, E>, const MR: usize, const NC: usize>(self, simd: S, c: usize, o: &mut [T]) {
         let lanes = S::LANES;
-        let ValueTile { p, n_keys, alpha, values, o_stride } = self;
+        let ValueTile { p, n_keys, alpha, values, o_stride, measured } = self;
         let column = c * lanes;
         // Rows of `p` a constant stride apart: the broadcasts address them with fixed offsets.
-        let p_rows: [&[T]; MR] = std::array::from_fn(|r| &p[r * KEY_BLOCK..][..n_keys]);
+        let p_rows: [&[T]; MR] = rows(p, KEY_BLOCK, n_keys);
         let mut acc = [[simd.zero(); NC]; MR];
         for (r, acc) in acc.iter_mut().enumerate() {
             let a = simd.splat(alpha[r]);
@@ -422,17 +500,40 @@ impl<T: Scalar, E: Element> VectorTile<T, E> for ValueTile<'_, T, E> {
         }
         // Whole value rows, so that the column range checked in the loop is the same every time.
         assert!(values.v.len() >= n_keys * values.stride, "a value row for every key of the tile");
-        for (j, v_row) in (0..n_keys).zip(values.v.chunks_exact(values.stride)) {
-            let v_row = &v_row[column..column + NC * lanes];
-            let v_row: [S::V; NC] = std::array::from_fn(|k| simd.load_stored(&v_row[k * lanes..]));
-            for r in 0..MR {
-                let w = simd.splat(p_rows[r][j]);
+        let rows = (0..n_keys).zip(values.v.chunks_exact(values.stride));
+        let mut magnitude = simd.zero();
+        if MEASURE {
+            // Few rows (decoding): the weights first, then each value vector loaded, folded and
+            // used before the next, so that the vectors of a row are not all live at once beside
+            // the accumulators and the fold's registers (on AVX2 a row of 8 vectors spilled).
+            for (j, v_row) in rows {
+                let mut w = [simd.zero(); MR];
+                for (w, p_row) in w.iter_mut().zip(&p_rows) {
+                    *w = simd.splat(p_row[j]);
+                }
                 for k in 0..NC {
-                    acc[r][k] = simd.mul_add(w, v_row[k], acc[r][k]);
+                    let v = simd.load_stored(&v_row[column + k * lanes..][..lanes]);
+                    magnitude = simd.fold_magnitude(magnitude, v);
+                    for r in 0..MR {
+                        acc[r][k] = simd.mul_add(w[r], v, acc[r][k]);
+                    }
+                }
+            }
+        } else {
+            for (j, v_row) in rows {
+                let v_row: [S::V; NC] = load_vectors(simd, &v_row[column..column + NC * lanes], lanes);
+                for r in 0..MR {
+                    let w = simd.splat(p_rows[r][j]);
+                    for k in 0..NC {
+                        acc[r][k] = simd.mul_add(w, v_row[k], acc[r][k]);
+                    }
                 }
             }
         }
         store_tile(simd, &acc, o, o_stride, column);
+        if MEASURE {
+            measured.set(larger_magnitude(measured.get(), finish_magnitude::<T, T, S>(simd, magnitude, &[])));
+        }
     }
 }
 

@@ -391,7 +391,53 @@ fn check_score_and_value_tiles<E: Element<Compute = f32>, K: Kernels<f32, E>>(ke
                     "{ctx}: O[{i}, {c}] = {got}, want {want}"
                 );
             }
+            check_measured_values(kernels, tile, &alpha, &values, (v_stride, vectors), &o, &ctx);
         }
+    }
+}
+
+/// `accumulate_values_measuring` adds exactly what `accumulate_values` added (`added`, from an
+/// output of ones) and returns the largest magnitude of the values, which a non-finite element
+/// anywhere in them (a vector's first or last lane, the first or last key) makes non-finite.
+/// `values` holds the rows as the tile reads them, past the last key too (NaN in a pair's unread
+/// partner, which packed values hold as zero: set so here).
+fn check_measured_values<E: Element<Compute = f32>, K: Kernels<f32, E>>(
+    kernels: K,
+    tile: Weights<'_, f32>,
+    alpha: &[f32],
+    values: &[E],
+    (stride, vectors): (usize, usize),
+    added: &[f32],
+    ctx: &str,
+) {
+    let rows = match K::LAYOUT {
+        Layout::Lanes => tile.n_keys,
+        Layout::Pairs => tile.n_keys.next_multiple_of(2),
+    };
+    let mut values = values[..rows * stride].to_vec();
+    values.iter_mut().filter(|x| x.widen().is_nan()).for_each(|x| *x = E::default());
+    let measure = |values: &[E]| {
+        let mut o = vec![1.0; added.len()];
+        let magnitude = kernels.accumulate_values_measuring(
+            tile,
+            alpha,
+            ValueRows { v: values, stride, vectors },
+            &mut o,
+        );
+        (magnitude, o)
+    };
+    let (magnitude, o) = measure(&values);
+    assert!(o.iter().zip(added).all(|(a, b)| a.to_bits() == b.to_bits()), "{ctx}: measuring changed O");
+    let largest = values.iter().fold(0.0_f32, |m, x| m.max(x.widen().abs()));
+    assert_eq!(magnitude, largest, "{ctx}: magnitude of the values");
+    if E::narrow(f32::INFINITY).widen().is_finite() {
+        return; // int8 values hold no infinity
+    }
+    for at in [0, K::LANES - 1, stride - 1, values.len() - stride, values.len() - 1] {
+        let mut bad = values.clone();
+        bad[at] = E::narrow(f32::INFINITY);
+        let (magnitude, _) = measure(&bad);
+        assert!(!magnitude.is_finite(), "{ctx}: infinity at {at} gave {magnitude}");
     }
 }
 
