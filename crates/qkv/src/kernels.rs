@@ -573,184 +573,193 @@ macro_rules! level_kernels {
         const _: () = assert!($query_block % $mr == 0, "blocks are whole groups of rows");
         $(const _: () = assert!($long_query_block % $mr == 0, "blocks are whole groups of rows");)?
 
-        impl $crate::kernels::Kernels<$t, $e> for $token {
-            const LANES: usize = <$token as $crate::kernels::simd::Simd<$t>>::LANES;
-            const KEY_PANEL: usize = $nv * <$token as $crate::kernels::simd::Simd<$t>>::LANES;
-            const TILE_ROWS: usize = $mr;
-            const QUERY_BLOCK: usize = $query_block;
-            $(const LONG_QUERY_BLOCK: usize = $long_query_block;)?
+        // In a block of its own, so that the helpers below are the impl's alone.
+        const _: () = {
+            /// `P·V` for both of the trait's entries, measuring the values if `measure`.
+            $(#[target_feature(enable = $features)])?
+            unsafe fn accumulate_values(
+                level: $token,
+                weights: $crate::kernels::Weights<'_, $t>,
+                alpha: &[$t],
+                values: $crate::kernels::ValueRows<'_, $e>,
+                o: &mut [$t],
+                measure: bool,
+            ) -> $t {
+                use $crate::kernels::generic::accumulate_values as tiles;
+                if measure {
+                    tiles::<$t, $e, $token, $mr, $nc, $nc1, true>(level, weights, alpha, values, o)
+                } else {
+                    tiles::<$t, $e, $token, $mr, $nc, $nc1, false>(level, weights, alpha, values, o)
+                }
+            }
 
-            fn scores(
-                self,
-                tile: $crate::kernels::ScoreTile<'_, $t, $e>,
-                group_keys: Option<&dyn Fn(usize) -> usize>,
-            ) {
-                $(#[target_feature(enable = $features)])?
-                unsafe fn entry(
-                    level: $token,
+            impl $crate::kernels::Kernels<$t, $e> for $token {
+                const LANES: usize = <$token as $crate::kernels::simd::Simd<$t>>::LANES;
+                const KEY_PANEL: usize = $nv * <$token as $crate::kernels::simd::Simd<$t>>::LANES;
+                const TILE_ROWS: usize = $mr;
+                const QUERY_BLOCK: usize = $query_block;
+                $(const LONG_QUERY_BLOCK: usize = $long_query_block;)?
+
+                fn scores(
+                    self,
                     tile: $crate::kernels::ScoreTile<'_, $t, $e>,
                     group_keys: Option<&dyn Fn(usize) -> usize>,
                 ) {
-                    $crate::kernels::generic::scores::<$t, $e, $token, $mr, $nv>(level, tile, group_keys)
+                    $(#[target_feature(enable = $features)])?
+                    unsafe fn entry(
+                        level: $token,
+                        tile: $crate::kernels::ScoreTile<'_, $t, $e>,
+                        group_keys: Option<&dyn Fn(usize) -> usize>,
+                    ) {
+                        $crate::kernels::generic::scores::<$t, $e, $token, $mr, $nv>(level, tile, group_keys)
+                    }
+                    // SAFETY: `self` is the level's token, made only after its features were detected.
+                    unsafe { entry(self, tile, group_keys) }
                 }
-                // SAFETY: `self` is the level's token, made only after its features were detected.
-                unsafe { entry(self, tile, group_keys) }
-            }
 
-            fn direct_scores(self, q: &[$t], rows: usize, keys: &[$e], d: usize, s: &mut [$t]) -> $t {
-                $(#[target_feature(enable = $features)])?
-                unsafe fn entry(level: $token, q: &[$t], rows: usize, keys: &[$e], d: usize, s: &mut [$t]) -> $t {
-                    $crate::kernels::generic::direct_scores::<$t, $e, $token>(level, q, rows, keys, d, s)
+                fn direct_scores(self, q: &[$t], rows: usize, keys: &[$e], d: usize, s: &mut [$t]) -> $t {
+                    $(#[target_feature(enable = $features)])?
+                    unsafe fn entry(
+                        level: $token,
+                        q: &[$t],
+                        rows: usize,
+                        keys: &[$e],
+                        d: usize,
+                        s: &mut [$t],
+                    ) -> $t {
+                        $crate::kernels::generic::direct_scores::<$t, $e, $token>(level, q, rows, keys, d, s)
+                    }
+                    // SAFETY: `self` is the level's token, made only after its features were detected.
+                    unsafe { entry(self, q, rows, keys, d, s) }
                 }
-                // SAFETY: `self` is the level's token, made only after its features were detected.
-                unsafe { entry(self, q, rows, keys, d, s) }
-            }
 
-            fn magnitude(self, x: &[$e]) -> $t {
-                $(#[target_feature(enable = $features)])?
-                unsafe fn entry(level: $token, x: &[$e]) -> $t {
-                    $crate::kernels::generic::magnitude::<$t, $e, $token>(level, x)
+                fn magnitude(self, x: &[$e]) -> $t {
+                    $(#[target_feature(enable = $features)])?
+                    unsafe fn entry(level: $token, x: &[$e]) -> $t {
+                        $crate::kernels::generic::magnitude::<$t, $e, $token>(level, x)
+                    }
+                    // SAFETY: `self` is the level's token, made only after its features were detected.
+                    unsafe { entry(self, x) }
                 }
-                // SAFETY: `self` is the level's token, made only after its features were detected.
-                unsafe { entry(self, x) }
-            }
 
-            fn row_maxima(self, rows: $crate::kernels::Rows<'_, $t>, len: usize, out: &mut [$t]) {
-                $(#[target_feature(enable = $features)])?
-                unsafe fn entry(level: $token, rows: $crate::kernels::Rows<'_, $t>, len: usize, out: &mut [$t]) {
-                    $crate::kernels::generic::row_maxima::<$t, $token>(level, rows, len, out)
+                fn row_maxima(self, rows: $crate::kernels::Rows<'_, $t>, len: usize, out: &mut [$t]) {
+                    $(#[target_feature(enable = $features)])?
+                    unsafe fn entry(
+                        level: $token,
+                        rows: $crate::kernels::Rows<'_, $t>,
+                        len: usize,
+                        out: &mut [$t],
+                    ) {
+                        $crate::kernels::generic::row_maxima::<$t, $token>(level, rows, len, out)
+                    }
+                    // SAFETY: `self` is the level's token, made only after its features were detected.
+                    unsafe { entry(self, rows, len, out) }
                 }
-                // SAFETY: `self` is the level's token, made only after its features were detected.
-                unsafe { entry(self, rows, len, out) }
-            }
 
-            fn exp_rows(
-                self,
-                rows: $crate::kernels::RowsMut<'_, $t>,
-                len: usize,
-                maxima: &[$t],
-                sums: &mut [$t],
-            ) {
-                $(#[target_feature(enable = $features)])?
-                unsafe fn entry(
-                    level: $token,
+                fn exp_rows(
+                    self,
                     rows: $crate::kernels::RowsMut<'_, $t>,
                     len: usize,
                     maxima: &[$t],
                     sums: &mut [$t],
                 ) {
-                    $crate::kernels::generic::exp_rows::<$t, $token>(level, rows, len, maxima, sums)
+                    $(#[target_feature(enable = $features)])?
+                    unsafe fn entry(
+                        level: $token,
+                        rows: $crate::kernels::RowsMut<'_, $t>,
+                        len: usize,
+                        maxima: &[$t],
+                        sums: &mut [$t],
+                    ) {
+                        $crate::kernels::generic::exp_rows::<$t, $token>(level, rows, len, maxima, sums)
+                    }
+                    // SAFETY: `self` is the level's token, made only after its features were detected.
+                    unsafe { entry(self, rows, len, maxima, sums) }
                 }
-                // SAFETY: `self` is the level's token, made only after its features were detected.
-                unsafe { entry(self, rows, len, maxima, sums) }
-            }
 
-            fn exp_differences(self, a: &[$t], b: &[$t], out: &mut [$t]) {
-                $(#[target_feature(enable = $features)])?
-                unsafe fn entry(level: $token, a: &[$t], b: &[$t], out: &mut [$t]) {
-                    $crate::kernels::generic::exp_differences::<$t, $token>(level, a, b, out)
+                fn exp_differences(self, a: &[$t], b: &[$t], out: &mut [$t]) {
+                    $(#[target_feature(enable = $features)])?
+                    unsafe fn entry(level: $token, a: &[$t], b: &[$t], out: &mut [$t]) {
+                        $crate::kernels::generic::exp_differences::<$t, $token>(level, a, b, out)
+                    }
+                    // SAFETY: `self` is the level's token, made only after its features were detected.
+                    unsafe { entry(self, a, b, out) }
                 }
-                // SAFETY: `self` is the level's token, made only after its features were detected.
-                unsafe { entry(self, a, b, out) }
-            }
 
-            fn accumulate_values(
-                self,
-                weights: $crate::kernels::Weights<'_, $t>,
-                alpha: &[$t],
-                values: $crate::kernels::ValueRows<'_, $e>,
-                o: &mut [$t],
-            ) {
-                $(#[target_feature(enable = $features)])?
-                unsafe fn entry(
-                    level: $token,
+                fn accumulate_values(
+                    self,
                     weights: $crate::kernels::Weights<'_, $t>,
                     alpha: &[$t],
                     values: $crate::kernels::ValueRows<'_, $e>,
                     o: &mut [$t],
                 ) {
-                    $crate::kernels::generic::accumulate_values::<$t, $e, $token, $mr, $nc, $nc1, false>(
-                        level, weights, alpha, values, o,
-                    );
+                    // SAFETY: `self` is the level's token, made only after its features were detected.
+                    unsafe { accumulate_values(self, weights, alpha, values, o, false) };
                 }
-                // SAFETY: `self` is the level's token, made only after its features were detected.
-                unsafe { entry(self, weights, alpha, values, o) }
-            }
 
-            fn accumulate_values_measuring(
-                self,
-                weights: $crate::kernels::Weights<'_, $t>,
-                alpha: &[$t],
-                values: $crate::kernels::ValueRows<'_, $e>,
-                o: &mut [$t],
-            ) -> $t {
-                $(#[target_feature(enable = $features)])?
-                unsafe fn entry(
-                    level: $token,
+                fn accumulate_values_measuring(
+                    self,
                     weights: $crate::kernels::Weights<'_, $t>,
                     alpha: &[$t],
                     values: $crate::kernels::ValueRows<'_, $e>,
                     o: &mut [$t],
                 ) -> $t {
-                    $crate::kernels::generic::accumulate_values::<$t, $e, $token, $mr, $nc, $nc1, true>(
-                        level, weights, alpha, values, o,
-                    )
+                    // SAFETY: `self` is the level's token, made only after its features were detected.
+                    unsafe { accumulate_values(self, weights, alpha, values, o, true) }
                 }
-                // SAFETY: `self` is the level's token, made only after its features were detected.
-                unsafe { entry(self, weights, alpha, values, o) }
-            }
 
-            fn accumulate_transposed(
-                self,
-                weights: $crate::kernels::Weights<'_, $t>,
-                values: $crate::kernels::ValueRows<'_, $e>,
-                o: &mut [$t],
-            ) {
-                $(#[target_feature(enable = $features)])?
-                unsafe fn entry(
-                    level: $token,
+                fn accumulate_transposed(
+                    self,
                     weights: $crate::kernels::Weights<'_, $t>,
                     values: $crate::kernels::ValueRows<'_, $e>,
                     o: &mut [$t],
                 ) {
-                    $crate::kernels::generic::accumulate_transposed::<$t, $e, $token, $mr, $nc>(
-                        level, weights, values, o,
-                    )
+                    $(#[target_feature(enable = $features)])?
+                    unsafe fn entry(
+                        level: $token,
+                        weights: $crate::kernels::Weights<'_, $t>,
+                        values: $crate::kernels::ValueRows<'_, $e>,
+                        o: &mut [$t],
+                    ) {
+                        $crate::kernels::generic::accumulate_transposed::<$t, $e, $token, $mr, $nc>(
+                            level, weights, values, o,
+                        )
+                    }
+                    // SAFETY: `self` is the level's token, made only after its features were detected.
+                    unsafe { entry(self, weights, values, o) }
                 }
-                // SAFETY: `self` is the level's token, made only after its features were detected.
-                unsafe { entry(self, weights, values, o) }
-            }
 
-            fn scale_columns(self, rows: $crate::kernels::RowsMut<'_, $t>, scales: &[$t]) {
-                $(#[target_feature(enable = $features)])?
-                unsafe fn entry(level: $token, rows: $crate::kernels::RowsMut<'_, $t>, scales: &[$t]) {
-                    $crate::kernels::generic::scale_columns::<$t, $token>(level, rows, scales)
+                fn scale_columns(self, rows: $crate::kernels::RowsMut<'_, $t>, scales: &[$t]) {
+                    $(#[target_feature(enable = $features)])?
+                    unsafe fn entry(level: $token, rows: $crate::kernels::RowsMut<'_, $t>, scales: &[$t]) {
+                        $crate::kernels::generic::scale_columns::<$t, $token>(level, rows, scales)
+                    }
+                    // SAFETY: `self` is the level's token, made only after its features were detected.
+                    unsafe { entry(self, rows, scales) }
                 }
-                // SAFETY: `self` is the level's token, made only after its features were detected.
-                unsafe { entry(self, rows, scales) }
-            }
 
-            fn softmax_gradient(
-                self,
-                p: $crate::kernels::Rows<'_, $t>,
-                dp: $crate::kernels::RowsMut<'_, $t>,
-                len: usize,
-                delta: &[$t],
-            ) {
-                $(#[target_feature(enable = $features)])?
-                unsafe fn entry(
-                    level: $token,
+                fn softmax_gradient(
+                    self,
                     p: $crate::kernels::Rows<'_, $t>,
                     dp: $crate::kernels::RowsMut<'_, $t>,
                     len: usize,
                     delta: &[$t],
                 ) {
-                    $crate::kernels::generic::softmax_gradient::<$t, $token>(level, p, dp, len, delta)
+                    $(#[target_feature(enable = $features)])?
+                    unsafe fn entry(
+                        level: $token,
+                        p: $crate::kernels::Rows<'_, $t>,
+                        dp: $crate::kernels::RowsMut<'_, $t>,
+                        len: usize,
+                        delta: &[$t],
+                    ) {
+                        $crate::kernels::generic::softmax_gradient::<$t, $token>(level, p, dp, len, delta)
+                    }
+                    // SAFETY: `self` is the level's token, made only after its features were detected.
+                    unsafe { entry(self, p, dp, len, delta) }
                 }
-                // SAFETY: `self` is the level's token, made only after its features were detected.
-                unsafe { entry(self, p, dp, len, delta) }
             }
-        }
+        };
     };
 }
 use level_kernels;
