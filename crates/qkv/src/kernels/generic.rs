@@ -500,13 +500,14 @@ impl<T: Scalar, E: Element<Compute = T>, const MEASURE: bool> VectorTile<T, E>
         }
         // Whole value rows, so that the column range checked in the loop is the same every time.
         assert!(values.v.len() >= n_keys * values.stride, "a value row for every key of the tile");
-        let rows = (0..n_keys).zip(values.v.chunks_exact(values.stride));
+        // Key index and value row, named apart from the `rows` helper above.
+        let keys = (0..n_keys).zip(values.v.chunks_exact(values.stride));
         let mut magnitude = simd.zero();
         if MEASURE {
             // Few rows (decoding): the weights first, then each value vector loaded, folded and
             // used before the next, so that the vectors of a row are not all live at once beside
             // the accumulators and the fold's registers (on AVX2 a row of 8 vectors spilled).
-            for (j, v_row) in rows {
+            for (j, v_row) in keys {
                 let mut w = [simd.zero(); MR];
                 for (w, p_row) in w.iter_mut().zip(&p_rows) {
                     *w = simd.splat(p_row[j]);
@@ -520,7 +521,7 @@ impl<T: Scalar, E: Element<Compute = T>, const MEASURE: bool> VectorTile<T, E>
                 }
             }
         } else {
-            for (j, v_row) in rows {
+            for (j, v_row) in keys {
                 let v_row: [S::V; NC] = load_vectors(simd, &v_row[column..column + NC * lanes], lanes);
                 for r in 0..MR {
                     let w = simd.splat(p_rows[r][j]);
