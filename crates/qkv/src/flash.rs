@@ -1242,8 +1242,10 @@ impl<'p, T: Real, E: Element<Compute = T>> Problem<'p, T, E> {
             };
             if !trim {
                 // A block smaller than a register tile (a decoding step's stacked heads) takes its
-                // rows one by one: the padding rows of a tile would cost a third of the work.
-                let weight_rows = if rows < K::TILE_ROWS { rows } else { padded };
+                // rows one by one at the lane levels: the padding rows of a tile would cost a third
+                // of the work. The pair levels' tiles take whole groups of rows.
+                let one_by_one = rows < K::TILE_ROWS && K::LAYOUT == Layout::Lanes;
+                let weight_rows = if one_by_one { rows } else { padded };
                 let weights = Weights { p: s, rows: weight_rows, n_keys };
                 if direct {
                     measure(kernels.accumulate_values_measuring(weights, alpha, values, &mut state.o));

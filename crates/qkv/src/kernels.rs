@@ -417,7 +417,8 @@ pub trait Kernels<T: Scalar, E: Element<Compute = T> = T>: Copy + Send + Sync {
     fn exp_differences(self, a: &[T], b: &[T], out: &mut [T]);
 
     /// `O_r = α_r · O_r + Σ_{j < n_keys} P[r, j] · V_j` for every row of `weights`; `o` holds
-    /// `weights.rows` rows of `values.vectors · LANES` scalars.
+    /// `weights.rows` rows of `values.vectors · LANES` scalars. In the pair layout
+    /// ([`Layout::Pairs`]) `weights.rows` is a multiple of `TILE_ROWS`.
     fn accumulate_values(self, weights: Weights<'_, T>, alpha: &[T], values: ValueRows<'_, E>, o: &mut [T]);
 
     /// [`accumulate_values`](Self::accumulate_values), returning the [`magnitude`](Self::magnitude)
