@@ -10,9 +10,11 @@
 //!
 //! Each line: the shape, its FLOPs, and the median of many calls in microseconds (and the
 //! fastest tenth, which shows the calls where the second thread was awake in time). Before each
-//! call the program sleeps `PAUSE_US` microseconds (the first argument, 200 by default), so that
-//! the pool's threads have gone back to sleep, as between the calls of a program that does other
-//! work; `threshold 0` times calls back to back, with the threads still awake.
+//! call the program works for `PAUSE_US` microseconds (the first argument, 200 by default; a
+//! spin, as a program computing something else between calls), so that the pool's threads may
+//! have gone back to sleep; `threshold PAUSE_US sleep` sleeps instead (a program waiting between
+//! calls, with Linux's timer slack of about 50 µs on top), and `threshold 0` times calls back to
+//! back, with the threads still awake.
 
 use ndarray::{Array2, Array4};
 use qkv::AttentionOptions;
@@ -22,6 +24,7 @@ type Shape = (String, usize, Box<dyn Fn()>);
 
 fn main() {
     let pause: u64 = std::env::args().nth(1).map_or(200, |a| a.parse().expect("PAUSE_US, a whole number"));
+    let sleep = std::env::args().nth(2).is_some_and(|a| a == "sleep");
     let d = 64;
     let value = |i: usize, j: usize| (((i * 31 + j * 17) % 29) as f32 - 14.0) / 14.0;
     let single = |n_q: usize, n_k: usize| {
@@ -63,8 +66,13 @@ fn main() {
         let calls = (0.5 / once.elapsed().as_secs_f64().max(1e-6)).clamp(20.0, 2000.0) as usize;
         let mut times: Vec<f64> = (0..calls)
             .map(|_| {
-                if pause > 0 {
+                if sleep {
                     std::thread::sleep(std::time::Duration::from_micros(pause));
+                } else {
+                    let paused = std::time::Instant::now();
+                    while paused.elapsed().as_micros() < u128::from(pause) {
+                        std::hint::spin_loop();
+                    }
                 }
                 let start = std::time::Instant::now();
                 run();

@@ -9,8 +9,9 @@
 //! nothing but the items it did not take. A helper that Linux queued on the caller's own CPU
 //! would take none: it moves off that CPU as it starts (`cpu`).
 
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::Instant;
 
 use cpu::Caller;
 
@@ -19,7 +20,7 @@ use cpu::Caller;
 mod cpu;
 
 /// Work that one thread would finish in less than this many microseconds runs on the calling
-/// thread: a pool thread woken for it arrives too late to take a share worth its wake-up, and
+/// thread (unless it comes right after another call, [`SHARE_BACK_TO_BACK_ABOVE_US`]): a pool thread woken for it arrives too late to take a share worth its wake-up, and
 /// the caller then waits for it at the end. Measured with
 /// `crates/qkv-bench/examples/threshold.rs` (see its doc); a build with the environment variable
 /// `QKV_SHARE_ABOVE_US` set to a whole number uses that instead, for that measurement.
@@ -27,6 +28,21 @@ const SHARE_ABOVE_US: f64 = match option_env!("QKV_SHARE_ABOVE_US") {
     Some(us) => parse_whole_number(us) as f64,
     None => 200.0,
 };
+
+/// Work of at least this many microseconds on one thread (and below [`SHARE_ABOVE_US`]) is shared
+/// when the call comes right after another ([`BACK_TO_BACK_US`]): the pool's threads, busy a
+/// moment ago, are still awake, and the wake-up that makes sharing small work lose is not paid.
+/// A single head of 256 queries, d = 64, on an Intel Xeon (family 6 model 207, AVX-512): 72 µs
+/// shared back to back against 102 µs on the calling thread; 128 queries (30 µs) gained nothing
+/// (`examples/threshold.rs`, 2026-12-05). A build with `QKV_SHARE_ABOVE_US` uses that for both.
+const SHARE_BACK_TO_BACK_ABOVE_US: f64 = match option_env!("QKV_SHARE_ABOVE_US") {
+    Some(us) => parse_whole_number(us) as f64,
+    None => 60.0,
+};
+
+/// A call that starts within this many microseconds of the end of the one before it comes back
+/// to back: rayon's idle threads spin for about that long before they sleep.
+const BACK_TO_BACK_US: u64 = 50;
 
 /// One thread's rate on the tiled path (FLOPs per microsecond) per lane of the kernels' vectors
 /// (of the type they compute in), to estimate a problem's time: one Zen 3 core reaches about
@@ -56,7 +72,39 @@ const fn parse_whole_number(text: &str) -> u64 {
 /// on kernels of `lanes` lanes.
 pub(crate) fn worth_sharing(flops: f64, decoding: bool, lanes: usize) -> bool {
     let rate = if decoding { DECODING_FLOPS_PER_US } else { TILED_FLOPS_PER_US_PER_LANE * lanes as f64 };
-    flops / rate >= SHARE_ABOVE_US
+    let us = flops / rate;
+    us >= SHARE_ABOVE_US || (us >= SHARE_BACK_TO_BACK_ABOVE_US && back_to_back())
+}
+
+/// When the last call through [`map_items`] or [`for_each_index`] ended, in nanoseconds from
+/// [`since_start`]'s start (0: none yet).
+static LAST_END_NS: AtomicU64 = AtomicU64::new(0);
+
+/// Nanoseconds since the first time it was asked, never 0.
+fn since_start() -> u64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    let start = *START.get_or_init(Instant::now);
+    u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX).max(1)
+}
+
+/// Whether a call ended less than [`BACK_TO_BACK_US`] ago (on any thread).
+fn back_to_back() -> bool {
+    follows_closely(LAST_END_NS.load(Ordering::Relaxed), since_start())
+}
+
+/// Whether `now` is less than [`BACK_TO_BACK_US`] after `last_end` (0: no call yet); a `last_end`
+/// after `now` (another thread's call ended meanwhile) is 0 ago.
+fn follows_closely(last_end: u64, now: u64) -> bool {
+    last_end != 0 && now.saturating_sub(last_end) < BACK_TO_BACK_US * 1000
+}
+
+/// Notes, when dropped, that a call ended (for [`back_to_back`]).
+struct CallEnd;
+
+impl Drop for CallEnd {
+    fn drop(&mut self) {
+        LAST_END_NS.store(since_start(), Ordering::Relaxed);
+    }
 }
 
 /// `f` of every item, in item order. With `share`, the calling thread and the pool's threads
@@ -74,6 +122,7 @@ pub(crate) fn map_items<I: Send, R: Send, S>(
     new_scratch: impl Fn() -> S + Sync,
     f: impl Fn(&mut S, I) -> R + Sync,
 ) -> Vec<R> {
+    let _end = CallEnd;
     let helpers = rayon::current_num_threads().min(items.len()).saturating_sub(1);
     if !share || helpers == 0 {
         let mut scratch = new_scratch();
@@ -122,6 +171,7 @@ pub(crate) fn for_each_index<S: Default + Send>(
     prepare: impl Fn(&mut S),
     f: impl Fn(&mut S, usize) + Sync,
 ) {
+    let _end = CallEnd;
     let threads = if share { rayon::current_num_threads().min(count).max(1) } else { 1 };
     if scratches.len() < threads {
         scratches.resize_with(threads, Default::default);

@@ -29,6 +29,25 @@ fn results_come_back_in_item_order_on_any_pool() {
 }
 
 #[test]
+fn a_call_follows_closely_only_within_the_back_to_back_window() {
+    let window = BACK_TO_BACK_US * 1000;
+    assert!(!follows_closely(0, 5), "no call yet");
+    assert!(follows_closely(1_000, 1_000));
+    assert!(follows_closely(1_000, 1_000 + window - 1));
+    assert!(!follows_closely(1_000, 1_000 + window));
+    assert!(follows_closely(2_000, 1_000), "another thread's call ended after `now` was read");
+    // Large work is always shared, work below the back-to-back threshold never.
+    let rate = TILED_FLOPS_PER_US_PER_LANE * 16.0;
+    drop(CallEnd);
+    assert!(worth_sharing(SHARE_ABOVE_US * rate, false, 16));
+    assert!(!worth_sharing(SHARE_BACK_TO_BACK_ABOVE_US * rate / 2.0, false, 16));
+    // A call's end is stamped with a time no later than now.
+    drop(CallEnd);
+    let last = LAST_END_NS.load(Ordering::Relaxed);
+    assert!(last != 0 && last <= since_start());
+}
+
+#[test]
 fn the_threshold_override_parses_whole_numbers_only() {
     assert_eq!(parse_whole_number("0"), 0);
     assert_eq!(parse_whole_number("200"), 200);
