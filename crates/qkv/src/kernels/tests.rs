@@ -95,8 +95,11 @@ fn check_exp_rows<E: Element<Compute = f32>, K: Kernels<f32, E>>(kernels: K, lev
             for (j, (g, w)) in got.iter().zip(&want).enumerate() {
                 assert!((g - w).abs() <= (1e-6 + rounding) * w, "{ctx}: weight {j} is {g}, want {w}");
             }
+            // The pair levels' exp is as precise as their bf16 weights need (5.9e-5, `EXP2_FOR_BF16`).
+            let polynomial = if K::LAYOUT == Layout::Pairs { 6e-5 } else { 0.0 };
             let sum: f64 = want.iter().sum();
-            assert!((f64::from(sums[r]) - sum).abs() <= 1e-6 * sum, "{ctx}: sum {}, want {sum}", sums[r]);
+            let error = (f64::from(sums[r]) - sum).abs();
+            assert!(error <= (1e-6 + polynomial) * sum, "{ctx}: sum {}, want {sum}", sums[r]);
         }
     }
 }
