@@ -162,8 +162,9 @@ pub(crate) fn map_items<I: Send, R: Send, S>(
 /// allocates nothing of its own: on the calling thread alone nothing at all; shared from a
 /// thread of the pool nothing either (`rayon::join` puts the helpers' jobs on the stack); shared
 /// from outside the pool only the job rayon boxes for each helper (`Scope::spawn`). `f` writes
-/// its results itself. `prepare` readies each scratch that may be lent, on the calling thread
-/// (so that a helper lent a scratch for the first time finds it ready too).
+/// its results itself. `prepare` readies each scratch the pool may lend, on the calling thread,
+/// even when this call is not shared (so that a helper lent a scratch for the first time, in a
+/// later call, finds it ready too).
 pub(crate) fn for_each_index<S: Default + Send>(
     count: usize,
     share: bool,
@@ -172,11 +173,15 @@ pub(crate) fn for_each_index<S: Default + Send>(
     f: impl Fn(&mut S, usize) + Sync,
 ) {
     let _end = CallEnd;
-    let threads = if share { rayon::current_num_threads().min(count).max(1) } else { 1 };
-    if scratches.len() < threads {
-        scratches.resize_with(threads, Default::default);
+    // Every scratch the pool could lend is readied, shared or not: whether a call is shared can
+    // depend on how soon it follows the last (`worth_sharing`), and the first call to share then
+    // finds its helpers' scratches ready.
+    let pool = rayon::current_num_threads().min(count).max(1);
+    let threads = if share { pool } else { 1 };
+    if scratches.len() < pool {
+        scratches.resize_with(pool, Default::default);
     }
-    for scratch in &mut scratches[..threads] {
+    for scratch in &mut scratches[..pool] {
         prepare(scratch.get_mut().expect("no task panicked"));
     }
     if threads == 1 {

@@ -140,20 +140,20 @@ fn a_warm_decoding_step_allocates_nothing_at_every_level() {
                 if len != 200 {
                     continue;
                 }
-                // A short step is not worth sharing, whatever the pool: it runs on the calling
-                // thread.
-                assert_eq!(
-                    step_allocations(level, len, &options, 3),
-                    [0, 0, 0],
-                    "{level} {what}, {len} positions"
-                );
+                // A short step, from outside the pool: on the calling thread, or shared when it
+                // follows the last closely (one boxed job per helper). One key split: an item per
+                // key/value head.
+                let items = SHAPE.kv_heads;
+                let counts = step_allocations(level, len, &options, 3);
+                assert!(inline_or_shared(&counts, items), "{level} {what}, {len} positions: {counts:?}");
                 let bf16_cache = counted_steps::<bf16, f32>(level, len, &options, 3, &allocations);
-                assert_eq!(bf16_cache, [0, 0, 0], "{level} {what}, f32 queries over a bf16 cache");
+                let ctx = format!("{level} {what}");
+                assert!(inline_or_shared(&bf16_cache, items), "{ctx}, f32 queries over bf16: {bf16_cache:?}");
                 let int8_cache = counted_steps::<Q8, f32>(level, len, &options, 3, &allocations);
-                assert_eq!(int8_cache, [0, 0, 0], "{level} {what}, f32 queries over an int8 cache");
+                assert!(inline_or_shared(&int8_cache, items), "{ctx}, f32 queries over int8: {int8_cache:?}");
                 // A bf16 output is rounded as each row is stored: no buffer of its own.
                 let bf16_out = counted_steps::<bf16, bf16>(level, len, &options, 3, &allocations);
-                assert_eq!(bf16_out, [0, 0, 0], "{level} {what}, a bf16 cache into a bf16 output");
+                assert!(inline_or_shared(&bf16_out, items), "{ctx}, bf16 cache into bf16: {bf16_out:?}");
             }
         }
     }
@@ -237,11 +237,24 @@ fn a_shared_step_allocates_nothing_inside_the_pool_and_one_job_outside() {
     if rayon::current_num_threads() > 1 {
         for level in levels() {
             let counts = step_allocations(level, 2000, &CacheOptions::new(), 3);
-            // 2000 positions are one key split: one item per key/value head.
-            let helpers = rayon::current_num_threads().min(SHAPE.kv_heads) as u64 - 1;
-            assert!(counts.iter().all(|&n| n == helpers), "{level}, outside the pool: {counts:?}");
+            // 2000 positions are one key split: one item per key/value head. Always shared.
+            let shared = counts.iter().all(|&n| n > 0);
+            assert!(
+                shared && inline_or_shared(&counts, SHAPE.kv_heads),
+                "{level}, outside the pool: {counts:?}"
+            );
         }
     }
+}
+
+/// Whether `counts` are those of steps over `items` work items called from outside the pool:
+/// none for a step that ran on the calling thread; for one that followed the step before closely
+/// enough to be shared (`work::worth_sharing`), the job rayon boxes for each helper, and at
+/// times one more: the pool's injector queue (crossbeam-deque's `Injector`) takes a new block
+/// for every 63 jobs pushed, by whichever thread pushes the first job past the last block.
+fn inline_or_shared(counts: &[u64], items: usize) -> bool {
+    let helpers = rayon::current_num_threads().min(items) as u64 - 1;
+    counts.iter().all(|&n| n == 0 || n == helpers || n == helpers + 1)
 }
 
 /// The allocations of each of `steps` batched decoding steps over a paged cache of `E` at
@@ -326,8 +339,9 @@ impl Options {
 
 /// A batch of ragged sequences decoding over a paged cache: after a first step of the batch,
 /// no step allocates (appends that take a new block included), at every level, for f32, bf16
-/// and int8 caches, on a pool of one thread, for a short step on the calling thread, and on the
-/// calling thread of a step shared inside a pool of two, with every option of the cached path.
+/// and int8 caches, on a pool of one thread, for a short step from outside the pool (none, or one
+/// boxed job per helper when it is shared), and on the calling thread of a step shared inside a
+/// pool of two, with every option of the cached path.
 #[test]
 fn a_warm_batched_decoding_step_over_a_paged_cache_allocates_nothing() {
     let one_thread = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
@@ -351,16 +365,19 @@ fn a_warm_batched_decoding_step_over_a_paged_cache_allocates_nothing() {
             [0, 0, 0],
             "{level}: {long:?} positions, ALiBi, the calling thread inside a pool of two"
         );
+        // Short steps from outside the pool: on the calling thread, or shared when they follow
+        // the last closely; an item per sequence and key/value head.
+        let items = short.len() * SHAPE.kv_heads;
         for options in [Options::Plain, Options::WindowCap, Options::AlibiKeep] {
             let steps = paged_steps::<f32, f32>(level, short, 3, options);
-            assert_eq!(steps, [0, 0, 0], "{level} {options:?}: {short:?} positions");
+            assert!(inline_or_shared(&steps, items), "{level} {options:?}: {short:?} positions: {steps:?}");
         }
         let bf16_cache = paged_steps::<bf16, f32>(level, short, 3, Options::WindowCap);
-        assert_eq!(bf16_cache, [0, 0, 0], "{level}: {short:?} positions of bf16 into f32");
+        assert!(inline_or_shared(&bf16_cache, items), "{level}: {short:?} of bf16 into f32: {bf16_cache:?}");
         let bf16_out = paged_steps::<bf16, bf16>(level, short, 3, Options::AlibiKeep);
-        assert_eq!(bf16_out, [0, 0, 0], "{level}: {short:?} positions of bf16 into bf16");
+        assert!(inline_or_shared(&bf16_out, items), "{level}: {short:?} of bf16 into bf16: {bf16_out:?}");
         let int8_cache = paged_steps::<Q8, f32>(level, short, 3, Options::AlibiKeep);
-        assert_eq!(int8_cache, [0, 0, 0], "{level}: {short:?} positions of int8 into f32");
+        assert!(inline_or_shared(&int8_cache, items), "{level}: {short:?} of int8 into f32: {int8_cache:?}");
     }
 }
 
