@@ -117,34 +117,36 @@ impl Rotary {
     ) -> Result<(), AttentionError> {
         let dims = self.check(x.ncols())?;
         let mut row = vec![0.0_f64; dims];
+        let mut angles = Angles::default();
         for (i, mut out) in x.rows_mut().into_iter().enumerate() {
-            self.turn_into(out.iter().copied(), &mut row, first + i, sign);
+            self.turn_into(out.iter().copied(), &mut row, (first + i, sign), &mut angles);
             out.iter_mut().zip(&row).for_each(|(o, &r)| *o = E::from_f64(r).unwrap_or(*o));
         }
         Ok(())
     }
 
     /// `row` (the `dims` leading components of `x`, widened) rotated by `sign ·` the angles of
-    /// `position`.
+    /// `position`, which `angles` keeps for the next row at the same position.
     pub(crate) fn turn_into<E: Into<f64>>(
         &self,
         x: impl Iterator<Item = E>,
         row: &mut [f64],
-        position: usize,
-        sign: f64,
+        (position, sign): (usize, f64),
+        angles: &mut Angles,
     ) {
         row.iter_mut().zip(x).for_each(|(r, e)| *r = e.into());
-        self.turn_row(row, position, sign);
-    }
-
-    /// Rotates the `dims` leading components of one row standing at `position`, in place.
-    fn turn_row(&self, row: &mut [f64], position: usize, sign: f64) {
         let dims = row.len();
         let half = dims / 2;
-        let at = position as f64 * self.position_scale;
-        for i in 0..half {
-            let angle = sign * at * self.base.powf(-2.0 * i as f64 / dims as f64);
-            let (sin, cos) = angle.sin_cos();
+        let at = (*self, position, sign.to_bits(), dims);
+        if angles.at != Some(at) {
+            let turn = sign * position as f64 * self.position_scale;
+            angles.sin_cos.clear();
+            angles
+                .sin_cos
+                .extend((0..half).map(|i| (turn * self.base.powf(-2.0 * i as f64 / dims as f64)).sin_cos()));
+            angles.at = Some(at);
+        }
+        for (i, &(sin, cos)) in angles.sin_cos.iter().enumerate() {
             let (a, b) = match self.pairing {
                 RotaryPairing::HalfSplit => (i, i + half),
                 RotaryPairing::Interleaved => (2 * i, 2 * i + 1),
@@ -154,6 +156,18 @@ impl Rotary {
             row[b] = x * sin + y * cos;
         }
     }
+}
+
+/// The sines and cosines of the angles of one position, kept for the rows that follow at the
+/// same position (a step's query heads, a new token's key heads): a `powf` and a `sin_cos` for
+/// every pair of every row cost a decoding step of 32 query heads, d = 128, over 1024 cached
+/// positions more than its attention did.
+#[derive(Debug, Default)]
+pub(crate) struct Angles {
+    /// The embedding, position, sign (as bits) and rotated width they are for.
+    at: Option<(Rotary, usize, u64, usize)>,
+    /// `(sin, cos)` of each pair's angle.
+    sin_cos: Vec<(f64, f64)>,
 }
 
 /// How much larger a component's magnitude may grow under `rotary`: a pair turned keeps its norm,
@@ -188,9 +202,11 @@ fn rotate_keys<E: Storage>(rotary: &Rotary, k: ArrayView3<E>, first: usize) -> A
     let mut rotated = k.to_owned();
     let dims = rotary.dims.unwrap_or(k.shape()[2]);
     let mut row = vec![0.0_f64; dims];
+    let mut angles = Angles::default();
     for mut head in rotated.outer_iter_mut() {
         for (i, mut key) in head.rows_mut().into_iter().enumerate() {
-            rotary.turn_into(key.iter().map(|x| f64::from(x.to_f32())), &mut row, first + i, 1.0);
+            let key_row = key.iter().map(|x| f64::from(x.to_f32()));
+            rotary.turn_into(key_row, &mut row, (first + i, 1.0), &mut angles);
             // Through f32 to the storage type: a bf16 or f16 key is rounded from the f32 result.
             key.iter_mut().zip(&row).for_each(|(x, &r)| *x = E::from_f32(r as f32));
         }

@@ -22,7 +22,7 @@ use crate::kernels::{Element, Isa};
 use crate::level::SimdLevel;
 use crate::masking::MaskSet;
 use crate::options::CacheOptions;
-use crate::rotary::Rotary;
+use crate::rotary::{Angles, Rotary};
 use crate::shape::Shape;
 
 /// The buffers of a step, kept between steps by the caches (a dense call makes them anew): the
@@ -34,8 +34,9 @@ pub(crate) struct StepBuffers<T: Real> {
     logsumexp: Vec<T>,
     /// Where each member's rows start among the stacked rows.
     first_rows: Vec<usize>,
-    /// One query turned by a rotary embedding, in f64.
+    /// One query turned by a rotary embedding, in f64, and the angles of its position.
     rotated: Vec<f64>,
+    angles: Angles,
     workspace: Workspace<T>,
 }
 
@@ -47,6 +48,7 @@ impl<T: Real> Default for StepBuffers<T> {
             logsumexp: Vec::new(),
             first_rows: Vec::new(),
             rotated: Vec::new(),
+            angles: Angles::default(),
             workspace: Workspace::default(),
         }
     }
@@ -109,7 +111,7 @@ pub(crate) fn attend<T: Real, E: Element<Compute = T>, Q: Element<Compute = T>, 
     let group = query_heads / kv_heads;
     let stack = if heads_differ { 1 } else { group };
     let per_member = query_heads / stack;
-    let StepBuffers { queries, output, logsumexp, first_rows, rotated, workspace } = buffers;
+    let StepBuffers { queries, output, logsumexp, first_rows, rotated, angles, workspace } = buffers;
     first_rows.clear();
     let mut total_rows = 0;
     for m in 0..members {
@@ -129,7 +131,8 @@ pub(crate) fn attend<T: Real, E: Element<Compute = T>, Q: Element<Compute = T>, 
             if let Some((rotary, first_position)) = rotary {
                 let dims = rotary.dims.unwrap_or(key_dim);
                 let turned = flash::prefix(rotated, dims);
-                rotary.turn_into(row.iter().map(|x| x.to_f64_exact()), turned, first_position(m) + i, 1.0);
+                let position = first_position(m) + i;
+                rotary.turn_into(row.iter().map(|x| x.to_f64_exact()), turned, (position, 1.0), angles);
                 row.iter_mut().zip(&*turned).for_each(|(x, &y)| *x = T::from_f64_round(y));
             }
         }
