@@ -20,8 +20,9 @@ use cpu::Caller;
 mod cpu;
 
 /// Work that one thread would finish in less than this many microseconds runs on the calling
-/// thread (unless it comes right after another call, [`SHARE_BACK_TO_BACK_ABOVE_US`]): a pool thread woken for it arrives too late to take a share worth its wake-up, and
-/// the caller then waits for it at the end. Measured with
+/// thread (unless it comes right after another call, [`SHARE_BACK_TO_BACK_ABOVE_US`]): a pool
+/// thread woken for it arrives too late to take a share worth its wake-up, and the caller then
+/// waits for it at the end. Measured with
 /// `crates/qkv-bench/examples/threshold.rs` (see its doc); a build with the environment variable
 /// `QKV_SHARE_ABOVE_US` set to a whole number uses that instead, for that measurement.
 const SHARE_ABOVE_US: f64 = match option_env!("QKV_SHARE_ABOVE_US") {
@@ -41,7 +42,9 @@ const SHARE_BACK_TO_BACK_ABOVE_US: f64 = match option_env!("QKV_SHARE_ABOVE_US")
 };
 
 /// A call that starts within this many microseconds of the end of the one before it comes back
-/// to back: rayon's idle threads spin for about that long before they sleep.
+/// to back: an idle rayon thread yields its CPU 32 times before it sleeps (rayon-core's
+/// `ROUNDS_UNTIL_SLEEPY`). Shared n = 256 took 72 µs back to back, 72 and 76 after busy pauses
+/// of 10 and 30 µs, and 90 after sleeping 200 µs (the host of [`SHARE_BACK_TO_BACK_ABOVE_US`]).
 const BACK_TO_BACK_US: u64 = 50;
 
 /// One thread's rate on the tiled path (FLOPs per microsecond) per lane of the kernels' vectors
