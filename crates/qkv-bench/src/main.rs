@@ -37,6 +37,15 @@ use crate::report::Row;
 #[global_allocator]
 static ALLOCATOR: alloc::Counting = alloc::Counting;
 
+/// What `--help` prints.
+const USAGE: &str = "\
+usage: qkv-bench [--quick] [--json FILE] [--only TEXT] [--python PYTHON]
+  --quick          fewer and shorter runs (about 0.3 s of runs a row, not 3 s)
+  --json FILE      also write the rows to FILE and a bar chart beside it (.svg, .png)
+  --only TEXT      only the shapes whose label contains TEXT (\"f32 GEMM\" for the ceiling)
+  --python PYTHON  time NumPy and PyTorch too, in that Python (a venv with torch installed)
+  -h, --help       this text";
+
 /// What the command line asked for.
 struct Options {
     quick: bool,
@@ -46,7 +55,8 @@ struct Options {
 }
 
 impl Options {
-    fn parse(args: &[String]) -> anyhow::Result<Options> {
+    /// The options `args` give, or `None` for `--help`.
+    fn parse(args: &[String]) -> anyhow::Result<Option<Options>> {
         let mut options = Options { quick: false, json: None, only: None, python: None };
         let mut args = args.iter();
         while let Some(arg) = args.next() {
@@ -57,14 +67,11 @@ impl Options {
                 "--json" => options.json = Some(value("--json")?.into()),
                 "--only" => options.only = Some(value("--only")?),
                 "--python" => options.python = Some(value("--python")?),
-                other => {
-                    bail!(
-                        "unknown argument {other:?}: expected --quick, --json FILE, --only TEXT or --python PYTHON"
-                    )
-                }
+                "--help" | "-h" => return Ok(None),
+                other => bail!("unknown argument {other:?}\n{USAGE}"),
             }
         }
-        Ok(options)
+        Ok(Some(options))
     }
 
     fn wants(&self, label: &str) -> bool {
@@ -74,7 +81,10 @@ impl Options {
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let options = Options::parse(&args)?;
+    let Some(options) = Options::parse(&args)? else {
+        println!("{USAGE}");
+        return Ok(());
+    };
     let threads = rayon::current_num_threads();
     println!(
         "CPU: {}; {threads} threads; f32 unless a shape says bf16; medians of several runs",
