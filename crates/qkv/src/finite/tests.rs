@@ -47,3 +47,34 @@ fn strided_inputs_name_the_element_by_its_logical_index() {
         other => panic!("{other:?}"),
     }
 }
+
+#[test]
+fn inputs_checked_in_shared_pieces_give_the_same_answers() {
+    // Past the sharing threshold, and not a whole number of pieces; the largest element and the
+    // non-finite ones in the first, a middle and the last (short) piece, each on a pool of one
+    // and of two threads.
+    let len = SHARE_FROM + 3 * PIECE / 2;
+    let values = Array1::from_shape_fn(len, |i| ((i * 37 % 23) as f32 - 11.0) * 0.37);
+    for threads in [1, 2] {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+        for at in [0, PIECE + 5, len / 2, len - 1] {
+            let mut peak = values.clone();
+            peak[at] = -1e6;
+            assert_eq!(
+                pool.install(|| finite_magnitude("x", &peak)).ok(),
+                Some(1e6),
+                "{threads}: peak at {at}"
+            );
+            for bad in [f32::NAN, f32::INFINITY] {
+                let mut broken = values.clone();
+                broken[at] = bad;
+                match pool.install(|| finite_magnitude("x", &broken)) {
+                    Err(AttentionError::NonFinite { index, .. }) => {
+                        assert_eq!(index.0, [at], "{threads}: {bad}")
+                    }
+                    other => panic!("{threads}: {bad} at {at}: {other:?}"),
+                }
+            }
+        }
+    }
+}
