@@ -745,10 +745,11 @@ impl<E: CacheStorage> CacheLayer<'_, E> {
     /// of f32, bf16 or f16 ([`Storage`]): each row is computed in f32 and rounded once to `O`
     /// (as `O::from_f32` rounds), never accumulated in half precision.
     /// If the call fails, `out` may hold anything. After a first step of the same shape, a step
-    /// allocates nothing on the heap: not when it runs on the calling thread alone (a small step,
-    /// or a pool of one thread), nor when it shares its work with the pool from a thread of the
-    /// pool (inside `ThreadPool::install`). Shared from outside the pool, it allocates the job
-    /// rayon boxes for each helper thread, and nothing else.
+    /// allocates nothing on the heap: not when it runs on the calling thread alone (a small step
+    /// that does not follow another closely, or a pool of one thread), nor when it shares its
+    /// work with the pool from a thread of the pool (inside `ThreadPool::install`). Shared from
+    /// outside the pool, it allocates the job rayon boxes for each helper thread (and, once in
+    /// 63 jobs, a block of rayon's queue), and nothing else.
     ///
     /// ```
     /// use ndarray::Array3;

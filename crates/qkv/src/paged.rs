@@ -841,9 +841,10 @@ impl<E: CacheStorage> PagedLayer<'_, E> {
     /// the output rows and the fast path's states and scratch are kept in the cache and reused,
     /// grown by the first call of a batch and never shrunk. So after a first call with a batch,
     /// a step over the same sequences (each one position longer, its new token appended) makes
-    /// no allocation when it runs on the calling thread (a one-thread pool, or a step too short
-    /// to share); shared from a thread of the pool, none either, and from outside the pool only
-    /// the job rayon boxes for each helper thread. A batch whose sequences need more work items
+    /// no allocation when it runs on the calling thread (a one-thread pool, or a short step that
+    /// does not follow another closely); shared from a thread of the pool, none either, and from
+    /// outside the pool only the job rayon boxes for each helper thread (and, once in 63 jobs,
+    /// a block of rayon's queue). A batch whose sequences need more work items
     /// than the cache has kept grows its buffers once.
     ///
     /// ```
