@@ -7,9 +7,9 @@
 //! time (Zen 3, `crates/qkv-bench/results/2026-12-04-zen3-spare-buffers.md`). Kept here, the
 //! buffers are taken again by the next call on the same thread, whatever the allocator.
 //!
-//! At most [`KEEP_BYTES`] are kept per thread, the oldest dropped first; a buffer is zeroed when
-//! it is taken, so nothing one call leaves in it reaches the next. A thread's buffers are freed
-//! when the thread ends.
+//! At most [`KEEP_BYTES`] are kept per thread, the oldest dropped first; a buffer is zeroed
+//! before anything can read it (when it is taken, or by the thread that fills it), so nothing one
+//! call leaves in it reaches the next. A thread's buffers are freed when the thread ends.
 
 use std::any::Any;
 use std::cell::RefCell;
@@ -32,23 +32,39 @@ thread_local! {
     static KEPT: RefCell<Vec<Kept>> = const { RefCell::new(Vec::new()) };
 }
 
-/// `len` zeros: the smallest kept buffer of `T` that holds them, or a new one.
-pub(crate) fn zeros<T: Element>(len: usize) -> Buffer<T> {
+/// The smallest kept buffer of `T` that holds `len` elements, or none yet, to be zeroed by
+/// whichever thread will fill it ([`Unzeroed::zeroed`]): the memset is then shared out with the
+/// rest of that work, and the buffer still comes back to this thread's list.
+pub(crate) fn take<T: Element>(len: usize) -> Unzeroed<T> {
     let kept = KEPT.with_borrow_mut(|kept| {
         let fits = |k: &Kept| k.buffer.downcast_ref::<Buffer<T>>().is_some_and(|b| b.holds(len));
         let best = kept.iter().enumerate().filter(|(_, k)| fits(k)).min_by_key(|(_, k)| k.bytes)?.0;
         Some(kept.remove(best))
     });
-    match kept.and_then(|k| k.buffer.downcast::<Buffer<T>>().ok()) {
-        Some(mut buffer) => {
-            buffer.reset_zeros(len);
-            *buffer
+    Unzeroed { kept: kept.and_then(|k| k.buffer.downcast::<Buffer<T>>().ok()).map(|b| *b), len }
+}
+
+/// A buffer of `len` elements taken by [`take`], whose contents (whatever the last call left)
+/// can only be reached zeroed.
+pub(crate) struct Unzeroed<T: Element> {
+    kept: Option<Buffer<T>>,
+    len: usize,
+}
+
+impl<T: Element> Unzeroed<T> {
+    /// `len` zeros, in the kept memory or in new memory.
+    pub(crate) fn zeroed(self) -> Buffer<T> {
+        match self.kept {
+            Some(mut buffer) => {
+                buffer.reset_zeros(self.len);
+                buffer
+            }
+            None => Buffer::zeros(self.len),
         }
-        None => Buffer::zeros(len),
     }
 }
 
-/// Keeps `buffer` for a later [`zeros`] on this thread, dropping the oldest kept buffers to stay
+/// Keeps `buffer` for a later [`take`] on this thread, dropping the oldest kept buffers to stay
 /// within [`KEEP_BYTES`] (or `buffer` itself if it is larger than that).
 pub(crate) fn keep<T: Element>(buffer: Buffer<T>) {
     let bytes = buffer.capacity_bytes();

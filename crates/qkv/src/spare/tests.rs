@@ -1,5 +1,10 @@
 use super::*;
 
+/// `len` zeros, as a call takes them and a piece of its work zeroes them.
+fn zeros<T: Element>(len: usize) -> Buffer<T> {
+    take(len).zeroed()
+}
+
 /// The sizes in bytes of this thread's kept buffers, oldest first.
 fn kept_sizes() -> Vec<usize> {
     KEPT.with_borrow(|kept| kept.iter().map(|k| k.bytes).collect())
