@@ -1,5 +1,7 @@
 //! Runs one attention shape many times, for profilers:
-//! `repeat [--backward] [--bf16] [--dim D] N_Q N_K MASK REPS [HEADS KV_HEADS]` (with `--backward`
+//! `repeat [--pool] [--backward] [--bf16] [--dim D] N_Q N_K MASK REPS [HEADS KV_HEADS]` (with
+//! `--pool` the calls are made from a thread of a rayon pool of `RAYON_NUM_THREADS`, as the bench
+//! makes them, rather than from outside the pool; with `--backward`
 //! each repetition is the backward from a forward run once before the loop; with `--bf16` the
 //! forward or the backward takes queries, keys and values (and the output's gradient) rounded to
 //! bf16; D is `d_k = d_v`, 64 unless given), MASK 0 = none, 1 = causal, 2 = key padding (the
@@ -12,15 +14,27 @@
 use ndarray::{Array1, Array2, Array4};
 use qkv::{AdditiveBias, AttentionOptions, CausalMask, KeyPadding, SlidingWindow};
 
+/// Removes `name` from the front of `args`; whether it was there.
+fn flag(args: &mut Vec<String>, name: &str) -> bool {
+    let given = args.first().is_some_and(|a| a == name);
+    if given {
+        args.remove(0);
+    }
+    given
+}
+
 fn main() {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
-    let flag = |args: &mut Vec<String>, name: &str| {
-        let given = args.first().is_some_and(|a| a == name);
-        if given {
-            args.remove(0);
-        }
-        given
-    };
+    if flag(&mut args, "--pool") {
+        let pool = rayon::ThreadPoolBuilder::new().build().expect("a thread pool");
+        pool.install(|| run(args));
+    } else {
+        run(args);
+    }
+}
+
+/// The shape and options `args` name, timed.
+fn run(mut args: Vec<String>) {
     let backward = flag(&mut args, "--backward");
     let bf16 = flag(&mut args, "--bf16");
     let d = match args.first().map(String::as_str) {
