@@ -52,6 +52,11 @@ pub(crate) struct Unzeroed<T: Element> {
 }
 
 impl<T: Element> Unzeroed<T> {
+    /// The elements it will hold.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
     /// `len` zeros, in the kept memory or in new memory.
     pub(crate) fn zeroed(self) -> Buffer<T> {
         match self.kept {
