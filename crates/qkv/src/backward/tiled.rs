@@ -358,8 +358,8 @@ const CHUNKS: usize = 4;
 const SUM_ROWS: usize = 256;
 
 /// One work item: key/value head `kv`'s chunk of key blocks `blocks`, with its rows of `dK` and
-/// `dV`, and for each query head reading it a buffer for its part of `dQ` (zeroed by the item) and its columns
-/// of `dBias` when asked for.
+/// `dV`, and for each query head reading it a buffer for its part of `dQ` (zeroed by the item)
+/// and its columns of `dBias` when asked for.
 struct Item<'o, T: Real> {
     kv: usize,
     blocks: Range<usize>,
