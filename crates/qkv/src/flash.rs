@@ -43,8 +43,17 @@ const DIRECT_ROWS: usize = 4;
 const SPLIT_KEYS: usize = 1024;
 /// The most splits a query block is cut into.
 const MAX_SPLITS: usize = 16;
-/// Calls with at least this many heads per thread make each head's query blocks one work item.
-const WHOLE_HEADS_PER_THREAD: usize = 8;
+/// Calls with at least this many heads per thread make each head's query blocks one work item,
+/// all but the last head per thread (see `Attend::run`). At 8 heads of 256 on two threads (Intel
+/// family 6 model 207) that was 8% faster than blocks of one head on both threads, back to back
+/// and with pauses between calls.
+const WHOLE_HEADS_PER_THREAD: usize = 4;
+/// Keys of a head of at most this many bytes are packed by each thread that reads them, for
+/// itself (see `Attend::run`). On two threads of an Intel family 6 model 207, one head of 256
+/// keys of d = 64 in f32 (64 KiB) ran 3–5% faster; with the bound at 256 KiB causal n = 1024 ran
+/// 4% faster and n = 1024 level. Kept small, where a helper that arrives late has little to pack
+/// again.
+const OWN_PACKING_BYTES: usize = 64 << 10;
 /// Keys and values of a head above this many bytes are long: its query blocks take the level's
 /// `LONG_QUERY_BLOCK` rows. On Zen 3, 4 MiB (8192 keys of d = 64 in f32) ran as fast in blocks
 /// of 48 rows as of 96; 8 MiB and more, faster in 96.
@@ -171,6 +180,10 @@ type SplitItem = (usize, usize, usize, Range<usize>);
 
 /// A work item of the tiled path: head `.0`'s query blocks.
 type HeadBlocks<'b, 'out, T> = (usize, Vec<&'b mut OutBlock<'out, T>>);
+
+/// What a thread of [`Attend::run`] keeps from item to item: its scratch, its softmax state, and
+/// the packings it made for itself (indexed as the call's packings, made as first needed).
+type ThreadScratch<'p, T, E> = (Scratch<T>, State<T>, Vec<Option<Packed<'p, E>>>);
 
 /// One head of a call to [`attend`]: inputs stored as `E`, the output stored as `O` (both `T`
 /// itself, or a half-precision format), computed in `T`.
@@ -463,7 +476,7 @@ struct Attend<'p, 'out, T: Real, E> {
     heads: Vec<Operands<'p, 'out, T, E>>,
 }
 
-impl<T: Real, E: Element<Compute = T>> Job<E> for Attend<'_, '_, T, E> {
+impl<'p, T: Real, E: Element<Compute = T>> Job<E> for Attend<'p, '_, T, E> {
     type Output = Option<Measured<T>>;
 
     fn run<K: Kernels<T, E>>(self, kernels: K) -> Option<Measured<T>> {
@@ -496,16 +509,26 @@ impl<T: Real, E: Element<Compute = T>> Job<E> for Attend<'_, '_, T, E> {
         if splits.iter().all(|splits| splits.count == 1) {
             let keys: Vec<Range<usize>> = splits.iter().map(|splits| splits.range(0)).collect();
             // The query heads of a group read one key/value head, and follow one another: a
-            // head reading what the head before it reads shares its packing.
-            let mut packed: Vec<Packed<E>> = Vec::new();
+            // head reading what the head before it reads shares its packing. `packings` holds the
+            // first head of each packing, `packed_of` each head's packing.
+            let mut packings: Vec<usize> = Vec::new();
             let mut packed_of: Vec<usize> = Vec::with_capacity(problems.len());
             for (h, (p, range)) in problems.iter().zip(&keys).enumerate() {
                 let shared = h > 0 && problems[h - 1].source.same_rows(&p.source) && keys[h - 1] == *range;
                 if !shared {
-                    packed.push(p.packed::<K>(range.clone()));
+                    packings.push(h);
                 }
-                packed_of.push(packed.len() - 1);
+                packed_of.push(packings.len() - 1);
             }
+            let pack = |i: usize| problems[packings[i]].packed::<K>(keys[packings[i]].clone());
+            // Small keys are packed by each thread for itself, as it first needs them: threads on
+            // blocks of one head neither wait on each other's packing nor read it from the other
+            // core's cache. Larger ones are packed once, block by block, by whichever thread first
+            // needs a block.
+            let own_packing = shape.n_keys.saturating_mul(shape.key_dim).saturating_mul(size_of::<E>())
+                <= OWN_PACKING_BYTES;
+            let shared: Vec<Packed<E>> =
+                if own_packing { Vec::new() } else { (0..packings.len()).map(pack).collect() };
             // Under a causal mask block i's cost grows with i, so items are zig-zag pairs: block i
             // with block n-1-i, every pair costing about the same. Otherwise every block is an
             // item of its own, the finest split. Items are taken one at a time, so both cores stay
@@ -513,13 +536,18 @@ impl<T: Real, E: Element<Compute = T>> Job<E> for Attend<'_, '_, T, E> {
             //
             // With heads enough to keep every thread busy, a head's blocks are one item instead:
             // one thread packs its keys and reads them while they are in cache, where threads on
-            // blocks of one head would wait on each other's packing. Whichever item a block is
-            // in, it is computed the same way, so results do not depend on the number of threads.
-            let whole_heads = problems.len() >= WHOLE_HEADS_PER_THREAD * rayon::current_num_threads();
+            // blocks of one head would wait on each other's packing. The last head per thread
+            // stays in blocks, so that a helper that arrives late still finds a fine-grained tail
+            // to share (whole heads only, 8 of 256 on Zen 3 ran 1.42× slower). Whichever item a
+            // block is in, it is computed the same way, so results do not depend on the number of
+            // threads.
+            let threads = rayon::current_num_threads();
+            let whole_heads =
+                if problems.len() >= WHOLE_HEADS_PER_THREAD * threads { problems.len() - threads } else { 0 };
             let mut items: Vec<HeadBlocks<T>> = Vec::new();
             for (h, blocks) in blocks.iter_mut().enumerate() {
                 let n = blocks.len();
-                if whole_heads {
+                if h < whole_heads {
                     items.push((h, blocks.iter_mut().collect()));
                 } else if problems[h].masks.is_causal() {
                     let (front, back) = blocks.split_at_mut(n.div_ceil(2));
@@ -533,12 +561,18 @@ impl<T: Real, E: Element<Compute = T>> Job<E> for Attend<'_, '_, T, E> {
             }
             // Each thread keeps one softmax state and reuses it block after block: a state is
             // written out as soon as its block is done.
-            let attend_item = |(scratch, state): &mut (Scratch<T>, State<T>), (h, item): HeadBlocks<T>| {
+            let attend_item = |(scratch, state, own): &mut ThreadScratch<'p, T, E>,
+                               (h, item): HeadBlocks<T>| {
                 let mut measured = Measured::nothing();
+                let packed = if own_packing {
+                    own.resize_with(packings.len(), || None);
+                    own[packed_of[h]].get_or_insert_with(|| pack(packed_of[h]))
+                } else {
+                    &shared[packed_of[h]]
+                };
                 for out_block in item {
                     let first = out_block.first;
                     let query_rows = first..first + out_block.out.nrows();
-                    let packed = &packed[packed_of[h]];
                     problems[h].attend_block_into(
                         kernels,
                         packed,
@@ -553,7 +587,7 @@ impl<T: Real, E: Element<Compute = T>> Job<E> for Attend<'_, '_, T, E> {
                 }
                 measured
             };
-            let new_scratch = || (Scratch::default(), State::empty());
+            let new_scratch = || (Scratch::default(), State::empty(), Vec::new());
             for part in work::map_items(items, parallel, new_scratch, attend_item) {
                 measured = measured.combine(part);
             }

@@ -110,8 +110,9 @@ fn fast_path_results_do_not_depend_on_thread_count() {
 
 #[test]
 fn multi_head_results_do_not_depend_on_how_heads_are_shared_out() {
-    // 20 query heads over 5 key/value heads: one thread, and two, take each head's query blocks
-    // as one work item (many heads per thread), three take every block on its own.
+    // 2 × 20 query heads over 5 key/value heads: one, two and three threads take each head's
+    // query blocks as one work item but for the last head per thread, which is cut into blocks;
+    // twelve threads (fewer than 4 heads each) take every block on its own.
     let value = |i: usize, salt: usize| ((i * 7919 + salt * 104_729) % 1999) as f32 / 999.5 - 1.0;
     let tensor = |heads, n, d, salt| {
         ndarray::Array4::from_shape_fn((2, heads, n, d), |(b, h, i, c)| {
@@ -127,10 +128,10 @@ fn multi_head_results_do_not_depend_on_how_heads_are_shared_out() {
                 let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
                 pool.install(|| qkv::multi_head_attention(q.view(), k.view(), v.view(), &options).unwrap())
             };
-            let (one, two, three) = (run(1), run(2), run(3));
+            let (one, two, three, twelve) = (run(1), run(2), run(3), run(12));
             assert!(
-                one == two && two == three,
-                "{level} causal {causal}: results differ between 1, 2 and 3 threads"
+                one == two && two == three && three == twelve,
+                "{level} causal {causal}: results differ between 1, 2, 3 and 12 threads"
             );
         }
     }
