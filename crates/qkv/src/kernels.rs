@@ -1082,8 +1082,9 @@ pub(crate) fn pack_value_row<E: Element>(v_row: ndarray::ArrayView1<E>, out: &mu
 /// `rows.next_multiple_of(group_rows) · d` scalars; the rows that pad the last group are zeros.
 ///
 /// [`Layout::Pairs`]: as bf16 (exactly, for bf16 inputs), row after row with `d` padded to even,
-/// two to a scalar of `out`, unscaled; returns `scale`. The padding rows and components are
-/// zeros.
+/// two to a scalar of `out`; times `scale` when that is exact (a power of two, as `1/√d` is for
+/// d = 4, 16, 64 and 256: see `scale_exactly`) and then returns 1, otherwise unscaled, returning
+/// `scale`. The padding rows and components are zeros.
 pub(crate) fn pack_queries<T: Scalar, E: Element<Compute = T>>(
     q: ArrayView2<E>,
     first: usize,
@@ -1111,7 +1112,8 @@ pub(crate) fn pack_queries<T: Scalar, E: Element<Compute = T>>(
                     .for_each(|(o, &x)| *o = bf16::from_f64(x.widen().to_f64().unwrap_or(f64::NAN))),
             }
         }
-        return scale;
+        let factor = scale.to_f64().unwrap_or(f64::NAN);
+        return if scale_exactly(out, factor) { T::one() } else { scale };
     }
     for (g, group) in out[..padded * d].chunks_exact_mut(group_rows * d).enumerate() {
         let real = group_rows.min(rows - g * group_rows);
@@ -1147,6 +1149,38 @@ pub(crate) fn pack_queries<T: Scalar, E: Element<Compute = T>>(
         }
     }
     T::one()
+}
+
+/// Multiplies every element of `x` by `factor` if it is a power of two and every product is exact
+/// (each nonzero element stays a normal number), by moving exponents; otherwise leaves `x` as it
+/// was and returns false. Exact scaling commutes with the tiles' sums, so scores of queries scaled
+/// here equal the unscaled scores times `factor`, and the kernels skip a pass over them.
+fn scale_exactly(x: &mut [bf16], factor: f64) -> bool {
+    const EXPONENT: u16 = 0x7f80;
+    // bf16 keeps f32's exponent: bits 7 to 14.
+    let (mantissa, exponent) = (factor.to_bits() & ((1 << 52) - 1), (factor.to_bits() >> 52) as i32 - 1023);
+    if !(factor > 0.0 && mantissa == 0 && exponent.abs() < 127) {
+        return false;
+    }
+    if exponent == 0 {
+        return true;
+    }
+    // Branch-free, so that both passes vectorise: a nonzero element fits if its exponent field
+    // and the moved one lie in 1..=254 (not zero, subnormal, infinite or NaN).
+    let (low, high) = (1 - exponent.min(0), 254 - exponent.max(0));
+    let fits = |b: &bf16| {
+        let e = i32::from((b.to_bits() & EXPONENT) >> 7);
+        b.to_bits() & 0x7fff == 0 || (low..=high).contains(&e)
+    };
+    if !x.iter().fold(true, |all, b| all & fits(b)) {
+        return false;
+    }
+    let step = (exponent << 7) as u16;
+    for b in x.iter_mut() {
+        let bits = b.to_bits();
+        *b = bf16::from_bits(bits.wrapping_add(step * u16::from(bits & 0x7fff != 0)));
+    }
+    true
 }
 
 /// Queries `first .. first + rows` of `q`, widened and times `scale`, row after row: the layout

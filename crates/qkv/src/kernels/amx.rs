@@ -12,9 +12,10 @@
 //! PyTorch's and FlashAttention's bf16 kernels round them; scores, sums and the output stay f32.
 //! What that costs, measured on random inputs (|q|, |k| ≤ 3, |v| ≤ 1, n = 4096, d = 64): a
 //! largest error against the f64 reference of 7.2e-4 here and 3.0e-6 at AVX-512, against the
-//! bound 3.9e-3 (2^-8 of the largest |v|). Queries are multiplied
-//! unscaled (the scale is applied to the f32 scores), so the scores are the exact products of the
-//! stored inputs, summed in f32.
+//! bound 3.9e-3 (2^-8 of the largest |v|). Queries are scaled before the tiles only where that
+//! is exact (a power-of-two scale, moved into their exponents), otherwise the scale is applied to
+//! the f32 scores: either way the scores are the exact products of the stored inputs, summed in
+//! f32, times the scale.
 //!
 //! The tile registers are not known to the compiler: every kernel loads its own tile
 //! configuration, uses registers `tmm0`–`tmm7` inside one call, and releases them before it
@@ -282,6 +283,10 @@ unsafe fn scores(tile: ScoreTile<'_, f32, bf16>, group_keys: Option<&dyn Fn(usiz
     // `panels · 16 <= KEY_BLOCK`). The slices were cut to those lengths above.
     unsafe {
         let _tiles = Tiles::configure(&TileConfig::new(tail));
+        // Group `g`'s products are issued before group `g - 16`'s scale and maxima: the tile
+        // unit multiplies while the vector units scale, where in program order the scaling
+        // (which waits for its group's tile stores) kept the next products out of reach.
+        let mut unscaled = None;
         for g in (0..rows).step_by(TILE) {
             let needed = match group_keys {
                 Some(keys) => keys(g).div_ceil(TILE).min(panels),
@@ -300,17 +305,39 @@ unsafe fn scores(tile: ScoreTile<'_, f32, bf16>, group_keys: Option<&dyn Fn(usiz
                     sum_tile!(store j, out, 4 * KEY_BLOCK);
                 }
             }
-            let factor = _mm512_set1_ps(scale);
-            for r in g..g + TILE {
-                let row = &mut s[r * KEY_BLOCK..][..needed * TILE];
-                let mut max = _mm512_set1_ps(f32::NEG_INFINITY);
-                for x in row.chunks_exact_mut(TILE) {
-                    let scaled = _mm512_mul_ps(_mm512_loadu_ps(x.as_ptr()), factor);
-                    _mm512_storeu_ps(x.as_mut_ptr(), scaled);
-                    max = _mm512_max_ps(max, scaled);
-                }
-                _mm512_storeu_ps(row_max[r * TILE..][..TILE].as_mut_ptr(), max);
+            if let Some(group) = unscaled.replace((g, needed)) {
+                scale_group(group, s, row_max, scale);
             }
+        }
+        if let Some(group) = unscaled {
+            scale_group(group, s, row_max, scale);
+        }
+    }
+}
+
+/// Scales the scores of the 16 rows from `g` over the first `needed` panels by `scale` (unless it
+/// is 1: queries packed scaled, see `kernels::pack_queries`), and writes their lane-wise maxima:
+/// the vector half of [`scores`].
+///
+/// # Safety
+/// The CPU must run AVX-512F.
+#[target_feature(enable = "avx512f")]
+unsafe fn scale_group((g, needed): (usize, usize), s: &mut [f32], row_max: &mut [f32], scale: f32) {
+    let factor = _mm512_set1_ps(scale);
+    for r in g..g + TILE {
+        let row = &mut s[r * KEY_BLOCK..][..needed * TILE];
+        // SAFETY: the caller guarantees AVX-512F; every chunk and `row_max`'s slice hold 16 f32.
+        unsafe {
+            let mut max = _mm512_set1_ps(f32::NEG_INFINITY);
+            for x in row.chunks_exact_mut(TILE) {
+                let mut scores = _mm512_loadu_ps(x.as_ptr());
+                if scale != 1.0 {
+                    scores = _mm512_mul_ps(scores, factor);
+                    _mm512_storeu_ps(x.as_mut_ptr(), scores);
+                }
+                max = _mm512_max_ps(max, scores);
+            }
+            _mm512_storeu_ps(row_max[r * TILE..][..TILE].as_mut_ptr(), max);
         }
     }
 }

@@ -264,6 +264,31 @@ fn packed_queries_put_each_component_where_the_layout_says() {
     }
 }
 
+#[test]
+fn pair_queries_are_scaled_only_where_that_is_exact() {
+    let rows = [[1.0_f32, -3.5, 0.0, 1e30], [-0.0, 0.15625, 2.0e-30, -7.0]];
+    let q = Array2::from_shape_fn((2, 4), |(r, c)| bf16::from_f32(rows[r][c]));
+    let pack = |q: &Array2<bf16>, scale: f32| {
+        let mut out = vec![f32::NAN; 4];
+        let left = pack_queries(q.view(), 0, 2, scale, (1, Layout::Pairs), &mut out);
+        let packed: &[bf16] = wide::bytemuck::cast_slice(&out);
+        (left, packed.iter().map(|x| x.to_f32()).collect::<Vec<f32>>())
+    };
+    let times = |factor: f32| q.iter().map(|x| x.to_f32() * factor).collect::<Vec<f32>>();
+    // Powers of two move exponents: the scores then take no scale.
+    for scale in [0.125, 0.5, 1.0, 4.0] {
+        assert_eq!(pack(&q, scale), (1.0, times(scale)), "scale {scale}");
+    }
+    // Any other scale, or a product that would leave the normal numbers, is left to the scores.
+    let unscaled = times(1.0);
+    assert_eq!(pack(&q, 1.0 / 128f32.sqrt()), (1.0 / 128f32.sqrt(), unscaled.clone()));
+    assert_eq!(pack(&q, 2f32.powi(-100)), (2f32.powi(-100), unscaled.clone()), "2e-30 would go subnormal");
+    assert_eq!(pack(&q, 2f32.powi(100)), (2f32.powi(100), unscaled), "1e30 would overflow");
+    let mut tiny = q.clone();
+    tiny[[0, 0]] = bf16::from_bits(1);
+    assert_eq!(pack(&tiny, 0.5).0, 0.5, "a subnormal query is left unscaled");
+}
+
 /// Packs `k`'s keys into panels of `width` keys in `layout`.
 fn pack_keys<E: Element>(k: &Array2<E>, width: usize, layout: Layout) -> Vec<E> {
     let (n_keys, d) = k.dim();
