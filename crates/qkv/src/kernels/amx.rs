@@ -275,7 +275,6 @@ unsafe fn scores(tile: ScoreTile<'_, f32, bf16>, group_keys: Option<&dyn Fn(usiz
     let keys = &keys[..panels * panel_len];
     assert!(rows % TILE == 0 && s.len() >= rows * KEY_BLOCK && row_max.len() >= rows * TILE);
     let (steps, tail) = (depth / TILE_DEPTH, depth % TILE_DEPTH);
-    row_max[..rows * TILE].fill(f32::NEG_INFINITY);
     // SAFETY: the caller guarantees AMX. Every tile load reads 16 rows (or `tail / 2` for the
     // last `B`) of at most 64 bytes inside `q` (rows `g .. g + 16` of `depth` bf16, from
     // component `c`) or inside `keys` (a panel's pair rows from `c / 2`); every store writes 16
