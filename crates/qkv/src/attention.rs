@@ -3,13 +3,14 @@
 use std::fmt;
 use std::ops::Deref;
 
-use ndarray::{Array1, Array2, ArrayView2, ArrayViewMut1, ArrayViewMut2};
+use ndarray::{Array1, Array2, ArrayView2, ArrayViewMut1, ArrayViewMut2, Ix2};
 
 use crate::blocked;
 use crate::element::Real;
 use crate::error::{AttentionError, Dims};
 use crate::finite::finite_magnitude;
 use crate::flash;
+use crate::fresh::{FreshArray, Output};
 use crate::inputs;
 use crate::kernels::Element;
 use crate::options::AttentionOptions;
@@ -178,9 +179,9 @@ pub(crate) fn output<T: Real, E: Element<Compute = T>>(
     options: &AttentionOptions<T>,
 ) -> Result<Array2<T>, AttentionError> {
     let shape = Shape::of_dims(q.shape(), k.shape(), v.shape())?;
-    let mut out = Array2::zeros((shape.n_queries, shape.value_dim));
-    attend_output(&shape, q, k, v, options, out.view_mut(), None)?;
-    Ok(out)
+    let mut out = FreshArray::new((shape.n_queries, shape.value_dim));
+    let written = attend_output(&shape, q, k, v, options, out.output(), None);
+    out.written(written)
 }
 
 /// [`attention_into`] over inputs stored as `E` into an output stored as `O`.
@@ -198,7 +199,7 @@ pub(crate) fn output_into<T: Real, E: Element<Compute = T>, O: Element<Compute =
             found: out.shape().into(),
         });
     }
-    attend_output(&shape, q, k, v, options, out, None)
+    attend_output(&shape, q, k, v, options, Output::Held(out), None)
 }
 
 /// [`attention_with_lse`] over inputs stored as `E`.
@@ -209,9 +210,10 @@ pub(crate) fn output_with_lse<T: Real, E: Element<Compute = T>>(
     options: &AttentionOptions<T>,
 ) -> Result<PartialAttention<T>, AttentionError> {
     let shape = Shape::of_dims(q.shape(), k.shape(), v.shape())?;
-    let mut output = Array2::zeros((shape.n_queries, shape.value_dim));
     let mut logsumexp = Array1::zeros(shape.n_queries);
-    attend_output(&shape, q, k, v, options, output.view_mut(), Some(logsumexp.view_mut()))?;
+    let mut output = FreshArray::new((shape.n_queries, shape.value_dim));
+    let written = attend_output(&shape, q, k, v, options, output.output(), Some(logsumexp.view_mut()));
+    let output = output.written(written)?;
     Ok(PartialAttention { output, logsumexp })
 }
 
@@ -221,21 +223,21 @@ pub(crate) fn output_with_lse<T: Real, E: Element<Compute = T>>(
 /// checks its inputs first, then takes the tiled path, unless an intermediate could overflow:
 /// then the blocked path runs (on the inputs in `T`), which also names the query whose score
 /// overflows.
-fn attend_output<T: Real, E: Element<Compute = T>, O: Element<Compute = T>>(
+fn attend_output<'out, T: Real, E: Element<Compute = T>, O: Element<Compute = T>>(
     shape: &Shape,
     q: ArrayView2<E>,
     k: ArrayView2<E>,
     v: ArrayView2<E>,
     options: &AttentionOptions<T>,
-    mut out: ArrayViewMut2<O>,
-    mut lse: Option<ArrayViewMut1<T>>,
+    mut out: Output<'out, O, Ix2>,
+    mut lse: Option<ArrayViewMut1<'out, T>>,
 ) -> Result<(), AttentionError> {
     let masks = options.resolve(shape)?;
     let kernels = simd::kernels_for(options.simd_level())?;
     if flash::decodes(shape.n_queries, &k) {
         let queries = finite_magnitude("queries", &q)?;
         let lse = lse.as_mut().map(|lse| lse.view_mut());
-        let head = flash::Head { q, k, v, out: out.view_mut(), lse, masks };
+        let head = flash::Head { q, k, v, out: out.reborrow(), lse, masks };
         let measured = flash::attend(kernels, shape, 1, vec![head]);
         if flash::decode_checked(shape, queries, measured, &masks) {
             return Ok(());
@@ -248,7 +250,7 @@ fn attend_output<T: Real, E: Element<Compute = T>, O: Element<Compute = T>>(
         return Ok(());
     }
     let (q, k, v) = (E::computed(q), E::computed(k), E::computed(v));
-    blocked::attend(shape, q.view(), k.view(), v.view(), &masks, out, lse, None)
+    blocked::attend(shape, q.view(), k.view(), v.view(), &masks, out.held(), lse, None)
 }
 
 /// Scaled dot-product attention that also returns the scores and the weight matrix.

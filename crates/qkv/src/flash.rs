@@ -19,11 +19,13 @@
 //! The SIMD arithmetic lives in `kernels`, behind [`Kernels`]; this module is written once for
 //! every level and owns the tiling, the masking decisions, the online softmax and the work split.
 
+use std::mem::MaybeUninit;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use crate::element::Real;
+use crate::fresh::Output;
 use crate::kernels::{
     self, Buffer, Element, Isa, Job, KEY_BLOCK, Kernels, Layout, OutRows, Rows, RowsMut, ScoreTile,
     ValueRows, Weights,
@@ -127,7 +129,7 @@ pub(crate) fn attend<T: Real, E: Element<Compute = T>, O: Element<Compute = T>>(
     let isa = if heads.iter().any(|head| decodes(n_rows, &head.k)) { isa.vectors() } else { isa };
     let heads = heads
         .into_iter()
-        .map(|Head { q, k, v, out, lse, masks }| Operands { q, k, v, out: O::out_rows(out), lse, masks })
+        .map(|Head { q, k, v, out, lse, masks }| Operands { q, k, v, out: out.rows(), lse, masks })
         .collect();
     isa.run(Attend { shape: *shape, rows_per_query, heads })
 }
@@ -191,7 +193,7 @@ pub(crate) struct Head<'p, 'out, T, E = T, O = T> {
     pub(crate) q: ArrayView2<'p, E>,
     pub(crate) k: ArrayView2<'p, E>,
     pub(crate) v: ArrayView2<'p, E>,
-    pub(crate) out: ArrayViewMut2<'out, O>,
+    pub(crate) out: Output<'out, O, Ix2>,
     /// Each row's logsumexp `m + ln l`, when asked for.
     pub(crate) lse: Option<ArrayViewMut1<'out, T>>,
     pub(crate) masks: MaskSet<'p, T>,
@@ -405,6 +407,7 @@ impl<'out, T: Real> OutRows<'out, T> {
             OutRows::Computed(out) => out.nrows(),
             OutRows::Bf16(out) => out.nrows(),
             OutRows::F16(out) => out.nrows(),
+            OutRows::Fresh(out) => out.nrows(),
         }
     }
 
@@ -414,6 +417,7 @@ impl<'out, T: Real> OutRows<'out, T> {
             OutRows::Computed(out) => split_rows(out, lens).into_iter().map(OutRows::Computed).collect(),
             OutRows::Bf16(out) => split_rows(out, lens).into_iter().map(OutRows::Bf16).collect(),
             OutRows::F16(out) => split_rows(out, lens).into_iter().map(OutRows::F16).collect(),
+            OutRows::Fresh(out) => split_rows(out, lens).into_iter().map(OutRows::Fresh).collect(),
         }
     }
 }
@@ -438,6 +442,9 @@ struct OutBlock<'out, T> {
     first: usize,
     out: OutRows<'out, T>,
     lse: Option<ArrayViewMut1<'out, T>>,
+    /// Whether its rows were written ([`State::write`]): every block is, before [`attend`]
+    /// returns, since fresh memory is taken as written once it has (see `fresh.rs`).
+    written: bool,
 }
 
 /// Whether a problem of `rows` query rows (queries times stacked heads) over keys `k` takes the
@@ -498,8 +505,13 @@ impl<'p, T: Real, E: Element<Compute = T>> Job<E> for Attend<'p, '_, T, E> {
             let mut lse = lse.map(|lse| split_rows(lse, &lens).into_iter());
             let outs = out.blocks(&lens).into_iter().zip(firsts);
             blocks.push(
-                outs.map(|(out, first)| OutBlock { first, out, lse: lse.as_mut().and_then(Iterator::next) })
-                    .collect(),
+                outs.map(|(out, first)| OutBlock {
+                    first,
+                    out,
+                    lse: lse.as_mut().and_then(Iterator::next),
+                    written: false,
+                })
+                .collect(),
             );
         }
         let decoding = problems.iter().all(|p| p.key_rows.is_some());
@@ -591,6 +603,7 @@ impl<'p, T: Real, E: Element<Compute = T>> Job<E> for Attend<'p, '_, T, E> {
             for part in work::map_items(items, parallel, new_scratch, attend_item) {
                 measured = measured.combine(part);
             }
+            assert!(blocks.iter().flatten().all(|b| b.written), "every block of output rows written");
             return decoding.then_some(measured);
         }
         let splits = &splits;
@@ -628,6 +641,7 @@ impl<'p, T: Real, E: Element<Compute = T>> Job<E> for Attend<'p, '_, T, E> {
             merged.write(out_block, &|r| problems[h].sink(first + r));
             measured = measured.combine(merged.measured);
         }
+        assert!(blocks.iter().flatten().all(|b| b.written), "every block of output rows written");
         decoding.then_some(measured)
     }
 }
@@ -786,7 +800,12 @@ impl<T: Real, E: Element<Compute = T>> Job<E> for AttendCached<'_, '_, T, E> {
                 let masks = problem(p, 0).masks;
                 let sink = |r: usize| masks.sink((b * K::QUERY_BLOCK + r) % rows_per_query);
                 merged.write(
-                    &mut OutBlock { first, out: OutRows::Computed(out.expect("the rows fit")), lse },
+                    &mut OutBlock {
+                        first,
+                        out: OutRows::Computed(out.expect("the rows fit")),
+                        lse,
+                        written: false,
+                    },
                     &sink,
                 );
                 measured = measured.combine(merged.measured);
@@ -1425,7 +1444,9 @@ impl<T: Real> State<T> {
             OutRows::F16(out) => {
                 self.write_rows(out, &finished, |x| half::f16::from_f32(x.to_f32().unwrap_or(f32::NAN)))
             }
+            OutRows::Fresh(out) => self.write_rows(out, &finished, MaybeUninit::new),
         }
+        block.written = true;
     }
 
     /// The finished rows (`finished(r)`, see [`Self::write`]) into `out`, each element stored
@@ -1438,7 +1459,8 @@ impl<T: Real> State<T> {
     ) {
         for (r, mut out_row) in out.rows_mut().into_iter().enumerate() {
             let finished = finished(r);
-            let o = &self.o[r * self.o_stride..];
+            // Every element of the row is written (fresh rows are taken as written afterwards).
+            let o = &self.o[r * self.o_stride..][..out_row.len()];
             let divide = |(x, &acc): (&mut O, &T)| *x = narrow(finished.output(acc));
             // A contiguous row as a slice, so that the divisions vectorise.
             match out_row.as_slice_mut() {

@@ -66,11 +66,13 @@ mod avx512bf16;
 mod x86;
 
 use std::convert::identity;
+use std::mem::MaybeUninit;
 
 use half::{bf16, f16};
 use ndarray::{ArrayView, ArrayView2, ArrayViewMut2, Axis, CowArray, Dimension};
 use wide::bytemuck::Pod;
 
+use crate::fresh;
 use crate::level::SimdLevel;
 
 pub use simd::Exp2;
@@ -111,6 +113,12 @@ pub trait Element: Pod + Send + Sync + Default + 'static {
     /// An output stored as this type, as the tiled path writes it (see [`OutRows`]).
     fn out_rows(out: ArrayViewMut2<'_, Self>) -> OutRows<'_, Self::Compute>;
 
+    /// An output of this type in fresh memory (see `fresh.rs`), as the tiled path writes it: as
+    /// it stands in the compute type ([`OutRows::Fresh`]), zeroed first in the others.
+    fn fresh_rows(out: ArrayViewMut2<'_, MaybeUninit<Self>>) -> OutRows<'_, Self::Compute> {
+        Self::out_rows(fresh::zeroed(out))
+    }
+
     /// Runs `job` with this element type's kernels of the level `isa` stands for.
     fn dispatch<J: Job<Self>>(isa: Isa, job: J) -> J::Output;
 }
@@ -132,7 +140,7 @@ macro_rules! pair_kernels {
 macro_rules! element {
     (
         $t:ty, $line:ty, $compute:ty, $widen:expr, $narrow:expr, $computed:expr, $out_rows:path,
-        pairs = $pairs:ident
+        pairs = $pairs:ident $(; fresh_rows = $fresh_rows:path)?
     ) => {
         impl Element for $t {
             type Line = $line;
@@ -156,6 +164,12 @@ macro_rules! element {
                 $out_rows(out)
             }
 
+            $(
+                fn fresh_rows(out: ArrayViewMut2<'_, MaybeUninit<$t>>) -> OutRows<'_, $compute> {
+                    $fresh_rows(out)
+                }
+            )?
+
             fn dispatch<J: Job<Self>>(isa: Isa, job: J) -> J::Output {
                 match isa {
                     #[cfg(target_arch = "x86_64")]
@@ -174,8 +188,10 @@ macro_rules! element {
 }
 // Only bf16 has pair kernels (the tiles, and AVX512-BF16's dot products): the other types run
 // those levels' vectors, AVX-512.
-element!(f32, wide::f32x16, f32, identity, identity, CowArray::from, OutRows::Computed, pairs = vectors);
-element!(f64, wide::f64x8, f64, identity, identity, CowArray::from, OutRows::Computed, pairs = vectors);
+element!(f32, wide::f32x16, f32, identity, identity, CowArray::from, OutRows::Computed, pairs = vectors;
+    fresh_rows = OutRows::Fresh);
+element!(f64, wide::f64x8, f64, identity, identity, CowArray::from, OutRows::Computed, pairs = vectors;
+    fresh_rows = OutRows::Fresh);
 element!(bf16, wide::f32x16, f32, bf16_to_f32, bf16::from_f32, widened_copy, OutRows::Bf16, pairs = own);
 element!(f16, wide::f32x16, f32, f16_to_f32, f16::from_f32, widened_copy, OutRows::F16, pairs = vectors);
 element!(Q8, [wide::i8x32; 2], f32, Q8::to_f32, Q8::nearest, widened_copy, Q8::no_output, pairs = vectors);
@@ -286,6 +302,8 @@ pub enum OutRows<'out, T> {
     Bf16(ArrayViewMut2<'out, bf16>),
     /// Rounded to f16 (under an f32 compute type).
     F16(ArrayViewMut2<'out, f16>),
+    /// In the compute type, in fresh memory that the tiled path writes once (see `fresh.rs`).
+    Fresh(ArrayViewMut2<'out, MaybeUninit<T>>),
 }
 
 /// An instruction-set level that this CPU runs, with the token that proves it.

@@ -53,8 +53,9 @@
 //! # Ok::<(), qkv::AttentionError>(())
 //! ```
 
-// `unsafe` lives in the kernels, where a detected CPU feature makes it sound, and in the work
-// sharing's two scheduler calls (`work/cpu.rs`).
+// `unsafe` lives in the kernels, where a detected CPU feature makes it sound, in the work
+// sharing's two scheduler calls (`work/cpu.rs`), and where fresh outputs are taken as written
+// (`fresh.rs`).
 #![deny(unsafe_code)]
 
 mod attention;
@@ -64,6 +65,8 @@ mod element;
 mod error;
 mod finite;
 mod flash;
+#[allow(unsafe_code)]
+mod fresh;
 mod half_precision;
 mod inputs;
 #[cfg(all(debug_assertions, not(test)))]

@@ -10,6 +10,7 @@ use crate::error::{AttentionError, Dims};
 use crate::finite::finite_magnitude;
 use crate::flash;
 use crate::flash::StoredKeys;
+use crate::fresh::{FreshArray, Output};
 use crate::inputs::{self, check_heads, seen_by_group};
 use crate::kernels::Element;
 use crate::options::AttentionOptions;
@@ -108,9 +109,9 @@ pub(crate) fn output<T: Real, E: Element<Compute = T>>(
 ) -> Result<Array4<T>, AttentionError> {
     let shape = check_heads(&q, &k, &v)?;
     let [batch, query_heads, n_queries, _] = *q.shape() else { unreachable!("4-D view") };
-    let mut out = Array4::zeros((batch, query_heads, n_queries, shape.value_dim));
-    attend_heads(&shape, q, k, v, options, out.view_mut(), None)?;
-    Ok(out)
+    let mut out = FreshArray::new((batch, query_heads, n_queries, shape.value_dim));
+    let written = attend_heads(&shape, q, k, v, options, out.output(), None);
+    out.written(written)
 }
 
 /// [`multi_head_attention_into`] over inputs stored as `E` into an output stored as `O`, and
@@ -133,7 +134,7 @@ pub(crate) fn output_into<T: Real, E: Element<Compute = T>, O: Element<Compute =
             found: out.shape().into(),
         });
     }
-    attend_heads(&shape, q, k, v, options, out, lse)
+    attend_heads(&shape, q, k, v, options, Output::Held(out), lse)
 }
 
 /// [`multi_head_attention_with_lse`] over inputs stored as `E`.
@@ -145,23 +146,24 @@ pub(crate) fn output_with_lse<T: Real, E: Element<Compute = T>>(
 ) -> Result<PartialAttention<T, Ix4>, AttentionError> {
     let shape = check_heads(&q, &k, &v)?;
     let [batch, query_heads, n_queries, _] = *q.shape() else { unreachable!("4-D view") };
-    let mut output = Array4::zeros((batch, query_heads, n_queries, shape.value_dim));
     let mut logsumexp = Array3::zeros((batch, query_heads, n_queries));
-    attend_heads(&shape, q, k, v, options, output.view_mut(), Some(logsumexp.view_mut()))?;
+    let mut output = FreshArray::new((batch, query_heads, n_queries, shape.value_dim));
+    let written = attend_heads(&shape, q, k, v, options, output.output(), Some(logsumexp.view_mut()));
+    let output = output.written(written)?;
     Ok(PartialAttention { output, logsumexp })
 }
 
 /// Attention for every head of checked tensors into `out` (and `lse`): inputs stored as `E` and
 /// the output as `O`, each `T` itself or a half-precision format under `T = f32` (see
 /// `attention.rs`'s `attend_output`, which does the same for one head).
-fn attend_heads<T: Real, E: Element<Compute = T>, O: Element<Compute = T>>(
+fn attend_heads<'out, T: Real, E: Element<Compute = T>, O: Element<Compute = T>>(
     shape: &Shape,
     q: ArrayView4<E>,
     k: ArrayView4<E>,
     v: ArrayView4<E>,
     options: &AttentionOptions<T>,
-    mut out: ArrayViewMut4<O>,
-    mut lse: Option<ArrayViewMut3<T>>,
+    mut out: Output<'out, O, Ix4>,
+    mut lse: Option<ArrayViewMut3<'out, T>>,
 ) -> Result<(), AttentionError> {
     let [batch, query_heads, _, _] = *q.shape() else { unreachable!("4-D view") };
     let group = query_heads / k.shape()[1];
@@ -173,6 +175,8 @@ fn attend_heads<T: Real, E: Element<Compute = T>, O: Element<Compute = T>>(
     // Heads that share a key/value head and their masks run as the rows of one problem.
     let stack = if masks.vary_by_head() { 1 } else { group };
     if flash::decodes(shape.n_queries * stack, &k.slice(s![0, 0, .., ..])) {
+        // Decoding writes the rows it reads the keys for; the output is zeroed for it.
+        let mut held = out.held();
         // Decoding reads each key and value once, for every query head of its group, and checks
         // them as it reads them: the inference step the caches take too.
         let queries = finite_magnitude("queries", &q)?;
@@ -196,22 +200,27 @@ fn attend_heads<T: Real, E: Element<Compute = T>, O: Element<Compute = T>>(
             rotary: None,
         };
         let lse = lse.as_mut().map(|lse| lse.view_mut());
-        let measured = step::attend(&step, out.view_mut(), lse, &mut StepBuffers::default());
+        let measured = step::attend(&step, held.view_mut(), lse, &mut StepBuffers::default());
         if flash::decode_checked(shape, queries, measured, &masks.head(0, 0)) {
             return Ok(());
         }
+        out = Output::Held(held);
     }
     let checked = inputs::check(&q, k, v, &|index| seen_by_group(&masks, group, index))?;
     let (k, v) = (checked.k.view(), checked.v.view());
     let mut lse_heads = lse.map(|lse| lse.into_outer_iter_mut().flat_map(|b| b.into_outer_iter_mut()));
-    let heads =
-        out.into_outer_iter_mut().flat_map(|b| b.into_outer_iter_mut()).enumerate().map(|(index, out)| {
-            let (b, h) = (index / query_heads, index % query_heads);
-            let lse = lse_heads.as_mut().map(|heads| heads.next().expect("one logsumexp row per head"));
-            let (k, v) = (k.slice(s![b, h / group, .., ..]), v.slice(s![b, h / group, .., ..]));
-            flash::Head { q: q.slice(s![b, h, .., ..]), k, v, out, lse, masks: masks.head(b, h) }
-        });
-    if flash::stays_finite(shape, &checked.magnitudes, &masks.head(0, 0)) {
+    let tiled = flash::stays_finite(shape, &checked.magnitudes, &masks.head(0, 0));
+    if !tiled {
+        // The blocked path writes its rows as it goes: zeroed first, fresh or not.
+        out = Output::Held(out.held());
+    }
+    let heads = out.into_outer().into_iter().flat_map(Output::into_outer).enumerate().map(|(index, out)| {
+        let (b, h) = (index / query_heads, index % query_heads);
+        let lse = lse_heads.as_mut().map(|heads| heads.next().expect("one logsumexp row per head"));
+        let (k, v) = (k.slice(s![b, h / group, .., ..]), v.slice(s![b, h / group, .., ..]));
+        flash::Head { q: q.slice(s![b, h, .., ..]), k, v, out, lse, masks: masks.head(b, h) }
+    });
+    if tiled {
         // Every head on the tiled path in one call, whose work items span all the heads.
         flash::attend(kernels, shape, 1, heads.collect());
         return Ok(());
@@ -220,16 +229,16 @@ fn attend_heads<T: Real, E: Element<Compute = T>, O: Element<Compute = T>>(
     // computes in `T` alone, so half-precision inputs are widened for it.
     for (index, flash::Head { q, k, v, out, lse, masks }) in heads.enumerate() {
         let (q, k, v) = (E::computed(q), E::computed(k), E::computed(v));
-        blocked::attend(shape, q.view(), k.view(), v.view(), &masks, out, lse, None).map_err(|error| {
-            match error {
+        blocked::attend(shape, q.view(), k.view(), v.view(), &masks, out.held(), lse, None).map_err(
+            |error| match error {
                 AttentionError::ScoreOverflow { query_idx, ty, .. } => AttentionError::ScoreOverflow {
                     query_idx,
                     head: Some((index / query_heads, index % query_heads)),
                     ty,
                 },
                 error => error,
-            }
-        })?;
+            },
+        )?;
     }
     Ok(())
 }

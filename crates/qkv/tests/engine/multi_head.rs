@@ -132,3 +132,59 @@ fn decoding_stacks_the_heads_that_share_a_kv_head() {
         }
     }
 }
+
+/// Outputs the engine allocates are not zeroed first: every element must be written. Before each
+/// call the allocator is handed back a block of NaN of the output's size, which it reuses for
+/// the output, so an element left unwritten reads as NaN here. Shapes: one query (decoding),
+/// blocks of one head shared out, whole heads, keys split, and rows whose every key is hidden.
+#[test]
+fn outputs_the_engine_allocates_are_written_in_full() {
+    let mut rng = ChaCha8Rng::seed_from_u64(23);
+    let stale = |len: usize| drop(vec![f32::NAN; len]);
+    for (n_q, n_k) in [(1, 9), (3, 40), (70, 33), (130, 141), (5, 2100)] {
+        for (q_heads, kv_heads) in [(1, 1), (12, 4)] {
+            let (batch, d_k, d_v) = (1, 8, 5);
+            let q = random4(&mut rng, (batch, q_heads, n_q, d_k));
+            let k = random4(&mut rng, (batch, kv_heads, n_k, d_k));
+            let v = random4(&mut rng, (batch, kv_heads, n_k, d_v));
+            // The last query sees no key: its row is written as zeros.
+            let keep = Array2::from_shape_fn((n_q, n_k), |(i, j)| i + 1 < n_q && (i + j) % 3 != 0);
+            for level in levels() {
+                for options in [
+                    AttentionOptions::new().simd(level),
+                    AttentionOptions::new().causal(CausalMask::BottomRight).simd(level),
+                    AttentionOptions::new().keep_mask(keep.view()).simd(level),
+                ] {
+                    let ctx = format!("{level} {n_q}x{n_k} {q_heads}/{kv_heads} heads");
+                    stale(batch * q_heads * n_q * d_v);
+                    let out = qkv::multi_head_attention(q.view(), k.view(), v.view(), &options).unwrap();
+                    stale(batch * q_heads * n_q * d_v);
+                    let with_lse =
+                        qkv::multi_head_attention_with_lse(q.view(), k.view(), v.view(), &options).unwrap();
+                    assert_eq!(with_lse.output, out, "{ctx}: with the logsumexp");
+                    for h in 0..q_heads {
+                        let kv = h / (q_heads / kv_heads);
+                        let (q, k, v) = (
+                            q.slice(s![0, h, .., ..]),
+                            k.slice(s![0, kv, .., ..]),
+                            v.slice(s![0, kv, .., ..]),
+                        );
+                        let want = qkv::reference::attention(q, k, v, &options).unwrap();
+                        assert_close(
+                            &format!("{ctx}, head {h}"),
+                            &out.slice(s![0, h, .., ..]).to_owned(),
+                            &want.output,
+                            4.0,
+                        );
+                        stale(n_q * d_v);
+                        let single = qkv::attention(q, k, v, &options).unwrap();
+                        assert_close(&format!("{ctx}, head {h} alone"), &single, &want.output, 4.0);
+                        stale(n_q * d_v);
+                        let single = qkv::attention_with_lse(q, k, v, &options).unwrap();
+                        assert_close(&format!("{ctx}, head {h} with lse"), &single.output, &want.output, 4.0);
+                    }
+                }
+            }
+        }
+    }
+}
