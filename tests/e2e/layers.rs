@@ -18,8 +18,8 @@ const ENGINE: &[&[&str]] = &[
     &["mask"],
     &["error"],
     // Shared helpers: validated shapes, the work split, buffers kept between calls, the
-    // dispatched level, the softmax's finishing rule.
-    &["shape", "work", "spare", "simd", "softmax"],
+    // dispatched level, the softmax's finishing rule, outputs allocated without zeroing.
+    &["shape", "work", "spare", "simd", "softmax", "fresh"],
     // Input checks at the dispatched level.
     &["finite"],
     // Rotary position embeddings, and the keys a cache stores under them.

@@ -6,15 +6,15 @@
 //!
 //! Fresh memory reaches one writer only: the tiled path (`flash::attend`), which writes every
 //! element of every row once and checks that each block of rows was written before it returns.
-//! Every other path takes the output zeroed ([`Output::held`]). This module is the only place the
-//! crate treats memory as initialised.
+//! Every other path takes the output zeroed ([`Output::held`], `kernels::zeroed`). Taking fresh
+//! memory as written by another module happens here alone ([`FreshArray::written`]).
 
 use std::mem::MaybeUninit;
 
 use ndarray::{Array, ArrayViewMut, Dimension, ShapeBuilder};
 
 use crate::error::AttentionError;
-use crate::kernels::{Element, OutRows};
+use crate::kernels::{self, Element, OutRows};
 
 /// Where a result is written: elements the caller holds, or fresh memory that the engine
 /// allocated.
@@ -30,7 +30,7 @@ impl<'a, O: Element, D: Dimension> Output<'a, O, D> {
     pub(crate) fn held(self) -> ArrayViewMut<'a, O, D> {
         match self {
             Output::Held(out) => out,
-            Output::Fresh(out) => zeroed(out),
+            Output::Fresh(out) => kernels::zeroed(out),
         }
     }
 
@@ -70,15 +70,6 @@ impl<'a, O: Element> Output<'a, O, ndarray::Ix2> {
             Output::Fresh(out) => O::fresh_rows(out),
         }
     }
-}
-
-/// `out` with every element set to zero.
-pub(crate) fn zeroed<O: Element, D: Dimension>(
-    mut out: ArrayViewMut<'_, MaybeUninit<O>, D>,
-) -> ArrayViewMut<'_, O, D> {
-    out.fill(MaybeUninit::new(wide::bytemuck::Zeroable::zeroed()));
-    // SAFETY: every element was written just above.
-    unsafe { out.assume_init() }
 }
 
 /// A new array that the engine writes before it is returned, allocated without zeroing.

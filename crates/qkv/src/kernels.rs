@@ -69,10 +69,9 @@ use std::convert::identity;
 use std::mem::MaybeUninit;
 
 use half::{bf16, f16};
-use ndarray::{ArrayView, ArrayView2, ArrayViewMut2, Axis, CowArray, Dimension};
+use ndarray::{ArrayView, ArrayView2, ArrayViewMut, ArrayViewMut2, Axis, CowArray, Dimension};
 use wide::bytemuck::Pod;
 
-use crate::fresh;
 use crate::level::SimdLevel;
 
 pub use simd::Exp2;
@@ -116,7 +115,7 @@ pub trait Element: Pod + Send + Sync + Default + 'static {
     /// An output of this type in fresh memory (see `fresh.rs`), as the tiled path writes it: as
     /// it stands in the compute type ([`OutRows::Fresh`]), zeroed first in the others.
     fn fresh_rows(out: ArrayViewMut2<'_, MaybeUninit<Self>>) -> OutRows<'_, Self::Compute> {
-        Self::out_rows(fresh::zeroed(out))
+        Self::out_rows(zeroed(out))
     }
 
     /// Runs `job` with this element type's kernels of the level `isa` stands for.
@@ -304,6 +303,15 @@ pub enum OutRows<'out, T> {
     F16(ArrayViewMut2<'out, f16>),
     /// In the compute type, in fresh memory that the tiled path writes once (see `fresh.rs`).
     Fresh(ArrayViewMut2<'out, MaybeUninit<T>>),
+}
+
+/// `out` with every element set to zero, as initialised elements.
+pub(crate) fn zeroed<E: Element, D: Dimension>(
+    mut out: ArrayViewMut<'_, MaybeUninit<E>, D>,
+) -> ArrayViewMut<'_, E, D> {
+    out.fill(MaybeUninit::new(E::zeroed()));
+    // SAFETY: every element was written just above.
+    unsafe { out.assume_init() }
 }
 
 /// An instruction-set level that this CPU runs, with the token that proves it.
