@@ -433,6 +433,8 @@ fn split_rows<'a, A, D: Dimension>(
         blocks.push(block);
         a = rest;
     }
+    // Every row is in a block: the blocks of an engine-allocated output are all that is written.
+    assert_eq!(a.len_of(Axis(0)), 0, "the blocks cover every row");
     blocks
 }
 

@@ -5,9 +5,12 @@
 //! either.
 //!
 //! Fresh memory reaches one writer only: the tiled path (`flash::attend`), which writes every
-//! element of every row once and checks that each block of rows was written before it returns.
-//! Every other path takes the output zeroed ([`Output::held`], `kernels::zeroed`). Taking fresh
-//! memory as written by another module happens here alone ([`FreshArray::written`]).
+//! element of every row (again, after a decoding attempt whose check failed) and checks that each
+//! block of rows was written before it returns. Every other path takes the output zeroed
+//! ([`Output::held`], `kernels::zeroed`). Taking fresh memory as written by another module
+//! happens here alone ([`FreshArray::written`]), and rests on that convention: a new path that
+//! returns `Ok` must write the output through one of the two. The engine tests' allocator fills
+//! unzeroed memory with NaN, so that one that does not shows in every test.
 
 use std::mem::MaybeUninit;
 
@@ -92,8 +95,8 @@ impl<O: Element, D: Dimension> FreshArray<O, D> {
         written?;
         // SAFETY: the call succeeded, and fresh memory is written only by the tiled path, which
         // writes every element of every row it was given and checks that every block of rows was
-        // written (`flash::Attend::run`), or is zeroed first (`Output::held`, `Element::fresh_rows`). On a
-        // panic or an error the array is dropped unread, as `MaybeUninit`.
+        // written (`flash::Attend::run`), or is zeroed first (`Output::held`). On a panic or an
+        // error the array is dropped unread, as `MaybeUninit`.
         Ok(unsafe { self.0.assume_init() })
     }
 }

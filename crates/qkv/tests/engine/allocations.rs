@@ -1,7 +1,10 @@
 //! Heap allocations of a warm decoding step over a KV cache and of a batched one over a paged
 //! cache (32 query heads over 8 key/value heads, d = 128, one query per sequence), and the large
 //! ones of a warm backward, counted by this test binary's global allocator, which counts per
-//! thread so that the tests running beside it do not add to the count.
+//! thread so that the tests running beside it do not add to the count. The allocator also fills
+//! every block it is not asked to zero with `0xFF` bytes (NaN as f32 and f64), so that an element
+//! the engine leaves unwritten in memory it did not zero reads as NaN in every test
+//! (`outputs_the_engine_allocates_are_written_in_full`).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -42,12 +45,20 @@ fn allocations() -> u64 {
     ALLOCATIONS.with(Cell::get)
 }
 
-// SAFETY: every call is passed to `System` unchanged; counting touches only a thread-local cell.
+// SAFETY: every call is passed to `System` unchanged; counting touches only a thread-local cell,
+// and the poison only the block just allocated.
 unsafe impl GlobalAlloc for CountingAllocator {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         count_one(layout.size());
-        // SAFETY: the caller's guarantees for `alloc` are `System.alloc`'s.
-        unsafe { System.alloc(layout) }
+        // SAFETY: the caller's guarantees for `alloc` are `System.alloc`'s; a block it returns
+        // holds `layout.size()` writable bytes.
+        unsafe {
+            let block = System.alloc(layout);
+            if !block.is_null() {
+                block.write_bytes(0xFF, layout.size());
+            }
+            block
+        }
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {

@@ -2,6 +2,7 @@
 //! from embeddings against projecting by hand.
 
 use ndarray::{Array2, Array4, s};
+use qkv::half::bf16;
 use qkv::{AttentionOptions, CausalMask, Projections};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -133,14 +134,15 @@ fn decoding_stacks_the_heads_that_share_a_kv_head() {
     }
 }
 
-/// Outputs the engine allocates are not zeroed first: every element must be written. Before each
-/// call the allocator is handed back a block of NaN of the output's size, which it reuses for
-/// the output, so an element left unwritten reads as NaN here. Shapes: one query (decoding),
-/// blocks of one head shared out, whole heads, keys split, and rows whose every key is hidden.
+/// Outputs the engine allocates are not zeroed first: every element must be written. This test
+/// binary's allocator fills all memory it is not asked to zero with NaN (`allocations.rs`), so
+/// an element left unwritten reads as NaN: each result is compared with the f64 reference and,
+/// bit for bit, with the same call into a zeroed array. Shapes: one query (decoding), blocks of
+/// one head shared out, whole heads, keys split, a row that sees no key, values large enough for
+/// the blocked path, and bf16 inputs (the pair levels' tiles).
 #[test]
 fn outputs_the_engine_allocates_are_written_in_full() {
     let mut rng = ChaCha8Rng::seed_from_u64(23);
-    let stale = |len: usize| drop(vec![f32::NAN; len]);
     for (n_q, n_k) in [(1, 9), (3, 40), (70, 33), (130, 141), (5, 2100)] {
         for (q_heads, kv_heads) in [(1, 1), (12, 4)] {
             let (batch, d_k, d_v) = (1, 8, 5);
@@ -156,9 +158,11 @@ fn outputs_the_engine_allocates_are_written_in_full() {
                     AttentionOptions::new().keep_mask(keep.view()).simd(level),
                 ] {
                     let ctx = format!("{level} {n_q}x{n_k} {q_heads}/{kv_heads} heads");
-                    stale(batch * q_heads * n_q * d_v);
                     let out = qkv::multi_head_attention(q.view(), k.view(), v.view(), &options).unwrap();
-                    stale(batch * q_heads * n_q * d_v);
+                    let mut held = Array4::zeros(out.raw_dim());
+                    qkv::multi_head_attention_into(q.view(), k.view(), v.view(), &options, held.view_mut())
+                        .unwrap();
+                    assert_eq!(out, held, "{ctx}: into a zeroed array");
                     let with_lse =
                         qkv::multi_head_attention_with_lse(q.view(), k.view(), v.view(), &options).unwrap();
                     assert_eq!(with_lse.output, out, "{ctx}: with the logsumexp");
@@ -170,19 +174,35 @@ fn outputs_the_engine_allocates_are_written_in_full() {
                             v.slice(s![0, kv, .., ..]),
                         );
                         let want = qkv::reference::attention(q, k, v, &options).unwrap();
-                        assert_close(
-                            &format!("{ctx}, head {h}"),
-                            &out.slice(s![0, h, .., ..]).to_owned(),
-                            &want.output,
-                            4.0,
-                        );
-                        stale(n_q * d_v);
+                        let got = out.slice(s![0, h, .., ..]).to_owned();
+                        assert_close(&format!("{ctx}, head {h}"), &got, &want.output, 4.0);
                         let single = qkv::attention(q, k, v, &options).unwrap();
                         assert_close(&format!("{ctx}, head {h} alone"), &single, &want.output, 4.0);
-                        stale(n_q * d_v);
                         let single = qkv::attention_with_lse(q, k, v, &options).unwrap();
-                        assert_close(&format!("{ctx}, head {h} with lse"), &single.output, &want.output, 4.0);
+                        assert_eq!(single.output, qkv::attention(q, k, v, &options).unwrap(), "{ctx}: lse");
                     }
+                    // Values whose unnormalised sums could overflow: the blocked path.
+                    let huge = v.mapv(|x| x * 1e36);
+                    let out = qkv::multi_head_attention(q.view(), k.view(), huge.view(), &options).unwrap();
+                    let mut held = Array4::zeros(out.raw_dim());
+                    qkv::multi_head_attention_into(
+                        q.view(),
+                        k.view(),
+                        huge.view(),
+                        &options,
+                        held.view_mut(),
+                    )
+                    .unwrap();
+                    assert_eq!(out, held, "{ctx}: huge values, into a zeroed array");
+                    assert!(out.iter().all(|x| x.is_finite()), "{ctx}: huge values");
+                    // bf16 inputs, f32 output.
+                    let narrow = |x: &Array4<f32>| x.slice(s![0, 0, .., ..]).mapv(bf16::from_f32);
+                    let (q, k, v) = (narrow(&q), narrow(&k), narrow(&v));
+                    let out = qkv::attention_half(q.view(), k.view(), v.view(), &options).unwrap();
+                    let mut held = Array2::<f32>::zeros(out.raw_dim());
+                    qkv::attention_half_into(q.view(), k.view(), v.view(), &options, held.view_mut())
+                        .unwrap();
+                    assert_eq!(out, held, "{ctx}: bf16 inputs, into a zeroed array");
                 }
             }
         }
