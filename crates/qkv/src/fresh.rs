@@ -53,15 +53,17 @@ impl<'a, O: Element, D: Dimension> Output<'a, O, D> {
         }
     }
 
-    /// The views of its subviews along the outermost axis, in order.
-    pub(crate) fn into_outer(self) -> Vec<Output<'a, O, D::Smaller>>
+    /// Its subviews along the outermost axis, in order.
+    pub(crate) fn into_outer(self) -> impl Iterator<Item = Output<'a, O, D::Smaller>>
     where
         D: ndarray::RemoveAxis,
     {
-        match self {
-            Output::Held(out) => out.into_outer_iter_mut().map(Output::Held).collect(),
-            Output::Fresh(out) => out.into_outer_iter_mut().map(Output::Fresh).collect(),
-        }
+        let (held, fresh) = match self {
+            Output::Held(out) => (Some(out.into_outer_iter_mut()), None),
+            Output::Fresh(out) => (None, Some(out.into_outer_iter_mut())),
+        };
+        let held = held.into_iter().flatten().map(Output::Held);
+        held.chain(fresh.into_iter().flatten().map(Output::Fresh))
     }
 }
 

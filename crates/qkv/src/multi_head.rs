@@ -209,24 +209,20 @@ fn attend_heads<'out, T: Real, E: Element<Compute = T>, O: Element<Compute = T>>
     let checked = inputs::check(&q, k, v, &|index| seen_by_group(&masks, group, index))?;
     let (k, v) = (checked.k.view(), checked.v.view());
     let mut lse_heads = lse.map(|lse| lse.into_outer_iter_mut().flat_map(|b| b.into_outer_iter_mut()));
-    let tiled = flash::stays_finite(shape, &checked.magnitudes, &masks.head(0, 0));
-    if !tiled {
-        // The blocked path writes its rows as it goes: zeroed first, fresh or not.
-        out = Output::Held(out.held());
-    }
-    let heads = out.into_outer().into_iter().flat_map(Output::into_outer).enumerate().map(|(index, out)| {
+    let heads = out.into_outer().flat_map(Output::into_outer).enumerate().map(|(index, out)| {
         let (b, h) = (index / query_heads, index % query_heads);
         let lse = lse_heads.as_mut().map(|heads| heads.next().expect("one logsumexp row per head"));
         let (k, v) = (k.slice(s![b, h / group, .., ..]), v.slice(s![b, h / group, .., ..]));
         flash::Head { q: q.slice(s![b, h, .., ..]), k, v, out, lse, masks: masks.head(b, h) }
     });
-    if tiled {
+    if flash::stays_finite(shape, &checked.magnitudes, &masks.head(0, 0)) {
         // Every head on the tiled path in one call, whose work items span all the heads.
         flash::attend(kernels, shape, 1, heads.collect());
         return Ok(());
     }
     // The blocked path copes with scores that may overflow, and names the query whose does. It
-    // computes in `T` alone, so half-precision inputs are widened for it.
+    // computes in `T` alone, so half-precision inputs are widened for it, and writes its rows as
+    // it goes, so a fresh output is zeroed for it head by head.
     for (index, flash::Head { q, k, v, out, lse, masks }) in heads.enumerate() {
         let (q, k, v) = (E::computed(q), E::computed(k), E::computed(v));
         blocked::attend(shape, q.view(), k.view(), v.view(), &masks, out.held(), lse, None).map_err(
