@@ -280,10 +280,14 @@ pub fn multi_head_attention_backward_into<T: Real>(
 ///
 /// Computed as the f32 backward computes: the inputs are widened to f32 exactly as they are
 /// packed for the kernels (no widened copy of a whole input is made), the weights are
-/// recomputed in f32 from the saved logsumexp, and every product is summed in f32. No level
-/// multiplies bf16 pairs in the backward yet, so the gradients are those of the f32 backward on
-/// the widened inputs, bit for bit, at every level. Round them with `mapv(bf16::from_f32)` where
-/// a model keeps bf16 gradients (as PyTorch's bf16 backward returns them).
+/// recomputed in f32 from the saved logsumexp, and every product is summed in f32. At the vector
+/// levels the gradients are those of the f32 backward on the widened inputs, bit for bit. bf16
+/// inputs at the pair levels (AMX, AVX512-BF16) take the scores `Q·Kᵀ` and `dO·Vᵀ` from the
+/// stored bf16 on the tile unit or `vdpbf16ps`: each product of two bf16 is exact in f32, so
+/// those scores differ from the f32 backward's only in the order of their f32 sums, and the
+/// weights, `dS` and the gradients' sums stay in f32 (PyTorch's bf16 backward rounds them to
+/// bf16). Round the gradients with `mapv(bf16::from_f32)` where a model keeps bf16 gradients (as
+/// PyTorch's bf16 backward returns them).
 ///
 /// ```
 /// use half::bf16;
@@ -444,7 +448,7 @@ fn backward<T: Real, E: Element<Compute = T>, D: Dimension>(
         return Err(AttentionError::GradientOverflow { ty: T::NAME });
     }
     // Half-precision inputs are read as they are stored: the tiled path widens them as it packs
-    // them into its own layouts.
+    // them into its own layouts (bf16 stays bf16 for the score products of a pair level).
     let four = leading_axes::<_, D, Ix4>;
     let four_mut = leading_axes::<_, D, Ix4>;
     let lse = leading_axes::<_, D::Smaller, Ix3>(logsumexp);

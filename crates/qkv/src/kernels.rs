@@ -412,6 +412,12 @@ pub trait Kernels<T: Scalar, E: Element<Compute = T> = T>: Copy + Send + Sync {
     const LONG_QUERY_BLOCK: usize = Self::QUERY_BLOCK;
     /// How packed keys, queries and values are laid out for the tiles (see [`Layout`]).
     const LAYOUT: Layout = Layout::Lanes;
+    /// This level's kernels for operands already in `T` (itself where `E` is `T`): the backward
+    /// takes its scores from `E` at a pair level and computes everything else from widened rows.
+    type Widened: Kernels<T>;
+
+    /// See [`Self::Widened`].
+    fn widened(self) -> Self::Widened;
 
     /// `S = Q·Kᵀ` for whole groups of packed queries against whole key panels, and the lane-wise
     /// maxima of each row (see [`ScoreTile`]). `group_keys(g)`, when given, is how many of the
@@ -626,6 +632,11 @@ macro_rules! level_kernels {
                 const TILE_ROWS: usize = $mr;
                 const QUERY_BLOCK: usize = $query_block;
                 $(const LONG_QUERY_BLOCK: usize = $long_query_block;)?
+                type Widened = $token;
+
+                fn widened(self) -> $token {
+                    self
+                }
 
                 fn scores(
                     self,

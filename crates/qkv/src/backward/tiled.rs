@@ -4,7 +4,8 @@
 //! A tile is `QUERY_BLOCK` query rows × `KEY_BLOCK` keys, as in the forward (`flash.rs`): scores
 //! `S = Q·Kᵀ · scale` from the same packed panels and score kernel, the same masking
 //! (`flash::mask_tile`, `flash::BlockKeys` for the tiles every row skips), then `P = exp(S - lse)`,
-//! `dP = dO·Vᵀ` (the score kernel again, on `dO` and the value panels) and
+//! `dP = dO·Vᵀ` (the score kernel again, on `dO` and the value panels; at a pair level both
+//! read the stored bf16, see [`Tiling`]) and
 //! `dS = P ∘ (dP - δ)` with `δ = rowsum(dO ∘ O)`. An attention sink is in the saved logsumexp, so
 //! `P` is right as it stands; its own gradient is `-Σ_i exp(s - lse_i) · δ_i`. Under a soft-cap, `dS` is multiplied by the
 //! cap's derivative at the raw scores (`MaskSet::softcap_derivative`) after `dBias = dS` is
@@ -176,23 +177,27 @@ enum Packing<'a, T: Real, E> {
 }
 
 impl<T: Real, E: Element<Compute = T>> Packing<'_, T, E> {
-    /// The scalars this piece writes, for level `K`.
-    fn len<K: Kernels<T>>(&self) -> usize {
+    /// The scalars this piece writes, for the score products' `tiling`.
+    fn len(&self, tiling: &Tiling) -> usize {
         match self {
-            Packing::Blocks { x, .. } => x.nrows().div_ceil(K::QUERY_BLOCK) * K::QUERY_BLOCK * x.ncols(),
+            Packing::Blocks { x, .. } => {
+                x.nrows().div_ceil(tiling.query_block) * tiling.query_block * tiling.row_scalars(x.ncols())
+            }
             Packing::Rows { x, stride } => x.nrows() * stride,
-            Packing::Panels { x } => x.nrows().div_ceil(K::KEY_PANEL) * K::KEY_PANEL * x.ncols(),
+            Packing::Panels { x } => {
+                x.nrows().div_ceil(tiling.key_panel) * tiling.key_panel * tiling.row_scalars(x.ncols())
+            }
             Packing::Delta { output, .. } => output.nrows(),
         }
     }
 
     /// This piece, into `into`.
-    fn pack<K: Kernels<T>>(self, into: spare::Unzeroed<T>) -> Buffer<T> {
+    fn pack(self, tiling: &Tiling, into: spare::Unzeroed<T>) -> Buffer<T> {
         let mut out = into.zeroed();
         match self {
-            Packing::Blocks { x, scale } => packed_blocks::<T, E, K>(x, scale, &mut out),
+            Packing::Blocks { x, scale } => packed_blocks(x, scale, tiling, &mut out),
             Packing::Rows { x, stride } => rows_buffer(x, stride, &mut out),
-            Packing::Panels { x } => panels(x, K::KEY_PANEL, &mut out),
+            Packing::Panels { x } => panels(x, tiling, &mut out),
             Packing::Delta { output, d_output } => {
                 for ((o, d_o), delta) in output.rows().into_iter().zip(d_output.rows()).zip(out.iter_mut()) {
                     *delta = T::from_f64_round(row_dot(o, d_o));
@@ -234,50 +239,161 @@ fn rows_buffer<T: Real, E: Element<Compute = T>>(x: ArrayView2<E>, stride: usize
     }
 }
 
-/// Every key panel of `x` widened to `T` into `panels` (zeroed): `KEY_PANEL` keys of `x.ncols()`
-/// scalars each. A half-precision `x` is widened a panel's keys at a time
-/// (`Element::computed`, which borrows `T` as it is), so that every panel is packed by `T`'s
-/// transposes.
-fn panels<T: Real, E: Element<Compute = T>>(x: ArrayView2<E>, key_panel: usize, panels: &mut [T]) {
-    let (n, width) = x.dim();
-    for (p, panel) in panels.chunks_exact_mut(key_panel * width).enumerate() {
+/// Every key panel of `x` into `panels` (zeroed), for the score products' `tiling`: in the lane
+/// layout `key_panel` keys of `x.ncols()` scalars each, widened to `T` a panel's keys at a time
+/// (`Element::computed`, which borrows `T` as it is) so that every panel is packed by `T`'s
+/// transposes; in the pair layout as stored, two to a scalar.
+fn panels<T: Real, E: Element<Compute = T>>(x: ArrayView2<E>, tiling: &Tiling, panels: &mut [T]) {
+    let (n, key_panel) = (x.nrows(), tiling.key_panel);
+    let panel_len = key_panel * tiling.row_scalars(x.ncols());
+    for (p, panel) in panels.chunks_exact_mut(panel_len).enumerate() {
         let first = p * key_panel;
-        let keys = E::computed(x.slice(ndarray::s![first..(first + key_panel).min(n), ..]));
-        kernels::pack_key_panel(keys.view(), 0, key_panel, Layout::Lanes, panel);
+        match tiling.layout {
+            Layout::Lanes => {
+                let keys = E::computed(x.slice(ndarray::s![first..(first + key_panel).min(n), ..]));
+                kernels::pack_key_panel(keys.view(), 0, key_panel, Layout::Lanes, panel);
+            }
+            Layout::Pairs => {
+                let panel = wide::bytemuck::cast_slice_mut(panel);
+                kernels::pack_key_panel(x, first, key_panel, Layout::Pairs, panel);
+            }
+        }
     }
 }
 
-/// Queries `x` packed block by block for the score kernel into `out` (zeroed), widened to `T`,
-/// times `scale`.
-fn packed_blocks<T: Real, E: Element<Compute = T>, K: Kernels<T>>(x: ArrayView2<E>, scale: T, out: &mut [T]) {
-    let (n, d) = (x.nrows(), x.ncols());
-    for (b, block) in out.chunks_exact_mut(K::QUERY_BLOCK * d).enumerate() {
-        let rows = K::QUERY_BLOCK.min(n - b * K::QUERY_BLOCK);
-        let padded = rows.next_multiple_of(K::TILE_ROWS);
-        let tiles = (K::TILE_ROWS, K::LAYOUT);
-        kernels::pack_queries(x, b * K::QUERY_BLOCK, rows, scale, tiles, &mut block[..padded * d]);
+/// Queries `x` packed block by block for the score products' `tiling` into `out` (zeroed), times
+/// `scale` (1 in the pair layout, see [`Tiling::query_scale`], so the bf16 are kept as stored).
+fn packed_blocks<T: Real, E: Element<Compute = T>>(
+    x: ArrayView2<E>,
+    scale: T,
+    tiling: &Tiling,
+    out: &mut [T],
+) {
+    let (n, width) = (x.nrows(), tiling.row_scalars(x.ncols()));
+    let query_block = tiling.query_block;
+    for (b, block) in out.chunks_exact_mut(query_block * width).enumerate() {
+        let rows = query_block.min(n - b * query_block);
+        let padded = rows.next_multiple_of(tiling.tile_rows);
+        let tiles = (tiling.tile_rows, tiling.layout);
+        let factor =
+            kernels::pack_queries(x, b * query_block, rows, scale, tiles, &mut block[..padded * width]);
+        debug_assert!(factor == T::one(), "the scores take the scale the tiling gives them");
     }
 }
 
-/// What both passes read: the shape, the strides and every head's operands.
+/// How the score products `S = Q·Kᵀ` and `dP = dO·Vᵀ` read their packed operands, and the
+/// blocks of query rows the whole backward takes.
+///
+/// At a lane level every operand is widened to `T` as it is packed, and queries carry the scale.
+/// At a pair level (bf16 inputs on the tile unit or AVX512-BF16) those two products read the
+/// stored bf16 as the forward's tiles do: each product of two bf16 is exact in f32, so the scores
+/// are the lane levels' up to the order of the f32 sums, and are scaled afterwards. Everything
+/// else (the weights, `dS`, and the three products that sum them) is computed in `T` from widened
+/// rows, by the level's [`Kernels::Widened`].
+#[derive(Debug, Clone, Copy)]
+struct Tiling {
+    layout: Layout,
+    tile_rows: usize,
+    query_block: usize,
+    key_panel: usize,
+}
+
+impl Tiling {
+    /// The tiling of the score products of `K`.
+    fn of<T: Real, E: Element<Compute = T>, K: Kernels<T, E>>() -> Tiling {
+        match K::LAYOUT {
+            Layout::Pairs => Tiling {
+                layout: Layout::Pairs,
+                tile_rows: K::TILE_ROWS,
+                query_block: K::QUERY_BLOCK,
+                key_panel: K::KEY_PANEL,
+            },
+            Layout::Lanes => Tiling {
+                layout: Layout::Lanes,
+                tile_rows: K::Widened::TILE_ROWS,
+                query_block: K::Widened::QUERY_BLOCK,
+                key_panel: K::Widened::KEY_PANEL,
+            },
+        }
+    }
+
+    /// Scalars of `T` per packed row of `d` components: `d` widened, or bf16 pairs.
+    fn row_scalars(&self, d: usize) -> usize {
+        match self.layout {
+            Layout::Lanes => d,
+            Layout::Pairs => self.layout.padded_dim(d) / 2,
+        }
+    }
+
+    /// The factor packed queries are multiplied by for scores times `scale`: all of it in the
+    /// lane layout, none in the pair layout, whose products apply it (see [`Self::scores`]).
+    fn query_scale<T: Real>(&self, scale: T) -> T {
+        match self.layout {
+            Layout::Lanes => scale,
+            Layout::Pairs => T::one(),
+        }
+    }
+
+    /// `S = Q·Kᵀ · scale` (the lane layout's queries carrying `scale` already) for `padded` packed query rows `q`
+    /// of `d` components against the packed keys `keys[first_key..]` into `s` (`KEY_BLOCK` per
+    /// row), `panels` panels of them.
+    fn scores<T: Real, E: Element<Compute = T>, K: Kernels<T, E>>(
+        &self,
+        kernels: K,
+        (q, padded, d): (&[T], usize, usize),
+        (keys, first_key, panels): (&[T], usize, usize),
+        scale: T,
+        s: &mut [T],
+        row_max: &mut [T],
+    ) {
+        let (q, keys) = (&q[..padded * self.row_scalars(d)], &keys[first_key * self.row_scalars(d)..]);
+        match self.layout {
+            Layout::Lanes => {
+                let tile = ScoreTile {
+                    q,
+                    scale: T::one(),
+                    d,
+                    rows: padded,
+                    real_rows: padded,
+                    keys,
+                    panels,
+                    s,
+                    row_max,
+                };
+                kernels.widened().scores(tile, None);
+            }
+            Layout::Pairs => {
+                let keys = wide::bytemuck::cast_slice(keys);
+                let tile =
+                    ScoreTile { q, scale, d, rows: padded, real_rows: padded, keys, panels, s, row_max };
+                kernels.scores(tile, None);
+            }
+        }
+    }
+}
+
+/// What both passes read: the shape, the tiling, the strides and every head's operands.
 struct Operands<'a, T: Real> {
     shape: Shape,
+    tiling: Tiling,
     key_stride: usize,
     value_stride: usize,
     queries: Vec<QueryOperands<'a, T>>,
     keys: Vec<KeyOperands<T>>,
 }
 
-impl<T: Real, E: Element<Compute = T>> Job<T> for Backward<'_, '_, T, E> {
+impl<T: Real, E: Element<Compute = T>> Job<E> for Backward<'_, '_, T, E> {
     type Output = Vec<f64>;
 
-    fn run<K: Kernels<T>>(self, kernels: K) -> Vec<f64> {
+    fn run<K: Kernels<T, E>>(self, kernels: K) -> Vec<f64> {
         let Backward { shape, queries, kv } = self;
-        let key_stride = shape.key_dim.div_ceil(K::LANES) * K::LANES;
-        let value_stride = shape.value_dim.div_ceil(K::LANES) * K::LANES;
+        let tiling = Tiling::of::<T, E, K>();
+        let lanes = K::Widened::LANES;
+        let key_stride = shape.key_dim.div_ceil(lanes) * lanes;
+        let value_stride = shape.value_dim.div_ceil(lanes) * lanes;
         // The backward is 2.5 times the forward's work.
         let flops = 2.5 * shape.flops() * queries.len() as f64;
-        let parallel = work::worth_sharing(flops, false, K::LANES);
+        let parallel = work::worth_sharing(flops, false, lanes);
         let mut query_outputs = Vec::with_capacity(queries.len());
         let mut query_heads = Vec::with_capacity(queries.len());
         let mut packings = Vec::new();
@@ -285,7 +401,7 @@ impl<T: Real, E: Element<Compute = T>> Job<T> for Backward<'_, '_, T, E> {
             query_outputs.push((dq, dbias));
             query_heads.push((masks, kv, logsumexp));
             packings.extend([
-                Packing::Blocks { x: q, scale: T::from_f64_round(masks.scale) },
+                Packing::Blocks { x: q, scale: tiling.query_scale(T::from_f64_round(masks.scale)) },
                 Packing::Blocks { x: d_output, scale: T::one() },
                 Packing::Rows { x: q, stride: key_stride },
                 Packing::Rows { x: d_output, stride: value_stride },
@@ -304,10 +420,10 @@ impl<T: Real, E: Element<Compute = T>> Job<T> for Backward<'_, '_, T, E> {
         // The buffers are taken here, on the calling thread, which keeps them for its next call
         // (`spare`); the pieces zero and fill them wherever they run, shared out when they are
         // large enough to pay for a second hand-over to the pool.
-        let pieces: Vec<_> = packings.into_iter().map(|p| (spare::take(p.len::<K>()), p)).collect();
+        let pieces: Vec<_> = packings.into_iter().map(|p| (spare::take(p.len(&tiling)), p)).collect();
         let scalars: usize = pieces.iter().map(|(into, _)| into.len()).sum();
         let share_packing = parallel && scalars >= SHARE_PACKING_FROM;
-        let packed = work::map_items(pieces, share_packing, || (), |_, (into, p)| p.pack::<K>(into));
+        let packed = work::map_items(pieces, share_packing, || (), |_, (into, p)| p.pack(&tiling, into));
         let mut packed = packed.into_iter();
         let mut next = || packed.next().expect("a buffer for every piece");
         let mut sink_gradients = Vec::with_capacity(query_heads.len());
@@ -338,8 +454,8 @@ impl<T: Real, E: Element<Compute = T>> Job<T> for Backward<'_, '_, T, E> {
             .map(|_| KeyOperands { k_panels: next(), v_panels: next(), k_rows: next() })
             .collect();
         let operands =
-            Operands { shape, key_stride, value_stride, queries: query_operands, keys: key_operands };
-        operands.run(kernels, key_outputs, query_outputs, parallel);
+            Operands { shape, tiling, key_stride, value_stride, queries: query_operands, keys: key_operands };
+        operands.run::<E, K>(kernels, key_outputs, query_outputs, parallel);
         operands.keep();
         sink_gradients
     }
@@ -376,7 +492,7 @@ impl<T: Real> Operands<'_, T> {
     /// and `dV` and its columns of `dBias`, and returns its part of `dQ` (every query row, summed
     /// over its keys); the parts are added in chunk order, so that no sum depends on which thread
     /// computed what. The number of chunks depends on the problem's size alone.
-    fn run<K: Kernels<T>>(
+    fn run<E: Element<Compute = T>, K: Kernels<T, E>>(
         &self,
         kernels: K,
         key_outputs: Vec<(ArrayViewMut2<T>, ArrayViewMut2<T>)>,
@@ -413,7 +529,7 @@ impl<T: Real> Operands<'_, T> {
             }
         }
         let parts = work::map_items(items, parallel, Scratch::default, |scratch, item| {
-            self.item(kernels, scratch, item)
+            self.item::<E, K>(kernels, scratch, item)
         });
         // dQ of each query head: the parts of its key/value head's chunks added in chunk order,
         // `SUM_ROWS` rows at a time, shared out.
@@ -468,13 +584,19 @@ impl<T: Real> Operands<'_, T> {
 
     /// One item (see [`Self::run`]): returns its part of `dQ` for each query head of the group,
     /// rows `key_stride` apart, not yet scaled.
-    fn item<K: Kernels<T>>(&self, kernels: K, scratch: &mut Scratch<T>, item: Item<T>) -> Vec<Buffer<T>> {
+    fn item<E: Element<Compute = T>, K: Kernels<T, E>>(
+        &self,
+        kernels: K,
+        scratch: &mut Scratch<T>,
+        item: Item<T>,
+    ) -> Vec<Buffer<T>> {
         let Item { kv, blocks, mut dk, mut dv, dq_parts, mut dbias } = item;
+        let (widened, query_block) = (kernels.widened(), self.tiling.query_block);
         let mut dq_parts: Vec<Buffer<T>> = dq_parts.into_iter().map(spare::Unzeroed::zeroed).collect();
         let scale = self.scale();
         let heads: Vec<usize> = self.group(kv).collect();
         dbias.iter_mut().flatten().for_each(|d| d.fill(T::zero()));
-        let ones = vec![T::one(); K::QUERY_BLOCK];
+        let ones = vec![T::one(); query_block];
         let (first_block, keys) = (blocks.start, &self.keys[kv]);
         let mut dk_sum = std::mem::replace(&mut scratch.first, Buffer::zeros(0));
         let mut dv_sum = std::mem::replace(&mut scratch.second, Buffer::zeros(0));
@@ -489,17 +611,17 @@ impl<T: Real> Operands<'_, T> {
             let k_rows = ValueRows {
                 v: &keys.k_rows[start * self.key_stride..],
                 stride: self.key_stride,
-                vectors: self.key_stride / K::LANES,
+                vectors: self.key_stride / K::Widened::LANES,
             };
             for ((&h, dq_part), dbias) in heads.iter().zip(&mut dq_parts).zip(&mut dbias) {
                 let head = &self.queries[h];
-                for b in 0..self.shape.n_queries.div_ceil(K::QUERY_BLOCK) {
+                for b in 0..self.shape.n_queries.div_ceil(query_block) {
                     let Some(tile) = self.tile(kernels, h, b, key_range.clone(), scratch) else { continue };
-                    let (first, rows) = (b * K::QUERY_BLOCK, tile.rows);
+                    let (first, rows) = (b * query_block, tile.rows);
                     let weights = Weights { p: &scratch.s, rows, n_keys };
-                    kernels.accumulate_transposed(
+                    widened.accumulate_transposed(
                         weights,
-                        self.value_rows::<K>(&head.d_output_rows, first),
+                        self.value_rows::<K::Widened>(&head.d_output_rows, first),
                         dv_sum_rows,
                     );
                     // A bias is added after any cap: its gradient is `dS` as it stands.
@@ -521,11 +643,11 @@ impl<T: Real> Operands<'_, T> {
                     let q = ValueRows {
                         v: &head.q_rows[first * self.key_stride..],
                         stride: self.key_stride,
-                        vectors: self.key_stride / K::LANES,
+                        vectors: self.key_stride / K::Widened::LANES,
                     };
-                    kernels.accumulate_transposed(weights, q, dk_sum_rows);
+                    widened.accumulate_transposed(weights, q, dk_sum_rows);
                     let dq_rows = &mut dq_part[first * self.key_stride..(first + rows) * self.key_stride];
-                    kernels.accumulate_values(weights, &ones[..rows], k_rows, dq_rows);
+                    widened.accumulate_values(weights, &ones[..rows], k_rows, dq_rows);
                 }
             }
             let local = (j - first_block) * KEY_BLOCK..(j - first_block) * KEY_BLOCK + n_keys;
@@ -553,7 +675,7 @@ impl<T: Real> Operands<'_, T> {
 
     /// Recomputes the tile of query head `h`'s block `b` over keys `keys` into `scratch`: `P` in
     /// `s` and `dS` in `dp`. `None` if the ranges hide every key of the tile from every row.
-    fn tile<K: Kernels<T>>(
+    fn tile<E: Element<Compute = T>, K: Kernels<T, E>>(
         &self,
         kernels: K,
         h: usize,
@@ -564,33 +686,25 @@ impl<T: Real> Operands<'_, T> {
         let head = &self.queries[h];
         let operands = &self.keys[head.kv];
         let (d_k, d_v) = (self.shape.key_dim, self.shape.value_dim);
-        let first = b * K::QUERY_BLOCK;
-        let rows = K::QUERY_BLOCK.min(self.shape.n_queries - first);
-        let padded = rows.next_multiple_of(K::TILE_ROWS);
+        let (tiling, widened, lanes) = (&self.tiling, kernels.widened(), K::Widened::LANES);
+        let first = b * tiling.query_block;
+        let rows = tiling.query_block.min(self.shape.n_queries - first);
+        let padded = rows.next_multiple_of(tiling.tile_rows);
         let block = BlockKeys::of(&head.masks, first, first + rows - 1);
         if keys.is_empty() || keys.end <= block.visible.start || keys.start >= block.visible.end {
             return None;
         }
         let clean = block.clean.start <= keys.start && keys.end <= block.clean.end;
         let n_keys = keys.len();
-        let panels = n_keys.div_ceil(K::KEY_PANEL);
-        let used = n_keys.next_multiple_of(K::LANES);
+        let panels = n_keys.div_ceil(tiling.key_panel);
+        let used = n_keys.next_multiple_of(lanes);
         let s = aligned_prefix(&mut scratch.s, padded * KEY_BLOCK);
         let dp = aligned_prefix(&mut scratch.dp, padded * KEY_BLOCK);
-        let row_max = aligned_prefix(&mut scratch.row_max, padded * K::LANES);
+        let row_max = aligned_prefix(&mut scratch.row_max, padded * lanes);
         let sums = prefix(&mut scratch.sums, rows);
-        let tile = ScoreTile {
-            q: &head.q_packed[first * d_k..][..padded * d_k],
-            scale: T::one(),
-            d: d_k,
-            rows: padded,
-            real_rows: padded,
-            keys: &operands.k_panels[keys.start * d_k..],
-            panels,
-            s: &mut *s,
-            row_max: &mut *row_max,
-        };
-        kernels.scores(tile, None);
+        let q = &head.q_packed[first * tiling.row_scalars(d_k)..];
+        let k = (&operands.k_panels[..], keys.start, panels);
+        tiling.scores(kernels, (q, padded, d_k), k, self.scale(), &mut *s, &mut *row_max);
         if head.masks.is_softcapped() {
             // The cap's derivative at the raw scores, before `mask_tile` caps them.
             let derivative = prefix(&mut scratch.cap_derivative, rows * KEY_BLOCK);
@@ -599,21 +713,12 @@ impl<T: Real> Operands<'_, T> {
         }
         mask_tile(&head.masks, &|r| first + r, rows, keys.clone(), used, clean, &mut *s);
         let lse = &head.logsumexp[first..first + rows];
-        kernels.exp_rows(RowsMut { data: &mut *s, stride: KEY_BLOCK, rows }, used, lse, sums);
-        let tile = ScoreTile {
-            q: &head.d_output_packed[first * d_v..][..padded * d_v],
-            scale: T::one(),
-            d: d_v,
-            rows: padded,
-            real_rows: padded,
-            keys: &operands.v_panels[keys.start * d_v..],
-            panels,
-            s: &mut *dp,
-            row_max,
-        };
-        kernels.scores(tile, None);
+        widened.exp_rows(RowsMut { data: &mut *s, stride: KEY_BLOCK, rows }, used, lse, sums);
+        let d_output = &head.d_output_packed[first * tiling.row_scalars(d_v)..];
+        let v = (&operands.v_panels[..], keys.start, panels);
+        tiling.scores(kernels, (d_output, padded, d_v), v, T::one(), &mut *dp, row_max);
         let p = Rows { data: &*s, stride: KEY_BLOCK, rows };
-        kernels.softmax_gradient(
+        widened.softmax_gradient(
             p,
             RowsMut { data: dp, stride: KEY_BLOCK, rows },
             used,

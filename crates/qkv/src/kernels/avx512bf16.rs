@@ -344,6 +344,11 @@ macro_rules! pair_level_kernels {
             const TILE_ROWS: usize = $tile_rows;
             const QUERY_BLOCK: usize = $query_block;
             const LAYOUT: $crate::kernels::Layout = $crate::kernels::Layout::Pairs;
+            type Widened = $crate::kernels::avx512::Avx512;
+
+            fn widened(self) -> $crate::kernels::avx512::Avx512 {
+                self.vectors()
+            }
 
             fn scores(
                 self,

@@ -294,7 +294,9 @@ fn fast_backward_matches_reference_with_huge_scores_and_many_tiles() {
 /// The half-precision backward (from the half-precision forward) against the reference on the
 /// same inputs, widened exactly, at every SIMD level: the f32 backward's tolerance, since the
 /// backward computes in f32 from the widened inputs. It widens them as it packs them, which must
-/// give the f32 backward's gradients on widened copies bit for bit.
+/// give the f32 backward's gradients on widened copies bit for bit, except for bf16 at a pair
+/// level, whose score products read the stored bf16 on the tiles (exact products, summed in
+/// another order).
 fn check_half<H: qkv::Half>(seed: u64, dims: (usize, usize, usize, usize), magnitude: f64, mask: MaskKind) {
     let mut p = Problem::<f32>::random(seed, dims, magnitude, mask);
     let round = |x: &Array2<f32>| x.mapv(H::from_f32);
@@ -315,8 +317,7 @@ fn check_half<H: qkv::Half>(seed: u64, dims: (usize, usize, usize, usize), magni
         let ctx = format!("{} {level} {dims:?} x{magnitude} {mask:?} seed {seed}", H::NAME);
         // The pair levels' forward rounds the weights to bf16 before `P·V`, an error in the
         // output that these bounds do not count: their backward takes the f32 weights' output.
-        let forward_level =
-            if matches!(level, SimdLevel::Amx | SimdLevel::Avx512Bf16) { SimdLevel::Avx512 } else { level };
+        let forward_level = if pair_level(level) { SimdLevel::Avx512 } else { level };
         let forward_options = p.options().simd(forward_level);
         let forward = qkv::attention_half_with_lse(q.view(), k.view(), v.view(), &forward_options).unwrap();
         let options = p.options().simd(level);
@@ -326,7 +327,9 @@ fn check_half<H: qkv::Half>(seed: u64, dims: (usize, usize, usize, usize), magni
         let widened =
             qkv::attention_backward(p.q.view(), p.k.view(), p.v.view(), &forward, d_out_f32.view(), &options)
                 .unwrap();
-        assert_eq!(got, widened, "{ctx}: the f32 backward on the widened inputs");
+        if !(H::NAME == "bf16" && pair_level(level)) {
+            assert_eq!(got, widened, "{ctx}: the f32 backward on the widened inputs");
+        }
         assert_gradient_close(&format!("dq {ctx}"), &got.dq, &want.dq, &bounds.dq, condition);
         assert_gradient_close(&format!("dk {ctx}"), &got.dk, &want.dk, &bounds.dk, condition);
         assert_gradient_close(&format!("dv {ctx}"), &got.dv, &want.dv, &bounds.dv, condition);
@@ -350,6 +353,12 @@ fn half_precision_backward_matches_reference_for_every_mask() {
     check_half::<bf16>(5, (1, 1, 3, 5), 1.0, MaskKind::None);
     check_half::<bf16>(6, (49, 130, 64, 17), 40.0, MaskKind::CausalTopLeft);
     check_half::<half::f16>(6, (49, 130, 64, 17), 8.0, MaskKind::Bias);
+    if cfg!(debug_assertions) {
+        return; // the larger shapes run in release builds
+    }
+    // Several query blocks and key chunks of the pair levels' tiles, at the common widths.
+    check_half::<bf16>(7, (300, 257, 64, 80), 1.0, MaskKind::CausalBottomRight);
+    check_half::<bf16>(8, (200, 333, 128, 128), 1.0, MaskKind::PaddingBlocks);
 }
 
 #[test]
@@ -500,43 +509,58 @@ fn grouped_query_gradients_sum_over_the_heads_of_a_group() {
             &options,
         )
         .unwrap();
-        assert_eq!(g_half, g, "{level}: the bf16 backward is the f32 backward on its widened inputs");
-        for b in 0..batch {
-            let mut dk = Array2::<f64>::zeros((n, d));
-            let mut dv = Array2::<f64>::zeros((n, d));
-            for h in 0..heads {
-                let kv = h / (heads / kv_heads);
-                let head_options = AttentionOptions::new()
-                    .causal(qkv::CausalMask::BottomRight)
-                    .key_lengths(&lengths[b..b + 1])
-                    .alibi(qkv::Alibi::new(&slopes[h..h + 1]));
-                let want = qkv::reference::attention_backward(
-                    q.slice(s![b, h, .., ..]),
-                    k.slice(s![b, kv, .., ..]),
-                    v.slice(s![b, kv, .., ..]),
-                    d_out.slice(s![b, h, .., ..]),
-                    &head_options,
-                )
-                .unwrap();
-                let got = g.dq.slice(s![b, h, .., ..]);
-                for (g, w) in got.iter().zip(&want.dq) {
-                    assert!((f64::from(*g) - w).abs() < 1e-4, "{level} dq of head ({b}, {h}): {g} vs {w}");
+        // At a pair level the bf16 scores are the tiles' (see `check_half`), so the bf16 gradients
+        // are checked against the reference as the f32 ones are.
+        if !pair_level(level) {
+            assert_eq!(g_half, g, "{level}: the bf16 backward is the f32 backward on its widened inputs");
+        }
+        for (ty, g) in [("f32", &g), ("bf16", &g_half)] {
+            for b in 0..batch {
+                let mut dk = Array2::<f64>::zeros((n, d));
+                let mut dv = Array2::<f64>::zeros((n, d));
+                for h in 0..heads {
+                    let kv = h / (heads / kv_heads);
+                    let head_options = AttentionOptions::new()
+                        .causal(qkv::CausalMask::BottomRight)
+                        .key_lengths(&lengths[b..b + 1])
+                        .alibi(qkv::Alibi::new(&slopes[h..h + 1]));
+                    let want = qkv::reference::attention_backward(
+                        q.slice(s![b, h, .., ..]),
+                        k.slice(s![b, kv, .., ..]),
+                        v.slice(s![b, kv, .., ..]),
+                        d_out.slice(s![b, h, .., ..]),
+                        &head_options,
+                    )
+                    .unwrap();
+                    let got = g.dq.slice(s![b, h, .., ..]);
+                    for (g, w) in got.iter().zip(&want.dq) {
+                        assert!(
+                            (f64::from(*g) - w).abs() < 1e-4,
+                            "{level} {ty} dq of head ({b}, {h}): {g} vs {w}"
+                        );
+                    }
+                    if kv == 1 {
+                        dk += &want.dk;
+                        dv += &want.dv;
+                    }
                 }
-                if kv == 1 {
-                    dk += &want.dk;
-                    dv += &want.dv;
-                }
-            }
-            for (got, want) in [(g.dk.slice(s![b, 1, .., ..]), &dk), (g.dv.slice(s![b, 1, .., ..]), &dv)] {
-                for (g, w) in got.iter().zip(want) {
-                    assert!(
-                        (f64::from(*g) - w).abs() < 1e-4,
-                        "{level} dk/dv of kv head ({b}, 1): {g} vs {w}"
-                    );
+                for (got, want) in [(g.dk.slice(s![b, 1, .., ..]), &dk), (g.dv.slice(s![b, 1, .., ..]), &dv)]
+                {
+                    for (g, w) in got.iter().zip(want) {
+                        assert!(
+                            (f64::from(*g) - w).abs() < 1e-4,
+                            "{level} {ty} dk/dv of kv head ({b}, 1): {g} vs {w}"
+                        );
+                    }
                 }
             }
         }
     }
+}
+
+/// Whether `level` is a pair level: bf16 score products on the tile unit or AVX512-BF16.
+fn pair_level(level: SimdLevel) -> bool {
+    matches!(level, SimdLevel::Amx | SimdLevel::Avx512Bf16)
 }
 
 #[test]
