@@ -282,8 +282,8 @@ pub fn multi_head_attention_backward_into<T: Real>(
 /// packed for the kernels (no widened copy of a whole input is made), the weights are
 /// recomputed in f32 from the saved logsumexp, and every product is summed in f32. At the vector
 /// levels the gradients are those of the f32 backward on the widened inputs, bit for bit. bf16
-/// inputs at the pair levels (AMX, AVX512-BF16) take the scores `Q·Kᵀ` and `dO·Vᵀ` from the
-/// stored bf16 on the tile unit or `vdpbf16ps`: each product of two bf16 is exact in f32, so
+/// inputs at the AMX level take the scores `Q·Kᵀ` and `dO·Vᵀ` from the stored bf16 on the tile
+/// unit (the AVX512-BF16 level runs AVX-512 here): each product of two bf16 is exact in f32, so
 /// those scores differ from the f32 backward's only in the order of their f32 sums, and the
 /// weights, `dS` and the gradients' sums stay in f32 (PyTorch's bf16 backward rounds them to
 /// bf16). Round the gradients with `mapv(bf16::from_f32)` where a model keeps bf16 gradients (as
@@ -486,7 +486,7 @@ fn backward<T: Real, E: Element<Compute = T>, D: Dimension>(
             tiled::KvHead { k, v, dk, dv }
         })
         .collect();
-    let sink_gradients = tiled::backward(kernels, shape, query_heads_of, kv);
+    let sink_gradients = tiled::backward(kernels.backward(), shape, query_heads_of, kv);
     if let Some(mut dsinks) = dsinks {
         // Each head's sum over the sequences of the batch, in their order.
         for (h, dsink) in dsinks.iter_mut().enumerate() {

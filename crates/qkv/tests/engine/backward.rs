@@ -294,7 +294,7 @@ fn fast_backward_matches_reference_with_huge_scores_and_many_tiles() {
 /// The half-precision backward (from the half-precision forward) against the reference on the
 /// same inputs, widened exactly, at every SIMD level: the f32 backward's tolerance, since the
 /// backward computes in f32 from the widened inputs. It widens them as it packs them, which must
-/// give the f32 backward's gradients on widened copies bit for bit, except for bf16 at a pair
+/// give the f32 backward's gradients on widened copies bit for bit, except for bf16 at the AMX
 /// level, whose score products read the stored bf16 on the tiles (exact products, summed in
 /// another order).
 fn check_half<H: qkv::Half>(seed: u64, dims: (usize, usize, usize, usize), magnitude: f64, mask: MaskKind) {
@@ -327,7 +327,7 @@ fn check_half<H: qkv::Half>(seed: u64, dims: (usize, usize, usize, usize), magni
         let widened =
             qkv::attention_backward(p.q.view(), p.k.view(), p.v.view(), &forward, d_out_f32.view(), &options)
                 .unwrap();
-        if !(H::NAME == "bf16" && pair_level(level)) {
+        if !(H::NAME == "bf16" && level == SimdLevel::Amx) {
             assert_eq!(got, widened, "{ctx}: the f32 backward on the widened inputs");
         }
         assert_gradient_close(&format!("dq {ctx}"), &got.dq, &want.dq, &bounds.dq, condition);
@@ -509,9 +509,9 @@ fn grouped_query_gradients_sum_over_the_heads_of_a_group() {
             &options,
         )
         .unwrap();
-        // At a pair level the bf16 scores are the tiles' (see `check_half`), so the bf16 gradients
-        // are checked against the reference as the f32 ones are.
-        if !pair_level(level) {
+        // At the AMX level the bf16 scores are the tiles' (see `check_half`), so the bf16
+        // gradients are checked against the reference as the f32 ones are.
+        if level != SimdLevel::Amx {
             assert_eq!(g_half, g, "{level}: the bf16 backward is the f32 backward on its widened inputs");
         }
         for (ty, g) in [("f32", &g), ("bf16", &g_half)] {
@@ -558,7 +558,8 @@ fn grouped_query_gradients_sum_over_the_heads_of_a_group() {
     }
 }
 
-/// Whether `level` is a pair level: bf16 score products on the tile unit or AVX512-BF16.
+/// Whether `level` is a pair level, whose forward rounds bf16 weights: the tile unit or
+/// AVX512-BF16.
 fn pair_level(level: SimdLevel) -> bool {
     matches!(level, SimdLevel::Amx | SimdLevel::Avx512Bf16)
 }
