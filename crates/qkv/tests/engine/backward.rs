@@ -298,29 +298,44 @@ fn fast_backward_matches_reference_with_huge_scores_and_many_tiles() {
 /// level, whose score products read the stored bf16 on the tiles (exact products, summed in
 /// another order).
 fn check_half<H: qkv::Half>(seed: u64, dims: (usize, usize, usize, usize), magnitude: f64, mask: MaskKind) {
-    let mut p = Problem::<f32>::random(seed, dims, magnitude, mask);
+    check_half_with::<H>(seed, dims, magnitude, mask, None, None);
+}
+
+/// [`check_half`] with the scores soft-capped at `softcap` and an attention sink of logit `sink`.
+fn check_half_with<H: qkv::Half>(
+    seed: u64,
+    dims: (usize, usize, usize, usize),
+    magnitude: f64,
+    mask: MaskKind,
+    softcap: Option<f64>,
+    sink: Option<f32>,
+) {
+    let mut p = Problem::<f32>::random(seed, dims, magnitude, mask).capped(softcap);
     let round = |x: &Array2<f32>| x.mapv(H::from_f32);
     let (q, k, v) = (round(&p.q), round(&p.k), round(&p.v));
     let d_out = round(&d_output::<f32>(seed, dims.0, dims.3));
     (p.q, p.k, p.v) = (q.mapv(H::to_f32), k.mapv(H::to_f32), v.mapv(H::to_f32));
     let d_out_f32 = d_out.mapv(H::to_f32);
-    let want = qkv::reference::attention_backward(
-        p.q.view(),
-        p.k.view(),
-        p.v.view(),
-        d_out_f32.view(),
-        &p.options(),
-    )
-    .unwrap();
-    let (condition, bounds) = gradient_bounds(&p, &d_out_f32, &p.options());
+    let sinks = sink.map(|s| [s]);
+    let base = match &sinks {
+        Some(sinks) => p.options().sinks(sinks),
+        None => p.options(),
+    };
+    let want =
+        qkv::reference::attention_backward(p.q.view(), p.k.view(), p.v.view(), d_out_f32.view(), &base)
+            .unwrap();
+    let (condition, bounds) = gradient_bounds(&p, &d_out_f32, &base);
     for level in levels() {
-        let ctx = format!("{} {level} {dims:?} x{magnitude} {mask:?} seed {seed}", H::NAME);
+        let ctx = format!(
+            "{} {level} {dims:?} x{magnitude} {mask:?} cap {softcap:?} sink {sink:?} seed {seed}",
+            H::NAME
+        );
         // The pair levels' forward rounds the weights to bf16 before `P·V`, an error in the
         // output that these bounds do not count: their backward takes the f32 weights' output.
         let forward_level = if pair_level(level) { SimdLevel::Avx512 } else { level };
-        let forward_options = p.options().simd(forward_level);
+        let forward_options = base.clone().simd(forward_level);
         let forward = qkv::attention_half_with_lse(q.view(), k.view(), v.view(), &forward_options).unwrap();
-        let options = p.options().simd(level);
+        let options = base.clone().simd(level);
         let got =
             qkv::attention_backward_half(q.view(), k.view(), v.view(), &forward, d_out.view(), &options)
                 .unwrap();
@@ -336,6 +351,15 @@ fn check_half<H: qkv::Half>(seed: u64, dims: (usize, usize, usize, usize), magni
         if let Some(want_bias) = &want.dbias {
             let (got_bias, bound) = (got.dbias.as_ref().unwrap(), bounds.dbias.as_ref().unwrap());
             assert_gradient_close(&format!("dbias {ctx}"), got_bias, want_bias, bound, condition);
+        }
+        if let Some(want_sinks) = &want.dsinks {
+            // The sinks test's bound: a sum over the rows of terms of size about 1.
+            let (got_sink, want_sink) = (got.dsinks.as_ref().unwrap()[0], want_sinks[0]);
+            let bound = 1e-4 * (1.0 + dims.0 as f64);
+            assert!(
+                (f64::from(got_sink) - want_sink).abs() <= bound,
+                "dsink {ctx}: {got_sink} vs {want_sink}"
+            );
         }
     }
 }
@@ -359,6 +383,9 @@ fn half_precision_backward_matches_reference_for_every_mask() {
     // Several query blocks and key chunks of the pair levels' tiles, at the common widths.
     check_half::<bf16>(7, (300, 257, 64, 80), 1.0, MaskKind::CausalBottomRight);
     check_half::<bf16>(8, (200, 333, 128, 128), 1.0, MaskKind::PaddingBlocks);
+    // A soft-cap (its derivative taken at the tiles' scores) and a sink (in the logsumexp).
+    check_half_with::<bf16>(9, (130, 200, 64, 64), 4.0, MaskKind::Bias, Some(5.0), None);
+    check_half_with::<bf16>(10, (97, 150, 32, 48), 1.0, MaskKind::KeepWithEmptyRows, None, Some(0.8));
 }
 
 #[test]
