@@ -5,11 +5,11 @@
 //! `S = Q·Kᵀ · scale` from the same packed panels and score kernel, the same masking
 //! (`flash::mask_tile`, `flash::BlockKeys` for the tiles every row skips), then `P = exp(S - lse)`,
 //! `dP = dO·Vᵀ` (the score kernel again, on `dO` and the value panels; at a pair level both
-//! read the stored bf16, see [`Tiling`]) and
-//! `dS = P ∘ (dP - δ)` with `δ = rowsum(dO ∘ O)`. An attention sink is in the saved logsumexp, so
-//! `P` is right as it stands; its own gradient is `-Σ_i exp(s - lse_i) · δ_i`. Under a soft-cap, `dS` is multiplied by the
-//! cap's derivative at the raw scores (`MaskSet::softcap_derivative`) after `dBias = dS` is
-//! written and before it reaches `dQ` and `dK`.
+//! read the stored bf16, see [`Tiling`]) and `dS = P ∘ (dP - δ)` with `δ = rowsum(dO ∘ O)`. An
+//! attention sink is in the saved logsumexp, so `P` is right as it stands; its own gradient is
+//! `-Σ_i exp(s - lse_i) · δ_i`. Under a soft-cap, `dS` is multiplied by the cap's derivative at
+//! the raw scores (`MaskSet::softcap_derivative`) after `dBias = dS` is written and before it
+//! reaches `dQ` and `dK`.
 //!
 //! The work items are (key/value head, chunk of key blocks). An item visits its key blocks in
 //! order and, for each, the query blocks of every query head that reads the key/value head (in
@@ -335,9 +335,9 @@ impl Tiling {
         }
     }
 
-    /// `S = Q·Kᵀ · scale` (the lane layout's queries carrying `scale` already) for `padded` packed query rows `q`
-    /// of `d` components against the packed keys `keys[first_key..]` into `s` (`KEY_BLOCK` per
-    /// row), `panels` panels of them.
+    /// `S = Q·Kᵀ · scale` (the lane layout's queries carry `scale` already) for `padded` packed
+    /// query rows `q` of `d` components against the packed keys `keys[first_key..]` into `s`
+    /// (`KEY_BLOCK` per row), `panels` panels of them.
     fn scores<T: Real, E: Element<Compute = T>, K: Kernels<T, E>>(
         &self,
         kernels: K,
