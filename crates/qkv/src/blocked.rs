@@ -42,7 +42,7 @@ pub(crate) fn attend<T: Real, O: Element<Compute = T>>(
 ) -> Result<(), AttentionError> {
     let kt = k.t();
     let n_blocks = shape.n_queries.div_ceil(QUERY_BLOCK);
-    let blocks: Vec<Block<T>> = (0..n_blocks)
+    let blocks: Vec<Result<Block<T>, AttentionError>> = (0..n_blocks)
         .into_par_iter()
         .map(|b| {
             let first = b * QUERY_BLOCK;
@@ -50,7 +50,10 @@ pub(crate) fn attend<T: Real, O: Element<Compute = T>>(
             let keep_scores = matrices.is_some();
             attend_block(q.slice(s![rows, ..]), first, kt, v, masks, keep_scores)
         })
-        .collect::<Result<_, _>>()?;
+        .collect();
+    // The first error in query order, so that a call names the same query whichever block's
+    // thread failed first (rayon's `Result` collect keeps the first to fail in time).
+    let blocks: Vec<Block<T>> = blocks.into_iter().collect::<Result<_, _>>()?;
     let (mut scores, mut weights) = matrices.unzip();
     for (b, block) in blocks.into_iter().enumerate() {
         let rows = s![b * QUERY_BLOCK..b * QUERY_BLOCK + block.output.nrows(), ..];

@@ -256,7 +256,7 @@ pub enum AttentionError {
         head.map_or(String::new(), |(b, h)| format!(" in batch {b}, head {h}"))
     )]
     ScoreOverflow {
-        /// The query whose scores overflowed.
+        /// The first query whose scores overflowed.
         query_idx: usize,
         /// `(batch, query head)` of a multi-head call.
         head: Option<(usize, usize)>,

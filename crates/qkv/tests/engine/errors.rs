@@ -219,3 +219,24 @@ fn slices_must_fit_their_shape_exactly() {
         "out has 5 elements but a 2 × 3 matrix needs 6",
     );
 }
+
+#[test]
+fn score_overflow_names_the_first_query_whatever_the_threads() {
+    // Every query from 63 on overflows f32 (blocks of 64 on the blocked path, run in parallel):
+    // the error names query 63 on every call, not whichever block failed first.
+    let n = 400;
+    let q = Array2::from_shape_fn((n, 8), |(i, _)| if i >= 63 { 1e30_f32 } else { 0.5 });
+    let v = Array2::from_elem((n, 4), 1.0_f32);
+    for threads in [2, 3] {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+        for call in 0..30 {
+            let err = pool
+                .install(|| qkv::attention(q.view(), q.view(), v.view(), &AttentionOptions::new()))
+                .unwrap_err();
+            assert!(
+                matches!(err, AttentionError::ScoreOverflow { query_idx: 63, head: None, ty: "f32" }),
+                "{threads} threads, call {call}: {err}"
+            );
+        }
+    }
+}
