@@ -8,7 +8,7 @@ use qkv::{AdditiveBias, AttentionOptions, GradientsMut, Real, SimdLevel};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::problem::{MASK_KINDS, MaskKind, Problem, levels};
+use crate::problem::{MASK_KINDS, MaskKind, Problem, levels, pair_level};
 
 /// A random output gradient, `[n_q, d_v]`, entries in `[-1, 1]`.
 fn d_output<T: Real>(seed: u64, n_q: usize, d_v: usize) -> Array2<T> {
@@ -583,12 +583,6 @@ fn grouped_query_gradients_sum_over_the_heads_of_a_group() {
             }
         }
     }
-}
-
-/// Whether `level` is a pair level, whose forward rounds bf16 weights: the tile unit or
-/// AVX512-BF16.
-fn pair_level(level: SimdLevel) -> bool {
-    matches!(level, SimdLevel::Amx | SimdLevel::Avx512Bf16)
 }
 
 #[test]

@@ -151,8 +151,13 @@ pub const F32_TOLERANCE: f64 = 2e-5;
 /// weights sum to 1 that moves an output by at most 2^-8 of the largest value. 0 for every other
 /// level and type, whose results are the f32 path's bit for bit.
 pub fn weight_rounding(level: SimdLevel, storage: &str, max_value: f64) -> f64 {
-    let pairs = matches!(level, SimdLevel::Amx | SimdLevel::Avx512Bf16);
-    if pairs && storage == "bf16" { 2f64.powi(-8) * max_value } else { 0.0 }
+    if pair_level(level) && storage == "bf16" { 2f64.powi(-8) * max_value } else { 0.0 }
+}
+
+/// Whether `level` is a pair level, whose forward rounds bf16 weights: the tile unit or
+/// AVX512-BF16.
+pub fn pair_level(level: SimdLevel) -> bool {
+    matches!(level, SimdLevel::Amx | SimdLevel::Avx512Bf16)
 }
 
 /// `bound` of [`assert_close`] for f32 results, widened by `rounding` (see [`weight_rounding`]).
