@@ -16,51 +16,40 @@
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 mod probe {
     use std::arch::asm;
-    use std::arch::x86_64::__cpuid_count;
     use std::time::Instant;
 
-    /// `ldtilecfg`'s operand: palette 1, every register 16 rows of 64 bytes.
+    /// `ldtilecfg`'s 64-byte operand.
     #[repr(C, align(64))]
-    struct TileConfig {
-        palette: u8,
-        start_row: u8,
-        reserved: [u8; 14],
-        bytes_per_row: [u16; 16],
-        rows: [u8; 16],
-    }
+    struct TileConfig([u8; 64]);
 
-    /// Whether the CPU has AMX-BF16 and AMX-TILE and Linux grants this process the tile state.
-    fn tiles_granted() -> bool {
-        // CPUID leaf 7: EDX bit 22 is AMX-BF16, bit 24 AMX-TILE.
-        let edx = __cpuid_count(7, 0).edx;
-        if edx & (1 << 22) == 0 || edx & (1 << 24) == 0 {
-            return false;
+    impl TileConfig {
+        /// Palette 1, registers `tmm0`–`tmm7` each 16 rows of 64 bytes: byte 0 is the palette,
+        /// bytes 16–31 the registers' bytes per row (16-bit), bytes 48–55 their rows; the rest
+        /// is reserved and zero.
+        fn whole_tiles() -> TileConfig {
+            let mut bytes = [0_u8; 64];
+            bytes[0] = 1;
+            for t in 0..8 {
+                bytes[16 + 2 * t..18 + 2 * t].copy_from_slice(&64_u16.to_le_bytes());
+                bytes[48 + t] = 16;
+            }
+            TileConfig(bytes)
         }
-        // arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA).
-        let result: isize;
-        // SAFETY: the system call reads two integers and changes only this process's
-        // permissions; `syscall` clobbers rcx and r11, declared here.
-        unsafe {
-            asm!("syscall", inlateout("rax") 158_isize => result, in("rdi") 0x1023_usize,
-                 in("rsi") 18_usize, lateout("rcx") _, lateout("r11") _, options(nostack));
-        }
-        result == 0
     }
 
     /// Nanoseconds per product of `body(i)` for `i < n`, `products` products each, with the
     /// operand registers `tmm2`–`tmm5` holding zeros at the start.
-    fn rate(n: usize, products: usize, body: impl Fn(usize)) -> f64 {
-        // The entries past the eighth are reserved and must be zero.
-        let mut config =
-            TileConfig { palette: 1, start_row: 0, reserved: [0; 14], bytes_per_row: [0; 16], rows: [0; 16] };
-        config.bytes_per_row[..8].fill(64);
-        config.rows[..8].fill(16);
+    ///
+    /// # Safety
+    /// The CPU must run AMX with the tile state granted to the process.
+    unsafe fn rate(n: usize, products: usize, body: impl Fn(usize)) -> f64 {
+        let config = TileConfig::whole_tiles();
         let zeros = [0_u16; 512];
-        // SAFETY: `tiles_granted` held (checked by `run`); the configuration is valid for palette
-        // 1, and each load reads 16 rows of 64 bytes of `zeros`.
+        // SAFETY: the caller guarantees AMX; the configuration is valid for palette 1, and each
+        // load reads 16 rows of 64 bytes of `zeros`.
         unsafe {
             asm!("ldtilecfg [{}]", in(reg) &config, options(nostack, readonly));
-            for_each_operand(zeros.as_ptr());
+            load_operands(zeros.as_ptr());
         }
         let start = Instant::now();
         for i in 0..n {
@@ -76,7 +65,7 @@ mod probe {
     ///
     /// # Safety
     /// The tiles must be configured, and `p` readable for 1024 bytes.
-    unsafe fn for_each_operand(p: *const u16) {
+    unsafe fn load_operands(p: *const u16) {
         // SAFETY: the caller guarantees both.
         unsafe {
             asm!("tileloadd tmm2, [{p} + {s}*1]", "tileloadd tmm3, [{p} + {s}*1]",
@@ -85,12 +74,68 @@ mod probe {
         }
     }
 
+    /// One pass of the score kernel's pattern at d = 64: four sums zeroed; for each half `h` of
+    /// the depth, a query tile from `query(h)` (rows 128 bytes apart) and four panel tiles from
+    /// `panel(j, h)`, each followed by its product; the four sums stored at `store(j)`, rows 512
+    /// bytes apart.
+    ///
+    /// # Safety
+    /// The tiles must be configured (`rate`), and every address readable (writable) for 16 rows.
+    #[inline(always)]
+    unsafe fn one_group(
+        query: impl Fn(usize) -> *const u16,
+        panel: impl Fn(usize, usize) -> *const u16,
+        store: impl Fn(usize) -> usize,
+    ) {
+        // SAFETY: the caller guarantees the configuration and the addresses.
+        unsafe {
+            asm!("tilezero tmm0", "tilezero tmm1", "tilezero tmm6", "tilezero tmm7", options(nostack, nomem));
+            for h in 0..2 {
+                asm!("tileloadd tmm2, [{a} + {sa}*1]",
+                     "tileloadd tmm3, [{p0} + {s}*1]", "tdpbf16ps tmm0, tmm2, tmm3",
+                     "tileloadd tmm3, [{p1} + {s}*1]", "tdpbf16ps tmm1, tmm2, tmm3",
+                     "tileloadd tmm3, [{p2} + {s}*1]", "tdpbf16ps tmm6, tmm2, tmm3",
+                     "tileloadd tmm3, [{p3} + {s}*1]", "tdpbf16ps tmm7, tmm2, tmm3",
+                     a = in(reg) query(h), sa = in(reg) 128_usize,
+                     p0 = in(reg) panel(0, h), p1 = in(reg) panel(1, h),
+                     p2 = in(reg) panel(2, h), p3 = in(reg) panel(3, h),
+                     s = in(reg) 64_usize, options(nostack, readonly));
+            }
+            asm!("tilestored [{o0} + {s}*1], tmm0", "tilestored [{o1} + {s}*1], tmm1",
+                 "tilestored [{o2} + {s}*1], tmm6", "tilestored [{o3} + {s}*1], tmm7",
+                 o0 = in(reg) store(0), o1 = in(reg) store(1), o2 = in(reg) store(2), o3 = in(reg) store(3),
+                 s = in(reg) 512_usize, options(nostack));
+        }
+    }
+
+    /// Two groups' queries held in `tmm2`–`tmm5` (both halves of the depth each): one panel's two
+    /// tiles from `panel`, two sums zeroed, four products, and the sums stored at `stores`, rows
+    /// `stride` bytes apart.
+    ///
+    /// # Safety
+    /// As [`one_group`].
+    #[inline(always)]
+    unsafe fn two_groups(panel: [*const u16; 2], stores: [usize; 2], stride: usize) {
+        // SAFETY: the caller guarantees the configuration and the addresses.
+        unsafe {
+            asm!("tileloadd tmm6, [{p0} + {s}*1]", "tileloadd tmm7, [{p1} + {s}*1]",
+                 "tilezero tmm0", "tilezero tmm1",
+                 "tdpbf16ps tmm0, tmm2, tmm6", "tdpbf16ps tmm0, tmm3, tmm7",
+                 "tdpbf16ps tmm1, tmm4, tmm6", "tdpbf16ps tmm1, tmm5, tmm7",
+                 "tilestored [{o0} + {so}*1], tmm0", "tilestored [{o1} + {so}*1], tmm1",
+                 p0 = in(reg) panel[0], p1 = in(reg) panel[1], s = in(reg) 64_usize,
+                 o0 = in(reg) stores[0], o1 = in(reg) stores[1], so = in(reg) stride,
+                 options(nostack));
+        }
+    }
+
     /// A pattern's label, how many times it runs, its products per run, and one run.
     type Pattern<'a> = (&'static str, usize, usize, Box<dyn Fn(usize) + 'a>);
 
     /// Times every pattern and prints one line each.
     pub fn run() {
-        if !tiles_granted() {
+        // qkv's detection asks Linux for the tile state, once for the whole process.
+        if !qkv::SimdLevel::Amx.is_supported() {
             println!("this CPU (or system) gives no AMX tiles: nothing to probe");
             return;
         }
@@ -171,28 +216,7 @@ mod probe {
                 n / 2,
                 8,
                 Box::new(move |i| unsafe {
-                    asm!(
-                        "tilezero tmm0",
-                        "tilezero tmm1",
-                        "tilezero tmm6",
-                        "tilezero tmm7",
-                        options(nostack, nomem)
-                    );
-                    for h in 0..2 {
-                        asm!("tileloadd tmm2, [{a} + {sa}*1]",
-                         "tileloadd tmm3, [{p0} + {s}*1]", "tdpbf16ps tmm0, tmm2, tmm3",
-                         "tileloadd tmm3, [{p1} + {s}*1]", "tdpbf16ps tmm1, tmm2, tmm3",
-                         "tileloadd tmm3, [{p2} + {s}*1]", "tdpbf16ps tmm6, tmm2, tmm3",
-                         "tileloadd tmm3, [{p3} + {s}*1]", "tdpbf16ps tmm7, tmm2, tmm3",
-                         a = in(reg) b(i, 0).add(32 * h), sa = in(reg) 128_usize,
-                         p0 = in(reg) b(i, 1).add(256 * h), p1 = in(reg) b(i, 2).add(256 * h),
-                         p2 = in(reg) b(i, 3).add(256 * h), p3 = in(reg) b(i, 4).add(256 * h),
-                         s = in(reg) 64_usize, options(nostack, readonly));
-                    }
-                    asm!("tilestored [{o} + {s}*1], tmm0", "tilestored [{o1} + {s}*1], tmm1",
-                     "tilestored [{o2} + {s}*1], tmm6", "tilestored [{o3} + {s}*1], tmm7",
-                     o = in(reg) o, o1 = in(reg) o + 64, o2 = in(reg) o + 128, o3 = in(reg) o + 192,
-                     s = in(reg) 512_usize, options(nostack));
+                    one_group(|h| b(i, 0).add(32 * h), |j, h| b(i, 1 + j).add(256 * h), |j| o + 64 * j);
                 }),
             ),
             (
@@ -200,14 +224,8 @@ mod probe {
                 n,
                 4,
                 Box::new(move |i| unsafe {
-                    asm!("tileloadd tmm6, [{p0} + {s}*1]", "tileloadd tmm7, [{p1} + {s}*1]",
-                     "tilezero tmm0", "tilezero tmm1",
-                     "tdpbf16ps tmm0, tmm2, tmm6", "tdpbf16ps tmm0, tmm3, tmm7",
-                     "tdpbf16ps tmm1, tmm4, tmm6", "tdpbf16ps tmm1, tmm5, tmm7",
-                     "tilestored [{o} + {so}*1], tmm0", "tilestored [{o1} + {so}*1], tmm1",
-                     p0 = in(reg) b(i, 1), p1 = in(reg) b(i, 2), s = in(reg) 64_usize,
-                     o = in(reg) o + (i % 4) * 64, o1 = in(reg) o + (i % 4) * 64 + 16384, so = in(reg) 256_usize,
-                     options(nostack));
+                    let at = o + (i % 4) * 64;
+                    two_groups([b(i, 1), b(i, 2)], [at, at + 16384], 256);
                 }),
             ),
             (
@@ -216,29 +234,7 @@ mod probe {
                 8,
                 Box::new(move |i| unsafe {
                     let (g, first) = (i / 2, (i % 2) * 4);
-                    asm!(
-                        "tilezero tmm0",
-                        "tilezero tmm1",
-                        "tilezero tmm6",
-                        "tilezero tmm7",
-                        options(nostack, nomem)
-                    );
-                    for h in 0..2 {
-                        asm!("tileloadd tmm2, [{a} + {sa}*1]",
-                         "tileloadd tmm3, [{p0} + {s}*1]", "tdpbf16ps tmm0, tmm2, tmm3",
-                         "tileloadd tmm3, [{p1} + {s}*1]", "tdpbf16ps tmm1, tmm2, tmm3",
-                         "tileloadd tmm3, [{p2} + {s}*1]", "tdpbf16ps tmm6, tmm2, tmm3",
-                         "tileloadd tmm3, [{p3} + {s}*1]", "tdpbf16ps tmm7, tmm2, tmm3",
-                         a = in(reg) b(g, 0).add(32 * h), sa = in(reg) 128_usize,
-                         p0 = in(reg) panel(first, h), p1 = in(reg) panel(first + 1, h),
-                         p2 = in(reg) panel(first + 2, h), p3 = in(reg) panel(first + 3, h),
-                         s = in(reg) 64_usize, options(nostack, readonly));
-                    }
-                    asm!("tilestored [{o} + {s}*1], tmm0", "tilestored [{o1} + {s}*1], tmm1",
-                     "tilestored [{o2} + {s}*1], tmm6", "tilestored [{o3} + {s}*1], tmm7",
-                     o = in(reg) score(g, first), o1 = in(reg) score(g, first + 1),
-                     o2 = in(reg) score(g, first + 2), o3 = in(reg) score(g, first + 3),
-                     s = in(reg) 512_usize, options(nostack));
+                    one_group(|h| b(g, 0).add(32 * h), |j, h| panel(first + j, h), |j| score(g, first + j));
                 }),
             ),
             (
@@ -247,19 +243,13 @@ mod probe {
                 4,
                 Box::new(move |i| unsafe {
                     let (g, p) = (2 * (i / 8), i % 8);
-                    asm!("tileloadd tmm6, [{p0} + {s}*1]", "tileloadd tmm7, [{p1} + {s}*1]",
-                     "tilezero tmm0", "tilezero tmm1",
-                     "tdpbf16ps tmm0, tmm2, tmm6", "tdpbf16ps tmm0, tmm3, tmm7",
-                     "tdpbf16ps tmm1, tmm4, tmm6", "tdpbf16ps tmm1, tmm5, tmm7",
-                     "tilestored [{o} + {so}*1], tmm0", "tilestored [{o1} + {so}*1], tmm1",
-                     p0 = in(reg) panel(p, 0), p1 = in(reg) panel(p, 1), s = in(reg) 64_usize,
-                     o = in(reg) score(g, p), o1 = in(reg) score(g + 1, p), so = in(reg) 512_usize,
-                     options(nostack));
+                    two_groups([panel(p, 0), panel(p, 1)], [score(g, p), score(g + 1, p)], 512);
                 }),
             ),
         ];
         for (label, n, products, body) in &patterns {
-            let best = (0..5).map(|_| rate(*n, *products, body)).fold(f64::INFINITY, f64::min);
+            // SAFETY: the AMX level was detected above, which granted the tile state.
+            let best = (0..5).map(|_| unsafe { rate(*n, *products, body) }).fold(f64::INFINITY, f64::min);
             println!("{best:6.1} ns per product  {label}");
         }
     }
