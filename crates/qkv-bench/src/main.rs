@@ -1,7 +1,7 @@
 //! qkv's benchmark: times the fast path (all threads and one), the f64 reference, the unfused
-//! peers, NumPy and PyTorch (with `--python`), the machine's f32 GEMM rate and, for decoding
-//! steps, a streaming read of as many bytes; prints one table, and with `--json` writes the rows
-//! and a bar chart of them.
+//! peers, NumPy and PyTorch (with `--python`), the machine's f32 GEMM rate (and, on an AMX CPU,
+//! its tile unit's: `tiles.rs`) and, for decoding steps, a streaming read of as many bytes;
+//! prints one table, and with `--json` writes the rows and a bar chart of them.
 //!
 //! `cargo run --release -p qkv-bench --features peers -- [--quick] [--json FILE] [--only TEXT]
 //! [--python PYTHON]` (`cargo xtask bench` runs exactly that). Without `peers`, candle and the
@@ -26,6 +26,7 @@ mod measure;
 mod peers;
 mod python;
 mod report;
+mod tiles;
 
 use std::path::PathBuf;
 
@@ -39,11 +40,12 @@ static ALLOCATOR: alloc::Counting = alloc::Counting;
 
 /// What `--help` prints.
 const USAGE: &str = "\
-usage: qkv-bench [--quick] [--json FILE] [--only TEXT] [--python PYTHON]
+usage: qkv-bench [--quick] [--json FILE] [--only TEXT] [--python PYTHON] | --tile-probe
   --quick          fewer and shorter runs (about 0.3 s of runs a row, not 3 s)
   --json FILE      also write the rows to FILE and a bar chart beside it (.svg, .png)
   --only TEXT      only the shapes whose label contains TEXT (\"f32 GEMM\" for the ceiling)
   --python PYTHON  time NumPy and PyTorch too, in that Python (a venv with torch installed)
+  --tile-probe     only time the AMX kernels' patterns of tile instructions (see src/tiles.rs)
   -h, --help       this text";
 
 /// What the command line asked for.
@@ -52,12 +54,13 @@ struct Options {
     json: Option<PathBuf>,
     only: Option<String>,
     python: Option<String>,
+    tile_probe: bool,
 }
 
 impl Options {
     /// The options `args` give, or `None` for `--help`.
     fn parse(args: &[String]) -> anyhow::Result<Option<Options>> {
-        let mut options = Options { quick: false, json: None, only: None, python: None };
+        let mut options = Options { quick: false, json: None, only: None, python: None, tile_probe: false };
         let mut args = args.iter();
         while let Some(arg) = args.next() {
             let mut value =
@@ -67,6 +70,7 @@ impl Options {
                 "--json" => options.json = Some(value("--json")?.into()),
                 "--only" => options.only = Some(value("--only")?),
                 "--python" => options.python = Some(value("--python")?),
+                "--tile-probe" => options.tile_probe = true,
                 "--help" | "-h" => return Ok(None),
                 other => bail!("unknown argument {other:?}\n{USAGE}"),
             }
@@ -85,6 +89,18 @@ fn main() -> anyhow::Result<()> {
         println!("{USAGE}");
         return Ok(());
     };
+    if options.tile_probe {
+        match tiles::measure(usize::MAX) {
+            Some(figures) => {
+                println!("CPU: {}; ns per tdpbf16ps, the fastest of five rounds", machine::cpu_model());
+                for (label, ns) in figures {
+                    println!("{ns:6.1}  {label}");
+                }
+            }
+            None => println!("this CPU (or system) gives no AMX tiles: nothing to probe"),
+        }
+        return Ok(());
+    }
     let threads = rayon::current_num_threads();
     println!(
         "CPU: {}; {threads} threads; f32 unless a shape says bf16; medians of several runs",
@@ -96,6 +112,7 @@ fn main() -> anyhow::Result<()> {
     let measure_ceiling =
         || if options.wants("f32 GEMM") { peers::gemm_ceiling(options.quick) } else { None };
     let before = measure_ceiling();
+    let tiles_before = tiles::products_alone();
     let cases: Vec<Case> =
         cases::all(options.quick).into_iter().filter(|c| options.wants(&c.label())).collect();
     let mut python = match &options.python {
@@ -116,6 +133,15 @@ fn main() -> anyhow::Result<()> {
         }
     }
     let after = measure_ceiling();
+    if let (Some(before), Some(after)) = (tiles_before, tiles::products_alone()) {
+        // 16384 FLOPs a product.
+        println!(
+            "AMX tile unit, products alone: {before:.1} ns a product before the cases ({:.2} TFLOP/s), \
+             {after:.1} after ({:.2}); `--tile-probe` for the kernels' patterns",
+            16.384 / before,
+            16.384 / after
+        );
+    }
     let ceiling = match (before, after) {
         (Some(a), Some(b)) => {
             println!(

@@ -1,17 +1,32 @@
-//! Times the patterns of tile instructions the AMX kernels issue (`crates/qkv/src/kernels/amx.rs`)
-//! and one alternative, to see what bounds them on this CPU: products alone, then with the tile
-//! loads and stores that feed them, on data in L1 and (the last two) over one key block as the
-//! kernel lays it out. Each figure is nanoseconds per `tdpbf16ps` (a 16 × 32 by 32 × 16 bf16
-//! product: 16384 FLOPs), the fastest of five rounds. On a shared host the tile unit's rate can
-//! change between runs (the other hyperthread of the core uses it too): run it a few times.
-//!
-//! ```sh
-//! cargo run --release -p qkv-bench --example tile_probe
-//! ```
+//! What the AMX tile unit does on this machine: the patterns of tile instructions the AMX kernels
+//! issue (`crates/qkv/src/kernels/amx.rs`) and one alternative, timed alone, to see what bounds
+//! the kernels: products alone, then with the tile loads and stores that feed them, on data in L1
+//! and (the last two) over one key block as the kernel lays it out. Each figure is nanoseconds per
+//! `tdpbf16ps` (a 16 × 32 by 32 × 16 bf16 product: 16384 FLOPs), the fastest of five rounds.
+//! `qkv-bench --tile-probe` prints them all; a sitting prints the first (products alone) before
+//! and after its cases, as it does the GEMM ceiling, because on a shared host another tenant (the
+//! other hyperthread of the core) can halve the unit's rate from one minute to the next.
 //!
 //! Tile registers are not renamed: a `tileloadd` into a register that a product still reads waits
-//! for that product, which is what the patterns below vary. On a CPU without AMX (or a system
-//! that does not grant the tile state) it says so and exits.
+//! for that product, which is what the patterns vary. Without AMX (or where the system does not
+//! grant the tile state) there is nothing to measure.
+
+/// Each pattern's label and nanoseconds per product, the first `count` of them; `None` without
+/// AMX.
+pub fn measure(count: usize) -> Option<Vec<(&'static str, f64)>> {
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    return probe::measure(count);
+    #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+    {
+        let _ = count;
+        None
+    }
+}
+
+/// Nanoseconds per product of the tile unit's products alone; `None` without AMX.
+pub fn products_alone() -> Option<f64> {
+    measure(1).map(|figures| figures[0].1)
+}
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 mod probe {
@@ -132,12 +147,11 @@ mod probe {
     /// A pattern's label, how many times it runs, its products per run, and one run.
     type Pattern<'a> = (&'static str, usize, usize, Box<dyn Fn(usize) + 'a>);
 
-    /// Times every pattern and prints one line each.
-    pub fn run() {
+    /// See [`super::measure`].
+    pub fn measure(count: usize) -> Option<Vec<(&'static str, f64)>> {
         // qkv's detection asks Linux for the tile state, once for the whole process.
         if !qkv::SimdLevel::Amx.is_supported() {
-            println!("this CPU (or system) gives no AMX tiles: nothing to probe");
-            return;
+            return None;
         }
         let data = vec![0_u16; 16 * 1024];
         let mut out = vec![0_f32; 8 * 1024];
@@ -247,17 +261,15 @@ mod probe {
                 }),
             ),
         ];
-        for (label, n, products, body) in &patterns {
-            // SAFETY: the AMX level was detected above, which granted the tile state.
-            let best = (0..5).map(|_| unsafe { rate(*n, *products, body) }).fold(f64::INFINITY, f64::min);
-            println!("{best:6.1} ns per product  {label}");
-        }
+        let figures = patterns
+            .iter()
+            .take(count)
+            .map(|(label, n, products, body)| {
+                // SAFETY: the AMX level was detected above, which granted the tile state.
+                let best = (0..5).map(|_| unsafe { rate(*n, *products, body) }).fold(f64::INFINITY, f64::min);
+                (*label, best)
+            })
+            .collect();
+        Some(figures)
     }
-}
-
-fn main() {
-    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-    probe::run();
-    #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
-    println!("the tile probe runs on x86-64 Linux only");
 }
