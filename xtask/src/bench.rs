@@ -1,6 +1,7 @@
-//! `cargo xtask bench [--quick] [--json FILE] [--only TEXT] [--python PYTHON]`: builds and runs the
-//! benchmark crate with its peers (candle, the `gemm` ceiling) in release mode, with no
-//! target-cpu flag (the engine picks its SIMD level at run time, as in an embedding crate). With
+//! `cargo xtask bench [--quick] [--json FILE] [--only TEXT] [--python PYTHON] | --tile-probe`:
+//! builds and runs the benchmark crate with its peers (candle, the `gemm` ceiling) in release
+//! mode, with no target-cpu flag (the engine picks its SIMD level at run time, as in an embedding
+//! crate); `--tile-probe` times only the AMX tile unit's instruction patterns. With
 //! `--python` the benchmark also runs NumPy and PyTorch (`crates/qkv-bench/peers.py`) on the same
 //! shapes, in the same sitting, PyTorch's runs taking turns with qkv's; with `--json` it writes
 //! the rows and a bar chart beside them.
@@ -15,8 +16,10 @@ use crate::cli::{Args, workspace_root};
 pub fn run(args: Vec<String>) -> anyhow::Result<()> {
     let mut args = Args::new("bench", args);
     let mut forwarded = Vec::new();
-    if args.flag("--quick") {
-        forwarded.push("--quick".to_string());
+    for flag in ["--quick", "--tile-probe"] {
+        if args.flag(flag) {
+            forwarded.push(flag.to_string());
+        }
     }
     for name in ["--json", "--only", "--python"] {
         if let Some(value) = args.value(name)? {

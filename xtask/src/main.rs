@@ -27,7 +27,7 @@ commands:
                                         preview the site on http://127.0.0.1:N/ (default 3000,
                                         0 for any free port), rebuilt and reloaded on every change
   attend [options]                      the authors' calculator: attention on numbers you give it
-  bench [--quick] [--json FILE] [--only TEXT] [--python PYTHON]
+  bench [--quick] [--json FILE] [--only TEXT] [--python PYTHON] | bench --tile-probe
                                         benchmark qkv against its peers (release build)
   fuzz [--minutes N] [--seed S] [--replay DIR]
                                         mutate the lesson and check the build's promises on
