@@ -4,8 +4,8 @@
 //! and (the last two) over one key block as the kernel lays it out. Each figure is nanoseconds per
 //! `tdpbf16ps` (a 16 × 32 by 32 × 16 bf16 product: 16384 FLOPs), the fastest of five rounds.
 //! `qkv-bench --tile-probe` prints them all; a sitting prints the first (products alone) before
-//! and after its cases, as it does the GEMM ceiling, because on a shared host another tenant (the
-//! other hyperthread of the core) can halve the unit's rate from one minute to the next.
+//! and after its cases, as it does the GEMM ceiling, because on a shared host another tenant (most
+//! likely on the core's other hyperthread) can halve the unit's rate from one minute to the next.
 //!
 //! Tile registers are not renamed: a `tileloadd` into a register that a product still reads waits
 //! for that product, which is what the patterns vary. Without AMX (or where the system does not
