@@ -2,7 +2,7 @@
 //!
 //! Queries are cut into blocks of at most the kernel level's `QUERY_BLOCK` rows
 //! (`LONG_QUERY_BLOCK` over long keys and values: `long_keys`; as many blocks for each thread,
-//! sized evenly: `query_blocks`) and keys into blocks of `KEY_BLOCK`. For one query
+//! sized evenly: `query_blocks`) and keys into blocks of the level's `KEY_BLOCK`. For one query
 //! block the key blocks are visited in order: scores `S = Q_b·K_jᵀ`
 //! (the scale is folded into the packed queries), masks where a tile needs them, then the online
 //! softmax: the running row maximum `m` and sum `l`, the rescale `α = exp(m_old - m_new)` of the
@@ -317,18 +317,18 @@ impl<T: Real, E: Element<Compute = T>> Queries<'_, T, E> {
 
 impl<E: Element> StoredKeys<'_, E> {
     /// Key splits are whole multiples of this many keys, so that each split starts a tile where
-    /// one may start: at a key block (`KEY_BLOCK`, a whole number of panels), and in a paged
-    /// cache whose blocks are not whole panels at a block too.
-    fn split_unit(&self, key_panel: usize) -> usize {
+    /// one may start: at a key block (`key_block` keys, a whole number of `key_panel`s), and in
+    /// a paged cache whose blocks are not whole panels at a block too.
+    fn split_unit(&self, key_panel: usize, key_block: usize) -> usize {
         match self {
             StoredKeys::Paged(paged) if paged.block_size % key_panel != 0 => {
-                let (mut a, mut b) = (KEY_BLOCK, paged.block_size);
+                let (mut a, mut b) = (key_block, paged.block_size);
                 while b != 0 {
                     (a, b) = (b, a % b);
                 }
-                KEY_BLOCK / a * paged.block_size
+                key_block / a * paged.block_size
             }
-            _ => KEY_BLOCK,
+            _ => key_block,
         }
     }
 
@@ -498,7 +498,7 @@ impl<'p, T: Real, E: Element<Compute = T>> Job<E> for Attend<'p, '_, T, E> {
         let long = long_keys(shape.n_keys, shape.key_dim + shape.value_dim, size_of::<E>());
         let query_block = if long { K::LONG_QUERY_BLOCK } else { K::QUERY_BLOCK };
         for Operands { q, k, v, out, lse, masks } in heads {
-            splits.push(key_splits(out.nrows(), k.nrows(), query_block, KEY_BLOCK));
+            splits.push(key_splits(out.nrows(), k.nrows(), query_block, K::KEY_BLOCK));
             let key_rows = k.to_slice().filter(|_| decodes(n_rows, &k));
             let source = StoredKeys::Rows { k, v };
             problems.push(Problem { shape, q: Queries::Stored(q), rows_per_query, source, key_rows, masks });
@@ -721,7 +721,7 @@ impl<T: Real, E: Element<Compute = T>> Job<E> for AttendCached<'_, '_, T, E> {
         let CachedCall { rows_per_query, n_problems, parts, shape, problem } = call;
         let n_rows = |p: usize| shape(p).n_queries * rows_per_query;
         let splits_of = |p: usize| {
-            let unit = problem(p, 0).kv.split_unit(K::KEY_PANEL);
+            let unit = problem(p, 0).kv.split_unit(K::KEY_PANEL, K::KEY_BLOCK);
             key_splits(n_rows(p), shape(p).n_keys, K::QUERY_BLOCK, unit)
         };
         let rows = |p: usize, b: usize| K::QUERY_BLOCK.min(n_rows(p) - b * K::QUERY_BLOCK);
@@ -774,7 +774,7 @@ impl<T: Real, E: Element<Compute = T>> Job<E> for AttendCached<'_, '_, T, E> {
         // Every scratch a thread may take is grown here, on the calling thread, for the call's
         // largest block: a helper that joins a step for the first time allocates nothing then.
         let fit = |scratch: &mut Scratch<T>| {
-            scratch.fit(largest.next_multiple_of(K::TILE_ROWS), largest, key_dim, K::LANES);
+            scratch.fit(largest.next_multiple_of(K::TILE_ROWS), largest, key_dim, (K::LANES, K::KEY_BLOCK));
         };
         let decoding = (0..n_problems)
             .all(|p| matches!(problem(p, 0).kv, StoredKeys::Rows { k, .. } if decodes(n_rows(p), &k)));
@@ -821,6 +821,8 @@ impl<T: Real, E: Element<Compute = T>> Job<E> for AttendCached<'_, '_, T, E> {
 /// Keys and values `first_key ..` in the layouts the kernels read.
 struct Packed<'a, E: Element> {
     first_key: usize,
+    /// Keys per block of the tiled loop, the level's `KEY_BLOCK`.
+    block_keys: usize,
     keys: PackedKeys<'a, E>,
     /// Value rows, `value_stride` scalars apart.
     values: Values<'a, E>,
@@ -831,7 +833,7 @@ struct Packed<'a, E: Element> {
 
 /// The packed key panels (see `kernels::pack_key_panel`), zero-padded to whole panels.
 enum PackedKeys<'a, E: Element> {
-    /// Packed from the caller's keys, a block of `KEY_BLOCK` keys at a time. The first task that
+    /// Packed from the caller's keys, a block of `block_keys` at a time. The first task that
     /// needs a block packs it, so packing is shared out with the work that uses it, in the same
     /// round of work items (a round of its own would end waiting for a pool thread that was
     /// still waking up). No blocks when decoding.
@@ -916,7 +918,7 @@ impl<'a, E: Element> Packed<'a, E> {
     {
         let first_key = keys.start;
         let (k, v) = (k.slice_move(ndarray::s![keys.clone(), ..]), v.slice_move(ndarray::s![keys, ..]));
-        let blocks = if pack_keys { k.nrows().div_ceil(KEY_BLOCK) } else { 0 };
+        let blocks = if pack_keys { k.nrows().div_ceil(K::KEY_BLOCK) } else { 0 };
         let blocks = (0..blocks).map(|_| KeyBlock::default()).collect();
         let value_vectors = v.ncols().div_ceil(K::LANES);
         let value_stride = value_vectors * K::LANES;
@@ -936,7 +938,7 @@ impl<'a, E: Element> Packed<'a, E> {
             }
         };
         let keys = PackedKeys::Packing { k, key_panel: K::KEY_PANEL, layout: K::LAYOUT, blocks };
-        Packed { first_key, keys, values, value_stride, value_vectors }
+        Packed { first_key, block_keys: K::KEY_BLOCK, keys, values, value_stride, value_vectors }
     }
 
     /// A cache's keys and values, in the layout of the kernels of `K` already.
@@ -946,6 +948,7 @@ impl<'a, E: Element> Packed<'a, E> {
     {
         Packed {
             first_key: 0,
+            block_keys: K::KEY_BLOCK,
             keys: PackedKeys::Cached(cached.panels, cached.scales),
             values: Values::Borrowed(cached.values),
             value_stride: cached.value_stride,
@@ -960,6 +963,7 @@ impl<'a, E: Element> Packed<'a, E> {
     {
         Packed {
             first_key: 0,
+            block_keys: K::KEY_BLOCK,
             keys: PackedKeys::Paged(paged),
             values: Values::Paged(paged),
             value_stride: paged.value_stride,
@@ -974,7 +978,7 @@ impl<'a, E: Element> Packed<'a, E> {
         match &self.keys {
             PackedKeys::Paged(paged) => first.max(key - key % paged.block_size % key_panel),
             PackedKeys::Packing { .. } | PackedKeys::Cached(..) => {
-                first + (key - first) / KEY_BLOCK * KEY_BLOCK
+                first + (key - first) / self.block_keys * self.block_keys
             }
         }
     }
@@ -995,8 +999,8 @@ impl<'a, E: Element> Packed<'a, E> {
         match &self.keys {
             PackedKeys::Packing { k, key_panel: width, layout, blocks } => {
                 let pack = |block: usize| {
-                    let offset = block * KEY_BLOCK;
-                    let n_keys = KEY_BLOCK.min(k.nrows() - offset);
+                    let offset = block * self.block_keys;
+                    let n_keys = self.block_keys.min(k.nrows() - offset);
                     let panel_len = width * layout.padded_dim(d);
                     let mut panels = Buffer::zeros(n_keys.div_ceil(*width) * panel_len);
                     for (p, panel) in panels.chunks_exact_mut(panel_len).enumerate() {
@@ -1004,7 +1008,7 @@ impl<'a, E: Element> Packed<'a, E> {
                     }
                     panels
                 };
-                let block = offset / KEY_BLOCK;
+                let block = offset / self.block_keys;
                 // Blocks are read in order, so the next ones unclaimed are the ones to pack while
                 // waiting for this one.
                 let mut later = block + 1..blocks.len();
@@ -1073,7 +1077,7 @@ struct Problem<'p, T: Real, E: Element> {
 struct Scratch<T: Real> {
     /// Packed, scaled queries.
     q: Vec<T>,
-    /// A tile of scores, `KEY_BLOCK` per row, then weights.
+    /// A tile of scores, the level's `KEY_BLOCK` per row, then weights.
     s: Buffer<T>,
     /// The score kernel's lane-wise row maxima.
     row_max: Buffer<T>,
@@ -1104,12 +1108,19 @@ struct Fitted<'s, T> {
 
 impl<T: Real> Scratch<T> {
     /// The buffers for a block of `rows` query rows of width `d` (`padded` with the register
-    /// tile's zero rows) at a level of `lanes` lanes, grown if they are shorter.
-    fn fit(&mut self, padded: usize, rows: usize, d: usize, lanes: usize) -> Fitted<'_, T> {
+    /// tile's zero rows) at a level of `lanes` lanes and key blocks of `key_block`, grown if they
+    /// are shorter.
+    fn fit(
+        &mut self,
+        padded: usize,
+        rows: usize,
+        d: usize,
+        (lanes, key_block): (usize, usize),
+    ) -> Fitted<'_, T> {
         let Scratch { q, s, row_max, tile_max, m_new, sums, alpha } = self;
         Fitted {
             q: prefix(q, padded * d),
-            s: aligned_prefix(s, padded * KEY_BLOCK),
+            s: aligned_prefix(s, padded * key_block),
             row_max: aligned_prefix(row_max, padded * lanes),
             tile_max: prefix(tile_max, rows),
             m_new: prefix(m_new, rows),
@@ -1217,7 +1228,8 @@ impl<'p, T: Real, E: Element<Compute = T>> Problem<'p, T, E> {
         if from >= reach {
             return;
         }
-        let Fitted { q, s, row_max, tile_max, m_new, sums, alpha } = scratch.fit(padded, rows, d, lanes);
+        let Fitted { q, s, row_max, tile_max, m_new, sums, alpha } =
+            scratch.fit(padded, rows, d, (lanes, K::KEY_BLOCK));
         let scale = T::from_f64_round(masks.scale);
         let score_scale = self.q.pack(direct, first, rows, scale, (K::TILE_ROWS, K::LAYOUT), &mut *q);
         // Padding rows keep a factor of 1: their outputs are never read, but stay as without reuse.
@@ -1225,12 +1237,15 @@ impl<'p, T: Real, E: Element<Compute = T>> Problem<'p, T, E> {
         let mut start = from;
         while start < reach {
             // A tile ends where the stored keys stop lying side by side (a paged cache's block).
-            let n_keys = KEY_BLOCK.min(reach - start).min(packed.contiguous_keys(start));
+            let n_keys = K::KEY_BLOCK.min(reach - start).min(packed.contiguous_keys(start));
             let panels = n_keys.div_ceil(K::KEY_PANEL);
             // A causal tile on the diagonal: each group of rows needs the keys up to its last
             // row's visible end; the scores past it are hidden below.
             let trim = !elementwise && start + n_keys > clean_keys.end;
             if let Some(k) = self.key_rows {
+                // Decoding runs at the vector levels (`Isa::vectors`), whose direct scores fill
+                // rows of their `KEY_BLOCK`.
+                assert_eq!(K::KEY_BLOCK, KEY_BLOCK, "decoding at a level of its own key block");
                 let magnitude =
                     kernels.direct_scores(q, rows, &k[start * d..(start + n_keys) * d], d, &mut *s);
                 state.measured.keys = kernels::larger_magnitude(state.measured.keys, magnitude);
@@ -1248,6 +1263,7 @@ impl<'p, T: Real, E: Element<Compute = T>> Problem<'p, T, E> {
                     keys: packed.key_block(start, d),
                     panels,
                     s: &mut *s,
+                    stride: K::KEY_BLOCK,
                     row_max: &mut *row_max,
                 };
                 kernels.scores(tile, trim.then_some(&group_keys as &dyn Fn(usize) -> usize));
@@ -1255,7 +1271,7 @@ impl<'p, T: Real, E: Element<Compute = T>> Problem<'p, T, E> {
             let scales = packed.scales(start, n_keys);
             if let Some(scales) = scales {
                 // Quantized keys: each score takes its key's scale (`s_j · q·K_j`).
-                kernels.scale_columns(RowsMut { data: &mut *s, stride: KEY_BLOCK, rows }, scales.keys);
+                kernels.scale_columns(RowsMut { data: &mut *s, stride: K::KEY_BLOCK, rows }, scales.keys);
             }
             let used = n_keys.next_multiple_of(lanes);
             let clean = clean_keys.start <= start && start + n_keys <= clean_keys.end;
@@ -1264,16 +1280,17 @@ impl<'p, T: Real, E: Element<Compute = T>> Problem<'p, T, E> {
             // them, and the rows are scanned again.
             let fused_max = !direct && clean && n_keys == panels * K::KEY_PANEL && scales.is_none();
             let queries = |r: usize| self.query(first + r);
-            mask_tile(masks, &queries, rows, start..start + n_keys, used, clean, &mut s[..]);
+            let tile = RowsMut { data: &mut s[..], stride: K::KEY_BLOCK, rows };
+            mask_tile(masks, &queries, tile, start..start + n_keys, used, clean);
             if fused_max {
                 kernels.row_maxima(Rows { data: row_max, stride: lanes, rows }, lanes, &mut *tile_max);
             } else {
-                kernels.row_maxima(Rows { data: s, stride: KEY_BLOCK, rows }, used, &mut *tile_max);
+                kernels.row_maxima(Rows { data: s, stride: K::KEY_BLOCK, rows }, used, &mut *tile_max);
             }
             for r in 0..rows {
                 m_new[r] = state.m[r].max(tile_max[r]);
             }
-            kernels.exp_rows(RowsMut { data: &mut *s, stride: KEY_BLOCK, rows }, used, m_new, &mut *sums);
+            kernels.exp_rows(RowsMut { data: &mut *s, stride: K::KEY_BLOCK, rows }, used, m_new, &mut *sums);
             kernels.exp_differences(&state.m, m_new, &mut alpha[..rows]);
             for r in 0..rows {
                 if m_new[r] == T::neg_infinity() {
@@ -1287,7 +1304,7 @@ impl<'p, T: Real, E: Element<Compute = T>> Problem<'p, T, E> {
             if let Some(scales) = scales {
                 // Quantized values: each weight takes its value's scale, after the sums took it
                 // as it was (`Σ p_j · s_j · V_j`).
-                kernels.scale_columns(RowsMut { data: &mut *s, stride: KEY_BLOCK, rows }, scales.values);
+                kernels.scale_columns(RowsMut { data: &mut *s, stride: K::KEY_BLOCK, rows }, scales.values);
             }
             // Decoding checks the caller's values as `P·V` reads them
             // (`accumulate_values_measuring`); on a causal diagonal, whose groups stop short of
@@ -1318,7 +1335,7 @@ impl<'p, T: Real, E: Element<Compute = T>> Problem<'p, T, E> {
                     let group = K::TILE_ROWS.min(padded - g);
                     let last = first + (g + group).min(rows) - 1;
                     let end = masks.visible_keys(self.query(last)).end.clamp(start, start + n_keys);
-                    let weights = Weights { p: &s[g * KEY_BLOCK..], rows: group, n_keys: end - start };
+                    let weights = Weights { p: &s[g * K::KEY_BLOCK..], rows: group, n_keys: end - start };
                     let o = &mut state.o[g * o_stride..(g + group) * o_stride];
                     kernels.accumulate_values(weights, &alpha[g..g + group], values, o);
                 }
@@ -1346,23 +1363,23 @@ impl BlockKeys {
     }
 }
 
-/// Hides, in a tile of scores (`rows` rows of [`KEY_BLOCK`] scalars over keys `keys`, row `r`
-/// belonging to query `queries(r)`), every pair the masks hide, and the lanes past the last key
-/// up to `used` (padding in the packed keys, up to a whole vector), by writing `-inf`. A `clean` tile (every
-/// row sees every key, see [`BlockKeys`]) needs only the padding.
+/// Hides, in a tile of scores over keys `keys` (row `r` belonging to query `queries(r)`), every
+/// pair the masks hide, and the lanes past the last key up to `used` (padding in the packed keys,
+/// up to a whole vector), by writing `-inf`. A `clean` tile (every row sees every key, see
+/// [`BlockKeys`]) needs only the padding.
 pub(crate) fn mask_tile<T: Real>(
     masks: &MaskSet<'_, T>,
     queries: &dyn Fn(usize) -> usize,
-    rows: usize,
+    tile: RowsMut<'_, T>,
     keys: Range<usize>,
     used: usize,
     clean: bool,
-    s: &mut [T],
 ) {
     let (start, n_keys) = (keys.start, keys.len());
     let elementwise = masks.has_elementwise_masks();
+    let RowsMut { data: s, stride, rows } = tile;
     for r in 0..rows {
-        let row = &mut s[r * KEY_BLOCK..r * KEY_BLOCK + used];
+        let row = &mut s[r * stride..r * stride + used];
         // Lanes past the block's last key (padding in the packed keys) take no part.
         row[n_keys..].fill(T::neg_infinity());
         let query = queries(r);

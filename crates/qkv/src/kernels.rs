@@ -395,11 +395,12 @@ pub trait Job<E: Element> {
     fn run<K: Kernels<E::Compute, E>>(self, kernels: K) -> Self::Output;
 }
 
-/// Keys per score tile: the stride of score and weight rows in every tile the kernels read or
-/// write, the same at every level (unlike the key panels, see [`pack_key_panel`]) and fixed so
-/// that the `P·V` tile addresses its rows with constant offsets. A multiple of every level's key
-/// panel (16 to 64 keys for f32); 128 measured about 10% faster than 64 (the per-row work of the
-/// online softmax is spread over more keys).
+/// Keys per score tile at the vector levels (every level but AMX's, see [`Kernels::KEY_BLOCK`]):
+/// the stride of score and weight rows in every tile their kernels read or write, fixed so that
+/// the `P·V` tile addresses its rows with constant offsets. A multiple of every level's key panel
+/// (16 to 64 keys for f32); 128 measured about 10% faster than 64 (the per-row work of the online
+/// softmax is spread over more keys). Decoding, which runs at the vector levels
+/// ([`Isa::vectors`]), writes its scores in rows of it.
 pub(crate) const KEY_BLOCK: usize = 128;
 
 /// One level's kernels computing in `T` over keys and values stored as `E` (`T` itself, or a
@@ -425,6 +426,10 @@ pub trait Kernels<T: Scalar, E: Element<Compute = T> = T>: Copy + Send + Sync {
     const LONG_QUERY_BLOCK: usize = Self::QUERY_BLOCK;
     /// How packed keys, queries and values are laid out for the tiles (see [`Layout`]).
     const LAYOUT: Layout = Layout::Lanes;
+    /// Keys per block of the tiled loop, a multiple of `KEY_PANEL`, and the stride of the rows of
+    /// weights `accumulate_values` reads: [`KEY_BLOCK`] but at the AMX level, whose tiles are
+    /// fast enough that the online softmax's work per row and block shows.
+    const KEY_BLOCK: usize = KEY_BLOCK;
     /// This level's kernels for operands already in `T` (itself where `E` is `T`): the backward
     /// takes its scores from `E` at a pair level and computes everything else from widened rows.
     type Widened: Kernels<T>;
@@ -441,7 +446,8 @@ pub trait Kernels<T: Scalar, E: Element<Compute = T> = T>: Copy + Send + Sync {
     /// `S[r, j] = Q_r · K_j` for a few query rows `q` (row after row, `d` scalars each) straight
     /// from the key rows `keys` (`n_keys · d` scalars, row after row, at most [`KEY_BLOCK`] keys):
     /// one dot product per pair, vectorised along `d`. For decoding, where packing the keys would
-    /// cost more than using them once. `s` holds `rows` rows of `KEY_BLOCK` scalars. Returns the
+    /// cost more than using them once. `s` holds `rows` rows of [`KEY_BLOCK`] scalars (the vector
+    /// levels', whose kernels the pair levels lend here, see [`Isa::vectors`]). Returns the
     /// keys' [`magnitude`](Self::magnitude), measured from the same loads.
     fn direct_scores(self, q: &[T], rows: usize, keys: &[E], d: usize, s: &mut [T]) -> T;
 
@@ -574,14 +580,17 @@ pub struct ScoreTile<'a, T, E = T> {
     pub keys: &'a [E],
     /// Panels to score against.
     pub panels: usize,
-    /// The scores, `rows` rows of [`KEY_BLOCK`] scalars: panel `p` at scalars `p · KEY_PANEL ..`.
+    /// The scores, `rows` rows of `stride` scalars: panel `p` at scalars `p · KEY_PANEL ..`.
     pub s: &'a mut [T],
+    /// Scalars from one row of scores to the next: [`Kernels::KEY_BLOCK`] of the level whose
+    /// `accumulate_values` reads the weights (the backward's widened level at a pair level).
+    pub stride: usize,
     /// `LANES` scalars per row: set to the lane-wise maximum of the row's computed scores.
     pub row_max: &'a mut [T],
 }
 
-/// The weights `P` of one tile: `rows` rows of [`KEY_BLOCK`] scalars each, of which the first
-/// `n_keys` count.
+/// The weights `P` of one tile: `rows` rows of the level's [`Kernels::KEY_BLOCK`] scalars each, of
+/// which the first `n_keys` count.
 #[derive(Clone, Copy)]
 pub struct Weights<'a, T> {
     /// The weights.
@@ -904,7 +913,7 @@ pub(crate) fn prefetch<E>(data: &[E]) {
 ///
 /// The layout is the level's own because a panel is as wide as the level's score tile
 /// ([`Kernels::KEY_PANEL`]: 16 keys for AVX2, 64 for AVX-512, in f32), so the tile reads it with
-/// no stride; only the score and weight rows share one stride, [`KEY_BLOCK`], at every level.
+/// no stride; only the score and weight rows have one, [`Kernels::KEY_BLOCK`].
 /// Packing is plain scalar code, so a layout per level costs nothing.
 pub(crate) fn pack_key_panel<E: Element>(
     k: ArrayView2<E>,

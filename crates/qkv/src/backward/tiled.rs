@@ -1,7 +1,9 @@
 //! The tiled backward (FlashAttention-2's): the weights are recomputed tile by tile from `Q`, `K`
 //! and the saved logsumexp, never stored, in two passes of independent blocks.
 //!
-//! A tile is `QUERY_BLOCK` query rows × `KEY_BLOCK` keys, as in the forward (`flash.rs`): scores
+//! A tile is `QUERY_BLOCK` query rows × `KEY_BLOCK` keys, as in the forward (`flash.rs`) at the
+//! vector levels, whose kernels the backward computes with (a pair level's `Kernels::Widened`,
+//! even where its scores come from the pair level's tiles, in rows of that stride): scores
 //! `S = Q·Kᵀ · scale` from the same packed panels and score kernel, the same masking
 //! (`flash::mask_tile`, `flash::BlockKeys` for the tiles every row skips), then `P = exp(S - lse)`,
 //! `dP = dO·Vᵀ` (the score kernel again, on `dO` and the value panels; at a pair level both
@@ -359,14 +361,15 @@ impl Tiling {
                     keys,
                     panels,
                     s,
+                    stride: KEY_BLOCK,
                     row_max,
                 };
                 kernels.widened().scores(tile, None);
             }
             Layout::Pairs => {
                 let keys = wide::bytemuck::cast_slice(keys);
-                let tile =
-                    ScoreTile { q, scale, d, rows: padded, real_rows: padded, keys, panels, s, row_max };
+                let (rows, stride) = (padded, KEY_BLOCK);
+                let tile = ScoreTile { q, scale, d, rows, real_rows: rows, keys, panels, s, stride, row_max };
                 kernels.scores(tile, None);
             }
         }
@@ -388,6 +391,7 @@ impl<T: Real, E: Element<Compute = T>> Job<E> for Backward<'_, '_, T, E> {
 
     fn run<K: Kernels<T, E>>(self, kernels: K) -> Vec<f64> {
         let Backward { shape, queries, kv } = self;
+        assert_eq!(K::Widened::KEY_BLOCK, KEY_BLOCK, "the backward's tiles are the vector levels'");
         let tiling = Tiling::of::<T, E, K>();
         let lanes = K::Widened::LANES;
         let key_stride = shape.key_dim.div_ceil(lanes) * lanes;
@@ -712,7 +716,8 @@ impl<T: Real> Operands<'_, T> {
             derivative.copy_from_slice(&s[..rows * KEY_BLOCK]);
             head.masks.softcap_derivative(derivative);
         }
-        mask_tile(&head.masks, &|r| first + r, rows, keys.clone(), used, clean, &mut *s);
+        let tile = RowsMut { data: &mut *s, stride: KEY_BLOCK, rows };
+        mask_tile(&head.masks, &|r| first + r, tile, keys.clone(), used, clean);
         let lse = &head.logsumexp[first..first + rows];
         widened.exp_rows(RowsMut { data: &mut *s, stride: KEY_BLOCK, rows }, used, lse, sums);
         let d_output = &head.d_output_packed[first * tiling.row_scalars(d_v)..];

@@ -52,10 +52,12 @@ fn paged_blocks_that_are_not_whole_panels_split_at_blocks() {
         })
     };
     // Whole panels: splits at key blocks, which are whole panels of any block too.
-    assert_eq!(paged(48).split_unit(16), KEY_BLOCK);
+    assert_eq!(paged(48).split_unit(16, KEY_BLOCK), KEY_BLOCK);
     // Otherwise at the least common multiple of a key block and a block.
-    assert_eq!(paged(24).split_unit(16), 384);
-    assert_eq!(paged(5).split_unit(16), 640);
+    assert_eq!(paged(24).split_unit(16, KEY_BLOCK), 384);
+    assert_eq!(paged(5).split_unit(16, KEY_BLOCK), 640);
+    // A level of longer key blocks (AMX's 512 keys).
+    assert_eq!(paged(24).split_unit(16, 512), 1536);
     for unit in [384, 640] {
         let splits: Vec<Range<usize>> = key_splits(1, 16384, QUERY_BLOCK, unit).ranges().collect();
         assert!(splits.len() > 1 && splits.iter().all(|r| r.start % unit == 0), "{splits:?}");

@@ -58,7 +58,8 @@ fn pairs(scalars: &[f32]) -> &[u32] {
 /// The CPU must run AVX-512F and AVX512-BF16.
 #[target_feature(enable = "avx512f,avx512bf16")]
 unsafe fn scores(tile: ScoreTile<'_, f32, bf16>, group_keys: Option<&dyn Fn(usize) -> usize>) {
-    let ScoreTile { q, d, rows, keys, panels, s, row_max, scale, real_rows: _ } = tile;
+    let ScoreTile { q, d, rows, keys, panels, s, stride, row_max, scale, real_rows: _ } = tile;
+    assert_eq!(stride, KEY_BLOCK, "rows of scores this level's key block apart");
     let half_depth = Layout::Pairs.padded_dim(d) / 2;
     let q = &pairs(q)[..rows * half_depth];
     let panel_len = LANES * 2 * half_depth;
@@ -349,7 +350,7 @@ impl ValueGroup<'_> {
 /// which the token proves), the pair levels' `exp_rows`, and AVX-512's kernels for the rest.
 macro_rules! pair_level_kernels {
     (
-        $token:ty, tile_rows = $tile_rows:expr, query_block = $query_block:expr;
+        $token:ty, tile_rows = $tile_rows:expr, query_block = $query_block:expr, key_block = $key_block:expr;
         scores = $scores:path, accumulate_values = $accumulate_values:path
     ) => {
         impl $crate::kernels::Kernels<f32, half::bf16> for $token {
@@ -358,6 +359,7 @@ macro_rules! pair_level_kernels {
             const TILE_ROWS: usize = $tile_rows;
             const QUERY_BLOCK: usize = $query_block;
             const LAYOUT: $crate::kernels::Layout = $crate::kernels::Layout::Pairs;
+            const KEY_BLOCK: usize = $key_block;
             type Widened = $crate::kernels::avx512::Avx512;
 
             fn widened(self) -> $crate::kernels::avx512::Avx512 {
@@ -451,5 +453,5 @@ macro_rules! pair_level_kernels {
 }
 pub(super) use pair_level_kernels;
 
-pair_level_kernels!(Avx512Bf16, tile_rows = ROWS, query_block = 48;
+pair_level_kernels!(Avx512Bf16, tile_rows = ROWS, query_block = 48, key_block = KEY_BLOCK;
     scores = scores, accumulate_values = accumulate_values);

@@ -340,7 +340,7 @@ fn check_score_and_value_tiles<E: Element<Compute = f32>, K: Kernels<f32, E>>(ke
         let padded = rows.next_multiple_of(K::TILE_ROWS);
         let mut packed_q = vec![f32::NAN; padded * d];
         let scale = pack_queries(q.view(), 0, rows, 0.5, (K::TILE_ROWS, K::LAYOUT), &mut packed_q);
-        let s_stride = KEY_BLOCK;
+        let s_stride = K::KEY_BLOCK;
         let mut s = vec![f32::NAN; padded * s_stride];
         // Stale maxima from an earlier tile must not leak into this one.
         let mut row_max = vec![1e30; padded * K::LANES];
@@ -353,6 +353,7 @@ fn check_score_and_value_tiles<E: Element<Compute = f32>, K: Kernels<f32, E>>(ke
             keys: &keys,
             panels,
             s: &mut s,
+            stride: s_stride,
             row_max: &mut row_max,
         };
         kernels.scores(tile, None);
@@ -549,7 +550,7 @@ fn check_trimmed_score_tiles<E: Element<Compute = f32>, K: Kernels<f32, E>>(kern
         let keys = pack_keys(&k, width, K::LAYOUT);
         let mut packed_q = vec![0.0; rows * d];
         let scale = pack_queries(q.view(), 0, rows, 1.0, (K::TILE_ROWS, K::LAYOUT), &mut packed_q);
-        let s_stride = KEY_BLOCK;
+        let s_stride = K::KEY_BLOCK;
         let mut s = vec![f32::NAN; rows * s_stride];
         let mut row_max = vec![f32::NEG_INFINITY; rows * K::LANES];
         let needed = |g: usize| (g + K::TILE_ROWS).min(rows) + 3;
@@ -562,6 +563,7 @@ fn check_trimmed_score_tiles<E: Element<Compute = f32>, K: Kernels<f32, E>>(kern
             keys: &keys,
             panels,
             s: &mut s,
+            stride: s_stride,
             row_max: &mut row_max,
         };
         kernels.scores(tile, Some(&needed));

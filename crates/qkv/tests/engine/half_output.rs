@@ -169,13 +169,14 @@ fn check_multi_head<H: Half>() {
     let mut rng = ChaCha8Rng::seed_from_u64(21);
     // (batch, query heads, kv heads, n_q, n_k, d_k, d_v): a single element; decoding steps with
     // the heads of a group stacked; a few queries; tiles that are not whole; few rows over keys
-    // split in parts.
+    // split in parts; a causal diagonal across key blocks of every level (AMX's are 512 keys).
     let shapes = [
         (1, 1, 1, 1, 1, 1, 1),
         (2, 8, 2, 1, 300, 16, 24),
         (2, 4, 4, 3, 130, 8, 5),
         (1, 4, 2, 70, 141, 16, 24),
         (1, 2, 1, 5, 2100, 8, 4),
+        (1, 2, 1, 130, 1100, 16, 24),
     ];
     // A mask of `[n_q, n_k]` per shape, shared by every head (the per-sequence and per-head kinds
     // below): rows that see nothing, a causal window over a decoding step, a bias, whole key
@@ -186,6 +187,7 @@ fn check_multi_head<H: Half>() {
         MaskKind::KeepWithEmptyRows,
         MaskKind::Bias,
         MaskKind::PaddingBlocks,
+        MaskKind::CausalBottomRight,
     ];
     for (i, &(batch, query_heads, kv_heads, n_q, n_k, d_k, d_v)) in shapes.iter().enumerate() {
         let q = random4::<H>(&mut rng, (batch, query_heads, n_q, d_k));
