@@ -32,7 +32,7 @@ use super::avx512::Avx512;
 use super::avx512bf16::{Avx512Bf16, add_odd_key, pair_level_kernels};
 use super::{Layout, ScoreTile, ValueRows, Weights};
 
-/// Proof that this CPU runs AMX-BF16 and AMX-TILE with AVX-512F, BW and BF16, and that the
+/// Proof that this CPU runs AMX-BF16 and AMX-TILE with AVX-512F, BW, DQ and BF16, and that the
 /// operating system gave this process the tile state: only [`Amx::detect`] makes one.
 #[derive(Debug, Clone, Copy)]
 pub struct Amx(Avx512Bf16);

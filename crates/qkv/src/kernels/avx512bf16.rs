@@ -20,7 +20,7 @@ use super::avx512::Avx512;
 use super::simd::EXP2_FOR_BF16;
 use super::{KEY_BLOCK, Layout, RowsMut, ScoreTile, ValueRows, Weights};
 
-/// Proof that this CPU runs AVX-512F, BW and BF16: only [`Avx512Bf16::detect`] makes one.
+/// Proof that this CPU runs AVX-512F, BW, DQ and BF16: only [`Avx512Bf16::detect`] makes one.
 #[derive(Debug, Clone, Copy)]
 pub struct Avx512Bf16(Avx512);
 
@@ -33,11 +33,14 @@ const ROWS: usize = 6;
 const PANELS: usize = 4;
 
 impl Avx512Bf16 {
-    /// `Some` if the CPU has AVX-512F, BW and BF16 (`is_x86_feature_detected!`).
+    /// `Some` if the CPU has AVX-512F, BW, DQ and BF16 (`is_x86_feature_detected!`; every CPU
+    /// with BF16 has the other two).
     pub(crate) fn detect() -> Option<Avx512Bf16> {
         let avx512 = Avx512::detect()?;
-        (is_x86_feature_detected!("avx512bw") && is_x86_feature_detected!("avx512bf16"))
-            .then_some(Avx512Bf16(avx512))
+        (is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512dq")
+            && is_x86_feature_detected!("avx512bf16"))
+        .then_some(Avx512Bf16(avx512))
     }
 
     /// The AVX-512 level this one runs its other kernels at.
@@ -155,8 +158,8 @@ impl ScoreGroup<'_> {
 /// error below 3e-6), scaled in one instruction.
 ///
 /// # Safety
-/// The CPU must run AVX-512F and AVX512-BF16 (the token proves AVX-512F).
-#[target_feature(enable = "avx512f,avx512bf16")]
+/// The CPU must run AVX-512F, DQ and AVX512-BF16.
+#[target_feature(enable = "avx512f,avx512dq,avx512bf16")]
 pub(super) unsafe fn exp_rows(rows: RowsMut<'_, f32>, len: usize, maxima: &[f32], sums: &mut [f32]) {
     for r in 0..rows.rows {
         let row = &mut rows.data[r * rows.stride..][..len];
@@ -203,23 +206,22 @@ pub(super) unsafe fn exp_rows(rows: RowsMut<'_, f32>, len: usize, maxima: &[f32]
 }
 
 /// `exp(x - shift)` lane-wise for `x <= shift`, to [`EXP2_FOR_BF16`]'s precision: `t = (x -
-/// shift) · log2(e)`, its nearest integer `n` (`vrndscaleps`) and `f = t - n`, then `2^f`'s
-/// polynomial scaled by `2^n` in one `vscalefps`, where `exp_shifted` takes three instructions to
-/// build `2^n` and one to multiply. `t` is clamped at -160, where `2^n` times the polynomial rounds
-/// to exactly 0, so `-inf` gives 0.
-#[target_feature(enable = "avx512f")]
+/// shift) · log2(e)`, its fraction above `floor(t)` in one instruction (`vreduceps`, `f = t -
+/// floor(t)` in `[0, 1)`), then `2^f`'s polynomial scaled by `2^floor(t)` in another
+/// (`vscalefps`, which floors `t` itself), where `exp_shifted` takes three to find `f` and four to
+/// build `2^n` and multiply. `-inf` needs no clamp: its fraction is 0 and `vscalefps` by `-inf`
+/// gives 0, and a `t` too low for a normal result rounds to a subnormal or 0.
+#[target_feature(enable = "avx512f,avx512dq")]
 #[inline]
 fn exp_for_bf16(x: __m512, shift: __m512) -> __m512 {
     let t = _mm512_mul_ps(_mm512_sub_ps(x, shift), _mm512_set1_ps(std::f32::consts::LOG2_E));
-    let t = _mm512_max_ps(t, _mm512_set1_ps(-160.0));
-    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(t);
-    let f = _mm512_sub_ps(t, n);
+    let f = _mm512_reduce_ps::<{ _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC }>(t);
     let [highest, rest @ ..] = EXP2_FOR_BF16;
     let mut p = _mm512_set1_ps(highest);
     for c in rest {
         p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c));
     }
-    _mm512_scalef_ps(p, n)
+    _mm512_scalef_ps(p, t)
 }
 
 /// Adds `weight · V_j` to one output row `o` for an odd last key `j` of a tile, whose pair row
@@ -401,7 +403,7 @@ macro_rules! pair_level_kernels {
                 maxima: &[f32],
                 sums: &mut [f32],
             ) {
-                // SAFETY: `self` proves AVX-512F and BF16 (its `detect`).
+                // SAFETY: `self` proves AVX-512F, DQ and BF16 (its `detect`).
                 unsafe { $crate::kernels::avx512bf16::exp_rows(rows, len, maxima, sums) }
             }
 
