@@ -29,13 +29,13 @@ pub enum SimdLevel {
     /// AVX512-BF16 (x86-64: AMD Zen 4 and later, Intel since Cooper Lake): bf16 inputs multiplied
     /// two by two in vector registers (`vdpbf16ps`), with their weights rounded to bf16 before
     /// `P·V` as at [`SimdLevel::Amx`], and everything else at [`SimdLevel::Avx512`]. Reads bf16
-    /// subnormals as zero, as the instruction does. Needs AVX-512F and BW too.
+    /// subnormals as zero, as the instruction does. Needs AVX-512F, BW and DQ too.
     Avx512Bf16,
     /// AMX-BF16 (x86-64, Intel since Sapphire Rapids): bf16 inputs multiplied on the tile unit,
     /// 16 × 16 sums at a time, with their weights rounded to bf16 before `P·V` (as PyTorch's and
     /// FlashAttention's bf16 kernels round them), and everything else at [`SimdLevel::Avx512`].
-    /// The tile unit reads bf16 subnormals (magnitudes below 2^-126) as zero. Needs AVX-512F, BW
-    /// and BF16 too, and Linux to grant the process the tile state.
+    /// The tile unit reads bf16 subnormals (magnitudes below 2^-126) as zero. Needs AVX-512F, BW,
+    /// DQ and BF16 too, and Linux to grant the process the tile state.
     Amx,
 }
 
