@@ -27,8 +27,8 @@ use std::sync::{Mutex, OnceLock};
 use crate::element::Real;
 use crate::fresh::Output;
 use crate::kernels::{
-    self, Buffer, Element, Isa, Job, KEY_BLOCK, Kernels, Layout, OutRows, Rows, RowsMut, ScoreTile,
-    ValueRows, Weights,
+    self, Buffer, Element, Isa, Job, KEY_BLOCK, Kernels, Layout, OutRows, REFERENCE_HEADROOM, Rows, RowsMut,
+    ScoreTile, ValueRows, Weights,
 };
 use crate::mask::View;
 use crate::masking::MaskSet;
@@ -69,14 +69,15 @@ fn long_keys(n_keys: usize, row_elements: usize, element_bytes: usize) -> bool {
 
 /// Whether the fast path can run a problem without any intermediate overflowing: every score
 /// (at most `scale · d · max |q| · max |k| + max |bias|`, by Cauchy-Schwarz) and every
-/// unnormalised output sum (at most `n_k · max |v|`) stays far below the type's largest value.
-/// Otherwise the blocked path runs, which normalises before it multiplies by `V` and reports a
-/// score that overflows.
+/// unnormalised output sum (at most `n_k · max |v|` against each row's maximum, and
+/// [`REFERENCE_HEADROOM`] times that at a level that raises references lazily) stays far below
+/// the type's largest value, whatever the level. Otherwise the blocked path runs, which
+/// normalises before it multiplies by `V` and reports a score that overflows.
 pub(crate) fn stays_finite<T: Real>(shape: &Shape, magnitudes: &Magnitudes, masks: &MaskSet<'_, T>) -> bool {
     let limit = T::max_value().to_f64_exact() / 16.0;
     let d = shape.key_dim as f64;
     let score = masks.scale.abs() * d * magnitudes.queries * magnitudes.keys + masks.bias_magnitude;
-    let value = magnitudes.values * shape.n_keys as f64;
+    let value = magnitudes.values * shape.n_keys as f64 * REFERENCE_HEADROOM;
     score <= limit && value <= limit
 }
 
@@ -1146,10 +1147,11 @@ pub(crate) fn aligned_prefix<T: Real>(buffer: &mut Buffer<T>, len: usize) -> &mu
     &mut buffer[..len]
 }
 
-/// The online-softmax state of a block of query rows over some keys: running maximum `m`, running
-/// sum `l` of `exp(s - m)`, and the unnormalised output `o = Σ exp(s - m) · v` (`o_stride`
-/// scalars per row, the value width padded to whole vectors; rows past `m.len()` pad the block to
-/// whole register tiles).
+/// The online-softmax state of a block of query rows over some keys: running maximum `m` (a
+/// reference within `ln(REFERENCE_HEADROOM)` below it where the level raises references lazily,
+/// see [`Kernels::RAISES_REFERENCES`]), running sum `l` of `exp(s - m)`, and the unnormalised
+/// output `o = Σ exp(s - m) · v` (`o_stride` scalars per row, the value width padded to whole
+/// vectors; rows past `m.len()` pad the block to whole register tiles).
 struct State<T: Real> {
     m: Vec<T>,
     l: Vec<T>,
@@ -1242,6 +1244,10 @@ impl<'p, T: Real, E: Element<Compute = T>> Problem<'p, T, E> {
             // A causal tile on the diagonal: each group of rows needs the keys up to its last
             // row's visible end; the scores past it are hidden below.
             let trim = !elementwise && start + n_keys > clean_keys.end;
+            // Rows keep their running references where the level raises them lazily, once every
+            // row has one: a block with a row yet to see a key (the first, mostly) takes the
+            // maxima, which the score kernel finds while the scores are fresh in L1.
+            let raise = K::RAISES_REFERENCES && state.m.iter().all(|&m| m != T::neg_infinity());
             if let Some(k) = self.key_rows {
                 // Decoding runs at the vector levels (`Isa::vectors`), whose direct scores fill
                 // rows of their `KEY_BLOCK`.
@@ -1265,6 +1271,7 @@ impl<'p, T: Real, E: Element<Compute = T>> Problem<'p, T, E> {
                     s: &mut *s,
                     stride: K::KEY_BLOCK,
                     row_max: &mut *row_max,
+                    maxima: !raise,
                 };
                 kernels.scores(tile, trim.then_some(&group_keys as &dyn Fn(usize) -> usize));
             }
@@ -1275,26 +1282,37 @@ impl<'p, T: Real, E: Element<Compute = T>> Problem<'p, T, E> {
             }
             let used = n_keys.next_multiple_of(lanes);
             let clean = clean_keys.start <= start && start + n_keys <= clean_keys.end;
-            // The maxima the score kernel folded are exact for a tile without masks whose panels
-            // hold only its own keys; otherwise masked pairs, padding or keys past `reach` are in
-            // them, and the rows are scanned again.
-            let fused_max = !direct && clean && n_keys == panels * K::KEY_PANEL && scales.is_none();
             let queries = |r: usize| self.query(first + r);
             let tile = RowsMut { data: &mut s[..], stride: K::KEY_BLOCK, rows };
             mask_tile(masks, &queries, tile, start..start + n_keys, used, clean);
-            if fused_max {
-                kernels.row_maxima(Rows { data: row_max, stride: lanes, rows }, lanes, &mut *tile_max);
+            let weights = RowsMut { data: &mut *s, stride: K::KEY_BLOCK, rows };
+            if raise {
+                m_new.copy_from_slice(&state.m);
+                kernels.exp_rows_raising(weights, used, m_new, &mut *sums);
             } else {
-                kernels.row_maxima(Rows { data: s, stride: K::KEY_BLOCK, rows }, used, &mut *tile_max);
+                // The maxima the score kernel folded are exact for a tile without masks whose
+                // panels hold only its own keys; otherwise masked pairs, padding or keys past
+                // `reach` are in them, and the rows are scanned again.
+                let fused_max = !direct && clean && n_keys == panels * K::KEY_PANEL && scales.is_none();
+                if fused_max {
+                    kernels.row_maxima(Rows { data: row_max, stride: lanes, rows }, lanes, &mut *tile_max);
+                } else {
+                    kernels.row_maxima(
+                        Rows { data: weights.data, stride: K::KEY_BLOCK, rows },
+                        used,
+                        &mut *tile_max,
+                    );
+                }
+                for r in 0..rows {
+                    m_new[r] = state.m[r].max(tile_max[r]);
+                }
+                kernels.exp_rows(weights, used, m_new, &mut *sums);
             }
-            for r in 0..rows {
-                m_new[r] = state.m[r].max(tile_max[r]);
-            }
-            kernels.exp_rows(RowsMut { data: &mut *s, stride: K::KEY_BLOCK, rows }, used, m_new, &mut *sums);
             kernels.exp_differences(&state.m, m_new, &mut alpha[..rows]);
             for r in 0..rows {
-                if m_new[r] == T::neg_infinity() {
-                    // Nothing visible yet: the row's state stays empty.
+                if m_new[r] == state.m[r] {
+                    // Exactly 1 where the reference stayed: a row with nothing visible yet (whose
+                    // `exp(-inf - -inf)` is no number) and, raising references, most rows.
                     alpha[r] = T::one();
                 }
                 state.l[r] = state.l[r] * alpha[r] + sums[r];

@@ -403,6 +403,29 @@ pub trait Job<E: Element> {
 /// ([`Isa::vectors`]), writes its scores in rows of it.
 pub(crate) const KEY_BLOCK: usize = 128;
 
+/// The most a weight may weigh against its row's running reference at a level that raises
+/// references only when a score passes them by more than `ln` of it
+/// ([`Kernels::RAISES_REFERENCES`]): `2^8`. The unnormalised sums are then at most this many times
+/// what they are against each row's maximum, which `flash::stays_finite` leaves room for.
+pub(crate) const REFERENCE_HEADROOM: f64 = 256.0;
+
+/// The reference [`Kernels::exp_rows_raising`] leaves for a row whose scores reach `max` against
+/// a running reference `reference`: unchanged while `max` is within the headroom; raised by the
+/// least whole multiple of `ln 2` that reaches `max` beyond it, so that the weights already taken
+/// against the old reference scale to the new one by an exact power of two; `max` itself where
+/// `reference` is `-inf` (the row's first visible keys).
+pub(crate) fn raised_reference<T: Scalar>(reference: T, max: T) -> T {
+    let constant = |x: f64| T::from(x).expect("a float type holds a float constant");
+    if reference == T::neg_infinity() {
+        max
+    } else if max > reference + constant(REFERENCE_HEADROOM.ln()) {
+        let doublings = ((max - reference) * constant(std::f64::consts::LOG2_E)).ceil();
+        reference + doublings * constant(std::f64::consts::LN_2)
+    } else {
+        reference
+    }
+}
+
 /// One level's kernels computing in `T` over keys and values stored as `E` (`T` itself, or a
 /// half-precision format widened as it is loaded): the whole interface between the algorithm
 /// (`flash.rs`) and the SIMD code. The constants describe the layouts the kernels read; every
@@ -430,6 +453,11 @@ pub trait Kernels<T: Scalar, E: Element<Compute = T> = T>: Copy + Send + Sync {
     /// weights `accumulate_values` reads: [`KEY_BLOCK`] but at the AMX level, whose tiles are
     /// fast enough that the online softmax's work per row and block shows.
     const KEY_BLOCK: usize = KEY_BLOCK;
+    /// Whether the tiled loop takes its weights from [`exp_rows_raising`](Self::exp_rows_raising),
+    /// each row keeping its running reference until a score passes it by more than
+    /// [`REFERENCE_HEADROOM`], rather than from each block's maxima: set where the score kernel
+    /// finds maxima only in a pass of its own over the scores (AMX: the tile unit gives none).
+    const RAISES_REFERENCES: bool = false;
     /// This level's kernels for operands already in `T` (itself where `E` is `T`): the backward
     /// takes its scores from `E` at a pair level and computes everything else from widened rows.
     type Widened: Kernels<T>;
@@ -460,9 +488,29 @@ pub trait Kernels<T: Scalar, E: Element<Compute = T> = T>: Copy + Send + Sync {
     fn row_maxima(self, rows: Rows<'_, T>, len: usize, out: &mut [T]);
 
     /// Replaces the first `len` scalars `s` of each row `r` (a multiple of `LANES`) by
-    /// `exp(s - maxima[r])` and writes their sum to `sums[r]`; needs `s <= maxima[r]`, and `-inf`
+    /// `exp(s - maxima[r])` and writes their sum to `sums[r]`; needs `s - maxima[r]` at most
+    /// `ln(REFERENCE_HEADROOM)` (at most 0 where `maxima` are the rows' maxima), and `-inf`
     /// scores give exactly 0. A row whose maximum is `-inf` (nothing visible) becomes zeros.
     fn exp_rows(self, rows: RowsMut<'_, T>, len: usize, maxima: &[T], sums: &mut [T]);
+
+    /// [`exp_rows`](Self::exp_rows) against each row's running reference `references[r]` rather
+    /// than its maximum: weights may exceed 1, up to [`REFERENCE_HEADROOM`]. A row with a score
+    /// above `references[r] + ln(REFERENCE_HEADROOM)` first has its reference raised by the
+    /// least whole multiple of `ln 2` that reaches the row's maximum, so that no weight can pass
+    /// the headroom (a reference of `-inf` becomes the row's maximum; a row with nothing visible
+    /// keeps it and becomes zeros). Levels that set [`RAISES_REFERENCES`](Self::RAISES_REFERENCES)
+    /// fold the check into the exponentials' pass; this default finds each row's maximum first.
+    fn exp_rows_raising(self, rows: RowsMut<'_, T>, len: usize, references: &mut [T], sums: &mut [T]) {
+        let RowsMut { data, stride, rows } = rows;
+        for r in 0..rows {
+            let row = &mut data[r * stride..];
+            let mut max = [T::zero()];
+            self.row_maxima(Rows { data: row, stride, rows: 1 }, len, &mut max);
+            references[r] = raised_reference(references[r], max[0]);
+            let one_row = RowsMut { data: row, stride, rows: 1 };
+            self.exp_rows(one_row, len, &references[r..=r], &mut sums[r..=r]);
+        }
+    }
 
     /// `out[i] = exp(a[i] - b[i])` for `a[i] <= b[i]`: the online softmax's rescale factors.
     fn exp_differences(self, a: &[T], b: &[T], out: &mut [T]);
@@ -585,8 +633,12 @@ pub struct ScoreTile<'a, T, E = T> {
     /// Scalars from one row of scores to the next: [`Kernels::KEY_BLOCK`] of the level whose
     /// `accumulate_values` reads the weights (the backward's widened level at a pair level).
     pub stride: usize,
-    /// `LANES` scalars per row: set to the lane-wise maximum of the row's computed scores.
+    /// `LANES` scalars per row: set to the lane-wise maximum of the row's computed scores, when
+    /// `maxima` asks for them.
     pub row_max: &'a mut [T],
+    /// Whether the caller reads `row_max`. Levels that fold the maxima into the products set them
+    /// anyway; AMX, which finds them in a pass of its own, skips that pass without it.
+    pub maxima: bool,
 }
 
 /// The weights `P` of one tile: `rows` rows of the level's [`Kernels::KEY_BLOCK`] scalars each, of

@@ -136,7 +136,8 @@ struct Scratch<T: Real> {
     dp: Buffer<T>,
     /// Under a soft-cap, its derivative at each raw score of the tile (`KEY_BLOCK` per row).
     cap_derivative: Vec<T>,
-    /// The score kernel's lane-wise maxima (unused here, but the kernel writes them).
+    /// The score kernel's lane-wise maxima: never read here (`ScoreTile::maxima` is false), but
+    /// the levels that fold them into the products write them.
     row_max: Buffer<T>,
     sums: Vec<T>,
     /// Gradient accumulators.
@@ -363,13 +364,26 @@ impl Tiling {
                     s,
                     stride: KEY_BLOCK,
                     row_max,
+                    maxima: false,
                 };
                 kernels.widened().scores(tile, None);
             }
             Layout::Pairs => {
                 let keys = wide::bytemuck::cast_slice(keys);
                 let (rows, stride) = (padded, KEY_BLOCK);
-                let tile = ScoreTile { q, scale, d, rows, real_rows: rows, keys, panels, s, stride, row_max };
+                let tile = ScoreTile {
+                    q,
+                    scale,
+                    d,
+                    rows,
+                    real_rows: rows,
+                    keys,
+                    panels,
+                    s,
+                    stride,
+                    row_max,
+                    maxima: false,
+                };
                 kernels.scores(tile, None);
             }
         }

@@ -270,13 +270,13 @@ unsafe fn multiply_steps(
 }
 
 /// `S = scale · Q·Kᵀ` for groups of 16 packed query rows (`[rows][d_even]` bf16) against panels
-/// of 16 keys (`[d_even / 2][16][2]` bf16), with the lane-wise row maxima.
+/// of 16 keys (`[d_even / 2][16][2]` bf16), with the lane-wise row maxima when asked for.
 ///
 /// # Safety
 /// The CPU must run AMX-BF16 with the tile state granted and AVX-512F.
 #[target_feature(enable = "avx512f")]
 unsafe fn scores(tile: ScoreTile<'_, f32, bf16>, group_keys: Option<&dyn Fn(usize) -> usize>) {
-    let ScoreTile { q, d, rows, keys, panels, s, stride, row_max, scale, real_rows: _ } = tile;
+    let ScoreTile { q, d, rows, keys, panels, s, stride, row_max, maxima, scale, real_rows: _ } = tile;
     let depth = Layout::Pairs.padded_dim(d);
     let q = &as_bf16(q)[..rows * depth];
     let panel_len = TILE * depth;
@@ -294,6 +294,8 @@ unsafe fn scores(tile: ScoreTile<'_, f32, bf16>, group_keys: Option<&dyn Fn(usiz
         // Group `g`'s products are issued before group `g - 16`'s scale and maxima: the tile
         // unit multiplies while the vector units scale, where in program order the scaling
         // (which waits for its group's tile stores) kept the next products out of reach.
+        // Scores already scaled, whose maxima no one reads, need no vector half at all.
+        let vector_half = maxima || scale != 1.0;
         let mut unscaled = None;
         for g in (0..rows).step_by(TILE) {
             let needed = match group_keys {
@@ -313,19 +315,19 @@ unsafe fn scores(tile: ScoreTile<'_, f32, bf16>, group_keys: Option<&dyn Fn(usiz
                     sum_tile!(store j, out, 4 * stride);
                 }
             }
-            if let Some(group) = unscaled.replace((g, needed)) {
-                scale_group(group, (s, stride), row_max, scale);
+            if let Some(group) = unscaled.replace((g, needed)).filter(|_| vector_half) {
+                scale_group(group, (s, stride), maxima.then_some(&mut *row_max), scale);
             }
         }
-        if let Some(group) = unscaled {
-            scale_group(group, (s, stride), row_max, scale);
+        if let Some(group) = unscaled.filter(|_| vector_half) {
+            scale_group(group, (s, stride), maxima.then_some(row_max), scale);
         }
     }
 }
 
 /// Scales the scores of the 16 rows from `g` (`stride` apart) over the first `needed` panels by
 /// `scale` (unless it is 1: queries packed scaled, see `kernels::pack_queries`), and writes their
-/// lane-wise maxima: the vector half of [`scores`].
+/// lane-wise maxima into `row_max` when given: the vector half of [`scores`].
 ///
 /// # Safety
 /// The CPU must run AVX-512F.
@@ -333,7 +335,7 @@ unsafe fn scores(tile: ScoreTile<'_, f32, bf16>, group_keys: Option<&dyn Fn(usiz
 unsafe fn scale_group(
     (g, needed): (usize, usize),
     (s, stride): (&mut [f32], usize),
-    row_max: &mut [f32],
+    mut row_max: Option<&mut [f32]>,
     scale: f32,
 ) {
     let factor = _mm512_set1_ps(scale);
@@ -350,7 +352,9 @@ unsafe fn scale_group(
                 }
                 max = _mm512_max_ps(max, scores);
             }
-            _mm512_storeu_ps(row_max[r * TILE..][..TILE].as_mut_ptr(), max);
+            if let Some(row_max) = row_max.as_deref_mut() {
+                _mm512_storeu_ps(row_max[r * TILE..][..TILE].as_mut_ptr(), max);
+            }
         }
     }
 }
@@ -423,5 +427,8 @@ unsafe fn accumulate_values(
 }
 
 // 16 rows per tile; blocks of 64 rows, four tiles of rows over each key block.
-pair_level_kernels!(Amx, tile_rows = TILE, query_block = 64, key_block = KEY_BLOCK;
+// The tile unit gives no maxima: rows keep their references (`RAISES_REFERENCES`), which spares
+// `scores` its pass over each row for them.
+pair_level_kernels!(Amx, tile_rows = TILE, query_block = 64, key_block = KEY_BLOCK,
+    raises_references = true;
     scores = scores, accumulate_values = accumulate_values);

@@ -18,7 +18,9 @@ use half::bf16;
 
 use super::avx512::Avx512;
 use super::simd::EXP2_FOR_BF16;
-use super::{KEY_BLOCK, Layout, RowsMut, ScoreTile, ValueRows, Weights};
+use super::{
+    KEY_BLOCK, Layout, REFERENCE_HEADROOM, RowsMut, ScoreTile, ValueRows, Weights, raised_reference,
+};
 
 /// Proof that this CPU runs AVX-512F, BW, DQ and BF16: only [`Avx512Bf16::detect`] makes one.
 #[derive(Debug, Clone, Copy)]
@@ -61,7 +63,7 @@ fn pairs(scalars: &[f32]) -> &[u32] {
 /// The CPU must run AVX-512F and AVX512-BF16.
 #[target_feature(enable = "avx512f,avx512bf16")]
 unsafe fn scores(tile: ScoreTile<'_, f32, bf16>, group_keys: Option<&dyn Fn(usize) -> usize>) {
-    let ScoreTile { q, d, rows, keys, panels, s, stride, row_max, scale, real_rows: _ } = tile;
+    let ScoreTile { q, d, rows, keys, panels, s, stride, row_max, scale, real_rows: _, maxima: _ } = tile;
     assert_eq!(stride, KEY_BLOCK, "rows of scores this level's key block apart");
     let half_depth = Layout::Pairs.padded_dim(d) / 2;
     let q = &pairs(q)[..rows * half_depth];
@@ -162,55 +164,141 @@ impl ScoreGroup<'_> {
 #[target_feature(enable = "avx512f,avx512dq,avx512bf16")]
 pub(super) unsafe fn exp_rows(rows: RowsMut<'_, f32>, len: usize, maxima: &[f32], sums: &mut [f32]) {
     for r in 0..rows.rows {
-        let row = &mut rows.data[r * rows.stride..][..len];
-        let max = maxima[r];
-        if max == f32::NEG_INFINITY {
-            row[..len / 2].fill(0.0);
-            sums[r] = 0.0;
-            continue;
-        }
-        let shift = _mm512_set1_ps(max);
-        let mut sum = _mm512_setzero_ps();
-        // Each chunk is read whole before its weights are written, and they go to bytes no later
-        // than its own: the bf16 of scores `c ..` start at byte `2c`, the scores at `4c`.
-        for c in (0..len).step_by(2 * LANES) {
-            let whole = c + LANES < len;
-            let x = &row[c..][..if whole { 2 * LANES } else { LANES }];
-            // SAFETY: the caller guarantees AVX-512F and BF16; `x` holds the 32 (or 16) scalars
-            // loaded, and the 64 (or 32) bytes stored from byte `2c` lie inside the row's scalars
-            // from `c / 2`.
-            unsafe {
-                let low = exp_for_bf16(_mm512_loadu_ps(x.as_ptr()), shift);
-                let high = if whole {
-                    Some(exp_for_bf16(_mm512_loadu_ps(x[LANES..].as_ptr()), shift))
-                } else {
-                    None
-                };
-                let out = row.as_mut_ptr().cast::<bf16>().add(c);
-                sum = _mm512_add_ps(sum, low);
-                match high {
-                    Some(high) => {
-                        sum = _mm512_add_ps(sum, high);
-                        let rounded = _mm512_cvtne2ps_pbh(high, low);
-                        _mm512_storeu_si512(out.cast(), std::mem::transmute::<__m512bh, __m512i>(rounded));
-                    }
-                    None => {
-                        let rounded = _mm512_cvtneps_pbh(low);
-                        _mm256_storeu_si256(out.cast(), std::mem::transmute::<__m256bh, __m256i>(rounded));
-                    }
-                }
-            }
-        }
-        sums[r] = _mm512_reduce_add_ps(sum);
+        let mut max = maxima[r];
+        // SAFETY: the caller guarantees the features.
+        sums[r] = unsafe { exp_row::<false>(&mut rows.data[r * rows.stride..][..len], &mut max) };
     }
 }
 
-/// `exp(x - shift)` lane-wise for `x <= shift`, to [`EXP2_FOR_BF16`]'s precision: `t = (x -
-/// shift) · log2(e)`, its fraction above `floor(t)` in one instruction (`vreduceps`, `f = t -
-/// floor(t)` in `[0, 1)`), then `2^f`'s polynomial scaled by `2^floor(t)` in another
-/// (`vscalefps`, which floors `t` itself), where `exp_shifted` takes three to find `f` and four to
-/// build `2^n` and multiply. `-inf` needs no clamp: its fraction is 0 and `vscalefps` by `-inf`
-/// gives 0, and a `t` too low for a normal result rounds to a subnormal or 0.
+/// The pair levels' [`Kernels::exp_rows_raising`](super::Kernels::exp_rows_raising): the weights
+/// of [`exp_rows`] against each row's running reference, which a score past its headroom raises
+/// in the same pass.
+///
+/// # Safety
+/// The CPU must run AVX-512F, DQ and AVX512-BF16.
+#[target_feature(enable = "avx512f,avx512dq,avx512bf16")]
+pub(super) unsafe fn exp_rows_raising(
+    rows: RowsMut<'_, f32>,
+    len: usize,
+    references: &mut [f32],
+    sums: &mut [f32],
+) {
+    for r in 0..rows.rows {
+        // SAFETY: the caller guarantees the features.
+        sums[r] = unsafe { exp_row::<true>(&mut rows.data[r * rows.stride..][..len], &mut references[r]) };
+    }
+}
+
+/// One row of [`exp_rows`] (`RAISE` false: `reference` is the row's maximum) or of
+/// [`exp_rows_raising`] (`RAISE`: `reference` is raised, see `raised_reference`, when a chunk
+/// holds a score past its headroom); returns the row's sum.
+///
+/// # Safety
+/// The CPU must run AVX-512F, DQ and AVX512-BF16.
+#[target_feature(enable = "avx512f,avx512dq,avx512bf16")]
+#[inline]
+unsafe fn exp_row<const RAISE: bool>(row: &mut [f32], reference: &mut f32) -> f32 {
+    let len = row.len();
+    if RAISE && *reference == f32::NEG_INFINITY {
+        // The row's first visible keys, if any: its maximum is the reference.
+        // SAFETY: the caller guarantees AVX-512F.
+        *reference = unsafe { largest(row) };
+    }
+    if *reference == f32::NEG_INFINITY {
+        row[..len / 2].fill(0.0);
+        return 0.0;
+    }
+    let headroom = if RAISE { REFERENCE_HEADROOM.ln() as f32 } else { f32::INFINITY };
+    let mut limit = _mm512_set1_ps(*reference + headroom);
+    let mut shift = _mm512_set1_ps(*reference);
+    let mut sum = _mm512_setzero_ps();
+    // Each chunk is read whole before its weights are written, and they go to bytes no later than
+    // its own: the bf16 of scores `c ..` start at byte `2c`, the scores at `4c`. So when chunk `c`
+    // raises the reference, the scores from `c` on are intact and the weights before it written.
+    for c in (0..len).step_by(2 * LANES) {
+        let whole = c + LANES < len;
+        let x = &row[c..][..if whole { 2 * LANES } else { LANES }];
+        // SAFETY: the caller guarantees AVX-512F, DQ and BF16; `x` holds the 32 (or 16) scalars
+        // loaded, and the 64 (or 32) bytes stored from byte `2c` lie inside the row's scalars
+        // from `c / 2`.
+        unsafe {
+            let low = _mm512_loadu_ps(x.as_ptr());
+            let high = if whole { _mm512_loadu_ps(x[LANES..].as_ptr()) } else { low };
+            if RAISE {
+                let past = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(low, limit)
+                    | _mm512_cmp_ps_mask::<_CMP_GT_OQ>(high, limit);
+                if past != 0 {
+                    let raised = raised_reference(*reference, largest(&row[c..]));
+                    // Exact: a power of two, `2^-doublings`, rescales what is written.
+                    let doublings =
+                        _mm512_set1_ps(((*reference - raised) * std::f32::consts::LOG2_E).round());
+                    rescale_weights(&mut row[..c / 2], doublings);
+                    sum = _mm512_scalef_ps(sum, doublings);
+                    *reference = raised;
+                    (limit, shift) = (_mm512_set1_ps(f32::INFINITY), _mm512_set1_ps(raised));
+                }
+            }
+            let low = exp_for_bf16(low, shift);
+            let out = row.as_mut_ptr().cast::<bf16>().add(c);
+            sum = _mm512_add_ps(sum, low);
+            if whole {
+                let high = exp_for_bf16(high, shift);
+                sum = _mm512_add_ps(sum, high);
+                let rounded = _mm512_cvtne2ps_pbh(high, low);
+                _mm512_storeu_si512(out.cast(), std::mem::transmute::<__m512bh, __m512i>(rounded));
+            } else {
+                let rounded = _mm512_cvtneps_pbh(low);
+                _mm256_storeu_si256(out.cast(), std::mem::transmute::<__m256bh, __m256i>(rounded));
+            }
+        }
+    }
+    _mm512_reduce_add_ps(sum)
+}
+
+/// The largest of `x` (a multiple of 16 scalars long, at least 16).
+///
+/// # Safety
+/// The CPU must run AVX-512F.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn largest(x: &[f32]) -> f32 {
+    let mut max = _mm512_set1_ps(f32::NEG_INFINITY);
+    for chunk in x.chunks_exact(LANES) {
+        // SAFETY: the caller guarantees AVX-512F; `chunk` holds 16 f32.
+        max = _mm512_max_ps(max, unsafe { _mm512_loadu_ps(chunk.as_ptr()) });
+    }
+    _mm512_reduce_max_ps(max)
+}
+
+/// Scales the bf16 weights lying in `weights` (two to a scalar, a multiple of 16 scalars) by
+/// `2^doublings` in each lane: exact, but for weights that fall below f32's normal range.
+///
+/// # Safety
+/// The CPU must run AVX-512F and AVX512-BF16.
+#[target_feature(enable = "avx512f,avx512bf16")]
+#[inline]
+unsafe fn rescale_weights(weights: &mut [f32], doublings: __m512) {
+    for chunk in weights.chunks_exact_mut(LANES) {
+        // SAFETY: the caller guarantees the features; `chunk` holds 16 scalars: 32 bf16.
+        unsafe {
+            let bits = _mm512_loadu_si512(chunk.as_ptr().cast());
+            let widen =
+                |half: __m256i| _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(half)));
+            let low = _mm512_scalef_ps(widen(_mm512_castsi512_si256(bits)), doublings);
+            let high = _mm512_scalef_ps(widen(_mm512_extracti64x4_epi64::<1>(bits)), doublings);
+            let rounded = _mm512_cvtne2ps_pbh(high, low);
+            _mm512_storeu_si512(chunk.as_mut_ptr().cast(), std::mem::transmute::<__m512bh, __m512i>(rounded));
+        }
+    }
+}
+
+/// `exp(x - shift)` lane-wise for `x - shift` at most `ln(REFERENCE_HEADROOM)`, to
+/// [`EXP2_FOR_BF16`]'s precision: `t = (x - shift) · log2(e)`, its fraction above `floor(t)` in
+/// one instruction (`vreduceps`, `f = t - floor(t)` in `[0, 1)`), then `2^f`'s polynomial scaled
+/// by `2^floor(t)` in another (`vscalefps`, which floors `t` itself), where `exp_shifted` takes
+/// three to find `f` and four to build `2^n` and multiply. `-inf` needs no clamp: its fraction is
+/// 0 and `vscalefps` by `-inf` gives 0, and a `t` too low for a normal result rounds to a
+/// subnormal or 0.
 #[target_feature(enable = "avx512f,avx512dq")]
 #[inline]
 fn exp_for_bf16(x: __m512, shift: __m512) -> __m512 {
@@ -352,7 +440,8 @@ impl ValueGroup<'_> {
 /// which the token proves), the pair levels' `exp_rows`, and AVX-512's kernels for the rest.
 macro_rules! pair_level_kernels {
     (
-        $token:ty, tile_rows = $tile_rows:expr, query_block = $query_block:expr, key_block = $key_block:expr;
+        $token:ty, tile_rows = $tile_rows:expr, query_block = $query_block:expr, key_block = $key_block:expr,
+        raises_references = $raises:expr;
         scores = $scores:path, accumulate_values = $accumulate_values:path
     ) => {
         impl $crate::kernels::Kernels<f32, half::bf16> for $token {
@@ -362,6 +451,7 @@ macro_rules! pair_level_kernels {
             const QUERY_BLOCK: usize = $query_block;
             const LAYOUT: $crate::kernels::Layout = $crate::kernels::Layout::Pairs;
             const KEY_BLOCK: usize = $key_block;
+            const RAISES_REFERENCES: bool = $raises;
             type Widened = $crate::kernels::avx512::Avx512;
 
             fn widened(self) -> $crate::kernels::avx512::Avx512 {
@@ -405,6 +495,17 @@ macro_rules! pair_level_kernels {
             ) {
                 // SAFETY: `self` proves AVX-512F, DQ and BF16 (its `detect`).
                 unsafe { $crate::kernels::avx512bf16::exp_rows(rows, len, maxima, sums) }
+            }
+
+            fn exp_rows_raising(
+                self,
+                rows: $crate::kernels::RowsMut<'_, f32>,
+                len: usize,
+                references: &mut [f32],
+                sums: &mut [f32],
+            ) {
+                // SAFETY: `self` proves AVX-512F, DQ and BF16 (its `detect`).
+                unsafe { $crate::kernels::avx512bf16::exp_rows_raising(rows, len, references, sums) }
             }
 
             fn exp_differences(self, a: &[f32], b: &[f32], out: &mut [f32]) {
@@ -455,5 +556,7 @@ macro_rules! pair_level_kernels {
 }
 pub(super) use pair_level_kernels;
 
-pair_level_kernels!(Avx512Bf16, tile_rows = ROWS, query_block = 48, key_block = KEY_BLOCK;
+// Its score kernel folds the maxima into the products, so it takes them (`RAISES_REFERENCES`).
+pair_level_kernels!(Avx512Bf16, tile_rows = ROWS, query_block = 48, key_block = KEY_BLOCK,
+    raises_references = false;
     scores = scores, accumulate_values = accumulate_values);

@@ -21,7 +21,7 @@ pub(super) fn scores<T: Scalar, E: Element, S: Load<T, E>, const MR: usize, cons
     tile: ScoreTile<'_, T, E>,
     group_keys: Option<&dyn Fn(usize) -> usize>,
 ) {
-    let ScoreTile { q, scale, d, rows, real_rows, keys, panels, s, stride, row_max } = tile;
+    let ScoreTile { q, scale, d, rows, real_rows, keys, panels, s, stride, row_max, maxima: _ } = tile;
     debug_assert!(scale == T::one(), "queries of the lane layout are packed scaled");
     // A constant stride keeps the stores' bounds checks out of the tiles (a runtime one added 2%
     // to the score kernel's instructions).

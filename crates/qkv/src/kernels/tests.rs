@@ -87,32 +87,102 @@ fn check_exp_rows<E: Element<Compute = f32>, K: Kernels<f32, E>>(kernels: K, lev
         kernels.exp_rows(RowsMut { data: &mut data, stride, rows }, len, &maxima, &mut sums);
         for r in 0..rows {
             let ctx = format!("{level} {} row {r} of {len}", std::any::type_name::<E>());
-            let want: Vec<f64> = (0..len)
-                .map(|j| match r {
-                    2 => 0.0,
-                    _ if scores[r * stride + j] == f32::NEG_INFINITY => 0.0,
-                    _ => (f64::from(scores[r * stride + j]) - f64::from(maxima[r])).exp(),
-                })
-                .collect();
-            let (got, rounding): (Vec<f64>, f64) = match K::LAYOUT {
-                Layout::Lanes => (data[r * stride..][..len].iter().map(|&x| f64::from(x)).collect(), 0.0),
-                Layout::Pairs => {
-                    let row: &[bf16] = wide::bytemuck::cast_slice(&data[r * stride..][..len]);
-                    (row[..len].iter().map(|x| f64::from(x.to_f32())).collect(), 2f64.powi(-8))
-                }
-            };
-            for (j, (g, w)) in got.iter().zip(&want).enumerate() {
-                // `softmax_exp_is_within_its_stated_bound`'s growth with |s - m|.
-                let distance = f64::from(maxima[r] - scores[r * stride + j]).clamp(0.0, 1e3);
-                let relative = 1e-6 + 1e-7 * distance + rounding;
-                let bound = relative * w + if *w > 0.0 { f64::from(f32::MIN_POSITIVE) } else { 0.0 };
-                assert!((g - w).abs() <= bound, "{ctx}: weight {j} is {g}, want {w}");
+            let row = r * stride..r * stride + len;
+            assert_weights::<E, K>(&ctx, (&data[row.clone()], &scores[row]), maxima[r], sums[r]);
+        }
+    }
+}
+
+/// Asserts that `weights` (a row as `exp_rows` leaves it: f32, or bf16 at the start of the row for
+/// [`Layout::Pairs`]) holds `exp(s - reference)` of each of `scores` (0 for a hidden key, and
+/// for every key when `reference` is `-inf`), and `sum` their sum, in f64.
+fn assert_weights<E: Element<Compute = f32>, K: Kernels<f32, E>>(
+    ctx: &str,
+    (weights, scores): (&[f32], &[f32]),
+    reference: f32,
+    sum: f32,
+) {
+    let len = scores.len();
+    let want: Vec<f64> = scores
+        .iter()
+        .map(|&s| match (s, reference) {
+            (f32::NEG_INFINITY, _) | (_, f32::NEG_INFINITY) => 0.0,
+            _ => (f64::from(s) - f64::from(reference)).exp(),
+        })
+        .collect();
+    let (got, rounding): (Vec<f64>, f64) = match K::LAYOUT {
+        Layout::Lanes => (weights.iter().map(|&x| f64::from(x)).collect(), 0.0),
+        Layout::Pairs => {
+            let row: &[bf16] = wide::bytemuck::cast_slice(weights);
+            (row[..len].iter().map(|x| f64::from(x.to_f32())).collect(), 2f64.powi(-8))
+        }
+    };
+    for (j, (g, w)) in got.iter().zip(&want).enumerate() {
+        // `softmax_exp_is_within_its_stated_bound`'s growth with |s - m|.
+        let distance = (f64::from(reference) - f64::from(scores[j])).abs().min(1e3);
+        let relative = 1e-6 + 1e-7 * distance + rounding;
+        let bound = relative * w + if *w > 0.0 { f64::from(f32::MIN_POSITIVE) } else { 0.0 };
+        assert!((g - w).abs() <= bound, "{ctx}: weight {j} is {g}, want {w}");
+    }
+    // The pair levels' exp has its own polynomial (3.0e-6, `EXP2_FOR_BF16`).
+    let polynomial = if K::LAYOUT == Layout::Pairs { 3e-6 } else { 0.0 };
+    let total: f64 = want.iter().sum();
+    let error = (f64::from(sum) - total).abs();
+    assert!(error <= (1e-6 + polynomial) * total, "{ctx}: sum {sum}, want {total}");
+}
+
+/// `exp_rows_raising` of one level for inputs stored as `E`, over rows of one to eight vectors:
+/// scores within the headroom above the reference (weights up to 256, the reference kept),
+/// scores past it in the first, a middle and the last chunk (raised by whole doublings; the
+/// weights written before are rescaled), one so far past it that every earlier weight vanishes,
+/// a reference of `-inf` (the row's maximum, or kept for a row that sees nothing), and a row
+/// hiding every key.
+fn check_exp_rows_raising<E: Element<Compute = f32>, K: Kernels<f32, E>>(kernels: K, level: SimdLevel) {
+    let headroom = REFERENCE_HEADROOM.ln();
+    for vectors in [1, 3, 8] {
+        let len = vectors * K::LANES;
+        let base = |j: usize| ((j * 37) % 101) as f32 / 20.0 - 2.0;
+        let past = |j: usize, at: usize, by: f32| match j {
+            _ if j == at => 1.5 + by,
+            _ if j % 7 == 3 => f32::NEG_INFINITY,
+            _ => base(j),
+        };
+        let score = |r: usize, j: usize| match r {
+            0 | 5 => base(j),
+            1 => past(j, 0, 30.0),
+            2 => past(j, len / 2 + 1, 9.0),
+            3 => past(j, len - 1, 200.0),
+            4 => past(j, len - 2, 1e30),
+            _ => f32::NEG_INFINITY,
+        };
+        let before = [-2.5, 1.0, 1.0, 1.0, 1.0, f32::NEG_INFINITY, f32::NEG_INFINITY, 3.0];
+        let (rows, stride) = (before.len(), K::KEY_BLOCK);
+        let scores: Vec<f32> = (0..rows * stride)
+            .map(|i| if i % stride < len { score(i / stride, i % stride) } else { f32::NAN })
+            .collect();
+        let mut references = before.to_vec();
+        let (mut data, mut sums) = (scores.clone(), vec![f32::NAN; rows]);
+        let tile = RowsMut { data: &mut data, stride, rows };
+        kernels.exp_rows_raising(tile, len, &mut references, &mut sums);
+        for (r, &before) in before.iter().enumerate() {
+            let ctx = format!("{level} {} row {r} of {len}", std::any::type_name::<E>());
+            let row = r * stride..r * stride + len;
+            let max = scores[row.clone()].iter().fold(f64::NEG_INFINITY, |m, &s| m.max(f64::from(s)));
+            let (before, got) = (f64::from(before), f64::from(references[r]));
+            if before == f64::NEG_INFINITY || max <= before + headroom {
+                // From -inf the reference is the maximum; within the headroom it stays.
+                let want = if before == f64::NEG_INFINITY { max } else { before };
+                assert_eq!(got, want, "{ctx}: reference");
+            } else {
+                // Raised by the least whole number of doublings that reaches the maximum.
+                let doublings = (max - before) / std::f64::consts::LN_2;
+                let raised = (got - before) / std::f64::consts::LN_2;
+                assert!(
+                    (raised - doublings.ceil()).abs() <= 1e-6 * doublings.max(1.0),
+                    "{ctx}: raised by {raised} doublings for {doublings}"
+                );
             }
-            // The pair levels' exp has its own polynomial (3.0e-6, `EXP2_FOR_BF16`).
-            let polynomial = if K::LAYOUT == Layout::Pairs { 3e-6 } else { 0.0 };
-            let sum: f64 = want.iter().sum();
-            let error = (f64::from(sums[r]) - sum).abs();
-            assert!(error <= (1e-6 + polynomial) * sum, "{ctx}: sum {}, want {sum}", sums[r]);
+            assert_weights::<E, K>(&ctx, (&data[row.clone()], &scores[row]), references[r], sums[r]);
         }
     }
 }
@@ -121,6 +191,12 @@ fn check_exp_rows<E: Element<Compute = f32>, K: Kernels<f32, E>>(kernels: K, lev
 fn exp_rows_give_each_weight_and_the_sums() {
     each_level!(f32, |kernels: K, level| { check_exp_rows(kernels, level) });
     each_level!(bf16, |kernels: K, level| { check_exp_rows(kernels, level) });
+}
+
+#[test]
+fn raising_references_keeps_every_weight_within_the_headroom() {
+    each_level!(f32, |kernels: K, level| { check_exp_rows_raising(kernels, level) });
+    each_level!(bf16, |kernels: K, level| { check_exp_rows_raising(kernels, level) });
 }
 
 #[test]
@@ -355,11 +431,40 @@ fn check_score_and_value_tiles<E: Element<Compute = f32>, K: Kernels<f32, E>>(ke
             s: &mut s,
             stride: s_stride,
             row_max: &mut row_max,
+            maxima: true,
         };
         kernels.scores(tile, None);
         let want = wide(&q).dot(&wide(&k).t()) * 0.5;
         for ((i, j), w) in want.indexed_iter() {
             assert!((f64::from(s[i * s_stride + j]) - w).abs() < 1e-4, "{ctx}: S[{i}, {j}]");
+        }
+        // Without maxima asked for, the same scores (AMX skips their pass), with a scale the
+        // pair layout's queries cannot carry exactly too (AMX scales in that pass, then).
+        for factor in [0.5, 0.3] {
+            let mut unasked = vec![f32::NAN; padded * s_stride];
+            let mut packed_q = vec![f32::NAN; padded * d];
+            let scale = pack_queries(q.view(), 0, rows, factor, (K::TILE_ROWS, K::LAYOUT), &mut packed_q);
+            let tile = ScoreTile {
+                q: &packed_q,
+                scale,
+                d,
+                rows: padded,
+                real_rows: rows,
+                keys: &keys,
+                panels,
+                s: &mut unasked,
+                stride: s_stride,
+                row_max: &mut vec![0.0; padded * K::LANES],
+                maxima: false,
+            };
+            kernels.scores(tile, None);
+            for ((i, j), w) in want.indexed_iter() {
+                let got = f64::from(unasked[i * s_stride + j]);
+                assert!(
+                    (got - w / 0.5 * f64::from(factor)).abs() < 1e-4,
+                    "{ctx}: S[{i}, {j}] at {factor}, no maxima"
+                );
+            }
         }
         // The rows that pad the last group score zero, computed or not.
         for i in rows..padded {
@@ -565,6 +670,7 @@ fn check_trimmed_score_tiles<E: Element<Compute = f32>, K: Kernels<f32, E>>(kern
             s: &mut s,
             stride: s_stride,
             row_max: &mut row_max,
+            maxima: true,
         };
         kernels.scores(tile, Some(&needed));
         let want = q.mapv(E::widen).dot(&k.mapv(E::widen).t());

@@ -7,8 +7,8 @@ use ndarray::{Array2, Array3, ArrayView2, s};
 use qkv::{CacheShape, KvCache, Storage};
 
 use crate::problem::{
-    MASK_KINDS, Problem, assert_close, assert_f32_path, error_bound, levels, max_abs, weight_rounding,
-    with_rounding,
+    MASK_KINDS, MaskKind, Problem, assert_close, assert_f32_path, error_bound, levels, max_abs,
+    weight_rounding, with_rounding,
 };
 
 /// Round-to-nearest unit roundoff `u = 2^-p` of a format with `p` bits of significand (the
@@ -139,6 +139,38 @@ fn check_cache<H: Storage>() {
 fn half_precision_caches_compute_what_f32_caches_of_the_widened_values_do() {
     check_cache::<half::bf16>();
     check_cache::<half::f16>();
+}
+
+#[test]
+fn scores_that_climb_along_the_keys_match_the_reference_at_every_level() {
+    // Scores that climb by about 13 per 512 keys, and one key far above the rest in the second
+    // block: the levels that keep each row's reference until a score passes it by ln 256 raise it
+    // in the middle of most key blocks, rescaling the weights already written.
+    for (mask, spike) in
+        [(MaskKind::None, 20.0), (MaskKind::CausalBottomRight, 60.0), (MaskKind::KeyLength, 0.0)]
+    {
+        let (n_q, n_k) = (70, 1500);
+        let mut p = Problem::<f32>::random(7, (n_q, n_k, 16, 24), 1.0, mask);
+        p.q.column_mut(0).fill(4.0);
+        p.q.column_mut(1).fill(1.0);
+        for (j, mut key) in p.k.rows_mut().into_iter().enumerate() {
+            key[0] = 40.0 * j as f32 / n_k as f32;
+            key[1] = if j == 700 { spike } else { 0.0 };
+        }
+        let (q, k, v) = (round::<half::bf16>(&p.q), round::<half::bf16>(&p.k), round::<half::bf16>(&p.v));
+        let (wq, wk, wv) = (widen(q.view()), widen(k.view()), widen(v.view()));
+        let want = qkv::reference::attention(wq.view(), wk.view(), wv.view(), &p.options()).unwrap();
+        let (_, bound) = error_bound(&want, &wv);
+        for level in levels() {
+            let options = p.options().simd(level);
+            let ctx = format!("{level} {mask:?}, a key {spike} above");
+            let got = qkv::attention_half(q.view(), k.view(), v.view(), &options).unwrap();
+            let rounding = weight_rounding(level, "bf16", max_abs(&wv));
+            assert_close(&ctx, &got, &want.output, with_rounding(bound, rounding));
+            let got = qkv::attention(wq.view(), wk.view(), wv.view(), &options).unwrap();
+            assert_close(&format!("{ctx}, f32"), &got, &want.output, bound);
+        }
+    }
 }
 
 #[test]
