@@ -229,7 +229,8 @@ unsafe fn exp_row<const RAISE: bool>(row: &mut [f32], reference: &mut f32) -> f3
                     | _mm512_cmp_ps_mask::<_CMP_GT_OQ>(high, limit);
                 if past != 0 {
                     let raised = raised_reference(*reference, largest(&row[c..]));
-                    // Exact: a power of two, `2^-doublings`, rescales what is written.
+                    // The weights written so far move to the raised reference by a power of two:
+                    // exactly, in bf16 as in the f32 sum.
                     let doublings =
                         _mm512_set1_ps(((*reference - raised) * std::f32::consts::LOG2_E).round());
                     rescale_weights(&mut row[..c / 2], doublings);
