@@ -14,6 +14,16 @@
 use ndarray::{Array1, Array2, Array4};
 use qkv::{AdditiveBias, AttentionOptions, CausalMask, KeyPadding, SlidingWindow};
 
+/// The command line, as `--help` prints it (the module's documentation says what each part does).
+const USAGE: &str =
+    "usage: repeat [--pool] [--backward] [--bf16] [--dim D] N_Q N_K MASK(0..=4) REPS [HEADS KV_HEADS]";
+
+/// Says what was wrong with the command line, and how it goes, and exits with status 2.
+fn usage_error(what: &str) -> ! {
+    eprintln!("repeat: {what}\n{USAGE}");
+    std::process::exit(2)
+}
+
 /// Removes `name` from the front of `args`; whether it was there.
 fn flag(args: &mut Vec<String>, name: &str) -> bool {
     let given = args.first().is_some_and(|a| a == name);
@@ -25,6 +35,10 @@ fn flag(args: &mut Vec<String>, name: &str) -> bool {
 
 fn main() {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "--help" || a == "-h") {
+        println!("{USAGE}");
+        return;
+    }
     if flag(&mut args, "--pool") {
         let pool = rayon::ThreadPoolBuilder::new().build().expect("a thread pool");
         pool.install(|| run(args));
@@ -39,15 +53,21 @@ fn run(mut args: Vec<String>) {
     let bf16 = flag(&mut args, "--bf16");
     let d = match args.first().map(String::as_str) {
         Some("--dim") => {
-            let d = args.get(1).and_then(|d| d.parse().ok()).expect("--dim takes a number");
+            let d = args
+                .get(1)
+                .and_then(|d| d.parse().ok())
+                .unwrap_or_else(|| usage_error("--dim takes a number"));
             args.drain(..2);
             d
         }
         _ => 64,
     };
-    let args: Vec<usize> = args.iter().map(|a| a.parse().expect("numbers")).collect();
+    let args: Vec<usize> = args
+        .iter()
+        .map(|a| a.parse().unwrap_or_else(|_| usage_error(&format!("{a:?} is not a whole number"))))
+        .collect();
     let (&[n_q, n_k, mask, reps], heads) = args.split_at(4.min(args.len())) else {
-        panic!("usage: repeat [--backward] [--bf16] [--dim D] N_Q N_K MASK(0..=4) REPS [HEADS KV_HEADS]");
+        usage_error("N_Q, N_K, MASK and REPS are needed")
     };
     let (heads, kv_heads) = match heads {
         [] => (1, 1),
@@ -66,7 +86,8 @@ fn run(mut args: Vec<String>) {
         4 => {
             AttentionOptions::new().causal(CausalMask::BottomRight).sliding_window(SlidingWindow::new(256, 0))
         }
-        _ => AttentionOptions::new().bias(AdditiveBias::new(bias.view())),
+        3 => AttentionOptions::new().bias(AdditiveBias::new(bias.view())),
+        _ => usage_error(&format!("MASK is 0 to 4, not {mask}")),
     };
     let m4 = |h, rows, salt| Array4::from_shape_fn((1, h, rows, d), |(_, h, i, j)| value(i + h, j, salt));
     let (q4, k4, v4) = (m4(heads, n_q, 1), m4(kv_heads, n_k, 2), m4(kv_heads, n_k, 3));
