@@ -414,36 +414,14 @@ fn check_score_and_value_tiles<E: Element<Compute = f32>, K: Kernels<f32, E>>(ke
         let panels = n_keys.div_ceil(width);
         let keys = pack_keys(&k, width, K::LAYOUT);
         let padded = rows.next_multiple_of(K::TILE_ROWS);
-        let mut packed_q = vec![f32::NAN; padded * d];
-        let scale = pack_queries(q.view(), 0, rows, 0.5, (K::TILE_ROWS, K::LAYOUT), &mut packed_q);
         let s_stride = K::KEY_BLOCK;
-        let mut s = vec![f32::NAN; padded * s_stride];
-        // Stale maxima from an earlier tile must not leak into this one.
-        let mut row_max = vec![1e30; padded * K::LANES];
-        let tile = ScoreTile {
-            q: &packed_q,
-            scale,
-            d,
-            rows: padded,
-            real_rows: rows,
-            keys: &keys,
-            panels,
-            s: &mut s,
-            stride: s_stride,
-            row_max: &mut row_max,
-            maxima: true,
-        };
-        kernels.scores(tile, None);
-        let want = wide(&q).dot(&wide(&k).t()) * 0.5;
-        for ((i, j), w) in want.indexed_iter() {
-            assert!((f64::from(s[i * s_stride + j]) - w).abs() < 1e-4, "{ctx}: S[{i}, {j}]");
-        }
-        // Without maxima asked for, the same scores (AMX skips their pass), with a scale the
-        // pair layout's queries cannot carry exactly too (AMX scales in that pass, then).
-        for factor in [0.5, 0.3] {
-            let mut unasked = vec![f32::NAN; padded * s_stride];
+        // The scores of queries packed with `factor`, and with their row maxima if `row_max`.
+        let scores = |factor: f32, row_max: Option<&mut [f32]>| {
             let mut packed_q = vec![f32::NAN; padded * d];
             let scale = pack_queries(q.view(), 0, rows, factor, (K::TILE_ROWS, K::LAYOUT), &mut packed_q);
+            let mut s = vec![f32::NAN; padded * s_stride];
+            let maxima = row_max.is_some();
+            let mut unread = vec![0.0; padded * K::LANES];
             let tile = ScoreTile {
                 q: &packed_q,
                 scale,
@@ -452,12 +430,25 @@ fn check_score_and_value_tiles<E: Element<Compute = f32>, K: Kernels<f32, E>>(ke
                 real_rows: rows,
                 keys: &keys,
                 panels,
-                s: &mut unasked,
+                s: &mut s,
                 stride: s_stride,
-                row_max: &mut vec![0.0; padded * K::LANES],
-                maxima: false,
+                row_max: row_max.unwrap_or(&mut unread),
+                maxima,
             };
             kernels.scores(tile, None);
+            s
+        };
+        // Stale maxima from an earlier tile must not leak into this one.
+        let mut row_max = vec![1e30; padded * K::LANES];
+        let s = scores(0.5, Some(&mut row_max));
+        let want = wide(&q).dot(&wide(&k).t()) * 0.5;
+        for ((i, j), w) in want.indexed_iter() {
+            assert!((f64::from(s[i * s_stride + j]) - w).abs() < 1e-4, "{ctx}: S[{i}, {j}]");
+        }
+        // Without maxima asked for, the same scores (AMX skips their pass), with a scale the
+        // pair layout's queries cannot carry exactly too (AMX scales in that pass, then).
+        for factor in [0.5, 0.3] {
+            let unasked = scores(factor, None);
             for ((i, j), w) in want.indexed_iter() {
                 let got = f64::from(unasked[i * s_stride + j]);
                 assert!(
