@@ -111,12 +111,19 @@ x86_simd!(
 // 6 rows × 4 vectors (64 f32 keys) of scores: 24 accumulators, 4 key vectors and the broadcast
 // leave 3 of the 32 registers (the shape of the `gemm` crate's AVX-512 kernel). P·V the same; a
 // single row takes 8 vectors.
+// Over long keys and values (`flash::LONG_KEYS_BYTES`) blocks of 96 rows, as at AVX2: on an Intel
+// family 6 model 207 (2 MiB of L2 a core) two threads ran n = 16384 5% faster and one thread
+// 2048 queries over 16384 keys 7% (bench README, 2026-12-05); bf16 storage, forced to this level,
+// within noise (0.986).
 level_kernels!(Avx512, f32, stored = f32, features = "avx512f";
-    score_tile = 6 x 4, value_tile = 6 x 4, one_row_value_vectors = 8, query_block = 48);
+    score_tile = 6 x 4, value_tile = 6 x 4, one_row_value_vectors = 8, query_block = 48,
+    long_query_block = 96);
 level_kernels!(Avx512, f32, stored = half::bf16, features = "avx512f";
-    score_tile = 6 x 4, value_tile = 6 x 4, one_row_value_vectors = 8, query_block = 48);
+    score_tile = 6 x 4, value_tile = 6 x 4, one_row_value_vectors = 8, query_block = 48,
+    long_query_block = 96);
 level_kernels!(Avx512, f32, stored = half::f16, features = "avx512f";
-    score_tile = 6 x 4, value_tile = 6 x 4, one_row_value_vectors = 8, query_block = 48);
+    score_tile = 6 x 4, value_tile = 6 x 4, one_row_value_vectors = 8, query_block = 48,
+    long_query_block = 96);
 level_kernels!(Avx512, f32, stored = Q8, features = "avx512f";
     score_tile = 6 x 4, value_tile = 6 x 4, one_row_value_vectors = 8, query_block = 48);
 level_kernels!(Avx512, f64, stored = f64, features = "avx512f";

@@ -134,9 +134,9 @@ fn fast_path_keeps_huge_scores_finite() {
 #[test]
 fn long_keys_take_larger_query_blocks_and_match_reference() {
     // Keys and values of more than 4 MiB (8200 × (64 + 72) f32) take the level's long query
-    // blocks (96 rows on AVX2). 291 queries make four blocks of 72–78 rows, the last with a
-    // partial tile; 100 queries make two (54 and 46 rows), few enough that their keys are split
-    // as well. (The reference's cost grows with queries × 4 MiB, so the cases are few.)
+    // blocks (96 rows on AVX2 and AVX-512). 291 queries make four blocks of 72–78 rows, the last
+    // with a partial tile; 100 queries make two (54 and 46 rows), few enough that their keys are
+    // split as well. (The reference's cost grows with queries × 4 MiB, so the cases are few.)
     check_fast_path::<f32>(13, (291, 8200, 64, 72), 1.0, MaskKind::None);
     for mask in [MaskKind::CausalBottomRight, MaskKind::PaddingBlocks] {
         check_fast_path::<f32>(14, (100, 8200, 64, 72), 1.0, mask);
