@@ -283,7 +283,8 @@ pub fn multi_head_attention_backward_into<T: Real>(
 /// recomputed in f32 from the saved logsumexp, and every product is summed in f32. At the vector
 /// levels the gradients are those of the f32 backward on the widened inputs, bit for bit. bf16
 /// inputs at the AMX level take the scores `Q·Kᵀ` and `dO·Vᵀ` from the stored bf16 on the tile
-/// unit (the AVX512-BF16 level runs AVX-512 here): each product of two bf16 is exact in f32, so
+/// unit, and at the AVX512-BF16 level from `vdpbf16ps` on AMD's CPUs (on Intel's that level runs
+/// AVX-512 here, where it measured faster): each product of two bf16 is exact in f32, so
 /// those scores differ from the f32 backward's only in the order of their f32 sums, and the
 /// weights, `dS` and the gradients' sums stay in f32 (PyTorch's bf16 backward rounds them to
 /// bf16). Round the gradients with `mapv(bf16::from_f32)` where a model keeps bf16 gradients (as

@@ -366,15 +366,13 @@ impl Isa {
         }
     }
 
-    /// The level the backward runs at: this one, or AVX-512 for AVX512-BF16. The backward takes
-    /// only its score products from a pair level's tiles, and on the Intel Xeon of 2026-12-05
-    /// (family 6 model 207) AVX512-BF16's took 46% of a bf16 backward's samples at n = 1024,
-    /// where f32 FMA on widened rows took 31%: 1.3× slower in all (`repeat --backward --bf16`).
-    /// The tile unit's made it 1.2–1.3× faster.
+    /// The level the backward runs at: this one, or AVX-512 for AVX512-BF16 on a CPU where its
+    /// dot products do not pay ([`avx512bf16::Avx512Bf16::backward_pays`]). The backward takes
+    /// only its score products from a pair level's tiles; the tile unit's made it 1.2–1.3× faster.
     pub(crate) fn backward(self) -> Isa {
         match self {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512Bf16(level) => Isa::Avx512(level.vectors()),
+            Isa::Avx512Bf16(level) if !level.backward_pays() => Isa::Avx512(level.vectors()),
             isa => isa,
         }
     }

@@ -6,11 +6,12 @@
 //! The weights are rounded to bf16 before `P·V` as at the AMX level; everything between the
 //! products is the AVX-512 level's code, and every other element type runs AVX-512 here.
 //!
-//! It is not always faster than AVX-512. On the Intel Xeon of 2026-12-02 it was slower (n = 4096,
-//! d = 64, bf16, 2 threads: 23.8 against 17.4 ms): each tile's inner loop is 24 `vdpbf16ps`
-//! to 6 broadcasts and 4 loads, so the instruction's own rate is the limit. That costs nothing
-//! there, since AMX ranks first on that CPU; on Zen 4 this level is the default for bf16 and has
-//! not been timed.
+//! Whether it beats AVX-512 depends on the CPU's rate for `vdpbf16ps`. On the Intel Xeon of
+//! 2026-12-02 it was slower (n = 4096, d = 64, bf16, 2 threads: 23.8 against 17.4 ms): each
+//! tile's inner loop is 24 `vdpbf16ps` to 6 broadcasts and 4 loads, so the instruction's own rate
+//! is the limit. That costs nothing there, since AMX ranks first on that CPU. On the AMD EPYC of
+//! 2026-12-06 (family 26 model 2, Zen 5) the same forward took 0.57 of AVX-512's time, and its
+//! backward 0.82–0.86 (see [`Avx512Bf16::backward_pays`]).
 
 use std::arch::x86_64::*;
 
@@ -24,7 +25,12 @@ use super::{
 
 /// Proof that this CPU runs AVX-512F, BW, DQ and BF16: only [`Avx512Bf16::detect`] makes one.
 #[derive(Debug, Clone, Copy)]
-pub struct Avx512Bf16(Avx512);
+pub struct Avx512Bf16 {
+    vectors: Avx512,
+    /// Whether the CPU is AMD's, whose `vdpbf16ps` multiplies at the rate of its FMA, so that a
+    /// pair of bf16 products costs what one f32 product does (see [`Avx512Bf16::backward_pays`]).
+    amd: bool,
+}
 
 /// f32 lanes per register, keys per panel, value columns per register.
 const LANES: usize = 16;
@@ -38,16 +44,30 @@ impl Avx512Bf16 {
     /// `Some` if the CPU has AVX-512F, BW, DQ and BF16 (`is_x86_feature_detected!`; every CPU
     /// with BF16 has the other two).
     pub(crate) fn detect() -> Option<Avx512Bf16> {
-        let avx512 = Avx512::detect()?;
+        let vectors = Avx512::detect()?;
+        // CPUID leaf 0 spells the vendor in EBX, EDX, ECX: "Auth", "enti", "cAMD".
+        let vendor = __cpuid(0);
+        let amd = [vendor.ebx, vendor.edx, vendor.ecx] == [0x6874_7541, 0x6974_6e65, 0x444d_4163];
         (is_x86_feature_detected!("avx512bw")
             && is_x86_feature_detected!("avx512dq")
             && is_x86_feature_detected!("avx512bf16"))
-        .then_some(Avx512Bf16(avx512))
+        .then_some(Avx512Bf16 { vectors, amd })
     }
 
     /// The AVX-512 level this one runs its other kernels at.
     pub(crate) fn vectors(self) -> Avx512 {
-        self.0
+        self.vectors
+    }
+
+    /// Whether the backward runs faster with its score products on this level's `vdpbf16ps` than
+    /// on f32 FMA over widened rows (the backward takes only its score products from a pair
+    /// level). On AMD's CPUs: on the AMD EPYC of 2026-12-06 (family 26 model 2, Zen 5) the bf16
+    /// backward took 0.82 of the AVX-512 backward's time at n = 1024 and two threads, 0.86 at
+    /// n = 4096 and 0.81 at d = 128 on one thread (`repeat --backward --bf16`, paired). On the
+    /// Intel Xeon of 2026-12-05 (family 6 model 207) it took 1.3 times as long: there
+    /// `vdpbf16ps` took 46% of the samples at n = 1024, where f32 FMA took 31%.
+    pub(crate) fn backward_pays(self) -> bool {
+        self.amd
     }
 }
 
@@ -442,14 +462,17 @@ impl ValueGroup<'_> {
 macro_rules! pair_level_kernels {
     (
         $token:ty, tile_rows = $tile_rows:expr, query_block = $query_block:expr, key_block = $key_block:expr,
-        raises_references = $raises:expr;
+        raises_references = $raises:expr $(, long_query_block = $long_query_block:expr)?;
         scores = $scores:path, accumulate_values = $accumulate_values:path
     ) => {
+        $(const _: () = assert!($long_query_block % $tile_rows == 0, "blocks are whole groups of rows");)?
+
         impl $crate::kernels::Kernels<f32, half::bf16> for $token {
             const LANES: usize = 16;
             const KEY_PANEL: usize = 16;
             const TILE_ROWS: usize = $tile_rows;
             const QUERY_BLOCK: usize = $query_block;
+            $(const LONG_QUERY_BLOCK: usize = $long_query_block;)?
             const LAYOUT: $crate::kernels::Layout = $crate::kernels::Layout::Pairs;
             const KEY_BLOCK: usize = $key_block;
             const RAISES_REFERENCES: bool = $raises;
@@ -558,6 +581,9 @@ macro_rules! pair_level_kernels {
 pub(super) use pair_level_kernels;
 
 // Its score kernel folds the maxima into the products, so it takes them (`RAISES_REFERENCES`).
+// Blocks of 96 rows over long keys (`flash::LONG_KEYS_BYTES`), as at AVX-512: on the AMD EPYC of
+// 2026-12-06 (Zen 5, 32 MiB of L3) `repeat --bf16 4096 262144 0 1` (64 MiB of keys and values)
+// took 0.85 of the time with 48, paired at two threads; 8192 × 65536 (16 MiB) 0.98.
 pair_level_kernels!(Avx512Bf16, tile_rows = ROWS, query_block = 48, key_block = KEY_BLOCK,
-    raises_references = false;
+    raises_references = false, long_query_block = 96;
     scores = scores, accumulate_values = accumulate_values);

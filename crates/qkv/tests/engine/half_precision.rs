@@ -63,9 +63,11 @@ const SHAPES: [(usize, usize, usize, usize); 7] = [
     (49, 257, 8, 128),
 ];
 
-fn check_format<H: Storage + qkv::Half>() {
+/// `shapes` (the masks in turn) in format `H` at every level: the f32 path on the widened inputs,
+/// the reference on them, and the reference on the original f32 inputs within [`rounding_bound`].
+fn check_format<H: Storage + qkv::Half>(shapes: &[(usize, usize, usize, usize)]) {
     let u = unit_roundoff::<H>();
-    for (i, &dims) in SHAPES.iter().enumerate() {
+    for (i, &dims) in shapes.iter().enumerate() {
         let mask = MASK_KINDS[i % MASK_KINDS.len()];
         let p = Problem::<f32>::random(i as u64, dims, 1.0, mask);
         let (q, k, v) = (round::<H>(&p.q), round::<H>(&p.k), round::<H>(&p.v));
@@ -95,12 +97,20 @@ fn check_format<H: Storage + qkv::Half>() {
 
 #[test]
 fn bf16_inputs_match_the_reference_within_their_rounding() {
-    check_format::<half::bf16>();
+    check_format::<half::bf16>(&SHAPES);
+}
+
+#[test]
+fn bf16_over_long_keys_takes_larger_query_blocks_and_matches_the_reference() {
+    // Keys and values of more than 4 MiB (16400 × (64 + 72) bf16) take the levels' long query
+    // blocks (96 rows on AVX2, AVX-512 and AVX512-BF16): 200 queries make three blocks, the last
+    // with a partial tile; 100 make two, with a causal mask.
+    check_format::<half::bf16>(&[(200, 16400, 64, 72), (100, 16400, 64, 72)]);
 }
 
 #[test]
 fn f16_inputs_match_the_reference_within_their_rounding() {
-    check_format::<half::f16>();
+    check_format::<half::f16>(&SHAPES);
 }
 
 /// A cache of `H` against a cache of f32 holding the widened values: the same bits, step by step.
