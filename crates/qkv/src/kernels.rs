@@ -393,9 +393,10 @@ pub trait Job<E: Element> {
     fn run<K: Kernels<E::Compute, E>>(self, kernels: K) -> Self::Output;
 }
 
-/// Keys per score tile at the vector levels (every level but AMX's, see [`Kernels::KEY_BLOCK`]):
-/// the stride of score and weight rows in every tile their kernels read or write, fixed so that
-/// the `P·V` tile addresses its rows with constant offsets. A multiple of every level's key panel
+/// Keys per score tile at the lane levels (not the pair levels, see [`Kernels::KEY_BLOCK`]) and
+/// in the backward's tiles at every level: the stride of score and weight rows in every tile
+/// their kernels read or write, fixed so that the `P·V` tile addresses its rows with constant
+/// offsets. A multiple of every level's key panel
 /// (16 to 64 keys for f32); 128 measured about 10% faster than 64 (the per-row work of the online
 /// softmax is spread over more keys). Decoding, which runs at the vector levels
 /// ([`Isa::vectors`]), writes its scores in rows of it.
@@ -448,8 +449,9 @@ pub trait Kernels<T: Scalar, E: Element<Compute = T> = T>: Copy + Send + Sync {
     /// How packed keys, queries and values are laid out for the tiles (see [`Layout`]).
     const LAYOUT: Layout = Layout::Lanes;
     /// Keys per block of the tiled loop, a multiple of `KEY_PANEL`, and the stride of the rows of
-    /// weights `accumulate_values` reads: [`KEY_BLOCK`] but at the AMX level, whose tiles are
-    /// fast enough that the online softmax's work per row and block shows.
+    /// weights `accumulate_values` reads: [`KEY_BLOCK`] but at the pair levels (AMX,
+    /// AVX512-BF16), whose products are fast enough that the online softmax's work per row and
+    /// block shows.
     const KEY_BLOCK: usize = KEY_BLOCK;
     /// Whether the tiled loop takes its weights from [`exp_rows_raising`](Self::exp_rows_raising),
     /// each row keeping its running reference until a score passes it by more than

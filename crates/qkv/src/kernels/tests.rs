@@ -415,11 +415,12 @@ fn check_score_and_value_tiles<E: Element<Compute = f32>, K: Kernels<f32, E>>(ke
         let keys = pack_keys(&k, width, K::LAYOUT);
         let padded = rows.next_multiple_of(K::TILE_ROWS);
         let s_stride = K::KEY_BLOCK;
-        // The scores of queries packed with `factor`, and with their row maxima if `row_max`.
-        let scores = |factor: f32, row_max: Option<&mut [f32]>| {
+        // The scores of queries packed with `factor` in rows `stride` apart, and with their row
+        // maxima if `row_max`.
+        let scores = |factor: f32, row_max: Option<&mut [f32]>, stride: usize| {
             let mut packed_q = vec![f32::NAN; padded * d];
             let scale = pack_queries(q.view(), 0, rows, factor, (K::TILE_ROWS, K::LAYOUT), &mut packed_q);
-            let mut s = vec![f32::NAN; padded * s_stride];
+            let mut s = vec![f32::NAN; padded * stride];
             let maxima = row_max.is_some();
             let mut unread = vec![0.0; padded * K::LANES];
             let tile = ScoreTile {
@@ -431,7 +432,7 @@ fn check_score_and_value_tiles<E: Element<Compute = f32>, K: Kernels<f32, E>>(ke
                 keys: &keys,
                 panels,
                 s: &mut s,
-                stride: s_stride,
+                stride,
                 row_max: row_max.unwrap_or(&mut unread),
                 maxima,
             };
@@ -440,15 +441,24 @@ fn check_score_and_value_tiles<E: Element<Compute = f32>, K: Kernels<f32, E>>(ke
         };
         // Stale maxima from an earlier tile must not leak into this one.
         let mut row_max = vec![1e30; padded * K::LANES];
-        let s = scores(0.5, Some(&mut row_max));
+        let s = scores(0.5, Some(&mut row_max), s_stride);
         let want = wide(&q).dot(&wide(&k).t()) * 0.5;
         for ((i, j), w) in want.indexed_iter() {
             assert!((f64::from(s[i * s_stride + j]) - w).abs() < 1e-4, "{ctx}: S[{i}, {j}]");
         }
+        // The backward's tiles are `KEY_BLOCK` apart at every level: the same scores there.
+        let backward = scores(0.5, Some(&mut vec![1e30; padded * K::LANES]), KEY_BLOCK);
+        for (i, j) in want.indexed_iter().map(|(at, _)| at) {
+            assert_eq!(
+                backward[i * KEY_BLOCK + j],
+                s[i * s_stride + j],
+                "{ctx}: S[{i}, {j}], backward's rows"
+            );
+        }
         // Without maxima asked for, the same scores (AMX skips their pass), with a scale the
         // pair layout's queries cannot carry exactly too (AMX scales in that pass, then).
         for factor in [0.5, 0.3] {
-            let unasked = scores(factor, None);
+            let unasked = scores(factor, None, s_stride);
             for ((i, j), w) in want.indexed_iter() {
                 let got = f64::from(unasked[i * s_stride + j]);
                 assert!(
