@@ -25,8 +25,8 @@ use super::{Layout, REFERENCE_HEADROOM, RowsMut, ScoreTile, ValueRows, Weights, 
 #[derive(Debug, Clone, Copy)]
 pub struct Avx512Bf16 {
     vectors: Avx512,
-    /// Whether the CPU is AMD's, whose `vdpbf16ps` multiplies at the rate of its FMA, so that a
-    /// pair of bf16 products costs what one f32 product does (see [`Avx512Bf16::backward_pays`]).
+    /// Whether the CPU is AMD's, where `vdpbf16ps` outran f32 FMA in the backward and Intel's
+    /// did not (see [`Avx512Bf16::backward_pays`]).
     amd: bool,
 }
 
@@ -66,9 +66,10 @@ impl Avx512Bf16 {
 
     /// Whether the backward runs faster with its score products on this level's `vdpbf16ps` than
     /// on f32 FMA over widened rows (the backward takes only its score products from a pair
-    /// level). On AMD's CPUs: on the AMD EPYC of 2026-12-06 (family 26 model 2, Zen 5) the bf16
-    /// backward took 0.82 of the AVX-512 backward's time at n = 1024 and two threads, 0.86 at
-    /// n = 4096 and 0.81 at d = 128 on one thread (`repeat --backward --bf16`, paired). On the
+    /// level). On AMD's CPUs (Zen 4 not yet timed): on the AMD EPYC of 2026-12-06 (family 26
+    /// model 2, Zen 5) the bf16 backward took 0.82 of the AVX-512 backward's time at n = 1024 and
+    /// two threads, 0.86 at n = 4096 and 0.81 at d = 128 on one thread (`repeat --backward
+    /// --bf16`, paired). On the
     /// Intel Xeon of 2026-12-05 (family 6 model 207) it took 1.3 times as long: there
     /// `vdpbf16ps` took 46% of the samples at n = 1024, where f32 FMA took 31%.
     pub(crate) fn backward_pays(self) -> bool {
