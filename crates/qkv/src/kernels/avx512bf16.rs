@@ -69,9 +69,8 @@ impl Avx512Bf16 {
     /// level). On AMD's CPUs (Zen 4 not yet timed): on the AMD EPYC of 2026-12-06 (family 26
     /// model 2, Zen 5) the bf16 backward took 0.82 of the AVX-512 backward's time at n = 1024 and
     /// two threads, 0.86 at n = 4096 and 0.81 at d = 128 on one thread (`repeat --backward
-    /// --bf16`, paired). On the
-    /// Intel Xeon of 2026-12-05 (family 6 model 207) it took 1.3 times as long: there
-    /// `vdpbf16ps` took 46% of the samples at n = 1024, where f32 FMA took 31%.
+    /// --bf16`, paired). On the Intel Xeon of 2026-12-05 (family 6 model 207) it took 1.3 times
+    /// as long: there `vdpbf16ps` took 46% of the samples at n = 1024, where f32 FMA took 31%.
     pub(crate) fn backward_pays(self) -> bool {
         self.amd
     }
