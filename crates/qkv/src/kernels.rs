@@ -396,10 +396,9 @@ pub trait Job<E: Element> {
 /// Keys per score tile at the lane levels (not the pair levels, see [`Kernels::KEY_BLOCK`]) and
 /// in the backward's tiles at every level: the stride of score and weight rows in every tile
 /// their kernels read or write, fixed so that the `P·V` tile addresses its rows with constant
-/// offsets. A multiple of every level's key panel
-/// (16 to 64 keys for f32); 128 measured about 10% faster than 64 (the per-row work of the online
-/// softmax is spread over more keys). Decoding, which runs at the vector levels
-/// ([`Isa::vectors`]), writes its scores in rows of it.
+/// offsets. A multiple of every level's key panel (16 to 64 keys for f32); 128 measured about 10%
+/// faster than 64 (the per-row work of the online softmax is spread over more keys). Decoding,
+/// which runs at the vector levels ([`Isa::vectors`]), writes its scores in rows of it.
 pub(crate) const KEY_BLOCK: usize = 128;
 
 /// The most a weight may weigh against its row's running reference at a level that raises

@@ -289,11 +289,10 @@ fn packed_blocks<T: Real, E: Element<Compute = T>>(
 ///
 /// At a lane level every operand is widened to `T` as it is packed, and queries carry the scale.
 /// At a pair level (bf16 inputs on the tile unit, or on AVX512-BF16 where `Isa::backward` finds
-/// that it pays) those two products read the stored bf16 as the
-/// forward's tiles do: each product of two bf16 is exact in f32, so the scores are the lane
-/// levels' up to the order of the f32 sums, and are scaled afterwards. Everything else (the
-/// weights, `dS`, and the three products that sum them) is computed in `T` from widened rows, by
-/// the level's [`Kernels::Widened`].
+/// that it pays) those two products read the stored bf16 as the forward's tiles do: each product
+/// of two bf16 is exact in f32, so the scores are the lane levels' up to the order of the f32
+/// sums, and are scaled afterwards. Everything else (the weights, `dS`, and the three products
+/// that sum them) is computed in `T` from widened rows, by the level's [`Kernels::Widened`].
 #[derive(Debug, Clone, Copy)]
 struct Tiling {
     layout: Layout,

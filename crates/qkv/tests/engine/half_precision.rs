@@ -103,8 +103,9 @@ fn bf16_inputs_match_the_reference_within_their_rounding() {
 #[test]
 fn bf16_over_long_keys_takes_larger_query_blocks_and_matches_the_reference() {
     // Keys and values of more than 4 MiB (16400 × (64 + 72) bf16) take the levels' long query
-    // blocks (96 rows on AVX2, AVX-512 and AVX512-BF16): 200 queries make three blocks, the last
-    // with a partial tile; 100 make two, with a causal mask.
+    // blocks (96 rows on AVX2, AVX-512 and AVX512-BF16): on two threads 200 queries make four
+    // blocks of 54, 54, 48 and 44 rows at AVX512-BF16, blocks that short keys' 48 rows forbid;
+    // 100 make two (54 and 46), few enough that their keys are split as well, under a causal mask.
     check_format::<half::bf16>(&[(200, 16400, 64, 72), (100, 16400, 64, 72)]);
 }
 
