@@ -472,6 +472,7 @@ macro_rules! pair_level_kernels {
         raises_references = $raises:expr $(, long_query_block = $long_query_block:expr)?;
         scores = $scores:path, accumulate_values = $accumulate_values:path
     ) => {
+        const _: () = assert!($query_block % $tile_rows == 0, "blocks are whole groups of rows");
         $(const _: () = assert!($long_query_block % $tile_rows == 0, "blocks are whole groups of rows");)?
 
         impl $crate::kernels::Kernels<f32, half::bf16> for $token {

@@ -8,7 +8,7 @@ use qkv::{AdditiveBias, AttentionOptions, GradientsMut, Real, SimdLevel};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::problem::{MASK_KINDS, MaskKind, Problem, levels, pair_level};
+use crate::problem::{MASK_KINDS, MaskKind, Problem, backward_on_pair_products, levels, pair_level};
 
 /// A random output gradient, `[n_q, d_v]`, entries in `[-1, 1]`.
 fn d_output<T: Real>(seed: u64, n_q: usize, d_v: usize) -> Array2<T> {
@@ -342,9 +342,7 @@ fn check_half_with<H: qkv::Half>(
         let widened =
             qkv::attention_backward(p.q.view(), p.k.view(), p.v.view(), &forward, d_out_f32.view(), &options)
                 .unwrap();
-        // bf16 at a pair level may take its scores from the level's own products (AMX always,
-        // AVX512-BF16 where they pay: `Isa::backward`), which round differently.
-        if !(H::NAME == "bf16" && pair_level(level)) {
+        if !(H::NAME == "bf16" && backward_on_pair_products(level)) {
             assert_eq!(got, widened, "{ctx}: the f32 backward on the widened inputs");
         }
         assert_gradient_close(&format!("dq {ctx}"), &got.dq, &want.dq, &bounds.dq, condition);
@@ -538,9 +536,9 @@ fn grouped_query_gradients_sum_over_the_heads_of_a_group() {
             &options,
         )
         .unwrap();
-        // At the pair levels the bf16 scores may be the level's own (see `check_half`), so the
-        // bf16 gradients are checked against the reference as the f32 ones are.
-        if !pair_level(level) {
+        // Where the bf16 scores are the level's own, the bf16 gradients are checked against the
+        // reference as the f32 ones are.
+        if !backward_on_pair_products(level) {
             assert_eq!(g_half, g, "{level}: the bf16 backward is the f32 backward on its widened inputs");
         }
         for (ty, g) in [("f32", &g), ("bf16", &g_half)] {

@@ -107,6 +107,8 @@ fn bf16_over_long_keys_takes_larger_query_blocks_and_matches_the_reference() {
     // blocks of 54, 54, 48 and 44 rows at AVX512-BF16, blocks that short keys' 48 rows forbid;
     // 100 make two (54 and 46), few enough that their keys are split as well, under a causal mask.
     check_format::<half::bf16>(&[(200, 16400, 64, 72), (100, 16400, 64, 72)]);
+    // The extremes of the rule: no queries, one (decoding), five (the fewest that tile).
+    check_format::<half::bf16>(&[(0, 16400, 64, 72), (1, 16400, 64, 72), (5, 16400, 64, 72)]);
 }
 
 #[test]

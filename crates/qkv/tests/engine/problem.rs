@@ -160,6 +160,24 @@ pub fn pair_level(level: SimdLevel) -> bool {
     matches!(level, SimdLevel::Amx | SimdLevel::Avx512Bf16)
 }
 
+/// Whether the bf16 backward at `level` takes its scores from the level's bf16 products, which
+/// sum in another order than the f32 backward's: always at AMX, and at AVX512-BF16 on AMD's CPUs
+/// (read here from CPUID leaf 0's vendor string, apart from the engine's own detection). Elsewhere
+/// the bf16 backward is the f32 backward on the widened inputs, bit for bit.
+pub fn backward_on_pair_products(level: SimdLevel) -> bool {
+    match level {
+        SimdLevel::Amx => true,
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx512Bf16 => {
+            let vendor = std::arch::x86_64::__cpuid(0);
+            let bytes: Vec<u8> =
+                [vendor.ebx, vendor.edx, vendor.ecx].iter().flat_map(|r| r.to_le_bytes()).collect();
+            bytes == b"AuthenticAMD"
+        }
+        _ => false,
+    }
+}
+
 /// `bound` of [`assert_close`] for f32 results, widened by `rounding` (see [`weight_rounding`]).
 pub fn with_rounding(bound: f64, rounding: f64) -> f64 {
     bound + rounding / F32_TOLERANCE
