@@ -9,11 +9,12 @@
 //! # Levels
 //!
 //! The kernels are compiled once per instruction-set level and chosen at run time ([`Isa`]):
-//! AVX-512F and AVX2 + FMA with `core::arch` intrinsics on x86-64, and a baseline through `wide`
-//! (SSE2 on x86-64, NEON on aarch64). Every kernel is written once, in `kernels/generic.rs`, as an
-//! `#[inline(always)]` function generic over a level's [`Simd`](simd::Simd) primitives (load,
-//! store, splat, fused multiply-add, max, add, mul, the reductions; the exponential is built from
-//! them); each level's file implements those primitives and, through [`level_kernels!`], one
+//! AVX-512F (with DQ) and AVX2 + FMA with `core::arch` intrinsics on x86-64, and a baseline
+//! through `wide` (SSE2 on x86-64, NEON on aarch64). Every kernel is written once, in
+//! `kernels/generic.rs`, as an `#[inline(always)]` function generic over a level's
+//! [`Simd`](simd::Simd) primitives (load, store, splat, fused multiply-add, max, add, mul, the
+//! reductions; the exponential is built from them, or from AVX-512's instructions for its two
+//! halves); each level's file implements those primitives and, through [`level_kernels!`], one
 //! `#[target_feature]` entry function per kernel that instantiates the generic code with the
 //! level's register tiles. So a level is its primitives and its tile sizes, nothing else.
 //!
@@ -323,7 +324,7 @@ pub enum Isa {
     /// AVX512-BF16 dot products for bf16 inputs, AVX-512 for the rest.
     #[cfg(target_arch = "x86_64")]
     Avx512Bf16(avx512bf16::Avx512Bf16),
-    /// AVX-512F.
+    /// AVX-512F with DQ.
     #[cfg(target_arch = "x86_64")]
     Avx512(avx512::Avx512),
     /// AVX2 with FMA.

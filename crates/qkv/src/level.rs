@@ -24,7 +24,8 @@ pub enum SimdLevel {
     Baseline,
     /// AVX2 with FMA (x86-64): 8 f32 lanes; also F16C, which widens f16 keys and values.
     Avx2,
-    /// AVX-512F (x86-64): 16 f32 lanes.
+    /// AVX-512F with DQ (x86-64): 16 f32 lanes; DQ's `vreduceps` splits the softmax's exponent
+    /// (every AVX-512 CPU but the Xeon Phi has DQ).
     Avx512,
     /// AVX512-BF16 (x86-64: AMD Zen 4 and later, Intel since Cooper Lake): bf16 inputs multiplied
     /// two by two in vector registers (`vdpbf16ps`), with their weights rounded to bf16 before
@@ -61,7 +62,7 @@ impl SimdLevel {
         match self {
             SimdLevel::Amx => "AMX-BF16+AVX-512",
             SimdLevel::Avx512Bf16 => "AVX512-BF16",
-            SimdLevel::Avx512 => "AVX-512F",
+            SimdLevel::Avx512 => "AVX-512F+DQ",
             SimdLevel::Avx2 => "AVX2+FMA",
             SimdLevel::Baseline if cfg!(target_arch = "x86_64") => "SSE2",
             SimdLevel::Baseline if cfg!(target_arch = "aarch64") => "NEON",

@@ -1,6 +1,6 @@
 //! The per-level SIMD primitives the microkernels are written in: one register of `T` lanes and
 //! the dozen operations on it, plus the softmax's exponential built from them once for every
-//! level.
+//! level (AVX-512 splits and scales its argument with instructions of its own).
 
 /// One instruction-set level's vector of `T`, as a zero-sized token that proves the level runs on
 /// this CPU (see `Isa` in `kernels.rs`): every method takes `self`, so no primitive can be
@@ -50,6 +50,20 @@ pub(crate) trait Simd<T: Exp2>: Copy + 'static {
     /// bits for f32, 52 for f64): turns `T::ROUNDING + n` (an integer `n` rounded into the low
     /// mantissa bits, see [`Exp2::ROUNDING`]) into `2^n`.
     fn exponent_from_rounded(self, rounded: Self::V) -> Self::V;
+    /// `2^t` lane-wise for `t` at most `ln(REFERENCE_HEADROOM) · log2(e)` (the softmax's range),
+    /// to [`Exp2::COEFFICIENTS`]' precision. `t = n + f` with `n` the nearest integer: `2^f` is
+    /// the polynomial and `2^n` is built in the exponent bits. `t` is first clamped at `T::FLOOR`,
+    /// where `2^n`'s bit pattern is 0: a `t` below `T::FLOOR + 1/2` (and `-inf`) gives exactly 0,
+    /// so that results deep in the subnormal range, slow on some CPUs, never reach the sums and
+    /// `P·V`. A level with instructions to split `t` and to scale by `2^n` overrides it with them.
+    #[inline(always)]
+    fn exp2(self, t: Self::V) -> Self::V {
+        let t = self.max(t, self.splat(T::FLOOR));
+        let rounding = self.splat(T::ROUNDING);
+        let rounded = self.add(t, rounding);
+        let f = self.sub(t, self.sub(rounded, rounding));
+        self.mul(exp2_polynomial(self, f), self.exponent_from_rounded(rounded))
+    }
 }
 
 /// Loading `LANES` stored elements of type `E` into one register of `T`: the only place the
@@ -133,20 +147,20 @@ impl Exp2 for f64 {
 
 /// `exp(x - shift)` lane-wise, for `x <= shift` (the softmax's range); `-inf` gives exactly 0.
 ///
-/// `exp(x) = 2^t` with `t = x · log2(e) = n + f`, `n` an integer and `|f| <= 1/2`: `2^f` is a
-/// polynomial and `2^n` is built in the exponent bits. `t` is clamped at `T::FLOOR`, where `2^n`'s
-/// bit pattern is 0, so results below the normal range are exactly 0.
+/// `exp(x) = 2^t` with `t = x · log2(e)` ([`Simd::exp2`], which gives exactly 0 for `t` below
+/// `T::FLOOR + 1/2`).
 #[inline(always)]
 pub(crate) fn exp_shifted<T: Exp2, S: Simd<T>>(simd: S, x: S::V, shift: S::V) -> S::V {
-    let t = simd.mul(simd.sub(x, shift), simd.splat(T::LOG2_E));
-    let t = simd.max(t, simd.splat(T::FLOOR));
-    let rounding = simd.splat(T::ROUNDING);
-    let rounded = simd.add(t, rounding);
-    let f = simd.sub(t, simd.sub(rounded, rounding));
+    simd.exp2(simd.mul(simd.sub(x, shift), simd.splat(T::LOG2_E)))
+}
+
+/// `2^f` for `|f| <= 1/2`: [`Exp2::COEFFICIENTS`] in Horner's order.
+#[inline(always)]
+pub(crate) fn exp2_polynomial<T: Exp2, S: Simd<T>>(simd: S, f: S::V) -> S::V {
     let (&highest, rest) = T::COEFFICIENTS.split_first().expect("a polynomial");
     let mut p = simd.splat(highest);
     for &c in rest {
         p = simd.mul_add(p, f, simd.splat(c));
     }
-    simd.mul(p, simd.exponent_from_rounded(rounded))
+    p
 }

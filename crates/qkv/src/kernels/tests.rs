@@ -61,6 +61,32 @@ fn softmax_exp_is_within_its_stated_bound() {
     });
 }
 
+/// `exp(x)` of every level is exactly 0 from `x = (FLOOR + 1/2) · ln 2` down (`t = x · log2(e)`
+/// below `FLOOR + 1/2`, and `-inf`), and not 0 just above it: the levels agree on where the
+/// weights stop, whichever instructions split `t`.
+fn check_exp_floor<T: Real + Exp2, K: Kernels<T>>(kernels: K, level: SimdLevel) {
+    let edge = (T::FLOOR.to_f64_exact() + 0.5) * std::f64::consts::LN_2;
+    let below: Vec<T> = (0..1000)
+        .map(|i| T::from_f64_round(edge - 0.1 - 0.01 * f64::from(i) * edge.abs()))
+        .chain([T::neg_infinity()])
+        .collect();
+    let mut got = vec![T::one(); below.len()];
+    kernels.exp_differences(&below, &vec![T::zero(); below.len()], &mut got);
+    for (x, e) in below.iter().zip(&got) {
+        assert!(e.to_f64_exact() == 0.0, "{level}: exp({}) is {}, not 0", x.to_f64_exact(), e.to_f64_exact());
+    }
+    let above = [T::from_f64_round(edge + 0.1)];
+    let mut got = [T::zero()];
+    kernels.exp_differences(&above, &[T::zero()], &mut got);
+    assert!(got[0] > T::zero(), "{level}: exp({}) is 0", above[0].to_f64_exact());
+}
+
+#[test]
+fn softmax_exp_is_zero_below_its_floor() {
+    each_level!(f32, |kernels: K, level| { check_exp_floor::<f32, K>(kernels, level) });
+    each_level!(f64, |kernels: K, level| { check_exp_floor::<f64, K>(kernels, level) });
+}
+
 /// `exp_rows` of one level for inputs stored as `E`: each weight `exp(s - m)` (in f32, or rounded
 /// to bf16 at the start of the row for [`Layout::Pairs`]) and each row's sum of the unrounded
 /// weights, over rows of one to eight vectors (odd counts included), a row that sees nothing, and

@@ -16,7 +16,8 @@ macro_rules! x86_simd {
         fold_magnitude = |$acc:ident, $x:ident| $fold_magnitude:expr,
         reduce_add = |$ra:ident| $reduce_add:expr, reduce_max = |$rm:ident| $reduce_max:expr,
         reduce_add4 = |$r4:ident| $reduce_add4:expr,
-        exponent = |$ex:ident| $exponent:expr $(,)?
+        exponent = |$ex:ident| $exponent:expr
+        $(, exp2 = |$level:ident, $e2:ident| $exp2:expr)? $(,)?
     ) => {
         impl $crate::kernels::simd::Simd<$t> for $token {
             type V = $v;
@@ -107,6 +108,14 @@ macro_rules! x86_simd {
                 // SAFETY: `self` proves the level's features (its `detect`).
                 unsafe { $exponent }
             }
+            $(
+                #[inline(always)]
+                fn exp2(self, $e2: $v) -> $v {
+                    let $level = self;
+                    // SAFETY: `self` proves the level's features (its `detect`).
+                    unsafe { $exp2 }
+                }
+            )?
         }
     };
 }
