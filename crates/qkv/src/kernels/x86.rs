@@ -7,7 +7,9 @@ use std::arch::x86_64::*;
 /// Implements `Simd<$t>` for a level token with the given intrinsics. Every primitive is an
 /// `unsafe` intrinsic call, sound for the same two reasons: the token exists only after its
 /// features were detected (see its `detect`), and loads and stores go through a slice reslice of
-/// exactly `LANES` scalars, which panics rather than read or write out of bounds.
+/// exactly `LANES` scalars, which panics rather than read or write out of bounds. `exp2`, where
+/// given, replaces the default [`Simd::exp2`](super::simd::Simd::exp2); its first name binds the
+/// token, for the safe primitives it calls.
 macro_rules! x86_simd {
     (
         $token:ty, $t:ty, $v:ty, lanes = $lanes:literal;
