@@ -3,7 +3,7 @@
 
 use std::arch::x86_64::*;
 
-use super::simd::{Exp2, Load, exp2_polynomial};
+use super::simd::Load;
 use super::x86::{sum4_pd, sum4_ps, x86_simd};
 use super::{Q8, level_kernels};
 
@@ -91,15 +91,7 @@ x86_simd!(
     reduce_max = |v| _mm512_reduce_max_ps(v),
     // Each vector folded to 256 bits, then the AVX2 horizontal adds.
     reduce_add4 = |v| sum4_ps([fold_ps(v[0]), fold_ps(v[1]), fold_ps(v[2]), fold_ps(v[3])]),
-    exponent = |r| _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_castps_si512(r))),
-    // Four instructions where the default takes six: `f` from `vreduceps` (`t` less its nearest
-    // integer; 0 for `-inf`), `n = t - f`, `2^n` applied by `vscalefps`, whose mask keeps the
-    // default's zeros below `FLOOR + 1/2`.
-    exp2 = |level, t| {
-        let f = _mm512_reduce_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(t);
-        let kept = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(t, _mm512_set1_ps(<f32 as Exp2>::FLOOR + 0.5));
-        _mm512_maskz_scalef_ps(kept, exp2_polynomial::<f32, _>(level, f), _mm512_sub_ps(t, f))
-    },
+    exp2 = (reduce = _mm512_reduce_ps, compare = _mm512_cmp_ps_mask, scale = _mm512_maskz_scalef_ps),
 );
 
 x86_simd!(
@@ -114,13 +106,7 @@ x86_simd!(
     reduce_add = |v| _mm512_reduce_add_pd(v),
     reduce_max = |v| _mm512_reduce_max_pd(v),
     reduce_add4 = |v| sum4_pd([fold_pd(v[0]), fold_pd(v[1]), fold_pd(v[2]), fold_pd(v[3])]),
-    exponent = |r| _mm512_castsi512_pd(_mm512_slli_epi64::<52>(_mm512_castpd_si512(r))),
-    // As for f32.
-    exp2 = |level, t| {
-        let f = _mm512_reduce_pd::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(t);
-        let kept = _mm512_cmp_pd_mask::<_CMP_GE_OQ>(t, _mm512_set1_pd(<f64 as Exp2>::FLOOR + 0.5));
-        _mm512_maskz_scalef_pd(kept, exp2_polynomial::<f64, _>(level, f), _mm512_sub_pd(t, f))
-    },
+    exp2 = (reduce = _mm512_reduce_pd, compare = _mm512_cmp_pd_mask, scale = _mm512_maskz_scalef_pd),
 );
 
 // 6 rows × 4 vectors (64 f32 keys) of scores: 24 accumulators, 4 key vectors and the broadcast

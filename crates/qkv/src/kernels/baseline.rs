@@ -5,7 +5,7 @@
 use wide::{f32x4, f64x2, i32x4, i64x2, u32x4, u64x2};
 
 use super::level_kernels;
-use super::simd::{Load, Simd};
+use super::simd::{Load, Simd, exp2_by_rounding};
 use super::{Element, Q8};
 
 /// The baseline level needs no proof: its instructions are the target's own.
@@ -82,9 +82,11 @@ macro_rules! wide_simd {
             }
 
             #[inline(always)]
-            fn exponent_from_rounded(self, rounded: $v) -> $v {
-                let bits: $int = wide::bytemuck::cast(rounded);
-                wide::bytemuck::cast(bits << $mantissa)
+            fn exp2(self, t: $v) -> $v {
+                exp2_by_rounding::<$t, _>(self, t, |rounded| {
+                    let bits: $int = wide::bytemuck::cast(rounded);
+                    wide::bytemuck::cast(bits << $mantissa)
+                })
             }
         }
     };

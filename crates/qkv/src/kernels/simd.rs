@@ -1,6 +1,6 @@
 //! The per-level SIMD primitives the microkernels are written in: one register of `T` lanes and
-//! the dozen operations on it, plus the softmax's exponential built from them once for every
-//! level (AVX-512 splits and scales its argument with instructions of its own).
+//! the dozen operations on it, among them the softmax's `2^t`, built here once from the others
+//! ([`exp2_by_rounding`]) or, at AVX-512, from instructions that split and scale its argument.
 
 /// One instruction-set level's vector of `T`, as a zero-sized token that proves the level runs on
 /// this CPU (see `Isa` in `kernels.rs`): every method takes `self`, so no primitive can be
@@ -46,24 +46,13 @@ pub(crate) trait Simd<T: Exp2>: Copy + 'static {
     fn reduce_add4(self, v: [Self::V; 4]) -> [T; 4] {
         v.map(|v| self.reduce_add(v))
     }
-    /// Reinterprets each lane's bits as an integer and shifts it left by the mantissa width (23
-    /// bits for f32, 52 for f64): turns `T::ROUNDING + n` (an integer `n` rounded into the low
-    /// mantissa bits, see [`Exp2::ROUNDING`]) into `2^n`.
-    fn exponent_from_rounded(self, rounded: Self::V) -> Self::V;
     /// `2^t` lane-wise for `t` at most `ln(REFERENCE_HEADROOM) · log2(e)` (the softmax's range),
-    /// to [`Exp2::COEFFICIENTS`]' precision. `t = n + f` with `n` the nearest integer: `2^f` is
-    /// the polynomial and `2^n` is built in the exponent bits. `t` is first clamped at `T::FLOOR`,
-    /// where `2^n`'s bit pattern is 0: a `t` below `T::FLOOR + 1/2` (and `-inf`) gives exactly 0,
-    /// so that results deep in the subnormal range, slow on some CPUs, never reach the sums and
-    /// `P·V`. A level with instructions to split `t` and to scale by `2^n` overrides it with them.
-    #[inline(always)]
-    fn exp2(self, t: Self::V) -> Self::V {
-        let t = self.max(t, self.splat(T::FLOOR));
-        let rounding = self.splat(T::ROUNDING);
-        let rounded = self.add(t, rounding);
-        let f = self.sub(t, self.sub(rounded, rounding));
-        self.mul(exp2_polynomial(self, f), self.exponent_from_rounded(rounded))
-    }
+    /// to [`Exp2::COEFFICIENTS`]' precision: `t = n + f` with `n` the nearest integer, `2^f` the
+    /// polynomial ([`exp2_polynomial`]). A `t` below `T::FLOOR + 1/2` (and `-inf`) gives exactly
+    /// 0, so that results deep in the subnormal range, slow on some CPUs, never reach the sums and
+    /// `P·V`. Most levels build `2^n` in the exponent bits ([`exp2_by_rounding`]); AVX-512 splits
+    /// `t` and scales by `2^n` with instructions of its own.
+    fn exp2(self, t: Self::V) -> Self::V;
 }
 
 /// Loading `LANES` stored elements of type `E` into one register of `T`: the only place the
@@ -163,4 +152,21 @@ pub(crate) fn exp2_polynomial<T: Exp2, S: Simd<T>>(simd: S, f: S::V) -> S::V {
         p = simd.mul_add(p, f, simd.splat(c));
     }
     p
+}
+
+/// [`Simd::exp2`] from the primitives: `t` clamped at `T::FLOOR`, where `2^n`'s bit pattern is 0;
+/// `T::ROUNDING` added rounds it to `n` in the low mantissa bits, from which `f` follows; and
+/// `exponent_from_rounded` (the level's integer shift left by the mantissa width: 23 bits for
+/// f32, 52 for f64) turns `T::ROUNDING + n` into `2^n`.
+#[inline(always)]
+pub(crate) fn exp2_by_rounding<T: Exp2, S: Simd<T>>(
+    simd: S,
+    t: S::V,
+    exponent_from_rounded: impl Fn(S::V) -> S::V,
+) -> S::V {
+    let t = simd.max(t, simd.splat(T::FLOOR));
+    let rounding = simd.splat(T::ROUNDING);
+    let rounded = simd.add(t, rounding);
+    let f = simd.sub(t, simd.sub(rounded, rounding));
+    simd.mul(exp2_polynomial(simd, f), exponent_from_rounded(rounded))
 }

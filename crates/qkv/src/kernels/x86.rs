@@ -7,9 +7,10 @@ use std::arch::x86_64::*;
 /// Implements `Simd<$t>` for a level token with the given intrinsics. Every primitive is an
 /// `unsafe` intrinsic call, sound for the same two reasons: the token exists only after its
 /// features were detected (see its `detect`), and loads and stores go through a slice reslice of
-/// exactly `LANES` scalars, which panics rather than read or write out of bounds. `exp2`, where
-/// given, replaces the default [`Simd::exp2`](super::simd::Simd::exp2); its first name binds the
-/// token, for the safe primitives it calls.
+/// exactly `LANES` scalars, which panics rather than read or write out of bounds. `2^t`
+/// ([`Simd::exp2`](super::simd::Simd::exp2)) comes either from `exponent`, the integer shift that
+/// [`exp2_by_rounding`](super::simd::exp2_by_rounding) builds `2^n` with, or from `exp2`'s three
+/// AVX-512 instructions.
 macro_rules! x86_simd {
     (
         $token:ty, $t:ty, $v:ty, lanes = $lanes:literal;
@@ -18,8 +19,8 @@ macro_rules! x86_simd {
         fold_magnitude = |$acc:ident, $x:ident| $fold_magnitude:expr,
         reduce_add = |$ra:ident| $reduce_add:expr, reduce_max = |$rm:ident| $reduce_max:expr,
         reduce_add4 = |$r4:ident| $reduce_add4:expr,
-        exponent = |$ex:ident| $exponent:expr
-        $(, exp2 = |$level:ident, $e2:ident| $exp2:expr)? $(,)?
+        $(exponent = |$ex:ident| $exponent:expr,)?
+        $(exp2 = (reduce = $reduce:ident, compare = $compare:ident, scale = $scale:ident),)?
     ) => {
         impl $crate::kernels::simd::Simd<$t> for $token {
             type V = $v;
@@ -105,17 +106,29 @@ macro_rules! x86_simd {
                 unsafe { $reduce_add4 }
             }
 
-            #[inline(always)]
-            fn exponent_from_rounded(self, $ex: $v) -> $v {
-                // SAFETY: `self` proves the level's features (its `detect`).
-                unsafe { $exponent }
-            }
             $(
                 #[inline(always)]
-                fn exp2(self, $e2: $v) -> $v {
-                    let $level = self;
+                fn exp2(self, t: $v) -> $v {
+                    $crate::kernels::simd::exp2_by_rounding::<$t, _>(self, t, |$ex| {
+                        // SAFETY: `self` proves the level's features (its `detect`).
+                        unsafe { $exponent }
+                    })
+                }
+            )?
+            $(
+                #[inline(always)]
+                fn exp2(self, t: $v) -> $v {
+                    use ::std::arch::x86_64::{_CMP_GE_OQ, _MM_FROUND_NO_EXC, _MM_FROUND_TO_NEAREST_INT};
+                    use $crate::kernels::simd::{Exp2, exp2_polynomial};
+                    // Four instructions where `exp2_by_rounding` takes six: `f` from `vreduce`
+                    // (`t` less its nearest integer; 0 for `-inf`), `n = t - f`, and `2^n` applied
+                    // by `vscalef`, masked to keep the zeros below `FLOOR + 1/2`.
                     // SAFETY: `self` proves the level's features (its `detect`).
-                    unsafe { $exp2 }
+                    unsafe {
+                        let f = $reduce::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(t);
+                        let kept = $compare::<_CMP_GE_OQ>(t, $splat(<$t as Exp2>::FLOOR + 0.5));
+                        $scale(kept, exp2_polynomial::<$t, _>(self, f), $sub(t, f))
+                    }
                 }
             )?
         }
