@@ -16,13 +16,20 @@ use crate::raw::{Dtype, Element, Raw};
 use crate::{detached, value_error};
 
 /// A cache's options as `python/qkv/_cache.py` packs them: `(scale, window (before, after; -1
-/// unbounded), ALiBi slopes, soft-cap, keep mask [n_q, held])`. Windows are aligned bottom-right:
-/// the queries are the last positions held.
+/// unbounded), ALiBi slopes, soft-cap, keep mask [n_q, held], sink logits)`. Windows are aligned
+/// bottom-right: the queries are the last positions held.
 #[derive(Debug, Clone, FromPyObject)]
-pub struct CacheSpec(Option<f64>, Option<(i64, i64)>, Option<Vec<f32>>, Option<f64>, Option<Raw>);
+pub struct CacheSpec(
+    Option<f64>,
+    Option<(i64, i64)>,
+    Option<Vec<f32>>,
+    Option<f64>,
+    Option<Raw>,
+    Option<Vec<f32>>,
+);
 
 impl CacheSpec {
-    /// The engine's options, borrowing the slopes and the keep mask.
+    /// The engine's options, borrowing the slopes, the keep mask and the sinks.
     ///
     /// # Safety
     /// The keep mask must describe live memory for `'a` (see [`Raw::view`]).
@@ -44,6 +51,9 @@ impl CacheSpec {
         if let Some(keep) = &self.4 {
             // SAFETY: the caller vouches for the mask's memory.
             options = options.keep_mask(unsafe { keep.view::<bool, Ix2>("keep")? });
+        }
+        if let Some(sinks) = &self.5 {
+            options = options.sinks(sinks);
         }
         Ok(options)
     }

@@ -14,22 +14,30 @@ use crate::raw::{Dtype, Element, Raw};
 use crate::{detached, value_error};
 
 /// The options every dense call takes, as `python/qkv/_core.py` packs them: `(is_causal, scale,
-/// window (before, after; -1 unbounded), ALiBi slopes, soft-cap)`. Causal masks, windows and
-/// ALiBi are aligned top-left, as PyTorch's `is_causal` is.
+/// window (before, after; -1 unbounded), ALiBi slopes, soft-cap, sink logits)`. Causal masks,
+/// windows and ALiBi are aligned top-left, as PyTorch's `is_causal` is.
 #[derive(Debug, Clone, FromPyObject)]
-pub struct Spec(bool, Option<f64>, Option<(i64, i64)>, Option<Vec<f64>>, Option<f64>);
+pub struct Spec(bool, Option<f64>, Option<(i64, i64)>, Option<Vec<f64>>, Option<f64>, Option<Vec<f64>>);
 
 /// `(query, key, value)`, each `[batch, heads, n, d]`.
 type Inputs = (Raw, Raw, Raw);
+
+/// Where the backward writes: `(dq, dk, dv, dbias, dsinks)`, the last two when wanted.
+type Gradients = (Raw, Raw, Raw, Option<Raw>, Option<Raw>);
 
 /// A window side as the engine takes it: -1 (flash-attn's spelling) or any negative is unbounded.
 fn side(n: i64) -> usize {
     usize::try_from(n).unwrap_or(SlidingWindow::UNBOUNDED)
 }
 
-/// The ALiBi slopes in the compute type, kept alive for the options that borrow them.
-fn slopes<T: Real>(spec: &Spec) -> Option<Vec<T>> {
-    spec.3.as_ref().map(|s| s.iter().map(|&x| T::from_f64_round(x)).collect())
+/// The ALiBi slopes and the sink logits, one value per query head each, in the compute type.
+type PerHead<T> = (Option<Vec<T>>, Option<Vec<T>>);
+
+/// [`PerHead`] of `spec`, kept alive for the options that borrow them.
+fn per_head<T: Real>(spec: &Spec) -> PerHead<T> {
+    let convert =
+        |v: &Option<Vec<f64>>| v.as_ref().map(|s| s.iter().map(|&x| T::from_f64_round(x)).collect());
+    (convert(&spec.3), convert(&spec.5))
 }
 
 /// The engine's options for `spec` and the mask, if any: a boolean mask keeps what is `true`, a
@@ -39,7 +47,7 @@ fn slopes<T: Real>(spec: &Spec) -> Option<Vec<T>> {
 /// `mask` must describe live memory for `'a` (see [`Raw::view`]).
 unsafe fn options<'a, T: Real + Element>(
     spec: &Spec,
-    slopes: &'a Option<Vec<T>>,
+    (slopes, sinks): &'a PerHead<T>,
     mask: Option<&Raw>,
 ) -> PyResult<AttentionOptions<'a, T>> {
     let top_left = CausalMask::TopLeft;
@@ -58,6 +66,9 @@ unsafe fn options<'a, T: Real + Element>(
     }
     if let Some(cap) = spec.4 {
         options = options.logit_softcap(T::from_f64_round(cap));
+    }
+    if let Some(sinks) = sinks {
+        options = options.sinks(sinks);
     }
     if let Some(mask) = mask {
         // SAFETY: the caller vouches for the mask's memory.
@@ -167,9 +178,9 @@ unsafe fn forward_as<E: Input>(
     (out, lse): (&Raw, Option<&Raw>),
     dry_run: bool,
 ) -> PyResult<()> {
-    let slopes = slopes::<E::Compute>(spec);
+    let per_head = per_head::<E::Compute>(spec);
     // SAFETY (every view below): the caller vouches for the memory.
-    let options = unsafe { options(spec, &slopes, mask)? };
+    let options = unsafe { options(spec, &per_head, mask)? };
     let (q, k, v) = unsafe { (q.view("query")?, k.view("key")?, v.view("value")?) };
     let mut out = unsafe { out.view_mut::<E, Ix4>("out")? };
     if dry_run {
@@ -228,11 +239,11 @@ unsafe fn backward_as<T: Real + Element>(
     mask: Option<&Raw>,
     spec: &Spec,
     (out, lse, d_out): &(Raw, Raw, Raw),
-    (dq, dk, dv, dbias): &(Raw, Raw, Raw, Option<Raw>),
+    (dq, dk, dv, dbias, dsinks): &Gradients,
 ) -> PyResult<()> {
-    let slopes = slopes::<T>(spec);
+    let per_head = per_head::<T>(spec);
     // SAFETY (every view below): the caller vouches for the memory.
-    let options = unsafe { options(spec, &slopes, mask)? };
+    let options = unsafe { options(spec, &per_head, mask)? };
     let (q, k, v) = unsafe { (q.view("query")?, k.view("key")?, v.view("value")?) };
     // The engine takes the forward's result as owned arrays: one copy of `[.., n_q, d_v]`.
     let forward = unsafe {
@@ -243,11 +254,14 @@ unsafe fn backward_as<T: Real + Element>(
     };
     let d_out = unsafe { d_out.view("grad_out")? };
     let gradients = unsafe {
-        let into = GradientsMut::new(dq.view_mut("dq")?, dk.view_mut("dk")?, dv.view_mut("dv")?);
-        match &dbias {
-            Some(d) => into.with_dbias(d.view_mut("dbias")?),
-            None => into,
+        let mut into = GradientsMut::new(dq.view_mut("dq")?, dk.view_mut("dk")?, dv.view_mut("dv")?);
+        if let Some(d) = dbias {
+            into = into.with_dbias(d.view_mut("dbias")?);
         }
+        if let Some(d) = dsinks {
+            into = into.with_dsinks(d.view_mut("dsinks")?);
+        }
+        into
     };
     qkv::multi_head_attention_backward_into(q, k, v, &forward, d_out, &options, gradients)
         .map_err(value_error)
@@ -256,7 +270,8 @@ unsafe fn backward_as<T: Real + Element>(
 /// The gradients of `inputs` from the output's gradient and the forward's `out` and `lse` (the
 /// logsumexp over every key, so that a part of the keys gets its share of the gradient:
 /// context-parallel attention calls it per part), into `dq`, `dk`, `dv` and, if given, the
-/// additive mask's `dbias` (`[batch, query_heads, n_q, n_k]`). f32 or f64.
+/// additive mask's `dbias` (`[batch, query_heads, n_q, n_k]`) and the sinks' `dsinks`
+/// (`[query_heads]`). f32 or f64.
 #[pyfunction]
 fn backward(
     py: Python<'_>,
@@ -264,7 +279,7 @@ fn backward(
     mask: Option<Raw>,
     spec: Spec,
     saved: (Raw, Raw, Raw),
-    gradients: (Raw, Raw, Raw, Option<Raw>),
+    gradients: Gradients,
 ) -> PyResult<()> {
     detached(py, move || {
         let mask = mask.as_ref();
@@ -385,7 +400,7 @@ fn forward_torch<'py>(
     let out = query.call_method1(pyo3::intern!(py, "new_empty"), (out_shape,))?;
     let inputs = (torch_raw(query, code, qs)?, torch_raw(key, code, ks)?, torch_raw(value, code, vs)?);
     let out_raw = torch_raw(&out, code, vec![out_shape.0, out_shape.1, out_shape.2, out_shape.3])?;
-    forward(py, inputs, None, Spec(is_causal, scale, None, None, None), out_raw, None, false)?;
+    forward(py, inputs, None, Spec(is_causal, scale, None, None, None, None), out_raw, None, false)?;
     Ok(Some(out))
 }
 

@@ -38,12 +38,14 @@ def generator():
 
 
 def explicit(query, key, value, *, is_causal=False, scale=None, window=None, alibi=None, softcap=None, keep=None,
-             bottom_right=False):
+             bottom_right=False, sinks=None):
     """Attention written out in float64 with qkv's extensions, for what PyTorch has no argument
     for: ``softcap · tanh(s / softcap)``, then ALiBi's ``slope_h · (j - p)``, then the masks (the
     causal one, the window ``p - before ..= p + after``, ``keep``); a row with no key left is 0.
-    ``p`` is query ``i``'s position: ``i``, or ``i + n_k - n_q`` with ``bottom_right``. Returns the
-    output and the logsumexp."""
+    ``p`` is query ``i``'s position: ``i``, or ``i + n_k - n_q`` with ``bottom_right``. With
+    ``sinks`` (one logit per head), gpt-oss's reference form: each head's logit joins its score
+    rows as one more column, the softmax runs over both, and that column's weight is dropped.
+    Returns the output and the logsumexp."""
     q, k, v = (t.double() for t in (query, key, value))
     n_q, n_k = q.shape[-2], k.shape[-2]
     if q.dim() > 2 and q.shape[-3] != k.shape[-3]:
@@ -67,6 +69,12 @@ def explicit(query, key, value, *, is_causal=False, scale=None, window=None, ali
     if keep is not None:
         visible = visible & keep
     s = s.masked_fill(~visible, -math.inf)
+    if sinks is not None:
+        per_head = (-1, 1, 1) if s.dim() > 2 else (1, 1)
+        column = torch.as_tensor(sinks).double().reshape(per_head).expand(*s.shape[:-1], 1)
+        s = torch.cat([s, column], -1)
     lse = torch.logsumexp(s, -1)
     weights = torch.nan_to_num(torch.exp(s - lse.unsqueeze(-1)), nan=0.0)
+    if sinks is not None:
+        weights = weights[..., :-1]
     return weights @ v, lse

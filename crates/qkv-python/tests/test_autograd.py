@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import explicit
 
 import qkv
 
@@ -18,6 +19,9 @@ CONFIGS = {
     "2-d, scale": ((4, 3), (6, 3), (6, 2), {"scale": 0.3}),
     "window, softcap": ((1, 2, 6, 3), (1, 2, 6, 3), (1, 2, 6, 3), {"sliding_window": (2, 1), "softcap": 1.5}),
     "alibi": ((1, 2, 4, 3), (1, 2, 5, 3), (1, 2, 5, 3), {"alibi_slopes": [0.5, 0.25]}),
+    "sinks, causal gqa": ((2, 4, 5, 3), (2, 2, 5, 3), (2, 2, 5, 2), {"is_causal": True, "enable_gqa": True,
+                                                                     "sinks": "learned"}),
+    "sinks, a hidden row": ((3, 4, 3), (3, 5, 3), (3, 5, 3), {"attn_mask": "bool", "sinks": "learned"}),
 }
 
 
@@ -34,29 +38,35 @@ def inputs(config, dtype=torch.float64, seed=0):
     elif kwargs.get("attn_mask") == "additive":
         # One bias per query and key shared by the heads: its gradient sums over them.
         kwargs["attn_mask"] = torch.randn(scores[-2:], generator=gen, dtype=torch.float64).to(dtype).requires_grad_()
+    if kwargs.get("sinks") == "learned":
+        # One logit per query head, a parameter as in gpt-oss: its gradient is wanted too.
+        heads = qs[-3] if len(qs) > 2 else 1
+        kwargs["sinks"] = torch.randn(heads, generator=gen, dtype=torch.float64).to(dtype).requires_grad_()
     return tensors, kwargs
+
+
+def differentiated(kwargs):
+    """The names of the keyword arguments that need a gradient (an additive mask, learned sinks),
+    taken out of ``kwargs``, and their tensors."""
+    names = [n for n in ("attn_mask", "sinks") if isinstance(kwargs.get(n), torch.Tensor) and kwargs[n].requires_grad]
+    return names, [kwargs.pop(n) for n in names]
 
 
 @pytest.mark.parametrize("config", CONFIGS)
 def test_gradcheck_float64(config):
     tensors, kwargs = inputs(config)
-    mask = kwargs.pop("attn_mask", None)
-    if mask is not None and mask.requires_grad:
-        # Differentiated with respect to the additive mask too.
-        def f(q, k, v, m):
-            return qkv.scaled_dot_product_attention(q, k, v, m, **kwargs)
+    # Differentiated with respect to an additive mask and learned sinks too.
+    names, extra = differentiated(kwargs)
 
-        assert torch.autograd.gradcheck(f, (*tensors, mask))
-    else:
+    def f(q, k, v, *rest):
+        return qkv.scaled_dot_product_attention(q, k, v, **kwargs, **dict(zip(names, rest)))
 
-        def f(q, k, v):
-            return qkv.scaled_dot_product_attention(q, k, v, mask, **kwargs)
-
-        assert torch.autograd.gradcheck(f, tensors)
+    assert torch.autograd.gradcheck(f, (*tensors, *extra))
 
 
-# PyTorch has no sliding window, soft-cap or ALiBi argument: gradcheck covers those.
-PYTORCH_CONFIGS = [c for c, (*_, kwargs) in CONFIGS.items() if not {"sliding_window", "softcap", "alibi_slopes"} & set(kwargs)]
+# PyTorch has no sliding window, soft-cap, ALiBi or sinks argument: gradcheck covers those.
+EXTENSIONS = {"sliding_window", "softcap", "alibi_slopes", "sinks"}
+PYTORCH_CONFIGS = [c for c, (*_, kwargs) in CONFIGS.items() if not EXTENSIONS & set(kwargs)]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -75,6 +85,24 @@ def test_gradients_match_pytorch(config, dtype):
     for name, got, want in zip(["dq", "dk", "dv", "dmask"], ours, wide):
         assert got.shape == want.shape
         assert (got - want.grad).abs().max().item() <= tolerance, name
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("config", [c for c in CONFIGS if "sinks" in c])
+def test_sink_gradients_match_the_float64_formula(config, dtype):
+    # The engine's dq, dk, dv and dsinks against autograd through the concatenated-column form.
+    tensors, kwargs = inputs(config, dtype)
+    sinks = kwargs["sinks"]
+    weights = torch.randn(qkv.scaled_dot_product_attention(*tensors, **kwargs).shape, dtype=torch.float64)
+    (qkv.scaled_dot_product_attention(*tensors, **kwargs).double() * weights).sum().backward()
+    wide = [t.detach().double().requires_grad_() for t in (*tensors, sinks)]
+    mask = kwargs.get("attn_mask")
+    out, _ = explicit(*wide[:3], is_causal=kwargs.get("is_causal", False), keep=mask, sinks=wide[3])
+    (out * weights).sum().backward()
+    tolerance = 1e-4 if dtype == torch.float32 else 6e-2
+    assert sinks.grad.dtype == dtype and sinks.grad.shape == sinks.shape
+    for name, got, want in zip(["dq", "dk", "dv", "dsinks"], (*tensors, sinks), wide):
+        assert (got.grad.double() - want.grad).abs().max().item() <= tolerance, name
 
 
 def test_lse_is_an_output_without_a_gradient():
@@ -116,15 +144,42 @@ def test_backward_without_a_float64_or_float32_path_is_float32():
     assert q.grad.dtype == torch.float16 and math.isfinite(q.grad.float().abs().max().item())
 
 
-@pytest.mark.parametrize("config", ["plain", "causal gqa", "additive mask"])
+@pytest.mark.parametrize("config", ["plain", "causal gqa", "additive mask", "sinks, causal gqa"])
 def test_the_operators_pass_torch_library_opcheck(config):
     # Schema, fake (meta) implementation against the real one, autograd registration.
     (q, k, v), kwargs = inputs(config)
-    mask = kwargs.get("attn_mask")
-    args = (q, k, v, mask, kwargs.get("is_causal", False), None, kwargs.get("enable_gqa", False), None, None, None)
+    mask, sinks = kwargs.get("attn_mask"), kwargs.get("sinks")
+    args = (q, k, v, mask, kwargs.get("is_causal", False), None, kwargs.get("enable_gqa", False), None, None, None,
+            sinks)
     torch.library.opcheck(torch.ops.qkv.attention.default, args)
     out, lse = torch.ops.qkv.attention(*args)
     # The backward has no backward of its own (no second derivatives): checked on plain tensors.
     plain = [None if t is None else t.detach() for t in (q, k, v, out, lse, mask)]
-    backward_args = (torch.ones_like(out), *plain, *args[4:], mask is not None)
+    options = (*args[4:10], None if sinks is None else sinks.detach())
+    backward_args = (torch.ones_like(out), *plain, *options, mask is not None)
     torch.library.opcheck(torch.ops.qkv.attention_backward.default, backward_args)
+
+
+def test_torch_compile_learns_sinks_through_qkv():
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(16, 48)
+            self.sinks = torch.nn.Parameter(torch.tensor([0.5, -1.0, 2.0, 0.0]))
+
+        def forward(self, x):
+            q, k, v = self.proj(x).view(2, 6, 3, 4, 4).permute(2, 0, 3, 1, 4)
+            return qkv.scaled_dot_product_attention(q, k, v, is_causal=True, sinks=self.sinks).sum(dim=1)
+
+    torch.manual_seed(0)
+    block, x = Block(), torch.randn(2, 6, 16)
+    eager = block(x)
+    eager.square().sum().backward()
+    want = [p.grad.clone() for p in block.parameters()]
+    block.zero_grad()
+    out = torch.compile(block, fullgraph=True)(x)
+    assert (out - eager).abs().max().item() < 1e-6
+    out.square().sum().backward()
+    assert block.sinks.grad.abs().max().item() > 0
+    for got, p in zip(want, block.parameters()):
+        assert (got - p.grad).abs().max().item() < 1e-5

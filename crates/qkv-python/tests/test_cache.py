@@ -52,6 +52,38 @@ def test_kv_cache_options_and_logsumexp():
     assert_close(lse, want_lse, torch.float32)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, "int8"])
+def test_kv_cache_sinks_join_each_row_once(dtype):
+    # A windowed ring (its keys in two runs, merged before the sink joins) and gpt-oss's sinks.
+    q, k, v = history(12)
+    cache = qkv.KvCache(1, KV_HEADS, capacity=8, key_dim=D_K, value_dim=D_V, dtype=dtype, window=6)
+    sinks = [1.0, -2.0, 0.5, -float("inf")]
+    for end in range(2, 13, 2):
+        cache.append(0, k[:, end - 2:end], v[:, end - 2:end])
+        out, lse = cache.attend(0, q[:, end - 2:end], sinks=torch.tensor(sinks), return_lse=True)
+        stored = [dequantized(t) if dtype == "int8" else t for t in (k[:, :end], v[:, :end])]
+        want, want_lse = explicit(q[:, end - 2:end], *stored, is_causal=True, window=(5, 0), bottom_right=True,
+                                  sinks=sinks)
+        assert_close(out, want, torch.float32, f"end {end}")
+        assert_close(lse, want_lse, torch.float32, f"end {end} lse")
+    with pytest.raises(ValueError, match="sinks has 2 logits for 4 query heads"):
+        cache.attend(0, q[:, -1:], sinks=[0.0, 0.0])
+
+
+def test_paged_cache_sinks_match_dense_attention():
+    cache = qkv.PagedKvCache(1, KV_HEADS, D_K, D_V, block_size=16, blocks=16)
+    seqs = [history(n, seed) for n, seed in ((40, 1), (9, 2))]
+    ids = [cache.add_sequence() for _ in seqs]
+    for seq, (_, k, v) in zip(ids, seqs):
+        cache.append(0, seq, k, v)
+    sinks = np.array([0.0, 3.0, -1.0, 2.0])
+    q = torch.cat([s[0][:, -1:] for s in seqs], 1)
+    out = cache.attend(0, ids, [0, 1, 2], q, sinks=sinks)
+    for i, (sq, k, v) in enumerate(seqs):
+        want, _ = explicit(sq[:, -1:], k, v, is_causal=True, bottom_right=True, sinks=sinks)
+        assert_close(out[:, i:i + 1], want, torch.float32, f"sequence {i}")
+
+
 def test_windowed_kv_cache_keeps_only_the_window():
     q, k, v = history(30)
     cache = qkv.KvCache(1, KV_HEADS, capacity=5, key_dim=D_K, value_dim=D_V, window=4)

@@ -34,6 +34,9 @@ CASES = {
     "causal alibi": dict(is_causal=True, alibi_slopes=qkv.alibi_slopes(4)),
     "softcap": dict(softcap=0.8, scale=2.0),
     "everything": dict(is_causal=True, sliding_window=(4, 0), alibi_slopes=[0.3, 0.1, 0.2, 0.05], softcap=5.0),
+    # A large logit, a small one, 0, and -inf (no sink for that head).
+    "sinks": dict(sinks=[4.0, -3.0, 0.0, -math.inf]),
+    "causal window, sinks": dict(is_causal=True, sliding_window=(2, 0), sinks=[0.5, 2.0, -1.0, 1.0]),
 }
 
 
@@ -47,6 +50,7 @@ def test_extensions_match_the_float64_formula(case, dtype, n_q, n_k):
     want_out, want_lse = explicit(
         q, k, v, is_causal=kwargs.get("is_causal", False), scale=kwargs.get("scale"),
         window=kwargs.get("sliding_window"), alibi=kwargs.get("alibi_slopes"), softcap=kwargs.get("softcap"),
+        sinks=kwargs.get("sinks"),
     )
     assert_close(out, want_out, dtype, case)
     assert lse.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
@@ -113,3 +117,57 @@ def test_numpy_extensions_agree_with_torch():
     from_numpy = qkv.scaled_dot_product_attention(q.numpy(), k.numpy(), v.numpy(), **kwargs)
     assert isinstance(from_numpy, np.ndarray)
     assert_close(torch.from_numpy(from_numpy), qkv.scaled_dot_product_attention(q, k, v, **kwargs), torch.float64)
+
+
+@pytest.mark.parametrize("library", ["torch", "numpy"])
+def test_a_sink_takes_the_weight_of_a_row_that_sees_nothing(library):
+    q, k, v = qkv_inputs((2, 3, 4), (2, 5, 4), 3)
+    keep = torch.ones(3, 5, dtype=torch.bool)
+    keep[1] = False
+    sinks = [1.5, -2.0]
+    if library == "numpy":
+        q, k, v, keep = (t.numpy() for t in (q, k, v, keep))
+        sinks = np.array(sinks)
+    out, lse = qkv.attention_with_lse(q, k, v, keep, sinks=sinks)
+    out, lse = torch.as_tensor(out), torch.as_tensor(lse)
+    # The hidden row: output 0, logsumexp the sink's logit alone.
+    assert torch.equal(out[:, 1], torch.zeros(2, 3, dtype=torch.float64))
+    assert lse[:, 1].tolist() == [1.5, -2.0]
+    want_out, want_lse = explicit(*(torch.as_tensor(t) for t in (q, k, v)), keep=torch.as_tensor(keep), sinks=sinks)
+    assert_close(out, want_out, torch.float64)
+    assert_close(lse, want_lse, torch.float64)
+
+
+def test_sinks_shift_the_weights_as_one_more_key_of_zero_value_would():
+    # Independent of the formula above: a sink s is a key whose score is s for every query and
+    # whose value is 0. With a scale of 1 and a query of ones, a key of s / d scores exactly s.
+    q, k, v = qkv_inputs((1, 6, 4), (1, 7, 4), 5)
+    q = torch.ones_like(q)
+    sink = 0.75
+    extra_key = torch.full((1, 1, 4), sink / 4, dtype=torch.float64)
+    want = F.scaled_dot_product_attention(
+        q, torch.cat([k, extra_key], 1), torch.cat([v, torch.zeros(1, 1, 5, dtype=torch.float64)], 1), scale=1.0
+    )
+    got = qkv.scaled_dot_product_attention(q, k, v, scale=1.0, sinks=[sink])
+    assert_close(got, want, torch.float64)
+
+
+def test_bad_sinks_raise_errors_that_name_them():
+    q, k, v = qkv_inputs((2, 3, 4), (2, 5, 4), 3)
+    with pytest.raises(ValueError, match=r"sinks has 3 logits for 2 query heads"):
+        qkv.scaled_dot_product_attention(q, k, v, sinks=[0.0, 1.0, 2.0])
+    with pytest.raises(ValueError, match=r"sinks has shape \(2, 1\)"):
+        qkv.scaled_dot_product_attention(q, k, v, sinks=torch.zeros(2, 1))
+    with pytest.raises(ValueError, match="sink"):
+        qkv.scaled_dot_product_attention(q, k, v, sinks=[0.0, math.nan])
+    with pytest.raises(ValueError, match="sink"):
+        qkv.scaled_dot_product_attention(q, k, v, sinks=[math.inf, 0.0])
+
+
+@pytest.mark.parametrize("kind", ["list", "numpy", "torch"])
+def test_per_head_arguments_take_lists_arrays_and_tensors(kind):
+    q, k, v = qkv_inputs((1, 4, 6, 8), (1, 4, 6, 8), 8)
+    slopes, sinks = qkv.alibi_slopes(4), [0.5, -1.0, 2.0, 0.0]
+    convert = {"list": list, "numpy": np.array, "torch": torch.tensor}[kind]
+    out = qkv.scaled_dot_product_attention(q, k, v, alibi_slopes=convert(slopes), sinks=convert(sinks))
+    assert_close(out, explicit(q, k, v, alibi=slopes, sinks=sinks)[0], torch.float64, kind)

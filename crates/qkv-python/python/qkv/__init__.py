@@ -36,15 +36,14 @@ def _torch_ops():
     return _ops_module
 
 
-def _needs_op(query, key, value, attn_mask):
+def _needs_op(query, key, value, attn_mask, sinks):
     """Whether a torch call must go through the registered operator: to be differentiated, or
     traced by ``torch.compile``. Otherwise the direct call skips the dispatcher's overhead."""
     torch = sys.modules.get("torch")
     if torch is None or not isinstance(query, torch.Tensor):
         return False
-    if torch.is_grad_enabled() and (
-        query.requires_grad or key.requires_grad or value.requires_grad
-        or (attn_mask is not None and attn_mask.requires_grad)
+    if torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in (query, key, value, attn_mask, sinks)
     ):
         return True
     return torch.compiler.is_compiling()
@@ -64,17 +63,23 @@ def _fast(query, key, value, is_causal, scale, enable_gqa):
 
 def _attend(query, key, value, attn_mask, is_causal, scale, enable_gqa, extensions, with_lse):
     """The direct call, or the operator when autograd or torch.compile needs it."""
-    window, alibi, softcap = extensions
-    if attn_mask is None and window is None and alibi is None and softcap is None and not with_lse:
-        out = None if _needs_op(query, key, value, None) else _fast(query, key, value, is_causal, scale, enable_gqa)
+    window, alibi, softcap, sinks = extensions
+    if attn_mask is None and all(e is None for e in extensions) and not with_lse:
+        out = None if _needs_op(query, key, value, None, None) else _fast(query, key, value, is_causal, scale, enable_gqa)
         if out is not None:
             return out
-    if _needs_op(query, key, value, attn_mask):
+    if _needs_op(query, key, value, attn_mask, sinks):
         window = None if window is None else [int(-1 if s is None else s) for s in window]
         alibi = None if alibi is None else [float(s) for s in alibi]
-        out, lse = _torch_ops().attention(query, key, value, attn_mask, is_causal, scale, enable_gqa, window, alibi, softcap)
+        torch = sys.modules["torch"]
+        if sinks is not None and not isinstance(sinks, torch.Tensor):
+            # The operator takes a tensor (a list or an array has no gradient to return).
+            sinks = torch.as_tensor(sinks, dtype=torch.float64)
+        out, lse = _torch_ops().attention(
+            query, key, value, attn_mask, is_causal, scale, enable_gqa, window, alibi, softcap, sinks
+        )
         return (out, lse) if with_lse else out
-    call = _core.Call(query, key, value, attn_mask, is_causal, scale, enable_gqa, window, alibi, softcap)
+    call = _core.Call(query, key, value, attn_mask, is_causal, scale, enable_gqa, window, alibi, softcap, sinks)
     return call.forward(with_lse)
 
 
@@ -91,6 +96,7 @@ def scaled_dot_product_attention(
     sliding_window=None,
     alibi_slopes=None,
     softcap=None,
+    sinks=None,
 ):
     """``softmax(query · keyᵀ · scale + mask) · value``, as PyTorch's
     ``torch.nn.functional.scaled_dot_product_attention`` computes it.
@@ -108,8 +114,12 @@ def scaled_dot_product_attention(
     qkv's extensions, keyword-only: ``sliding_window=(before, after)`` (each query sees the keys
     from ``before`` before its position to ``after`` after it; -1 or None for no limit),
     ``alibi_slopes`` (one per query head; ``qkv.alibi_slopes(heads)`` gives the paper's),
-    ``softcap`` (scores become ``softcap · tanh(score / softcap)`` before masks and ALiBi). Windows
-    and ALiBi place the queries top-left, as ``is_causal`` does.
+    ``softcap`` (scores become ``softcap · tanh(score / softcap)`` before masks and ALiBi),
+    ``sinks`` (one logit ``s_h`` per query head, not scaled: attention sinks as gpt-oss learns
+    them; each row's softmax gets ``exp(s_h)`` as one more term of its denominator, a weight that
+    takes no value, so a row may put less than all its weight on the keys; a 1-D torch tensor that
+    requires grad gets its gradient; ``-inf`` is no sink). Windows and ALiBi place the queries
+    top-left, as ``is_causal`` does.
 
     Where qkv differs from PyTorch:
 
@@ -125,7 +135,7 @@ def scaled_dot_product_attention(
     """
     if dropout_p != 0.0:
         raise ValueError(f"dropout_p is {dropout_p}: qkv has no dropout; pass 0.0 (PyTorch's default in eval)")
-    extensions = (sliding_window, alibi_slopes, softcap)
+    extensions = (sliding_window, alibi_slopes, softcap, sinks)
     return _attend(query, key, value, attn_mask, is_causal, scale, enable_gqa, extensions, with_lse=False)
 
 
@@ -141,13 +151,15 @@ def attention_with_lse(
     sliding_window=None,
     alibi_slopes=None,
     softcap=None,
+    sinks=None,
 ):
     """Like ``scaled_dot_product_attention``, also returning each row's logsumexp
     ``ln Σ_j exp(score_ij)`` (``[..., L]``, float64 for float64 inputs, float32 otherwise; ``-inf``
-    for a row that sees no key): ``(out, lse)``. Attention over disjoint sets of keys merges into
-    attention over their union with ``qkv.merge``. On torch tensors ``out`` is differentiable
-    (``lse`` is not)."""
-    extensions = (sliding_window, alibi_slopes, softcap)
+    for a row that sees no key; with ``sinks`` the sum has ``exp(s_h)`` too): ``(out, lse)``.
+    Attention over disjoint sets of keys merges into attention over their union with
+    ``qkv.merge`` (pass ``sinks`` to one part's call only). On torch tensors ``out`` is
+    differentiable (``lse`` is not)."""
+    extensions = (sliding_window, alibi_slopes, softcap, sinks)
     return _attend(query, key, value, attn_mask, is_causal, scale, enable_gqa, extensions, with_lse=True)
 
 

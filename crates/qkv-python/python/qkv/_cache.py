@@ -20,11 +20,12 @@ def _window(window):
     return None if window is None else tuple(int(-1 if s is None else s) for s in window)
 
 
-def _spec(xp, scale, sliding_window, alibi_slopes, softcap, keep):
-    alibi = None if alibi_slopes is None else [float(s) for s in alibi_slopes]
+def _spec(xp, query, scale, sliding_window, alibi_slopes, softcap, keep, sinks):
+    heads = query.shape[0]
+    alibi = _core.per_head("alibi_slopes", "slopes", alibi_slopes, heads)
     keep = None if keep is None else xp.raw(keep)
     return (None if scale is None else float(scale), _window(sliding_window), alibi,
-            None if softcap is None else float(softcap), keep)
+            None if softcap is None else float(softcap), keep, _core.per_head("sinks", "logits", sinks, heads))
 
 
 class _Cache:
@@ -76,15 +77,16 @@ class KvCache(_Cache):
         self._inner.append(layer, xp.raw(key), xp.raw(value))
 
     def attend(self, layer, query, *, scale=None, sliding_window=None, alibi_slopes=None, softcap=None,
-               keep=None, return_lse=False):
+               keep=None, sinks=None, return_lse=False):
         """Attention of ``query`` over layer ``layer``: ``out`` (and ``(out, lse)`` with
-        ``return_lse``). ``keep`` is a boolean ``[n_q, held]`` mask on top of the causal one."""
+        ``return_lse``). ``keep`` is a boolean ``[n_q, held]`` mask on top of the causal one;
+        ``sinks`` one logit per query head, as ``qkv.scaled_dot_product_attention`` takes them."""
         xp = _core.backend(query, keep)
         takes = ("float32", "bfloat16", "float16") if self.dtype == "int8" else ("float32", self.dtype)
         if xp.dtype_name(query) not in takes:
             query = xp.cast(query, "float32")
         out, lse = self._outputs(xp, query, self.shape[4], return_lse)
-        spec = _spec(xp, scale, sliding_window, alibi_slopes, softcap, keep)
+        spec = _spec(xp, query, scale, sliding_window, alibi_slopes, softcap, keep, sinks)
         self._inner.attend(layer, xp.raw(query), spec, (xp.raw(out), None if lse is None else xp.raw(lse)))
         return (out, lse) if return_lse else out
 
@@ -174,13 +176,14 @@ class PagedKvCache(_Cache):
         self._inner.append(layer, seq, xp.raw(key), xp.raw(value))
 
     def attend(self, layer, sequences, offsets, query, *, scale=None, sliding_window=None, alibi_slopes=None,
-               softcap=None, keep=None, return_lse=False):
+               softcap=None, keep=None, sinks=None, return_lse=False):
         """Attention for a batch of sequences, ``[query_heads, n_queries, value_dim]`` in float32
-        packed as ``query`` is (and the logsumexp with ``return_lse``)."""
+        packed as ``query`` is (and the logsumexp with ``return_lse``); ``sinks`` as in
+        ``KvCache.attend``."""
         xp = _core.backend(query, keep)
         query = self._stored(xp, query)
         out, lse = self._outputs(xp, query, self.shape[3], return_lse)
-        spec = _spec(xp, scale, sliding_window, alibi_slopes, softcap, keep)
+        spec = _spec(xp, query, scale, sliding_window, alibi_slopes, softcap, keep, sinks)
         batch = ([int(s) for s in sequences], [int(o) for o in offsets])
         self._inner.attend(layer, batch, xp.raw(query), spec, (xp.raw(out), None if lse is None else xp.raw(lse)))
         return (out, lse) if return_lse else out

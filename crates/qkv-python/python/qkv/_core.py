@@ -117,6 +117,21 @@ def compute_dtype(name):
     return "float64" if name == "float64" else "float32"
 
 
+def per_head(argument, noun, values, heads):
+    """One float per query head (ALiBi slopes, sink logits: ``noun``) from a list, a NumPy array or
+    a torch tensor, as the extension takes them; None stays None."""
+    if values is None:
+        return None
+    shape = tuple(values.shape) if hasattr(values, "shape") else None
+    if shape is not None and len(shape) != 1:
+        raise ValueError(f"{argument} has shape {shape}: it is one value per query head, [{heads}]")
+    values = values.tolist() if hasattr(values, "tolist") else values
+    values = [float(x) for x in values]
+    if len(values) != heads:
+        raise ValueError(f"{argument} has {len(values)} {noun} for {heads} query heads: one per head")
+    return values
+
+
 class _Shapes:
     """The inputs' shapes for a message, formatted only if one is raised."""
 
@@ -131,7 +146,8 @@ class Call:
     """One dense call's inputs, checked and viewed as ``[batch, heads, n, d]``."""
 
     def __init__(
-        self, query, key, value, attn_mask, is_causal, scale, enable_gqa, window=None, alibi=None, softcap=None
+        self, query, key, value, attn_mask, is_causal, scale, enable_gqa, window=None, alibi=None, softcap=None,
+        sinks=None,
     ):
         xp = backend(query, key, value, attn_mask)
         self.xp = xp
@@ -183,12 +199,10 @@ class Call:
             window = tuple(int(-1 if side is None else side) for side in window)
             if len(window) != 2:
                 raise ValueError(f"sliding_window is {window}: it is (before, after), -1 or None for no limit")
-        if alibi is not None:
-            alibi = [float(s) for s in (alibi.tolist() if hasattr(alibi, "tolist") else alibi)]
-            if len(alibi) != heads:
-                raise ValueError(f"alibi_slopes has {len(alibi)} slopes for {heads} query heads: one per head")
+        alibi = per_head("alibi_slopes", "slopes", alibi, heads)
+        self.sinks = per_head("sinks", "logits", sinks, heads)
         self.spec = (bool(is_causal), None if scale is None else float(scale), window, alibi,
-                     None if softcap is None else float(softcap))
+                     None if softcap is None else float(softcap), self.sinks)
 
     def _four(self, t, batch, heads):
         return t if t.ndim == 4 else t.reshape(batch, heads, t.shape[-2], t.shape[-1])
@@ -232,8 +246,9 @@ class Call:
         return (out, lse.reshape(self.lead + (self.n_q,))) if with_lse else out
 
     def backward(self, out, lse, grad_out, mask_grad):
-        """``(dq, dk, dv, dmask)`` shaped as the inputs (``dmask`` as ``[batch, heads, n_q, n_k]``,
-        or None), from the forward's ``out`` and ``lse`` (over every key) and the output's gradient."""
+        """``(dq, dk, dv, dmask, dsinks)`` shaped as the inputs (``dmask`` as ``[batch, heads, n_q,
+        n_k]``, or None; ``dsinks`` ``[heads]`` in the compute dtype, or None without sinks), from
+        the forward's ``out`` and ``lse`` (over every key) and the output's gradient."""
         xp = self.xp
         compute = compute_dtype(self.dtype)
         as_compute = (lambda t: t) if compute == self.dtype else (lambda t: xp.cast(t, compute))
@@ -242,16 +257,18 @@ class Call:
         lse = lse.reshape(self.out_shape[:3])
         dq, dk, dv = (xp.zeros(t.shape, compute) for t in (q, k, v))
         dmask = xp.zeros(self.out_shape[:3] + (self.n_k,), compute) if mask_grad else None
+        dsinks = None if self.sinks is None else xp.zeros((self.out_shape[1],), compute)
+        raw = (lambda t: None if t is None else xp.raw(t))
         _qkv.backward(
             (xp.raw(q), xp.raw(k), xp.raw(v)),
-            None if self.mask is None else xp.raw(self.mask),
+            raw(self.mask),
             self.spec,
             (xp.raw(out), xp.raw(lse), xp.raw(grad_out)),
-            (xp.raw(dq), xp.raw(dk), xp.raw(dv), None if dmask is None else xp.raw(dmask)),
+            (xp.raw(dq), xp.raw(dk), xp.raw(dv), raw(dmask), raw(dsinks)),
         )
         if compute != self.dtype:
             dq, dk, dv = (xp.cast(t, self.dtype) for t in (dq, dk, dv))
-        return dq, dk, dv, dmask
+        return dq, dk, dv, dmask, dsinks
 
 
 def merge(out_a, lse_a, out_b, lse_b):

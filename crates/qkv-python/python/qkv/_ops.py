@@ -23,14 +23,15 @@ def attention(
     window: Optional[List[int]],
     alibi: Optional[List[float]],
     softcap: Optional[float],
+    sinks: Optional[Tensor],
 ) -> Tuple[Tensor, Tensor]:
     """The output ``[..., L, Ev]`` and each row's logsumexp ``[..., L]``."""
-    call = _core.Call(query, key, value, attn_mask, is_causal, scale, enable_gqa, window, alibi, softcap)
+    call = _core.Call(query, key, value, attn_mask, is_causal, scale, enable_gqa, window, alibi, softcap, sinks)
     return call.forward(with_lse=True)
 
 
 @attention.register_fake
-def _(query, key, value, attn_mask, is_causal, scale, enable_gqa, window, alibi, softcap):
+def _(query, key, value, attn_mask, is_causal, scale, enable_gqa, window, alibi, softcap, sinks):
     lead, n_q = query.shape[:-2], query.shape[-2]
     out = query.new_empty((*lead, n_q, value.shape[-1]))
     lse = query.new_empty((*lead, n_q), dtype=torch.float64 if query.dtype == torch.float64 else torch.float32)
@@ -61,44 +62,51 @@ def attention_backward(
     window: Optional[List[int]],
     alibi: Optional[List[float]],
     softcap: Optional[float],
+    sinks: Optional[Tensor],
     mask_grad: bool,
-) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``(dq, dk, dv, dmask)``; ``dmask`` is empty unless ``mask_grad``."""
-    call = _core.Call(query, key, value, attn_mask, is_causal, scale, enable_gqa, window, alibi, softcap)
-    dq, dk, dv, dmask = call.backward(out, lse, grad_out, mask_grad)
+) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``(dq, dk, dv, dmask, dsinks)``; ``dmask`` is empty unless ``mask_grad``, ``dsinks``
+    without sinks."""
+    call = _core.Call(query, key, value, attn_mask, is_causal, scale, enable_gqa, window, alibi, softcap, sinks)
+    dq, dk, dv, dmask, dsinks = call.backward(out, lse, grad_out, mask_grad)
     dq, dk, dv = (_like(g, t) for g, t in ((dq, query), (dk, key), (dv, value)))
+    dsinks = query.new_empty(0) if dsinks is None else dsinks.to(sinks.dtype)
     if dmask is None:
-        return dq, dk, dv, query.new_empty(0)
+        return dq, dk, dv, query.new_empty(0), dsinks
     # A mask shared along some axes gets the sum of its slices' gradients.
     scores = (*call.lead, call.n_q, call.n_k)
     dmask = dmask.reshape(scores).sum_to_size(attn_mask.shape).to(attn_mask.dtype)
-    return dq, dk, dv, _like(dmask, attn_mask)
+    return dq, dk, dv, _like(dmask, attn_mask), dsinks
 
 
 @attention_backward.register_fake
 def _(grad_out, query, key, value, out, lse, attn_mask, is_causal, scale, enable_gqa, window, alibi, softcap,
-      mask_grad):
+      sinks, mask_grad):
     dmask = torch.empty_like(attn_mask) if mask_grad else query.new_empty(0)
-    return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value), dmask
+    dsinks = query.new_empty(0) if sinks is None else torch.empty_like(sinks)
+    return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value), dmask, dsinks
 
 
 def _setup_context(ctx, inputs, output):
-    query, key, value, attn_mask, *options = inputs
+    query, key, value, attn_mask, *options, sinks = inputs
     out, lse = output
-    ctx.save_for_backward(query, key, value, out, lse, attn_mask)
+    ctx.save_for_backward(query, key, value, out, lse, attn_mask, sinks)
     ctx.options = options
     ctx.mask_grad = attn_mask is not None and attn_mask.requires_grad
+    ctx.sinks_grad = sinks is not None and sinks.requires_grad
 
 
 def _backward(ctx, grad_out, grad_lse):
-    query, key, value, out, lse, attn_mask = ctx.saved_tensors
+    query, key, value, out, lse, attn_mask, sinks = ctx.saved_tensors
     if grad_out is None:
         grad_out = torch.zeros_like(out)
     # The logsumexp is an output for merging, not differentiated through.
-    dq, dk, dv, dmask = attention_backward(
-        grad_out, query, key, value, out, lse, attn_mask, *ctx.options, ctx.mask_grad
+    dq, dk, dv, dmask, dsinks = attention_backward(
+        grad_out, query, key, value, out, lse, attn_mask, *ctx.options, sinks, ctx.mask_grad
     )
-    return dq, dk, dv, (dmask if ctx.mask_grad else None), None, None, None, None, None, None
+    dmask = dmask if ctx.mask_grad else None
+    dsinks = dsinks if ctx.sinks_grad else None
+    return dq, dk, dv, dmask, None, None, None, None, None, None, dsinks
 
 
 attention.register_autograd(_backward, setup_context=_setup_context)

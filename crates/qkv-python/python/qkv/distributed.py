@@ -144,7 +144,7 @@ class _ContextParallel(torch.autograd.Function):
             for qi, ki, causal in _pairs(ring, step, is_causal):
                 call = _core.Call(q_chunks[qi], k_chunks[ki], v_chunks[ki], None, causal, scale, enable_gqa)
                 # The merged output and logsumexp: each part's weights are its share of the whole.
-                g_q, g_k, g_v, _ = call.backward(o_chunks[qi], l_chunks[qi], g_chunks[qi], False)
+                g_q, g_k, g_v, _, _ = call.backward(o_chunks[qi], l_chunks[qi], g_chunks[qi], False)
                 dq_chunks[qi].add_(g_q.reshape(dq_chunks[qi].shape))
                 dk_chunks[ki].add_(g_k.reshape(dk_chunks[ki].shape))
                 dv_chunks[ki].add_(g_v.reshape(dv_chunks[ki].shape))
