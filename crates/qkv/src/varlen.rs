@@ -17,6 +17,7 @@ use crate::options::AttentionOptions;
 use crate::partial::PartialAttention;
 use crate::shape::{Magnitudes, Shape};
 use crate::simd;
+use crate::softmax;
 use crate::step::{self, Step, StepBuffers};
 
 /// Attention for a packed batch of sequences: sequence `i`'s queries are rows
@@ -166,7 +167,8 @@ fn attend<T: Real>(
         value_dim: shape.value_dim,
     };
     let resolve = |m: &Member| options.resolve_heads(&shape_of(m), Some((sequences, query_heads)));
-    // A sequence with queries and no keys keeps its zero rows, and a logsumexp of -inf.
+    // A sequence with queries and no keys keeps its zero rows, and the logsumexp of nothing: its
+    // head's sink, or -inf.
     let mut members = Vec::with_capacity(sequences);
     let mut heads_differ = false;
     let mut finite = true;
@@ -178,7 +180,11 @@ fn attend<T: Real>(
         let masks = resolve(&member)?;
         if member.keys.is_empty() {
             if let Some(lse) = &mut lse {
-                lse.slice_mut(s![.., member.queries.clone()]).fill(T::neg_infinity());
+                for h in 0..query_heads {
+                    let sink = options.sinks.map(|sinks| sinks[h]);
+                    let nothing = softmax::finish(T::neg_infinity(), T::zero(), sink).logsumexp();
+                    lse.slice_mut(s![h, member.queries.clone()]).fill(nothing);
+                }
             }
             continue;
         }
