@@ -1,7 +1,8 @@
 //! Attention over `[batch, heads, n, d]` tensors: the forward (with or without each row's
-//! logsumexp), the backward, and the merge of two partial results.
+//! logsumexp), the backward, and the merge of two partial results; and over a packed batch of
+//! sequences of different lengths (the forward).
 
-use ndarray::{Ix3, Ix4, IxDyn};
+use ndarray::{Ix2, Ix3, Ix4, IxDyn};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use qkv::half::{bf16, f16};
@@ -22,6 +23,9 @@ pub struct Spec(bool, Option<f64>, Option<(i64, i64)>, Option<Vec<f64>>, Option<
 /// `(query, key, value)`, each `[batch, heads, n, d]`.
 type Inputs = (Raw, Raw, Raw);
 
+/// A packed batch's `(query offsets, key offsets)`: flash-attn's `cu_seqlens_q`, `cu_seqlens_k`.
+type Offsets = (Vec<usize>, Vec<usize>);
+
 /// Where the backward writes: `(dq, dk, dv, dbias, dsinks)`, the last two when wanted.
 type Gradients = (Raw, Raw, Raw, Option<Raw>, Option<Raw>);
 
@@ -41,7 +45,8 @@ fn per_head<T: Real>(spec: &Spec) -> PerHead<T> {
 }
 
 /// The engine's options for `spec` and the mask, if any: a boolean mask keeps what is `true`, a
-/// floating one is added to the scores. Both are `[batch or 1, heads or 1, n_q, n_k]`.
+/// floating one is added to the scores. Both are `[batch or 1, heads or 1, n_q, n_k]`. The causal
+/// mask, the window and ALiBi are aligned as `align` says.
 ///
 /// # Safety
 /// `mask` must describe live memory for `'a` (see [`Raw::view`]).
@@ -49,20 +54,20 @@ unsafe fn options<'a, T: Real + Element>(
     spec: &Spec,
     (slopes, sinks): &'a PerHead<T>,
     mask: Option<&Raw>,
+    align: CausalMask,
 ) -> PyResult<AttentionOptions<'a, T>> {
-    let top_left = CausalMask::TopLeft;
     let mut options = AttentionOptions::new();
     if spec.0 {
-        options = options.causal(top_left);
+        options = options.causal(align);
     }
     if let Some(scale) = spec.1 {
         options = options.scale(T::from_f64_round(scale));
     }
     if let Some((before, after)) = spec.2 {
-        options = options.sliding_window(SlidingWindow::new(side(before), side(after)).aligned(top_left));
+        options = options.sliding_window(SlidingWindow::new(side(before), side(after)).aligned(align));
     }
     if let Some(slopes) = slopes {
-        options = options.alibi(Alibi::new(slopes).aligned(top_left));
+        options = options.alibi(Alibi::new(slopes).aligned(align));
     }
     if let Some(cap) = spec.4 {
         options = options.logit_softcap(T::from_f64_round(cap));
@@ -180,7 +185,7 @@ unsafe fn forward_as<E: Input>(
 ) -> PyResult<()> {
     let per_head = per_head::<E::Compute>(spec);
     // SAFETY (every view below): the caller vouches for the memory.
-    let options = unsafe { options(spec, &per_head, mask)? };
+    let options = unsafe { options(spec, &per_head, mask, CausalMask::TopLeft)? };
     let (q, k, v) = unsafe { (q.view("query")?, k.view("key")?, v.view("value")?) };
     let mut out = unsafe { out.view_mut::<E, Ix4>("out")? };
     if dry_run {
@@ -243,7 +248,7 @@ unsafe fn backward_as<T: Real + Element>(
 ) -> PyResult<()> {
     let per_head = per_head::<T>(spec);
     // SAFETY (every view below): the caller vouches for the memory.
-    let options = unsafe { options(spec, &per_head, mask)? };
+    let options = unsafe { options(spec, &per_head, mask, CausalMask::TopLeft)? };
     let (q, k, v) = unsafe { (q.view("query")?, k.view("key")?, v.view("value")?) };
     // The engine takes the forward's result as owned arrays: one copy of `[.., n_q, d_v]`.
     let forward = unsafe {
@@ -290,6 +295,67 @@ fn backward(
                 Dtype::F64 => backward_as::<f64>(&inputs, mask, &spec, &saved, &gradients),
                 other => Err(PyValueError::new_err(format!(
                     "the backward takes float32 or float64, not {}",
+                    other.name()
+                ))),
+            }
+        }
+    })
+}
+
+/// The packed forward for `T`.
+///
+/// # Safety
+/// As [`forward_as`].
+unsafe fn varlen_as<T: Real + Element>(
+    (q, k, v): &Inputs,
+    (query_offsets, key_offsets): &Offsets,
+    spec: &Spec,
+    (out, lse): (&Raw, Option<&Raw>),
+) -> PyResult<()> {
+    let per_head = per_head::<T>(spec);
+    // SAFETY (every view below): the caller vouches for the memory.
+    let options = unsafe { options(spec, &per_head, None, CausalMask::BottomRight)? };
+    let (q, k, v) = unsafe { (q.view("query")?, k.view("key")?, v.view("value")?) };
+    let mut out = unsafe { out.view_mut::<T, Ix3>("out")? };
+    match lse {
+        None => {
+            let output = qkv::varlen_attention(q, k, v, query_offsets, key_offsets, &options);
+            out.assign(&output.map_err(value_error)?);
+        }
+        Some(lse) => {
+            let result = qkv::varlen_attention_with_lse(q, k, v, query_offsets, key_offsets, &options)
+                .map_err(value_error)?;
+            out.assign(&result.output);
+            unsafe { lse.view_mut::<T, Ix2>("lse")? }.assign(&result.logsumexp);
+        }
+    }
+    Ok(())
+}
+
+/// Attention over a packed batch of sequences (`qkv::varlen_attention`): `inputs` as `[heads,
+/// total rows, d]` views, sequence `i` rows `offsets.0[i]..offsets.0[i + 1]` of the queries and
+/// `offsets.1[i]..offsets.1[i + 1]` of the keys; the causal mask, the window and ALiBi aligned
+/// bottom-right within each sequence, as flash-attn's varlen function aligns them. Into `out`
+/// (`[heads, total queries, d_v]`) and `lse` if given. f32 or f64.
+#[pyfunction]
+#[pyo3(signature = (inputs, offsets, spec, out, lse=None))]
+fn varlen(
+    py: Python<'_>,
+    inputs: Inputs,
+    offsets: Offsets,
+    spec: Spec,
+    out: Raw,
+    lse: Option<Raw>,
+) -> PyResult<()> {
+    detached(py, move || {
+        let into = (&out, lse.as_ref());
+        // SAFETY: as in `forward`.
+        unsafe {
+            match inputs.0.dtype("query")? {
+                Dtype::F32 => varlen_as::<f32>(&inputs, &offsets, &spec, into),
+                Dtype::F64 => varlen_as::<f64>(&inputs, &offsets, &spec, into),
+                other => Err(PyValueError::new_err(format!(
+                    "varlen attention takes float32 or float64, not {}",
                     other.name()
                 ))),
             }
@@ -409,5 +475,6 @@ pub fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(forward_torch, module)?)?;
     module.add_function(wrap_pyfunction!(backward, module)?)?;
     module.add_function(wrap_pyfunction!(merge, module)?)?;
+    module.add_function(wrap_pyfunction!(varlen, module)?)?;
     Ok(())
 }

@@ -17,6 +17,7 @@ __all__ = [
     "scaled_dot_product_attention",
     "attention_with_lse",
     "merge",
+    "varlen_attention",
     "KvCache",
     "PagedKvCache",
     "alibi_slopes",
@@ -161,6 +162,53 @@ def attention_with_lse(
     differentiable (``lse`` is not)."""
     extensions = (sliding_window, alibi_slopes, softcap, sinks)
     return _attend(query, key, value, attn_mask, is_causal, scale, enable_gqa, extensions, with_lse=True)
+
+
+def varlen_attention(
+    query,
+    key,
+    value,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    *,
+    is_causal=False,
+    scale=None,
+    sliding_window=None,
+    alibi_slopes=None,
+    softcap=None,
+    sinks=None,
+    return_lse=False,
+):
+    """Attention over a packed batch of sequences of different lengths, with no padding, in
+    flash-attn's ``flash_attn_varlen_func`` layout: ``query`` ``[total_q, heads, E]``, ``key``
+    ``[total_k, kv_heads, E]``, ``value`` ``[total_k, kv_heads, Ev]`` (``kv_heads`` dividing
+    ``heads``: grouped-query attention). Sequence ``i``'s queries are rows
+    ``cu_seqlens_q[i]:cu_seqlens_q[i + 1]`` and it attends to its own keys, rows
+    ``cu_seqlens_k[i]:cu_seqlens_k[i + 1]``, only; the offsets (a list, an array or an integer
+    tensor) start at 0 and end at the packed length. Returns ``[total_q, heads, Ev]`` in the
+    inputs' dtype and library, and with ``return_lse`` also each row's logsumexp ``[heads,
+    total_q]`` (flash-attn's ``softmax_lse`` layout; float64 for float64 inputs, float32
+    otherwise; ``-inf`` for a query of a sequence with no keys, whose output is 0).
+
+    The options are ``scaled_dot_product_attention``'s extensions, applied to each sequence over
+    its own queries and keys; ``is_causal``, the window and ALiBi are aligned bottom-right within
+    each sequence, as flash-attn aligns them (the last query sees the last key; the same as
+    top-left where a sequence has as many queries as keys). Torch tensors or NumPy arrays, float32
+    or float64 computed in place; bfloat16 and float16 from a float32 copy. Every element must be
+    finite. Forward only: on tensors that need a gradient, with grad mode on, it raises
+    ``ValueError`` rather than return an output autograd cannot differentiate.
+    """
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(query, torch.Tensor) and torch.is_grad_enabled():
+        needs = [n for n, t in (("query", query), ("key", key), ("value", value), ("sinks", sinks))
+                 if isinstance(t, torch.Tensor) and t.requires_grad]
+        if needs:
+            raise ValueError(
+                f"{', '.join(needs)} require grad, and varlen_attention has no backward: call it under "
+                "torch.no_grad(), or use scaled_dot_product_attention per sequence to differentiate"
+            )
+    options = (is_causal, scale, sliding_window, alibi_slopes, softcap, sinks)
+    return _core.varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, options, return_lse)
 
 
 def merge(out_a, lse_a, out_b, lse_b):

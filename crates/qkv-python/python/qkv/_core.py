@@ -132,6 +132,66 @@ def per_head(argument, noun, values, heads):
     return values
 
 
+def spec(is_causal, scale, window, alibi, softcap, sinks, heads):
+    """The options as the extension takes them (its ``Spec``), checked: ``(is_causal, scale,
+    window, ALiBi slopes, soft-cap, sink logits)``."""
+    if scale is not None and not math.isfinite(scale):
+        raise ValueError(f"scale is {scale}: it must be finite")
+    if window is not None:
+        window = tuple(int(-1 if side is None else side) for side in window)
+        if len(window) != 2:
+            raise ValueError(f"sliding_window is {window}: it is (before, after), -1 or None for no limit")
+    return (bool(is_causal), None if scale is None else float(scale), window,
+            per_head("alibi_slopes", "slopes", alibi, heads), None if softcap is None else float(softcap),
+            per_head("sinks", "logits", sinks, heads))
+
+
+def _offsets(argument, offsets):
+    """``cu_seqlens`` (a list, an array or a tensor of integers) as a list of ints."""
+    values = offsets.tolist() if hasattr(offsets, "tolist") else list(offsets)
+    if any(int(x) != x or x < 0 for x in values):
+        raise ValueError(f"{argument} is {values}: offsets are integers from 0")
+    return [int(x) for x in values]
+
+
+def varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, options, with_lse):
+    """A packed batch's attention in flash-attn's layout (``[total, heads, d]`` in and out);
+    ``options`` are ``spec``'s arguments but for the heads."""
+    xp = backend(query, key, value)
+    for argument, t in (("query", query), ("key", key), ("value", value)):
+        xp.check_device(argument, t)
+        if t.ndim != 3:
+            raise ValueError(f"{argument} has shape {tuple(t.shape)}: a packed batch is [total, heads, d]")
+        if xp.dtype_name(t) not in _FLOATS:
+            raise ValueError(f"{argument} has dtype {xp.dtype_name(t)}: qkv takes {', '.join(_FLOATS)}")
+    dtype = xp.dtype_name(query)
+    if xp.dtype_name(key) != dtype or xp.dtype_name(value) != dtype:
+        raise ValueError(
+            f"query, key and value have dtypes {dtype}, {xp.dtype_name(key)} and {xp.dtype_name(value)}: "
+            "they need one dtype"
+        )
+    total_q, heads = query.shape[0], query.shape[1]
+    compute = compute_dtype(dtype)
+    # The engine takes [heads, total, d]: strided views of the packed tensors, no copy (but for
+    # half precision, which the packed path computes from a float32 copy).
+    q, k, v = ((t if dtype == compute else xp.cast(t, compute)).swapaxes(0, 1) for t in (query, key, value))
+    out = xp.empty((total_q, heads, value.shape[2]), compute)
+    lse = xp.empty((heads, total_q), compute) if with_lse else None
+    offsets = (_offsets("cu_seqlens_q", cu_seqlens_q), _offsets("cu_seqlens_k", cu_seqlens_k))
+    try:
+        _qkv.varlen((xp.raw(q), xp.raw(k), xp.raw(v)), offsets, spec(*options, heads), xp.raw(out.swapaxes(0, 1)),
+                    None if lse is None else xp.raw(lse))
+    except ValueError as error:
+        # The engine names the offsets as its Rust API does; name them as the caller passed them.
+        message = str(error)
+        for engine, ours in (("query_offsets", "cu_seqlens_q"), ("key_offsets", "cu_seqlens_k")):
+            if message.startswith(engine):
+                raise ValueError(ours + message[len(engine):]) from None
+        raise
+    out = out if dtype == compute else xp.cast(out, dtype)
+    return (out, lse) if with_lse else out
+
+
 class _Shapes:
     """The inputs' shapes for a message, formatted only if one is raised."""
 
@@ -186,8 +246,6 @@ class Call:
             )
         if is_causal and attn_mask is not None:
             raise ValueError("attn_mask and is_causal are both set: pass one (PyTorch refuses both too)")
-        if scale is not None and not math.isfinite(scale):
-            raise ValueError(f"scale is {scale}: it must be finite")
         batch = math.prod(lead[:-1])
         self.dtype, self.lead, self.n_q, self.n_k = dtype, lead, qs[-2], ks[-2]
         self.q = self._four(query, batch, heads)
@@ -195,14 +253,8 @@ class Call:
         self.v = self._four(value, batch, kv_heads)
         self.mask = None if attn_mask is None else self._mask(attn_mask, batch, heads)
         self.out_shape = (batch, heads, qs[-2], vs[-1])
-        if window is not None:
-            window = tuple(int(-1 if side is None else side) for side in window)
-            if len(window) != 2:
-                raise ValueError(f"sliding_window is {window}: it is (before, after), -1 or None for no limit")
-        alibi = per_head("alibi_slopes", "slopes", alibi, heads)
-        self.sinks = per_head("sinks", "logits", sinks, heads)
-        self.spec = (bool(is_causal), None if scale is None else float(scale), window, alibi,
-                     None if softcap is None else float(softcap), self.sinks)
+        self.spec = spec(is_causal, scale, window, alibi, softcap, sinks, heads)
+        self.sinks = self.spec[5]
 
     def _four(self, t, batch, heads):
         return t if t.ndim == 4 else t.reshape(batch, heads, t.shape[-2], t.shape[-1])
