@@ -34,9 +34,10 @@ pub struct Case {
     /// the timing).
     #[serde(default)]
     pub backward: bool,
-    /// A ragged batch decoding one step each over qkv's `PagedKvCache`: sequence `b` holds
-    /// `(b + 1) · n_k / batch` positions, `n_k` the longest (the peers take the padded tensors
-    /// with each sequence's key length).
+    /// A ragged batch: sequence `b` holds `(b + 1) · n_k / batch` positions, `n_k` the longest.
+    /// Decoding one step each over qkv's `PagedKvCache` (the peers take the padded tensors with
+    /// each sequence's key length), or with `n_q = n_k` a packed prefill, each sequence's
+    /// positions its queries (qkv's `varlen_attention`, beside a call per sequence).
     #[serde(default)]
     pub ragged: bool,
 }
@@ -67,7 +68,12 @@ impl Case {
     /// a backward 2.5 times that (FlashAttention-2's count: five products of the forward's size
     /// against its two, whatever an implementation recomputes).
     pub fn flops(&self) -> f64 {
-        let full = 4.0 * self.heads as f64 * self.n_q as f64 * self.keys() as f64 * self.d as f64;
+        let pairs: f64 = if self.packed_prefill() {
+            self.lengths().iter().map(|&len| (len * len) as f64).sum()
+        } else {
+            self.n_q as f64 * self.keys() as f64
+        };
+        let full = 4.0 * self.heads as f64 * pairs * self.d as f64;
         let pass = if self.backward { 2.5 } else { 1.0 };
         if self.causal { pass * full / 2.0 } else { pass * full }
     }
@@ -81,6 +87,11 @@ impl Case {
         }
     }
 
+    /// A ragged batch of prefills: each sequence's positions are its queries and its keys.
+    pub fn packed_prefill(&self) -> bool {
+        self.ragged && self.n_q == self.n_k
+    }
+
     /// Keys over the whole batch.
     fn keys(&self) -> usize {
         self.lengths().iter().sum()
@@ -88,9 +99,10 @@ impl Case {
 
     /// A short name: `8h n=1024 causal`, `4x8h n=128`, `gqa 8/2 n=1024`, `decode 1x16384`,
     /// `gqa 32/8 decode 1x4096`, `cache gqa 32/8 decode 1x8192 d=128 bf16`, `cache gqa 32/8 decode 1x8192 d=128 int8`, `n=4096 bf16`,
-    /// `paged ragged 8xgqa 32/8 decode 1x4096 d=128`.
+    /// `paged ragged 8xgqa 32/8 decode 1x4096 d=128`, `varlen ragged 8xgqa 8/2 n=1024 causal`.
     pub fn label(&self) -> String {
         let cache = match (self.cache, self.ragged) {
+            (_, true) if self.packed_prefill() => "varlen ragged ",
             (_, true) => "paged ragged ",
             (true, false) => "cache ",
             (false, false) => "",
@@ -147,7 +159,8 @@ impl Case {
 /// step over 4096; the KV-cache decoding step (a layer of 32
 /// query heads over 8 KV heads, d = 128, one new token over 1k to 32k cached positions, doubling),
 /// in f32, bf16 and int8; a ragged batch of 8 such layers' sequences over the paged cache, the longest
-/// 4096 and 16384 positions, the others an eighth, two eighths, ... of it; the backward of a single head at n = 1024, 4096 and 16384, d = 64 and 128, causal
+/// 4096 and 16384 positions, the others an eighth, two eighths, ... of it; a packed causal
+/// prefill of 8 sequences of 128 to 1024 tokens alike (GQA 8/2); the backward of a single head at n = 1024, 4096 and 16384, d = 64 and 128, causal
 /// and not, and of bf16 inputs at n = 1024 and 4096; and (not with `--quick`) n = 65536.
 pub fn all(quick: bool) -> Vec<Case> {
     let heads = |heads, kv_heads, case: Case| Case { heads, kv_heads, ..case };
@@ -182,6 +195,7 @@ pub fn all(quick: bool) -> Vec<Case> {
     for n_k in [4096, 16384] {
         cases.push(Case { batch: 8, d: 128, ragged: true, ..heads(32, 8, Case::single(1, n_k, false)) });
     }
+    cases.push(Case { batch: 8, ragged: true, ..heads(8, 2, Case::single(1024, 1024, true)) });
     for n in [1024, 4096, 16384] {
         for d in [64, 128] {
             cases.extend([false, true].map(|causal| Case::backward(n, d, causal)));

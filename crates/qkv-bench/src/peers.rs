@@ -3,7 +3,8 @@
 //! attention and the `gemm` crate's f32 GEMM (the ceiling); on bf16 cases qkv's
 //! `attention_half` (`multi_head_attention_half` over several heads), on KV-cache cases qkv's `KvCache` (and, in f32, `multi_head_attention`
 //! over the same tensors), on ragged batches qkv's `PagedKvCache` (and `multi_head_attention`
-//! over the padded tensors with key lengths), and on backward cases qkv's `attention_backward`.
+//! over the padded tensors with key lengths) or `varlen_attention` (and a call per sequence), and
+//! on backward cases qkv's `attention_backward`.
 
 use anyhow::Result;
 use ndarray::{Array2, Array4, Axis, s};
@@ -28,6 +29,17 @@ const REFERENCE_LIMIT: usize = 256 * 256;
 /// Every implementation that applies to `case`, qkv first (the others are checked against it).
 pub fn runners<'a>(case: &Case, inputs: &'a Inputs, quick: bool) -> Result<Vec<Runner<'a>>> {
     let case = *case;
+    if case.packed_prefill() {
+        return Ok(vec![
+            varlen::runner(case, inputs, None),
+            varlen::runner(case, inputs, Some(1)),
+            Runner {
+                name: "qkv multi_head_attention per sequence".into(),
+                threads: None,
+                run: Box::new(move || varlen::per_sequence(case, inputs)),
+            },
+        ]);
+    }
     if case.ragged {
         return Ok(vec![
             paged::runner(case, inputs, None)?,
@@ -209,6 +221,7 @@ mod ceiling;
 mod backward;
 mod kv_cache;
 mod paged;
+mod varlen;
 
 #[cfg(feature = "peers")]
 mod candle;

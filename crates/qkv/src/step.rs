@@ -118,22 +118,31 @@ pub(crate) fn attend<T: Real, E: Element<Compute = T>, Q: Element<Compute = T>, 
         first_rows.push(total_rows);
         total_rows += member(m).1.len() * query_heads;
     }
-    // Row `r` of a problem of member `m`: its query head (of the problem's `j`) and query.
-    let source = |j: usize, r: usize| (j * stack + r % stack, r / stack);
+    // Member `m`'s stacked row of query `i` of head `head`, counted from the member's first
+    // row: problem `head / stack`'s rows come `rows = n · stack` at a time, query-major. Each
+    // head's rows are walked as one view (slicing a view per row took a tenth of a packed
+    // prefill's time).
+    let stacked_row = |rows: usize, head: usize, i: usize| head / stack * rows + i * stack + head % stack;
     let stacked = flash::prefix(queries, total_rows * key_dim);
     for m in 0..members {
         let (b, range) = member(m);
         let rows = range.len() * stack;
         let member_rows = &mut stacked[first_rows[m] * key_dim..][..range.len() * query_heads * key_dim];
-        for (r, row) in member_rows.chunks_exact_mut(key_dim).enumerate() {
-            let (head, i) = source(r / rows, r % rows);
-            row.iter_mut().zip(q.slice(s![b, head, range.start + i, ..])).for_each(|(x, &y)| *x = y.widen());
-            if let Some((rotary, first_position)) = rotary {
-                let dims = rotary.dims.unwrap_or(key_dim);
-                let turned = flash::prefix(rotated, dims);
-                let position = first_position(m) + i;
-                rotary.turn_into(row.iter().map(|x| x.to_f64_exact()), turned, (position, 1.0), angles);
-                row.iter_mut().zip(&*turned).for_each(|(x, &y)| *x = T::from_f64_round(y));
+        for head in 0..query_heads {
+            for (i, query) in q.slice(s![b, head, range.clone(), ..]).rows().into_iter().enumerate() {
+                let row = &mut member_rows[stacked_row(rows, head, i) * key_dim..][..key_dim];
+                // A contiguous row copies as slices, which the compiler vectorises.
+                match query.as_slice() {
+                    Some(query) => row.iter_mut().zip(query).for_each(|(x, &y)| *x = y.widen()),
+                    None => row.iter_mut().zip(query).for_each(|(x, &y)| *x = y.widen()),
+                }
+                if let Some((rotary, first_position)) = rotary {
+                    let dims = rotary.dims.unwrap_or(key_dim);
+                    let turned = flash::prefix(rotated, dims);
+                    let position = first_position(m) + i;
+                    rotary.turn_into(row.iter().map(|x| x.to_f64_exact()), turned, (position, 1.0), angles);
+                    row.iter_mut().zip(&*turned).for_each(|(x, &y)| *x = T::from_f64_round(y));
+                }
             }
         }
     }
@@ -168,12 +177,18 @@ pub(crate) fn attend<T: Real, E: Element<Compute = T>, Q: Element<Compute = T>, 
         let (b, range) = member(m);
         let rows = range.len() * stack;
         let member_out = &stacked_out[first * value_dim..][..range.len() * query_heads * value_dim];
-        for (r, row) in member_out.chunks_exact(value_dim).enumerate() {
-            let (head, i) = source(r / rows, r % rows);
-            out.slice_mut(s![b, head, range.start + i, ..])
-                .zip_mut_with(&ArrayView1::from(row), |o, &x| *o = O::narrow(x));
-            if let Some(lse) = &mut lse {
-                lse[[b, head, range.start + i]] = logsumexp[first + r];
+        for head in 0..query_heads {
+            let mut head_out = out.slice_mut(s![b, head, range.clone(), ..]);
+            for (i, mut output) in head_out.rows_mut().into_iter().enumerate() {
+                let r = stacked_row(rows, head, i);
+                let row = &member_out[r * value_dim..][..value_dim];
+                match output.as_slice_mut() {
+                    Some(output) => output.iter_mut().zip(row).for_each(|(o, &x)| *o = O::narrow(x)),
+                    None => output.zip_mut_with(&ArrayView1::from(row), |o, &x| *o = O::narrow(x)),
+                }
+                if let Some(lse) = &mut lse {
+                    lse[[b, head, range.start + i]] = logsumexp[first + r];
+                }
             }
         }
     }

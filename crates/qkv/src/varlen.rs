@@ -1,7 +1,8 @@
 //! Attention over a packed batch of sequences of different lengths, with no padding: flash-attn's
 //! `flash_attn_varlen_func` (its `cu_seqlens_q`/`cu_seqlens_k` are the offsets here). Every
-//! sequence's queries attend to its own keys only, in one call whose work items span every
-//! sequence and head, through the same step the caches take ([`step::attend`]).
+//! sequence's queries attend to its own keys only. Sequences of a few queries (decoding steps)
+//! share one call of the step the caches take ([`step::attend`]), whose work items span every
+//! such sequence and head; a longer one (a prefill) runs alone through the dense path.
 
 use std::ops::Range;
 
@@ -12,6 +13,7 @@ use crate::error::AttentionError;
 use crate::finite::finite_magnitude;
 use crate::flash::{self, StoredKeys};
 use crate::inputs::{check_heads, check_offsets};
+use crate::kernels::{Element, Job, Kernels};
 use crate::multi_head;
 use crate::options::AttentionOptions;
 use crate::partial::PartialAttention;
@@ -167,9 +169,18 @@ fn attend<T: Real>(
         value_dim: shape.value_dim,
     };
     let resolve = |m: &Member| options.resolve_heads(&shape_of(m), Some((sequences, query_heads)));
+    // A sequence whose rows in the step (its queries times the query heads stacked on a key/value
+    // head) fill more than one query block of the step's kernels runs alone through the dense
+    // path, which packs its keys once for all its blocks and writes its output in parallel;
+    // shorter ones (decoding steps, a few speculative tokens) share one step, one round of work
+    // for the whole batch. Through the step, 32 prefills of 20 to 119 tokens (GQA 8/2, d = 64)
+    // took 3.6 to 6.5 ms on a Zen 5 against 2.1 ms alone; 32 sequences of 12 queries, one block
+    // each, 4.2 to 4.8 ms in the step against 6.3 ms alone.
+    let step_rows = kernels.vectors().run::<T, _>(QueryBlock) / (query_heads / kv_heads);
     // A sequence with queries and no keys keeps its zero rows, and the logsumexp of nothing: its
     // head's sink, or -inf.
     let mut members = Vec::with_capacity(sequences);
+    let mut alone = Vec::new();
     let mut heads_differ = false;
     let mut finite = true;
     for i in 0..sequences {
@@ -191,17 +202,26 @@ fn attend<T: Real>(
         if member.queries.is_empty() {
             continue;
         }
-        heads_differ |= masks.vary_by_head();
         let shape = shape_of(&member);
         finite &= (0..query_heads).all(|h| flash::stays_finite(&shape, &magnitudes, &masks.head(i, h)));
-        members.push((i, member));
+        if member.queries.len() > step_rows {
+            alone.push((i, member));
+        } else {
+            heads_differ |= masks.vary_by_head();
+            members.push((i, member));
+        }
     }
     if !finite {
         // The blocked path copes with scores that may overflow and names the query whose does:
-        // each sequence runs alone through it.
-        return members
-            .iter()
-            .try_for_each(|(i, member)| overflowing(*i, member, batch, options, &mut out, &mut lse));
+        // every sequence runs alone, in order.
+        alone.append(&mut members);
+        alone.sort_unstable_by_key(|&(i, _)| i);
+    }
+    for (i, member) in &alone {
+        run_alone(*i, member, batch, options, &mut out, &mut lse)?;
+    }
+    if members.is_empty() {
+        return Ok(());
     }
     let masks = |m: usize, head: usize| {
         let (i, member) = &members[m];
@@ -233,7 +253,7 @@ fn attend<T: Real>(
 /// Sequence `i` alone, through [`multi_head_attention`](crate::multi_head_attention)'s paths (the
 /// blocked one where scores may overflow), its errors naming the sequence as the batch index and
 /// the query by its packed row.
-fn overflowing<T: Real>(
+fn run_alone<T: Real>(
     i: usize,
     member: &Member,
     batch: &Batch<'_, T>,
@@ -260,4 +280,15 @@ fn overflowing<T: Real>(
         },
         error => error,
     })
+}
+
+/// The rows of a query block of a level's kernels (`Kernels::QUERY_BLOCK`).
+struct QueryBlock;
+
+impl<E: Element> Job<E> for QueryBlock {
+    type Output = usize;
+
+    fn run<K: Kernels<E::Compute, E>>(self, _: K) -> usize {
+        K::QUERY_BLOCK
+    }
 }

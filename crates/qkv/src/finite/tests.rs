@@ -2,7 +2,7 @@
 //! infinity found wherever it sits (the vector body or the tail), for each storage type.
 
 use half::{bf16, f16};
-use ndarray::{Array1, Array2};
+use ndarray::{Array1, Array2, Array3, s};
 
 use super::*;
 use crate::element::Real;
@@ -75,6 +75,29 @@ fn inputs_checked_in_shared_pieces_give_the_same_answers() {
                     other => panic!("{threads}: {bad} at {at}: {other:?}"),
                 }
             }
+        }
+    }
+}
+
+#[test]
+fn views_of_some_rows_are_measured_row_by_row() {
+    // Some heads' rows of a larger array (each row contiguous, the view not), small and past the
+    // sharing threshold: what lies outside the view, a larger value or a NaN, never counts.
+    for rows in [5, SHARE_FROM / 64 + 7] {
+        let mut a =
+            Array3::from_shape_fn((3, rows + 4, 64), |(h, i, j)| ((h * 31 + i * 7 + j) % 23) as f32 - 11.0);
+        a[[1, rows, 9]] = -300.0;
+        a[[0, 1, 3]] = 1e6;
+        a[[2, rows + 3, 0]] = f32::NAN;
+        let inside = s![.., 2..rows + 2, ..];
+        let view = a.slice(inside);
+        let isa = simd::kernels_for(None).unwrap();
+        assert!(view.as_slice_memory_order().is_none() && kernel_magnitude(isa, &view).is_some());
+        assert_eq!(finite_magnitude("x", &view).ok(), Some(300.0), "{rows} rows");
+        a[[2, rows, 5]] = f32::INFINITY;
+        match finite_magnitude("x", &a.slice(inside)) {
+            Err(AttentionError::NonFinite { index, .. }) => assert_eq!(index.0, [2, rows - 2, 5]),
+            other => panic!("{rows} rows: {other:?}"),
         }
     }
 }
