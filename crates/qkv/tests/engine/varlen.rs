@@ -152,8 +152,10 @@ fn every_sequence_matches_the_reference_on_its_own_rows() {
 #[test]
 fn alibi_slopes_and_sinks_apply_per_head_or_per_sequence_and_head() {
     let mut rng = ChaCha8Rng::seed_from_u64(32);
-    // The sequence of two queries and no keys: its rows' logsumexp is the sink's logit.
-    let lengths = [(2, 7), (1, 40), (6, 6), (2, 0)];
+    // The sequence of two queries and no keys: its rows' logsumexp is the sink's logit. The one
+    // of 30 queries fills more than a query block of stacked rows: it runs alone, through the
+    // dense path, with its own sequence's slopes.
+    let lengths = [(2, 7), (1, 40), (6, 6), (2, 0), (30, 50)];
     let packed = Packed::random(&mut rng, &lengths, (4, 2), (8, 8));
     let shared = qkv::alibi_slopes::<f32>(4);
     packed.check("per head", |head| {
@@ -171,7 +173,7 @@ fn alibi_slopes_and_sinks_apply_per_head_or_per_sequence_and_head() {
             Some((_, h)) => o.sinks(&sinks[h..h + 1]),
         }
     });
-    let per_sequence = Array2::from_shape_fn((4, 4), |(i, h)| 0.1 * (i + 1) as f32 + 0.05 * h as f32);
+    let per_sequence = Array2::from_shape_fn((5, 4), |(i, h)| 0.1 * (i + 1) as f32 + 0.05 * h as f32);
     packed.check("per sequence and head, symmetric", |head| match head {
         None => AttentionOptions::new().alibi(Alibi::batched(per_sequence.view()).symmetric()),
         Some((i, h)) => AttentionOptions::new()
