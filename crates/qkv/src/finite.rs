@@ -82,9 +82,9 @@ const PIECE: usize = 1 << 14;
 
 /// The largest magnitude of `a` by the kernels of `isa` (non-finite if an element is), reading
 /// contiguous runs: the whole array where it is contiguous (in any axis order), row by row where
-/// only its rows are (some heads' rows of a larger array, say; read element by element, such
-/// views made 8 prefills on their slices of one batch take 10.3 ms a round instead of 6.0 on a
-/// Zen 5); `None` where a row is strided. Allocates only when it shares the pass.
+/// only its rows are (some heads' rows of a larger array, say; read element by element, calls on
+/// 8 prefills' slices of one batch took 1.6 times as long on a Zen 5: `varlen --per-sequence
+/// prefill8` in qkv-bench); `None` where a row is strided. Allocates only when it shares the pass.
 fn kernel_magnitude<S, E, D>(isa: Isa, a: &ArrayBase<S, D>) -> Option<E::Compute>
 where
     S: Data<Elem = E>,
