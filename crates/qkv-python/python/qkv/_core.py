@@ -132,6 +132,21 @@ def per_head(argument, noun, values, heads):
     return values
 
 
+def checked_dtype(xp, tensors, rank_fits, needs):
+    """The one dtype of ``(query, key, value)``, each checked: on the CPU, of a rank ``rank_fits``
+    takes (``needs`` says which, in the error) and of a floating dtype qkv takes."""
+    for argument, t in zip(("query", "key", "value"), tensors):
+        xp.check_device(argument, t)
+        if not rank_fits(t.ndim):
+            raise ValueError(f"{argument} has shape {tuple(t.shape)}: {needs}")
+        if xp.dtype_name(t) not in _FLOATS:
+            raise ValueError(f"{argument} has dtype {xp.dtype_name(t)}: qkv takes {', '.join(_FLOATS)}")
+    dtype, key, value = (xp.dtype_name(t) for t in tensors)
+    if key != dtype or value != dtype:
+        raise ValueError(f"query, key and value have dtypes {dtype}, {key} and {value}: they need one dtype")
+    return dtype
+
+
 def spec(is_causal, scale, window, alibi, softcap, sinks, heads):
     """The options as the extension takes them (its ``Spec``), checked: ``(is_causal, scale,
     window, ALiBi slopes, soft-cap, sink logits)``."""
@@ -158,18 +173,7 @@ def varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, options, with_lse):
     """A packed batch's attention in flash-attn's layout (``[total, heads, d]`` in and out);
     ``options`` are ``spec``'s arguments but for the heads."""
     xp = backend(query, key, value)
-    for argument, t in (("query", query), ("key", key), ("value", value)):
-        xp.check_device(argument, t)
-        if t.ndim != 3:
-            raise ValueError(f"{argument} has shape {tuple(t.shape)}: a packed batch is [total, heads, d]")
-        if xp.dtype_name(t) not in _FLOATS:
-            raise ValueError(f"{argument} has dtype {xp.dtype_name(t)}: qkv takes {', '.join(_FLOATS)}")
-    dtype = xp.dtype_name(query)
-    if xp.dtype_name(key) != dtype or xp.dtype_name(value) != dtype:
-        raise ValueError(
-            f"query, key and value have dtypes {dtype}, {xp.dtype_name(key)} and {xp.dtype_name(value)}: "
-            "they need one dtype"
-        )
+    dtype = checked_dtype(xp, (query, key, value), lambda rank: rank == 3, "a packed batch is [total, heads, d]")
     total_q, heads = query.shape[0], query.shape[1]
     compute = compute_dtype(dtype)
     # The engine takes [heads, total, d]: strided views of the packed tensors, no copy (but for
@@ -211,18 +215,7 @@ class Call:
     ):
         xp = backend(query, key, value, attn_mask)
         self.xp = xp
-        for argument, t in (("query", query), ("key", key), ("value", value)):
-            xp.check_device(argument, t)
-            if t.ndim < 2:
-                raise ValueError(f"{argument} has shape {tuple(t.shape)}: it needs at least [n, d]")
-            if xp.dtype_name(t) not in _FLOATS:
-                raise ValueError(f"{argument} has dtype {xp.dtype_name(t)}: qkv takes {', '.join(_FLOATS)}")
-        dtype = xp.dtype_name(query)
-        if xp.dtype_name(key) != dtype or xp.dtype_name(value) != dtype:
-            raise ValueError(
-                f"query, key and value have dtypes {dtype}, {xp.dtype_name(key)} and "
-                f"{xp.dtype_name(value)}: they need one dtype"
-            )
+        dtype = checked_dtype(xp, (query, key, value), lambda rank: rank >= 2, "it needs at least [n, d]")
         qs, ks, vs = tuple(query.shape), tuple(key.shape), tuple(value.shape)
         if not (len(qs) == len(ks) == len(vs)):
             raise ValueError(f"query {qs}, key {ks} and value {vs} need the same number of dimensions")
