@@ -188,7 +188,8 @@ def varlen_attention(
     tensor) start at 0 and end at the packed length. Returns ``[total_q, heads, Ev]`` in the
     inputs' dtype and library, and with ``return_lse`` also each row's logsumexp ``[heads,
     total_q]`` (flash-attn's ``softmax_lse`` layout; float64 for float64 inputs, float32
-    otherwise; ``-inf`` for a query of a sequence with no keys, whose output is 0).
+    otherwise; for a query of a sequence with no keys, whose output is 0, ``-inf`` or its head's
+    sink logit).
 
     The options are ``scaled_dot_product_attention``'s extensions, applied to each sequence over
     its own queries and keys; ``is_causal``, the window and ALiBi are aligned bottom-right within
