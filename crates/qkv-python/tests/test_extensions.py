@@ -162,6 +162,21 @@ def test_bad_sinks_raise_errors_that_name_them():
         qkv.scaled_dot_product_attention(q, k, v, sinks=[0.0, math.nan])
     with pytest.raises(ValueError, match="sink"):
         qkv.scaled_dot_product_attention(q, k, v, sinks=[math.inf, 0.0])
+    with pytest.raises(ValueError, match="sinks is 'ab': it is one number per query head"):
+        qkv.scaled_dot_product_attention(q, k, v, sinks="ab")
+
+
+@pytest.mark.parametrize("window", [(2**63, 0), (0, 2**64), (1.5, 0), (math.nan, 0), ("2", 0)])
+def test_windows_no_64_bit_integer_holds_raise_value_errors(window):
+    q, k, v = qkv_inputs((2, 3, 4), (2, 5, 4), 3)
+    with pytest.raises(ValueError, match=r"sliding_window is .*whole numbers below 2\*\*63"):
+        qkv.scaled_dot_product_attention(q, k, v, sliding_window=window)
+
+
+def test_the_widest_window_is_no_window():
+    q, k, v = qkv_inputs((2, 3, 4), (2, 5, 4), 3)
+    widest = qkv.scaled_dot_product_attention(q, k, v, is_causal=True, sliding_window=(2**63 - 1, 2**63 - 1))
+    assert torch.equal(widest, qkv.scaled_dot_product_attention(q, k, v, is_causal=True))
 
 
 @pytest.mark.parametrize("kind", ["list", "numpy", "torch"])

@@ -70,7 +70,8 @@ def _attend(query, key, value, attn_mask, is_causal, scale, enable_gqa, extensio
         if out is not None:
             return out
     if _needs_op(query, key, value, attn_mask, sinks):
-        window = None if window is None else [int(-1 if s is None else s) for s in window]
+        window = _core.sliding_window(window)
+        window = None if window is None else list(window)
         alibi = None if alibi is None else [float(s) for s in alibi]
         torch = sys.modules["torch"]
         if sinks is not None and not isinstance(sinks, torch.Tensor):

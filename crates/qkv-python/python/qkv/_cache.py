@@ -16,15 +16,11 @@ def _dtype_name(dtype):
     return numpy.dtype(dtype).name
 
 
-def _window(window):
-    return None if window is None else tuple(int(-1 if s is None else s) for s in window)
-
-
 def _spec(xp, query, scale, sliding_window, alibi_slopes, softcap, keep, sinks):
     heads = query.shape[0]
     alibi = _core.per_head("alibi_slopes", "slopes", alibi_slopes, heads)
     keep = None if keep is None else xp.raw(keep)
-    return (None if scale is None else float(scale), _window(sliding_window), alibi,
+    return (None if scale is None else float(scale), _core.sliding_window(sliding_window), alibi,
             None if softcap is None else float(softcap), keep, _core.per_head("sinks", "logits", sinks, heads))
 
 

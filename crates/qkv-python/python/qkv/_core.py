@@ -126,7 +126,10 @@ def per_head(argument, noun, values, heads):
     if shape is not None and len(shape) != 1:
         raise ValueError(f"{argument} has shape {shape}: it is one value per query head, [{heads}]")
     values = values.tolist() if hasattr(values, "tolist") else values
-    values = [float(x) for x in values]
+    try:
+        values = [float(x) for x in values]
+    except (TypeError, ValueError):
+        raise ValueError(f"{argument} is {values!r}: it is one number per query head") from None
     if len(values) != heads:
         raise ValueError(f"{argument} has {len(values)} {noun} for {heads} query heads: one per head")
     return values
@@ -152,20 +155,37 @@ def spec(is_causal, scale, window, alibi, softcap, sinks, heads):
     window, ALiBi slopes, soft-cap, sink logits)``."""
     if scale is not None and not math.isfinite(scale):
         raise ValueError(f"scale is {scale}: it must be finite")
-    if window is not None:
-        window = tuple(int(-1 if side is None else side) for side in window)
-        if len(window) != 2:
-            raise ValueError(f"sliding_window is {window}: it is (before, after), -1 or None for no limit")
-    return (bool(is_causal), None if scale is None else float(scale), window,
+    return (bool(is_causal), None if scale is None else float(scale), sliding_window(window),
             per_head("alibi_slopes", "slopes", alibi, heads), None if softcap is None else float(softcap),
             per_head("sinks", "logits", sinks, heads))
+
+
+def _whole(x):
+    """Whether ``x`` is a whole number the extension can take as a 64-bit integer."""
+    try:
+        return int(x) == x and -(2**63) <= x < 2**63
+    except (TypeError, ValueError, OverflowError):
+        return False
+
+
+def sliding_window(window):
+    """``(before, after)`` as the extension takes it, checked: -1 for no limit on a side (None or
+    any negative number asks for that too); None stays None."""
+    if window is None:
+        return None
+    sides = tuple(window)
+    if len(sides) != 2 or not all(side is None or _whole(side) for side in sides):
+        raise ValueError(
+            f"sliding_window is {window!r}: it is (before, after), whole numbers below 2**63, -1 or None for no limit"
+        )
+    return tuple(-1 if side is None or side < 0 else int(side) for side in sides)
 
 
 def _offsets(argument, offsets):
     """``cu_seqlens`` (a list, an array or a tensor of integers) as a list of ints."""
     values = offsets.tolist() if hasattr(offsets, "tolist") else list(offsets)
-    if any(int(x) != x or x < 0 for x in values):
-        raise ValueError(f"{argument} is {values}: offsets are integers from 0")
+    if not all(_whole(x) and x >= 0 for x in values):
+        raise ValueError(f"{argument} is {values}: offsets are whole numbers from 0 to 2**63 - 1")
     return [int(x) for x in values]
 
 
