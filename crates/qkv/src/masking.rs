@@ -369,6 +369,21 @@ impl<T: Real> MaskSet<'_, T> {
         (visible.start.clamp(0, n_keys) as usize).min(end)..end
     }
 
+    /// Whether every key lies in some query's [`Self::visible_keys`], so that a path that reads
+    /// each query's visible keys reads all of them (a causal mask or a window may leave keys that
+    /// no query sees).
+    pub(crate) fn shows_every_key(&self) -> bool {
+        let mut covered = 0;
+        for i in 0..self.shape.n_queries {
+            let visible = self.visible_keys(i);
+            if visible.start > covered {
+                return false;
+            }
+            covered = covered.max(visible.end);
+        }
+        covered == self.shape.n_keys
+    }
+
     /// Applies the soft-cap, every mask and the bias to query `query_idx`'s scaled scores over
     /// keys `keys.start..keys.end` (`row[j]` belongs to key `keys.start + j`, every score finite):
     /// caps the scores, adds the bias and writes `-inf` where a pair is hidden. Returns whether

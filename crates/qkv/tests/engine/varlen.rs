@@ -125,11 +125,14 @@ fn every_sequence_matches_the_reference_on_its_own_rows() {
     let mut rng = ChaCha8Rng::seed_from_u64(31);
     // Lengths with n = 1, lengths that are no multiple of a tile, a long prefill beside decoding
     // steps, more queries than keys, and sequences without queries or without keys.
-    let batches: [&[(usize, usize)]; 4] = [
+    // The last batch is decoding steps alone (and a sequence with keys and no queries), which
+    // the step measures as it reads them rather than in a pass beforehand.
+    let batches: [&[(usize, usize)]; 5] = [
         &[(1, 1)],
         &[(3, 5), (1, 17), (0, 4), (70, 70), (2, 0), (1, 129)],
         &[(33, 33), (1, 300), (5, 2)],
         &[(0, 0), (1, 64), (9, 9)],
+        &[(1, 3), (1, 40), (0, 6), (1, 1), (1, 77), (1, 0)],
     ];
     for (n, lengths) in batches.iter().enumerate() {
         for (heads, dims) in [((1, 1), (8, 8)), ((4, 2), (16, 5)), ((6, 1), (3, 12))] {
@@ -189,6 +192,71 @@ fn scores_too_large_for_the_fast_path_still_match_the_reference() {
     packed.q.mapv_inplace(|x| x * 1e18);
     packed.k.mapv_inplace(|x| x * 1e18);
     packed.check("huge scores", |_| AttentionOptions::new());
+}
+
+#[test]
+fn decoding_steps_that_overflow_run_alone_and_match_the_reference() {
+    let mut rng = ChaCha8Rng::seed_from_u64(35);
+    let mut packed = Packed::random(&mut rng, &[(1, 4), (1, 9), (1, 130)], (4, 2), (4, 4));
+    // Scores that may reach 8e37, past what the fast path's bounds allow (a sixteenth of f32's
+    // largest), known only once the step has read the keys: its rows are written again by the
+    // blocked path.
+    packed.k.mapv_inplace(|x| x * 1e37);
+    packed.check("decoding, huge scores", |_| AttentionOptions::new());
+    // Scores past f32's largest, in sequence 1 alone: the blocked path names its query (packed
+    // row 1) and the sequence.
+    packed.k.mapv_inplace(|x| x * 1e-37);
+    packed.q.slice_mut(s![.., 1, ..]).mapv_inplace(|x| x * 1e20);
+    packed.k.slice_mut(s![.., 4..13, ..]).mapv_inplace(|x| x * 1e20);
+    let error = packed.run(&AttentionOptions::new()).unwrap_err();
+    let named = matches!(error, AttentionError::ScoreOverflow { query_idx: 1, head: Some((1, 0)), .. });
+    assert!(named, "{error}");
+}
+
+/// Every key and value of a batch of decoding steps must be finite, whether the step reads it or
+/// not (a key a window hides, a sequence without queries), and the error names the first one that
+/// is not by its index in the whole tensor, keys before values.
+#[test]
+fn decoding_steps_name_the_first_key_or_value_that_is_not_finite() {
+    let mut rng = ChaCha8Rng::seed_from_u64(36);
+    let lengths = [(1, 5), (0, 3), (1, 600)];
+    let packed = Packed::random(&mut rng, &lengths, (4, 2), (4, 4));
+    let options = AttentionOptions::new();
+    // The last query sees keys 598 and 599 of its sequence alone, and the step skips the whole
+    // key blocks before them.
+    let window =
+        AttentionOptions::new().causal(CausalMask::BottomRight).sliding_window(SlidingWindow::new(1, 0));
+    let run = |k: &Array3<f32>, v: &Array3<f32>, options: &AttentionOptions<f32>| {
+        let (q, k, v) = (packed.q.view(), k.view(), v.view());
+        qkv::varlen_attention(q, k, v, &packed.query_offsets, &packed.key_offsets, options).unwrap_err()
+    };
+    let bad = |x: &Array3<f32>, at: [usize; 3], value: f32| {
+        let mut x = x.clone();
+        x[at] = value;
+        x
+    };
+    let cases = [
+        ("a key the step reads", "keys", [1, 2, 3], &options),
+        ("a key of a sequence without queries", "keys", [0, 6, 0], &options),
+        ("a key the window hides", "keys", [1, 13, 2], &window),
+        ("a value the step reads", "values", [0, 19, 1], &options),
+        ("a value the window hides", "values", [1, 14, 0], &window),
+    ];
+    for (what, argument, at, options) in cases {
+        for value in [f32::NAN, f32::INFINITY] {
+            let (k, v) = match argument {
+                "keys" => (bad(&packed.k, at, value), packed.v.clone()),
+                _ => (packed.k.clone(), bad(&packed.v, at, value)),
+            };
+            let error = run(&k, &v, options);
+            let named = matches!(&error, AttentionError::NonFinite { argument: a, index, .. }
+                if *a == argument && index.0 == at);
+            assert!(named, "{what} ({value}): {error}");
+        }
+    }
+    // Both a value the step reads and a key it does not: the key is named.
+    let error = run(&bad(&packed.k, [0, 6, 0], f32::NAN), &bad(&packed.v, [0, 0, 0], f32::NAN), &options);
+    assert!(matches!(&error, AttentionError::NonFinite { argument: "keys", .. }), "{error}");
 }
 
 #[test]
