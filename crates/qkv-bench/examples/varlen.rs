@@ -1,6 +1,9 @@
 //! Runs one packed batch of sequences of different lengths many times through `varlen_attention`,
 //! or with `--per-sequence` through `multi_head_attention` on each sequence's slice of the same
-//! tensors, for profilers and `python/repeat_ab.py`: `varlen [--per-sequence] BATCH REPS`.
+//! tensors, for profilers and `python/repeat_ab.py`: `varlen [--per-sequence] [--flash-layout]
+//! BATCH REPS`. With `--flash-layout` the tensors are stored as flash-attn's `[total, heads, d]`
+//! and passed as views of them, as the Python package passes them, rather than as `[heads,
+//! total, d]`.
 //!
 //! Every batch has 8 query heads over 2 key/value heads, d = 64, causal (bottom-right). Queries
 //! and keys per sequence: `prefill8`, eight prefills of 114 to 866 tokens; `short32`, 32
@@ -13,7 +16,8 @@ use ndarray::{Array3, Axis, s};
 use qkv::{AttentionOptions, CausalMask};
 
 /// The command line, as `--help` prints it.
-const USAGE: &str = "usage: varlen [--per-sequence] prefill8|short32|chunked|few12|decode64 REPS";
+const USAGE: &str =
+    "usage: varlen [--per-sequence] [--flash-layout] prefill8|short32|chunked|few12|decode64 REPS";
 
 /// Says what was wrong with the command line, and how it goes, and exits with status 2.
 fn usage_error(what: &str) -> ! {
@@ -40,10 +44,11 @@ fn main() {
         println!("{USAGE}");
         return;
     }
-    let per_sequence = args.first().is_some_and(|a| a == "--per-sequence");
-    if per_sequence {
-        args.remove(0);
-    }
+    let mut flag = |name: &str| {
+        let given = args.iter().position(|a| a == name);
+        given.map(|at| args.remove(at)).is_some()
+    };
+    let (per_sequence, flash_layout) = (flag("--per-sequence"), flag("--flash-layout"));
     let [name, reps] = args.as_slice() else { usage_error("BATCH and REPS are needed") };
     let reps: usize =
         reps.parse().unwrap_or_else(|_| usage_error(&format!("{reps:?} is not a whole number")));
@@ -61,9 +66,16 @@ fn main() {
     let value = |(h, i, j): (usize, usize, usize), salt: usize| {
         (((h * 7 + i * 31 + j * 17 + salt) % 29) as f32 - 14.0) / 14.0
     };
-    let q = Array3::from_shape_fn((heads, total_q, d), |at| value(at, 1));
-    let k = Array3::from_shape_fn((kv_heads, total_k, d), |at| value(at, 2));
-    let v = Array3::from_shape_fn((kv_heads, total_k, d), |at| value(at, 3));
+    // Element (h, i, j) holds the same value in either layout.
+    let tensor = |heads: usize, total: usize, salt: usize| {
+        if flash_layout {
+            let flash = Array3::from_shape_fn((total, heads, d), |(i, h, j)| value((h, i, j), salt));
+            flash.permuted_axes([1, 0, 2])
+        } else {
+            Array3::from_shape_fn((heads, total, d), |at| value(at, salt))
+        }
+    };
+    let (q, k, v) = (tensor(heads, total_q, 1), tensor(kv_heads, total_k, 2), tensor(kv_heads, total_k, 3));
     let options = AttentionOptions::new().causal(CausalMask::BottomRight);
     let start = std::time::Instant::now();
     for _ in 0..reps {

@@ -318,10 +318,8 @@ unsafe fn varlen_as<T: Real + Element>(
     let (q, k, v) = unsafe { (q.view("query")?, k.view("key")?, v.view("value")?) };
     let mut out = unsafe { out.view_mut::<T, Ix3>("out")? };
     match lse {
-        None => {
-            let output = qkv::varlen_attention(q, k, v, query_offsets, key_offsets, &options);
-            out.assign(&output.map_err(value_error)?);
-        }
+        None => qkv::varlen_attention_into(q, k, v, query_offsets, key_offsets, &options, out)
+            .map_err(value_error)?,
         Some(lse) => {
             let result = qkv::varlen_attention_with_lse(q, k, v, query_offsets, key_offsets, &options)
                 .map_err(value_error)?;

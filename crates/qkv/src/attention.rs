@@ -7,7 +7,7 @@ use ndarray::{Array1, Array2, ArrayView2, ArrayViewMut1, ArrayViewMut2, Ix2};
 
 use crate::blocked;
 use crate::element::Real;
-use crate::error::{AttentionError, Dims};
+use crate::error::AttentionError;
 use crate::finite::finite_magnitude;
 use crate::flash;
 use crate::fresh::{FreshArray, Output};
@@ -193,12 +193,7 @@ pub(crate) fn output_into<T: Real, E: Element<Compute = T>, O: Element<Compute =
     out: ArrayViewMut2<O>,
 ) -> Result<(), AttentionError> {
     let shape = Shape::of_dims(q.shape(), k.shape(), v.shape())?;
-    if out.shape() != [shape.n_queries, shape.value_dim] {
-        return Err(AttentionError::OutputShape {
-            expected: Dims(vec![shape.n_queries, shape.value_dim]),
-            found: out.shape().into(),
-        });
-    }
+    inputs::check_output_shape(&[shape.n_queries, shape.value_dim], out.shape())?;
     attend_output(&shape, q, k, v, options, Output::Held(out), None)
 }
 

@@ -23,6 +23,14 @@ pub(crate) struct Inputs<'a, T, D: Dimension> {
     pub(crate) magnitudes: Magnitudes,
 }
 
+/// Checks that an output buffer of an `_into` form has the result's shape `expected`.
+pub(crate) fn check_output_shape(expected: &[usize], found: &[usize]) -> Result<(), AttentionError> {
+    if found != expected {
+        return Err(AttentionError::OutputShape { expected: Dims(expected.to_vec()), found: found.into() });
+    }
+    Ok(())
+}
+
 /// Checks `q` (`[.., n_q, d_k]`), `k` (`[.., n_k, d_k]`) and `v` (`[.., n_k, d_v]`): the queries
 /// must be finite, the keys and values wherever they are seen. `seen(index)` says which keys of
 /// the matrix at leading index `index` (empty for a single head, `[b, kv_head]` for multi-head)

@@ -129,7 +129,7 @@ pub use reference::{QueryTrace, TiledBlock, TiledTrace, trace_query, trace_tiled
 pub use rotary::{Rotary, RotaryPairing};
 pub use shape::Shape;
 pub use simd::simd_report;
-pub use varlen::{varlen_attention, varlen_attention_with_lse};
+pub use varlen::{varlen_attention, varlen_attention_into, varlen_attention_with_lse};
 
 /// Views a flat row-major slice as a `[rows, cols]` matrix, for embedders that hold plain slices.
 /// The slice must hold exactly `rows · cols` elements; `argument` names it in the error if not.

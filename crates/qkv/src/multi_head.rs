@@ -6,7 +6,7 @@ use ndarray::{Array3, Array4, ArrayView4, ArrayViewMut3, ArrayViewMut4, Ix4, s};
 
 use crate::blocked;
 use crate::element::Real;
-use crate::error::{AttentionError, Dims};
+use crate::error::AttentionError;
 use crate::finite::finite_magnitude;
 use crate::flash;
 use crate::flash::StoredKeys;
@@ -127,13 +127,7 @@ pub(crate) fn output_into<T: Real, E: Element<Compute = T>, O: Element<Compute =
 ) -> Result<(), AttentionError> {
     let shape = check_heads(&q, &k, &v)?;
     let [batch, query_heads, n_queries, _] = *q.shape() else { unreachable!("4-D view") };
-    let expected = [batch, query_heads, n_queries, shape.value_dim];
-    if out.shape() != expected {
-        return Err(AttentionError::OutputShape {
-            expected: Dims(expected.to_vec()),
-            found: out.shape().into(),
-        });
-    }
+    inputs::check_output_shape(&[batch, query_heads, n_queries, shape.value_dim], out.shape())?;
     attend_heads(&shape, q, k, v, options, Output::Held(out), lse)
 }
 

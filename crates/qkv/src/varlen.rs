@@ -12,7 +12,7 @@ use crate::element::Real;
 use crate::error::AttentionError;
 use crate::finite::finite_magnitude;
 use crate::flash::{self, StoredKeys};
-use crate::inputs::{check_heads, check_offsets};
+use crate::inputs::{check_heads, check_offsets, check_output_shape};
 use crate::kernels::{Element, Job, Kernels};
 use crate::masking::MaskSet;
 use crate::multi_head;
@@ -61,6 +61,37 @@ pub fn varlen_attention<T: Real>(
 ) -> Result<Array3<T>, AttentionError> {
     let (output, _) = packed(Batch { q, k, v, query_offsets, key_offsets }, options, false)?;
     Ok(output)
+}
+
+/// Like [`varlen_attention`], into `out` (`[query_heads, total_queries, d_v]`, any strides, such
+/// as a `[total_queries, query_heads, d_v]` buffer with its first two axes swapped: flash-attn's
+/// layout), which may hold anything: every row is written.
+///
+/// ```
+/// use ndarray::{Array3, Axis};
+/// let q = Array3::<f32>::zeros((2, 4, 8));
+/// let kv = Array3::<f32>::ones((1, 6, 8));
+/// // flash-attn's layout, [total, heads, d], written through a view of it as [heads, total, d].
+/// let mut out = Array3::<f32>::from_elem((4, 2, 8), f32::NAN);
+/// let options = qkv::AttentionOptions::new();
+/// let view = out.view_mut().permuted_axes([1, 0, 2]);
+/// qkv::varlen_attention_into(q.view(), kv.view(), kv.view(), &[0, 1, 4], &[0, 2, 6], &options, view)?;
+/// assert!(out.iter().all(|&x| x == 1.0));
+/// # Ok::<(), qkv::AttentionError>(())
+/// ```
+pub fn varlen_attention_into<T: Real>(
+    q: ArrayView3<T>,
+    k: ArrayView3<T>,
+    v: ArrayView3<T>,
+    query_offsets: &[usize],
+    key_offsets: &[usize],
+    options: &AttentionOptions<T>,
+    out: ArrayViewMut3<T>,
+) -> Result<(), AttentionError> {
+    let batch = Batch { q, k, v, query_offsets, key_offsets };
+    let shape = check(&batch, options)?;
+    check_output_shape(&[q.shape()[0], shape.n_queries, shape.value_dim], out.shape())?;
+    attend(&shape, &batch, options, out, None)
 }
 
 /// Like [`varlen_attention`], also returning each row's logsumexp (`[query_heads,
@@ -145,7 +176,8 @@ struct Member {
     keys: Range<usize>,
 }
 
-/// Runs a checked packed call into `out` and `lse`, which hold zeros.
+/// Runs a checked packed call into `out` and `lse`, which may hold anything: every row is
+/// written.
 fn attend<T: Real>(
     shape: &Shape,
     batch: &Batch<'_, T>,
@@ -174,8 +206,8 @@ fn attend<T: Real>(
     // tokens took 0.37 of the time alone that they took in the step; 32 sequences of 12 queries
     // (one block each) took 4.2 to 4.8 ms in the step against 6.3 ms alone.
     let step_rows = kernels.vectors().run::<T, _>(QueryBlock) / (query_heads / kv_heads);
-    // A sequence with queries and no keys keeps its zero rows, and the logsumexp of nothing: its
-    // head's sink, or -inf.
+    // A sequence with queries and no keys has zero rows, and the logsumexp of nothing: its head's
+    // sink, or -inf.
     let mut members = Vec::with_capacity(sequences);
     let mut alone = Vec::new();
     let mut heads_differ = false;
@@ -186,6 +218,7 @@ fn attend<T: Real>(
         };
         let masks = resolve(&member)?;
         if member.keys.is_empty() {
+            out.slice_mut(s![.., member.queries.clone(), ..]).fill(T::zero());
             if let Some(lse) = &mut lse {
                 for h in 0..query_heads {
                     let sink = options.sinks.map(|sinks| sinks[h]);

@@ -74,6 +74,21 @@ impl Packed {
             )
             .unwrap();
             assert_eq!(plain, got.output, "{what} {level}: with and without the logsumexp");
+            // Into a buffer in flash-attn's layout (`[total, heads, d_v]`) that holds NaN: every
+            // row written, the same bits.
+            let [heads, total, d_v] = *plain.shape() else { unreachable!() };
+            let mut into = Array3::from_elem((total, heads, d_v), f32::NAN);
+            qkv::varlen_attention_into(
+                self.q.view(),
+                self.k.view(),
+                self.v.view(),
+                &self.query_offsets,
+                &self.key_offsets,
+                &options(None).simd(level),
+                into.view_mut().permuted_axes([1, 0, 2]),
+            )
+            .unwrap();
+            assert_eq!(plain, into.permuted_axes([1, 0, 2]), "{what} {level}: into a buffer");
             for i in 0..self.query_offsets.len() - 1 {
                 let (rows, keys) = (
                     self.query_offsets[i]..self.query_offsets[i + 1],
@@ -288,4 +303,8 @@ fn offsets_and_options_that_do_not_fit_are_refused_by_name() {
     let error =
         qkv::varlen_attention(q, k.slice(s![.., .., ..3]), v, &[0, 2, 3], &[0, 3, 5], &options).unwrap_err();
     assert!(matches!(error, AttentionError::KeyWidth { .. }), "{error}");
+    let mut out = Array3::zeros((2, 3, 5));
+    let error =
+        qkv::varlen_attention_into(q, k, v, &[0, 2, 3], &[0, 3, 5], &options, out.view_mut()).unwrap_err();
+    assert_eq!(error.to_string(), "output has shape [2, 3, 5] but the attention result has shape [2, 3, 4]");
 }
