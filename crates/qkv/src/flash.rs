@@ -452,10 +452,10 @@ struct OutBlock<'out, T> {
 }
 
 /// Whether a problem of `rows` query rows (queries times stacked heads) over keys `k` takes the
-/// decoding path: few rows, and keys in one contiguous row-major slice, whose rows the scores
-/// read directly.
+/// decoding path: few rows, and key rows that are contiguous each (side by side, or a head's rows
+/// of a `[total, heads, d]` tensor), which the scores read directly.
 pub(crate) fn decodes<E>(rows: usize, k: &ArrayView2<E>) -> bool {
-    rows <= DIRECT_ROWS && k.as_slice().is_some()
+    rows <= DIRECT_ROWS && (k.ncols() <= 1 || k.strides()[1] == 1)
 }
 
 /// The largest magnitudes of the keys and values, as decoding measured them (non-finite if any
@@ -501,7 +501,7 @@ impl<'p, T: Real, E: Element<Compute = T>> Job<E> for Attend<'p, '_, T, E> {
         let query_block = if long { K::LONG_QUERY_BLOCK } else { K::QUERY_BLOCK };
         for Operands { q, k, v, out, lse, masks } in heads {
             splits.push(key_splits(out.nrows(), k.nrows(), query_block, K::KEY_BLOCK));
-            let key_rows = k.to_slice().filter(|_| decodes(n_rows, &k));
+            let key_rows = decodes(n_rows, &k).then_some(k);
             let source = StoredKeys::Rows { k, v };
             problems.push(Problem { shape, q: Queries::Stored(q), rows_per_query, source, key_rows, masks });
             let lens = query_blocks(out.nrows(), K::TILE_ROWS, query_block, rayon::current_num_threads());
@@ -761,7 +761,7 @@ impl<T: Real, E: Element<Compute = T>> Job<E> for AttendCached<'_, '_, T, E> {
                 // Rows are packed for this item's keys alone (decoding packs only values that are
                 // not whole vectors wide), and decoded straight from the key rows.
                 StoredKeys::Rows { k, .. } => {
-                    let key_rows = k.to_slice().filter(|_| decodes(n_rows(p), &k));
+                    let key_rows = decodes(n_rows(p), &k).then_some(k);
                     (kv, key_rows, keys.clone())
                 }
                 kv => (kv, None, 0..shape.n_keys),
@@ -1066,9 +1066,9 @@ struct Problem<'p, T: Real, E: Element> {
     /// Rows of `q` per query (stacked heads): row `r` takes the masks of query `r / rows_per_query`.
     rows_per_query: usize,
     source: StoredKeys<'p, E>,
-    /// The keys, row after row, when decoding: scores come from the key rows themselves
+    /// The keys when decoding: scores come from the key rows themselves
     /// (`Kernels::direct_scores`), with no packed keys.
-    key_rows: Option<&'p [E]>,
+    key_rows: Option<ArrayView2<'p, E>>,
     masks: MaskSet<'p, T>,
 }
 
@@ -1253,8 +1253,9 @@ impl<'p, T: Real, E: Element<Compute = T>> Problem<'p, T, E> {
                 // Decoding runs at the vector levels (`Isa::vectors`), whose direct scores fill
                 // rows of their `KEY_BLOCK`.
                 assert_eq!(K::KEY_BLOCK, KEY_BLOCK, "decoding at a level of its own key block");
-                let magnitude =
-                    kernels.direct_scores(q, rows, &k[start * d..(start + n_keys) * d], d, &mut *s);
+                // Split rather than sliced: `slice` took 2.5% of a bf16 decoding step.
+                let keys = k.split_at(Axis(0), start).1.split_at(Axis(0), n_keys).0;
+                let magnitude = kernels.direct_scores(q, rows, keys, &mut *s);
                 state.measured.keys = kernels::larger_magnitude(state.measured.keys, magnitude);
             } else {
                 let group_keys = |g: usize| {

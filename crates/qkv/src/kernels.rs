@@ -472,12 +472,12 @@ pub trait Kernels<T: Scalar, E: Element<Compute = T> = T>: Copy + Send + Sync {
     fn scores(self, tile: ScoreTile<'_, T, E>, group_keys: Option<&dyn Fn(usize) -> usize>);
 
     /// `S[r, j] = Q_r · K_j` for a few query rows `q` (row after row, `d` scalars each) straight
-    /// from the key rows `keys` (`n_keys · d` scalars, row after row, at most [`KEY_BLOCK`] keys):
+    /// from the key rows `keys` (`[n_keys, d]`, each row contiguous, at most [`KEY_BLOCK`] keys):
     /// one dot product per pair, vectorised along `d`. For decoding, where packing the keys would
     /// cost more than using them once. `s` holds `rows` rows of [`KEY_BLOCK`] scalars (the vector
     /// levels', whose kernels the pair levels lend here, see [`Isa::vectors`]). Returns the
     /// keys' [`magnitude`](Self::magnitude), measured from the same loads.
-    fn direct_scores(self, q: &[T], rows: usize, keys: &[E], d: usize, s: &mut [T]) -> T;
+    fn direct_scores(self, q: &[T], rows: usize, keys: ArrayView2<E>, s: &mut [T]) -> T;
 
     /// The largest `|x|` of `x`, or a non-finite result (NaN or infinity) if any element of `x` is
     /// NaN or infinite: decoding checks its keys and values with it as it reads them.
@@ -729,20 +729,25 @@ macro_rules! level_kernels {
                     unsafe { entry(self, tile, group_keys) }
                 }
 
-                fn direct_scores(self, q: &[$t], rows: usize, keys: &[$e], d: usize, s: &mut [$t]) -> $t {
+                fn direct_scores(
+                    self,
+                    q: &[$t],
+                    rows: usize,
+                    keys: ndarray::ArrayView2<$e>,
+                    s: &mut [$t],
+                ) -> $t {
                     $(#[target_feature(enable = $features)])?
                     unsafe fn entry(
                         level: $token,
                         q: &[$t],
                         rows: usize,
-                        keys: &[$e],
-                        d: usize,
+                        keys: ndarray::ArrayView2<$e>,
                         s: &mut [$t],
                     ) -> $t {
-                        $crate::kernels::generic::direct_scores::<$t, $e, $token>(level, q, rows, keys, d, s)
+                        $crate::kernels::generic::direct_scores::<$t, $e, $token>(level, q, rows, keys, s)
                     }
                     // SAFETY: `self` is the level's token, made only after its features were detected.
-                    unsafe { entry(self, q, rows, keys, d, s) }
+                    unsafe { entry(self, q, rows, keys, s) }
                 }
 
                 fn magnitude(self, x: &[$e]) -> $t {

@@ -503,11 +503,10 @@ macro_rules! pair_level_kernels {
                 self,
                 q: &[f32],
                 rows: usize,
-                keys: &[half::bf16],
-                d: usize,
+                keys: ndarray::ArrayView2<half::bf16>,
                 s: &mut [f32],
             ) -> f32 {
-                self.vectors().direct_scores(q, rows, keys, d, s)
+                self.vectors().direct_scores(q, rows, keys, s)
             }
 
             fn magnitude(self, x: &[half::bf16]) -> f32 {

@@ -1,7 +1,7 @@
 //! The microkernels of every level this CPU runs against plain loops, and the exponential's
 //! error bound. A level the CPU lacks is named on stdout and skipped (`cargo test -- --nocapture`).
 
-use ndarray::Array2;
+use ndarray::{Array2, s};
 
 use super::*;
 use crate::element::Real;
@@ -639,32 +639,39 @@ fn scale_columns_scales_each_column_of_each_row() {
     });
 }
 
+/// Key rows side by side, and a head's rows of a `[n_keys, heads, d]` tensor (rows `heads · d`
+/// apart, the others' elements in between); key counts that are no multiple of a group.
 #[test]
 fn direct_scores_match_plain_loops() {
     each_level!(f32, |kernels: K, level| {
         for (rows, n_keys, d) in [(1, 1, 1), (1, 70, 64), (3, 17, 19), (4, 128, 80), (2, 9, 3)] {
-            let (q, k) = (matrix(rows, d, 4), matrix(n_keys, d, 5));
+            let q = matrix(rows, d, 4);
             let mut packed_q = vec![0.0; rows * d];
             pack_query_rows(q.view(), 0, rows, 2.0, &mut packed_q);
             let s_stride = KEY_BLOCK;
             let mut s = vec![f32::NAN; rows * s_stride];
-            let keys = k.as_slice().unwrap();
-            let magnitude = kernels.direct_scores(&packed_q, rows, keys, d, &mut s);
-            for ((i, j), w) in (q.dot(&k.t()) * 2.0).indexed_iter() {
-                let got = s[i * s_stride + j];
-                assert!(
-                    (got - w).abs() < 1e-4,
-                    "{level}: S[{i}, {j}] = {got}, want {w} for {rows}x{n_keys}x{d}"
-                );
-            }
-            let largest = keys.iter().fold(0.0_f32, |m, x| m.max(x.abs()));
-            assert_eq!(magnitude, largest, "{level}: magnitude of the keys {rows}x{n_keys}x{d}");
-            // A non-finite key element is never lost, wherever it sits (vector lanes or tail).
-            for at in [0, keys.len() / 2, keys.len() - 1] {
-                let mut bad = keys.to_vec();
-                bad[at] = f32::NAN;
-                let magnitude = kernels.direct_scores(&packed_q, rows, &bad, d, &mut s);
-                assert!(magnitude.is_nan(), "{level}: NaN at {at} of {rows}x{n_keys}x{d} gave {magnitude}");
+            for heads in [1, 3] {
+                // Head 1 of 3 (or the only one); the other heads' elements are NaN, never read.
+                let mut stored = ndarray::Array3::from_elem((n_keys, heads, d), f32::NAN);
+                let head = heads / 2;
+                stored.slice_mut(s![.., head, ..]).assign(&matrix(n_keys, d, 5));
+                let ctx = format!("{level} {rows}x{n_keys}x{d}, head {head} of {heads}");
+                let k = stored.slice(s![.., head, ..]);
+                let magnitude = kernels.direct_scores(&packed_q, rows, k, &mut s);
+                for ((i, j), w) in (q.dot(&k.t()) * 2.0).indexed_iter() {
+                    let got = s[i * s_stride + j];
+                    assert!((got - w).abs() < 1e-4, "{ctx}: S[{i}, {j}] = {got}, want {w}");
+                }
+                let largest = k.iter().fold(0.0_f32, |m, x| m.max(x.abs()));
+                assert_eq!(magnitude, largest, "{ctx}: magnitude of the keys");
+                // A non-finite key element is never lost, wherever it sits (vector lanes or tail).
+                for at in [[0, 0], [n_keys / 2, d / 2], [n_keys - 1, d - 1]] {
+                    let mut bad = stored.clone();
+                    bad[[at[0], head, at[1]]] = f32::NAN;
+                    let magnitude =
+                        kernels.direct_scores(&packed_q, rows, bad.slice(s![.., head, ..]), &mut s);
+                    assert!(magnitude.is_nan(), "{ctx}: NaN at {at:?} gave {magnitude}");
+                }
             }
         }
     });
@@ -770,7 +777,8 @@ impl<E: Element<Compute = f32>> Job<E> for WidenEveryPattern<E> {
             let n_keys = padded.len() / d;
             for first in (0..d).step_by(rows) {
                 let q: Vec<f32> = (0..rows * d).map(|i| f32::from(i % d == first + i / d)).collect();
-                kernels.direct_scores(&q, rows, &padded, d, &mut s);
+                let keys = ArrayView2::from_shape((n_keys, d), padded.as_slice()).unwrap();
+                kernels.direct_scores(&q, rows, keys, &mut s);
                 for j in 0..n_keys {
                     for r in 0..rows {
                         if let Some(slot) = out.get_mut(j * d + first + r) {

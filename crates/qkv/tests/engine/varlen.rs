@@ -3,12 +3,17 @@
 //! and options a packed call refuses; and the sequences a call may hold that have no queries or
 //! no keys.
 
-use ndarray::{Array2, Array3, s};
+use ndarray::{Array2, Array3, ArrayView3, s};
 use qkv::{Alibi, AttentionError, AttentionOptions, CausalMask, SlidingWindow};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::problem::{assert_close, error_bound, levels};
+
+/// `x` (`[heads, total, d]`) stored as flash-attn stores it, `[total, heads, d]`.
+fn flash_layout(x: &Array3<f32>) -> Array3<f32> {
+    x.view().permuted_axes([1, 0, 2]).as_standard_layout().into_owned()
+}
 
 /// A packed batch: `[heads, total, d]` tensors and the offsets of each sequence's rows.
 struct Packed {
@@ -89,6 +94,24 @@ impl Packed {
             )
             .unwrap();
             assert_eq!(plain, into.permuted_axes([1, 0, 2]), "{what} {level}: into a buffer");
+            // Inputs stored in flash-attn's layout too (each head's rows `heads · d` apart, which
+            // decoding reads as they are): the same bits.
+            let (q, k, v) = (flash_layout(&self.q), flash_layout(&self.k), flash_layout(&self.v));
+            let (q, k, v) = (
+                q.view().permuted_axes([1, 0, 2]),
+                k.view().permuted_axes([1, 0, 2]),
+                v.view().permuted_axes([1, 0, 2]),
+            );
+            let strided = qkv::varlen_attention(
+                q,
+                k,
+                v,
+                &self.query_offsets,
+                &self.key_offsets,
+                &options(None).simd(level),
+            )
+            .unwrap();
+            assert_eq!(plain, strided, "{what} {level}: inputs in flash-attn's layout");
             for i in 0..self.query_offsets.len() - 1 {
                 let (rows, keys) = (
                     self.query_offsets[i]..self.query_offsets[i + 1],
@@ -241,8 +264,8 @@ fn decoding_steps_name_the_first_key_or_value_that_is_not_finite() {
     // key blocks before them.
     let window =
         AttentionOptions::new().causal(CausalMask::BottomRight).sliding_window(SlidingWindow::new(1, 0));
-    let run = |k: &Array3<f32>, v: &Array3<f32>, options: &AttentionOptions<f32>| {
-        let (q, k, v) = (packed.q.view(), k.view(), v.view());
+    let run = |k: ArrayView3<f32>, v: ArrayView3<f32>, options: &AttentionOptions<f32>| {
+        let q = packed.q.view();
         qkv::varlen_attention(q, k, v, &packed.query_offsets, &packed.key_offsets, options).unwrap_err()
     };
     let bad = |x: &Array3<f32>, at: [usize; 3], value: f32| {
@@ -263,14 +286,20 @@ fn decoding_steps_name_the_first_key_or_value_that_is_not_finite() {
                 "keys" => (bad(&packed.k, at, value), packed.v.clone()),
                 _ => (packed.k.clone(), bad(&packed.v, at, value)),
             };
-            let error = run(&k, &v, options);
-            let named = matches!(&error, AttentionError::NonFinite { argument: a, index, .. }
-                if *a == argument && index.0 == at);
-            assert!(named, "{what} ({value}): {error}");
+            // As they are, and stored in flash-attn's layout (the index names the element alike).
+            let (flash_k, flash_v) = (flash_layout(&k), flash_layout(&v));
+            let flash = (flash_k.view().permuted_axes([1, 0, 2]), flash_v.view().permuted_axes([1, 0, 2]));
+            for (k, v) in [(k.view(), v.view()), flash] {
+                let error = run(k, v, options);
+                let named = matches!(&error, AttentionError::NonFinite { argument: a, index, .. }
+                    if *a == argument && index.0 == at);
+                assert!(named, "{what} ({value}): {error}");
+            }
         }
     }
     // Both a value the step reads and a key it does not: the key is named.
-    let error = run(&bad(&packed.k, [0, 6, 0], f32::NAN), &bad(&packed.v, [0, 0, 0], f32::NAN), &options);
+    let (k, v) = (bad(&packed.k, [0, 6, 0], f32::NAN), bad(&packed.v, [0, 0, 0], f32::NAN));
+    let error = run(k.view(), v.view(), &options);
     assert!(matches!(&error, AttentionError::NonFinite { argument: "keys", .. }), "{error}");
 }
 
