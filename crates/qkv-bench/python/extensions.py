@@ -6,8 +6,8 @@ instead, in one process on the same tensors (float32, default threads):
   PyTorch's SDPA without them, and gpt-oss's eager form with them (scores, the sink column,
   softmax, the column dropped, weights times values); 8 heads, n = 1024, d = 64, causal;
 - a packed batch (``qkv.varlen_attention``, flash-attn's layout): 8 causal prefills of 114 to 866
-  tokens, 8 query heads over 2 key/value heads, d = 64, against a call per sequence of qkv's and
-  of PyTorch's SDPA.
+  tokens, and 64 decoding steps (one query each) over 200 to 1999 keys, 8 query heads over 2
+  key/value heads, d = 64, against a call per sequence of qkv's and of PyTorch's SDPA.
 
     pip install ./crates/qkv-python
     python crates/qkv-bench/python/extensions.py
@@ -57,24 +57,29 @@ def sinks():
     }
 
 
-def packed():
-    lengths = [866, 673, 560, 343, 377, 136, 167, 114]
-    offsets = [0]
-    for n in lengths:
-        offsets.append(offsets[-1] + n)
-    total, heads, kv_heads, d = offsets[-1], 8, 2, 64
-    q, k, v = torch.randn(total, heads, d), torch.randn(total, kv_heads, d), torch.randn(total, kv_heads, d)
+def packed(lengths, is_causal):
+    """A packed batch of sequences of ``lengths`` (queries, keys) each, GQA 8/2."""
+    query_offsets, key_offsets = [0], [0]
+    for n_q, n_k in lengths:
+        query_offsets.append(query_offsets[-1] + n_q)
+        key_offsets.append(key_offsets[-1] + n_k)
+    heads, kv_heads, d = 8, 2, 64
+    q = torch.randn(query_offsets[-1], heads, d)
+    k, v = torch.randn(key_offsets[-1], kv_heads, d), torch.randn(key_offsets[-1], kv_heads, d)
 
     def per_sequence(attend):
-        slices = zip(offsets, offsets[1:])
-        outs = [attend(*(t[a:b].transpose(0, 1) for t in (q, k, v)), is_causal=True, enable_gqa=True)
-                for a, b in slices]
+        slices = zip(query_offsets, query_offsets[1:], key_offsets, key_offsets[1:])
+        outs = [attend(q[a:b].transpose(0, 1), k[c:e].transpose(0, 1), v[c:e].transpose(0, 1),
+                       is_causal=is_causal, enable_gqa=True)
+                for a, b, c, e in slices]
         return torch.cat([o.transpose(0, 1) for o in outs])
 
-    ours = qkv.varlen_attention(q, k, v, offsets, offsets, is_causal=True)
-    assert (ours - per_sequence(F.scaled_dot_product_attention)).abs().max().item() < 1e-5
+    def ours():
+        return qkv.varlen_attention(q, k, v, query_offsets, key_offsets, is_causal=is_causal)
+
+    assert (ours() - per_sequence(F.scaled_dot_product_attention)).abs().max().item() < 1e-5
     return {
-        "qkv.varlen_attention": (lambda: qkv.varlen_attention(q, k, v, offsets, offsets, is_causal=True), 10),
+        "qkv.varlen_attention": (ours, 10),
         "qkv sdpa per sequence": (lambda: per_sequence(qkv.scaled_dot_product_attention), 10),
         "torch sdpa per sequence": (lambda: per_sequence(F.scaled_dot_product_attention), 5),
     }
@@ -83,8 +88,12 @@ def packed():
 def main():
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {qkv.simd_report()}")
     with torch.no_grad():
+        prefills = [(n, n) for n in (866, 673, 560, 343, 377, 136, 167, 114)]
+        # One query each sees every key: no mask (PyTorch's causal mask is aligned top-left).
+        steps = [(1, 200 + i * 1799 // 63) for i in range(64)]
         for title, rows in (("attention sinks, 8 heads, n = 1024, causal", sinks()),
-                            ("8 packed causal prefills, GQA 8/2", packed())):
+                            ("8 packed causal prefills, GQA 8/2", packed(prefills, True)),
+                            ("64 packed decoding steps over 200 to 1999 keys, GQA 8/2", packed(steps, False))):
             print(title)
             for name, (call, reps) in rows.items():
                 print(f"  {name:26s} {median_ms(call, reps):9.3f} ms")
