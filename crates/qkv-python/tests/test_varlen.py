@@ -15,6 +15,9 @@ HEADS, KV_HEADS, D_K, D_V = 4, 2, 8, 6
 # Queries and keys per sequence: more keys than queries, one query, a sequence with no queries,
 # one with no keys, and one longer than a key block of every level.
 Q_LENS, K_LENS = [3, 1, 7, 0, 5, 70], [3, 6, 7, 4, 0, 130]
+# Decoding steps alone (and keys without queries), which the engine's step measures as it reads
+# them, straight from the strided rows of this layout; one over more keys than a key block.
+BATCHES = {"mixed": (Q_LENS, K_LENS), "decoding": ([1, 1, 0, 1, 1], [6, 300, 4, 1, 130])}
 
 
 def packed(q_lens, k_lens, dtype=torch.float64, seed=0):
@@ -34,16 +37,18 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("batch", BATCHES)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("case", CASES)
-def test_each_sequence_attends_to_its_own_keys(case, dtype):
+def test_each_sequence_attends_to_its_own_keys(case, dtype, batch):
     kwargs = CASES[case]
-    q, k, v, cu_q, cu_k = packed(Q_LENS, K_LENS, dtype)
+    q_lens, k_lens = BATCHES[batch]
+    q, k, v, cu_q, cu_k = packed(q_lens, k_lens, dtype)
     # flash-attn passes the offsets as int32 tensors.
     out, lse = qkv.varlen_attention(q, k, v, torch.tensor(cu_q, dtype=torch.int32), cu_k, return_lse=True, **kwargs)
-    assert out.shape == (sum(Q_LENS), HEADS, D_V) and out.dtype == dtype
-    assert lse.shape == (HEADS, sum(Q_LENS))
-    for i in range(len(Q_LENS)):
+    assert out.shape == (sum(q_lens), HEADS, D_V) and out.dtype == dtype
+    assert lse.shape == (HEADS, sum(q_lens))
+    for i in range(len(q_lens)):
         rows, keys = slice(cu_q[i], cu_q[i + 1]), slice(cu_k[i], cu_k[i + 1])
         want, want_lse = explicit(
             *(t.transpose(0, 1) for t in (q[rows], k[keys], v[keys])),
