@@ -12,6 +12,7 @@ use qkv::{
     CacheOptions, CacheShape, CacheStorage, PagedShape, Q8, SequenceId, SimdLevel, SlidingWindow, Storage,
 };
 
+use crate::dense::{narrowed, per_head_values, side};
 use crate::raw::{Dtype, Element, Raw};
 use crate::{detached, value_error};
 
@@ -22,37 +23,44 @@ use crate::{detached, value_error};
 pub struct CacheSpec(
     Option<f64>,
     Option<(i64, i64)>,
-    Option<Vec<f32>>,
+    Option<Vec<f64>>,
     Option<f64>,
     Option<Raw>,
-    Option<Vec<f32>>,
+    Option<Vec<f64>>,
 );
 
+/// A cache's ALiBi slopes and sink logits in f32, kept alive for the options that borrow them.
+type PerHead = (Option<Vec<f32>>, Option<Vec<f32>>);
+
 impl CacheSpec {
-    /// The engine's options, borrowing the slopes, the keep mask and the sinks.
+    /// The slopes and the sinks in f32, each checked to fit it.
+    fn per_head(&self) -> PyResult<PerHead> {
+        Ok((per_head_values("alibi_slopes", &self.2)?, per_head_values("sinks", &self.5)?))
+    }
+
+    /// The engine's options, borrowing the slopes and the sinks (`per_head`) and the keep mask.
     ///
     /// # Safety
     /// The keep mask must describe live memory for `'a` (see [`Raw::view`]).
-    unsafe fn options(&self) -> PyResult<CacheOptions<'_>> {
-        let side = |n: i64| usize::try_from(n).unwrap_or(SlidingWindow::UNBOUNDED);
+    unsafe fn options<'a>(&'a self, (slopes, sinks): &'a PerHead) -> PyResult<CacheOptions<'a>> {
         let mut options = CacheOptions::new();
         if let Some(scale) = self.0 {
-            options = options.scale(scale as f32);
+            options = options.scale(narrowed("scale", scale)?);
         }
         if let Some((before, after)) = self.1 {
             options = options.sliding_window(SlidingWindow::new(side(before), side(after)));
         }
-        if let Some(slopes) = &self.2 {
+        if let Some(slopes) = slopes {
             options = options.alibi(slopes);
         }
         if let Some(cap) = self.3 {
-            options = options.logit_softcap(cap as f32);
+            options = options.logit_softcap(narrowed("softcap", cap)?);
         }
         if let Some(keep) = &self.4 {
             // SAFETY: the caller vouches for the mask's memory.
             options = options.keep_mask(unsafe { keep.view::<bool, Ix2>("keep")? });
         }
-        if let Some(sinks) = &self.5 {
+        if let Some(sinks) = sinks {
             options = options.sinks(sinks);
         }
         Ok(options)
@@ -142,8 +150,9 @@ unsafe fn kv_attend<E: CacheStorage, Q: Storage + Element>(
     spec: &CacheSpec,
     (out, lse): &(Raw, Option<Raw>),
 ) -> PyResult<()> {
+    let per_head = spec.per_head()?;
     // SAFETY (every view): the caller vouches for the memory.
-    let options = unsafe { spec.options()? };
+    let options = unsafe { spec.options(&per_head)? };
     let q = unsafe { q.view::<Q, Ix3>("query")? };
     let out = unsafe { out.view_mut::<f32, Ix3>("out")? };
     let lse = unsafe { lse.as_ref().map(|l| l.view_mut::<f32, Ix2>("lse")).transpose()? };
@@ -313,8 +322,9 @@ unsafe fn paged_attend<E: CacheStorage>(
 where
     E::Appended: Element,
 {
+    let per_head = spec.per_head()?;
     // SAFETY (every view): the caller vouches for the memory.
-    let options = unsafe { spec.options()? };
+    let options = unsafe { spec.options(&per_head)? };
     let q = unsafe { q.view::<E::Appended, Ix3>("query")? };
     let out = unsafe { out.view_mut::<f32, Ix3>("out")? };
     let lse = unsafe { lse.as_ref().map(|l| l.view_mut::<f32, Ix2>("lse")).transpose()? };

@@ -30,7 +30,7 @@ type Offsets = (Vec<usize>, Vec<usize>);
 type Gradients = (Raw, Raw, Raw, Option<Raw>, Option<Raw>);
 
 /// A window side as the engine takes it: -1 (flash-attn's spelling) or any negative is unbounded.
-fn side(n: i64) -> usize {
+pub(crate) fn side(n: i64) -> usize {
     usize::try_from(n).unwrap_or(SlidingWindow::UNBOUNDED)
 }
 
@@ -38,10 +38,32 @@ fn side(n: i64) -> usize {
 type PerHead<T> = (Option<Vec<T>>, Option<Vec<T>>);
 
 /// [`PerHead`] of `spec`, kept alive for the options that borrow them.
-fn per_head<T: Real>(spec: &Spec) -> PerHead<T> {
-    let convert =
-        |v: &Option<Vec<f64>>| v.as_ref().map(|s| s.iter().map(|&x| T::from_f64_round(x)).collect());
-    (convert(&spec.3), convert(&spec.5))
+fn per_head<T: Real>(spec: &Spec) -> PyResult<PerHead<T>> {
+    Ok((per_head_values("alibi_slopes", &spec.3)?, per_head_values("sinks", &spec.5)?))
+}
+
+/// One value per query head (the option `argument`), each [`narrowed`] to `T`.
+pub(crate) fn per_head_values<T: Real>(
+    argument: &str,
+    values: &Option<Vec<f64>>,
+) -> PyResult<Option<Vec<T>>> {
+    let narrowed = |(i, &x): (usize, &f64)| narrowed::<T>(&format!("{argument}[{i}]"), x);
+    values.as_ref().map(|values| values.iter().enumerate().map(narrowed).collect()).transpose()
+}
+
+/// `x` (the option `argument`) rounded to the compute type `T`; a finite value past `T`'s range
+/// is an error naming it, rather than the infinity the engine would report. NaN and infinities
+/// pass, for the engine to name.
+pub(crate) fn narrowed<T: Real>(argument: &str, x: f64) -> PyResult<T> {
+    let y = T::from_f64_round(x);
+    if x.is_finite() && !y.is_finite() {
+        let largest = T::max_value().to_f64_exact();
+        let ty = format!("float{}", 8 * size_of::<T>());
+        return Err(PyValueError::new_err(format!(
+            "{argument} is {x:e}: {ty}, the type these inputs compute in, holds at most {largest:e}"
+        )));
+    }
+    Ok(y)
 }
 
 /// The engine's options for `spec` and the mask, if any: a boolean mask keeps what is `true`, a
@@ -61,7 +83,7 @@ unsafe fn options<'a, T: Real + Element>(
         options = options.causal(align);
     }
     if let Some(scale) = spec.1 {
-        options = options.scale(T::from_f64_round(scale));
+        options = options.scale(narrowed("scale", scale)?);
     }
     if let Some((before, after)) = spec.2 {
         options = options.sliding_window(SlidingWindow::new(side(before), side(after)).aligned(align));
@@ -70,7 +92,7 @@ unsafe fn options<'a, T: Real + Element>(
         options = options.alibi(Alibi::new(slopes).aligned(align));
     }
     if let Some(cap) = spec.4 {
-        options = options.logit_softcap(T::from_f64_round(cap));
+        options = options.logit_softcap(narrowed("softcap", cap)?);
     }
     if let Some(sinks) = sinks {
         options = options.sinks(sinks);
@@ -183,7 +205,7 @@ unsafe fn forward_as<E: Input>(
     (out, lse): (&Raw, Option<&Raw>),
     dry_run: bool,
 ) -> PyResult<()> {
-    let per_head = per_head::<E::Compute>(spec);
+    let per_head = per_head::<E::Compute>(spec)?;
     // SAFETY (every view below): the caller vouches for the memory.
     let options = unsafe { options(spec, &per_head, mask, CausalMask::TopLeft)? };
     let (q, k, v) = unsafe { (q.view("query")?, k.view("key")?, v.view("value")?) };
@@ -246,7 +268,7 @@ unsafe fn backward_as<T: Real + Element>(
     (out, lse, d_out): &(Raw, Raw, Raw),
     (dq, dk, dv, dbias, dsinks): &Gradients,
 ) -> PyResult<()> {
-    let per_head = per_head::<T>(spec);
+    let per_head = per_head::<T>(spec)?;
     // SAFETY (every view below): the caller vouches for the memory.
     let options = unsafe { options(spec, &per_head, mask, CausalMask::TopLeft)? };
     let (q, k, v) = unsafe { (q.view("query")?, k.view("key")?, v.view("value")?) };
@@ -312,7 +334,7 @@ unsafe fn varlen_as<T: Real + Element>(
     spec: &Spec,
     (out, lse): (&Raw, Option<&Raw>),
 ) -> PyResult<()> {
-    let per_head = per_head::<T>(spec);
+    let per_head = per_head::<T>(spec)?;
     // SAFETY (every view below): the caller vouches for the memory.
     let options = unsafe { options(spec, &per_head, None, CausalMask::BottomRight)? };
     let (q, k, v) = unsafe { (q.view("query")?, k.view("key")?, v.view("value")?) };

@@ -161,6 +161,11 @@ def test_kv_cache_errors():
     cache.append(0, k[:, :2], v[:, :2])
     with pytest.raises(ValueError, match="queries"):
         cache.attend(0, q[:3, -1:])
+    # A cache computes in float32, which holds at most 3.4e38.
+    with pytest.raises(ValueError, match=r"^sinks\[2\] is 1e300: float32, the type these inputs compute in"):
+        cache.attend(0, q[:, -1:], sinks=[0.0, 0.0, 1e300, 0.0])
+    with pytest.raises(ValueError, match=r"^scale is 1e39: float32"):
+        cache.attend(0, q[:, -1:], scale=1e39)
 
 
 def dequantized(x):

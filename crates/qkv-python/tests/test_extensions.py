@@ -166,6 +166,24 @@ def test_bad_sinks_raise_errors_that_name_them():
         qkv.scaled_dot_product_attention(q, k, v, sinks="ab")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("option", ["sinks", "alibi_slopes", "scale", "softcap"])
+def test_options_past_the_compute_types_range_raise_errors_that_name_them(option, dtype):
+    # float32 (bf16's compute type too) holds at most 3.4e38: 1e39 would become infinity.
+    q, k, v = qkv_inputs((2, 3, 4), (2, 5, 4), 3, dtype)
+    per_head = option in ("sinks", "alibi_slopes")
+    value, name = ([0.5, 1e39], f"{option}\\[1\\]") if per_head else (1e39, option)
+    message = rf"^{name} is 1e39: float32, the type these inputs compute in, holds at most 3.4028234663852886e38$"
+    with pytest.raises(ValueError, match=message):
+        qkv.scaled_dot_product_attention(q, k, v, **{option: value})
+    cu = [0, 3]
+    with pytest.raises(ValueError, match=message):
+        qkv.varlen_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), cu, [0, 5], **{option: value})
+    # float64 holds it.
+    q, k, v = qkv_inputs((2, 3, 4), (2, 5, 4), 3)
+    assert torch.isfinite(qkv.scaled_dot_product_attention(q, k, v, **{option: value})).all()
+
+
 @pytest.mark.parametrize("window", [(2**63, 0), (0, 2**64), (1.5, 0), (math.nan, 0), ("2", 0)])
 def test_windows_no_64_bit_integer_holds_raise_value_errors(window):
     q, k, v = qkv_inputs((2, 3, 4), (2, 5, 4), 3)
