@@ -1,0 +1,79 @@
+#!/usr/bin/env python3
+"""qkv calls between PyTorch operations, as a model runs them, in one process: how long a PyTorch
+operation takes right after a qkv call, and a qkv call right after a PyTorch operation, each
+against the same call after a pause. Both libraries keep threads of their own (qkv rayon's, PyTorch
+OpenMP's), and each library's idle threads wait for a while before they sleep; on few cores a
+waiting thread can hold up the other library's.
+
+    pip install ./crates/qkv-python
+    python crates/qkv-bench/python/interleave.py [--rounds N]
+
+Rows: a 384 × 384 float32 matrix product (PyTorch), after a pause of 2 ms or right after
+``qkv.scaled_dot_product_attention`` on 8 heads × 256 queries, d = 64; and ``qkv.varlen_attention``
+on 8 packed causal prefills (GQA 8/2), after a pause of 300 ms or right after a PyTorch 512 × 512
+matrix product. Each row gives the median, the slowest and how many calls took more than twice
+the median, over ``--rounds`` calls. Environment variables that change how the threads wait
+(``OMP_WAIT_POLICY``, ``GOMP_SPINCOUNT``, ``RAYON_NUM_THREADS``) apply as usual.
+"""
+
+import argparse
+import statistics
+import time
+
+import torch
+
+import qkv
+
+
+def timed_ms(call):
+    start = time.perf_counter()
+    call()
+    return (time.perf_counter() - start) * 1e3
+
+
+def row(name, before, call, rounds):
+    times = []
+    for _ in range(rounds):
+        before()
+        times.append(timed_ms(call))
+    median = statistics.median(times)
+    slow = sum(t > 2 * median for t in times)
+    print(f"  {name:34s} median {median:7.3f} ms  slowest {max(times):7.3f} ms  {slow:3d} over twice the median")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=40)
+    rounds = parser.parse_args().rounds
+    torch.manual_seed(0)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {qkv.simd_report()}")
+    with torch.no_grad():
+        a, b = torch.randn(384, 384), torch.randn(512, 512)
+        q, k, v = (torch.randn(1, 8, 256, 64) for _ in range(3))
+        lengths = [866, 673, 560, 343, 377, 136, 167, 114]
+        offsets = [0]
+        for n in lengths:
+            offsets.append(offsets[-1] + n)
+        pq, pk, pv = torch.randn(offsets[-1], 8, 64), torch.randn(offsets[-1], 2, 64), torch.randn(offsets[-1], 2, 64)
+
+        def torch_op():
+            return a @ a
+
+        def qkv_attention():
+            return qkv.scaled_dot_product_attention(q, k, v)
+
+        def packed():
+            return qkv.varlen_attention(pq, pk, pv, offsets, offsets, is_causal=True)
+
+        for warm in (torch_op, qkv_attention, packed):
+            warm()
+        print("a PyTorch 384 x 384 matrix product")
+        row("after a pause of 2 ms", lambda: time.sleep(0.002), torch_op, rounds)
+        row("right after a qkv call", qkv_attention, torch_op, rounds)
+        print("qkv.varlen_attention, 8 packed prefills")
+        row("after a pause of 300 ms", lambda: time.sleep(0.3), packed, min(rounds, 10))
+        row("right after a PyTorch matrix product", lambda: b @ b, packed, rounds)
+
+
+if __name__ == "__main__":
+    main()
