@@ -15,6 +15,11 @@ fn flash_layout(x: &Array3<f32>) -> Array3<f32> {
     x.view().permuted_axes([1, 0, 2]).as_standard_layout().into_owned()
 }
 
+/// A tensor stored as flash-attn stores it, viewed as `[heads, total, d]`.
+fn heads_first(x: &Array3<f32>) -> ArrayView3<'_, f32> {
+    x.view().permuted_axes([1, 0, 2])
+}
+
 /// A packed batch: `[heads, total, d]` tensors and the offsets of each sequence's rows.
 struct Packed {
     q: Array3<f32>,
@@ -68,49 +73,24 @@ impl Packed {
         let heads = self.q.shape()[0];
         let group = heads / self.k.shape()[0];
         for level in levels() {
-            let got = self.run(&options(None).simd(level)).unwrap();
-            let plain = qkv::varlen_attention(
-                self.q.view(),
-                self.k.view(),
-                self.v.view(),
-                &self.query_offsets,
-                &self.key_offsets,
-                &options(None).simd(level),
-            )
-            .unwrap();
+            let at_level = options(None).simd(level);
+            let got = self.run(&at_level).unwrap();
+            let (q, k, v) = (self.q.view(), self.k.view(), self.v.view());
+            let offsets = (self.query_offsets.as_slice(), self.key_offsets.as_slice());
+            let plain = qkv::varlen_attention(q, k, v, offsets.0, offsets.1, &at_level).unwrap();
             assert_eq!(plain, got.output, "{what} {level}: with and without the logsumexp");
             // Into a buffer in flash-attn's layout (`[total, heads, d_v]`) that holds NaN: every
             // row written, the same bits.
             let [heads, total, d_v] = *plain.shape() else { unreachable!() };
             let mut into = Array3::from_elem((total, heads, d_v), f32::NAN);
-            qkv::varlen_attention_into(
-                self.q.view(),
-                self.k.view(),
-                self.v.view(),
-                &self.query_offsets,
-                &self.key_offsets,
-                &options(None).simd(level),
-                into.view_mut().permuted_axes([1, 0, 2]),
-            )
-            .unwrap();
+            let flash_out = into.view_mut().permuted_axes([1, 0, 2]);
+            qkv::varlen_attention_into(q, k, v, offsets.0, offsets.1, &at_level, flash_out).unwrap();
             assert_eq!(plain, into.permuted_axes([1, 0, 2]), "{what} {level}: into a buffer");
             // Inputs stored in flash-attn's layout too (each head's rows `heads · d` apart, which
             // decoding reads as they are): the same bits.
             let (q, k, v) = (flash_layout(&self.q), flash_layout(&self.k), flash_layout(&self.v));
-            let (q, k, v) = (
-                q.view().permuted_axes([1, 0, 2]),
-                k.view().permuted_axes([1, 0, 2]),
-                v.view().permuted_axes([1, 0, 2]),
-            );
-            let strided = qkv::varlen_attention(
-                q,
-                k,
-                v,
-                &self.query_offsets,
-                &self.key_offsets,
-                &options(None).simd(level),
-            )
-            .unwrap();
+            let (q, k, v) = (heads_first(&q), heads_first(&k), heads_first(&v));
+            let strided = qkv::varlen_attention(q, k, v, offsets.0, offsets.1, &at_level).unwrap();
             assert_eq!(plain, strided, "{what} {level}: inputs in flash-attn's layout");
             for i in 0..self.query_offsets.len() - 1 {
                 let (rows, keys) = (
@@ -288,7 +268,7 @@ fn decoding_steps_name_the_first_key_or_value_that_is_not_finite() {
             };
             // As they are, and stored in flash-attn's layout (the index names the element alike).
             let (flash_k, flash_v) = (flash_layout(&k), flash_layout(&v));
-            let flash = (flash_k.view().permuted_axes([1, 0, 2]), flash_v.view().permuted_axes([1, 0, 2]));
+            let flash = (heads_first(&flash_k), heads_first(&flash_v));
             for (k, v) in [(k.view(), v.view()), flash] {
                 let error = run(k, v, options);
                 let named = matches!(&error, AttentionError::NonFinite { argument: a, index, .. }
