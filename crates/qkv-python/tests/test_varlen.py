@@ -75,6 +75,18 @@ def test_a_packed_batch_equals_pytorchs_sdpa_per_sequence():
         assert_close(out[rows].transpose(0, 1), want, torch.float64, f"sequence {i}")
 
 
+@pytest.mark.parametrize("argument", ["query", "key", "value"])
+@pytest.mark.parametrize("batch", BATCHES)
+def test_an_element_that_is_not_finite_is_named_by_its_index_in_the_packed_tensor(argument, batch):
+    q_lens, k_lens = BATCHES[batch]
+    q, k, v, cu_q, cu_k = packed(q_lens, k_lens)
+    tensors = {"query": q, "key": k, "value": v}
+    at = (tensors[argument].shape[0] - 1, 1, 2)
+    tensors[argument][at] = math.nan
+    with pytest.raises(ValueError, match=rf"^{argument}\[{at[0]}, 1, 2\] is NaN: attention needs finite inputs$"):
+        qkv.varlen_attention(q, k, v, cu_q, cu_k)
+
+
 def test_numpy_arrays_give_what_tensors_give():
     q, k, v, cu_q, cu_k = packed(Q_LENS, K_LENS)
     kwargs = CASES["everything"]

@@ -7,6 +7,7 @@ allocated here, in the caller's library, and written by the engine.
 """
 
 import math
+import re
 import sys
 
 from . import _qkv
@@ -206,11 +207,17 @@ def varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, options, with_lse):
         _qkv.varlen((xp.raw(q), xp.raw(k), xp.raw(v)), offsets, spec(*options, heads), xp.raw(out.swapaxes(0, 1)),
                     None if lse is None else xp.raw(lse))
     except ValueError as error:
-        # The engine names the offsets as its Rust API does; name them as the caller passed them.
+        # The engine names the offsets as its Rust API does, and an element by its index in the
+        # [heads, total, d] views it was given; name both as the caller passed them.
         message = str(error)
         for engine, ours in (("query_offsets", "cu_seqlens_q"), ("key_offsets", "cu_seqlens_k")):
             if message.startswith(engine):
                 raise ValueError(ours + message[len(engine):]) from None
+        element = re.match(r"(queries|keys|values)\[(\d+), (\d+), (\d+)\]", message)
+        if element:
+            argument, head, row, column = element.groups()
+            ours = {"queries": "query", "keys": "key", "values": "value"}[argument]
+            raise ValueError(f"{ours}[{row}, {head}, {column}]" + message[element.end():]) from None
         raise
     out = out if dtype == compute else xp.cast(out, dtype)
     return (out, lse) if with_lse else out
