@@ -1,9 +1,10 @@
 //! Runs one packed batch of sequences of different lengths many times through `varlen_attention`,
 //! or with `--per-sequence` through `multi_head_attention` on each sequence's slice of the same
 //! tensors, for profilers and `python/repeat_ab.py`: `varlen [--per-sequence] [--flash-layout]
-//! BATCH REPS`. With `--flash-layout` the tensors are stored as flash-attn's `[total, heads, d]`
-//! and passed as views of them, as the Python package passes them, rather than as `[heads,
-//! total, d]`.
+//! [--beside-spinner] BATCH REPS`. With `--flash-layout` the tensors are stored as flash-attn's
+//! `[total, heads, d]` and passed as views of them, as the Python package passes them, rather than
+//! as `[heads, total, d]`. With `--beside-spinner` another thread spins all the while, as an
+//! OpenMP runtime's threads spin between PyTorch's operations, so that one CPU is busy.
 //!
 //! Every batch has 8 query heads over 2 key/value heads, d = 64, causal (bottom-right). Queries
 //! and keys per sequence: `prefill8`, eight prefills of 114 to 866 tokens; `short32`, 32
@@ -12,12 +13,13 @@
 //! keys (one query block of stacked rows each); `decode64`, 64 decoding steps over 200 to 1999
 //! keys.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use ndarray::{Array3, Axis, s};
 use qkv::{AttentionOptions, CausalMask};
 
 /// The command line, as `--help` prints it.
-const USAGE: &str =
-    "usage: varlen [--per-sequence] [--flash-layout] prefill8|short32|chunked|few12|decode64 REPS";
+const USAGE: &str = "usage: varlen [--per-sequence] [--flash-layout] [--beside-spinner] prefill8|short32|chunked|few12|decode64 REPS";
 
 /// Says what was wrong with the command line, and how it goes, and exits with status 2.
 fn usage_error(what: &str) -> ! {
@@ -49,6 +51,7 @@ fn main() {
         given.map(|at| args.remove(at)).is_some()
     };
     let (per_sequence, flash_layout) = (flag("--per-sequence"), flag("--flash-layout"));
+    let beside_spinner = flag("--beside-spinner");
     let [name, reps] = args.as_slice() else { usage_error("BATCH and REPS are needed") };
     let reps: usize =
         reps.parse().unwrap_or_else(|_| usage_error(&format!("{reps:?} is not a whole number")));
@@ -77,6 +80,29 @@ fn main() {
     };
     let (q, k, v) = (tensor(heads, total_q, 1), tensor(kv_heads, total_k, 2), tensor(kv_heads, total_k, 3));
     let options = AttentionOptions::new().causal(CausalMask::BottomRight);
+    let done = AtomicBool::new(false);
+    std::thread::scope(|threads| {
+        if beside_spinner {
+            threads.spawn(|| {
+                while !done.load(Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            });
+        }
+        run(reps, per_sequence, &lengths, (&query_offsets, &key_offsets), (&q, &k, &v), &options);
+        done.store(true, Ordering::Relaxed);
+    });
+}
+
+/// Runs the batch `reps` times and says how long that took.
+fn run(
+    reps: usize,
+    per_sequence: bool,
+    lengths: &[(usize, usize)],
+    (query_offsets, key_offsets): (&[usize], &[usize]),
+    (q, k, v): (&Array3<f32>, &Array3<f32>, &Array3<f32>),
+    options: &AttentionOptions<f32>,
+) {
     let start = std::time::Instant::now();
     for _ in 0..reps {
         if per_sequence {
@@ -85,12 +111,12 @@ fn main() {
                 let (qs, ks, vs) = (q.slice(queries), k.slice(keys), v.slice(keys));
                 let (qs, ks, vs) =
                     (qs.insert_axis(Axis(0)), ks.insert_axis(Axis(0)), vs.insert_axis(Axis(0)));
-                let out = qkv::multi_head_attention(qs, ks, vs, &options);
+                let out = qkv::multi_head_attention(qs, ks, vs, options);
                 std::hint::black_box(out.expect("valid"));
             }
         } else {
             let out =
-                qkv::varlen_attention(q.view(), k.view(), v.view(), &query_offsets, &key_offsets, &options);
+                qkv::varlen_attention(q.view(), k.view(), v.view(), query_offsets, key_offsets, options);
             std::hint::black_box(out.expect("valid"));
         }
     }

@@ -9,10 +9,12 @@ waiting thread can hold up the other library's.
     python crates/qkv-bench/python/interleave.py [--rounds N]
 
 Rows: a 384 × 384 float32 matrix product (PyTorch), after a pause of 2 ms or right after
-``qkv.scaled_dot_product_attention`` on 8 heads × 256 queries, d = 64; and ``qkv.varlen_attention``
-on 8 packed causal prefills (GQA 8/2), after a pause of 300 ms or right after a PyTorch 512 × 512
-matrix product. Each row gives the median, the slowest and how many calls took more than twice
-the median, over ``--rounds`` calls. Environment variables that change how the threads wait
+``qkv.scaled_dot_product_attention`` on 8 heads × 256 queries, d = 64; that attention after a
+pause or right after the product; and ``qkv.varlen_attention`` on 8 packed causal prefills (GQA
+8/2), after a pause of 300 ms or right after a PyTorch 512 × 512 matrix product. Each row gives
+the median, the slowest and how many calls took more than twice the median, over ``--rounds``
+calls. Last, a model's loop: 12 layers of a product, the attention and a product, with the
+attention by qkv and by PyTorch's SDPA, alternating. Environment variables that change how the threads wait
 (``OMP_WAIT_POLICY``, ``GOMP_SPINCOUNT``, ``RAYON_NUM_THREADS``) apply as usual.
 """
 
@@ -62,17 +64,39 @@ def main():
         def qkv_attention():
             return qkv.scaled_dot_product_attention(q, k, v)
 
+        def torch_attention():
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+        def layers(attention):
+            def run():
+                for _ in range(12):
+                    a @ a
+                    attention()
+                    a @ a
+
+            return run
+
         def packed():
             return qkv.varlen_attention(pq, pk, pv, offsets, offsets, is_causal=True)
 
-        for warm in (torch_op, qkv_attention, packed):
+        for warm in (torch_op, qkv_attention, torch_attention, packed):
             warm()
         print("a PyTorch 384 x 384 matrix product")
         row("after a pause of 2 ms", lambda: time.sleep(0.002), torch_op, rounds)
         row("right after a qkv call", qkv_attention, torch_op, rounds)
+        print("qkv.scaled_dot_product_attention, 8 heads x 256")
+        row("after a pause of 2 ms", lambda: time.sleep(0.002), qkv_attention, rounds)
+        row("right after a PyTorch matrix product", torch_op, qkv_attention, rounds)
         print("qkv.varlen_attention, 8 packed prefills")
         row("after a pause of 300 ms", lambda: time.sleep(0.3), packed, min(rounds, 10))
         row("right after a PyTorch matrix product", lambda: b @ b, packed, rounds)
+        print("12 layers of a product, attention and a product")
+        loops = {"qkv": [], "PyTorch SDPA": []}
+        for _ in range(rounds):
+            loops["qkv"].append(timed_ms(layers(qkv_attention)))
+            loops["PyTorch SDPA"].append(timed_ms(layers(torch_attention)))
+        for name, times in loops.items():
+            print(f"  attention by {name:21s} median {statistics.median(times):7.3f} ms  slowest {max(times):7.3f} ms")
 
 
 if __name__ == "__main__":

@@ -116,7 +116,8 @@ fn largest_of_pieces<'a, E: Element, I: Iterator<Item = &'a [E]> + Send>(
     isa: Isa,
     pieces: Vec<I>,
 ) -> E::Compute {
-    let largest = work::map_items(pieces, true, || (), |_, piece| isa.run::<E, _>(Largest(piece)));
+    let share = work::worth_sharing_a_pass();
+    let largest = work::map_items(pieces, share, || (), |_, piece| isa.run::<E, _>(Largest(piece)));
     largest.into_iter().fold(num_traits::Zero::zero(), kernels::larger_magnitude)
 }
 

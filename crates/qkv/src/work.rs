@@ -8,16 +8,23 @@
 //! in as they wake, each taking the next item from a shared counter, so a late thread costs
 //! nothing but the items it did not take. A helper that Linux queued on the caller's own CPU
 //! would take none: it moves off that CPU as it starts (`cpu`).
+//!
+//! A helper whose CPU another program keeps busy is the exception: the caller waits for it
+//! however little it takes. Helpers note how late they start (`contention`), and for a while
+//! after a late one only work that outlasts such a wait well is shared.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
+use contention::Contention;
 use cpu::Caller;
 
 // Two calls into the OS's scheduler, each sound for the calling thread alone.
 #[allow(unsafe_code)]
 mod cpu;
+
+mod contention;
 
 /// Work that one thread would finish in less than this many microseconds runs on the calling
 /// thread (unless it comes right after another call, [`SHARE_BACK_TO_BACK_ABOVE_US`]): a pool
@@ -71,12 +78,53 @@ const fn parse_whole_number(text: &str) -> u64 {
     value
 }
 
+/// While helpers are kept off their CPUs ([`kept_waiting_us`]), work is shared only if one thread
+/// would take at least this many times as long as the last late helper waited to start: one that
+/// starts after its caller has done every item only holds the caller up. With a thread spinning
+/// beside them on an Intel Xeon (family 6 model 167, 2 vCPUs), helpers started 2 to 5 ms late;
+/// 8 prefills in calls of about 1 ms took 55 ms shared against 17 ms on the calling thread, and
+/// 64 decoding steps in one call (7.8 ms on one thread) 4.5 to 6 ms shared. Twice the wait kept
+/// most of those steps home: 5 to 7.7 ms (`examples/varlen.rs --beside-spinner`, 2026-12-06).
+const SHARE_CONTENDED_TIMES_LATENESS: f64 = 1.0;
+
 /// Whether work of `flops` (on the decoding path if `decoding`) is worth sharing with the pool,
 /// on kernels of `lanes` lanes.
 pub(crate) fn worth_sharing(flops: f64, decoding: bool, lanes: usize) -> bool {
     let rate = if decoding { DECODING_FLOPS_PER_US } else { TILED_FLOPS_PER_US_PER_LANE * lanes as f64 };
-    let us = flops / rate;
-    us >= SHARE_ABOVE_US || (us >= SHARE_BACK_TO_BACK_ABOVE_US && back_to_back())
+    shares(flops / rate, kept_waiting_us(), back_to_back())
+}
+
+/// Whether work of `us` microseconds on one thread is shared, while the last late helper waited
+/// `kept_waiting_us` to start or with helpers on time (`None`), and right after another call
+/// (`back_to_back`) or not.
+fn shares(us: f64, kept_waiting_us: Option<f64>, back_to_back: bool) -> bool {
+    if let Some(late_us) = kept_waiting_us {
+        return us >= SHARE_CONTENDED_TIMES_LATENESS * late_us;
+    }
+    us >= SHARE_ABOVE_US || (us >= SHARE_BACK_TO_BACK_ABOVE_US && back_to_back)
+}
+
+/// Whether a pass over inputs is worth sharing: not while helpers are kept waiting, as a pass is
+/// short.
+pub(crate) fn worth_sharing_a_pass() -> bool {
+    kept_waiting_us().is_none()
+}
+
+/// What the helpers have seen of their CPUs, process-wide.
+static CONTENTION: Contention = Contention::new();
+
+/// While helpers are kept off their CPUs (`contention`), how long the last late one waited to
+/// start, in microseconds.
+fn kept_waiting_us() -> Option<f64> {
+    CONTENTION.kept_waiting(since_start()).map(|late| late.as_secs_f64() * 1e6)
+}
+
+/// Notes, on a helper of `caller` (not on the caller itself), how late it starts on work
+/// `handed_out` then.
+fn note_arrival(caller: Caller, handed_out: Instant) {
+    if !caller.is_current() {
+        CONTENTION.arrived(handed_out.elapsed(), since_start());
+    }
 }
 
 /// When the last call through [`map_items`] or [`for_each_index`] ended, in nanoseconds from
@@ -135,9 +183,10 @@ pub(crate) fn map_items<I: Send, R: Send, S>(
     let items: Vec<Mutex<Option<I>>> = items.into_iter().map(|item| Mutex::new(Some(item))).collect();
     let results: Vec<Mutex<Option<R>>> = (0..count).map(|_| Mutex::new(None)).collect();
     let next = AtomicUsize::new(0);
-    let caller = Caller::here();
+    let (caller, handed_out) = (Caller::here(), Instant::now());
     let take_items = || {
         caller.arrive();
+        note_arrival(caller, handed_out);
         let mut scratch = None;
         loop {
             let i = next.fetch_add(1, Ordering::Relaxed);
@@ -193,9 +242,10 @@ pub(crate) fn for_each_index<S: Default + Send>(
         return;
     }
     let next = AtomicUsize::new(0);
-    let caller = Caller::here();
+    let (caller, handed_out) = (Caller::here(), Instant::now());
     let take_indices = |scratch: &Mutex<S>| {
         caller.arrive();
+        note_arrival(caller, handed_out);
         let mut scratch = scratch.lock().expect("no task panicked");
         loop {
             let i = next.fetch_add(1, Ordering::Relaxed);

@@ -30,13 +30,18 @@ impl Caller {
         Caller { thread: std::thread::current().id(), cpu: current_cpu() }
     }
 
+    /// Whether this is the thread that runs now.
+    pub(crate) fn is_current(self) -> bool {
+        std::thread::current().id() == self.thread
+    }
+
     /// Called by every thread as it starts on the caller's work. The caller gives up its CPU
     /// once, so that a helper queued behind it runs now rather than when the caller is done; a
     /// helper that finds itself on the caller's CPU moves to another CPU it may run on. (The
     /// yield alone made things worse: the helper then ran beside the caller on one CPU.)
     pub(crate) fn arrive(self) {
         let Some(cpu) = self.cpu else { return };
-        if std::thread::current().id() == self.thread {
+        if self.is_current() {
             std::thread::yield_now();
         } else if current_cpu() == Some(cpu) {
             leave(cpu);

@@ -36,11 +36,17 @@ fn a_call_follows_closely_only_within_the_back_to_back_window() {
     assert!(follows_closely(1_000, 1_000 + window - 1));
     assert!(!follows_closely(1_000, 1_000 + window));
     assert!(follows_closely(2_000, 1_000), "another thread's call ended after `now` was read");
-    // Large work is always shared, work below the back-to-back threshold never.
-    let rate = TILED_FLOPS_PER_US_PER_LANE * 16.0;
-    drop(CallEnd);
-    assert!(worth_sharing(SHARE_ABOVE_US * rate, false, 16));
-    assert!(!worth_sharing(SHARE_BACK_TO_BACK_ABOVE_US * rate / 2.0, false, 16));
+    // Large work is always shared, work below the back-to-back threshold never; while helpers
+    // are kept waiting, only work that outlasts the last one's wait.
+    let late = Some(5_000.0);
+    for back_to_back in [false, true] {
+        assert!(shares(SHARE_ABOVE_US, None, back_to_back));
+        assert!(!shares(SHARE_BACK_TO_BACK_ABOVE_US / 2.0, None, back_to_back));
+        assert!(!shares(4_999.0, late, back_to_back));
+        assert!(shares(5_000.0, late, back_to_back));
+    }
+    assert!(shares(SHARE_BACK_TO_BACK_ABOVE_US, None, true));
+    assert!(!shares(SHARE_BACK_TO_BACK_ABOVE_US, None, false));
     // A call's end is stamped with a time no later than now.
     drop(CallEnd);
     let last = LAST_END_NS.load(Ordering::Relaxed);
@@ -74,4 +80,17 @@ fn each_thread_makes_one_scratch_and_keeps_it() {
     assert!((1..=2).contains(&made), "{made} scratches for 2 threads");
     // Every scratch counts from 0 up without gaps: `made` zeros, and 50 items in all.
     assert_eq!(served.iter().filter(|&&s| s == 0).count(), made);
+}
+
+#[test]
+fn a_helper_that_starts_late_keeps_small_work_on_the_calling_thread() {
+    let caller = std::thread::spawn(Caller::here).join().unwrap();
+    let handed_out = Instant::now().checked_sub(std::time::Duration::from_millis(2)).unwrap();
+    // Five in a row open a window of 80 ms, unless another test's prompt helper came between.
+    for _ in 0..5 {
+        note_arrival(caller, handed_out);
+    }
+    assert!(kept_waiting_us().is_some(), "a helper 2 ms late");
+    assert!(!worth_sharing(SHARE_ABOVE_US * TILED_FLOPS_PER_US_PER_LANE * 16.0, false, 16));
+    assert!(!worth_sharing_a_pass());
 }
