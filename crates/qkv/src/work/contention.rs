@@ -21,25 +21,28 @@ use std::time::Duration;
 const KEPT_WAITING_FROM: Duration = Duration::from_millis(1);
 
 /// How long small work stays on the calling thread after a late helper, in nanoseconds: this long
-/// after the first, twice as long after a second within [`STREAK_ENDS_AFTER_NS`], and so on up to
-/// 32 times as long. The host's noise delays a helper now and then (about once a second on the
-/// Zen 5 above, by 3 ms, with nothing else running), which should cost little; a thread that spins
-/// between another library's operations comes back after each of them, and each call that shares
-/// to find out whether it has gone waits for its helper.
+/// after the first, twice as long after a second that comes within [`STREAK_GAP_NS`] of the end
+/// of the window before, and so on up to 32 times as long. The host's noise delays a helper now
+/// and then (about once a second on a Zen 5, by 3 ms, with nothing else running), which should
+/// cost little; a thread that spins beside the caller all the while keeps every helper late, and
+/// each call that shares to find out whether it has gone waits for its helper.
 const FIRST_WINDOW_NS: u64 = 5_000_000;
 
 /// The longest window is `FIRST_WINDOW_NS << MOST_DOUBLINGS`.
 const MOST_DOUBLINGS: u32 = 5;
 
-/// A late helper this long after the last one opens the first window again.
-const STREAK_ENDS_AFTER_NS: u64 = 500_000_000;
+/// A late helper that starts within this long of the end of the last window finds whatever kept
+/// helpers waiting still there, and the window doubles. One later opens the first window again:
+/// another program that spins only after each of its operations, in turns with this one, should
+/// not hold small work home through the turns that follow (`qkv-bench --python` times PyTorch in
+/// such turns).
+const STREAK_GAP_NS: u64 = FIRST_WINDOW_NS;
 
 /// What the helpers have seen of their CPUs lately, from their arrivals.
 pub(super) struct Contention {
-    /// Until when small work stays on the calling thread, in the caller's nanoseconds (0: never).
+    /// Until when small work stays on the calling thread, in the caller's nanoseconds (0: no streak
+    /// of late helpers).
     until_ns: AtomicU64,
-    /// When the last late helper started (0: none yet).
-    last_late_ns: AtomicU64,
     /// How many times the window has doubled since the streak of late helpers began.
     doublings: AtomicU32,
     /// How late the last late helper started, in nanoseconds.
@@ -51,7 +54,6 @@ impl Contention {
     pub(super) const fn new() -> Contention {
         Contention {
             until_ns: AtomicU64::new(0),
-            last_late_ns: AtomicU64::new(0),
             doublings: AtomicU32::new(0),
             late_by_ns: AtomicU64::new(0),
         }
@@ -64,15 +66,18 @@ impl Contention {
     /// thread that spins now and then may be away for the moment. The hot path stays a comparison.
     pub(super) fn arrived(&self, late: Duration, now_ns: u64) {
         if late < KEPT_WAITING_FROM {
-            if !self.holds(now_ns) && self.doublings.load(Ordering::Relaxed) != 0 {
-                self.doublings.store(0, Ordering::Relaxed);
-                self.last_late_ns.store(0, Ordering::Relaxed);
+            let until = self.until_ns.load(Ordering::Relaxed);
+            if until != 0 && now_ns >= until {
+                // Unless another helper opened a window meanwhile.
+                if self.until_ns.compare_exchange(until, 0, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
+                    self.doublings.store(0, Ordering::Relaxed);
+                }
             }
             return;
         }
         self.late_by_ns.store(u64::try_from(late.as_nanos()).unwrap_or(u64::MAX), Ordering::Relaxed);
-        let last = self.last_late_ns.swap(now_ns, Ordering::Relaxed);
-        let in_streak = last != 0 && now_ns.saturating_sub(last) < STREAK_ENDS_AFTER_NS;
+        let last_until = self.until_ns.load(Ordering::Relaxed);
+        let in_streak = last_until != 0 && now_ns < last_until.saturating_add(STREAK_GAP_NS);
         let doublings =
             if in_streak { (self.doublings.load(Ordering::Relaxed) + 1).min(MOST_DOUBLINGS) } else { 0 };
         self.doublings.store(doublings, Ordering::Relaxed);

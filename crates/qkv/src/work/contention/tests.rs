@@ -29,8 +29,8 @@ fn a_late_helper_keeps_small_work_home_for_a_window_that_doubles_while_helpers_s
         now = end;
     }
     assert_eq!(seen.kept_waiting(now), None);
-    // A late helper long after the last opens the first window again.
-    now += STREAK_ENDS_AFTER_NS;
+    // A late helper long after the last window opens the first window again.
+    now += STREAK_GAP_NS;
     seen.arrived(LATE * 3, now);
     assert_eq!(seen.kept_waiting(now + FIRST_WINDOW_NS - 1), Some(LATE * 3), "the last one's lateness");
     assert!(!seen.holds(now + FIRST_WINDOW_NS));
