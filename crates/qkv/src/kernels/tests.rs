@@ -431,6 +431,10 @@ fn check_score_and_value_tiles<E: Element<Compute = f32>, K: Kernels<f32, E>>(ke
         (17, 127, 33, 48),
         (32, 128, 128, 128),
         (20, 3, 62, 16),
+        // Single rows (decoding) whose value vectors leave tiles of four, two and one.
+        (1, 50, 64, 112),
+        (2, 33, 64, 96),
+        (1, 20, 64, 64),
     ] {
         let ctx = format!("{level} {rows}x{n_keys}x{d}x{d_v}");
         let (q, k, v) =
