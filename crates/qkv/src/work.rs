@@ -11,7 +11,7 @@
 //!
 //! A helper whose CPU another program keeps busy is the exception: the caller waits for it
 //! however little it takes. Helpers note how late they start (`contention`), and for a while
-//! after a late one only work that outlasts such a wait well is shared.
+//! after a late one only work that outlasts such a wait is shared.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};

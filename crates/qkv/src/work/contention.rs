@@ -9,7 +9,7 @@
 //! two threads against 10.4 ms on one (with nothing spinning, it waited 0.013 ms a call). From
 //! Python, a qkv call right after a PyTorch operation took 14 times as long as after a pause. So
 //! helpers note how late they start, and for a while after a late one only work that outlasts
-//! such a wait well is shared.
+//! such a wait is shared.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
