@@ -15,7 +15,7 @@
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use contention::Contention;
 use cpu::Caller;
@@ -91,7 +91,8 @@ const SHARE_CONTENDED_TIMES_LATENESS: f64 = 1.0;
 /// on kernels of `lanes` lanes.
 pub(crate) fn worth_sharing(flops: f64, decoding: bool, lanes: usize) -> bool {
     let rate = if decoding { DECODING_FLOPS_PER_US } else { TILED_FLOPS_PER_US_PER_LANE * lanes as f64 };
-    shares(flops / rate, kept_waiting_us(), back_to_back())
+    let now = since_start();
+    shares(flops / rate, kept_waiting_us(now), back_to_back(now))
 }
 
 /// Whether work of `us` microseconds on one thread is shared, while the last late helper waited
@@ -107,23 +108,39 @@ fn shares(us: f64, kept_waiting_us: Option<f64>, back_to_back: bool) -> bool {
 /// Whether a pass over inputs is worth sharing: not while helpers are kept waiting, as a pass is
 /// short.
 pub(crate) fn worth_sharing_a_pass() -> bool {
-    kept_waiting_us().is_none()
+    kept_waiting_us(since_start()).is_none()
 }
 
 /// What the helpers have seen of their CPUs, process-wide.
 static CONTENTION: Contention = Contention::new();
 
-/// While helpers are kept off their CPUs (`contention`), how long the last late one waited to
-/// start, in microseconds.
-fn kept_waiting_us() -> Option<f64> {
-    CONTENTION.kept_waiting(since_start()).map(|late| late.as_secs_f64() * 1e6)
+/// While helpers are kept off their CPUs at `now` ([`since_start`]; `contention`), how long the
+/// last late one waited to start, in microseconds.
+fn kept_waiting_us(now: u64) -> Option<f64> {
+    CONTENTION.kept_waiting(now).map(|late| late.as_secs_f64() * 1e6)
 }
 
-/// Notes, on a helper of `caller` (not on the caller itself), how late it starts on work
-/// `handed_out` then.
-fn note_arrival(caller: Caller, handed_out: Instant) {
-    if !caller.is_current() {
-        CONTENTION.arrived(handed_out.elapsed(), since_start());
+/// Work handed out by `caller` at `at_ns` ([`since_start`]).
+#[derive(Clone, Copy)]
+struct HandOut {
+    caller: Caller,
+    at_ns: u64,
+}
+
+impl HandOut {
+    /// Work handed out now, by this thread.
+    fn now() -> HandOut {
+        HandOut { caller: Caller::here(), at_ns: since_start() }
+    }
+
+    /// Called by every thread as it starts on the work: a helper moves off its caller's CPU
+    /// ([`Caller::arrive`]) and notes how late it starts (`contention`).
+    fn arrive(self) {
+        self.caller.arrive();
+        if !self.caller.is_current() {
+            let now = since_start();
+            CONTENTION.arrived(Duration::from_nanos(now.saturating_sub(self.at_ns)), now);
+        }
     }
 }
 
@@ -138,9 +155,10 @@ fn since_start() -> u64 {
     u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX).max(1)
 }
 
-/// Whether a call ended less than [`BACK_TO_BACK_US`] ago (on any thread).
-fn back_to_back() -> bool {
-    follows_closely(LAST_END_NS.load(Ordering::Relaxed), since_start())
+/// Whether a call ended less than [`BACK_TO_BACK_US`] before `now` ([`since_start`]), on any
+/// thread.
+fn back_to_back(now: u64) -> bool {
+    follows_closely(LAST_END_NS.load(Ordering::Relaxed), now)
 }
 
 /// Whether `now` is less than [`BACK_TO_BACK_US`] after `last_end` (0: no call yet); a `last_end`
@@ -183,10 +201,9 @@ pub(crate) fn map_items<I: Send, R: Send, S>(
     let items: Vec<Mutex<Option<I>>> = items.into_iter().map(|item| Mutex::new(Some(item))).collect();
     let results: Vec<Mutex<Option<R>>> = (0..count).map(|_| Mutex::new(None)).collect();
     let next = AtomicUsize::new(0);
-    let (caller, handed_out) = (Caller::here(), Instant::now());
+    let hand_out = HandOut::now();
     let take_items = || {
-        caller.arrive();
-        note_arrival(caller, handed_out);
+        hand_out.arrive();
         let mut scratch = None;
         loop {
             let i = next.fetch_add(1, Ordering::Relaxed);
@@ -242,10 +259,9 @@ pub(crate) fn for_each_index<S: Default + Send>(
         return;
     }
     let next = AtomicUsize::new(0);
-    let (caller, handed_out) = (Caller::here(), Instant::now());
+    let hand_out = HandOut::now();
     let take_indices = |scratch: &Mutex<S>| {
-        caller.arrive();
-        note_arrival(caller, handed_out);
+        hand_out.arrive();
         let mut scratch = scratch.lock().expect("no task panicked");
         loop {
             let i = next.fetch_add(1, Ordering::Relaxed);

@@ -15,7 +15,7 @@ fn results_come_back_in_item_order_on_any_pool() {
                     share,
                     || (),
                     |_, i| {
-                        std::thread::sleep(std::time::Duration::from_micros((i % 5) as u64 * 50));
+                        std::thread::sleep(Duration::from_micros((i % 5) as u64 * 50));
                         i * i
                     },
                 )
@@ -71,7 +71,7 @@ fn each_thread_makes_one_scratch_and_keeps_it() {
     // Each result is how many items its thread's scratch served before it.
     let served = pool.install(|| {
         map_items((0..50).collect(), true, new_scratch, |seen: &mut usize, _: usize| {
-            std::thread::sleep(std::time::Duration::from_micros(100));
+            std::thread::sleep(Duration::from_micros(100));
             *seen += 1;
             *seen - 1
         })
@@ -84,13 +84,13 @@ fn each_thread_makes_one_scratch_and_keeps_it() {
 
 #[test]
 fn a_helper_that_starts_late_keeps_small_work_on_the_calling_thread() {
-    let caller = std::thread::spawn(Caller::here).join().unwrap();
-    let handed_out = Instant::now().checked_sub(std::time::Duration::from_millis(2)).unwrap();
+    let hand_out = HandOut { caller: std::thread::spawn(Caller::here).join().unwrap(), at_ns: since_start() };
+    std::thread::sleep(Duration::from_millis(2));
     // Five in a row open a window of 80 ms, unless another test's prompt helper came between.
     for _ in 0..5 {
-        note_arrival(caller, handed_out);
+        hand_out.arrive();
     }
-    assert!(kept_waiting_us().is_some(), "a helper 2 ms late");
+    assert!(kept_waiting_us(since_start()).is_some(), "a helper 2 ms late");
     assert!(!worth_sharing(SHARE_ABOVE_US * TILED_FLOPS_PER_US_PER_LANE * 16.0, false, 16));
     assert!(!worth_sharing_a_pass());
 }
