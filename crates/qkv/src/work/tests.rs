@@ -29,6 +29,35 @@ fn results_come_back_in_item_order_on_any_pool() {
 }
 
 #[test]
+fn a_thread_with_no_item_left_waits_for_the_others_up_to_a_bound() {
+    let progress = Progress::new(3);
+    assert_eq!([progress.take(), progress.take(), progress.take()], [Some(0), Some(1), Some(2)]);
+    assert_eq!(progress.take(), None);
+    progress.finished_one();
+    progress.finished_one();
+    // An item that never finishes (its thread panicked) holds the others up only so long.
+    let start = Instant::now();
+    progress.wait_for_the_rest();
+    let waited = start.elapsed();
+    assert!(waited >= WAIT_FOR_THE_REST && waited < Duration::from_secs(1), "{waited:?}");
+    // With every item done there is nothing to wait for: a thousand waits take less than half of
+    // one bound's wait each.
+    progress.finished_one();
+    let start = Instant::now();
+    (0..1000).for_each(|_| progress.wait_for_the_rest());
+    assert!(start.elapsed() < WAIT_FOR_THE_REST * 500, "{:?}", start.elapsed());
+}
+
+#[test]
+fn a_panicking_item_reaches_the_caller_from_a_shared_call() {
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+    let items: Vec<usize> = (0..8).collect();
+    let call =
+        || pool.install(|| map_items(items, true, || (), |_, i| if i == 3 { panic!("item 3") } else { i }));
+    assert!(std::panic::catch_unwind(std::panic::AssertUnwindSafe(call)).is_err());
+}
+
+#[test]
 fn a_call_follows_closely_only_within_the_back_to_back_window() {
     let window = BACK_TO_BACK_US * 1000;
     assert!(!follows_closely(0, 5), "no call yet");
