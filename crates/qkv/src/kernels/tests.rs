@@ -644,41 +644,58 @@ fn scale_columns_scales_each_column_of_each_row() {
 }
 
 /// Key rows side by side, and a head's rows of a `[n_keys, heads, d]` tensor (rows `heads · d`
-/// apart, the others' elements in between); key counts that are no multiple of a group.
+/// apart, the others' elements in between); key counts that are no multiple of a group, lengths
+/// with and without a scalar tail; keys stored as f32, bf16, f16 and int8.
 #[test]
 fn direct_scores_match_plain_loops() {
-    each_level!(f32, |kernels: K, level| {
-        for (rows, n_keys, d) in [(1, 1, 1), (1, 70, 64), (3, 17, 19), (4, 128, 80), (2, 9, 3)] {
-            let q = matrix(rows, d, 4);
-            let mut packed_q = vec![0.0; rows * d];
-            pack_query_rows(q.view(), 0, rows, 2.0, &mut packed_q);
-            let s_stride = KEY_BLOCK;
-            let mut s = vec![f32::NAN; rows * s_stride];
-            for heads in [1, 3] {
-                // Head 1 of 3 (or the only one); the other heads' elements are NaN, never read.
-                let mut stored = ndarray::Array3::from_elem((n_keys, heads, d), f32::NAN);
-                let head = heads / 2;
-                stored.slice_mut(s![.., head, ..]).assign(&matrix(n_keys, d, 5));
-                let ctx = format!("{level} {rows}x{n_keys}x{d}, head {head} of {heads}");
-                let k = stored.slice(s![.., head, ..]);
-                let magnitude = kernels.direct_scores(&packed_q, rows, k, &mut s);
-                for ((i, j), w) in (q.dot(&k.t()) * 2.0).indexed_iter() {
-                    let got = s[i * s_stride + j];
-                    assert!((got - w).abs() < 1e-4, "{ctx}: S[{i}, {j}] = {got}, want {w}");
-                }
-                let largest = k.iter().fold(0.0_f32, |m, x| m.max(x.abs()));
-                assert_eq!(magnitude, largest, "{ctx}: magnitude of the keys");
-                // A non-finite key element is never lost, wherever it sits (vector lanes or tail).
-                for at in [[0, 0], [n_keys / 2, d / 2], [n_keys - 1, d - 1]] {
-                    let mut bad = stored.clone();
-                    bad[[at[0], head, at[1]]] = f32::NAN;
-                    let magnitude =
-                        kernels.direct_scores(&packed_q, rows, bad.slice(s![.., head, ..]), &mut s);
-                    assert!(magnitude.is_nan(), "{ctx}: NaN at {at:?} gave {magnitude}");
-                }
+    each_level!(f32, |kernels: K, level| { check_direct_scores(kernels, level) });
+    each_level!(bf16, |kernels: K, level| { check_direct_scores(kernels, level) });
+    each_level!(f16, |kernels: K, level| { check_direct_scores(kernels, level) });
+    each_level!(Q8, |kernels: K, level| { check_direct_scores(kernels, level) });
+}
+
+fn check_direct_scores<E: Element<Compute = f32>, K: Kernels<f32, E>>(kernels: K, level: SimdLevel) {
+    let cases = [(1, 1, 1), (1, 70, 64), (3, 17, 19), (4, 128, 80), (2, 9, 3), (1, 33, 40), (2, 5, 112)];
+    for (rows, n_keys, d) in cases {
+        let q = matrix(rows, d, 4);
+        let mut packed_q = vec![0.0; rows * d];
+        pack_query_rows(q.view(), 0, rows, 2.0, &mut packed_q);
+        let s_stride = KEY_BLOCK;
+        let mut s = vec![f32::NAN; rows * s_stride];
+        let nan = E::narrow(f32::NAN);
+        for heads in [1, 3] {
+            // Head 1 of 3 (or the only one); the other heads' elements are NaN (where the format
+            // has one), never read.
+            let mut stored = ndarray::Array3::from_elem((n_keys, heads, d), nan);
+            let head = heads / 2;
+            stored.slice_mut(s![.., head, ..]).assign(&matrix(n_keys, d, 5).mapv(E::narrow));
+            let ctx =
+                format!("{level} {} {rows}x{n_keys}x{d}, head {head} of {heads}", std::any::type_name::<E>());
+            let k = stored.slice(s![.., head, ..]);
+            let magnitude = kernels.direct_scores(&packed_q, rows, k, &mut s);
+            let widened = k.mapv(|x| x.widen());
+            for ((i, j), w) in (q.dot(&widened.t()) * 2.0).indexed_iter() {
+                let got = s[i * s_stride + j];
+                assert!((got - w).abs() < 1e-4, "{ctx}: S[{i}, {j}] = {got}, want {w}");
+            }
+            let largest = widened.iter().fold(0.0_f32, |m, x| m.max(x.abs()));
+            assert_eq!(magnitude, largest, "{ctx}: magnitude of the keys");
+            if !nan.widen().is_nan() {
+                continue;
+            }
+            // A non-finite key element is never lost, wherever it sits (vector lanes or tail),
+            // whatever its sign.
+            for (at, x) in [([0, 0], f32::NAN), ([n_keys / 2, d / 2], f32::NEG_INFINITY)]
+                .into_iter()
+                .chain([([n_keys / 3, d * 7 / 8], f32::NAN), ([n_keys - 1, d - 1], -f32::NAN)])
+            {
+                let mut bad = stored.clone();
+                bad[[at[0], head, at[1]]] = E::narrow(x);
+                let magnitude = kernels.direct_scores(&packed_q, rows, bad.slice(s![.., head, ..]), &mut s);
+                assert!(!magnitude.is_finite(), "{ctx}: {x} at {at:?} gave {magnitude}");
             }
         }
-    });
+    }
 }
 
 /// A causal diagonal: the group starting at row `g` needs keys `..g + TILE_ROWS + 3`, so full
