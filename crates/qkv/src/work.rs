@@ -190,16 +190,19 @@ const WAIT_FOR_THE_REST: Duration = Duration::from_micros(100);
 /// microseconds, and it took fewer items and left early again. A single head of 256 queries on an
 /// Intel Xeon (family 6 model 167) held in that state took 0.11–0.12 ms, its one-thread time,
 /// against 0.07 ms with the helper awake (`qkv-bench --only n=256`). The wait never delays the
-/// call, whose caller waits for every item anyway: it only keeps busy a CPU that would idle.
+/// call, whose caller waits for every item anyway: it only keeps busy a CPU that would idle, so
+/// threads wait only where that holds ([`waiting_pays`]).
 struct Progress {
     count: usize,
     next: AtomicUsize,
     done: AtomicUsize,
+    /// Whether a thread with no item left waits for the others.
+    wait: bool,
 }
 
 impl Progress {
-    fn new(count: usize) -> Progress {
-        Progress { count, next: AtomicUsize::new(0), done: AtomicUsize::new(0) }
+    fn new(count: usize, wait: bool) -> Progress {
+        Progress { count, next: AtomicUsize::new(0), done: AtomicUsize::new(0), wait }
     }
 
     /// The next item's index, `None` when all are taken.
@@ -214,13 +217,28 @@ impl Progress {
     }
 
     /// Returns once every item is done, or after [`WAIT_FOR_THE_REST`] (a panicking item is never
-    /// done).
+    /// done); at once if this call's threads do not wait.
     fn wait_for_the_rest(&self) {
+        if !self.wait {
+            return;
+        }
         let start = Instant::now();
         while self.done.load(Ordering::Acquire) < self.count && start.elapsed() < WAIT_FOR_THE_REST {
             std::hint::spin_loop();
         }
     }
+}
+
+/// Whether the threads of a call shared now wait for each other at the end ([`Progress`]): not
+/// when the pool has more threads than the process has CPUs, where a spinning thread holds a CPU
+/// that a thread still on an item waits for (4 threads on 2 vCPUs of an Intel Xeon, family 6
+/// model 167: a single head of 256 queries took 1.16 times as long, 1024 queries 1.08), nor while
+/// helpers are kept off their CPUs by another program's threads, which the spin would keep off
+/// theirs longer.
+fn waiting_pays() -> bool {
+    static CPUS: OnceLock<usize> = OnceLock::new();
+    let cpus = *CPUS.get_or_init(|| std::thread::available_parallelism().map_or(1, usize::from));
+    rayon::current_num_threads() <= cpus && kept_waiting_us(since_start()).is_none()
 }
 
 /// `f` of every item, in item order. With `share`, the calling thread and the pool's threads
@@ -247,7 +265,7 @@ pub(crate) fn map_items<I: Send, R: Send, S>(
     let count = items.len();
     let items: Vec<Mutex<Option<I>>> = items.into_iter().map(|item| Mutex::new(Some(item))).collect();
     let results: Vec<Mutex<Option<R>>> = (0..count).map(|_| Mutex::new(None)).collect();
-    let progress = Progress::new(count);
+    let progress = Progress::new(count, waiting_pays());
     let hand_out = HandOut::now();
     let take_items = || {
         hand_out.arrive();
@@ -303,7 +321,7 @@ pub(crate) fn for_each_index<S: Default + Send>(
         (0..count).for_each(|i| f(scratch, i));
         return;
     }
-    let progress = Progress::new(count);
+    let progress = Progress::new(count, waiting_pays());
     let hand_out = HandOut::now();
     let take_indices = |scratch: &Mutex<S>| {
         hand_out.arrive();

@@ -30,7 +30,7 @@ fn results_come_back_in_item_order_on_any_pool() {
 
 #[test]
 fn a_thread_with_no_item_left_waits_for_the_others_up_to_a_bound() {
-    let progress = Progress::new(3);
+    let progress = Progress::new(3, true);
     assert_eq!([progress.take(), progress.take(), progress.take()], [Some(0), Some(1), Some(2)]);
     assert_eq!(progress.take(), None);
     progress.finished_one();
@@ -42,6 +42,13 @@ fn a_thread_with_no_item_left_waits_for_the_others_up_to_a_bound() {
     assert!(waited >= WAIT_FOR_THE_REST && waited < Duration::from_secs(1), "{waited:?}");
     // With every item done there is nothing to wait for: a thousand waits take less than half of
     // one bound's wait each.
+    progress.finished_one();
+    let start = Instant::now();
+    (0..1000).for_each(|_| progress.wait_for_the_rest());
+    assert!(start.elapsed() < WAIT_FOR_THE_REST * 500, "{:?}", start.elapsed());
+    // Nor where the call's threads do not wait, with an item still out.
+    let progress = Progress::new(2, false);
+    (0..2).for_each(|_| assert!(progress.take().is_some()));
     progress.finished_one();
     let start = Instant::now();
     (0..1000).for_each(|_| progress.wait_for_the_rest());
