@@ -368,13 +368,24 @@ impl Isa {
     }
 
     /// The level the backward runs at: this one, or AVX-512 for AVX512-BF16 on a CPU where its
-    /// dot products do not pay ([`avx512bf16::Avx512Bf16::backward_pays`]). The backward takes
-    /// only its score products from a pair level's tiles; the tile unit's made it 1.2–1.3× faster.
+    /// dot products do not pay ([`Isa::pays`]). The backward takes only its score products from a
+    /// pair level's tiles; the tile unit's made it 1.2–1.3× faster.
     pub(crate) fn backward(self) -> Isa {
         match self {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512Bf16(level) if !level.backward_pays() => Isa::Avx512(level.vectors()),
+            Isa::Avx512Bf16(level) if !level.pays() => Isa::Avx512(level.vectors()),
             isa => isa,
+        }
+    }
+
+    /// Whether this level runs faster on this CPU than the levels below it: all do but
+    /// AVX512-BF16 on Intel's CPUs ([`avx512bf16::Avx512Bf16::pays`]), which the engine runs only
+    /// when asked for.
+    pub(crate) fn pays(self) -> bool {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Bf16(level) => level.pays(),
+            _ => true,
         }
     }
 

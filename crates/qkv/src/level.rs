@@ -5,7 +5,8 @@
 use std::fmt;
 
 /// An instruction-set level of the fast path's kernels, from least to most capable. Every build
-/// carries all the levels of its target; the engine picks the best one the CPU runs.
+/// carries all the levels of its target; the engine picks the fastest one the CPU runs (the best,
+/// except [`SimdLevel::Avx512Bf16`] on Intel's CPUs).
 ///
 /// ```
 /// use qkv::SimdLevel;
@@ -30,7 +31,9 @@ pub enum SimdLevel {
     /// AVX512-BF16 (x86-64: AMD Zen 4 and later, Intel since Cooper Lake): bf16 inputs multiplied
     /// two by two in vector registers (`vdpbf16ps`), with their weights rounded to bf16 before
     /// `P·V` as at [`SimdLevel::Amx`], and everything else at [`SimdLevel::Avx512`]. Reads bf16
-    /// subnormals as zero, as the instruction does. Needs AVX-512F, BW and DQ too.
+    /// subnormals as zero, as the instruction does. Needs AVX-512F, BW and DQ too. The engine
+    /// runs it by default on AMD's CPUs; on Intel's, where [`SimdLevel::Avx512`] runs bf16 faster,
+    /// only when asked for (`QKV_SIMD`, `AttentionOptions::simd`).
     Avx512Bf16,
     /// AMX-BF16 (x86-64, Intel since Sapphire Rapids): bf16 inputs multiplied on the tile unit,
     /// 16 × 16 sums at a time, with their weights rounded to bf16 before `P·V` (as PyTorch's and

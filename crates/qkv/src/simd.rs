@@ -1,5 +1,6 @@
-//! Which SIMD level the fast path's kernels run at: detected once, on first use, from the CPU, or
-//! forced lower with the `QKV_SIMD` environment variable, and reported by [`simd_report`].
+//! Which SIMD level the fast path's kernels run at: the fastest the CPU runs, detected once, on
+//! first use, or another the CPU runs that the `QKV_SIMD` environment variable forces; reported by
+//! [`simd_report`].
 
 use std::str::FromStr;
 use std::sync::OnceLock;
@@ -23,8 +24,17 @@ impl SimdLevel {
         SimdLevel::ALL.into_iter().rev().find(|level| level.is_supported()).unwrap_or(SimdLevel::Baseline)
     }
 
-    /// The level the engine runs at unless a call asks for another: the detected one, or the one
-    /// `QKV_SIMD` asks for. Fails if `QKV_SIMD` names no level or one this CPU does not run.
+    /// The fastest level this CPU runs: the detected one, or the best below it where that one is
+    /// slower on this CPU (AVX512-BF16 on Intel's CPUs, whose `vdpbf16ps` loses to AVX-512's
+    /// widened FMA).
+    pub(crate) fn fastest() -> SimdLevel {
+        let pays = |level: &SimdLevel| Isa::new(*level).is_some_and(Isa::pays);
+        SimdLevel::ALL.into_iter().rev().find(pays).unwrap_or(SimdLevel::Baseline)
+    }
+
+    /// The level the engine runs at unless a call asks for another: the fastest this CPU runs
+    /// (the detected one, or a lower one where that is slower here), or the one `QKV_SIMD` asks
+    /// for. Fails if `QKV_SIMD` names no level or one this CPU does not run.
     pub fn dispatched() -> Result<SimdLevel, AttentionError> {
         dispatch().map(|(_, choice)| choice.level)
     }
@@ -57,7 +67,7 @@ fn dispatch() -> Result<(Isa, Choice), AttentionError> {
         .get_or_init(|| {
             let (level, forced) = match std::env::var(SIMD_VARIABLE) {
                 Ok(value) if !value.is_empty() => (value.parse::<SimdLevel>()?, true),
-                _ => (SimdLevel::detected(), false),
+                _ => (SimdLevel::fastest(), false),
             };
             let isa = Isa::new(level).ok_or(AttentionError::UnsupportedSimdLevel {
                 requested: level,
@@ -85,8 +95,9 @@ pub(crate) fn kernels_for(requested: Option<SimdLevel>) -> Result<Isa, Attention
 }
 
 /// One line for logs and `--version` output: the level the kernels run at and why, e.g.
-/// `avx2 (AVX2+FMA), the best this CPU runs` or `baseline (SSE2), forced by QKV_SIMD=baseline;
-/// this CPU runs avx2`.
+/// `avx2 (AVX2+FMA), the best this CPU runs`, `avx512 (AVX-512F+DQ), the fastest this CPU runs
+/// (avx512bf16 is slower here)` or `baseline (SSE2), forced by QKV_SIMD=baseline; this CPU runs
+/// avx2`.
 ///
 /// ```
 /// let report = qkv::simd_report();
@@ -95,8 +106,14 @@ pub(crate) fn kernels_for(requested: Option<SimdLevel>) -> Result<Isa, Attention
 pub fn simd_report() -> String {
     let detected = SimdLevel::detected();
     match dispatch() {
-        Ok((_, Choice { level, forced: false })) => {
+        Ok((_, Choice { level, forced: false })) if level == detected => {
             format!("{level} ({}), the best this CPU runs", level.instructions())
+        }
+        Ok((_, Choice { level, forced: false })) => {
+            format!(
+                "{level} ({}), the fastest this CPU runs ({detected} is slower here)",
+                level.instructions()
+            )
         }
         Ok((_, Choice { level, forced: true })) => format!(
             "{level} ({}), forced by {SIMD_VARIABLE}={level}; this CPU runs {detected}",

@@ -6,12 +6,10 @@
 //! The weights are rounded to bf16 before `P·V` as at the AMX level; everything between the
 //! products is the AVX-512 level's code, and every other element type runs AVX-512 here.
 //!
-//! Whether it beats AVX-512 depends on the CPU's rate for `vdpbf16ps`. On the Intel Xeon of
-//! 2026-12-02 it was slower (n = 4096, d = 64, bf16, 2 threads: 23.8 against 17.4 ms): each
-//! tile's inner loop is 24 `vdpbf16ps` to 6 broadcasts and 4 loads, so the instruction's own rate
-//! is the limit. That costs nothing there, since AMX ranks first on that CPU. On the AMD EPYC of
-//! 2026-12-06 (family 26 model 2, Zen 5) the same forward took 0.57 of AVX-512's time, and its
-//! backward 0.82–0.86 (see [`Avx512Bf16::backward_pays`]).
+//! Whether it beats AVX-512 depends on the CPU's rate for `vdpbf16ps` (see [`Avx512Bf16::pays`]):
+//! each tile's inner loop is 24 `vdpbf16ps` to 6 broadcasts and 4 loads, so the instruction's own
+//! rate is the limit. Intel's CPUs run it slower than AVX-512's widened FMA, and the engine then
+//! runs AVX-512 unless asked for this level; AMD's run it faster.
 
 use std::arch::x86_64::*;
 
@@ -26,7 +24,7 @@ use super::{Layout, REFERENCE_HEADROOM, RowsMut, ScoreTile, ValueRows, Weights, 
 pub struct Avx512Bf16 {
     vectors: Avx512,
     /// Whether the CPU is AMD's, where `vdpbf16ps` outran f32 FMA in the backward and Intel's
-    /// did not (see [`Avx512Bf16::backward_pays`]).
+    /// did not (see [`Avx512Bf16::pays`]).
     amd: bool,
 }
 
@@ -64,14 +62,17 @@ impl Avx512Bf16 {
         self.vectors
     }
 
-    /// Whether the backward runs faster with its score products on this level's `vdpbf16ps` than
-    /// on f32 FMA over widened rows (the backward takes only its score products from a pair
-    /// level). On AMD's CPUs (Zen 4 not yet timed): on the AMD EPYC of 2026-12-06 (family 26
-    /// model 2, Zen 5) the bf16 backward took 0.82 of the AVX-512 backward's time at n = 1024 and
-    /// two threads, 0.86 at n = 4096 and 0.81 at d = 128 on one thread (`repeat --backward
-    /// --bf16`, paired). On the Intel Xeon of 2026-12-05 (family 6 model 207) it took 1.3 times
-    /// as long: there `vdpbf16ps` took 46% of the samples at n = 1024, where f32 FMA took 31%.
-    pub(crate) fn backward_pays(self) -> bool {
+    /// Whether this level's `vdpbf16ps` outruns AVX-512's f32 FMA over widened rows, in the forward
+    /// and in the backward's score products (the backward takes only those from a pair level):
+    /// on AMD's CPUs (Zen 4 not yet timed). On the AMD EPYC of 2026-12-06 (family 26 model 2, Zen
+    /// 5) the bf16 forward took 0.57 of AVX-512's time at n = 4096 and two threads, and the bf16
+    /// backward 0.82 at n = 1024, 0.86 at n = 4096 and 0.81 at d = 128 on one thread (`repeat
+    /// --backward --bf16`, paired). On Intel's Xeons it is slower: the forward at n = 4096 took
+    /// 23.8 ms against 17.4 (family 6 model 207, 2026-12-02) and 1.27–1.35 times AVX-512's time
+    /// (model 167, 2026-12-06: n = 4096 and causal, GQA 8/2 n = 1024, 8 heads × 256), and the
+    /// backward 1.3 times as long (model 207, 2026-12-05: `vdpbf16ps` took 46% of the samples at
+    /// n = 1024, where f32 FMA took 31%).
+    pub(crate) fn pays(self) -> bool {
         self.amd
     }
 }

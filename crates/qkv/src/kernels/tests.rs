@@ -759,6 +759,24 @@ fn trimmed_score_tiles_compute_every_score_a_group_needs() {
 }
 
 #[test]
+fn the_engine_runs_the_fastest_level_that_pays() {
+    // AVX512-BF16 does not pay on Intel's CPUs: with AMX above it that changes nothing, without
+    // AMX the engine runs AVX-512 (which `QKV_SIMD` can still raise).
+    let fastest = SimdLevel::fastest();
+    assert!(fastest <= SimdLevel::detected() && Isa::new(fastest).is_some_and(Isa::pays), "{fastest}");
+    for level in SimdLevel::ALL.into_iter().filter(|&level| level > fastest) {
+        assert!(!Isa::new(level).is_some_and(Isa::pays), "{level} runs and pays, above {fastest}");
+    }
+    #[cfg(target_arch = "x86_64")]
+    if let Some(Isa::Avx512Bf16(level)) = Isa::new(SimdLevel::Avx512Bf16) {
+        // CPUID leaf 0 spells the vendor in EBX, EDX, ECX.
+        let vendor = std::arch::x86_64::__cpuid(0);
+        let intel = [vendor.ebx, vendor.edx, vendor.ecx] == [0x756e_6547, 0x4965_6e69, 0x6c65_746e];
+        assert_eq!(level.pays(), !intel, "AVX512-BF16 pays on AMD's CPUs only");
+    }
+}
+
+#[test]
 fn every_level_the_cpu_reports_is_one_the_engine_runs() {
     // The dispatch is only as good as detection: the detected level must run, and the levels
     // above it must not claim to.

@@ -123,10 +123,14 @@ fn the_report_names_the_dispatched_level() {
         println!("QKV_SIMD is set: the report is checked by the child tests");
         return;
     }
+    // The best level this CPU runs, or one below it where that one is slower on this CPU.
     let detected = SimdLevel::detected();
-    assert_eq!(SimdLevel::dispatched(), Ok(detected));
-    assert_eq!(
-        qkv::simd_report(),
-        format!("{detected} ({}), the best this CPU runs", detected.instructions())
-    );
+    let dispatched = SimdLevel::dispatched().unwrap();
+    assert!(dispatched <= detected && dispatched.is_supported(), "{dispatched} against {detected}");
+    let why = if dispatched == detected {
+        "the best this CPU runs".to_string()
+    } else {
+        format!("the fastest this CPU runs ({detected} is slower here)")
+    };
+    assert_eq!(qkv::simd_report(), format!("{dispatched} ({}), {why}", dispatched.instructions()));
 }
