@@ -68,7 +68,7 @@ impl Avx512Bf16 {
     /// 5) the bf16 forward took 0.57 of AVX-512's time at n = 4096 and two threads, and the bf16
     /// backward 0.82 at n = 1024, 0.86 at n = 4096 and 0.81 at d = 128 on one thread (`repeat
     /// --backward --bf16`, paired). On Intel's Xeons it is slower: the forward at n = 4096 took
-    /// 23.8 ms against 17.4 (family 6 model 207, 2026-12-02) and 1.27–1.35 times AVX-512's time
+    /// 23.8 ms against 17.4 (family 6 model 207, 2026-12-02) and 1.26–1.41 times AVX-512's time
     /// (model 167, 2026-12-06: n = 4096 and causal, GQA 8/2 n = 1024, 8 heads × 256), and the
     /// backward 1.3 times as long (model 207, 2026-12-05: `vdpbf16ps` took 46% of the samples at
     /// n = 1024, where f32 FMA took 31%).
