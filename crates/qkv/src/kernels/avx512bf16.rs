@@ -23,8 +23,8 @@ use super::{Layout, REFERENCE_HEADROOM, RowsMut, ScoreTile, ValueRows, Weights, 
 #[derive(Debug, Clone, Copy)]
 pub struct Avx512Bf16 {
     vectors: Avx512,
-    /// Whether the CPU is AMD's, where `vdpbf16ps` outran f32 FMA in the backward and Intel's
-    /// did not (see [`Avx512Bf16::pays`]).
+    /// Whether the CPU is AMD's, where `vdpbf16ps` outran f32 FMA in the forward and the backward
+    /// and Intel's did not (see [`Avx512Bf16::pays`]).
     amd: bool,
 }
 
