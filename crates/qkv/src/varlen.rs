@@ -167,6 +167,10 @@ fn check<T: Real>(batch: &Batch<'_, T>, options: &AttentionOptions<T>) -> Result
             why: "it is a matrix over dense keys, and a packed batch's sequences differ in length",
         });
     }
+    // Each sequence checks its masks as it runs; the options' own values (the scale, the cap,
+    // sinks, ALiBi slopes) are checked here against the whole batch, so that a batch of no
+    // sequences refuses a NaN scale too.
+    options.resolve_heads(&shape, Some((sequences, q.shape()[0])))?;
     Ok(shape)
 }
 

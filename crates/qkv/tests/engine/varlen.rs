@@ -316,4 +316,20 @@ fn offsets_and_options_that_do_not_fit_are_refused_by_name() {
     let error =
         qkv::varlen_attention_into(q, k, v, &[0, 2, 3], &[0, 3, 5], &options, out.view_mut()).unwrap_err();
     assert_eq!(error.to_string(), "output has shape [2, 3, 5] but the attention result has shape [2, 3, 4]");
+    // A batch of no sequences refuses bad option values as a full one does.
+    let (none_q, none_kv) = (Array3::<f32>::zeros((2, 0, 4)), Array3::<f32>::zeros((1, 0, 4)));
+    let empty = |options: &AttentionOptions<f32>| {
+        let (k, v) = (none_kv.view(), none_kv.view());
+        qkv::varlen_attention(none_q.view(), k, v, &[0], &[0], options)
+    };
+    assert_eq!(empty(&options).unwrap().shape(), [2, 0, 4]);
+    let sinks = [0.5_f32];
+    for (options, named) in [
+        (AttentionOptions::new().scale(f32::NAN), "scale is NaN"),
+        (AttentionOptions::new().logit_softcap(-1.0), "logit_softcap is -1"),
+        (AttentionOptions::new().sinks(&sinks), "sinks"),
+    ] {
+        let (error, full) = (empty(&options).unwrap_err().to_string(), run(&[0, 2, 3], &[0, 3, 5], &options));
+        assert!(error.starts_with(named) && full.starts_with(named), "{named}: {error} / {full}");
+    }
 }
