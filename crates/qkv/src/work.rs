@@ -229,16 +229,16 @@ impl Progress {
     }
 }
 
-/// Whether the threads of a call shared now wait for each other at the end ([`Progress`]): not
-/// when the pool has more threads than the process has CPUs, where a spinning thread holds a CPU
-/// that a thread still on an item waits for (4 threads on 2 vCPUs of an Intel Xeon, family 6
-/// model 167: a single head of 256 queries took 1.16 times as long, 1024 queries 1.08), nor while
-/// helpers are kept off their CPUs by another program's threads, which the spin would keep off
-/// theirs longer.
-fn waiting_pays() -> bool {
+/// Whether the threads of a call shared at `now` ([`since_start`]) wait for each other at the end
+/// ([`Progress`]): not when the pool has more threads than the process has CPUs, where a spinning
+/// thread holds a CPU that a thread still on an item waits for (4 threads on 2 vCPUs of an Intel
+/// Xeon, family 6 model 167: a single head of 256 queries took 1.16 times as long, 1024 queries
+/// 1.08), nor while helpers are kept off their CPUs by another program's threads, which the spin
+/// would keep off theirs longer.
+fn waiting_pays(now: u64) -> bool {
     static CPUS: OnceLock<usize> = OnceLock::new();
     let cpus = *CPUS.get_or_init(|| std::thread::available_parallelism().map_or(1, usize::from));
-    rayon::current_num_threads() <= cpus && kept_waiting_us(since_start()).is_none()
+    rayon::current_num_threads() <= cpus && kept_waiting_us(now).is_none()
 }
 
 /// `f` of every item, in item order. With `share`, the calling thread and the pool's threads
@@ -265,8 +265,8 @@ pub(crate) fn map_items<I: Send, R: Send, S>(
     let count = items.len();
     let items: Vec<Mutex<Option<I>>> = items.into_iter().map(|item| Mutex::new(Some(item))).collect();
     let results: Vec<Mutex<Option<R>>> = (0..count).map(|_| Mutex::new(None)).collect();
-    let progress = Progress::new(count, waiting_pays());
     let hand_out = HandOut::now();
+    let progress = Progress::new(count, waiting_pays(hand_out.at_ns));
     let take_items = || {
         hand_out.arrive();
         let mut scratch = None;
@@ -321,8 +321,8 @@ pub(crate) fn for_each_index<S: Default + Send>(
         (0..count).for_each(|i| f(scratch, i));
         return;
     }
-    let progress = Progress::new(count, waiting_pays());
     let hand_out = HandOut::now();
+    let progress = Progress::new(count, waiting_pays(hand_out.at_ns));
     let take_indices = |scratch: &Mutex<S>| {
         hand_out.arrive();
         let mut scratch = scratch.lock().expect("no task panicked");
