@@ -1232,7 +1232,7 @@ impl<'p, T: Real, E: Element<Compute = T>> Problem<'p, T, E> {
             return;
         }
         let Fitted { q, s, row_max, tile_max, m_new, sums, alpha } =
-            scratch.fit(padded, rows, d, (lanes, K::KEY_BLOCK));
+            scratch.fit(padded, rows, d, (lanes, K::SCORE_STRIDE));
         let scale = T::from_f64_round(masks.scale);
         let score_scale = self.q.pack(direct, first, rows, scale, (K::TILE_ROWS, K::LAYOUT), &mut *q);
         // Padding rows keep a factor of 1: their outputs are never read, but stay as without reuse.
@@ -1271,7 +1271,7 @@ impl<'p, T: Real, E: Element<Compute = T>> Problem<'p, T, E> {
                     keys: packed.key_block(start, d),
                     panels,
                     s: &mut *s,
-                    stride: K::KEY_BLOCK,
+                    stride: K::SCORE_STRIDE,
                     row_max: &mut *row_max,
                     maxima: !raise,
                 };
@@ -1280,14 +1280,14 @@ impl<'p, T: Real, E: Element<Compute = T>> Problem<'p, T, E> {
             let scales = packed.scales(start, n_keys);
             if let Some(scales) = scales {
                 // Quantized keys: each score takes its key's scale (`s_j · q·K_j`).
-                kernels.scale_columns(RowsMut { data: &mut *s, stride: K::KEY_BLOCK, rows }, scales.keys);
+                kernels.scale_columns(RowsMut { data: &mut *s, stride: K::SCORE_STRIDE, rows }, scales.keys);
             }
             let used = n_keys.next_multiple_of(lanes);
             let clean = clean_keys.start <= start && start + n_keys <= clean_keys.end;
             let queries = |r: usize| self.query(first + r);
-            let tile = RowsMut { data: &mut s[..], stride: K::KEY_BLOCK, rows };
+            let tile = RowsMut { data: &mut s[..], stride: K::SCORE_STRIDE, rows };
             mask_tile(masks, &queries, tile, start..start + n_keys, used, clean);
-            let weights = RowsMut { data: &mut *s, stride: K::KEY_BLOCK, rows };
+            let weights = RowsMut { data: &mut *s, stride: K::SCORE_STRIDE, rows };
             if raise {
                 m_new.copy_from_slice(&state.m);
                 kernels.exp_rows_raising(weights, used, m_new, &mut *sums);
@@ -1300,7 +1300,7 @@ impl<'p, T: Real, E: Element<Compute = T>> Problem<'p, T, E> {
                     kernels.row_maxima(Rows { data: row_max, stride: lanes, rows }, lanes, &mut *tile_max);
                 } else {
                     kernels.row_maxima(
-                        Rows { data: weights.data, stride: K::KEY_BLOCK, rows },
+                        Rows { data: weights.data, stride: K::SCORE_STRIDE, rows },
                         used,
                         &mut *tile_max,
                     );
@@ -1324,7 +1324,8 @@ impl<'p, T: Real, E: Element<Compute = T>> Problem<'p, T, E> {
             if let Some(scales) = scales {
                 // Quantized values: each weight takes its value's scale, after the sums took it
                 // as it was (`Σ p_j · s_j · V_j`).
-                kernels.scale_columns(RowsMut { data: &mut *s, stride: K::KEY_BLOCK, rows }, scales.values);
+                kernels
+                    .scale_columns(RowsMut { data: &mut *s, stride: K::SCORE_STRIDE, rows }, scales.values);
             }
             // Decoding checks the caller's values as `P·V` reads them
             // (`accumulate_values_measuring`); on a causal diagonal, whose groups stop short of
@@ -1355,7 +1356,7 @@ impl<'p, T: Real, E: Element<Compute = T>> Problem<'p, T, E> {
                     let group = K::TILE_ROWS.min(padded - g);
                     let last = first + (g + group).min(rows) - 1;
                     let end = masks.visible_keys(self.query(last)).end.clamp(start, start + n_keys);
-                    let weights = Weights { p: &s[g * K::KEY_BLOCK..], rows: group, n_keys: end - start };
+                    let weights = Weights { p: &s[g * K::SCORE_STRIDE..], rows: group, n_keys: end - start };
                     let o = &mut state.o[g * o_stride..(g + group) * o_stride];
                     kernels.accumulate_values(weights, &alpha[g..g + group], values, o);
                 }

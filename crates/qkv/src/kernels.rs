@@ -464,6 +464,10 @@ pub trait Kernels<T: Scalar, E: Element<Compute = T> = T>: Copy + Send + Sync {
     /// AVX512-BF16), whose products are fast enough that the online softmax's work per row and
     /// block shows.
     const KEY_BLOCK: usize = KEY_BLOCK;
+    /// Scalars from one row of scores (and of the weights made from them) to the next in the
+    /// tiled loop, at least `KEY_BLOCK`: `KEY_BLOCK` but at AMX, whose tiles read and write 16
+    /// rows at a time (see `amx::SCORE_STRIDE`).
+    const SCORE_STRIDE: usize = Self::KEY_BLOCK;
     /// Whether the tiled loop takes its weights from [`exp_rows_raising`](Self::exp_rows_raising),
     /// each row keeping its running reference until a score passes it by more than
     /// [`REFERENCE_HEADROOM`], rather than from each block's maxima: set where the score kernel
@@ -641,7 +645,7 @@ pub struct ScoreTile<'a, T, E = T> {
     pub panels: usize,
     /// The scores, `rows` rows of `stride` scalars: panel `p` at scalars `p · KEY_PANEL ..`.
     pub s: &'a mut [T],
-    /// Scalars from one row of scores to the next: [`Kernels::KEY_BLOCK`] of the level whose
+    /// Scalars from one row of scores to the next: [`Kernels::SCORE_STRIDE`] of the level whose
     /// `accumulate_values` reads the weights (the backward's widened level at a pair level).
     pub stride: usize,
     /// `LANES` scalars per row: set to the lane-wise maximum of the row's computed scores, when
@@ -652,7 +656,7 @@ pub struct ScoreTile<'a, T, E = T> {
     pub maxima: bool,
 }
 
-/// The weights `P` of one tile: `rows` rows of the level's [`Kernels::KEY_BLOCK`] scalars each, of
+/// The weights `P` of one tile: `rows` rows of the level's [`Kernels::SCORE_STRIDE`] scalars each, of
 /// which the first `n_keys` count.
 #[derive(Clone, Copy)]
 pub struct Weights<'a, T> {

@@ -60,6 +60,13 @@ const CHUNK_BYTES: usize = 16 << 10;
 /// took 2–6% less again. At the vector levels 256 was no faster for f32 at AVX-512 and 3% slower
 /// on causal f32 at AVX2, so they keep 128.
 const KEY_BLOCK: usize = 512;
+/// Scalars from one row of scores (then weights) to the next ([`super::Kernels::SCORE_STRIDE`]):
+/// a block's 512 and a cache line. A tile store of scores or load of weights touches 16 rows at
+/// once, and rows 2 KiB apart fall in 2 of L1's 64 sets, which hold 24 lines. On the Intel Xeon
+/// family 6 model 167 (bench README, 2026-12-06; pairs against rows 512 apart): bf16 n = 4096
+/// 0.95 of the time at one and two threads, GQA 8/2 n = 1024 0.95; causal and d = 128 level. Two
+/// lines more ran level with one.
+const SCORE_STRIDE: usize = KEY_BLOCK + TILE;
 
 impl Amx {
     /// `Some` if the CPU has the features and Linux grants the tile data state (asked once per
@@ -377,7 +384,7 @@ unsafe fn scale_group(
 }
 
 /// `O_r = α_r · O_r + Σ_j P[r, j] · V_j` for groups of 16 rows, the weights as the pair levels'
-/// `exp_rows` leaves them (bf16 at the start of each row of `KEY_BLOCK` scalars) and the value
+/// `exp_rows` leaves them (bf16 at the start of each row of `SCORE_STRIDE` scalars) and the value
 /// rows in pairs (`[n / 2][stride][2]` bf16, see [`Layout::Pairs`]).
 ///
 /// # Safety
@@ -407,8 +414,8 @@ unsafe fn accumulate_values(
     let paired = n_keys & !1;
     let tail = paired % TILE_DEPTH;
     let v = &v[..n_keys.div_ceil(2) * 2 * stride];
-    // Rows of `2 · KEY_BLOCK` bf16, each starting with its weights.
-    let p = as_bf16(&p[..rows * KEY_BLOCK]);
+    // Rows of `2 · SCORE_STRIDE` bf16, each starting with its weights.
+    let p = as_bf16(&p[..rows * SCORE_STRIDE]);
     // SAFETY: the caller guarantees AMX.
     let _tiles = unsafe { Tiles::configure(&TileConfig::new(tail)) };
     // Chunks of keys that one pass of `SUMS` value tiles reads `CHUNK_BYTES` of, a whole number
@@ -421,7 +428,7 @@ unsafe fn accumulate_values(
             for g in (0..rows).step_by(TILE) {
                 let o = &mut o[g * o_stride..(g + TILE) * o_stride];
                 // SAFETY: the tiles are configured, for the tail of the last chunk. The `A` loads
-                // read 16 rows of at most 64 bytes of `p` (rows `g ..`, `4 · KEY_BLOCK` bytes
+                // read 16 rows of at most 64 bytes of `p` (rows `g ..`, `4 · SCORE_STRIDE` bytes
                 // apart, from key `chunk + c < paired`); the `B` loads read 16 (or `tail / 2`)
                 // pair rows of 64 bytes of `v` from pair `(chunk + c) / 2` at column `t · 16`
                 // (`4 · stride` bytes apart, all below pair `paired / 2 <= v.len() / (2 · stride)`);
@@ -430,10 +437,10 @@ unsafe fn accumulate_values(
                     for j in 0..count {
                         sum_tile!(load j, o[(first + j) * TILE..].as_ptr(), 4 * o_stride);
                     }
-                    let a = |c: usize| p[2 * g * KEY_BLOCK + chunk + c..].as_ptr();
+                    let a = |c: usize| p[2 * g * SCORE_STRIDE + chunk + c..].as_ptr();
                     let b = |j: usize, c: usize| v[(chunk + c) * stride + (first + j) * 2 * TILE..].as_ptr();
                     let steps = (keys / TILE_DEPTH, keys % TILE_DEPTH);
-                    multiply_steps(steps, count, (a, 4 * KEY_BLOCK), (b, 4 * stride));
+                    multiply_steps(steps, count, (a, 4 * SCORE_STRIDE), (b, 4 * stride));
                     for j in 0..count {
                         sum_tile!(store j, o[(first + j) * TILE..].as_mut_ptr(), 4 * o_stride);
                     }
@@ -446,7 +453,7 @@ unsafe fn accumulate_values(
         for g in (0..rows).step_by(TILE) {
             let o = &mut o[g * o_stride..(g + TILE) * o_stride];
             for r in 0..TILE {
-                let weight = p[2 * (g + r) * KEY_BLOCK + paired].to_f32();
+                let weight = p[2 * (g + r) * SCORE_STRIDE + paired].to_f32();
                 // SAFETY: the caller guarantees AVX-512F.
                 unsafe { add_odd_key(weight, key_row, &mut o[r * o_stride..(r + 1) * o_stride]) };
             }
@@ -458,5 +465,5 @@ unsafe fn accumulate_values(
 // The tile unit gives no maxima: rows keep their references (`RAISES_REFERENCES`), which spares
 // `scores` its pass over each row for them.
 pair_level_kernels!(Amx, tile_rows = TILE, query_block = 64, key_block = KEY_BLOCK,
-    raises_references = true;
+    score_stride = SCORE_STRIDE, raises_references = true;
     scores = scores, accumulate_values = accumulate_values);

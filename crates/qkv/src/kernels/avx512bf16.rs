@@ -470,7 +470,7 @@ impl ValueGroup<'_> {
 macro_rules! pair_level_kernels {
     (
         $token:ty, tile_rows = $tile_rows:expr, query_block = $query_block:expr, key_block = $key_block:expr,
-        raises_references = $raises:expr $(, long_query_block = $long_query_block:expr)?;
+        $(score_stride = $score_stride:expr,)? raises_references = $raises:expr $(, long_query_block = $long_query_block:expr)?;
         scores = $scores:path, accumulate_values = $accumulate_values:path
     ) => {
         const _: () = assert!($query_block % $tile_rows == 0, "blocks are whole groups of rows");
@@ -484,6 +484,7 @@ macro_rules! pair_level_kernels {
             $(const LONG_QUERY_BLOCK: usize = $long_query_block;)?
             const LAYOUT: $crate::kernels::Layout = $crate::kernels::Layout::Pairs;
             const KEY_BLOCK: usize = $key_block;
+            $(const SCORE_STRIDE: usize = $score_stride;)?
             const RAISES_REFERENCES: bool = $raises;
             type Widened = $crate::kernels::avx512::Avx512;
 

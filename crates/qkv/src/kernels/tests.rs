@@ -453,7 +453,7 @@ fn check_score_and_value_tiles<E: Element<Compute = f32>, K: Kernels<f32, E>>(ke
         let panels = n_keys.div_ceil(width);
         let keys = pack_keys(&k, width, K::LAYOUT);
         let padded = rows.next_multiple_of(K::TILE_ROWS);
-        let s_stride = K::KEY_BLOCK;
+        let s_stride = K::SCORE_STRIDE;
         // The scores of queries packed with `factor` in rows `stride` apart, and with their row
         // maxima if `row_max`.
         let scores = |factor: f32, row_max: Option<&mut [f32]>, stride: usize| {
@@ -722,7 +722,7 @@ fn check_trimmed_score_tiles<E: Element<Compute = f32>, K: Kernels<f32, E>>(kern
         let keys = pack_keys(&k, width, K::LAYOUT);
         let mut packed_q = vec![0.0; rows * d];
         let scale = pack_queries(q.view(), 0, rows, 1.0, (K::TILE_ROWS, K::LAYOUT), &mut packed_q);
-        let s_stride = K::KEY_BLOCK;
+        let s_stride = K::SCORE_STRIDE;
         let mut s = vec![f32::NAN; rows * s_stride];
         let mut row_max = vec![f32::NEG_INFINITY; rows * K::LANES];
         let needed = |g: usize| (g + K::TILE_ROWS).min(rows) + 3;
