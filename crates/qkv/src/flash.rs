@@ -1079,7 +1079,7 @@ struct Problem<'p, T: Real, E: Element> {
 struct Scratch<T: Real> {
     /// Packed, scaled queries.
     q: Vec<T>,
-    /// A tile of scores, the level's `KEY_BLOCK` per row, then weights.
+    /// A tile of scores, rows the level's `SCORE_STRIDE` apart, then weights.
     s: Buffer<T>,
     /// The score kernel's lane-wise row maxima.
     row_max: Buffer<T>,

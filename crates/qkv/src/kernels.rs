@@ -459,10 +459,9 @@ pub trait Kernels<T: Scalar, E: Element<Compute = T> = T>: Copy + Send + Sync {
     const LONG_QUERY_BLOCK: usize = Self::QUERY_BLOCK;
     /// How packed keys, queries and values are laid out for the tiles (see [`Layout`]).
     const LAYOUT: Layout = Layout::Lanes;
-    /// Keys per block of the tiled loop, a multiple of `KEY_PANEL`, and the stride of the rows of
-    /// weights `accumulate_values` reads: [`KEY_BLOCK`] but at the pair levels (AMX,
-    /// AVX512-BF16), whose products are fast enough that the online softmax's work per row and
-    /// block shows.
+    /// Keys per block of the tiled loop, a multiple of `KEY_PANEL`: [`KEY_BLOCK`] but at the pair
+    /// levels (AMX, AVX512-BF16), whose products are fast enough that the online softmax's work
+    /// per row and block shows.
     const KEY_BLOCK: usize = KEY_BLOCK;
     /// Scalars from one row of scores (and of the weights made from them) to the next in the
     /// tiled loop, at least `KEY_BLOCK`: `KEY_BLOCK` but at AMX, whose tiles read and write 16
