@@ -33,7 +33,9 @@ pub struct Avx512Bf16 {
 /// 2026-12-06 (Zen 5), paired against 128 at two threads: bf16 n = 4096 took 0.93 of the time,
 /// causal 0.93, GQA 8/2 n = 1024 0.91, 8 heads × 256 0.96, and one thread at n = 4096 0.94. 256
 /// took 0.96 of 128's time, 512 0.97–0.98 of 256's, and 1024 0.98 of 512's (this host's noise).
-/// The backward keeps the vector levels' 128.
+/// On the AMD EPYC family 25 model 17 (Zen 4) of the same day: n = 4096 0.93 at one and two
+/// threads, causal 0.93, GQA 8/2 0.94, 8 heads × 256 0.97. The backward keeps the vector levels'
+/// 128.
 const KEY_BLOCK: usize = 512;
 /// f32 lanes per register, keys per panel, value columns per register.
 const LANES: usize = 16;
@@ -64,10 +66,11 @@ impl Avx512Bf16 {
 
     /// Whether this level's `vdpbf16ps` outruns AVX-512's f32 FMA over widened rows, in the forward
     /// and in the backward's score products (the backward takes only those from a pair level):
-    /// on AMD's CPUs (Zen 4 not yet timed). On the AMD EPYC of 2026-12-06 (family 26 model 2, Zen
-    /// 5) the bf16 forward took 0.57 of AVX-512's time at n = 4096 and two threads, and the bf16
-    /// backward 0.82 at n = 1024, 0.86 at n = 4096 and 0.81 at d = 128 on one thread (`repeat
-    /// --backward --bf16`, paired). On Intel's Xeons it is slower: the forward at n = 4096 took
+    /// on AMD's CPUs. On the AMD EPYC of 2026-12-06 (family 26 model 2, Zen 5) the bf16 forward
+    /// took 0.57 of AVX-512's time at n = 4096 and two threads, and the bf16 backward 0.82 at
+    /// n = 1024, 0.86 at n = 4096 and 0.81 at d = 128 on one thread (`repeat --backward --bf16`,
+    /// paired); on the family 25 model 17 (Zen 4) of the same day the forward 0.56 at n = 4096
+    /// and 0.54 at GQA 8/2 n = 1024, the backward 0.82 at n = 1024. On Intel's Xeons it is slower: the forward at n = 4096 took
     /// 23.8 ms against 17.4 (family 6 model 207, 2026-12-02) and 1.26–1.41 times AVX-512's time
     /// (model 167, 2026-12-06: n = 4096 and causal, GQA 8/2 n = 1024, 8 heads × 256), and the
     /// backward 1.3 times as long (model 207, 2026-12-05: `vdpbf16ps` took 46% of the samples at
