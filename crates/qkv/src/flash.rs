@@ -776,7 +776,12 @@ impl<T: Real, E: Element<Compute = T>> Job<E> for AttendCached<'_, '_, T, E> {
         // Every scratch a thread may take is grown here, on the calling thread, for the call's
         // largest block: a helper that joins a step for the first time allocates nothing then.
         let fit = |scratch: &mut Scratch<T>| {
-            scratch.fit(largest.next_multiple_of(K::TILE_ROWS), largest, key_dim, (K::LANES, K::KEY_BLOCK));
+            scratch.fit(
+                largest.next_multiple_of(K::TILE_ROWS),
+                largest,
+                key_dim,
+                (K::LANES, K::SCORE_STRIDE),
+            );
         };
         let decoding = (0..n_problems)
             .all(|p| matches!(problem(p, 0).kv, StoredKeys::Rows { k, .. } if decodes(n_rows(p), &k)));
@@ -1110,19 +1115,19 @@ struct Fitted<'s, T> {
 
 impl<T: Real> Scratch<T> {
     /// The buffers for a block of `rows` query rows of width `d` (`padded` with the register
-    /// tile's zero rows) at a level of `lanes` lanes and key blocks of `key_block`, grown if they
-    /// are shorter.
+    /// tile's zero rows) at a level of `lanes` lanes whose rows of scores are `score_stride`
+    /// apart ([`Kernels::SCORE_STRIDE`]), grown if they are shorter.
     fn fit(
         &mut self,
         padded: usize,
         rows: usize,
         d: usize,
-        (lanes, key_block): (usize, usize),
+        (lanes, score_stride): (usize, usize),
     ) -> Fitted<'_, T> {
         let Scratch { q, s, row_max, tile_max, m_new, sums, alpha } = self;
         Fitted {
             q: prefix(q, padded * d),
-            s: aligned_prefix(s, padded * key_block),
+            s: aligned_prefix(s, padded * score_stride),
             row_max: aligned_prefix(row_max, padded * lanes),
             tile_max: prefix(tile_max, rows),
             m_new: prefix(m_new, rows),
