@@ -70,11 +70,11 @@ impl Avx512Bf16 {
     /// took 0.57 of AVX-512's time at n = 4096 and two threads, and the bf16 backward 0.82 at
     /// n = 1024, 0.86 at n = 4096 and 0.81 at d = 128 on one thread (`repeat --backward --bf16`,
     /// paired); on the family 25 model 17 (Zen 4) of the same day the forward 0.56 at n = 4096
-    /// and 0.54 at GQA 8/2 n = 1024, the backward 0.82 at n = 1024. On Intel's Xeons it is slower: the forward at n = 4096 took
-    /// 23.8 ms against 17.4 (family 6 model 207, 2026-12-02) and 1.26–1.41 times AVX-512's time
-    /// (model 167, 2026-12-06: n = 4096 and causal, GQA 8/2 n = 1024, 8 heads × 256), and the
-    /// backward 1.3 times as long (model 207, 2026-12-05: `vdpbf16ps` took 46% of the samples at
-    /// n = 1024, where f32 FMA took 31%).
+    /// and 0.54 at GQA 8/2 n = 1024, the backward 0.82 at n = 1024. On Intel's Xeons it is
+    /// slower: the forward at n = 4096 took 23.8 ms against 17.4 (family 6 model 207, 2026-12-02)
+    /// and 1.26–1.41 times AVX-512's time (model 167, 2026-12-06: n = 4096 and causal, GQA 8/2
+    /// n = 1024, 8 heads × 256), and the backward 1.3 times as long (model 207, 2026-12-05:
+    /// `vdpbf16ps` took 46% of the samples at n = 1024, where f32 FMA took 31%).
     pub(crate) fn pays(self) -> bool {
         self.amd
     }
@@ -473,7 +473,8 @@ impl ValueGroup<'_> {
 macro_rules! pair_level_kernels {
     (
         $token:ty, tile_rows = $tile_rows:expr, query_block = $query_block:expr, key_block = $key_block:expr,
-        $(score_stride = $score_stride:expr,)? raises_references = $raises:expr $(, long_query_block = $long_query_block:expr)?;
+        $(score_stride = $score_stride:expr,)? raises_references = $raises:expr
+        $(, long_query_block = $long_query_block:expr)?;
         scores = $scores:path, accumulate_values = $accumulate_values:path
     ) => {
         const _: () = assert!($query_block % $tile_rows == 0, "blocks are whole groups of rows");
