@@ -776,12 +776,7 @@ impl<T: Real, E: Element<Compute = T>> Job<E> for AttendCached<'_, '_, T, E> {
         // Every scratch a thread may take is grown here, on the calling thread, for the call's
         // largest block: a helper that joins a step for the first time allocates nothing then.
         let fit = |scratch: &mut Scratch<T>| {
-            scratch.fit(
-                largest.next_multiple_of(K::TILE_ROWS),
-                largest,
-                key_dim,
-                (K::LANES, K::SCORE_STRIDE),
-            );
+            scratch.fit::<E, K>(largest.next_multiple_of(K::TILE_ROWS), largest, key_dim);
         };
         let decoding = (0..n_problems)
             .all(|p| matches!(problem(p, 0).kv, StoredKeys::Rows { k, .. } if decodes(n_rows(p), &k)));
@@ -1115,20 +1110,19 @@ struct Fitted<'s, T> {
 
 impl<T: Real> Scratch<T> {
     /// The buffers for a block of `rows` query rows of width `d` (`padded` with the register
-    /// tile's zero rows) at a level of `lanes` lanes whose rows of scores are `score_stride`
-    /// apart ([`Kernels::SCORE_STRIDE`]), grown if they are shorter.
-    fn fit(
+    /// tile's zero rows) at the level of `K` (its lanes, and its rows of scores
+    /// [`Kernels::SCORE_STRIDE`] apart), grown if they are shorter.
+    fn fit<E: Element<Compute = T>, K: Kernels<T, E>>(
         &mut self,
         padded: usize,
         rows: usize,
         d: usize,
-        (lanes, score_stride): (usize, usize),
     ) -> Fitted<'_, T> {
         let Scratch { q, s, row_max, tile_max, m_new, sums, alpha } = self;
         Fitted {
             q: prefix(q, padded * d),
-            s: aligned_prefix(s, padded * score_stride),
-            row_max: aligned_prefix(row_max, padded * lanes),
+            s: aligned_prefix(s, padded * K::SCORE_STRIDE),
+            row_max: aligned_prefix(row_max, padded * K::LANES),
             tile_max: prefix(tile_max, rows),
             m_new: prefix(m_new, rows),
             sums: prefix(sums, rows),
@@ -1236,8 +1230,7 @@ impl<'p, T: Real, E: Element<Compute = T>> Problem<'p, T, E> {
         if from >= reach {
             return;
         }
-        let Fitted { q, s, row_max, tile_max, m_new, sums, alpha } =
-            scratch.fit(padded, rows, d, (lanes, K::SCORE_STRIDE));
+        let Fitted { q, s, row_max, tile_max, m_new, sums, alpha } = scratch.fit::<E, K>(padded, rows, d);
         let scale = T::from_f64_round(masks.scale);
         let score_scale = self.q.pack(direct, first, rows, scale, (K::TILE_ROWS, K::LAYOUT), &mut *q);
         // Padding rows keep a factor of 1: their outputs are never read, but stay as without reuse.
