@@ -213,7 +213,14 @@ pub(crate) struct CachedProblem<'p, T, E: Element> {
 pub(crate) enum StoredKeys<'p, E: Element> {
     /// The caller's rows (the dense decoding step's), read as they are. Spelled as [`View`]s so
     /// that the keys stay covariant in `'p`, as the other variants are.
-    Rows { k: View<'p, E, Ix2>, v: View<'p, E, Ix2> },
+    Rows {
+        k: View<'p, E, Ix2>,
+        v: View<'p, E, Ix2>,
+        /// The caller's whole value tensor, when it lies in one slice (in any axis order): `v`'s
+        /// rows are then read in place from it even where they are not side by side (a head of
+        /// flash-attn's `[total, heads, d]`), rather than copied.
+        v_tensor: Option<&'p [E]>,
+    },
     /// Side by side (a `KvCache`'s).
     Contiguous(CachedKeys<'p, E>),
     /// In blocks of a pool (a paged cache's).
@@ -341,7 +348,9 @@ impl<E: Element> StoredKeys<'_, E> {
             a.as_ptr() == b.as_ptr() && a.shape() == b.shape() && a.strides() == b.strides()
         };
         match (self, other) {
-            (StoredKeys::Rows { k, v }, StoredKeys::Rows { k: k2, v: v2 }) => same(k, k2) && same(v, v2),
+            (StoredKeys::Rows { k, v, .. }, StoredKeys::Rows { k: k2, v: v2, .. }) => {
+                same(k, k2) && same(v, v2)
+            }
             _ => false,
         }
     }
@@ -502,7 +511,7 @@ impl<'p, T: Real, E: Element<Compute = T>> Job<E> for Attend<'p, '_, T, E> {
         for Operands { q, k, v, out, lse, masks } in heads {
             splits.push(key_splits(out.nrows(), k.nrows(), query_block, K::KEY_BLOCK));
             let key_rows = decodes(n_rows, &k).then_some(k);
-            let source = StoredKeys::Rows { k, v };
+            let source = StoredKeys::Rows { k, v, v_tensor: None };
             problems.push(Problem { shape, q: Queries::Stored(q), rows_per_query, source, key_rows, masks });
             let lens = query_blocks(out.nrows(), K::TILE_ROWS, query_block, rayon::current_num_threads());
             let firsts = lens.iter().scan(0, |first, &len| Some(std::mem::replace(first, *first + len)));
@@ -759,7 +768,8 @@ impl<T: Real, E: Element<Compute = T>> Job<E> for AttendCached<'_, '_, T, E> {
             let keys = splits.range(split);
             let (source, key_rows, packed_keys) = match kv {
                 // Rows are packed for this item's keys alone (decoding packs only values that are
-                // not whole vectors wide), and decoded straight from the key rows.
+                // not whole vectors wide or lie apart outside one tensor), and decoded straight
+                // from the key rows.
                 StoredKeys::Rows { k, .. } => {
                     let key_rows = decodes(n_rows(p), &k).then_some(k);
                     (kv, key_rows, keys.clone())
@@ -899,8 +909,25 @@ impl<E: Element> KeyBlock<E> {
     }
 }
 
-/// The values as the `P·V` kernel reads them: the caller's own rows when they are contiguous and
-/// a whole number of vectors wide (or a cache's), otherwise a zero-padded copy.
+/// `v`'s rows in `tensor`, the slice it lies in, read in place: from its first element on, and
+/// the scalars from one row to the next; `None` unless each row is contiguous, the rows lie in
+/// order at least a row apart, and all of them lie in `tensor`.
+fn rows_in<'a, E>(v: ArrayView2<'_, E>, tensor: &'a [E]) -> Option<(&'a [E], usize)> {
+    let (rows, width) = v.dim();
+    let [row_stride, column_stride] = *v.strides() else { unreachable!("2-D view") };
+    let stride = usize::try_from(row_stride).ok().filter(|&s| s >= width)?;
+    if rows == 0 || (width > 1 && column_stride != 1) {
+        return None;
+    }
+    let bytes = v.as_ptr().addr().checked_sub(tensor.as_ptr().addr())?;
+    let first = (bytes % size_of::<E>() == 0).then_some(bytes / size_of::<E>())?;
+    let values = tensor.get(first..)?;
+    (values.len() >= (rows - 1) * stride + width && values.as_ptr() == v.as_ptr()).then_some((values, stride))
+}
+
+/// The values as the `P·V` kernel reads them: the caller's own rows when they are a whole number
+/// of vectors wide and side by side or in place in the caller's tensor (or a cache's), otherwise
+/// a zero-padded copy.
 enum Values<'v, E: Element> {
     Borrowed(&'v [E]),
     Packed(Buffer<E>),
@@ -909,9 +936,12 @@ enum Values<'v, E: Element> {
 }
 
 impl<'a, E: Element> Packed<'a, E> {
+    /// The caller's keys `k` and values `v` (with the whole tensor `v` lies in, when it is one
+    /// slice), from key `keys.start` on; the keys packed block by block as tasks first need them
+    /// if `pack_keys`.
     fn new<T: Real, K: Kernels<T, E>>(
         k: ArrayView2<'a, E>,
-        v: ArrayView2<'a, E>,
+        (v, v_tensor): (ArrayView2<'a, E>, Option<&'a [E]>),
         keys: Range<usize>,
         pack_keys: bool,
     ) -> Self
@@ -923,14 +953,23 @@ impl<'a, E: Element> Packed<'a, E> {
         let blocks = if pack_keys { k.nrows().div_ceil(K::KEY_BLOCK) } else { 0 };
         let blocks = (0..blocks).map(|_| KeyBlock::default()).collect();
         let value_vectors = v.ncols().div_ceil(K::LANES);
-        let value_stride = value_vectors * K::LANES;
-        let values = match v.to_slice() {
+        let mut value_stride = value_vectors * K::LANES;
+        // Rows in place rather than copied: copies of a head's rows of flash-attn's layout took
+        // 29% of a batch of decoding steps (`varlen --flash-layout decode64`, one Zen 4 thread).
+        let in_place = match v.to_slice() {
+            Some(values) => Some((values, value_stride)),
+            None => v_tensor.and_then(|tensor| rows_in(v, tensor)),
+        };
+        let values = match in_place {
             _ if K::LAYOUT == Layout::Pairs => {
                 let mut values = Buffer::zeros(v.nrows().div_ceil(2) * 2 * value_stride);
                 kernels::pack_value_pairs(v, value_stride, &mut values);
                 Values::Packed(values)
             }
-            Some(values) if v.ncols() == value_stride => Values::Borrowed(values),
+            Some((values, stride)) if v.ncols() == value_stride => {
+                value_stride = stride;
+                Values::Borrowed(values)
+            }
             _ => {
                 let mut values = Buffer::zeros(v.nrows() * value_stride);
                 for (row, out) in v.rows().into_iter().zip(values.chunks_exact_mut(value_stride)) {
@@ -1165,7 +1204,9 @@ impl<'p, T: Real, E: Element<Compute = T>> Problem<'p, T, E> {
     /// The keys and values in `keys`, for the kernels of `K`.
     fn packed<K: Kernels<T, E>>(&self, keys: Range<usize>) -> Packed<'p, E> {
         match &self.source {
-            StoredKeys::Rows { k, v } => Packed::new::<T, K>(*k, *v, keys, self.key_rows.is_none()),
+            StoredKeys::Rows { k, v, v_tensor } => {
+                Packed::new::<T, K>(*k, (*v, *v_tensor), keys, self.key_rows.is_none())
+            }
             StoredKeys::Contiguous(cached) => Packed::cached::<T, K>(*cached, self.shape.value_dim),
             StoredKeys::Paged(paged) => Packed::paged::<T, K>(*paged, self.shape.value_dim),
         }
@@ -1345,7 +1386,7 @@ impl<'p, T: Real, E: Element<Compute = T>> Problem<'p, T, E> {
                 }
             } else {
                 if direct {
-                    measure(kernels.magnitude(&values.v[..n_keys * values.stride]));
+                    measure(values.magnitude(n_keys, values.vectors * K::LANES, |x| kernels.magnitude(x)));
                 }
                 // A causal tile on the diagonal: each group of rows stops at the last key its
                 // last row sees. The weights past it are exact zeros, so the sums are unchanged

@@ -553,7 +553,7 @@ pub trait Kernels<T: Scalar, E: Element<Compute = T> = T>: Copy + Send + Sync {
             Layout::Lanes => weights.n_keys,
             Layout::Pairs => weights.n_keys.next_multiple_of(2),
         };
-        let magnitude = self.magnitude(&values.v[..rows * values.stride]);
+        let magnitude = values.magnitude(rows, values.vectors * Self::LANES, |x| self.magnitude(x));
         self.accumulate_values(weights, alpha, values, o);
         magnitude
     }
@@ -668,7 +668,10 @@ pub struct Weights<'a, T> {
 }
 
 /// Value rows as [`Kernels::accumulate_values`] reads them: row `j` of `vectors · LANES` scalars
-/// at `v[j · stride]` (any alignment), from the tile's first key on.
+/// at `v[j · stride]` (any alignment), from the tile's first key on. `v` may end where the last
+/// row read ends: the caller's rows read in place (a head of flash-attn's `[total, heads, d]`,
+/// whose stride spans the other heads) are read row by row, never a whole stride past the last.
+/// In the pair layout ([`Layout::Pairs`]) values are always packed, `stride` scalars a row.
 #[derive(Clone, Copy)]
 pub struct ValueRows<'a, T> {
     /// The values.
@@ -677,6 +680,29 @@ pub struct ValueRows<'a, T> {
     pub stride: usize,
     /// Vectors per row: the value width, rounded up to whole vectors.
     pub vectors: usize,
+}
+
+impl<'a, T> ValueRows<'a, T> {
+    /// The first `n - 1` rows as whole strides (for `chunks_exact(stride)`, whose loops check no
+    /// bounds) and row `n - 1` alone, `width` scalars; `n` is at least 1.
+    #[inline(always)]
+    pub(crate) fn split_last(&self, n: usize, width: usize) -> (&'a [T], &'a [T]) {
+        let (rows, last) = self.v.split_at((n - 1) * self.stride);
+        (rows, &last[..width])
+    }
+
+    /// The largest magnitude of the first `n` rows, `width` scalars each (not what lies between
+    /// rows a wider stride apart), each run of rows measured by `magnitude` ([`Kernels::magnitude`]
+    /// or the generic kernel it calls): all of them at once when they are side by side.
+    #[inline(always)]
+    pub(crate) fn magnitude<M: Scalar>(&self, n: usize, width: usize, magnitude: impl Fn(&[T]) -> M) -> M {
+        if self.stride == width {
+            return magnitude(&self.v[..n * width]);
+        }
+        let (rows, last) = self.split_last(n, width);
+        let rows = rows.chunks_exact(self.stride).map(|row| &row[..width]).chain([last]);
+        rows.map(magnitude).fold(M::zero(), larger_magnitude)
+    }
 }
 
 /// Implements [`Kernels`] for one element type of one level: each kernel is an entry function

@@ -174,9 +174,11 @@ fn attend_heads<'out, T: Real, E: Element<Compute = T>, O: Element<Compute = T>>
         // Decoding reads each key and value once, for every query head of its group, and checks
         // them as it reads them: the inference step the caches take too.
         let queries = finite_magnitude("queries", &q)?;
+        let v_tensor = v.to_slice_memory_order();
         let keys = |b: usize, _: usize, kv: usize| StoredKeys::Rows {
             k: k.slice_move(s![b, kv, .., ..]),
             v: v.slice_move(s![b, kv, .., ..]),
+            v_tensor,
         };
         let step = Step {
             isa: kernels,

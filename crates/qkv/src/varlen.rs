@@ -287,9 +287,11 @@ fn attend<T: Real>(
             let (i, member) = &members[m];
             resolve(member).expect("resolved when the batch was checked").head(*i, head)
         };
+        let v_tensor = v.to_slice_memory_order();
         let keys = |m: usize, _: usize, kv: usize| {
             let rows = members[m].1.keys.clone();
-            StoredKeys::Rows { k: k.slice_move(s![kv, rows.clone(), ..]), v: v.slice_move(s![kv, rows, ..]) }
+            let (k, v) = (k.slice_move(s![kv, rows.clone(), ..]), v.slice_move(s![kv, rows, ..]));
+            StoredKeys::Rows { k, v, v_tensor }
         };
         let step = Step {
             isa: kernels,
