@@ -1386,7 +1386,7 @@ impl<'p, T: Real, E: Element<Compute = T>> Problem<'p, T, E> {
                 }
             } else {
                 if direct {
-                    measure(values.magnitude(n_keys, values.vectors * K::LANES, |x| kernels.magnitude(x)));
+                    measure(kernels::value_magnitude(kernels, values, n_keys));
                 }
                 // A causal tile on the diagonal: each group of rows stops at the last key its
                 // last row sees. The weights past it are exact zeros, so the sums are unchanged

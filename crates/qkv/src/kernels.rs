@@ -553,7 +553,7 @@ pub trait Kernels<T: Scalar, E: Element<Compute = T> = T>: Copy + Send + Sync {
             Layout::Lanes => weights.n_keys,
             Layout::Pairs => weights.n_keys.next_multiple_of(2),
         };
-        let magnitude = values.magnitude(rows, values.vectors * Self::LANES, |x| self.magnitude(x));
+        let magnitude = value_magnitude(self, values, rows);
         self.accumulate_values(weights, alpha, values, o);
         magnitude
     }
@@ -691,18 +691,29 @@ impl<'a, T> ValueRows<'a, T> {
         (rows, &last[..width])
     }
 
-    /// The largest magnitude of the first `n` rows, `width` scalars each (not what lies between
-    /// rows a wider stride apart), each run of rows measured by `magnitude` ([`Kernels::magnitude`]
-    /// or the generic kernel it calls): all of them at once when they are side by side.
+    /// The first `n` rows, `width` scalars each, as runs with nothing between them: all of them
+    /// at once when they are side by side, else row by row (not what lies between rows a wider
+    /// stride apart). For the values' magnitude ([`Kernels::magnitude`] of each run).
     #[inline(always)]
-    pub(crate) fn magnitude<M: Scalar>(&self, n: usize, width: usize, magnitude: impl Fn(&[T]) -> M) -> M {
-        if self.stride == width {
-            return magnitude(&self.v[..n * width]);
-        }
-        let (rows, last) = self.split_last(n, width);
-        let rows = rows.chunks_exact(self.stride).map(|row| &row[..width]).chain([last]);
-        rows.map(magnitude).fold(M::zero(), larger_magnitude)
+    pub(crate) fn runs(&self, n: usize, width: usize) -> impl Iterator<Item = &'a [T]> + use<'a, T> {
+        let (rows, last) = match n {
+            _ if self.stride == width => (&self.v[..0], &self.v[..n * width]),
+            0 => (&self.v[..0], &self.v[..0]),
+            _ => self.split_last(n, width),
+        };
+        rows.chunks_exact(self.stride.max(1)).map(move |row| &row[..width]).chain([last])
     }
+}
+
+/// The largest magnitude of the first `n` rows of `values` ([`ValueRows::runs`]), by the level's
+/// [`Kernels::magnitude`].
+pub(crate) fn value_magnitude<T: Scalar, E: Element<Compute = T>, K: Kernels<T, E>>(
+    kernels: K,
+    values: ValueRows<'_, E>,
+    n: usize,
+) -> T {
+    let runs = values.runs(n, values.vectors * K::LANES);
+    runs.map(|run| kernels.magnitude(run)).fold(T::zero(), larger_magnitude)
 }
 
 /// Implements [`Kernels`] for one element type of one level: each kernel is an entry function

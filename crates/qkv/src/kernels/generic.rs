@@ -296,11 +296,20 @@ where
 pub(super) fn magnitude<T: Scalar, E: Element<Compute = T>, S: Load<T, E>>(simd: S, x: &[E]) -> T {
     let chunks = x.chunks_exact(S::LANES);
     let tail = chunks.remainder();
-    let mut acc = simd.zero();
+    finish_magnitude(simd, fold_magnitudes(simd, simd.zero(), chunks), tail)
+}
+
+/// `acc` with the magnitudes of the vectors `chunks` folded in.
+#[inline(always)]
+fn fold_magnitudes<'x, T: Scalar, E: Element<Compute = T> + 'x, S: Load<T, E>>(
+    simd: S,
+    mut acc: S::V,
+    chunks: impl Iterator<Item = &'x [E]>,
+) -> S::V {
     for chunk in chunks {
         acc = simd.fold_magnitude(acc, simd.load_stored(chunk));
     }
-    finish_magnitude(simd, acc, tail)
+    acc
 }
 
 /// The largest of the magnitudes folded into `acc` and those of `tail`, NaN winning over all.
@@ -419,7 +428,12 @@ pub(super) fn accumulate_values<
     // slower on one Zen 3 thread).
     let measure_in_tiles = MEASURE && one_pass;
     let measured = Cell::new(if MEASURE && !one_pass {
-        values.magnitude(n_keys, values.vectors * S::LANES, |x| magnitude::<T, E, S>(simd, x))
+        // A loop, not a closure per run: one left out of line would lose the level's features.
+        let mut acc = simd.zero();
+        for run in values.runs(n_keys, values.vectors * S::LANES) {
+            acc = fold_magnitudes(simd, acc, run.chunks_exact(S::LANES));
+        }
+        finish_magnitude::<T, T, S>(simd, acc, &[])
     } else {
         T::zero()
     });
