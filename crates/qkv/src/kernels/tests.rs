@@ -582,48 +582,18 @@ fn check_score_and_value_tiles<E: Element<Compute = f32>, K: Kernels<f32, E>>(ke
                 );
             }
             check_measured_values(kernels, tile, &alpha, &values, (v_stride, vectors), &o, &ctx);
-            if K::LAYOUT == Layout::Lanes {
-                check_rows_apart(kernels, tile, &alpha, &values, (v_stride, vectors), &o, &ctx);
-            }
         }
     }
-}
-
-/// The value rows of `values` (`stride` apart, side by side) read at a wider stride with NaN
-/// between them, from a buffer that ends where the last row does, as a head's rows of a
-/// `[total, heads, d]` tensor are read in place: `accumulate_values` and its measuring form add
-/// the same bits (`added`, from an output of ones) and measure the rows alone.
-fn check_rows_apart<E: Element<Compute = f32>, K: Kernels<f32, E>>(
-    kernels: K,
-    tile: Weights<'_, f32>,
-    alpha: &[f32],
-    values: &[E],
-    (stride, vectors): (usize, usize),
-    added: &[f32],
-    ctx: &str,
-) {
-    let apart = 2 * stride + K::LANES;
-    let mut rows_apart = vec![E::narrow(f32::NAN); (tile.n_keys - 1) * apart + stride];
-    for (j, row) in values.chunks_exact(stride).take(tile.n_keys).enumerate() {
-        rows_apart[j * apart..][..stride].copy_from_slice(row);
-    }
-    let rows = ValueRows { v: &rows_apart, stride: apart, vectors };
-    let mut o = vec![1.0; added.len()];
-    kernels.accumulate_values(tile, alpha, rows, &mut o);
-    let same = |o: &[f32]| o.iter().zip(added).all(|(a, b)| a.to_bits() == b.to_bits());
-    assert!(same(&o), "{ctx}: rows {apart} apart");
-    o.fill(1.0);
-    let magnitude = kernels.accumulate_values_measuring(tile, alpha, rows, &mut o);
-    assert!(same(&o), "{ctx}: rows {apart} apart, measured");
-    let largest = values[..tile.n_keys * stride].iter().fold(0.0_f32, |m, x| m.max(x.widen().abs()));
-    assert_eq!(magnitude, largest, "{ctx}: magnitude of rows {apart} apart");
 }
 
 /// `accumulate_values_measuring` adds exactly what `accumulate_values` added (`added`, from an
 /// output of ones) and returns the largest magnitude of the values, which a non-finite element
 /// anywhere in them (a vector's first or last lane, the first or last key) makes non-finite.
 /// `values` holds the rows as the tile reads them, past the last key too (NaN in a pair's unread
-/// partner, which packed values hold as zero: set so here).
+/// partner, which packed values hold as zero: set so here). At the lane levels, the same rows
+/// read at a wider stride with NaN between them, from a buffer that ends where the last row does
+/// (a head's rows of a `[total, heads, d]` tensor read in place), add the same bits by either
+/// entry and measure the rows alone.
 fn check_measured_values<E: Element<Compute = f32>, K: Kernels<f32, E>>(
     kernels: K,
     tile: Weights<'_, f32>,
@@ -650,9 +620,25 @@ fn check_measured_values<E: Element<Compute = f32>, K: Kernels<f32, E>>(
         (magnitude, o)
     };
     let (magnitude, o) = measure(&values);
-    assert!(o.iter().zip(added).all(|(a, b)| a.to_bits() == b.to_bits()), "{ctx}: measuring changed O");
+    let same = |o: &[f32]| o.iter().zip(added).all(|(a, b)| a.to_bits() == b.to_bits());
+    assert!(same(&o), "{ctx}: measuring changed O");
     let largest = values.iter().fold(0.0_f32, |m, x| m.max(x.widen().abs()));
     assert_eq!(magnitude, largest, "{ctx}: magnitude of the values");
+    if K::LAYOUT == Layout::Lanes {
+        let apart = 2 * stride + K::LANES;
+        let mut rows_apart = vec![E::narrow(f32::NAN); (tile.n_keys - 1) * apart + stride];
+        for (j, row) in values.chunks_exact(stride).enumerate() {
+            rows_apart[j * apart..][..stride].copy_from_slice(row);
+        }
+        let rows = ValueRows { v: &rows_apart, stride: apart, vectors };
+        let mut o = vec![1.0; added.len()];
+        kernels.accumulate_values(tile, alpha, rows, &mut o);
+        assert!(same(&o), "{ctx}: rows {apart} apart");
+        o.fill(1.0);
+        let magnitude = kernels.accumulate_values_measuring(tile, alpha, rows, &mut o);
+        assert!(same(&o), "{ctx}: rows {apart} apart, measured");
+        assert_eq!(magnitude, largest, "{ctx}: magnitude of rows {apart} apart");
+    }
     if E::narrow(f32::INFINITY).widen().is_finite() {
         return; // int8 values hold no infinity
     }
