@@ -696,10 +696,10 @@ impl<'a, T> ValueRows<'a, T> {
     /// stride apart). For the values' magnitude ([`Kernels::magnitude`] of each run).
     #[inline(always)]
     pub(crate) fn runs(&self, n: usize, width: usize) -> impl Iterator<Item = &'a [T]> + use<'a, T> {
-        let (rows, last) = match n {
-            _ if self.stride == width => (&self.v[..0], &self.v[..n * width]),
-            0 => (&self.v[..0], &self.v[..0]),
-            _ => self.split_last(n, width),
+        let (rows, last) = if self.stride == width || n == 0 {
+            (&self.v[..0], &self.v[..n * width])
+        } else {
+            self.split_last(n, width)
         };
         rows.chunks_exact(self.stride.max(1)).map(move |row| &row[..width]).chain([last])
     }
