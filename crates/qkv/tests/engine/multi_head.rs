@@ -208,3 +208,41 @@ fn outputs_the_engine_allocates_are_written_in_full() {
         }
     }
 }
+
+#[test]
+fn decoding_reads_values_in_any_layout_as_it_reads_them_side_by_side() {
+    // A decoding step reads a head's value rows in place from the caller's tensor when it is one
+    // slice: token-major (flash-attn's), rows in reverse (a negative stride), values broadcast
+    // over the keys (a zero stride) and values one wide must all give the bits of the same
+    // values side by side, and never panic.
+    let mut rng = ChaCha8Rng::seed_from_u64(41);
+    for level in levels() {
+        let options = AttentionOptions::new().simd(level);
+        for (n_k, d_v) in [(1, 64), (37, 64), (300, 16), (513, 80), (9, 1)] {
+            let q = random4(&mut rng, (2, 8, 1, 64));
+            let k = random4(&mut rng, (2, 2, n_k, 64));
+            let v = random4(&mut rng, (2, 2, n_k, d_v));
+            let want = qkv::multi_head_attention(q.view(), k.view(), v.view(), &options).unwrap();
+            let ctx = format!("{level} n_k {n_k} d_v {d_v}");
+            // Token-major: each head's rows `2 · d_v` apart in one slice.
+            let token_major = v.view().permuted_axes([0, 2, 1, 3]).as_standard_layout().into_owned();
+            let token_major = token_major.view().permuted_axes([0, 2, 1, 3]);
+            let got = qkv::multi_head_attention(q.view(), k.view(), token_major, &options).unwrap();
+            assert_eq!(got, want, "{ctx}: token-major values");
+            // Rows in reverse, and keys in reverse to match: the same set of (key, value) pairs.
+            let (k_rev, v_rev) = (k.slice(s![.., .., ..;-1, ..]), v.slice(s![.., .., ..;-1, ..]));
+            let got = qkv::multi_head_attention(q.view(), k_rev, v_rev, &options).unwrap();
+            for (g, w) in got.iter().zip(&want) {
+                assert!((g - w).abs() <= 1e-5 * (1.0 + w.abs()), "{ctx}: reversed rows, {g} against {w}");
+            }
+            // One value row broadcast over every key (a stride of 0): the output is that row.
+            let first_row = v.slice(s![.., .., 0..1, ..]);
+            let broadcast = first_row.broadcast((2, 2, n_k, d_v)).unwrap();
+            let got = qkv::multi_head_attention(q.view(), k.view(), broadcast, &options).unwrap();
+            for ((b, h, _, c), &g) in got.indexed_iter() {
+                let w = v[[b, h / 4, 0, c]];
+                assert!((g - w).abs() <= 1e-5 * (1.0 + w.abs()), "{ctx}: broadcast values");
+            }
+        }
+    }
+}
