@@ -14,7 +14,10 @@
 //! Keys are split only when there are few query blocks (decoding), into a number of splits that
 //! depends on the problem size alone, and the partial softmax states are merged in a fixed order:
 //! results are the same bit for bit whatever the number of threads. Small problems run on the
-//! calling thread (`work::worth_sharing`).
+//! calling thread (`work::worth_sharing`). Each block walks its key tiles one at a time (`Walk`),
+//! so that decoding problems whose key rows interleave in one tensor (a sequence's key/value
+//! heads in flash-attn's layout) can share a work item and take their tiles in turn, each still
+//! computing its own tiles in its own order.
 //!
 //! The SIMD arithmetic lives in `kernels`, behind [`Kernels`]; this module is written once for
 //! every level and owns the tiling, the masking decisions, the online softmax and the work split.
@@ -22,7 +25,7 @@
 use std::mem::MaybeUninit;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use crate::element::Real;
 use crate::fresh::Output;
@@ -45,6 +48,11 @@ const DIRECT_ROWS: usize = 4;
 const SPLIT_KEYS: usize = 1024;
 /// The most splits a query block is cut into.
 const MAX_SPLITS: usize = 16;
+/// The most decoding problems that take their key tiles in turn (see `AttendCached::run`).
+const IN_TURN: usize = 8;
+/// Decoding problems take their key tiles in turn only in calls left with at least this many
+/// items a thread.
+const ITEMS_PER_THREAD_IN_TURN: usize = 4;
 /// Calls with at least this many heads per thread make each head's query blocks one work item,
 /// all but the last head per thread (see `Attend::run`). At 8 heads of 256 on two threads (Intel
 /// family 6 model 207) that was 8% faster than blocks of one head on both threads, back to back
@@ -238,11 +246,13 @@ pub(crate) struct Workspace<T: Real> {
     states: Vec<Mutex<State<T>>>,
     /// Problem `p`'s items are `item_starts[p] .. item_starts[p + 1]`.
     item_starts: Vec<usize>,
+    /// The problems run together and where their items start (see `AttendCached::run`).
+    runs: Vec<(usize, usize)>,
 }
 
 impl<T: Real> Default for Workspace<T> {
     fn default() -> Self {
-        Workspace { scratches: Vec::new(), states: Vec::new(), item_starts: Vec::new() }
+        Workspace { scratches: Vec::new(), states: Vec::new(), item_starts: Vec::new(), runs: Vec::new() }
     }
 }
 
@@ -339,6 +349,18 @@ impl<E: Element> StoredKeys<'_, E> {
             }
             _ => key_block,
         }
+    }
+
+    /// Whether `other`'s key rows are the same tokens' as `self`'s, in one tensor: as many rows,
+    /// as far apart, each from less than a row's stride after `self`'s (another key/value head
+    /// of flash-attn's `[total, heads, d]`) or from the same place.
+    fn interleaves(&self, other: &Self) -> bool {
+        let (StoredKeys::Rows { k: a, .. }, StoredKeys::Rows { k: b, .. }) = (self, other) else {
+            return false;
+        };
+        let stride = usize::try_from(a.strides()[0]).unwrap_or(0).saturating_mul(size_of::<E>());
+        let offset = b.as_ptr().addr().wrapping_sub(a.as_ptr().addr());
+        a.dim() == b.dim() && a.strides() == b.strides() && offset < stride
     }
 
     /// Whether both are the same rows of the caller's (the same elements, as the heads of a
@@ -716,6 +738,9 @@ impl KeySplits {
     }
 }
 
+/// A problem of a work item of [`attend_cached`], with its keys and values as the kernels read them.
+type ReadyProblem<'p, T, E> = (Problem<'p, T, E>, Packed<'p, E>);
+
 /// The operands of [`attend_cached`], waiting for its kernels.
 struct AttendCached<'p, 'c, T: Real, E: Element> {
     call: CachedCall<'p, 'c, T, E>,
@@ -739,7 +764,7 @@ impl<T: Real, E: Element<Compute = T>> Job<E> for AttendCached<'_, '_, T, E> {
         // Each problem's items are (query block, part, key split), split fastest, one after
         // another: each computes one state, and the states of a block are then merged in part
         // and split order, whichever thread ran them.
-        let Workspace { scratches, states, item_starts } = workspace;
+        let Workspace { scratches, states, item_starts, runs } = workspace;
         item_starts.clear();
         let (mut n_items, mut flops, mut largest, mut key_dim) = (0, 0.0, 0, 0);
         for p in 0..n_problems {
@@ -755,45 +780,103 @@ impl<T: Real, E: Element<Compute = T>> Job<E> for AttendCached<'_, '_, T, E> {
         }
         let states = &mut states[..n_items];
         let item_starts = &*item_starts;
-        let attend_item = |scratch: &mut Scratch<T>, item: usize, state: &mut State<T>| {
-            // The last problem whose items start at or before `item` (problems without rows have
-            // none).
-            let p = item_starts.partition_point(|&start| start <= item) - 1;
-            let splits = splits_of(p);
-            let local = item - item_starts[p];
+        let decoding = (0..n_problems)
+            .all(|p| matches!(problem(p, 0).kv, StoredKeys::Rows { k, .. } if decodes(n_rows(p), &k)));
+        // Decoding problems whose key rows interleave in one tensor (a sequence's key/value heads
+        // in flash-attn's `[total, heads, d]`) run as one, a tile of each in turn: each reads the
+        // rows between its own soon after the problem before it, where alone it would leave them
+        // for a read of their own later. Each still computes its own tiles in its own order, so
+        // its bits are those it gets alone. Runs are the calls' items: problem `runs[r].0`'s items
+        // from the `runs[r].1`-th on, each taking the same item of the problems up to the next
+        // run's first. Only calls left with items enough for every thread group their problems.
+        runs.clear();
+        let (mut n_runs, mut widest) = (0, 1);
+        // The call keeps items enough for every thread; runs of two problems at least halve
+        // them, so a call with fewer does not look.
+        let enough = ITEMS_PER_THREAD_IN_TURN * rayon::current_num_threads();
+        let may_join = decoding && parts == 1 && n_items >= 2 * enough;
+        for p in 0..n_problems {
+            let joins = runs.last().is_some_and(|&(first, _)| {
+                may_join
+                    && p - first < IN_TURN
+                    && shape(p) == shape(first)
+                    && problem(first, 0).kv.interleaves(&problem(p, 0).kv)
+            });
+            match runs.last() {
+                Some(&(first, _)) if joins => widest = widest.max(p + 1 - first),
+                _ => {
+                    runs.push((p, n_runs));
+                    n_runs += item_starts[p + 1] - item_starts[p];
+                }
+            }
+        }
+        if n_runs < enough {
+            runs.clear();
+            runs.extend((0..n_problems).map(|p| (p, item_starts[p])));
+            (n_runs, widest) = (n_items, 1);
+        }
+        runs.push((n_problems, n_runs));
+        let runs = &*runs;
+        let shared_states = &*states;
+        let attend_run = |scratch: &mut Scratch<T>, item: usize| {
+            // The last run whose items start at or before `item` (problems without rows have
+            // none), and its problems.
+            let r = runs.partition_point(|&(_, start)| start <= item) - 1;
+            let (first_problem, local) = (runs[r].0, item - runs[r].1);
+            let problems = first_problem..runs[r + 1].0;
+            let splits = splits_of(first_problem);
             let b = local / (parts * splits.count);
             let (part, split) = (local / splits.count % parts, local % splits.count);
-            let CachedProblem { q, kv, masks } = problem(p, part);
-            let shape = shape(p);
             let keys = splits.range(split);
-            let (source, key_rows, packed_keys) = match kv {
-                // Rows are packed for this item's keys alone (decoding packs only values that are
-                // not whole vectors wide or lie apart outside one tensor), and decoded straight
-                // from the key rows.
-                StoredKeys::Rows { k, .. } => {
-                    let key_rows = decodes(n_rows(p), &k).then_some(k);
-                    (kv, key_rows, keys.clone())
-                }
-                kv => (kv, None, 0..shape.n_keys),
-            };
-            let problem = Problem { shape, q: Queries::Computed(q), rows_per_query, source, key_rows, masks };
-            let packed = problem.packed::<K>(packed_keys);
+            let mut operands: [Option<ReadyProblem<T, E>>; IN_TURN] = [const { None }; IN_TURN];
+            let mut states: [Option<MutexGuard<State<T>>>; IN_TURN] = [const { None }; IN_TURN];
+            for ((operands, state), p) in operands.iter_mut().zip(&mut states).zip(problems) {
+                let CachedProblem { q, kv, masks } = problem(p, part);
+                let shape = shape(p);
+                let (source, key_rows, packed_keys) = match kv {
+                    // Rows are packed for this item's keys alone (decoding packs only values that
+                    // are not whole vectors wide or lie apart outside one tensor), and decoded
+                    // straight from the key rows.
+                    StoredKeys::Rows { k, .. } => {
+                        let key_rows = decodes(n_rows(p), &k).then_some(k);
+                        (kv, key_rows, keys.clone())
+                    }
+                    kv => (kv, None, 0..shape.n_keys),
+                };
+                let problem =
+                    Problem { shape, q: Queries::Computed(q), rows_per_query, source, key_rows, masks };
+                let packed = problem.packed::<K>(packed_keys);
+                *operands = Some((problem, packed));
+                *state = Some(shared_states[item_starts[p] + local].lock().expect("no task panicked"));
+            }
             let first = b * K::QUERY_BLOCK;
-            let query_rows = first..first + rows(p, b);
-            problem.attend_block_into(kernels, &packed, query_rows, keys, scratch, state);
+            let query_rows = first..first + rows(first_problem, b);
+            let (p0, _) = operands[0].as_ref().expect("a run has a problem");
+            let padded = p0.padded_rows::<K>(query_rows.len());
+            let count = runs[r + 1].0 - first_problem;
+            let (mut queries, mut tile) =
+                scratch.fit::<E, K>((count, padded, query_rows.len()), p0.shape.key_dim);
+            let mut walks: [Option<Walk<T, E>>; IN_TURN] = [const { None }; IN_TURN];
+            let operands = operands.iter().flatten().zip(states.iter_mut().flatten());
+            for (walk, ((problem, packed), state)) in walks.iter_mut().zip(operands) {
+                let q;
+                (q, queries) = std::mem::take(&mut queries).split_at_mut(padded * problem.shape.key_dim);
+                *walk = problem.walk::<K>(packed, query_rows.clone(), keys.clone(), q, state);
+            }
+            // Every walk takes its next tile, until none has one left.
+            while walks
+                .iter_mut()
+                .flatten()
+                .fold(false, |more, walk| walk.next_tile(kernels, &mut tile) | more)
+            {}
         };
-        let shared_states = &*states;
         // Every scratch a thread may take is grown here, on the calling thread, for the call's
         // largest block: a helper that joins a step for the first time allocates nothing then.
         let fit = |scratch: &mut Scratch<T>| {
-            scratch.fit::<E, K>(largest.next_multiple_of(K::TILE_ROWS), largest, key_dim);
+            scratch.fit::<E, K>((widest, largest.next_multiple_of(K::TILE_ROWS), largest), key_dim);
         };
-        let decoding = (0..n_problems)
-            .all(|p| matches!(problem(p, 0).kv, StoredKeys::Rows { k, .. } if decodes(n_rows(p), &k)));
         let share = work::worth_sharing(flops, decoding, K::LANES);
-        work::for_each_index(n_items, share, scratches, fit, |scratch, i| {
-            attend_item(scratch, i, &mut shared_states[i].lock().expect("no task panicked"));
-        });
+        work::for_each_index(n_runs, share, scratches, fit, attend_run);
         let mut lse = lse;
         let mut measured = Measured::nothing();
         let mut first_row = 0;
@@ -1136,9 +1219,9 @@ impl<T: Real> Default for Scratch<T> {
     }
 }
 
-/// A [`Scratch`]'s buffers cut to one query block's needs.
-struct Fitted<'s, T> {
-    q: &'s mut [T],
+/// The buffers one tile of scores uses and leaves (see [`Walk::next_tile`]): a [`Scratch`]'s,
+/// cut to one query block's needs and shared by the blocks that walk their tiles in turn.
+struct TileBuffers<'s, T> {
     s: &'s mut [T],
     row_max: &'s mut [T],
     tile_max: &'s mut [T],
@@ -1148,25 +1231,25 @@ struct Fitted<'s, T> {
 }
 
 impl<T: Real> Scratch<T> {
-    /// The buffers for a block of `rows` query rows of width `d` (`padded` with the register
-    /// tile's zero rows) at the level of `K` (its lanes, and its rows of scores
-    /// [`Kernels::SCORE_STRIDE`] apart), grown if they are shorter.
+    /// The buffers for `blocks` blocks of `rows` query rows of width `d` each (`padded` with the
+    /// register tile's zero rows) at the level of `K` (its lanes, and its rows of scores
+    /// [`Kernels::SCORE_STRIDE`] apart), grown if they are shorter: each block's packed queries,
+    /// one after another, and one tile's buffers, which the blocks share.
     fn fit<E: Element<Compute = T>, K: Kernels<T, E>>(
         &mut self,
-        padded: usize,
-        rows: usize,
+        (blocks, padded, rows): (usize, usize, usize),
         d: usize,
-    ) -> Fitted<'_, T> {
+    ) -> (&mut [T], TileBuffers<'_, T>) {
         let Scratch { q, s, row_max, tile_max, m_new, sums, alpha } = self;
-        Fitted {
-            q: prefix(q, padded * d),
+        let tile = TileBuffers {
             s: aligned_prefix(s, padded * K::SCORE_STRIDE),
             row_max: aligned_prefix(row_max, padded * K::LANES),
             tile_max: prefix(tile_max, rows),
             m_new: prefix(m_new, rows),
             sums: prefix(sums, rows),
             alpha: prefix(alpha, padded),
-        }
+        };
+        (prefix(q, blocks * padded * d), tile)
     }
 }
 
@@ -1227,7 +1310,7 @@ impl<'p, T: Real, E: Element<Compute = T>> Problem<'p, T, E> {
     fn attend_block<K: Kernels<T, E>>(
         &self,
         kernels: K,
-        packed: &Packed<E>,
+        packed: &Packed<'p, E>,
         first: usize,
         rows: usize,
         keys: Range<usize>,
@@ -1243,165 +1326,234 @@ impl<'p, T: Real, E: Element<Compute = T>> Problem<'p, T, E> {
     fn attend_block_into<K: Kernels<T, E>>(
         &self,
         kernels: K,
-        packed: &Packed<E>,
+        packed: &Packed<'p, E>,
         query_rows: Range<usize>,
         keys: Range<usize>,
         scratch: &mut Scratch<T>,
         state: &mut State<T>,
     ) {
+        let rows = query_rows.len();
+        let (q, mut tile) = scratch.fit::<E, K>((1, self.padded_rows::<K>(rows), rows), self.shape.key_dim);
+        if let Some(mut walk) = self.walk::<K>(packed, query_rows, keys, q, state) {
+            while walk.next_tile(kernels, &mut tile) {}
+        }
+    }
+
+    /// The rows a block of `rows` query rows computes: the packed score path computes whole
+    /// register tiles, padded with zero queries whose scores (0) and outputs are never read; the
+    /// direct path takes rows as they come.
+    fn padded_rows<K: Kernels<T, E>>(&self, rows: usize) -> usize {
+        if self.key_rows.is_some() { rows } else { rows.next_multiple_of(K::TILE_ROWS) }
+    }
+
+    /// The walk of the rows `query_rows` over the tiles of `keys` (see [`Walk`]), its queries
+    /// packed into `q` (`padded_rows · d_k` scalars) and `state` reset (its buffers reused, so
+    /// nothing of what it held carries over); `None` when no key of `keys` is visible to the
+    /// block, whose reset state is then its result.
+    fn walk<'w, K: Kernels<T, E>>(
+        &'w self,
+        packed: &'w Packed<'p, E>,
+        query_rows: Range<usize>,
+        keys: Range<usize>,
+        q: &'w mut [T],
+        state: &'w mut State<T>,
+    ) -> Option<Walk<'w, 'p, T, E>> {
         let (first, rows) = (query_rows.start, query_rows.len());
-        let d = self.shape.key_dim;
-        let masks = &self.masks;
-        let lanes = K::LANES;
-        let o_stride = packed.value_vectors * lanes;
-        let direct = self.key_rows.is_some();
-        // The packed score path computes whole register tiles: the block is padded with zero
-        // queries, whose scores (0) and outputs are never read. The direct path takes rows as
-        // they come.
-        let padded = if direct { rows } else { rows.next_multiple_of(K::TILE_ROWS) };
+        let padded = self.padded_rows::<K>(rows);
+        let o_stride = packed.value_vectors * K::LANES;
         state.reset(rows, padded * o_stride, o_stride);
         // Causal, window and key length: keys before `from` and from `reach` on are hidden from
         // every row of the block (visible ranges only move forward with the query), so their
         // blocks are skipped; blocks inside `clean_keys` are visible to every row and need no mask.
-        let block = BlockKeys::of(masks, self.query(first), self.query(first + rows - 1));
+        let block = BlockKeys::of(&self.masks, self.query(first), self.query(first + rows - 1));
         let reach = block.visible.end.min(keys.end);
         let from = packed.tile_start(keys.start, block.visible.start.max(keys.start), K::KEY_PANEL);
-        let elementwise = masks.has_elementwise_masks();
-        let clean_keys = block.clean;
         if from >= reach {
-            return;
+            return None;
         }
-        let Fitted { q, s, row_max, tile_max, m_new, sums, alpha } = scratch.fit::<E, K>(padded, rows, d);
-        let scale = T::from_f64_round(masks.scale);
+        let scale = T::from_f64_round(self.masks.scale);
+        let direct = self.key_rows.is_some();
         let score_scale = self.q.pack(direct, first, rows, scale, (K::TILE_ROWS, K::LAYOUT), &mut *q);
-        // Padding rows keep a factor of 1: their outputs are never read, but stay as without reuse.
-        alpha[rows..].fill(T::one());
-        let mut start = from;
-        while start < reach {
-            // A tile ends where the stored keys stop lying side by side (a paged cache's block).
-            let n_keys = K::KEY_BLOCK.min(reach - start).min(packed.contiguous_keys(start));
-            let panels = n_keys.div_ceil(K::KEY_PANEL);
-            // A causal tile on the diagonal: each group of rows needs the keys up to its last
-            // row's visible end; the scores past it are hidden below.
-            let trim = !elementwise && start + n_keys > clean_keys.end;
-            // Rows keep their running references where the level raises them lazily, once every
-            // row has one: a block with a row yet to see a key (the first, mostly) takes the
-            // maxima, which the score kernel finds while the scores are fresh in L1.
-            let raise = K::RAISES_REFERENCES && state.m.iter().all(|&m| m != T::neg_infinity());
-            if let Some(k) = self.key_rows {
-                // Decoding runs at the vector levels (`Isa::vectors`), whose direct scores fill
-                // rows of their `KEY_BLOCK`.
-                assert_eq!(K::KEY_BLOCK, KEY_BLOCK, "decoding at a level of its own key block");
-                // Split rather than sliced: `slice` took 2.5% of a bf16 decoding step.
-                let keys = k.split_at(Axis(0), start).1.split_at(Axis(0), n_keys).0;
-                let magnitude = kernels.direct_scores(q, rows, keys, &mut *s);
-                state.measured.keys = kernels::larger_magnitude(state.measured.keys, magnitude);
-            } else {
-                let group_keys = |g: usize| {
-                    let last = first + (g + K::TILE_ROWS).min(rows) - 1;
-                    masks.visible_keys(self.query(last)).end.saturating_sub(start)
-                };
-                let tile = ScoreTile {
-                    q,
-                    scale: score_scale,
-                    d,
-                    rows: padded,
-                    real_rows: rows,
-                    keys: packed.key_block(start, d),
-                    panels,
-                    s: &mut *s,
-                    stride: K::SCORE_STRIDE,
-                    row_max: &mut *row_max,
-                    maxima: !raise,
-                };
-                kernels.scores(tile, trim.then_some(&group_keys as &dyn Fn(usize) -> usize));
-            }
-            let scales = packed.scales(start, n_keys);
-            if let Some(scales) = scales {
-                // Quantized keys: each score takes its key's scale (`s_j · q·K_j`).
-                kernels.scale_columns(RowsMut { data: &mut *s, stride: K::SCORE_STRIDE, rows }, scales.keys);
-            }
-            let used = n_keys.next_multiple_of(lanes);
-            let clean = clean_keys.start <= start && start + n_keys <= clean_keys.end;
-            let queries = |r: usize| self.query(first + r);
-            let tile = RowsMut { data: &mut s[..], stride: K::SCORE_STRIDE, rows };
-            mask_tile(masks, &queries, tile, start..start + n_keys, used, clean);
-            let weights = RowsMut { data: &mut *s, stride: K::SCORE_STRIDE, rows };
-            if raise {
-                m_new.copy_from_slice(&state.m);
-                kernels.exp_rows_raising(weights, used, m_new, &mut *sums);
-            } else {
-                // The maxima the score kernel folded are exact for a tile without masks whose
-                // panels hold only its own keys; otherwise masked pairs, padding or keys past
-                // `reach` are in them, and the rows are scanned again.
-                let fused_max = !direct && clean && n_keys == panels * K::KEY_PANEL && scales.is_none();
-                if fused_max {
-                    kernels.row_maxima(Rows { data: row_max, stride: lanes, rows }, lanes, &mut *tile_max);
-                } else {
-                    kernels.row_maxima(
-                        Rows { data: weights.data, stride: K::SCORE_STRIDE, rows },
-                        used,
-                        &mut *tile_max,
-                    );
-                }
-                for r in 0..rows {
-                    m_new[r] = state.m[r].max(tile_max[r]);
-                }
-                kernels.exp_rows(weights, used, m_new, &mut *sums);
-            }
-            kernels.exp_differences(&state.m, m_new, &mut alpha[..rows]);
-            for r in 0..rows {
-                if m_new[r] == state.m[r] {
-                    // Exactly 1 where the reference stayed: a row with nothing visible yet (whose
-                    // `exp(-inf - -inf)` is no number) and, raising references, most rows.
-                    alpha[r] = T::one();
-                }
-                state.l[r] = state.l[r] * alpha[r] + sums[r];
-                state.m[r] = m_new[r];
-            }
-            let values = packed.values_from(start);
-            if let Some(scales) = scales {
-                // Quantized values: each weight takes its value's scale, after the sums took it
-                // as it was (`Σ p_j · s_j · V_j`).
-                kernels
-                    .scale_columns(RowsMut { data: &mut *s, stride: K::SCORE_STRIDE, rows }, scales.values);
-            }
-            // Decoding checks the caller's values as `P·V` reads them
-            // (`accumulate_values_measuring`); on a causal diagonal, whose groups stop short of
-            // the tile's last rows, they are measured on their own.
-            let mut measure = |magnitude: T| {
-                state.measured.values = kernels::larger_magnitude(state.measured.values, magnitude);
-            };
-            if !trim {
-                // A block smaller than a register tile (a decoding step's stacked heads) takes its
-                // rows one by one at the lane levels: the padding rows of a tile would cost a third
-                // of the work. The pair levels' tiles take whole groups of rows.
-                let one_by_one = rows < K::TILE_ROWS && K::LAYOUT == Layout::Lanes;
-                let weight_rows = if one_by_one { rows } else { padded };
-                let weights = Weights { p: s, rows: weight_rows, n_keys };
-                if direct {
-                    measure(kernels.accumulate_values_measuring(weights, alpha, values, &mut state.o));
-                } else {
-                    kernels.accumulate_values(weights, alpha, values, &mut state.o);
-                }
-            } else {
-                if direct {
-                    measure(kernels::value_magnitude(kernels, values, n_keys));
-                }
-                // A causal tile on the diagonal: each group of rows stops at the last key its
-                // last row sees. The weights past it are exact zeros, so the sums are unchanged
-                // and about half of the diagonal's `P·V` work is skipped.
-                for g in (0..padded).step_by(K::TILE_ROWS) {
-                    let group = K::TILE_ROWS.min(padded - g);
-                    let last = first + (g + group).min(rows) - 1;
-                    let end = masks.visible_keys(self.query(last)).end.clamp(start, start + n_keys);
-                    let weights = Weights { p: &s[g * K::SCORE_STRIDE..], rows: group, n_keys: end - start };
-                    let o = &mut state.o[g * o_stride..(g + group) * o_stride];
-                    kernels.accumulate_values(weights, &alpha[g..g + group], values, o);
-                }
-            }
-            start += n_keys;
+        Some(Walk {
+            problem: self,
+            packed,
+            first,
+            rows,
+            padded,
+            q,
+            score_scale,
+            clean_keys: block.clean,
+            start: from,
+            reach,
+            state,
+        })
+    }
+}
+
+/// A query block's pass over its key tiles, a tile a call, so that the blocks of problems whose
+/// keys lie interleaved in one tensor can take their tiles in turn (see `AttendCached::run`):
+/// the block's packed queries and the factor its scores still take, the keys visible to every
+/// row (`clean_keys`, see [`BlockKeys`]), where its next tile starts and where its keys end, and
+/// its state.
+struct Walk<'w, 'p, T: Real, E: Element> {
+    problem: &'w Problem<'p, T, E>,
+    packed: &'w Packed<'p, E>,
+    first: usize,
+    rows: usize,
+    padded: usize,
+    q: &'w [T],
+    score_scale: T,
+    clean_keys: Range<usize>,
+    start: usize,
+    reach: usize,
+    state: &'w mut State<T>,
+}
+
+impl<T: Real, E: Element<Compute = T>> Walk<'_, '_, T, E> {
+    /// Runs the next tile into the state (scores, masks, the online softmax's update and
+    /// `P·V`) with the buffers of `tile`, which it leaves for the next tile of any block; false
+    /// when no tile was left.
+    #[inline(always)]
+    fn next_tile<K: Kernels<T, E>>(&mut self, kernels: K, tile: &mut TileBuffers<'_, T>) -> bool {
+        let (problem, packed, state) = (self.problem, self.packed, &mut *self.state);
+        let (first, rows, padded, start, reach) =
+            (self.first, self.rows, self.padded, self.start, self.reach);
+        if start >= reach {
+            return false;
         }
+        let (q, score_scale, clean_keys) = (self.q, self.score_scale, self.clean_keys.clone());
+        let (s, row_max, tile_max) = (&mut *tile.s, &mut *tile.row_max, &mut *tile.tile_max);
+        let (m_new, sums, alpha) = (&mut *tile.m_new, &mut *tile.sums, &mut *tile.alpha);
+        let masks = &problem.masks;
+        let (d, lanes) = (problem.shape.key_dim, K::LANES);
+        let o_stride = packed.value_vectors * lanes;
+        let direct = problem.key_rows.is_some();
+        let elementwise = masks.has_elementwise_masks();
+        // Padding rows keep a factor of 1: their outputs are never read, but stay as without reuse.
+        alpha[rows..padded].fill(T::one());
+        // A tile ends where the stored keys stop lying side by side (a paged cache's block).
+        let n_keys = K::KEY_BLOCK.min(reach - start).min(packed.contiguous_keys(start));
+        let panels = n_keys.div_ceil(K::KEY_PANEL);
+        // A causal tile on the diagonal: each group of rows needs the keys up to its last
+        // row's visible end; the scores past it are hidden below.
+        let trim = !elementwise && start + n_keys > clean_keys.end;
+        // Rows keep their running references where the level raises them lazily, once every
+        // row has one: a block with a row yet to see a key (the first, mostly) takes the
+        // maxima, which the score kernel finds while the scores are fresh in L1.
+        let raise = K::RAISES_REFERENCES && state.m.iter().all(|&m| m != T::neg_infinity());
+        if let Some(k) = problem.key_rows {
+            // Decoding runs at the vector levels (`Isa::vectors`), whose direct scores fill
+            // rows of their `KEY_BLOCK`.
+            assert_eq!(K::KEY_BLOCK, KEY_BLOCK, "decoding at a level of its own key block");
+            // Split rather than sliced: `slice` took 2.5% of a bf16 decoding step.
+            let keys = k.split_at(Axis(0), start).1.split_at(Axis(0), n_keys).0;
+            let magnitude = kernels.direct_scores(q, rows, keys, &mut *s);
+            state.measured.keys = kernels::larger_magnitude(state.measured.keys, magnitude);
+        } else {
+            let group_keys = |g: usize| {
+                let last = first + (g + K::TILE_ROWS).min(rows) - 1;
+                masks.visible_keys(problem.query(last)).end.saturating_sub(start)
+            };
+            let tile = ScoreTile {
+                q,
+                scale: score_scale,
+                d,
+                rows: padded,
+                real_rows: rows,
+                keys: packed.key_block(start, d),
+                panels,
+                s: &mut *s,
+                stride: K::SCORE_STRIDE,
+                row_max: &mut *row_max,
+                maxima: !raise,
+            };
+            kernels.scores(tile, trim.then_some(&group_keys as &dyn Fn(usize) -> usize));
+        }
+        let scales = packed.scales(start, n_keys);
+        if let Some(scales) = scales {
+            // Quantized keys: each score takes its key's scale (`s_j · q·K_j`).
+            kernels.scale_columns(RowsMut { data: &mut *s, stride: K::SCORE_STRIDE, rows }, scales.keys);
+        }
+        let used = n_keys.next_multiple_of(lanes);
+        let clean = clean_keys.start <= start && start + n_keys <= clean_keys.end;
+        let queries = |r: usize| problem.query(first + r);
+        let tile = RowsMut { data: &mut s[..], stride: K::SCORE_STRIDE, rows };
+        mask_tile(masks, &queries, tile, start..start + n_keys, used, clean);
+        let weights = RowsMut { data: &mut *s, stride: K::SCORE_STRIDE, rows };
+        if raise {
+            m_new.copy_from_slice(&state.m);
+            kernels.exp_rows_raising(weights, used, m_new, &mut *sums);
+        } else {
+            // The maxima the score kernel folded are exact for a tile without masks whose
+            // panels hold only its own keys; otherwise masked pairs, padding or keys past
+            // `reach` are in them, and the rows are scanned again.
+            let fused_max = !direct && clean && n_keys == panels * K::KEY_PANEL && scales.is_none();
+            if fused_max {
+                kernels.row_maxima(Rows { data: row_max, stride: lanes, rows }, lanes, &mut *tile_max);
+            } else {
+                kernels.row_maxima(
+                    Rows { data: weights.data, stride: K::SCORE_STRIDE, rows },
+                    used,
+                    &mut *tile_max,
+                );
+            }
+            for r in 0..rows {
+                m_new[r] = state.m[r].max(tile_max[r]);
+            }
+            kernels.exp_rows(weights, used, m_new, &mut *sums);
+        }
+        kernels.exp_differences(&state.m, m_new, &mut alpha[..rows]);
+        for r in 0..rows {
+            if m_new[r] == state.m[r] {
+                // Exactly 1 where the reference stayed: a row with nothing visible yet (whose
+                // `exp(-inf - -inf)` is no number) and, raising references, most rows.
+                alpha[r] = T::one();
+            }
+            state.l[r] = state.l[r] * alpha[r] + sums[r];
+            state.m[r] = m_new[r];
+        }
+        let values = packed.values_from(start);
+        if let Some(scales) = scales {
+            // Quantized values: each weight takes its value's scale, after the sums took it
+            // as it was (`Σ p_j · s_j · V_j`).
+            kernels.scale_columns(RowsMut { data: &mut *s, stride: K::SCORE_STRIDE, rows }, scales.values);
+        }
+        // Decoding checks the caller's values as `P·V` reads them
+        // (`accumulate_values_measuring`); on a causal diagonal, whose groups stop short of
+        // the tile's last rows, they are measured on their own.
+        let mut measure = |magnitude: T| {
+            state.measured.values = kernels::larger_magnitude(state.measured.values, magnitude);
+        };
+        if !trim {
+            // A block smaller than a register tile (a decoding step's stacked heads) takes its
+            // rows one by one at the lane levels: the padding rows of a tile would cost a third
+            // of the work. The pair levels' tiles take whole groups of rows.
+            let one_by_one = rows < K::TILE_ROWS && K::LAYOUT == Layout::Lanes;
+            let weight_rows = if one_by_one { rows } else { padded };
+            let weights = Weights { p: s, rows: weight_rows, n_keys };
+            if direct {
+                measure(kernels.accumulate_values_measuring(weights, alpha, values, &mut state.o));
+            } else {
+                kernels.accumulate_values(weights, alpha, values, &mut state.o);
+            }
+        } else {
+            if direct {
+                measure(kernels::value_magnitude(kernels, values, n_keys));
+            }
+            // A causal tile on the diagonal: each group of rows stops at the last key its
+            // last row sees. The weights past it are exact zeros, so the sums are unchanged
+            // and about half of the diagonal's `P·V` work is skipped.
+            for g in (0..padded).step_by(K::TILE_ROWS) {
+                let group = K::TILE_ROWS.min(padded - g);
+                let last = first + (g + group).min(rows) - 1;
+                let end = masks.visible_keys(problem.query(last)).end.clamp(start, start + n_keys);
+                let weights = Weights { p: &s[g * K::SCORE_STRIDE..], rows: group, n_keys: end - start };
+                let o = &mut state.o[g * o_stride..(g + group) * o_stride];
+                kernels.accumulate_values(weights, &alpha[g..g + group], values, o);
+            }
+        }
+        self.start += n_keys;
+        true
     }
 }
 

@@ -214,21 +214,28 @@ fn decoding_reads_values_in_any_layout_as_it_reads_them_side_by_side() {
     // A decoding step reads a head's value rows in place from the caller's tensor when it is one
     // slice: token-major (flash-attn's), rows in reverse (a negative stride), values broadcast
     // over the keys (a zero stride) and values one wide must all give the bits of the same
-    // values side by side, and never panic.
+    // values side by side, and never panic. Keys token-major too put a batch element's key/value
+    // heads side by side, and its heads take their key tiles in turn (over 8200 keys in 8 splits
+    // each, 16 work items, enough for up to 4 threads): the bits of each head alone.
     let mut rng = ChaCha8Rng::seed_from_u64(41);
+    let token_major =
+        |x: &Array4<f32>| x.view().permuted_axes([0, 2, 1, 3]).as_standard_layout().into_owned();
     for level in levels() {
         let options = AttentionOptions::new().simd(level);
-        for (n_k, d_v) in [(1, 64), (37, 64), (300, 16), (513, 80), (9, 1)] {
+        for (n_k, d_v) in [(1, 64), (37, 64), (300, 16), (513, 80), (9, 1), (8200, 24)] {
             let q = random4(&mut rng, (2, 8, 1, 64));
             let k = random4(&mut rng, (2, 2, n_k, 64));
             let v = random4(&mut rng, (2, 2, n_k, d_v));
             let want = qkv::multi_head_attention(q.view(), k.view(), v.view(), &options).unwrap();
             let ctx = format!("{level} n_k {n_k} d_v {d_v}");
             // Token-major: each head's rows `2 · d_v` apart in one slice.
-            let token_major = v.view().permuted_axes([0, 2, 1, 3]).as_standard_layout().into_owned();
-            let token_major = token_major.view().permuted_axes([0, 2, 1, 3]);
-            let got = qkv::multi_head_attention(q.view(), k.view(), token_major, &options).unwrap();
+            let (k_tokens, v_tokens) = (token_major(&k), token_major(&v));
+            let (k_tokens, v_tokens) =
+                (k_tokens.view().permuted_axes([0, 2, 1, 3]), v_tokens.view().permuted_axes([0, 2, 1, 3]));
+            let got = qkv::multi_head_attention(q.view(), k.view(), v_tokens, &options).unwrap();
             assert_eq!(got, want, "{ctx}: token-major values");
+            let got = qkv::multi_head_attention(q.view(), k_tokens, v_tokens, &options).unwrap();
+            assert_eq!(got, want, "{ctx}: token-major keys and values");
             // Rows in reverse, and keys in reverse to match: the same set of (key, value) pairs.
             let (k_rev, v_rev) = (k.slice(s![.., .., ..;-1, ..]), v.slice(s![.., .., ..;-1, ..]));
             let got = qkv::multi_head_attention(q.view(), k_rev, v_rev, &options).unwrap();

@@ -203,6 +203,37 @@ fn alibi_slopes_and_sinks_apply_per_head_or_per_sequence_and_head() {
 }
 
 #[test]
+fn decoding_steps_take_a_sequences_heads_in_turn_with_the_bits_each_gets_alone() {
+    let mut rng = ChaCha8Rng::seed_from_u64(37);
+    // Enough decoding steps for every thread of any pool that tests run on, so that a step in
+    // flash-attn's layout runs each sequence's heads as one work item, a key tile of each in turn
+    // (whose rows lie side by side there): each head must get the bits it gets from inputs stored
+    // head by head (see `Packed::check`), and the reference's values. One key, tiles cut short,
+    // a sequence without queries and one without keys among them.
+    let key_lengths = [1, 2, 127, 128, 129, 300, 7, 0];
+    let lengths: Vec<(usize, usize)> =
+        (0..72).map(|i| (usize::from(i % 13 != 5), key_lengths[i % key_lengths.len()])).collect();
+    for (heads, dims) in [((8, 4), (16, 5)), ((6, 3), (8, 8))] {
+        let packed = Packed::random(&mut rng, &lengths, heads, dims);
+        let what = format!("heads {heads:?}, dims {dims:?}");
+        packed.check(&format!("{what} plain"), |_| AttentionOptions::new());
+        packed.check(&format!("{what} top-left causal, window"), |_| {
+            AttentionOptions::new().causal(CausalMask::TopLeft).sliding_window(SlidingWindow::new(3, 0))
+        });
+        // Slopes of its own for each query head: a sequence's query heads are its problems, two
+        // of them on each key/value head.
+        let slopes = qkv::alibi_slopes::<f32>(heads.0);
+        packed.check(&format!("{what} ALiBi per head"), |head| {
+            let o = AttentionOptions::new().causal(CausalMask::BottomRight);
+            match head {
+                None => o.alibi(Alibi::new(&slopes)),
+                Some((_, h)) => o.alibi(Alibi::new(&slopes[h..h + 1])),
+            }
+        });
+    }
+}
+
+#[test]
 fn scores_too_large_for_the_fast_path_still_match_the_reference() {
     let mut rng = ChaCha8Rng::seed_from_u64(33);
     let mut packed = Packed::random(&mut rng, &[(3, 4), (1, 9)], (2, 1), (4, 4));
