@@ -797,18 +797,20 @@ impl<T: Real, E: Element<Compute = T>> Job<E> for AttendCached<'_, '_, T, E> {
         // them, so a call with fewer does not look.
         let enough = ITEMS_PER_THREAD_IN_TURN * rayon::current_num_threads();
         let may_join = decoding && parts == 1 && n_items >= 2 * enough;
+        // The current run's first problem and its keys, each problem's built once.
+        let mut first: Option<(usize, StoredKeys<E>)> = None;
         for p in 0..n_problems {
-            let joins = runs.last().is_some_and(|&(first, _)| {
-                may_join
-                    && p - first < IN_TURN
-                    && shape(p) == shape(first)
-                    && problem(first, 0).kv.interleaves(&problem(p, 0).kv)
-            });
-            match runs.last() {
-                Some(&(first, _)) if joins => widest = widest.max(p + 1 - first),
+            let kv = may_join.then(|| problem(p, 0).kv);
+            match (first, kv) {
+                (Some((f, first_kv)), Some(kv))
+                    if p - f < IN_TURN && shape(p) == shape(f) && first_kv.interleaves(&kv) =>
+                {
+                    widest = widest.max(p + 1 - f);
+                }
                 _ => {
                     runs.push((p, n_runs));
                     n_runs += item_starts[p + 1] - item_starts[p];
+                    first = kv.map(|kv| (p, kv));
                 }
             }
         }
