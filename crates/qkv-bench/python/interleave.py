@@ -14,8 +14,9 @@ pause or right after the product; and ``qkv.varlen_attention`` on 8 packed causa
 8/2), after a pause of 300 ms or right after a PyTorch 512 × 512 matrix product. Each row gives
 the median, the slowest and how many calls took more than twice the median, over ``--rounds``
 calls. Last, a model's loop: 12 layers of a product, the attention and a product, with the
-attention by qkv and by PyTorch's SDPA, alternating. Environment variables that change how the threads wait
-(``OMP_WAIT_POLICY``, ``GOMP_SPINCOUNT``, ``RAYON_NUM_THREADS``) apply as usual.
+attention by qkv and by PyTorch's SDPA, alternating. qkv runs on PyTorch's OpenMP threads, or with
+``QKV_TORCH_THREADS=0`` on its own (``RAYON_NUM_THREADS``); environment variables that change how
+the threads wait (``OMP_WAIT_POLICY``, ``GOMP_SPINCOUNT``) apply as usual.
 """
 
 import argparse
@@ -49,6 +50,8 @@ def main():
     rounds = parser.parse_args().rounds
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {qkv.simd_report()}")
+    qkv.scaled_dot_product_attention(*(torch.randn(1, 1, 1, 8) for _ in range(3)))
+    print("qkv on " + ("PyTorch's OpenMP threads" if qkv._qkv.uses_openmp() else "its own threads"))
     with torch.no_grad():
         a, b = torch.randn(384, 384), torch.randn(512, 512)
         q, k, v = (torch.randn(1, 8, 256, 64) for _ in range(3))

@@ -10,6 +10,7 @@
 mod cache;
 mod dense;
 mod raw;
+mod team;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
@@ -21,10 +22,14 @@ fn value_error(error: qkv::AttentionError) -> PyErr {
     PyValueError::new_err(error.to_string())
 }
 
-/// Runs `work` with the GIL released (other Python threads run meanwhile), turning a panic into
-/// `RuntimeError`.
+/// Runs `work` with the GIL released (other Python threads run meanwhile), on PyTorch's OpenMP
+/// threads where the package found them (`team`), turning a panic into `RuntimeError`.
 fn detached<R: Send>(py: Python<'_>, work: impl FnOnce() -> PyResult<R> + Send) -> PyResult<R> {
-    py.detach(|| catch_unwind(AssertUnwindSafe(work))).unwrap_or_else(|panic| {
+    let call = || match team::current() {
+        Some(team) => qkv::with_thread_team(team, work),
+        None => work(),
+    };
+    py.detach(|| catch_unwind(AssertUnwindSafe(call))).unwrap_or_else(|panic| {
         let message = panic
             .downcast_ref::<&str>()
             .map(|s| s.to_string())
@@ -53,5 +58,6 @@ fn _qkv(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(alibi_slopes, module)?)?;
     dense::register(module)?;
     cache::register(module)?;
+    team::register(module)?;
     Ok(())
 }

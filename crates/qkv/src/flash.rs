@@ -535,7 +535,7 @@ impl<'p, T: Real, E: Element<Compute = T>> Job<E> for Attend<'p, '_, T, E> {
             let key_rows = decodes(n_rows, &k).then_some(k);
             let source = StoredKeys::Rows { k, v, v_tensor: None };
             problems.push(Problem { shape, q: Queries::Stored(q), rows_per_query, source, key_rows, masks });
-            let lens = query_blocks(out.nrows(), K::TILE_ROWS, query_block, rayon::current_num_threads());
+            let lens = query_blocks(out.nrows(), K::TILE_ROWS, query_block, work::threads());
             let firsts = lens.iter().scan(0, |first, &len| Some(std::mem::replace(first, *first + len)));
             let mut lse = lse.map(|lse| split_rows(lse, &lens).into_iter());
             let outs = out.blocks(&lens).into_iter().zip(firsts);
@@ -588,7 +588,7 @@ impl<'p, T: Real, E: Element<Compute = T>> Job<E> for Attend<'p, '_, T, E> {
             // to share (whole heads only, 8 of 256 on Zen 3 ran 1.42× slower). Whichever item a
             // block is in, it is computed the same way, so results do not depend on the number of
             // threads.
-            let threads = rayon::current_num_threads();
+            let threads = work::threads();
             let whole_heads =
                 if problems.len() >= WHOLE_HEADS_PER_THREAD * threads { problems.len() - threads } else { 0 };
             let mut items: Vec<HeadBlocks<T>> = Vec::new();
@@ -795,7 +795,7 @@ impl<T: Real, E: Element<Compute = T>> Job<E> for AttendCached<'_, '_, T, E> {
         let (mut n_runs, mut widest) = (0, 1);
         // The call keeps items enough for every thread; runs of two problems at least halve
         // them, so a call with fewer does not look.
-        let enough = ITEMS_PER_THREAD_IN_TURN * rayon::current_num_threads();
+        let enough = ITEMS_PER_THREAD_IN_TURN * work::threads();
         let may_join = decoding && parts == 1 && n_items >= 2 * enough;
         // The current run's first problem and its keys, each problem's built once.
         let mut first: Option<(usize, StoredKeys<E>)> = None;

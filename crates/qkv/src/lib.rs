@@ -34,7 +34,9 @@
 //!
 //! The work runs on the caller's current rayon thread pool: the global pool, or inside
 //! [`rayon::ThreadPool::install`](https://docs.rs/rayon/latest/rayon/struct.ThreadPool.html#method.install)
-//! the pool you chose (a pool of one thread runs everything on the calling thread).
+//! the pool you chose (a pool of one thread runs everything on the calling thread), or, inside
+//! [`with_thread_team`], on threads another library already keeps ([`ThreadTeam`]: the Python
+//! package runs qkv on PyTorch's OpenMP threads this way).
 //!
 //! ```
 //! use ndarray::array;
@@ -130,6 +132,7 @@ pub use rotary::{Rotary, RotaryPairing};
 pub use shape::Shape;
 pub use simd::simd_report;
 pub use varlen::{varlen_attention, varlen_attention_into, varlen_attention_with_lse};
+pub use work::{ThreadTeam, with_thread_team};
 
 /// Views a flat row-major slice as a `[rows, cols]` matrix, for embedders that hold plain slices.
 /// The slice must hold exactly `rows · cols` elements; `argument` names it in the error if not.

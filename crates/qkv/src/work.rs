@@ -12,6 +12,9 @@
 //! A helper whose CPU another program keeps busy is the exception: the caller waits for it
 //! however little it takes. Helpers note how late they start (`contention`), and for a while
 //! after a late one only work that outlasts such a wait is shared.
+//!
+//! Inside [`with_thread_team`] the helpers are another library's threads instead of rayon's
+//! (`team`), handed the same items the same way.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
@@ -25,6 +28,9 @@ use cpu::Caller;
 mod cpu;
 
 mod contention;
+mod team;
+
+pub use team::{ThreadTeam, with_thread_team};
 
 /// Work that one thread would finish in less than this many microseconds runs on the calling
 /// thread (unless it comes right after another call, [`SHARE_BACK_TO_BACK_ABOVE_US`]): a pool
@@ -115,8 +121,12 @@ pub(crate) fn worth_sharing_a_pass() -> bool {
 static CONTENTION: Contention = Contention::new();
 
 /// While helpers are kept off their CPUs at `now` ([`since_start`]; `contention`), how long the
-/// last late one waited to start, in microseconds.
+/// last late one waited to start, in microseconds. Never for a call on a [`ThreadTeam`]: what
+/// the helpers saw was of rayon's threads, which that call does not use.
 fn kept_waiting_us(now: u64) -> Option<f64> {
+    if team::current().is_some() {
+        return None;
+    }
     CONTENTION.kept_waiting(now).map(|late| late.as_secs_f64() * 1e6)
 }
 
@@ -229,16 +239,27 @@ impl Progress {
     }
 }
 
-/// Whether the threads of a call shared at `now` ([`since_start`]) wait for each other at the end
-/// ([`Progress`]): not when the pool has more threads than the process has CPUs, where a spinning
+/// How many threads a call made now on this thread can share its work between: its
+/// [`ThreadTeam`]'s, or else its rayon pool's.
+pub(crate) fn threads() -> usize {
+    pool_threads(team::current().as_deref())
+}
+
+/// How many threads `team` has, or else the current rayon pool.
+fn pool_threads(team: Option<&dyn ThreadTeam>) -> usize {
+    team.map_or_else(rayon::current_num_threads, |team| team.threads().max(1))
+}
+
+/// Whether the `threads` threads of a call shared at `now` ([`since_start`]) wait for each other
+/// at the end ([`Progress`]): not when there are more of them than the process has CPUs, where a spinning
 /// thread holds a CPU that a thread still on an item waits for (4 threads on 2 vCPUs of an Intel
 /// Xeon, family 6 model 167: a single head of 256 queries took 1.16 times as long, 1024 queries
 /// 1.08), nor while helpers are kept off their CPUs by another program's threads, which the spin
 /// would keep off theirs longer.
-fn waiting_pays(now: u64) -> bool {
+fn waiting_pays(threads: usize, now: u64) -> bool {
     static CPUS: OnceLock<usize> = OnceLock::new();
     let cpus = *CPUS.get_or_init(|| std::thread::available_parallelism().map_or(1, usize::from));
-    rayon::current_num_threads() <= cpus && kept_waiting_us(now).is_none()
+    threads <= cpus && kept_waiting_us(now).is_none()
 }
 
 /// `f` of every item, in item order. With `share`, the calling thread and the pool's threads
@@ -257,7 +278,9 @@ pub(crate) fn map_items<I: Send, R: Send, S>(
     f: impl Fn(&mut S, I) -> R + Sync,
 ) -> Vec<R> {
     let _end = CallEnd;
-    let helpers = rayon::current_num_threads().min(items.len()).saturating_sub(1);
+    let team = team::current();
+    let pool = pool_threads(team.as_deref());
+    let helpers = pool.min(items.len()).saturating_sub(1);
     if !share || helpers == 0 {
         let mut scratch = new_scratch();
         return items.into_iter().map(|item| f(&mut scratch, item)).collect();
@@ -266,9 +289,8 @@ pub(crate) fn map_items<I: Send, R: Send, S>(
     let items: Vec<Mutex<Option<I>>> = items.into_iter().map(|item| Mutex::new(Some(item))).collect();
     let results: Vec<Mutex<Option<R>>> = (0..count).map(|_| Mutex::new(None)).collect();
     let hand_out = HandOut::now();
-    let progress = Progress::new(count, waiting_pays(hand_out.at_ns));
+    let progress = Progress::new(count, waiting_pays(pool, hand_out.at_ns));
     let take_items = || {
-        hand_out.arrive();
         let mut scratch = None;
         while let Some(i) = progress.take() {
             let item = items[i].lock().expect("no task panicked").take().expect("each item is taken once");
@@ -278,12 +300,20 @@ pub(crate) fn map_items<I: Send, R: Send, S>(
         }
         progress.wait_for_the_rest();
     };
-    rayon::in_place_scope(|scope| {
-        for _ in 0..helpers {
-            scope.spawn(|_| take_items());
-        }
-        take_items();
-    });
+    if let Some(team) = team {
+        team::run(&*team, helpers + 1, &take_items);
+    } else {
+        let arrive_and_take = || {
+            hand_out.arrive();
+            take_items();
+        };
+        rayon::in_place_scope(|scope| {
+            for _ in 0..helpers {
+                scope.spawn(|_| arrive_and_take());
+            }
+            arrive_and_take();
+        });
+    }
     results.into_iter().map(|r| r.into_inner().expect("no task panicked").expect("every item ran")).collect()
 }
 
@@ -308,7 +338,8 @@ pub(crate) fn for_each_index<S: Default + Send>(
     // Every scratch the pool could lend is readied, shared or not: whether a call is shared can
     // depend on how soon it follows the last (`worth_sharing`), and the first call to share then
     // finds its helpers' scratches ready.
-    let pool = rayon::current_num_threads().min(count).max(1);
+    let team = team::current();
+    let pool = pool_threads(team.as_deref()).min(count).max(1);
     let threads = if share { pool } else { 1 };
     if scratches.len() < pool {
         scratches.resize_with(pool, Default::default);
@@ -322,9 +353,8 @@ pub(crate) fn for_each_index<S: Default + Send>(
         return;
     }
     let hand_out = HandOut::now();
-    let progress = Progress::new(count, waiting_pays(hand_out.at_ns));
+    let progress = Progress::new(count, waiting_pays(threads, hand_out.at_ns));
     let take_indices = |scratch: &Mutex<S>| {
-        hand_out.arrive();
         let mut scratch = scratch.lock().expect("no task panicked");
         while let Some(i) = progress.take() {
             f(&mut scratch, i);
@@ -332,8 +362,21 @@ pub(crate) fn for_each_index<S: Default + Send>(
         }
         progress.wait_for_the_rest();
     };
-    let take_indices = &take_indices;
     let scratches = &scratches[..threads];
+    if let Some(team) = team {
+        // Each of the team's threads takes the next scratch; one beyond them takes nothing.
+        let next = AtomicUsize::new(0);
+        team::run(&*team, threads, &|| {
+            if let Some(scratch) = scratches.get(next.fetch_add(1, Ordering::Relaxed)) {
+                take_indices(scratch);
+            }
+        });
+        return;
+    }
+    let take_indices = &|scratch: &Mutex<S>| {
+        hand_out.arrive();
+        take_indices(scratch);
+    };
     if rayon::current_thread_index().is_some() {
         join_over(scratches, take_indices);
         return;

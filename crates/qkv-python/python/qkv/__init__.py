@@ -3,7 +3,9 @@
 ``qkv.scaled_dot_product_attention`` takes PyTorch's arguments and returns what
 ``torch.nn.functional.scaled_dot_product_attention`` returns, on torch tensors (with autograd,
 and under ``torch.compile`` as an opaque operator) or NumPy arrays. The engine is the Rust crate
-``qkv``; see ``qkv.simd_report()`` for the kernels this CPU runs.
+``qkv``; see ``qkv.simd_report()`` for the kernels this CPU runs. Once it has seen a torch tensor,
+it runs on PyTorch's own OpenMP threads where PyTorch runs on OpenMP (as many as
+``torch.get_num_threads()``; ``QKV_TORCH_THREADS=0`` keeps qkv on threads of its own).
 """
 
 import importlib

@@ -10,7 +10,7 @@ import math
 import re
 import sys
 
-from . import _qkv
+from . import _qkv, _threads
 
 _CODES = {"float32": 0, "float64": 1, "bfloat16": 2, "float16": 3, "bool": 4}
 _FLOATS = ("float32", "float64", "bfloat16", "float16")
@@ -104,6 +104,7 @@ def backend(*tensors):
     if kind not in _backends:
         if kind == "torch":
             torch = sys.modules["torch"]
+            _threads.use_torch_threads(torch)
             _backends[kind] = _Torch(torch)
             TORCH_CODES.update({getattr(torch, n): c for n, c in _CODES.items()}, type=torch.Tensor)
         elif kind == "numpy":

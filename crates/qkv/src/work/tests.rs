@@ -129,4 +129,114 @@ fn a_helper_that_starts_late_keeps_small_work_on_the_calling_thread() {
     assert!(kept_waiting_us(since_start()).is_some(), "a helper 2 ms late");
     assert!(!worth_sharing(SHARE_ABOVE_US * TILED_FLOPS_PER_US_PER_LANE * 16.0, false, 16));
     assert!(!worth_sharing_a_pass());
+    // A call on another library's threads is not held back by what rayon's helpers saw.
+    let team = std::sync::Arc::new(Spawned { threads: 2, returned: AtomicUsize::new(0) });
+    with_thread_team(team, || {
+        assert!(kept_waiting_us(since_start()).is_none());
+        assert!(worth_sharing(SHARE_ABOVE_US * TILED_FLOPS_PER_US_PER_LANE * 16.0, false, 16));
+        assert!(worth_sharing_a_pass());
+    });
+}
+
+/// A team of threads spawned for each call, which notes whether its `run` returned.
+struct Spawned {
+    threads: usize,
+    returned: AtomicUsize,
+}
+
+impl ThreadTeam for Spawned {
+    fn threads(&self) -> usize {
+        self.threads
+    }
+
+    fn run(&self, threads: usize, work: &(dyn Fn() + Sync)) {
+        std::thread::scope(|scope| {
+            for _ in 1..threads {
+                scope.spawn(work);
+            }
+            work();
+        });
+        self.returned.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+#[test]
+fn a_team_takes_the_items_in_place_of_the_pool() {
+    let team = std::sync::Arc::new(Spawned { threads: 3, returned: AtomicUsize::new(0) });
+    // Each result: the item's square, and whether a rayon thread computed it.
+    let got = with_thread_team(team.clone(), || {
+        assert_eq!(threads(), 3);
+        map_items(
+            (0..40).collect(),
+            true,
+            || (),
+            |_, i: usize| {
+                std::thread::sleep(Duration::from_micros(200));
+                (i * i, std::thread::current().id(), rayon::current_thread_index().is_some())
+            },
+        )
+    });
+    assert_eq!(got.iter().map(|r| r.0).collect::<Vec<_>>(), (0..40).map(|i| i * i).collect::<Vec<_>>());
+    assert!(got.iter().all(|r| !r.2), "a rayon thread took an item");
+    let ids: std::collections::HashSet<_> = got.iter().map(|r| r.1).collect();
+    assert!(ids.len() > 1 && ids.len() <= 3, "{} threads took the items", ids.len());
+    assert_eq!(team.returned.load(Ordering::Relaxed), 1);
+    // Outside the closure the pool is back.
+    assert_eq!(threads(), rayon::current_num_threads());
+
+    // Indices too, each thread with a scratch of its own.
+    let mut scratches: Vec<Mutex<Vec<usize>>> = Vec::new();
+    let done: Vec<AtomicUsize> = (0..30).map(|_| AtomicUsize::new(0)).collect();
+    with_thread_team(team.clone(), || {
+        for_each_index(
+            30,
+            true,
+            &mut scratches,
+            |_| {},
+            |taken: &mut Vec<usize>, i| {
+                std::thread::sleep(Duration::from_micros(200));
+                taken.push(i);
+                done[i].fetch_add(1, Ordering::Relaxed);
+            },
+        )
+    });
+    assert!(done.iter().all(|d| d.load(Ordering::Relaxed) == 1), "each index once");
+    let taken: Vec<usize> = scratches.iter_mut().map(|s| s.get_mut().unwrap().len()).collect();
+    assert_eq!(taken.iter().sum::<usize>(), 30);
+    assert!(taken.iter().filter(|&&n| n > 0).count() > 1, "one scratch took every index: {taken:?}");
+    assert_eq!(team.returned.load(Ordering::Relaxed), 2);
+}
+
+#[test]
+fn a_panic_on_a_teams_thread_reaches_the_caller_and_not_the_teams_code() {
+    let team = std::sync::Arc::new(Spawned { threads: 2, returned: AtomicUsize::new(0) });
+    let call = || {
+        with_thread_team(team.clone(), || {
+            map_items((0..8).collect(), true, || (), |_, i: usize| if i == 3 { panic!("item 3") } else { i })
+        })
+    };
+    let payload = std::panic::catch_unwind(call).expect_err("item 3 panics");
+    assert_eq!(payload.downcast_ref::<&str>(), Some(&"item 3"));
+    // The team's `run` returned: the panic did not unwind through it.
+    assert_eq!(team.returned.load(Ordering::Relaxed), 1);
+    // And the team is gone from this thread once the call unwound.
+    assert!(team::current().is_none());
+}
+
+#[test]
+fn the_innermost_team_holds_and_the_outer_one_comes_back() {
+    let outer = std::sync::Arc::new(Spawned { threads: 2, returned: AtomicUsize::new(0) });
+    let inner = std::sync::Arc::new(Spawned { threads: 5, returned: AtomicUsize::new(0) });
+    with_thread_team(outer, || {
+        assert_eq!(threads(), 2);
+        let unwound = std::panic::catch_unwind(|| {
+            with_thread_team(inner, || {
+                assert_eq!(threads(), 5);
+                panic!("inside")
+            })
+        });
+        assert!(unwound.is_err());
+        assert_eq!(threads(), 2);
+    });
+    assert!(team::current().is_none());
 }

@@ -1,5 +1,8 @@
 //! Properties attention has whatever the inputs: checked on the reference and the fast paths.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use ndarray::{Array2, s};
 use proptest::prelude::*;
 use qkv::{AdditiveBias, AttentionOptions, CausalMask};
@@ -134,6 +137,77 @@ fn multi_head_results_do_not_depend_on_how_heads_are_shared_out() {
                 "{level} causal {causal}: results differ between 1, 2, 3 and 12 threads"
             );
         }
+    }
+}
+
+/// A [`qkv::ThreadTeam`] that spawns its threads for each call (or, `one_by_one`, runs `work` on
+/// the calling thread as many times) and counts its calls.
+struct SpawnedTeam {
+    threads: usize,
+    one_by_one: bool,
+    runs: AtomicUsize,
+}
+
+impl qkv::ThreadTeam for SpawnedTeam {
+    fn threads(&self) -> usize {
+        self.threads
+    }
+
+    fn run(&self, threads: usize, work: &(dyn Fn() + Sync)) {
+        assert!((2..=self.threads).contains(&threads), "asked for {threads} of {} threads", self.threads);
+        self.runs.fetch_add(1, Ordering::Relaxed);
+        if self.one_by_one {
+            (0..threads).for_each(|_| work());
+            return;
+        }
+        std::thread::scope(|scope| {
+            for _ in 1..threads {
+                scope.spawn(work);
+            }
+            work();
+        });
+    }
+}
+
+#[test]
+fn results_are_the_same_on_another_librarys_threads() {
+    // Large enough to share: a prefill, a decoding step split over its keys, and a multi-head
+    // decoding step whose key/value heads interleave (token-major keys, taken in turn).
+    let heads = |n, heads, salt| {
+        ndarray::Array4::from_shape_fn((2, n, heads, 32), |(b, i, h, c)| {
+            (((b * 31 + h) * 97 + i) * 13 + c + salt) as f32 % 17.0 / 8.5 - 1.0
+        })
+    };
+    let (mq, mk, mv) = (heads(1, 16, 1), heads(6000, 8, 2), heads(6000, 8, 3));
+    let (mq, mk, mv) =
+        (mq.permuted_axes([0, 2, 1, 3]), mk.permuted_axes([0, 2, 1, 3]), mv.permuted_axes([0, 2, 1, 3]));
+    let one_thread = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+    for level in levels() {
+        for (dims, mask) in [
+            ((600, 700, 64, 48), MaskKind::None),
+            ((600, 700, 64, 48), MaskKind::CausalTopLeft),
+            ((1, 40000, 64, 64), MaskKind::None),
+        ] {
+            let p = Problem::<f32>::random(5, dims, 2.0, mask);
+            let options = p.options().simd(level);
+            let call = || qkv::attention(p.q.view(), p.k.view(), p.v.view(), &options).unwrap();
+            let alone = one_thread.install(call);
+            for (threads, one_by_one) in [(2, false), (3, false), (3, true)] {
+                let team = Arc::new(SpawnedTeam { threads, one_by_one, runs: AtomicUsize::new(0) });
+                let on_team = qkv::with_thread_team(team.clone(), call);
+                assert!(
+                    alone == on_team,
+                    "{level} {dims:?} {mask:?}: {threads} threads, one by one {one_by_one}"
+                );
+                assert!(team.runs.load(Ordering::Relaxed) > 0, "{level} {dims:?}: the team took no part");
+            }
+        }
+        let options = AttentionOptions::new().simd(level);
+        let call = || qkv::multi_head_attention(mq.view(), mk.view(), mv.view(), &options).unwrap();
+        let alone = one_thread.install(call);
+        let team = Arc::new(SpawnedTeam { threads: 2, one_by_one: false, runs: AtomicUsize::new(0) });
+        assert!(alone == qkv::with_thread_team(team.clone(), call), "{level}: multi-head decoding");
+        assert!(team.runs.load(Ordering::Relaxed) > 0, "{level}: the team took no part in decoding");
     }
 }
 
