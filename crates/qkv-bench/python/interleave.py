@@ -13,8 +13,10 @@ Rows: a 384 × 384 float32 matrix product (PyTorch), after a pause of 2 ms or ri
 pause or right after the product; and ``qkv.varlen_attention`` on 8 packed causal prefills (GQA
 8/2), after a pause of 300 ms or right after a PyTorch 512 × 512 matrix product. Each row gives
 the median, the slowest and how many calls took more than twice the median, over ``--rounds``
-calls. Last, a model's loop: 12 layers of a product, the attention and a product, with the
-attention by qkv and by PyTorch's SDPA, alternating. qkv runs on PyTorch's OpenMP threads, or with
+calls. A single head of those, after a product, by qkv and by PyTorch's SDPA (and qkv's after a
+pause of 50 ms, when PyTorch's threads have gone to sleep). Last, a model's loop: 12 layers of a
+product, the attention and a product, with the attention by qkv and by PyTorch's SDPA,
+alternating. qkv runs on PyTorch's OpenMP threads, or with
 ``QKV_TORCH_THREADS=0`` on its own (``RAYON_NUM_THREADS``); environment variables that change how
 the threads wait (``OMP_WAIT_POLICY``, ``GOMP_SPINCOUNT``) apply as usual.
 """
@@ -70,6 +72,9 @@ def main():
         def torch_attention():
             return torch.nn.functional.scaled_dot_product_attention(q, k, v)
 
+        def single_heads(attend):
+            return lambda: attend(q[:, :1], k[:, :1], v[:, :1])
+
         def layers(attention):
             def run():
                 for _ in range(12):
@@ -90,6 +95,11 @@ def main():
         print("qkv.scaled_dot_product_attention, 8 heads x 256")
         row("after a pause of 2 ms", lambda: time.sleep(0.002), qkv_attention, rounds)
         row("right after a PyTorch matrix product", torch_op, qkv_attention, rounds)
+        print("one head x 256 right after a PyTorch matrix product, and qkv's after a pause of 50 ms")
+        row("qkv", torch_op, single_heads(qkv.scaled_dot_product_attention), rounds)
+        row("PyTorch SDPA", torch_op, single_heads(torch.nn.functional.scaled_dot_product_attention), rounds)
+        row("qkv after a pause of 50 ms", lambda: time.sleep(0.05), single_heads(qkv.scaled_dot_product_attention),
+            min(rounds, 40))
         print("qkv.varlen_attention, 8 packed prefills")
         row("after a pause of 300 ms", lambda: time.sleep(0.3), packed, min(rounds, 10))
         row("right after a PyTorch matrix product", lambda: b @ b, packed, rounds)
