@@ -9,6 +9,7 @@
 //! points here (`python/qkv/_threads.py`).
 
 use std::ffi::{c_int, c_uint, c_void};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use pyo3::exceptions::PyValueError;
@@ -42,6 +43,7 @@ impl qkv::ThreadTeam for OpenMp {
             let work = unsafe { &*data.cast::<&(dyn Fn() + Sync)>() };
             work();
         }
+        REGIONS.fetch_add(1, Ordering::Relaxed);
         let data = std::ptr::from_ref(&work).cast_mut().cast::<c_void>();
         let threads = c_uint::try_from(threads).unwrap_or(c_uint::MAX);
         // SAFETY: the address of the runtime's `GOMP_parallel` (`use_openmp`); `data` lives
@@ -52,6 +54,9 @@ impl qkv::ThreadTeam for OpenMp {
 
 /// The team of `use_openmp`, once set.
 static TEAM: OnceLock<Arc<dyn qkv::ThreadTeam>> = OnceLock::new();
+
+/// How many calls shared their work on the team (`openmp_regions`).
+static REGIONS: AtomicU64 = AtomicU64::new(0);
 
 /// The team every call runs on, if the package set one.
 pub(crate) fn current() -> Option<Arc<dyn qkv::ThreadTeam>> {
@@ -71,8 +76,12 @@ fn use_openmp(parallel: usize, max_threads: usize) -> PyResult<bool> {
     // (the documented contract of this private function).
     let team = unsafe {
         OpenMp {
-            parallel: std::mem::transmute::<usize, GompParallel>(parallel),
-            max_threads: std::mem::transmute::<usize, OmpGetMaxThreads>(max_threads),
+            parallel: std::mem::transmute::<*const (), GompParallel>(std::ptr::with_exposed_provenance(
+                parallel,
+            )),
+            max_threads: std::mem::transmute::<*const (), OmpGetMaxThreads>(
+                std::ptr::with_exposed_provenance(max_threads),
+            ),
         }
     };
     Ok(TEAM.set(Arc::new(team)).is_ok())
@@ -84,9 +93,17 @@ fn uses_openmp() -> bool {
     TEAM.get().is_some()
 }
 
+/// How many of the engine's calls have shared their work on the OpenMP team so far, in this
+/// process (for tests and benchmarks: whether calls really spread over PyTorch's threads).
+#[pyfunction]
+fn openmp_regions() -> u64 {
+    REGIONS.load(Ordering::Relaxed)
+}
+
 /// Adds this module's functions to `qkv._qkv`.
 pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(use_openmp, module)?)?;
     module.add_function(wrap_pyfunction!(uses_openmp, module)?)?;
+    module.add_function(wrap_pyfunction!(openmp_regions, module)?)?;
     Ok(())
 }

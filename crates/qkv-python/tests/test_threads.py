@@ -34,9 +34,14 @@ def test_calls_run_on_pytorchs_threads_where_pytorch_runs_on_openmp():
 def test_results_do_not_depend_on_whose_threads_run_them(tmp_path):
     own = results_in_a_process(tmp_path, "own", 0, QKV_TORCH_THREADS="0")
     assert not own.pop("uses openmp")
+    assert own.pop("openmp regions") == 0
+    own.pop("torch threads")
     for threads in (0, 1, 3):
         torch_threads = results_in_a_process(tmp_path, f"torch{threads}", threads, QKV_TORCH_THREADS="1")
         assert bool(torch_threads.pop("uses openmp")) == ON_OPENMP
+        # The calls spread over PyTorch's threads where it has more than one, and never otherwise.
+        regions, team = torch_threads.pop("openmp regions"), torch_threads.pop("torch threads")
+        assert (regions > 0) == (ON_OPENMP and team > 1), f"{regions} regions on {team} threads"
         assert sorted(torch_threads) == sorted(own)
         for name, result in own.items():
             assert torch.equal(torch_threads[name], result), f"{name}: {threads} PyTorch threads"
@@ -48,7 +53,10 @@ def forked_worker(query):
     return qkv.scaled_dot_product_attention(query, query, query)
 
 
-@pytest.mark.skipif(not ON_OPENMP or sys.platform != "linux", reason="PyTorch on OpenMP, processes forked")
+@pytest.mark.skipif(
+    not ON_OPENMP or sys.platform != "linux" or os.environ.get("QKV_TORCH_THREADS") == "0",
+    reason="qkv on PyTorch's OpenMP threads, processes forked",
+)
 def test_a_forked_worker_with_one_pytorch_thread_runs_qkv():
     query = torch.randn(2, 8, 300, 64)
     want = qkv.scaled_dot_product_attention(query, query, query)  # the parent's threads at work first

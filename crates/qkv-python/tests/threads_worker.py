@@ -39,4 +39,6 @@ if __name__ == "__main__":
         torch.set_num_threads(threads)
     results = calls()
     results["uses openmp"] = torch.tensor(qkv._qkv.uses_openmp())
+    results["openmp regions"] = torch.tensor(qkv._qkv.openmp_regions())
+    results["torch threads"] = torch.tensor(torch.get_num_threads())
     torch.save(results, sys.argv[1])

@@ -1,10 +1,9 @@
 //! The blocked path: for each block of queries, `S = Q_b·Kᵀ` with a GEMM, softmax by rows, then
-//! `O_b = P_b·V`. Blocks run in parallel; each writes only its own output rows, so the result is
-//! the same bit for bit whatever the thread count.
+//! `O_b = P_b·V`. Blocks run in parallel (`work::map_items`); each writes only its own output
+//! rows, so the result is the same bit for bit whatever the thread count.
 
 use ndarray::linalg::general_mat_mul;
 use ndarray::{Array2, ArrayView2, ArrayViewMut1, ArrayViewMut2, Axis, s};
-use rayon::prelude::*;
 
 use crate::element::Real;
 use crate::error::AttentionError;
@@ -12,6 +11,7 @@ use crate::kernels::Element;
 use crate::masking::MaskSet;
 use crate::shape::Shape;
 use crate::softmax;
+use crate::work;
 
 /// Queries per block: large enough for the GEMMs to run near full speed, small enough that a
 /// block's `[QUERY_BLOCK, n_keys]` score matrix stays modest.
@@ -42,17 +42,19 @@ pub(crate) fn attend<T: Real, O: Element<Compute = T>>(
 ) -> Result<(), AttentionError> {
     let kt = k.t();
     let n_blocks = shape.n_queries.div_ceil(QUERY_BLOCK);
-    let blocks: Vec<Result<Block<T>, AttentionError>> = (0..n_blocks)
-        .into_par_iter()
-        .map(|b| {
+    let keep_scores = matrices.is_some();
+    let blocks = work::map_items(
+        (0..n_blocks).collect(),
+        true,
+        || (),
+        |(), b: usize| {
             let first = b * QUERY_BLOCK;
             let rows = first..(first + QUERY_BLOCK).min(shape.n_queries);
-            let keep_scores = matrices.is_some();
             attend_block(q.slice(s![rows, ..]), first, kt, v, masks, keep_scores)
-        })
-        .collect();
+        },
+    );
     // The first error in query order, so that a call names the same query whichever block's
-    // thread failed first (rayon's `Result` collect keeps the first to fail in time).
+    // thread failed first.
     let blocks: Vec<Block<T>> = blocks.into_iter().collect::<Result<_, _>>()?;
     let (mut scores, mut weights) = matrices.unzip();
     for (b, block) in blocks.into_iter().enumerate() {

@@ -302,6 +302,8 @@ pub(crate) fn map_items<I: Send, R: Send, S>(
     };
     if let Some(team) = team {
         team::run(&*team, helpers + 1, &take_items);
+        // Whatever a team that started fewer threads than asked left (nothing, usually).
+        take_items();
     } else {
         let arrive_and_take = || {
             hand_out.arrive();
@@ -319,8 +321,9 @@ pub(crate) fn map_items<I: Send, R: Send, S>(
 
 /// `f(scratch, i)` for every `i < count`, shared out as [`map_items`] shares its items (with
 /// `share`, the calling thread and the pool's threads take the next index as they come free),
-/// each thread lending `f` a scratch of `scratches`: the calling thread the first, helper `h`
-/// the `h`-th, made the first time there are that many. So a call after a first one as large
+/// each thread lending `f` a scratch of `scratches`: on rayon's threads the calling thread the
+/// first and helper `h` the `h`-th, on a [`ThreadTeam`]'s each thread the next free one; made
+/// the first time there are that many. So a call after a first one as large
 /// allocates nothing of its own: on the calling thread alone nothing at all; shared from a
 /// thread of the pool nothing either (`rayon::join` puts the helpers' jobs on the stack); shared
 /// from outside the pool only the job rayon boxes for each helper (`Scope::spawn`). `f` writes
@@ -371,6 +374,8 @@ pub(crate) fn for_each_index<S: Default + Send>(
                 take_indices(scratch);
             }
         });
+        // Whatever a team that started fewer threads than asked left (nothing, usually).
+        take_indices(&scratches[0]);
         return;
     }
     let take_indices = &|scratch: &Mutex<S>| {

@@ -5,41 +5,21 @@ they sleep. qkv's own helper threads, woken on the same few CPUs, waited behind 
 loop (a PyTorch product, qkv's attention, a product, layer after layer) every qkv call ran at one
 thread's speed. So where PyTorch runs on OpenMP, the package hands the engine that runtime's
 ``GOMP_parallel`` (exported by GNU libgomp, LLVM's libomp and Intel's libiomp5 alike), and qkv's
-calls on torch tensors run on PyTorch's threads, as many as ``torch.get_num_threads()``.
-``QKV_TORCH_THREADS=0`` in the environment keeps qkv on its own threads (``RAYON_NUM_THREADS``).
+calls run on PyTorch's threads, as many as ``omp_get_max_threads()`` on the calling thread (what
+``torch.set_num_threads`` sets). ``QKV_TORCH_THREADS=0`` in the environment keeps qkv on its own
+threads (``RAYON_NUM_THREADS``).
 """
 
 import ctypes
-import glob
 import os
-import re
 
 from . import _qkv
 
-_RUNTIME = re.compile(r"^lib(g|i)?omp5?[-.]")
-
-
-def _candidates(torch):
-    """Paths of the OpenMP runtimes that may be loaded: those mapped into this process (Linux), then
-    those PyTorch ships (every platform)."""
-    paths = []
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = [fields[5] for fields in map(str.split, maps) if len(fields) > 5]
-    except OSError:
-        pass
-    lib = os.path.join(os.path.dirname(torch.__file__), "lib")
-    paths += glob.glob(os.path.join(lib, "*omp*"))
-    seen = set()
-    for path in paths:
-        if _RUNTIME.match(os.path.basename(path)) and path not in seen:
-            seen.add(path)
-            yield path
-
 
 def use_torch_threads(torch):
-    """Runs qkv's calls on the OpenMP runtime PyTorch has loaded, if it runs on one; otherwise (or
-    with ``QKV_TORCH_THREADS=0``) qkv keeps its own threads. Returns whether calls run on PyTorch's."""
+    """Runs qkv's calls on the OpenMP runtime PyTorch's own library is linked to, if it runs on
+    one; otherwise (or with ``QKV_TORCH_THREADS=0``, or if anything about it is not as expected)
+    qkv keeps its own threads. Returns whether calls run on PyTorch's."""
     if _qkv.uses_openmp():
         return True
     no_load = getattr(os, "RTLD_NOLOAD", None)
@@ -48,16 +28,15 @@ def use_torch_threads(torch):
     try:
         if "parallel backend: OpenMP" not in torch.__config__.parallel_info():
             return False
-    except (AttributeError, RuntimeError):
+        # The symbols as torch's extension resolves them: looked up through its handle, dlsym
+        # searches the library and the ones it depends on, so this is the runtime PyTorch runs
+        # on, never another one loaded beside it. RTLD_NOLOAD: nothing new is loaded.
+        runtime = ctypes.CDLL(torch._C.__file__, mode=no_load | os.RTLD_LAZY)
+        parallel, max_threads = runtime.GOMP_parallel, runtime.omp_get_max_threads
+    except Exception:  # noqa: BLE001 - any surprise leaves qkv on its own threads
         return False
-    for path in _candidates(torch):
-        try:
-            # RTLD_NOLOAD: only a runtime already loaded; a second OpenMP runtime is never loaded.
-            runtime = ctypes.CDLL(path, mode=no_load | os.RTLD_LAZY)
-            parallel, max_threads = runtime.GOMP_parallel, runtime.omp_get_max_threads
-        except (OSError, AttributeError):
-            continue
-        address = lambda f: ctypes.cast(f, ctypes.c_void_p).value  # noqa: E731
-        _qkv.use_openmp(address(parallel), address(max_threads))
-        return True
-    return False
+
+    def address(function):
+        return ctypes.cast(function, ctypes.c_void_p).value
+
+    return _qkv.use_openmp(address(parallel), address(max_threads)) or _qkv.uses_openmp()

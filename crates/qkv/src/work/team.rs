@@ -17,8 +17,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 ///
 /// qkv asks [`run`](Self::run) for at most [`threads`](Self::threads) threads and hands them its
 /// items through a shared counter, so the results do not depend on how many threads the team
-/// really starts, nor on which of them takes which item; a team that runs `work` fewer times,
-/// or one call after another, only runs slower.
+/// really starts, nor on which of them takes which item; a team that runs `work` fewer times
+/// (the calling thread takes what is left once `run` returns), or one call after another, only
+/// runs slower.
 pub trait ThreadTeam: Send + Sync {
     /// How many threads [`run`](Self::run) would start now, the calling thread included (at least
     /// 1; a team of one runs every call on the calling thread).

@@ -240,3 +240,38 @@ fn the_innermost_team_holds_and_the_outer_one_comes_back() {
     });
     assert!(team::current().is_none());
 }
+
+/// A team that says it has threads and never runs `work`.
+struct Idle;
+
+impl ThreadTeam for Idle {
+    fn threads(&self) -> usize {
+        4
+    }
+
+    fn run(&self, _threads: usize, _work: &(dyn Fn() + Sync)) {}
+}
+
+#[test]
+fn what_a_team_leaves_undone_the_calling_thread_does() {
+    let got = with_thread_team(std::sync::Arc::new(Idle), || {
+        map_items((0..9).collect(), true, || (), |_, i| i + 1)
+    });
+    assert_eq!(got, (1..10).collect::<Vec<_>>());
+    let mut scratches: Vec<Mutex<usize>> = Vec::new();
+    let done: Vec<AtomicUsize> = (0..9).map(|_| AtomicUsize::new(0)).collect();
+    with_thread_team(std::sync::Arc::new(Idle), || {
+        for_each_index(
+            9,
+            true,
+            &mut scratches,
+            |_| {},
+            |taken: &mut usize, i| {
+                *taken += 1;
+                done[i].fetch_add(1, Ordering::Relaxed);
+            },
+        )
+    });
+    assert!(done.iter().all(|d| d.load(Ordering::Relaxed) == 1), "each index once");
+    assert_eq!(*scratches[0].get_mut().unwrap(), 9, "the calling thread's scratch took them all");
+}
