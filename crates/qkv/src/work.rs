@@ -245,9 +245,13 @@ pub(crate) fn threads() -> usize {
     pool_threads(team::current().as_deref())
 }
 
-/// How many threads `team` has, or else the current rayon pool.
+/// The most threads of a [`ThreadTeam`] a call plans for: a team's count is another library's
+/// word, and the plans multiply it (a team of `usize::MAX` would overflow them).
+const MAX_TEAM_THREADS: usize = 4096;
+
+/// How many threads `team` has (1 to [`MAX_TEAM_THREADS`]), or else the current rayon pool.
 fn pool_threads(team: Option<&dyn ThreadTeam>) -> usize {
-    team.map_or_else(rayon::current_num_threads, |team| team.threads().max(1))
+    team.map_or_else(rayon::current_num_threads, |team| team.threads().clamp(1, MAX_TEAM_THREADS))
 }
 
 /// Whether the `threads` threads of a call shared at `now` ([`since_start`]) wait for each other

@@ -21,8 +21,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 /// (the calling thread takes what is left once `run` returns), or one call after another, only
 /// runs slower.
 pub trait ThreadTeam: Send + Sync {
-    /// How many threads [`run`](Self::run) would start now, the calling thread included (at least
-    /// 1; a team of one runs every call on the calling thread).
+    /// How many threads [`run`](Self::run) would start now, the calling thread included (0 counts
+    /// as 1, and a team of one runs every call on the calling thread; calls plan for at most
+    /// 4096).
     fn threads(&self) -> usize;
 
     /// Calls `work` once on each of `threads` threads at the same time, one of them the calling

@@ -211,6 +211,44 @@ fn results_are_the_same_on_another_librarys_threads() {
     }
 }
 
+/// A [`qkv::ThreadTeam`] that claims `claimed` threads and runs `work` on two.
+struct Claiming {
+    claimed: usize,
+}
+
+impl qkv::ThreadTeam for Claiming {
+    fn threads(&self) -> usize {
+        self.claimed
+    }
+
+    fn run(&self, _threads: usize, work: &(dyn Fn() + Sync)) {
+        std::thread::scope(|scope| {
+            scope.spawn(work);
+            work();
+        });
+    }
+}
+
+#[test]
+fn a_team_claiming_any_number_of_threads_gets_the_same_results() {
+    let one_thread = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+    for dims in [(600, 700, 64, 48), (1, 40000, 64, 64), (0, 5, 8, 8), (3, 0, 8, 8)] {
+        let p = Problem::<f32>::random(9, dims, 2.0, MaskKind::CausalBottomRight);
+        let options = p.options();
+        let call = || qkv::attention(p.q.view(), p.k.view(), p.v.view(), &options);
+        let alone = one_thread.install(call).unwrap();
+        for claimed in [0, 1, 2, 5000, usize::MAX] {
+            let on_team = qkv::with_thread_team(Arc::new(Claiming { claimed }), call).unwrap();
+            assert!(alone == on_team, "{dims:?}: a team claiming {claimed} threads");
+        }
+        // The weights' path too.
+        let weights = |_| qkv::attention_with_weights(p.q.view(), p.k.view(), p.v.view(), &options).unwrap();
+        let alone = one_thread.install(|| weights(()));
+        let on_team = qkv::with_thread_team(Arc::new(Claiming { claimed: usize::MAX }), || weights(()));
+        assert!(alone.output == on_team.output && alone.weights == on_team.weights, "{dims:?}: weights");
+    }
+}
+
 #[test]
 fn huge_scores_give_finite_results() {
     let q = ndarray::array![[100.0_f32, -100.0], [-100.0, 100.0]];
