@@ -124,7 +124,7 @@ static CONTENTION: Contention = Contention::new();
 /// last late one waited to start, in microseconds. Never for a call on a [`ThreadTeam`]: what
 /// the helpers saw was of rayon's threads, which that call does not use.
 fn kept_waiting_us(now: u64) -> Option<f64> {
-    if team::current().is_some() {
+    if team::active() {
         return None;
     }
     CONTENTION.kept_waiting(now).map(|late| late.as_secs_f64() * 1e6)

@@ -39,4 +39,5 @@ def use_torch_threads(torch):
     def address(function):
         return ctypes.cast(function, ctypes.c_void_p).value
 
-    return _qkv.use_openmp(address(parallel), address(max_threads)) or _qkv.uses_openmp()
+    _qkv.use_openmp(address(parallel), address(max_threads))
+    return True

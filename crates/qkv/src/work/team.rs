@@ -80,6 +80,11 @@ pub(super) fn current() -> Option<Arc<dyn ThreadTeam>> {
     TEAM.with(|team| team.borrow().clone())
 }
 
+/// Whether this thread is inside [`with_thread_team`] (without taking the team).
+pub(super) fn active() -> bool {
+    TEAM.with(|team| team.borrow().is_some())
+}
+
 /// Runs `work` on `threads` threads of `team`. A panic on any of them is caught there (it never
 /// unwinds through the team's own code, which may be another language's) and resumed on the
 /// calling thread once every thread has returned.

@@ -220,7 +220,7 @@ fn a_panic_on_a_teams_thread_reaches_the_caller_and_not_the_teams_code() {
     // The team's `run` returned: the panic did not unwind through it.
     assert_eq!(team.returned.load(Ordering::Relaxed), 1);
     // And the team is gone from this thread once the call unwound.
-    assert!(team::current().is_none());
+    assert!(!team::active());
 }
 
 #[test]
@@ -238,7 +238,7 @@ fn the_innermost_team_holds_and_the_outer_one_comes_back() {
         assert!(unwound.is_err());
         assert_eq!(threads(), 2);
     });
-    assert!(team::current().is_none());
+    assert!(!team::active());
 }
 
 /// A team that says it has threads and never runs `work`.
