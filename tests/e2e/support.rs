@@ -1,7 +1,7 @@
 //! Running the `xtask` binary and reading what it printed.
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output};
 
 /// The result of one `cargo xtask ...` run.
 pub struct Run {
@@ -49,4 +49,14 @@ pub fn interpreter_imports(test: &str, python: &str, modules: &[&str]) -> bool {
         );
     }
     ok
+}
+
+/// Kills `child`'s whole process group (started with `process_group(0)`, so the group's id is the
+/// child's), then reaps the child: nothing it started outlives the test. Killing the group while
+/// the child is still unreaped keeps its id from being reused meanwhile.
+pub fn kill_process_group(child: &mut Child) {
+    let group = format!("-{}", child.id());
+    let _ = Command::new("/bin/sh").args(["-c", r#"kill -KILL -- "$0" 2>/dev/null"#, &group]).status();
+    let _ = child.kill();
+    let _ = child.wait();
 }

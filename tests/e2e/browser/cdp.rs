@@ -19,6 +19,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+use crate::support::kill_process_group;
+
 /// How long one protocol call or one awaited condition may take before the test fails. axe-core
 /// over a long page takes 5 to 7 s on a loaded 2-core machine, and the print view holds the whole
 /// course on one page, several times one section's work.
@@ -491,14 +493,9 @@ impl Browser {
 
 impl Drop for Browser {
     fn drop(&mut self) {
-        // Nothing of the profile is worth a graceful shutdown (it is deleted next): kill the whole
-        // process group (browser, renderers, helpers) at once, then reap the browser, so nothing
-        // outlives the test, passed or panicked. Killing the group while the browser is still
-        // unreaped keeps its id from being reused meanwhile.
-        let group = format!("-{}", self.child.id());
-        let _ = Command::new("/bin/sh").args(["-c", r#"kill -KILL -- "$0" 2>/dev/null"#, &group]).status();
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        // Nothing of the profile is worth a graceful shutdown (it is deleted next): the browser,
+        // its renderers and helpers go at once, so nothing outlives the test, passed or panicked.
+        kill_process_group(&mut self.child);
         self.pipe = None;
     }
 }
