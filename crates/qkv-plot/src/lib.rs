@@ -8,11 +8,11 @@
 //!
 //! | figure | input type | function |
 //! | --- | --- | --- |
-//! | attention heatmap (optionally masked, one row highlighted) | [`Heatmap`] | [`heatmap`] |
-//! | keys and query as arrows in the plane | [`QueryDiagram`] | [`query_diagram`] |
-//! | weights (and output) as the query sweeps a path | [`ScoreCurves`] | [`score_curves`] |
-//! | any line chart of labelled series, e.g. the scaling figures | [`LineChart`] | [`line_chart`] |
-//! | grouped horizontal bars per category, e.g. benchmark throughput | [`BarChart`] | [`bar_chart`] |
+//! | attention heatmap (optionally masked, one row highlighted) | [`Heatmap`] | [`heatmap`](fn@heatmap) |
+//! | keys and query as arrows in the plane | [`QueryDiagram`] | [`query_diagram`](fn@query_diagram) |
+//! | weights (and output) as the query sweeps a path | [`ScoreCurves`] | [`score_curves`](fn@score_curves) |
+//! | any line chart of labelled series, e.g. the scaling figures | [`LineChart`] | [`line_chart`](fn@line_chart) |
+//! | grouped horizontal bars per category, e.g. benchmark throughput | [`BarChart`] | [`bar_chart`](fn@bar_chart) |
 //!
 //! ```
 //! use qkv_plot::{Heatmap, Size, heatmap};

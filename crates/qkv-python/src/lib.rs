@@ -1,5 +1,5 @@
 //! `qkv._qkv`, the extension module under the Python package `qkv` (`python/qkv`): the engine's
-//! entry points over tensors the package describes as [`raw::Raw`] (an address, a dtype, a shape
+//! entry points over tensors the package describes as `raw::Raw` (an address, a dtype, a shape
 //! and strides), so that torch tensors and NumPy arrays go in and come out without a copy.
 //!
 //! The package does the Python side: PyTorch's argument conventions, broadcasting, allocating

@@ -275,7 +275,7 @@ pub fn multi_head_attention_backward_into<T: Real>(
 }
 
 /// The gradients of attention's half-precision inputs (see
-/// [`attention_backward`](crate::attention_backward)), in f32, from `d_output = ∂L/∂O` stored as
+/// [`attention_backward`]), in f32, from `d_output = ∂L/∂O` stored as
 /// the inputs are and what [`attention_half_with_lse`](crate::attention_half_with_lse) returned for the same inputs and options.
 ///
 /// Computed as the f32 backward computes: the inputs are widened to f32 exactly as they are
@@ -314,7 +314,7 @@ pub fn attention_backward_half<H: Half>(
 }
 
 /// The gradients of multi-head attention's half-precision inputs (`[batch, heads, n, d]`, see
-/// [`multi_head_attention_backward`](crate::multi_head_attention_backward)), in f32, from
+/// [`multi_head_attention_backward`]), in f32, from
 /// `d_output` (`[batch, query_heads, n_q, d_v]`, stored as the inputs are) and what
 /// [`multi_head_attention_half_with_lse`](crate::multi_head_attention_half_with_lse) returned. Computed as [`attention_backward_half`]
 /// computes; a shared key/value head's gradient is summed over its query heads in their order.

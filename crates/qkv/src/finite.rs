@@ -1,8 +1,8 @@
 //! Input checks: every element finite, and the largest magnitude measured in the same pass, by
-//! the dispatched level's [`Kernels::magnitude`](crate::kernels::Kernels::magnitude). Every call
-//! reads its whole inputs here before its work is shared out, so the pass is vectorised at the
-//! level the kernels run at rather than at the baseline the rest of the crate compiles for, and
-//! large inputs are read in pieces the pool shares.
+//! the dispatched level's [`Kernels::magnitude`]. Every call reads its whole inputs here before
+//! its work is shared out, so the pass is vectorised at the level the kernels run at rather than
+//! at the baseline the rest of the crate compiles for, and large inputs are read in pieces the
+//! pool shares.
 
 use ndarray::{ArrayBase, Data, Dimension};
 

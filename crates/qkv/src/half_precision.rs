@@ -19,7 +19,7 @@ use crate::options::AttentionOptions;
 use crate::partial::PartialAttention;
 
 /// Scaled dot-product attention, output only, over half-precision inputs: like
-/// [`attention`](crate::attention), with `q`, `k` and `v` stored as bf16 or f16 and computed in
+/// [`attention`](fn@crate::attention), with `q`, `k` and `v` stored as bf16 or f16 and computed in
 /// f32 (scores, softmax and `P·V` alike). The kernels widen each key and value as they load it,
 /// so a step bound by memory reads half the bytes of f32. Masks, bias and scale come in f32.
 ///
@@ -31,7 +31,7 @@ use crate::partial::PartialAttention;
 /// [`SimdLevel::Avx512`](crate::SimdLevel::Avx512) with
 /// [`AttentionOptions::simd`](crate::AttentionOptions::simd) to keep f32 weights.
 ///
-/// Inputs are checked as [`attention`](crate::attention) checks them: a non-finite element that
+/// Inputs are checked as [`attention`](fn@crate::attention) checks them: a non-finite element that
 /// no query sees is read as 0, one that is seen is an error naming it. Inputs so large that an
 /// f32 score or sum could overflow are widened to f32 and take the checked path, which names the
 /// query whose score overflows.

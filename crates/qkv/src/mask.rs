@@ -287,7 +287,7 @@ impl<'a, T, const N: usize> From<&'a [T; N]> for Alibi<'a, T> {
 }
 
 impl<'a, T: Real> Alibi<'a, T> {
-    /// One slope per query head (one for single-head [`attention`](crate::attention)), bottom-right
+    /// One slope per query head (one for single-head [`attention`](fn@crate::attention)), bottom-right
     /// aligned. [`alibi_slopes`] gives the paper's.
     pub fn new(slopes: &'a [T]) -> Self {
         Alibi::from(slopes)

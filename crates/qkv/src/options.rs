@@ -96,7 +96,7 @@ impl<'a, T: Real> AttentionOptions<'a, T> {
 
     /// Sequence `b` of the batch has `lengths[b]` real keys, the first ones: keys from
     /// `lengths[b]` on are hidden from its queries and never read. One length per batch element
-    /// (one for single-head [`attention`](crate::attention)). The same as a key padding of
+    /// (one for single-head [`attention`](fn@crate::attention)). The same as a key padding of
     /// `j < lengths[b]`; masks and alignments still count every key of the tensor.
     ///
     /// ```
@@ -145,7 +145,7 @@ impl<'a, T: Real> AttentionOptions<'a, T> {
     }
 
     /// Attention sinks (gpt-oss; StreamingLLM's learned form): one logit `s_h` per query head (one
-    /// for single-head [`attention`](crate::attention)) that joins every row's softmax as one more
+    /// for single-head [`attention`](fn@crate::attention)) that joins every row's softmax as one more
     /// key with no value. Row `i`'s weights become `exp(S_ij) / (exp(s_h) + Σ_k exp(S_ik))`, so they
     /// sum to less than one and the output is `Σ_j P_ij · v_j`; its logsumexp is
     /// `ln(exp(s_h) + Σ_k exp(S_ik))`. A row that sees no key has output 0 (the sink takes every

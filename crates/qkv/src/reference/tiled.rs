@@ -137,7 +137,7 @@ impl Online {
 ///
 /// Takes the whole `q`, as [`trace_query`](crate::trace_query) does, so that every mask (causal,
 /// window, keep-mask, padding, key lengths, bias, ALiBi) applies to the query exactly as it does
-/// inside [`attention`](crate::attention) over all of `q`: where a query stands among the keys,
+/// inside [`attention`](fn@crate::attention) over all of `q`: where a query stands among the keys,
 /// and which row of a mask or bias is its own, depend on its index among the queries. Accepts
 /// `f32` or `f64` inputs and computes in f64. The final `output` and `logsumexp` equal
 /// [`attention_with_lse`](super::attention_with_lse)'s row `query_idx` up to rounding. Fails if
