@@ -274,9 +274,10 @@ pub fn multi_head_attention_backward_into<T: Real>(
     backward(&shape, heads, q, k, v, output, lse, d_output, options, gradients)
 }
 
-/// The gradients of attention's half-precision inputs (see
-/// [`attention_backward`]), in f32, from `d_output = ∂L/∂O` stored as
-/// the inputs are and what [`attention_half_with_lse`](crate::attention_half_with_lse) returned for the same inputs and options.
+/// The gradients of attention's half-precision inputs (see [`attention_backward`]), in f32, from
+/// `d_output = ∂L/∂O` stored as the inputs are and what
+/// [`attention_half_with_lse`](crate::attention_half_with_lse) returned for the same inputs and
+/// options.
 ///
 /// Computed as the f32 backward computes: the inputs are widened to f32 exactly as they are
 /// packed for the kernels (no widened copy of a whole input is made), the weights are
@@ -314,10 +315,11 @@ pub fn attention_backward_half<H: Half>(
 }
 
 /// The gradients of multi-head attention's half-precision inputs (`[batch, heads, n, d]`, see
-/// [`multi_head_attention_backward`]), in f32, from
-/// `d_output` (`[batch, query_heads, n_q, d_v]`, stored as the inputs are) and what
-/// [`multi_head_attention_half_with_lse`](crate::multi_head_attention_half_with_lse) returned. Computed as [`attention_backward_half`]
-/// computes; a shared key/value head's gradient is summed over its query heads in their order.
+/// [`multi_head_attention_backward`]), in f32, from `d_output` (`[batch, query_heads, n_q, d_v]`,
+/// stored as the inputs are) and what
+/// [`multi_head_attention_half_with_lse`](crate::multi_head_attention_half_with_lse) returned.
+/// Computed as [`attention_backward_half`] computes; a shared key/value head's gradient is summed
+/// over its query heads in their order.
 ///
 /// ```
 /// use half::bf16;

@@ -1,8 +1,8 @@
 //! qkv: scaled dot-product attention on the CPU.
 //!
-//! `softmax(Q·Kᵀ / sqrt(d_k) + mask) · V` for one head ([`attention`](fn@attention), [`attention_with_weights`]),
-//! many heads with grouped-query sharing ([`multi_head_attention`]), and self-attention from
-//! embeddings ([`Projections`]); causal, sliding-window, boolean, padding, key-length, additive
+//! `softmax(Q·Kᵀ / sqrt(d_k) + mask) · V` for one head ([`attention`](fn@attention),
+//! [`attention_with_weights`]), many heads with grouped-query sharing ([`multi_head_attention`]),
+//! and self-attention from embeddings ([`Projections`]); causal, sliding-window, boolean, padding, key-length, additive
 //! and ALiBi masks, per sequence or per head ([`AttentionOptions`]); each row's logsumexp and the
 //! exact merge of results over disjoint keys ([`attention_with_lse`], [`PartialAttention::merge`]);
 //! logit soft-capping ([`AttentionOptions::logit_softcap`]); attention sinks, one logit per query
