@@ -41,7 +41,8 @@ fn count(n: usize, one: &str, many: &str) -> String {
 /// let padding = ndarray::Array1::from_elem(5, true);
 /// let options = qkv::AttentionOptions::new().key_padding(qkv::KeyPadding::new(padding.view()));
 /// let err = qkv::attention(q.view(), kv.view(), kv.view(), &options).unwrap_err();
-/// assert_eq!(err.to_string(), "key_padding has shape [5] but the scores it masks have shape [4, 6] (n_k = 6)");
+/// let message = "key_padding has shape [5] but the scores it applies to have shape [4, 6] (n_k = 6)";
+/// assert_eq!(err.to_string(), message);
 /// ```
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
@@ -99,7 +100,7 @@ pub enum AttentionError {
         value: f64,
     },
     /// A mask, bias or per-sequence list whose shape does not match the scores it applies to.
-    #[error("{argument} has shape {found} but the scores it masks have shape {scores} ({needs})")]
+    #[error("{argument} has shape {found} but the scores it applies to have shape {scores} ({needs})")]
     MaskShape {
         /// Which mask.
         argument: &'static str,
@@ -527,7 +528,11 @@ pub enum AttentionError {
     },
     /// The offsets of a packed batch (flash-attn's `cu_seqlens`) that do not cut the packed rows
     /// into one run per sequence.
-    #[error("{argument} {offsets} do not fit {sequences} sequences and {rows} packed rows: {why}")]
+    #[error(
+        "{argument} {offsets} do not fit {} and {}: {why}",
+        count(*sequences, "sequence", "sequences"),
+        count(*rows, "packed row", "packed rows")
+    )]
     PackedOffsets {
         /// `query_offsets` or `key_offsets`.
         argument: &'static str,

@@ -49,7 +49,7 @@ use crate::partial::PartialAttention;
 use crate::rotary::{Rotary, rotation_growth, stored_keys};
 use crate::shape::{Magnitudes, Shape, with_fields};
 use crate::simd;
-use crate::step::{self, OptionShape, Step};
+use crate::step::{self, ShapeMismatch, Step};
 
 mod ring;
 
@@ -311,8 +311,8 @@ impl<E: CacheStorage> KvCache<E> {
     /// step (`window` for decoding alone). `window` must be at least 1 and at most the capacity
     /// ([`AttentionError::CacheWindow`]).
     ///
-    /// A separate constructor rather than a field of [`CacheShape`], which embedders build as a
-    /// literal: the window is how the layers attend, the shape what they store. A model with
+    /// A separate constructor rather than a field of [`CacheShape`]: the window is how the layers
+    /// attend, the shape what they store. A model with
     /// global and windowed layers (Gemma 2) keeps one cache of each kind.
     ///
     /// Each step applies the window by absolute position: results equal
@@ -670,18 +670,8 @@ impl<E: CacheStorage> CacheLayer<'_, E> {
     ) -> Result<(), AttentionError> {
         let CacheShape { kv_heads, capacity, key_dim, value_dim, .. } = self.cache.shape;
         let n_new = k.shape()[1];
-        self.check_shape(
-            "keys",
-            k.shape(),
-            &[kv_heads, n_new, key_dim],
-            "one [n_new, key_dim] block per key/value head",
-        )?;
-        self.check_shape(
-            "values",
-            v.shape(),
-            &[kv_heads, n_new, value_dim],
-            "one value for every key, one [n_new, value_dim] block per key/value head",
-        )?;
+        step::check_appended(k.shape(), v.shape(), kv_heads, key_dim, value_dim)
+            .map_err(|mismatch| self.shape_error(mismatch))?;
         let len = self.len();
         let ring = self.cache.ring;
         if ring.is_none() && len + n_new > capacity {
@@ -881,23 +871,9 @@ impl<E: CacheStorage> CacheLayer<'_, E> {
     ) -> Result<(), AttentionError> {
         let CacheShape { kv_heads, key_dim, value_dim, .. } = self.cache.shape;
         let [query_heads, n_queries, _] = *q.shape() else { unreachable!("3-D view") };
-        let groups_fit = query_heads > 0 && query_heads % kv_heads == 0;
-        let expected_heads = if groups_fit { query_heads } else { kv_heads };
-        self.check_shape(
-            "queries",
-            q.shape(),
-            &[expected_heads, n_queries, key_dim],
-            "query heads a positive multiple of the key/value heads, each query as wide as the keys",
-        )?;
-        self.check_shape(
-            "output",
-            out.shape(),
-            &[query_heads, n_queries, value_dim],
-            "one value-wide row per query",
-        )?;
-        if let Some(lse) = &lse {
-            self.check_shape("logsumexp", lse.shape(), &[query_heads, n_queries], "one per query row")?;
-        }
+        let lse_shape = lse.as_ref().map(|lse| lse.shape());
+        step::check_step(q.shape(), out.shape(), lse_shape, kv_heads, key_dim, value_dim)
+            .map_err(|mismatch| self.shape_error(mismatch))?;
         let (len, held) = (self.len(), self.held());
         if n_queries > held {
             return Err(AttentionError::CacheInput {
@@ -930,15 +906,9 @@ impl<E: CacheStorage> CacheLayer<'_, E> {
                 });
             }
         }
-        let shape_error = |mismatch: OptionShape| AttentionError::CacheInput {
-            layer: self.index,
-            argument: mismatch.argument,
-            found: mismatch.found,
-            expected: mismatch.expected,
-            why: mismatch.why,
-        };
         let level = self.cache.level;
-        step::check_cache_options(options, level, query_heads, n_queries, held)?.map_err(shape_error)?;
+        step::check_cache_options(options, level, query_heads, n_queries, held)?
+            .map_err(|mismatch| self.shape_error(mismatch))?;
         let shape = Shape { n_queries, n_keys: held, key_dim, value_dim };
         let KvCache { layout, isa, layers, rotary, step, .. } = &mut *self.cache;
         let StepBuffers { step: buffers, keep_by_slot } = step;
@@ -1052,24 +1022,10 @@ impl<E: CacheStorage> CacheLayer<'_, E> {
         (query_heads, n_queries, self.cache.shape.value_dim)
     }
 
-    /// Fails with [`AttentionError::CacheInput`] unless `found` is `expected`.
-    fn check_shape(
-        &self,
-        argument: &'static str,
-        found: &[usize],
-        expected: &[usize],
-        why: &'static str,
-    ) -> Result<(), AttentionError> {
-        if found == expected {
-            return Ok(());
-        }
-        Err(AttentionError::CacheInput {
-            layer: self.index,
-            argument,
-            found: found.into(),
-            expected: Dims(expected.to_vec()).to_string(),
-            why,
-        })
+    /// [`AttentionError::CacheInput`] of this layer for `mismatch`.
+    fn shape_error(&self, mismatch: ShapeMismatch) -> AttentionError {
+        let ShapeMismatch { argument, found, expected, why } = mismatch;
+        AttentionError::CacheInput { layer: self.index, argument, found, expected, why }
     }
 }
 

@@ -37,7 +37,7 @@ use crate::options::CacheOptions;
 use crate::rotary::{Rotary, rotation_growth, stored_keys};
 use crate::shape::{Magnitudes, Shape, with_fields};
 use crate::simd;
-use crate::step::{self, OptionShape, Step};
+use crate::step::{self, ShapeMismatch, Step};
 
 /// The sizes of a [`PagedKvCache`]: a pool of `blocks` blocks of `block_size` positions, each
 /// position a key of `key_dim` and a value of `value_dim` elements for each of `kv_heads`
@@ -700,10 +700,8 @@ impl<E: CacheStorage> PagedLayer<'_, E> {
     ) -> Result<(), AttentionError> {
         let PagedShape { kv_heads, key_dim, value_dim, block_size, blocks, .. } = self.cache.shape;
         let n_new = k.shape()[1];
-        let per_head = "one [n_new, key_dim] block per key/value head";
-        self.check_shape("keys", k.shape(), &[kv_heads, n_new, key_dim], per_head)?;
-        let why = "one value for every key, one [n_new, value_dim] block per key/value head";
-        self.check_shape("values", v.shape(), &[kv_heads, n_new, value_dim], why)?;
+        step::check_appended(k.shape(), v.shape(), kv_heads, key_dim, value_dim)
+            .map_err(|mismatch| self.shape_error(mismatch))?;
         let values = finite_magnitude("values", &v)?;
         let layer = self.index;
         let len = self.cache.sequence(seq)?.layers[layer].len;
@@ -943,34 +941,18 @@ impl<E: CacheStorage> PagedLayer<'_, E> {
     ) -> Result<(), AttentionError> {
         let PagedShape { kv_heads, key_dim, value_dim, block_size, .. } = self.cache.shape;
         let [query_heads, n_queries, _] = *q.shape() else { unreachable!("3-D view") };
-        let groups_fit = query_heads > 0 && query_heads % kv_heads == 0;
-        let expected_heads = if groups_fit { query_heads } else { kv_heads };
-        self.check_shape(
-            "queries",
-            q.shape(),
-            &[expected_heads, n_queries, key_dim],
-            "query heads a positive multiple of the key/value heads, each query as wide as the keys",
-        )?;
-        let why = "one value-wide row per query";
-        self.check_shape("output", out.shape(), &[query_heads, n_queries, value_dim], why)?;
-        if let Some(lse) = &lse {
-            self.check_shape("logsumexp", lse.shape(), &[query_heads, n_queries], "one per query row")?;
-        }
+        let lse_shape = lse.as_ref().map(|lse| lse.shape());
+        step::check_step(q.shape(), out.shape(), lse_shape, kv_heads, key_dim, value_dim)
+            .map_err(|mismatch| self.shape_error(mismatch))?;
         check_offsets("query_offsets", query_offsets, sequences.len(), n_queries)?;
         let layer = self.index;
         let mut longest = 0;
         for &id in sequences {
             longest = longest.max(self.cache.sequence(id)?.layers[layer].len);
         }
-        let shape_error = |mismatch: OptionShape| AttentionError::PagedInput {
-            layer,
-            argument: mismatch.argument.into(),
-            found: mismatch.found,
-            expected: mismatch.expected,
-            why: mismatch.why,
-        };
         let level = self.cache.level;
-        step::check_cache_options(options, level, query_heads, n_queries, longest)?.map_err(shape_error)?;
+        step::check_cache_options(options, level, query_heads, n_queries, longest)?
+            .map_err(|mismatch| self.shape_error(mismatch))?;
         let PagedKvCache { isa, block_layout: at, storage, scales, slots, rotary, step, .. } =
             &mut *self.cache;
         let StepBuffers { members, step: buffers } = step;
@@ -1060,25 +1042,11 @@ impl<E: CacheStorage> PagedLayer<'_, E> {
         Ok(())
     }
 
-    /// Fails with [`AttentionError::PagedInput`] unless `found` is `expected` (the argument's
-    /// name is made a `String` only then: a decoding step checks its shapes on every call).
-    fn check_shape(
-        &self,
-        argument: &'static str,
-        found: &[usize],
-        expected: &[usize],
-        why: &'static str,
-    ) -> Result<(), AttentionError> {
-        if found == expected {
-            return Ok(());
-        }
-        Err(AttentionError::PagedInput {
-            layer: self.index,
-            argument: argument.into(),
-            found: found.into(),
-            expected: Dims(expected.to_vec()).to_string(),
-            why,
-        })
+    /// [`AttentionError::PagedInput`] of this layer for `mismatch` (the argument's name is made a
+    /// `String` only then: a decoding step checks its shapes on every call).
+    fn shape_error(&self, mismatch: ShapeMismatch) -> AttentionError {
+        let ShapeMismatch { argument, found, expected, why } = mismatch;
+        AttentionError::PagedInput { layer: self.index, argument: argument.into(), found, expected, why }
     }
 }
 

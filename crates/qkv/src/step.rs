@@ -195,12 +195,72 @@ pub(crate) fn attend<T: Real, E: Element<Compute = T>, Q: Element<Compute = T>, 
     measured
 }
 
-/// An option whose shape does not fit the call, for the cache to report with its own context.
-pub(crate) struct OptionShape {
+/// An argument or option whose shape does not fit the call, for the cache to report with its own
+/// context (its layer, and which cache).
+pub(crate) struct ShapeMismatch {
     pub(crate) argument: &'static str,
     pub(crate) found: Dims,
     pub(crate) expected: String,
     pub(crate) why: &'static str,
+}
+
+impl ShapeMismatch {
+    /// `Err` naming `argument` unless `found` is `expected`.
+    fn check(
+        argument: &'static str,
+        found: &[usize],
+        expected: &[usize],
+        why: &'static str,
+    ) -> Result<(), Self> {
+        if found == expected {
+            return Ok(());
+        }
+        let (found, expected) = (found.into(), Dims(expected.to_vec()).to_string());
+        Err(ShapeMismatch { argument, found, expected, why })
+    }
+}
+
+/// Checks the keys `k` and values `v` appended to a cache layer of `kv_heads` heads: `[kv_heads,
+/// n_new, key_dim]` and `[kv_heads, n_new, value_dim]`, `n_new` taken from the keys.
+pub(crate) fn check_appended(
+    k: &[usize],
+    v: &[usize],
+    kv_heads: usize,
+    key_dim: usize,
+    value_dim: usize,
+) -> Result<(), ShapeMismatch> {
+    let n_new = k[1];
+    let why = "one [n_new, key_dim] block per key/value head";
+    ShapeMismatch::check("keys", k, &[kv_heads, n_new, key_dim], why)?;
+    let why = "one value for every key, one [n_new, value_dim] block per key/value head";
+    ShapeMismatch::check("values", v, &[kv_heads, n_new, value_dim], why)
+}
+
+/// Checks a step's queries `q` (`[query_heads, n_queries, key_dim]`, the query heads a positive
+/// multiple of the layer's `kv_heads`), its `out` (`[query_heads, n_queries, value_dim]`) and, if
+/// asked for, its logsumexp `lse` (`[query_heads, n_queries]`).
+pub(crate) fn check_step(
+    q: &[usize],
+    out: &[usize],
+    lse: Option<&[usize]>,
+    kv_heads: usize,
+    key_dim: usize,
+    value_dim: usize,
+) -> Result<(), ShapeMismatch> {
+    let [query_heads, n_queries, _] = *q else { unreachable!("3-D queries") };
+    let why = "query heads a positive multiple of the key/value heads, each query as wide as the keys";
+    if query_heads == 0 || query_heads % kv_heads != 0 {
+        // No one number of heads is right: say which are.
+        let expected = format!("[a multiple of {kv_heads}, {n_queries}, {key_dim}]");
+        return Err(ShapeMismatch { argument: "queries", found: q.into(), expected, why });
+    }
+    ShapeMismatch::check("queries", q, &[query_heads, n_queries, key_dim], why)?;
+    let why = "one value-wide row per query";
+    ShapeMismatch::check("output", out, &[query_heads, n_queries, value_dim], why)?;
+    match lse {
+        Some(lse) => ShapeMismatch::check("logsumexp", lse, &[query_heads, n_queries], "one per query row"),
+        None => Ok(()),
+    }
 }
 
 /// Checks that `options` are a cache step's (see [`CacheOptions`]): no option that the cache
@@ -214,7 +274,7 @@ pub(crate) fn check_cache_options(
     query_heads: usize,
     n_queries: usize,
     n_keys: usize,
-) -> Result<Result<(), OptionShape>, AttentionError> {
+) -> Result<Result<(), ShapeMismatch>, AttentionError> {
     let refuse = |option, why| Err(AttentionError::CacheOption { option, why });
     if options.causal.is_some_and(|causal| causal != crate::mask::CausalMask::BottomRight) {
         return refuse("causal", "a step's queries are the last positions held, aligned bottom-right");
@@ -232,7 +292,7 @@ pub(crate) fn check_cache_options(
     if let Some(keep) = &options.keep
         && keep.0.view.shape() != [1, 1, n_queries, n_keys]
     {
-        return Ok(Err(OptionShape {
+        return Ok(Err(ShapeMismatch {
             argument: "keep_mask",
             found: keep.0.given.dims(),
             expected: Dims(vec![n_queries, n_keys]).to_string(),
@@ -242,7 +302,7 @@ pub(crate) fn check_cache_options(
     if let Some(alibi) = &options.alibi
         && alibi.slopes.shape() != [1, query_heads]
     {
-        return Ok(Err(OptionShape {
+        return Ok(Err(ShapeMismatch {
             argument: "alibi slopes",
             found: alibi.given.dims(),
             expected: Dims(vec![query_heads]).to_string(),
@@ -252,7 +312,7 @@ pub(crate) fn check_cache_options(
     if let Some(sinks) = options.sinks
         && sinks.len() != query_heads
     {
-        return Ok(Err(OptionShape {
+        return Ok(Err(ShapeMismatch {
             argument: "sinks",
             found: Dims(vec![sinks.len()]),
             expected: Dims(vec![query_heads]).to_string(),

@@ -34,7 +34,7 @@ fn shape_errors_name_both_shapes() {
     let masked = AttentionOptions::new().keep_mask(KeepMask::new(mask.view()));
     check(
         qkv::attention(q.view(), k.view(), v.slice(ndarray::s![..2, ..]), &masked).unwrap_err(),
-        "keep_mask has shape [2, 3] but the scores it masks have shape [1, 2] (n_q = 1, n_k = 2)",
+        "keep_mask has shape [2, 3] but the scores it applies to have shape [1, 2] (n_q = 1, n_k = 2)",
     );
 }
 
@@ -168,13 +168,13 @@ fn batched_mask_shapes_say_which_shapes_fit() {
     let padding = Array2::from_elem((3, 6), true);
     assert_eq!(
         run(&AttentionOptions::new().key_padding(KeyPadding::batched(padding.view()))),
-        "key_padding has shape [3, 6] but the scores it masks have shape [2, 8, 4, 6] (shared [6] or per \
+        "key_padding has shape [3, 6] but the scores it applies to have shape [2, 8, 4, 6] (shared [6] or per \
          sequence [2, 6])"
     );
     let keep = Array4::from_elem((2, 4, 4, 6), true);
     assert_eq!(
         run(&AttentionOptions::new().keep_mask(KeepMask::batched(keep.view()))),
-        "keep_mask has shape [2, 4, 4, 6] but the scores it masks have shape [2, 8, 4, 6] (shared [4, 6], \
+        "keep_mask has shape [2, 4, 4, 6] but the scores it applies to have shape [2, 8, 4, 6] (shared [4, 6], \
          per sequence [2, 1, 4, 6] or per head [2, 8, 4, 6])"
     );
     let bias = Array4::from_elem((1, 8, 4, 6), 0.0_f32);
@@ -186,7 +186,7 @@ fn batched_mask_shapes_say_which_shapes_fit() {
     );
     assert_eq!(
         run(&AttentionOptions::new().key_lengths(&[6])),
-        "key_lengths has shape [1] but the scores it masks have shape [2, 8, 4, 6] (one length per sequence: [2])"
+        "key_lengths has shape [1] but the scores it applies to have shape [2, 8, 4, 6] (one length per sequence: [2])"
     );
     assert_eq!(
         run(&AttentionOptions::new().key_lengths(&[6, 7])),
@@ -195,7 +195,7 @@ fn batched_mask_shapes_say_which_shapes_fit() {
     let slopes = qkv::alibi_slopes::<f32>(4);
     assert_eq!(
         run(&AttentionOptions::new().alibi(Alibi::new(&slopes))),
-        "alibi slopes has shape [4] but the scores it masks have shape [2, 8, 4, 6] (one slope per query head: [8])"
+        "alibi slopes has shape [4] but the scores it applies to have shape [2, 8, 4, 6] (one slope per query head: [8])"
     );
     // The same padding mistake in a single-head call names the [n_q, n_k] scores.
     let (q2, kv2) = (Array2::<f32>::zeros((4, 16)), Array2::<f32>::zeros((6, 16)));
@@ -203,7 +203,7 @@ fn batched_mask_shapes_say_which_shapes_fit() {
     let options = AttentionOptions::new().key_padding(KeyPadding::new(padding.view()));
     check(
         qkv::attention(q2.view(), kv2.view(), kv2.view(), &options).unwrap_err(),
-        "key_padding has shape [5] but the scores it masks have shape [4, 6] (n_k = 6)",
+        "key_padding has shape [5] but the scores it applies to have shape [4, 6] (n_k = 6)",
     );
 }
 

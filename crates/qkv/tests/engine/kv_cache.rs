@@ -162,8 +162,8 @@ fn errors_name_the_layer_the_argument_and_the_shapes() {
     );
     assert_eq!(
         err(layer.attend(Array3::<f32>::zeros((3, 1, 3)).view()).unwrap_err()),
-        "layer 1 of the KV cache takes queries of shape [2, 1, 3], not [3, 1, 3]: query heads a \
-         positive multiple of the key/value heads, each query as wide as the keys"
+        "layer 1 of the KV cache takes queries of shape [a multiple of 2, 1, 3], not [3, 1, 3]: \
+         query heads a positive multiple of the key/value heads, each query as wide as the keys"
     );
     assert_eq!(
         err(layer.attend(Array3::<f32>::zeros((4, 1, 2)).view()).unwrap_err()),

@@ -763,8 +763,8 @@ fn errors_name_the_sequence_the_argument_and_the_shapes() {
     );
     assert_eq!(
         err(layer.attend(&[a], &[0, 2], Array3::<f32>::zeros((3, 2, 3)).view()).unwrap_err()),
-        "layer 1 of the paged KV cache takes queries of shape [2, 2, 3], not [3, 2, 3]: query heads a \
-         positive multiple of the key/value heads, each query as wide as the keys"
+        "layer 1 of the paged KV cache takes queries of shape [a multiple of 2, 2, 3], not [3, 2, 3]: \
+         query heads a positive multiple of the key/value heads, each query as wide as the keys"
     );
     let mut out = Array3::<f32>::zeros((4, 2, 4));
     assert_eq!(

@@ -452,7 +452,7 @@ fn bad_sinks_are_errors_naming_the_argument() {
     };
     assert_eq!(
         err(&AttentionOptions::new().sinks(&[0.0, 1.0])),
-        "sinks has shape [2] but the scores it masks have shape [2, 2] (one logit per query head: [1])"
+        "sinks has shape [2] but the scores it applies to have shape [2, 2] (one logit per query head: [1])"
     );
     assert_eq!(
         err(&AttentionOptions::new().sinks(&[f32::NAN])),

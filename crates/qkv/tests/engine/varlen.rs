@@ -327,6 +327,11 @@ fn offsets_and_options_that_do_not_fit_are_refused_by_name() {
     };
     let error = run(&[0, 2, 3], &[0, 3], &options);
     assert!(error.starts_with("key_offsets [0, 3] do not fit 2 sequences"), "{error}");
+    // One sequence of one row: the counts in the singular.
+    let single = Packed::random(&mut rng, &[(1, 1)], (2, 1), (4, 4));
+    let (sq, sk, sv) = (single.q.view(), single.k.view(), single.v.view());
+    let error = qkv::varlen_attention(sq, sk, sv, &[0, 2], &[0, 1], &options).unwrap_err().to_string();
+    assert!(error.starts_with("query_offsets [0, 2] do not fit 1 sequence and 1 packed row:"), "{error}");
     let error = run(&[0, 2, 4], &[0, 3, 5], &options);
     assert!(
         error.contains("query_offsets [0, 2, 4]") && error.contains("end at the number of packed rows"),
