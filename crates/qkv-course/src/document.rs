@@ -14,7 +14,7 @@ use pulldown_cmark::{CodeBlockKind, Event, Parser, Tag, TagEnd};
 
 use crate::error::Problem;
 use crate::format::{FORMATS, Format};
-use crate::markup::markdown_options;
+use crate::markup::{markdown_options, slug};
 
 /// A fenced block whose info string starts with `qkv`: a declaration (example, computation, figure).
 #[derive(Debug, Clone)]
@@ -245,13 +245,38 @@ pub(crate) struct Region {
 }
 
 /// A parsed lesson file.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub(crate) struct Document {
     pub blocks: Vec<Block>,
     pub citations: Vec<Citation>,
     pub regions: Vec<Region>,
     /// The first level-1 heading's text.
     pub title: Option<String>,
+    /// The author's links to places in the course: another section's file, a heading's anchor.
+    pub links: Vec<SectionLink>,
+    /// The anchors of the headings below the title, as the page gives them ids.
+    pub anchors: Vec<String>,
+}
+
+/// A link in the author's prose to a section file of the course or an anchor (`02-causal-masking.md`,
+/// `02-causal-masking.md#why-mask`, `#why-mask`), which the page turns into a link between pages.
+#[derive(Debug, Clone)]
+pub(crate) struct SectionLink {
+    /// The destination as written.
+    pub dest: String,
+    /// Byte offset of the destination in the source.
+    pub at: usize,
+}
+
+/// Whether `dest` is a link within the course (a `.md` file, with or without an anchor, or an
+/// anchor alone): not an address with a scheme (`https:`, `mailto:`), an absolute path, or another
+/// kind of file (a figure, a notebook).
+fn is_section_link(dest: &str) -> bool {
+    let scheme = dest.split_once(':').is_some_and(|(scheme, _)| {
+        !scheme.is_empty() && scheme.chars().all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c))
+    });
+    let file = dest.split('#').next().unwrap_or("");
+    !scheme && !dest.starts_with('/') && (file.is_empty() || file.ends_with(".md")) && !dest.is_empty()
 }
 
 /// A citation link being read: destination, path offset, inner events (range, is text).
@@ -265,13 +290,14 @@ pub(crate) const CLOSE: &str = "<!-- /qkv -->";
 /// Finds the blocks, citations and regions of document number `doc`.
 pub(crate) fn parse(doc: usize, text: &str) -> Result<Document, Vec<Problem>> {
     let mut problems = Vec::new();
-    let mut document =
-        Document { blocks: Vec::new(), citations: Vec::new(), regions: Vec::new(), title: None };
+    let mut document = Document::default();
     let mut open_region: Option<(Vec<String>, usize, usize)> = None;
     let mut block: Option<Block> = None;
     let mut link: Option<OpenLink> = None;
     let mut link_start = 0;
     let mut heading: Option<String> = None;
+    // The text of a heading below the title, read as the page reads it for the heading's id.
+    let mut subheading: Option<String> = None;
     // Byte ranges whose citation shapes are read elsewhere or are literal, and those of HTML.
     let mut literal: Vec<Range<usize>> = Vec::new();
     let mut html: Vec<Range<usize>> = Vec::new();
@@ -279,6 +305,9 @@ pub(crate) fn parse(doc: usize, text: &str) -> Result<Document, Vec<Problem>> {
     for (event, range) in Parser::new_ext(text, markdown_options()).into_offset_iter() {
         // Events inside a generated region belong to the build, not the author.
         let in_region = open_region.is_some();
+        if let (Some(h), Event::Text(t) | Event::Code(t)) = (subheading.as_mut(), &event) {
+            h.push_str(t);
+        }
         match &event {
             // Code is literal text (a lesson may show the syntax itself); math is checked where
             // it is read; a region belongs to the build.
@@ -287,6 +316,19 @@ pub(crate) fn parse(doc: usize, text: &str) -> Result<Document, Vec<Problem>> {
             | Event::InlineMath(_)
             | Event::DisplayMath(_) => literal.push(range.clone()),
             Event::Html(_) | Event::InlineHtml(_) => html.push(range.clone()),
+            Event::Start(Tag::Heading { level, .. })
+                if !in_region && *level != pulldown_cmark::HeadingLevel::H1 =>
+            {
+                subheading = Some(String::new());
+            }
+            Event::End(TagEnd::Heading(_)) => {
+                document.anchors.extend(subheading.take().map(|h| slug(&h)));
+            }
+            Event::Start(Tag::Link { dest_url, .. }) if !in_region && is_section_link(dest_url) => {
+                let written = &text[range.clone()];
+                let at = written.find(&format!("]({dest_url}")).map_or(range.start, |i| range.start + i + 2);
+                document.links.push(SectionLink { dest: dest_url.to_string(), at });
+            }
             Event::Start(Tag::Image { dest_url, .. })
                 if !in_region && dest_url.trim_start().starts_with('=') =>
             {

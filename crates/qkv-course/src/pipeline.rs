@@ -353,6 +353,43 @@ fn section_problems(sources: &Sources, sections: &[String]) -> Vec<Problem> {
     problems
 }
 
+/// Links between sections that would lead nowhere on the site: to a `.md` file that is no section
+/// of the course, or to an anchor that no heading of the target section has.
+fn link_problems(sources: &Sources, docs: &[Document]) -> Vec<Problem> {
+    let name = |path: &str| path.rsplit(['/', '\\']).next().unwrap_or(path).to_string();
+    let files: Vec<String> = sources.markdown.iter().map(|f| name(&f.path)).collect();
+    let mut problems = Vec::new();
+    for (i, doc) in docs.iter().enumerate() {
+        for link in &doc.links {
+            let (file, anchor) = link.dest.split_once('#').unwrap_or((&link.dest, ""));
+            let target = if file.is_empty() { Some(i) } else { files.iter().position(|f| f == file) };
+            let Some(target) = target else {
+                problems.push(Problem::new(
+                    i,
+                    link.at,
+                    format!("a link to `{file}`, which is no section of the course: the page's link would lead nowhere"),
+                    &link.dest,
+                    format!("a section's file name: {}", files.iter().map(|f| format!("`{f}`")).collect::<Vec<_>>().join(", ")),
+                ));
+                continue;
+            };
+            if !anchor.is_empty() && !docs[target].anchors.iter().any(|a| a == anchor) {
+                problems.push(Problem::new(
+                    i,
+                    link.at,
+                    format!("no heading of {} has the anchor `#{anchor}`", files[target]),
+                    &link.dest,
+                    format!(
+                        "the anchor of one of its headings (its words in lower case, joined by `-`): {}",
+                        docs[target].anchors.iter().map(|a| format!("`#{a}`")).collect::<Vec<_>>().join(", ")
+                    ),
+                ));
+            }
+        }
+    }
+    problems
+}
+
 fn plan(sources: &Sources) -> Result<Plan, ContentErrors> {
     let sections: Vec<String> = sources.markdown.iter().map(|f| section_id(&f.path)).collect();
     // Everything else is keyed by section: with two files under one id, later errors would mislead.
@@ -366,15 +403,16 @@ fn plan(sources: &Sources) -> Result<Plan, ContentErrors> {
             Ok(d) => docs.push(d),
             Err(p) => {
                 problems.extend(p);
-                docs.push(Document {
-                    blocks: Vec::new(),
-                    citations: Vec::new(),
-                    regions: Vec::new(),
-                    title: None,
-                });
+                docs.push(Document::default());
             }
         }
     }
+    // A file that does not parse declares nothing: what the others use of it would only be
+    // reported as unknown, burying the one mistake under errors that point elsewhere.
+    if !problems.is_empty() {
+        return Err(locate(sources, problems));
+    }
+    problems.extend(link_problems(sources, &docs));
     let (decls, broken) = examples::declarations(sources, &docs, &sections, &mut problems);
     let by_key: HashMap<String, &Decl> =
         decls.iter().map(|d| (format!("{}.{}", sections[d.doc], d.id), d)).collect();

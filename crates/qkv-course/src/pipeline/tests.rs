@@ -227,6 +227,17 @@ fn errors_in_the_lesson_point_into_the_lesson() {
     assert!(report.ends_with("1 error in the lesson source; nothing was written"), "{report}");
 }
 
+/// A region left open in one section: its one mistake is reported, not every use the other
+/// sections make of what that file declares (which, unparsed, it declares nothing of).
+#[test]
+fn a_region_left_open_is_reported_alone() {
+    let close = ATTENTION.find("<!-- /qkv -->").expect("a generated region");
+    let report = errors(&format!("{}{}", &ATTENTION[..close], &ATTENTION[close + "<!-- /qkv -->".len()..]));
+    assert!(report.starts_with("content/01-attention.md:"), "{report}");
+    assert!(!report.contains("unknown reference"), "{report}");
+    assert!(!report.contains("content/02-causal-masking.md"), "{report}");
+}
+
 #[test]
 fn section_ids_drop_the_number_prefix() {
     assert_eq!(section_id("content/01-attention.md"), "attention");
