@@ -364,12 +364,13 @@ fn link_problems(sources: &Sources, docs: &[Document]) -> Vec<Problem> {
             let (file, anchor) = link.dest.split_once('#').unwrap_or((&link.dest, ""));
             let target = if file.is_empty() { Some(i) } else { files.iter().position(|f| f == file) };
             let Some(target) = target else {
+                let sections = files.iter().map(|f| format!("`{f}`")).collect::<Vec<_>>().join(", ");
                 problems.push(Problem::new(
                     i,
                     link.at,
-                    format!("a link to `{file}`, which is no section of the course: the page's link would lead nowhere"),
+                    format!("a link to `{file}`, which is no section of the course: it would lead nowhere"),
                     &link.dest,
-                    format!("a section's file name: {}", files.iter().map(|f| format!("`{f}`")).collect::<Vec<_>>().join(", ")),
+                    format!("a section's file name: {sections}"),
                 ));
                 continue;
             };
