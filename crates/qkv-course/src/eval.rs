@@ -382,6 +382,7 @@ impl<'d> Evaluator<'d> {
     fn vector(&mut self, decl: &Decl, field: &Field<Input<Vec<f64>>>, name: &str) -> Option<Vec<f64>> {
         match &field.value {
             Input::Literal(xs) => Some(xs.clone()),
+            Input::Rows(_) => unreachable!("only matrices are read row by row"),
             Input::Ref(path) => match self.resolve(decl.doc, path) {
                 Ok(node) => match node.as_vector() {
                     Some(v) => Some(v),
@@ -412,6 +413,30 @@ impl<'d> Evaluator<'d> {
     ) -> Option<Vec<Vec<f64>>> {
         match &field.value {
             Input::Literal(rows) => Some(rows.clone()),
+            Input::Rows(rows) => {
+                let resolved: Vec<Vec<f64>> =
+                    rows.iter().map(|row| self.vector(decl, row, name)).collect::<Option<_>>()?;
+                if let Some(bad) = resolved.iter().position(|r| r.len() != resolved[0].len()) {
+                    let found = match &rows[bad].value {
+                        Input::Ref(path) => format!("\"{path}\" = {:?}", resolved[bad]),
+                        _ => format!("{:?}", resolved[bad]),
+                    };
+                    self.fail(
+                        decl,
+                        rows[bad].at,
+                        format!(
+                            "row {} of `{name}` has {} numbers but row 1 has {}",
+                            bad + 1,
+                            resolved[bad].len(),
+                            resolved[0].len()
+                        ),
+                        found,
+                        "rows of equal length",
+                    );
+                    return None;
+                }
+                Some(resolved)
+            }
             Input::Ref(path) => match self.resolve(decl.doc, path) {
                 Ok(node) => match node.as_matrix() {
                     Some(m) => Some(m),

@@ -41,6 +41,10 @@ pub(crate) use interactive::{
 pub(crate) enum Input<T> {
     Literal(T),
     Ref(String),
+    /// A matrix written row by row, some rows references to another example's rows
+    /// (`["attention.sentence.keys.NLP", [0, -1]]`): a copy of the running example that follows
+    /// when its inputs change. Only the matrix reader makes it.
+    Rows(Vec<Field<Input<Vec<f64>>>>),
 }
 
 /// A field's value with the source offset of its text (for errors).
@@ -1198,6 +1202,31 @@ impl Reader<'_> {
         let at = self.block.source_offset(v.span().start);
         match v.get_ref() {
             DeValue::String(s) => Some(Field { value: Input::Ref(s.to_string()), at: at + 1 }),
+            DeValue::Array(rows) if rows.iter().any(|row| matches!(row.get_ref(), DeValue::String(_))) => {
+                // Rows by reference: their widths are known once they are resolved.
+                let n = self.problems.len();
+                let out: Vec<_> = rows
+                    .iter()
+                    .filter_map(|row| match row.get_ref() {
+                        DeValue::Array(xs) if xs.is_empty() => {
+                            self.wrong(row, "a row of at least one number", "a row such as `[1, 0]`");
+                            None
+                        }
+                        DeValue::String(_) | DeValue::Array(_) => self.vector(row),
+                        // A bare number is a one-wide row, as in a literal matrix.
+                        DeValue::Integer(_) | DeValue::Float(_) => {
+                            let at = self.block.source_offset(row.span().start);
+                            self.scalar(row).map(|x| Field { value: Input::Literal(vec![x]), at })
+                        }
+                        _ => {
+                            let expected = "`[1, 0]` or `\"other.keys.love\"`";
+                            self.wrong(row, "a row of numbers or a reference to one", expected);
+                            None
+                        }
+                    })
+                    .collect();
+                (self.problems.len() == n).then_some(Field { value: Input::Rows(out), at })
+            }
             DeValue::Array(rows) => {
                 let n = self.problems.len();
                 let mut out = Vec::new();

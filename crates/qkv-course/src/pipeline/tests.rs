@@ -227,6 +227,19 @@ fn errors_in_the_lesson_point_into_the_lesson() {
     assert!(report.ends_with("1 error in the lesson source; nothing was written"), "{report}");
 }
 
+/// The examples that copy the running example's rows (five tokens, decoding, reordered keys)
+/// take them by reference, so an edit of its inputs reaches what they show too.
+#[test]
+fn copies_of_the_running_example_follow_its_inputs() {
+    let edited = ATTENTION.replacen("values = [[2], [6], [4]]", "values = [[2], [6], [5]]", 1);
+    assert_ne!(edited, ATTENTION);
+    let report = stale_report(&check(&lesson_with(&edited, MASKING)).expect("still valid"));
+    for place in ["citation band.love.output", "citation gen.NLP.output", "citation reordered.love.output.1"]
+    {
+        assert!(report.contains(place), "{place} missing from {report}");
+    }
+}
+
 /// A region left open in one section: its one mistake is reported, not every use the other
 /// sections make of what that file declares (which, unparsed, it declares nothing of).
 #[test]
