@@ -1,6 +1,8 @@
 //! The query diagram: keys and the query as labelled arrows from the origin
-//! in the plane, each key's weight printed beside it.
+//! in the plane, each key's weight printed beside it. Where the labels go is
+//! `labels.rs`.
 
+mod labels;
 #[cfg(test)]
 mod tests;
 
@@ -10,8 +12,9 @@ use plotters::style::text_anchor::{HPos, VPos};
 
 use crate::axes::{Axis, Plot, dashes};
 use crate::figure::{Draw, DrawResult, render};
-use crate::theme::{AXIS, GAP, INK, LABEL_SIZE, MARGIN, anchored, bold, draw_frame, fixed, measure, palette};
+use crate::theme::{AXIS, INK, LABEL_SIZE, MARGIN, anchored, bold, draw_frame, fixed, palette};
 use crate::{Figure, PlotError, Scale, Size, ticks, validate};
+use labels::{Arrow, Block, Label, Line, Rect};
 
 /// A labelled 2-D vector.
 #[derive(Debug, Clone, PartialEq)]
@@ -75,11 +78,32 @@ pub fn query_diagram(spec: &QueryDiagram, size: Size) -> Result<Figure, PlotErro
 
 struct Checked<'a>(&'a QueryDiagram);
 
-/// Arrowhead length and half-width in pixels.
-const HEAD: f64 = 12.0;
-const HEAD_HALF: f64 = 5.0;
-
 impl Checked<'_> {
+    /// Every arrow's label, most important first: the query's, then the keys' by weight, so
+    /// the ones a reader looks for first get first pick of the spots. A key's label may break
+    /// between its name and its weight.
+    fn labels(&self) -> Vec<Label> {
+        let spec = self.0;
+        let query = Label {
+            arrow: 0,
+            line: Line::new(spec.query.label.clone(), bold(LABEL_SIZE + 1.0, INK)),
+            broken: None,
+        };
+        let mut keys: Vec<usize> = (0..spec.keys.len()).collect();
+        keys.sort_by(|&a, &b| spec.weights[b].total_cmp(&spec.weights[a]));
+        let keys = keys.into_iter().map(|i| {
+            let style = bold(LABEL_SIZE, palette(i));
+            let (name, weight) =
+                (&spec.keys[i].label, format!("w = {}", fixed(spec.weights[i], spec.decimals)));
+            Label {
+                arrow: i + 1,
+                line: Line::new(format!("{name}  {weight}"), style.clone()),
+                broken: Some([Line::new(name.clone(), style.clone()), Line::new(weight, style)]),
+            }
+        });
+        std::iter::once(query).chain(keys).collect()
+    }
+
     /// Ticks shared by both axes, so one unit is as long across as up.
     fn ticks(&self) -> ticks::Ticks {
         let spec = self.0;
@@ -96,14 +120,20 @@ impl Checked<'_> {
     }
 }
 
-impl Draw for Checked<'_> {
-    const NAME: &'static str = "query diagram";
+/// Where everything goes, in pixels.
+struct Layout {
+    plot: Plot,
+    origin: (i32, i32),
+    /// The query's arrow, then the keys'.
+    arrows: Vec<Arrow>,
+    /// The label blocks, each beside its arrows' tip.
+    blocks: Vec<Block>,
+}
 
-    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult<DB> {
+impl Checked<'_> {
+    /// The layout in a `width` × `height` figure whose content starts at `top`.
+    fn layout(&self, width: i32, height: i32, top: i32) -> Layout {
         let spec = self.0;
-        let top = draw_frame(root, &spec.title)?;
-        let (width, height) = root.dim_in_pixel();
-        let (width, height) = (width as i32, height as i32);
         let axis = |ticks: ticks::Ticks| Axis { ticks, scale: Scale::Linear, title: String::new() };
         // Place once to learn the margins, then square the plot and centre it.
         let probe = Plot::place(
@@ -118,10 +148,31 @@ impl Draw for Checked<'_> {
         let block = left_room + side + right_room;
         let x0 = (width - block) / 2 + left_room;
         let plot = Plot { x0, x1: x0 + side, y0: probe.y0, y1: probe.y0 + side, ..probe };
+
+        let origin = (plot.px(0.0), plot.py(0.0));
+        let tip = |v: &Vector2| (plot.px(v.x), plot.py(v.y));
+        // The query goes first and thicker, so a key lying on it still shows.
+        let arrows: Vec<Arrow> = std::iter::once(Arrow::new(origin, tip(&spec.query), 5))
+            .chain(spec.keys.iter().map(|k| Arrow::new(origin, tip(k), 2)))
+            .collect();
+        // Labels stay off the tick labels: right of the y axis's, above the x axis's.
+        let bounds = Rect { x0: plot.x0 + 1, y0: top, x1: width - MARGIN, y1: plot.y1 - 1 };
+        let blocks = labels::place(&self.labels(), &arrows, origin, bounds);
+        Layout { plot, origin, arrows, blocks }
+    }
+}
+
+impl Draw for Checked<'_> {
+    const NAME: &'static str = "query diagram";
+
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult<DB> {
+        let spec = self.0;
+        let top = draw_frame(root, &spec.title)?;
+        let (width, height) = root.dim_in_pixel();
+        let Layout { plot, origin: (ox, oy), arrows, blocks } = self.layout(width as i32, height as i32, top);
         plot.draw_grid(root)?;
 
         // Axes through the origin.
-        let (ox, oy) = (plot.px(0.0), plot.py(0.0));
         root.draw(&PathElement::new(vec![(plot.x0, oy), (plot.x1, oy)], AXIS.stroke_width(1)))?;
         root.draw(&PathElement::new(vec![(ox, plot.y0), (ox, plot.y1)], AXIS.stroke_width(1)))?;
         if spec.unit_circle {
@@ -136,113 +187,31 @@ impl Draw for Checked<'_> {
             }
         }
 
-        let tip = |v: &Vector2| (plot.px(v.x), plot.py(v.y));
-        // The query goes first and thicker, so a key lying on it still shows.
-        draw_arrow(root, (ox, oy), tip(&spec.query), INK, 5)?;
-        for (i, key) in spec.keys.iter().enumerate() {
-            draw_arrow(root, (ox, oy), tip(key), palette(i), 2)?;
+        let colors = std::iter::once(INK).chain((0..spec.keys.len()).map(palette));
+        for (arrow, color) in arrows.iter().zip(colors) {
+            draw_arrow(root, arrow, color)?;
         }
-
-        // Labels: keys first, then the query, each in the first free spot
-        // around its tip.
-        let mut placed: Vec<Rect> = Vec::new();
-        let bounds = Rect { x0: MARGIN, y0: top, x1: width - MARGIN, y1: height - MARGIN };
-        for (i, key) in spec.keys.iter().enumerate() {
-            let label = format!("{}  w = {}", key.label, fixed(spec.weights[i], spec.decimals));
-            let style = bold(LABEL_SIZE, palette(i));
-            draw_label(root, &label, style, (ox, oy), tip(key), bounds, &mut placed)?;
+        for block in blocks {
+            // A white halo keeps the label legible over grid lines and the unit circle.
+            let halo = block.rect.halo();
+            root.draw(&Rectangle::new([(halo.x0, halo.y0), (halo.x1, halo.y1)], WHITE.filled()))?;
+            for (line, at) in block.lines {
+                root.draw(&Text::new(line.text, at, anchored(line.style, HPos::Left, VPos::Top)))?;
+            }
         }
-        let style = bold(LABEL_SIZE + 1.0, INK);
-        draw_label(root, &spec.query.label, style, (ox, oy), tip(&spec.query), bounds, &mut placed)?;
         plot.draw_axes(root)
     }
 }
 
-/// An arrow from `from` to `to`: a shaft and a filled head. A zero-length
-/// vector is a dot.
+/// Draws `arrow` in `color`: its shaft and filled head, or a dot for a zero-length vector.
 fn draw_arrow<DB: DrawingBackend>(
     root: &DrawingArea<DB, Shift>,
-    from: (i32, i32),
-    to: (i32, i32),
+    arrow: &Arrow,
     color: RGBColor,
-    width: u32,
 ) -> DrawResult<DB> {
-    let (dx, dy) = (f64::from(to.0 - from.0), f64::from(to.1 - from.1));
-    let len = dx.hypot(dy);
-    if len < 1.0 {
-        return root.draw(&Circle::new(to, 4, color.filled()));
+    if arrow.is_dot() {
+        return root.draw(&Circle::new(arrow.tip, labels::DOT as u32, color.filled()));
     }
-    let (ux, uy) = (dx / len, dy / len);
-    let head = HEAD.min(len * 0.5) + f64::from(width);
-    let half = HEAD_HALF + f64::from(width);
-    let base = (f64::from(to.0) - ux * head, f64::from(to.1) - uy * head);
-    let pt = |x: f64, y: f64| (x.round() as i32, y.round() as i32);
-    root.draw(&PathElement::new(vec![from, pt(base.0 + ux, base.1 + uy)], color.stroke_width(width)))?;
-    root.draw(&Polygon::new(
-        vec![to, pt(base.0 - uy * half, base.1 + ux * half), pt(base.0 + uy * half, base.1 - ux * half)],
-        color.filled(),
-    ))
-}
-
-/// An axis-aligned box in pixels.
-#[derive(Clone, Copy)]
-struct Rect {
-    x0: i32,
-    y0: i32,
-    x1: i32,
-    y1: i32,
-}
-
-impl Rect {
-    fn overlaps(&self, o: &Rect) -> bool {
-        self.x0 < o.x1 && o.x0 < self.x1 && self.y0 < o.y1 && o.y0 < self.y1
-    }
-
-    fn inside(&self, o: &Rect) -> bool {
-        self.x0 >= o.x0 && self.x1 <= o.x1 && self.y0 >= o.y0 && self.y1 <= o.y1
-    }
-}
-
-/// Draws `label` near the tip of the arrow `origin → tip`: first beyond the
-/// tip, then around it, at the first spot that stays in `bounds` and clears
-/// every label already placed.
-fn draw_label<DB: DrawingBackend>(
-    root: &DrawingArea<DB, Shift>,
-    label: &str,
-    style: TextStyle<'static>,
-    origin: (i32, i32),
-    tip: (i32, i32),
-    bounds: Rect,
-    placed: &mut Vec<Rect>,
-) -> DrawResult<DB> {
-    let (w, h) = measure(&style, label);
-    let (dx, dy) = (f64::from(tip.0 - origin.0), f64::from(tip.1 - origin.1));
-    let start = if dx == 0.0 && dy == 0.0 { -std::f64::consts::FRAC_PI_4 } else { dy.atan2(dx) };
-    let offset = f64::from(GAP + 6);
-    let candidates = (0..16).map(|k| {
-        // Alternate sides of the outward direction, widening each time.
-        let turn = f64::from((k + 1) / 2) * std::f64::consts::FRAC_PI_4 * if k % 2 == 0 { 1.0 } else { -1.0 };
-        let a = start + turn;
-        let dist = offset + if k >= 8 { f64::from(h + GAP) } else { 0.0 };
-        let (cx, cy) = (f64::from(tip.0) + a.cos() * dist, f64::from(tip.1) + a.sin() * dist);
-        // The box sits on the side the direction points to.
-        let bx = cx - f64::from(w) * (1.0 - a.cos()) / 2.0;
-        let by = cy - f64::from(h) * (1.0 - a.sin()) / 2.0;
-        let (bx, by) = (bx.round() as i32, by.round() as i32);
-        Rect { x0: bx, y0: by, x1: bx + w, y1: by + h }
-    });
-    let candidates: Vec<Rect> = candidates.collect();
-    let chosen = candidates
-        .iter()
-        .find(|r| r.inside(&bounds) && !placed.iter().any(|p| p.overlaps(r)))
-        .or_else(|| candidates.iter().find(|r| r.inside(&bounds)))
-        .copied()
-        .unwrap_or(candidates[0]);
-    placed.push(chosen);
-    // A white halo keeps the label legible over grid lines and arrows.
-    root.draw(&Rectangle::new(
-        [(chosen.x0 - 2, chosen.y0 - 1), (chosen.x1 + 2, chosen.y1 + 1)],
-        WHITE.filled(),
-    ))?;
-    root.draw(&Text::new(label.to_owned(), (chosen.x0, chosen.y0), anchored(style, HPos::Left, VPos::Top)))
+    root.draw(&PathElement::new(arrow.shaft.to_vec(), color.stroke_width(arrow.width)))?;
+    root.draw(&Polygon::new(arrow.head.clone(), color.filled()))
 }

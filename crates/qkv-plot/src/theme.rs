@@ -129,15 +129,24 @@ pub(crate) fn draw_frame<DB: DrawingBackend>(
     title: &str,
 ) -> Result<i32, DrawingAreaErrorKind<DB::ErrorType>> {
     root.fill(&WHITE)?;
-    if title.is_empty() {
-        return Ok(MARGIN);
-    }
     let (width, _) = root.dim_in_pixel();
+    if !title.is_empty() {
+        let style = bold(TITLE_SIZE, INK);
+        let shown = fit(&style, title, width as i32 - 2 * MARGIN);
+        root.draw(&Text::new(shown, (width as i32 / 2, MARGIN), anchored(style, HPos::Center, VPos::Top)))?;
+    }
+    Ok(frame_top(title, width as i32))
+}
+
+/// Where the content under `title` starts in a figure `width` pixels wide, as [`draw_frame`]
+/// returns it; lets a layout be worked out without drawing.
+pub(crate) fn frame_top(title: &str, width: i32) -> i32 {
+    if title.is_empty() {
+        return MARGIN;
+    }
     let style = bold(TITLE_SIZE, INK);
-    let shown = fit(&style, title, width as i32 - 2 * MARGIN);
-    let (_, h) = measure(&style, &shown);
-    root.draw(&Text::new(shown, (width as i32 / 2, MARGIN), anchored(style, HPos::Center, VPos::Top)))?;
-    Ok(MARGIN + h + 2 * GAP)
+    let (_, h) = measure(&style, &fit(&style, title, width - 2 * MARGIN));
+    MARGIN + h + 2 * GAP
 }
 
 /// Draws the frame and title (see [`draw_frame`]) and the legend under them; returns where the
