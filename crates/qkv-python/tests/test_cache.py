@@ -168,6 +168,28 @@ def test_kv_cache_errors():
         cache.attend(0, q[:, -1:], scale=1e39)
 
 
+def test_cache_steps_refuse_what_needs_a_gradient():
+    """A step has no backward: a query or sinks that need a gradient raise rather than give an
+    output that drops it; under no_grad the same call runs."""
+    q, k, v = history(2)
+    query = q[:, -1:].clone().requires_grad_()
+    sinks = torch.zeros(HEADS, requires_grad=True)
+    cache = qkv.KvCache(1, KV_HEADS, 4, D_K, D_V)
+    cache.append(0, k, v)
+    with pytest.raises(ValueError, match=r"^query requires grad, and KvCache\.attend has no backward"):
+        cache.attend(0, query)
+    with pytest.raises(ValueError, match=r"^sinks requires grad, and KvCache\.attend has no backward"):
+        cache.attend(0, q[:, -1:], sinks=sinks)
+    paged = qkv.PagedKvCache(1, KV_HEADS, D_K, D_V, block_size=4, blocks=2)
+    seq = paged.add_sequence()
+    paged.append(0, seq, k, v)
+    with pytest.raises(ValueError, match=r"^query, sinks require grad, and PagedKvCache\.attend has no"):
+        paged.attend(0, [seq], [0, 1], query, sinks=sinks)
+    with torch.no_grad():
+        assert cache.attend(0, query).shape == (HEADS, 1, D_V)
+        assert paged.attend(0, [seq], [0, 1], query, sinks=sinks).shape == (HEADS, 1, D_V)
+
+
 def dequantized(x):
     """``x`` (``[heads, n, d]``) as an int8 cache holds it, written out here: one scale per head
     and position, ``max |x| / 127``, and each element ``round(x / scale) · scale``."""

@@ -100,14 +100,19 @@ def test_bad_packed_calls_raise_errors_that_name_the_argument():
     q, k, v, cu_q, cu_k = packed([2, 3], [4, 1])
     with pytest.raises(ValueError, match=r"^cu_seqlens_q \[0, 2, 4\] do not fit 2 sequences and 5 packed rows"):
         qkv.varlen_attention(q, k, v, [0, 2, 4], cu_k)
-    with pytest.raises(ValueError, match=r"^cu_seqlens_k \[0, 1\] do not fit 2 sequences"):
+    with pytest.raises(ValueError, match=r"^cu_seqlens_k \[0, 1, 6\] do not fit 2 sequences and 5 packed rows"):
+        qkv.varlen_attention(q, k, v, cu_q, [0, 1, 6])
+    # Lists of different lengths: neither is blamed, both are named as the caller passed them.
+    with pytest.raises(ValueError, match=r"^cu_seqlens_q \[0, 2, 5\] and cu_seqlens_k \[0, 1\] count 2 sequences "
+                       r"and 1 sequence: each has one offset per sequence of the batch and one for the end$"):
         qkv.varlen_attention(q, k, v, cu_q, [0, 1])
     # Offsets no 64-bit integer holds, or not whole numbers: named, never an overflow.
     for offsets in ([0, -1, 5], [0, 2**64, 5], [0, 1e30, 5], [0, math.nan, 5], [0, 2.5, 5], [0, "1", 5]):
         with pytest.raises(ValueError, match="cu_seqlens_k is .*: offsets are whole numbers"):
             qkv.varlen_attention(q, k, v, cu_q, offsets)
-    with pytest.raises(ValueError, match="sliding_window is"):
-        qkv.varlen_attention(q, k, v, cu_q, cu_k, sliding_window=(2**64, 0))
+    for window in ((2**64, 0), 5, (3,)):
+        with pytest.raises(ValueError, match=r"sliding_window is .*: it is \(before, after\)"):
+            qkv.varlen_attention(q, k, v, cu_q, cu_k, sliding_window=window)
     with pytest.raises(ValueError, match=r"query has shape \(5, 32\)"):
         qkv.varlen_attention(q.reshape(5, -1), k, v, cu_q, cu_k)
     with pytest.raises(ValueError, match="sinks has 2 logits for 4 query heads"):

@@ -545,6 +545,20 @@ pub enum AttentionError {
         /// What they must be.
         why: &'static str,
     },
+    /// The query and key offsets of a packed batch (flash-attn's `cu_seqlens_q` and `cu_seqlens_k`)
+    /// that count different numbers of sequences: which one is wrong only the caller knows.
+    #[error(
+        "query_offsets {query_offsets} and key_offsets {key_offsets} count {} and {}: each has one \
+         offset per sequence of the batch and one for the end",
+        count(query_offsets.0.len().saturating_sub(1), "sequence", "sequences"),
+        count(key_offsets.0.len().saturating_sub(1), "sequence", "sequences")
+    )]
+    PackedOffsetCounts {
+        /// The query offsets given.
+        query_offsets: Dims,
+        /// The key offsets given.
+        key_offsets: Dims,
+    },
     /// An option that a packed call ([`varlen_attention`](crate::varlen_attention)) does not
     /// take.
     #[error("a packed (varlen) call takes no {option} option: {why}")]

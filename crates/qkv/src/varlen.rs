@@ -152,6 +152,10 @@ fn check<T: Real>(batch: &Batch<'_, T>, options: &AttentionOptions<T>) -> Result
         &k.view().insert_axis(Axis(0)),
         &v.view().insert_axis(Axis(0)),
     )?;
+    if query_offsets.len() != key_offsets.len() {
+        let (query_offsets, key_offsets) = ((*query_offsets).into(), (*key_offsets).into());
+        return Err(AttentionError::PackedOffsetCounts { query_offsets, key_offsets });
+    }
     let sequences = query_offsets.len().saturating_sub(1);
     check_offsets("query_offsets", query_offsets, sequences, shape.n_queries)?;
     check_offsets("key_offsets", key_offsets, sequences, shape.n_keys)?;

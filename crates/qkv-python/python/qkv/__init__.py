@@ -202,15 +202,8 @@ def varlen_attention(
     finite. Forward only: on tensors that need a gradient, with grad mode on, it raises
     ``ValueError`` rather than return an output autograd cannot differentiate.
     """
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(query, torch.Tensor) and torch.is_grad_enabled():
-        needs = [n for n, t in (("query", query), ("key", key), ("value", value), ("sinks", sinks))
-                 if isinstance(t, torch.Tensor) and t.requires_grad]
-        if needs:
-            raise ValueError(
-                f"{', '.join(needs)} require grad, and varlen_attention has no backward: call it under "
-                "torch.no_grad(), or use scaled_dot_product_attention per sequence to differentiate"
-            )
+    _core.refuse_grad("varlen_attention", "use scaled_dot_product_attention per sequence to differentiate",
+                      (("query", query), ("key", key), ("value", value), ("sinks", sinks)))
     options = (is_causal, scale, sliding_window, alibi_slopes, softcap, sinks)
     return _core.varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, options, return_lse)
 

@@ -24,6 +24,12 @@ def _spec(xp, query, scale, sliding_window, alibi_slopes, softcap, keep, sinks):
             None if softcap is None else float(softcap), keep, _core.per_head("sinks", "logits", sinks, heads))
 
 
+def _refuse_grad(function, query, sinks):
+    """A cache step has no backward: see ``_core.refuse_grad``."""
+    instead = "use qkv.scaled_dot_product_attention over the keys and values to differentiate"
+    _core.refuse_grad(function, instead, (("query", query), ("sinks", sinks)))
+
+
 class _Cache:
     """What both caches share: the storage dtype and converting keys, values and queries to what
     the engine takes (the storage dtype; float32 for int8, which quantizes as it appends)."""
@@ -56,7 +62,9 @@ class KvCache(_Cache):
     cache is a ring buffer of the last positions a sliding window of that many keys needs, and
     ``capacity`` is the window plus the largest step but one; with ``sink_tokens`` as well it keeps
     its first ``sink_tokens`` positions for good, beside the window (StreamingLLM's attention
-    sinks), at their own positions.
+    sinks), at their own positions, in slots of their own: ``sink_tokens`` rounded up to whole key
+    panels of this CPU's kernels (``PagedKvCache.block_granularity()`` slots: 8 to 64), so
+    ``capacity`` is that rounding plus the window plus the largest step but one.
     """
 
     def __init__(self, layers, kv_heads, capacity, key_dim, value_dim=None, dtype="float32", window=None,
@@ -76,7 +84,10 @@ class KvCache(_Cache):
                keep=None, sinks=None, return_lse=False):
         """Attention of ``query`` over layer ``layer``: ``out`` (and ``(out, lse)`` with
         ``return_lse``). ``keep`` is a boolean ``[n_q, held]`` mask on top of the causal one;
-        ``sinks`` one logit per query head, as ``qkv.scaled_dot_product_attention`` takes them."""
+        ``sinks`` one logit per query head, as ``qkv.scaled_dot_product_attention`` takes them.
+        Inference only: a query or sinks that need a gradient, with grad mode on, raise
+        ``ValueError``."""
+        _refuse_grad("KvCache.attend", query, sinks)
         xp = _core.backend(query, keep)
         takes = ("float32", "bfloat16", "float16") if self.dtype == "int8" else ("float32", self.dtype)
         if xp.dtype_name(query) not in takes:
@@ -175,7 +186,8 @@ class PagedKvCache(_Cache):
                softcap=None, keep=None, sinks=None, return_lse=False):
         """Attention for a batch of sequences, ``[query_heads, n_queries, value_dim]`` in float32
         packed as ``query`` is (and the logsumexp with ``return_lse``); ``sinks`` as in
-        ``KvCache.attend``."""
+        ``KvCache.attend``; inference only, as ``KvCache.attend`` is."""
+        _refuse_grad("PagedKvCache.attend", query, sinks)
         xp = _core.backend(query, keep)
         query = self._stored(xp, query)
         out, lse = self._outputs(xp, query, self.shape[3], return_lse)

@@ -175,7 +175,10 @@ def sliding_window(window):
     any negative number asks for that too); None stays None."""
     if window is None:
         return None
-    sides = tuple(window)
+    try:
+        sides = tuple(window)
+    except TypeError:
+        sides = ()  # one number, say: which side it limits is the caller's to say
     if len(sides) != 2 or not all(side is None or _whole(side) for side in sides):
         raise ValueError(
             f"sliding_window is {window!r}: it is (before, after), whole numbers below 2**63, -1 or None for no limit"
@@ -211,9 +214,10 @@ def varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, options, with_lse):
         # The engine names the offsets as its Rust API does, and an element by its index in the
         # [heads, total, d] views it was given; name both as the caller passed them.
         message = str(error)
-        for engine, ours in (("query_offsets", "cu_seqlens_q"), ("key_offsets", "cu_seqlens_k")):
-            if message.startswith(engine):
-                raise ValueError(ours + message[len(engine):]) from None
+        if message.startswith(("query_offsets", "key_offsets")):
+            for engine, ours in (("query_offsets", "cu_seqlens_q"), ("key_offsets", "cu_seqlens_k")):
+                message = re.sub(rf"\b{engine}\b", ours, message)
+            raise ValueError(message) from None
         element = re.match(r"(queries|keys|values)\[(\d+), (\d+), (\d+)\]", message)
         if element:
             argument, head, row, column = element.groups()
@@ -354,3 +358,17 @@ def merge(out_a, lse_a, out_b, lse_b):
     out, lse = xp.empty(tuple(out_a.shape), compute), xp.empty(tuple(lse_a.shape), compute)
     _qkv.merge((xp.raw(outs[0]), xp.raw(lses[0])), (xp.raw(outs[1]), xp.raw(lses[1])), (xp.raw(out), xp.raw(lse)))
     return (out if dtype == compute else xp.cast(out, dtype)), lse
+
+
+def refuse_grad(function, instead, named):
+    """Raises ``ValueError`` where one of ``named`` (``(name, value)`` pairs) is a torch tensor
+    that needs a gradient, with grad mode on: ``function`` has no backward, and an output autograd
+    cannot differentiate would drop the gradient without a word."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.is_grad_enabled():
+        return
+    needs = [name for name, t in named if isinstance(t, torch.Tensor) and t.requires_grad]
+    if needs:
+        verb = "requires" if len(needs) == 1 else "require"
+        raise ValueError(f"{', '.join(needs)} {verb} grad, and {function} has no backward: call it under "
+                         f"torch.no_grad(), or {instead}")
