@@ -94,3 +94,36 @@ fn search_finds_a_heading_of_another_section_and_opens_it_there() {
 fn search_works_at_360_px() {
     search_and_land(PHONE, "search-360-results");
 }
+
+/// The hrefs of the results the search gives for `query`, typed into a fresh page, in order.
+fn results_for(b: &mut Browser, query: &str) -> Vec<String> {
+    b.open(&format!("{}.html", lesson().sections[0].id));
+    b.focus("#qkv-search");
+    b.type_text(query);
+    let status = "document.querySelector('[data-qkv-search-status]').textContent";
+    b.wait_for(&format!("/result/i.test({status})"), &format!("results for {query:?}"), status);
+    let found = b.eval(
+        "Array.from(document.querySelectorAll('[data-qkv-search-results] a'), (a) => a.getAttribute('href'))",
+    );
+    found.as_array().expect("a list").iter().map(|h| h.as_str().unwrap_or_default().to_string()).collect()
+}
+
+/// The index leaves out words under 3 letters, so a query's short word cannot be required: "KV
+/// cache" finds what "cache" finds, those whose title holds "KV" first; a query of short words
+/// alone still needs them.
+#[test]
+fn short_query_words_rank_results_without_removing_any() {
+    let Some(mut b) = launch(DESKTOP) else { return };
+    let mut cache = results_for(&mut b, "cache");
+    let kv_cache = results_for(&mut b, "KV cache");
+    assert!(cache.len() > 2, "too few results to tell: {cache:?}");
+    // Still the page of the last query: its first result's text is the entry's title.
+    let first = b.text("[data-qkv-search-results] a");
+    assert!(first.contains("KV"), "the first result's title does not say KV: {first:?} of {kv_cache:?}");
+    let mut sorted = kv_cache.clone();
+    sorted.sort();
+    cache.sort();
+    assert_eq!(sorted, cache, "\"KV cache\" and \"cache\" found different entries");
+    assert!(results_for(&mut b, "zq").is_empty(), "a short word alone that no entry holds found something");
+    b.assert_clean("short query words");
+}

@@ -23,7 +23,15 @@
       document.head.appendChild(s);
     }
 
-    /* Every word of the query begins a word of the entry; matches in titles come first. */
+    /* The index leaves out words shorter than this (search.rs, MIN_WORD): they match nearly
+     * everything. */
+    var MIN_WORD = 3;
+
+    /* Every word of the query begins a word of the entry, except a short one ("KV" in "KV
+     * cache"), which the index cannot hold: it is required only when the query has nothing
+     * longer, and otherwise only ranks, where it must be a whole word ("a" is not "and").
+     * Entries come in order of the query's words their title holds, then the short words their
+     * opening text holds; ties keep the course's order. */
     function find(query) {
       var data = window.QKV_SEARCH;
       var split = function (t) {
@@ -31,20 +39,34 @@
       };
       var terms = split(query).filter(Boolean);
       if (!data || !terms.length) return [];
+      var short = function (t) {
+        return Array.from(t).length < MIN_WORD;
+      };
+      var ranksOnly = terms.some(function (t) {
+        return !short(t);
+      });
       var hits = [];
       data.entries.forEach(function (e) {
-        var title = " " + split(e[2]).join(" ");
+        var title = " " + split(e[2]).join(" ") + " ";
         var words = " " + e[4];
+        var opening = " " + split(e[3]).join(" ") + " ";
         var inTitle = 0;
+        var inOpening = 0;
         for (var i = 0; i < terms.length; i++) {
+          if (ranksOnly && short(terms[i])) {
+            var word = " " + terms[i] + " ";
+            if (title.indexOf(word) >= 0) inTitle += 1;
+            else if (opening.indexOf(word) >= 0) inOpening += 1;
+            continue;
+          }
           var t = " " + terms[i];
           if (title.indexOf(t) >= 0) inTitle += 1;
           else if (words.indexOf(t) < 0) return;
         }
-        hits.push({ e: e, rank: inTitle });
+        hits.push({ e: e, rank: inTitle, near: inOpening, at: hits.length });
       });
       hits.sort(function (a, b) {
-        return b.rank - a.rank;
+        return b.rank - a.rank || b.near - a.near || a.at - b.at;
       });
       return hits.map(function (h) {
         return h.e;

@@ -282,9 +282,8 @@ impl View<'_> {
         }
         out.push_str("</tbody>\n</table></div>\n");
         let width = self.shown.output.first().map_or(1, Vec::len);
-        // One output column stays pinned to the right edge of the table's box, so that on a phone,
-        // where the table is wider than the screen, the outputs the prompt asks about are in view.
-        let span = if width > 1 { format!(" colspan=\"{width}\"") } else { " class=\"pinned\"".to_string() };
+        // One output column is set apart from the weights by a rule (the stylesheet's `outputs`).
+        let span = if width > 1 { format!(" colspan=\"{width}\"") } else { " class=\"outputs\"".to_string() };
         out.push_str(&self.html_header(
             WEIGHTS,
             "Attention weights",
@@ -303,7 +302,7 @@ impl View<'_> {
             }
             let output = &self.shown.output[i];
             if let [x] = output.as_slice() {
-                let _ = write!(out, "<td data-qkv-readout=\"output:{r}\" class=\"pinned\">{x}</td>");
+                let _ = write!(out, "<td data-qkv-readout=\"output:{r}\" class=\"outputs\">{x}</td>");
             } else {
                 for (c, x) in output.iter().enumerate() {
                     let _ = write!(out, "<td data-qkv-readout=\"output:{r}:{}\">{x}</td>", c + 1);
