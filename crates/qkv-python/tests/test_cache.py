@@ -187,6 +187,11 @@ def test_cache_steps_refuse_what_needs_a_gradient():
         paged.attend(0, [seq], [0, 1], query, sinks=sinks)
     with torch.no_grad():
         assert cache.attend(0, query).shape == (HEADS, 1, D_V)
+        # The engine's errors name the arguments as passed (it calls them keep_mask, query_offsets).
+        with pytest.raises(ValueError, match=r"takes keep of shape \[1, 2\], not \[1, 3\]"):
+            cache.attend(0, query, keep=torch.ones(1, 3, dtype=torch.bool))
+        with pytest.raises(ValueError, match=r"^offsets \[0, 2\] do not fit 1 sequence and 1 packed row"):
+            paged.attend(0, [seq], [0, 2], query)
         assert paged.attend(0, [seq], [0, 1], query, sinks=sinks).shape == (HEADS, 1, D_V)
 
 

@@ -199,12 +199,13 @@ def test_bad_inputs_raise_errors_naming_them():
     nan_keys = k.clone()
     nan_keys[1, 2, 3, 4] = math.nan
     bad(lambda: sdpa(q, nan_keys, v), r"keys\[1, 2, 3, 4\] is NaN: attention needs finite inputs")
-    bad(lambda: sdpa(q, k, v, softcap=-1.0), "cap")
+    # Named as passed (the engine calls them logit_softcap and bias).
+    bad(lambda: sdpa(q, k, v, softcap=-1.0), r"^softcap is -1: the cap must be finite and positive")
     bad(lambda: sdpa(q[..., :0], k[..., :0], v), "is empty")
     bad(lambda: sdpa(q, k, v[..., :0]), "is empty")
     bias = torch.zeros(5, 6)
     bias[0, 0] = math.nan
-    bad(lambda: sdpa(q, k, v, bias), "NaN")
+    bad(lambda: sdpa(q, k, v, bias), r"^attn_mask\[0, 0, 0, 0\] is NaN")
 
 
 def test_hidden_keys_may_hold_anything():

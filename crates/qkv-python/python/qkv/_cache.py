@@ -24,6 +24,10 @@ def _spec(xp, query, scale, sliding_window, alibi_slopes, softcap, keep, sinks):
             None if softcap is None else float(softcap), keep, _core.per_head("sinks", "logits", sinks, heads))
 
 
+# What the caches' `attend` arguments are called in the engine's errors.
+_CACHE_NAMES = {"keep_mask": "keep", "logit_softcap": "softcap", "query_offsets": "offsets"}
+
+
 def _refuse_grad(function, query, sinks):
     """A cache step has no backward: see ``_core.refuse_grad``."""
     instead = "use qkv.scaled_dot_product_attention over the keys and values to differentiate"
@@ -94,7 +98,8 @@ class KvCache(_Cache):
             query = xp.cast(query, "float32")
         out, lse = self._outputs(xp, query, self.shape[4], return_lse)
         spec = _spec(xp, query, scale, sliding_window, alibi_slopes, softcap, keep, sinks)
-        self._inner.attend(layer, xp.raw(query), spec, (xp.raw(out), None if lse is None else xp.raw(lse)))
+        with _core.named_as_passed(_CACHE_NAMES):
+            self._inner.attend(layer, xp.raw(query), spec, (xp.raw(out), None if lse is None else xp.raw(lse)))
         return (out, lse) if return_lse else out
 
     def length(self, layer):
@@ -193,7 +198,8 @@ class PagedKvCache(_Cache):
         out, lse = self._outputs(xp, query, self.shape[3], return_lse)
         spec = _spec(xp, query, scale, sliding_window, alibi_slopes, softcap, keep, sinks)
         batch = ([int(s) for s in sequences], [int(o) for o in offsets])
-        self._inner.attend(layer, batch, xp.raw(query), spec, (xp.raw(out), None if lse is None else xp.raw(lse)))
+        with _core.named_as_passed(_CACHE_NAMES):
+            self._inner.attend(layer, batch, xp.raw(query), spec, (xp.raw(out), None if lse is None else xp.raw(lse)))
         return (out, lse) if return_lse else out
 
     @property

@@ -6,6 +6,7 @@ elements)`` and views that memory in place: nothing is copied on the way in, and
 allocated here, in the caller's library, and written by the engine.
 """
 
+import contextlib
 import math
 import re
 import sys
@@ -207,17 +208,15 @@ def varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, options, with_lse):
     out = xp.empty((total_q, heads, value.shape[2]), compute)
     lse = xp.empty((heads, total_q), compute) if with_lse else None
     offsets = (_offsets("cu_seqlens_q", cu_seqlens_q), _offsets("cu_seqlens_k", cu_seqlens_k))
+    names = {"query_offsets": "cu_seqlens_q", "key_offsets": "cu_seqlens_k", "logit_softcap": "softcap"}
     try:
-        _qkv.varlen((xp.raw(q), xp.raw(k), xp.raw(v)), offsets, spec(*options, heads), xp.raw(out.swapaxes(0, 1)),
-                    None if lse is None else xp.raw(lse))
+        with named_as_passed(names):
+            _qkv.varlen((xp.raw(q), xp.raw(k), xp.raw(v)), offsets, spec(*options, heads),
+                        xp.raw(out.swapaxes(0, 1)), None if lse is None else xp.raw(lse))
     except ValueError as error:
-        # The engine names the offsets as its Rust API does, and an element by its index in the
-        # [heads, total, d] views it was given; name both as the caller passed them.
+        # The engine names an element by its index in the [heads, total, d] views it was given;
+        # name it as the caller passed it.
         message = str(error)
-        if message.startswith(("query_offsets", "key_offsets")):
-            for engine, ours in (("query_offsets", "cu_seqlens_q"), ("key_offsets", "cu_seqlens_k")):
-                message = re.sub(rf"\b{engine}\b", ours, message)
-            raise ValueError(message) from None
         element = re.match(r"(queries|keys|values)\[(\d+), (\d+), (\d+)\]", message)
         if element:
             argument, head, row, column = element.groups()
@@ -318,7 +317,8 @@ class Call:
         out = xp.empty(self.out_shape, self.dtype)
         lse = xp.empty(self.out_shape[:3], compute_dtype(self.dtype)) if with_lse else None
         mask = None if self.mask is None else xp.raw(self.mask)
-        _qkv.forward(self.raws(), mask, self.spec, xp.raw(out), None if lse is None else xp.raw(lse))
+        with named_as_passed(SDPA_NAMES):
+            _qkv.forward(self.raws(), mask, self.spec, xp.raw(out), None if lse is None else xp.raw(lse))
         out = out.reshape(self.lead + out.shape[2:])
         return (out, lse.reshape(self.lead + (self.n_q,))) if with_lse else out
 
@@ -336,13 +336,14 @@ class Call:
         dmask = xp.zeros(self.out_shape[:3] + (self.n_k,), compute) if mask_grad else None
         dsinks = None if self.sinks is None else xp.zeros((self.out_shape[1],), compute)
         raw = (lambda t: None if t is None else xp.raw(t))
-        _qkv.backward(
-            (xp.raw(q), xp.raw(k), xp.raw(v)),
-            raw(self.mask),
-            self.spec,
-            (xp.raw(out), xp.raw(lse), xp.raw(grad_out)),
-            (xp.raw(dq), xp.raw(dk), xp.raw(dv), raw(dmask), raw(dsinks)),
-        )
+        with named_as_passed(SDPA_NAMES):
+            _qkv.backward(
+                (xp.raw(q), xp.raw(k), xp.raw(v)),
+                raw(self.mask),
+                self.spec,
+                (xp.raw(out), xp.raw(lse), xp.raw(grad_out)),
+                (xp.raw(dq), xp.raw(dk), xp.raw(dv), raw(dmask), raw(dsinks)),
+            )
         if compute != self.dtype:
             dq, dk, dv = (xp.cast(t, self.dtype) for t in (dq, dk, dv))
         return dq, dk, dv, dmask, dsinks
@@ -372,3 +373,22 @@ def refuse_grad(function, instead, named):
         verb = "requires" if len(needs) == 1 else "require"
         raise ValueError(f"{', '.join(needs)} {verb} grad, and {function} has no backward: call it under "
                          f"torch.no_grad(), or {instead}")
+
+
+@contextlib.contextmanager
+def named_as_passed(names):
+    """Re-raises the engine's ``ValueError`` with its argument names (keys of ``names``: the Rust
+    API's, such as ``bias``) replaced by those the caller passed (``attn_mask``)."""
+    try:
+        yield
+    except ValueError as error:
+        message = renamed = str(error)
+        for engine, ours in names.items():
+            renamed = re.sub(rf"\b{engine}\b", ours, renamed)
+        if renamed == message:
+            raise
+        raise ValueError(renamed) from None
+
+
+# What scaled_dot_product_attention's arguments are called in the engine's errors.
+SDPA_NAMES = {"bias": "attn_mask", "keep_mask": "attn_mask", "logit_softcap": "softcap"}
