@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::support::{interpreter_imports, kill_process_group};
+use crate::support::{interpreter_imports, kill_group, kill_process_group};
 
 /// How long the suite may run (about a minute on 2 cores; CI's whole run has 90) before it is
 /// stopped as hung: a call that never returns fails the test instead of the CI run.
@@ -51,6 +51,9 @@ fn the_python_package_passes_its_pytest_suite() {
     let started = Instant::now();
     let status = loop {
         if let Some(status) = child.try_wait().expect("waits on pytest") {
+            // What the suite started and left running (torch.compile's workers, say) would hold
+            // the pipes open, and the readers with them.
+            kill_group(child.id());
             break Some(status);
         }
         if started.elapsed() > PATIENCE {

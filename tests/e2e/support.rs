@@ -55,8 +55,13 @@ pub fn interpreter_imports(test: &str, python: &str, modules: &[&str]) -> bool {
 /// child's), then reaps the child: nothing it started outlives the test. Killing the group while
 /// the child is still unreaped keeps its id from being reused meanwhile.
 pub fn kill_process_group(child: &mut Child) {
-    let group = format!("-{}", child.id());
-    let _ = Command::new("/bin/sh").args(["-c", r#"kill -KILL -- "$0" 2>/dev/null"#, &group]).status();
+    kill_group(child.id());
     let _ = child.kill();
     let _ = child.wait();
+}
+
+/// Kills every process left in process group `group` (none left: nothing happens).
+pub fn kill_group(group: u32) {
+    let group = format!("-{group}");
+    let _ = Command::new("/bin/sh").args(["-c", r#"kill -KILL -- "$0" 2>/dev/null"#, &group]).status();
 }

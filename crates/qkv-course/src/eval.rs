@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use ndarray::Array2;
 
 use crate::error::Problem;
-use crate::examples::{AttentionDecl, Decl, DeclKind, Field, Input, Limits, Mask};
+use crate::examples::{AttentionDecl, Decl, DeclKind, Field, Input, Limits, Mask, unequal_rows};
 use crate::limits::{self, MAX_ROWS, MAX_WIDTH};
 use crate::values::{Miss, Node, Resolve};
 
@@ -416,7 +416,7 @@ impl<'d> Evaluator<'d> {
             Input::Rows(rows) => {
                 let resolved: Vec<Vec<f64>> =
                     rows.iter().map(|row| self.vector(decl, row, name)).collect::<Option<_>>()?;
-                if let Some(bad) = resolved.iter().position(|r| r.len() != resolved[0].len()) {
+                if let Some((bad, message)) = unequal_rows(&resolved) {
                     let found = match &rows[bad].value {
                         Input::Ref(path) => format!("\"{path}\" = {:?}", resolved[bad]),
                         _ => format!("{:?}", resolved[bad]),
@@ -424,12 +424,7 @@ impl<'d> Evaluator<'d> {
                     self.fail(
                         decl,
                         rows[bad].at,
-                        format!(
-                            "row {} of `{name}` has {} numbers but row 1 has {}",
-                            bad + 1,
-                            resolved[bad].len(),
-                            resolved[0].len()
-                        ),
+                        format!("`{name}`: {message}"),
                         found,
                         "rows of equal length",
                     );

@@ -36,6 +36,14 @@ pub(crate) use interactive::{
     WidgetDecl, WidgetKind, colab_base, letter,
 };
 
+/// The first row of `rows` whose width differs from the first row's, and what to say of it.
+pub(crate) fn unequal_rows(rows: &[Vec<f64>]) -> Option<(usize, String)> {
+    let bad = rows.iter().position(|r| r.len() != rows[0].len())?;
+    let n = rows[bad].len();
+    let plural = if n == 1 { "" } else { "s" };
+    Some((bad, format!("row {} has {n} number{plural} but row 1 has {}", bad + 1, rows[0].len())))
+}
+
 /// A numeric input: a literal, or a reference to be resolved at evaluation.
 #[derive(Debug, Clone)]
 pub(crate) enum Input<T> {
@@ -1245,20 +1253,9 @@ impl Reader<'_> {
                 if self.problems.len() > n {
                     return None;
                 }
-                if let Some(bad) = out.iter().position(|r| r.len() != out[0].len()) {
+                if let Some((bad, message)) = unequal_rows(&out) {
                     let found = self.snippet(&rows[bad]);
-                    self.problem(
-                        rows[bad].span().start,
-                        format!(
-                            "row {} has {} number{} but row 1 has {}",
-                            bad + 1,
-                            out[bad].len(),
-                            if out[bad].len() == 1 { "" } else { "s" },
-                            out[0].len()
-                        ),
-                        found,
-                        "rows of equal length",
-                    );
+                    self.problem(rows[bad].span().start, message, found, "rows of equal length");
                     return None;
                 }
                 if out.is_empty() || out[0].is_empty() {

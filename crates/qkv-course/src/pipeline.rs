@@ -375,16 +375,17 @@ fn link_problems(sources: &Sources, docs: &[Document]) -> Vec<Problem> {
                 continue;
             };
             if !anchor.is_empty() && !docs[target].anchors.iter().any(|a| a == anchor) {
-                problems.push(Problem::new(
-                    i,
-                    link.at,
-                    format!("no heading of {} has the anchor `#{anchor}`", files[target]),
-                    &link.dest,
+                let anchors = &docs[target].anchors;
+                let expected = if anchors.is_empty() {
+                    "no anchor: the section has no headings below its title".to_string()
+                } else {
+                    let listed = anchors.iter().map(|a| format!("`#{a}`")).collect::<Vec<_>>().join(", ");
                     format!(
-                        "the anchor of one of its headings (its words in lower case, joined by `-`): {}",
-                        docs[target].anchors.iter().map(|a| format!("`#{a}`")).collect::<Vec<_>>().join(", ")
-                    ),
-                ));
+                        "the anchor of one of its headings (its words in lower case, joined by `-`): {listed}"
+                    )
+                };
+                let message = format!("no heading of {} has the anchor `#{anchor}`", files[target]);
+                problems.push(Problem::new(i, link.at, message, &link.dest, expected));
             }
         }
     }

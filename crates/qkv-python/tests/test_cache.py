@@ -169,12 +169,14 @@ def test_kv_cache_errors():
 
 
 def test_cache_steps_refuse_what_needs_a_gradient():
-    """A step has no backward: a query or sinks that need a gradient raise rather than give an
-    output that drops it; under no_grad the same call runs."""
+    """A cache has no backward: keys, values, a query or sinks that need a gradient raise rather
+    than drop it; under no_grad the same calls run."""
     q, k, v = history(2)
     query = q[:, -1:].clone().requires_grad_()
     sinks = torch.zeros(HEADS, requires_grad=True)
     cache = qkv.KvCache(1, KV_HEADS, 4, D_K, D_V)
+    with pytest.raises(ValueError, match=r"^key, value require grad, and KvCache\.append has no backward"):
+        cache.append(0, k.clone().requires_grad_(), v.clone().requires_grad_())
     cache.append(0, k, v)
     with pytest.raises(ValueError, match=r"^query requires grad, and KvCache\.attend has no backward"):
         cache.attend(0, query)
@@ -182,6 +184,8 @@ def test_cache_steps_refuse_what_needs_a_gradient():
         cache.attend(0, q[:, -1:], sinks=sinks)
     paged = qkv.PagedKvCache(1, KV_HEADS, D_K, D_V, block_size=4, blocks=2)
     seq = paged.add_sequence()
+    with pytest.raises(ValueError, match=r"^value requires grad, and PagedKvCache\.append has no backward"):
+        paged.append(0, seq, k, v.clone().requires_grad_())
     paged.append(0, seq, k, v)
     with pytest.raises(ValueError, match=r"^query, sinks require grad, and PagedKvCache\.attend has no"):
         paged.attend(0, [seq], [0, 1], query, sinks=sinks)

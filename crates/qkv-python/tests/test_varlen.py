@@ -103,8 +103,8 @@ def test_bad_packed_calls_raise_errors_that_name_the_argument():
     with pytest.raises(ValueError, match=r"^cu_seqlens_k \[0, 1, 6\] do not fit 2 sequences and 5 packed rows"):
         qkv.varlen_attention(q, k, v, cu_q, [0, 1, 6])
     # Lists of different lengths: neither is blamed, both are named as the caller passed them.
-    with pytest.raises(ValueError, match=r"^cu_seqlens_q \[0, 2, 5\] and cu_seqlens_k \[0, 1\] count 2 sequences "
-                       r"and 1 sequence: each has one offset per sequence of the batch and one for the end$"):
+    with pytest.raises(ValueError, match=r"^cu_seqlens_q \[0, 2, 5\] and cu_seqlens_k \[0, 1\] differ in length "
+                       r"\(3 and 2\): each has one offset per sequence of the batch and one for the end$"):
         qkv.varlen_attention(q, k, v, cu_q, [0, 1])
     # Offsets no 64-bit integer holds, or not whole numbers: named, never an overflow.
     for offsets in ([0, -1, 5], [0, 2**64, 5], [0, 1e30, 5], [0, math.nan, 5], [0, 2.5, 5], [0, "1", 5]):

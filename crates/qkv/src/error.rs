@@ -548,10 +548,10 @@ pub enum AttentionError {
     /// The query and key offsets of a packed batch (flash-attn's `cu_seqlens_q` and `cu_seqlens_k`)
     /// that count different numbers of sequences: which one is wrong only the caller knows.
     #[error(
-        "query_offsets {query_offsets} and key_offsets {key_offsets} count {} and {}: each has one \
-         offset per sequence of the batch and one for the end",
-        count(query_offsets.0.len().saturating_sub(1), "sequence", "sequences"),
-        count(key_offsets.0.len().saturating_sub(1), "sequence", "sequences")
+        "query_offsets {query_offsets} and key_offsets {key_offsets} differ in length ({} and {}): \
+         each has one offset per sequence of the batch and one for the end",
+        query_offsets.0.len(),
+        key_offsets.0.len()
     )]
     PackedOffsetCounts {
         /// The query offsets given.

@@ -406,8 +406,8 @@ impl<E: CacheStorage> KvCache<E> {
     /// attention sinks): each query then sees those positions (up to its own) and the last
     /// `window` up to its own, and nothing between. The sink tokens take slots of their own
     /// before the ring's, `sink_tokens` rounded up to whole key panels of the cache's level
-    /// ([`PagedKvCache::block_granularity`](crate::PagedKvCache::block_granularity): 8 or 16
-    /// slots, say), and the ring the rest of the capacity, which must still hold the window: a
+    /// ([`PagedKvCache::block_granularity`](crate::PagedKvCache::block_granularity): 8 to 64
+    /// slots), and the ring the rest of the capacity, which must still hold the window: a
     /// step of `n_q` queries needs `capacity >= that rounding + window + n_q - 1`. Positions, for
     /// rotary embeddings too, stay absolute. Steps equal
     /// [`multi_head_attention`](crate::multi_head_attention) over the whole history with a

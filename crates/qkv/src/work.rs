@@ -131,8 +131,12 @@ static TEAM_CONTENTION: Contention = Contention::new();
 /// last late one waited to start, in microseconds: the helpers of the threads this thread's calls
 /// share with, its [`ThreadTeam`]'s or rayon's.
 fn kept_waiting_us(now: u64) -> Option<f64> {
-    let contention = if team::active() { &TEAM_CONTENTION } else { &CONTENTION };
-    contention.kept_waiting(now).map(|late| late.as_secs_f64() * 1e6)
+    contention().kept_waiting(now).map(|late| late.as_secs_f64() * 1e6)
+}
+
+/// The late starts that hold this thread's calls: its [`ThreadTeam`]'s threads', or rayon's.
+fn contention() -> &'static Contention {
+    if team::active() { &TEAM_CONTENTION } else { &CONTENTION }
 }
 
 /// Work handed out by `caller` at `at_ns` ([`since_start`]).

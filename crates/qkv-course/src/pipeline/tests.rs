@@ -240,6 +240,23 @@ fn copies_of_the_running_example_follow_its_inputs() {
     }
 }
 
+/// The anchors a link may name are the ids the pages give the headings: the two are worked out
+/// apart (`document.rs` for the check, `html.rs` for the page).
+#[test]
+fn every_anchor_a_link_may_name_is_an_id_on_its_page() {
+    let sources = lesson();
+    let built = build(&sources).expect("lesson builds");
+    for file in &sources.markdown {
+        let page = format!("{}.html", section_id(&file.path));
+        let html = &built.site.iter().find(|f| f.name == page).expect("a page per section").text;
+        let anchors = document::parse(0, &file.text).expect("parses").anchors;
+        assert!(!anchors.is_empty(), "{page} has headings");
+        for anchor in anchors {
+            assert!(html.contains(&format!(" id=\"{anchor}\"")), "{page} has no id {anchor}");
+        }
+    }
+}
+
 /// A region left open in one section: its one mistake is reported, not every use the other
 /// sections make of what that file declares (which, unparsed, it declares nothing of).
 #[test]

@@ -28,10 +28,10 @@ def _spec(xp, query, scale, sliding_window, alibi_slopes, softcap, keep, sinks):
 _CACHE_NAMES = {"keep_mask": "keep", "logit_softcap": "softcap", "query_offsets": "offsets"}
 
 
-def _refuse_grad(function, query, sinks):
-    """A cache step has no backward: see ``_core.refuse_grad``."""
+def _refuse_grad(function, *named):
+    """A cache keeps no gradient: see ``_core.refuse_grad`` (``named``: ``(name, value)`` pairs)."""
     instead = "use qkv.scaled_dot_product_attention over the keys and values to differentiate"
-    _core.refuse_grad(function, instead, (("query", query), ("sinks", sinks)))
+    _core.refuse_grad(function, instead, named)
 
 
 class _Cache:
@@ -79,7 +79,9 @@ class KvCache(_Cache):
         super().__init__(inner, dtype)
 
     def append(self, layer, key, value):
-        """Appends ``key`` ``[kv_heads, n_new, key_dim]`` and ``value`` to layer ``layer``."""
+        """Appends ``key`` ``[kv_heads, n_new, key_dim]`` and ``value`` to layer ``layer`` (inference
+        only: see ``attend``)."""
+        _refuse_grad("KvCache.append", ("key", key), ("value", value))
         xp = _core.backend(key, value)
         key, value = self._stored(xp, key), self._stored(xp, value)
         self._inner.append(layer, xp.raw(key), xp.raw(value))
@@ -91,7 +93,7 @@ class KvCache(_Cache):
         ``sinks`` one logit per query head, as ``qkv.scaled_dot_product_attention`` takes them.
         Inference only: a query or sinks that need a gradient, with grad mode on, raise
         ``ValueError``."""
-        _refuse_grad("KvCache.attend", query, sinks)
+        _refuse_grad("KvCache.attend", ("query", query), ("sinks", sinks))
         xp = _core.backend(query, keep)
         takes = ("float32", "bfloat16", "float16") if self.dtype == "int8" else ("float32", self.dtype)
         if xp.dtype_name(query) not in takes:
@@ -182,7 +184,9 @@ class PagedKvCache(_Cache):
         return self._inner.free_blocks()
 
     def append(self, layer, seq, key, value):
-        """Appends ``key`` ``[kv_heads, n_new, key_dim]`` and ``value`` to ``seq`` at ``layer``."""
+        """Appends ``key`` ``[kv_heads, n_new, key_dim]`` and ``value`` to ``seq`` at ``layer``
+        (inference only, as ``KvCache.append`` is)."""
+        _refuse_grad("PagedKvCache.append", ("key", key), ("value", value))
         xp = _core.backend(key, value)
         key, value = self._stored(xp, key), self._stored(xp, value)
         self._inner.append(layer, seq, xp.raw(key), xp.raw(value))
@@ -192,7 +196,7 @@ class PagedKvCache(_Cache):
         """Attention for a batch of sequences, ``[query_heads, n_queries, value_dim]`` in float32
         packed as ``query`` is (and the logsumexp with ``return_lse``); ``sinks`` as in
         ``KvCache.attend``; inference only, as ``KvCache.attend`` is."""
-        _refuse_grad("PagedKvCache.attend", query, sinks)
+        _refuse_grad("PagedKvCache.attend", ("query", query), ("sinks", sinks))
         xp = _core.backend(query, keep)
         query = self._stored(xp, query)
         out, lse = self._outputs(xp, query, self.shape[3], return_lse)

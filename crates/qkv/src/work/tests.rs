@@ -129,16 +129,11 @@ fn a_helper_that_starts_late_keeps_small_work_on_the_calling_thread() {
     assert!(kept_waiting_us(since_start()).is_some(), "a helper 2 ms late");
     assert!(!worth_sharing(SHARE_ABOVE_US * TILED_FLOPS_PER_US_PER_LANE * 16.0, false, 16));
     assert!(!worth_sharing_a_pass());
-    // A call on another library's threads is not held back by what rayon's helpers saw (only by
-    // what a team's saw, which another test may have noted meanwhile).
+    // A call on another library's threads is held back by what that team's threads saw, not by
+    // what rayon's helpers saw.
+    assert!(std::ptr::eq(contention(), &CONTENTION));
     let team = std::sync::Arc::new(Spawned { threads: 2, returned: AtomicUsize::new(0) });
-    with_thread_team(team, || {
-        let now = since_start();
-        if TEAM_CONTENTION.kept_waiting(now).is_none() {
-            assert!(kept_waiting_us(now).is_none());
-            assert!(shares(SHARE_ABOVE_US, kept_waiting_us(now), false));
-        }
-    });
+    with_thread_team(team, || assert!(std::ptr::eq(contention(), &TEAM_CONTENTION)));
 }
 
 /// A team whose other threads start `late` after the call, as a team's threads do whose CPU
@@ -171,8 +166,9 @@ fn a_teams_late_thread_keeps_small_work_on_the_calling_thread() {
         for _ in 0..5 {
             map_items(vec![0, 1], true, || (), |_, i: usize| i);
         }
+        // At least the threshold: another test's team may have noted a start late by less since.
         let kept = kept_waiting_us(since_start()).expect("a team thread 3 ms late");
-        assert!(kept >= 3000.0, "noted {kept} µs");
+        assert!(kept >= 1000.0, "noted {kept} µs");
         assert!(!worth_sharing(SHARE_ABOVE_US * TILED_FLOPS_PER_US_PER_LANE * 16.0, false, 16));
         assert!(!worth_sharing_a_pass());
         // Work that outlasts the wait is still shared.

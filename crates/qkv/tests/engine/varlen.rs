@@ -328,8 +328,8 @@ fn offsets_and_options_that_do_not_fit_are_refused_by_name() {
     let error = run(&[0, 2, 3], &[0, 3], &options);
     assert_eq!(
         error,
-        "query_offsets [0, 2, 3] and key_offsets [0, 3] count 2 sequences and 1 sequence: each has one \
-         offset per sequence of the batch and one for the end"
+        "query_offsets [0, 2, 3] and key_offsets [0, 3] differ in length (3 and 2): each has one offset \
+         per sequence of the batch and one for the end"
     );
     // One sequence of one row: the counts in the singular.
     let single = Packed::random(&mut rng, &[(1, 1)], (2, 1), (4, 4));

@@ -42,7 +42,7 @@
       var short = function (t) {
         return Array.from(t).length < MIN_WORD;
       };
-      var ranksOnly = terms.some(function (t) {
+      var hasLongWord = terms.some(function (t) {
         return !short(t);
       });
       var hits = [];
@@ -53,7 +53,7 @@
         var inTitle = 0;
         var inOpening = 0;
         for (var i = 0; i < terms.length; i++) {
-          if (ranksOnly && short(terms[i])) {
+          if (hasLongWord && short(terms[i])) {
             var word = " " + terms[i] + " ";
             if (title.indexOf(word) >= 0) inTitle += 1;
             else if (opening.indexOf(word) >= 0) inOpening += 1;
