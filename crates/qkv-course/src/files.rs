@@ -44,9 +44,20 @@ pub struct OutputFile {
     pub text: String,
 }
 
+/// The file name of `path`: what follows its last `/` or `\\`.
+pub(crate) fn file_name(path: &str) -> &str {
+    path.rsplit(['/', '\\']).next().unwrap_or(path)
+}
+
+/// Which of `markdown`'s files a link's file part (`02-causal-masking.md`) names: the site turns
+/// such a link into one to that section's page.
+pub(crate) fn linked_file(markdown: &[SourceFile], file: &str) -> Option<usize> {
+    markdown.iter().position(|f| file_name(&f.path) == file)
+}
+
 /// The section id of a lesson file: its stem without a leading `NN-` (`01-attention.md` → `attention`).
 pub fn section_id(path: &str) -> String {
-    let name = path.rsplit(['/', '\\']).next().unwrap_or(path);
+    let name = file_name(path);
     let stem = name.strip_suffix(".md").unwrap_or(name);
     let trimmed = stem.trim_start_matches(|c: char| c.is_ascii_digit());
     match trimmed.strip_prefix('-') {

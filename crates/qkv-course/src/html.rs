@@ -11,7 +11,7 @@
 use pulldown_cmark::{CodeBlockKind, CowStr, Event, HeadingLevel, Parser, Tag, TagEnd};
 
 use crate::document;
-use crate::files::{OutputFile, SourceFile, section_id};
+use crate::files::{OutputFile, SourceFile, file_name, linked_file, section_id};
 use crate::markup::{display_math, escape, markdown_options, mathml, scroll_box, slug};
 
 pub(crate) mod glossary;
@@ -125,7 +125,7 @@ pub(crate) fn site(
                 &page_body,
             ),
         });
-        let md_name = file.path.rsplit(['/', '\\']).next().unwrap_or(&file.path);
+        let md_name = file_name(&file.path);
         out.push(OutputFile { name: format!("markdown/{md_name}"), text: file.text.clone() });
         bodies.push(body);
         entries.push(found);
@@ -378,9 +378,9 @@ fn last_open_is_citation(out: &[Event<'_>]) -> bool {
 /// Links between lesson files point at the pages instead.
 fn rewrite_link<'a>(dest: &CowStr<'a>, markdown: &[SourceFile]) -> CowStr<'a> {
     let (file, anchor) = dest.split_once('#').map_or((dest.as_ref(), ""), |(f, a)| (f, a));
-    if let Some(f) = markdown.iter().find(|f| f.path.rsplit(['/', '\\']).next() == Some(file)) {
+    if let Some(f) = linked_file(markdown, file) {
         let anchor = if anchor.is_empty() { String::new() } else { format!("#{anchor}") };
-        return CowStr::from(format!("{}.html{anchor}", section_id(&f.path)));
+        return CowStr::from(format!("{}.html{anchor}", section_id(&markdown[f].path)));
     }
     dest.clone()
 }

@@ -9,7 +9,7 @@ use crate::error::{ContentError, ContentErrors, Problem};
 use crate::eval::Evaluator;
 use crate::examples::{self, Decl, DeclKind, PageDecl};
 use crate::figures::{self, FigureJob};
-use crate::files::{FigureFile, OutputFile, SourceFile, Sources, section_id};
+use crate::files::{FigureFile, OutputFile, SourceFile, Sources, file_name, linked_file, section_id};
 use crate::location::LineIndex;
 use crate::stale::{self, Edit, Stale};
 use crate::values::Node;
@@ -326,7 +326,7 @@ const SITE_PAGES: &[(&str, &str)] =
 fn section_problems(sources: &Sources, sections: &[String]) -> Vec<Problem> {
     let mut problems = Vec::new();
     for (i, (file, id)) in sources.markdown.iter().zip(sections).enumerate() {
-        let name = file.path.rsplit(['/', '\\']).next().unwrap_or(&file.path);
+        let name = file_name(&file.path);
         let expected = "a file name `NN-ID.md` whose ID is letters, digits, `-` and `_`, such as `03-cross-attention.md`";
         if id.is_empty() || !id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
             let message = format!(
@@ -356,13 +356,12 @@ fn section_problems(sources: &Sources, sections: &[String]) -> Vec<Problem> {
 /// Links between sections that would lead nowhere on the site: to a `.md` file that is no section
 /// of the course, or to an anchor that no heading of the target section has.
 fn link_problems(sources: &Sources, docs: &[Document]) -> Vec<Problem> {
-    let name = |path: &str| path.rsplit(['/', '\\']).next().unwrap_or(path).to_string();
-    let files: Vec<String> = sources.markdown.iter().map(|f| name(&f.path)).collect();
+    let files: Vec<&str> = sources.markdown.iter().map(|f| file_name(&f.path)).collect();
     let mut problems = Vec::new();
     for (i, doc) in docs.iter().enumerate() {
         for link in &doc.links {
             let (file, anchor) = link.dest.split_once('#').unwrap_or((&link.dest, ""));
-            let target = if file.is_empty() { Some(i) } else { files.iter().position(|f| f == file) };
+            let target = if file.is_empty() { Some(i) } else { linked_file(&sources.markdown, file) };
             let Some(target) = target else {
                 let sections = files.iter().map(|f| format!("`{f}`")).collect::<Vec<_>>().join(", ");
                 problems.push(Problem::new(

@@ -6,6 +6,7 @@
 use serde_json::json;
 
 use super::Section;
+use crate::files::file_name;
 use crate::markup::{escape, json_script};
 
 /// The course's own title, on the contents page and the print view.
@@ -74,7 +75,7 @@ pub(super) fn page(sections: &[Section], kind: &Kind<'_>, title: &str, body: &st
     let pager = current.map(|i| pager(sections, i)).unwrap_or_default();
     let footer = match kind {
         Kind::Section { source, .. } => {
-            let name = source.rsplit(['/', '\\']).next().unwrap_or(source);
+            let name = file_name(source);
             format!(
                 "<footer><p>This section is written in <a href=\"markdown/{0}\">{0}</a>, where its examples are declared as data. Every number, table and figure on this page is computed from those inputs by the qkv attention engine's f64 reference, so a changed input changes every number that depends on it.</p></footer>",
                 escape(name)
