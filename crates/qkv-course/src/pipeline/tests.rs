@@ -383,7 +383,7 @@ fn a_byte_order_mark_is_kept_and_the_title_stays_a_heading() {
     let sources = lesson_with(&format!("\u{feff}{edited}"), MASKING);
     let report = check(&sources).map(|s| stale_report(&s)).expect("lesson evaluates");
     // Positions on the first line do not count the invisible mark.
-    assert!(report.contains("content/01-attention.md:150: expected 4.41, found ?"), "{report}");
+    assert!(report.contains("content/01-attention.md:151: expected 4.41, found ?"), "{report}");
     let built = build(&sources).expect("builds");
     assert_eq!(built.markdown[0].text, format!("\u{feff}{ATTENTION}"));
     let page = &built.site.iter().find(|f| f.name == "attention.html").expect("page").text;
