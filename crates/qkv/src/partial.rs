@@ -103,12 +103,15 @@ impl<T: Real, D: Dimension> PartialAttention<T, D> {
             value: value.to_f64_exact(),
             why,
         };
-        if let Some((i, &l)) = self.logsumexp.indexed_iter().find(|(_, l)| l.is_nan() || **l == T::infinity())
-        {
+        let bad_lse = |l: &T| l.is_nan() || *l == T::infinity();
+        // `indexed_iter` builds an index per element (slow for `IxDyn`): only to name a bad one.
+        if self.logsumexp.iter().any(bad_lse) {
+            let (i, &l) = self.logsumexp.indexed_iter().find(|(_, l)| bad_lse(l)).expect("found above");
             let why = "a logsumexp is finite, or -inf for a row that sees no key";
             return Err(bad("logsumexp", i.into_dimension().slice().to_vec(), l, why));
         }
-        if let Some((i, &x)) = self.output.indexed_iter().find(|(_, x)| !x.is_finite()) {
+        if self.output.iter().any(|x| !x.is_finite()) {
+            let (i, &x) = self.output.indexed_iter().find(|(_, x)| !x.is_finite()).expect("found above");
             return Err(bad("output", i.into_dimension().slice().to_vec(), x, "an output is finite"));
         }
         Ok(())

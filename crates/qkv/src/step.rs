@@ -230,8 +230,16 @@ pub(crate) fn check_appended(
     value_dim: usize,
 ) -> Result<(), ShapeMismatch> {
     let n_new = k[1];
-    let why = "one [n_new, key_dim] block per key/value head";
-    ShapeMismatch::check("keys", k, &[kv_heads, n_new, key_dim], why)?;
+    if k[0] != kv_heads || k[2] != key_dim {
+        // The keys set n_new: their own second axis is no guide when the others are wrong (keys
+        // passed as `[n_new, kv_heads, key_dim]` would be told to take `[kv_heads, kv_heads, ..]`).
+        return Err(ShapeMismatch {
+            argument: "keys",
+            found: k.into(),
+            expected: format!("[{kv_heads}, n_new, {key_dim}]"),
+            why: "one [n_new, key_dim] block per key/value head",
+        });
+    }
     let why = "one value for every key, one [n_new, value_dim] block per key/value head";
     ShapeMismatch::check("values", v, &[kv_heads, n_new, value_dim], why)
 }

@@ -139,7 +139,13 @@ fn errors_name_the_layer_the_argument_and_the_shapes() {
     );
     assert_eq!(
         err(layer.append(Array3::zeros((1, 3, 3)).view(), v.view()).unwrap_err()),
-        "layer 1 of the KV cache takes keys of shape [2, 3, 3], not [1, 3, 3]: one [n_new, key_dim] \
+        "layer 1 of the KV cache takes keys of shape [2, n_new, 3], not [1, 3, 3]: one [n_new, key_dim] \
+         block per key/value head"
+    );
+    // Keys laid out as [n_new, kv_heads, key_dim] are not told to take [2, 2, 3].
+    assert_eq!(
+        err(layer.append(Array3::zeros((5, 2, 3)).view(), v.view()).unwrap_err()),
+        "layer 1 of the KV cache takes keys of shape [2, n_new, 3], not [5, 2, 3]: one [n_new, key_dim] \
          block per key/value head"
     );
     let mut bad = k.clone();
