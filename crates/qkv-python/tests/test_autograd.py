@@ -158,6 +158,8 @@ def test_the_operators_pass_torch_library_opcheck(config):
     options = (*args[4:10], None if sinks is None else sinks.detach())
     backward_args = (torch.ones_like(out), *plain, *options, mask is not None)
     torch.library.opcheck(torch.ops.qkv.attention_backward.default, backward_args)
+    # With the logsumexp's gradient too.
+    torch.library.opcheck(torch.ops.qkv.attention_backward.default, (*backward_args, torch.ones_like(lse)))
 
 
 def test_torch_compile_learns_sinks_through_qkv():

@@ -59,6 +59,45 @@ def test_extensions_match_the_float64_formula(case, dtype, n_q, n_k):
     assert_close(lse.masked_fill(hidden, 0), want_lse.masked_fill(hidden, 0), dtype, f"{case} lse")
 
 
+@pytest.mark.parametrize("loss", ["output and logsumexp", "logsumexp alone"])
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float64, 1e-10), (torch.float32, 1e-4)])
+@pytest.mark.parametrize("case", CASES)
+def test_the_logsumexp_is_differentiable(case, dtype, tolerance, loss):
+    """A loss of the logsumexp (a z-loss, or a merge of parts written in torch) gets its gradient:
+    the same as autograd's through the float64 formula."""
+    kwargs = CASES[case]
+    q, k, v = qkv_inputs((2, 4, 5, 8), (2, 2, 11, 8), 5)
+    gen = torch.Generator().manual_seed(1)
+    w = torch.randn(2, 4, 5, 5, generator=gen, dtype=torch.float64)
+    u = torch.randn(2, 4, 5, generator=gen, dtype=torch.float64)
+
+    def gradients(attend, cast):
+        inputs = [cast(t).detach().requires_grad_() for t in (q, k, v)]
+        sinks = kwargs.get("sinks")
+        sinks = None if sinks is None else cast(torch.tensor(sinks, dtype=torch.float64)).detach().requires_grad_()
+        out, lse = attend(*inputs, {**kwargs, "sinks": sinks})
+        terms = (lse.double() * u).sum()
+        if loss == "output and logsumexp":
+            terms = terms + (out.double() * w).sum()
+        terms.backward()
+        # Alone, the logsumexp does not depend on the values: autograd leaves their gradient None.
+        grads = [torch.zeros_like(t) if t.grad is None else t.grad for t in inputs]
+        return [g.double() for g in grads] + ([] if sinks is None else [sinks.grad.double()])
+
+    def formula(q, k, v, options):
+        return explicit(
+            q, k, v, is_causal=options.get("is_causal", False), scale=options.get("scale"),
+            window=options.get("sliding_window"), alibi=options.get("alibi_slopes"), softcap=options.get("softcap"),
+            sinks=options["sinks"],
+        )
+
+    got = gradients(lambda q, k, v, o: qkv.attention_with_lse(q, k, v, enable_gqa=True, **o), lambda t: t.to(dtype))
+    want = gradients(formula, lambda t: t)
+    for name, g, r in zip(["dq", "dk", "dv", "dsinks"], got, want):
+        difference = (g - r).abs().max().item()
+        assert difference <= tolerance * max(1.0, r.abs().max().item()), (case, name, difference)
+
+
 def test_alibi_slopes_are_the_papers():
     assert qkv.alibi_slopes(4) == [0.25, 0.0625, 0.015625, 0.00390625]
     assert len(qkv.alibi_slopes(12)) == 12

@@ -117,9 +117,10 @@ def scaled_dot_product_attention(
 
     qkv's extensions, keyword-only: ``sliding_window=(before, after)`` (each query sees the keys
     from ``before`` before its position to ``after`` after it; -1 or None for no limit),
-    ``alibi_slopes`` (one per query head; ``qkv.alibi_slopes(heads)`` gives the paper's),
-    ``softcap`` (scores become ``softcap · tanh(score / softcap)`` before masks and ALiBi),
-    ``sinks`` (one logit ``s_h`` per query head, not scaled: attention sinks as gpt-oss learns
+    ``alibi_slopes`` (one per query head; ``qkv.alibi_slopes(heads)`` gives the paper's; head
+    ``h`` adds ``slope_h · (j - i)`` to query ``i``'s score of key ``j``, the paper's form, which
+    favours keys after the query where no causal mask hides them), ``softcap`` (scores become
+    ``softcap · tanh(score / softcap)`` before masks and ALiBi; None for no cap), ``sinks`` (one logit ``s_h`` per query head, not scaled: attention sinks as gpt-oss learns
     them; each row's softmax gets ``exp(s_h)`` as one more term of its denominator, a weight that
     takes no value, so a row may put less than all its weight on the keys; a 1-D torch tensor that
     requires grad gets its gradient; ``-inf`` is no sink). Windows and ALiBi place the queries
@@ -197,7 +198,12 @@ def varlen_attention(
     The options are ``scaled_dot_product_attention``'s extensions, applied to each sequence over
     its own queries and keys; ``is_causal``, the window and ALiBi are aligned bottom-right within
     each sequence, as flash-attn aligns them (the last query sees the last key; the same as
-    top-left where a sequence has as many queries as keys). Torch tensors or NumPy arrays, float32
+    top-left where a sequence has as many queries as keys). ALiBi is the paper's
+    ``slope · (j - i)``: with ``is_causal`` that is flash-attn's bias, but without it flash-attn
+    adds ``-slope · |j - i|`` instead, so a non-causal port with ALiBi gives other numbers. From
+    ``flash_attn_varlen_func``: ``softmax_scale`` is ``scale``, ``causal`` ``is_causal``,
+    ``window_size`` ``sliding_window``, ``softcap=0.0`` is ``softcap=None``; ``max_seqlen_q`` and
+    ``max_seqlen_k`` are not needed, and ``alibi_slopes`` takes one slope per query head. Torch tensors or NumPy arrays, float32
     or float64 computed in place; bfloat16 and float16 from a float32 copy. Every element must be
     finite. Forward only: on tensors that need a gradient, with grad mode on, it raises
     ``ValueError`` rather than return an output autograd cannot differentiate.

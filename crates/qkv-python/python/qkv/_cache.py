@@ -21,7 +21,7 @@ def _spec(xp, query, scale, sliding_window, alibi_slopes, softcap, keep, sinks):
     alibi = _core.per_head("alibi_slopes", "slopes", alibi_slopes, heads)
     keep = None if keep is None else xp.raw(keep)
     return (None if scale is None else float(scale), _core.sliding_window(sliding_window), alibi,
-            None if softcap is None else float(softcap), keep, _core.per_head("sinks", "logits", sinks, heads))
+            _core.cap(softcap), keep, _core.per_head("sinks", "logits", sinks, heads))
 
 
 # What the caches' `attend` arguments are called in the engine's errors.
@@ -130,7 +130,7 @@ class KvCache(_Cache):
 class PagedKvCache(_Cache):
     """Many sequences' keys and values in blocks of ``block_size`` positions from one pool of
     ``blocks`` (the engine's ``PagedKvCache``), stored as ``dtype`` (float32, bfloat16, float16, or
-    int8 as ``KvCache`` stores it; queries in the storage dtype, float32 for int8).
+    int8 as ``KvCache`` stores it; queries are cast to the storage dtype, float32 for int8).
 
     Sequences are integer handles: ``add_sequence()``, ``fork(seq)`` (shares the prefix, copied
     on write), ``truncate(seq, length)``, ``evict_before(seq, position)``, ``free(seq)``.

@@ -42,6 +42,12 @@ class _Torch:
     def cast(self, t, dtype_name):
         return t.to(getattr(self.torch, dtype_name))
 
+    def with_column(self, t, column):
+        """``t`` with ``column`` (a number, or a tensor of ``t``'s shape but the last axis) as one
+        more last column."""
+        column = self.torch.as_tensor(column, dtype=t.dtype).expand(t.shape[:-1])
+        return self.torch.cat([t, column.unsqueeze(-1)], -1)
+
     def check_device(self, argument, t):
         if t.device.type != "cpu":
             raise ValueError(f"{argument} is on {t.device}: qkv runs on the CPU")
@@ -159,8 +165,18 @@ def spec(is_causal, scale, window, alibi, softcap, sinks, heads):
     if scale is not None and not math.isfinite(scale):
         raise ValueError(f"scale is {scale}: it must be finite")
     return (bool(is_causal), None if scale is None else float(scale), sliding_window(window),
-            per_head("alibi_slopes", "slopes", alibi, heads), None if softcap is None else float(softcap),
-            per_head("sinks", "logits", sinks, heads))
+            per_head("alibi_slopes", "slopes", alibi, heads), cap(softcap), per_head("sinks", "logits", sinks, heads))
+
+
+def cap(softcap):
+    """The soft-cap as the extension takes it (the engine checks it is finite and positive), with
+    flash-attn's spelling of no cap, 0.0, refused with a hint rather than as a bad cap."""
+    if softcap is None:
+        return None
+    if softcap == 0:
+        raise ValueError("softcap is 0: the cap must be finite and positive; pass softcap=None for no cap "
+                         "(flash-attn's 0.0)")
+    return float(softcap)
 
 
 def _whole(x):
@@ -322,16 +338,23 @@ class Call:
         out = out.reshape(self.lead + out.shape[2:])
         return (out, lse.reshape(self.lead + (self.n_q,))) if with_lse else out
 
-    def backward(self, out, lse, grad_out, mask_grad):
+    def backward(self, out, lse, grad_out, mask_grad, grad_lse=None):
         """``(dq, dk, dv, dmask, dsinks)`` shaped as the inputs (``dmask`` as ``[batch, heads, n_q,
         n_k]``, or None; ``dsinks`` ``[heads]`` in the compute dtype, or None without sinks), from
-        the forward's ``out`` and ``lse`` (over every key) and the output's gradient."""
+        the forward's ``out`` and ``lse`` (over every key), the output's gradient and, if given,
+        the logsumexp's (torch tensors)."""
         xp = self.xp
         compute = compute_dtype(self.dtype)
         as_compute = (lambda t: t) if compute == self.dtype else (lambda t: xp.cast(t, compute))
         q, k, v = (as_compute(t) for t in (self.q, self.k, self.v))
         out, grad_out = (as_compute(self._four(t, *self.out_shape[:2])) for t in (out, grad_out))
         lse = lse.reshape(self.out_shape[:3])
+        if grad_lse is not None:
+            # The logsumexp's gradient g reaches the scores as dS = P ∘ (dP - (δ - g)), beside the
+            # output's δ = rowsum(dO ∘ O), the backward's only use of O: a column of ones in O
+            # against -g in dO, over a column of zeros in V (dP unchanged), carries it exactly.
+            g = as_compute(grad_lse.reshape(self.out_shape[:3]))
+            v, out, grad_out = xp.with_column(v, 0), xp.with_column(out, 1), xp.with_column(grad_out, -g)
         dq, dk, dv = (xp.zeros(t.shape, compute) for t in (q, k, v))
         dmask = xp.zeros(self.out_shape[:3] + (self.n_k,), compute) if mask_grad else None
         dsinks = None if self.sinks is None else xp.zeros((self.out_shape[1],), compute)
@@ -344,6 +367,8 @@ class Call:
                 (xp.raw(out), xp.raw(lse), xp.raw(grad_out)),
                 (xp.raw(dq), xp.raw(dk), xp.raw(dv), raw(dmask), raw(dsinks)),
             )
+        if grad_lse is not None:
+            dv = dv[..., :-1]
         if compute != self.dtype:
             dq, dk, dv = (xp.cast(t, self.dtype) for t in (dq, dk, dv))
         return dq, dk, dv, dmask, dsinks

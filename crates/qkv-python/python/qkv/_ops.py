@@ -64,11 +64,13 @@ def attention_backward(
     softcap: Optional[float],
     sinks: Optional[Tensor],
     mask_grad: bool,
+    grad_lse: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """``(dq, dk, dv, dmask, dsinks)``; ``dmask`` is empty unless ``mask_grad``, ``dsinks``
-    without sinks."""
+    without sinks. ``grad_lse``: the logsumexp's gradient, when it has one (a default, so that a
+    backward graph torch.compile cached before the argument existed still calls this)."""
     call = _core.Call(query, key, value, attn_mask, is_causal, scale, enable_gqa, window, alibi, softcap, sinks)
-    dq, dk, dv, dmask, dsinks = call.backward(out, lse, grad_out, mask_grad)
+    dq, dk, dv, dmask, dsinks = call.backward(out, lse, grad_out, mask_grad, grad_lse)
     dq, dk, dv = (_like(g, t) for g, t in ((dq, query), (dk, key), (dv, value)))
     dsinks = query.new_empty(0) if dsinks is None else dsinks.to(sinks.dtype)
     if dmask is None:
@@ -81,7 +83,7 @@ def attention_backward(
 
 @attention_backward.register_fake
 def _(grad_out, query, key, value, out, lse, attn_mask, is_causal, scale, enable_gqa, window, alibi, softcap,
-      sinks, mask_grad):
+      sinks, mask_grad, grad_lse=None):
     dmask = torch.empty_like(attn_mask) if mask_grad else query.new_empty(0)
     dsinks = query.new_empty(0) if sinks is None else torch.empty_like(sinks)
     return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value), dmask, dsinks
@@ -94,15 +96,17 @@ def _setup_context(ctx, inputs, output):
     ctx.options = options
     ctx.mask_grad = attn_mask is not None and attn_mask.requires_grad
     ctx.sinks_grad = sinks is not None and sinks.requires_grad
+    # An output nothing differentiates through gets None, not zeros: a backward for the output
+    # alone (the common case) then costs nothing for the logsumexp.
+    ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, grad_out, grad_lse):
     query, key, value, out, lse, attn_mask, sinks = ctx.saved_tensors
     if grad_out is None:
         grad_out = torch.zeros_like(out)
-    # The logsumexp is an output for merging, not differentiated through.
     dq, dk, dv, dmask, dsinks = attention_backward(
-        grad_out, query, key, value, out, lse, attn_mask, *ctx.options, sinks, ctx.mask_grad
+        grad_out, query, key, value, out, lse, attn_mask, *ctx.options, sinks, ctx.mask_grad, grad_lse
     )
     dmask = dmask if ctx.mask_grad else None
     dsinks = dsinks if ctx.sinks_grad else None

@@ -58,8 +58,11 @@ class _Ring:
 
     def __init__(self, group):
         self.group = group
-        self.size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
+        if self.rank < 0:
+            raise ValueError(f"this process (global rank {dist.get_rank()}) is not in the group it passed: only the "
+                             "group's ranks call context_parallel_attention for it")
+        self.size = dist.get_world_size(group)
         to_global = (lambda r: r) if group is None else (lambda r: dist.get_global_rank(group, r))
         self.next = to_global((self.rank + 1) % self.size)
         self.previous = to_global((self.rank - 1) % self.size)
@@ -94,10 +97,77 @@ def _split(t, parts):
     return t.chunk(parts, -2)
 
 
+_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+_AXES = 8
+
+
+def _refused(query, key, value, is_causal):
+    """What is wrong with this rank's own inputs, or None."""
+    names = ", ".join(f"{n} {tuple(t.shape)} {t.dtype}" for n, t in (("query", query), ("key", key), ("value", value)))
+    if len({t.dtype for t in (query, key, value)}) != 1:
+        return f"{names}: they need one dtype"
+    if query.dtype not in _DTYPES:
+        return f"{names}: qkv takes float32, float64, bfloat16 or float16"
+    if any(t.dim() > _AXES or t.dim() < 2 for t in (query, key, value)):
+        return f"{names}: they need [..., n, E], at most {_AXES} dimensions"
+    if is_causal and (query.shape[-2] != key.shape[-2] or query.shape[-2] % 2):
+        return (f"{names}: with is_causal each rank holds shard(..., is_causal=True)'s two chunks of the same "
+                "positions of queries, keys and values, an even number of each")
+    return None
+
+
+def _described(query, key, value, is_causal, scale, enable_gqa, refused):
+    """This rank's call as numbers every rank must agree on: each shape padded to ``_AXES`` axes,
+    the dtype, the options, and whether this rank refused its own inputs."""
+    numbers = []
+    for t in (query, key, value):
+        shape = list(t.shape)[:_AXES]
+        numbers += [t.dim(), *shape, *[-1] * (_AXES - len(shape))]
+    dtype = _DTYPES.index(query.dtype) if query.dtype in _DTYPES else -1
+    scale_bits = torch.tensor(float("nan") if scale is None else scale, dtype=torch.float64).view(torch.int64)
+    return numbers + [dtype, int(is_causal), int(enable_gqa), int(scale_bits), int(refused)]
+
+
+def _told(numbers):
+    """``_described``'s numbers in words."""
+    values = numbers.tolist()
+    width = _AXES + 1
+    shapes = [tuple(values[width * i + 1: width * i + 1 + min(values[width * i], _AXES)]) for i in range(3)]
+    dtype, causal, gqa, scale_bits, _ = values[3 * width:]
+    scale = torch.tensor(scale_bits, dtype=torch.int64).view(torch.float64).item()
+    dtype = _DTYPES[dtype] if dtype >= 0 else "another dtype"
+    return (f"query {shapes[0]}, key {shapes[1]}, value {shapes[2]}, {dtype}, is_causal={bool(causal)}, "
+            f"scale={None if scale != scale else scale}, enable_gqa={bool(gqa)}")
+
+
+def _agree(ring, query, key, value, is_causal, scale, enable_gqa):
+    """Refuses, on every rank and before any exchange, a call that one rank's inputs cannot make
+    (its own ``_refused``) or whose ranks pass different shapes, dtypes or options: otherwise gloo
+    fails on one rank and leaves another with an output read from a short buffer, or one rank
+    raises while the others wait for it. One small all-gather."""
+    refused = _refused(query, key, value, is_causal)
+    if ring.size > 1:
+        mine = torch.tensor(_described(query, key, value, is_causal, scale, enable_gqa, refused is not None))
+        every = [torch.empty_like(mine) for _ in range(ring.size)]
+        dist.all_gather(every, mine, group=ring.group)
+        for rank, theirs in enumerate(every):
+            if refused is not None:
+                break
+            if theirs[-1]:
+                refused = f"rank {rank} of the group refused its inputs (its error says why), so this rank stops too"
+            elif not torch.equal(theirs[:-1], mine[:-1]):
+                refused = (f"rank {rank} of the group passes {_told(theirs)}, rank {ring.rank} (this one) "
+                           f"{_told(mine)}: every rank passes slices of one shape and dtype, and the same "
+                           "is_causal, scale and enable_gqa")
+    if refused is not None:
+        raise ValueError(refused)
+
+
 class _ContextParallel(torch.autograd.Function):
     @staticmethod
     def forward(ctx, query, key, value, is_causal, scale, enable_gqa, group):
         ring = _Ring(group)
+        _agree(ring, query, key, value, is_causal, scale, enable_gqa)
         parts = 2 if is_causal else 1
         compute = _core.compute_dtype(_core.backend(query).dtype_name(query))
         as_compute = getattr(torch, compute)
@@ -119,8 +189,8 @@ class _ContextParallel(torch.autograd.Function):
         out = torch.cat([m[0] for m in merged], -2)
         lse = torch.cat([m[1] for m in merged], -1)
         ctx.save_for_backward(query, key, value, out, lse)
-        # The logsumexp is returned for merging further, not differentiated through.
-        ctx.mark_non_differentiable(lse)
+        # The logsumexp's gradient is None unless something differentiates through it.
+        ctx.set_materialize_grads(False)
         ctx.options = (is_causal, scale, enable_gqa, group, compute)
         return out.to(query.dtype), lse
 
@@ -131,9 +201,11 @@ class _ContextParallel(torch.autograd.Function):
         ring = _Ring(group)
         parts = 2 if is_causal else 1
         as_compute = lambda t: t.to(getattr(torch, compute)).contiguous()  # noqa: E731
-        query, grad_out = as_compute(query), as_compute(grad_out)
+        query = as_compute(query)
+        grad_out = torch.zeros_like(out) if grad_out is None else as_compute(grad_out)
         q_chunks, o_chunks, g_chunks = _split(query, parts), _split(out, parts), _split(grad_out, parts)
         l_chunks = lse.chunk(parts, -1)
+        gl_chunks = [None] * parts if grad_lse is None else grad_lse.to(lse.dtype).chunk(parts, -1)
         dq = torch.zeros_like(query)
         dq_chunks = _split(dq, parts)
         k, v = as_compute(key), as_compute(value)
@@ -144,14 +216,16 @@ class _ContextParallel(torch.autograd.Function):
             for qi, ki, causal in _pairs(ring, step, is_causal):
                 call = _core.Call(q_chunks[qi], k_chunks[ki], v_chunks[ki], None, causal, scale, enable_gqa)
                 # The merged output and logsumexp: each part's weights are its share of the whole.
-                g_q, g_k, g_v, _, _ = call.backward(o_chunks[qi], l_chunks[qi], g_chunks[qi], False)
+                g_q, g_k, g_v, _, _ = call.backward(o_chunks[qi], l_chunks[qi], g_chunks[qi], False, gl_chunks[qi])
                 dq_chunks[qi].add_(g_q.reshape(dq_chunks[qi].shape))
                 dk_chunks[ki].add_(g_k.reshape(dk_chunks[ki].shape))
                 dv_chunks[ki].add_(g_v.reshape(dv_chunks[ki].shape))
-            # The slice moves on with its gradients; after the last step they reach their owner.
-            (k, v, dk, dv), requests = ring.start([k, v, dk, dv])
-            for r in requests:
-                r.wait()
+            # The slice moves on with its gradients; after the last step they reach their owner
+            # (a group of one holds its own already).
+            if ring.size > 1:
+                (k, v, dk, dv), requests = ring.start([k, v, dk, dv])
+                for r in requests:
+                    r.wait()
         return dq.to(ctx.saved_tensors[0].dtype), dk.to(key.dtype), dv.to(value.dtype), None, None, None, None
 
 
@@ -160,7 +234,11 @@ def context_parallel_attention(query, key, value, *, is_causal=False, scale=None
     """Attention of this rank's slice of a sequence (``query``, ``key``, ``value``, ``[..., n /
     world_size, E]``, each from ``shard`` with the same ``is_causal``) over the whole sequence,
     whose other slices the other ranks of ``group`` hold: this rank's slice of the output
-    (and of the logsumexp with ``return_lse``), differentiable. Every rank of the group calls it
-    together. torch tensors on the CPU; float16 and bfloat16 are computed in float32."""
+    (and of the logsumexp with ``return_lse``), both differentiable. Every rank of the group
+    calls it together, with slices of one shape and dtype and the same options (checked: one
+    small all-gather a call), and its backward is a collective too: every rank runs it, or
+    none. torch tensors on the CPU, of one dtype; float16 and bfloat16 are computed in float32.
+    Nothing checks that the slices came from ``shard`` with the same ``is_causal``: contiguous
+    slices passed with ``is_causal=True`` give a wrong result."""
     out, lse = _ContextParallel.apply(query, key, value, is_causal, scale, enable_gqa, group)
     return (out, lse) if return_lse else out
