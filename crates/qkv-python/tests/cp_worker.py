@@ -84,7 +84,8 @@ def group_of_one(rank, world_size):
 def misuse(rank, world_size):
     """The error each misuse raises on this rank (every rank raises, none waits for another):
     rank 0's slice a position short, rank 1's key float32 beside float64, a causal slice of odd
-    length on every rank, and a call by ranks outside the group it names."""
+    length on every rank, a call by ranks outside the group it names, a NaN in rank 2's query,
+    and inputs that need a gradient on rank 3 alone."""
     messages = {}
 
     def attempt(name, *args, **kwargs):
@@ -102,4 +103,10 @@ def misuse(rank, world_size):
     odd = x[:, :, :7]
     attempt("odd causal slice", odd, odd, odd, is_causal=True)
     attempt("outside the group", x, x, x, group=dist.new_group([0, 1]))  # works on ranks 0 and 1
+    poisoned = x.clone()
+    if rank == 2:
+        poisoned[0, 1, 2, 3] = float("nan")
+    attempt("a NaN on rank 2", poisoned, x, x)
+    # Only rank 3 would run the backward (a collective): the others would never join it.
+    attempt("only rank 3 differentiates", x.clone().requires_grad_(rank == 3), x, x)
     return messages

@@ -57,6 +57,9 @@ def test_misuse_raises_on_every_rank(four_ranks):
     assert said[0]["outside the group"] is None and said[1]["outside the group"] is None
     for rank in (2, 3):
         assert f"global rank {rank}) is not in the group" in said[rank]["outside the group"], said[rank]
+    assert "query holds a NaN" in said[2]["a NaN on rank 2"], said[2]
+    assert all("rank 2 of the group refused" in said[r]["a NaN on rank 2"] for r in (0, 1, 3)), said
+    assert all("a backward to run" in s["only rank 3 differentiates"] for s in said), said
 
 
 def test_zig_zag_shards_balance_causal_work_and_cover_the_sequence():

@@ -98,6 +98,27 @@ def test_the_logsumexp_is_differentiable(case, dtype, tolerance, loss):
         assert difference <= tolerance * max(1.0, r.abs().max().item()), (case, name, difference)
 
 
+def test_a_row_that_sees_no_key_takes_no_gradient_through_its_logsumexp():
+    # A window of the query's own position only: queries 3 to 6 see no key (lse -inf), and
+    # lse² sends them a gradient of -inf, which reaches no weight.
+    q, k, v = qkv_inputs((2, 4, 7, 8), (2, 2, 3, 8), 5)
+    mine = [t.clone().requires_grad_() for t in (q, k, v)]
+    _, lse = qkv.attention_with_lse(*mine, enable_gqa=True, sliding_window=(0, 0))
+    (lse**2).sum().backward()
+    ref = [t.clone().requires_grad_() for t in (q, k, v)]
+    _, want = explicit(*ref, window=(0, 0))
+    hidden = torch.isinf(want)
+    assert hidden[..., 3:].all() and not hidden[..., :3].any()
+    (want.masked_fill(hidden, 0) ** 2).sum().backward()
+    for name, a, b in zip("qk", mine, ref):
+        assert (a.grad - b.grad).abs().max().item() <= 1e-10, name
+    # A gradient that is not finite where a row sees keys is refused, by name.
+    q2 = q.clone().requires_grad_()
+    _, lse = qkv.attention_with_lse(q2, k, v, enable_gqa=True)
+    with pytest.raises(ValueError, match=r"grad_lse\[0, 0, 0\] is nan"):
+        (lse * math.nan).sum().backward()
+
+
 def test_alibi_slopes_are_the_papers():
     assert qkv.alibi_slopes(4) == [0.25, 0.0625, 0.015625, 0.00390625]
     assert len(qkv.alibi_slopes(12)) == 12

@@ -16,10 +16,12 @@ use crate::finite::finite_magnitude;
 /// Which components form a rotated pair.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RotaryPairing {
-    /// Component `i` with `i + dims / 2` (GPT-NeoX, LLaMA, Mistral; flash-attn's
-    /// `rotary_interleaved=False`, Hugging Face's `rotate_half`).
+    /// Component `i` with `i + dims / 2` (GPT-NeoX; Hugging Face's ports of LLaMA and Mistral,
+    /// `rotate_half`, whose converted `W_q`, `W_k` rows are permuted to match; flash-attn's
+    /// `rotary_interleaved=False`).
     HalfSplit,
-    /// Components `2i` and `2i + 1` (GPT-J; flash-attn's `rotary_interleaved=True`).
+    /// Components `2i` and `2i + 1` (GPT-J; Meta's LLaMA and Mistral's reference code, which
+    /// rotate them as complex numbers; flash-attn's `rotary_interleaved=True`).
     Interleaved,
 }
 
@@ -28,7 +30,7 @@ pub enum RotaryPairing {
 ///
 /// ```
 /// use qkv::Rotary;
-/// // LLaMA's: base 10000, half-split pairs, every component.
+/// // Hugging Face's LLaMA: base 10000, half-split pairs, every component.
 /// let rope = Rotary::new(10_000.0);
 /// let mut q = ndarray::array![[1.0_f32, 0.0]];
 /// rope.rotate(q.view_mut(), 1)?; // position 1: one radian for the only pair

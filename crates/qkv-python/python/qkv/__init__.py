@@ -162,8 +162,9 @@ def attention_with_lse(
     ``ln Σ_j exp(score_ij)`` (``[..., L]``, float64 for float64 inputs, float32 otherwise; ``-inf``
     for a row that sees no key; with ``sinks`` the sum has ``exp(s_h)`` too): ``(out, lse)``.
     Attention over disjoint sets of keys merges into attention over their union with
-    ``qkv.merge`` (pass ``sinks`` to one part's call only). On torch tensors ``out`` is
-    differentiable (``lse`` is not)."""
+    ``qkv.merge`` (pass ``sinks`` to one part's call only; ``qkv.merge`` is not differentiable,
+    a merge written in torch is). On torch tensors both are differentiable; a row that sees no key
+    gets no gradient through its ``-inf``."""
     extensions = (sliding_window, alibi_slopes, softcap, sinks)
     return _attend(query, key, value, attn_mask, is_causal, scale, enable_gqa, extensions, with_lse=True)
 

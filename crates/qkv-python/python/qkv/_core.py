@@ -354,6 +354,16 @@ class Call:
             # output's δ = rowsum(dO ∘ O), the backward's only use of O: a column of ones in O
             # against -g in dO, over a column of zeros in V (dP unchanged), carries it exactly.
             g = as_compute(grad_lse.reshape(self.out_shape[:3]))
+            # A row that sees no key (lse -inf) has no weights for g to reach: a loss that is
+            # -inf or NaN there (lse², exp(lse - max)) changes nothing, as autograd's own would.
+            torch = xp.torch
+            g = torch.where(torch.isneginf(lse), 0, g)
+            bad = ~torch.isfinite(g).flatten()
+            if bool(bad.any()):
+                first = int(bad.nonzero()[0])
+                index = [int(i) for i in torch.unravel_index(torch.tensor(first), self.lead + (self.n_q,))]
+                raise ValueError(f"grad_lse{index} is {g.flatten()[first].item()}: the logsumexp's gradient must "
+                                 "be finite where the row sees a key")
             v, out, grad_out = xp.with_column(v, 0), xp.with_column(out, 1), xp.with_column(grad_out, -g)
         dq, dk, dv = (xp.zeros(t.shape, compute) for t in (q, k, v))
         dmask = xp.zeros(self.out_shape[:3] + (self.n_k,), compute) if mask_grad else None

@@ -101,8 +101,9 @@ _DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 _AXES = 8
 
 
-def _refused(query, key, value, is_causal):
-    """What is wrong with this rank's own inputs, or None."""
+def _refused(query, key, value, is_causal, scale, enable_gqa):
+    """What is wrong with this rank's own inputs, or None: anything the engine would refuse once
+    the slices are moving, found first."""
     names = ", ".join(f"{n} {tuple(t.shape)} {t.dtype}" for n, t in (("query", query), ("key", key), ("value", value)))
     if len({t.dtype for t in (query, key, value)}) != 1:
         return f"{names}: they need one dtype"
@@ -113,19 +114,28 @@ def _refused(query, key, value, is_causal):
     if is_causal and (query.shape[-2] != key.shape[-2] or query.shape[-2] % 2):
         return (f"{names}: with is_causal each rank holds shard(..., is_causal=True)'s two chunks of the same "
                 "positions of queries, keys and values, an even number of each")
+    try:
+        _core.Call(query, key, value, None, False, scale, enable_gqa)
+    except ValueError as error:
+        return str(error)
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not bool(torch.isfinite(t).all()):
+            return f"{name} holds a NaN or an infinity: attention needs finite inputs"
     return None
 
 
-def _described(query, key, value, is_causal, scale, enable_gqa, refused):
+def _described(query, key, value, is_causal, scale, enable_gqa, needs_grad, refused):
     """This rank's call as numbers every rank must agree on: each shape padded to ``_AXES`` axes,
-    the dtype, the options, and whether this rank refused its own inputs."""
+    the dtype, the options, whether its backward will run (a collective too), and whether this
+    rank refused its own inputs."""
     numbers = []
     for t in (query, key, value):
         shape = list(t.shape)[:_AXES]
         numbers += [t.dim(), *shape, *[-1] * (_AXES - len(shape))]
     dtype = _DTYPES.index(query.dtype) if query.dtype in _DTYPES else -1
-    scale_bits = torch.tensor(float("nan") if scale is None else scale, dtype=torch.float64).view(torch.int64)
-    return numbers + [dtype, int(is_causal), int(enable_gqa), int(scale_bits), int(refused)]
+    scale_bits = torch.tensor(0.0 if scale is None else float(scale), dtype=torch.float64).view(torch.int64)
+    options = [int(is_causal), int(enable_gqa), int(scale is None), int(scale_bits), int(needs_grad)]
+    return numbers + [dtype, *options, int(refused)]
 
 
 def _told(numbers):
@@ -133,21 +143,25 @@ def _told(numbers):
     values = numbers.tolist()
     width = _AXES + 1
     shapes = [tuple(values[width * i + 1: width * i + 1 + min(values[width * i], _AXES)]) for i in range(3)]
-    dtype, causal, gqa, scale_bits, _ = values[3 * width:]
-    scale = torch.tensor(scale_bits, dtype=torch.int64).view(torch.float64).item()
+    dtype, causal, gqa, no_scale, scale_bits, needs_grad, _ = values[3 * width:]
+    scale = None if no_scale else torch.tensor(scale_bits, dtype=torch.int64).view(torch.float64).item()
     dtype = _DTYPES[dtype] if dtype >= 0 else "another dtype"
+    grad = "with" if needs_grad else "without"
     return (f"query {shapes[0]}, key {shapes[1]}, value {shapes[2]}, {dtype}, is_causal={bool(causal)}, "
-            f"scale={None if scale != scale else scale}, enable_gqa={bool(gqa)}")
+            f"scale={scale}, enable_gqa={bool(gqa)}, {grad} a backward to run")
 
 
 def _agree(ring, query, key, value, is_causal, scale, enable_gqa):
     """Refuses, on every rank and before any exchange, a call that one rank's inputs cannot make
-    (its own ``_refused``) or whose ranks pass different shapes, dtypes or options: otherwise gloo
-    fails on one rank and leaves another with an output read from a short buffer, or one rank
-    raises while the others wait for it. One small all-gather."""
-    refused = _refused(query, key, value, is_causal)
+    (its own ``_refused``) or whose ranks pass different shapes, dtypes or options, or of which
+    some ranks will run the backward and others not: otherwise gloo fails on one rank and leaves
+    another with an output read from a short buffer, or one rank raises (or skips the backward)
+    while the others wait for it. One small all-gather."""
+    refused = _refused(query, key, value, is_causal, scale, enable_gqa)
     if ring.size > 1:
-        mine = torch.tensor(_described(query, key, value, is_causal, scale, enable_gqa, refused is not None))
+        needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+        described = _described(query, key, value, is_causal, scale, enable_gqa, needs_grad, refused is not None)
+        mine = torch.tensor(described)
         every = [torch.empty_like(mine) for _ in range(ring.size)]
         dist.all_gather(every, mine, group=ring.group)
         for rank, theirs in enumerate(every):
@@ -157,8 +171,8 @@ def _agree(ring, query, key, value, is_causal, scale, enable_gqa):
                 refused = f"rank {rank} of the group refused its inputs (its error says why), so this rank stops too"
             elif not torch.equal(theirs[:-1], mine[:-1]):
                 refused = (f"rank {rank} of the group passes {_told(theirs)}, rank {ring.rank} (this one) "
-                           f"{_told(mine)}: every rank passes slices of one shape and dtype, and the same "
-                           "is_causal, scale and enable_gqa")
+                           f"{_told(mine)}: every rank passes slices of one shape and dtype, the same "
+                           "is_causal, scale and enable_gqa, and runs the backward or not as the others do")
     if refused is not None:
         raise ValueError(refused)
 
@@ -167,7 +181,6 @@ class _ContextParallel(torch.autograd.Function):
     @staticmethod
     def forward(ctx, query, key, value, is_causal, scale, enable_gqa, group):
         ring = _Ring(group)
-        _agree(ring, query, key, value, is_causal, scale, enable_gqa)
         parts = 2 if is_causal else 1
         compute = _core.compute_dtype(_core.backend(query).dtype_name(query))
         as_compute = getattr(torch, compute)
@@ -240,5 +253,8 @@ def context_parallel_attention(query, key, value, *, is_causal=False, scale=None
     none. torch tensors on the CPU, of one dtype; float16 and bfloat16 are computed in float32.
     Nothing checks that the slices came from ``shard`` with the same ``is_causal``: contiguous
     slices passed with ``is_causal=True`` give a wrong result."""
+    # Before apply: inside a Function's forward grad mode is off, and whether a backward will run
+    # is one of the things the ranks must agree on.
+    _agree(_Ring(group), query, key, value, is_causal, scale, enable_gqa)
     out, lse = _ContextParallel.apply(query, key, value, is_causal, scale, enable_gqa, group)
     return (out, lse) if return_lse else out
