@@ -2,7 +2,7 @@
 //! logsumexp), the backward, and the merge of two partial results; and over a packed batch of
 //! sequences of different lengths (the forward).
 
-use ndarray::{Ix2, Ix3, Ix4, IxDyn};
+use ndarray::{ArrayView2, Ix2, Ix3, Ix4, IxDyn};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use qkv::half::{bf16, f16};
@@ -15,10 +15,16 @@ use crate::raw::{Dtype, Element, Raw};
 use crate::{detached, value_error};
 
 /// The options every dense call takes, as `python/qkv/_core.py` packs them: `(is_causal, scale,
-/// window (before, after; -1 unbounded), ALiBi slopes, soft-cap, sink logits)`. Causal masks,
-/// windows and ALiBi are aligned top-left, as PyTorch's `is_causal` is.
+/// window (before, after; -1 unbounded), ALiBi, soft-cap, sink logits)`. Causal masks, windows
+/// and ALiBi are aligned top-left, as PyTorch's `is_causal` is (bottom-right in a packed batch).
 #[derive(Debug, Clone, FromPyObject)]
-pub struct Spec(bool, Option<f64>, Option<(i64, i64)>, Option<Vec<f64>>, Option<f64>, Option<Vec<f64>>);
+pub struct Spec(bool, Option<f64>, Option<(i64, i64)>, Option<AlibiSpec>, Option<f64>, Option<Vec<f64>>);
+
+/// ALiBi as `_core.py` packs it: `(slopes, sequences, symmetric)`, the slopes one per query head,
+/// or `[sequences, query heads]` row by row (flash-attn's `(batch, nheads)`), and whether they
+/// apply as flash-attn's non-causal `-slope · |j - p|` ([`Alibi::symmetric`]).
+#[derive(Debug, Clone, FromPyObject)]
+pub struct AlibiSpec(Vec<f64>, usize, bool);
 
 /// `(query, key, value)`, each `[batch, heads, n, d]`.
 type Inputs = (Raw, Raw, Raw);
@@ -39,7 +45,8 @@ type PerHead<T> = (Option<Vec<T>>, Option<Vec<T>>);
 
 /// [`PerHead`] of `spec`, kept alive for the options that borrow them.
 fn per_head<T: Real>(spec: &Spec) -> PyResult<PerHead<T>> {
-    Ok((per_head_values("alibi_slopes", &spec.3)?, per_head_values("sinks", &spec.5)?))
+    let slopes = spec.3.as_ref().map(|alibi| alibi.0.clone());
+    Ok((per_head_values("alibi_slopes", &slopes)?, per_head_values("sinks", &spec.5)?))
 }
 
 /// One value per query head (the option `argument`), each [`narrowed`] to `T`.
@@ -88,8 +95,15 @@ unsafe fn options<'a, T: Real + Element>(
     if let Some((before, after)) = spec.2 {
         options = options.sliding_window(SlidingWindow::new(side(before), side(after)).aligned(align));
     }
-    if let Some(slopes) = slopes {
-        options = options.alibi(Alibi::new(slopes).aligned(align));
+    if let (Some(slopes), Some(AlibiSpec(_, sequences, symmetric))) = (slopes, &spec.3) {
+        let alibi = if *sequences > 1 {
+            let per_sequence = ArrayView2::from_shape((*sequences, slopes.len() / sequences), slopes)
+                .map_err(|_| PyValueError::new_err("alibi_slopes: as many slopes for every sequence"))?;
+            Alibi::batched(per_sequence)
+        } else {
+            Alibi::new(slopes)
+        };
+        options = options.alibi(if *symmetric { alibi.symmetric() } else { alibi }.aligned(align));
     }
     if let Some(cap) = spec.4 {
         options = options.logit_softcap(narrowed("softcap", cap)?);

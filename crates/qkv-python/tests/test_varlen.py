@@ -121,3 +121,82 @@ def test_bad_packed_calls_raise_errors_that_name_the_argument():
         qkv.varlen_attention(q.requires_grad_(), k, v.requires_grad_(), cu_q, cu_k)
     with torch.no_grad():
         assert qkv.varlen_attention(q, k, v, cu_q, cu_k).shape == (5, HEADS, D_V)
+
+
+def flash_attn_reference(q, k, v, cu_q, cu_k, scale, causal, window, softcap, slopes):
+    """flash-attn 2.6's varlen forward as its kernel computes it, in float64, sequence by
+    sequence (GQA by repeating key/value heads): scaled scores, soft-cap, then its ALiBi
+    ``-slope · |j - p|`` (``p`` the query's bottom-right position), the causal mask and the window
+    ``p - left ..= p + right``. Returns the output and, where a row sees keys, the logsumexp."""
+    out = torch.zeros(q.shape[0], HEADS, D_V, dtype=torch.float64)
+    lse = torch.full((HEADS, q.shape[0]), -math.inf, dtype=torch.float64)
+    for i in range(len(cu_q) - 1):
+        rows, keys = slice(cu_q[i], cu_q[i + 1]), slice(cu_k[i], cu_k[i + 1])
+        qi = q[rows].double().transpose(0, 1)
+        ki, vi = (t[keys].double().transpose(0, 1).repeat_interleave(HEADS // KV_HEADS, 0) for t in (k, v))
+        s = qi @ ki.transpose(-1, -2) * scale
+        if softcap:
+            s = softcap * torch.tanh(s / softcap)
+        n_q, n_k = qi.shape[1], ki.shape[1]
+        p = torch.arange(n_q).unsqueeze(-1) + n_k - n_q
+        j = torch.arange(n_k)
+        if slopes is not None:
+            per_head = slopes[i] if slopes.dim() == 2 else slopes
+            s = s - per_head.double().reshape(-1, 1, 1) * (j - p).abs()
+        visible = torch.ones(n_q, n_k, dtype=torch.bool)
+        if causal:
+            visible &= j <= p
+        left, right = (math.inf if w < 0 else w for w in window)
+        visible &= (j >= p - left) & (j <= p + right)
+        s = s.masked_fill(~visible, -math.inf)
+        row_lse = torch.logsumexp(s, -1)
+        weights = torch.nan_to_num(torch.exp(s - row_lse.unsqueeze(-1)), nan=0.0)
+        out[rows] = (weights @ vi).transpose(0, 1)
+        lse[:, rows] = row_lse
+    return out, lse
+
+
+FLASH_CASES = {
+    "plain": {},
+    "causal": dict(causal=True, softmax_scale=0.6),
+    "alibi, not causal": dict(alibi_slopes=torch.tensor(qkv.alibi_slopes(HEADS))),
+    "alibi per sequence, window": dict(window_size=(3, 2), alibi_slopes=torch.rand(len(Q_LENS), HEADS)),
+    "causal alibi, window, softcap": dict(causal=True, window_size=(4, -1), softcap=3.0,
+                                          alibi_slopes=torch.tensor(qkv.alibi_slopes(HEADS))),
+}
+
+
+@pytest.mark.parametrize("case", FLASH_CASES)
+def test_flash_attn_varlen_func_takes_flash_attns_call(case):
+    kwargs = FLASH_CASES[case]
+    q, k, v, cu_q, cu_k = packed(Q_LENS, K_LENS)
+    cu_q, cu_k = (torch.tensor(c, dtype=torch.int32) for c in (cu_q, cu_k))
+    out, lse, probs = qkv.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(Q_LENS), max(K_LENS),
+                                                 return_attn_probs=True, **kwargs)
+    want, want_lse = flash_attn_reference(
+        q, k, v, cu_q.tolist(), cu_k.tolist(), kwargs.get("softmax_scale", D_K**-0.5), kwargs.get("causal", False),
+        kwargs.get("window_size", (-1, -1)), kwargs.get("softcap", 0.0), kwargs.get("alibi_slopes"),
+    )
+    assert probs is None
+    assert (out - want).abs().max().item() <= 1e-12, case
+    if not (kwargs.get("causal") and "alibi_slopes" in kwargs):
+        # With causal ALiBi flash-attn adds slope · j: the same weights, another logsumexp.
+        seen = torch.isfinite(want_lse)
+        assert torch.equal(seen, torch.isfinite(lse))
+        assert (lse[seen] - want_lse[seen]).abs().max().item() <= 1e-12, case
+    assert torch.equal(qkv.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(Q_LENS), max(K_LENS), **kwargs), out)
+
+
+def test_flash_attn_varlen_func_says_what_it_does_not_do():
+    q, k, v, cu_q, cu_k = packed(Q_LENS, K_LENS)
+    call = qkv.flash_attn_varlen_func
+    with pytest.raises(ValueError, match="qkv has no dropout"):
+        call(q, k, v, cu_q, cu_k, 70, 130, dropout_p=0.1)
+    with pytest.raises(ValueError, match="PagedKvCache"):
+        call(q, k, v, cu_q, cu_k, 70, 130, block_table=torch.zeros(1, 1, dtype=torch.int32))
+    with pytest.raises(ValueError, match="max_seqlen_k is 100, but a sequence of cu_seqlens_k has 130"):
+        call(q, k, v, cu_q, cu_k, 70, 100)
+    with pytest.raises(ValueError, match=r"alibi_slopes has shape \(2, 4\): it is \(4,\) or \(6, 4\)"):
+        call(q, k, v, cu_q, cu_k, 70, 130, alibi_slopes=torch.ones(2, 4))
+    with pytest.raises(ValueError, match="q requires grad"):
+        call(q.requires_grad_(), k, v, cu_q, cu_k, 70, 130)

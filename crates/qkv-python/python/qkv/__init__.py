@@ -20,6 +20,7 @@ __all__ = [
     "attention_with_lse",
     "merge",
     "varlen_attention",
+    "flash_attn_varlen_func",
     "KvCache",
     "PagedKvCache",
     "alibi_slopes",
@@ -200,11 +201,9 @@ def varlen_attention(
     its own queries and keys; ``is_causal``, the window and ALiBi are aligned bottom-right within
     each sequence, as flash-attn aligns them (the last query sees the last key; the same as
     top-left where a sequence has as many queries as keys). ALiBi is the paper's
-    ``slope · (j - i)``: with ``is_causal`` that is flash-attn's bias, but without it flash-attn
-    adds ``-slope · |j - i|`` instead, so a non-causal port with ALiBi gives other numbers. From
-    ``flash_attn_varlen_func``: ``softmax_scale`` is ``scale``, ``causal`` ``is_causal``,
-    ``window_size`` ``sliding_window``, ``softcap=0.0`` is ``softcap=None``; ``max_seqlen_q`` and
-    ``max_seqlen_k`` are not needed, and ``alibi_slopes`` takes one slope per query head. Torch tensors or NumPy arrays, float32
+    ``slope · (j - i)``: with ``is_causal`` flash-attn's weights, but without it flash-attn adds
+    ``-slope · |j - i|`` instead. ``qkv.flash_attn_varlen_func`` takes flash-attn's own
+    arguments and applies its ALiBi. Torch tensors or NumPy arrays, float32
     or float64 computed in place; bfloat16 and float16 from a float32 copy. Every element must be
     finite. Forward only: on tensors that need a gradient, with grad mode on, it raises
     ``ValueError`` rather than return an output autograd cannot differentiate.
@@ -213,6 +212,61 @@ def varlen_attention(
                       (("query", query), ("key", key), ("value", value), ("sinks", sinks)))
     options = (is_causal, scale, sliding_window, alibi_slopes, softcap, sinks)
     return _core.varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, options, return_lse)
+
+
+def flash_attn_varlen_func(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+    block_table=None,
+):
+    """flash-attn's ``flash_attn_varlen_func`` (flash-attn 2.6's arguments, in its order), on the
+    CPU: porting a call is changing its import. ``varlen_attention`` with flash-attn's spelling:
+    ``softmax_scale``, ``causal`` (bottom-right), ``window_size=(left, right)`` (-1 unbounded),
+    ``softcap`` (0.0 for none), ``alibi_slopes`` ``(nheads,)`` or ``(batch, nheads)`` applied as
+    flash-attn applies them (``-slope · |j - p|`` without ``causal``). Returns ``out``, or with
+    ``return_attn_probs`` ``(out, softmax_lse, None)``, the logsumexp ``[nheads, total_q]`` in
+    float32 (float64 for float64 inputs).
+
+    Where it differs: forward only (inputs that need a gradient raise ``ValueError``);
+    ``dropout_p`` must be 0 and ``block_table`` None (``qkv.PagedKvCache`` holds paged keys);
+    ``deterministic`` changes nothing (qkv always is); a query whose sequence has no key gets a
+    logsumexp of ``-inf`` (flash-attn writes ``+inf``); with ``causal`` and ALiBi flash-attn adds
+    ``slope · j``, the same weights, so its logsumexp is larger by ``slope · p`` than this one,
+    the logsumexp of the scores as the paper biases them. ``max_seqlen_q`` and ``max_seqlen_k``
+    must be at least the longest sequence's lengths, as flash-attn needs them to be."""
+    if dropout_p != 0:
+        raise ValueError(f"dropout_p is {dropout_p}: qkv has no dropout (pass 0.0, as flash-attn's inference does)")
+    if block_table is not None:
+        raise ValueError("block_table: qkv's paged keys and values live in qkv.PagedKvCache, not in block tables")
+    for name, offsets, longest in (("q", cu_seqlens_q, max_seqlen_q), ("k", cu_seqlens_k, max_seqlen_k)):
+        values = _core.offset_list(f"cu_seqlens_{name}", offsets)
+        lengths = [b - a for a, b in zip(values, values[1:])]
+        if lengths and max(lengths) > longest:
+            raise ValueError(f"max_seqlen_{name} is {longest}, but a sequence of cu_seqlens_{name} has {max(lengths)} "
+                             "positions: it is at least the longest sequence's length")
+    left, right = window_size
+    window = None if left < 0 and right < 0 else (left, right)
+    alibi = None
+    if alibi_slopes is not None:
+        alibi = _core.flash_attn_alibi(alibi_slopes, q.shape[1], len(cu_seqlens_q) - 1)
+    _core.refuse_grad("flash_attn_varlen_func", "use scaled_dot_product_attention per sequence to differentiate",
+                      (("q", q), ("k", k), ("v", v)))
+    options = (causal, softmax_scale, window, alibi, None if softcap == 0 else softcap, None)
+    result = _core.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, options, return_attn_probs)
+    return (*result, None) if return_attn_probs else result
 
 
 def merge(out_a, lse_a, out_b, lse_b):

@@ -161,11 +161,32 @@ def checked_dtype(xp, tensors, rank_fits, needs):
 
 def spec(is_causal, scale, window, alibi, softcap, sinks, heads):
     """The options as the extension takes them (its ``Spec``), checked: ``(is_causal, scale,
-    window, ALiBi slopes, soft-cap, sink logits)``."""
+    window, ALiBi, soft-cap, sink logits)``; ALiBi as ``(slopes, sequences, symmetric)``: one
+    slope per head, the paper's form, or an ``alibi`` made by ``flash_attn_alibi``."""
     if scale is not None and not math.isfinite(scale):
         raise ValueError(f"scale is {scale}: it must be finite")
-    return (bool(is_causal), None if scale is None else float(scale), sliding_window(window),
-            per_head("alibi_slopes", "slopes", alibi, heads), cap(softcap), per_head("sinks", "logits", sinks, heads))
+    if not isinstance(alibi, FlashAttnAlibi):
+        slopes = per_head("alibi_slopes", "slopes", alibi, heads)
+        alibi = None if slopes is None else (slopes, 1, False)
+    return (bool(is_causal), None if scale is None else float(scale), sliding_window(window), alibi,
+            cap(softcap), per_head("sinks", "logits", sinks, heads))
+
+
+class FlashAttnAlibi(tuple):
+    """ALiBi as flash-attn applies it, for the extension: ``(slopes, sequences, True)``."""
+
+
+def flash_attn_alibi(alibi_slopes, heads, sequences):
+    """flash-attn's ``alibi_slopes`` (``(nheads,)`` or ``(batch, nheads)``) checked, as the
+    extension takes them: flash-attn's form, ``-slope · |j - p|`` (under a causal mask the same
+    weights as the paper's), one row of slopes for every sequence or one for all."""
+    shape = tuple(alibi_slopes.shape) if hasattr(alibi_slopes, "shape") else (len(alibi_slopes),)
+    if shape not in ((heads,), (sequences, heads)):
+        raise ValueError(f"alibi_slopes has shape {shape}: it is ({heads},) or ({sequences}, {heads}), one slope per "
+                         "query head, for all sequences or for each")
+    values = alibi_slopes.tolist() if hasattr(alibi_slopes, "tolist") else list(alibi_slopes)
+    flat = [float(x) for row in values for x in (row if isinstance(row, list) else [row])]
+    return FlashAttnAlibi((flat, shape[0] if len(shape) == 2 else 1, True))
 
 
 def cap(softcap):
@@ -203,7 +224,7 @@ def sliding_window(window):
     return tuple(-1 if side is None or side < 0 else int(side) for side in sides)
 
 
-def _offsets(argument, offsets):
+def offset_list(argument, offsets):
     """``cu_seqlens`` (a list, an array or a tensor of integers) as a list of ints."""
     values = offsets.tolist() if hasattr(offsets, "tolist") else list(offsets)
     if not all(_whole(x) and x >= 0 for x in values):
@@ -223,7 +244,7 @@ def varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, options, with_lse):
     q, k, v = ((t if dtype == compute else xp.cast(t, compute)).swapaxes(0, 1) for t in (query, key, value))
     out = xp.empty((total_q, heads, value.shape[2]), compute)
     lse = xp.empty((heads, total_q), compute) if with_lse else None
-    offsets = (_offsets("cu_seqlens_q", cu_seqlens_q), _offsets("cu_seqlens_k", cu_seqlens_k))
+    offsets = (offset_list("cu_seqlens_q", cu_seqlens_q), offset_list("cu_seqlens_k", cu_seqlens_k))
     names = {"query_offsets": "cu_seqlens_q", "key_offsets": "cu_seqlens_k", "logit_softcap": "softcap"}
     try:
         with named_as_passed(names):
