@@ -7,7 +7,11 @@ instead, in one process on the same tensors (float32, default threads):
   softmax, the column dropped, weights times values); 8 heads, n = 1024, d = 64, causal;
 - a packed batch (``qkv.varlen_attention``, flash-attn's layout): 8 causal prefills of 114 to 866
   tokens, and 64 decoding steps (one query each) over 200 to 1999 keys, 8 query heads over 2
-  key/value heads, d = 64, against a call per sequence of qkv's and of PyTorch's SDPA.
+  key/value heads, d = 64, against a call per sequence of qkv's and of PyTorch's SDPA;
+- ``qkv.merge`` of two parts' ``(out, lse)`` (8 heads, n = 2048, d = 64), against the same merge
+  written in torch (``logaddexp`` and two weighted sums);
+- the backward through ``qkv.attention_with_lse``'s output alone and through the output and the
+  logsumexp (8 heads, n = 1024, d = 64, causal; forward and backward).
 
     pip install ./crates/qkv-python
     python crates/qkv-bench/python/extensions.py
@@ -85,18 +89,45 @@ def packed(lengths, is_causal):
     }
 
 
+def merges():
+    q, k1, v1, k2, v2 = (torch.randn(1, 8, 2048, 64) for _ in range(5))
+    (oa, la), (ob, lb) = qkv.attention_with_lse(q, k1, v1), qkv.attention_with_lse(q, k2, v2)
+
+    def in_torch():
+        lse = torch.logaddexp(la, lb)
+        return oa * torch.exp(la - lse)[..., None] + ob * torch.exp(lb - lse)[..., None], lse
+
+    assert (qkv.merge(oa, la, ob, lb)[0] - in_torch()[0]).abs().max().item() < 1e-5
+    return {"qkv.merge": (lambda: qkv.merge(oa, la, ob, lb), 20), "merge in torch": (in_torch, 20)}
+
+
+def logsumexp_gradient():
+    q, k, v = (torch.randn(1, 8, 1024, 64, requires_grad=True) for _ in range(3))
+
+    def step(with_lse):
+        out, lse = qkv.attention_with_lse(q, k, v, is_causal=True)
+        (out.sum() + (lse.sum() if with_lse else 0)).backward()
+
+    return {"output alone": (lambda: step(False), 5), "output and logsumexp": (lambda: step(True), 5)}
+
+
+def show(title, rows):
+    print(title)
+    for name, (call, reps) in rows.items():
+        print(f"  {name:26s} {median_ms(call, reps):9.3f} ms")
+
+
 def main():
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {qkv.simd_report()}")
     with torch.no_grad():
         prefills = [(n, n) for n in (866, 673, 560, 343, 377, 136, 167, 114)]
         # One query each sees every key: no mask (PyTorch's causal mask is aligned top-left).
         steps = [(1, 200 + i * 1799 // 63) for i in range(64)]
-        for title, rows in (("attention sinks, 8 heads, n = 1024, causal", sinks()),
-                            ("8 packed causal prefills, GQA 8/2", packed(prefills, True)),
-                            ("64 packed decoding steps over 200 to 1999 keys, GQA 8/2", packed(steps, False))):
-            print(title)
-            for name, (call, reps) in rows.items():
-                print(f"  {name:26s} {median_ms(call, reps):9.3f} ms")
+        show("attention sinks, 8 heads, n = 1024, causal", sinks())
+        show("8 packed causal prefills, GQA 8/2", packed(prefills, True))
+        show("64 packed decoding steps over 200 to 1999 keys, GQA 8/2", packed(steps, False))
+        show("merge of two parts, 8 heads, n = 2048", merges())
+    show("forward and backward, 8 heads, n = 1024, causal", logsumexp_gradient())
 
 
 if __name__ == "__main__":
