@@ -58,16 +58,23 @@ pub(crate) fn per_head_values<T: Real>(
     values.as_ref().map(|values| values.iter().enumerate().map(narrowed).collect()).transpose()
 }
 
-/// `x` (the option `argument`) rounded to the compute type `T`; a finite value past `T`'s range
-/// is an error naming it, rather than the infinity the engine would report. NaN and infinities
-/// pass, for the engine to name.
+/// `x` (the option `argument`) rounded to the compute type `T`; a finite value past `T`'s range,
+/// or one so small it rounds to 0, is an error naming it, rather than the infinity or 0 the
+/// engine would report or use. NaN and infinities pass, for the engine to name.
 pub(crate) fn narrowed<T: Real>(argument: &str, x: f64) -> PyResult<T> {
     let y = T::from_f64_round(x);
+    let ty = || format!("float{}", 8 * size_of::<T>());
     if x.is_finite() && !y.is_finite() {
         let largest = T::max_value().to_f64_exact();
-        let ty = format!("float{}", 8 * size_of::<T>());
         return Err(PyValueError::new_err(format!(
-            "{argument} is {x:e}: {ty}, the type these inputs compute in, holds at most {largest:e}"
+            "{argument} is {x:e}: {}, the type these inputs compute in, holds at most {largest:e}",
+            ty()
+        )));
+    }
+    if x != 0.0 && y == T::zero() {
+        return Err(PyValueError::new_err(format!(
+            "{argument} is {x:e}: {}, the type these inputs compute in, rounds it to 0",
+            ty()
         )));
     }
     Ok(y)

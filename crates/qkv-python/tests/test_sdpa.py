@@ -201,6 +201,8 @@ def test_bad_inputs_raise_errors_naming_them():
     bad(lambda: sdpa(q, nan_keys, v), r"keys\[1, 2, 3, 4\] is NaN: attention needs finite inputs")
     # Named as passed (the engine calls them logit_softcap and bias).
     bad(lambda: sdpa(q, k, v, softcap=-1.0), r"^softcap is -1: the cap must be finite and positive")
+    # A scale float32 rounds to 0 would make every weight equal without a word.
+    bad(lambda: sdpa(q, k, v, scale=1e-300), r"^scale is 1e-300: float32, the type these inputs compute in, rounds it to 0")
     # flash-attn spells no cap 0.0: the message says how qkv spells it.
     bad(lambda: sdpa(q, k, v, softcap=0.0), r"^softcap is 0: .*pass softcap=None for no cap")
     bad(lambda: sdpa(q[..., :0], k[..., :0], v), "is empty")

@@ -198,5 +198,12 @@ def test_flash_attn_varlen_func_says_what_it_does_not_do():
         call(q, k, v, cu_q, cu_k, 70, 100)
     with pytest.raises(ValueError, match=r"alibi_slopes has shape \(2, 4\): it is \(4,\) or \(6, 4\)"):
         call(q, k, v, cu_q, cu_k, 70, 130, alibi_slopes=torch.ones(2, 4))
+    with pytest.raises(ValueError, match="max_seqlen_q is nan: it is a whole number"):
+        call(q, k, v, cu_q, cu_k, math.nan, 130)
+    # Errors name flash-attn's arguments.
+    with pytest.raises(ValueError, match=r"^window_size is \(nan, 0\)"):
+        call(q, k, v, cu_q, cu_k, 70, 130, window_size=(math.nan, 0))
+    with pytest.raises(ValueError, match=r"^softmax_scale is nan"):
+        call(q, k, v, cu_q, cu_k, 70, 130, softmax_scale=math.nan)
     with pytest.raises(ValueError, match="q requires grad"):
         call(q.requires_grad_(), k, v, cu_q, cu_k, 70, 130)

@@ -251,9 +251,12 @@ def flash_attn_varlen_func(
         raise ValueError(f"dropout_p is {dropout_p}: qkv has no dropout (pass 0.0, as flash-attn's inference does)")
     if block_table is not None:
         raise ValueError("block_table: qkv's paged keys and values live in qkv.PagedKvCache, not in block tables")
-    for name, offsets, longest in (("q", cu_seqlens_q, max_seqlen_q), ("k", cu_seqlens_k, max_seqlen_k)):
-        values = _core.offset_list(f"cu_seqlens_{name}", offsets)
-        lengths = [b - a for a, b in zip(values, values[1:])]
+    offsets = []
+    for name, given, longest in (("q", cu_seqlens_q, max_seqlen_q), ("k", cu_seqlens_k, max_seqlen_k)):
+        if not _core.whole(longest):
+            raise ValueError(f"max_seqlen_{name} is {longest!r}: it is a whole number, the longest sequence's length")
+        offsets.append(_core.offset_list(f"cu_seqlens_{name}", given))
+        lengths = [b - a for a, b in zip(offsets[-1], offsets[-1][1:])]
         if lengths and max(lengths) > longest:
             raise ValueError(f"max_seqlen_{name} is {longest}, but a sequence of cu_seqlens_{name} has {max(lengths)} "
                              "positions: it is at least the longest sequence's length")
@@ -261,11 +264,12 @@ def flash_attn_varlen_func(
     window = None if left < 0 and right < 0 else (left, right)
     alibi = None
     if alibi_slopes is not None:
-        alibi = _core.flash_attn_alibi(alibi_slopes, q.shape[1], len(cu_seqlens_q) - 1)
+        alibi = _core.flash_attn_alibi(alibi_slopes, q.shape[1], len(offsets[0]) - 1)
     _core.refuse_grad("flash_attn_varlen_func", "use scaled_dot_product_attention per sequence to differentiate",
                       (("q", q), ("k", k), ("v", v)))
     options = (causal, softmax_scale, window, alibi, None if softcap == 0 else softcap, None)
-    result = _core.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, options, return_attn_probs)
+    with _core.named_as_passed({"sliding_window": "window_size", "scale": "softmax_scale"}):
+        result = _core.varlen(q, k, v, *offsets, options, return_attn_probs)
     return (*result, None) if return_attn_probs else result
 
 

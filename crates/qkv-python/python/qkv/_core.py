@@ -200,7 +200,7 @@ def cap(softcap):
     return float(softcap)
 
 
-def _whole(x):
+def whole(x):
     """Whether ``x`` is a whole number the extension can take as a 64-bit integer."""
     try:
         return int(x) == x and -(2**63) <= x < 2**63
@@ -217,7 +217,7 @@ def sliding_window(window):
         sides = tuple(window)
     except TypeError:
         sides = ()  # one number, say: which side it limits is the caller's to say
-    if len(sides) != 2 or not all(side is None or _whole(side) for side in sides):
+    if len(sides) != 2 or not all(side is None or whole(side) for side in sides):
         raise ValueError(
             f"sliding_window is {window!r}: it is (before, after), whole numbers below 2**63, -1 or None for no limit"
         )
@@ -227,7 +227,7 @@ def sliding_window(window):
 def offset_list(argument, offsets):
     """``cu_seqlens`` (a list, an array or a tensor of integers) as a list of ints."""
     values = offsets.tolist() if hasattr(offsets, "tolist") else list(offsets)
-    if not all(_whole(x) and x >= 0 for x in values):
+    if not all(whole(x) and x >= 0 for x in values):
         raise ValueError(f"{argument} is {values}: offsets are whole numbers from 0 to 2**63 - 1")
     return [int(x) for x in values]
 

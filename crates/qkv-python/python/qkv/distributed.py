@@ -104,20 +104,17 @@ _AXES = 8
 def _refused(query, key, value, is_causal, scale, enable_gqa):
     """What is wrong with this rank's own inputs, or None: anything the engine would refuse once
     the slices are moving, found first."""
-    names = ", ".join(f"{n} {tuple(t.shape)} {t.dtype}" for n, t in (("query", query), ("key", key), ("value", value)))
-    if len({t.dtype for t in (query, key, value)}) != 1:
-        return f"{names}: they need one dtype"
-    if query.dtype not in _DTYPES:
-        return f"{names}: qkv takes float32, float64, bfloat16 or float16"
-    if any(t.dim() > _AXES or t.dim() < 2 for t in (query, key, value)):
-        return f"{names}: they need [..., n, E], at most {_AXES} dimensions"
-    if is_causal and (query.shape[-2] != key.shape[-2] or query.shape[-2] % 2):
-        return (f"{names}: with is_causal each rank holds shard(..., is_causal=True)'s two chunks of the same "
-                "positions of queries, keys and values, an even number of each")
     try:
+        # The dense call's own checks: dtypes, ranks, widths, heads, the scale.
         _core.Call(query, key, value, None, False, scale, enable_gqa)
     except ValueError as error:
         return str(error)
+    names = ", ".join(f"{n} {tuple(t.shape)}" for n, t in (("query", query), ("key", key), ("value", value)))
+    if any(t.dim() > _AXES for t in (query, key, value)):
+        return f"{names}: context-parallel attention takes at most {_AXES} dimensions"
+    if is_causal and (query.shape[-2] != key.shape[-2] or query.shape[-2] % 2):
+        return (f"{names}: with is_causal each rank holds shard(..., is_causal=True)'s two chunks of the same "
+                "positions of queries, keys and values, an even number of each")
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not bool(torch.isfinite(t).all()):
             return f"{name} holds a NaN or an infinity: attention needs finite inputs"
