@@ -296,8 +296,8 @@ fn cache_case(
     Value::Object(record)
 }
 
-/// A packed batch through [`qkv::varlen_attention_with_lse`]: sequence `i` has `lengths[i]`
-/// (queries, keys). `magnify`: sequence 0's queries are multiplied by it and its keys divided
+/// A packed batch through [`qkv::varlen_attention_with_lse`], and its backward: sequence `i` has
+/// `lengths[i]` (queries, keys). `magnify`: sequence 0's queries are multiplied by it and its keys divided
 /// by it, which leaves its scores of the usual size but the bound on every score (the largest
 /// query times the largest key) too large for the fast path, so that every sequence runs alone
 /// on the blocked path.
@@ -326,18 +326,27 @@ fn varlen_case(
         q.slice_mut(s![.., ..query_offsets[1], ..]).mapv_inplace(|x| x * m);
         k.slice_mut(s![.., ..key_offsets[1], ..]).mapv_inplace(|x| x / m);
     }
-    let r = qkv::varlen_attention_with_lse(
-        q.view(),
-        k.view(),
-        v.view(),
-        &query_offsets,
-        &key_offsets,
-        &masks.options(),
-    )
-    .expect("a valid case");
+    let (offsets, options) = ((&query_offsets, &key_offsets), masks.options());
+    let r = qkv::varlen_attention_with_lse(q.view(), k.view(), v.view(), offsets.0, offsets.1, &options)
+        .expect("a valid case");
     let varlen = json!({ "query_offsets": query_offsets, "key_offsets": key_offsets });
     let mut record = masks.record(name, [flat(&q), flat(&k), flat(&v)], d, varlen);
     record.extend([("qkv_output".into(), flat(&r.output)), ("qkv_logsumexp".into(), lse_json(&r.logsumexp))]);
+    // The backward from a random output gradient, for `python/check_backward.py`; not of a
+    // magnified case, whose key gradients (queries of 1e37 summed) f32 may not hold, which the
+    // backward refuses (`GradientOverflow`).
+    if magnify.is_none() {
+        let d_output = rng.tensor((1, hq, total_q, dv)).index_axis_move(Axis(0), 0);
+        let (q_in, k_in, v_in, d_in) = (q.view(), k.view(), v.view(), d_output.view());
+        let g = qkv::varlen_attention_backward(q_in, k_in, v_in, offsets.0, offsets.1, &r, d_in, &options)
+            .expect("a valid case");
+        record.extend([
+            ("d_output".into(), flat(&d_output)),
+            ("qkv_dq".into(), flat(&g.dq)),
+            ("qkv_dk".into(), flat(&g.dk)),
+            ("qkv_dv".into(), flat(&g.dv)),
+        ]);
+    }
     Value::Object(record)
 }
 

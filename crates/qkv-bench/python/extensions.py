@@ -11,7 +11,10 @@ instead, in one process on the same tensors (float32, default threads):
 - ``qkv.merge`` of two parts' ``(out, lse)`` (8 heads, n = 2048, d = 64), against the same merge
   written in torch (``logaddexp`` and two weighted sums);
 - the backward through ``qkv.attention_with_lse``'s output alone and through the output and the
-  logsumexp (8 heads, n = 1024, d = 64, causal; forward and backward).
+  logsumexp (8 heads, n = 1024, d = 64, causal; forward and backward);
+- training on a packed batch: forward and backward of the 8 causal prefills above through
+  ``qkv.varlen_attention``, against a call per sequence of PyTorch's SDPA and of qkv's (the
+  gradients checked against PyTorch's first).
 
     pip install ./crates/qkv-python
     python crates/qkv-bench/python/extensions.py
@@ -27,6 +30,10 @@ import torch
 import torch.nn.functional as F
 
 import qkv
+
+
+# The lengths of 8 prefills of a packed batch.
+PREFILLS = (866, 673, 560, 343, 377, 136, 167, 114)
 
 
 def median_ms(call, reps):
@@ -89,6 +96,41 @@ def packed(lengths, is_causal):
     }
 
 
+def packed_training(lengths):
+    """Forward and backward of a packed batch of causal prefills (``lengths`` tokens each, GQA
+    8/2, d = 64, float32), against a call per sequence of PyTorch's SDPA and of qkv's."""
+    offsets = [0]
+    for n in lengths:
+        offsets.append(offsets[-1] + n)
+    heads, kv_heads, d = 8, 2, 64
+    q = torch.randn(offsets[-1], heads, d, requires_grad=True)
+    k, v = (torch.randn(offsets[-1], kv_heads, d, requires_grad=True) for _ in range(2))
+    d_out = torch.randn(offsets[-1], heads, d)
+
+    def per_sequence(attend):
+        outs = [attend(*(t[a:b].transpose(0, 1) for t in (q, k, v)), is_causal=True, enable_gqa=True)
+                for a, b in zip(offsets, offsets[1:])]
+        return torch.cat([o.transpose(0, 1) for o in outs])
+
+    def step(forward):
+        def call():
+            for t in (q, k, v):
+                t.grad = None
+            forward().backward(d_out)
+            return [t.grad.clone() for t in (q, k, v)]
+        return call
+
+    ours = step(lambda: qkv.varlen_attention(q, k, v, offsets, offsets, is_causal=True))
+    theirs = step(lambda: per_sequence(F.scaled_dot_product_attention))
+    for got, want in zip(ours(), theirs()):
+        assert (got - want).abs().max().item() < 1e-4
+    return {
+        "qkv.varlen_attention": (ours, 5),
+        "qkv sdpa per sequence": (step(lambda: per_sequence(qkv.scaled_dot_product_attention)), 5),
+        "torch sdpa per sequence": (theirs, 3),
+    }
+
+
 def merges():
     q, k1, v1, k2, v2 = (torch.randn(1, 8, 2048, 64) for _ in range(5))
     (oa, la), (ob, lb) = qkv.attention_with_lse(q, k1, v1), qkv.attention_with_lse(q, k2, v2)
@@ -120,7 +162,7 @@ def show(title, rows):
 def main():
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {qkv.simd_report()}")
     with torch.no_grad():
-        prefills = [(n, n) for n in (866, 673, 560, 343, 377, 136, 167, 114)]
+        prefills = [(n, n) for n in PREFILLS]
         # One query each sees every key: no mask (PyTorch's causal mask is aligned top-left).
         steps = [(1, 200 + i * 1799 // 63) for i in range(64)]
         show("attention sinks, 8 heads, n = 1024, causal", sinks())
@@ -128,6 +170,7 @@ def main():
         show("64 packed decoding steps over 200 to 1999 keys, GQA 8/2", packed(steps, False))
         show("merge of two parts, 8 heads, n = 2048", merges())
     show("forward and backward, 8 heads, n = 1024, causal", logsumexp_gradient())
+    show("forward and backward of 8 packed causal prefills, GQA 8/2", packed_training(PREFILLS))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 //! Attention over `[batch, heads, n, d]` tensors: the forward (with or without each row's
 //! logsumexp), the backward, and the merge of two partial results; and over a packed batch of
-//! sequences of different lengths (the forward).
+//! sequences of different lengths (the forward and the backward).
 
 use ndarray::{ArrayView2, Ix2, Ix3, Ix4, IxDyn};
 use pyo3::exceptions::PyValueError;
@@ -278,6 +278,43 @@ fn forward(
     })
 }
 
+/// The forward's saved `(out, lse)` as the engine takes them: owned arrays, one copy of the
+/// output.
+///
+/// # Safety
+/// As [`Raw::view`].
+unsafe fn saved<T: Real + Element, D: ndarray::Dimension>(
+    out: &Raw,
+    lse: &Raw,
+) -> PyResult<PartialAttention<T, D>> {
+    // SAFETY: the caller vouches for the memory.
+    Ok(unsafe {
+        PartialAttention {
+            output: out.view::<T, D>("out")?.to_owned(),
+            logsumexp: lse.view("lse")?.to_owned(),
+        }
+    })
+}
+
+/// Where the backward writes, as the engine takes it: `dq`, `dk`, `dv` and, if given, `dbias` and
+/// `dsinks`.
+///
+/// # Safety
+/// As [`Raw::view_mut`].
+unsafe fn gradients_into<'a, T: Real + Element, D: ndarray::Dimension>(
+    (dq, dk, dv, dbias, dsinks): &Gradients,
+) -> PyResult<GradientsMut<'a, T, D>> {
+    // SAFETY (every view below): the caller vouches for the memory.
+    let mut into = unsafe { GradientsMut::new(dq.view_mut("dq")?, dk.view_mut("dk")?, dv.view_mut("dv")?) };
+    if let Some(d) = dbias {
+        into = into.with_dbias(unsafe { d.view_mut("dbias")? });
+    }
+    if let Some(d) = dsinks {
+        into = into.with_dsinks(unsafe { d.view_mut("dsinks")? });
+    }
+    Ok(into)
+}
+
 /// The backward for `T`.
 ///
 /// # Safety
@@ -287,30 +324,14 @@ unsafe fn backward_as<T: Real + Element>(
     mask: Option<&Raw>,
     spec: &Spec,
     (out, lse, d_out): &(Raw, Raw, Raw),
-    (dq, dk, dv, dbias, dsinks): &Gradients,
+    gradients: &Gradients,
 ) -> PyResult<()> {
     let per_head = per_head::<T>(spec)?;
     // SAFETY (every view below): the caller vouches for the memory.
     let options = unsafe { options(spec, &per_head, mask, CausalMask::TopLeft)? };
     let (q, k, v) = unsafe { (q.view("query")?, k.view("key")?, v.view("value")?) };
-    // The engine takes the forward's result as owned arrays: one copy of `[.., n_q, d_v]`.
-    let forward = unsafe {
-        PartialAttention {
-            output: out.view::<T, Ix4>("out")?.to_owned(),
-            logsumexp: lse.view("lse")?.to_owned(),
-        }
-    };
-    let d_out = unsafe { d_out.view("grad_out")? };
-    let gradients = unsafe {
-        let mut into = GradientsMut::new(dq.view_mut("dq")?, dk.view_mut("dk")?, dv.view_mut("dv")?);
-        if let Some(d) = dbias {
-            into = into.with_dbias(d.view_mut("dbias")?);
-        }
-        if let Some(d) = dsinks {
-            into = into.with_dsinks(d.view_mut("dsinks")?);
-        }
-        into
-    };
+    let (forward, d_out) = unsafe { (saved::<T, Ix4>(out, lse)?, d_out.view("grad_out")?) };
+    let gradients = unsafe { gradients_into(gradients)? };
     qkv::multi_head_attention_backward_into(q, k, v, &forward, d_out, &options, gradients)
         .map_err(value_error)
 }
@@ -404,20 +425,72 @@ fn varlen(
     })
 }
 
+/// The packed backward for `T`.
+///
+/// # Safety
+/// As [`forward_as`].
+unsafe fn varlen_backward_as<T: Real + Element>(
+    (q, k, v): &Inputs,
+    (query_offsets, key_offsets): &Offsets,
+    spec: &Spec,
+    (out, lse, d_out): &(Raw, Raw, Raw),
+    gradients: &Gradients,
+) -> PyResult<()> {
+    let per_head = per_head::<T>(spec)?;
+    // SAFETY (every view below): the caller vouches for the memory.
+    let options = unsafe { options(spec, &per_head, None, CausalMask::BottomRight)? };
+    let (q, k, v) = unsafe { (q.view("query")?, k.view("key")?, v.view("value")?) };
+    let (forward, d_out) = unsafe { (saved::<T, Ix3>(out, lse)?, d_out.view("grad_out")?) };
+    let gradients = unsafe { gradients_into(gradients)? };
+    qkv::varlen_attention_backward_into(
+        q,
+        k,
+        v,
+        query_offsets,
+        key_offsets,
+        &forward,
+        d_out,
+        &options,
+        gradients,
+    )
+    .map_err(value_error)
+}
+
+/// The gradients of a packed batch's inputs (`qkv::varlen_attention_backward`), laid out as
+/// [`varlen`] takes them, from the output's gradient and the forward's `out` and `lse`, into
+/// `dq`, `dk`, `dv` and, if given, the sinks' `dsinks` (`[query_heads]`; a packed call has no bias,
+/// and the engine refuses a `dbias`). f32 or f64.
+#[pyfunction]
+fn varlen_backward(
+    py: Python<'_>,
+    inputs: Inputs,
+    offsets: Offsets,
+    spec: Spec,
+    saved: (Raw, Raw, Raw),
+    gradients: Gradients,
+) -> PyResult<()> {
+    detached(py, move || {
+        // SAFETY: as in `forward`.
+        unsafe {
+            match inputs.0.dtype("query")? {
+                Dtype::F32 => varlen_backward_as::<f32>(&inputs, &offsets, &spec, &saved, &gradients),
+                Dtype::F64 => varlen_backward_as::<f64>(&inputs, &offsets, &spec, &saved, &gradients),
+                other => Err(PyValueError::new_err(format!(
+                    "the varlen backward takes float32 or float64, not {}",
+                    other.name()
+                ))),
+            }
+        }
+    })
+}
+
 /// The merge for `T`.
 ///
 /// # Safety
 /// As [`forward_as`].
 unsafe fn merge_as<T: Real + Element>(parts: &[(Raw, Raw); 2], (out, lse): &(Raw, Raw)) -> PyResult<()> {
-    let owned = |(o, l): &(Raw, Raw)| -> PyResult<PartialAttention<T, IxDyn>> {
-        // SAFETY: the caller vouches for the memory.
-        Ok(unsafe {
-            PartialAttention {
-                output: o.view::<T, IxDyn>("out")?.to_owned(),
-                logsumexp: l.view("lse")?.to_owned(),
-            }
-        })
-    };
+    // SAFETY: the caller vouches for the memory.
+    let owned = |(o, l): &(Raw, Raw)| unsafe { saved::<T, IxDyn>(o, l) };
     let merged = owned(&parts[0])?.merge(&owned(&parts[1])?).map_err(value_error)?;
     // SAFETY: the caller vouches for the memory.
     unsafe {
@@ -517,5 +590,6 @@ pub fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(backward, module)?)?;
     module.add_function(wrap_pyfunction!(merge, module)?)?;
     module.add_function(wrap_pyfunction!(varlen, module)?)?;
+    module.add_function(wrap_pyfunction!(varlen_backward, module)?)?;
     Ok(())
 }

@@ -117,10 +117,20 @@ def test_bad_packed_calls_raise_errors_that_name_the_argument():
         qkv.varlen_attention(q.reshape(5, -1), k, v, cu_q, cu_k)
     with pytest.raises(ValueError, match="sinks has 2 logits for 4 query heads"):
         qkv.varlen_attention(q, k, v, cu_q, cu_k, sinks=[0.0, 1.0])
-    with pytest.raises(ValueError, match="query, value require grad"):
-        qkv.varlen_attention(q.requires_grad_(), k, v.requires_grad_(), cu_q, cu_k)
-    with torch.no_grad():
-        assert qkv.varlen_attention(q, k, v, cu_q, cu_k).shape == (5, HEADS, D_V)
+    with pytest.raises(ValueError, match=r"alibi_slopes has shape \(2, 4\): it is one value per query head"):
+        qkv.varlen_attention(q, k, v, cu_q, cu_k, alibi_slopes=torch.ones(2, 4))
+    # Through the operator (inputs that need a gradient), the same errors by the same names.
+    with pytest.raises(ValueError, match=r"^cu_seqlens_k \[0, 1, 6\] do not fit 2 sequences and 5 packed rows"):
+        qkv.varlen_attention(q.requires_grad_(), k, v, cu_q, [0, 1, 6])
+    bad = v.detach().clone()
+    bad[3, 1, 2] = math.nan
+    with pytest.raises(ValueError, match=r"^value\[3, 1, 2\] is NaN"):
+        qkv.varlen_attention(q, k, bad.requires_grad_(), cu_q, cu_k)
+    out = qkv.varlen_attention(q, k, v, cu_q, cu_k)
+    with pytest.raises(ValueError, match=r"^grad_out\[4, 2, 5\] is NaN"):
+        grad = torch.zeros_like(out)
+        grad[4, 2, 5] = math.nan
+        out.backward(grad)
 
 
 def flash_attn_reference(q, k, v, cu_q, cu_k, scale, causal, window, softcap, slopes):
@@ -205,5 +215,139 @@ def test_flash_attn_varlen_func_says_what_it_does_not_do():
         call(q, k, v, cu_q, cu_k, 70, 130, window_size=(math.nan, 0))
     with pytest.raises(ValueError, match=r"^softmax_scale is nan"):
         call(q, k, v, cu_q, cu_k, 70, 130, softmax_scale=math.nan)
-    with pytest.raises(ValueError, match="q requires grad"):
-        call(q.requires_grad_(), k, v, cu_q, cu_k, 70, 130)
+
+
+def packed_formula(q, k, v, cu_q, cu_k, sinks=None, **kwargs):
+    """A packed batch through ``explicit``, sequence by sequence (bottom-right), differentiable:
+    ``(out [total_q, heads, D_V], lse [heads, total_q])``."""
+    outs, lses = [], []
+    for i in range(len(cu_q) - 1):
+        rows, keys = slice(cu_q[i], cu_q[i + 1]), slice(cu_k[i], cu_k[i + 1])
+        out, lse = explicit(
+            *(t.transpose(0, 1) for t in (q[rows], k[keys], v[keys])),
+            is_causal=kwargs.get("is_causal", False), scale=kwargs.get("scale"), window=kwargs.get("sliding_window"),
+            alibi=kwargs.get("alibi_slopes"), softcap=kwargs.get("softcap"), sinks=sinks, bottom_right=True,
+        )
+        outs.append(out.transpose(0, 1))
+        lses.append(lse)
+    return torch.cat(outs), torch.cat(lses, 1)
+
+
+def packed_gradients(attend, q, k, v, sinks, loss, cast):
+    """The gradients of ``q``, ``k``, ``v`` (and ``sinks``) in float64 of a loss of ``attend``'s
+    output and logsumexp (``loss`` names which), a row's ``-inf`` logsumexp left out."""
+    gen = torch.Generator().manual_seed(1)
+    w = torch.randn(q.shape[0], HEADS, D_V, generator=gen, dtype=torch.float64)
+    u = torch.randn(HEADS, q.shape[0], generator=gen, dtype=torch.float64)
+    inputs = [cast(t).detach().requires_grad_() for t in (q, k, v)]
+    learned = None if sinks is None else cast(torch.tensor(sinks, dtype=torch.float64)).requires_grad_()
+    out, lse = attend(*inputs, learned)
+    terms = 0
+    if "output" in loss:
+        terms = terms + (out.double() * w).sum()
+    if "logsumexp" in loss:
+        terms = terms + (lse.double().masked_fill(torch.isinf(lse), 0) * u).sum()
+    terms.backward()
+    # Alone, the logsumexp does not depend on the values: autograd leaves their gradient None.
+    grads = [torch.zeros_like(t) if t.grad is None else t.grad for t in inputs]
+    return [g.double() for g in grads] + ([] if learned is None else [learned.grad.double()])
+
+
+@pytest.mark.parametrize("loss", ["output", "output and logsumexp", "logsumexp"])
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float64, 1e-10), (torch.float32, 1e-4), (torch.bfloat16, 5e-2)])
+@pytest.mark.parametrize("case", CASES)
+def test_a_packed_batch_is_differentiable(case, dtype, tolerance, loss):
+    """Gradients of the output and the logsumexp, as autograd's through the float64 formula run
+    on each sequence alone; with sinks, a sequence with no keys (whose logsumexp is the sink's
+    logit) and one with no queries among them."""
+    kwargs = dict(CASES[case])
+    sinks = kwargs.pop("sinks", None)
+    q, k, v, cu_q, cu_k = packed(Q_LENS, K_LENS)
+
+    def ours(q, k, v, sinks):
+        out, lse = qkv.varlen_attention(q, k, v, cu_q, cu_k, return_lse=True, sinks=sinks, **kwargs)
+        assert out.dtype == dtype
+        return out, lse
+
+    got = packed_gradients(ours, q, k, v, sinks, loss, lambda t: t.to(dtype))
+    want = packed_gradients(lambda *t: packed_formula(*t[:3], cu_q, cu_k, t[3], **kwargs), q, k, v, sinks, loss,
+                            lambda t: t)
+    if sinks is not None:
+        # A -inf logit is no sink: its gradient is 0 (the formula's is NaN over the rows of the
+        # sequence with no keys, whose logsumexp is then -inf too).
+        no_sink = torch.isinf(torch.tensor(sinks))
+        assert torch.all(got[3][no_sink] == 0) and torch.all(torch.isnan(want[3][no_sink]))
+        got[3], want[3] = got[3][~no_sink], want[3][~no_sink]
+    for name, g, r in zip(["dq", "dk", "dv", "dsinks"], got, want):
+        difference = (g - r).abs().max().item()
+        assert difference <= tolerance * max(1.0, r.abs().max().item()), (case, name, difference)
+
+
+@pytest.mark.parametrize("case", [c for c in FLASH_CASES if c != "causal alibi, window, softcap"] + ["softcap"])
+def test_flash_attn_varlen_func_is_differentiable_as_flash_attn_is(case):
+    """The output's and ``softmax_lse``'s gradients, as autograd's through flash-attn's kernel
+    arithmetic written out in float64 (its ALiBi too)."""
+    kwargs = dict(causal=True, window_size=(4, -1), softcap=3.0) if case == "softcap" else FLASH_CASES[case]
+    q, k, v, cu_q, cu_k = packed(Q_LENS, K_LENS)
+
+    def ours(q, k, v, _):
+        out, lse, _ = qkv.flash_attn_varlen_func(q, k, v, torch.tensor(cu_q, dtype=torch.int32), cu_k, max(Q_LENS),
+                                                 max(K_LENS), return_attn_probs=True, **kwargs)
+        return out, lse
+
+    def theirs(q, k, v, _):
+        return flash_attn_reference(
+            q, k, v, cu_q, cu_k, kwargs.get("softmax_scale", D_K**-0.5), kwargs.get("causal", False),
+            kwargs.get("window_size", (-1, -1)), kwargs.get("softcap", 0.0), kwargs.get("alibi_slopes"),
+        )
+
+    got = packed_gradients(ours, q, k, v, None, "output and logsumexp", lambda t: t)
+    want = packed_gradients(theirs, q, k, v, None, "output and logsumexp", lambda t: t)
+    for name, g, r in zip(["dq", "dk", "dv"], got, want):
+        assert (g - r).abs().max().item() <= 1e-10 * max(1.0, r.abs().max().item()), (case, name)
+
+
+def test_a_packed_batch_trains_under_torch_compile():
+    """A packed batch inside a compiled module: the operator is opaque, its backward the engine's;
+    the same output and parameter gradients as eager SDPA run per sequence."""
+    lens = [5, 1, 9, 2]
+    cu = np.cumsum([0] + lens).tolist()
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(16, 3 * HEADS * D_K)
+
+        def forward(self, x, attend):
+            q, k, v = self.proj(x).view(x.shape[0], 3, HEADS, D_K).unbind(1)
+            return attend(q, k, v)
+
+    def per_sequence(q, k, v):
+        outs = [F.scaled_dot_product_attention(*(t[cu[i]:cu[i + 1]].transpose(0, 1) for t in (q, k, v)),
+                                               is_causal=True).transpose(0, 1) for i in range(len(lens))]
+        return torch.cat(outs)
+
+    torch.manual_seed(0)
+    block, x = Block(), torch.randn(sum(lens), 16)
+    eager = block(x, per_sequence)
+    eager.square().sum().backward()
+    want = [p.grad.clone() for p in block.parameters()]
+    block.zero_grad()
+    compiled = torch.compile(block, fullgraph=True)
+    out = compiled(x, lambda q, k, v: qkv.varlen_attention(q, k, v, cu, cu, is_causal=True))
+    assert (out - eager).abs().max().item() < 1e-5
+    out.square().sum().backward()
+    for got, p in zip(want, block.parameters()):
+        assert (got - p.grad).abs().max().item() < 1e-4
+
+
+def test_the_packed_operators_pass_torch_library_opcheck():
+    q, k, v, cu_q, cu_k = packed(Q_LENS, K_LENS)
+    sinks = torch.tensor([0.5, -1.0, 2.0, -math.inf], dtype=torch.float64)
+    args = (q.requires_grad_(), k, v, cu_q, cu_k, True, None, [4, 0], qkv.alibi_slopes(HEADS), 1, False, None, sinks)
+    torch.library.opcheck(torch.ops.qkv.varlen_attention.default, args)
+    out, lse = torch.ops.qkv.varlen_attention(*args)
+    plain = [t.detach() for t in (q, k, v, out, lse)]
+    backward_args = (torch.ones_like(out), *plain, *args[3:12], sinks, None)
+    torch.library.opcheck(torch.ops.qkv.varlen_attention_backward.default, backward_args)
+    torch.library.opcheck(torch.ops.qkv.varlen_attention_backward.default, (*backward_args[:-1], torch.ones_like(lse)))

@@ -191,7 +191,8 @@ pub fn attention_backward_into<T: Real>(
 ) -> Result<(), AttentionError> {
     let shape = Shape::of_dims(q.shape(), k.shape(), v.shape())?;
     let (output, lse) = (forward.output.view(), forward.logsumexp.view());
-    backward(&shape, None, q, k, v, output, lse, d_output, options, gradients)
+    backward(&shape, None, q, k, v, output, lse, d_output, options, gradients)?;
+    Ok(())
 }
 
 /// The gradients of multi-head attention's inputs (see [`Gradients`]; `[batch, heads, n, d]`
@@ -271,7 +272,8 @@ pub fn multi_head_attention_backward_into<T: Real>(
     let shape = check_heads(&q, &k, &v)?;
     let heads = Some((q.shape()[0], q.shape()[1]));
     let (output, lse) = (forward.output.view(), forward.logsumexp.view());
-    backward(&shape, heads, q, k, v, output, lse, d_output, options, gradients)
+    backward(&shape, heads, q, k, v, output, lse, d_output, options, gradients)?;
+    Ok(())
 }
 
 /// The gradients of attention's half-precision inputs (see [`attention_backward`]), in f32, from
@@ -385,7 +387,7 @@ fn scores_dim<D: Dimension>(mut dims: D, n: usize) -> D {
 }
 
 /// Fails unless `found` is `expected`, naming `argument` and what it must match.
-fn expect_shape(
+pub(crate) fn expect_shape(
     argument: &'static str,
     found: &[usize],
     expected: &[usize],
@@ -407,9 +409,11 @@ pub(crate) fn check_d_output<T: Real>(shape: &Shape, d_output: &ArrayView2<T>) -
 
 /// The backward of a checked shape, single-head (`D = Ix2`, `heads = None`) or multi-head
 /// (`Ix4`, `heads = (batch, query heads)`): checks the saved forward, the output's gradient and
-/// the buffers, then runs the tiled path.
+/// the buffers, then runs the tiled path. Returns the sinks' gradient in f64 too (one sum per
+/// query head over the sequences of the batch, in their order; zeros without sinks), for a
+/// caller that adds more sequences to it before rounding (a packed batch's).
 #[allow(clippy::too_many_arguments)]
-fn backward<T: Real, E: Element<Compute = T>, D: Dimension>(
+pub(crate) fn backward<T: Real, E: Element<Compute = T>, D: Dimension>(
     shape: &Shape,
     heads: Option<(usize, usize)>,
     q: ArrayView<E, D>,
@@ -420,7 +424,7 @@ fn backward<T: Real, E: Element<Compute = T>, D: Dimension>(
     d_output: ArrayView<E, D>,
     options: &AttentionOptions<T>,
     gradients: GradientsMut<T, D>,
-) -> Result<(), AttentionError> {
+) -> Result<Vec<f64>, AttentionError> {
     let out_dim = scores_dim(q.raw_dim(), shape.value_dim);
     expect_shape("output", output.shape(), out_dim.slice(), "output")?;
     expect_shape("logsumexp", logsumexp.shape(), &q.shape()[..q.ndim() - 1], "queries")?;
@@ -442,11 +446,7 @@ fn backward<T: Real, E: Element<Compute = T>, D: Dimension>(
     let checked = inputs::check(&q, k, v, &|index| seen_by_group(&masks, group, index))?;
     let gradient = finite_magnitude("d_output", &d_output)?;
     let outputs = finite_magnitude("output", &output)?;
-    // A row that saw no key has a logsumexp of -inf; anything else must be finite.
-    if let Some((index, &lse)) = logsumexp.indexed_iter().find(|(_, l)| l.is_nan() || **l == T::infinity()) {
-        let index = Dims(ndarray::IntoDimension::into_dimension(index).slice().to_vec());
-        return Err(AttentionError::NonFinite { argument: "logsumexp", index, value: lse.to_f64_exact() });
-    }
+    check_logsumexp(&logsumexp)?;
     if !tiled::stays_finite(shape, &checked.magnitudes, gradient.max(outputs), &masks.head(0, 0)) {
         return Err(AttentionError::GradientOverflow { ty: T::NAME });
     }
@@ -490,12 +490,23 @@ fn backward<T: Real, E: Element<Compute = T>, D: Dimension>(
         })
         .collect();
     let sink_gradients = tiled::backward(kernels.backward(), shape, query_heads_of, kv);
+    // Each head's sum over the sequences of the batch, in their order.
+    let sums: Vec<f64> =
+        (0..query_heads).map(|h| (0..batch).map(|b| sink_gradients[b * query_heads + h]).sum()).collect();
     if let Some(mut dsinks) = dsinks {
-        // Each head's sum over the sequences of the batch, in their order.
-        for (h, dsink) in dsinks.iter_mut().enumerate() {
-            let sum: f64 = (0..batch).map(|b| sink_gradients[b * query_heads + h]).sum();
-            *dsink = T::from_f64_round(sum);
-        }
+        dsinks.iter_mut().zip(&sums).for_each(|(dsink, &sum)| *dsink = T::from_f64_round(sum));
+    }
+    Ok(sums)
+}
+
+/// Fails on a saved logsumexp that is NaN or `+inf`: a row that saw no key has `-inf`, and any
+/// other must be finite.
+pub(crate) fn check_logsumexp<T: Real, D: Dimension>(
+    logsumexp: &ArrayView<T, D>,
+) -> Result<(), AttentionError> {
+    if let Some((index, &lse)) = logsumexp.indexed_iter().find(|(_, l)| l.is_nan() || **l == T::infinity()) {
+        let index = Dims(ndarray::IntoDimension::into_dimension(index).slice().to_vec());
+        return Err(AttentionError::NonFinite { argument: "logsumexp", index, value: lse.to_f64_exact() });
     }
     Ok(())
 }

@@ -27,7 +27,8 @@
 //! [`PagedKvCache`] many sequences in fixed-size blocks of one pool (fork with copy on write,
 //! truncate, evict what a sliding window left behind, free), attending with a whole ragged batch's new queries in one call; a warm
 //! batched decoding step allocates nothing. [`varlen_attention`] runs a packed batch of
-//! sequences of different lengths without padding (flash-attn's `cu_seqlens`), in one call.
+//! sequences of different lengths without padding (flash-attn's `cu_seqlens`), in one call, and
+//! [`varlen_attention_backward`] its gradients.
 //!
 //! Every path is checked against [`reference`](mod@reference), a plain f64 implementation. Results do not depend
 //! on the number of threads. The engine does no I/O.
@@ -131,7 +132,10 @@ pub use reference::{QueryTrace, TiledBlock, TiledTrace, trace_query, trace_tiled
 pub use rotary::{Rotary, RotaryPairing};
 pub use shape::Shape;
 pub use simd::simd_report;
-pub use varlen::{varlen_attention, varlen_attention_into, varlen_attention_with_lse};
+pub use varlen::{
+    varlen_attention, varlen_attention_backward, varlen_attention_backward_into, varlen_attention_into,
+    varlen_attention_with_lse,
+};
 pub use work::{ThreadTeam, with_thread_team};
 
 /// Views a flat row-major slice as a `[rows, cols]` matrix, for embedders that hold plain slices.

@@ -6,8 +6,11 @@
 
 use std::ops::Range;
 
-use ndarray::{Array2, Array3, ArrayView3, ArrayViewMut2, ArrayViewMut3, Axis, Ix3, s};
+use ndarray::{
+    Array1, Array2, Array3, ArrayView2, ArrayView3, ArrayView4, ArrayViewMut2, ArrayViewMut3, Axis, Ix3, s,
+};
 
+use crate::backward::{self, Gradients, GradientsMut, check_logsumexp, expect_shape};
 use crate::element::Real;
 use crate::error::AttentionError;
 use crate::finite::finite_magnitude;
@@ -117,6 +120,205 @@ pub fn varlen_attention_with_lse<T: Real>(
 ) -> Result<PartialAttention<T, Ix3>, AttentionError> {
     let (output, logsumexp) = packed(Batch { q, k, v, query_offsets, key_offsets }, options, true)?;
     Ok(PartialAttention { output, logsumexp: logsumexp.expect("asked for") })
+}
+
+/// The gradients of a packed batch's inputs (see [`Gradients`]: `dq`, `dk`, `dv` shaped as `q`,
+/// `k`, `v`, and `dsinks` with sinks) from `d_output = ∂L/∂O` (`[query_heads, total_queries,
+/// d_v]`) and what [`varlen_attention_with_lse`] returned for the same inputs and options:
+/// flash-attn's `flash_attn_varlen_func` backward.
+///
+/// Each sequence is differentiated over its own rows as
+/// [`multi_head_attention_backward`](crate::multi_head_attention_backward) differentiates one
+/// sequence (its work shared out over its heads and key blocks); sequences run one after
+/// another. A shared key/value head's gradient is summed over its query heads in their order, a
+/// sink's over every sequence in theirs. A query of a sequence with no keys, and a key of one
+/// with no queries, gets zeros (such a query's output is 0 and its logsumexp its head's sink:
+/// the sink's gradient takes it in). Every element of the inputs, the output's gradient and the saved
+/// output must be finite (errors name the element by its index in the packed tensor).
+///
+/// ```
+/// use ndarray::Array3;
+/// use qkv::{AttentionOptions, CausalMask};
+/// // Two sequences of 3 and 5 tokens, 4 query heads sharing 2 key/value heads, width 8.
+/// let q = Array3::<f64>::from_shape_fn((4, 8, 8), |(h, i, j)| 0.1 * (h + i) as f64 - 0.05 * j as f64);
+/// let kv = Array3::<f64>::from_shape_fn((2, 8, 8), |(h, i, j)| 0.2 * (h * i) as f64 - 0.1 * j as f64);
+/// let offsets = [0, 3, 8];
+/// let options = AttentionOptions::new().causal(CausalMask::BottomRight);
+/// let forward = qkv::varlen_attention_with_lse(q.view(), kv.view(), kv.view(), &offsets, &offsets, &options)?;
+/// let d_out = Array3::<f64>::ones((4, 8, 8));
+/// let g = qkv::varlen_attention_backward(
+///     q.view(), kv.view(), kv.view(), &offsets, &offsets, &forward, d_out.view(), &options,
+/// )?;
+/// assert_eq!(g.dk.shape(), [2, 8, 8]);
+/// // Each sequence's first query sees one key: its weight is 1 whatever the score, so dq is 0.
+/// assert!(g.dq.slice(ndarray::s![.., 0, ..]).iter().all(|&x| x == 0.0));
+/// assert!(g.dq.slice(ndarray::s![.., 3, ..]).iter().all(|&x| x == 0.0));
+/// # Ok::<(), qkv::AttentionError>(())
+/// ```
+#[allow(clippy::too_many_arguments)]
+pub fn varlen_attention_backward<T: Real>(
+    q: ArrayView3<T>,
+    k: ArrayView3<T>,
+    v: ArrayView3<T>,
+    query_offsets: &[usize],
+    key_offsets: &[usize],
+    forward: &PartialAttention<T, Ix3>,
+    d_output: ArrayView3<T>,
+    options: &AttentionOptions<T>,
+) -> Result<Gradients<T, Ix3>, AttentionError> {
+    let batch = Batch { q, k, v, query_offsets, key_offsets };
+    let shape = check(&batch, options)?;
+    let mut gradients = Gradients {
+        dq: Array3::zeros(q.raw_dim()),
+        dk: Array3::zeros(k.raw_dim()),
+        dv: Array3::zeros(v.raw_dim()),
+        dbias: None,
+        dsinks: options.sinks.map(|_| Array1::zeros(q.shape()[0])),
+    };
+    let into = GradientsMut {
+        dq: gradients.dq.view_mut(),
+        dk: gradients.dk.view_mut(),
+        dv: gradients.dv.view_mut(),
+        dbias: None,
+        dsinks: gradients.dsinks.as_mut().map(|d| d.view_mut()),
+    };
+    let saved = (forward.output.view(), forward.logsumexp.view());
+    differentiate(&shape, &batch, saved, d_output, options, into)?;
+    Ok(gradients)
+}
+
+/// Like [`varlen_attention_backward`], writing the gradients into `gradients` (any strides, such
+/// as `[total, heads, d]` buffers with their first two axes swapped: flash-attn's layout), which
+/// may hold anything: every element is written. A packed call has no bias, so `dbias` must not
+/// be given. If the call fails, the buffers may hold anything.
+///
+/// ```
+/// use ndarray::Array3;
+/// let q = Array3::<f32>::from_elem((2, 4, 8), 0.5);
+/// let kv = Array3::<f32>::from_elem((1, 6, 8), 0.25);
+/// let (qo, ko) = ([0, 1, 4], [0, 2, 6]);
+/// let options = qkv::AttentionOptions::new();
+/// let forward = qkv::varlen_attention_with_lse(q.view(), kv.view(), kv.view(), &qo, &ko, &options)?;
+/// let d_out = Array3::<f32>::ones((2, 4, 8));
+/// let mut buffers = [q.clone(), kv.clone(), kv.clone()].map(|x| x.mapv(|_| f32::NAN));
+/// let [dq, dk, dv] = &mut buffers;
+/// let into = qkv::GradientsMut::new(dq.view_mut(), dk.view_mut(), dv.view_mut());
+/// qkv::varlen_attention_backward_into(q.view(), kv.view(), kv.view(), &qo, &ko, &forward, d_out.view(), &options, into)?;
+/// // Equal keys: every weight of a sequence is equal, and dS is 0, so only the values get a gradient.
+/// assert!(dq.iter().all(|&x| x == 0.0));
+/// // A value's gradient is the sum of its weights over both heads' rows (dO is 1): the first
+/// // sequence's 2 keys take 1/2 of one row a head, the second's 4 keys 1/4 of three rows.
+/// assert!(dv.slice(ndarray::s![.., ..2, ..]).iter().all(|&x| (x - 1.0).abs() < 1e-6));
+/// assert!(dv.slice(ndarray::s![.., 2.., ..]).iter().all(|&x| (x - 1.5).abs() < 1e-6));
+/// # Ok::<(), qkv::AttentionError>(())
+/// ```
+#[allow(clippy::too_many_arguments)]
+pub fn varlen_attention_backward_into<T: Real>(
+    q: ArrayView3<T>,
+    k: ArrayView3<T>,
+    v: ArrayView3<T>,
+    query_offsets: &[usize],
+    key_offsets: &[usize],
+    forward: &PartialAttention<T, Ix3>,
+    d_output: ArrayView3<T>,
+    options: &AttentionOptions<T>,
+    gradients: GradientsMut<T, Ix3>,
+) -> Result<(), AttentionError> {
+    let batch = Batch { q, k, v, query_offsets, key_offsets };
+    let shape = check(&batch, options)?;
+    let saved = (forward.output.view(), forward.logsumexp.view());
+    differentiate(&shape, &batch, saved, d_output, options, gradients)
+}
+
+/// The backward of a checked packed call, sequence by sequence, from the forward's `(output,
+/// logsumexp)`.
+fn differentiate<T: Real>(
+    shape: &Shape,
+    batch: &Batch<'_, T>,
+    (output, logsumexp): (ArrayView3<T>, ArrayView2<T>),
+    d_output: ArrayView3<T>,
+    options: &AttentionOptions<T>,
+    gradients: GradientsMut<T, Ix3>,
+) -> Result<(), AttentionError> {
+    let &Batch { q, k, v, query_offsets, key_offsets } = batch;
+    let query_heads = q.shape()[0];
+    let rows = [query_heads, shape.n_queries, shape.value_dim];
+    expect_shape("output", output.shape(), &rows, "output")?;
+    expect_shape("logsumexp", logsumexp.shape(), &q.shape()[..2], "queries")?;
+    expect_shape("d_output", d_output.shape(), &rows, "output")?;
+    let GradientsMut { mut dq, mut dk, mut dv, dbias, dsinks } = gradients;
+    expect_shape("dq", dq.shape(), q.shape(), "queries")?;
+    expect_shape("dk", dk.shape(), k.shape(), "keys")?;
+    expect_shape("dv", dv.shape(), v.shape(), "values")?;
+    if let Some(dsinks) = &dsinks {
+        expect_shape("dsinks", dsinks.shape(), &[query_heads], "query heads")?;
+    }
+    if dbias.is_some() {
+        return Err(AttentionError::PackedOption {
+            option: "dbias",
+            why: "a packed call has no bias to differentiate",
+        });
+    }
+    // Checked whole, so that an element is named by its packed index (each sequence's own check
+    // would name it within the sequence).
+    for (argument, x) in
+        [("queries", &q), ("keys", &k), ("values", &v), ("d_output", &d_output), ("output", &output)]
+    {
+        finite_magnitude(argument, x)?;
+    }
+    check_logsumexp(&logsumexp)?;
+    let mut sink_sums = vec![0.0; query_heads];
+    for i in 0..query_offsets.len() - 1 {
+        let (rows, keys) = (query_offsets[i]..query_offsets[i + 1], key_offsets[i]..key_offsets[i + 1]);
+        let mut dq = dq.slice_mut(s![.., rows.clone(), ..]);
+        let (mut dk, mut dv) =
+            (dk.slice_mut(s![.., keys.clone(), ..]), dv.slice_mut(s![.., keys.clone(), ..]));
+        if rows.is_empty() || keys.is_empty() {
+            // Nothing attends, or nothing to attend to: the rows there are have zero gradients.
+            for x in [&mut dq, &mut dk, &mut dv] {
+                x.fill(T::zero());
+            }
+            // A row with no keys puts all its weight on its head's sink (its logsumexp is the
+            // sink's logit): `-P_sink · δ` with `P_sink = 1`. Its output is 0, so `δ` is too,
+            // unless the caller's gradient carries the logsumexp's through `O` and `dO`.
+            for (h, total) in sink_sums.iter_mut().enumerate() {
+                let sink = options.sinks.map(|sinks| sinks[h].to_f64_exact());
+                for r in rows.clone() {
+                    let (o, d) = (output.slice(s![h, r, ..]), d_output.slice(s![h, r, ..]));
+                    let delta: f64 = o.iter().zip(d).map(|(o, d)| o.to_f64_exact() * d.to_f64_exact()).sum();
+                    *total -= softmax::sink_weight(sink, logsumexp[[h, r]].to_f64_exact()) * delta;
+                }
+            }
+            continue;
+        }
+        let member = Shape { n_queries: rows.len(), n_keys: keys.len(), ..*shape };
+        let alibi = options.alibi.map(|alibi| alibi.of_sequence(i));
+        let options = AttentionOptions { alibi, ..options.clone() };
+        let into =
+            GradientsMut::new(dq.insert_axis(Axis(0)), dk.insert_axis(Axis(0)), dv.insert_axis(Axis(0)));
+        let sums = backward::backward(
+            &member,
+            Some((1, query_heads)),
+            one_sequence(q, &rows),
+            one_sequence(k, &keys),
+            one_sequence(v, &keys),
+            one_sequence(output, &rows),
+            logsumexp.slice_move(s![.., rows.clone()]).insert_axis(Axis(0)),
+            one_sequence(d_output, &rows),
+            &options,
+            into,
+        )?;
+        sink_sums.iter_mut().zip(sums).for_each(|(total, sum)| *total += sum);
+    }
+    if let Some(mut dsinks) = dsinks {
+        dsinks.iter_mut().zip(&sink_sums).for_each(|(d, &sum)| *d = T::from_f64_round(sum));
+    }
+    Ok(())
+}
+
+/// Rows `rows` of `x` (`[heads, total, d]`) as a batch of one sequence, `[1, heads, rows, d]`.
+fn one_sequence<'a, T>(x: ArrayView3<'a, T>, rows: &Range<usize>) -> ArrayView4<'a, T> {
+    x.slice_move(s![.., rows.clone(), ..]).insert_axis(Axis(0))
 }
 
 /// The tensors and offsets of a packed call.

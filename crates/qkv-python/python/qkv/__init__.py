@@ -205,13 +205,38 @@ def varlen_attention(
     ``-slope · |j - i|`` instead. ``qkv.flash_attn_varlen_func`` takes flash-attn's own
     arguments and applies its ALiBi. Torch tensors or NumPy arrays, float32
     or float64 computed in place; bfloat16 and float16 from a float32 copy. Every element must be
-    finite. Forward only: on tensors that need a gradient, with grad mode on, it raises
-    ``ValueError`` rather than return an output autograd cannot differentiate.
+    finite.
+
+    On torch tensors the output and the logsumexp are differentiable (query, key, value and a
+    ``sinks`` tensor that requires grad): the engine's backward runs each sequence over its own
+    rows, one sequence after another, and returns the gradients in the inputs' layout and dtype
+    (half precision computed in float32 and rounded once). Under ``torch.compile`` the call is an
+    opaque operator.
     """
-    _core.refuse_grad("varlen_attention", "use scaled_dot_product_attention per sequence to differentiate",
-                      (("query", query), ("key", key), ("value", value), ("sinks", sinks)))
+    if alibi_slopes is not None:
+        alibi_slopes = _core.per_head("alibi_slopes", "slopes", alibi_slopes, query.shape[1])
     options = (is_causal, scale, sliding_window, alibi_slopes, softcap, sinks)
-    return _core.varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, options, return_lse)
+    return _varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, options, return_lse)
+
+
+def _varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, options, with_lse):
+    """The packed call, through the operator when autograd or torch.compile needs it."""
+    is_causal, scale, window, alibi, softcap, sinks = options
+    if not _needs_op(query, key, value, None, sinks):
+        return _core.varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, options, with_lse)
+    offsets = [_core.offset_list(name, given) for name, given in (("cu_seqlens_q", cu_seqlens_q),
+                                                                 ("cu_seqlens_k", cu_seqlens_k))]
+    window = _core.sliding_window(window)
+    window = None if window is None else list(window)
+    # ALiBi as the operator takes it: slopes, how many rows of them, flash-attn's form or the paper's.
+    slopes, sequences, symmetric = alibi if isinstance(alibi, _core.FlashAttnAlibi) else (alibi, 1, False)
+    torch = sys.modules["torch"]
+    if sinks is not None and not isinstance(sinks, torch.Tensor):
+        sinks = torch.as_tensor(sinks, dtype=torch.float64)
+    out, lse = _torch_ops().varlen_attention(
+        query, key, value, *offsets, bool(is_causal), scale, window, slopes, sequences, symmetric, softcap, sinks
+    )
+    return (out, lse) if with_lse else out
 
 
 def flash_attn_varlen_func(
@@ -240,8 +265,8 @@ def flash_attn_varlen_func(
     ``return_attn_probs`` ``(out, softmax_lse, None)``, the logsumexp ``[nheads, total_q]`` in
     float32 (float64 for float64 inputs).
 
-    Where it differs: forward only (inputs that need a gradient raise ``ValueError``);
-    ``dropout_p`` must be 0 and ``block_table`` None (``qkv.PagedKvCache`` holds paged keys);
+    Differentiable as flash-attn's is (the output and ``softmax_lse``; see ``varlen_attention``).
+    Where it differs: ``dropout_p`` must be 0 and ``block_table`` None (``qkv.PagedKvCache`` holds paged keys);
     ``deterministic`` changes nothing (qkv always is); a query whose sequence has no key gets a
     logsumexp of ``-inf`` (flash-attn writes ``+inf``); with ``causal`` and ALiBi flash-attn adds
     ``slope · j``, the same weights, so its logsumexp is larger by ``slope · p`` than this one,
@@ -265,11 +290,9 @@ def flash_attn_varlen_func(
     alibi = None
     if alibi_slopes is not None:
         alibi = _core.flash_attn_alibi(alibi_slopes, q.shape[1], len(offsets[0]) - 1)
-    _core.refuse_grad("flash_attn_varlen_func", "use scaled_dot_product_attention per sequence to differentiate",
-                      (("q", q), ("k", k), ("v", v)))
     options = (causal, softmax_scale, window, alibi, None if softcap == 0 else softcap, None)
     with _core.named_as_passed({"sliding_window": "window_size", "scale": "softmax_scale"}):
-        result = _core.varlen(q, k, v, *offsets, options, return_attn_probs)
+        result = _varlen(q, k, v, *offsets, options, return_attn_probs)
     return (*result, None) if return_attn_probs else result
 
 

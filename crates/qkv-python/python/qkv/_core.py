@@ -232,36 +232,89 @@ def offset_list(argument, offsets):
     return [int(x) for x in values]
 
 
+class _Packed:
+    """A packed batch's inputs in flash-attn's layout (``[total, heads, d]``), checked, and the
+    engine's ``[heads, total, d]`` views of them in the compute dtype: strided views, no copy
+    (but for half precision, which the packed path computes from a float32 copy)."""
+
+    def __init__(self, query, key, value, cu_seqlens_q, cu_seqlens_k, options):
+        xp = self.xp = backend(query, key, value)
+        self.dtype = checked_dtype(xp, (query, key, value), lambda rank: rank == 3,
+                                   "a packed batch is [total, heads, d]")
+        self.compute = compute_dtype(self.dtype)
+        self.total_q, self.heads, self.d_v = query.shape[0], query.shape[1], value.shape[2]
+        self.q, self.k, self.v = (self.widened(t).swapaxes(0, 1) for t in (query, key, value))
+        self.offsets = (offset_list("cu_seqlens_q", cu_seqlens_q), offset_list("cu_seqlens_k", cu_seqlens_k))
+        self.spec = spec(*options, self.heads)
+
+    def widened(self, t):
+        return t if self.xp.dtype_name(t) == self.compute else self.xp.cast(t, self.compute)
+
+    def narrowed(self, t):
+        return t if self.dtype == self.compute else self.xp.cast(t, self.dtype)
+
+    def raws(self, q=None, k=None, v=None):
+        """The engine's views of the inputs, any of them replaced."""
+        return tuple(self.xp.raw(x if x is not None else y) for x, y in ((q, self.q), (k, self.k), (v, self.v)))
+
+    @contextlib.contextmanager
+    def named_as_passed(self):
+        """The engine's errors with the names the caller passed, an element named by its index in
+        the caller's ``[total, heads, d]`` tensor (the engine's is in its ``[heads, total, d]``
+        views)."""
+        names = {"query_offsets": "cu_seqlens_q", "key_offsets": "cu_seqlens_k", "logit_softcap": "softcap"}
+        try:
+            with named_as_passed(names):
+                yield
+        except ValueError as error:
+            message = str(error)
+            element = re.match(r"(queries|keys|values|d_output)\[(\d+), (\d+), (\d+)\]", message)
+            if element:
+                argument, head, row, column = element.groups()
+                ours = {"queries": "query", "keys": "key", "values": "value", "d_output": "grad_out"}[argument]
+                raise ValueError(f"{ours}[{row}, {head}, {column}]" + message[element.end():]) from None
+            raise
+
+
 def varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, options, with_lse):
     """A packed batch's attention in flash-attn's layout (``[total, heads, d]`` in and out);
     ``options`` are ``spec``'s arguments but for the heads."""
-    xp = backend(query, key, value)
-    dtype = checked_dtype(xp, (query, key, value), lambda rank: rank == 3, "a packed batch is [total, heads, d]")
-    total_q, heads = query.shape[0], query.shape[1]
-    compute = compute_dtype(dtype)
-    # The engine takes [heads, total, d]: strided views of the packed tensors, no copy (but for
-    # half precision, which the packed path computes from a float32 copy).
-    q, k, v = ((t if dtype == compute else xp.cast(t, compute)).swapaxes(0, 1) for t in (query, key, value))
-    out = xp.empty((total_q, heads, value.shape[2]), compute)
-    lse = xp.empty((heads, total_q), compute) if with_lse else None
-    offsets = (offset_list("cu_seqlens_q", cu_seqlens_q), offset_list("cu_seqlens_k", cu_seqlens_k))
-    names = {"query_offsets": "cu_seqlens_q", "key_offsets": "cu_seqlens_k", "logit_softcap": "softcap"}
-    try:
-        with named_as_passed(names):
-            _qkv.varlen((xp.raw(q), xp.raw(k), xp.raw(v)), offsets, spec(*options, heads),
-                        xp.raw(out.swapaxes(0, 1)), None if lse is None else xp.raw(lse))
-    except ValueError as error:
-        # The engine names an element by its index in the [heads, total, d] views it was given;
-        # name it as the caller passed it.
-        message = str(error)
-        element = re.match(r"(queries|keys|values)\[(\d+), (\d+), (\d+)\]", message)
-        if element:
-            argument, head, row, column = element.groups()
-            ours = {"queries": "query", "keys": "key", "values": "value"}[argument]
-            raise ValueError(f"{ours}[{row}, {head}, {column}]" + message[element.end():]) from None
-        raise
-    out = out if dtype == compute else xp.cast(out, dtype)
+    packed = _Packed(query, key, value, cu_seqlens_q, cu_seqlens_k, options)
+    xp = packed.xp
+    out = xp.empty((packed.total_q, packed.heads, packed.d_v), packed.compute)
+    lse = xp.empty((packed.heads, packed.total_q), packed.compute) if with_lse else None
+    with packed.named_as_passed():
+        _qkv.varlen(packed.raws(), packed.offsets, packed.spec, xp.raw(out.swapaxes(0, 1)),
+                    None if lse is None else xp.raw(lse))
+    out = packed.narrowed(out)
     return (out, lse) if with_lse else out
+
+
+def varlen_backward(query, key, value, cu_seqlens_q, cu_seqlens_k, options, out, lse, grad_out, grad_lse=None):
+    """``(dq, dk, dv, dsinks)`` of a packed batch (torch tensors in flash-attn's layout; ``dsinks``
+    ``[heads]`` in the compute dtype, or None without sinks) from the forward's ``out`` and ``lse``
+    (``[heads, total_q]``), the output's gradient and, if given, the logsumexp's."""
+    packed = _Packed(query, key, value, cu_seqlens_q, cu_seqlens_k, options)
+    xp = packed.xp
+    v, out, grad_out = packed.v, packed.widened(out), packed.widened(grad_out)
+    if grad_lse is not None:
+        g = lse_gradient(xp, lse, packed.widened(grad_lse)).transpose(0, 1)
+        v = xp.with_column(v, 0)
+        out, grad_out = xp.with_column(out, 1), xp.with_column(grad_out, -g)
+    dq, dk, dv = (xp.zeros(tuple(t.swapaxes(0, 1).shape), packed.compute) for t in (packed.q, packed.k, v))
+    dsinks = None if packed.spec[5] is None else xp.zeros((packed.heads,), packed.compute)
+    heads_first = (lambda t: xp.raw(t.swapaxes(0, 1)))
+    with packed.named_as_passed():
+        _qkv.varlen_backward(
+            packed.raws(v=v),
+            packed.offsets,
+            packed.spec,
+            (heads_first(out), xp.raw(lse), heads_first(grad_out)),
+            (heads_first(dq), heads_first(dk), heads_first(dv), None, None if dsinks is None else xp.raw(dsinks)),
+        )
+    if grad_lse is not None:
+        dv = dv[..., :-1]
+    return packed.narrowed(dq), packed.narrowed(dk), packed.narrowed(dv), dsinks
 
 
 class _Shapes:
@@ -371,20 +424,7 @@ class Call:
         out, grad_out = (as_compute(self._four(t, *self.out_shape[:2])) for t in (out, grad_out))
         lse = lse.reshape(self.out_shape[:3])
         if grad_lse is not None:
-            # The logsumexp's gradient g reaches the scores as dS = P ∘ (dP - (δ - g)), beside the
-            # output's δ = rowsum(dO ∘ O), the backward's only use of O: a column of ones in O
-            # against -g in dO, over a column of zeros in V (dP unchanged), carries it exactly.
-            g = as_compute(grad_lse.reshape(self.out_shape[:3]))
-            # A row that sees no key (lse -inf) has no weights for g to reach: a loss that is
-            # -inf or NaN there (lse², exp(lse - max)) changes nothing, as autograd's own would.
-            torch = xp.torch
-            g = torch.where(torch.isneginf(lse), 0, g)
-            bad = ~torch.isfinite(g).flatten()
-            if bool(bad.any()):
-                first = int(bad.nonzero()[0])
-                index = [int(i) for i in torch.unravel_index(torch.tensor(first), self.lead + (self.n_q,))]
-                raise ValueError(f"grad_lse{index} is {g.flatten()[first].item()}: the logsumexp's gradient must "
-                                 "be finite where the row sees a key")
+            g = lse_gradient(xp, lse, as_compute(grad_lse.reshape(self.out_shape[:3])), self.lead + (self.n_q,))
             v, out, grad_out = xp.with_column(v, 0), xp.with_column(out, 1), xp.with_column(grad_out, -g)
         dq, dk, dv = (xp.zeros(t.shape, compute) for t in (q, k, v))
         dmask = xp.zeros(self.out_shape[:3] + (self.n_k,), compute) if mask_grad else None
@@ -403,6 +443,26 @@ class Call:
         if compute != self.dtype:
             dq, dk, dv = (xp.cast(t, self.dtype) for t in (dq, dk, dv))
         return dq, dk, dv, dmask, dsinks
+
+
+def lse_gradient(xp, lse, g, shape=None):
+    """The logsumexp's gradient ``g`` (torch tensors shaped as ``lse``), checked, as the backward
+    takes it: it reaches the scores as ``dS = P ∘ (dP - (δ - g))``, beside the output's ``δ =
+    rowsum(dO ∘ O)``, the backward's only use of ``O``, so a column of ones in ``O`` against
+    ``-g`` in ``dO``, over a column of zeros in ``V`` (``dP`` unchanged), carries it exactly.
+    Errors name an element by its index in ``shape`` (the caller's logsumexp's; ``lse``'s by
+    default)."""
+    # A row that sees no key (lse -inf) has no weights for g to reach: a loss that is -inf or NaN
+    # there (lse², exp(lse - max)) changes nothing, as autograd's own would.
+    torch = xp.torch
+    g = torch.where(torch.isneginf(lse), 0, g)
+    bad = ~torch.isfinite(g).flatten()
+    if bool(bad.any()):
+        first = int(bad.nonzero()[0])
+        index = [int(i) for i in torch.unravel_index(torch.tensor(first), shape or tuple(lse.shape))]
+        raise ValueError(f"grad_lse{index} is {g.flatten()[first].item()}: the logsumexp's gradient must "
+                         "be finite where the row sees a key")
+    return g
 
 
 def merge(out_a, lse_a, out_b, lse_b):

@@ -1,7 +1,8 @@
-"""qkv as PyTorch operators: ``qkv::attention`` and its backward ``qkv::attention_backward``,
-registered with ``torch.library.custom_op`` so that autograd differentiates through the engine's
-own backward and ``torch.compile`` treats both as opaque calls (their fake implementations give
-the output shapes)."""
+"""qkv as PyTorch operators: ``qkv::attention`` and its backward ``qkv::attention_backward``, and
+the packed batch's ``qkv::varlen_attention`` and ``qkv::varlen_attention_backward``, registered
+with ``torch.library.custom_op`` so that autograd differentiates through the engine's own
+backward and ``torch.compile`` treats them as opaque calls (their fake implementations give the
+output shapes)."""
 
 from typing import List, Optional, Tuple
 
@@ -114,3 +115,97 @@ def _backward(ctx, grad_out, grad_lse):
 
 
 attention.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _varlen_options(is_causal, scale, window, alibi, alibi_sequences, alibi_symmetric, softcap, sinks):
+    """The options as ``_core.varlen`` takes them, ALiBi rebuilt from the operator's plain
+    arguments: the paper's slopes per head, or flash-attn's form (``_core.FlashAttnAlibi``)."""
+    if alibi is not None and alibi_symmetric:
+        alibi = _core.FlashAttnAlibi((alibi, alibi_sequences, True))
+    return (is_causal, scale, window, alibi, softcap, sinks)
+
+
+@torch.library.custom_op("qkv::varlen_attention", mutates_args=())
+def varlen_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    cu_seqlens_q: List[int],
+    cu_seqlens_k: List[int],
+    is_causal: bool,
+    scale: Optional[float],
+    window: Optional[List[int]],
+    alibi: Optional[List[float]],
+    alibi_sequences: int,
+    alibi_symmetric: bool,
+    softcap: Optional[float],
+    sinks: Optional[Tensor],
+) -> Tuple[Tensor, Tensor]:
+    """A packed batch's output ``[total_q, heads, Ev]`` and logsumexp ``[heads, total_q]``."""
+    options = _varlen_options(is_causal, scale, window, alibi, alibi_sequences, alibi_symmetric, softcap, sinks)
+    return _core.varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, options, True)
+
+
+@varlen_attention.register_fake
+def _(query, key, value, cu_seqlens_q, cu_seqlens_k, is_causal, scale, window, alibi, alibi_sequences,
+      alibi_symmetric, softcap, sinks):
+    total_q, heads = query.shape[0], query.shape[1]
+    out = query.new_empty((total_q, heads, value.shape[-1]))
+    lse = query.new_empty((heads, total_q), dtype=torch.float64 if query.dtype == torch.float64 else torch.float32)
+    return out, lse
+
+
+@torch.library.custom_op("qkv::varlen_attention_backward", mutates_args=())
+def varlen_attention_backward(
+    grad_out: Tensor,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    cu_seqlens_q: List[int],
+    cu_seqlens_k: List[int],
+    is_causal: bool,
+    scale: Optional[float],
+    window: Optional[List[int]],
+    alibi: Optional[List[float]],
+    alibi_sequences: int,
+    alibi_symmetric: bool,
+    softcap: Optional[float],
+    sinks: Optional[Tensor],
+    grad_lse: Optional[Tensor],
+) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(dq, dk, dv, dsinks)``, ``dsinks`` empty without sinks."""
+    options = _varlen_options(is_causal, scale, window, alibi, alibi_sequences, alibi_symmetric, softcap, sinks)
+    dq, dk, dv, dsinks = _core.varlen_backward(
+        query, key, value, cu_seqlens_q, cu_seqlens_k, options, out, lse, grad_out, grad_lse
+    )
+    dq, dk, dv = (_like(g, t) for g, t in ((dq, query), (dk, key), (dv, value)))
+    return dq, dk, dv, query.new_empty(0) if dsinks is None else dsinks.to(sinks.dtype)
+
+
+@varlen_attention_backward.register_fake
+def _(grad_out, query, key, value, out, lse, cu_seqlens_q, cu_seqlens_k, is_causal, scale, window, alibi,
+      alibi_sequences, alibi_symmetric, softcap, sinks, grad_lse):
+    dsinks = query.new_empty(0) if sinks is None else torch.empty_like(sinks)
+    return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value), dsinks
+
+
+def _varlen_setup_context(ctx, inputs, output):
+    query, key, value, *options, sinks = inputs
+    out, lse = output
+    ctx.save_for_backward(query, key, value, out, lse, sinks)
+    ctx.options = options
+    ctx.sinks_grad = sinks is not None and sinks.requires_grad
+    ctx.set_materialize_grads(False)
+
+
+def _varlen_backward(ctx, grad_out, grad_lse):
+    query, key, value, out, lse, sinks = ctx.saved_tensors
+    if grad_out is None:
+        grad_out = torch.zeros_like(out)
+    dq, dk, dv, dsinks = varlen_attention_backward(grad_out, query, key, value, out, lse, *ctx.options, sinks, grad_lse)
+    return dq, dk, dv, None, None, None, None, None, None, None, None, None, dsinks if ctx.sinks_grad else None
+
+
+varlen_attention.register_autograd(_varlen_backward, setup_context=_varlen_setup_context)

@@ -124,9 +124,22 @@ fn gradient_bounds<T: Real>(
     d_out: &Array2<T>,
     options: &AttentionOptions<T>,
 ) -> (f64, GradientBounds) {
-    let r = qkv::reference::attention(p.q.view(), p.k.view(), p.v.view(), options).unwrap();
-    let abs = |x: &Array2<T>| x.mapv(|x| x.to_f64_exact().abs());
-    let (q, k, v, d_o) = (abs(&p.q), abs(&p.k), abs(&p.v), abs(d_out));
+    // The problems use the default scale.
+    let scale = 1.0 / (p.q.ncols() as f64).sqrt();
+    bounds_of([p.q.view(), p.k.view(), p.v.view()], d_out.view(), options, scale)
+}
+
+/// [`gradient_bounds`] of any inputs `[q, k, v]` and output gradient, whose scores are scaled
+/// by `scale`.
+pub(crate) fn bounds_of<T: Real>(
+    [q, k, v]: [ArrayView2<T>; 3],
+    d_out: ArrayView2<T>,
+    options: &AttentionOptions<T>,
+    scale: f64,
+) -> (f64, GradientBounds) {
+    let r = qkv::reference::attention(q, k, v, options).unwrap();
+    let abs = |x: ArrayView2<T>| x.mapv(|x| x.to_f64_exact().abs());
+    let (q, k, v, d_o) = (abs(q), abs(k), abs(v), abs(d_out));
     // Keys no query sees are zeros to the backward: their bound is what it is for zeros.
     let seen: Vec<bool> = r.weights.columns().into_iter().map(|c| c.iter().any(|&w| w > 0.0)).collect();
     let (k, v) = (mask_rows(k, &seen), mask_rows(v, &seen));
@@ -135,8 +148,6 @@ fn gradient_bounds<T: Real>(
     let o = r.output.mapv(f64::abs);
     let delta = (&d_o * &o).sum_axis(Axis(1)).insert_axis(Axis(1));
     let ds = &weights * &(d_o.dot(&v.t()) + &delta);
-    // The problems use the default scale.
-    let scale = 1.0 / (p.q.ncols() as f64).sqrt();
     let dq = ds.dot(&k) * scale;
     let dk = ds.t().dot(&q) * scale;
     let max_score = r.scores.iter().filter(|s| s.is_finite()).fold(0.0_f64, |m, s| m.max(s.abs()));
@@ -144,11 +155,11 @@ fn gradient_bounds<T: Real>(
 }
 
 /// [`gradient_bounds`]' bound of each gradient, named as `qkv::Gradients`' fields.
-struct GradientBounds {
-    dq: Array2<f64>,
-    dk: Array2<f64>,
-    dv: Array2<f64>,
-    dbias: Option<Array2<f64>>,
+pub(crate) struct GradientBounds {
+    pub(crate) dq: Array2<f64>,
+    pub(crate) dk: Array2<f64>,
+    pub(crate) dv: Array2<f64>,
+    pub(crate) dbias: Option<Array2<f64>>,
 }
 
 fn mask_rows(mut x: Array2<f64>, seen: &[bool]) -> Array2<f64> {
@@ -162,7 +173,7 @@ fn mask_rows(mut x: Array2<f64>, seen: &[bool]) -> Array2<f64> {
 
 /// `|got - want| <= tol · condition · (bound + max(bound) / 100)`: the element's own bound, and a
 /// floor for elements whose terms are all tiny, with `tol` 1e-12 for f64 and 2e-5 for f32.
-fn assert_gradient_close<T: Real>(
+pub(crate) fn assert_gradient_close<T: Real>(
     what: &str,
     got: &Array2<T>,
     want: &Array2<f64>,

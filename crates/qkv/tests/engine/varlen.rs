@@ -3,11 +3,12 @@
 //! and options a packed call refuses; and the sequences a call may hold that have no queries or
 //! no keys.
 
-use ndarray::{Array2, Array3, ArrayView3, s};
-use qkv::{Alibi, AttentionError, AttentionOptions, CausalMask, SlidingWindow};
+use ndarray::{Array1, Array2, Array3, ArrayView3, ArrayViewMut3, s};
+use qkv::{Alibi, AttentionError, AttentionOptions, CausalMask, GradientsMut, SlidingWindow};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use crate::backward::{assert_gradient_close, bounds_of};
 use crate::problem::{assert_close, error_bound, levels};
 
 /// `x` (`[heads, total, d]`) stored as flash-attn stores it, `[total, heads, d]`.
@@ -18,6 +19,11 @@ fn flash_layout(x: &Array3<f32>) -> Array3<f32> {
 /// A tensor stored as flash-attn stores it, viewed as `[heads, total, d]`.
 fn heads_first(x: &Array3<f32>) -> ArrayView3<'_, f32> {
     x.view().permuted_axes([1, 0, 2])
+}
+
+/// A buffer in flash-attn's layout, viewed as `[heads, total, d]`.
+fn heads_first_mut(x: &mut Array3<f32>) -> ArrayViewMut3<'_, f32> {
+    x.view_mut().permuted_axes([1, 0, 2])
 }
 
 /// A packed batch: `[heads, total, d]` tensors and the offsets of each sequence's rows.
@@ -138,6 +144,144 @@ impl Packed {
     }
 }
 
+/// What the reference backward, run on each sequence and head alone, wants of a packed batch's
+/// gradients, with their rounding bounds (see `backward::bounds_of`).
+struct WantedGradients {
+    dq: Array3<f64>,
+    dk: Array3<f64>,
+    dv: Array3<f64>,
+    bounds: [Array3<f64>; 3],
+    /// The largest `1 + max |s|` of any sequence and head.
+    condition: f64,
+    /// Each head's sink gradient over every sequence, and its bound (`Σ |dO| · |O|` over the rows).
+    dsinks: Option<(Vec<f64>, Vec<f64>)>,
+}
+
+impl Packed {
+    /// The reference's gradients of every sequence and head on their own rows (options per
+    /// sequence and head from `options(Some((i, h)))`, scores scaled by `scale`), a shared
+    /// key/value head's summed over its query heads.
+    fn wanted_gradients<'a>(
+        &'a self,
+        d_out: &Array3<f32>,
+        scale: f64,
+        options: &impl Fn(Option<(usize, usize)>) -> AttentionOptions<'a, f32>,
+    ) -> WantedGradients {
+        let heads = self.q.shape()[0];
+        let group = heads / self.k.shape()[0];
+        let zeros = |x: &Array3<f32>| Array3::<f64>::zeros(x.raw_dim());
+        let mut want = WantedGradients {
+            dq: zeros(&self.q),
+            dk: zeros(&self.k),
+            dv: zeros(&self.v),
+            bounds: [zeros(&self.q), zeros(&self.k), zeros(&self.v)],
+            condition: 1.0,
+            dsinks: None,
+        };
+        for i in 0..self.query_offsets.len() - 1 {
+            let rows = self.query_offsets[i]..self.query_offsets[i + 1];
+            let keys = self.key_offsets[i]..self.key_offsets[i + 1];
+            if rows.is_empty() || keys.is_empty() {
+                continue;
+            }
+            for h in 0..heads {
+                let o = options(Some((i, h)));
+                let qh = self.q.slice(s![h, rows.clone(), ..]);
+                let (kh, vh) = (
+                    self.k.slice(s![h / group, keys.clone(), ..]),
+                    self.v.slice(s![h / group, keys.clone(), ..]),
+                );
+                let d_o = d_out.slice(s![h, rows.clone(), ..]);
+                let g = qkv::reference::attention_backward(qh, kh, vh, d_o, &o).unwrap();
+                let (condition, b) = bounds_of([qh, kh, vh], d_o, &o, scale);
+                want.condition = want.condition.max(condition);
+                want.dq.slice_mut(s![h, rows.clone(), ..]).assign(&g.dq);
+                want.bounds[0].slice_mut(s![h, rows.clone(), ..]).assign(&b.dq);
+                for (x, part) in [(&mut want.dk, &g.dk), (&mut want.bounds[1], &b.dk)] {
+                    x.slice_mut(s![h / group, keys.clone(), ..]).zip_mut_with(part, |x, &p| *x += p);
+                }
+                for (x, part) in [(&mut want.dv, &g.dv), (&mut want.bounds[2], &b.dv)] {
+                    x.slice_mut(s![h / group, keys.clone(), ..]).zip_mut_with(part, |x, &p| *x += p);
+                }
+                if let Some(d) = &g.dsinks {
+                    let (dsinks, bound) =
+                        want.dsinks.get_or_insert_with(|| (vec![0.0; heads], vec![0.0; heads]));
+                    dsinks[h] += d[0];
+                    let out = qkv::reference::attention(qh, kh, vh, &o).unwrap().output;
+                    bound[h] += d_o.iter().zip(&out).map(|(&g, &o)| (f64::from(g) * o).abs()).sum::<f64>();
+                }
+            }
+        }
+        want
+    }
+
+    /// Checks the backward of `options` (as [`Packed::check`] takes them; scores scaled by
+    /// `scale`) at every level against the reference on each sequence and head alone, allocating
+    /// and into NaN-filled buffers in flash-attn's layout.
+    fn check_backward<'a>(
+        &'a self,
+        what: &str,
+        scale: f64,
+        options: impl Fn(Option<(usize, usize)>) -> AttentionOptions<'a, f32>,
+    ) {
+        let mut rng = ChaCha8Rng::seed_from_u64(41);
+        let [heads, total_q, _] = *self.q.shape() else { unreachable!() };
+        let d_v = self.v.shape()[2];
+        let d_out = Array3::from_shape_simple_fn((heads, total_q, d_v), || rng.random_range(-1.0_f32..1.0));
+        let want = self.wanted_gradients(&d_out, scale, &options);
+        let (q, k, v) = (self.q.view(), self.k.view(), self.v.view());
+        let (qo, ko) = (self.query_offsets.as_slice(), self.key_offsets.as_slice());
+        for level in levels() {
+            let ctx = format!("{what} {level}");
+            let o = options(None).simd(level);
+            let forward = self.run(&o).unwrap();
+            let got = qkv::varlen_attention_backward(q, k, v, qo, ko, &forward, d_out.view(), &o).unwrap();
+            let flat = |x: &Array3<f32>| {
+                let rows = x.shape()[0] * x.shape()[1];
+                x.to_shape((rows, x.shape()[2])).unwrap().to_owned()
+            };
+            let flat64 = |x: &Array3<f64>| {
+                let rows = x.shape()[0] * x.shape()[1];
+                x.to_shape((rows, x.shape()[2])).unwrap().to_owned()
+            };
+            let wanted = [(&want.dq, &got.dq, "dq"), (&want.dk, &got.dk, "dk"), (&want.dv, &got.dv, "dv")];
+            for ((w, g, name), bound) in wanted.into_iter().zip(&want.bounds) {
+                let ctx = format!("{name} {ctx}");
+                assert_gradient_close(&ctx, &flat(g), &flat64(w), &flat64(bound), want.condition);
+            }
+            match (&want.dsinks, &got.dsinks) {
+                (Some((dsinks, bound)), Some(got)) => {
+                    for h in 0..heads {
+                        let allowed = 2e-5 * want.condition * (bound[h] + 1e-6);
+                        let (g, w) = (f64::from(got[h]), dsinks[h]);
+                        assert!((g - w).abs() <= allowed, "dsinks[{h}] {ctx}: got {g}, want {w}");
+                    }
+                }
+                (None, None) => {}
+                _ => panic!("{ctx}: dsinks with sinks only"),
+            }
+            // Into buffers in flash-attn's layout that hold NaN: every element written, the same bits.
+            let nan =
+                |x: &Array3<f32>| Array3::from_elem((x.shape()[1], x.shape()[0], x.shape()[2]), f32::NAN);
+            let (mut dq, mut dk, mut dv) = (nan(&self.q), nan(&self.k), nan(&self.v));
+            let mut dsinks = Array1::from_elem(heads, f32::NAN);
+            let into = GradientsMut::new(
+                heads_first_mut(&mut dq),
+                heads_first_mut(&mut dk),
+                heads_first_mut(&mut dv),
+            );
+            let into = if got.dsinks.is_some() { into.with_dsinks(dsinks.view_mut()) } else { into };
+            qkv::varlen_attention_backward_into(q, k, v, qo, ko, &forward, d_out.view(), &o, into).unwrap();
+            assert_eq!(got.dq, dq.permuted_axes([1, 0, 2]), "{ctx}: dq into a buffer");
+            assert_eq!(got.dk, dk.permuted_axes([1, 0, 2]), "{ctx}: dk into a buffer");
+            assert_eq!(got.dv, dv.permuted_axes([1, 0, 2]), "{ctx}: dv into a buffer");
+            if let Some(got) = &got.dsinks {
+                assert_eq!(got, dsinks, "{ctx}: dsinks into a buffer");
+            }
+        }
+    }
+}
+
 #[test]
 fn every_sequence_matches_the_reference_on_its_own_rows() {
     let mut rng = ChaCha8Rng::seed_from_u64(31);
@@ -231,6 +375,99 @@ fn decoding_steps_take_a_sequences_heads_in_turn_with_the_bits_each_gets_alone()
             }
         });
     }
+}
+
+#[test]
+fn the_backward_of_every_sequence_matches_the_reference_on_its_own_rows() {
+    let mut rng = ChaCha8Rng::seed_from_u64(42);
+    // n = 1, lengths no multiple of a tile or a key block (128), more queries than keys, and
+    // sequences without queries or without keys.
+    let batches: [&[(usize, usize)]; 3] =
+        [&[(1, 1)], &[(3, 5), (1, 17), (0, 4), (70, 70), (2, 0), (1, 129)], &[(0, 0), (49, 33), (5, 2)]];
+    for (n, lengths) in batches.iter().enumerate() {
+        for (heads, dims) in [((1, 1), (8, 8)), ((4, 2), (16, 5)), ((6, 1), (3, 12))] {
+            let packed = Packed::random(&mut rng, lengths, heads, dims);
+            let what = format!("batch {n}, heads {heads:?}, dims {dims:?}");
+            let default_scale = 1.0 / (dims.0 as f64).sqrt();
+            packed.check_backward(&format!("{what} plain"), default_scale, |_| AttentionOptions::new());
+            packed.check_backward(&format!("{what} causal"), default_scale, |_| {
+                AttentionOptions::new().causal(CausalMask::BottomRight)
+            });
+            packed.check_backward(&format!("{what} top-left causal, window"), default_scale, |_| {
+                AttentionOptions::new().causal(CausalMask::TopLeft).sliding_window(SlidingWindow::new(3, 0))
+            });
+            packed.check_backward(&format!("{what} scale and cap"), 0.9, |_| {
+                AttentionOptions::new().scale(0.9).logit_softcap(2.0)
+            });
+        }
+    }
+    // ALiBi per head and per sequence (flash-attn's symmetric form), and sinks, whose gradient
+    // sums over every sequence; the sequence of two queries and no keys adds nothing to it.
+    let lengths = [(2, 7), (1, 40), (6, 6), (2, 0), (30, 50)];
+    let packed = Packed::random(&mut rng, &lengths, (4, 2), (8, 8));
+    let scale = 1.0 / 8f64.sqrt();
+    let shared = qkv::alibi_slopes::<f32>(4);
+    packed.check_backward("ALiBi per head", scale, |head| {
+        let o = AttentionOptions::new().causal(CausalMask::BottomRight);
+        match head {
+            None => o.alibi(Alibi::new(&shared)),
+            Some((_, h)) => o.alibi(Alibi::new(&shared[h..h + 1])),
+        }
+    });
+    let sinks = [0.5_f32, -1.0, 2.0, f32::NEG_INFINITY];
+    packed.check_backward("sinks, causal", scale, |head| {
+        let o = AttentionOptions::new().causal(CausalMask::BottomRight);
+        match head {
+            None => o.sinks(&sinks),
+            Some((_, h)) => o.sinks(&sinks[h..h + 1]),
+        }
+    });
+    let per_sequence = Array2::from_shape_fn((5, 4), |(i, h)| 0.1 * (i + 1) as f32 + 0.05 * h as f32);
+    packed.check_backward("per sequence and head, symmetric", scale, |head| match head {
+        None => AttentionOptions::new().alibi(Alibi::batched(per_sequence.view()).symmetric()),
+        Some((i, h)) => AttentionOptions::new()
+            .alibi(Alibi::batched(per_sequence.slice(s![i..i + 1, h..h + 1])).symmetric()),
+    });
+    // Scores near 1e6 in one sequence: weights of exactly 0 and 1 beside ordinary ones.
+    let mut huge = Packed::random(&mut rng, &[(3, 4), (20, 130)], (2, 1), (4, 4));
+    huge.q.slice_mut(s![.., 3.., ..]).mapv_inplace(|x| x * 1e3);
+    huge.k.slice_mut(s![.., 4.., ..]).mapv_inplace(|x| x * 1e3);
+    huge.check_backward("huge scores", 0.5, |_| AttentionOptions::new());
+}
+
+#[test]
+fn the_backward_names_what_does_not_fit_by_its_packed_index() {
+    let mut rng = ChaCha8Rng::seed_from_u64(43);
+    let packed = Packed::random(&mut rng, &[(2, 3), (3, 2)], (2, 1), (4, 4));
+    let (q, k, v) = (packed.q.view(), packed.k.view(), packed.v.view());
+    let (qo, ko) = (packed.query_offsets.as_slice(), packed.key_offsets.as_slice());
+    let options = AttentionOptions::new();
+    let forward = packed.run(&options).unwrap();
+    let backward = |d_out: ArrayView3<f32>, forward: &qkv::PartialAttention<f32, ndarray::Ix3>| {
+        qkv::varlen_attention_backward(q, k, v, qo, ko, forward, d_out, &options).unwrap_err().to_string()
+    };
+    let mut d_out = Array3::<f32>::ones((2, 5, 4));
+    d_out[[1, 3, 2]] = f32::NAN;
+    assert!(backward(d_out.view(), &forward).starts_with("d_output[1, 3, 2] is NaN"));
+    let error = backward(Array3::ones((2, 5, 3)).view(), &forward);
+    assert!(error.starts_with("d_output has shape [2, 5, 3]"), "{error}");
+    let mut saved = forward.clone();
+    saved.logsumexp[[0, 4]] = f32::INFINITY;
+    let error = backward(Array3::ones((2, 5, 4)).view(), &saved);
+    assert!(error.starts_with("logsumexp[0, 4] is inf"), "{error}");
+    let error =
+        qkv::varlen_attention_backward(q, k, v, &[0, 2, 5], &[0, 5], &forward, d_out.view(), &options)
+            .unwrap_err();
+    assert!(matches!(error, AttentionError::PackedOffsetCounts { .. }), "{error}");
+    // A packed call has no bias, so no bias gradient.
+    let (mut dq, mut dk, mut dv) = (packed.q.clone(), packed.k.clone(), packed.v.clone());
+    let mut dbias = Array3::<f32>::zeros((2, 5, 5));
+    let into = GradientsMut::new(dq.view_mut(), dk.view_mut(), dv.view_mut()).with_dbias(dbias.view_mut());
+    let d_out = Array3::<f32>::ones((2, 5, 4));
+    let error = qkv::varlen_attention_backward_into(q, k, v, qo, ko, &forward, d_out.view(), &options, into)
+        .unwrap_err()
+        .to_string();
+    assert!(error.starts_with("a packed (varlen) call takes no dbias option"), "{error}");
 }
 
 #[test]
