@@ -185,6 +185,9 @@ fn render_body(
     // The search entries: the text before the first heading belongs to the title's.
     let mut entries: Vec<search::Entry> = vec![search::Entry::default()];
     let mut in_heading = false;
+    // The heading tables fall under, and how many have so far: a table's name for a screen
+    // reader's list of regions (a page's dozen tables were each "Table").
+    let (mut section, mut tables) = (String::new(), 0);
     let mut i = 0;
     while i < events.len() {
         let (event, _) = &events[i];
@@ -254,7 +257,9 @@ fn render_body(
             }
             // A wide table scrolls inside its own box, never the page.
             Event::Start(Tag::Table(_)) => {
-                out.push(Event::Html(scroll_box("Table").into()));
+                tables += 1;
+                let name = bold_lead(&events, i - 1).unwrap_or_else(|| format!("{section}, table {tables}"));
+                out.push(Event::Html(scroll_box(&name).into()));
                 out.push(event.clone());
             }
             Event::End(TagEnd::Table) => {
@@ -278,6 +283,7 @@ fn render_body(
                 }
                 let id = if *level == HeadingLevel::H1 { None } else { Some(CowStr::from(slug(&title))) };
                 in_heading = true;
+                (section, tables) = (title.clone(), 0);
                 if *level == HeadingLevel::H1 {
                     entries[0].title = title.clone();
                 } else {
@@ -309,6 +315,28 @@ fn render_body(
         html.insert_str(at, &contents_list(&contents));
     }
     (html, entries)
+}
+
+/// The text of the paragraph ending just before event `at` if it is all bold, as the generated
+/// tables title themselves (`**$W_q$**`, `**Step 2**`): a table's name. Math keeps its TeX.
+fn bold_lead(events: &[(Event<'_>, std::ops::Range<usize>)], at: usize) -> Option<String> {
+    let before = |j: usize| j.checked_sub(1).map(|j| (j, &events[j].0));
+    let (j, Event::End(TagEnd::Paragraph)) = before(at)? else { return None };
+    let (mut j, Event::End(TagEnd::Strong)) = before(j)? else { return None };
+    let mut parts = Vec::new();
+    loop {
+        let (k, event) = before(j)?;
+        j = k;
+        match event {
+            Event::Text(t) | Event::Code(t) | Event::InlineMath(t) => parts.push(t.to_string()),
+            Event::SoftBreak => parts.push(" ".into()),
+            Event::Start(Tag::Strong) => break,
+            _ => return None,
+        }
+    }
+    let (_, Event::Start(Tag::Paragraph)) = before(j)? else { return None };
+    parts.reverse();
+    Some(parts.concat())
 }
 
 /// Punctuation that must not start a line (closing) or end one (opening) beside math.

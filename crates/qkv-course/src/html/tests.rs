@@ -31,6 +31,52 @@ fn math_becomes_mathml_and_citations_become_spans() {
     assert!(!page.contains("qkv dot"), "declarations are data, not prose: {page}");
 }
 
+/// Each table's scrolling region is named apart, for a screen reader's list of regions: by its
+/// bold title where the table has one, else by its heading and its place under it.
+#[test]
+fn every_table_region_has_a_name_of_its_own() {
+    let page = page_for(concat!(
+        "# Tables
+
+| a |
+|--|
+| 1 |
+
+## Two here
+
+| b |
+|--|
+| 2 |
+
+| c |
+|--|
+| 3 |
+
+",
+        "**$W_q$, the weights**
+
+| d |
+|--|
+| 4 |
+
+Some **bold** text.
+
+| e |
+|--|
+| 5 |
+",
+    ));
+    let names: Vec<&str> = page
+        .split("role=\"region\" aria-label=\"")
+        .skip(1)
+        .map(|rest| rest.split('"').next().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["Tables, table 1", "Two here, table 1", "Two here, table 2", "W_q, the weights", "Two here, table 4"]
+    );
+}
+
 /// A line never starts with the punctuation after a formula, nor ends with the bracket before it.
 #[test]
 fn punctuation_stays_with_its_formula() {
