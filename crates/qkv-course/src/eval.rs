@@ -32,9 +32,29 @@ pub(crate) struct AttentionInputs {
     pub mask: Option<Mask>,
     /// Key lengths, padding, a window and ALiBi, as the engine takes them.
     pub limits: Limits,
-    pub scale: Option<f64>,
+    /// What multiplies the scores, if not the default `1/√d_k`.
+    pub scale: Option<ScoreScale>,
     /// The embeddings and projections the queries, keys and values came from, if they did.
     pub projection: Option<Projection>,
+}
+
+/// What multiplies an example's scores in place of the default `1/√d_k`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum ScoreScale {
+    /// A scale as the author gave it.
+    Given(f64),
+    /// A temperature `T`: `1/(T·√d_k)`, for whatever `d_k` the example's keys have.
+    Temperature(f64),
+}
+
+impl ScoreScale {
+    /// The multiplier for keys `d_k` wide.
+    pub(crate) fn for_width(self, d_k: usize) -> f64 {
+        match self {
+            ScoreScale::Given(scale) => scale,
+            ScoreScale::Temperature(t) => 1.0 / (t * (d_k as f64).sqrt()),
+        }
+    }
 }
 
 /// What an example's queries, keys and values were projected from: `Q = X_q W_q`,
@@ -86,7 +106,7 @@ impl AttentionInputs {
             options = options.alibi(qkv::Alibi::new(std::slice::from_ref(slope)));
         }
         if let Some(s) = self.scale {
-            options = options.scale(s);
+            options = options.scale(s.for_width(self.keys.first().map_or(0, Vec::len)));
         }
         if self.mask == Some(Mask::Causal) {
             options = options.causal(qkv::CausalMask::BottomRight);
@@ -734,7 +754,20 @@ impl<'d> Evaluator<'d> {
             inputs.limits.alibi = Some(f.value);
         }
         if let Some(s) = &a.scale {
-            inputs.scale = Some(s.value);
+            inputs.scale = Some(ScoreScale::Given(s.value));
+        }
+        if let Some(t) = &a.temperature {
+            if !(t.value > 0.0 && t.value.is_finite()) {
+                self.fail(
+                    decl,
+                    t.at,
+                    format!("`temperature` is {}: a temperature is a positive number", t.value),
+                    String::new(),
+                    "a positive number: below 1 sharpens the weights, above 1 flattens them",
+                );
+                return None;
+            }
+            inputs.scale = Some(ScoreScale::Temperature(t.value));
         }
         if self.problems.len() > n {
             return None;
@@ -778,9 +811,11 @@ impl<'d> Evaluator<'d> {
                     let fields: &[&str] = match o.key {
                         None => &["values", "x", "x_kv", "w_v"],
                         Some(_) if q_max >= largest(inputs.keys.iter().flatten()) => {
-                            &["queries", "keys", "x", "x_q", "x_kv", "w_q", "w_k", "scale"]
+                            &["queries", "keys", "x", "x_q", "x_kv", "w_q", "w_k", "scale", "temperature"]
                         }
-                        Some(_) => &["keys", "queries", "x", "x_kv", "x_q", "w_k", "w_q", "scale"],
+                        Some(_) => {
+                            &["keys", "queries", "x", "x_kv", "x_q", "w_k", "w_q", "scale", "temperature"]
+                        }
                     };
                     let expected = match o.key {
                         None => {
@@ -1051,6 +1086,7 @@ fn blame(decl: &Decl, a: &AttentionDecl, fields: &[&str]) -> usize {
             "w_k" => matrix(&a.w_k),
             "w_v" => matrix(&a.w_v),
             "scale" => a.scale.as_ref().map(|f| f.at),
+            "temperature" => a.temperature.as_ref().map(|f| f.at),
             _ => None,
         })
         .or(a.from.as_ref().map(|f| f.at))
@@ -1143,7 +1179,15 @@ pub(crate) fn attention_node(inputs: &AttentionInputs, result: &Result<Attention
     match result {
         Err(e) => fields.push(("error", Node::Text(e.clone()))),
         Ok(r) => {
-            fields.push(("scale", Node::Number(r.traces.first().map_or(f64::NAN, |t| t.scale))));
+            let scale = r.traces.first().map_or(f64::NAN, |t| t.scale);
+            fields.push(("scale", Node::Number(scale)));
+            // The temperature as given, or the one a given scale amounts to: `1/(scale·√d_k)`.
+            let temperature = match inputs.scale {
+                None => 1.0,
+                Some(ScoreScale::Temperature(t)) => t,
+                Some(ScoreScale::Given(_)) => 1.0 / (scale * d_k.sqrt()),
+            };
+            fields.push(("temperature", Node::Number(temperature)));
             fields.push(("scores", matrix_node(&ql, &kl, &r.scores)));
             fields.push(("weights", matrix_node(&ql, &kl, &r.weights)));
             fields.push((

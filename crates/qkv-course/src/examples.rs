@@ -86,6 +86,8 @@ pub(crate) struct AttentionDecl {
     /// Where each query may look, beside `mask`: the engine's other masks.
     pub limits: DeclaredLimits,
     pub scale: Option<Field<f64>>,
+    /// A temperature `T` in place of `scale`: the scores are multiplied by `1/(T·√d_k)`.
+    pub temperature: Option<Field<f64>>,
     pub expect_error: bool,
 }
 
@@ -273,6 +275,7 @@ const KINDS: &[(&str, &[&str])] = &[
             "window",
             "alibi",
             "scale",
+            "temperature",
             "expect_error",
         ],
     ),
@@ -390,6 +393,7 @@ pub(crate) const ATTENTION_FIELDS: &[&str] = &[
     "d_k",
     "sqrt_d_k",
     "scale",
+    "temperature",
     "scores",
     "weights",
     "output",
@@ -639,9 +643,21 @@ pub(crate) fn parse(doc: usize, block: &Block) -> Result<Decl, Vec<Problem>> {
                     alibi: get("alibi").and_then(|v| reader.number(v)),
                 },
                 scale: get("scale").and_then(|v| reader.number(v)),
+                temperature: get("temperature").and_then(|v| reader.number(v)),
                 expect_error: get("expect_error").and_then(|v| reader.boolean(v)).unwrap_or(false),
             };
             projection_problems(&mut reader, &table);
+            if get("scale").is_some()
+                && let Some((key, _)) = table.get_key_value("temperature")
+            {
+                // Both set the scores' multiplier: one of the two would silently win.
+                reader.problem(
+                    key.span().start,
+                    "attention example has both `scale` and `temperature`, which both set what multiplies the scores",
+                    first_line(reader.block.content.get(key.span().start..).unwrap_or("")),
+                    "one of them: `temperature = T` multiplies the scores by 1/(T·√d_k), `scale` by its own value",
+                );
+            }
             // Only a missing field: one that is present but invalid has its own error already.
             let projected = ["x", "x_q", "x_kv"].iter().any(|name| get(name).is_some());
             if get("from").is_none() && !projected {

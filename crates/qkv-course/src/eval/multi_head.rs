@@ -5,8 +5,8 @@
 use ndarray::Array2;
 
 use super::{
-    AttentionInputs, AttentionResult, Computed, Evaluator, MultiHeadResult, Projection, Record, array,
-    attention_node, compute, labels, negative_slope, overflow, rows_node,
+    AttentionInputs, AttentionResult, Computed, Evaluator, MultiHeadResult, Projection, Record, ScoreScale,
+    array, attention_node, compute, labels, negative_slope, overflow, rows_node,
 };
 use crate::examples::{Decl, Field, HeadKv, Input, Limits, MultiHeadDecl};
 use crate::limits;
@@ -129,7 +129,7 @@ impl Evaluator<'_> {
                     window: m.limits.window.as_ref().map(|f| f.value),
                     alibi: head.alibi.as_ref().map(|f| f.value),
                 },
-                scale: m.scale.as_ref().map(|f| f.value),
+                scale: m.scale.as_ref().map(|f| ScoreScale::Given(f.value)),
                 projection: Some(Projection { x_q: x.clone(), x_kv: None, w_q, w_k, w_v }),
             };
             let result = match compute(&inputs) {

@@ -73,7 +73,13 @@ Some **bold** text.
         .collect();
     assert_eq!(
         names,
-        ["Tables, table 1", "Two here, table 1", "Two here, table 2", "W_q, the weights", "Two here, table 4"]
+        [
+            "Tables, table 1",
+            "Two here, table 1",
+            "Two here, table 2",
+            "W_q, the weights",
+            "Two here, table 4"
+        ]
     );
 }
 

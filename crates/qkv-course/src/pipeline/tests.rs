@@ -465,7 +465,11 @@ Under the causal mask "le" gives "down" [?](=causal.le.weights.down:0) and "chat
 
 /// Softmax attention of one query by hand, independent of the engine: weights and output.
 fn by_hand(q: &[f64], keys: &[&[f64]], values: &[&[f64]]) -> (Vec<f64>, Vec<f64>) {
-    let scale = 1.0 / (q.len() as f64).sqrt();
+    by_hand_scaled(q, keys, values, 1.0 / (q.len() as f64).sqrt())
+}
+
+/// [`by_hand`] with the scores multiplied by `scale`.
+fn by_hand_scaled(q: &[f64], keys: &[&[f64]], values: &[&[f64]], scale: f64) -> (Vec<f64>, Vec<f64>) {
     let scores: Vec<f64> =
         keys.iter().map(|k| q.iter().zip(*k).map(|(a, b)| a * b).sum::<f64>() * scale).collect();
     let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -981,4 +985,55 @@ fn the_guide_s_recipes_build_and_say_what_the_build_does() {
     assert_eq!([0.25, 0.75, 0.5, 1.5].map(|x| whole.apply(x)), ["0", "1", "0", "2"]);
     assert!(GUIDE.contains("`:0` to `:12`"));
     assert!(crate::format::Format::parse("12").is_some() && crate::format::Format::parse("13").is_none());
+}
+
+/// A temperature `T` multiplies the scores by `1/(T·√d_k)`, for the width of the example's own
+/// keys (an example made `from` it with wider keys keeps `T`, not the number); a `scale` given
+/// later replaces it; every example's record cites the temperature its scale amounts to.
+#[test]
+fn a_temperature_scales_the_scores_by_one_over_t_root_d_k() {
+    let lesson = r#"# T
+
+```qkv attention
+id = "warm"
+tokens = ["I", "love", "NLP"]
+queries = [[1, 0], [0, 1], [1, 1]]
+keys = [[1, 0], [0, 1], [1, 1]]
+values = [[2], [6], [4]]
+temperature = 2
+```
+
+```qkv attention
+id = "wide"
+from = "warm"
+queries = [[1, 0, 1], [0, 1, 0], [1, 1, 1]]
+keys = [[1, 0, 1], [0, 1, 0], [1, 1, 1]]
+```
+
+```qkv attention
+id = "plain"
+from = "warm"
+scale = 1
+```
+
+At [?](=warm.temperature:1) "love" weighs itself [?](=warm.love.weights.love:4) with output [?](=warm.love.output:4); [?](=wide.love.weights.love:4) three wide at [?](=wide.temperature:1); scale [?](=plain.scale:1) is a temperature of [?](=plain.temperature:4).
+"#;
+    let built = build(&one_file(lesson)).unwrap_or_else(|e| panic!("{e}"));
+    let text = &built.markdown[0].text;
+    let (k2, v): ([&[f64]; 3], [&[f64]; 3]) =
+        ([&[1.0, 0.0], &[0.0, 1.0], &[1.0, 1.0]], [&[2.0], &[6.0], &[4.0]]);
+    let (warm, warm_out) = by_hand_scaled(&[0.0, 1.0], &k2, &v, 1.0 / (2.0 * 2f64.sqrt()));
+    let k3: [&[f64]; 3] = [&[1.0, 0.0, 1.0], &[0.0, 1.0, 0.0], &[1.0, 1.0, 1.0]];
+    let (wide, _) = by_hand_scaled(&[0.0, 1.0, 0.0], &k3, &v, 1.0 / (2.0 * 3f64.sqrt()));
+    // At the default scale the weight would differ: the test tells the two apart.
+    let (default, _) = by_hand(&[0.0, 1.0], &k2, &v);
+    assert!((default[1] - warm[1]).abs() > 1e-3);
+    let cited = format!(
+        "At [2.0](=warm.temperature:1) \"love\" weighs itself [{:.4}](=warm.love.weights.love:4) with output [{:.4}](=warm.love.output:4); [{:.4}](=wide.love.weights.love:4) three wide at [2.0](=wide.temperature:1); scale [1.0](=plain.scale:1) is a temperature of [{:.4}](=plain.temperature:4).",
+        warm[1],
+        warm_out[0],
+        wide[1],
+        1.0 / 2f64.sqrt(),
+    );
+    assert!(text.contains(&cited), "{cited}\n{text}");
 }
