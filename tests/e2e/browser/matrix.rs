@@ -66,6 +66,13 @@ fn the_matrix_shows_the_engines_weights_and_opens_each_rows_steps() {
             (number(&shown) - engine).abs() <= half_unit + 1e-12,
             "row-sum {row} shows {shown}, the engine says {engine:.6}"
         );
+        // Each row's output beside its weights, as the lesson's weights table shows it.
+        let cell = format!("{root} [data-qkv-readout=\"output:{row}\"]");
+        let shown = b.text(&cell);
+        assert!(
+            (number(&shown) - output).abs() <= half_unit + 1e-12,
+            "output {row} shows {shown}, the engine says {output:.6}"
+        );
     }
     b.screenshot_of(&root, &screenshot_path("attention-1280-matrix-rows-open"));
     b.assert_clean("the attention matrix");

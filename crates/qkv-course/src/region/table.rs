@@ -200,15 +200,18 @@ pub(super) fn matrix_table(
             );
         }
         if with_sum {
-            let output: Vec<String> =
-                result.output.row(i).iter().map(|&x| crate::format::fixed(x, digits)).collect();
-            let output =
-                if output.len() == 1 { output[0].clone() } else { format!("({})", output.join(", ")) };
+            let output = output_cell(result, i, digits);
             let _ = write!(out, " {} | {output} |", crate::format::fixed(m.row(i).sum(), digits));
         }
         out.push('\n');
     }
     out
+}
+
+/// Query `i`'s output as a table cell: a number, or a tuple when values are wider than one.
+pub(super) fn output_cell(result: &AttentionResult, i: usize, digits: usize) -> String {
+    let output: Vec<String> = result.output.row(i).iter().map(|&x| crate::format::fixed(x, digits)).collect();
+    if output.len() == 1 { output[0].clone() } else { format!("({})", output.join(", ")) }
 }
 
 /// A decoded example, a row per token: whether it came with the prompt or was decoded, how many

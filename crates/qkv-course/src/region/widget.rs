@@ -585,7 +585,7 @@ fn matrix(
     for c in &cols {
         let _ = write!(html, "<th scope=\"col\">{}</th>", escape(c));
     }
-    html.push_str("<th scope=\"col\">row sum</th></tr></thead>\n<tbody>\n");
+    html.push_str("<th scope=\"col\">row sum</th><th scope=\"col\">output</th></tr></thead>\n<tbody>\n");
     for (i, r) in rows.iter().enumerate() {
         let r = escape(r);
         let _ = write!(html, "<tr data-qkv-row=\"{r}\"><th scope=\"row\">{r}</th>");
@@ -602,8 +602,9 @@ fn matrix(
         }
         let _ = writeln!(
             html,
-            "<td data-qkv-readout=\"row-sum:{r}\">{}</td></tr>",
-            fixed(result.weights.row(i).sum(), digits)
+            "<td data-qkv-readout=\"row-sum:{r}\">{}</td><td data-qkv-readout=\"output:{r}\">{}</td></tr>",
+            fixed(result.weights.row(i).sum(), digits),
+            table::output_cell(result, i, digits)
         );
     }
     html.push_str("</tbody>\n</table></div>\n");
