@@ -126,11 +126,52 @@ def test_bad_packed_calls_raise_errors_that_name_the_argument():
     bad[3, 1, 2] = math.nan
     with pytest.raises(ValueError, match=r"^value\[3, 1, 2\] is NaN"):
         qkv.varlen_attention(q, k, bad.requires_grad_(), cu_q, cu_k)
-    out = qkv.varlen_attention(q, k, v, cu_q, cu_k)
-    with pytest.raises(ValueError, match=r"^grad_out\[4, 2, 5\] is NaN"):
-        grad = torch.zeros_like(out)
-        grad[4, 2, 5] = math.nan
-        out.backward(grad)
+    with pytest.raises(ValueError, match=r"^query and key have widths 8 and 7: they need the same \(query \(5, 4, 8\), "
+                       r"key \(5, 2, 7\), value \(5, 2, 6\)\)"):
+        qkv.varlen_attention(q, k[..., :7], v, cu_q, cu_k)
+    with pytest.raises(ValueError, match=r"^query has 4 heads and key 3: the key/value heads must divide"):
+        qkv.varlen_attention(q, k[:, [0, 1, 1]], v[:, [0, 1, 1]], cu_q, cu_k)
+    with pytest.raises(ValueError, match=r"^key and value need the same shape but for their width"):
+        qkv.varlen_attention(q, k, v[:4], cu_q, cu_k)
+    for offsets in (torch.tensor([0.0, 2.0, 5.0]), np.array([0.0, 2.0, 5.0])):
+        with pytest.raises(ValueError, match=r"^cu_seqlens_q has dtype .*float.*: offsets are integers"):
+            qkv.varlen_attention(q, k, v, offsets, cu_k)
+    with torch.no_grad():
+        with pytest.raises(ValueError, match=r"^cu_seqlens_q has dtype .*float.*: offsets are integers"):
+            qkv.varlen_attention(q, k, v, torch.tensor([0.0, 2.0, 5.0]), cu_k)
+
+
+def test_a_gradient_that_is_not_finite_gives_gradients_of_nan():
+    """An overflow in the incoming gradient (what a GradScaler looks for in the gradients it gets
+    back) propagates as NaN, as PyTorch's own backward propagates it, rather than raise."""
+    q, k, v, cu_q, cu_k = packed(Q_LENS, K_LENS, torch.float16)
+    inputs = [t.requires_grad_() for t in (q, k, v)]
+    out, lse = qkv.varlen_attention(*inputs, cu_q, cu_k, is_causal=True, return_lse=True)
+    grad = torch.zeros_like(out)
+    grad[4, 2, 5] = math.inf
+    out.backward(grad, retain_graph=True)
+    assert all(torch.isnan(t.grad).all() for t in inputs)
+    for t in inputs:
+        t.grad = None
+    lse.backward(torch.full_like(lse, math.nan))
+    assert all(torch.isnan(t.grad).all() for t in inputs[:2])
+    # Dense attention too, and its sinks' gradient.
+    sinks = torch.zeros(4, requires_grad=True)
+    dense = [t.detach().transpose(0, 1)[:, :5].requires_grad_() for t in (q, k, v)]
+    out = qkv.scaled_dot_product_attention(*dense, sinks=sinks, enable_gqa=True)
+    out.backward(torch.full_like(out, math.nan))
+    assert all(torch.isnan(t.grad).all() for t in [*dense, sinks])
+
+
+def test_there_is_no_double_backward_and_the_error_says_so():
+    q, k, v, cu_q, cu_k = packed(Q_LENS, K_LENS)
+    q.requires_grad_()
+    for call in (lambda: qkv.varlen_attention(q, k, v, cu_q, cu_k),
+                 lambda: qkv.scaled_dot_product_attention(q.transpose(0, 1)[:, :5], k.transpose(0, 1)[:, :5],
+                                                          v.transpose(0, 1)[:, :5], enable_gqa=True)):
+        (grad,) = torch.autograd.grad(call().square().sum(), q, create_graph=True)
+        with pytest.raises(RuntimeError, match="qkv's attention backward has no backward of its own"):
+            grad.sum().backward()
 
 
 def flash_attn_reference(q, k, v, cu_q, cu_k, scale, causal, window, softcap, slopes):
@@ -215,6 +256,22 @@ def test_flash_attn_varlen_func_says_what_it_does_not_do():
         call(q, k, v, cu_q, cu_k, 70, 130, window_size=(math.nan, 0))
     with pytest.raises(ValueError, match=r"^softmax_scale is nan"):
         call(q, k, v, cu_q, cu_k, 70, 130, softmax_scale=math.nan)
+    with pytest.raises(ValueError, match=r"^window_size is \(2,\): it is \(left, right\)"):
+        call(q, k, v, cu_q, cu_k, 70, 130, window_size=(2,))
+    # q, k and v by flash-attn's names, shapes as passed; elements by their index in them.
+    with pytest.raises(ValueError, match=r"^q and k have widths 8 and 7: they need the same \(q \(86, 4, 8\), "
+                       r"k \(150, 2, 7\), v \(150, 2, 6\)\)"):
+        call(q, k[..., :7], v, cu_q, cu_k, 70, 130)
+    bad = v.clone()
+    bad[3, 1, 2] = math.nan
+    with pytest.raises(ValueError, match=r"^v\[3, 1, 2\] is NaN"):
+        call(q, k, bad, cu_q, cu_k, 70, 130)
+    with pytest.raises(ValueError, match=r"^q has dtype int64"):
+        call(q.long(), k, v, cu_q, cu_k, 70, 130)
+    with pytest.raises(ValueError, match=r"^q, k and v have dtypes float64, float32 and float64: they need one dtype"):
+        call(q, k.float(), v, cu_q, cu_k, 70, 130)
+    # max_seqlen as a 0-d tensor, as some callers hold it.
+    assert call(q, k, v, cu_q, cu_k, torch.tensor(70), torch.tensor(130)).shape == (86, HEADS, D_V)
 
 
 def packed_formula(q, k, v, cu_q, cu_k, sinks=None, **kwargs):
@@ -344,10 +401,52 @@ def test_a_packed_batch_trains_under_torch_compile():
 def test_the_packed_operators_pass_torch_library_opcheck():
     q, k, v, cu_q, cu_k = packed(Q_LENS, K_LENS)
     sinks = torch.tensor([0.5, -1.0, 2.0, -math.inf], dtype=torch.float64)
-    args = (q.requires_grad_(), k, v, cu_q, cu_k, True, None, [4, 0], qkv.alibi_slopes(HEADS), 1, False, None, sinks)
+    cu_q, cu_k = torch.tensor(cu_q, dtype=torch.int32), torch.tensor(cu_k)
+    slopes = torch.tensor(qkv.alibi_slopes(HEADS))
+    args = (q.requires_grad_(), k, v, cu_q, cu_k, True, None, [4, 0], slopes, 1, False, None, sinks)
     torch.library.opcheck(torch.ops.qkv.varlen_attention.default, args)
     out, lse = torch.ops.qkv.varlen_attention(*args)
     plain = [t.detach() for t in (q, k, v, out, lse)]
     backward_args = (torch.ones_like(out), *plain, *args[3:12], sinks, None)
     torch.library.opcheck(torch.ops.qkv.varlen_attention_backward.default, backward_args)
     torch.library.opcheck(torch.ops.qkv.varlen_attention_backward.default, (*backward_args[:-1], torch.ones_like(lse)))
+
+
+def test_the_backward_takes_the_forwards_layout_whatever_the_offsets_buffer_holds_later():
+    q, k, v, cu_q, cu_k = packed(Q_LENS, K_LENS)
+    cu_q, cu_k = torch.tensor(cu_q, dtype=torch.int32), torch.tensor(cu_k, dtype=torch.int32)
+    inputs = [t.requires_grad_() for t in (q, k, v)]
+    qkv.varlen_attention(*inputs, cu_q, cu_k, is_causal=True).square().sum().backward()
+    want = [t.grad.clone() for t in inputs]
+    for t in inputs:
+        t.grad = None
+    out = qkv.varlen_attention(*inputs, cu_q, cu_k, is_causal=True)
+    # The next batch's offsets written into the same buffers before the backward.
+    cu_q.copy_(torch.tensor([0, 1, 2, 3, 4, 5, 86])), cu_k.copy_(torch.tensor([0, 1, 2, 3, 4, 5, 150]))
+    out.square().sum().backward()
+    assert all(torch.equal(t.grad, w) for t, w in zip(inputs, want))
+
+
+def test_packed_calls_compile_with_offsets_as_tensors():
+    """flash-attn's callers hold cu_seqlens as int32 tensors: under torch.compile(fullgraph=True)
+    the operator reads them only when it runs, so one graph serves packed batches of any layout
+    (as many sequences as they like), its ALiBi slopes a tensor too; forward and backward as eager."""
+    torch._dynamo.reset()
+    slopes = torch.tensor(qkv.alibi_slopes(HEADS))
+
+    def step(q, k, v, cu_q, cu_k):
+        out, lse, _ = qkv.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 300, 300, causal=True, alibi_slopes=slopes,
+                                                 return_attn_probs=True)
+        return out.square().sum() + lse.sum()
+
+    compiled = torch.compile(step, fullgraph=True)
+    for lens in ([3, 1, 7], [5, 9], [1, 2, 3, 4, 5], [20], [4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4]):
+        q, k, v, cu, _ = packed(lens, lens)
+        cu = torch.tensor(cu, dtype=torch.int32)
+        grads = []
+        for run in (step, compiled):
+            inputs = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+            run(*inputs, cu, cu).backward()
+            grads.append([t.grad for t in inputs])
+        for got, want in zip(*grads):
+            assert (got - want).abs().max().item() <= 1e-10, lens

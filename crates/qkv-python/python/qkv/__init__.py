@@ -135,7 +135,10 @@ def scaled_dot_product_attention(
       mean of the values, or an empty output);
     - ``dropout_p`` other than 0 raises ``ValueError``: qkv has no dropout;
     - ``attn_mask`` together with ``is_causal`` raises ``ValueError`` (as PyTorch does);
-    - keys and values that some query sees must be finite (``ValueError`` naming the element).
+    - keys and values that some query sees must be finite (``ValueError`` naming the element);
+      a gradient coming back that is not finite gives gradients of NaN, as PyTorch's does;
+    - there is no double backward: a second derivative through qkv (``create_graph=True``,
+      ``gradgradcheck``) raises ``RuntimeError`` saying so.
 
     Errors in shapes and arguments raise ``ValueError`` with the engine's message.
     """
@@ -210,11 +213,14 @@ def varlen_attention(
     On torch tensors the output and the logsumexp are differentiable (query, key, value and a
     ``sinks`` tensor that requires grad): the engine's backward runs each sequence over its own
     rows, one sequence after another, and returns the gradients in the inputs' layout and dtype
-    (half precision computed in float32 and rounded once). Under ``torch.compile`` the call is an
-    opaque operator.
+    (half precision computed in float32 and rounded once). An incoming gradient that is not
+    finite (the overflow a ``GradScaler`` looks for) gives gradients of NaN, as PyTorch's own
+    backward would; there is no double backward (``create_graph=True`` through it raises when the
+    second backward runs). Under ``torch.compile`` the call is an opaque operator that reads the
+    offsets only when it runs: pass them as integer tensors, as flash-attn's callers do, and one
+    graph serves packed batches of any layout (a list is part of the graph: a new layout
+    recompiles).
     """
-    if alibi_slopes is not None:
-        alibi_slopes = _core.per_head("alibi_slopes", "slopes", alibi_slopes, query.shape[1])
     options = (is_causal, scale, sliding_window, alibi_slopes, softcap, sinks)
     return _varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, options, return_lse)
 
@@ -224,13 +230,23 @@ def _varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, options, with_lse):
     is_causal, scale, window, alibi, softcap, sinks = options
     if not _needs_op(query, key, value, None, sinks):
         return _core.varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, options, with_lse)
-    offsets = [_core.offset_list(name, given) for name, given in (("cu_seqlens_q", cu_seqlens_q),
-                                                                 ("cu_seqlens_k", cu_seqlens_k))]
+    torch = sys.modules["torch"]
+    # The operator takes the offsets as tensors, read only when it runs: under torch.compile a
+    # graph then holds any packed layout, as flash-attn's does (a list would be a guard on its
+    # length and values, a recompile for each new number of sequences).
+    offsets = [
+        given if isinstance(given, torch.Tensor) else torch.tensor(_core.offset_list(name, given), dtype=torch.int64)
+        for name, given in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k))
+    ]
+    for name, given in zip(("cu_seqlens_q", "cu_seqlens_k"), offsets):
+        if given.dtype.is_floating_point or given.dtype == torch.bool:
+            raise ValueError(f"{name} has dtype {given.dtype}: offsets are integers (flash-attn takes int32)")
     window = _core.sliding_window(window)
     window = None if window is None else list(window)
     # ALiBi as the operator takes it: slopes, how many rows of them, flash-attn's form or the paper's.
     slopes, sequences, symmetric = alibi if isinstance(alibi, _core.FlashAttnAlibi) else (alibi, 1, False)
-    torch = sys.modules["torch"]
+    if slopes is not None and not isinstance(slopes, torch.Tensor):
+        slopes = torch.as_tensor(slopes, dtype=torch.float64)
     if sinks is not None and not isinstance(sinks, torch.Tensor):
         sinks = torch.as_tensor(sinks, dtype=torch.float64)
     out, lse = _torch_ops().varlen_attention(
@@ -271,29 +287,50 @@ def flash_attn_varlen_func(
     logsumexp of ``-inf`` (flash-attn writes ``+inf``); with ``causal`` and ALiBi flash-attn adds
     ``slope · j``, the same weights, so its logsumexp is larger by ``slope · p`` than this one,
     the logsumexp of the scores as the paper biases them. ``max_seqlen_q`` and ``max_seqlen_k``
-    must be at least the longest sequence's lengths, as flash-attn needs them to be."""
+    must be at least the longest sequence's lengths, as flash-attn needs them to be (not checked
+    under ``torch.compile``, where reading the offsets would break the graph; qkv does not use
+    them)."""
     if dropout_p != 0:
         raise ValueError(f"dropout_p is {dropout_p}: qkv has no dropout (pass 0.0, as flash-attn's inference does)")
     if block_table is not None:
         raise ValueError("block_table: qkv's paged keys and values live in qkv.PagedKvCache, not in block tables")
-    offsets = []
+    torch = sys.modules.get("torch")
+    # Under torch.compile the offsets' values are not read here (that would break the graph):
+    # the lengths are not checked against max_seqlen, which qkv does not use.
+    compiling = torch is not None and torch.compiler.is_compiling()
     for name, given, longest in (("q", cu_seqlens_q, max_seqlen_q), ("k", cu_seqlens_k, max_seqlen_k)):
+        if hasattr(longest, "item") and getattr(longest, "ndim", 1) == 0:
+            longest = longest.item()  # a 0-d tensor
         if not _core.whole(longest):
             raise ValueError(f"max_seqlen_{name} is {longest!r}: it is a whole number, the longest sequence's length")
-        offsets.append(_core.offset_list(f"cu_seqlens_{name}", given))
-        lengths = [b - a for a, b in zip(offsets[-1], offsets[-1][1:])]
+        if compiling:
+            continue
+        offsets = _core.offset_list(f"cu_seqlens_{name}", given)
+        lengths = [b - a for a, b in zip(offsets, offsets[1:])]
         if lengths and max(lengths) > longest:
             raise ValueError(f"max_seqlen_{name} is {longest}, but a sequence of cu_seqlens_{name} has {max(lengths)} "
                              "positions: it is at least the longest sequence's length")
+    if not (isinstance(window_size, (tuple, list)) and len(window_size) == 2):
+        raise ValueError(f"window_size is {window_size!r}: it is (left, right), -1 for no limit on a side")
     left, right = window_size
     window = None if left < 0 and right < 0 else (left, right)
     alibi = None
     if alibi_slopes is not None:
-        alibi = _core.flash_attn_alibi(alibi_slopes, q.shape[1], len(offsets[0]) - 1)
+        sequences = len(cu_seqlens_q) - 1
+        alibi = _core.flash_attn_alibi(alibi_slopes, q.shape[1], sequences)
     options = (causal, softmax_scale, window, alibi, None if softcap == 0 else softcap, None)
-    with _core.named_as_passed({"sliding_window": "window_size", "scale": "softmax_scale"}):
-        result = _varlen(q, k, v, *offsets, options, return_attn_probs)
+    with _core.named_as_passed(_FLASH_NAMES):
+        result = _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, options, return_attn_probs)
     return (*result, None) if return_attn_probs else result
+
+
+# What flash_attn_varlen_func's arguments are called in the errors of the calls it makes: `query`
+# as the subject of a message or an element's name (not in "query heads").
+_FLASH_NAMES = {
+    "sliding_window": "window_size",
+    "scale": "softmax_scale",
+    **{rf"{ours}(?=\[| has| have| and| need| \(|,)": flash for ours, flash in (("query", "q"), ("key", "k"), ("value", "v"))},
+}
 
 
 def merge(out_a, lse_a, out_b, lse_b):

@@ -36,6 +36,9 @@ class _Torch:
     def zeros(self, shape, dtype_name):
         return self.torch.zeros(shape, dtype=getattr(self.torch, dtype_name))
 
+    def full_of_nan(self, shape, dtype_name):
+        return self.torch.full(shape, math.nan, dtype=getattr(self.torch, dtype_name))
+
     def broadcast(self, t, shape):
         return t.expand(shape)
 
@@ -165,7 +168,11 @@ def spec(is_causal, scale, window, alibi, softcap, sinks, heads):
     slope per head, the paper's form, or an ``alibi`` made by ``flash_attn_alibi``."""
     if scale is not None and not math.isfinite(scale):
         raise ValueError(f"scale is {scale}: it must be finite")
-    if not isinstance(alibi, FlashAttnAlibi):
+    if isinstance(alibi, FlashAttnAlibi):
+        values, rows, symmetric = alibi
+        values = values.tolist() if hasattr(values, "tolist") else values
+        alibi = ([float(x) for x in values], rows, symmetric)
+    else:
         slopes = per_head("alibi_slopes", "slopes", alibi, heads)
         alibi = None if slopes is None else (slopes, 1, False)
     return (bool(is_causal), None if scale is None else float(scale), sliding_window(window), alibi,
@@ -173,7 +180,8 @@ def spec(is_causal, scale, window, alibi, softcap, sinks, heads):
 
 
 class FlashAttnAlibi(tuple):
-    """ALiBi as flash-attn applies it, for the extension: ``(slopes, sequences, True)``."""
+    """ALiBi as flash-attn applies it: ``(slopes, sequences, True)``, the slopes flat (a list, or a
+    tensor or an array ``spec`` reads)."""
 
 
 def flash_attn_alibi(alibi_slopes, heads, sequences):
@@ -184,8 +192,11 @@ def flash_attn_alibi(alibi_slopes, heads, sequences):
     if shape not in ((heads,), (sequences, heads)):
         raise ValueError(f"alibi_slopes has shape {shape}: it is ({heads},) or ({sequences}, {heads}), one slope per "
                          "query head, for all sequences or for each")
-    values = alibi_slopes.tolist() if hasattr(alibi_slopes, "tolist") else list(alibi_slopes)
-    flat = [float(x) for row in values for x in (row if isinstance(row, list) else [row])]
+    if hasattr(alibi_slopes, "reshape"):
+        # A tensor or an array, read when the call runs (under torch.compile, inside the operator).
+        flat = alibi_slopes.reshape(-1)
+    else:
+        flat = [float(x) for row in alibi_slopes for x in (row if isinstance(row, (list, tuple)) else [row])]
     return FlashAttnAlibi((flat, shape[0] if len(shape) == 2 else 1, True))
 
 
@@ -226,6 +237,9 @@ def sliding_window(window):
 
 def offset_list(argument, offsets):
     """``cu_seqlens`` (a list, an array or a tensor of integers) as a list of ints."""
+    dtype = str(getattr(offsets, "dtype", "int"))
+    if "int" not in dtype:
+        raise ValueError(f"{argument} has dtype {dtype}: offsets are integers (flash-attn takes int32)")
     values = offsets.tolist() if hasattr(offsets, "tolist") else list(offsets)
     if not all(whole(x) and x >= 0 for x in values):
         raise ValueError(f"{argument} is {values}: offsets are whole numbers from 0 to 2**63 - 1")
@@ -242,6 +256,16 @@ class _Packed:
         self.dtype = checked_dtype(xp, (query, key, value), lambda rank: rank == 3,
                                    "a packed batch is [total, heads, d]")
         self.compute = compute_dtype(self.dtype)
+        # Checked here, in the caller's layout: the engine would name its own [1, heads, total, d].
+        qs, ks, vs = (tuple(t.shape) for t in (query, key, value))
+        shapes = _Shapes(qs, ks, vs)
+        if qs[2] != ks[2]:
+            raise ValueError(f"query and key have widths {qs[2]} and {ks[2]}: they need the same {shapes}")
+        if ks[:2] != vs[:2]:
+            raise ValueError(f"key and value need the same shape but for their width {shapes}")
+        if ks[1] == 0 or qs[1] % ks[1]:
+            raise ValueError(f"query has {qs[1]} heads and key {ks[1]}: the key/value heads must divide the query "
+                             f"heads {shapes}")
         self.total_q, self.heads, self.d_v = query.shape[0], query.shape[1], value.shape[2]
         self.q, self.k, self.v = (self.widened(t).swapaxes(0, 1) for t in (query, key, value))
         self.offsets = (offset_list("cu_seqlens_q", cu_seqlens_q), offset_list("cu_seqlens_k", cu_seqlens_k))
@@ -297,12 +321,16 @@ def varlen_backward(query, key, value, cu_seqlens_q, cu_seqlens_k, options, out,
     packed = _Packed(query, key, value, cu_seqlens_q, cu_seqlens_k, options)
     xp = packed.xp
     v, out, grad_out = packed.v, packed.widened(out), packed.widened(grad_out)
-    if grad_lse is not None:
-        g = lse_gradient(xp, lse, packed.widened(grad_lse)).transpose(0, 1)
+    g = None if grad_lse is None else lse_gradient(xp, lse, packed.widened(grad_lse))
+    nan = overflowed(xp, grad_out, g)
+    fill = xp.full_of_nan if nan else xp.zeros
+    if g is not None and not nan:
         v = xp.with_column(v, 0)
-        out, grad_out = xp.with_column(out, 1), xp.with_column(grad_out, -g)
-    dq, dk, dv = (xp.zeros(tuple(t.swapaxes(0, 1).shape), packed.compute) for t in (packed.q, packed.k, v))
-    dsinks = None if packed.spec[5] is None else xp.zeros((packed.heads,), packed.compute)
+        out, grad_out = xp.with_column(out, 1), xp.with_column(grad_out, -g.transpose(0, 1))
+    dq, dk, dv = (fill(tuple(t.swapaxes(0, 1).shape), packed.compute) for t in (packed.q, packed.k, v))
+    dsinks = None if packed.spec[5] is None else fill((packed.heads,), packed.compute)
+    if nan:
+        return packed.narrowed(dq), packed.narrowed(dk), packed.narrowed(dv), dsinks
     heads_first = (lambda t: xp.raw(t.swapaxes(0, 1)))
     with packed.named_as_passed():
         _qkv.varlen_backward(
@@ -423,12 +451,16 @@ class Call:
         q, k, v = (as_compute(t) for t in (self.q, self.k, self.v))
         out, grad_out = (as_compute(self._four(t, *self.out_shape[:2])) for t in (out, grad_out))
         lse = lse.reshape(self.out_shape[:3])
-        if grad_lse is not None:
-            g = lse_gradient(xp, lse, as_compute(grad_lse.reshape(self.out_shape[:3])), self.lead + (self.n_q,))
+        g = None if grad_lse is None else lse_gradient(xp, lse, as_compute(grad_lse.reshape(self.out_shape[:3])))
+        nan = overflowed(xp, grad_out, g)
+        fill = xp.full_of_nan if nan else xp.zeros
+        if g is not None and not nan:
             v, out, grad_out = xp.with_column(v, 0), xp.with_column(out, 1), xp.with_column(grad_out, -g)
-        dq, dk, dv = (xp.zeros(t.shape, compute) for t in (q, k, v))
-        dmask = xp.zeros(self.out_shape[:3] + (self.n_k,), compute) if mask_grad else None
-        dsinks = None if self.sinks is None else xp.zeros((self.out_shape[1],), compute)
+        dq, dk, dv = (fill(t.shape, compute) for t in (q, k, v))
+        dmask = fill(self.out_shape[:3] + (self.n_k,), compute) if mask_grad else None
+        dsinks = None if self.sinks is None else fill((self.out_shape[1],), compute)
+        if nan:
+            return (*(t if compute == self.dtype else xp.cast(t, self.dtype) for t in (dq, dk, dv)), dmask, dsinks)
         raw = (lambda t: None if t is None else xp.raw(t))
         with named_as_passed(SDPA_NAMES):
             _qkv.backward(
@@ -445,24 +477,23 @@ class Call:
         return dq, dk, dv, dmask, dsinks
 
 
-def lse_gradient(xp, lse, g, shape=None):
-    """The logsumexp's gradient ``g`` (torch tensors shaped as ``lse``), checked, as the backward
-    takes it: it reaches the scores as ``dS = P ∘ (dP - (δ - g))``, beside the output's ``δ =
-    rowsum(dO ∘ O)``, the backward's only use of ``O``, so a column of ones in ``O`` against
-    ``-g`` in ``dO``, over a column of zeros in ``V`` (``dP`` unchanged), carries it exactly.
-    Errors name an element by its index in ``shape`` (the caller's logsumexp's; ``lse``'s by
-    default)."""
+def lse_gradient(xp, lse, g):
+    """The logsumexp's gradient ``g`` (torch tensors shaped as ``lse``) as the backward takes it:
+    it reaches the scores as ``dS = P ∘ (dP - (δ - g))``, beside the output's ``δ = rowsum(dO ∘
+    O)``, the backward's only use of ``O``, so a column of ones in ``O`` against ``-g`` in ``dO``,
+    over a column of zeros in ``V`` (``dP`` unchanged), carries it exactly."""
     # A row that sees no key (lse -inf) has no weights for g to reach: a loss that is -inf or NaN
     # there (lse², exp(lse - max)) changes nothing, as autograd's own would.
     torch = xp.torch
-    g = torch.where(torch.isneginf(lse), 0, g)
-    bad = ~torch.isfinite(g).flatten()
-    if bool(bad.any()):
-        first = int(bad.nonzero()[0])
-        index = [int(i) for i in torch.unravel_index(torch.tensor(first), shape or tuple(lse.shape))]
-        raise ValueError(f"grad_lse{index} is {g.flatten()[first].item()}: the logsumexp's gradient must "
-                         "be finite where the row sees a key")
-    return g
+    return torch.where(torch.isneginf(lse), 0, g)
+
+
+def overflowed(xp, *gradients):
+    """Whether an incoming gradient (torch tensors, or None) holds a value that is not finite: an
+    overflow, which a GradScaler looks for in the gradients it gets back. The backward then
+    returns gradients of NaN, as autograd's own propagates it, where the engine would refuse."""
+    torch = xp.torch
+    return any(t is not None and not bool(torch.isfinite(t).all()) for t in gradients)
 
 
 def merge(out_a, lse_a, out_b, lse_b):

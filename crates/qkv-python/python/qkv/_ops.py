@@ -117,9 +117,21 @@ def _backward(ctx, grad_out, grad_lse):
 attention.register_autograd(_backward, setup_context=_setup_context)
 
 
+def _no_second_derivative(ctx, *grads):
+    raise RuntimeError("qkv's attention backward has no backward of its own: there are no second derivatives "
+                       "through qkv (create_graph=True, gradgradcheck, gradient penalties); use PyTorch's SDPA where "
+                       "a double backward is needed")
+
+
+# The backward's own backward, called only by a double backward: an error that says so, where
+# PyTorch's own ("no autograd formula was registered") points at register_autograd.
+attention_backward.register_autograd(_no_second_derivative)
+
+
 def _varlen_options(is_causal, scale, window, alibi, alibi_sequences, alibi_symmetric, softcap, sinks):
     """The options as ``_core.varlen`` takes them, ALiBi rebuilt from the operator's plain
-    arguments: the paper's slopes per head, or flash-attn's form (``_core.FlashAttnAlibi``)."""
+    arguments: the paper's slopes per head, or flash-attn's form (``_core.FlashAttnAlibi``), a
+    tensor read only when the operator runs."""
     if alibi is not None and alibi_symmetric:
         alibi = _core.FlashAttnAlibi((alibi, alibi_sequences, True))
     return (is_causal, scale, window, alibi, softcap, sinks)
@@ -130,12 +142,12 @@ def varlen_attention(
     query: Tensor,
     key: Tensor,
     value: Tensor,
-    cu_seqlens_q: List[int],
-    cu_seqlens_k: List[int],
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
     is_causal: bool,
     scale: Optional[float],
     window: Optional[List[int]],
-    alibi: Optional[List[float]],
+    alibi: Optional[Tensor],
     alibi_sequences: int,
     alibi_symmetric: bool,
     softcap: Optional[float],
@@ -163,12 +175,12 @@ def varlen_attention_backward(
     value: Tensor,
     out: Tensor,
     lse: Tensor,
-    cu_seqlens_q: List[int],
-    cu_seqlens_k: List[int],
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
     is_causal: bool,
     scale: Optional[float],
     window: Optional[List[int]],
-    alibi: Optional[List[float]],
+    alibi: Optional[Tensor],
     alibi_sequences: int,
     alibi_symmetric: bool,
     softcap: Optional[float],
@@ -192,20 +204,28 @@ def _(grad_out, query, key, value, out, lse, cu_seqlens_q, cu_seqlens_k, is_caus
 
 
 def _varlen_setup_context(ctx, inputs, output):
-    query, key, value, *options, sinks = inputs
+    query, key, value, cu_seqlens_q, cu_seqlens_k, is_causal, scale, window, alibi, *rest, sinks = inputs
     out, lse = output
-    ctx.save_for_backward(query, key, value, out, lse, sinks)
-    ctx.options = options
+    # Copies of the offsets and slopes (a few numbers): a caller may refill its offsets' buffer
+    # with the next batch's before this backward runs.
+    layout = [None if t is None else t.clone() for t in (cu_seqlens_q, cu_seqlens_k, alibi)]
+    ctx.save_for_backward(query, key, value, out, lse, *layout, sinks)
+    ctx.options = (is_causal, scale, window), rest
     ctx.sinks_grad = sinks is not None and sinks.requires_grad
     ctx.set_materialize_grads(False)
 
 
 def _varlen_backward(ctx, grad_out, grad_lse):
-    query, key, value, out, lse, sinks = ctx.saved_tensors
+    query, key, value, out, lse, cu_seqlens_q, cu_seqlens_k, alibi, sinks = ctx.saved_tensors
+    (is_causal, scale, window), rest = ctx.options
     if grad_out is None:
         grad_out = torch.zeros_like(out)
-    dq, dk, dv, dsinks = varlen_attention_backward(grad_out, query, key, value, out, lse, *ctx.options, sinks, grad_lse)
+    dq, dk, dv, dsinks = varlen_attention_backward(
+        grad_out, query, key, value, out, lse, cu_seqlens_q, cu_seqlens_k, is_causal, scale, window, alibi, *rest,
+        sinks, grad_lse,
+    )
     return dq, dk, dv, None, None, None, None, None, None, None, None, None, dsinks if ctx.sinks_grad else None
 
 
 varlen_attention.register_autograd(_varlen_backward, setup_context=_varlen_setup_context)
+varlen_attention_backward.register_autograd(_no_second_derivative)
