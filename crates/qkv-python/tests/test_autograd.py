@@ -186,3 +186,21 @@ def test_torch_compile_learns_sinks_through_qkv():
     assert block.sinks.grad.abs().max().item() > 0
     for got, p in zip(want, block.parameters()):
         assert (got - p.grad).abs().max().item() < 1e-5
+
+
+def test_torch_compile_takes_alibi_slopes_as_a_tensor():
+    # Slopes held as a tensor (a buffer of the module) are read only when the operator runs:
+    # torch.compile(fullgraph=True) traces the call, forward and backward as eager.
+    (q, k, v), _ = inputs("plain")
+    slopes = torch.tensor(qkv.alibi_slopes(q.shape[1]))
+
+    def loss(q, k, v):
+        return qkv.scaled_dot_product_attention(q, k, v, is_causal=True, alibi_slopes=slopes).square().sum()
+
+    grads = []
+    for run in (loss, torch.compile(loss, fullgraph=True)):
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        run(*leaves).backward()
+        grads.append([t.grad for t in leaves])
+    for got, want in zip(*grads):
+        assert (got - want).abs().max().item() <= 1e-12

@@ -75,8 +75,11 @@ def _attend(query, key, value, attn_mask, is_causal, scale, enable_gqa, extensio
     if _needs_op(query, key, value, attn_mask, sinks):
         window = _core.sliding_window(window)
         window = None if window is None else list(window)
-        alibi = None if alibi is None else [float(s) for s in alibi]
         torch = sys.modules["torch"]
+        # The slopes as a tensor, read only when the operator runs (under torch.compile, values
+        # read here would break the graph).
+        if alibi is not None and not isinstance(alibi, torch.Tensor):
+            alibi = torch.as_tensor(alibi, dtype=torch.float64)
         if sinks is not None and not isinstance(sinks, torch.Tensor):
             # The operator takes a tensor (a list or an array has no gradient to return).
             sinks = torch.as_tensor(sinks, dtype=torch.float64)

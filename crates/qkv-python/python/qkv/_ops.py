@@ -22,7 +22,7 @@ def attention(
     scale: Optional[float],
     enable_gqa: bool,
     window: Optional[List[int]],
-    alibi: Optional[List[float]],
+    alibi: Optional[Tensor],
     softcap: Optional[float],
     sinks: Optional[Tensor],
 ) -> Tuple[Tensor, Tensor]:
@@ -61,7 +61,7 @@ def attention_backward(
     scale: Optional[float],
     enable_gqa: bool,
     window: Optional[List[int]],
-    alibi: Optional[List[float]],
+    alibi: Optional[Tensor],
     softcap: Optional[float],
     sinks: Optional[Tensor],
     mask_grad: bool,
@@ -91,10 +91,13 @@ def _(grad_out, query, key, value, out, lse, attn_mask, is_causal, scale, enable
 
 
 def _setup_context(ctx, inputs, output):
-    query, key, value, attn_mask, *options, sinks = inputs
+    query, key, value, attn_mask, is_causal, scale, enable_gqa, window, alibi, softcap, sinks = inputs
     out, lse = output
-    ctx.save_for_backward(query, key, value, out, lse, attn_mask, sinks)
-    ctx.options = options
+    # The slopes as they were (a copy of a few numbers, which the caller may change before the
+    # backward runs).
+    alibi = None if alibi is None else alibi.clone()
+    ctx.save_for_backward(query, key, value, out, lse, attn_mask, alibi, sinks)
+    ctx.options = (is_causal, scale, enable_gqa, window), softcap
     ctx.mask_grad = attn_mask is not None and attn_mask.requires_grad
     ctx.sinks_grad = sinks is not None and sinks.requires_grad
     # An output nothing differentiates through gets None, not zeros: a backward for the output
@@ -103,11 +106,13 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, grad_out, grad_lse):
-    query, key, value, out, lse, attn_mask, sinks = ctx.saved_tensors
+    query, key, value, out, lse, attn_mask, alibi, sinks = ctx.saved_tensors
+    (is_causal, scale, enable_gqa, window), softcap = ctx.options
     if grad_out is None:
         grad_out = torch.zeros_like(out)
+    options = (is_causal, scale, enable_gqa, window, alibi, softcap)
     dq, dk, dv, dmask, dsinks = attention_backward(
-        grad_out, query, key, value, out, lse, attn_mask, *ctx.options, sinks, ctx.mask_grad, grad_lse
+        grad_out, query, key, value, out, lse, attn_mask, *options, sinks, ctx.mask_grad, grad_lse
     )
     dmask = dmask if ctx.mask_grad else None
     dsinks = dsinks if ctx.sinks_grad else None
