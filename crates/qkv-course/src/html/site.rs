@@ -105,7 +105,8 @@ fn course_checks(sections: &[Section]) -> String {
     json_script("data-qkv-course", &course)
 }
 
-/// The sticky bar with the learner's progress in section `i` and across the course.
+/// The sticky bar with the learner's progress in section `i` and across the course: a named
+/// landmark of its own, so that no text of the page lies outside one.
 fn progress_bar(sections: &[Section], i: usize) -> String {
     let total: usize = sections.iter().map(|s| s.checks.len()).sum();
     let s = &sections[i];
@@ -118,7 +119,7 @@ fn progress_bar(sections: &[Section], i: usize) -> String {
         )
     };
     format!(
-        "<div class=\"course-bar\" data-qkv-course-progress{section} data-qkv-answered=\"0\" data-qkv-total=\"{total}\" data-qkv-score=\"0\" hidden>\n<p><span data-qkv-course-text>0 of {total} checks answered</span>{link}</p>\n</div>\n"
+        "<aside class=\"course-bar\" aria-label=\"Your progress\" data-qkv-course-progress{section} data-qkv-answered=\"0\" data-qkv-total=\"{total}\" data-qkv-score=\"0\" hidden>\n<p><span data-qkv-course-text>0 of {total} checks answered</span>{link}</p>\n</aside>\n"
     )
 }
 
