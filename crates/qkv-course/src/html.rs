@@ -188,6 +188,7 @@ fn render_body(
     // The heading tables fall under, and how many have so far: a table's name for a screen
     // reader's list of regions (a page's dozen tables were each "Table").
     let (mut section, mut tables) = (String::new(), 0);
+    let mut table_names = std::collections::HashSet::new();
     let mut i = 0;
     while i < events.len() {
         let (event, _) = &events[i];
@@ -258,7 +259,16 @@ fn render_body(
             // A wide table scrolls inside its own box, never the page.
             Event::Start(Tag::Table(_)) => {
                 tables += 1;
-                let name = bold_lead(&events, i - 1).unwrap_or_else(|| format!("{section}, table {tables}"));
+                let placed = || match section.as_str() {
+                    "" => format!("Table {tables}"),
+                    section => format!("{section}, table {tables}"),
+                };
+                let mut name = bold_lead(&events, i - 1).unwrap_or_else(placed);
+                // Two tables of one title (two `**$W_q$**` under one heading) are told apart too.
+                if !table_names.insert(name.clone()) {
+                    name = format!("{name} ({})", placed());
+                    table_names.insert(name.clone());
+                }
                 out.push(Event::Html(scroll_box(&name).into()));
                 out.push(event.clone());
             }

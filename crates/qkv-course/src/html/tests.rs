@@ -36,35 +36,9 @@ fn math_becomes_mathml_and_citations_become_spans() {
 #[test]
 fn every_table_region_has_a_name_of_its_own() {
     let page = page_for(concat!(
-        "# Tables
-
-| a |
-|--|
-| 1 |
-
-## Two here
-
-| b |
-|--|
-| 2 |
-
-| c |
-|--|
-| 3 |
-
-",
-        "**$W_q$, the weights**
-
-| d |
-|--|
-| 4 |
-
-Some **bold** text.
-
-| e |
-|--|
-| 5 |
-",
+        "# Tables\n\n| a |\n|--|\n| 1 |\n\n## Two here\n\n| b |\n|--|\n| 2 |\n\n| c |\n|--|\n| 3 |\n\n",
+        "**$W_q$, the weights**\n\n| d |\n|--|\n| 4 |\n\nSome **bold** text.\n\n| e |\n|--|\n| 5 |\n\n",
+        "**$W_q$, the weights**\n\n| f |\n|--|\n| 6 |\n",
     ));
     let names: Vec<&str> = page
         .split("role=\"region\" aria-label=\"")
@@ -78,7 +52,8 @@ Some **bold** text.
             "Two here, table 1",
             "Two here, table 2",
             "W_q, the weights",
-            "Two here, table 4"
+            "Two here, table 4",
+            "W_q, the weights (Two here, table 5)",
         ]
     );
 }

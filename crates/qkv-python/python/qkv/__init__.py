@@ -76,10 +76,8 @@ def _attend(query, key, value, attn_mask, is_causal, scale, enable_gqa, extensio
         window = _core.sliding_window(window)
         window = None if window is None else list(window)
         torch = sys.modules["torch"]
-        # The slopes as a tensor, read only when the operator runs (under torch.compile, values
-        # read here would break the graph).
-        if alibi is not None and not isinstance(alibi, torch.Tensor):
-            alibi = torch.as_tensor(alibi, dtype=torch.float64)
+        heads = query.shape[-3] if query.dim() > 2 else 1
+        alibi = _op_slopes(torch, alibi, lambda: _core.per_head("alibi_slopes", "slopes", alibi, heads))
         if sinks is not None and not isinstance(sinks, torch.Tensor):
             # The operator takes a tensor (a list or an array has no gradient to return).
             sinks = torch.as_tensor(sinks, dtype=torch.float64)
@@ -89,6 +87,21 @@ def _attend(query, key, value, attn_mask, is_causal, scale, enable_gqa, extensio
         return (out, lse) if with_lse else out
     call = _core.Call(query, key, value, attn_mask, is_causal, scale, enable_gqa, window, alibi, softcap, sinks)
     return call.forward(with_lse)
+
+
+def _op_slopes(torch, slopes, checked):
+    """ALiBi slopes as the operators take them: a tensor, read only when the operator runs (under
+    torch.compile, values read here would break the graph); a list or an array ``checked()``
+    first, so that its errors name it. Slopes are constants, as in flash-attn: a tensor that
+    requires grad is refused rather than left without a gradient."""
+    if slopes is None:
+        return None
+    if not isinstance(slopes, torch.Tensor):
+        return torch.as_tensor(checked(), dtype=torch.float64)
+    if slopes.requires_grad and torch.is_grad_enabled():
+        raise ValueError("alibi_slopes requires grad: ALiBi slopes are constants here (flash-attn's too) and get no "
+                         "gradient; pass alibi_slopes.detach()")
+    return slopes
 
 
 def scaled_dot_product_attention(
@@ -237,19 +250,21 @@ def _varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, options, with_lse):
     # The operator takes the offsets as tensors, read only when it runs: under torch.compile a
     # graph then holds any packed layout, as flash-attn's does (a list would be a guard on its
     # length and values, a recompile for each new number of sequences).
-    offsets = [
-        given if isinstance(given, torch.Tensor) else torch.tensor(_core.offset_list(name, given), dtype=torch.int64)
-        for name, given in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k))
-    ]
-    for name, given in zip(("cu_seqlens_q", "cu_seqlens_k"), offsets):
-        if given.dtype.is_floating_point or given.dtype == torch.bool:
-            raise ValueError(f"{name} has dtype {given.dtype}: offsets are integers (flash-attn takes int32)")
+    offsets = []
+    for name, given in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if isinstance(given, torch.Tensor):
+            _core.integer_offsets(name, given)
+            offsets.append(given)
+        else:
+            offsets.append(torch.tensor(_core.offset_list(name, given), dtype=torch.int64))
     window = _core.sliding_window(window)
     window = None if window is None else list(window)
     # ALiBi as the operator takes it: slopes, how many rows of them, flash-attn's form or the paper's.
-    slopes, sequences, symmetric = alibi if isinstance(alibi, _core.FlashAttnAlibi) else (alibi, 1, False)
-    if slopes is not None and not isinstance(slopes, torch.Tensor):
-        slopes = torch.as_tensor(slopes, dtype=torch.float64)
+    # flash-attn's slopes were checked by flash_attn_alibi (one row for every sequence, or one).
+    flash = isinstance(alibi, _core.FlashAttnAlibi)
+    slopes, sequences, symmetric = alibi if flash else (alibi, 1, False)
+    slopes = _op_slopes(torch, slopes,
+                        lambda: slopes if flash else _core.per_head("alibi_slopes", "slopes", slopes, query.shape[1]))
     if sinks is not None and not isinstance(sinks, torch.Tensor):
         sinks = torch.as_tensor(sinks, dtype=torch.float64)
     out, lse = _torch_ops().varlen_attention(
@@ -284,8 +299,9 @@ def flash_attn_varlen_func(
     ``return_attn_probs`` ``(out, softmax_lse, None)``, the logsumexp ``[nheads, total_q]`` in
     float32 (float64 for float64 inputs).
 
-    Differentiable as flash-attn's is (the output and ``softmax_lse``; see ``varlen_attention``).
-    Where it differs: ``dropout_p`` must be 0 and ``block_table`` None (``qkv.PagedKvCache`` holds paged keys);
+    Differentiable (see ``varlen_attention``). Where it differs: ``softmax_lse`` is differentiable
+    too (flash-attn's backward drops its gradient: a loss through it, a z-loss or a merge of
+    parts, moves the inputs here and not there); ``dropout_p`` must be 0 and ``block_table`` None (``qkv.PagedKvCache`` holds paged keys);
     ``deterministic`` changes nothing (qkv always is); a query whose sequence has no key gets a
     logsumexp of ``-inf`` (flash-attn writes ``+inf``); with ``causal`` and ALiBi flash-attn adds
     ``slope · j``, the same weights, so its logsumexp is larger by ``slope · p`` than this one,
@@ -302,12 +318,13 @@ def flash_attn_varlen_func(
     # the lengths are not checked against max_seqlen, which qkv does not use.
     compiling = torch is not None and torch.compiler.is_compiling()
     for name, given, longest in (("q", cu_seqlens_q, max_seqlen_q), ("k", cu_seqlens_k, max_seqlen_k)):
+        if compiling:
+            # Not even looked at: a max_seqlen that changes between calls is symbolic there.
+            break
         if hasattr(longest, "item") and getattr(longest, "ndim", 1) == 0:
             longest = longest.item()  # a 0-d tensor
         if not _core.whole(longest):
             raise ValueError(f"max_seqlen_{name} is {longest!r}: it is a whole number, the longest sequence's length")
-        if compiling:
-            continue
         offsets = _core.offset_list(f"cu_seqlens_{name}", given)
         lengths = [b - a for a, b in zip(offsets, offsets[1:])]
         if lengths and max(lengths) > longest:
@@ -332,7 +349,7 @@ def flash_attn_varlen_func(
 _FLASH_NAMES = {
     "sliding_window": "window_size",
     "scale": "softmax_scale",
-    **{rf"{ours}(?=\[| has| have| and| need| \(|,)": flash for ours, flash in (("query", "q"), ("key", "k"), ("value", "v"))},
+    **{rf"{ours}(?=\[| has| have| and| need| \(| \d|,)": flash for ours, flash in (("query", "q"), ("key", "k"), ("value", "v"))},
 }
 
 

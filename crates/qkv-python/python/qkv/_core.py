@@ -235,11 +235,17 @@ def sliding_window(window):
     return tuple(-1 if side is None or side < 0 else int(side) for side in sides)
 
 
-def offset_list(argument, offsets):
-    """``cu_seqlens`` (a list, an array or a tensor of integers) as a list of ints."""
+def integer_offsets(argument, offsets):
+    """Refuses offsets held in an array or a tensor of a type other than integers (what flash-attn
+    refuses too), by their dtype alone: under torch.compile their values are not read here."""
     dtype = str(getattr(offsets, "dtype", "int"))
     if "int" not in dtype:
         raise ValueError(f"{argument} has dtype {dtype}: offsets are integers (flash-attn takes int32)")
+
+
+def offset_list(argument, offsets):
+    """``cu_seqlens`` (a list, an array or a tensor of integers) as a list of ints."""
+    integer_offsets(argument, offsets)
     values = offsets.tolist() if hasattr(offsets, "tolist") else list(offsets)
     if not all(whole(x) and x >= 0 for x in values):
         raise ValueError(f"{argument} is {values}: offsets are whole numbers from 0 to 2**63 - 1")
@@ -292,10 +298,10 @@ class _Packed:
                 yield
         except ValueError as error:
             message = str(error)
-            element = re.match(r"(queries|keys|values|d_output)\[(\d+), (\d+), (\d+)\]", message)
+            element = re.match(r"(queries|keys|values)\[(\d+), (\d+), (\d+)\]", message)
             if element:
                 argument, head, row, column = element.groups()
-                ours = {"queries": "query", "keys": "key", "values": "value", "d_output": "grad_out"}[argument]
+                ours = {"queries": "query", "keys": "key", "values": "value"}[argument]
                 raise ValueError(f"{ours}[{row}, {head}, {column}]" + message[element.end():]) from None
             raise
 

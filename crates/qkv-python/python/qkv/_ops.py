@@ -68,8 +68,7 @@ def attention_backward(
     grad_lse: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """``(dq, dk, dv, dmask, dsinks)``; ``dmask`` is empty unless ``mask_grad``, ``dsinks``
-    without sinks. ``grad_lse``: the logsumexp's gradient, when it has one (a default, so that a
-    backward graph torch.compile cached before the argument existed still calls this)."""
+    without sinks. ``grad_lse``: the logsumexp's gradient, when it has one."""
     call = _core.Call(query, key, value, attn_mask, is_causal, scale, enable_gqa, window, alibi, softcap, sinks)
     dq, dk, dv, dmask, dsinks = call.backward(out, lse, grad_out, mask_grad, grad_lse)
     dq, dk, dv = (_like(g, t) for g, t in ((dq, query), (dk, key), (dv, value)))
