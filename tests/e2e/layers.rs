@@ -38,7 +38,9 @@ const ENGINE: &[&[&str]] = &[
     // Entry points, from one head up.
     &["attention"],
     &["multi_head", "kv_cache", "paged"],
-    &["backward", "half_precision", "projection", "varlen"],
+    &["backward", "half_precision", "projection"],
+    // Packed batches, forward and backward (its backward is `backward`'s, sequence by sequence).
+    &["varlen"],
     // The f64 oracle and the debug build's instantiation list, which may name anything.
     &["reference"],
     &["instances"],
