@@ -496,7 +496,7 @@ def propagating_overflow(run, gradients):
     that is not finite, an overflow a GradScaler looks for in the gradients it gets back, fills
     them with NaN, as autograd's own backward propagates it, where the engine refuses it by name
     (``d_output``, its first check of the incoming gradient): no pass of its own looks for one
-    (15 µs of a small call's 100)."""
+    (30 µs of a small call's 100)."""
     try:
         run()
     except ValueError as error:
