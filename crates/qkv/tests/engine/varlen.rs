@@ -470,6 +470,81 @@ fn the_backward_names_what_does_not_fit_by_its_packed_index() {
     assert!(error.starts_with("a packed (varlen) call takes no dbias option"), "{error}");
 }
 
+/// Offsets and shapes at their extremes (none, `usize::MAX`, zero heads or widths, a forward of
+/// another call): each an error or a result, never a panic.
+#[test]
+fn the_backward_of_extreme_calls_is_an_error_or_a_result() {
+    let options = AttentionOptions::new();
+    let backward = |q: &Array3<f32>, kv: &Array3<f32>, qo: &[usize], ko: &[usize]| {
+        let forward = qkv::PartialAttention {
+            output: q.clone(),
+            logsumexp: Array2::zeros((q.shape()[0], q.shape()[1])),
+        };
+        let (q, kv, d_out) = (q.view(), kv.view(), q.view());
+        qkv::varlen_attention_backward(q, kv, kv, qo, ko, &forward, d_out, &options).map(|g| g.dq.len())
+    };
+    let (q, kv) = (Array3::<f32>::zeros((2, 3, 4)), Array3::<f32>::zeros((1, 3, 4)));
+    for (qo, ko) in [
+        (&[][..], &[][..]),
+        (&[0][..], &[0][..]),
+        (&[0, usize::MAX][..], &[0, 3][..]),
+        (&[0, 3][..], &[0, usize::MAX][..]),
+        (&[usize::MAX, 3][..], &[0, 3][..]),
+        (&[0, 2, 1, 3][..], &[0, 1, 2, 3][..]),
+    ] {
+        assert!(backward(&q, &kv, qo, ko).is_err(), "{qo:?} {ko:?}");
+    }
+    // No heads, no width, no rows: refused by shape, or empty gradients.
+    for (q, kv) in [
+        (Array3::zeros((0, 3, 4)), Array3::zeros((0, 3, 4))),
+        (Array3::zeros((2, 3, 0)), Array3::zeros((1, 3, 0))),
+        (Array3::zeros((2, 3, 4)), Array3::zeros((3, 3, 4))),
+    ] {
+        assert!(backward(&q, &kv, &[0, 3], &[0, 3]).is_err(), "{:?} {:?}", q.shape(), kv.shape());
+    }
+    let (none_q, none_kv) = (Array3::<f32>::zeros((2, 0, 4)), Array3::<f32>::zeros((1, 0, 4)));
+    assert_eq!(backward(&none_q, &none_kv, &[0], &[0]), Ok(0));
+    assert_eq!(backward(&none_q, &none_kv, &[0, 0, 0], &[0, 0, 0]), Ok(0));
+    // A forward of another shape, and huge but finite values (the bound on what the gradients
+    // may reach refuses them rather than overflow).
+    let wrong = qkv::PartialAttention { output: Array3::zeros((2, 3, 5)), logsumexp: Array2::zeros((2, 3)) };
+    let d_out = Array3::<f32>::zeros((2, 3, 4));
+    let error = qkv::varlen_attention_backward(
+        q.view(),
+        kv.view(),
+        kv.view(),
+        &[0, 3],
+        &[0, 3],
+        &wrong,
+        d_out.view(),
+        &options,
+    );
+    assert!(matches!(error, Err(AttentionError::GradientShape { .. })), "{error:?}");
+    let huge = Array3::<f32>::from_elem((2, 3, 4), 1e30);
+    let huge_kv = Array3::<f32>::from_elem((1, 3, 4), 1e30);
+    let forward = qkv::varlen_attention_with_lse(
+        huge.view(),
+        huge_kv.view(),
+        huge_kv.view(),
+        &[0, 3],
+        &[0, 3],
+        &options,
+    );
+    if let Ok(forward) = forward {
+        let g = qkv::varlen_attention_backward(
+            huge.view(),
+            huge_kv.view(),
+            huge_kv.view(),
+            &[0, 3],
+            &[0, 3],
+            &forward,
+            huge.view(),
+            &options,
+        );
+        assert!(g.map_or(true, |g| g.dq.iter().all(|x| x.is_finite())), "finite gradients or an error");
+    }
+}
+
 #[test]
 fn scores_too_large_for_the_fast_path_still_match_the_reference() {
     let mut rng = ChaCha8Rng::seed_from_u64(33);
