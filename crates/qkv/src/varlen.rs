@@ -281,8 +281,9 @@ fn differentiate<T: Real>(
             // A row with no keys puts all its weight on its head's sink (its logsumexp is the
             // sink's logit): `-P_sink · δ` with `P_sink = 1`. Its output is 0, so `δ` is too,
             // unless the caller's gradient carries the logsumexp's through `O` and `dO`.
-            for (h, total) in sink_sums.iter_mut().enumerate() {
-                let sink = options.sinks.map(|sinks| sinks[h].to_f64_exact());
+            let sinks = options.sinks.unwrap_or_default();
+            for ((h, total), sink) in sink_sums.iter_mut().enumerate().zip(sinks) {
+                let sink = Some(sink.to_f64_exact());
                 for r in rows.clone() {
                     let (o, d) = (output.slice(s![h, r, ..]), d_output.slice(s![h, r, ..]));
                     let delta: f64 = o.iter().zip(d).map(|(o, d)| o.to_f64_exact() * d.to_f64_exact()).sum();
