@@ -1441,6 +1441,9 @@ impl<T: Real, E: Element<Compute = T>> Walk<'_, '_, T, E> {
         // A causal tile on the diagonal: each group of rows needs the keys up to its last
         // row's visible end; the scores past it are hidden below.
         let trim = !elementwise && start + n_keys > clean_keys.end;
+        // A last panel only partly filled with keys (8 keys in a panel of 64 at AVX-512) needs
+        // only the vectors that hold them.
+        let partial_panel = n_keys % K::KEY_PANEL != 0;
         // Rows keep their running references where the level raises them lazily, once every
         // row has one: a block with a row yet to see a key (the first, mostly) takes the
         // maxima, which the score kernel finds while the scores are fresh in L1.
@@ -1454,9 +1457,12 @@ impl<T: Real, E: Element<Compute = T>> Walk<'_, '_, T, E> {
             let magnitude = kernels.direct_scores(q, rows, keys, &mut *s);
             state.measured.keys = kernels::larger_magnitude(state.measured.keys, magnitude);
         } else {
-            let group_keys = |g: usize| {
-                let last = first + (g + K::TILE_ROWS).min(rows) - 1;
-                masks.visible_keys(problem.query(last)).end.saturating_sub(start)
+            let group_keys = |g: usize| match trim {
+                true => {
+                    let last = first + (g + K::TILE_ROWS).min(rows) - 1;
+                    masks.visible_keys(problem.query(last)).end.saturating_sub(start).min(n_keys)
+                }
+                false => n_keys,
             };
             let tile = ScoreTile {
                 q,
@@ -1471,7 +1477,7 @@ impl<T: Real, E: Element<Compute = T>> Walk<'_, '_, T, E> {
                 row_max: &mut *row_max,
                 maxima: !raise,
             };
-            kernels.scores(tile, trim.then_some(&group_keys as &dyn Fn(usize) -> usize));
+            kernels.scores(tile, (trim || partial_panel).then_some(&group_keys as &dyn Fn(usize) -> usize));
         }
         let scales = packed.scales(start, n_keys);
         if let Some(scales) = scales {

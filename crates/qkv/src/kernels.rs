@@ -961,9 +961,9 @@ impl<T: Element> Buffer<T> {
         self.len = len;
     }
 
-    /// Whether this buffer's memory holds `len` elements without growing.
-    pub(crate) fn holds(&self, len: usize) -> bool {
-        self.lines.capacity() >= Self::lines(len)
+    /// The bytes of memory that hold `len` elements (whole cache lines).
+    pub(crate) fn bytes_holding(len: usize) -> usize {
+        Self::lines(len) * size_of::<T::Line>()
     }
 
     /// The bytes of memory this buffer holds.

@@ -183,8 +183,10 @@ impl<T: Real, E: Element<Compute = T>> Packing<'_, T, E> {
     /// The scalars this piece writes, for the score products' `tiling`.
     fn len(&self, tiling: &Tiling) -> usize {
         match self {
+            // Blocks are whole groups of tile rows: the last one only as many groups as it
+            // fills (8 queries pack 12 rows at AVX-512, not a block of 48).
             Packing::Blocks { x, .. } => {
-                x.nrows().div_ceil(tiling.query_block) * tiling.query_block * tiling.row_scalars(x.ncols())
+                x.nrows().next_multiple_of(tiling.tile_rows) * tiling.row_scalars(x.ncols())
             }
             Packing::Rows { x, stride } => x.nrows() * stride,
             Packing::Panels { x } => {
@@ -274,7 +276,7 @@ fn packed_blocks<T: Real, E: Element<Compute = T>>(
 ) {
     let (n, width) = (x.nrows(), tiling.row_scalars(x.ncols()));
     let query_block = tiling.query_block;
-    for (b, block) in out.chunks_exact_mut(query_block * width).enumerate() {
+    for (b, block) in out.chunks_mut(query_block * width).enumerate() {
         let rows = query_block.min(n - b * query_block);
         let padded = rows.next_multiple_of(tiling.tile_rows);
         let tiles = (tiling.tile_rows, tiling.layout);
@@ -338,18 +340,23 @@ impl Tiling {
     }
 
     /// `S = Q·Kᵀ · scale` (the lane layout's queries carry `scale` already) for `padded` packed
-    /// query rows `q` of `d` components against the packed keys `keys[first_key..]` into `s`
-    /// (`KEY_BLOCK` per row), `panels` panels of them.
+    /// query rows `q` of `d` components against `n_keys` packed keys `keys[first_key..]` into `s`
+    /// (`KEY_BLOCK` per row), the panels that hold them; the scores past them, up to the next
+    /// multiple of the lanes, may be left stale (a panel of 64 keys holding 8 computed them all:
+    /// most of an 8 × 8-query backward's products, Zen 4).
     fn scores<T: Real, E: Element<Compute = T>, K: Kernels<T, E>>(
         &self,
         kernels: K,
         (q, padded, d): (&[T], usize, usize),
-        (keys, first_key, panels): (&[T], usize, usize),
+        (keys, first_key, n_keys): (&[T], usize, usize),
         scale: T,
         s: &mut [T],
         row_max: &mut [T],
     ) {
         let (q, keys) = (&q[..padded * self.row_scalars(d)], &keys[first_key * self.row_scalars(d)..]);
+        let panels = n_keys.div_ceil(self.key_panel);
+        let needed = |_: usize| n_keys;
+        let group_keys = (n_keys % self.key_panel != 0).then_some(&needed as &dyn Fn(usize) -> usize);
         match self.layout {
             Layout::Lanes => {
                 let tile = ScoreTile {
@@ -365,7 +372,7 @@ impl Tiling {
                     row_max,
                     maxima: false,
                 };
-                kernels.widened().scores(tile, None);
+                kernels.widened().scores(tile, group_keys);
             }
             Layout::Pairs => {
                 let keys = wide::bytemuck::cast_slice(keys);
@@ -383,7 +390,7 @@ impl Tiling {
                     row_max,
                     maxima: false,
                 };
-                kernels.scores(tile, None);
+                kernels.scores(tile, group_keys);
             }
         }
     }
@@ -714,14 +721,13 @@ impl<T: Real> Operands<'_, T> {
         }
         let clean = block.clean.start <= keys.start && keys.end <= block.clean.end;
         let n_keys = keys.len();
-        let panels = n_keys.div_ceil(tiling.key_panel);
         let used = n_keys.next_multiple_of(lanes);
         let s = aligned_prefix(&mut scratch.s, padded * KEY_BLOCK);
         let dp = aligned_prefix(&mut scratch.dp, padded * KEY_BLOCK);
         let row_max = aligned_prefix(&mut scratch.row_max, padded * lanes);
         let sums = prefix(&mut scratch.sums, rows);
         let q = &head.q_packed[first * tiling.row_scalars(d_k)..];
-        let k = (&operands.k_panels[..], keys.start, panels);
+        let k = (&operands.k_panels[..], keys.start, n_keys);
         tiling.scores(kernels, (q, padded, d_k), k, self.scale(), &mut *s, &mut *row_max);
         if head.masks.is_softcapped() {
             // The cap's derivative at the raw scores, before `mask_tile` caps them.
@@ -734,7 +740,7 @@ impl<T: Real> Operands<'_, T> {
         let lse = &head.logsumexp[first..first + rows];
         widened.exp_rows(RowsMut { data: &mut *s, stride: KEY_BLOCK, rows }, used, lse, sums);
         let d_output = &head.d_output_packed[first * tiling.row_scalars(d_v)..];
-        let v = (&operands.v_panels[..], keys.start, panels);
+        let v = (&operands.v_panels[..], keys.start, n_keys);
         tiling.scores(kernels, (d_output, padded, d_v), v, T::one(), &mut *dp, row_max);
         let p = Rows { data: &*s, stride: KEY_BLOCK, rows };
         widened.softmax_gradient(

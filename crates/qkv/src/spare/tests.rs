@@ -7,7 +7,11 @@ fn zeros<T: Element>(len: usize) -> Buffer<T> {
 
 /// The sizes in bytes of this thread's kept buffers, oldest first.
 fn kept_sizes() -> Vec<usize> {
-    KEPT.with_borrow(|kept| kept.iter().map(|k| k.bytes).collect())
+    KEPT.with_borrow(|shelf| {
+        let sizes: Vec<usize> = shelf.kept.iter().map(|k| k.bytes).collect();
+        assert_eq!(sizes.iter().sum::<usize>(), shelf.bytes, "the running total is the kept bytes");
+        sizes
+    })
 }
 
 #[test]
