@@ -16,6 +16,11 @@ here). ``--threads 1`` runs both on one thread (``RAYON_NUM_THREADS=1``,
 other work, one thread each is the steadier comparison (PyTorch's OpenMP threads wait for each
 other at every parallel region).
 
+A training step (forward and backward, ``out.backward(d_out)``, causal, 8 query heads over 2
+key/value heads, d = 64, float32) is timed at three small shapes, where autograd's and the
+binding's own costs are much of the step: the per-call overhead a model with many small
+attention calls pays.
+
 The binding's cost is timed on a problem too small to measure the engine by: one query, one key,
 d = 8, calls in a tight loop. ``qkv call`` is the whole Python call; ``entry point`` the
 extension's ``forward`` with the tensors already described; ``dry run`` the same call doing
@@ -128,6 +133,43 @@ def binding_cost(calls=20000):
     return whole, entry, dry, torch_call
 
 
+# Training steps' shapes: (batch, query heads, n, d); 2 key/value heads.
+TRAINING_SHAPES = ((1, 8, 8, 64), (1, 8, 128, 64), (4, 8, 256, 64))
+
+
+def training_steps(shape, reps=7):
+    """Microseconds per forward and backward (causal, GQA 8/2) of qkv's SDPA and PyTorch's, the
+    median of ``reps`` rounds, after checking that their gradients agree."""
+    batch, heads, n, d = shape
+    q = torch.randn(batch, heads, n, d, requires_grad=True)
+    k, v = (torch.randn(batch, 2, n, d, requires_grad=True) for _ in range(2))
+    d_out = torch.randn(batch, heads, n, d)
+
+    def step(attend):
+        def run():
+            for t in (q, k, v):
+                t.grad = None
+            attend(q, k, v, is_causal=True, enable_gqa=True).backward(d_out)
+            return [t.grad for t in (q, k, v)]
+        return run
+
+    ours, theirs = step(qkv.scaled_dot_product_attention), step(F.scaled_dot_product_attention)
+    for got, want in zip(ours(), [g.clone() for g in theirs()]):
+        assert (got - want).abs().max().item() < 1e-4
+    calls = max(20, 40000 // (batch * n))
+
+    def per_call(fn):
+        samples = []
+        for _ in range(reps):
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            samples.append((time.perf_counter() - start) / calls * 1e6)
+        return statistics.median(samples)
+
+    return per_call(ours), per_call(theirs)
+
+
 def main():
     args = sys.argv[1:]
     quick = "--quick" in args
@@ -154,6 +196,11 @@ def main():
         a, b = peers.median_seconds(ours, quick), peers.median_seconds(theirs, quick)
         rust_ratio = f"{ratios[c['label']]:.2f}" if c["label"] in ratios else ""
         print(f"| {c['label']} | {a * 1e3:.3f} | {b * 1e3:.3f} | {b / a:.2f} | {rust_ratio} |", flush=True)
+    print("\n| training step, causal, GQA 8/2, float32 | qkv (us) | torch SDPA (us) | torch/qkv |")
+    print("|---|---:|---:|---:|")
+    for shape in TRAINING_SHAPES:
+        a, b = training_steps(shape)
+        print(f"| {list(shape)} | {a:.0f} | {b:.0f} | {b / a:.2f} |", flush=True)
     whole, entry, dry, torch_call = binding_cost()
     print(f"\nper call, 1 query x 1 key, d = 8: qkv call {whole:.2f} us, entry point {entry:.2f} us, dry run "
           f"{dry:.2f} us: the binding's own cost {whole - (entry - dry):.2f} us, the engine's {entry - dry:.2f} us; "

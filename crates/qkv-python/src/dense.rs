@@ -5,6 +5,7 @@
 use ndarray::{ArrayView2, Ix2, Ix3, Ix4, IxDyn};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+use pyo3::types::PyTuple;
 use qkv::half::{bf16, f16};
 use qkv::{
     AdditiveBias, Alibi, AttentionError, AttentionOptions, CausalMask, GradientsMut, KeepMask,
@@ -315,6 +316,32 @@ unsafe fn gradients_into<'a, T: Real + Element, D: ndarray::Dimension>(
     Ok(into)
 }
 
+/// The engine backward's `result`, where an incoming gradient that is not finite (the overflow a
+/// `GradScaler` looks for in the gradients it gets back) fills `gradients` with NaN, as autograd's
+/// own backward propagates it, rather than failing as the engine does on it (`d_output`, its
+/// first check of the incoming gradient): no pass of its own looks for one (30 µs of a small
+/// call's 100 as a `torch.isfinite` in Python).
+///
+/// # Safety
+/// As [`Raw::view_mut`].
+unsafe fn propagating_overflow<T: Real + Element>(
+    result: Result<(), AttentionError>,
+    (dq, dk, dv, dbias, dsinks): &Gradients,
+) -> PyResult<()> {
+    match result {
+        Err(AttentionError::NonFinite { argument: "d_output", .. }) => {
+            for gradient in
+                [Some(dq), Some(dk), Some(dv), dbias.as_ref(), dsinks.as_ref()].into_iter().flatten()
+            {
+                // SAFETY: the caller vouches for the memory.
+                unsafe { gradient.view_mut::<T, IxDyn>("gradient")? }.fill(T::nan());
+            }
+            Ok(())
+        }
+        result => result.map_err(value_error),
+    }
+}
+
 /// The backward for `T`.
 ///
 /// # Safety
@@ -331,9 +358,9 @@ unsafe fn backward_as<T: Real + Element>(
     let options = unsafe { options(spec, &per_head, mask, CausalMask::TopLeft)? };
     let (q, k, v) = unsafe { (q.view("query")?, k.view("key")?, v.view("value")?) };
     let (forward, d_out) = unsafe { (saved::<T, Ix4>(out, lse)?, d_out.view("grad_out")?) };
-    let gradients = unsafe { gradients_into(gradients)? };
-    qkv::multi_head_attention_backward_into(q, k, v, &forward, d_out, &options, gradients)
-        .map_err(value_error)
+    let into = unsafe { gradients_into(gradients)? };
+    let result = qkv::multi_head_attention_backward_into(q, k, v, &forward, d_out, &options, into);
+    unsafe { propagating_overflow::<T>(result, gradients) }
 }
 
 /// The gradients of `inputs` from the output's gradient and the forward's `out` and `lse` (the
@@ -441,8 +468,8 @@ unsafe fn varlen_backward_as<T: Real + Element>(
     let options = unsafe { options(spec, &per_head, None, CausalMask::BottomRight)? };
     let (q, k, v) = unsafe { (q.view("query")?, k.view("key")?, v.view("value")?) };
     let (forward, d_out) = unsafe { (saved::<T, Ix3>(out, lse)?, d_out.view("grad_out")?) };
-    let gradients = unsafe { gradients_into(gradients)? };
-    qkv::varlen_attention_backward_into(
+    let into = unsafe { gradients_into(gradients)? };
+    let result = qkv::varlen_attention_backward_into(
         q,
         k,
         v,
@@ -451,9 +478,9 @@ unsafe fn varlen_backward_as<T: Real + Element>(
         &forward,
         d_out,
         &options,
-        gradients,
-    )
-    .map_err(value_error)
+        into,
+    );
+    unsafe { propagating_overflow::<T>(result, gradients) }
 }
 
 /// The gradients of a packed batch's inputs (`qkv::varlen_attention_backward`), laid out as
@@ -530,39 +557,51 @@ fn torch_raw(tensor: &Bound<'_, PyAny>, code: u8, shape: Vec<usize>) -> PyResult
     Ok(Raw::new(address, code, shape, strides))
 }
 
-/// The package's common call (`qkv.__init__._fast`) on torch tensors as they are: 4-D CPU
-/// tensors of one floating dtype (`codes` maps torch's dtypes to the extension's codes), no mask
-/// and no extension; PyTorch's shape rules (equal batches, query and key widths, key and value
-/// heads and lengths; key heads equal to the query heads unless `enable_gqa`). Returns the output
-/// (a new tensor), or `None` for any other call, which the package checks in full and words the
-/// errors for; the engine checks the rest, as [`forward`] does. Reading the tensors here rather
-/// than in Python took most of a small call's time off.
-#[pyfunction]
-#[pyo3(signature = (query, key, value, is_causal, scale, enable_gqa, codes))]
-fn forward_torch<'py>(
-    query: &Bound<'py, PyAny>,
-    key: &Bound<'py, PyAny>,
-    value: &Bound<'py, PyAny>,
-    is_causal: bool,
+/// A torch tensor's shape, if it is a CPU tensor of `dtype`.
+fn cpu_shape(tensor: &Bound<'_, PyAny>, dtype: &Bound<'_, PyAny>) -> PyResult<Option<Vec<usize>>> {
+    let py = tensor.py();
+    let same = tensor.getattr(pyo3::intern!(py, "dtype"))?.is(dtype);
+    if !same || !tensor.getattr(pyo3::intern!(py, "is_cpu"))?.extract::<bool>()? {
+        return Ok(None);
+    }
+    Ok(Some(tensor.getattr(pyo3::intern!(py, "shape"))?.extract()?))
+}
+
+/// The common call's query, key and value as the engine reads them, with the query's dtype.
+struct CommonCall<'py> {
+    dtype: Bound<'py, PyAny>,
+    code: u8,
+    shapes: [Vec<usize>; 3],
+    inputs: Inputs,
+}
+
+/// `(query, key, value)` if they make the package's common call: 4-D CPU torch tensors of one
+/// floating dtype (`codes` maps torch's dtypes to the extension's codes; float32 or float64 alone
+/// with `full_precision`) and PyTorch's shape rules (equal batches, query and key widths, key and
+/// value heads and lengths; key heads equal to the query heads unless `enable_gqa`), a finite
+/// scale if any. `None` for any other call, which the package checks in full and words the
+/// errors for; the engine checks the rest.
+fn common_call<'py>(
+    (query, key, value): (&Bound<'py, PyAny>, &Bound<'py, PyAny>, &Bound<'py, PyAny>),
     scale: Option<f64>,
     enable_gqa: bool,
     codes: &Bound<'py, pyo3::types::PyDict>,
-) -> PyResult<Option<Bound<'py, PyAny>>> {
+    full_precision: bool,
+) -> PyResult<Option<CommonCall<'py>>> {
     let py = query.py();
     let dtype = query.getattr(pyo3::intern!(py, "dtype"))?;
     let code = codes.get_item(&dtype)?.map(|c| c.extract::<u8>()).transpose()?;
-    let Some(code) = code.filter(|&c| Dtype::from_code(c) != Some(Dtype::Bool)) else {
+    let takes = |dtype| match dtype {
+        Some(Dtype::F32 | Dtype::F64) => true,
+        Some(Dtype::Bf16 | Dtype::F16) => !full_precision,
+        Some(Dtype::Bool) | None => false,
+    };
+    let Some(code) = code.filter(|&c| takes(Dtype::from_code(c))) else {
         return Ok(None);
     };
-    // Each input's shape, if it is a CPU tensor of the query's dtype.
-    let described = |t: &Bound<'py, PyAny>| -> PyResult<Option<Vec<usize>>> {
-        let same = t.getattr(pyo3::intern!(py, "dtype"))?.is(&dtype);
-        if !same || !t.getattr(pyo3::intern!(py, "is_cpu"))?.extract::<bool>()? {
-            return Ok(None);
-        }
-        Ok(Some(t.getattr(pyo3::intern!(py, "shape"))?.extract()?))
-    };
-    let (Some(qs), Some(ks), Some(vs)) = (described(query)?, described(key)?, described(value)?) else {
+    let (Some(qs), Some(ks), Some(vs)) =
+        (cpu_shape(query, &dtype)?, cpu_shape(key, &dtype)?, cpu_shape(value, &dtype)?)
+    else {
         return Ok(None);
     };
     let fits = qs.len() == 4
@@ -576,18 +615,117 @@ fn forward_torch<'py>(
     if !fits {
         return Ok(None);
     }
-    let out_shape = (qs[0], qs[1], qs[2], vs[3]);
-    let out = query.call_method1(pyo3::intern!(py, "new_empty"), (out_shape,))?;
-    let inputs = (torch_raw(query, code, qs)?, torch_raw(key, code, ks)?, torch_raw(value, code, vs)?);
-    let out_raw = torch_raw(&out, code, vec![out_shape.0, out_shape.1, out_shape.2, out_shape.3])?;
-    forward(py, inputs, None, Spec(is_causal, scale, None, None, None, None), out_raw, None, false)?;
-    Ok(Some(out))
+    let inputs = (
+        torch_raw(query, code, qs.clone())?,
+        torch_raw(key, code, ks.clone())?,
+        torch_raw(value, code, vs.clone())?,
+    );
+    Ok(Some(CommonCall { dtype, code, shapes: [qs, ks, vs], inputs }))
+}
+
+impl CommonCall<'_> {
+    /// The output's shape, `[batch, heads, n_q, d_v]`.
+    fn out_shape(&self) -> Vec<usize> {
+        let [qs, _, vs] = &self.shapes;
+        vec![qs[0], qs[1], qs[2], vs[3]]
+    }
+}
+
+/// A new tensor like `like` (its dtype and device) of `shape`, and the engine's view of it.
+fn new_tensor<'py>(
+    like: &Bound<'py, PyAny>,
+    code: u8,
+    shape: Vec<usize>,
+) -> PyResult<(Bound<'py, PyAny>, Raw)> {
+    let py = like.py();
+    let tensor = like.call_method1(pyo3::intern!(py, "new_empty"), (PyTuple::new(py, &shape)?,))?;
+    let raw = torch_raw(&tensor, code, shape)?;
+    Ok((tensor, raw))
+}
+
+/// The package's common call (`_core.fast_forward`, see [`common_call`]) on torch tensors as they
+/// are: the output (a new tensor), with `with_lse` `(output, logsumexp)` (float32 or float64
+/// inputs only: half precision's logsumexp is float32, which the package allocates), or `None`
+/// for any other call. Reading the tensors here rather than in Python took most of a small
+/// call's time off.
+#[pyfunction]
+#[pyo3(signature = (query, key, value, is_causal, scale, enable_gqa, codes, with_lse))]
+#[allow(clippy::too_many_arguments)]
+fn forward_torch<'py>(
+    query: &Bound<'py, PyAny>,
+    key: &Bound<'py, PyAny>,
+    value: &Bound<'py, PyAny>,
+    is_causal: bool,
+    scale: Option<f64>,
+    enable_gqa: bool,
+    codes: &Bound<'py, pyo3::types::PyDict>,
+    with_lse: bool,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    let py = query.py();
+    let Some(call) = common_call((query, key, value), scale, enable_gqa, codes, with_lse)? else {
+        return Ok(None);
+    };
+    let out_shape = call.out_shape();
+    let (out, out_raw) = new_tensor(query, call.code, out_shape.clone())?;
+    let lse = with_lse.then(|| new_tensor(query, call.code, out_shape[..3].to_vec())).transpose()?;
+    let spec = Spec(is_causal, scale, None, None, None, None);
+    forward(py, call.inputs, None, spec, out_raw, lse.as_ref().map(|(_, raw)| raw.clone()), false)?;
+    match lse {
+        Some((lse, _)) => Ok(Some(PyTuple::new(py, [out, lse])?.into_any())),
+        None => Ok(Some(out)),
+    }
+}
+
+/// The common call's backward (`_core.fast_backward`) on torch tensors as autograd hands them:
+/// float32 or float64 inputs of the common call (see [`common_call`]), the forward's `out` and
+/// `lse` as [`forward_torch`] made them, `grad_out` of the output's shape and dtype in any strides
+/// (a sum's gradient comes expanded). Returns `(dq, dk, dv)`, new tensors, or `None` for any other
+/// call; an incoming gradient that is not finite gives gradients of NaN (see [`backward`]).
+#[pyfunction]
+#[pyo3(signature = (grad_out, query, key, value, out, lse, is_causal, scale, enable_gqa, codes))]
+#[allow(clippy::too_many_arguments)]
+fn backward_torch<'py>(
+    grad_out: &Bound<'py, PyAny>,
+    query: &Bound<'py, PyAny>,
+    key: &Bound<'py, PyAny>,
+    value: &Bound<'py, PyAny>,
+    out: &Bound<'py, PyAny>,
+    lse: &Bound<'py, PyAny>,
+    is_causal: bool,
+    scale: Option<f64>,
+    enable_gqa: bool,
+    codes: &Bound<'py, pyo3::types::PyDict>,
+) -> PyResult<Option<Bound<'py, PyTuple>>> {
+    let py = query.py();
+    let Some(call) = common_call((query, key, value), scale, enable_gqa, codes, true)? else {
+        return Ok(None);
+    };
+    let out_shape = call.out_shape();
+    let lse_shape = out_shape[..3].to_vec();
+    let shapes =
+        (cpu_shape(grad_out, &call.dtype)?, cpu_shape(out, &call.dtype)?, cpu_shape(lse, &call.dtype)?);
+    if shapes != (Some(out_shape.clone()), Some(out_shape.clone()), Some(lse_shape.clone())) {
+        return Ok(None);
+    }
+    let code = call.code;
+    let saved = (
+        torch_raw(out, code, out_shape.clone())?,
+        torch_raw(lse, code, lse_shape)?,
+        torch_raw(grad_out, code, out_shape)?,
+    );
+    let [qs, ks, vs] = call.shapes;
+    let ((dq, dq_raw), (dk, dk_raw), (dv, dv_raw)) =
+        (new_tensor(query, code, qs)?, new_tensor(query, code, ks)?, new_tensor(query, code, vs)?);
+    let spec = Spec(is_causal, scale, None, None, None, None);
+    backward(py, call.inputs, None, spec, saved, (dq_raw, dk_raw, dv_raw, None, None))?;
+    Ok(Some(PyTuple::new(py, [dq, dk, dv])?))
 }
 
 pub fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(forward, module)?)?;
     module.add_function(wrap_pyfunction!(forward_torch, module)?)?;
     module.add_function(wrap_pyfunction!(backward, module)?)?;
+    module.add_function(wrap_pyfunction!(backward_torch, module)?)?;
     module.add_function(wrap_pyfunction!(merge, module)?)?;
     module.add_function(wrap_pyfunction!(varlen, module)?)?;
     module.add_function(wrap_pyfunction!(varlen_backward, module)?)?;

@@ -114,6 +114,47 @@ def test_a_backward_of_the_output_alone_runs_without_the_logsumexp_gradient():
     assert q.grad is not None
 
 
+def through_the_operator(q, k, v, is_causal=False, scale=None):
+    """SDPA through the registered operator and its autograd (what torch.compile traces), whose
+    backward reads every call through ``_core.Call``."""
+    return torch.ops.qkv.attention(q, k, v, None, is_causal, scale, True, None, None, None, None)[0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_the_eager_training_step_gives_the_operators_gradients(dtype):
+    """In eager mode a differentiated call runs as a ``torch.autograd.Function`` without the
+    dispatcher (a custom operator's dispatch and autograd wrapper were most of a small step), and
+    the common call's forward and backward read the tensors in the extension (``forward_torch``,
+    ``backward_torch``). Both must give the operator's bits: GQA, causal, a scale, strided
+    queries, an incoming gradient of any strides (a sum's, expanded) and one of NaN (an overflow a
+    GradScaler looks for), which gives gradients of NaN."""
+    torch.manual_seed(5)
+    k, v = torch.randn(2, 2, 7, 8), torch.randn(2, 2, 7, 3)
+    strided = torch.randn(2, 4, 20, 8)[:, :, ::4]
+    cases = ((torch.randn(2, 4, 5, 8), {}), (torch.randn(2, 4, 5, 8), {"is_causal": True}), (strided, {"scale": 0.3}))
+    losses = (lambda out: out.sum(), lambda out: (out * out).sum(), lambda out: (out * math.nan).sum())
+    for query, kwargs in cases:
+        for loss in losses:
+            gradients = []
+            for attend in (lambda *t, **kw: qkv.scaled_dot_product_attention(*t, enable_gqa=True, **kw),
+                           through_the_operator):
+                tensors = [t.to(dtype).detach().requires_grad_() for t in (query, k, v)]
+                loss(attend(*tensors, **kwargs)).backward()
+                gradients.append([t.grad for t in tensors])
+            for eager, operator in zip(*gradients):
+                assert eager.dtype == dtype and torch.equal(eager.isnan(), operator.isnan())
+                assert torch.equal(eager.nan_to_num(), operator.nan_to_num())
+
+
+def test_eager_calls_skip_the_dispatcher():
+    (q, k, v), _ = inputs("causal gqa", torch.float32)
+    out = qkv.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    assert type(out.grad_fn).__name__ == "EagerAttentionBackward"
+    packed = [t[0].transpose(0, 1).detach().requires_grad_() for t in (q, k, v)]
+    out = qkv.varlen_attention(*packed, [0, 2, 5], [0, 2, 5], is_causal=True)
+    assert type(out.grad_fn).__name__ == "EagerVarlenAttentionBackward"
+
+
 def test_torch_compile_runs_qkv_as_an_opaque_operator():
     class Block(torch.nn.Module):
         def __init__(self):

@@ -41,8 +41,9 @@ def _torch_ops():
 
 
 def _needs_op(query, key, value, attn_mask, sinks):
-    """Whether a torch call must go through the registered operator: to be differentiated, or
-    traced by ``torch.compile``. Otherwise the direct call skips the dispatcher's overhead."""
+    """Whether a torch call must go through the registered operator, or in eager mode its
+    ``torch.autograd.Function``: to be differentiated, or traced by ``torch.compile``. Otherwise
+    the direct call skips autograd's overhead."""
     torch = sys.modules.get("torch")
     if torch is None or not isinstance(query, torch.Tensor):
         return False
@@ -53,25 +54,9 @@ def _needs_op(query, key, value, attn_mask, sinks):
     return torch.compiler.is_compiling()
 
 
-def _fast(query, key, value, is_causal, scale, enable_gqa):
-    """The common call (4-D CPU torch tensors of one dtype, no mask), checked just enough to hand
-    to the engine, which checks the rest (the extension's ``forward_torch``, which reads the
-    tensors itself); None for anything else, which ``_core.Call`` checks in full (and words the
-    errors for). Saves most of the Python side's cost per call."""
-    codes = _core.TORCH_CODES
-    if not codes or type(query) is not codes["type"]:
-        return None
-    return _qkv.forward_torch(query, key, value, bool(is_causal), None if scale is None else float(scale),
-                              bool(enable_gqa), codes)
-
-
 def _attend(query, key, value, attn_mask, is_causal, scale, enable_gqa, extensions, with_lse):
     """The direct call, or the operator when autograd or torch.compile needs it."""
     window, alibi, softcap, sinks = extensions
-    if attn_mask is None and all(e is None for e in extensions) and not with_lse:
-        out = None if _needs_op(query, key, value, None, None) else _fast(query, key, value, is_causal, scale, enable_gqa)
-        if out is not None:
-            return out
     if _needs_op(query, key, value, attn_mask, sinks):
         window = _core.sliding_window(window)
         window = None if window is None else list(window)
@@ -81,10 +66,13 @@ def _attend(query, key, value, attn_mask, is_causal, scale, enable_gqa, extensio
         if sinks is not None and not isinstance(sinks, torch.Tensor):
             # The operator takes a tensor (a list or an array has no gradient to return).
             sinks = torch.as_tensor(sinks, dtype=torch.float64)
-        out, lse = _torch_ops().attention(
-            query, key, value, attn_mask, is_causal, scale, enable_gqa, window, alibi, softcap, sinks
-        )
+        attention = _torch_ops().attention if torch.compiler.is_compiling() else _torch_ops().EagerAttention.apply
+        out, lse = attention(query, key, value, attn_mask, is_causal, scale, enable_gqa, window, alibi, softcap, sinks)
         return (out, lse) if with_lse else out
+    if attn_mask is None and all(e is None for e in extensions):
+        result = _core.fast_forward(query, key, value, is_causal, scale, enable_gqa, with_lse)
+        if result is not None:
+            return result
     call = _core.Call(query, key, value, attn_mask, is_causal, scale, enable_gqa, window, alibi, softcap, sinks)
     return call.forward(with_lse)
 
@@ -267,7 +255,9 @@ def _varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, options, with_lse):
                         lambda: slopes if flash else _core.per_head("alibi_slopes", "slopes", slopes, query.shape[1]))
     if sinks is not None and not isinstance(sinks, torch.Tensor):
         sinks = torch.as_tensor(sinks, dtype=torch.float64)
-    out, lse = _torch_ops().varlen_attention(
+    ops = _torch_ops()
+    varlen = ops.varlen_attention if torch.compiler.is_compiling() else ops.EagerVarlenAttention.apply
+    out, lse = varlen(
         query, key, value, *offsets, bool(is_causal), scale, window, slopes, sequences, symmetric, softcap, sinks
     )
     return (out, lse) if with_lse else out

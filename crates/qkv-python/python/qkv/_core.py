@@ -97,7 +97,7 @@ class _NumPy:
 _backends = {}
 
 # torch's dtypes to the extension's codes, and "type": torch.Tensor, once torch is in use (for
-# ``qkv.__init__._fast``).
+# ``fast_forward``).
 TORCH_CODES = {}
 
 
@@ -119,6 +119,28 @@ def backend(*tensors):
         else:
             raise TypeError(f"qkv takes torch tensors or NumPy arrays, not {type(first).__name__}")
     return _backends[kind]
+
+
+def fast_forward(query, key, value, is_causal, scale, enable_gqa, with_lse):
+    """The common call (4-D CPU torch tensors of one dtype, no mask, no extension), checked just
+    enough to hand to the engine, which checks the rest (the extension's ``forward_torch``, which
+    reads the tensors itself): the output, with ``with_lse`` ``(output, logsumexp)``; None for
+    anything else, which ``Call`` checks in full (and words the errors for). Saves most of the
+    Python side's cost per call."""
+    if not TORCH_CODES or type(query) is not TORCH_CODES["type"]:
+        return None
+    return _qkv.forward_torch(query, key, value, bool(is_causal), None if scale is None else float(scale),
+                              bool(enable_gqa), TORCH_CODES, with_lse)
+
+
+def fast_backward(grad_out, query, key, value, out, lse, is_causal, scale, enable_gqa):
+    """``(dq, dk, dv)`` of the common call in float32 or float64 (see ``fast_forward``, whose
+    ``out`` and ``lse`` these are), from the tensors as they are (the extension's
+    ``backward_torch``); None for anything else, which ``Call.backward`` takes."""
+    if type(query) is not TORCH_CODES.get("type"):
+        return None
+    return _qkv.backward_torch(grad_out, query, key, value, out, lse, bool(is_causal),
+                               None if scale is None else float(scale), bool(enable_gqa), TORCH_CODES)
 
 
 def compute_dtype(name):
@@ -331,18 +353,15 @@ def varlen_backward(query, key, value, cu_seqlens_q, cu_seqlens_k, options, out,
     dq, dk, dv = (xp.zeros(tuple(t.swapaxes(0, 1).shape), packed.compute) for t in (packed.q, packed.k, v))
     dsinks = None if packed.spec[5] is None else xp.zeros((packed.heads,), packed.compute)
     heads_first = (lambda t: xp.raw(t.swapaxes(0, 1)))
-
-    def run():
-        with packed.named_as_passed():
-            _qkv.varlen_backward(
-                packed.raws(v=v),
-                packed.offsets,
-                packed.spec,
-                (heads_first(out), xp.raw(lse), heads_first(grad_out)),
-                (heads_first(dq), heads_first(dk), heads_first(dv), None, None if dsinks is None else xp.raw(dsinks)),
-            )
-
-    propagating_overflow(run, (dq, dk, dv, dsinks))
+    # An incoming gradient that is not finite gives gradients of NaN (the extension's backward).
+    with packed.named_as_passed():
+        _qkv.varlen_backward(
+            packed.raws(v=v),
+            packed.offsets,
+            packed.spec,
+            (heads_first(out), xp.raw(lse), heads_first(grad_out)),
+            (heads_first(dq), heads_first(dk), heads_first(dv), None, None if dsinks is None else xp.raw(dsinks)),
+        )
     if grad_lse is not None:
         dv = dv[..., :-1]
     return packed.narrowed(dq), packed.narrowed(dk), packed.narrowed(dv), dsinks
@@ -461,18 +480,15 @@ class Call:
         dmask = xp.zeros(self.out_shape[:3] + (self.n_k,), compute) if mask_grad else None
         dsinks = None if self.sinks is None else xp.zeros((self.out_shape[1],), compute)
         raw = (lambda t: None if t is None else xp.raw(t))
-
-        def run():
-            with named_as_passed(SDPA_NAMES):
-                _qkv.backward(
-                    (xp.raw(q), xp.raw(k), xp.raw(v)),
-                    raw(self.mask),
-                    self.spec,
-                    (xp.raw(out), xp.raw(lse), xp.raw(grad_out)),
-                    (xp.raw(dq), xp.raw(dk), xp.raw(dv), raw(dmask), raw(dsinks)),
-                )
-
-        propagating_overflow(run, (dq, dk, dv, dmask, dsinks))
+        # An incoming gradient that is not finite gives gradients of NaN (the extension's backward).
+        with named_as_passed(SDPA_NAMES):
+            _qkv.backward(
+                (xp.raw(q), xp.raw(k), xp.raw(v)),
+                raw(self.mask),
+                self.spec,
+                (xp.raw(out), xp.raw(lse), xp.raw(grad_out)),
+                (xp.raw(dq), xp.raw(dk), xp.raw(dv), raw(dmask), raw(dsinks)),
+            )
         if grad_lse is not None:
             dv = dv[..., :-1]
         if compute != self.dtype:
@@ -489,22 +505,6 @@ def lse_gradient(xp, lse, g):
     # there (lse², exp(lse - max)) changes nothing, as autograd's own would.
     torch = xp.torch
     return torch.where(torch.isneginf(lse), 0, g)
-
-
-def propagating_overflow(run, gradients):
-    """Runs a backward (``run``) into ``gradients`` (torch tensors, or None). An incoming gradient
-    that is not finite, an overflow a GradScaler looks for in the gradients it gets back, fills
-    them with NaN, as autograd's own backward propagates it, where the engine refuses it by name
-    (``d_output``, its first check of the incoming gradient): no pass of its own looks for one
-    (30 µs of a small call's 100)."""
-    try:
-        run()
-    except ValueError as error:
-        if not str(error).startswith("d_output["):
-            raise
-        for t in gradients:
-            if t is not None:
-                t.fill_(math.nan)
 
 
 def merge(out_a, lse_a, out_b, lse_b):
