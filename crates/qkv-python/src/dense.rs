@@ -547,14 +547,15 @@ fn merge(py: Python<'_>, first: (Raw, Raw), second: (Raw, Raw), into: (Raw, Raw)
     })
 }
 
-/// Adds this module's functions.
-/// A torch tensor's memory as a [`Raw`] of element type `code`, its shape read already: its
-/// address and strides, read through the tensor's own methods.
+/// A torch tensor's memory as a [`Raw`] of element type `code` and `shape` (its own, read
+/// already, or that with leading axes of length 1 added, which take a stride of 0): its address
+/// and strides, read through the tensor's own methods.
 fn torch_raw(tensor: &Bound<'_, PyAny>, code: u8, shape: Vec<usize>) -> PyResult<Raw> {
     let py = tensor.py();
     let address = tensor.call_method0(pyo3::intern!(py, "data_ptr"))?.extract()?;
-    let strides = tensor.call_method0(pyo3::intern!(py, "stride"))?.extract()?;
-    Ok(Raw::new(address, code, shape, strides))
+    let strides: Vec<isize> = tensor.call_method0(pyo3::intern!(py, "stride"))?.extract()?;
+    let added = shape.len().saturating_sub(strides.len());
+    Ok(Raw::new(address, code, shape, [vec![0; added], strides].concat()))
 }
 
 /// A torch tensor's shape, if it is a CPU tensor of `dtype`.
@@ -573,9 +574,11 @@ struct CommonCall<'py> {
     code: u8,
     shapes: [Vec<usize>; 3],
     inputs: Inputs,
+    /// 1 for 3-D tensors (`[heads, n, d]`, a batch of one), 0 for 4-D.
+    added: usize,
 }
 
-/// `(query, key, value)` if they make the package's common call: 4-D CPU torch tensors of one
+/// `(query, key, value)` if they make the package's common call: 3-D or 4-D CPU torch tensors of one
 /// floating dtype (`codes` maps torch's dtypes to the extension's codes; float32 or float64 alone
 /// with `full_precision`) and PyTorch's shape rules (equal batches, query and key widths, key and
 /// value heads and lengths; key heads equal to the query heads unless `enable_gqa`), a finite
@@ -604,9 +607,13 @@ fn common_call<'py>(
     else {
         return Ok(None);
     };
-    let fits = qs.len() == 4
-        && ks.len() == 4
-        && vs.len() == 4
+    let added = 4usize.saturating_sub(qs.len());
+    let four = |shape: Vec<usize>| [vec![1; 4usize.saturating_sub(shape.len())], shape].concat();
+    let same_rank = qs.len() == ks.len() && ks.len() == vs.len();
+    let (qs, ks, vs) = (four(qs), four(ks), four(vs));
+    let fits = same_rank
+        && added <= 1
+        && qs.len() == 4
         && qs[0] == ks[0]
         && qs[3] == ks[3]
         && ks[..3] == vs[..3]
@@ -620,27 +627,30 @@ fn common_call<'py>(
         torch_raw(key, code, ks.clone())?,
         torch_raw(value, code, vs.clone())?,
     );
-    Ok(Some(CommonCall { dtype, code, shapes: [qs, ks, vs], inputs }))
+    Ok(Some(CommonCall { dtype, code, shapes: [qs, ks, vs], inputs, added }))
 }
 
-impl CommonCall<'_> {
-    /// The output's shape, `[batch, heads, n_q, d_v]`.
+impl<'py> CommonCall<'py> {
+    /// The output's shape as the engine sees it, `[batch, heads, n_q, d_v]`.
     fn out_shape(&self) -> Vec<usize> {
         let [qs, _, vs] = &self.shapes;
         vec![qs[0], qs[1], qs[2], vs[3]]
     }
-}
 
-/// A new tensor like `like` (its dtype and device) of `shape`, and the engine's view of it.
-fn new_tensor<'py>(
-    like: &Bound<'py, PyAny>,
-    code: u8,
-    shape: Vec<usize>,
-) -> PyResult<(Bound<'py, PyAny>, Raw)> {
-    let py = like.py();
-    let tensor = like.call_method1(pyo3::intern!(py, "new_empty"), (PyTuple::new(py, &shape)?,))?;
-    let raw = torch_raw(&tensor, code, shape)?;
-    Ok((tensor, raw))
+    /// The shape a tensor of the engine's `shape` has as the caller passed its inputs.
+    fn as_given<'a>(&self, shape: &'a [usize]) -> &'a [usize] {
+        &shape[self.added..]
+    }
+
+    /// A new tensor like `like` (its dtype and device) of the engine's `shape` (as
+    /// [`Self::as_given`]), and the engine's view of it.
+    fn new_tensor(&self, like: &Bound<'py, PyAny>, shape: Vec<usize>) -> PyResult<(Bound<'py, PyAny>, Raw)> {
+        let py = like.py();
+        let given = PyTuple::new(py, self.as_given(&shape))?;
+        let tensor = like.call_method1(pyo3::intern!(py, "new_empty"), (given,))?;
+        let raw = torch_raw(&tensor, self.code, shape)?;
+        Ok((tensor, raw))
+    }
 }
 
 /// The package's common call (`_core.fast_forward`, see [`common_call`]) on torch tensors as they
@@ -666,8 +676,8 @@ fn forward_torch<'py>(
         return Ok(None);
     };
     let out_shape = call.out_shape();
-    let (out, out_raw) = new_tensor(query, call.code, out_shape.clone())?;
-    let lse = with_lse.then(|| new_tensor(query, call.code, out_shape[..3].to_vec())).transpose()?;
+    let (out, out_raw) = call.new_tensor(query, out_shape.clone())?;
+    let lse = with_lse.then(|| call.new_tensor(query, out_shape[..3].to_vec())).transpose()?;
     let spec = Spec(is_causal, scale, None, None, None, None);
     forward(py, call.inputs, None, spec, out_raw, lse.as_ref().map(|(_, raw)| raw.clone()), false)?;
     match lse {
@@ -702,9 +712,11 @@ fn backward_torch<'py>(
     };
     let out_shape = call.out_shape();
     let lse_shape = out_shape[..3].to_vec();
-    let shapes =
-        (cpu_shape(grad_out, &call.dtype)?, cpu_shape(out, &call.dtype)?, cpu_shape(lse, &call.dtype)?);
-    if shapes != (Some(out_shape.clone()), Some(out_shape.clone()), Some(lse_shape.clone())) {
+    let given = |t| cpu_shape(t, &call.dtype);
+    let expected = |shape| Some(call.as_given(shape).to_vec());
+    if (given(grad_out)?, given(out)?, given(lse)?)
+        != (expected(&out_shape), expected(&out_shape), expected(&lse_shape))
+    {
         return Ok(None);
     }
     let code = call.code;
@@ -713,14 +725,15 @@ fn backward_torch<'py>(
         torch_raw(lse, code, lse_shape)?,
         torch_raw(grad_out, code, out_shape)?,
     );
-    let [qs, ks, vs] = call.shapes;
+    let [qs, ks, vs] = call.shapes.clone();
     let ((dq, dq_raw), (dk, dk_raw), (dv, dv_raw)) =
-        (new_tensor(query, code, qs)?, new_tensor(query, code, ks)?, new_tensor(query, code, vs)?);
+        (call.new_tensor(query, qs)?, call.new_tensor(query, ks)?, call.new_tensor(query, vs)?);
     let spec = Spec(is_causal, scale, None, None, None, None);
     backward(py, call.inputs, None, spec, saved, (dq_raw, dk_raw, dv_raw, None, None))?;
     Ok(Some(PyTuple::new(py, [dq, dk, dv])?))
 }
 
+/// Adds this module's functions.
 pub fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(forward, module)?)?;
     module.add_function(wrap_pyfunction!(forward_torch, module)?)?;

@@ -126,19 +126,22 @@ def test_the_eager_training_step_gives_the_operators_gradients(dtype):
     dispatcher (a custom operator's dispatch and autograd wrapper were most of a small step), and
     the common call's forward and backward read the tensors in the extension (``forward_torch``,
     ``backward_torch``). Both must give the operator's bits: GQA, causal, a scale, strided
-    queries, an incoming gradient of any strides (a sum's, expanded) and one of NaN (an overflow a
+    queries, 3-D inputs, an incoming gradient of any strides (a sum's, expanded) and one of NaN (an overflow a
     GradScaler looks for), which gives gradients of NaN."""
     torch.manual_seed(5)
     k, v = torch.randn(2, 2, 7, 8), torch.randn(2, 2, 7, 3)
     strided = torch.randn(2, 4, 20, 8)[:, :, ::4]
-    cases = ((torch.randn(2, 4, 5, 8), {}), (torch.randn(2, 4, 5, 8), {"is_causal": True}), (strided, {"scale": 0.3}))
+    cases = ((torch.randn(2, 4, 5, 8), {}), (torch.randn(2, 4, 5, 8), {"is_causal": True}), (strided, {"scale": 0.3}),
+             (torch.randn(4, 5, 8), {"is_causal": True, "three": True}))
     losses = (lambda out: out.sum(), lambda out: (out * out).sum(), lambda out: (out * math.nan).sum())
     for query, kwargs in cases:
+        # Three dimensions too: [heads, n, d], a batch of one.
+        key, value = (k[0], v[0]) if kwargs.pop("three", None) else (k, v)
         for loss in losses:
             gradients = []
             for attend in (lambda *t, **kw: qkv.scaled_dot_product_attention(*t, enable_gqa=True, **kw),
                            through_the_operator):
-                tensors = [t.to(dtype).detach().requires_grad_() for t in (query, k, v)]
+                tensors = [t.to(dtype).detach().requires_grad_() for t in (query, key, value)]
                 loss(attend(*tensors, **kwargs)).backward()
                 gradients.append([t.grad for t in tensors])
             for eager, operator in zip(*gradients):

@@ -234,10 +234,13 @@ def test_the_direct_call_reads_the_tensors_as_the_full_path_does(dtype):
     v = torch.randn(2, 2, 7, 3).to(dtype)
     # A view with strides of its own: every fourth query row of a larger tensor.
     strided = torch.randn(2, 4, 20, 8).to(dtype)[:, :, ::4]
-    for query, kwargs in ((q, {}), (q, {"is_causal": True}), (strided, {"scale": 0.3})):
-        direct = qkv.scaled_dot_product_attention(query, k, v, enable_gqa=True, **kwargs)
-        full = _core.Call(query, k, v, None, kwargs.get("is_causal", False), kwargs.get("scale"), True).forward(False)
-        assert direct.dtype == dtype and torch.equal(direct, full)
+    for query, kwargs in ((q, {}), (q, {"is_causal": True}), (strided, {"scale": 0.3}), (q[1], {"keys": 1})):
+        # Three dimensions too: [heads, n, d], a batch of one.
+        key, value = (k[1], v[1]) if kwargs.pop("keys", None) else (k, v)
+        direct = qkv.scaled_dot_product_attention(query, key, value, enable_gqa=True, **kwargs)
+        full = _core.Call(query, key, value, None, kwargs.get("is_causal", False), kwargs.get("scale"), True)
+        assert direct.dtype == dtype and direct.shape == query.shape[:-1] + (3,)
+        assert torch.equal(direct, full.forward(False))
 
 
 def test_calls_the_direct_path_declines_get_the_full_paths_answer():
@@ -250,6 +253,8 @@ def test_calls_the_direct_path_declines_get_the_full_paths_answer():
         qkv.scaled_dot_product_attention(torch.ones(1, 2, 5, 8, dtype=torch.bool), k, k)
     with pytest.raises(ValueError, match="scale"):
         qkv.scaled_dot_product_attention(torch.randn(1, 2, 5, 8), k, k, scale=float("nan"))
-    # Three dimensions: the full path, as PyTorch takes them.
-    three = qkv.scaled_dot_product_attention(torch.randn(2, 5, 8), torch.randn(2, 7, 8), torch.randn(2, 7, 3))
-    assert three.shape == (2, 5, 3)
+    # Two dimensions, and ranks that differ: the full path, as PyTorch takes them.
+    two = qkv.scaled_dot_product_attention(torch.randn(5, 8), torch.randn(7, 8), torch.randn(7, 3))
+    assert two.shape == (5, 3)
+    with pytest.raises(ValueError, match="the same number of dimensions"):
+        qkv.scaled_dot_product_attention(torch.randn(2, 5, 8), k, k)

@@ -122,7 +122,7 @@ def backend(*tensors):
 
 
 def fast_forward(query, key, value, is_causal, scale, enable_gqa, with_lse):
-    """The common call (4-D CPU torch tensors of one dtype, no mask, no extension), checked just
+    """The common call (3-D or 4-D CPU torch tensors of one dtype, no mask, no extension), checked just
     enough to hand to the engine, which checks the rest (the extension's ``forward_torch``, which
     reads the tensors itself): the output, with ``with_lse`` ``(output, logsumexp)``; None for
     anything else, which ``Call`` checks in full (and words the errors for). Saves most of the
