@@ -581,7 +581,8 @@ struct CommonCall<'py> {
 /// `(query, key, value)` if they make the package's common call: 3-D or 4-D CPU torch tensors of one
 /// floating dtype (`codes` maps torch's dtypes to the extension's codes; float32 or float64 alone
 /// with `full_precision`) and PyTorch's shape rules (equal batches, query and key widths, key and
-/// value heads and lengths; key heads equal to the query heads unless `enable_gqa`), a finite
+/// value heads and lengths; key heads equal to the query heads, or with `enable_gqa` dividing
+/// them), a finite
 /// scale if any. `None` for any other call, which the package checks in full and words the
 /// errors for; the engine checks the rest.
 fn common_call<'py>(
@@ -617,7 +618,7 @@ fn common_call<'py>(
         && qs[0] == ks[0]
         && qs[3] == ks[3]
         && ks[..3] == vs[..3]
-        && (qs[1] == ks[1] || enable_gqa)
+        && (qs[1] == ks[1] || enable_gqa && ks[1] > 0 && qs[1] % ks[1] == 0)
         && scale.is_none_or(f64::is_finite);
     if !fits {
         return Ok(None);

@@ -136,8 +136,8 @@ impl Raw {
     /// The tensor as a writable view.
     ///
     /// # Safety
-    /// As [`Raw::view`], and no element may be reachable by two indices (no zero strides) nor
-    /// through any other view for `'a`.
+    /// As [`Raw::view`], and no element may be reachable by two indices (zero strides only on
+    /// axes of length 1) nor through any other view for `'a`.
     pub unsafe fn view_mut<'a, T: Element, D: Dimension>(
         &self,
         argument: &str,

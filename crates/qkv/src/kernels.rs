@@ -482,7 +482,8 @@ pub trait Kernels<T: Scalar, E: Element<Compute = T> = T>: Copy + Send + Sync {
     /// `S = Q·Kᵀ` for whole groups of packed queries against whole key panels, and the lane-wise
     /// maxima of each row (see [`ScoreTile`]). `group_keys(g)`, when given, is how many of the
     /// tile's keys the group starting at row `g` needs: scores past them may be left stale (a
-    /// causal tile on the diagonal, where they are hidden anyway), and then so are the maxima.
+    /// causal tile on the diagonal, where they are hidden anyway, or a last panel only partly
+    /// filled with keys), and then so are the maxima.
     fn scores(self, tile: ScoreTile<'_, T, E>, group_keys: Option<&dyn Fn(usize) -> usize>);
 
     /// `S[r, j] = Q_r · K_j` for a few query rows `q` (row after row, `d` scalars each) straight

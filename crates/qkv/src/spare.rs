@@ -31,7 +31,6 @@ struct Kept {
 }
 
 /// A thread's kept buffers, oldest first, and their bytes in all.
-#[derive(Default)]
 struct Shelf {
     kept: Vec<Kept>,
     bytes: usize,
@@ -39,7 +38,7 @@ struct Shelf {
 
 thread_local! {
     /// This thread's kept buffers.
-    static KEPT: RefCell<Shelf> = RefCell::new(Shelf::default());
+    static KEPT: RefCell<Shelf> = const { RefCell::new(Shelf { kept: Vec::new(), bytes: 0 }) };
 }
 
 /// The smallest kept buffer of `T` that holds `len` elements, or none yet, to be zeroed by

@@ -42,8 +42,8 @@ def _torch_ops():
 
 def _needs_op(query, key, value, attn_mask, sinks):
     """Whether a torch call must go through the registered operator, or in eager mode its
-    ``torch.autograd.Function``: to be differentiated, or traced by ``torch.compile``. Otherwise
-    the direct call skips autograd's overhead."""
+    ``torch.autograd.Function`` (``_operator``): to be differentiated, or traced by
+    ``torch.compile``. Otherwise the direct call skips autograd's overhead."""
     torch = sys.modules.get("torch")
     if torch is None or not isinstance(query, torch.Tensor):
         return False
@@ -54,8 +54,20 @@ def _needs_op(query, key, value, attn_mask, sinks):
     return torch.compiler.is_compiling()
 
 
+def _operator(torch, operator, eager, tensors):
+    """``eager`` (an operator's ``torch.autograd.Function``, without the dispatcher) for plain CPU
+    tensors in eager mode; ``operator`` where a graph is traced (torch.compile, torch.export,
+    torch.jit.trace), for meta and fake tensors and subclasses (whose shapes its fake
+    implementation gives), and under a dispatch mode (which sees the operator)."""
+    traced = torch.compiler.is_compiling() or torch.jit.is_tracing()
+    plain = all(t is None or (type(t) is torch.Tensor and t.is_cpu) for t in tensors)
+    if traced or not plain or torch.utils._python_dispatch._get_current_dispatch_mode() is not None:
+        return operator
+    return eager
+
+
 def _attend(query, key, value, attn_mask, is_causal, scale, enable_gqa, extensions, with_lse):
-    """The direct call, or the operator when autograd or torch.compile needs it."""
+    """The direct call, or the operator (``_operator``) when autograd or torch.compile needs it."""
     window, alibi, softcap, sinks = extensions
     if _needs_op(query, key, value, attn_mask, sinks):
         window = _core.sliding_window(window)
@@ -66,15 +78,12 @@ def _attend(query, key, value, attn_mask, is_causal, scale, enable_gqa, extensio
         if sinks is not None and not isinstance(sinks, torch.Tensor):
             # The operator takes a tensor (a list or an array has no gradient to return).
             sinks = torch.as_tensor(sinks, dtype=torch.float64)
-        attention = _torch_ops().attention if torch.compiler.is_compiling() else _torch_ops().EagerAttention.apply
+        ops = _torch_ops()
+        attention = _operator(torch, ops.attention, ops.EagerAttention.apply, (query, key, value, attn_mask, sinks))
         out, lse = attention(query, key, value, attn_mask, is_causal, scale, enable_gqa, window, alibi, softcap, sinks)
         return (out, lse) if with_lse else out
-    if attn_mask is None and all(e is None for e in extensions):
-        result = _core.fast_forward(query, key, value, is_causal, scale, enable_gqa, with_lse)
-        if result is not None:
-            return result
-    call = _core.Call(query, key, value, attn_mask, is_causal, scale, enable_gqa, window, alibi, softcap, sinks)
-    return call.forward(with_lse)
+    return _core.attend(query, key, value, attn_mask, is_causal, scale, enable_gqa, window, alibi, softcap, sinks,
+                        with_lse)
 
 
 def _op_slopes(torch, slopes, checked):
@@ -230,7 +239,8 @@ def varlen_attention(
 
 
 def _varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, options, with_lse):
-    """The packed call, through the operator when autograd or torch.compile needs it."""
+    """The packed call, through the operator (``_operator``) when autograd or torch.compile needs
+    it."""
     is_causal, scale, window, alibi, softcap, sinks = options
     if not _needs_op(query, key, value, None, sinks):
         return _core.varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, options, with_lse)
@@ -256,7 +266,7 @@ def _varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, options, with_lse):
     if sinks is not None and not isinstance(sinks, torch.Tensor):
         sinks = torch.as_tensor(sinks, dtype=torch.float64)
     ops = _torch_ops()
-    varlen = ops.varlen_attention if torch.compiler.is_compiling() else ops.EagerVarlenAttention.apply
+    varlen = _operator(torch, ops.varlen_attention, ops.EagerVarlenAttention.apply, (query, key, value, *offsets, sinks))
     out, lse = varlen(
         query, key, value, *offsets, bool(is_causal), scale, window, slopes, sequences, symmetric, softcap, sinks
     )

@@ -121,6 +121,22 @@ def backend(*tensors):
     return _backends[kind]
 
 
+def plain(attn_mask, window, alibi, softcap, sinks):
+    """Whether a dense call is the common one: no mask and no extension."""
+    return attn_mask is None and window is None and alibi is None and softcap is None and sinks is None
+
+
+def attend(query, key, value, attn_mask, is_causal, scale, enable_gqa, window, alibi, softcap, sinks, with_lse):
+    """A dense call's output, and with ``with_lse`` its logsumexp: the common call straight from
+    the tensors (``fast_forward``), any other through ``Call``."""
+    if plain(attn_mask, window, alibi, softcap, sinks):
+        result = fast_forward(query, key, value, is_causal, scale, enable_gqa, with_lse)
+        if result is not None:
+            return result
+    call = Call(query, key, value, attn_mask, is_causal, scale, enable_gqa, window, alibi, softcap, sinks)
+    return call.forward(with_lse)
+
+
 def fast_forward(query, key, value, is_causal, scale, enable_gqa, with_lse):
     """The common call (3-D or 4-D CPU torch tensors of one dtype, no mask, no extension), checked just
     enough to hand to the engine, which checks the rest (the extension's ``forward_torch``, which
@@ -137,7 +153,7 @@ def fast_backward(grad_out, query, key, value, out, lse, is_causal, scale, enabl
     """``(dq, dk, dv)`` of the common call in float32 or float64 (see ``fast_forward``, whose
     ``out`` and ``lse`` these are), from the tensors as they are (the extension's
     ``backward_torch``); None for anything else, which ``Call.backward`` takes."""
-    if type(query) is not TORCH_CODES.get("type"):
+    if not TORCH_CODES or type(query) is not TORCH_CODES["type"]:
         return None
     return _qkv.backward_torch(grad_out, query, key, value, out, lse, bool(is_causal),
                                None if scale is None else float(scale), bool(enable_gqa), TORCH_CODES)

@@ -5,9 +5,11 @@ backward and ``torch.compile`` treats them as opaque calls (their fake implement
 output shapes).
 
 In eager mode the same functions and the same autograd formulas run as ``torch.autograd.Function``
-classes (``EagerAttention``, ``EagerVarlenAttention``): a custom operator's dispatch and its
-autograd wrapper took about 100 µs of a small training step's 370 (``[1, 8, 8, 64]``, GQA 8/2,
-Zen 4), and a traced graph is all they buy."""
+classes (``EagerAttention``, ``EagerVarlenAttention``) on plain CPU tensors: a custom operator's
+dispatch and its autograd wrapper took about 100 µs of a small training step's 370 (``[1, 8, 8,
+64]``, GQA 8/2, Zen 4). The operators serve everything else: graphs traced by torch.compile,
+torch.export or torch.jit.trace, meta and fake tensors (whose shapes their fake implementations
+give), tensor subclasses, and dispatch modes that watch the calls they see."""
 
 from typing import List, Optional, Tuple
 
@@ -31,8 +33,8 @@ def _attention(
     sinks: Optional[Tensor],
 ) -> Tuple[Tensor, Tensor]:
     """The output ``[..., L, Ev]`` and each row's logsumexp ``[..., L]``."""
-    call = _core.Call(query, key, value, attn_mask, is_causal, scale, enable_gqa, window, alibi, softcap, sinks)
-    return call.forward(with_lse=True)
+    return _core.attend(query, key, value, attn_mask, is_causal, scale, enable_gqa, window, alibi, softcap, sinks,
+                        with_lse=True)
 
 
 attention = torch.library.custom_op("qkv::attention", _attention, mutates_args=())
@@ -75,8 +77,16 @@ def _attention_backward(
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """``(dq, dk, dv, dmask, dsinks)``; ``dmask`` is empty unless ``mask_grad``, ``dsinks``
     without sinks. ``grad_lse``: the logsumexp's gradient, when it has one."""
-    call = _core.Call(query, key, value, attn_mask, is_causal, scale, enable_gqa, window, alibi, softcap, sinks)
-    dq, dk, dv, dmask, dsinks = call.backward(out, lse, grad_out, mask_grad, grad_lse)
+    gradients = None
+    if grad_lse is None and _core.plain(attn_mask, window, alibi, softcap, sinks):
+        # The common call straight from the tensors.
+        gradients = _core.fast_backward(grad_out, query, key, value, out, lse, is_causal, scale, enable_gqa)
+        if gradients is not None:
+            gradients = (*gradients, None, None)
+    if gradients is None:
+        call = _core.Call(query, key, value, attn_mask, is_causal, scale, enable_gqa, window, alibi, softcap, sinks)
+        gradients = call.backward(out, lse, grad_out, mask_grad, grad_lse)
+    dq, dk, dv, dmask, dsinks = gradients
     dq, dk, dv = (_like(g, t) for g, t in ((dq, query), (dk, key), (dv, value)))
     dsinks = query.new_empty(0) if dsinks is None else dsinks.to(sinks.dtype)
     if dmask is None:
@@ -139,33 +149,12 @@ def _eager(operator, function):
     return operator if torch.is_grad_enabled() else function
 
 
-def _plain(attn_mask, window, alibi, softcap, sinks):
-    """Whether a call is the common one: no mask and no extension."""
-    return attn_mask is None and window is None and alibi is None and softcap is None and sinks is None
-
-
-def _eager_attention_backward(grad_out, query, key, value, out, lse, attn_mask, is_causal, scale, enable_gqa,
-                              window, alibi, softcap, sinks, mask_grad, grad_lse):
-    """``_attention_backward`` in eager mode: the common call straight from the tensors."""
-    if grad_lse is None and _plain(attn_mask, window, alibi, softcap, sinks):
-        gradients = _core.fast_backward(grad_out, query, key, value, out, lse, is_causal, scale, enable_gqa)
-        if gradients is not None:
-            return (*gradients, None, None)
-    return _attention_backward(grad_out, query, key, value, out, lse, attn_mask, is_causal, scale, enable_gqa,
-                               window, alibi, softcap, sinks, mask_grad, grad_lse)
-
-
 class EagerAttention(torch.autograd.Function):
     """``qkv::attention`` and its autograd formula, without the dispatcher: for eager mode."""
 
     @staticmethod
     def forward(ctx, *inputs):
-        query, key, value, attn_mask, is_causal, scale, enable_gqa, window, alibi, softcap, sinks = inputs
-        output = None
-        if _plain(attn_mask, window, alibi, softcap, sinks):
-            output = _core.fast_forward(query, key, value, is_causal, scale, enable_gqa, with_lse=True)
-        if output is None:
-            output = _attention(*inputs)
+        output = _attention(*inputs)
         # The context set up here, not in a ``setup_context`` of the class: that form binds the
         # arguments through ``inspect.signature`` on every call (25 µs).
         _setup_context(ctx, inputs, output)
@@ -173,7 +162,7 @@ class EagerAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out, grad_lse):
-        return _backward(ctx, grad_out, grad_lse, _eager(attention_backward, _eager_attention_backward))
+        return _backward(ctx, grad_out, grad_lse, _eager(attention_backward, _attention_backward))
 
 
 def _no_second_derivative(ctx, *grads):

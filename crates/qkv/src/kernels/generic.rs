@@ -50,7 +50,8 @@ pub(super) fn scores<T: Scalar, E: Element, S: Load<T, E>, const MR: usize, cons
                 s: &mut s[g * KEY_BLOCK + p * width..][..(MR - 1) * KEY_BLOCK + width],
                 row_max: &mut row_max[g * S::LANES..(g + MR) * S::LANES],
             };
-            // A causal diagonal needs only the first vectors of a panel: fewer accumulators. A
+            // A causal diagonal, or a last panel partly filled with keys, needs only the first
+            // vectors of a panel: fewer accumulators. A
             // group of fewer real rows (a decoding step's few stacked heads) computes only them.
             match (vectors, real_rows.saturating_sub(g)) {
                 (1, _) if NV > 1 => tile.run::<S, MR, MR, 1, NV>(simd),
