@@ -142,27 +142,32 @@ def _backward(ctx, grad_out, grad_lse, differentiate=attention_backward):
 attention.register_autograd(_backward, setup_context=_setup_context)
 
 
-def _eager(operator, function):
-    """A backward's ``function`` without the dispatcher, but its ``operator`` where autograd
-    records the backward for a double backward (``create_graph``): the operator's own backward
-    then says there is none."""
-    return operator if torch.is_grad_enabled() else function
+def eager_function(name, function, setup_context, backward, differentiate):
+    """A ``torch.autograd.Function`` named ``name`` that runs an operator's ``function`` and its
+    autograd formula (``setup_context``, ``backward``) without the dispatcher, for eager mode;
+    ``differentiate`` is ``(the backward's operator, its function)``. The backward runs the
+    function, but the operator where autograd records the backward for a double backward
+    (``create_graph``): the operator's own backward then says there is none."""
 
-
-class EagerAttention(torch.autograd.Function):
-    """``qkv::attention`` and its autograd formula, without the dispatcher: for eager mode."""
-
-    @staticmethod
     def forward(ctx, *inputs):
-        output = _attention(*inputs)
+        output = function(*inputs)
         # The context set up here, not in a ``setup_context`` of the class: that form binds the
         # arguments through ``inspect.signature`` on every call (25 µs).
-        _setup_context(ctx, inputs, output)
+        setup_context(ctx, inputs, output)
         return output
 
-    @staticmethod
-    def backward(ctx, grad_out, grad_lse):
-        return _backward(ctx, grad_out, grad_lse, _eager(attention_backward, _attention_backward))
+    def backward_(ctx, grad_out, grad_lse):
+        operator, plain = differentiate
+        return backward(ctx, grad_out, grad_lse, operator if torch.is_grad_enabled() else plain)
+
+    doc = f"``{function.__name__}`` and its autograd formula without the dispatcher (``eager_function``)."
+    body = {"forward": staticmethod(forward), "backward": staticmethod(backward_), "__doc__": doc}
+    return type(name, (torch.autograd.Function,), body)
+
+
+EagerAttention = eager_function(
+    "EagerAttention", _attention, _setup_context, _backward, (attention_backward, _attention_backward)
+)
 
 
 def _no_second_derivative(ctx, *grads):
@@ -286,15 +291,10 @@ varlen_attention.register_autograd(_varlen_backward, setup_context=_varlen_setup
 varlen_attention_backward.register_autograd(_no_second_derivative)
 
 
-class EagerVarlenAttention(torch.autograd.Function):
-    """``qkv::varlen_attention`` and its autograd formula, without the dispatcher: for eager mode."""
-
-    @staticmethod
-    def forward(ctx, *inputs):
-        output = _varlen_attention(*inputs)
-        _varlen_setup_context(ctx, inputs, output)
-        return output
-
-    @staticmethod
-    def backward(ctx, grad_out, grad_lse):
-        return _varlen_backward(ctx, grad_out, grad_lse, _eager(varlen_attention_backward, _varlen_attention_backward))
+EagerVarlenAttention = eager_function(
+    "EagerVarlenAttention",
+    _varlen_attention,
+    _varlen_setup_context,
+    _varlen_backward,
+    (varlen_attention_backward, _varlen_attention_backward),
+)
