@@ -23,6 +23,7 @@
 //! write copies them with the block.
 
 use std::ops::Range;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use ndarray::{Array3, ArrayView3, ArrayViewMut2, ArrayViewMut3, Axis, s};
 
@@ -100,6 +101,8 @@ with_fields!(PagedShape:
 /// is reused: every call with it fails.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct SequenceId {
+    /// The cache that made it ([`Sequences::cache`]), so that another cache refuses it.
+    cache: u32,
     slot: u32,
     generation: u32,
 }
@@ -163,9 +166,7 @@ pub struct PagedKvCache<E: CacheStorage = f32> {
     /// An int8 pool's scales, `block_layout.scales_stride` per block (empty otherwise).
     scales: Vec<f32>,
     pool: BlockPool,
-    slots: Vec<Slot>,
-    /// Slots of freed sequences, for the next ones.
-    free_slots: Vec<u32>,
+    sequences: Sequences,
     /// Keys are rotated as they are appended, queries as a step stacks them.
     rotary: Option<Rotary>,
     step: StepBuffers,
@@ -261,6 +262,65 @@ impl BlockPool {
     }
 }
 
+/// The sequences of one cache, by slot: the ids it hands out name it, so that an id from another
+/// cache (which may have the same slot and generation) fails there too.
+struct Sequences {
+    /// Distinct for every cache a process makes.
+    cache: u32,
+    slots: Vec<Slot>,
+    /// Slots of freed sequences, for the next ones.
+    free: Vec<u32>,
+}
+
+impl Sequences {
+    fn new() -> Sequences {
+        static CACHES: AtomicU32 = AtomicU32::new(0);
+        Sequences { cache: CACHES.fetch_add(1, Ordering::Relaxed), slots: Vec::new(), free: Vec::new() }
+    }
+
+    /// The sequence `id` names, if it is this cache's and still held.
+    fn get(&self, id: SequenceId) -> Result<&Sequence, AttentionError> {
+        let slot = self
+            .slots
+            .get(id.index())
+            .filter(|slot| id.cache == self.cache && slot.generation == id.generation);
+        slot.and_then(|slot| slot.sequence.as_ref())
+            .ok_or(AttentionError::UnknownSequence { sequence: id.index() })
+    }
+
+    /// [`get`](Self::get), to change the sequence.
+    fn get_mut(&mut self, id: SequenceId) -> Result<&mut Sequence, AttentionError> {
+        self.get(id)?;
+        Ok(self.slots[id.index()].sequence.as_mut().expect("checked above"))
+    }
+
+    /// Holds `sequence` in a free slot, or a new one.
+    fn insert(&mut self, sequence: Sequence) -> SequenceId {
+        let slot = self.free.pop().unwrap_or_else(|| {
+            let slot = u32::try_from(self.slots.len()).expect("fewer than 2^32 sequences at once");
+            self.slots.push(Slot { generation: 0, sequence: None });
+            slot
+        });
+        let entry = &mut self.slots[slot as usize];
+        entry.sequence = Some(sequence);
+        SequenceId { cache: self.cache, slot, generation: entry.generation }
+    }
+
+    /// Lets go of the sequence `id` names: the id names nothing from now on.
+    fn remove(&mut self, id: SequenceId) -> Result<Sequence, AttentionError> {
+        self.get(id)?;
+        let slot = &mut self.slots[id.index()];
+        slot.generation = slot.generation.wrapping_add(1);
+        self.free.push(id.slot);
+        Ok(slot.sequence.take().expect("checked above"))
+    }
+
+    /// The sequences held.
+    fn iter(&self) -> impl Iterator<Item = &Sequence> {
+        self.slots.iter().filter_map(|slot| slot.sequence.as_ref())
+    }
+}
+
 /// A slot for one sequence; `generation` counts the sequences it has held, so an old id fails.
 struct Slot {
     generation: u32,
@@ -277,21 +337,6 @@ struct Sequence {
     /// `evicted · block_size` are no longer held.
     evicted: usize,
     layers: Vec<LayerState>,
-}
-
-/// The sequence `id` names among `slots` (a function of the slots alone, so that the cache's
-/// other fields can be borrowed beside it).
-fn sequence_ref(slots: &[Slot], id: SequenceId) -> Result<&Sequence, AttentionError> {
-    let slot = slots.get(id.index()).filter(|slot| slot.generation == id.generation);
-    slot.and_then(|slot| slot.sequence.as_ref())
-        .ok_or(AttentionError::UnknownSequence { sequence: id.index() })
-}
-
-/// [`sequence_ref`], to change the sequence.
-fn sequence_mut(slots: &mut [Slot], id: SequenceId) -> Result<&mut Sequence, AttentionError> {
-    let slot = slots.get_mut(id.index()).filter(|slot| slot.generation == id.generation);
-    slot.and_then(|slot| slot.sequence.as_mut())
-        .ok_or(AttentionError::UnknownSequence { sequence: id.index() })
 }
 
 impl Sequence {
@@ -423,8 +468,7 @@ impl<E: CacheStorage> PagedKvCache<E> {
             storage,
             scales: scales_pool,
             pool,
-            slots: Vec::new(),
-            free_slots: Vec::new(),
+            sequences: Sequences::new(),
             rotary: None,
             step: StepBuffers::default(),
         })
@@ -437,7 +481,7 @@ impl<E: CacheStorage> PagedKvCache<E> {
     /// the keys, or if any sequence already holds positions.
     pub fn with_rotary(mut self, rotary: Rotary) -> Result<Self, AttentionError> {
         rotary.check(self.shape.key_dim)?;
-        if self.slots.iter().any(|slot| slot.sequence.as_ref().is_some_and(|s| s.len() > 0)) {
+        if self.sequences.iter().any(|s| s.len() > 0) {
             return Err(AttentionError::RotaryAfterAppend);
         }
         self.rotary = Some(rotary);
@@ -495,26 +539,11 @@ impl<E: CacheStorage> PagedKvCache<E> {
             evicted: 0,
             layers: vec![LayerState::default(); self.shape.layers],
         };
-        self.insert(sequence)
-    }
-
-    fn insert(&mut self, sequence: Sequence) -> SequenceId {
-        match self.free_slots.pop() {
-            Some(slot) => {
-                let entry = &mut self.slots[slot as usize];
-                entry.sequence = Some(sequence);
-                SequenceId { slot, generation: entry.generation }
-            }
-            None => {
-                let slot = u32::try_from(self.slots.len()).expect("fewer than 2^32 sequences at once");
-                self.slots.push(Slot { generation: 0, sequence: Some(sequence) });
-                SequenceId { slot, generation: 0 }
-            }
-        }
+        self.sequences.insert(sequence)
     }
 
     fn sequence(&self, id: SequenceId) -> Result<&Sequence, AttentionError> {
-        sequence_ref(&self.slots, id)
+        self.sequences.get(id)
     }
 
     /// Positions `seq` holds (at its longest layer, while a decoder's layers take their turns).
@@ -555,7 +584,7 @@ impl<E: CacheStorage> PagedKvCache<E> {
         for &block in &child.blocks {
             self.pool.holders[block as usize] += 1;
         }
-        Ok(self.insert(child))
+        Ok(self.sequences.insert(child))
     }
 
     /// Rolls `seq` back to its first `len` positions (every layer holding more is cut to `len`),
@@ -575,7 +604,7 @@ impl<E: CacheStorage> PagedKvCache<E> {
     /// ```
     pub fn truncate(&mut self, seq: SequenceId, len: usize) -> Result<(), AttentionError> {
         let block_size = self.shape.block_size;
-        let sequence = sequence_mut(&mut self.slots, seq)?;
+        let sequence = self.sequences.get_mut(seq)?;
         let held = sequence.len();
         if len > held {
             return Err(AttentionError::TruncateLength { sequence: seq.index(), len: held, requested: len });
@@ -615,7 +644,7 @@ impl<E: CacheStorage> PagedKvCache<E> {
     /// ```
     pub fn evict_before(&mut self, seq: SequenceId, position: usize) -> Result<(), AttentionError> {
         let block_size = self.shape.block_size;
-        let sequence = sequence_mut(&mut self.slots, seq)?;
+        let sequence = self.sequences.get_mut(seq)?;
         let shortest = sequence.layers.iter().map(|l| l.len).min().unwrap_or(0);
         if position > shortest {
             return Err(AttentionError::EvictBeyond { sequence: seq.index(), position, held: shortest });
@@ -639,13 +668,9 @@ impl<E: CacheStorage> PagedKvCache<E> {
     /// Ends `seq`: its blocks are let go of (those no other sequence holds return to the pool)
     /// and its id names nothing from now on.
     pub fn free(&mut self, seq: SequenceId) -> Result<(), AttentionError> {
-        for block in std::mem::take(&mut sequence_mut(&mut self.slots, seq)?.blocks) {
+        for block in self.sequences.remove(seq)?.blocks {
             self.pool.release(block);
         }
-        let slot = &mut self.slots[seq.index()];
-        slot.sequence = None;
-        slot.generation = slot.generation.wrapping_add(1);
-        self.free_slots.push(seq.slot);
         Ok(())
     }
 
@@ -710,7 +735,7 @@ impl<E: CacheStorage> PagedLayer<'_, E> {
         let cache = &mut *self.cache;
         let (pool, storage, scales, at) =
             (&mut cache.pool, &mut cache.storage, &mut cache.scales, cache.block_layout);
-        let sequence = sequence_mut(&mut cache.slots, seq)?;
+        let sequence = cache.sequences.get_mut(seq)?;
         let len = sequence.layers[layer].len;
         let end = len + n_new;
         // The blocks the new positions land in: those of the table (copied first if shared),
@@ -953,7 +978,7 @@ impl<E: CacheStorage> PagedLayer<'_, E> {
         let level = self.cache.level;
         step::check_cache_options(options, level, query_heads, n_queries, longest)?
             .map_err(|mismatch| self.shape_error(mismatch))?;
-        let PagedKvCache { isa, block_layout: at, storage, scales, slots, rotary, step, .. } =
+        let PagedKvCache { isa, block_layout: at, storage, scales, sequences: held, rotary, step, .. } =
             &mut *self.cache;
         let StepBuffers { members, step: buffers } = step;
         let shape_of =
@@ -961,7 +986,7 @@ impl<E: CacheStorage> PagedLayer<'_, E> {
         // Each sequence with its queries, checked against what it holds at this layer.
         members.clear();
         for (i, &id) in sequences.iter().enumerate() {
-            let sequence = sequence_ref(slots, id)?;
+            let sequence = held.get(id)?;
             let (state, first_held) = (sequence.layers[layer], sequence.evicted * block_size);
             let queries = query_offsets[i]..query_offsets[i + 1];
             if queries.len() > state.len - first_held {
@@ -1003,7 +1028,7 @@ impl<E: CacheStorage> PagedLayer<'_, E> {
         }
         let first_heads = sequence_masks(options, &members[0]);
         let first_heads = first_heads.resolve_heads(&shape_of(&members[0]), Some((1, query_heads)))?;
-        let (storage, scales, slots) = (&**storage, &scales[..], &*slots);
+        let (storage, scales, slots) = (&**storage, &scales[..], &held.slots);
         let keys = |m: usize, _: usize, kv: usize| {
             let sequence = slots[members[m].slot].sequence.as_ref().expect("a member's sequence was checked");
             StoredKeys::Paged(PagedKeys {

@@ -810,6 +810,19 @@ fn errors_name_the_sequence_the_argument_and_the_shapes() {
         "sequence 1 is not in the paged KV cache: it was freed, or comes from another cache"
     );
     assert!(cache.free(b).is_err(), "freeing twice is an error, not a double release");
+    // Another cache's first sequence has `a`'s slot and generation: every call here refuses it.
+    let mut other = PagedKvCache::<f32>::new(shape).unwrap();
+    let theirs = other.add_sequence();
+    assert_eq!(theirs.index(), a.index());
+    let unknown = "sequence 0 is not in the paged KV cache: it was freed, or comes from another cache";
+    assert_eq!(err(cache.len(theirs).unwrap_err()), unknown);
+    let (k, v) = (Array3::<f32>::zeros((2, 1, 3)), Array3::<f32>::zeros((2, 1, 5)));
+    assert_eq!(err(cache.layer(0).unwrap().append(theirs, k.view(), v.view()).unwrap_err()), unknown);
+    assert_eq!(err(cache.layer(0).unwrap().attend(&[theirs], &[0, 1], k.view()).unwrap_err()), unknown);
+    for refused in [cache.fork(theirs).err(), cache.truncate(theirs, 0).err(), cache.free(theirs).err()] {
+        assert_eq!(err(refused.unwrap()), unknown);
+    }
+    assert_eq!((cache.len(a).unwrap(), other.len(theirs).unwrap()), (3, 0), "neither cache changed");
     // Keys and queries of 1e19: a score could reach 1e38, past what f32 holds with room to spare.
     let huge = Array3::from_elem((2, 1, 3), 1e19_f32);
     cache.layer(0).unwrap().append(a, huge.view(), Array3::zeros((2, 1, 5)).view()).unwrap();
