@@ -99,8 +99,8 @@ def test_windowed_kv_cache_keeps_only_the_window():
 def test_sink_tokens_stay_beside_the_window():
     q, k, v = history(30)
     sinks = 2
-    # The sink tokens take whole key panels of the kernels' level (up to 64 slots), then the ring.
-    cache = qkv.KvCache(1, KV_HEADS, capacity=64 + 5, key_dim=D_K, value_dim=D_V, window=4, sink_tokens=sinks)
+    # The sink tokens' slots, then the window and the step's other query: no slot to spare.
+    cache = qkv.KvCache(1, KV_HEADS, capacity=sinks + 4 + 1, key_dim=D_K, value_dim=D_V, window=4, sink_tokens=sinks)
     for end in range(2, 31, 2):
         cache.append(0, k[:, end - 2:end], v[:, end - 2:end])
         out = cache.attend(0, q[:, end - 2:end])

@@ -175,6 +175,18 @@ pub enum AttentionError {
         /// Why it may not be zero.
         why: &'static str,
     },
+    /// A causal mask and a sliding window that place the queries among the keys differently.
+    #[error(
+        "the causal mask is {causal:?} but the sliding window is {window:?}-aligned: the two would put each query \
+         at two different key positions (with more keys than queries a window can hide every key the causal mask \
+         leaves a row); align them alike, as `SlidingWindow::new(before, after).aligned(CausalMask::{causal:?})`"
+    )]
+    WindowAlignment {
+        /// The causal mask's alignment.
+        causal: crate::CausalMask,
+        /// The window's.
+        window: crate::CausalMask,
+    },
     /// A scale that is NaN or infinite.
     #[error("scale is {value}: the score multiplier must be finite")]
     InvalidScale {
@@ -252,8 +264,8 @@ pub enum AttentionError {
     },
     /// A score that overflowed the element type although every input was finite.
     #[error(
-        "the scaled score of query {query_idx}{} overflowed {ty}: its inputs are finite but too \
-         large for their dot product; compute in f64 or scale the inputs down",
+        "the scaled score of query {query_idx}{} overflowed {ty}: its inputs and the scale are finite but \
+         their scaled dot product is too large for it; compute in f64, or scale the inputs (or the scale) down",
         head.map_or(String::new(), |(b, h)| format!(" in batch {b}, head {h}"))
     )]
     ScoreOverflow {
@@ -367,7 +379,7 @@ pub enum AttentionError {
     /// the window the cache keeps.
     #[error(
         "layer {layer} of the KV cache keeps a window of {window} positions, so its sliding_window \
-         option is SlidingWindow::new({}, 0) or none (the cache's window then applies), not {found:?}",
+         option is SlidingWindow::new({}, 0) or none (the cache's window then applies), not {found}",
         window - 1
     )]
     CacheWindowOption {

@@ -404,11 +404,12 @@ impl<E: CacheStorage> KvCache<E> {
 
     /// This windowed cache keeping its first `sink_tokens` positions for good (StreamingLLM's
     /// attention sinks): each query then sees those positions (up to its own) and the last
-    /// `window` up to its own, and nothing between. The sink tokens take slots of their own
-    /// before the ring's, `sink_tokens` rounded up to whole key panels of the cache's level
-    /// ([`PagedKvCache::block_granularity`](crate::PagedKvCache::block_granularity): 8 to 64
-    /// slots), and the ring the rest of the capacity, which must still hold the window: a
-    /// step of `n_q` queries needs `capacity >= that rounding + window + n_q - 1`. Positions, for
+    /// `window` up to its own, and nothing between. The sink tokens take `sink_tokens` of the
+    /// capacity's slots and the ring the rest, which must still hold the window: a step of `n_q`
+    /// queries needs `capacity >= sink_tokens + window + n_q - 1`, on every SIMD level. (The
+    /// cache pads the sink tokens' slots to whole key panels of its level itself, at most 63
+    /// slots more per head: [`PagedKvCache::block_granularity`](crate::PagedKvCache::block_granularity).)
+    /// Positions, for
     /// rotary embeddings too, stay absolute. Steps equal
     /// [`multi_head_attention`](crate::multi_head_attention) over the whole history with a
     /// bottom-right causal mask and a keep mask of `j < sink_tokens || j > i - window` (query
@@ -420,11 +421,9 @@ impl<E: CacheStorage> KvCache<E> {
     /// ```
     /// use ndarray::Array3;
     /// use qkv::{CacheShape, KvCache};
-    /// // Keep the first position, and a window of 4 positions; the baseline level's key panel of
-    /// // 8 slots for the sink token.
-    /// let shape = CacheShape::new(1, 1, 20, 2, 1);
-    /// let level = qkv::SimdLevel::Baseline;
-    /// let mut cache = KvCache::<f32>::with_window_for_level(shape, 4, level)?.with_sink_tokens(1)?;
+    /// // Keep the first position, and a window of 4 positions: 5 slots.
+    /// let shape = CacheShape::new(1, 1, 5, 2, 1);
+    /// let mut cache = KvCache::<f32>::with_window(shape, 4)?.with_sink_tokens(1)?;
     /// let mut layer = cache.layer(0)?;
     /// for position in 0..100 {
     ///     let (k, v) = (Array3::zeros((1, 1, 2)), Array3::from_elem((1, 1, 1), position as f32));
@@ -449,16 +448,19 @@ impl<E: CacheStorage> KvCache<E> {
             return refuse("it already holds positions".into());
         }
         let capacity = self.shape.capacity;
-        let first_slot =
-            sink_tokens.checked_next_multiple_of(self.layout.key_panel).filter(|&f| f <= capacity);
-        let Some(first_slot) = first_slot.filter(|&f| capacity - f >= ring.window) else {
+        let Some(ring_capacity) = capacity.checked_sub(sink_tokens).filter(|&c| c >= ring.window) else {
             return refuse(format!(
-                "they take {sink_tokens} slots rounded up to whole key panels of {}, and the window of {} \
-                 positions must still fit the capacity of {capacity}",
-                self.layout.key_panel, ring.window
+                "they take {sink_tokens} of the capacity's {capacity} slots, and the window of {} positions \
+                 must still fit in the rest",
+                ring.window
             ));
         };
-        self.ring = Some(Ring { capacity: capacity - first_slot, sink_tokens, first_slot, ..ring });
+        // The ring's keys start a key panel of their own: the sink tokens' slots are padded to
+        // whole panels, in storage of that many more slots (the cache is empty, checked above).
+        let first_slot = sink_tokens.next_multiple_of(self.layout.key_panel);
+        let padded = CacheShape { capacity: first_slot + ring_capacity, ..self.shape };
+        self.layers = KvCache::<E>::for_level(padded, self.level)?.layers;
+        self.ring = Some(Ring { capacity: ring_capacity, sink_tokens, first_slot, ..ring });
         Ok(self)
     }
 

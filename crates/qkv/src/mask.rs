@@ -191,7 +191,9 @@ impl<'a, T: Real> AdditiveBias<'a, T> {
 }
 
 /// Sliding-window (local) attention: the query at key position `p` (placed by `align`, as the
-/// causal mask places it) sees keys `p - before ..= p + after`.
+/// causal mask places it) sees keys `p - before ..= p + after`. Beside a causal mask the window
+/// takes the mask's alignment (an error otherwise): [`SlidingWindow::new`] is bottom-right, so
+/// a top-left causal mask (PyTorch's `is_causal`) needs `.aligned(CausalMask::TopLeft)`.
 ///
 /// This is flash-attn's `window_size = (before, after)`; `after = 0` is a causal sliding window
 /// (Mistral's, with `before = window - 1`). A side of [`SlidingWindow::UNBOUNDED`] (flash-attn's
@@ -216,6 +218,21 @@ pub struct SlidingWindow {
     pub after: usize,
     /// Where the queries stand among the keys.
     pub align: CausalMask,
+}
+
+/// As it is written: `SlidingWindow::new(4, 0)`, with `.aligned(CausalMask::TopLeft)` when it
+/// is top-left aligned.
+impl std::fmt::Display for SlidingWindow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let side = |n: usize| {
+            if n == Self::UNBOUNDED { "SlidingWindow::UNBOUNDED".to_string() } else { n.to_string() }
+        };
+        write!(f, "SlidingWindow::new({}, {})", side(self.before), side(self.after))?;
+        match self.align {
+            CausalMask::BottomRight => Ok(()),
+            CausalMask::TopLeft => f.write_str(".aligned(CausalMask::TopLeft)"),
+        }
+    }
 }
 
 impl SlidingWindow {

@@ -31,6 +31,11 @@ impl<'a, T: Real> AttentionOptions<'a, T> {
     ) -> Result<HeadMasks<'_, 'a, T>, AttentionError> {
         let layout = ScoreLayout { shape: *shape, heads };
         let (batch, n_heads) = heads.unwrap_or((1, 1));
+        if let (Some(causal), Some(window)) = (self.causal, &self.window)
+            && causal != window.align
+        {
+            return Err(AttentionError::WindowAlignment { causal, window: window.align });
+        }
         if let Some(KeepMask(keep)) = &self.keep {
             layout.check_pairs("keep_mask", keep)?;
         }

@@ -43,11 +43,12 @@ impl SimdLevel {
 impl FromStr for SimdLevel {
     type Err = AttentionError;
 
-    /// Parses a level's [`name`](SimdLevel::name).
+    /// Parses a level's [`name`](SimdLevel::name), in any case and with spaces around it (as an
+    /// environment variable may hold it: `AVX2`, ` avx2`).
     fn from_str(value: &str) -> Result<SimdLevel, AttentionError> {
         SimdLevel::ALL
             .into_iter()
-            .find(|level| level.name() == value)
+            .find(|level| level.name().eq_ignore_ascii_case(value.trim()))
             .ok_or_else(|| AttentionError::UnknownSimdLevel { value: value.to_string() })
     }
 }

@@ -66,9 +66,8 @@ class KvCache(_Cache):
     cache is a ring buffer of the last positions a sliding window of that many keys needs, and
     ``capacity`` is the window plus the largest step but one; with ``sink_tokens`` as well it keeps
     its first ``sink_tokens`` positions for good, beside the window (StreamingLLM's attention
-    sinks), at their own positions, in slots of their own: ``sink_tokens`` rounded up to whole key
-    panels of this CPU's kernels (``PagedKvCache.block_granularity()`` slots: 8 to 64), so
-    ``capacity`` is that rounding plus the window plus the largest step but one.
+    sinks), at their own positions, in ``sink_tokens`` slots of their own, so ``capacity`` is
+    ``sink_tokens`` plus the window plus the largest step but one, on every CPU.
     """
 
     def __init__(self, layers, kv_heads, capacity, key_dim, value_dim=None, dtype="float32", window=None,

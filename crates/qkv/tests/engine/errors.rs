@@ -153,8 +153,8 @@ fn multi_head_errors_name_the_batch_element_and_head() {
     let v = Array4::<f32>::zeros((2, 4, 5, 1));
     check(
         qkv::multi_head_attention(q.view(), k.view(), v.view(), &AttentionOptions::new()).unwrap_err(),
-        "the scaled score of query 2 in batch 1, head 3 overflowed f32: its inputs are finite but too large \
-         for their dot product; compute in f64 or scale the inputs down",
+        "the scaled score of query 2 in batch 1, head 3 overflowed f32: its inputs and the scale are finite but \
+         their scaled dot product is too large for it; compute in f64, or scale the inputs (or the scale) down",
     );
 }
 
@@ -238,5 +238,34 @@ fn score_overflow_names_the_first_query_whatever_the_threads() {
                 "{threads} threads, call {call}: {err}"
             );
         }
+    }
+}
+
+#[test]
+fn a_window_aligned_unlike_the_causal_mask_is_refused() {
+    use qkv::{CausalMask, SlidingWindow};
+    // Two queries over five keys: a top-left causal mask with a window placed bottom-right would
+    // leave the first query no key at all, silently.
+    let q = Array2::<f32>::ones((2, 3));
+    let k = Array2::<f32>::ones((5, 3));
+    let v = Array2::<f32>::ones((5, 1));
+    let window = SlidingWindow::new(1, 0);
+    let mixed = AttentionOptions::new().causal(CausalMask::TopLeft).sliding_window(window);
+    check(
+        qkv::attention(q.view(), k.view(), v.view(), &mixed).unwrap_err(),
+        "the causal mask is TopLeft but the sliding window is BottomRight-aligned: the two would put each query at \
+         two different key positions (with more keys than queries a window can hide every key the causal mask \
+         leaves a row); align them alike, as `SlidingWindow::new(before, after).aligned(CausalMask::TopLeft)`",
+    );
+    let q4 = q.clone().into_shape_with_order((1, 1, 2, 3)).unwrap();
+    let (k4, v4) = (
+        k.clone().into_shape_with_order((1, 1, 5, 3)).unwrap(),
+        v.clone().into_shape_with_order((1, 1, 5, 1)).unwrap(),
+    );
+    assert!(qkv::multi_head_attention(q4.view(), k4.view(), v4.view(), &mixed).is_err(), "multi-head too");
+    for align in [CausalMask::TopLeft, CausalMask::BottomRight] {
+        let alike = AttentionOptions::new().causal(align).sliding_window(window.aligned(align));
+        let out = qkv::attention(q.view(), k.view(), v.view(), &alike).unwrap();
+        assert!(out.iter().all(|x| (x - 1.0).abs() < 1e-6), "{align:?}: every row sees a key");
     }
 }

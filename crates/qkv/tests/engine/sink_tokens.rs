@@ -7,8 +7,7 @@
 
 use ndarray::{Array2, Array3, Axis, s};
 use qkv::{
-    Alibi, AttentionOptions, CacheOptions, CacheShape, CausalMask, KeepMask, KvCache, PagedKvCache, Rotary,
-    SimdLevel,
+    Alibi, AttentionOptions, CacheOptions, CacheShape, CausalMask, KeepMask, KvCache, Rotary, SimdLevel,
 };
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -47,8 +46,7 @@ fn key_set(n_q: usize, len: usize, sink_tokens: usize, window: usize) -> Array2<
 /// key set. With `truncate_at`, after that many chunks the cache rolls back by one position and
 /// the history with it.
 fn check(level: SimdLevel, c: Config, chunks: &[usize], truncate_at: Option<usize>, seed: u64) {
-    let panel = PagedKvCache::<f32>::block_granularity(level).unwrap();
-    let capacity = c.sink_tokens.next_multiple_of(panel) + c.window + c.largest_step - 1;
+    let capacity = c.sink_tokens + c.window + c.largest_step - 1;
     let shape = CacheShape::new(1, c.kv_heads, capacity, c.key_dim, c.value_dim);
     let query_heads = c.kv_heads * c.group;
     let total: usize = chunks.iter().sum();
@@ -251,15 +249,18 @@ fn sink_tokens_a_cache_cannot_keep_are_errors() {
         "a KV cache cannot keep its first 4 positions as sink tokens: it has no window \
          (KvCache::with_window), and it keeps every position anyway"
     );
-    let panel = PagedKvCache::<f32>::block_granularity(level).unwrap();
-    let too_many = KvCache::<f32>::with_window_for_level(shape, 20, level).unwrap().with_sink_tokens(1);
-    assert_eq!(
-        err(too_many.err().unwrap()),
-        format!(
-            "a KV cache cannot keep its first 1 positions as sink tokens: they take 1 slots rounded up to \
-             whole key panels of {panel}, and the window of 20 positions must still fit the capacity of 24"
-        )
-    );
+    // The window and the sink tokens fill the capacity exactly, at every level (the cache pads
+    // the sink tokens' slots to its level's key panel itself); one more sink token does not fit.
+    for level in SimdLevel::ALL.into_iter().filter(|l| l.is_supported()) {
+        let windowed = || KvCache::<f32>::with_window_for_level(shape, 20, level).unwrap();
+        assert_eq!(windowed().with_sink_tokens(4).unwrap().sink_tokens(), 4, "{level}");
+        assert_eq!(
+            err(windowed().with_sink_tokens(5).err().unwrap()),
+            "a KV cache cannot keep its first 5 positions as sink tokens: they take 5 of the capacity's 24 \
+             slots, and the window of 20 positions must still fit in the rest",
+            "{level}"
+        );
+    }
     let mut cache = KvCache::<f32>::with_window_for_level(shape, 8, level).unwrap();
     cache.layer(0).unwrap().append(Array3::zeros((1, 1, 2)).view(), Array3::zeros((1, 1, 2)).view()).unwrap();
     assert_eq!(

@@ -305,7 +305,9 @@ fn every_sequence_matches_the_reference_on_its_own_rows() {
                 AttentionOptions::new().causal(CausalMask::BottomRight)
             });
             packed.check(&format!("{what} top-left causal, window"), |_| {
-                AttentionOptions::new().causal(CausalMask::TopLeft).sliding_window(SlidingWindow::new(3, 0))
+                AttentionOptions::new()
+                    .causal(CausalMask::TopLeft)
+                    .sliding_window(SlidingWindow::new(3, 0).aligned(CausalMask::TopLeft))
             });
             packed.check(&format!("{what} scale and cap"), |_| {
                 AttentionOptions::new().scale(0.9).logit_softcap(2.0)
@@ -362,7 +364,9 @@ fn decoding_steps_take_a_sequences_heads_in_turn_with_the_bits_each_gets_alone()
         let what = format!("heads {heads:?}, dims {dims:?}");
         packed.check(&format!("{what} plain"), |_| AttentionOptions::new());
         packed.check(&format!("{what} top-left causal, window"), |_| {
-            AttentionOptions::new().causal(CausalMask::TopLeft).sliding_window(SlidingWindow::new(3, 0))
+            AttentionOptions::new()
+                .causal(CausalMask::TopLeft)
+                .sliding_window(SlidingWindow::new(3, 0).aligned(CausalMask::TopLeft))
         });
         // Slopes of its own for each query head: a sequence's query heads are its problems, two
         // of them on each key/value head.
@@ -394,7 +398,9 @@ fn the_backward_of_every_sequence_matches_the_reference_on_its_own_rows() {
                 AttentionOptions::new().causal(CausalMask::BottomRight)
             });
             packed.check_backward(&format!("{what} top-left causal, window"), default_scale, |_| {
-                AttentionOptions::new().causal(CausalMask::TopLeft).sliding_window(SlidingWindow::new(3, 0))
+                AttentionOptions::new()
+                    .causal(CausalMask::TopLeft)
+                    .sliding_window(SlidingWindow::new(3, 0).aligned(CausalMask::TopLeft))
             });
             packed.check_backward(&format!("{what} scale and cap"), 0.9, |_| {
                 AttentionOptions::new().scale(0.9).logit_softcap(2.0)
