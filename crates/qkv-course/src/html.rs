@@ -114,6 +114,10 @@ pub(crate) fn site(
             .collect();
         let regions = region_html.get(i).map_or(&[][..], Vec::as_slice);
         let (body, found) = render_body(&file.text, regions, markdown, &uses);
+        // A code box scrolls sideways; it takes the focus itself so that the keyboard can scroll
+        // it (the copy button the script puts inside it would otherwise keep Chromium from
+        // making it focusable, and scrolls nothing).
+        let body = body.replace("<pre>", "<pre tabindex=\"0\" aria-label=\"Code\">");
         let body = numbered_title(&body, s.number);
         let page_body = format!("{body}{}", site::summary(s));
         out.push(OutputFile {

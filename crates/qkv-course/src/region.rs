@@ -97,6 +97,17 @@ impl<'a> Context<'a, '_> {
         Problem::new(self.doc, self.at, message, self.marker.clone(), expected)
     }
 
+    /// A problem with the directive's option `name` (`name=value`), placed at the option.
+    pub(crate) fn option_problem(
+        &self,
+        name: &str,
+        message: impl Into<String>,
+        expected: impl Into<String>,
+    ) -> Problem {
+        let at = self.marker.find(&format!(" {name}=")).map_or(self.at, |i| self.at + i + 1);
+        Problem::new(self.doc, at, message, self.marker.clone(), expected)
+    }
+
     /// A problem when the region would show more than [`MAX_SHOWN`] of something: past that a
     /// table, worked example or figure is no longer readable.
     pub(crate) fn at_most_shown(&self, counts: &[(usize, &str)]) -> Result<(), Problem> {
@@ -296,7 +307,11 @@ pub(crate) fn generate(
                 cx.options.push((option, value));
                 if option == "digits" {
                     cx.digits = value.parse().ok().filter(|&d| d <= 12).ok_or_else(|| {
-                        cx.problem(format!("bad `digits={value}`"), "`digits=N` with N from 0 to 12")
+                        cx.option_problem(
+                            option,
+                            format!("bad `digits={value}`"),
+                            "`digits=N` with N from 0 to 12",
+                        )
                     })?;
                 }
             }
@@ -307,7 +322,7 @@ pub(crate) fn generate(
                 } else {
                     accepted.join(", ")
                 };
-                return Err(cx.problem(format!("unknown option `{option}`"), expected));
+                return Err(cx.option_problem(option, format!("unknown option `{option}`"), expected));
             }
             None => cx.args.push(word),
         }

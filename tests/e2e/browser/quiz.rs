@@ -224,6 +224,11 @@ fn every_quiz_is_upgraded_as_the_contract_says() {
                     "",
                 );
                 assert!(!b.text(&text).is_empty(), "quiz {id}'s hint is empty");
+                assert_eq!(
+                    b.eval(&format!("document.activeElement === document.querySelector({})", js(&text))),
+                    Value::Bool(true),
+                    "quiz {id}: the disabled hint button hands the focus to its hint, not to <body>"
+                );
             }
         }
         b.assert_clean(&format!("{}: every quiz", section.id));

@@ -16,10 +16,7 @@ pub(super) fn print_page(sections: &[Section], bodies: &[String]) -> String {
     );
     for (s, html) in sections.iter().zip(bodies) {
         body.push_str(&format!("<section class=\"print-section\" id=\"{}\">\n", escape(&s.id)));
-        // Without the script no copy button makes a code box reachable: the box takes the focus
-        // itself, so the keyboard can scroll it.
-        let html = html.replace("<pre>", "<pre tabindex=\"0\" aria-label=\"Code\">");
-        let mut html = prefixed_ids(&html, &s.id);
+        let mut html = prefixed_ids(html, &s.id);
         // Links between sections stay on this page.
         for t in sections {
             html = html

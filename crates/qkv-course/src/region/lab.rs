@@ -25,6 +25,15 @@ pub(super) const KIND: Kind = Kind {
 
 fn generate(cx: &mut Context<'_, '_>) -> Result<Generated, Problem> {
     let named = cx.named(KIND.usage)?;
+    let rounded = cx.options.iter().find(|(o, _)| *o == "rounded").map(|&(_, n)| n);
+    if rounded.is_some() && !matches!(named.computed, Computed::Attention { result: Ok(_), .. }) {
+        // Only one query's lab prints its output a second time, rounded as the prose cites it.
+        return Err(cx.option_problem(
+            "rounded",
+            "`rounded=N` on a lab that is not one query of an attention example",
+            "`rounded=N` only on `lab EXAMPLE.TOKEN`; `digits=N` sets any lab's decimals",
+        ));
+    }
     // A part of a record (a head of a multi-head example) is named in the file too, so that two
     // heads' labs of one token do not share a notebook.
     let notebook_name = |label: &str| {
@@ -60,9 +69,10 @@ fn generate(cx: &mut Context<'_, '_>) -> Result<Generated, Problem> {
         ),
         Computed::Attention { inputs, result: Ok(result) } => {
             let i = cx.query_index(cx.args[0], &inputs, &named.rest)?;
-            let rounded = match cx.options.iter().find(|(o, _)| *o == "rounded") {
-                Some((_, n)) => Some(n.parse().ok().filter(|&d| d <= 12).ok_or_else(|| {
-                    cx.problem(
+            let rounded = match rounded {
+                Some(n) => Some(n.parse().ok().filter(|&d| d <= 12).ok_or_else(|| {
+                    cx.option_problem(
+                        "rounded",
                         format!("bad `rounded={n}`"),
                         "`rounded=N` with N from 0 to 12, the decimals the prose cites",
                     )

@@ -117,9 +117,13 @@
       hintBox.parentNode.insertBefore(this.hintText, hintBox);
       hintBox.parentNode.removeChild(hintBox);
       this.hint = button("Hint", "data-qkv-hint");
+      // The button is disabled once used, which would drop the focus to <body>: it goes to the
+      // hint instead, which a screen reader then reads.
+      this.hintText.setAttribute("tabindex", "-1");
       this.hint.addEventListener("click", function () {
         self.hintText.hidden = false;
         self.hint.disabled = true;
+        self.hintText.focus({ preventScroll: true });
       });
       controls.appendChild(this.hint);
     }
