@@ -23,7 +23,7 @@ use crate::simd;
 /// Prints as an aligned matrix, four decimals unless the format asks for others (`{:.2}`).
 ///
 /// ```
-/// use ndarray::array;
+/// use qkv::ndarray::array;
 /// let k = array![[1.0_f64, 0.0], [0.0, 1.0]];
 /// let v = array![[2.0], [6.0]];
 /// let causal = qkv::AttentionOptions::new().causal(qkv::CausalMask::TopLeft).scale(1.0);
@@ -106,7 +106,7 @@ pub struct Attention<T> {
 /// masked row is.
 ///
 /// ```
-/// use ndarray::array;
+/// use qkv::ndarray::array;
 /// let q = array![[0.0_f32, 1.0]];
 /// let k = array![[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]];
 /// let v = array![[2.0], [6.0], [4.0]];
@@ -128,7 +128,7 @@ pub fn attention<T: Real>(
 /// [`matrix_mut`](crate::matrix_mut).
 ///
 /// ```
-/// use ndarray::array;
+/// use qkv::ndarray::array;
 /// let q = array![[0.0_f32, 1.0], [1.0, 0.0]];
 /// let k = array![[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]];
 /// let v = array![[2.0], [6.0], [4.0]];
@@ -153,7 +153,7 @@ pub fn attention_into<T: Real>(
 /// the fast path: the logsumexp is `m + ln l` of its online softmax.
 ///
 /// ```
-/// use ndarray::array;
+/// use qkv::ndarray::array;
 /// let q = array![[0.0_f64, 1.0]];
 /// let k = array![[1.0, 0.0], [0.0, 1.0]];
 /// let v = array![[2.0], [6.0]];
@@ -251,7 +251,7 @@ fn attend_output<'out, T: Real, E: Element<Compute = T>, O: Element<Compute = T>
 /// Scaled dot-product attention that also returns the scores and the weight matrix.
 ///
 /// ```
-/// use ndarray::array;
+/// use qkv::ndarray::array;
 /// let k = array![[1.0_f64, 0.0], [0.0, 1.0], [1.0, 1.0]];
 /// let v = array![[2.0], [6.0], [4.0]];
 /// let r = qkv::attention_with_weights(k.view(), k.view(), v.view(), &qkv::AttentionOptions::new())?;

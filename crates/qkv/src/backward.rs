@@ -35,7 +35,7 @@ use crate::simd;
 /// head `h` (of every sequence: a sink is shared by the batch).
 ///
 /// ```
-/// use ndarray::array;
+/// use qkv::ndarray::array;
 /// let q = array![[1.0_f64, 0.0]];
 /// let k = array![[1.0, 0.0], [0.0, 1.0]];
 /// let v = array![[2.0], [6.0]];
@@ -124,12 +124,12 @@ impl<'a, T, D: Dimension> GradientsMut<'a, T, D> {
 /// ([`AttentionOptions::logit_softcap`]) are differentiated through the cap.
 ///
 /// ```
-/// use ndarray::array;
+/// use qkv::ndarray::array;
 /// use qkv::{AttentionOptions, CausalMask};
 /// let x = array![[1.0_f32, 0.0], [0.0, 1.0], [1.0, 1.0]];
 /// let options = AttentionOptions::new().causal(CausalMask::BottomRight);
 /// let forward = qkv::attention_with_lse(x.view(), x.view(), x.view(), &options)?;
-/// let d_out = ndarray::Array2::ones((3, 2));
+/// let d_out = qkv::ndarray::Array2::ones((3, 2));
 /// let g = qkv::attention_backward(x.view(), x.view(), x.view(), &forward, d_out.view(), &options)?;
 /// // The first query sees only itself: its weight is 1 whatever its score, so dq is 0 there.
 /// assert_eq!(g.dq.row(0).to_vec(), vec![0.0, 0.0]);
@@ -168,7 +168,7 @@ fn single_head<T: Real, E: Element<Compute = T>>(
 /// If the call fails, the buffers may hold anything.
 ///
 /// ```
-/// use ndarray::{Array2, array};
+/// use qkv::ndarray::{Array2, array};
 /// let x = array![[1.0_f32, 0.0], [0.0, 1.0]];
 /// let options = qkv::AttentionOptions::new();
 /// let forward = qkv::attention_with_lse(x.view(), x.view(), x.view(), &options)?;
@@ -205,7 +205,7 @@ pub fn attention_backward_into<T: Real>(
 /// memory is kept between calls as [`attention_backward`] says.
 ///
 /// ```
-/// use ndarray::Array4;
+/// use qkv::ndarray::Array4;
 /// let q = Array4::<f32>::from_elem((1, 4, 3, 8), 0.1);
 /// let kv = Array4::<f32>::from_elem((1, 2, 5, 8), 0.2);
 /// let options = qkv::AttentionOptions::new();
@@ -248,7 +248,7 @@ fn multi_head<T: Real, E: Element<Compute = T>>(
 /// allocating them. If the call fails, the buffers may hold anything.
 ///
 /// ```
-/// use ndarray::Array4;
+/// use qkv::ndarray::Array4;
 /// let x = Array4::<f32>::from_elem((1, 2, 3, 4), 0.5);
 /// let options = qkv::AttentionOptions::new();
 /// let forward = qkv::multi_head_attention_with_lse(x.view(), x.view(), x.view(), &options)?;
@@ -294,12 +294,12 @@ pub fn multi_head_attention_backward_into<T: Real>(
 /// PyTorch's bf16 backward returns them).
 ///
 /// ```
-/// use half::bf16;
-/// use ndarray::array;
+/// use qkv::half::bf16;
+/// use qkv::ndarray::array;
 /// let x = array![[1.0_f32, 0.0], [0.0, 1.0], [1.0, 1.0]].mapv(bf16::from_f32);
 /// let options = qkv::AttentionOptions::new();
 /// let forward = qkv::attention_half_with_lse(x.view(), x.view(), x.view(), &options)?;
-/// let d_out = ndarray::Array2::from_elem((3, 2), bf16::ONE);
+/// let d_out = qkv::ndarray::Array2::from_elem((3, 2), bf16::ONE);
 /// let g = qkv::attention_backward_half(x.view(), x.view(), x.view(), &forward, d_out.view(), &options)?;
 /// // Every row's weights sum to 1, so dV's elements sum to dO's (3 rows × 2 columns of 1).
 /// assert!((g.dv.sum() - 6.0).abs() < 1e-5);
@@ -324,8 +324,8 @@ pub fn attention_backward_half<H: Half>(
 /// over its query heads in their order.
 ///
 /// ```
-/// use half::bf16;
-/// use ndarray::Array4;
+/// use qkv::half::bf16;
+/// use qkv::ndarray::Array4;
 /// let q = Array4::from_elem((1, 4, 3, 8), bf16::from_f32(0.125));
 /// let kv = Array4::from_elem((1, 2, 5, 8), bf16::from_f32(0.25));
 /// let options = qkv::AttentionOptions::new();

@@ -88,10 +88,10 @@ mod storage_sealed {
 /// fn bytes_per_key<E: Storage>(key_dim: usize) -> usize {
 ///     key_dim * size_of::<E>()
 /// }
-/// assert_eq!(bytes_per_key::<half::bf16>(128), 256);
-/// assert_eq!(half::bf16::NAME, "bf16");
+/// assert_eq!(bytes_per_key::<qkv::half::bf16>(128), 256);
+/// assert_eq!(qkv::half::bf16::NAME, "bf16");
 /// // 1 + 2^-8 is halfway between two bf16 values (8 significant bits): it rounds to even, 1.
-/// assert_eq!(half::bf16::from_f32(1.0 + 1.0 / 256.0).to_f32(), 1.0);
+/// assert_eq!(qkv::half::bf16::from_f32(1.0 + 1.0 / 256.0).to_f32(), 1.0);
 /// ```
 pub trait Storage: Element<Compute = f32> + PartialEq + Debug + storage_sealed::Sealed {
     /// The name of the type, for messages (`"f32"`, `"bf16"`, `"f16"`).
@@ -125,7 +125,7 @@ impl Storage for half::f16 {
 ///
 /// ```
 /// fn is_half<H: qkv::Half>() {}
-/// is_half::<half::f16>();
+/// is_half::<qkv::half::f16>();
 /// ```
 pub trait Half: Storage {}
 
@@ -157,7 +157,7 @@ mod cache_sealed {
 /// ```
 /// use qkv::CacheStorage;
 /// assert_eq!(<qkv::Q8 as CacheStorage>::NAME, "int8");
-/// assert_eq!(<half::bf16 as CacheStorage>::NAME, "bf16");
+/// assert_eq!(<qkv::half::bf16 as CacheStorage>::NAME, "bf16");
 /// ```
 pub trait CacheStorage: Element<Compute = f32> + Debug + cache_sealed::Sealed {
     /// The element type appends take: the type itself, or f32 for [`Q8`].

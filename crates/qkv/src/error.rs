@@ -36,9 +36,9 @@ fn count(n: usize, one: &str, many: &str) -> String {
 /// what was found and what was expected, and why the engine needs it.
 ///
 /// ```
-/// let q = ndarray::Array2::<f32>::zeros((4, 8));
-/// let kv = ndarray::Array2::<f32>::zeros((6, 8));
-/// let padding = ndarray::Array1::from_elem(5, true);
+/// let q = qkv::ndarray::Array2::<f32>::zeros((4, 8));
+/// let kv = qkv::ndarray::Array2::<f32>::zeros((6, 8));
+/// let padding = qkv::ndarray::Array1::from_elem(5, true);
 /// let options = qkv::AttentionOptions::new().key_padding(qkv::KeyPadding::new(padding.view()));
 /// let err = qkv::attention(q.view(), kv.view(), kv.view(), &options).unwrap_err();
 /// let message = "key_padding has shape [5] but the scores it applies to have shape [4, 6] (n_k = 6)";

@@ -37,8 +37,8 @@ use crate::partial::PartialAttention;
 /// query whose score overflows.
 ///
 /// ```
-/// use half::bf16;
-/// use ndarray::array;
+/// use qkv::half::bf16;
+/// use qkv::ndarray::array;
 /// let q = array![[0.0_f32, 1.0]].mapv(bf16::from_f32);
 /// let k = array![[1.0_f32, 0.0], [0.0, 1.0], [1.0, 1.0]].mapv(bf16::from_f32);
 /// let v = array![[2.0_f32], [6.0], [4.0]].mapv(bf16::from_f32);
@@ -59,9 +59,9 @@ pub fn attention_half<H: Half>(
 /// [`PartialAttention`]), so that results over disjoint keys [merge](PartialAttention::merge).
 ///
 /// ```
-/// use half::f16;
-/// let q = ndarray::Array2::from_elem((2, 4), f16::ONE);
-/// let kv = ndarray::Array2::from_elem((3, 4), f16::ZERO);
+/// use qkv::half::f16;
+/// let q = qkv::ndarray::Array2::from_elem((2, 4), f16::ONE);
+/// let kv = qkv::ndarray::Array2::from_elem((3, 4), f16::ZERO);
 /// let r = qkv::attention_half_with_lse(q.view(), kv.view(), kv.view(), &qkv::AttentionOptions::new())?;
 /// // Three equal scores of 0: ln 3.
 /// assert!(r.logsumexp.iter().all(|&l| (l - 3f32.ln()).abs() < 1e-6));
@@ -83,8 +83,8 @@ pub fn attention_half_with_lse<H: Half>(
 /// hold anything.
 ///
 /// ```
-/// use half::bf16;
-/// use ndarray::{Array2, array};
+/// use qkv::half::bf16;
+/// use qkv::ndarray::{Array2, array};
 /// let q = array![[0.0_f32, 1.0]].mapv(bf16::from_f32);
 /// let k = array![[1.0_f32, 0.0], [0.0, 1.0], [1.0, 1.0]].mapv(bf16::from_f32);
 /// let v = array![[2.0_f32], [6.0], [4.0]].mapv(bf16::from_f32);
@@ -113,8 +113,8 @@ pub fn attention_half_into<H: Half, O: Storage>(
 /// widened as in [`attention_half`]. Returns `[batch, query_heads, n_queries, d_v]` in f32.
 ///
 /// ```
-/// use half::bf16;
-/// use ndarray::Array4;
+/// use qkv::half::bf16;
+/// use qkv::ndarray::Array4;
 /// // 8 query heads over 2 key/value heads, one decoding query each.
 /// let q = Array4::from_elem((1, 8, 1, 16), bf16::from_f32(0.25));
 /// let kv = Array4::from_elem((1, 2, 5, 16), bf16::from_f32(0.5));
@@ -136,9 +136,9 @@ pub fn multi_head_attention_half<H: Half>(
 /// query_heads, n_queries]` (see [`PartialAttention`]).
 ///
 /// ```
-/// use half::f16;
-/// let q = ndarray::Array4::from_elem((1, 2, 3, 4), f16::ZERO);
-/// let kv = ndarray::Array4::from_elem((1, 1, 5, 4), f16::ONE);
+/// use qkv::half::f16;
+/// let q = qkv::ndarray::Array4::from_elem((1, 2, 3, 4), f16::ZERO);
+/// let kv = qkv::ndarray::Array4::from_elem((1, 1, 5, 4), f16::ONE);
 /// let r = qkv::multi_head_attention_half_with_lse(q.view(), kv.view(), kv.view(), &qkv::AttentionOptions::new())?;
 /// assert_eq!(r.logsumexp.shape(), [1, 2, 3]);
 /// assert!(r.logsumexp.iter().all(|&l| (l - 5f32.ln()).abs() < 1e-6));
@@ -158,8 +158,8 @@ pub fn multi_head_attention_half_with_lse<H: Half>(
 /// [`attention_half_into`]). If the call fails, `out` may hold anything.
 ///
 /// ```
-/// use half::bf16;
-/// use ndarray::Array4;
+/// use qkv::half::bf16;
+/// use qkv::ndarray::Array4;
 /// let q = Array4::from_elem((2, 4, 1, 8), bf16::from_f32(0.5));
 /// let kv = Array4::from_shape_fn((2, 2, 3, 8), |(b, h, j, c)| bf16::from_f32((b + h + j + c) as f32 / 8.0));
 /// let options = qkv::AttentionOptions::new();

@@ -216,7 +216,7 @@ element!(Q8, [wide::i8x32; 2], f32, Q8::to_f32, Q8::nearest, widened_copy, Q8::n
 /// beyond f32's own rounding (`max` over the positions the step reads).
 ///
 /// ```
-/// use ndarray::Array3;
+/// use qkv::ndarray::Array3;
 /// use qkv::{CacheShape, KvCache, Q8};
 ///
 /// let shape = CacheShape::new(1, 1, 16, 4, 4);

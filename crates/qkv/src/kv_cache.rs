@@ -114,7 +114,7 @@ with_fields!(CacheShape:
 /// same prefix with `CausalMask::BottomRight`, within rounding.
 ///
 /// ```
-/// use ndarray::Array3;
+/// use qkv::ndarray::Array3;
 /// use qkv::{CacheShape, KvCache};
 ///
 /// // One layer, 2 key/value heads, 4 query heads (2 per group), widths 8.
@@ -138,7 +138,7 @@ with_fields!(CacheShape:
 /// with the window.
 ///
 /// ```
-/// use ndarray::{Array3, Axis, s};
+/// use qkv::ndarray::{Array3, Axis, s};
 /// use qkv::{AttentionOptions, CacheShape, CausalMask, KvCache, SlidingWindow};
 ///
 /// // Each query sees 4 positions (its own and 3 back), steps of up to 2 queries: 5 slots.
@@ -212,7 +212,7 @@ impl<E: CacheStorage> KvCache<E> {
     ///
     /// ```
     /// let shape = qkv::CacheShape::new(1, 1, 8, 4, 4);
-    /// let cache = qkv::KvCache::<half::bf16>::new(shape)?;
+    /// let cache = qkv::KvCache::<qkv::half::bf16>::new(shape)?;
     /// assert_eq!(cache.shape(), shape);
     /// # Ok::<(), qkv::AttentionError>(())
     /// ```
@@ -320,7 +320,7 @@ impl<E: CacheStorage> KvCache<E> {
     /// bottom-right causal mask and `SlidingWindow::new(window - 1, 0)`, within rounding.
     ///
     /// ```
-    /// use ndarray::Array3;
+    /// use qkv::ndarray::Array3;
     /// use qkv::{CacheShape, KvCache};
     ///
     /// // A window of 4 positions, steps of up to 3 queries: 6 slots.
@@ -419,7 +419,7 @@ impl<E: CacheStorage> KvCache<E> {
     /// holds positions, or one whose ring would no longer hold its window.
     ///
     /// ```
-    /// use ndarray::Array3;
+    /// use qkv::ndarray::Array3;
     /// use qkv::{CacheShape, KvCache};
     /// // Keep the first position, and a window of 4 positions: 5 slots.
     /// let shape = CacheShape::new(1, 1, 5, 2, 1);
@@ -494,7 +494,7 @@ impl<E: CacheStorage> KvCache<E> {
     /// or if the cache already holds positions (they were appended unrotated).
     ///
     /// ```
-    /// use ndarray::Array3;
+    /// use qkv::ndarray::Array3;
     /// let shape = qkv::CacheShape::new(1, 1, 8, 2, 1);
     /// let mut cache = qkv::KvCache::<f32>::new(shape)?.with_rotary(qkv::Rotary::new(10_000.0))?;
     /// let mut layer = cache.layer(0)?;
@@ -525,7 +525,7 @@ impl<E: CacheStorage> KvCache<E> {
     /// Empties every layer for a new sequence, keeping the memory.
     ///
     /// ```
-    /// use ndarray::Array3;
+    /// use qkv::ndarray::Array3;
     /// let shape = qkv::CacheShape::new(1, 1, 8, 4, 4);
     /// let mut cache = qkv::KvCache::<f32>::new(shape)?;
     /// let kv = Array3::zeros((1, 3, 4));
@@ -548,7 +548,7 @@ impl<E: CacheStorage> KvCache<E> {
     /// can roll back at most `capacity - window + 1` positions from where it is).
     ///
     /// ```
-    /// use ndarray::Array3;
+    /// use qkv::ndarray::Array3;
     /// let shape = qkv::CacheShape::new(1, 1, 8, 1, 1);
     /// let mut cache = qkv::KvCache::<f32>::new(shape)?;
     /// let v = Array3::from_shape_vec((1, 4, 1), vec![1.0, 2.0, 3.0, 4.0]).unwrap();
@@ -585,8 +585,8 @@ impl<E: CacheStorage> KvCache<E> {
 /// position's keys and values and attends with its queries.
 ///
 /// ```
-/// use half::bf16;
-/// use ndarray::Array3;
+/// use qkv::half::bf16;
+/// use qkv::ndarray::Array3;
 /// let shape = qkv::CacheShape::new(4, 2, 32, 16, 16);
 /// let mut cache = qkv::KvCache::<bf16>::new(shape)?;
 /// let mut layer = cache.layer(3)?;
@@ -630,7 +630,7 @@ impl<E: CacheStorage> CacheLayer<'_, E> {
     /// capacity, the last positions appended.
     ///
     /// ```
-    /// use ndarray::Array3;
+    /// use qkv::ndarray::Array3;
     /// let shape = qkv::CacheShape::new(1, 1, 4, 2, 2);
     /// let mut cache = qkv::KvCache::<f32>::with_window(shape, 4)?;
     /// let mut layer = cache.layer(0)?;
@@ -656,7 +656,7 @@ impl<E: CacheStorage> CacheLayer<'_, E> {
     /// longer than the capacity, only the last `capacity` positions are written).
     ///
     /// ```
-    /// use ndarray::Array3;
+    /// use qkv::ndarray::Array3;
     /// let shape = qkv::CacheShape::new(1, 2, 4, 3, 5);
     /// let mut cache = qkv::KvCache::<f32>::new(shape)?;
     /// let mut layer = cache.layer(0)?;
@@ -718,7 +718,7 @@ impl<E: CacheStorage> CacheLayer<'_, E> {
     /// f32 queries, as llama.cpp keeps f32 queries over an f16 cache); they are computed in f32.
     ///
     /// ```
-    /// use ndarray::Array3;
+    /// use qkv::ndarray::Array3;
     /// let shape = qkv::CacheShape::new(1, 1, 4, 2, 1);
     /// let mut cache = qkv::KvCache::<f32>::new(shape)?;
     /// let mut layer = cache.layer(0)?;
@@ -744,7 +744,7 @@ impl<E: CacheStorage> CacheLayer<'_, E> {
     /// 63 jobs, a block of rayon's queue), and nothing else.
     ///
     /// ```
-    /// use ndarray::Array3;
+    /// use qkv::ndarray::Array3;
     /// let shape = qkv::CacheShape::new(1, 1, 4, 2, 3);
     /// let mut cache = qkv::KvCache::<f32>::new(shape)?;
     /// let mut layer = cache.layer(0)?;
@@ -753,9 +753,9 @@ impl<E: CacheStorage> CacheLayer<'_, E> {
     /// layer.attend_into(Array3::<f32>::zeros((2, 1, 2)).view(), out.view_mut())?;
     /// assert!(out.iter().all(|&x| x == 1.0));
     /// // The same step into a bf16 output, as the next layer of a bf16 model takes it.
-    /// let mut half_out = Array3::<half::bf16>::zeros((2, 1, 3));
+    /// let mut half_out = Array3::<qkv::half::bf16>::zeros((2, 1, 3));
     /// layer.attend_into(Array3::<f32>::zeros((2, 1, 2)).view(), half_out.view_mut())?;
-    /// assert_eq!(half_out, out.mapv(half::bf16::from_f32));
+    /// assert_eq!(half_out, out.mapv(qkv::half::bf16::from_f32));
     /// # Ok::<(), qkv::AttentionError>(())
     /// ```
     pub fn attend_into<Q: Storage, O: Storage>(
@@ -770,7 +770,7 @@ impl<E: CacheStorage> CacheLayer<'_, E> {
     /// soft-capping and a keep mask over the positions held ([`CacheOptions`]).
     ///
     /// ```
-    /// use ndarray::Array3;
+    /// use qkv::ndarray::Array3;
     /// use qkv::{CacheOptions, SlidingWindow};
     /// let shape = qkv::CacheShape::new(1, 1, 8, 2, 1);
     /// let mut cache = qkv::KvCache::<f32>::new(shape)?;
@@ -801,7 +801,7 @@ impl<E: CacheStorage> CacheLayer<'_, E> {
     /// a window or ALiBi, which place the queries by position.
     ///
     /// ```
-    /// use ndarray::Array3;
+    /// use qkv::ndarray::Array3;
     /// use qkv::CacheOptions;
     /// let shape = qkv::CacheShape::new(2, 1, 4, 2, 1);
     /// let mut cache = qkv::KvCache::<f32>::new(shape)?;
@@ -812,11 +812,11 @@ impl<E: CacheStorage> CacheLayer<'_, E> {
     /// cache.layer(0)?.append(k.view(), v.view())?;
     /// let whole = cache.layer(0)?.attend_with_lse(q.view(), &CacheOptions::new())?;
     /// let mut part = cache.layer(1)?;
-    /// part.append(k.slice(ndarray::s![.., ..1, ..]), v.slice(ndarray::s![.., ..1, ..]))?;
+    /// part.append(k.slice(qkv::ndarray::s![.., ..1, ..]), v.slice(qkv::ndarray::s![.., ..1, ..]))?;
     /// let first = part.attend_with_lse(q.view(), &CacheOptions::new())?;
     /// cache.clear();
     /// let mut part = cache.layer(1)?;
-    /// part.append(k.slice(ndarray::s![.., 1.., ..]), v.slice(ndarray::s![.., 1.., ..]))?;
+    /// part.append(k.slice(qkv::ndarray::s![.., 1.., ..]), v.slice(qkv::ndarray::s![.., 1.., ..]))?;
     /// let merged = first.merge(&part.attend_with_lse(q.view(), &CacheOptions::new())?)?;
     /// assert!((merged.output[[0, 0, 0]] - whole.output[[0, 0, 0]]).abs() < 1e-6);
     /// # Ok::<(), qkv::AttentionError>(())
@@ -847,12 +847,12 @@ impl<E: CacheStorage> CacheLayer<'_, E> {
     /// (position `len - held + c` is column `c`), whatever slots they occupy.
     ///
     /// ```
-    /// use ndarray::{Array2, Array3};
+    /// use qkv::ndarray::{Array2, Array3};
     /// use qkv::CacheOptions;
     /// let shape = qkv::CacheShape::new(1, 2, 8, 4, 4);
-    /// let mut cache = qkv::KvCache::<half::bf16>::new(shape)?;
+    /// let mut cache = qkv::KvCache::<qkv::half::bf16>::new(shape)?;
     /// let mut layer = cache.layer(0)?;
-    /// let kv = Array3::from_elem((2, 3, 4), half::bf16::from_f32(0.5));
+    /// let kv = Array3::from_elem((2, 3, 4), qkv::half::bf16::from_f32(0.5));
     /// layer.append(kv.view(), kv.view())?;
     /// // f32 queries over the bf16 cache, 4 query heads, scores capped at 20.
     /// let q = Array3::<f32>::ones((4, 1, 4));

@@ -40,7 +40,7 @@
 //! package runs qkv on PyTorch's OpenMP threads this way).
 //!
 //! ```
-//! use ndarray::array;
+//! use qkv::ndarray::array;
 //! use qkv::{AttentionOptions, CausalMask};
 //!
 //! // "I love NLP": keys and values for three tokens, queries for all three (self-attention).

@@ -25,8 +25,8 @@ use crate::element::Real;
 /// [`SlidingWindow`] and [`Alibi`] place queries among the keys by the same two alignments.
 ///
 /// ```
-/// let k = ndarray::Array2::<f64>::zeros((4, 1));
-/// let q = ndarray::Array2::<f64>::zeros((2, 1));
+/// let k = qkv::ndarray::Array2::<f64>::zeros((4, 1));
+/// let q = qkv::ndarray::Array2::<f64>::zeros((2, 1));
 /// let options = qkv::AttentionOptions::new().causal(qkv::CausalMask::BottomRight);
 /// let r = qkv::attention_with_weights(q.view(), k.view(), k.view(), &options)?;
 /// assert_eq!(r.weights.row(0).to_vec(), vec![1.0 / 3.0, 1.0 / 3.0, 1.0 / 3.0, 0.0]);
@@ -102,7 +102,7 @@ impl<'a> KeepMask<'a> {
     /// (query, key) pair.
     ///
     /// ```
-    /// let keep = ndarray::array![[true, false], [true, true]];
+    /// let keep = qkv::ndarray::array![[true, false], [true, true]];
     /// let options = qkv::AttentionOptions::<f32>::new().keep_mask(qkv::KeepMask::new(keep.view()));
     /// # let _ = options;
     /// ```
@@ -117,7 +117,7 @@ impl<'a> KeepMask<'a> {
     ///
     /// ```
     /// // Two sequences, the same mask for every head of a sequence.
-    /// let keep = ndarray::Array4::from_elem((2, 1, 3, 5), true);
+    /// let keep = qkv::ndarray::Array4::from_elem((2, 1, 3, 5), true);
     /// let mask = qkv::KeepMask::batched(keep.view());
     /// # let _ = mask;
     /// ```
@@ -134,7 +134,7 @@ impl<'a> KeyPadding<'a> {
     /// Wraps a `[n_keys]` view shared by every sequence; `true` marks a real key, `false` padding.
     ///
     /// ```
-    /// let real = ndarray::array![true, true, false];
+    /// let real = qkv::ndarray::array![true, true, false];
     /// let options = qkv::AttentionOptions::<f32>::new().key_padding(qkv::KeyPadding::new(real.view()));
     /// # let _ = options;
     /// ```
@@ -148,7 +148,7 @@ impl<'a> KeyPadding<'a> {
     ///
     /// ```
     /// // Sequence 0 has 3 real keys, sequence 1 has 2.
-    /// let real = ndarray::array![[true, true, true], [true, true, false]];
+    /// let real = qkv::ndarray::array![[true, true, true], [true, true, false]];
     /// let padding = qkv::KeyPadding::batched(real.view());
     /// # let _ = padding;
     /// ```
@@ -168,7 +168,7 @@ impl<'a, T: Real> AdditiveBias<'a, T> {
     /// element and head.
     ///
     /// ```
-    /// let bias = ndarray::array![[0.0_f32, -1.0], [f32::NEG_INFINITY, 0.0]];
+    /// let bias = qkv::ndarray::array![[0.0_f32, -1.0], [f32::NEG_INFINITY, 0.0]];
     /// let options = qkv::AttentionOptions::new().bias(qkv::AdditiveBias::new(bias.view()));
     /// # let _ = options;
     /// ```
@@ -181,7 +181,7 @@ impl<'a, T: Real> AdditiveBias<'a, T> {
     /// slice, as in [`KeepMask::batched`].
     ///
     /// ```
-    /// let bias = ndarray::Array4::<f32>::zeros((1, 8, 4, 4)); // one slice per head
+    /// let bias = qkv::ndarray::Array4::<f32>::zeros((1, 8, 4, 4)); // one slice per head
     /// let bias = qkv::AdditiveBias::batched(bias.view());
     /// # let _ = bias;
     /// ```
@@ -314,7 +314,7 @@ impl<'a, T: Real> Alibi<'a, T> {
     /// (flash-attn's `alibi_slopes` of shape `(batch, nheads)`), bottom-right aligned.
     ///
     /// ```
-    /// let slopes = ndarray::array![[0.5_f32, 0.25], [0.125, 0.0625]]; // 2 sequences, 2 heads
+    /// let slopes = qkv::ndarray::array![[0.5_f32, 0.25], [0.125, 0.0625]]; // 2 sequences, 2 heads
     /// let options = qkv::AttentionOptions::new().alibi(qkv::Alibi::batched(slopes.view()));
     /// # let _ = options;
     /// ```
@@ -333,8 +333,8 @@ impl<'a, T: Real> Alibi<'a, T> {
     /// mask (every visible key at or before `p`) both forms are the same.
     ///
     /// ```
-    /// let q = ndarray::array![[0.0_f64]];
-    /// let kv = ndarray::array![[0.0], [0.0], [1.0]];
+    /// let q = qkv::ndarray::array![[0.0_f64]];
+    /// let kv = qkv::ndarray::array![[0.0], [0.0], [1.0]];
     /// // One query at position 2 (bottom-right) over keys 0, 1, 2: terms -1, -0.5, 0.
     /// let slopes = [0.5];
     /// let options = qkv::AttentionOptions::new().alibi(qkv::Alibi::new(&slopes).symmetric());

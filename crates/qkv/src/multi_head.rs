@@ -34,7 +34,7 @@ use crate::step::{self, Step, StepBuffers};
 /// [`Alibi`](crate::Alibi) one slope per query head.
 ///
 /// ```
-/// use ndarray::Array4;
+/// use qkv::ndarray::Array4;
 /// use qkv::{AttentionOptions, CausalMask};
 /// // Two sequences, 8 query heads sharing 2 key/value heads, 5 tokens, head width 16.
 /// let q = Array4::<f32>::from_elem((2, 8, 5, 16), 0.1);
@@ -60,8 +60,8 @@ pub fn multi_head_attention<T: Real>(
 /// hold anything. For a plain row-major slice, view it with [`tensor_mut`](crate::tensor_mut).
 ///
 /// ```
-/// let q = ndarray::Array4::<f32>::zeros((1, 4, 2, 8));
-/// let kv = ndarray::Array4::<f32>::ones((1, 1, 3, 8));
+/// let q = qkv::ndarray::Array4::<f32>::zeros((1, 4, 2, 8));
+/// let kv = qkv::ndarray::Array4::<f32>::ones((1, 1, 3, 8));
 /// let mut buffer = vec![0.0_f32; 4 * 2 * 8];
 /// let out = qkv::tensor_mut("out", &mut buffer, [1, 4, 2, 8])?;
 /// qkv::multi_head_attention_into(q.view(), kv.view(), kv.view(), &qkv::AttentionOptions::new(), out)?;
@@ -83,8 +83,8 @@ pub fn multi_head_attention_into<T: Real>(
 /// [merged](PartialAttention::merge) exactly.
 ///
 /// ```
-/// let q = ndarray::Array4::<f32>::zeros((1, 2, 3, 4));
-/// let kv = ndarray::Array4::<f32>::zeros((1, 2, 5, 4));
+/// let q = qkv::ndarray::Array4::<f32>::zeros((1, 2, 3, 4));
+/// let kv = qkv::ndarray::Array4::<f32>::zeros((1, 2, 5, 4));
 /// let r = qkv::multi_head_attention_with_lse(q.view(), kv.view(), kv.view(), &qkv::AttentionOptions::new())?;
 /// // Five equal scores of 0: ln 5.
 /// assert!(r.logsumexp.iter().all(|&l| (l - 5.0_f32.ln()).abs() < 1e-6));

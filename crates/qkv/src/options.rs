@@ -129,9 +129,9 @@ impl<'a, T: Real> AttentionOptions<'a, T> {
     /// through it (`1 - tanh²(s / cap)`).
     ///
     /// ```
-    /// let q = ndarray::array![[100.0_f64]];
-    /// let k = ndarray::array![[1.0], [0.0]];
-    /// let v = ndarray::array![[1.0], [0.0]];
+    /// let q = qkv::ndarray::array![[100.0_f64]];
+    /// let k = qkv::ndarray::array![[1.0], [0.0]];
+    /// let v = qkv::ndarray::array![[1.0], [0.0]];
     /// let options = qkv::AttentionOptions::new().scale(1.0).logit_softcap(1.0);
     /// let out = qkv::attention(q.view(), k.view(), v.view(), &options)?;
     /// // Scores 100 and 0 become tanh(100) ≈ 1 and 0: weights e/(e+1), not almost 1.
@@ -164,8 +164,8 @@ impl<'a, T: Real> AttentionOptions<'a, T> {
     /// logsumexp `s_h`).
     ///
     /// ```
-    /// let q = ndarray::array![[0.0_f64]];
-    /// let kv = ndarray::array![[1.0], [1.0]];
+    /// let q = qkv::ndarray::array![[0.0_f64]];
+    /// let kv = qkv::ndarray::array![[1.0], [1.0]];
     /// let options = qkv::AttentionOptions::new().sinks(&[0.0]);
     /// let r = qkv::attention_with_lse(q.view(), kv.view(), kv.view(), &options)?;
     /// // Two keys with score 0 and a sink of 0: each key weighs 1/3.

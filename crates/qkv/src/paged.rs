@@ -137,7 +137,7 @@ impl SequenceId {
 /// `CausalMask::BottomRight`, within rounding.
 ///
 /// ```
-/// use ndarray::Array3;
+/// use qkv::ndarray::Array3;
 /// use qkv::{PagedKvCache, PagedShape};
 ///
 /// // One layer, 2 key/value heads, 4 query heads; blocks of 64 positions.
@@ -367,7 +367,7 @@ impl<E: CacheStorage> PagedKvCache<E> {
     ///
     /// ```
     /// let shape = qkv::PagedShape::new(1, 1, 4, 4, 64, 4);
-    /// let cache = qkv::PagedKvCache::<half::bf16>::new(shape)?;
+    /// let cache = qkv::PagedKvCache::<qkv::half::bf16>::new(shape)?;
     /// assert_eq!(cache.free_blocks(), 4);
     /// # Ok::<(), qkv::AttentionError>(())
     /// ```
@@ -517,7 +517,7 @@ impl<E: CacheStorage> PagedKvCache<E> {
     /// Blocks that no sequence holds.
     ///
     /// ```
-    /// use ndarray::Array3;
+    /// use qkv::ndarray::Array3;
     /// let shape = qkv::PagedShape::new(1, 1, 4, 4, 64, 4);
     /// let mut cache = qkv::PagedKvCache::<f32>::new(shape)?;
     /// let seq = cache.add_sequence();
@@ -562,7 +562,7 @@ impl<E: CacheStorage> PagedKvCache<E> {
     /// nothing is copied until one of the two appends into a block they share.
     ///
     /// ```
-    /// use ndarray::Array3;
+    /// use qkv::ndarray::Array3;
     /// let shape = qkv::PagedShape::new(1, 1, 4, 4, 64, 4);
     /// let mut cache = qkv::PagedKvCache::<f32>::new(shape)?;
     /// let parent = cache.add_sequence();
@@ -591,7 +591,7 @@ impl<E: CacheStorage> PagedKvCache<E> {
     /// and lets go of the blocks past them. Fails if `seq` holds fewer than `len`.
     ///
     /// ```
-    /// use ndarray::Array3;
+    /// use qkv::ndarray::Array3;
     /// let shape = qkv::PagedShape::new(1, 1, 4, 4, 64, 4);
     /// let mut cache = qkv::PagedKvCache::<f32>::new(shape)?;
     /// let seq = cache.add_sequence();
@@ -632,7 +632,7 @@ impl<E: CacheStorage> PagedKvCache<E> {
     /// let go of does nothing.
     ///
     /// ```
-    /// use ndarray::Array3;
+    /// use qkv::ndarray::Array3;
     /// let shape = qkv::PagedShape::new(1, 1, 4, 4, 64, 4);
     /// let mut cache = qkv::PagedKvCache::<f32>::new(shape)?;
     /// let seq = cache.add_sequence();
@@ -707,7 +707,7 @@ impl<E: CacheStorage> PagedLayer<'_, E> {
     /// writes anything, so a failed append leaves the cache as it was.
     ///
     /// ```
-    /// use ndarray::Array3;
+    /// use qkv::ndarray::Array3;
     /// let shape = qkv::PagedShape::new(1, 2, 3, 5, 64, 1);
     /// let mut cache = qkv::PagedKvCache::<f32>::new(shape)?;
     /// let seq = cache.add_sequence();
@@ -833,7 +833,7 @@ impl<E: CacheStorage> PagedLayer<'_, E> {
     /// has run (see there).
     ///
     /// ```
-    /// use ndarray::Array3;
+    /// use qkv::ndarray::Array3;
     /// let shape = qkv::PagedShape::new(1, 1, 2, 1, 64, 4);
     /// let mut cache = qkv::PagedKvCache::<f32>::new(shape)?;
     /// let (a, b) = (cache.add_sequence(), cache.add_sequence());
@@ -871,8 +871,8 @@ impl<E: CacheStorage> PagedLayer<'_, E> {
     /// than the cache has kept grows its buffers once.
     ///
     /// ```
-    /// use half::bf16;
-    /// use ndarray::Array3;
+    /// use qkv::half::bf16;
+    /// use qkv::ndarray::Array3;
     /// let shape = qkv::PagedShape::new(1, 1, 2, 1, 64, 2);
     /// let mut cache = qkv::PagedKvCache::<bf16>::new(shape)?;
     /// let seq = cache.add_sequence();
@@ -899,7 +899,7 @@ impl<E: CacheStorage> PagedLayer<'_, E> {
     /// [`attend`](Self::attend) under `options` (see [`attend_with_into`](Self::attend_with_into)).
     ///
     /// ```
-    /// use ndarray::Array3;
+    /// use qkv::ndarray::Array3;
     /// use qkv::{CacheOptions, SlidingWindow};
     /// let shape = qkv::PagedShape::new(1, 1, 1, 1, 64, 2);
     /// let mut cache = qkv::PagedKvCache::<f32>::new(shape)?;
@@ -937,7 +937,7 @@ impl<E: CacheStorage> PagedLayer<'_, E> {
     /// [`attend_into`](Self::attend_into) does.
     ///
     /// ```
-    /// use ndarray::{Array2, Array3, array};
+    /// use qkv::ndarray::{Array2, Array3, array};
     /// let shape = qkv::PagedShape::new(1, 1, 1, 1, 64, 4);
     /// let mut cache = qkv::PagedKvCache::<f32>::new(shape)?;
     /// let (a, b) = (cache.add_sequence(), cache.add_sequence());

@@ -40,7 +40,7 @@ impl<T: Real, D: Dimension> PartialAttention<T, D> {
     /// cache parts add the sink once, after merging).
     ///
     /// ```
-    /// use ndarray::{array, s};
+    /// use qkv::ndarray::{array, s};
     /// use qkv::AttentionOptions;
     /// let q = array![[1.0_f64, 0.0], [0.5, 2.0]];
     /// let k = array![[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]];

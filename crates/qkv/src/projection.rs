@@ -13,10 +13,10 @@ use crate::options::AttentionOptions;
 /// The learned projections of an attention layer.
 ///
 /// ```
-/// use ndarray::Array2;
+/// use qkv::ndarray::Array2;
 /// let eye = Array2::<f64>::eye(2);
 /// let layer = qkv::Projections { w_q: eye.clone(), w_k: eye.clone(), w_v: eye, w_o: None };
-/// let x = ndarray::array![[1.0, 0.0], [0.0, 1.0]];
+/// let x = qkv::ndarray::array![[1.0, 0.0], [0.0, 1.0]];
 /// let p = layer.project(x.view())?;
 /// assert_eq!(p.keys, x);
 /// let out = layer.self_attention(x.view(), &qkv::AttentionOptions::new())?;
@@ -58,7 +58,7 @@ impl<T: Real> Projections<T> {
     /// `w_k` and `w_v` have `d_kv` rows.
     ///
     /// ```
-    /// use ndarray::Array2;
+    /// use qkv::ndarray::Array2;
     /// let layer = qkv::Projections {
     ///     w_q: Array2::<f32>::ones((4, 2)), // a decoder of width 4
     ///     w_k: Array2::ones((6, 2)),        // an encoder of width 6

@@ -65,8 +65,8 @@ impl QueryTrace {
     /// sink, the sink's logit if every key is hidden.
     ///
     /// ```
-    /// let k = ndarray::array![[1.0_f64, 0.0], [0.0, 1.0]];
-    /// let v = ndarray::array![[2.0], [6.0]];
+    /// let k = qkv::ndarray::array![[1.0_f64, 0.0], [0.0, 1.0]];
+    /// let v = qkv::ndarray::array![[2.0], [6.0]];
     /// let options = qkv::AttentionOptions::new().scale(1.0);
     /// let t = qkv::trace_query(k.view(), k.view(), v.view(), 0, &options)?;
     /// assert!((t.logsumexp() - (1.0 + std::f64::consts::E).ln()).abs() < 1e-12);
@@ -83,8 +83,8 @@ impl QueryTrace {
 /// sees are taken as zeros, whatever they hold (see [`AttentionOptions`]).
 ///
 /// ```
-/// let k = ndarray::array![[1.0_f32, 0.0], [0.0, 1.0], [1.0, 1.0]];
-/// let v = ndarray::array![[2.0_f32], [6.0], [4.0]];
+/// let k = qkv::ndarray::array![[1.0_f32, 0.0], [0.0, 1.0], [1.0, 1.0]];
+/// let v = qkv::ndarray::array![[2.0_f32], [6.0], [4.0]];
 /// let r = qkv::reference::attention(k.view(), k.view(), v.view(), &qkv::AttentionOptions::new())?;
 /// assert!((r.weights[[1, 0]] - 0.1978).abs() < 1e-4);
 /// # Ok::<(), qkv::AttentionError>(())
@@ -111,8 +111,8 @@ pub fn attention<T: Real>(
 /// [`attention_with_lse`](crate::attention_with_lse)).
 ///
 /// ```
-/// let k = ndarray::array![[1.0_f64, 0.0], [0.0, 1.0]];
-/// let v = ndarray::array![[2.0], [6.0]];
+/// let k = qkv::ndarray::array![[1.0_f64, 0.0], [0.0, 1.0]];
+/// let v = qkv::ndarray::array![[2.0], [6.0]];
 /// let r = qkv::reference::attention_with_lse(k.view(), k.view(), v.view(), &qkv::AttentionOptions::new())?;
 /// assert_eq!(r.logsumexp.len(), 2);
 /// # Ok::<(), qkv::AttentionError>(())
@@ -138,7 +138,7 @@ pub fn attention_with_lse<T: Real>(
 /// [`Rotary::rotate`], which the caches run, as the oracle it is checked against.
 ///
 /// ```
-/// let x = ndarray::array![[1.0_f64, 0.0, 0.0, 1.0]];
+/// let x = qkv::ndarray::array![[1.0_f64, 0.0, 0.0, 1.0]];
 /// let turned = qkv::reference::rotate(x.view(), &qkv::Rotary::new(100.0), 1);
 /// // Pairs (0, 2) and (1, 3); frequencies 1 and 1/10.
 /// assert!((turned[[0, 0]] - 1f64.cos()).abs() < 1e-15 && (turned[[0, 2]] - 1f64.sin()).abs() < 1e-15);
@@ -183,7 +183,7 @@ fn traces<T: Real>(
 /// Masks apply as they would to that query inside the whole batch of queries.
 ///
 /// ```
-/// use ndarray::array;
+/// use qkv::ndarray::array;
 /// let k = array![[1.0_f64, 0.0], [0.0, 1.0], [1.0, 1.0]];
 /// let v = array![[2.0], [6.0], [4.0]];
 /// let love = array![[0.0, 1.0]];

@@ -32,7 +32,7 @@ pub enum RotaryPairing {
 /// use qkv::Rotary;
 /// // Hugging Face's LLaMA: base 10000, half-split pairs, every component.
 /// let rope = Rotary::new(10_000.0);
-/// let mut q = ndarray::array![[1.0_f32, 0.0]];
+/// let mut q = qkv::ndarray::array![[1.0_f32, 0.0]];
 /// rope.rotate(q.view_mut(), 1)?; // position 1: one radian for the only pair
 /// assert!((q[[0, 0]] - 1f32.cos()).abs() < 1e-6 && (q[[0, 1]] - 1f32.sin()).abs() < 1e-6);
 /// # Ok::<(), qkv::AttentionError>(())

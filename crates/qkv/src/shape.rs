@@ -24,8 +24,8 @@ impl Shape {
     /// query then attends to nothing, as a fully masked row does.
     ///
     /// ```
-    /// let q = ndarray::Array2::<f32>::zeros((3, 8));
-    /// let kv = ndarray::Array2::<f32>::zeros((5, 8));
+    /// let q = qkv::ndarray::Array2::<f32>::zeros((3, 8));
+    /// let kv = qkv::ndarray::Array2::<f32>::zeros((5, 8));
     /// let shape = qkv::Shape::check(&q.view(), &kv.view(), &kv.view())?;
     /// assert_eq!((shape.n_queries, shape.n_keys, shape.key_dim, shape.value_dim), (3, 5, 8, 8));
     /// # Ok::<(), qkv::AttentionError>(())

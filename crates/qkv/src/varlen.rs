@@ -43,7 +43,7 @@ use crate::step::{self, Step, StepBuffers};
 /// is 0.
 ///
 /// ```
-/// use ndarray::Array3;
+/// use qkv::ndarray::Array3;
 /// use qkv::{AttentionOptions, CausalMask};
 /// // Two sequences of 3 and 5 tokens, 4 query heads sharing 2 key/value heads, width 8.
 /// let q = Array3::<f32>::from_elem((4, 8, 8), 0.1);
@@ -71,7 +71,7 @@ pub fn varlen_attention<T: Real>(
 /// layout), which may hold anything: every row is written.
 ///
 /// ```
-/// use ndarray::{Array3, Axis};
+/// use qkv::ndarray::{Array3, Axis};
 /// let q = Array3::<f32>::zeros((2, 4, 8));
 /// let kv = Array3::<f32>::ones((1, 6, 8));
 /// // flash-attn's layout, [total, heads, d], written through a view of it as [heads, total, d].
@@ -102,8 +102,8 @@ pub fn varlen_attention_into<T: Real>(
 /// the same sequences can be [merged](PartialAttention::merge) in.
 ///
 /// ```
-/// let q = ndarray::Array3::<f64>::zeros((1, 3, 2));
-/// let kv = ndarray::Array3::<f64>::zeros((1, 5, 2));
+/// let q = qkv::ndarray::Array3::<f64>::zeros((1, 3, 2));
+/// let kv = qkv::ndarray::Array3::<f64>::zeros((1, 5, 2));
 /// // One query over 1 key, two queries over 4.
 /// let options = qkv::AttentionOptions::new();
 /// let r = qkv::varlen_attention_with_lse(q.view(), kv.view(), kv.view(), &[0, 1, 3], &[0, 1, 5], &options)?;
@@ -137,7 +137,7 @@ pub fn varlen_attention_with_lse<T: Real>(
 /// output must be finite (errors name the element by its index in the packed tensor).
 ///
 /// ```
-/// use ndarray::Array3;
+/// use qkv::ndarray::Array3;
 /// use qkv::{AttentionOptions, CausalMask};
 /// // Two sequences of 3 and 5 tokens, 4 query heads sharing 2 key/value heads, width 8.
 /// let q = Array3::<f64>::from_shape_fn((4, 8, 8), |(h, i, j)| 0.1 * (h + i) as f64 - 0.05 * j as f64);
@@ -151,8 +151,8 @@ pub fn varlen_attention_with_lse<T: Real>(
 /// )?;
 /// assert_eq!(g.dk.shape(), [2, 8, 8]);
 /// // Each sequence's first query sees one key: its weight is 1 whatever the score, so dq is 0.
-/// assert!(g.dq.slice(ndarray::s![.., 0, ..]).iter().all(|&x| x == 0.0));
-/// assert!(g.dq.slice(ndarray::s![.., 3, ..]).iter().all(|&x| x == 0.0));
+/// assert!(g.dq.slice(qkv::ndarray::s![.., 0, ..]).iter().all(|&x| x == 0.0));
+/// assert!(g.dq.slice(qkv::ndarray::s![.., 3, ..]).iter().all(|&x| x == 0.0));
 /// # Ok::<(), qkv::AttentionError>(())
 /// ```
 #[allow(clippy::too_many_arguments)]
@@ -193,7 +193,7 @@ pub fn varlen_attention_backward<T: Real>(
 /// be given. If the call fails, the buffers may hold anything.
 ///
 /// ```
-/// use ndarray::Array3;
+/// use qkv::ndarray::Array3;
 /// let q = Array3::<f32>::from_elem((2, 4, 8), 0.5);
 /// let kv = Array3::<f32>::from_elem((1, 6, 8), 0.25);
 /// let (qo, ko) = ([0, 1, 4], [0, 2, 6]);
@@ -208,8 +208,8 @@ pub fn varlen_attention_backward<T: Real>(
 /// assert!(dq.iter().all(|&x| x == 0.0));
 /// // A value's gradient is the sum of its weights over both heads' rows (dO is 1): the first
 /// // sequence's 2 keys take 1/2 of one row a head, the second's 4 keys 1/4 of three rows.
-/// assert!(dv.slice(ndarray::s![.., ..2, ..]).iter().all(|&x| (x - 1.0).abs() < 1e-6));
-/// assert!(dv.slice(ndarray::s![.., 2.., ..]).iter().all(|&x| (x - 1.5).abs() < 1e-6));
+/// assert!(dv.slice(qkv::ndarray::s![.., ..2, ..]).iter().all(|&x| (x - 1.0).abs() < 1e-6));
+/// assert!(dv.slice(qkv::ndarray::s![.., 2.., ..]).iter().all(|&x| (x - 1.5).abs() < 1e-6));
 /// # Ok::<(), qkv::AttentionError>(())
 /// ```
 #[allow(clippy::too_many_arguments)]

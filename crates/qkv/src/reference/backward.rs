@@ -31,7 +31,7 @@ use crate::shape::Shape;
 /// bias being added after the cap.
 ///
 /// ```
-/// use ndarray::array;
+/// use qkv::ndarray::array;
 /// let q = array![[1.0_f64, 0.0]];
 /// let k = array![[1.0, 0.0], [0.0, 1.0]];
 /// let v = array![[2.0], [6.0]];

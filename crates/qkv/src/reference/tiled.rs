@@ -144,7 +144,7 @@ impl Online {
 /// `block` is 0, as well as wherever `trace_query` fails.
 ///
 /// ```
-/// use ndarray::array;
+/// use qkv::ndarray::array;
 /// // "I love NLP": the query of "love" over three keys, in blocks of two.
 /// let k = array![[1.0_f64, 0.0], [0.0, 1.0], [1.0, 1.0]];
 /// let v = array![[2.0], [6.0], [4.0]];

@@ -57,7 +57,7 @@ thread_local! {
 ///     }
 /// }
 ///
-/// let q = ndarray::Array2::<f32>::ones((300, 64));
+/// let q = qkv::ndarray::Array2::<f32>::ones((300, 64));
 /// let options = qkv::AttentionOptions::new();
 /// let attend = || qkv::attention(q.view(), q.view(), q.view(), &options);
 /// assert_eq!(qkv::with_thread_team(Arc::new(Alone), attend)?, attend()?);
