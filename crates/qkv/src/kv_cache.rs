@@ -231,11 +231,11 @@ impl<E: CacheStorage> KvCache<E> {
     /// ```
     pub fn for_level(shape: CacheShape, level: SimdLevel) -> Result<KvCache<E>, AttentionError> {
         let CacheShape { layers, kv_heads, capacity, key_dim, value_dim } = shape;
-        if layers == 0 || kv_heads == 0 || key_dim == 0 || value_dim == 0 {
+        if layers == 0 || kv_heads == 0 || capacity == 0 || key_dim == 0 || value_dim == 0 {
             return Err(AttentionError::Empty {
                 argument: "the KV cache's shape [layers, kv_heads, capacity, key_dim, value_dim]",
                 shape: Dims(vec![layers, kv_heads, capacity, key_dim, value_dim]),
-                why: "a cache needs at least one layer and one key/value head, and keys and values \
+                why: "a cache needs at least one layer, key/value head and position, and keys and values \
                       at least one component wide",
             });
         }

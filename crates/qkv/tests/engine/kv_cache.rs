@@ -188,12 +188,18 @@ fn errors_name_the_layer_the_argument_and_the_shapes() {
         "layer 0 of the KV cache: its keys and values with these queries could overflow an f32 score or sum; \
          scale the inputs down"
     );
-    let empty = shape.with_kv_heads(0);
-    assert_eq!(
-        err(KvCache::<f32>::new(empty).err().unwrap()),
-        "the KV cache's shape [layers, kv_heads, capacity, key_dim, value_dim] [2, 0, 4, 3, 5] is empty: a cache \
-         needs at least one layer and one key/value head, and keys and values at least one component wide"
-    );
+    for (empty, dims) in
+        [(shape.with_kv_heads(0), "[2, 0, 4, 3, 5]"), (shape.with_capacity(0), "[2, 2, 0, 3, 5]")]
+    {
+        assert_eq!(
+            err(KvCache::<f32>::new(empty).err().unwrap()),
+            format!(
+                "the KV cache's shape [layers, kv_heads, capacity, key_dim, value_dim] {dims} is empty: a cache \
+                 needs at least one layer, key/value head and position, and keys and values at least one component \
+                 wide"
+            )
+        );
+    }
 }
 
 fn cache_with_huge_keys(shape: CacheShape) -> KvCache<f32> {
