@@ -6,7 +6,9 @@ use std::collections::HashMap;
 use ndarray::Array2;
 
 use crate::error::Problem;
-use crate::examples::{AttentionDecl, Decl, DeclKind, Field, Input, Limits, Mask, unequal_rows};
+use crate::examples::{
+    AttentionDecl, Condition, Decl, DeclKind, Field, Input, Limits, Mask, Operand, unequal_rows,
+};
 use crate::limits::{self, MAX_ROWS, MAX_WIDTH};
 use crate::values::{Miss, Node, Resolve};
 
@@ -647,7 +649,7 @@ impl<'d> Evaluator<'d> {
             DeclKind::Block(b) => self.block(decl, b),
             DeclKind::Gradient(g) => self.gradient(decl, g),
             DeclKind::Positions(p) => self.positions(decl, p),
-            DeclKind::Page(_) => None,
+            DeclKind::Page(_) | DeclKind::Claims { .. } => None,
         }
     }
 
@@ -873,6 +875,39 @@ impl<'d> Evaluator<'d> {
         };
         let node = attention_node(&inputs, &result);
         Some(Record { computed: Computed::Attention { inputs, result }, node })
+    }
+}
+
+impl Evaluator<'_> {
+    /// The one finite number `path` names in document `doc`; the problem (placed at `at`) says
+    /// what was expected.
+    pub(crate) fn number(&mut self, doc: usize, path: &str, at: usize) -> Result<f64, Problem> {
+        let node = self.resolve(doc, path).map_err(|expected| {
+            Problem::new(doc, at, format!("unknown reference `{path}`"), path, expected)
+        })?;
+        node.as_number().filter(|x| x.is_finite()).ok_or_else(|| {
+            Problem::new(
+                doc,
+                at,
+                format!("`{path}` is not one finite number"),
+                path,
+                "`PATH`, a path down to one number, such as `quiz_softmax.weights.1`",
+            )
+        })
+    }
+
+    /// Both sides of `condition` (written in document `doc`), and whether it holds.
+    pub(crate) fn compare(
+        &mut self,
+        doc: usize,
+        condition: &Field<Condition>,
+    ) -> Result<(bool, f64, f64), Problem> {
+        let mut side = |operand: &Operand| match operand {
+            Operand::Number(x) => Ok(*x),
+            Operand::Path(p) => self.number(doc, p, condition.at),
+        };
+        let (a, b) = (side(&condition.value.left)?, side(&condition.value.right)?);
+        Ok((condition.value.op.holds(a, b), a, b))
     }
 }
 

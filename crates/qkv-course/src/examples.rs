@@ -32,8 +32,8 @@ pub(crate) use gradient::GradientDecl;
 pub(crate) use positions::PositionsDecl;
 
 pub(crate) use interactive::{
-    ChoiceKey, Goal, Operand, PageDecl, QuizDecl, QuizKey, QuizOption, SETTINGS_ID, Settings, TermDecl,
-    WidgetDecl, WidgetKind, colab_base, letter,
+    ChoiceKey, Condition, Goal, Operand, PageDecl, QuizDecl, QuizKey, QuizOption, SETTINGS_ID, Settings,
+    TermDecl, WidgetDecl, WidgetKind, colab_base, letter,
 };
 
 /// The first row of `rows` whose width differs from the first row's, and what to say of it.
@@ -181,6 +181,11 @@ pub(crate) enum DeclKind {
     Gradient(Box<GradientDecl>),
     /// Positions for an attention example: rotary embeddings, sinusoidal encodings, a sweep.
     Positions(Box<PositionsDecl>),
+    /// What the prose says of the computed numbers in words ("the loss falls"), as comparisons
+    /// that must hold at every build: an input that falsifies one is an error at it.
+    Claims {
+        holds: Vec<Field<Condition>>,
+    },
 }
 
 /// A `qkv multi-head` block: heads with their own projections of one `x`, concatenated and
@@ -235,7 +240,7 @@ impl DeclKind {
         match self {
             // A `measurements` figure's id cites its data file's numbers.
             DeclKind::Figure(f) => f.kind == FigureKind::Measurements,
-            DeclKind::Page(_) => false,
+            DeclKind::Page(_) | DeclKind::Claims { .. } => false,
             _ => true,
         }
     }
@@ -301,6 +306,7 @@ const KINDS: &[(&str, &[&str])] = &[
     ("block", block::FIELDS),
     ("gradient", gradient::FIELDS),
     ("positions", positions::FIELDS),
+    ("claims", &["id", "holds"]),
     ("softmax", &["id", "scores"]),
     ("dot", &["id", "q", "k"]),
     ("weighted-sum", &["id", "weights", "values"]),
@@ -717,6 +723,10 @@ pub(crate) fn parse(doc: usize, block: &Block) -> Result<Decl, Vec<Problem>> {
             Some(g) => DeclKind::Gradient(Box::new(g)),
             None => return Err(reader.problems),
         },
+        "claims" => match reader.required(&table, "holds", Reader::conditions) {
+            Some(holds) => DeclKind::Claims { holds },
+            None => return Err(reader.problems),
+        },
         "softmax" => match reader.required(&table, "scores", Reader::vector) {
             Some(scores) => DeclKind::Softmax { scores },
             None => return Err(reader.problems),
@@ -1061,6 +1071,32 @@ impl Reader<'_> {
                 None
             }
         }
+    }
+
+    /// A list of comparisons (`["train.loss_after < train.loss"]`), each placed at its own text.
+    fn conditions(&mut self, v: &Value<'_>) -> Option<Vec<Field<Condition>>> {
+        let expected =
+            "`[\"A < B\", …]`: comparisons of two paths to numbers, or numbers (`<`, `<=`, `>`, `>=`)";
+        let DeValue::Array(items) = v.get_ref() else {
+            self.wrong(v, "a list of comparisons", expected);
+            return None;
+        };
+        if items.is_empty() {
+            self.wrong(v, "at least one comparison", expected);
+            return None;
+        }
+        let mut conditions = Vec::new();
+        for item in items.iter() {
+            let f = self.string(item, "a comparison such as `train.loss_after < train.loss`")?;
+            match Condition::parse(&f.value) {
+                Ok(c) => conditions.push(Field { value: c, at: f.at }),
+                Err(message) => {
+                    let found = self.snippet(item);
+                    self.problem(item.span().start, message, found, expected);
+                }
+            }
+        }
+        (conditions.len() == items.len()).then_some(conditions)
     }
 
     fn strings(&mut self, v: &Value<'_>) -> Option<Field<Vec<String>>> {

@@ -442,6 +442,23 @@ fn plan(sources: &Sources) -> Result<Plan, ContentErrors> {
             }
         }
     }
+    // Claims: what the prose says in words must still hold of the numbers.
+    for decl in &decls {
+        let DeclKind::Claims { holds } = &decl.kind else { continue };
+        for claim in holds {
+            match eval.compare(decl.doc, claim) {
+                Ok((true, ..)) => {}
+                Ok((false, a, b)) => problems.push(Problem::new(
+                    decl.doc,
+                    claim.at,
+                    format!("a claim of the prose no longer holds: `{}` is false ({a} against {b})", claim.value.written),
+                    claim.value.written.clone(),
+                    "prose reworded to what the numbers now say (and this claim with it), or inputs for which it holds",
+                )),
+                Err(p) => problems.push(p),
+            }
+        }
+    }
     // Generated regions.
     let mut figures_out = Vec::new();
     let mut region_html = Vec::new();

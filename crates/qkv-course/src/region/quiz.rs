@@ -14,9 +14,7 @@ use super::{Context, Generated, Kind, steps};
 use crate::citation::Text;
 use crate::document::Region;
 use crate::error::Problem;
-use crate::examples::{
-    ChoiceKey, Decl, DeclKind, Operand, PageDecl, QuizDecl, QuizKey, QuizOption, Settings, letter,
-};
+use crate::examples::{ChoiceKey, Decl, DeclKind, PageDecl, QuizDecl, QuizKey, QuizOption, Settings, letter};
 use crate::format::DEFAULT_DIGITS;
 use crate::format::Format;
 use crate::markup::{escape, fragment, inline_markdown, json_script};
@@ -148,7 +146,7 @@ impl Filled {
             }
             QuizKey::Short { answer_text } => Answer::Short(fill(answer_text)?),
             QuizKey::Numeric { answer, digits, tolerance, steps, percent, near_miss } => {
-                let value = cited_number(cx, &answer.value, answer.at)?;
+                let value = cx.eval.number(cx.doc, &answer.value, answer.at)?;
                 let format = Format { percent: *percent, ..Format::decimals(*digits) };
                 let shown = format.apply(value);
                 // The shown key's value, and half a unit in its last place, in the key's units.
@@ -257,23 +255,6 @@ fn choice_answer(
 }
 
 /// The finite number `path` (written at `at`) names, or the problem with it.
-fn cited_number(cx: &mut Context<'_, '_>, path: &str, at: usize) -> Result<f64, Problem> {
-    let doc = cx.doc;
-    let node = cx
-        .eval
-        .resolve(doc, path)
-        .map_err(|expected| Problem::new(doc, at, format!("unknown reference `{path}`"), path, expected))?;
-    node.as_number().filter(|x| x.is_finite()).ok_or_else(|| {
-        Problem::new(
-            doc,
-            at,
-            format!("`{path}` is not one finite number"),
-            path,
-            "`PATH`, a path down to one number, such as `quiz_softmax.weights.1`",
-        )
-    })
-}
-
 /// Which option is right at this build: the marked one, or the one the computation picks. A
 /// computed key that picks none, or more than one, is an error at the key: the page would
 /// otherwise grade against a stale answer.
@@ -353,12 +334,7 @@ fn right_option(cx: &mut Context<'_, '_>, options: &[QuizOption], key: &ChoiceKe
             let mut holding = Vec::new();
             for (i, o) in options.iter().enumerate() {
                 let Some(when) = &o.when else { continue };
-                let side = |cx: &mut Context<'_, '_>, operand: &Operand| match operand {
-                    Operand::Number(x) => Ok(*x),
-                    Operand::Path(p) => cited_number(cx, p, when.at),
-                };
-                let (a, b) = (side(cx, &when.value.left)?, side(cx, &when.value.right)?);
-                if when.value.op.holds(a, b) {
+                if cx.eval.compare(doc, when)?.0 {
                     holding.push(i);
                 }
             }

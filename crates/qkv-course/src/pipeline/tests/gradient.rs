@@ -116,3 +116,30 @@ fn a_token_named_like_a_gradient_field_is_an_error_at_the_example() {
     };
     assert!(error.contains("content/01-test.md:13:12: token `loss` of `ex` is also the name"), "{error}");
 }
+
+/// The training section's claims in words ("down from", "the loss falls", "up from") follow its
+/// inputs: a learning rate of 2 makes the loss rise, and the build stops at each claim it breaks,
+/// naming its place and both numbers, instead of writing prose that says the opposite.
+#[test]
+fn a_learning_rate_that_raises_the_loss_breaks_the_training_section_s_claims() {
+    let mut sources = super::lesson();
+    let training = sources
+        .markdown
+        .iter_mut()
+        .find(|f| f.path.ends_with("-training-attention.md"))
+        .expect("the training section");
+    assert_eq!(training.text.matches("learning_rate = 0.25").count(), 1);
+    training.text = training.text.replacen("learning_rate = 0.25", "learning_rate = 2", 1);
+    let report = match crate::pipeline::check(&sources) {
+        Ok(stale) => panic!("expected the claims to fail, got {} stale places", stale.len()),
+        Err(e) => e.to_string(),
+    };
+    for claim in ["`train.loss_after < train.loss` is false", "`train.steps.4.loss < train.loss` is false"] {
+        let line =
+            report.lines().find(|l| l.contains(claim)).unwrap_or_else(|| panic!("{claim} in {report}"));
+        assert!(line.starts_with("content/09-training-attention.md:"), "{line}");
+        assert!(line.contains("a claim of the prose no longer holds"), "{line}");
+    }
+    // The claims that do not hang on the learning rate still hold.
+    assert!(!report.contains("train.d_output.NLP.1"), "{report}");
+}
