@@ -1088,11 +1088,22 @@ impl Reader<'_> {
         let mut conditions = Vec::new();
         for item in items.iter() {
             let f = self.string(item, "a comparison such as `train.loss_after < train.loss`")?;
+            let computed = |c: &Condition| [&c.left, &c.right].iter().any(|o| matches!(o, Operand::Path(_)));
             match Condition::parse(&f.value) {
-                Ok(c) => conditions.push(Field { value: c, at: f.at }),
+                Ok(c) if computed(&c) => conditions.push(Field { value: c, at: f.at }),
+                // Placed inside the quotes, as the evaluated claims' problems are.
+                Ok(_) => {
+                    let found = self.snippet(item);
+                    self.problem(
+                        item.span().start + 1,
+                        "a claim between two numbers checks nothing",
+                        found,
+                        expected,
+                    );
+                }
                 Err(message) => {
                     let found = self.snippet(item);
-                    self.problem(item.span().start, message, found, expected);
+                    self.problem(item.span().start + 1, message, found, expected);
                 }
             }
         }

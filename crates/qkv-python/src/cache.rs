@@ -3,6 +3,7 @@
 //! f16 or int8 (`qkv::Q8`: appends take f32), with the options of `qkv::CacheOptions`.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use ndarray::{Ix2, Ix3};
 use pyo3::exceptions::PyValueError;
@@ -280,12 +281,12 @@ impl KvCache {
 }
 
 /// Many sequences' keys and values in fixed-size blocks of one pool (`qkv::PagedKvCache`).
-/// Sequences are integer handles, never reused once freed.
+/// Sequences are integer handles, never reused once freed and distinct across the process's
+/// caches, so that another cache refuses one.
 #[pyclass(module = "qkv._qkv")]
 pub struct PagedKvCache {
     inner: AnyPaged,
     sequences: HashMap<u64, SequenceId>,
-    next: u64,
 }
 
 /// Appends to `seq` at layer `layer` of a typed cache.
@@ -338,14 +339,16 @@ impl PagedKvCache {
     /// The engine's id of handle `seq`.
     fn id(&self, seq: u64) -> PyResult<SequenceId> {
         self.sequences.get(&seq).copied().ok_or_else(|| {
-            PyValueError::new_err(format!("sequence {seq} is not in this cache (freed, or never added)"))
+            PyValueError::new_err(format!(
+                "sequence {seq} is not in this cache (freed, never added, or another cache's)"
+            ))
         })
     }
 
     /// A new handle for `id`.
     fn handle(&mut self, id: SequenceId) -> u64 {
-        let handle = self.next;
-        self.next += 1;
+        static HANDLES: AtomicU64 = AtomicU64::new(0);
+        let handle = HANDLES.fetch_add(1, Ordering::Relaxed);
         self.sequences.insert(handle, id);
         handle
     }
@@ -372,7 +375,7 @@ impl PagedKvCache {
             Stored::F16 => AnyPaged::F16(qkv::PagedKvCache::new(shape).map_err(value_error)?),
             Stored::Int8 => AnyPaged::Int8(qkv::PagedKvCache::new(shape).map_err(value_error)?),
         };
-        Ok(PagedKvCache { inner, sequences: HashMap::new(), next: 0 })
+        Ok(PagedKvCache { inner, sequences: HashMap::new() })
     }
 
     /// The block sizes must be a multiple of this, on this CPU.

@@ -292,6 +292,14 @@ def test_paged_cache_fork_truncate_free():
     assert cache.free_blocks() == 3
     with pytest.raises(ValueError, match=f"sequence {b} is not in this cache"):
         cache.length(b)
+    # Another cache's first sequence is refused here, though it is that cache's sequence 0 too.
+    other = qkv.PagedKvCache(1, KV_HEADS, D_K, D_V, block_size=64, blocks=4)
+    theirs = other.add_sequence()
+    for call in (lambda: cache.length(theirs), lambda: cache.append(0, theirs, k[:, :1], v[:, :1]),
+                 lambda: cache.free(theirs)):
+        with pytest.raises(ValueError, match=f"sequence {theirs} is not in this cache"):
+            call()
+    assert (cache.length(a), other.length(theirs)) == (8, 0)
     # Any block size works (a block's keys are padded to whole panels); an empty one does not.
     qkv.PagedKvCache(1, 1, 4, 4, block_size=3, blocks=2)
     with pytest.raises(ValueError, match="blocks of at least one position"):

@@ -7,7 +7,8 @@
 //! component after component: `kernels::pack_key_panel`'s layout, which `flash.rs` would
 //! otherwise build on every call) and the values one row per position, padded to whole vectors.
 //! An append writes the new positions into their panel lanes and rows and checks them then, once;
-//! old positions are never touched again, and no storage is allocated after `new`. A step's own
+//! old positions are never touched again, and no storage is allocated after the cache is built
+//! (`new`, or [`KvCache::with_sink_tokens`], which pads an empty cache's storage). A step's own
 //! buffers (the stacked queries and outputs, the fast path's states and scratch) are kept in the
 //! cache too, grown by the first step of a shape, so that later steps allocate nothing.
 //!
@@ -416,7 +417,9 @@ impl<E: CacheStorage> KvCache<E> {
     /// position `i`, key position `j`), within rounding. Such a cache takes no keep mask option.
     ///
     /// Fails ([`AttentionError::CacheSinkTokens`]) on a cache without a window, one that already
-    /// holds positions, or one whose ring would no longer hold its window.
+    /// holds positions, or one whose ring would no longer hold its window; and
+    /// ([`AttentionError::CacheTooLarge`], naming the padded capacity) if the padded storage,
+    /// allocated in place of the cache's own, cannot be.
     ///
     /// ```
     /// use qkv::ndarray::Array3;
@@ -456,10 +459,14 @@ impl<E: CacheStorage> KvCache<E> {
             ));
         };
         // The ring's keys start a key panel of their own: the sink tokens' slots are padded to
-        // whole panels, in storage of that many more slots (the cache is empty, checked above).
+        // whole panels, in storage of that many more slots. The cache is empty (checked above),
+        // so its storage is let go of before the padded one is allocated, never both at once.
         let first_slot = sink_tokens.next_multiple_of(self.layout.key_panel);
-        let padded = CacheShape { capacity: first_slot + ring_capacity, ..self.shape };
-        self.layers = KvCache::<E>::for_level(padded, self.level)?.layers;
+        if first_slot != sink_tokens {
+            let padded = CacheShape { capacity: first_slot + ring_capacity, ..self.shape };
+            drop(std::mem::take(&mut self.layers));
+            self.layers = KvCache::<E>::for_level(padded, self.level)?.layers;
+        }
         self.ring = Some(Ring { capacity: ring_capacity, sink_tokens, first_slot, ..ring });
         Ok(self)
     }
@@ -894,8 +901,8 @@ impl<E: CacheStorage> CacheLayer<'_, E> {
                     argument: "queries",
                     found: q.shape().into(),
                     expected: format!("[{query_heads}, at most {}, {key_dim}]", ring.largest_step()),
-                    why: "a windowed cache holds the windows of at most capacity - window + 1 new queries: \
-                          attend in smaller steps, or make the capacity larger",
+                    why: "a windowed cache holds the windows of at most capacity - sink_tokens - window + 1 \
+                          new queries: attend in smaller steps, or make the capacity larger",
                 });
             }
             if let Some(found) = options.window

@@ -34,7 +34,8 @@ impl SimdLevel {
 
     /// The level the engine runs at unless a call asks for another: the fastest this CPU runs
     /// (the detected one, or a lower one where that is slower here), or the one `QKV_SIMD` asks
-    /// for. Fails if `QKV_SIMD` names no level or one this CPU does not run.
+    /// for (in any case; unset, empty or blank asks for none). Fails if `QKV_SIMD` names no level
+    /// or one this CPU does not run.
     pub fn dispatched() -> Result<SimdLevel, AttentionError> {
         dispatch().map(|(_, choice)| choice.level)
     }
@@ -67,7 +68,7 @@ fn dispatch() -> Result<(Isa, Choice), AttentionError> {
     DISPATCH
         .get_or_init(|| {
             let (level, forced) = match std::env::var(SIMD_VARIABLE) {
-                Ok(value) if !value.is_empty() => (value.parse::<SimdLevel>()?, true),
+                Ok(value) if !value.trim().is_empty() => (value.parse::<SimdLevel>()?, true),
                 _ => (SimdLevel::fastest(), false),
             };
             let isa = Isa::new(level).ok_or(AttentionError::UnsupportedSimdLevel {

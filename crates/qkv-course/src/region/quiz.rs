@@ -254,7 +254,6 @@ fn choice_answer(
     Ok(Answer::Choice { options, correct, shuffle })
 }
 
-/// The finite number `path` (written at `at`) names, or the problem with it.
 /// Which option is right at this build: the marked one, or the one the computation picks. A
 /// computed key that picks none, or more than one, is an error at the key: the page would
 /// otherwise grade against a stale answer.
