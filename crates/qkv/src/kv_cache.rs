@@ -407,11 +407,10 @@ impl<E: CacheStorage> KvCache<E> {
     /// attention sinks): each query then sees those positions (up to its own) and the last
     /// `window` up to its own, and nothing between. The sink tokens take `sink_tokens` of the
     /// capacity's slots and the ring the rest, which must still hold the window: a step of `n_q`
-    /// queries needs `capacity >= sink_tokens + window + n_q - 1`, on every SIMD level. (The
-    /// cache pads the sink tokens' slots to whole key panels of its level itself, at most 63
-    /// slots more per head: [`PagedKvCache::block_granularity`](crate::PagedKvCache::block_granularity).)
-    /// Positions, for
-    /// rotary embeddings too, stay absolute. Steps equal
+    /// queries needs `capacity >= sink_tokens + window + n_q - 1`, on every SIMD level (the cache
+    /// pads the sink tokens' slots to whole key panels of its level itself, at most 63 slots more
+    /// per head: [`PagedKvCache::block_granularity`](crate::PagedKvCache::block_granularity)).
+    /// Positions, for rotary embeddings too, stay absolute. Steps equal
     /// [`multi_head_attention`](crate::multi_head_attention) over the whole history with a
     /// bottom-right causal mask and a keep mask of `j < sink_tokens || j > i - window` (query
     /// position `i`, key position `j`), within rounding. Such a cache takes no keep mask option.
