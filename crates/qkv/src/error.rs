@@ -395,7 +395,8 @@ pub enum AttentionError {
     /// ([`CacheOptions`](crate::CacheOptions)).
     #[error("a KV cache step takes no {option} option: {why}")]
     CacheOption {
-        /// The option (`causal`, `key_padding`, `key_lengths`, `bias`, `simd`).
+        /// The option (`causal`, `key_padding`, `key_lengths`, `bias`, `simd`, `TopLeft-aligned
+        /// sliding_window`).
         option: &'static str,
         /// Why the cache decides it.
         why: &'static str,

@@ -293,6 +293,35 @@ pub(crate) struct CachedKeys<'p, E: Element> {
     pub(crate) scales: Option<Scales<'p, E::Compute>>,
 }
 
+impl<T: Real, E: Element<Compute = T>> CachedKeys<'_, E> {
+    /// The largest `|k|` and `|v|` of the first `n_keys` keys and values, as the kernels read
+    /// them (widened, and scaled where quantized), `key_panel` keys to a panel. A cache keeps a
+    /// running bound of what it was given since its last clear and measures what it holds with
+    /// this only when that bound fails [`stays_finite`]: truncated or overwritten keys no longer
+    /// count, and lanes past `n_keys` are masked before any use (`mask_tile`).
+    pub(crate) fn magnitudes(
+        &self,
+        n_keys: usize,
+        key_dim: usize,
+        value_dim: usize,
+        key_panel: usize,
+    ) -> (f64, f64) {
+        let scale = |scales: Option<&[T]>, j: usize| scales.map_or(1.0, |s| s[j].to_f64_exact().abs());
+        let largest = |row: &mut dyn Iterator<Item = &E>| {
+            row.map(|&x| x.widen().to_f64_exact().abs()).fold(0.0, f64::max)
+        };
+        let (mut keys, mut values) = (0.0_f64, 0.0_f64);
+        for j in 0..n_keys {
+            let panel = &self.panels[j / key_panel * key_panel * key_dim..][..key_panel * key_dim];
+            let key = largest(&mut panel[j % key_panel..].iter().step_by(key_panel));
+            keys = keys.max(key * scale(self.scales.map(|s| s.keys), j));
+            let value = largest(&mut self.values[j * self.value_stride..][..value_dim].iter());
+            values = values.max(value * scale(self.scales.map(|s| s.values), j));
+        }
+        (keys, values)
+    }
+}
+
 /// The scales of quantized keys and values, one per key for each: key `j` stands for
 /// `keys[j] · K_j` (its stored integers `K_j`) and its value for `values[j] · V_j`. The
 /// kernels read the integers as they are, and the scales are applied to each tile's scores and
@@ -405,6 +434,17 @@ pub(crate) struct PagedKeys<'p, E: Element> {
     pub(crate) scales: &'p [E::Compute],
     pub(crate) scales_stride: usize,
     pub(crate) scales_at: usize,
+}
+
+impl<T: Real, E: Element<Compute = T>> PagedKeys<'_, E> {
+    /// [`CachedKeys::magnitudes`] of the sequence's first `n_keys` positions held, block by block.
+    pub(crate) fn magnitudes(&self, n_keys: usize, value_dim: usize, key_panel: usize) -> (f64, f64) {
+        let blocks = (0..n_keys.div_ceil(self.block_size)).map(|b| {
+            let in_block = self.block_size.min(n_keys - b * self.block_size);
+            self.block(b).magnitudes(in_block, self.key_dim, value_dim, key_panel)
+        });
+        blocks.fold((0.0, 0.0), |(k, v), (key, value)| (k.max(key), v.max(value)))
+    }
 }
 
 impl<'p, E: Element> PagedKeys<'p, E> {

@@ -36,6 +36,7 @@
 //! level).
 
 use std::collections::TryReserveError;
+use std::ops::Range;
 
 use ndarray::{Array2, Array3, ArrayView3, ArrayViewMut2, ArrayViewMut3, Axis, Ix3, s};
 
@@ -189,8 +190,9 @@ const ISIZE_MAX: usize = isize::MAX as usize;
 struct LayerStore<E: Element> {
     /// Positions appended since the last clear (of a ring, more than it holds).
     len: usize,
-    /// The largest `|k|` and `|v|` appended since the last clear: they bound every score and
-    /// sum (see `flash::stays_finite`), so that no step has to measure the keys again.
+    /// The largest `|k|` and `|v|` appended since the last clear, or measured in what is held
+    /// when a step found that too large: they bound every score and sum (see
+    /// `flash::stays_finite`), so that no step has to measure the keys again.
     keys: f64,
     values: f64,
     heads: Vec<HeadStore<E>>,
@@ -203,6 +205,46 @@ struct HeadStore<E: Element> {
     values: Buffer<E>,
     key_scales: Vec<f32>,
     value_scales: Vec<f32>,
+}
+
+impl<E: CacheStorage> LayerStore<E> {
+    /// The largest `|k|` and `|v|` in `slots` of every head, as the kernels read them.
+    fn held_magnitudes(
+        &self,
+        slots: [&Range<usize>; 2],
+        layout: CachedLayout,
+        key_dim: usize,
+        value_dim: usize,
+    ) -> (f64, f64) {
+        let measured = self.heads.iter().flat_map(|head| {
+            slots.map(|slots| {
+                head.keys(slots, layout, key_dim).magnitudes(
+                    slots.len(),
+                    key_dim,
+                    value_dim,
+                    layout.key_panel,
+                )
+            })
+        });
+        measured.fold((0.0, 0.0), |(k, v), (key, value)| (k.max(key), v.max(value)))
+    }
+}
+
+impl<E: CacheStorage> HeadStore<E> {
+    /// The keys and values of `slots` (from a panel's first slot) as a step reads them: the key
+    /// panels from `slots.start` on, and the value rows and scales of `slots`.
+    fn keys(&self, slots: &Range<usize>, layout: CachedLayout, key_dim: usize) -> CachedKeys<'_, E> {
+        let value_stride = layout.value_stride;
+        CachedKeys {
+            panels: &self.panels[slots.start * key_dim..],
+            values: &self.values[slots.start * value_stride..slots.end * value_stride],
+            value_stride,
+            scales: E::SCALED.then(|| Scales {
+                keys: &self.key_scales[slots.clone()],
+                values: &self.value_scales[slots.clone()],
+            }),
+        }
+    }
 }
 
 impl<E: CacheStorage> KvCache<E> {
@@ -580,7 +622,8 @@ impl<E: CacheStorage> KvCache<E> {
             }
         }
         for layer in &mut self.layers {
-            // The magnitudes stay: they bound what is held, the more loosely the more was cut.
+            // The magnitudes stay: they bound what is held, the more loosely the more was cut
+            // (a step they would refuse measures what is held instead).
             layer.len = layer.len.min(len);
         }
         Ok(())
@@ -975,12 +1018,6 @@ impl<E: CacheStorage> CacheLayer<'_, E> {
         }
         let rotary = *rotary;
         let query_magnitude = finite_magnitude("queries", &q)? * rotation_growth(rotary.as_ref());
-        let store = &layers[self.index];
-        let magnitudes = Magnitudes { queries: query_magnitude, keys: store.keys, values: store.values };
-        if !heads[..parts].iter().all(|heads| flash::stays_finite(&shape, &magnitudes, &heads.head(0, 0))) {
-            return Err(AttentionError::CacheOverflow { layer: self.index });
-        }
-        let value_stride = layout.value_stride;
         // The slots each part reads, and as many keys as the largest part's: a ring's from its
         // first slot on, its sink tokens' from slot 0.
         let (ring_slots, sink_slots) = match ring {
@@ -990,19 +1027,25 @@ impl<E: CacheStorage> CacheLayer<'_, E> {
                 (ring.first_slot..ring.first_slot + ring_held, 0..len.min(ring.sink_tokens))
             }
         };
+        let fits = |keys, values| {
+            let magnitudes = Magnitudes { queries: query_magnitude, keys, values };
+            heads[..parts].iter().all(|heads| flash::stays_finite(&shape, &magnitudes, &heads.head(0, 0)))
+        };
+        let store = &mut layers[self.index];
+        if !fits(store.keys, store.values) {
+            // The bound kept since the last clear counts keys truncated or written over since:
+            // what is held now may be smaller (one huge key no longer blocks every later step).
+            (store.keys, store.values) =
+                store.held_magnitudes([&ring_slots, &sink_slots], *layout, key_dim, value_dim);
+            if !fits(store.keys, store.values) {
+                return Err(AttentionError::CacheOverflow { layer: self.index });
+            }
+        }
+        let store = &*store;
         let problem_keys = ring_slots.len().max(sink_slots.len());
         let keys = |_: usize, part: usize, kv: usize| {
-            let slots = if part == 2 { sink_slots.clone() } else { ring_slots.clone() };
-            let head = &store.heads[kv];
-            StoredKeys::Contiguous(CachedKeys {
-                panels: &head.panels[slots.start * key_dim..],
-                values: &head.values[slots.start * value_stride..slots.end * value_stride],
-                value_stride,
-                scales: E::SCALED.then(|| Scales {
-                    keys: &head.key_scales[slots.clone()],
-                    values: &head.value_scales[slots.clone()],
-                }),
-            })
+            let slots = if part == 2 { &sink_slots } else { &ring_slots };
+            StoredKeys::Contiguous(store.heads[kv].keys(slots, *layout, key_dim))
         };
         let first_query = |_: usize| len - n_queries;
         let step = Step {

@@ -234,6 +234,31 @@ impl BlockLayout {
     fn scales_at(&self, layer: usize, head: usize) -> usize {
         (layer * self.kv_heads + head) * 2 * self.size
     }
+
+    /// The keys and values of (`layer`, key/value head `head`) in the blocks of `table`, in
+    /// `pool`'s storage and scales.
+    fn keys<'p, E: kernels::Element>(
+        &self,
+        (storage, scales): (&'p [E], &'p [E::Compute]),
+        table: &'p [u32],
+        layer: usize,
+        head: usize,
+    ) -> PagedKeys<'p, E> {
+        PagedKeys {
+            storage,
+            block_stride: self.stride,
+            table,
+            block_size: self.size,
+            key_lanes: self.key_lanes,
+            panels_at: self.panels_at(layer, head),
+            values_at: self.values_at(layer, head),
+            key_dim: self.key_dim,
+            value_stride: self.layout.value_stride,
+            scales,
+            scales_stride: self.scales_stride,
+            scales_at: self.scales_at(layer, head),
+        }
+    }
 }
 
 /// Who holds which block.
@@ -347,8 +372,9 @@ impl Sequence {
     }
 }
 
-/// One layer of a sequence: positions held, and the largest `|k|` and `|v|` ever appended (they
-/// bound every score and sum, see `flash::stays_finite`; a truncation keeps them, a bound still).
+/// One layer of a sequence: positions held, and a bound on its `|k|` and `|v|`: the largest
+/// appended, or measured in what is held when a step found that too large (see
+/// `flash::stays_finite`; a truncation keeps them, a bound still, looser).
 #[derive(Debug, Clone, Copy, Default)]
 struct LayerState {
     len: usize,
@@ -1018,33 +1044,43 @@ impl<E: CacheStorage> PagedLayer<'_, E> {
         let n_queries_bound = members.iter().map(|m| m.queries.len()).max().unwrap_or(0);
         let n_keys = members.iter().map(Member::n_keys).max().unwrap_or(0);
         let bound = Shape { n_queries: n_queries_bound, n_keys, key_dim, value_dim };
-        let largest = |f: fn(&LayerState) -> f64| members.iter().map(|m| f(&m.state)).fold(0.0, f64::max);
-        let magnitudes = Magnitudes { queries, keys: largest(|s| s.keys), values: largest(|s| s.values) };
+        let largest = |f: &dyn Fn(&Member) -> f64| members.iter().map(f).fold(0.0, f64::max);
         // Every head of the longest sequence bounds the scores of every other (ALiBi's biases
         // grow with the distance, and the scale and the cap are the call's).
         let longest_member = members.iter().max_by_key(|m| m.state.len).expect("a member");
-        if !(0..query_heads).all(|h| flash::stays_finite(&bound, &magnitudes, &masks(longest_member, h))) {
-            return Err(AttentionError::CacheOverflow { layer });
+        let fits = |keys, values| {
+            let magnitudes = Magnitudes { queries, keys, values };
+            (0..query_heads).all(|h| flash::stays_finite(&bound, &magnitudes, &masks(longest_member, h)))
+        };
+        let pool = (&**storage, &scales[..]);
+        if !fits(largest(&|m| m.state.keys), largest(&|m| m.state.values)) {
+            // The bounds kept since each sequence began count keys truncated since: what is held
+            // now may be smaller (one huge key no longer blocks every later step).
+            let mut measured = (0.0_f64, 0.0_f64);
+            for m in members {
+                let sequence = held.slots[m.slot].sequence.as_mut().expect("a member's sequence was checked");
+                let (keys, values) = (0..kv_heads)
+                    .map(|kv| {
+                        at.keys(pool, &sequence.blocks, layer, kv).magnitudes(
+                            m.n_keys(),
+                            value_dim,
+                            at.layout.key_panel,
+                        )
+                    })
+                    .fold((0.0, 0.0), |(k, v), (key, value)| (f64::max(k, key), f64::max(v, value)));
+                (sequence.layers[layer].keys, sequence.layers[layer].values) = (keys, values);
+                measured = (measured.0.max(keys), measured.1.max(values));
+            }
+            if !fits(measured.0, measured.1) {
+                return Err(AttentionError::CacheOverflow { layer });
+            }
         }
         let first_heads = sequence_masks(options, &members[0]);
         let first_heads = first_heads.resolve_heads(&shape_of(&members[0]), Some((1, query_heads)))?;
-        let (storage, scales, slots) = (&**storage, &scales[..], &held.slots);
+        let slots = &held.slots;
         let keys = |m: usize, _: usize, kv: usize| {
             let sequence = slots[members[m].slot].sequence.as_ref().expect("a member's sequence was checked");
-            StoredKeys::Paged(PagedKeys {
-                storage,
-                block_stride: at.stride,
-                table: &sequence.blocks,
-                block_size,
-                key_lanes: at.key_lanes,
-                panels_at: at.panels_at(layer, kv),
-                values_at: at.values_at(layer, kv),
-                key_dim,
-                value_stride: at.layout.value_stride,
-                scales,
-                scales_stride: at.scales_stride,
-                scales_at: at.scales_at(layer, kv),
-            })
+            StoredKeys::Paged(at.keys(pool, &sequence.blocks, layer, kv))
         };
         // A sequence's queries are its last positions held.
         let first_query = |m: usize| members[m].state.len - members[m].queries.len();

@@ -287,6 +287,14 @@ pub(crate) fn check_cache_options(
     if options.causal.is_some_and(|causal| causal != crate::mask::CausalMask::BottomRight) {
         return refuse("causal", "a step's queries are the last positions held, aligned bottom-right");
     }
+    // Named here rather than as `WindowAlignment`, whose message is about a causal mask the caller set.
+    if options.window.is_some_and(|window| window.align != crate::mask::CausalMask::BottomRight) {
+        return refuse(
+            "TopLeft-aligned sliding_window",
+            "a step's queries are the last positions held, aligned bottom-right, as \
+             `SlidingWindow::new(before, after)` is unless `.aligned` says otherwise",
+        );
+    }
     if options.padding.is_some() || options.key_lengths.is_some() {
         let option = if options.padding.is_some() { "key_padding" } else { "key_lengths" };
         return refuse(option, "the positions a sequence holds are its keys; hide others with a keep mask");

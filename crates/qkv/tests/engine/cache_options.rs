@@ -317,7 +317,7 @@ fn bad_options_are_errors_naming_the_layer_the_argument_and_the_shape() {
 
 #[test]
 fn options_a_cache_decides_are_errors_on_both_caches() {
-    use qkv::{AdditiveBias, CausalMask, KeyPadding, PagedKvCache, PagedShape};
+    use qkv::{AdditiveBias, CausalMask, KeyPadding, PagedKvCache, PagedShape, SlidingWindow};
     let shape = CacheShape::new(1, 1, 8, 2, 2);
     let mut cache = KvCache::<f32>::new(shape).unwrap();
     let level = cache.simd_level();
@@ -338,6 +338,10 @@ fn options_a_cache_decides_are_errors_on_both_caches() {
         (CacheOptions::new().key_lengths(&lengths), "key_lengths"),
         (CacheOptions::new().bias(AdditiveBias::new(bias.view())), "bias"),
         (CacheOptions::new().simd(other), "simd"),
+        (
+            CacheOptions::new().sliding_window(SlidingWindow::new(2, 0).aligned(CausalMask::TopLeft)),
+            "TopLeft-aligned sliding_window",
+        ),
     ];
     for (options, option) in &cases {
         for message in [

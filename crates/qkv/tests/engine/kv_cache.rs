@@ -323,6 +323,82 @@ fn truncate_then_append_matches_a_cache_that_never_held_the_cut_positions() {
     }
 }
 
+/// A cache that once held a key too large for the queries refuses steps while that key is held,
+/// and takes them again once it is not (cut by `truncate`, or written over by the ring): then a
+/// step equals, bit for bit, one of a cache that never held it. Plain and windowed, every level,
+/// f32, bf16 and int8 storage.
+fn check_huge_key_let_go<E: qkv::CacheStorage>(level: SimdLevel, window: Option<usize>) {
+    let (kv_heads, d) = (2, 8);
+    let shape = CacheShape::new(1, kv_heads, 12, d, d);
+    let make = || match window {
+        Some(window) => KvCache::<E>::with_window_for_level(shape, window, level).unwrap(),
+        None => KvCache::<E>::for_level(shape, level).unwrap(),
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    let mut random = |n: usize| {
+        Array3::from_shape_simple_fn((kv_heads, n, d), || E::Appended::from_f32(rng.random_range(-1.0..1.0)))
+    };
+    let (k, v) = (random(20), random(20));
+    // Key 3 of 1e21 against queries of 1e18: a score could pass f32's 3.4e38.
+    let mut huge_k = k.clone();
+    huge_k.slice_mut(s![.., 3, ..]).fill(E::Appended::from_f32(1e21));
+    let q = Array3::from_shape_fn((4, 1, d), |(h, _, c)| ((h * 7 + c) % 5) as f32 * 0.5e18 - 1e18);
+    let (mut held, mut never) = (make(), make());
+    let what = format!("{level} {} window {window:?}", E::NAME);
+    let overflow = |cache: &mut KvCache<E>| {
+        let error = cache.layer(0).unwrap().attend(q.view()).unwrap_err();
+        assert!(matches!(error, qkv::AttentionError::CacheOverflow { layer: 0 }), "{what}: {error}");
+    };
+    let step = |cache: &mut KvCache<E>| {
+        cache.layer(0).unwrap().attend_with_lse(q.view(), &CacheOptions::new()).unwrap()
+    };
+    for end in 1..=5 {
+        let at = s![.., end - 1..end, ..];
+        held.layer(0).unwrap().append(huge_k.slice(at), v.slice(at)).unwrap();
+        never.layer(0).unwrap().append(k.slice(at), v.slice(at)).unwrap();
+    }
+    overflow(&mut held);
+    overflow(&mut held); // the bound measured in what is held still refuses
+    let let_go = match window {
+        // Cut back before the huge key, and appended again without it.
+        None => {
+            held.truncate(3).unwrap();
+            never.truncate(3).unwrap();
+            3..5
+        }
+        // Positions 3 + 12 on write over its slot.
+        Some(_) => 5..16,
+    };
+    for end in let_go.clone() {
+        let at = s![.., end..end + 1, ..];
+        for cache in [&mut held, &mut never] {
+            cache.layer(0).unwrap().append(k.slice(at), v.slice(at)).unwrap();
+        }
+        if end + 1 < let_go.end && window.is_some() {
+            overflow(&mut held);
+        }
+    }
+    let (got, want) = (step(&mut held), step(&mut never));
+    assert_eq!(got.output, want.output, "{what}: output");
+    assert_eq!(got.logsumexp, want.logsumexp, "{what}: logsumexp");
+    assert!(got.output.iter().all(|x| x.is_finite()), "{what}");
+    // The huge key again: refused again.
+    let at = s![.., 3..4, ..];
+    held.layer(0).unwrap().append(huge_k.slice(at), v.slice(at)).unwrap();
+    overflow(&mut held);
+}
+
+#[test]
+fn a_huge_key_blocks_steps_only_while_it_is_held() {
+    for level in levels() {
+        for window in [None, Some(4)] {
+            check_huge_key_let_go::<f32>(level, window);
+            check_huge_key_let_go::<half::bf16>(level, window);
+            check_huge_key_let_go::<qkv::Q8>(level, window);
+        }
+    }
+}
+
 #[test]
 fn truncate_refuses_what_it_cannot_do_and_changes_nothing() {
     let shape = CacheShape::new(1, 1, 10, 1, 1);

@@ -10,7 +10,7 @@ use ndarray::{Array2, Array3, ArrayView2, Axis, concatenate, s};
 use proptest::prelude::*;
 use qkv::{
     AttentionOptions, CacheOptions, CausalMask, PagedKvCache, PagedShape, SequenceId, SimdLevel,
-    SlidingWindow,
+    SlidingWindow, Storage,
 };
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -461,6 +461,83 @@ fn truncate_then_append_matches_the_shorter_prefix() {
     }
 }
 
+/// A sequence that once held a key too large for the queries refuses steps while that key is
+/// held, alone or in a batch, and takes them again once it is not (cut by `truncate`, or its
+/// block let go by `evict_before`): then its step equals, bit for bit, that of a sequence that
+/// never held it. Every level, f32, bf16 and int8 storage, blocks of 4 positions.
+fn check_huge_key_let_go<E: qkv::CacheStorage>(level: SimdLevel) {
+    let (kv_heads, d) = (2, 8);
+    let shape = PagedShape::new(1, kv_heads, d, d, 4, 16);
+    let mut cache = PagedKvCache::<E>::for_level(shape, level).unwrap();
+    let mut rng = ChaCha8Rng::seed_from_u64(13);
+    let mut random = |n: usize| {
+        Array3::from_shape_simple_fn((kv_heads, n, d), || E::Appended::from_f32(rng.random_range(-1.0..1.0)))
+    };
+    let (k, v, new_k, new_v) = (random(10), random(10), random(3), random(3));
+    // Key 5 (of the second block) of 1e21 against queries of 1e18: a score could pass f32's 3.4e38.
+    let huge = |position: usize| {
+        let mut huge = k.clone();
+        huge.slice_mut(s![.., position, ..]).fill(E::Appended::from_f32(1e21));
+        huge
+    };
+    let q = Array3::from_shape_fn((4, 1, d), |(h, _, c)| ((h * 7 + c) % 5) as f32 * 0.5e18 - 1e18);
+    let what = format!("{level} {}", E::NAME);
+    let [cut, never, evicted, never_evicted] = [(); 4].map(|_| cache.add_sequence());
+    for (seq, keys) in [(cut, huge(5)), (never, k.clone()), (evicted, huge(1)), (never_evicted, k.clone())] {
+        cache.layer(0).unwrap().append(seq, keys.view(), v.view()).unwrap();
+    }
+    let step = |cache: &mut PagedKvCache<E>, seqs: &[SequenceId]| {
+        let offsets: Vec<usize> = (0..=seqs.len()).collect();
+        let q = concatenate(Axis(1), &vec![q.view(); seqs.len()]).unwrap();
+        let (mut out, mut lse) = (Array3::<f32>::zeros((4, seqs.len(), d)), Array2::zeros((4, seqs.len())));
+        let mut layer = cache.layer(0).unwrap();
+        layer.attend_with_into(
+            seqs,
+            &offsets,
+            q.view(),
+            &CacheOptions::new(),
+            out.view_mut(),
+            Some(lse.view_mut()),
+        )?;
+        Ok((out, lse))
+    };
+    let overflow = |result: Result<(Array3<f32>, Array2<f32>), qkv::AttentionError>| {
+        let error = result.unwrap_err();
+        assert!(matches!(error, qkv::AttentionError::CacheOverflow { layer: 0 }), "{what}: {error}");
+    };
+    for _ in 0..2 {
+        overflow(step(&mut cache, &[cut]));
+        overflow(step(&mut cache, &[never, cut]));
+    }
+    step(&mut cache, &[never]).unwrap();
+    for seq in [cut, never] {
+        cache.truncate(seq, 5).unwrap();
+        cache.layer(0).unwrap().append(seq, new_k.view(), new_v.view()).unwrap();
+    }
+    overflow(step(&mut cache, &[evicted, cut]));
+    for seq in [evicted, never_evicted] {
+        cache.evict_before(seq, 4).unwrap();
+    }
+    for (got, want) in [(cut, never), (evicted, never_evicted)] {
+        let (got, want) = (step(&mut cache, &[got]).unwrap(), step(&mut cache, &[want]).unwrap());
+        assert_eq!(got, want, "{what}: output and logsumexp");
+        assert!(got.0.iter().all(|x| x.is_finite()), "{what}");
+    }
+    step(&mut cache, &[cut, evicted, never]).unwrap();
+    // The huge key again: refused again.
+    cache.layer(0).unwrap().append(cut, huge(0).slice(s![.., ..1, ..]), v.slice(s![.., ..1, ..])).unwrap();
+    overflow(step(&mut cache, &[cut]));
+}
+
+#[test]
+fn a_huge_key_blocks_steps_only_while_it_is_held() {
+    for level in levels() {
+        check_huge_key_let_go::<f32>(level);
+        check_huge_key_let_go::<half::bf16>(level);
+        check_huge_key_let_go::<qkv::Q8>(level);
+    }
+}
+
 #[test]
 fn a_sliding_window_generation_runs_in_the_windows_blocks() {
     for (seed, (level, shape, group)) in configurations().into_iter().enumerate() {
@@ -880,7 +957,7 @@ fn a_pool_too_large_to_allocate_is_an_error_not_a_panic() {
 /// attention in f32 over the same rounded keys, values and queries.
 /// A pool of `E` against the reference over its widened keys and values, with queries of `E`,
 /// or of f32 that `E` cannot hold (`f32_queries`), widened to f32 as a step takes them.
-fn check_half_precision<E: qkv::Storage>(level: SimdLevel, seed: u64, f32_queries: bool) {
+fn check_half_precision<E: Storage>(level: SimdLevel, seed: u64, f32_queries: bool) {
     let block_size = PagedKvCache::<E>::block_granularity(level).unwrap();
     let shape = PagedShape::new(1, 2, 16, 12, block_size, 64);
     let mut cache = PagedKvCache::<E>::for_level(shape, level).unwrap();
