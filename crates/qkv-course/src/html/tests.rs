@@ -90,6 +90,13 @@ fn the_page_script_is_small_classic_and_offline() {
     }
     let page = page_for("# Plain\n\nText.\n");
     assert!(page.contains("<script src=\"qkv.js\" defer></script>"), "{page}");
+    // The script goes out without indentation (`script`): no line of code may hold text that
+    // would change with it, a template literal or a string continued on the next line.
+    for line in SCRIPT_PARTS.iter().flat_map(|part| part.lines()).map(str::trim_start) {
+        let comment = ["*", "/*", "//"].iter().any(|start| line.starts_with(start));
+        assert!(comment || !line.contains('`'), "a template literal in qkv.js: {line}");
+        assert!(!line.ends_with('\\'), "a string continued on the next line in qkv.js: {line}");
+    }
 }
 
 /// A two-section course: each file's text, in order; the built site's files by name.

@@ -74,28 +74,41 @@
     return x < 0 && /[1-9]/.test(s) ? "-" + s : s;
   }
 
-  /* A number as a learner may write it: 0.731, .731, 0,731 (decimal comma), 73.1%, 3/4, with
-   * spaces anywhere. null when it is not a number. */
+  /* A number as a learner may write it: 0.731, .731, 0,731 (decimal comma), 1,560 or 12,345.6
+   * (thousands grouped), 73.1%, 3/4, with spaces anywhere. null when it is not a number;
+   * otherwise { readings, percent }: the values it may mean, most likely first. A single comma
+   * before three digits is both (1,560 is 1.56 to some readers and 1560 to others), and the
+   * quiz picks by the key; every other form has one reading. */
   function parseNumber(text) {
     var t = String(text).replace(/\s+/g, "").replace(/\u2212/g, "-");
     var percent = t.slice(-1) === "%";
     if (percent) t = t.slice(0, -1);
-    var decimal = function (s) {
-      return /^[+-]?(\d+([.,]\d*)?|[.,]\d+)$/.test(s) ? Number(s.replace(",", ".")) : null;
+    var readings = function (s) {
+      if (/^[+-]?[1-9]\d{0,2}(,\d{3})+(\.\d*)?$/.test(s)) {
+        var grouped = Number(s.replace(/,/g, ""));
+        // One comma and no point: a decimal comma too.
+        return /^[^,]*,[^,.]*$/.test(s) ? [Number(s.replace(",", ".")), grouped] : [grouped];
+      }
+      return /^[+-]?(\d+([.,]\d*)?|[.,]\d+)$/.test(s) ? [Number(s.replace(",", "."))] : null;
     };
     var parts = t.split("/");
-    var value;
+    var values;
     if (parts.length === 1) {
-      value = decimal(parts[0]);
+      values = readings(parts[0]);
     } else if (parts.length === 2) {
-      var a = decimal(parts[0]);
-      var b = decimal(parts[1]);
-      value = a === null || b === null || b === 0 ? null : a / b;
+      var a = readings(parts[0]);
+      var b = readings(parts[1]);
+      values = a === null || b === null || b[0] === 0 ? null : [a[0] / b[0]];
     } else {
-      value = null;
+      values = null;
     }
-    if (value === null || !isFinite(value)) return null;
-    return percent ? value / 100 : value;
+    if (values === null || !values.every(isFinite)) return null;
+    return {
+      readings: values.map(function (x) {
+        return percent ? x / 100 : x;
+      }),
+      percent: percent,
+    };
   }
 
   /* "full credit", "half the credit", … for a credit between 0 and 1. */

@@ -33,6 +33,13 @@
       "Close: keep more decimals until the last step (rounding along the way moves the answer this much). No try was used.",
     invalid:
       "That does not read as a number. Write it with digits, such as 0.731, .731, 73.1% or 3/4. No try was used.",
+    notPercentage: "The answer is a whole number, not a percentage: write it without the % sign. No try was used.",
+    ambiguous: function (readings) {
+      return (
+        "That reads as " + readings[0] + " with a decimal comma or " + readings[1] +
+        " with a thousands comma: write the one you mean without the comma. No try was used."
+      );
+    },
     restored: function (state, credit, left, next) {
       if (state === "right") return "You answered this one earlier, for " + creditWords(credit) + ".";
       if (state === "revealed") return "You saw the answer to this one earlier.";
@@ -278,29 +285,47 @@
   };
 
   Quiz.prototype.answerNumber = function () {
-    var x = parseNumber(this.input.value);
-    if (x === null) {
+    var parsed = parseNumber(this.input.value);
+    if (parsed === null) {
       this.say("invalid", MESSAGES.invalid);
       return;
     }
     var key = this.key.value;
-    // A key shown as a percentage reads a bare number as one too (73.1 for 73.1%), unless the
-    // number is the fraction itself (0.731).
     var near = this.key.near || 0;
     var band = Math.max(near, this.key.tolerance);
-    if (this.key.percent === true && !/%\s*$/.test(this.input.value) && Math.abs(x - key) > band) {
-      x = x / 100;
-    }
+    var percentKey = this.key.percent === true;
+    var readings = parsed.readings.map(function (x) {
+      // A key shown as a percentage reads a bare number as one too (73.1 for 73.1%), unless the
+      // number is the fraction itself (0.731).
+      return percentKey && !parsed.percent && Math.abs(x - key) > band ? x / 100 : x;
+    });
     // A little slack for the rounding of decimal input itself (0.1 is not exact in binary).
     var slack = 1e-9 * Math.max(1, Math.abs(key));
-    var off = Math.abs(x - key);
-    var right = off <= this.key.tolerance + slack;
-    // Off only by rounding early: said so, and no try is used (content/README.md, near_miss).
-    if (!right && off <= near + slack && this.state !== "right") {
-      this.say("near-miss", MESSAGES.nearMiss);
-      return;
+    var off = readings.map(function (x) {
+      return Math.abs(x - key);
+    });
+    var closest = Math.min.apply(null, off);
+    var right = closest <= this.key.tolerance + slack;
+    if (!right && this.state !== "right") {
+      // Off only by rounding early: said so, and no try is used (content/README.md, near_miss).
+      if (closest <= near + slack) {
+        this.say("near-miss", MESSAGES.nearMiss);
+        return;
+      }
+      // Signals that would grade a form rather than the answer: neither uses a try.
+      if (parsed.percent && !percentKey && /^[+-]?\d+$/.test(this.key.shown)) {
+        this.say("not-a-percentage", MESSAGES.notPercentage);
+        return;
+      }
+      var high = readings.map(function (x) {
+        return x > key;
+      });
+      if (high.indexOf(!high[0]) >= 0) {
+        this.say("ambiguous", MESSAGES.ambiguous(readings));
+        return;
+      }
     }
-    this.answerWith(right, null, right ? "" : x > key ? "Too high." : "Too low.");
+    this.answerWith(right, null, right ? "" : readings[0] > key ? "Too high." : "Too low.");
   };
 
   Quiz.prototype.revealByChoice = function () {
