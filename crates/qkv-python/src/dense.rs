@@ -558,11 +558,16 @@ fn torch_raw(tensor: &Bound<'_, PyAny>, code: u8, shape: Vec<usize>) -> PyResult
     Ok(Raw::new(address, code, shape, [vec![0; added], strides].concat()))
 }
 
-/// A torch tensor's shape, if it is a CPU tensor of `dtype`.
+/// A torch tensor's shape, if it is a CPU tensor of `dtype` whose memory holds its values as they
+/// are (not negated lazily, as a complex tensor's conjugate's imaginary part is: the package
+/// resolves those).
 fn cpu_shape(tensor: &Bound<'_, PyAny>, dtype: &Bound<'_, PyAny>) -> PyResult<Option<Vec<usize>>> {
     let py = tensor.py();
     let same = tensor.getattr(pyo3::intern!(py, "dtype"))?.is(dtype);
-    if !same || !tensor.getattr(pyo3::intern!(py, "is_cpu"))?.extract::<bool>()? {
+    if !same
+        || !tensor.getattr(pyo3::intern!(py, "is_cpu"))?.extract::<bool>()?
+        || tensor.call_method0(pyo3::intern!(py, "is_neg"))?.extract::<bool>()?
+    {
         return Ok(None);
     }
     Ok(Some(tensor.getattr(pyo3::intern!(py, "shape"))?.extract()?))

@@ -54,6 +54,8 @@ fn alibi_slopes(heads: usize) -> Vec<f64> {
 /// The module `qkv._qkv`.
 #[pymodule]
 fn _qkv(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    // The package's version is the crate's (maturin reads it from Cargo.toml).
+    module.add("__version__", env!("CARGO_PKG_VERSION"))?;
     module.add_function(wrap_pyfunction!(simd_report, module)?)?;
     module.add_function(wrap_pyfunction!(alibi_slopes, module)?)?;
     dense::register(module)?;

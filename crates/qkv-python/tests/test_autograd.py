@@ -195,6 +195,41 @@ def test_meta_tensors_and_dispatch_modes_meet_the_operators():
     assert {"qkv.attention.default", "qkv.attention_backward.default"} <= seen.ops, seen.ops
 
 
+def test_calls_without_a_gradient_meet_the_operators_where_they_must():
+    """Without any gradient: torch.jit.trace records the operator (a direct call would leave the
+    engine's writes out of the graph, which would return uninitialised memory), and meta and fake
+    tensors get their shapes from the fake implementations."""
+    x = torch.randn(3, 2, 4, 8)
+    traced = torch.jit.trace(lambda t: qkv.scaled_dot_product_attention(t, t, t), (x,), check_trace=False)
+    assert "qkv::attention" in str(traced.graph)
+    y = torch.randn(3, 2, 4, 8)
+    assert torch.equal(traced(y), qkv.scaled_dot_product_attention(y, y, y))
+    packed = torch.randn(5, 2, 8)
+    traced = torch.jit.trace(lambda t: qkv.varlen_attention(t, t, t, torch.tensor([0, 2, 5]), torch.tensor([0, 2, 5])),
+                             (packed,), check_trace=False)
+    assert "qkv::varlen_attention" in str(traced.graph)
+    with torch.no_grad():
+        q, k, v = (torch.empty(shape, device="meta") for shape in ((2, 4, 5, 8), (2, 2, 7, 8), (2, 2, 7, 3)))
+        out = qkv.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+        assert out.shape == (2, 4, 5, 3) and out.device.type == "meta"
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        f = torch.empty(2, 3, 4, 8)
+        assert qkv.scaled_dot_product_attention(f, f, f, is_causal=True).shape == (2, 3, 4, 8)
+
+
+def test_merge_refuses_what_needs_a_gradient():
+    q = torch.randn(1, 2, 3, 4, requires_grad=True)
+    first, second = qkv.attention_with_lse(q, q, q), qkv.attention_with_lse(q, 2 * q, q)
+    with pytest.raises(ValueError, match="qkv.merge has no backward"):
+        qkv.merge(*first, *second)
+    with torch.no_grad():
+        out, lse = qkv.merge(*first, *second)
+    want = qkv.attention_with_lse(q.detach(), torch.cat([q, 2 * q], 2).detach(), torch.cat([q, q], 2).detach())
+    assert torch.allclose(out, want[0], atol=1e-6) and torch.allclose(lse, want[1], atol=1e-6)
+
+
 def test_eager_calls_skip_the_dispatcher():
     (q, k, v), _ = inputs("causal gqa", torch.float32)
     out = qkv.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)

@@ -168,6 +168,40 @@ def test_kv_cache_errors():
         cache.attend(0, q[:, -1:], scale=1e39)
 
 
+def test_caches_refuse_what_the_engine_cannot_read_and_read_the_rest_as_their_values():
+    """Tensors on another device and integer keys are errors naming them; NumPy arrays with
+    negative strides and torch's lazily negated tensors are read as their values."""
+    for make in (lambda: qkv.KvCache(1, 1, 8, 4), lambda: qkv.PagedKvCache(1, 1, 4, 4, 16, 2)):
+        cache = make()
+        paged = isinstance(cache, qkv.PagedKvCache)
+        seq = [cache.add_sequence()] if paged else []
+        append = (lambda k, v: cache.append(0, *seq, k, v))
+        attend = (lambda q, **kw: cache.attend(0, seq, [0, 1], q, **kw) if paged else cache.attend(0, q, **kw))
+        meta = torch.empty(1, 2, 4, device="meta")
+        with pytest.raises(ValueError, match="key is on meta: qkv runs on the CPU"):
+            append(meta, meta)
+        with pytest.raises(ValueError, match="value has dtype int64: the cache takes float32"):
+            append(torch.ones(1, 2, 4), torch.ones(1, 2, 4, dtype=torch.int64))
+        keys = np.random.default_rng(2).standard_normal((1, 6, 4)).astype(np.float32)[:, ::-1]
+        append(keys, keys[:, ::-1])
+        query = torch.randn(1, 1, 4, dtype=torch.complex64).conj().imag
+        with pytest.raises(ValueError, match="query has dtype int64"):
+            attend(torch.ones(1, 1, 4, dtype=torch.int64).numpy())
+        with pytest.raises(ValueError, match="keep has dtype float32: it is a boolean mask"):
+            attend(query.resolve_neg().numpy(), keep=np.ones((1, 6), dtype=np.float32))
+        keep = np.array([[True, False, True, True, False, True]])[:, ::-1]
+        got = attend(query.resolve_neg().numpy(), keep=keep)
+        k, v = torch.from_numpy(keys.copy()), torch.from_numpy(keys[:, ::-1].copy())
+        want, _ = explicit(query.resolve_neg(), k, v, keep=torch.from_numpy(keep.copy()))
+        assert_close(torch.from_numpy(got), want, torch.float32)
+        cache.truncate(*seq, 0) if paged else cache.clear()
+        negated = (k * 1j).to(torch.complex64).conj().imag  # -k, lazily
+        assert negated.is_neg() and query.is_neg()
+        append(negated, v)
+        want, _ = explicit(query.resolve_neg(), -k, v, is_causal=True, bottom_right=True)
+        assert_close(attend(query), want, torch.float32)
+
+
 def test_cache_steps_refuse_what_needs_a_gradient():
     """A cache has no backward: keys, values, a query or sinks that need a gradient raise rather
     than drop it; under no_grad the same calls run."""

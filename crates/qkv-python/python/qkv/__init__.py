@@ -13,7 +13,7 @@ import sys
 
 from . import _core
 from ._cache import KvCache, PagedKvCache
-from ._qkv import alibi_slopes, simd_report
+from ._qkv import __version__, alibi_slopes, simd_report
 
 __all__ = [
     "scaled_dot_product_attention",
@@ -42,28 +42,37 @@ def _torch_ops():
 
 def _needs_op(query, key, value, attn_mask, sinks):
     """Whether a torch call must go through the registered operator, or in eager mode its
-    ``torch.autograd.Function`` (``_operator``): to be differentiated, or traced by
-    ``torch.compile``. Otherwise the direct call skips autograd's overhead."""
+    ``torch.autograd.Function`` (``_operator``): to be differentiated, or wherever the operator
+    itself must be seen (``_dispatched``). Otherwise the direct call skips autograd's overhead."""
     torch = sys.modules.get("torch")
     if torch is None or not isinstance(query, torch.Tensor):
         return False
-    if torch.is_grad_enabled() and any(
-        isinstance(t, torch.Tensor) and t.requires_grad for t in (query, key, value, attn_mask, sinks)
-    ):
-        return True
-    return torch.compiler.is_compiling()
+    tensors = (query, key, value, attn_mask, sinks)
+    if torch.is_grad_enabled():
+        for t in tensors:
+            if isinstance(t, torch.Tensor) and t.requires_grad:
+                return True
+    return _dispatched(torch, tensors)
+
+
+def _dispatched(torch, tensors):
+    """Whether the call must reach torch's dispatcher as the operator: where a graph is traced
+    (torch.compile, torch.export, torch.jit.trace: a direct call would leave the engine's writes
+    out of the graph), for tensors whose memory is not here (meta and fake tensors, other
+    devices, subclasses: the fake implementation gives their shapes), and under a dispatch mode
+    (which watches the operators it sees)."""
+    # Plain loops: this runs on every call, and a generator's frame costs more than the checks.
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and (type(t) is not torch.Tensor or not t.is_cpu):
+            return True
+    return (torch.compiler.is_compiling() or torch.jit.is_tracing()
+            or torch.utils._python_dispatch._get_current_dispatch_mode() is not None)
 
 
 def _operator(torch, operator, eager, tensors):
     """``eager`` (an operator's ``torch.autograd.Function``, without the dispatcher) for plain CPU
-    tensors in eager mode; ``operator`` where a graph is traced (torch.compile, torch.export,
-    torch.jit.trace), for meta and fake tensors and subclasses (whose shapes its fake
-    implementation gives), and under a dispatch mode (which sees the operator)."""
-    traced = torch.compiler.is_compiling() or torch.jit.is_tracing()
-    plain = all(t is None or (type(t) is torch.Tensor and t.is_cpu) for t in tensors)
-    if traced or not plain or torch.utils._python_dispatch._get_current_dispatch_mode() is not None:
-        return operator
-    return eager
+    tensors in eager mode; ``operator`` where the dispatcher must see it (``_dispatched``)."""
+    return operator if _dispatched(torch, tensors) else eager
 
 
 def _attend(query, key, value, attn_mask, is_causal, scale, enable_gqa, extensions, with_lse):
@@ -125,8 +134,10 @@ def scaled_dot_product_attention(
     takes part in attention) or additive (the query's dtype), broadcast to ``[..., L, S]``;
     ``is_causal`` hides the keys after each query, aligned top-left; ``scale`` defaults to
     ``1 / sqrt(E)``. Torch tensors or NumPy arrays, float32, float64, bfloat16 or float16 (half
-    precision is computed in float32 and rounded once). Returns ``[..., L, Ev]`` in the inputs'
-    dtype and library. Contiguous inputs are read in place, and the engine runs with the GIL
+    precision is computed in float32 and rounded once, but for bfloat16 on a CPU with AMX or
+    AVX512-BF16, whose products round the weights to bfloat16 before they meet the values, as
+    PyTorch's bfloat16 kernel does; ``qkv.simd_report()`` names the level). Returns ``[..., L,
+    Ev]`` in the inputs' dtype and library. Contiguous inputs are read in place, and the engine runs with the GIL
     released.
 
     qkv's extensions, keyword-only: ``sliding_window=(before, after)`` (each query sees the keys
@@ -148,10 +159,19 @@ def scaled_dot_product_attention(
       mean of the values, or an empty output);
     - ``dropout_p`` other than 0 raises ``ValueError``: qkv has no dropout;
     - ``attn_mask`` together with ``is_causal`` raises ``ValueError`` (as PyTorch does);
-    - keys and values that some query sees must be finite (``ValueError`` naming the element);
-      a gradient coming back that is not finite gives gradients of NaN, as PyTorch's does;
+    - inputs must be finite: a query, or a key or value that some query sees, that is NaN or
+      infinite, an additive mask with NaN or ``+inf`` (``-inf`` hides a key), and scores past
+      float32's range raise ``ValueError`` naming the element or the query, where PyTorch returns
+      NaN (so an fp16 forward that overflows stops the loop rather than reaching a
+      ``GradScaler``); a gradient coming back that is not finite gives gradients of NaN, as
+      PyTorch's does;
+    - the leading dimensions of query, key and value must be equal (PyTorch broadcasts a batch of
+      1 against a larger one), with at least one head (PyTorch returns an empty output for none);
+    - a 1-D ``attn_mask`` (``[S]``) broadcasts over the queries (PyTorch raises);
+    - ``torch.autocast`` does not apply: the call computes in its inputs' dtype;
     - there is no double backward: a second derivative through qkv (``create_graph=True``,
-      ``gradgradcheck``) raises ``RuntimeError`` saying so.
+      ``gradgradcheck``) raises ``RuntimeError`` saying so, and ``torch.func``'s transforms
+      (``vmap``, ``grad``, ``jacrev``) do not reach through the call.
 
     Errors in shapes and arguments raise ``ValueError`` with the engine's message.
     """
@@ -356,7 +376,8 @@ _FLASH_NAMES = {
 def merge(out_a, lse_a, out_b, lse_b):
     """Attention over two disjoint sets of keys (``(out, lse)`` each, from ``attention_with_lse``)
     merged exactly into attention over both: ``(out, lse)``. A row that sees no key in one part
-    takes the other's. Not differentiable (``qkv.distributed`` has the differentiable form)."""
+    takes the other's. Not differentiable: an input that requires grad, with grad mode on, raises
+    ``ValueError`` (the same merge written in torch operations is differentiable)."""
     return _core.merge(out_a, lse_a, out_b, lse_b)
 
 

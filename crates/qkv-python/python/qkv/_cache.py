@@ -42,8 +42,31 @@ class _Cache:
         self._inner, self.dtype = inner, dtype
         self._appended = "float32" if dtype == "int8" else dtype
 
-    def _stored(self, xp, t):
-        return t if xp.dtype_name(t) == self._appended else xp.cast(t, self._appended)
+    @staticmethod
+    def _input(xp, argument, t, takes):
+        """``t`` checked (on the CPU; a floating dtype, not cast from integers as if they were
+        numbers the model made), in one of the dtypes ``takes`` (cast to the first otherwise), as
+        memory the engine reads as it is (``readable``: the caller keeps it alive for the call)."""
+        xp.check_device(argument, t)
+        name = xp.dtype_name(t)
+        if name not in takes and name not in _core.FLOATS:
+            raise ValueError(f"{argument} has dtype {name}: the cache takes {', '.join(_core.FLOATS)}")
+        return xp.readable(t if name in takes else xp.cast(t, takes[0]))
+
+    @staticmethod
+    def _keep(xp, keep):
+        """The keep mask checked (on the CPU, boolean) and readable as it is, or None."""
+        if keep is None:
+            return None
+        xp.check_device("keep", keep)
+        if xp.dtype_name(keep) != "bool":
+            raise ValueError(f"keep has dtype {xp.dtype_name(keep)}: it is a boolean mask, True where a query sees a "
+                             "position")
+        return xp.readable(keep)
+
+    def _appends(self, xp, key, value):
+        """``key`` and ``value`` as the engine appends them, in the storage dtype (float32 for int8)."""
+        return (self._input(xp, argument, t, (self._appended,)) for argument, t in (("key", key), ("value", value)))
 
     def _outputs(self, xp, query, value_dim, return_lse):
         heads, n_q = query.shape[0], query.shape[1]
@@ -82,7 +105,7 @@ class KvCache(_Cache):
         only: see ``attend``)."""
         _refuse_grad("KvCache.append", ("key", key), ("value", value))
         xp = _core.backend(key, value)
-        key, value = self._stored(xp, key), self._stored(xp, value)
+        key, value = self._appends(xp, key, value)
         self._inner.append(layer, xp.raw(key), xp.raw(value))
 
     def attend(self, layer, query, *, scale=None, sliding_window=None, alibi_slopes=None, softcap=None,
@@ -95,8 +118,7 @@ class KvCache(_Cache):
         _refuse_grad("KvCache.attend", ("query", query), ("sinks", sinks))
         xp = _core.backend(query, keep)
         takes = ("float32", "bfloat16", "float16") if self.dtype == "int8" else ("float32", self.dtype)
-        if xp.dtype_name(query) not in takes:
-            query = xp.cast(query, "float32")
+        query, keep = self._input(xp, "query", query, takes), self._keep(xp, keep)
         out, lse = self._outputs(xp, query, self.shape[4], return_lse)
         spec = _spec(xp, query, scale, sliding_window, alibi_slopes, softcap, keep, sinks)
         with _core.named_as_passed(_CACHE_NAMES):
@@ -187,7 +209,7 @@ class PagedKvCache(_Cache):
         (inference only, as ``KvCache.append`` is)."""
         _refuse_grad("PagedKvCache.append", ("key", key), ("value", value))
         xp = _core.backend(key, value)
-        key, value = self._stored(xp, key), self._stored(xp, value)
+        key, value = self._appends(xp, key, value)
         self._inner.append(layer, seq, xp.raw(key), xp.raw(value))
 
     def attend(self, layer, sequences, offsets, query, *, scale=None, sliding_window=None, alibi_slopes=None,
@@ -197,7 +219,7 @@ class PagedKvCache(_Cache):
         ``KvCache.attend``; inference only, as ``KvCache.attend`` is."""
         _refuse_grad("PagedKvCache.attend", ("query", query), ("sinks", sinks))
         xp = _core.backend(query, keep)
-        query = self._stored(xp, query)
+        query, keep = self._input(xp, "query", query, (self._appended,)), self._keep(xp, keep)
         out, lse = self._outputs(xp, query, self.shape[3], return_lse)
         spec = _spec(xp, query, scale, sliding_window, alibi_slopes, softcap, keep, sinks)
         batch = ([int(s) for s in sequences], [int(o) for o in offsets])

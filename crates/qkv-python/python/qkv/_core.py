@@ -14,7 +14,7 @@ import sys
 from . import _qkv, _threads
 
 _CODES = {"float32": 0, "float64": 1, "bfloat16": 2, "float16": 3, "bool": 4}
-_FLOATS = ("float32", "float64", "bfloat16", "float16")
+FLOATS = ("float32", "float64", "bfloat16", "float16")
 
 
 class _Torch:
@@ -27,7 +27,15 @@ class _Torch:
     def dtype_name(self, t):
         return self.names.get(t.dtype, str(t.dtype).replace("torch.", ""))
 
+    def readable(self, t):
+        """``t`` as memory the engine reads as it is: a tensor with torch's lazy negation (a
+        complex tensor's conjugate's imaginary part) is materialised; any other is itself."""
+        return t.resolve_neg() if t.is_neg() else t
+
     def raw(self, t):
+        if t.is_neg():
+            raise RuntimeError("qkv: internal error (please report it): a tensor with torch's negative bit "
+                               "reached the engine unresolved")
         return (t.data_ptr(), _CODES[self.names[t.dtype]], t.shape, t.stride())
 
     def empty(self, shape, dtype_name):
@@ -62,14 +70,22 @@ class _NumPy:
     def dtype_name(self, a):
         return a.dtype.name
 
+    def readable(self, a):
+        """``a`` as memory the engine reads as it is: an array with negative strides or strides
+        that are not whole elements is copied (the engine reads forward, whole elements); the
+        caller keeps the copy alive for the call."""
+        return self.np.ascontiguousarray(a) if self._unreadable(a) else a
+
+    @staticmethod
+    def _unreadable(a):
+        return any(s < 0 or s % a.itemsize for s in a.strides)
+
     def raw(self, a):
-        item = a.itemsize
-        strides = a.strides
-        if any(s < 0 or s % item for s in strides):
-            # Negative or misaligned strides: the engine reads forward, whole elements.
-            a = self.np.ascontiguousarray(a)
-            strides = a.strides
-        return (a.__array_interface__["data"][0], _CODES[a.dtype.name], a.shape, tuple(s // item for s in strides))
+        if self._unreadable(a):
+            raise RuntimeError(f"qkv: internal error (please report it): an array of strides {a.strides} reached "
+                               "the engine unread")
+        return (a.__array_interface__["data"][0], _CODES[a.dtype.name], a.shape,
+                tuple(s // a.itemsize for s in a.strides))
 
     def empty(self, shape, dtype_name):
         return self.np.empty(shape, dtype=self._dtype(dtype_name))
@@ -79,8 +95,11 @@ class _NumPy:
 
     def _dtype(self, name):
         if name == "bfloat16":
-            import ml_dtypes
-
+            try:
+                import ml_dtypes
+            except ModuleNotFoundError:
+                raise ModuleNotFoundError("NumPy has no bfloat16 of its own: qkv uses ml_dtypes' for NumPy arrays "
+                                          "(pip install ml_dtypes)") from None
             return ml_dtypes.bfloat16
         return self.np.dtype(name)
 
@@ -189,8 +208,8 @@ def checked_dtype(xp, tensors, rank_fits, needs):
         xp.check_device(argument, t)
         if not rank_fits(t.ndim):
             raise ValueError(f"{argument} has shape {tuple(t.shape)}: {needs}")
-        if xp.dtype_name(t) not in _FLOATS:
-            raise ValueError(f"{argument} has dtype {xp.dtype_name(t)}: qkv takes {', '.join(_FLOATS)}")
+        if xp.dtype_name(t) not in FLOATS:
+            raise ValueError(f"{argument} has dtype {xp.dtype_name(t)}: qkv takes {', '.join(FLOATS)}")
     dtype, key, value = (xp.dtype_name(t) for t in tensors)
     if key != dtype or value != dtype:
         raise ValueError(f"query, key and value have dtypes {dtype}, {key} and {value}: they need one dtype")
@@ -308,7 +327,7 @@ class _Packed:
             raise ValueError(f"query has {qs[1]} heads and key {ks[1]}: the key/value heads must divide the query "
                              f"heads {shapes}")
         self.total_q, self.heads, self.d_v = query.shape[0], query.shape[1], value.shape[2]
-        self.q, self.k, self.v = (self.widened(t).swapaxes(0, 1) for t in (query, key, value))
+        self.q, self.k, self.v = (self.widened(xp.readable(t)).swapaxes(0, 1) for t in (query, key, value))
         self.offsets = (offset_list("cu_seqlens_q", cu_seqlens_q), offset_list("cu_seqlens_k", cu_seqlens_k))
         self.spec = spec(*options, self.heads)
 
@@ -403,6 +422,8 @@ class Call:
         xp = backend(query, key, value, attn_mask)
         self.xp = xp
         dtype = checked_dtype(xp, (query, key, value), lambda rank: rank >= 2, "it needs at least [n, d]")
+        query, key, value = (xp.readable(t) for t in (query, key, value))
+        attn_mask = None if attn_mask is None else xp.readable(attn_mask)
         qs, ks, vs = tuple(query.shape), tuple(key.shape), tuple(value.shape)
         if not (len(qs) == len(ks) == len(vs)):
             raise ValueError(f"query {qs}, key {ks} and value {vs} need the same number of dimensions")
@@ -487,7 +508,7 @@ class Call:
         compute = compute_dtype(self.dtype)
         as_compute = (lambda t: t) if compute == self.dtype else (lambda t: xp.cast(t, compute))
         q, k, v = (as_compute(t) for t in (self.q, self.k, self.v))
-        out, grad_out = (as_compute(self._four(t, *self.out_shape[:2])) for t in (out, grad_out))
+        out, grad_out = (as_compute(self._four(xp.readable(t), *self.out_shape[:2])) for t in (out, grad_out))
         lse = lse.reshape(self.out_shape[:3])
         if grad_lse is not None:
             g = lse_gradient(xp, lse, as_compute(grad_lse.reshape(self.out_shape[:3])))
@@ -525,11 +546,15 @@ def lse_gradient(xp, lse, g):
 
 def merge(out_a, lse_a, out_b, lse_b):
     """Attention over two disjoint sets of keys, merged exactly into attention over both."""
+    refuse_grad("qkv.merge", "write the merge in torch operations to differentiate it",
+                (("out_a", out_a), ("lse_a", lse_a), ("out_b", out_b), ("lse_b", lse_b)))
     xp = backend(out_a, lse_a, out_b, lse_b)
     dtype = xp.dtype_name(out_a)
     compute = compute_dtype(dtype)
-    outs = [xp.cast(o, compute) if xp.dtype_name(o) != compute else o for o in (out_a, out_b)]
-    lses = [xp.cast(x, compute) if xp.dtype_name(x) != compute else x for x in (lse_a, lse_b)]
+    for argument, t in (("out_a", out_a), ("lse_a", lse_a), ("out_b", out_b), ("lse_b", lse_b)):
+        xp.check_device(argument, t)
+    outs = [xp.readable(xp.cast(o, compute) if xp.dtype_name(o) != compute else o) for o in (out_a, out_b)]
+    lses = [xp.readable(xp.cast(x, compute) if xp.dtype_name(x) != compute else x) for x in (lse_a, lse_b)]
     out, lse = xp.empty(tuple(out_a.shape), compute), xp.empty(tuple(lse_a.shape), compute)
     _qkv.merge((xp.raw(outs[0]), xp.raw(lses[0])), (xp.raw(outs[1]), xp.raw(lses[1])), (xp.raw(out), xp.raw(lse)))
     return (out if dtype == compute else xp.cast(out, dtype)), lse
