@@ -341,3 +341,10 @@ def test_paged_cache_fork_truncate_free():
     big = history(300)
     with pytest.raises(ValueError, match="appending 300 positions"):
         cache.append(0, a, big[1], big[2])
+
+
+def test_a_numpy_bfloat16_cache_without_ml_dtypes_says_what_to_install(monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "ml_dtypes", None)
+    cache = qkv.KvCache(1, 1, 4, 2, dtype="bfloat16")
+    with pytest.raises(ModuleNotFoundError, match=r"pip install ml_dtypes"):
+        cache.append(0, np.ones((1, 1, 2), np.float32), np.ones((1, 1, 2), np.float32))
