@@ -259,6 +259,11 @@ impl KvCache {
         each_kv!(&mut self.inner, c => c.clear())
     }
 
+    /// Rolls every layer back to its first `len` positions (`qkv::KvCache::truncate`).
+    fn truncate(&mut self, len: usize) -> PyResult<()> {
+        each_kv!(&mut self.inner, c => c.truncate(len)).map_err(value_error)
+    }
+
     /// `(layers, kv_heads, capacity, key_dim, value_dim)`.
     #[getter]
     fn shape(&self) -> (usize, usize, usize, usize, usize) {

@@ -309,6 +309,26 @@ def test_paged_cache_runs_a_ragged_batch_like_dense_attention(dtype, block_size)
     assert cache.length(ids[0]) == 70
 
 
+@pytest.mark.parametrize("window", [None, 4])
+def test_kv_cache_truncate_rolls_back_a_rejected_draft(window):
+    """A draft of 3 positions appended and then rolled back, then the accepted token appended:
+    the step equals that of a cache that never held the draft, bit for bit."""
+    q, k, v = history(9)
+    caches = [qkv.KvCache(2, KV_HEADS, 8, D_K, D_V, window=window) for _ in range(2)]
+    drafted, never = caches
+    for layer in (0, 1):
+        drafted.append(layer, k[:, :8], v[:, :8])
+        never.append(layer, k[:, :5], v[:, :5])
+    drafted.truncate(5)
+    assert [drafted.length(layer) for layer in (0, 1)] == [5, 5]
+    for cache in caches:
+        cache.append(0, k[:, 8:9], v[:, 8:9])
+    assert torch.equal(drafted.attend(0, q[:, 8:9]), never.attend(0, q[:, 8:9]))
+    with pytest.raises(ValueError, match="truncation only removes positions"):
+        drafted.truncate(7)
+    assert drafted.length(0) == 6
+
+
 def test_paged_cache_fork_truncate_free():
     cache = qkv.PagedKvCache(1, KV_HEADS, D_K, D_V, block_size=64, blocks=4)
     q, k, v = history(10)

@@ -6,6 +6,8 @@ and under ``torch.compile`` as an opaque operator) or NumPy arrays. The engine i
 ``qkv``; see ``qkv.simd_report()`` for the kernels this CPU runs. Once it has seen a torch tensor,
 it runs on PyTorch's own OpenMP threads where PyTorch runs on OpenMP (as many as
 ``torch.get_num_threads()``; ``QKV_TORCH_THREADS=0`` keeps qkv on threads of its own).
+Context parallelism on ``torch.distributed`` is a module of its own, which imports torch:
+``import qkv.distributed``.
 """
 
 import importlib

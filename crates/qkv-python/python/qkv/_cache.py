@@ -137,6 +137,14 @@ class KvCache(_Cache):
         """Empties every layer."""
         self._inner.clear()
 
+    def truncate(self, length):
+        """Rolls the cache back to its first ``length`` positions (every layer holding more is cut
+        to ``length``): a speculative draft's rejected tokens, say; the next ``append`` writes over
+        what was cut. Raises ``ValueError``, changing nothing, if no layer holds ``length``
+        positions, or if a windowed cache's ring has already written over what the window of the
+        next position needs (it rolls back at most ``capacity - window + 1`` positions)."""
+        self._inner.truncate(length)
+
     @property
     def shape(self):
         """``(layers, kv_heads, capacity, key_dim, value_dim)``."""
