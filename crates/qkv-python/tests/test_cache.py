@@ -202,6 +202,28 @@ def test_caches_refuse_what_the_engine_cannot_read_and_read_the_rest_as_their_va
         assert_close(attend(query), want, torch.float32)
 
 
+def test_negative_and_fractional_numbers_are_errors_naming_them():
+    kv = qkv.KvCache(2, 1, 8, 4)
+    paged = qkv.PagedKvCache(2, 1, 4, block_size=16, blocks=2)
+    seq = paged.add_sequence()
+    x = torch.ones(1, 1, 4)
+    for call, name, value in (
+        (lambda: qkv.KvCache(2, 1, -8, 4), "capacity", -8),
+        (lambda: kv.append(-1, x, x), "layer", -1),
+        (lambda: kv.attend(-1, x), "layer", -1),
+        (lambda: kv.truncate(-2), "length", -2),
+        (lambda: qkv.PagedKvCache(1, 1, 4, blocks=-3), "blocks", -3),
+        (lambda: paged.append(0, -1, x, x), "seq", -1),
+        (lambda: paged.attend(0, [seq], [0, -1], x), r"offsets\[1\]", -1),
+        (lambda: paged.evict_before(seq, -5), "position", -5),
+    ):
+        with pytest.raises(ValueError, match=rf"^{name} is {value}: .* count from 0"):
+            call()
+    with pytest.raises(TypeError, match=r"^layer is 1.5: it is a whole number"):
+        kv.length(1.5)
+    assert kv.length(np.int64(1)) == 0
+
+
 def test_cache_steps_refuse_what_needs_a_gradient():
     """A cache has no backward: keys, values, a query or sinks that need a gradient raise rather
     than drop it; under no_grad the same calls run."""

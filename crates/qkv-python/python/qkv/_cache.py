@@ -1,6 +1,8 @@
 """The engine's KV caches for decoding: ``KvCache`` (one sequence) and ``PagedKvCache`` (many
 sequences in blocks of one pool), over torch tensors or NumPy arrays."""
 
+import operator
+
 from . import _core, _qkv
 
 
@@ -26,6 +28,21 @@ def _spec(xp, query, scale, sliding_window, alibi_slopes, softcap, keep, sinks):
 
 # What the caches' `attend` arguments are called in the engine's errors.
 _CACHE_NAMES = {"keep_mask": "keep", "logit_softcap": "softcap", "query_offsets": "offsets"}
+
+
+def _whole(argument, value):
+    """``value`` as an int of 0 or more (None stays None), or an error naming ``argument``: the
+    extension's own says only "can't convert negative int to unsigned"."""
+    if value is None:
+        return None
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{argument} is {value!r}: it is a whole number") from None
+    if number < 0:
+        raise ValueError(f"{argument} is {number}: layers, positions, sizes and sequence handles count from 0 "
+                         "(no negative indexing)")
+    return number
 
 
 def _refuse_grad(function, *named):
@@ -97,7 +114,10 @@ class KvCache(_Cache):
                  sink_tokens=None):
         dtype = _dtype_name(dtype)
         value_dim = key_dim if value_dim is None else value_dim
-        inner = _qkv.KvCache(layers, kv_heads, capacity, key_dim, value_dim, dtype, window, sink_tokens)
+        sizes = {"layers": layers, "kv_heads": kv_heads, "capacity": capacity, "key_dim": key_dim,
+                 "value_dim": value_dim, "window": window, "sink_tokens": sink_tokens}
+        sizes = [_whole(name, size) for name, size in sizes.items()]
+        inner = _qkv.KvCache(*sizes[:5], dtype, *sizes[5:])
         super().__init__(inner, dtype)
 
     def append(self, layer, key, value):
@@ -106,7 +126,7 @@ class KvCache(_Cache):
         _refuse_grad("KvCache.append", ("key", key), ("value", value))
         xp = _core.backend(key, value)
         key, value = self._appends(xp, key, value)
-        self._inner.append(layer, xp.raw(key), xp.raw(value))
+        self._inner.append(_whole("layer", layer), xp.raw(key), xp.raw(value))
 
     def attend(self, layer, query, *, scale=None, sliding_window=None, alibi_slopes=None, softcap=None,
                keep=None, sinks=None, return_lse=False):
@@ -122,16 +142,17 @@ class KvCache(_Cache):
         out, lse = self._outputs(xp, query, self.shape[4], return_lse)
         spec = _spec(xp, query, scale, sliding_window, alibi_slopes, softcap, keep, sinks)
         with _core.named_as_passed(_CACHE_NAMES):
-            self._inner.attend(layer, xp.raw(query), spec, (xp.raw(out), None if lse is None else xp.raw(lse)))
+            self._inner.attend(_whole("layer", layer), xp.raw(query), spec,
+                               (xp.raw(out), None if lse is None else xp.raw(lse)))
         return (out, lse) if return_lse else out
 
     def length(self, layer):
         """Positions appended to layer ``layer`` since the cache was made or cleared."""
-        return self._inner.len(layer)
+        return self._inner.len(_whole("layer", layer))
 
     def held(self, layer):
         """Positions layer ``layer`` holds (a windowed cache holds at most its capacity)."""
-        return self._inner.held(layer)
+        return self._inner.held(_whole("layer", layer))
 
     def clear(self):
         """Empties every layer."""
@@ -143,7 +164,7 @@ class KvCache(_Cache):
         what was cut. Raises ``ValueError``, changing nothing, if no layer holds ``length``
         positions, or if a windowed cache's ring has already written over what the window of the
         next position needs (it rolls back at most ``capacity - window + 1`` positions)."""
-        self._inner.truncate(length)
+        self._inner.truncate(_whole("length", length))
 
     @property
     def shape(self):
@@ -171,7 +192,10 @@ class PagedKvCache(_Cache):
     def __init__(self, layers, kv_heads, key_dim, value_dim=None, block_size=64, blocks=256, dtype="float32"):
         dtype = _dtype_name(dtype)
         value_dim = key_dim if value_dim is None else value_dim
-        super().__init__(_qkv.PagedKvCache(layers, kv_heads, key_dim, value_dim, block_size, blocks, dtype), dtype)
+        sizes = {"layers": layers, "kv_heads": kv_heads, "key_dim": key_dim, "value_dim": value_dim,
+                 "block_size": block_size, "blocks": blocks}
+        sizes = [_whole(name, size) for name, size in sizes.items()]
+        super().__init__(_qkv.PagedKvCache(*sizes, dtype), dtype)
 
     @staticmethod
     def block_granularity():
@@ -184,29 +208,29 @@ class PagedKvCache(_Cache):
 
     def fork(self, seq):
         """A new sequence sharing ``seq``'s positions."""
-        return self._inner.fork(seq)
+        return self._inner.fork(_whole("seq", seq))
 
     def truncate(self, seq, length):
         """Keeps ``seq``'s first ``length`` positions."""
-        self._inner.truncate(seq, length)
+        self._inner.truncate(_whole("seq", seq), _whole("length", length))
 
     def free(self, seq):
         """Returns ``seq``'s blocks to the pool."""
-        self._inner.free(seq)
+        self._inner.free(_whole("seq", seq))
 
     def length(self, seq, layer=0):
         """Positions ``seq`` holds at layer ``layer``."""
-        return self._inner.len(seq, layer)
+        return self._inner.len(_whole("seq", seq), _whole("layer", layer))
 
     def evict_before(self, seq, position):
         """Returns to the pool ``seq``'s blocks that lie wholly before ``position`` (what a sliding
         window has left behind), at every layer. Positions keep their numbers: causal alignment,
         ALiBi distances and rotary angles count from 0 as before."""
-        self._inner.evict_before(seq, position)
+        self._inner.evict_before(_whole("seq", seq), _whole("position", position))
 
     def first_held(self, seq):
         """The first position ``seq`` still holds (0 unless blocks were evicted)."""
-        return self._inner.first_held(seq)
+        return self._inner.first_held(_whole("seq", seq))
 
     def free_blocks(self):
         """Blocks no sequence holds."""
@@ -218,7 +242,7 @@ class PagedKvCache(_Cache):
         _refuse_grad("PagedKvCache.append", ("key", key), ("value", value))
         xp = _core.backend(key, value)
         key, value = self._appends(xp, key, value)
-        self._inner.append(layer, seq, xp.raw(key), xp.raw(value))
+        self._inner.append(_whole("layer", layer), _whole("seq", seq), xp.raw(key), xp.raw(value))
 
     def attend(self, layer, sequences, offsets, query, *, scale=None, sliding_window=None, alibi_slopes=None,
                softcap=None, keep=None, sinks=None, return_lse=False):
@@ -230,9 +254,11 @@ class PagedKvCache(_Cache):
         query, keep = self._input(xp, "query", query, (self._appended,)), self._keep(xp, keep)
         out, lse = self._outputs(xp, query, self.shape[3], return_lse)
         spec = _spec(xp, query, scale, sliding_window, alibi_slopes, softcap, keep, sinks)
-        batch = ([int(s) for s in sequences], [int(o) for o in offsets])
+        batch = ([_whole(f"sequences[{i}]", s) for i, s in enumerate(sequences)],
+                 [_whole(f"offsets[{i}]", o) for i, o in enumerate(offsets)])
         with _core.named_as_passed(_CACHE_NAMES):
-            self._inner.attend(layer, batch, xp.raw(query), spec, (xp.raw(out), None if lse is None else xp.raw(lse)))
+            self._inner.attend(_whole("layer", layer), batch, xp.raw(query), spec,
+                               (xp.raw(out), None if lse is None else xp.raw(lse)))
         return (out, lse) if return_lse else out
 
     @property
