@@ -126,7 +126,7 @@ pub use mask::{AdditiveBias, Alibi, CausalMask, KeepMask, KeyPadding, SlidingWin
 pub use multi_head::{multi_head_attention, multi_head_attention_into, multi_head_attention_with_lse};
 pub use options::{AttentionOptions, CacheOptions};
 pub use paged::{PagedKvCache, PagedLayer, PagedShape, SequenceId};
-pub use partial::PartialAttention;
+pub use partial::{Part, PartialAttention};
 pub use projection::{Projected, Projections};
 pub use reference::{QueryTrace, TiledBlock, TiledTrace, trace_query, trace_tiled};
 pub use rotary::{Rotary, RotaryPairing};

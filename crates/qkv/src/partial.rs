@@ -1,7 +1,7 @@
 //! Attention over part of the keys, with each row's logsumexp, and the exact merge of two parts:
 //! split-KV across machines, ring attention, a cache split into pages.
 
-use ndarray::{Array, Dimension, IntoDimension, Ix2, Zip};
+use ndarray::{Array, ArrayView, ArrayViewMut, Axis, Dimension, IntoDimension, Ix2, Zip};
 
 use crate::element::Real;
 use crate::error::{AttentionError, Dims};
@@ -55,65 +55,176 @@ impl<T: Real, D: Dimension> PartialAttention<T, D> {
     /// # Ok::<(), qkv::AttentionError>(())
     /// ```
     pub fn merge(mut self, other: &PartialAttention<T, D>) -> Result<PartialAttention<T, D>, AttentionError> {
-        for part in [&self, other] {
-            let rows = &part.output.shape()[..part.output.ndim() - 1];
-            if part.logsumexp.shape() != rows {
-                return Err(AttentionError::MergeShape {
-                    first: part.output.shape().into(),
-                    second: part.logsumexp.shape().into(),
-                    what: "an output and its logsumexp, whose shape is the output's without its last axis",
-                });
-            }
-        }
-        if self.output.shape() != other.output.shape() {
-            return Err(AttentionError::MergeShape {
-                first: self.output.shape().into(),
-                second: other.output.shape().into(),
-                what: "two outputs of the same queries, of the same shape",
-            });
-        }
-        self.check_values("first")?;
-        other.check_values("second")?;
-        let rows = self.output.rows_mut().into_iter().zip(other.output.rows());
-        for ((mut mine, theirs), (lse, &their_lse)) in
-            rows.zip(self.logsumexp.iter_mut().zip(&other.logsumexp))
-        {
-            let m = lse.max(their_lse);
-            if m == T::neg_infinity() {
-                // Neither part sees a key: the row stays empty (zero output, -inf).
-                continue;
-            }
-            let (a, b) = ((*lse - m).exp(), (their_lse - m).exp());
-            let total = a + b;
-            Zip::from(&mut mine)
-                .and(&theirs)
-                .for_each(|x, &y| *x = softmax::normalised(*x * a + y * b, total));
-            *lse = softmax::logsumexp(m, total);
-        }
+        checked(&self.parts(), &other.parts())?;
+        merge_rows((self.output.view_mut(), self.logsumexp.view_mut()), other.parts());
         Ok(self)
     }
 
-    /// Refuses a NaN or `+inf` logsumexp (`-inf` is a row that sees no key) and a non-finite
-    /// output element, naming the first.
-    fn check_values(&self, part: &'static str) -> Result<(), AttentionError> {
-        let bad = |argument, index: Vec<usize>, value: T, why| AttentionError::MergeValue {
-            part,
-            argument,
-            index: Dims(index),
-            value: value.to_f64_exact(),
-            why,
-        };
-        let bad_lse = |l: &T| l.is_nan() || *l == T::infinity();
-        // `indexed_iter` builds an index per element (slow for `IxDyn`): only to name a bad one.
-        if self.logsumexp.iter().any(bad_lse) {
-            let (i, &l) = self.logsumexp.indexed_iter().find(|(_, l)| bad_lse(l)).expect("found above");
-            let why = "a logsumexp is finite, or -inf for a row that sees no key";
-            return Err(bad("logsumexp", i.into_dimension().slice().to_vec(), l, why));
+    /// [`merge`](Self::merge) of two parts read where they are (views in any layout, such as
+    /// another library's tensors), written into `output` and `logsumexp`, of the parts' shapes:
+    /// no part is copied. The same checks and the same bits as `merge`.
+    ///
+    /// ```
+    /// use qkv::ndarray::{Array1, Array2, array};
+    /// let (first, first_lse) = (array![[1.0_f64], [3.0]], array![0.0, 0.0]);
+    /// let (second, second_lse) = (array![[3.0], [5.0]], array![0.0, f64::NEG_INFINITY]);
+    /// let (mut out, mut lse) = (Array2::zeros((2, 1)), Array1::zeros(2));
+    /// let (a, b) = ((first.view(), first_lse.view()), (second.view(), second_lse.view()));
+    /// qkv::PartialAttention::merge_into(a, b, out.view_mut(), lse.view_mut())?;
+    /// // Equal logsumexps share the row; a part that sees no key leaves the other's row.
+    /// assert_eq!(out, array![[2.0], [3.0]]);
+    /// assert_eq!(lse[0], 2f64.ln());
+    /// # Ok::<(), qkv::AttentionError>(())
+    /// ```
+    pub fn merge_into(
+        first: Part<'_, T, D>,
+        second: Part<'_, T, D>,
+        mut output: ArrayViewMut<T, D>,
+        mut logsumexp: ArrayViewMut<T, D::Smaller>,
+    ) -> Result<(), AttentionError> {
+        checked(&first, &second)?;
+        for (into, part) in [(output.shape(), first.0.shape()), (logsumexp.shape(), first.1.shape())] {
+            if into != part {
+                return Err(AttentionError::MergeShape {
+                    first: part.into(),
+                    second: into.into(),
+                    what: "the parts and what their merge is written into",
+                });
+            }
         }
-        if self.output.iter().any(|x| !x.is_finite()) {
-            let (i, &x) = self.output.indexed_iter().find(|(_, x)| !x.is_finite()).expect("found above");
-            return Err(bad("output", i.into_dimension().slice().to_vec(), x, "an output is finite"));
-        }
+        copy(&mut output, &first.0);
+        copy(&mut logsumexp, &first.1);
+        merge_rows((output, logsumexp), second);
         Ok(())
     }
+
+    /// The output and the logsumexp, as [`merge_into`](Self::merge_into) takes a part.
+    fn parts(&self) -> Part<'_, T, D> {
+        (self.output.view(), self.logsumexp.view())
+    }
+}
+
+/// One part of a merge, read in place: an output and its logsumexp.
+pub type Part<'a, T, D> = (ArrayView<'a, T, D>, ArrayView<'a, T, <D as Dimension>::Smaller>);
+
+/// Checks two parts for a merge: each logsumexp shaped as its output without the last axis, the
+/// two outputs of one shape, and values attention can produce ([`check_values`]).
+fn checked<T: Real, D: Dimension>(
+    first: &Part<'_, T, D>,
+    second: &Part<'_, T, D>,
+) -> Result<(), AttentionError> {
+    for (output, lse) in [first, second] {
+        if lse.shape() != &output.shape()[..output.ndim() - 1] {
+            return Err(AttentionError::MergeShape {
+                first: output.shape().into(),
+                second: lse.shape().into(),
+                what: "an output and its logsumexp, whose shape is the output's without its last axis",
+            });
+        }
+    }
+    if first.0.shape() != second.0.shape() {
+        return Err(AttentionError::MergeShape {
+            first: first.0.shape().into(),
+            second: second.0.shape().into(),
+            what: "two outputs of the same queries, of the same shape",
+        });
+    }
+    check_values("first", first)?;
+    check_values("second", second)
+}
+
+/// Merges `theirs` into `mine`, row by row (see [`PartialAttention::merge`]): as `[rows, d]`
+/// where every array is laid out row after row (most are: a row at a time over a dynamic number
+/// of axes costs several times the arithmetic), in their own shapes otherwise.
+fn merge_rows<T: Real, D: Dimension>(
+    (mut mine, mut mine_lse): (ArrayViewMut<T, D>, ArrayViewMut<T, D::Smaller>),
+    (theirs, their_lse): Part<'_, T, D>,
+) {
+    let rows = (mine_lse.len(), mine.shape().last().copied().unwrap_or(1));
+    let flat = (
+        mine.view_mut().into_shape_with_order(rows),
+        mine_lse.view_mut().into_shape_with_order(rows.0),
+        theirs.view().into_shape_with_order(rows),
+        their_lse.view().into_shape_with_order(rows.0),
+    );
+    match flat {
+        (Ok(mine), Ok(mine_lse), Ok(theirs), Ok(their_lse)) => {
+            merge_lanes((mine, mine_lse), (theirs, their_lse))
+        }
+        _ => merge_lanes((mine, mine_lse), (theirs, their_lse)),
+    }
+}
+
+/// [`merge_rows`] in the arrays' own shapes.
+fn merge_lanes<T: Real, D: Dimension>(
+    (mut mine, mut mine_lse): (ArrayViewMut<T, D>, ArrayViewMut<T, D::Smaller>),
+    (theirs, their_lse): Part<'_, T, D>,
+) {
+    let last = Axis(mine.ndim() - 1);
+    Zip::from(mine.lanes_mut(last)).and(&mut mine_lse).and(theirs.lanes(last)).and(&their_lse).for_each(
+        |mut mine, lse, theirs, &their_lse| {
+            let m = lse.max(their_lse);
+            if m == T::neg_infinity() {
+                // Neither part sees a key: the row stays empty (zero output, -inf).
+                return;
+            }
+            let (a, b) = ((*lse - m).exp(), (their_lse - m).exp());
+            // At least 1 (one of the two is exp(0)): no row needs `normalised`'s empty case, and
+            // each part's share is one multiplication an element.
+            let total = a + b;
+            let (share, their_share) = (a / total, b / total);
+            let merge = |x: &mut T, &y: &T| *x = *x * share + y * their_share;
+            match (mine.as_slice_mut(), theirs.as_slice()) {
+                // A row side by side in both (most are): a loop the compiler vectorises.
+                (Some(mine), Some(theirs)) => mine.iter_mut().zip(theirs).for_each(|(x, y)| merge(x, y)),
+                _ => Zip::from(&mut mine).and(&theirs).for_each(merge),
+            }
+            *lse = softmax::logsumexp(m, total);
+        },
+    );
+}
+
+/// `into = from`, as one copy where both lie row after row (`assign` goes an element at a time
+/// over a dynamic number of axes).
+fn copy<T: Copy, D: Dimension>(into: &mut ArrayViewMut<'_, T, D>, from: &ArrayView<'_, T, D>) {
+    match (into.as_slice_mut(), from.as_slice()) {
+        (Some(into), Some(from)) => into.copy_from_slice(from),
+        _ => into.assign(from),
+    }
+}
+
+/// Whether any element of `a` is `bad`.
+fn any<T, D: Dimension>(a: &ArrayView<'_, T, D>, bad: impl Fn(&T) -> bool) -> bool {
+    // A chunk at a time without an early exit inside it, which the compiler vectorises.
+    let chunks = |s: &[T]| s.chunks(256).any(|chunk| chunk.iter().fold(false, |seen, x| seen | bad(x)));
+    a.as_slice_memory_order().map_or_else(|| a.iter().any(&bad), chunks)
+}
+
+/// Refuses a NaN or `+inf` logsumexp (`-inf` is a row that sees no key) and a non-finite output
+/// element of `part`, naming the first.
+fn check_values<T: Real, D: Dimension>(
+    which: &'static str,
+    (output, lse): &Part<'_, T, D>,
+) -> Result<(), AttentionError> {
+    let bad = |argument, index: Vec<usize>, value: T, why| AttentionError::MergeValue {
+        part: which,
+        argument,
+        index: Dims(index),
+        value: value.to_f64_exact(),
+        why,
+    };
+    let bad_lse = |l: &T| l.is_nan() || *l == T::infinity();
+    // Through a slice where the elements lie in one (most do: an element at a time over a dynamic
+    // number of axes is most of a merge's time); `indexed_iter` builds an index per element, so
+    // it only names a bad one.
+    if any(lse, bad_lse) {
+        let (i, &l) = lse.indexed_iter().find(|(_, l)| bad_lse(l)).expect("found above");
+        let why = "a logsumexp is finite, or -inf for a row that sees no key";
+        return Err(bad("logsumexp", i.into_dimension().slice().to_vec(), l, why));
+    }
+    if any(output, |x: &T| !x.is_finite()) {
+        let (i, &x) = output.indexed_iter().find(|(_, x)| !x.is_finite()).expect("found above");
+        return Err(bad("output", i.into_dimension().slice().to_vec(), x, "an output is finite"));
+    }
+    Ok(())
 }

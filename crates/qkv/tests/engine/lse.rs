@@ -1,8 +1,8 @@
 //! Each row's logsumexp against the reference, and merging results over disjoint keys into the
 //! result over all of them.
 
-use ndarray::{Array1, Array2, Array4, Axis, s};
-use qkv::{AdditiveBias, AttentionOptions, KeepMask, PartialAttention, Real};
+use ndarray::{Array1, Array2, Array3, Array4, Axis, Ix4, IxDyn, s};
+use qkv::{AdditiveBias, AttentionOptions, KeepMask, Part, PartialAttention, Real};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -132,6 +132,62 @@ fn multi_head_parts_merge_into_the_whole() {
     assert_eq!(
         first.merge(&other).unwrap_err().to_string(),
         "cannot merge shapes [2, 4, 5, 6] and [2, 4, 4, 6]: a merge takes two outputs of the same queries, of the same shape"
+    );
+}
+
+/// `merge_into` reads the parts where they are and gives `merge`'s bits: parts laid out row after
+/// row (merged as `[rows, d]`) and parts whose rows are not (a head-major tensor viewed
+/// query-major, merged a row at a time in their own shape), over a dynamic number of axes too.
+#[test]
+fn merging_views_into_an_output_gives_merges_bits_in_any_layout() {
+    let mut rng = ChaCha8Rng::seed_from_u64(9);
+    let mut random4 = |shape| Array4::from_shape_simple_fn(shape, || rng.random_range(-1.0..1.0_f64));
+    let (q, k, v) = (random4((2, 3, 5, 8)), random4((2, 3, 40, 8)), random4((2, 3, 40, 6)));
+    let o = AttentionOptions::new();
+    let split = |r: std::ops::Range<usize>| {
+        let (k, v) = (k.slice(s![.., .., r.clone(), ..]), v.slice(s![.., .., r, ..]));
+        qkv::multi_head_attention_with_lse(q.view(), k, v, &o).unwrap()
+    };
+    let (first, second) = (split(0..15), split(15..40));
+    let merged = first.clone().merge(&second).unwrap();
+    let (mut out, mut lse) =
+        (Array4::from_elem((2, 3, 5, 6), f64::NAN), Array3::from_elem((2, 3, 5), f64::NAN));
+    fn parts(p: &PartialAttention<f64, Ix4>) -> Part<'_, f64, Ix4> {
+        (p.output.view(), p.logsumexp.view())
+    }
+    PartialAttention::merge_into(parts(&first), parts(&second), out.view_mut(), lse.view_mut()).unwrap();
+    assert_eq!((&out, &lse), (&merged.output, &merged.logsumexp), "row after row");
+    // Query-major views of head-major arrays: not one run of rows.
+    fn swapped(p: &PartialAttention<f64, Ix4>) -> Part<'_, f64, IxDyn> {
+        let (mut o, mut l) = parts(p);
+        o.swap_axes(1, 2);
+        l.swap_axes(1, 2);
+        (o.into_dyn(), l.into_dyn())
+    }
+    let (mut out, mut lse) =
+        (Array4::from_elem((2, 5, 3, 6), f64::NAN), Array3::from_elem((2, 5, 3), f64::NAN));
+    PartialAttention::merge_into(
+        swapped(&first),
+        swapped(&second),
+        out.view_mut().into_dyn(),
+        lse.view_mut().into_dyn(),
+    )
+    .unwrap();
+    let (mut want, mut want_lse) = (merged.output.view(), merged.logsumexp.view());
+    want.swap_axes(1, 2);
+    want_lse.swap_axes(1, 2);
+    assert_eq!((out.view(), lse.view()), (want, want_lse), "a row at a time");
+    let wrong = Array3::<f64>::zeros((2, 3, 4));
+    assert_eq!(
+        PartialAttention::merge_into(
+            parts(&first),
+            parts(&second),
+            Array4::zeros((2, 3, 5, 6)).view_mut(),
+            wrong.clone().view_mut()
+        )
+        .unwrap_err()
+        .to_string(),
+        "cannot merge shapes [2, 3, 5] and [2, 3, 4]: a merge takes the parts and what their merge is written into"
     );
 }
 
