@@ -68,9 +68,12 @@ impl CacheSpec {
     }
 }
 
-/// A cache of any storage type: `$cache!(value, c => expr)` runs `expr` with `c` the typed cache.
+/// A cache of any storage type: `$each!(value, c => expr)` runs `expr` with `c` the typed cache;
+/// `$by_query!(value, query, c, E, Q => expr)` with `E` its storage type and `Q` the type it takes
+/// queries of dtype `query` in: f32, or its own half-precision type (an int8 cache takes all
+/// three), as the engine's caches take them.
 macro_rules! storage_enum {
-    ($name:ident, $inner:ident, $each:ident) => {
+    ($name:ident, $inner:ident, $each:ident, $by_query:ident) => {
         enum $name {
             F32(qkv::$inner<f32>),
             Bf16(qkv::$inner<bf16>),
@@ -88,10 +91,58 @@ macro_rules! storage_enum {
                 }
             };
         }
+
+        macro_rules! $by_query {
+            ($value:expr, $query:expr, $c:ident, $e:ident, $q:ident => $body:expr) => {{
+                let query = $query;
+                match $value {
+                    $name::F32($c) => {
+                        type $e = f32;
+                        type $q = f32;
+                        $body
+                    }
+                    $name::Bf16($c) if query == Dtype::Bf16 => {
+                        type $e = bf16;
+                        type $q = bf16;
+                        $body
+                    }
+                    $name::Bf16($c) => {
+                        type $e = bf16;
+                        type $q = f32;
+                        $body
+                    }
+                    $name::F16($c) if query == Dtype::F16 => {
+                        type $e = f16;
+                        type $q = f16;
+                        $body
+                    }
+                    $name::F16($c) => {
+                        type $e = f16;
+                        type $q = f32;
+                        $body
+                    }
+                    $name::Int8($c) if query == Dtype::Bf16 => {
+                        type $e = Q8;
+                        type $q = bf16;
+                        $body
+                    }
+                    $name::Int8($c) if query == Dtype::F16 => {
+                        type $e = Q8;
+                        type $q = f16;
+                        $body
+                    }
+                    $name::Int8($c) => {
+                        type $e = Q8;
+                        type $q = f32;
+                        $body
+                    }
+                }
+            }};
+        }
     };
 }
-storage_enum!(AnyKvCache, KvCache, each_kv);
-storage_enum!(AnyPaged, PagedKvCache, each_paged);
+storage_enum!(AnyKvCache, KvCache, each_kv, by_query_kv);
+storage_enum!(AnyPaged, PagedKvCache, each_paged, by_query_paged);
 
 /// What a cache stores.
 #[derive(Debug, Clone, Copy)]
@@ -224,23 +275,10 @@ impl KvCache {
     ) -> PyResult<()> {
         let inner = &mut self.inner;
         detached(py, move || {
-            let query = q.dtype("query")?;
-            let same = query != Dtype::F32;
             // SAFETY: the package passes tensors it holds for the call, outputs fresh.
-            unsafe {
-                match inner {
-                    AnyKvCache::F32(c) => kv_attend::<f32, f32>(c, layer, &q, &spec, &into),
-                    AnyKvCache::Bf16(c) if same => kv_attend::<bf16, bf16>(c, layer, &q, &spec, &into),
-                    AnyKvCache::Bf16(c) => kv_attend::<bf16, f32>(c, layer, &q, &spec, &into),
-                    AnyKvCache::F16(c) if same => kv_attend::<f16, f16>(c, layer, &q, &spec, &into),
-                    AnyKvCache::F16(c) => kv_attend::<f16, f32>(c, layer, &q, &spec, &into),
-                    AnyKvCache::Int8(c) => match query {
-                        Dtype::Bf16 => kv_attend::<Q8, bf16>(c, layer, &q, &spec, &into),
-                        Dtype::F16 => kv_attend::<Q8, f16>(c, layer, &q, &spec, &into),
-                        _ => kv_attend::<Q8, f32>(c, layer, &q, &spec, &into),
-                    },
-                }
-            }
+            by_query_kv!(inner, q.dtype("query")?, c, E, Q => unsafe {
+                kv_attend::<E, Q>(c, layer, &q, &spec, &into)
+            })
         })
     }
 
@@ -317,21 +355,18 @@ where
 ///
 /// # Safety
 /// As [`kv_attend`].
-unsafe fn paged_attend<E: CacheStorage>(
+unsafe fn paged_attend<E: CacheStorage, Q: Storage + Element>(
     cache: &mut qkv::PagedKvCache<E>,
     layer: usize,
     (sequences, offsets): (&[SequenceId], &[usize]),
     q: &Raw,
     spec: &CacheSpec,
     (out, lse): &(Raw, Option<Raw>),
-) -> PyResult<()>
-where
-    E::Appended: Element,
-{
+) -> PyResult<()> {
     let per_head = spec.per_head()?;
     // SAFETY (every view): the caller vouches for the memory.
     let options = unsafe { spec.options(&per_head)? };
-    let q = unsafe { q.view::<E::Appended, Ix3>("query")? };
+    let q = unsafe { q.view::<Q, Ix3>("query")? };
     let out = unsafe { out.view_mut::<f32, Ix3>("out")? };
     let lse = unsafe { lse.as_ref().map(|l| l.view_mut::<f32, Ix2>("lse")).transpose()? };
     cache
@@ -467,7 +502,9 @@ impl PagedKvCache {
         let inner = &mut self.inner;
         detached(py, move || {
             // SAFETY: the package passes tensors it holds for the call, outputs fresh.
-            each_paged!(inner, c => unsafe { paged_attend(c, layer, (&ids, &offsets), &q, &spec, &into) })
+            by_query_paged!(inner, q.dtype("query")?, c, E, Q => unsafe {
+                paged_attend::<E, Q>(c, layer, (&ids, &offsets), &q, &spec, &into)
+            })
         })
     }
 

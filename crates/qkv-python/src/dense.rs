@@ -516,15 +516,12 @@ fn varlen_backward(
 /// # Safety
 /// As [`forward_as`].
 unsafe fn merge_as<T: Real + Element>(parts: &[(Raw, Raw); 2], (out, lse): &(Raw, Raw)) -> PyResult<()> {
-    // SAFETY: the caller vouches for the memory.
-    let owned = |(o, l): &(Raw, Raw)| unsafe { saved::<T, IxDyn>(o, l) };
-    let merged = owned(&parts[0])?.merge(&owned(&parts[1])?).map_err(value_error)?;
-    // SAFETY: the caller vouches for the memory.
-    unsafe {
-        out.view_mut::<T, IxDyn>("out")?.assign(&merged.output);
-        lse.view_mut::<T, IxDyn>("lse")?.assign(&merged.logsumexp);
-    }
-    Ok(())
+    // SAFETY (every view below): the caller vouches for the memory; the parts are read in place.
+    let part = |(o, l): &(Raw, Raw)| unsafe {
+        PyResult::Ok((o.view::<T, IxDyn>("out")?, l.view::<T, IxDyn>("lse")?))
+    };
+    let into = unsafe { (out.view_mut::<T, IxDyn>("out")?, lse.view_mut::<T, IxDyn>("lse")?) };
+    PartialAttention::merge_into(part(&parts[0])?, part(&parts[1])?, into.0, into.1).map_err(value_error)
 }
 
 /// Attention over two disjoint sets of keys (`(out, lse)` each, any leading dimensions) merged

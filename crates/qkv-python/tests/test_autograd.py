@@ -219,6 +219,16 @@ def test_calls_without_a_gradient_meet_the_operators_where_they_must():
         assert qkv.scaled_dot_product_attention(f, f, f, is_causal=True).shape == (2, 3, 4, 8)
 
 
+def test_a_call_without_gradients_takes_parameters_directly():
+    """Learned sinks (an ``nn.Parameter``) at inference: the direct call, not the operator."""
+    q, k = torch.randn(1, 2, 3, 4), torch.randn(1, 2, 5, 4)
+    sinks = torch.nn.Parameter(torch.zeros(2))
+    assert qkv._needs_op(q, k, k, None, sinks)
+    with torch.no_grad():
+        assert not qkv._needs_op(q, k, k, None, sinks)
+        assert not qkv._needs_op(torch.nn.Parameter(q), k, k, None, None)
+
+
 def test_merge_refuses_what_needs_a_gradient():
     q = torch.randn(1, 2, 3, 4, requires_grad=True)
     first, second = qkv.attention_with_lse(q, q, q), qkv.attention_with_lse(q, 2 * q, q)

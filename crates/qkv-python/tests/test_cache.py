@@ -321,13 +321,17 @@ def test_paged_cache_runs_a_ragged_batch_like_dense_attention(dtype, block_size)
     counts = [1, 3, 2]
     q = torch.cat([s[0][:, -c:] for s, c in zip(seqs, counts)], 1)
     offsets = np.cumsum([0] + counts).tolist()
-    out, lse = cache.attend(0, ids, offsets, q, return_lse=True)
-    for i, ((sq, k, v), c) in enumerate(zip(seqs, counts)):
-        stored = [t.to(dtype).float() for t in (sq[:, -c:], k, v)]
-        want, want_lse = explicit(*stored, is_causal=True, bottom_right=True)
-        rows = slice(offsets[i], offsets[i + 1])
-        assert_close(out[:, rows], want, dtype, f"sequence {i}")
-        assert_close(lse[:, rows], want_lse, dtype, f"sequence {i} lse")
+    # float32 queries as they are (a bfloat16 pool too, as KvCache takes them), and queries in
+    # the pool's own dtype.
+    for queries in (q, q.to(dtype)):
+        out, lse = cache.attend(0, ids, offsets, queries, return_lse=True)
+        for i, ((sq, k, v), c) in enumerate(zip(seqs, counts)):
+            stored = [sq[:, -c:].to(queries.dtype).float()] + [t.to(dtype).float() for t in (k, v)]
+            want, want_lse = explicit(*stored, is_causal=True, bottom_right=True)
+            rows = slice(offsets[i], offsets[i + 1])
+            # Within float32's error of the keys and values stored, whatever the queries.
+            assert_close(out[:, rows], want, torch.float32, f"sequence {i}, {queries.dtype} queries")
+            assert_close(lse[:, rows], want_lse, torch.float32, f"sequence {i} lse, {queries.dtype} queries")
     assert cache.length(ids[0]) == 70
 
 

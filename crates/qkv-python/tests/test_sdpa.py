@@ -134,6 +134,19 @@ def test_inputs_whose_memory_is_not_their_values_are_read_as_their_values():
             inputs = [negated[j] if j == i else plain[j] for j in range(3)]
             got = qkv.scaled_dot_product_attention(*inputs, **kwargs)
             assert_close(got, reference(*plain, **kwargs), torch.float64)
+    # A gradient coming back lazily negated, into the dense and the packed backward.
+    packed = [t[0].transpose(0, 1).contiguous().requires_grad_() for t in plain]
+    grad = torch.randn(2, 3, 6, 4, dtype=torch.complex128).conj().imag
+    for attend, inputs, grad in (
+        (qkv.scaled_dot_product_attention, [t.detach().requires_grad_() for t in plain], grad),
+        (lambda q, k, v: qkv.varlen_attention(q, k, v, [0, 2, 6], [0, 2, 6]), packed, grad[0].transpose(0, 1)),
+    ):
+        attend(*inputs).backward(grad)
+        got = [t.grad for t in inputs]
+        for t in inputs:
+            t.grad = None
+        attend(*inputs).backward(grad.resolve_neg())
+        assert all(torch.equal(g, t.grad) for g, t in zip(got, inputs))
 
 
 def test_contiguous_numpy_inputs_are_not_copied():

@@ -64,8 +64,10 @@ def _dispatched(torch, tensors):
     devices, subclasses: the fake implementation gives their shapes), and under a dispatch mode
     (which watches the operators it sees)."""
     # Plain loops: this runs on every call, and a generator's frame costs more than the checks.
+    # A Parameter (learned sinks, weights) is a plain tensor here.
+    plain = (torch.Tensor, torch.nn.Parameter)
     for t in tensors:
-        if isinstance(t, torch.Tensor) and (type(t) is not torch.Tensor or not t.is_cpu):
+        if isinstance(t, torch.Tensor) and (type(t) not in plain or not t.is_cpu):
             return True
     return (torch.compiler.is_compiling() or torch.jit.is_tracing()
             or torch.utils._python_dispatch._get_current_dispatch_mode() is not None)

@@ -58,6 +58,8 @@ class _Cache:
     def __init__(self, inner, dtype):
         self._inner, self.dtype = inner, dtype
         self._appended = "float32" if dtype == "int8" else dtype
+        # Queries in float32 or the storage dtype (any for int8), others cast to float32.
+        self._queries = ("float32", "bfloat16", "float16") if dtype == "int8" else ("float32", dtype)
 
     @staticmethod
     def _input(xp, argument, t, takes):
@@ -137,8 +139,7 @@ class KvCache(_Cache):
         ``ValueError``."""
         _refuse_grad("KvCache.attend", ("query", query), ("sinks", sinks))
         xp = _core.backend(query, keep)
-        takes = ("float32", "bfloat16", "float16") if self.dtype == "int8" else ("float32", self.dtype)
-        query, keep = self._input(xp, "query", query, takes), self._keep(xp, keep)
+        query, keep = self._input(xp, "query", query, self._queries), self._keep(xp, keep)
         out, lse = self._outputs(xp, query, self.shape[4], return_lse)
         spec = _spec(xp, query, scale, sliding_window, alibi_slopes, softcap, keep, sinks)
         with _core.named_as_passed(_CACHE_NAMES):
@@ -180,7 +181,8 @@ class KvCache(_Cache):
 class PagedKvCache(_Cache):
     """Many sequences' keys and values in blocks of ``block_size`` positions from one pool of
     ``blocks`` (the engine's ``PagedKvCache``), stored as ``dtype`` (float32, bfloat16, float16, or
-    int8 as ``KvCache`` stores it; queries are cast to the storage dtype, float32 for int8).
+    int8 as ``KvCache`` stores it; queries in float32 or the storage dtype, as ``KvCache`` takes
+    them).
 
     Sequences are integer handles: ``add_sequence()``, ``fork(seq)`` (shares the prefix, copied
     on write), ``truncate(seq, length)``, ``evict_before(seq, position)``, ``free(seq)``.
@@ -251,7 +253,7 @@ class PagedKvCache(_Cache):
         ``KvCache.attend``; inference only, as ``KvCache.attend`` is."""
         _refuse_grad("PagedKvCache.attend", ("query", query), ("sinks", sinks))
         xp = _core.backend(query, keep)
-        query, keep = self._input(xp, "query", query, (self._appended,)), self._keep(xp, keep)
+        query, keep = self._input(xp, "query", query, self._queries), self._keep(xp, keep)
         out, lse = self._outputs(xp, query, self.shape[3], return_lse)
         spec = _spec(xp, query, scale, sliding_window, alibi_slopes, softcap, keep, sinks)
         batch = ([_whole(f"sequences[{i}]", s) for i, s in enumerate(sequences)],

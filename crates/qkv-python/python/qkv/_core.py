@@ -380,9 +380,10 @@ def varlen_backward(query, key, value, cu_seqlens_q, cu_seqlens_k, options, out,
     (``[heads, total_q]``), the output's gradient and, if given, the logsumexp's."""
     packed = _Packed(query, key, value, cu_seqlens_q, cu_seqlens_k, options)
     xp = packed.xp
+    out, lse, grad_out = (xp.readable(t) for t in (out, lse, grad_out))
     v, out, grad_out = packed.v, packed.widened(out), packed.widened(grad_out)
     if grad_lse is not None:
-        g = lse_gradient(xp, lse, packed.widened(grad_lse))
+        g = lse_gradient(xp, lse, packed.widened(xp.readable(grad_lse)))
         v = xp.with_column(v, 0)
         out, grad_out = xp.with_column(out, 1), xp.with_column(grad_out, -g.transpose(0, 1))
     dq, dk, dv = (xp.zeros(tuple(t.swapaxes(0, 1).shape), packed.compute) for t in (packed.q, packed.k, v))
@@ -509,9 +510,9 @@ class Call:
         as_compute = (lambda t: t) if compute == self.dtype else (lambda t: xp.cast(t, compute))
         q, k, v = (as_compute(t) for t in (self.q, self.k, self.v))
         out, grad_out = (as_compute(self._four(xp.readable(t), *self.out_shape[:2])) for t in (out, grad_out))
-        lse = lse.reshape(self.out_shape[:3])
+        lse = xp.readable(lse).reshape(self.out_shape[:3])
         if grad_lse is not None:
-            g = lse_gradient(xp, lse, as_compute(grad_lse.reshape(self.out_shape[:3])))
+            g = lse_gradient(xp, lse, as_compute(xp.readable(grad_lse).reshape(self.out_shape[:3])))
             v, out, grad_out = xp.with_column(v, 0), xp.with_column(out, 1), xp.with_column(grad_out, -g)
         dq, dk, dv = (xp.zeros(t.shape, compute) for t in (q, k, v))
         dmask = xp.zeros(self.out_shape[:3] + (self.n_k,), compute) if mask_grad else None
