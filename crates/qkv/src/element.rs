@@ -178,6 +178,13 @@ impl CacheStorage for Q8 {
     const NAME: &'static str = "int8";
 }
 
+/// The key magnitude a cache step's overflow check (`flash::stays_finite`) takes for keys of
+/// magnitude at most `keys`: of an int8 cache at least 127, since the kernels multiply the
+/// queries by the stored integers (up to 127) before the keys' scales shrink the products.
+pub(crate) fn checked_key_magnitude<E: CacheStorage>(keys: f64) -> f64 {
+    if E::SCALED { keys.max(f64::from(i8::MAX)) } else { keys }
+}
+
 /// The scale row `x` of a cache's keys or values is stored divided by: of an int8 cache,
 /// `max |x| / 127` (0 for a row of zeros), so that every stored integer is within `-127 ..= 127`;
 /// otherwise 1, a plain copy. Both caches quantize with it.

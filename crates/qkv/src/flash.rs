@@ -298,7 +298,8 @@ impl<T: Real, E: Element<Compute = T>> CachedKeys<'_, E> {
     /// them (widened, and scaled where quantized), `key_panel` keys to a panel. A cache keeps a
     /// running bound of what it was given since its last clear and measures what it holds with
     /// this only when that bound fails [`stays_finite`]: truncated or overwritten keys no longer
-    /// count, and lanes past `n_keys` are masked before any use (`mask_tile`).
+    /// count, and lanes past `n_keys` are masked before any use (`mask_tile`). (An int8 cache's
+    /// check also floors the keys at 127: `element::checked_key_magnitude`.)
     pub(crate) fn magnitudes(
         &self,
         n_keys: usize,

@@ -40,7 +40,7 @@ use std::ops::Range;
 
 use ndarray::{Array2, Array3, ArrayView3, ArrayViewMut2, ArrayViewMut3, Axis, Ix3, s};
 
-use crate::element::{CacheStorage, Storage, row_scale};
+use crate::element::{CacheStorage, Storage, checked_key_magnitude, row_scale};
 use crate::error::{AttentionError, Dims};
 use crate::finite::finite_magnitude;
 use crate::flash::{self, CachedKeys, CachedLayout, LayoutOf, Scales, StoredKeys};
@@ -1028,7 +1028,8 @@ impl<E: CacheStorage> CacheLayer<'_, E> {
             }
         };
         let fits = |keys, values| {
-            let magnitudes = Magnitudes { queries: query_magnitude, keys, values };
+            let magnitudes =
+                Magnitudes { queries: query_magnitude, keys: checked_key_magnitude::<E>(keys), values };
             heads[..parts].iter().all(|heads| flash::stays_finite(&shape, &magnitudes, &heads.head(0, 0)))
         };
         let store = &mut layers[self.index];

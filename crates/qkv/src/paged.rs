@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use ndarray::{Array3, ArrayView3, ArrayViewMut2, ArrayViewMut3, Axis, s};
 
-use crate::element::{CacheStorage, Storage, row_scale};
+use crate::element::{CacheStorage, Storage, checked_key_magnitude, row_scale};
 use crate::error::{AttentionError, Dims};
 use crate::finite::finite_magnitude;
 use crate::flash::{self, CachedLayout, LayoutOf, PagedKeys, StoredKeys};
@@ -1049,7 +1049,7 @@ impl<E: CacheStorage> PagedLayer<'_, E> {
         // grow with the distance, and the scale and the cap are the call's).
         let longest_member = members.iter().max_by_key(|m| m.state.len).expect("a member");
         let fits = |keys, values| {
-            let magnitudes = Magnitudes { queries, keys, values };
+            let magnitudes = Magnitudes { queries, keys: checked_key_magnitude::<E>(keys), values };
             (0..query_heads).all(|h| flash::stays_finite(&bound, &magnitudes, &masks(longest_member, h)))
         };
         let pool = (&**storage, &scales[..]);

@@ -337,6 +337,38 @@ fn bad_input_to_an_int8_cache_is_an_error_naming_the_argument() {
 }
 
 /// bf16 queries over an int8 cache give what their f32 widening gives, bit for bit.
+/// Tiny keys under huge queries: the scores are small, but the kernels multiply the queries by
+/// the stored integers (up to 127) before the keys' scales, which would overflow f32; an int8
+/// cache refuses the step where an f32 cache of the same keys computes it. Both caches, every
+/// level.
+#[test]
+fn an_int8_cache_refuses_queries_whose_products_with_its_integers_overflow() {
+    let (k, q) = (Array3::from_elem((1, 3, 8), 1e-30_f32), Array3::from_elem((1, 1, 8), 1e37_f32));
+    let v = Array3::from_shape_fn((1, 3, 8), |(_, j, _)| j as f32);
+    for level in levels() {
+        let mut f32_cache = KvCache::<f32>::for_level(CacheShape::new(1, 1, 4, 8, 8), level).unwrap();
+        f32_cache.layer(0).unwrap().append(k.view(), v.view()).unwrap();
+        let out = f32_cache.layer(0).unwrap().attend(q.view()).unwrap();
+        assert!(out.iter().all(|&x| (x - 1.0).abs() < 1e-6), "{level}: f32 cache gives {out}");
+        let mut int8 = KvCache::<Q8>::for_level(CacheShape::new(1, 1, 4, 8, 8), level).unwrap();
+        int8.layer(0).unwrap().append(k.view(), v.view()).unwrap();
+        let error = int8.layer(0).unwrap().attend(q.view()).unwrap_err();
+        assert!(matches!(error, qkv::AttentionError::CacheOverflow { layer: 0 }), "{level}: {error}");
+        let mut paged = PagedKvCache::<Q8>::for_level(PagedShape::new(1, 1, 8, 8, 16, 1), level).unwrap();
+        let seq = paged.add_sequence();
+        paged.layer(0).unwrap().append(seq, k.view(), v.view()).unwrap();
+        let error = paged.layer(0).unwrap().attend(&[seq], &[0, 1], q.view()).unwrap_err();
+        assert!(matches!(error, qkv::AttentionError::CacheOverflow { layer: 0 }), "{level} paged: {error}");
+        // Queries of 1e34 leave room: the step runs, and equals the f32 cache's.
+        let q = q.mapv(|x| x / 1e3);
+        let (got, want) = (
+            int8.layer(0).unwrap().attend(q.view()).unwrap(),
+            f32_cache.layer(0).unwrap().attend(q.view()).unwrap(),
+        );
+        assert!(got.iter().zip(&want).all(|(a, b)| (a - b).abs() < 1e-2), "{level}: {got} vs {want}");
+    }
+}
+
 #[test]
 fn bf16_queries_over_an_int8_cache_equal_their_widening() {
     for level in levels() {
