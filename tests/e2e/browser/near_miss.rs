@@ -63,37 +63,41 @@ fn an_off_by_one_count_costs_a_try() {
     b.assert_clean("an off-by-one count");
 }
 
-/// Two entries grade how a number is written, not the number, and use no try: a percentage for a
-/// count (`K%` read as `K / 100` would be "too low") and one comma before three digits whose two
-/// readings fall on either side of the key (`1,000`: 1 or 1000?). Each says what to write, and the
-/// count written plainly then earns full credit.
+/// A percentage for a count grades how the number is written, not the number, and uses no try
+/// (`K%` read as `K / 100` would be "too low"); one comma before three digits is read both ways
+/// (`1,000`: 1 or 1000), and where the readings fall on either side of the key it is a wrong try
+/// whose feedback says which way each is off, giving no direction away for free.
 #[test]
-fn a_form_that_hides_the_answer_uses_no_try() {
+fn a_count_as_a_percentage_uses_no_try_and_a_comma_is_read_both_ways() {
     let Some(mut b) = launch(DESKTOP) else { return };
     let (section, quiz) = lesson().quiz(WHOLE);
     let (key, _, _) = key(section, quiz);
     assert!(key > 1.0 && key < 1000.0, "{WHOLE}'s key {key} lies between the readings of 1,000");
     b.open(&format!("{}.html", section.id));
-    let unanswered = |outcome| Expect { state: "unanswered", credit: 0.0, tries: 0, outcome };
     enter(&mut b, WHOLE, &format!("{key}%"), true);
-    let percent = expect(&mut b, WHOLE, unanswered("not-a-percentage"));
+    let unanswered = Expect { state: "unanswered", credit: 0.0, tries: 0, outcome: "not-a-percentage" };
+    let percent = expect(&mut b, WHOLE, unanswered);
     assert!(
         percent.message.contains("without the % sign"),
         "a count as a percentage says {:?}",
         percent.message
     );
     enter(&mut b, WHOLE, "1,000", true);
-    let comma = expect(&mut b, WHOLE, unanswered("ambiguous"));
-    assert!(comma.message.contains("1 with a decimal comma or 1000"), "1,000 says {:?}", comma.message);
+    let comma = expect(&mut b, WHOLE, Expect { state: "wrong", credit: 0.0, tries: 1, outcome: "wrong" });
+    assert!(
+        comma.message.starts_with("Not right either way: 1.000 is too low and 1000 too high."),
+        "1,000 says {:?}",
+        comma.message
+    );
     b.screenshot_of(
         &format!("[data-qkv-quiz=\"{WHOLE}\"]"),
-        &screenshot_path("attention-1280-ambiguous-comma"),
+        &screenshot_path("attention-1280-comma-either-way"),
     );
     enter(&mut b, WHOLE, &format!("{key}"), true);
     expect(
         &mut b,
         WHOLE,
-        Expect { state: "right", credit: section.credit[0], tries: 0, outcome: "right-first" },
+        Expect { state: "right", credit: section.credit[1], tries: 1, outcome: "right-later" },
     );
-    b.assert_clean("forms that hide the answer");
+    b.assert_clean("a count as a percentage, a comma read both ways");
 }

@@ -76,36 +76,38 @@
 
   /* A number as a learner may write it: 0.731, .731, 0,731 (decimal comma), 1,560 or 12,345.6
    * (thousands grouped), 73.1%, 3/4, with spaces anywhere. null when it is not a number;
-   * otherwise { readings, percent }: the values it may mean, most likely first. A single comma
-   * before three digits is both (1,560 is 1.56 to some readers and 1560 to others), and the
-   * quiz picks by the key; every other form has one reading. */
+   * otherwise { readings, texts, percent }: the values it may mean, most likely first, and each
+   * as the learner would write it without the comma. A single comma before three digits is both
+   * (1,560 is 1.56 to some readers and 1560 to others); every other form has one reading. */
   function parseNumber(text) {
     var t = String(text).replace(/\s+/g, "").replace(/\u2212/g, "-");
     var percent = t.slice(-1) === "%";
     if (percent) t = t.slice(0, -1);
+    // Each reading as text, without the comma, and its value.
     var readings = function (s) {
+      var grouped = s.replace(/,/g, "");
       if (/^[+-]?[1-9]\d{0,2}(,\d{3})+(\.\d*)?$/.test(s)) {
-        var grouped = Number(s.replace(/,/g, ""));
         // One comma and no point: a decimal comma too.
-        return /^[^,]*,[^,.]*$/.test(s) ? [Number(s.replace(",", ".")), grouped] : [grouped];
+        return /^[^,]*,[^,.]*$/.test(s) ? [s.replace(",", "."), grouped] : [grouped];
       }
-      return /^[+-]?(\d+([.,]\d*)?|[.,]\d+)$/.test(s) ? [Number(s.replace(",", "."))] : null;
+      return /^[+-]?(\d+([.,]\d*)?|[.,]\d+)$/.test(s) ? [s.replace(",", ".")] : null;
     };
     var parts = t.split("/");
-    var values;
-    if (parts.length === 1) {
-      values = readings(parts[0]);
-    } else if (parts.length === 2) {
+    var texts = parts.length === 1 ? readings(parts[0]) : null;
+    var values = texts && texts.map(Number);
+    if (parts.length === 2) {
       var a = readings(parts[0]);
       var b = readings(parts[1]);
-      values = a === null || b === null || b[0] === 0 ? null : [a[0] / b[0]];
-    } else {
-      values = null;
+      texts = [t];
+      values = a === null || b === null || Number(b[0]) === 0 ? null : [Number(a[0]) / Number(b[0])];
     }
     if (values === null || !values.every(isFinite)) return null;
     return {
       readings: values.map(function (x) {
         return percent ? x / 100 : x;
+      }),
+      texts: texts.map(function (x) {
+        return percent ? x + "%" : x;
       }),
       percent: percent,
     };

@@ -34,11 +34,8 @@
     invalid:
       "That does not read as a number. Write it with digits, such as 0.731, .731, 73.1% or 3/4. No try was used.",
     notPercentage: "The answer is a whole number, not a percentage: write it without the % sign. No try was used.",
-    ambiguous: function (readings) {
-      return (
-        "That reads as " + readings[0] + " with a decimal comma or " + readings[1] +
-        " with a thousands comma: write the one you mean without the comma. No try was used."
-      );
+    eitherWay: function (low, high) {
+      return "Not right either way: " + low + " is too low and " + high + " too high.";
     },
     restored: function (state, credit, left, next) {
       if (state === "right") return "You answered this one earlier, for " + creditWords(credit) + ".";
@@ -312,20 +309,19 @@
         this.say("near-miss", MESSAGES.nearMiss);
         return;
       }
-      // Signals that would grade a form rather than the answer: neither uses a try.
+      // A percentage for a whole number grades how it is written, not the answer: no try.
       if (parsed.percent && !percentKey && /^[+-]?\d+$/.test(this.key.shown)) {
         this.say("not-a-percentage", MESSAGES.notPercentage);
         return;
       }
-      var high = readings.map(function (x) {
-        return x > key;
-      });
-      if (high.indexOf(!high[0]) >= 0) {
-        this.say("ambiguous", MESSAGES.ambiguous(readings));
-        return;
-      }
     }
-    this.answerWith(right, null, right ? "" : readings[0] > key ? "Too high." : "Too low.");
+    // Two readings (a comma before three digits) on either side of the key are wrong both ways:
+    // the feedback says which way each is off.
+    var high = readings[0] > key;
+    var split = readings.length > 1 && readings[1] > key !== high;
+    var help = high ? "Too high." : "Too low.";
+    if (split) help = MESSAGES.eitherWay(parsed.texts[high ? 1 : 0], parsed.texts[high ? 0 : 1]);
+    this.answerWith(right, null, right ? "" : help);
   };
 
   Quiz.prototype.revealByChoice = function () {
