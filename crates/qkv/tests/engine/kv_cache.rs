@@ -364,6 +364,8 @@ fn check_huge_key_let_go<E: qkv::CacheStorage>(level: SimdLevel, window: Option<
         None => {
             held.truncate(3).unwrap();
             never.truncate(3).unwrap();
+            // At once, the huge key still in its lane: it is not a key any more.
+            assert_eq!(step(&mut held), step(&mut never), "{what}: right after the truncation");
             3..5
         }
         // Positions 3 + 12 on write over its slot.
@@ -386,6 +388,37 @@ fn check_huge_key_let_go<E: qkv::CacheStorage>(level: SimdLevel, window: Option<
     let at = s![.., 3..4, ..];
     held.layer(0).unwrap().append(huge_k.slice(at), v.slice(at)).unwrap();
     overflow(&mut held);
+}
+
+/// With sink tokens beside the ring: a huge key among the sink tokens blocks steps for good (they
+/// are kept), one in the ring until the ring writes over it.
+#[test]
+fn a_huge_sink_token_blocks_steps_for_good_and_a_huge_ring_key_until_overwritten() {
+    let shape = CacheShape::new(1, 1, 12, 8, 8);
+    let q = Array3::from_elem((1, 1, 8), 1e18_f32);
+    for level in levels() {
+        for huge_at in [1, 5] {
+            let mut cache =
+                KvCache::<f32>::with_window_for_level(shape, 4, level).unwrap().with_sink_tokens(2).unwrap();
+            for position in 0..30 {
+                let value = if position == huge_at { 1e21 } else { 0.5 };
+                let k = Array3::from_elem((1, 1, 8), value);
+                cache.layer(0).unwrap().append(k.view(), k.view().mapv(|_| 1.0).view()).unwrap();
+                // The ring holds 10 positions after the 2 sink tokens: position 5 goes at 15.
+                let held = huge_at < 2 || position < huge_at + 10;
+                let result = cache.layer(0).unwrap().attend(q.view());
+                match (position >= huge_at && held, result) {
+                    (true, Err(qkv::AttentionError::CacheOverflow { layer: 0 })) => {}
+                    (false, Ok(out)) => {
+                        assert!(out.iter().all(|x| x.is_finite()), "{level} {huge_at} {position}")
+                    }
+                    (blocked, result) => panic!(
+                        "{level} huge at {huge_at}, position {position}: blocked {blocked}, {result:?}"
+                    ),
+                }
+            }
+        }
+    }
 }
 
 #[test]
