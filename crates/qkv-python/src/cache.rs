@@ -68,6 +68,15 @@ impl CacheSpec {
     }
 }
 
+/// `body` with the type names `e` and `q` standing for types `E` and `Q`.
+macro_rules! typed {
+    ($e:ident = $E:ty, $q:ident = $Q:ty => $body:expr) => {{
+        type $e = $E;
+        type $q = $Q;
+        $body
+    }};
+}
+
 /// A cache of any storage type: `$each!(value, c => expr)` runs `expr` with `c` the typed cache;
 /// `$by_query!(value, query, c, E, Q => expr)` with `E` its storage type and `Q` the type it takes
 /// queries of dtype `query` in: f32, or its own half-precision type (an int8 cache takes all
@@ -93,52 +102,20 @@ macro_rules! storage_enum {
         }
 
         macro_rules! $by_query {
-            ($value:expr, $query:expr, $c:ident, $e:ident, $q:ident => $body:expr) => {{
-                let query = $query;
-                match $value {
-                    $name::F32($c) => {
-                        type $e = f32;
-                        type $q = f32;
-                        $body
-                    }
-                    $name::Bf16($c) if query == Dtype::Bf16 => {
-                        type $e = bf16;
-                        type $q = bf16;
-                        $body
-                    }
-                    $name::Bf16($c) => {
-                        type $e = bf16;
-                        type $q = f32;
-                        $body
-                    }
-                    $name::F16($c) if query == Dtype::F16 => {
-                        type $e = f16;
-                        type $q = f16;
-                        $body
-                    }
-                    $name::F16($c) => {
-                        type $e = f16;
-                        type $q = f32;
-                        $body
-                    }
-                    $name::Int8($c) if query == Dtype::Bf16 => {
-                        type $e = Q8;
-                        type $q = bf16;
-                        $body
-                    }
-                    $name::Int8($c) if query == Dtype::F16 => {
-                        type $e = Q8;
-                        type $q = f16;
-                        $body
-                    }
-                    $name::Int8($c) => {
-                        type $e = Q8;
-                        type $q = f32;
-                        $body
-                    }
+                    ($value:expr, $query:expr, $c:ident, $e:ident, $q:ident => $body:expr) => {{
+                        let query = $query;
+                        match $value {
+                            $name::F32($c) => typed!($e = f32, $q = f32 => $body),
+                            $name::Bf16($c) if query == Dtype::Bf16 => typed!($e = bf16, $q = bf16 => $body),
+                            $name::Bf16($c) => typed!($e = bf16, $q = f32 => $body),
+                            $name::F16($c) if query == Dtype::F16 => typed!($e = f16, $q = f16 => $body),
+                            $name::F16($c) => typed!($e = f16, $q = f32 => $body),
+                            $name::Int8($c) if query == Dtype::Bf16 => typed!($e = Q8, $q = bf16 => $body),
+                            $name::Int8($c) if query == Dtype::F16 => typed!($e = Q8, $q = f16 => $body),
+                            $name::Int8($c) => typed!($e = Q8, $q = f32 => $body),
+                        }
+                    }};
                 }
-            }};
-        }
     };
 }
 storage_enum!(AnyKvCache, KvCache, each_kv, by_query_kv);
