@@ -219,6 +219,30 @@ def test_calls_without_a_gradient_meet_the_operators_where_they_must():
         assert qkv.scaled_dot_product_attention(f, f, f, is_causal=True).shape == (2, 3, 4, 8)
 
 
+def test_a_device_context_leaves_cpu_calls_on_the_cpu():
+    """Under ``with torch.device("meta")`` (a model built for shape inference) a call on CPU
+    tensors still computes on the CPU: its outputs and the options it makes tensors of (sinks,
+    ALiBi slopes, offsets) are allocated there by name."""
+    q, k, v = (torch.randn(1, 2, 3, 4) for _ in range(3))
+    mask = torch.rand(3, 3) > 0.3
+    calls = [
+        lambda: qkv.scaled_dot_product_attention(q, k, v, attn_mask=mask),
+        lambda: qkv.scaled_dot_product_attention(q, k, v, is_causal=True, sinks=[0.5, -0.5], alibi_slopes=[0.5, 0.25]),
+        lambda: qkv.varlen_attention(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), [0, 1, 3],
+                                     [0, 1, 3]),
+    ]
+    want = [call() for call in calls]
+    with torch.device("meta"):
+        got = [call() for call in calls]
+    for g, w in zip(got, want):
+        assert g.device.type == "cpu" and torch.equal(g, w)
+    q.requires_grad_()
+    with torch.device("meta"):
+        out = qkv.scaled_dot_product_attention(q, k, v, attn_mask=mask, sinks=[0.5, -0.5])
+        out.sum().backward()
+    assert q.grad.device.type == "cpu" and torch.isfinite(q.grad).all()
+
+
 def test_a_call_without_gradients_takes_parameters_directly():
     """Learned sinks (an ``nn.Parameter``) at inference: the direct call, not the operator."""
     q, k = torch.randn(1, 2, 3, 4), torch.randn(1, 2, 5, 4)

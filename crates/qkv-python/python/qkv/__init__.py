@@ -90,7 +90,7 @@ def _attend(query, key, value, attn_mask, is_causal, scale, enable_gqa, extensio
         alibi = _op_slopes(torch, alibi, lambda: _core.per_head("alibi_slopes", "slopes", alibi, heads))
         if sinks is not None and not isinstance(sinks, torch.Tensor):
             # The operator takes a tensor (a list or an array has no gradient to return).
-            sinks = torch.as_tensor(sinks, dtype=torch.float64)
+            sinks = torch.as_tensor(sinks, dtype=torch.float64, device=query.device)
         ops = _torch_ops()
         attention = _operator(torch, ops.attention, ops.EagerAttention.apply, (query, key, value, attn_mask, sinks))
         out, lse = attention(query, key, value, attn_mask, is_causal, scale, enable_gqa, window, alibi, softcap, sinks)
@@ -107,7 +107,7 @@ def _op_slopes(torch, slopes, checked):
     if slopes is None:
         return None
     if not isinstance(slopes, torch.Tensor):
-        return torch.as_tensor(checked(), dtype=torch.float64)
+        return torch.as_tensor(checked(), dtype=torch.float64, device="cpu")
     if slopes.requires_grad and torch.is_grad_enabled():
         raise ValueError("alibi_slopes requires grad: ALiBi slopes are constants here (flash-attn's too) and get no "
                          "gradient; pass alibi_slopes.detach()")
@@ -278,7 +278,8 @@ def _varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, options, with_lse):
             _core.integer_offsets(name, given)
             offsets.append(given)
         else:
-            offsets.append(torch.tensor(_core.offset_list(name, given), dtype=torch.int64))
+            # On the CPU by name, whatever device context is active: the operator reads them there.
+            offsets.append(torch.tensor(_core.offset_list(name, given), dtype=torch.int64, device="cpu"))
     window = _core.sliding_window(window)
     window = None if window is None else list(window)
     # ALiBi as the operator takes it: slopes, how many rows of them, flash-attn's form or the paper's.
@@ -288,7 +289,7 @@ def _varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, options, with_lse):
     slopes = _op_slopes(torch, slopes,
                         lambda: slopes if flash else _core.per_head("alibi_slopes", "slopes", slopes, query.shape[1]))
     if sinks is not None and not isinstance(sinks, torch.Tensor):
-        sinks = torch.as_tensor(sinks, dtype=torch.float64)
+        sinks = torch.as_tensor(sinks, dtype=torch.float64, device=query.device)
     ops = _torch_ops()
     varlen = _operator(torch, ops.varlen_attention, ops.EagerVarlenAttention.apply, (query, key, value, *offsets, sinks))
     out, lse = varlen(

@@ -38,11 +38,13 @@ class _Torch:
                                "reached the engine unresolved")
         return (t.data_ptr(), _CODES[self.names[t.dtype]], t.shape, t.stride())
 
+    # Outputs on the CPU by name: under a device context (``with torch.device("meta")``) a
+    # factory without one would allocate them there, where the engine cannot write.
     def empty(self, shape, dtype_name):
-        return self.torch.empty(shape, dtype=getattr(self.torch, dtype_name))
+        return self.torch.empty(shape, dtype=getattr(self.torch, dtype_name), device="cpu")
 
     def zeros(self, shape, dtype_name):
-        return self.torch.zeros(shape, dtype=getattr(self.torch, dtype_name))
+        return self.torch.zeros(shape, dtype=getattr(self.torch, dtype_name), device="cpu")
 
     def broadcast(self, t, shape):
         return t.expand(shape)
@@ -53,7 +55,7 @@ class _Torch:
     def with_column(self, t, column):
         """``t`` with ``column`` (a number, or a tensor of ``t``'s shape but the last axis) as one
         more last column."""
-        column = self.torch.as_tensor(column, dtype=t.dtype).expand(t.shape[:-1])
+        column = self.torch.as_tensor(column, dtype=t.dtype, device=t.device).expand(t.shape[:-1])
         return self.torch.cat([t, column.unsqueeze(-1)], -1)
 
     def check_device(self, argument, t):
