@@ -219,6 +219,8 @@ def test_negative_and_fractional_numbers_are_errors_naming_them():
     ):
         with pytest.raises(ValueError, match=rf"^{name} is {value}: .* count from 0"):
             call()
+    with pytest.raises(ValueError, match=r"^length is 1180591620717411303424: more than a 64-bit count holds"):
+        kv.truncate(2**70)
     with pytest.raises(TypeError, match=r"^layer is 1.5: it is a whole number"):
         kv.length(1.5)
     assert kv.length(np.int64(1)) == 0

@@ -114,7 +114,8 @@ fn checked<T: Real, D: Dimension>(
     second: &Part<'_, T, D>,
 ) -> Result<(), AttentionError> {
     for (output, lse) in [first, second] {
-        if lse.shape() != &output.shape()[..output.ndim() - 1] {
+        // An output has at least one axis, the row's (a 0-D one has no rows to merge).
+        if output.ndim() == 0 || lse.shape() != &output.shape()[..output.ndim() - 1] {
             return Err(AttentionError::MergeShape {
                 first: output.shape().into(),
                 second: lse.shape().into(),

@@ -42,6 +42,8 @@ def _whole(argument, value):
     if number < 0:
         raise ValueError(f"{argument} is {number}: layers, positions, sizes and sequence handles count from 0 "
                          "(no negative indexing)")
+    if number >= 1 << 64:
+        raise ValueError(f"{argument} is {number}: more than a 64-bit count holds")
     return number
 
 

@@ -177,6 +177,11 @@ fn merging_views_into_an_output_gives_merges_bits_in_any_layout() {
     want.swap_axes(1, 2);
     want_lse.swap_axes(1, 2);
     assert_eq!((out.view(), lse.view()), (want, want_lse), "a row at a time");
+    // A 0-D "output" has no rows: an error, not a panic.
+    let (scalar, no_lse) = (ndarray::arr0(1.0_f64), ndarray::arr0(0.0_f64));
+    let part0 = || (scalar.view(), no_lse.view());
+    let (mut o0, mut l0) = (ndarray::arr0(0.0_f64), ndarray::arr0(0.0_f64));
+    assert!(PartialAttention::merge_into(part0(), part0(), o0.view_mut(), l0.view_mut()).is_err());
     let wrong = Array3::<f64>::zeros((2, 3, 4));
     assert_eq!(
         PartialAttention::merge_into(
