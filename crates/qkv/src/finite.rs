@@ -4,7 +4,7 @@
 //! at the baseline the rest of the crate compiles for, and large inputs are read in pieces the
 //! pool shares.
 
-use ndarray::{ArrayBase, Data, Dimension};
+use ndarray::{ArrayBase, ArrayView, Data, Dimension};
 
 use crate::element::Real;
 use crate::error::{AttentionError, Dims};
@@ -71,6 +71,15 @@ where
     }
     let value = a.iter().nth(flat).map_or(f64::NAN, |x| x.widen().to_f64_exact());
     Err(AttentionError::NonFinite { argument, index: Dims(index), value })
+}
+
+/// Whether every element of `a` is finite, read as [`finite_magnitude`] reads it (one vectorised
+/// pass at the dispatched level), for checks whose errors say more than "not finite".
+pub(crate) fn all_finite<T: Real, D: Dimension>(a: &ArrayView<'_, T, D>) -> bool {
+    match simd::kernels_for(None).ok().and_then(|isa| kernel_magnitude(isa, a)) {
+        Some(largest) => largest.is_finite(),
+        None => a.iter().all(|x| x.is_finite()),
+    }
 }
 
 /// Inputs of at least this many elements are checked in pieces shared with the pool: the pass

@@ -3,6 +3,8 @@
 
 use ndarray::{Array, ArrayView, ArrayViewMut, Axis, Dimension, IntoDimension, Ix2, Zip};
 
+use crate::{finite, work};
+
 use crate::element::Real;
 use crate::error::{AttentionError, Dims};
 use crate::softmax;
@@ -55,14 +57,16 @@ impl<T: Real, D: Dimension> PartialAttention<T, D> {
     /// # Ok::<(), qkv::AttentionError>(())
     /// ```
     pub fn merge(mut self, other: &PartialAttention<T, D>) -> Result<PartialAttention<T, D>, AttentionError> {
-        checked(&self.parts(), &other.parts())?;
-        merge_rows((self.output.view_mut(), self.logsumexp.view_mut()), other.parts());
+        check_shapes(&self.parts(), &other.parts())?;
+        merge_checked((self.output.view_mut(), self.logsumexp.view_mut()), None, other.parts())?;
         Ok(self)
     }
 
     /// [`merge`](Self::merge) of two parts read where they are (views in any layout, such as
     /// another library's tensors), written into `output` and `logsumexp`, of the parts' shapes:
-    /// no part is copied. The same checks and the same bits as `merge`.
+    /// no part is copied. The same checks and the same bits as `merge`; on a value error, rows
+    /// before the bad one's may already hold their merge (rows are checked and merged a piece at
+    /// a time, in one pass over memory, shared with the pool when the parts are large).
     ///
     /// ```
     /// use qkv::ndarray::{Array1, Array2, array};
@@ -79,10 +83,10 @@ impl<T: Real, D: Dimension> PartialAttention<T, D> {
     pub fn merge_into(
         first: Part<'_, T, D>,
         second: Part<'_, T, D>,
-        mut output: ArrayViewMut<T, D>,
-        mut logsumexp: ArrayViewMut<T, D::Smaller>,
+        output: ArrayViewMut<T, D>,
+        logsumexp: ArrayViewMut<T, D::Smaller>,
     ) -> Result<(), AttentionError> {
-        checked(&first, &second)?;
+        check_shapes(&first, &second)?;
         for (into, part) in [(output.shape(), first.0.shape()), (logsumexp.shape(), first.1.shape())] {
             if into != part {
                 return Err(AttentionError::MergeShape {
@@ -92,10 +96,7 @@ impl<T: Real, D: Dimension> PartialAttention<T, D> {
                 });
             }
         }
-        copy(&mut output, &first.0);
-        copy(&mut logsumexp, &first.1);
-        merge_rows((output, logsumexp), second);
-        Ok(())
+        merge_checked((output, logsumexp), Some(first), second)
     }
 
     /// The output and the logsumexp, as [`merge_into`](Self::merge_into) takes a part.
@@ -107,9 +108,9 @@ impl<T: Real, D: Dimension> PartialAttention<T, D> {
 /// One part of a merge, read in place: an output and its logsumexp.
 pub type Part<'a, T, D> = (ArrayView<'a, T, D>, ArrayView<'a, T, <D as Dimension>::Smaller>);
 
-/// Checks two parts for a merge: each logsumexp shaped as its output without the last axis, the
-/// two outputs of one shape, and values attention can produce ([`check_values`]).
-fn checked<T: Real, D: Dimension>(
+/// Checks two parts' shapes for a merge: each logsumexp shaped as its output without the last
+/// axis, and the two outputs of one shape.
+fn check_shapes<T: Real, D: Dimension>(
     first: &Part<'_, T, D>,
     second: &Part<'_, T, D>,
 ) -> Result<(), AttentionError> {
@@ -130,33 +131,107 @@ fn checked<T: Real, D: Dimension>(
             what: "two outputs of the same queries, of the same shape",
         });
     }
-    check_values("first", first)?;
-    check_values("second", second)
+    Ok(())
 }
 
-/// Merges `theirs` into `mine`, row by row (see [`PartialAttention::merge`]): as `[rows, d]`
-/// where every array is laid out row after row (most are: a row at a time over a dynamic number
-/// of axes costs several times the arithmetic), in their own shapes otherwise.
-fn merge_rows<T: Real, D: Dimension>(
+/// A merge's rows are merged in pieces of about this many elements (each piece's values checked
+/// and then merged while they are in cache, rather than a pass over everything for the checks,
+/// one to copy and one to merge), shared with the pool from [`SHARE_FROM`] elements on.
+const PIECE: usize = 1 << 13;
+/// Merges of at least this many elements share their pieces with the pool
+/// ([`work::worth_sharing_a_pass`]: a merge, like an input check, is a short pass over memory).
+const SHARE_FROM: usize = 1 << 17;
+
+/// Merges `second` into `mine`, or into `first` written to `mine` if given (see
+/// [`PartialAttention::merge`]), a piece of rows at a time, each piece's values checked before it
+/// is written; on a bad value, the error naming the first ([`check_values`]), with the pieces
+/// before it merged. As `[rows, d]` pieces where every array lies row after row (most do: a row
+/// at a time over a dynamic number of axes costs several times the arithmetic), as one piece in
+/// the arrays' own shapes otherwise.
+fn merge_checked<T: Real, D: Dimension>(
     (mut mine, mut mine_lse): (ArrayViewMut<T, D>, ArrayViewMut<T, D::Smaller>),
-    (theirs, their_lse): Part<'_, T, D>,
-) {
+    first: Option<Part<'_, T, D>>,
+    second: Part<'_, T, D>,
+) -> Result<(), AttentionError> {
     let rows = (mine_lse.len(), mine.shape().last().copied().unwrap_or(1));
     let flat = (
         mine.view_mut().into_shape_with_order(rows),
         mine_lse.view_mut().into_shape_with_order(rows.0),
-        theirs.view().into_shape_with_order(rows),
-        their_lse.view().into_shape_with_order(rows.0),
+        first.as_ref().map(|first| as_rows(first, rows)),
+        as_rows(&second, rows),
     );
-    match flat {
-        (Ok(mine), Ok(mine_lse), Ok(theirs), Ok(their_lse)) => {
-            merge_lanes((mine, mine_lse), (theirs, their_lse))
+    let merged = match flat {
+        (Ok(mut mine), Ok(mut mine_lse), first @ (None | Some(Some(_))), Some(theirs)) => {
+            let per = (PIECE / rows.1.max(1)).max(1);
+            let pieces = rows.0.div_ceil(per);
+            let first = first.flatten();
+            let firsts: Vec<_> = match &first {
+                Some(first) => pieces_of(first, per).map(Some).collect(),
+                None => vec![None; pieces],
+            };
+            let pieces: Vec<_> = (mine.axis_chunks_iter_mut(Axis(0), per))
+                .zip(mine_lse.axis_chunks_iter_mut(Axis(0), per))
+                .zip(firsts)
+                .zip(pieces_of(&theirs, per))
+                .collect();
+            let share = rows.0 * rows.1 >= SHARE_FROM && work::worth_sharing_a_pass();
+            let merged = work::map_items(
+                pieces,
+                share,
+                || (),
+                |_, ((mine, first), theirs)| merge_piece(mine, first, theirs),
+            );
+            merged.into_iter().all(|merged| merged)
         }
-        _ => merge_lanes((mine, mine_lse), (theirs, their_lse)),
+        _ => merge_piece((mine.view_mut(), mine_lse.view_mut()), first.clone(), second.clone()),
+    };
+    if merged {
+        return Ok(());
     }
+    // A piece stops only at a bad value, before it writes anything: the first bad value lies in
+    // a piece left as it was, and merged rows hold only values these checks pass.
+    check_values("first", &first.unwrap_or((mine.view(), mine_lse.view())))?;
+    check_values("second", &second)?;
+    unreachable!("a piece of a merge refused values its checks pass")
 }
 
-/// [`merge_rows`] in the arrays' own shapes.
+/// `part` as `rows` rows, if it lies row after row.
+fn as_rows<'a, T, D: Dimension>(
+    (output, lse): &Part<'a, T, D>,
+    rows: (usize, usize),
+) -> Option<Part<'a, T, Ix2>> {
+    Some((output.clone().into_shape_with_order(rows).ok()?, lse.clone().into_shape_with_order(rows.0).ok()?))
+}
+
+/// `part` in pieces of `per` rows.
+fn pieces_of<'a, T>(
+    (output, lse): &'a Part<'_, T, Ix2>,
+    per: usize,
+) -> impl Iterator<Item = Part<'a, T, Ix2>> {
+    output.axis_chunks_iter(Axis(0), per).zip(lse.axis_chunks_iter(Axis(0), per))
+}
+
+/// Checks the values of `first` (or of `mine`, if not given) and of `theirs` ([`check_values`]);
+/// if they are what attention produces, merges `theirs` into `mine` (`first` copied there first).
+/// Whether it merged.
+fn merge_piece<T: Real, D: Dimension>(
+    (mut mine, mut mine_lse): (ArrayViewMut<T, D>, ArrayViewMut<T, D::Smaller>),
+    first: Option<Part<'_, T, D>>,
+    theirs: Part<'_, T, D>,
+) -> bool {
+    let produced = |(output, lse): &Part<'_, T, D>| !any(lse, bad_logsumexp) && finite::all_finite(output);
+    if !produced(first.as_ref().unwrap_or(&(mine.view(), mine_lse.view()))) || !produced(&theirs) {
+        return false;
+    }
+    if let Some((output, lse)) = first {
+        copy(&mut mine, &output);
+        copy(&mut mine_lse, &lse);
+    }
+    merge_lanes((mine, mine_lse), theirs);
+    true
+}
+
+/// Merges `theirs` into `mine`, row by row.
 fn merge_lanes<T: Real, D: Dimension>(
     (mut mine, mut mine_lse): (ArrayViewMut<T, D>, ArrayViewMut<T, D::Smaller>),
     (theirs, their_lse): Part<'_, T, D>,
@@ -214,12 +289,11 @@ fn check_values<T: Real, D: Dimension>(
         value: value.to_f64_exact(),
         why,
     };
-    let bad_lse = |l: &T| l.is_nan() || *l == T::infinity();
     // Through a slice where the elements lie in one (most do: an element at a time over a dynamic
     // number of axes is most of a merge's time); `indexed_iter` builds an index per element, so
     // it only names a bad one.
-    if any(lse, bad_lse) {
-        let (i, &l) = lse.indexed_iter().find(|(_, l)| bad_lse(l)).expect("found above");
+    if any(lse, bad_logsumexp) {
+        let (i, &l) = lse.indexed_iter().find(|(_, l)| bad_logsumexp(*l)).expect("found above");
         let why = "a logsumexp is finite, or -inf for a row that sees no key";
         return Err(bad("logsumexp", i.into_dimension().slice().to_vec(), l, why));
     }
@@ -228,4 +302,9 @@ fn check_values<T: Real, D: Dimension>(
         return Err(bad("output", i.into_dimension().slice().to_vec(), x, "an output is finite"));
     }
     Ok(())
+}
+
+/// A logsumexp attention cannot produce: NaN or `+inf` (`-inf` is a row that sees no key).
+fn bad_logsumexp<T: Real>(lse: &T) -> bool {
+    lse.is_nan() || *lse == T::infinity()
 }

@@ -226,3 +226,57 @@ fn merging_refuses_a_nan_or_infinite_part() {
     let empty = part([0.0, 0.0], f64::NEG_INFINITY);
     assert_eq!(empty.merge(&good).unwrap(), good);
 }
+
+/// Merges large enough to go in pieces shared with the pool: every row as the formula gives it,
+/// computed here a row at a time; a bad value in one piece stops the merge with the error that
+/// names the first bad value (the first part's before the second's), wherever the pieces are.
+#[test]
+fn merges_in_pieces_give_every_row_and_name_the_first_bad_value() {
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    let shape = (3, 4, 300, 40);
+    let mut part = || PartialAttention::<f64, Ix4> {
+        output: Array4::from_shape_simple_fn(shape, || rng.random_range(-1.0..1.0)),
+        logsumexp: Array3::from_shape_simple_fn((3, 4, 300), || {
+            if rng.random_range(0.0..1.0) < 0.1 { f64::NEG_INFINITY } else { rng.random_range(-30.0..30.0) }
+        }),
+    };
+    let (first, second) = (part(), part());
+    let merged = first.clone().merge(&second).unwrap();
+    for ((b, h, i), &lse) in merged.logsumexp.indexed_iter() {
+        let (la, lb) = (first.logsumexp[(b, h, i)], second.logsumexp[(b, h, i)]);
+        let m = la.max(lb);
+        let (wa, wb) = if m == f64::NEG_INFINITY { (1.0, 0.0) } else { ((la - m).exp(), (lb - m).exp()) };
+        let want_lse = if m == f64::NEG_INFINITY { m } else { m + (wa + wb).ln() };
+        assert!(
+            (lse - want_lse).abs() <= 1e-12 * want_lse.abs().max(1.0) || lse == want_lse,
+            "lse {b} {h} {i}"
+        );
+        for c in 0..shape.3 {
+            let want = (first.output[(b, h, i, c)] * wa + second.output[(b, h, i, c)] * wb) / (wa + wb);
+            assert!((merged.output[(b, h, i, c)] - want).abs() <= 1e-14, "output {b} {h} {i} {c}");
+        }
+    }
+    let (mut out, mut lse) = (Array4::zeros(shape), Array3::zeros((3, 4, 300)));
+    fn parts(p: &PartialAttention<f64, Ix4>) -> Part<'_, f64, Ix4> {
+        (p.output.view(), p.logsumexp.view())
+    }
+    PartialAttention::merge_into(parts(&first), parts(&second), out.view_mut(), lse.view_mut()).unwrap();
+    assert_eq!((&out, &lse), (&merged.output, &merged.logsumexp));
+
+    // An early bad output in the second part and a late bad logsumexp in the first: the first's.
+    let (mut bad_first, mut bad_second) = (first.clone(), second.clone());
+    bad_second.output[(0, 0, 2, 5)] = f64::INFINITY;
+    bad_first.logsumexp[(2, 3, 290)] = f64::NAN;
+    let first_message = "cannot merge: the first part's logsumexp[2, 3, 290] is NaN; a logsumexp is finite, or -inf for a row that sees no key";
+    let second_message = "cannot merge: the second part's output[0, 0, 2, 5] is inf; an output is finite";
+    assert_eq!(bad_first.clone().merge(&bad_second).unwrap_err().to_string(), first_message);
+    let into = |a: &PartialAttention<f64, Ix4>, b: &PartialAttention<f64, Ix4>| {
+        let (mut out, mut lse) = (Array4::zeros(shape), Array3::zeros((3, 4, 300)));
+        PartialAttention::merge_into(parts(a), parts(b), out.view_mut(), lse.view_mut())
+            .unwrap_err()
+            .to_string()
+    };
+    assert_eq!(into(&bad_first, &bad_second), first_message);
+    assert_eq!(first.clone().merge(&bad_second).unwrap_err().to_string(), second_message);
+    assert_eq!(into(&first, &bad_second), second_message);
+}
