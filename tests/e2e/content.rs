@@ -434,6 +434,8 @@ out["g_four.lse.b"] = np.log(np.exp(S4[1]).sum())
 T4 = np.array([[3],[5],[4],[7]], float)
 dq, dk, dv, _, _, _ = backward(Q4, K4, V4, T4)
 out["g_four.loss_after"] = backward(Q4 - 0.5 * dq, K4 - 0.5 * dk, V4 - 0.5 * dv, T4)[3]
+out["g_four.drop"] = backward(Q4, K4, V4, T4)[3] - out["g_four.loss_after"]
+out["g_four.first_order_drop"] = 0.5 * sum((g ** 2).sum() for g in (dq, dk, dv))
 Qw = np.array([[1,0,2,-1],[0,1,-1,0.5],[1,1,0.5,0]], float); Kw = np.array([[0.5,1,0,-1],[1,0,1,1],[-1,2,0,0.5]], float)
 Vw = np.array([[2,0],[6,1],[4,-1]], float)
 theta = 100.0 ** (-np.arange(0, 4, 2) / 4)

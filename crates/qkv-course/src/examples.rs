@@ -328,6 +328,7 @@ const KINDS: &[(&str, &[&str])] = &[
             "tolerance",
             "steps",
             "percent",
+            "share",
             "answer_text",
             "near_miss",
         ],

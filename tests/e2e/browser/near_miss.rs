@@ -101,3 +101,30 @@ fn a_count_as_a_percentage_uses_no_try_and_a_comma_is_read_both_ways() {
     );
     b.assert_clean("a count as a percentage, a comma read both ways");
 }
+
+/// A numeric check whose key has decimals but is no share of a whole: a scaled score.
+const SCORE: &str = "scaled_score";
+
+/// A percentage is a way to write a share of a whole (a weight), not any number: on a scaled
+/// score it uses no try even where its value would match (`424.3%` for 4.243), and the number
+/// without the sign is right.
+#[test]
+fn a_score_as_a_percentage_uses_no_try() {
+    let Some(mut b) = launch(DESKTOP) else { return };
+    let (section, quiz) = lesson().quiz(SCORE);
+    let (key, digits, _) = key(section, quiz);
+    assert!(key > 0.0 && digits >= 2, "{SCORE}'s key {key} reads as a percentage");
+    assert!(quiz.block.get("share").is_none(), "{SCORE} is no share of a whole");
+    b.open(&format!("{}.html", section.id));
+    enter(&mut b, SCORE, &format!("{:.*}%", digits - 2, key * 100.0), true);
+    let unanswered = Expect { state: "unanswered", credit: 0.0, tries: 0, outcome: "not-a-percentage" };
+    let said = expect(&mut b, SCORE, unanswered);
+    assert!(said.message.contains("without the % sign"), "a score as a percentage says {:?}", said.message);
+    enter(&mut b, SCORE, &format!("{key:.digits$}"), true);
+    expect(
+        &mut b,
+        SCORE,
+        Expect { state: "right", credit: section.credit[0], tries: 0, outcome: "right-first" },
+    );
+    b.assert_clean("a score as a percentage");
+}

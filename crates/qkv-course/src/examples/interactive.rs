@@ -67,6 +67,9 @@ pub(crate) enum QuizKey {
         steps: Option<Field<String>>,
         /// The key is shown as a percentage, `digits` decimals of it (`73.1%`).
         percent: bool,
+        /// The key is a share of a whole (a weight, a probability; `share`): a percentage reads
+        /// as one. Elsewhere a percentage is no way to write the answer.
+        share: Option<Field<bool>>,
         /// The near-miss band (`near_miss`): an answer this close to the key but outside the
         /// tolerance is told to keep more decimals, and uses no try; `0` turns it off. Default:
         /// two units in the last shown place or 0.5% of the key, whichever is wider.
@@ -201,7 +204,7 @@ impl Condition {
 /// The quiz kinds, and the fields only that kind takes.
 const QUIZ_KINDS: &[(&str, &[&str])] = &[
     ("choice", &["options", "correct", "shuffle"]),
-    ("numeric", &["answer", "digits", "tolerance", "steps", "percent", "near_miss"]),
+    ("numeric", &["answer", "digits", "tolerance", "steps", "percent", "share", "near_miss"]),
     ("short", &["answer_text"]),
 ];
 
@@ -745,6 +748,10 @@ impl Reader<'_> {
         let steps =
             table.get("steps").and_then(|v| self.string(v, "the computation whose steps go with the answer"));
         let percent = table.get("percent").and_then(|v| self.boolean(v)).unwrap_or(false);
+        let share = table.get("share").and_then(|v| {
+            let at = self.block.source_offset(v.span().start);
+            Some(Field { value: self.boolean(v)?, at })
+        });
         let near_miss = table.get("near_miss").and_then(|v| {
             let t = self.number(v)?;
             if t.value >= 0.0 {
@@ -754,7 +761,15 @@ impl Reader<'_> {
                 None
             }
         });
-        Some(QuizKey::Numeric { answer: answer?, digits: digits?, tolerance, steps, percent, near_miss })
+        Some(QuizKey::Numeric {
+            answer: answer?,
+            digits: digits?,
+            tolerance,
+            steps,
+            percent,
+            share,
+            near_miss,
+        })
     }
 
     fn short(&mut self, table: &DeTable<'_>, practice: bool) -> Option<QuizKey> {

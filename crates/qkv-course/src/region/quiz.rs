@@ -114,6 +114,8 @@ enum Answer {
         near: f64,
         steps: Option<String>,
         percent: bool,
+        /// A percentage reads as the key (it is shown as one, or is a share of a whole).
+        share: bool,
     },
     /// The model answer.
     Short(String),
@@ -145,8 +147,19 @@ impl Filled {
                 choice_answer(&mut fill, options, correct, *shuffle)?
             }
             QuizKey::Short { answer_text } => Answer::Short(fill(answer_text)?),
-            QuizKey::Numeric { answer, digits, tolerance, steps, percent, near_miss } => {
+            QuizKey::Numeric { answer, digits, tolerance, steps, percent, share, near_miss } => {
                 let value = cx.eval.number(cx.doc, &answer.value, answer.at)?;
+                if let Some(s) = share.as_ref().filter(|s| s.value && !(0.0..=1.0).contains(&value)) {
+                    return Err(Problem::new(
+                        doc,
+                        s.at,
+                        format!(
+                            "`share = true` on a key of {value}: a share of a whole lies between 0 and 1"
+                        ),
+                        "share = true",
+                        "`share = true` only on a weight, a probability or another share of a whole; no `share` here",
+                    ));
+                }
                 let format = Format { percent: *percent, ..Format::decimals(*digits) };
                 let shown = format.apply(value);
                 // The shown key's value, and half a unit in its last place, in the key's units.
@@ -205,9 +218,10 @@ impl Filled {
                     also: if *percent {
                         percent_forms(&shown, value)
                     } else {
-                        also_accepted(&shown, value, *digits)
+                        also_accepted(&shown, value, *digits, share.as_ref().is_some_and(|s| s.value))
                     },
                     percent: *percent,
+                    share: *percent || share.as_ref().is_some_and(|s| s.value),
                     value,
                     shown,
                     tolerance,
@@ -457,13 +471,13 @@ fn hidden_pick(
 }
 
 /// The other ways of writing `shown` (the key at `digits` decimals) that the page accepts, to
-/// list with the answer.
-fn also_accepted(shown: &str, value: f64, digits: usize) -> Vec<String> {
+/// list with the answer: a percentage only for a `share` of a whole.
+fn also_accepted(shown: &str, value: f64, digits: usize, share: bool) -> Vec<String> {
     let mut forms = Vec::new();
     if let Some(rest) = shown.strip_prefix("0.") {
         forms.push(format!(".{rest}"));
     }
-    if value > 0.0 && value < 1.0 {
+    if share && value > 0.0 && value < 1.0 {
         let percent = Format { percent: true, ..Format::decimals(digits.saturating_sub(2)) };
         forms.push(percent.apply(value));
     }
@@ -512,13 +526,16 @@ fn key_json(
             }
             key
         }
-        Answer::Numeric { value, shown, tolerance, near, percent, .. } => {
+        Answer::Numeric { value, shown, tolerance, near, percent, share, .. } => {
             let mut key = json!({
                 "kind": "numeric", "graded": graded, "credit": credit,
                 "value": value, "shown": shown, "tolerance": tolerance, "near": near,
             });
             if *percent {
                 key["percent"] = json!(true);
+            }
+            if *share {
+                key["share"] = json!(true);
             }
             key
         }

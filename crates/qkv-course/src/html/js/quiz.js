@@ -33,7 +33,7 @@
       "Close: keep more decimals until the last step (rounding along the way moves the answer this much). No try was used.",
     invalid:
       "That does not read as a number. Write it with digits, such as 0.731, .731, 73.1% or 3/4. No try was used.",
-    notPercentage: "The answer is a whole number, not a percentage: write it without the % sign. No try was used.",
+    notPercentage: "The answer is not a share of a whole, so not a percentage: write it without the % sign. No try was used.",
     eitherWay: function (low, high) {
       return "Not right either way: " + low + " is too low and " + high + " too high.";
     },
@@ -287,6 +287,12 @@
       this.say("invalid", MESSAGES.invalid);
       return;
     }
+    // A percentage where the key is no share of a whole (a count, a score, a variance) is a slip
+    // in how the number is written, right or wrong: no try.
+    if (parsed.percent && this.key.share !== true && this.state !== "right") {
+      this.say("not-a-percentage", MESSAGES.notPercentage);
+      return;
+    }
     var key = this.key.value;
     var near = this.key.near || 0;
     var band = Math.max(near, this.key.tolerance);
@@ -307,11 +313,6 @@
       // Off only by rounding early: said so, and no try is used (content/README.md, near_miss).
       if (closest <= near + slack) {
         this.say("near-miss", MESSAGES.nearMiss);
-        return;
-      }
-      // A percentage for a whole number grades how it is written, not the answer: no try.
-      if (parsed.percent && !percentKey && /^[+-]?\d+$/.test(this.key.shown)) {
-        this.say("not-a-percentage", MESSAGES.notPercentage);
         return;
       }
     }

@@ -51,6 +51,7 @@ question = "Scores {=pair.scores.1:0} and {=pair.scores.2:0}: what is $a_1$ (3 d
 why = "Softmax:"
 answer = "pair.weights.1"
 digits = 3
+share = true
 steps = "pair"
 ```
 
@@ -129,16 +130,31 @@ fn a_change_to_a_cited_input_makes_the_quiz_stale() {
     assert!(stale.iter().any(|s| s.what == "quiz weight"), "{}", crate::stale_report(&stale));
 }
 
-fn check(shown: &str, value: f64, digits: usize, expected: &[&str]) {
-    assert_eq!(also_accepted(shown, value, digits), expected);
+fn check(shown: &str, value: f64, digits: usize, share: bool, expected: &[&str]) {
+    assert_eq!(also_accepted(shown, value, digits, share), expected);
 }
 
 #[test]
 fn the_forms_also_accepted() {
-    check("0.731", 0.7310585786300049, 3, &[".731", "73.1%", "0,731"]);
-    check("7.85", 7.848469, 2, &["7,85"]);
-    check("0.25", 0.25, 2, &[".25", "25%", "0,25", "1/4"]);
-    check("6", 6.0, 0, &[]);
+    check("0.731", 0.7310585786300049, 3, true, &[".731", "73.1%", "0,731"]);
+    check("7.85", 7.848469, 2, false, &["7,85"]);
+    check("0.25", 0.25, 2, true, &[".25", "25%", "0,25", "1/4"]);
+    check("6", 6.0, 0, false, &[]);
+    // A fraction that is no share of a whole (a variance, a score): no percentage.
+    check("0.1719", 0.171875, 4, false, &[".1719", "0,1719"]);
+}
+
+/// The page's key says whether a percentage reads as the answer: for a `share` (and a key shown
+/// as a percentage), not for a key without it.
+#[test]
+fn a_key_says_whether_it_is_a_share_of_a_whole() {
+    let (markdown, page) = built(LESSON);
+    assert_eq!(key_of(&page, "weight")["share"], true);
+    assert!(markdown.contains("(also accepted: .731, 73.1%, 0,731)"), "{markdown}");
+    let scored = LESSON.replace("share = true\n", "").replace("pair.weights.1", "pair.weights.2");
+    let (markdown, page) = built(&scored);
+    assert_eq!(key_of(&page, "weight").get("share"), None, "no share: the page reads no percentage");
+    assert!(markdown.contains("(also accepted: .269, 0,269)"), "{markdown}");
 }
 
 /// A choice quiz keyed by computation, twice: by the largest weight, and by conditions.
