@@ -1,5 +1,7 @@
-//! Renders every figure of the lesson (SVG and PNG) to time the whole set:
-//! `cargo bench -p qkv-bench --bench figures`. The target is under 0.5 s for `all_lesson_figures`.
+//! Renders qkv-plot's lesson fixtures (SVG and PNG), one figure of each drawing the lesson uses
+//! but the tile trace and the measurements: `cargo bench -p qkv-bench --bench figures`. The
+//! target is under 0.5 s for `all_lesson_figures`; the whole course build, every figure included,
+//! is `benches/pipeline.rs`.
 
 // qkv-plot's own fixtures: the figures its snapshot tests draw.
 #[path = "../../qkv-plot/fixtures/lesson.rs"]
@@ -12,7 +14,7 @@ fn main() {
     divan::main();
 }
 
-/// Every figure the lesson draws: heatmap 3×3, masked 3×3, query diagram,
+/// The fixtures' figures: heatmap 3×3, masked 3×3, query diagram,
 /// score curves (200 points × 3 keys), the two scaling figures; PNGs at
 /// 1 and 2 pixels per CSS pixel.
 #[divan::bench(args = [1, 2], sample_count = 20)]

@@ -1,6 +1,30 @@
 //! The kinds of figure a lesson can declare: shared by the declarations (which read the name),
 //! the figure builder and the regions that show them.
 
+/// The names authors write in `kind = "..."` for the kinds of an enum, written once beside each
+/// kind: `NAMES` in order, `name` and `from_name`.
+macro_rules! named_kinds {
+    ($kind:ident { $($variant:ident => $name:literal),+ $(,)? }) => {
+        impl $kind {
+            /// The names authors write in `kind = "..."`.
+            pub(crate) const NAMES: &'static [&'static str] = &[$($name),+];
+            /// The kinds, in the order of their `NAMES`.
+            const KINDS: &'static [$kind] = &[$($kind::$variant),+];
+
+            /// The name authors write in `kind = "..."`.
+            pub(crate) fn name(self) -> &'static str {
+                Self::KINDS.iter().position(|k| *k == self).map_or("", |i| Self::NAMES[i])
+            }
+
+            /// The kind of a name from `NAMES`.
+            pub(crate) fn from_name(name: &str) -> Option<Self> {
+                Self::NAMES.iter().position(|n| *n == name).map(|i| Self::KINDS[i])
+            }
+        }
+    };
+}
+pub(crate) use named_kinds;
+
 /// The kinds of figure a `qkv figure` block can ask for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum FigureKind {
@@ -20,31 +44,17 @@ pub(crate) enum FigureKind {
     Measurements,
 }
 
+named_kinds!(FigureKind {
+    Heatmap => "heatmap",
+    QueryDiagram => "query-diagram",
+    ScoreCurve => "score-curve",
+    ScalingVariance => "scaling-variance",
+    ScalingSaturation => "scaling-saturation",
+    TileTrace => "tile-trace",
+    Measurements => "measurements",
+});
+
 impl FigureKind {
-    /// The names authors write in `kind = "..."`.
-    pub(crate) const NAMES: &'static [&'static str] = &[
-        "heatmap",
-        "query-diagram",
-        "score-curve",
-        "scaling-variance",
-        "scaling-saturation",
-        "tile-trace",
-        "measurements",
-    ];
-
-    pub(crate) fn from_name(name: &str) -> Option<Self> {
-        Some(match name {
-            "heatmap" => Self::Heatmap,
-            "query-diagram" => Self::QueryDiagram,
-            "score-curve" => Self::ScoreCurve,
-            "scaling-variance" => Self::ScalingVariance,
-            "scaling-saturation" => Self::ScalingSaturation,
-            "tile-trace" => Self::TileTrace,
-            "measurements" => Self::Measurements,
-            _ => return None,
-        })
-    }
-
     /// Whether the figure draws an example (and so needs `example`): an attention example, or a
     /// `qkv tiled` block for a tile trace.
     pub(crate) fn needs_example(self) -> bool {

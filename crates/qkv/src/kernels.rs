@@ -46,8 +46,10 @@
 //!
 //! - A new kernel: a method on [`Kernels`], a generic function in `kernels/generic.rs` and an
 //!   entry in [`level_kernels!`] (and in `pair_level_kernels!`, usually handing it to AVX-512).
-//! - A new level: a file with its token (and `detect`), its `Simd` primitives and its
-//!   `level_kernels!` lines, plus an [`Isa`] arm here and a `SimdLevel` name in `level.rs`.
+//! - A new level: a file with its token (and `detect`), its `Simd` primitives (on x86, usually
+//!   through `x86_simd!`) and its `level_kernels!` lines (one per element type), plus an [`Isa`]
+//!   arm and its dispatch arm in `element!` here, and a `SimdLevel` variant in `level.rs`
+//!   (ARCHITECTURE.md, "Where changes belong", lists the tests and messages that name levels).
 //! - A new storage type: an `element!` line here, a `Load` per level, a `level_kernels!` line per
 //!   level, and `Storage` in `element.rs`.
 
@@ -89,8 +91,9 @@ impl Scalar for f32 {}
 impl Scalar for f64 {}
 
 /// An element type the kernels read at every level: the computing types f32 and f64 (implied by
-/// [`crate::Real`] through its sealing supertrait), and the storage formats `half::bf16` and
-/// `half::f16`, which they widen to f32 as they load them. In a private module so that no other
+/// [`crate::Real`] through its sealing supertrait), the storage formats `half::bf16` and
+/// `half::f16`, which they widen to f32 as they load them, and [`Q8`], an int8 cache's stored
+/// integers, read as f32 and scaled per position. In a private module so that no other
 /// crate can name or implement it.
 pub trait Element: Pod + Send + Sync + Default + 'static {
     /// 64 bytes of elements, aligned to 64: the storage unit of [`Buffer`].

@@ -7,6 +7,7 @@ use toml::de::{DeTable, DeValue};
 use super::{Field, Reader, Value, closest};
 use crate::citation::Text;
 use crate::document::{citation_shapes, first_line};
+use crate::figure_kind::named_kinds;
 
 /// The id a `qkv settings` block is known by (it is written without one).
 pub(crate) const SETTINGS_ID: &str = "settings";
@@ -256,42 +257,17 @@ pub(crate) enum WidgetKind {
     PositionSweep,
 }
 
-impl WidgetKind {
-    /// The names authors write in `kind = "..."`.
-    pub(crate) const NAMES: &'static [&'static str] = &[
-        "drag-query",
-        "attention-matrix",
-        "head-explorer",
-        "tile-stepper",
-        "decode-stepper",
-        "window-alibi",
-        "block-walk",
-        "gradient-descent",
-        "position-sweep",
-    ];
-    /// The kinds, in the order of their `NAMES`.
-    const KINDS: &'static [WidgetKind] = &[
-        WidgetKind::DragQuery,
-        WidgetKind::AttentionMatrix,
-        WidgetKind::HeadExplorer,
-        WidgetKind::TileStepper,
-        WidgetKind::DecodeStepper,
-        WidgetKind::WindowAlibi,
-        WidgetKind::BlockWalk,
-        WidgetKind::GradientDescent,
-        WidgetKind::PositionSweep,
-    ];
-
-    /// The name authors write in `kind = "..."`.
-    pub(crate) fn name(self) -> &'static str {
-        Self::KINDS.iter().position(|k| *k == self).map_or("", |i| Self::NAMES[i])
-    }
-
-    /// The kind of a name from `NAMES`.
-    fn from_name(name: &str) -> Option<Self> {
-        Self::NAMES.iter().position(|n| *n == name).map(|i| Self::KINDS[i])
-    }
-}
+named_kinds!(WidgetKind {
+    DragQuery => "drag-query",
+    AttentionMatrix => "attention-matrix",
+    HeadExplorer => "head-explorer",
+    TileStepper => "tile-stepper",
+    DecodeStepper => "decode-stepper",
+    WindowAlibi => "window-alibi",
+    BlockWalk => "block-walk",
+    GradientDescent => "gradient-descent",
+    PositionSweep => "position-sweep",
+});
 
 /// The fields only some widget kinds take, and those kinds.
 const WIDGET_FIELDS: &[(&str, &[WidgetKind])] = &[

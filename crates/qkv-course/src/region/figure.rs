@@ -163,7 +163,7 @@ fn prepare(
         None if fig.kind.needs_query() => {
             return Err(problem(
                 decl_start,
-                format!("a `{}` figure needs `query`", FigureKind::NAMES[fig.kind as usize]),
+                format!("a `{}` figure needs `query`", fig.kind.name()),
                 format!("id = \"{id}\""),
                 format!("`query = \"TOKEN\"`, one of {}", labels.join(", ")),
             ));

@@ -327,8 +327,9 @@ unsafe fn rescale_weights(weights: &mut [f32], doublings: __m512) {
 /// `exp(x - shift)` lane-wise for `x - shift` at most `ln(REFERENCE_HEADROOM)`, to
 /// [`EXP2_FOR_BF16`]'s precision: `t = (x - shift) · log2(e)`, its fraction above `floor(t)` in
 /// one instruction (`vreduceps`, `f = t - floor(t)` in `[0, 1)`), then `2^f`'s polynomial scaled
-/// by `2^floor(t)` in another (`vscalefps`, which floors `t` itself), where `exp_shifted` takes
-/// three to find `f` and four to build `2^n` and multiply. `-inf` needs no clamp: its fraction is
+/// by `2^floor(t)` in another (`vscalefps`, which floors `t` itself), with none of the masking
+/// `exp_shifted`'s AVX-512 arm needs to keep its zeros below `FLOOR` (`x86_simd!`'s `exp2`, four
+/// instructions and a longer polynomial). `-inf` needs no clamp: its fraction is
 /// 0 and `vscalefps` by `-inf` gives 0, and a `t` too low for a normal result rounds to a
 /// subnormal or 0.
 #[target_feature(enable = "avx512f,avx512dq")]
