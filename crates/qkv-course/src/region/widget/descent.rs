@@ -60,6 +60,19 @@ pub(super) fn descent(
         }
     };
     let (ql, kl) = g.labels();
+    // One row per token holds its query, key and value: the example must be self-attention.
+    if !g.steps[0].inputs.self_attention() {
+        return Err(wrong_example(
+            cx,
+            &w.example,
+            &format!(
+                "a self-attention gradient block: its queries are {} and its keys {}, and the widget shows one row per token with its query, key and value",
+                ql.join(", "),
+                kl.join(", ")
+            ),
+            "a `qkv gradient` block over an example whose queries and keys are the same tokens",
+        ));
+    }
     cx.at_most_shown(&[(kl.len(), "keys")])?;
     let prompt = w.prompt.fill(cx.eval, cx.doc)?;
     let last = g.steps.len() - 1;
@@ -67,7 +80,7 @@ pub(super) fn descent(
     let get = |s: usize, name: &str| {
         states[s].iter().find(|(n, _)| n == name).map(|(_, t)| t.clone()).unwrap_or_default()
     };
-    // Self-attention: one row per token; queries and keys go by the same labels.
+    // Self-attention (checked above): one row per token; queries and keys go by the same labels.
     let mut markdown = format!(
         "**Try it.** {}\n\n{} Loss: {}.\n\n| token | output | $dq$ | query | key | value |\n|:--|:--|:--|:--|:--|:--|\n",
         prompt.trim(),

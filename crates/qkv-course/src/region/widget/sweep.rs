@@ -57,7 +57,7 @@ pub(super) fn sweep(cx: &mut Context<'_, '_>, id: &str, w: &WidgetDecl) -> Resul
     let prompt = w.prompt.fill(cx.eval, cx.doc)?;
     let states: Vec<Vec<String>> = (0..p.sweep.len()).map(|s| texts(&p, s, w.digits)).collect();
     let choices: Vec<String> = p.sweep.iter().map(|s| s.query_position.to_string()).collect();
-    let mut markdown = format!("**Try it.** {}\n\n| | |\n|:--|--:|\n", prompt.trim());
+    let mut markdown = format!("**Try it.** {}\n\n| readout | value |\n|:--|--:|\n", prompt.trim());
     for ((_, title), text) in READOUTS.iter().zip(&states[0]) {
         let _ = writeln!(markdown, "| {title} | {text} |");
     }
