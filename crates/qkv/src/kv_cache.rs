@@ -73,7 +73,8 @@ pub struct CacheShape {
     pub kv_heads: usize,
     /// The most positions (tokens) a layer holds: of a windowed cache
     /// ([`KvCache::with_window`]), the window and the new positions of its largest step but one
-    /// (`window + n_q - 1`).
+    /// (`window + n_q - 1`), and its sink tokens if it keeps any
+    /// ([`KvCache::with_sink_tokens`]).
     pub capacity: usize,
     /// Width of queries and keys (`d_k`).
     pub key_dim: usize,
@@ -190,6 +191,9 @@ const ISIZE_MAX: usize = isize::MAX as usize;
 struct LayerStore<E: Element> {
     /// Positions appended since the last clear (of a ring, more than it holds).
     len: usize,
+    /// The most positions it has held since the last clear: more than `len` after a truncation.
+    /// A ring's slots hold what the furthest of them wrote, cut positions too (`Ring::first_held`).
+    written: usize,
     /// The largest `|k|` and `|v|` appended since the last clear, or measured in what is held
     /// when a step found that too large: they bound every score and sum (see
     /// `flash::stays_finite`), so that no step has to measure the keys again.
@@ -330,7 +334,7 @@ impl<E: CacheStorage> KvCache<E> {
         };
         let layer = || {
             let heads = (0..kv_heads).map(|_| head()).collect::<Result<_, _>>()?;
-            Ok(LayerStore { len: 0, keys: 0.0, values: 0.0, heads })
+            Ok(LayerStore { len: 0, written: 0, keys: 0.0, values: 0.0, heads })
         };
         let layers = (0..layers).map(|_| layer()).collect::<Result<_, _>>().map_err(refused)?;
         Ok(KvCache {
@@ -584,7 +588,7 @@ impl<E: CacheStorage> KvCache<E> {
     /// ```
     pub fn clear(&mut self) {
         for layer in &mut self.layers {
-            (layer.len, layer.keys, layer.values) = (0, 0.0, 0.0);
+            (layer.len, layer.written, layer.keys, layer.values) = (0, 0, 0.0, 0.0);
         }
     }
 
@@ -592,8 +596,11 @@ impl<E: CacheStorage> KvCache<E> {
     /// `len`): a speculative draft's rejected tokens, say. Nothing is copied; the next append
     /// writes over what was cut. Fails, changing nothing, if the longest layer holds fewer than
     /// `len`, or if a windowed cache ([`KvCache::with_window`]) no longer holds what the window
-    /// of the next position needs (its ring has written over positions `capacity` back, so it
-    /// can roll back at most `capacity - window + 1` positions from where it is).
+    /// of the next position needs: its ring has written over the positions `capacity` back from
+    /// the furthest it has written since the last clear (positions a truncation cut count too,
+    /// until appends pass them), so it can roll back at most `capacity - window + 1` positions
+    /// from there, in one truncation or several. Right after a truncation a step may also take
+    /// fewer queries ([`CacheLayer::attend`]).
     ///
     /// ```
     /// use qkv::ndarray::Array3;
@@ -617,7 +624,7 @@ impl<E: CacheStorage> KvCache<E> {
         }
         if let Some(ring) = self.ring {
             // The next position's window reaches back to `len + 1 - window`.
-            if self.layers.iter().any(|layer| layer.len > len && !ring.holds_window_of(layer.len, len)) {
+            if self.layers.iter().any(|layer| layer.len > len && !ring.holds_window_of(layer.written, len)) {
                 return refuse("the ring has written over positions the window of the next one needs");
             }
         }
@@ -676,7 +683,8 @@ impl<E: CacheStorage> CacheLayer<'_, E> {
     }
 
     /// Positions held: [`len`](Self::len), except that a windowed cache holds at most its
-    /// capacity, the last positions appended.
+    /// capacity, the last positions appended (fewer after a truncation: the positions it cut had
+    /// written over older ones). A keep mask's columns are these positions, oldest first.
     ///
     /// ```
     /// use qkv::ndarray::Array3;
@@ -689,7 +697,7 @@ impl<E: CacheStorage> CacheLayer<'_, E> {
     /// ```
     pub fn held(&self) -> usize {
         let len = self.len();
-        self.cache.ring.map_or(len, |ring| ring.held(len))
+        self.cache.ring.map_or(len, |ring| ring.held(len, self.store().written))
     }
 
     fn store(&self) -> &LayerStore<E> {
@@ -750,6 +758,7 @@ impl<E: CacheStorage> CacheLayer<'_, E> {
             }
         }
         store.len += n_new;
+        store.written = store.written.max(store.len);
         store.keys = store.keys.max(keys);
         store.values = store.values.max(values);
         Ok(())
@@ -759,7 +768,9 @@ impl<E: CacheStorage> CacheLayer<'_, E> {
     /// cache's `kv_heads`) over every position held: one decoding step (`n_q = 1`) or a chunk of
     /// prefill (`n_q > 1`). The queries are the last `n_q` positions held (append their keys and
     /// values first), so query `i` sees positions `0 ..= len - n_q + i`; of a windowed cache,
-    /// the last `window` of those, and `n_q` is at most `capacity - window + 1`. Query head `h`
+    /// the last `window` of those, and `n_q` is at most `capacity - sink_tokens - window + 1`
+    /// (fewer right after a [`truncate`](KvCache::truncate), until appends pass the positions it
+    /// cut). Query head `h`
     /// reads key/value head `h / (query_heads / kv_heads)`. Returns `[query_heads, n_q, d_v]` in
     /// f32.
     ///
@@ -847,7 +858,9 @@ impl<E: CacheStorage> CacheLayer<'_, E> {
     /// that hold disjoint positions of a sequence merges into attention over both
     /// ([`PartialAttention::merge`]). Each part places its queries at its own end, so the merge
     /// is exact for a decoding step (one query, which sees every position of both parts) without
-    /// a window or ALiBi, which place the queries by position.
+    /// a window or ALiBi, which place the queries by position, nor [`KvCache::with_rotary`]: each
+    /// cache numbers its positions from 0, so a part holding a later span must rotate its keys
+    /// itself ([`Rotary::rotate`](crate::Rotary::rotate), from their absolute positions).
     ///
     /// ```
     /// use qkv::ndarray::Array3;
@@ -937,14 +950,20 @@ impl<E: CacheStorage> CacheLayer<'_, E> {
         }
         let ring = self.cache.ring;
         if let Some(ring) = ring {
-            if n_queries > ring.largest_step() {
+            let largest = ring.largest_step(len, self.store().written);
+            if n_queries > largest {
                 return Err(AttentionError::CacheInput {
                     layer: self.index,
                     argument: "queries",
                     found: q.shape().into(),
-                    expected: format!("[{query_heads}, at most {}, {key_dim}]", ring.largest_step()),
-                    why: "a windowed cache holds the windows of at most capacity - sink_tokens - window + 1 \
-                          new queries: attend in smaller steps, or make the capacity larger",
+                    expected: format!("[{query_heads}, at most {largest}, {key_dim}]"),
+                    why: if largest < ring.largest_step(len, len) {
+                        "right after a truncation a windowed cache holds the windows of fewer queries \
+                         (the positions it cut wrote over older ones): append first, or attend in smaller steps"
+                    } else {
+                        "a windowed cache holds the windows of at most capacity - sink_tokens - window + 1 \
+                         new queries: attend in smaller steps, or make the capacity larger"
+                    },
                 });
             }
             if let Some(found) = options.window

@@ -206,8 +206,9 @@ impl<T> AttentionOptions<'_, T> {
 /// it takes a scale, a sliding window, ALiBi, logit soft-capping, attention sinks (one per query
 /// head) and a keep mask (`[n_q, held]`:
 /// the new queries over every position held, oldest first, their own included). A causal mask
-/// other than bottom-right, key padding, key lengths, a bias or a SIMD level are the cache's to
-/// decide, and asking for them is an error ([`AttentionError::CacheOption`]).
+/// other than bottom-right, key padding, key lengths, a bias or a SIMD level other than the
+/// cache's own are the cache's to decide, and asking for them is an error
+/// ([`AttentionError::CacheOption`]).
 ///
 /// The result equals [`multi_head_attention`](crate::multi_head_attention) over the positions
 /// held with [`AttentionOptions::dense`]'s options, within rounding.

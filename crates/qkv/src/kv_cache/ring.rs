@@ -61,9 +61,18 @@ impl Ring {
         len.saturating_sub(self.sink_tokens)
     }
 
-    /// Positions held after `len` were appended: the sink tokens and the ring's.
-    pub(crate) fn held(self, len: usize) -> usize {
-        len.min(self.sink_tokens) + self.ring_len(len).min(self.capacity)
+    /// The oldest position of the ring proper a layer still holds, once it has written up to
+    /// `written` positions: any older one's slot was written over, even by a position a
+    /// truncation has cut since.
+    pub(crate) fn first_held(self, written: usize) -> usize {
+        self.sink_tokens + self.ring_len(written).saturating_sub(self.capacity)
+    }
+
+    /// Positions held of the first `len`, once the ring has written up to `written` (at least
+    /// `len`; more after a truncation): the sink tokens and the ring's from
+    /// [`first_held`](Self::first_held) on.
+    pub(crate) fn held(self, len: usize, written: usize) -> usize {
+        len.min(self.sink_tokens) + len.saturating_sub(self.first_held(written))
     }
 
     /// Whether position `position` of an append that ends at position `end` (exclusive) is
@@ -72,18 +81,25 @@ impl Ring {
         position >= self.sink_tokens && end - position > self.capacity
     }
 
-    /// Whether a layer that appended `len` positions still holds every position the window of
-    /// position `next` needs (the sink tokens are never written over).
-    pub(crate) fn holds_window_of(self, len: usize, next: usize) -> bool {
-        let first_held = self.sink_tokens + self.ring_len(len).saturating_sub(self.capacity);
+    /// Whether a layer that has written up to `written` positions still holds every position the
+    /// window of position `next` needs (the sink tokens are never written over).
+    pub(crate) fn holds_window_of(self, written: usize, next: usize) -> bool {
         let needed = (next + 1).saturating_sub(self.window).max(self.sink_tokens);
-        first_held <= needed
+        self.first_held(written) <= needed
     }
 
-    /// The most queries one step may have: the window of the first of them and the step's own
-    /// positions must all be held, `window + n_q - 1 <= capacity`.
-    pub(crate) fn largest_step(self) -> usize {
-        self.capacity - self.window + 1
+    /// The most queries one step over `len` positions may have, once the ring has written up to
+    /// `written`: the window of the first of them and the step's own positions must all be held,
+    /// `window + n_q - 1 <= capacity` (fewer after a truncation, whose cut positions wrote over
+    /// older ones).
+    pub(crate) fn largest_step(self, len: usize, written: usize) -> usize {
+        let whole = self.capacity - self.window + 1;
+        let first_held = self.first_held(written);
+        if first_held <= self.sink_tokens {
+            return whole;
+        }
+        // The first query, at `len - n_q`, sees back to `len - n_q + 1 - window`.
+        whole.min((len + 1).saturating_sub(self.window + first_held))
     }
 
     /// The window as the dense masks spell it: the query and `window - 1` positions back.
@@ -118,8 +134,8 @@ impl Ring {
         buffer: &'b mut Vec<bool>,
     ) -> ArrayView2<'b, bool> {
         debug_assert_eq!(self.sink_tokens, 0, "a ring with sink tokens takes no keep mask");
-        let (head, held) = (len % self.capacity, self.held(len));
-        let wrapped = len >= self.capacity;
+        // Column `c` of `keep` is the `c`-th position held, oldest first.
+        let (head, oldest) = (len % self.capacity, len - keep.ncols());
         let (n_queries, width) = (keep.nrows(), head + self.capacity);
         if buffer.len() < n_queries * width {
             buffer.resize(n_queries * (2 * self.capacity - 1), false);
@@ -127,13 +143,16 @@ impl Ring {
         let by_slot = &mut buffer[..n_queries * width];
         for (i, row) in by_slot.chunks_exact_mut(width).enumerate() {
             for (j, kept) in row.iter_mut().enumerate() {
-                let column = if j < head {
-                    Some(j + held - head)
-                } else if wrapped && j < self.capacity {
-                    Some(j - head)
+                // The newer run's slots hold the positions just before `len`, the older run's
+                // those `capacity` before (none before the ring wraps).
+                let position = if j < head {
+                    Some(len - head + j)
+                } else if j < self.capacity {
+                    (len + j).checked_sub(head + self.capacity)
                 } else {
                     None
                 };
+                let column = position.and_then(|p| p.checked_sub(oldest));
                 *kept = column.is_some_and(|c| keep[[i, c]]);
             }
         }

@@ -2,8 +2,8 @@
 //! bottom-right causal mask, and the f64 reference head by head, at every SIMD level, for
 //! decoding steps and prefill chunks of awkward lengths; and its errors.
 
-use ndarray::{Array3, Axis, s};
-use qkv::{AttentionOptions, CacheOptions, CacheShape, CausalMask, KvCache, SimdLevel, Storage};
+use ndarray::{Array2, Array3, Axis, s};
+use qkv::{AttentionOptions, CacheOptions, CacheShape, CausalMask, KeepMask, KvCache, SimdLevel, Storage};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -451,4 +451,55 @@ fn truncate_refuses_what_it_cannot_do_and_changes_nothing() {
     assert_eq!(cache.layer(0).unwrap().len(), 17, "a refused truncation changes nothing");
     cache.truncate(10).unwrap();
     assert_eq!(cache.layer(0).unwrap().len(), 10);
+}
+
+/// Truncations in a row count from the furthest position the ring wrote, not from the last
+/// truncation: its slots still hold the positions cut, written over the older ones. With equal
+/// scores a query's output is the mean of the values it sees (each value its position), so each
+/// step is checked by hand: truncations that would leave the next window partly written over are
+/// refused, a step's queries are at most those whose windows are whole, and a keep mask's columns
+/// are the positions held.
+#[test]
+fn truncations_in_a_row_count_from_the_furthest_position_written() {
+    for level in levels() {
+        // A ring of 6 slots, each query seeing itself and the 3 before.
+        let mut cache =
+            KvCache::<f32>::with_window_for_level(CacheShape::new(1, 1, 6, 2, 1), 4, level).unwrap();
+        let append = |cache: &mut KvCache<f32>, positions: std::ops::Range<usize>| {
+            let n = positions.len();
+            let v = Array3::from_shape_vec((1, n, 1), positions.map(|p| p as f32).collect()).unwrap();
+            cache.layer(0).unwrap().append(Array3::zeros((1, n, 2)).view(), v.view()).unwrap();
+        };
+        for start in (0..106).step_by(3) {
+            append(&mut cache, start..(start + 3).min(106));
+        }
+        // Slots hold 100 .. 105; the window of position 102 needs 99.
+        assert!(cache.truncate(102).is_err(), "{level}: at once");
+        for len in [105, 104, 103] {
+            cache.truncate(len).unwrap();
+        }
+        let refused = cache.truncate(102).unwrap_err().to_string();
+        assert!(refused.ends_with("the window of the next one needs"), "{level}: in steps: {refused}");
+        assert_eq!(cache.layer(0).unwrap().held(), 3, "{level}: 100 .. 102 held, 103 .. 105 cut");
+        // Position 102's window needs 99, written over by 105: no query until an append.
+        let q = |n: usize| Array3::<f32>::zeros((1, n, 2));
+        let err = cache.layer(0).unwrap().attend(q(1).view()).unwrap_err().to_string();
+        assert!(err.contains("at most 0") && err.contains("truncation"), "{level}: {err}");
+        append(&mut cache, 103..104);
+        let mut layer = cache.layer(0).unwrap();
+        assert_eq!(layer.held(), 4);
+        assert_eq!(layer.attend(q(1).view()).unwrap()[[0, 0, 0]], 101.5, "{level}: 100 .. 103");
+        assert!(layer.attend(q(2).view()).is_err(), "{level}: position 102's window needs 99");
+        // The keep mask's columns are the positions held, 100 .. 103: hiding 100 and 101 leaves
+        // 102 and 103.
+        let keep = Array2::from_shape_vec((1, 4), vec![false, false, true, true]).unwrap();
+        let options = CacheOptions::new().keep_mask(KeepMask::new(keep.view()));
+        assert_eq!(layer.attend_with(q(1).view(), &options).unwrap()[[0, 0, 0]], 102.5, "{level}: keep");
+        drop(layer);
+        append(&mut cache, 104..106);
+        let mut layer = cache.layer(0).unwrap();
+        let out = layer.attend(q(3).view()).unwrap();
+        let means: Vec<f32> = out.iter().copied().collect();
+        assert_eq!(means, [101.5, 102.5, 103.5], "{level}: 103 .. 105 see 100 .. 105 again");
+    }
 }
