@@ -99,6 +99,17 @@ pub enum AttentionError {
         /// The value found.
         value: f64,
     },
+    /// A key that is finite but leaves the cache's storage type's range once rotated: RoPE turns
+    /// each pair of components, and a component can grow up to √2 times.
+    #[error(
+        "keys{index} is finite, but rotated by RoPE it overflows {storage} (a rotation can grow a component up to √2 times): keep keys smaller, or store them in a wider type"
+    )]
+    RotatedKeyOverflow {
+        /// Where the rotated key left the range, printed as `[head, position, component]`.
+        index: Dims,
+        /// The cache's storage type (`"f16"`).
+        storage: &'static str,
+    },
     /// A mask, bias or per-sequence list whose shape does not match the scores it applies to.
     #[error("{argument} has shape {found} but the scores it applies to have shape {scores} ({needs})")]
     MaskShape {

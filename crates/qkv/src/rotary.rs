@@ -192,7 +192,13 @@ pub(crate) fn stored_keys<'k, E: Storage>(
         None => Ok((CowArray::from(k), magnitude)),
         Some(rotary) => {
             let rotated = rotate_keys(rotary, k, first);
-            let magnitude = finite_magnitude("keys", &rotated)?;
+            // Finite before the rotation: a non-finite element now is one the rotation overflowed.
+            let magnitude = finite_magnitude("keys", &rotated).map_err(|e| match e {
+                AttentionError::NonFinite { index, .. } => {
+                    AttentionError::RotatedKeyOverflow { index, storage: E::NAME }
+                }
+                other => other,
+            })?;
             Ok((CowArray::from(rotated), magnitude))
         }
     }

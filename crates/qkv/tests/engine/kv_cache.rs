@@ -486,16 +486,17 @@ fn truncations_in_a_row_count_from_the_furthest_position_written() {
         let err = cache.layer(0).unwrap().attend(q(1).view()).unwrap_err().to_string();
         assert!(err.contains("at most 0") && err.contains("truncation"), "{level}: {err}");
         append(&mut cache, 103..104);
-        let mut layer = cache.layer(0).unwrap();
-        assert_eq!(layer.held(), 4);
-        assert_eq!(layer.attend(q(1).view()).unwrap()[[0, 0, 0]], 101.5, "{level}: 100 .. 103");
-        assert!(layer.attend(q(2).view()).is_err(), "{level}: position 102's window needs 99");
-        // The keep mask's columns are the positions held, 100 .. 103: hiding 100 and 101 leaves
-        // 102 and 103.
-        let keep = Array2::from_shape_vec((1, 4), vec![false, false, true, true]).unwrap();
-        let options = CacheOptions::new().keep_mask(KeepMask::new(keep.view()));
-        assert_eq!(layer.attend_with(q(1).view(), &options).unwrap()[[0, 0, 0]], 102.5, "{level}: keep");
-        drop(layer);
+        {
+            let mut layer = cache.layer(0).unwrap();
+            assert_eq!(layer.held(), 4);
+            assert_eq!(layer.attend(q(1).view()).unwrap()[[0, 0, 0]], 101.5, "{level}: 100 .. 103");
+            assert!(layer.attend(q(2).view()).is_err(), "{level}: position 102's window needs 99");
+            // The keep mask's columns are the positions held, 100 .. 103: hiding 100 and 101 leaves
+            // 102 and 103.
+            let keep = Array2::from_shape_vec((1, 4), vec![false, false, true, true]).unwrap();
+            let options = CacheOptions::new().keep_mask(KeepMask::new(keep.view()));
+            assert_eq!(layer.attend_with(q(1).view(), &options).unwrap()[[0, 0, 0]], 102.5, "{level}: keep");
+        }
         append(&mut cache, 104..106);
         let mut layer = cache.layer(0).unwrap();
         let out = layer.attend(q(3).view()).unwrap();

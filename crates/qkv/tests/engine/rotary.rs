@@ -275,6 +275,20 @@ fn embeddings_that_do_not_fit_are_errors() {
     cache.layer(0).unwrap().append(Array3::zeros((1, 1, 2)).view(), Array3::zeros((1, 1, 1)).view()).unwrap();
     let message = cache.with_rotary(Rotary::new(10.0)).err().unwrap().to_string();
     assert!(message.contains("before its first append"), "{message}");
+    // A finite f16 key that the rotation takes past f16's range (65504): position 1 turns
+    // (60000, 60000) by 1 radian, to about (-18070, 82907). Both caches say so, and keep nothing.
+    let key = Array3::from_elem((1, 2, 2), half::f16::from_f32(60000.0));
+    let value = Array3::from_elem((1, 2, 1), half::f16::ONE);
+    let want = "keys[0, 1, 1] is finite, but rotated by RoPE it overflows f16";
+    let mut cache = KvCache::<half::f16>::new(shape).unwrap().with_rotary(Rotary::new(10.0)).unwrap();
+    let message = cache.layer(0).unwrap().append(key.view(), value.view()).unwrap_err().to_string();
+    assert!(message.starts_with(want), "{message}");
+    assert_eq!(cache.layer(0).unwrap().len(), 0);
+    let paged = PagedShape::new(1, 1, 2, 1, 4, 2);
+    let mut cache = PagedKvCache::<half::f16>::new(paged).unwrap().with_rotary(Rotary::new(10.0)).unwrap();
+    let sequence = cache.add_sequence();
+    let message = cache.layer(0).unwrap().append(sequence, key.view(), value.view()).unwrap_err().to_string();
+    assert!(message.starts_with(want), "{message}");
 }
 
 #[test]
