@@ -462,10 +462,12 @@ pub enum AttentionError {
         blocks: usize,
     },
     /// A sequence that a [`PagedKvCache`](crate::PagedKvCache) does not hold.
-    #[error("sequence {sequence} is not in the paged KV cache: it was freed, or comes from another cache")]
+    #[error("sequence {sequence} is not in the paged KV cache: {why}")]
     UnknownSequence {
         /// The sequence's index.
         sequence: usize,
+        /// Why: another cache's id, or a freed sequence's (whose slot may hold a later one).
+        why: &'static str,
     },
     /// A truncation past the end of a sequence.
     #[error(

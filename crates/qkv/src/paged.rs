@@ -25,7 +25,7 @@
 use std::ops::Range;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use ndarray::{Array3, ArrayView3, ArrayViewMut2, ArrayViewMut3, Axis, s};
+use ndarray::{Array2, Array3, ArrayView3, ArrayViewMut2, ArrayViewMut3, Axis, Ix3, s};
 
 use crate::element::{CacheStorage, Storage, checked_key_magnitude, row_scale};
 use crate::error::{AttentionError, Dims};
@@ -35,6 +35,7 @@ use crate::inputs::check_offsets;
 use crate::kernels::{self, Buffer, Isa};
 use crate::level::SimdLevel;
 use crate::options::CacheOptions;
+use crate::partial::PartialAttention;
 use crate::rotary::{Rotary, rotation_growth, stored_keys};
 use crate::shape::{Magnitudes, Shape, with_fields};
 use crate::simd;
@@ -305,12 +306,19 @@ impl Sequences {
 
     /// The sequence `id` names, if it is this cache's and still held.
     fn get(&self, id: SequenceId) -> Result<&Sequence, AttentionError> {
-        let slot = self
-            .slots
-            .get(id.index())
-            .filter(|slot| id.cache == self.cache && slot.generation == id.generation);
-        slot.and_then(|slot| slot.sequence.as_ref())
-            .ok_or(AttentionError::UnknownSequence { sequence: id.index() })
+        let unknown = |why| AttentionError::UnknownSequence { sequence: id.index(), why };
+        if id.cache != self.cache {
+            return Err(unknown("the id comes from another cache"));
+        }
+        match self.slots.get(id.index()) {
+            Some(Slot { generation, sequence: Some(sequence) }) if *generation == id.generation => {
+                Ok(sequence)
+            }
+            Some(Slot { sequence: Some(_), .. }) => {
+                Err(unknown("it was freed, and its slot now holds a later sequence, under an id of its own"))
+            }
+            _ => Err(unknown("it was freed")),
+        }
     }
 
     /// [`get`](Self::get), to change the sequence.
@@ -952,14 +960,57 @@ impl<E: CacheStorage> PagedLayer<'_, E> {
         Ok(out)
     }
 
+    /// [`attend_with`](Self::attend_with), also returning each row's logsumexp
+    /// (`[query_heads, n_queries]`, packed as `q` is, in the scaled-score domain, see
+    /// [`PartialAttention`]), as [`KvCache`](crate::KvCache)'s `attend_with_lse`: a step over
+    /// part of a sequence's positions that another part's step merges with.
+    ///
+    /// ```
+    /// use qkv::ndarray::Array3;
+    /// let shape = qkv::PagedShape::new(1, 1, 1, 1, 64, 2);
+    /// let mut cache = qkv::PagedKvCache::<f32>::new(shape)?;
+    /// let seq = cache.add_sequence();
+    /// let mut layer = cache.layer(0)?;
+    /// let v = Array3::from_shape_vec((1, 2, 1), vec![1.0, 3.0]).unwrap();
+    /// layer.append(seq, Array3::zeros((1, 2, 1)).view(), v.view())?;
+    /// let q = Array3::<f32>::zeros((1, 1, 1));
+    /// let part = layer.attend_with_lse(&[seq], &[0, 1], q.view(), &qkv::CacheOptions::new())?;
+    /// // Two scores of 0: the mean, and ln(e^0 + e^0).
+    /// assert_eq!((part.output[[0, 0, 0]], part.logsumexp[[0, 0]]), (2.0, 2f32.ln()));
+    /// # Ok::<(), qkv::AttentionError>(())
+    /// ```
+    pub fn attend_with_lse<Q: Storage>(
+        &mut self,
+        sequences: &[SequenceId],
+        query_offsets: &[usize],
+        q: ArrayView3<Q>,
+        options: &CacheOptions,
+    ) -> Result<PartialAttention<f32, Ix3>, AttentionError> {
+        let [query_heads, n_queries, _] = *q.shape() else { unreachable!("3-D view") };
+        let mut output = Array3::zeros((query_heads, n_queries, self.cache.shape.value_dim));
+        let mut logsumexp = Array2::zeros((query_heads, n_queries));
+        self.attend_with_into(
+            sequences,
+            query_offsets,
+            q,
+            options,
+            output.view_mut(),
+            Some(logsumexp.view_mut()),
+        )?;
+        Ok(PartialAttention { output, logsumexp })
+    }
+
     /// [`attend_into`](Self::attend_into) under `options` (a scale, a sliding window, ALiBi,
     /// soft-capping, a keep mask: [`CacheOptions`], as a [`KvCache`](crate::KvCache) takes
     /// them), with each row's logsumexp written into `lse` (`[query_heads, n_queries]`, f32,
     /// packed as `q` is) when given. Each sequence's options see its own positions: ALiBi's
     /// distances and the window count from its queries' positions, and a keep mask
     /// (`[n_queries, longest]`, `longest` the most positions any sequence of the call holds) gives
-    /// a query of a sequence that holds `len` positions the columns `0 .. len` of its row, the
-    /// others unread. Every option is checked before anything is computed; allocates as
+    /// a query of a sequence that holds `len` positions the columns `0 .. len` of its row, column
+    /// `p` for position `p`, the others unread (after [`evict_before`](PagedKvCache::evict_before),
+    /// the columns of the positions let go are unread too). A [`KvCache`](crate::KvCache)'s
+    /// columns are the positions it holds instead, oldest first: a windowed one's start at its
+    /// oldest held. Every option is checked before anything is computed; allocates as
     /// [`attend_into`](Self::attend_into) does.
     ///
     /// ```

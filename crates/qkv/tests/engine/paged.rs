@@ -882,16 +882,21 @@ fn errors_name_the_sequence_the_argument_and_the_shapes() {
         "sequence 0 holds 3 positions: it cannot be truncated to 4 (truncation only removes positions)"
     );
     cache.free(b).unwrap();
-    assert_eq!(
-        err(cache.fork(b).unwrap_err()),
-        "sequence 1 is not in the paged KV cache: it was freed, or comes from another cache"
-    );
+    assert_eq!(err(cache.fork(b).unwrap_err()), "sequence 1 is not in the paged KV cache: it was freed");
     assert!(cache.free(b).is_err(), "freeing twice is an error, not a double release");
+    // A later sequence takes the freed slot: the old id still names nothing, and says why.
+    let later = cache.add_sequence();
+    assert_eq!(later.index(), b.index());
+    assert_eq!(
+        err(cache.len(b).unwrap_err()),
+        "sequence 1 is not in the paged KV cache: it was freed, and its slot now holds a later sequence, under an id of its own"
+    );
+    cache.free(later).unwrap();
     // Another cache's first sequence has `a`'s slot and generation: every call here refuses it.
     let mut other = PagedKvCache::<f32>::new(shape).unwrap();
     let theirs = other.add_sequence();
     assert_eq!(theirs.index(), a.index());
-    let unknown = "sequence 0 is not in the paged KV cache: it was freed, or comes from another cache";
+    let unknown = "sequence 0 is not in the paged KV cache: the id comes from another cache";
     assert_eq!(err(cache.len(theirs).unwrap_err()), unknown);
     let (k, v) = (Array3::<f32>::zeros((2, 1, 3)), Array3::<f32>::zeros((2, 1, 5)));
     assert_eq!(err(cache.layer(0).unwrap().append(theirs, k.view(), v.view()).unwrap_err()), unknown);
