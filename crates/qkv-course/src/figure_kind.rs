@@ -2,23 +2,26 @@
 //! the figure builder and the regions that show them.
 
 /// The names authors write in `kind = "..."` for the kinds of an enum, written once beside each
-/// kind: `NAMES` in order, `name` and `from_name`.
+/// kind: `NAMES` in order, `name` (a match, so a kind left out does not compile) and `from_name`.
 macro_rules! named_kinds {
     ($kind:ident { $($variant:ident => $name:literal),+ $(,)? }) => {
         impl $kind {
             /// The names authors write in `kind = "..."`.
             pub(crate) const NAMES: &'static [&'static str] = &[$($name),+];
-            /// The kinds, in the order of their `NAMES`.
-            const KINDS: &'static [$kind] = &[$($kind::$variant),+];
 
             /// The name authors write in `kind = "..."`.
             pub(crate) fn name(self) -> &'static str {
-                Self::KINDS.iter().position(|k| *k == self).map_or("", |i| Self::NAMES[i])
+                match self {
+                    $($kind::$variant => $name),+
+                }
             }
 
             /// The kind of a name from `NAMES`.
             pub(crate) fn from_name(name: &str) -> Option<Self> {
-                Self::NAMES.iter().position(|n| *n == name).map(|i| Self::KINDS[i])
+                match name {
+                    $($name => Some($kind::$variant),)+
+                    _ => None,
+                }
             }
         }
     };

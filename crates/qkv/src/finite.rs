@@ -10,7 +10,8 @@ use crate::element::Real;
 use crate::error::{AttentionError, Dims};
 use crate::kernels::{self, Element, Isa, Job, Kernels};
 use crate::shape::Magnitudes;
-use crate::{simd, work};
+use crate::simd;
+use crate::work::{self, PASS_PIECE, PASS_SHARE_FROM};
 
 /// Fails with the index of the first NaN or infinite element of `a`.
 pub(crate) fn check_finite<S, T, D>(argument: &'static str, a: &ArrayBase<S, D>) -> Result<(), AttentionError>
@@ -82,13 +83,6 @@ pub(crate) fn all_finite<T: Real, D: Dimension>(a: &ArrayView<'_, T, D>) -> bool
     }
 }
 
-/// Inputs of at least this many elements are checked in pieces shared with the pool: the pass
-/// runs on the calling thread before any other work is shared out, and at 32 heads × 128
-/// queries, d = 64, it was 6.5% of a call's time on two threads while the helper waited.
-const SHARE_FROM: usize = 1 << 17;
-/// Elements a piece: small enough that a helper that arrives late costs the caller little.
-const PIECE: usize = 1 << 14;
-
 /// The largest magnitude of `a` by the kernels of `isa` (non-finite if an element is), reading
 /// contiguous runs: the whole array where it is contiguous (in any axis order), row by row where
 /// only its rows are (some heads' rows of a larger array, say; read element by element, calls on
@@ -101,21 +95,21 @@ where
     D: Dimension,
 {
     if let Some(data) = a.as_slice_memory_order() {
-        if data.len() < SHARE_FROM {
+        if data.len() < PASS_SHARE_FROM {
             return Some(isa.run::<E, _>(Largest(std::iter::once(data))));
         }
-        return Some(largest_of_pieces(isa, data.chunks(PIECE).map(std::iter::once).collect()));
+        return Some(largest_of_pieces(isa, data.chunks(PASS_PIECE).map(std::iter::once).collect()));
     }
     let rows = || a.rows().into_iter().map(|row| row.to_slice());
     if rows().any(|row| row.is_none()) {
         return None;
     }
     let rows = rows().map(|row| row.expect("every row is contiguous"));
-    if a.len() < SHARE_FROM {
+    if a.len() < PASS_SHARE_FROM {
         return Some(isa.run::<E, _>(Largest(rows)));
     }
     let rows: Vec<&[E]> = rows.collect();
-    let per_piece = (PIECE / a.shape().last().map_or(1, |&len| len.max(1))).max(1);
+    let per_piece = (PASS_PIECE / a.shape().last().map_or(1, |&len| len.max(1))).max(1);
     Some(largest_of_pieces(isa, rows.chunks(per_piece).map(|piece| piece.iter().copied()).collect()))
 }
 

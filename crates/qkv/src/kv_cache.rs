@@ -191,9 +191,9 @@ const ISIZE_MAX: usize = isize::MAX as usize;
 struct LayerStore<E: Element> {
     /// Positions appended since the last clear (of a ring, more than it holds).
     len: usize,
-    /// The most positions it has held since the last clear: more than `len` after a truncation.
-    /// A ring's slots hold what the furthest of them wrote, cut positions too (`Ring::first_held`).
-    written: usize,
+    /// Of a ring, the oldest position it holds (`Ring::oldest_after_append`): a truncation does
+    /// not give back what the positions it cut wrote over.
+    oldest: usize,
     /// The largest `|k|` and `|v|` appended since the last clear, or measured in what is held
     /// when a step found that too large: they bound every score and sum (see
     /// `flash::stays_finite`), so that no step has to measure the keys again.
@@ -334,7 +334,7 @@ impl<E: CacheStorage> KvCache<E> {
         };
         let layer = || {
             let heads = (0..kv_heads).map(|_| head()).collect::<Result<_, _>>()?;
-            Ok(LayerStore { len: 0, written: 0, keys: 0.0, values: 0.0, heads })
+            Ok(LayerStore { len: 0, oldest: 0, keys: 0.0, values: 0.0, heads })
         };
         let layers = (0..layers).map(|_| layer()).collect::<Result<_, _>>().map_err(refused)?;
         Ok(KvCache {
@@ -588,7 +588,7 @@ impl<E: CacheStorage> KvCache<E> {
     /// ```
     pub fn clear(&mut self) {
         for layer in &mut self.layers {
-            (layer.len, layer.written, layer.keys, layer.values) = (0, 0, 0.0, 0.0);
+            (layer.len, layer.oldest, layer.keys, layer.values) = (0, 0, 0.0, 0.0);
         }
     }
 
@@ -597,9 +597,10 @@ impl<E: CacheStorage> KvCache<E> {
     /// writes over what was cut. Fails, changing nothing, if the longest layer holds fewer than
     /// `len`, or if a windowed cache ([`KvCache::with_window`]) no longer holds what the window
     /// of the next position needs: its ring has written over the positions `capacity` back from
-    /// the furthest it has written since the last clear (positions a truncation cut count too,
-    /// until appends pass them), so it can roll back at most `capacity - window + 1` positions
-    /// from there, in one truncation or several. Right after a truncation a step may also take
+    /// the furthest it has written (positions a truncation cut count too, until appends write
+    /// over them in turn), so it can roll back at most `capacity - sink_tokens - window + 1`
+    /// positions from there, in one truncation or several (any number, where the next window
+    /// needs no position of the ring: a window of 1, or one within the sink tokens). Right after a truncation a step may also take
     /// fewer queries ([`CacheLayer::attend`]).
     ///
     /// ```
@@ -624,7 +625,7 @@ impl<E: CacheStorage> KvCache<E> {
         }
         if let Some(ring) = self.ring {
             // The next position's window reaches back to `len + 1 - window`.
-            if self.layers.iter().any(|layer| layer.len > len && !ring.holds_window_of(layer.written, len)) {
+            if self.layers.iter().any(|layer| layer.len > len && !ring.holds_window_of(layer.oldest, len)) {
                 return refuse("the ring has written over positions the window of the next one needs");
             }
         }
@@ -632,6 +633,8 @@ impl<E: CacheStorage> KvCache<E> {
             // The magnitudes stay: they bound what is held, the more loosely the more was cut
             // (a step they would refuse measures what is held instead).
             layer.len = layer.len.min(len);
+            // What the cut positions wrote over stays lost; what they were is no longer held.
+            layer.oldest = layer.oldest.min(len);
         }
         Ok(())
     }
@@ -697,7 +700,7 @@ impl<E: CacheStorage> CacheLayer<'_, E> {
     /// ```
     pub fn held(&self) -> usize {
         let len = self.len();
-        self.cache.ring.map_or(len, |ring| ring.held(len, self.store().written))
+        self.cache.ring.map_or(len, |ring| ring.held(len, self.store().oldest))
     }
 
     fn store(&self) -> &LayerStore<E> {
@@ -757,8 +760,10 @@ impl<E: CacheStorage> CacheLayer<'_, E> {
                 kernels::store_row(value, value_scale, head.values[slot * value_stride..].iter_mut());
             }
         }
+        if let Some(ring) = ring {
+            store.oldest = ring.oldest_after_append(store.oldest, store.len, n_new);
+        }
         store.len += n_new;
-        store.written = store.written.max(store.len);
         store.keys = store.keys.max(keys);
         store.values = store.values.max(values);
         Ok(())
@@ -950,14 +955,15 @@ impl<E: CacheStorage> CacheLayer<'_, E> {
         }
         let ring = self.cache.ring;
         if let Some(ring) = ring {
-            let largest = ring.largest_step(len, self.store().written);
+            let largest = ring.largest_step(len, self.store().oldest);
             if n_queries > largest {
                 return Err(AttentionError::CacheInput {
                     layer: self.index,
                     argument: "queries",
                     found: q.shape().into(),
                     expected: format!("[{query_heads}, at most {largest}, {key_dim}]"),
-                    why: if largest < ring.largest_step(len, len) {
+                    // Fewer than a ring that was never truncated takes (holding from `len - capacity` on).
+                    why: if largest < ring.largest_step(len, len.saturating_sub(ring.capacity)) {
                         "right after a truncation a windowed cache holds the windows of fewer queries \
                          (the positions it cut wrote over older ones): append first, or attend in smaller steps"
                     } else {

@@ -64,9 +64,10 @@ impl<T: Real, D: Dimension> PartialAttention<T, D> {
 
     /// [`merge`](Self::merge) of two parts read where they are (views in any layout, such as
     /// another library's tensors), written into `output` and `logsumexp`, of the parts' shapes:
-    /// no part is copied. The same checks and the same bits as `merge`; on a value error, rows
-    /// before the bad one's may already hold their merge (rows are checked and merged a piece at
-    /// a time, in one pass over memory, shared with the pool when the parts are large).
+    /// no part is copied. The same checks and the same bits as `merge`; on a value error the
+    /// output may hold the merge of some rows (rows are checked and merged a piece at a time, in
+    /// one pass over memory, shared with the pool when the parts are large: only the pieces with
+    /// a bad value are left unwritten).
     ///
     /// ```
     /// use qkv::ndarray::{Array1, Array2, array};
@@ -134,20 +135,15 @@ fn check_shapes<T: Real, D: Dimension>(
     Ok(())
 }
 
-/// A merge's rows are merged in pieces of about this many elements (each piece's values checked
-/// and then merged while they are in cache, rather than a pass over everything for the checks,
-/// one to copy and one to merge), shared with the pool from [`SHARE_FROM`] elements on.
-const PIECE: usize = 1 << 13;
-/// Merges of at least this many elements share their pieces with the pool
-/// ([`work::worth_sharing_a_pass`]: a merge, like an input check, is a short pass over memory).
-const SHARE_FROM: usize = 1 << 17;
-
 /// Merges `second` into `mine`, or into `first` written to `mine` if given (see
-/// [`PartialAttention::merge`]), a piece of rows at a time, each piece's values checked before it
-/// is written; on a bad value, the error naming the first ([`check_values`]), with the pieces
-/// before it merged. As `[rows, d]` pieces where every array lies row after row (most do: a row
-/// at a time over a dynamic number of axes costs several times the arithmetic), as one piece in
-/// the arrays' own shapes otherwise.
+/// [`PartialAttention::merge`]), a piece of rows at a time (each piece's values checked and then
+/// merged while they are in cache, rather than a pass over everything for the checks, one to copy
+/// and one to merge), the pieces shared with the pool as a pass over memory is
+/// ([`work::PASS_PIECE`]). A piece with a value attention cannot produce writes nothing, and the
+/// error names the first such value among those pieces ([`check_values`]); the other pieces are
+/// merged. As `[rows, d]` pieces where every array lies row after row (most do: a row at a time
+/// over a dynamic number of axes costs several times the arithmetic), as one piece in the arrays'
+/// own shapes otherwise.
 fn merge_checked<T: Real, D: Dimension>(
     (mut mine, mut mine_lse): (ArrayViewMut<T, D>, ArrayViewMut<T, D::Smaller>),
     first: Option<Part<'_, T, D>>,
@@ -160,9 +156,10 @@ fn merge_checked<T: Real, D: Dimension>(
         first.as_ref().map(|first| as_rows(first, rows)),
         as_rows(&second, rows),
     );
-    let merged = match flat {
+    // Each piece's rows, and whether it merged.
+    let (per, merged) = match flat {
         (Ok(mut mine), Ok(mut mine_lse), first @ (None | Some(Some(_))), Some(theirs)) => {
-            let per = (PIECE / rows.1.max(1)).max(1);
+            let per = (work::PASS_PIECE / rows.1.max(1)).max(1);
             let pieces = rows.0.div_ceil(per);
             let first = first.flatten();
             let firsts: Vec<_> = match &first {
@@ -174,24 +171,28 @@ fn merge_checked<T: Real, D: Dimension>(
                 .zip(firsts)
                 .zip(pieces_of(&theirs, per))
                 .collect();
-            let share = rows.0 * rows.1 >= SHARE_FROM && work::worth_sharing_a_pass();
+            let share = rows.0 * rows.1 >= work::PASS_SHARE_FROM && work::worth_sharing_a_pass();
             let merged = work::map_items(
                 pieces,
                 share,
                 || (),
                 |_, ((mine, first), theirs)| merge_piece(mine, first, theirs),
             );
-            merged.into_iter().all(|merged| merged)
+            (per, merged)
         }
-        _ => merge_piece((mine.view_mut(), mine_lse.view_mut()), first.clone(), second.clone()),
+        _ => (
+            rows.0.max(1),
+            vec![merge_piece((mine.view_mut(), mine_lse.view_mut()), first.clone(), second.clone())],
+        ),
     };
-    if merged {
+    if merged.iter().all(|&merged| merged) {
         return Ok(());
     }
-    // A piece stops only at a bad value, before it writes anything: the first bad value lies in
-    // a piece left as it was, and merged rows hold only values these checks pass.
-    check_values("first", &first.unwrap_or((mine.view(), mine_lse.view())))?;
-    check_values("second", &second)?;
+    // Only the pieces that refused a value are read again: they wrote nothing, so they hold what
+    // was given (a merged piece may hold a value no part did, an overflow of two finite rows).
+    let refused = |row: usize| !merged[row / per];
+    check_values("first", &first.unwrap_or((mine.view(), mine_lse.view())), refused)?;
+    check_values("second", &second, refused)?;
     unreachable!("a piece of a merge refused values its checks pass")
 }
 
@@ -277,10 +278,12 @@ fn any<T, D: Dimension>(a: &ArrayView<'_, T, D>, bad: impl Fn(&T) -> bool) -> bo
 }
 
 /// Refuses a NaN or `+inf` logsumexp (`-inf` is a row that sees no key) and a non-finite output
-/// element of `part`, naming the first.
+/// element of `part`, naming the first among the rows `checked` takes (by their index in row-major
+/// order).
 fn check_values<T: Real, D: Dimension>(
     which: &'static str,
     (output, lse): &Part<'_, T, D>,
+    checked: impl Fn(usize) -> bool,
 ) -> Result<(), AttentionError> {
     let bad = |argument, index: Vec<usize>, value: T, why| AttentionError::MergeValue {
         part: which,
@@ -289,16 +292,22 @@ fn check_values<T: Real, D: Dimension>(
         value: value.to_f64_exact(),
         why,
     };
-    // Through a slice where the elements lie in one (most do: an element at a time over a dynamic
-    // number of axes is most of a merge's time); `indexed_iter` builds an index per element, so
-    // it only names a bad one.
-    if any(lse, bad_logsumexp) {
-        let (i, &l) = lse.indexed_iter().find(|(_, l)| bad_logsumexp(*l)).expect("found above");
+    // A row's index in row-major order, from its index over the logsumexp's axes.
+    let row = |index: &[usize]| index.iter().zip(lse.shape()).fold(0, |row, (&i, &len)| row * len + i);
+    // `indexed_iter` builds an index per element: slow, but only a refused merge comes here.
+    let bad_lse = lse
+        .indexed_iter()
+        .find(|(i, l)| bad_logsumexp(*l) && checked(row(i.clone().into_dimension().slice())));
+    if let Some((i, &l)) = bad_lse {
         let why = "a logsumexp is finite, or -inf for a row that sees no key";
         return Err(bad("logsumexp", i.into_dimension().slice().to_vec(), l, why));
     }
-    if any(output, |x: &T| !x.is_finite()) {
-        let (i, &x) = output.indexed_iter().find(|(_, x)| !x.is_finite()).expect("found above");
+    let last = output.ndim() - 1;
+    let bad_output = output.indexed_iter().find(|(i, x)| {
+        let i = i.clone().into_dimension();
+        !x.is_finite() && checked(row(&i.slice()[..last]))
+    });
+    if let Some((i, &x)) = bad_output {
         return Err(bad("output", i.into_dimension().slice().to_vec(), x, "an output is finite"));
     }
     Ok(())

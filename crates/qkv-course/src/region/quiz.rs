@@ -160,6 +160,15 @@ impl Filled {
                         "`share = true` only on a weight, a probability or another share of a whole; no `share` here",
                     ));
                 }
+                if let Some(s) = share.as_ref().filter(|s| !s.value && *percent) {
+                    return Err(Problem::new(
+                        doc,
+                        s.at,
+                        "`share = false` on a key shown as a percentage: the page reads a percentage as its answer",
+                        "share = false",
+                        "no `share` beside `percent = true`",
+                    ));
+                }
                 let format = Format { percent: *percent, ..Format::decimals(*digits) };
                 let shown = format.apply(value);
                 // The shown key's value, and half a unit in its last place, in the key's units.

@@ -53,11 +53,11 @@ fn inputs_checked_in_shared_pieces_give_the_same_answers() {
     // Past the sharing threshold, and not a whole number of pieces; the largest element and the
     // non-finite ones in the first, a middle and the last (short) piece, each on a pool of one
     // and of two threads.
-    let len = SHARE_FROM + 3 * PIECE / 2;
+    let len = PASS_SHARE_FROM + 3 * PASS_PIECE / 2;
     let values = Array1::from_shape_fn(len, |i| ((i * 37 % 23) as f32 - 11.0) * 0.37);
     for threads in [1, 2] {
         let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
-        for at in [0, PIECE + 5, len / 2, len - 1] {
+        for at in [0, PASS_PIECE + 5, len / 2, len - 1] {
             let mut peak = values.clone();
             peak[at] = -1e6;
             assert_eq!(
@@ -83,7 +83,7 @@ fn inputs_checked_in_shared_pieces_give_the_same_answers() {
 fn views_of_some_rows_are_measured_row_by_row() {
     // Some heads' rows of a larger array (each row contiguous, the view not), small and past the
     // sharing threshold: what lies outside the view, a larger value or a NaN, never counts.
-    for rows in [5, SHARE_FROM / 64 + 7] {
+    for rows in [5, PASS_SHARE_FROM / 64 + 7] {
         let mut a =
             Array3::from_shape_fn((3, rows + 4, 64), |(h, i, j)| ((h * 31 + i * 7 + j) % 23) as f32 - 11.0);
         a[[1, rows, 9]] = -300.0;

@@ -61,18 +61,19 @@ impl Ring {
         len.saturating_sub(self.sink_tokens)
     }
 
-    /// The oldest position of the ring proper a layer still holds, once it has written up to
-    /// `written` positions: any older one's slot was written over, even by a position a
-    /// truncation has cut since.
-    pub(crate) fn first_held(self, written: usize) -> usize {
-        self.sink_tokens + self.ring_len(written).saturating_sub(self.capacity)
+    /// The oldest position a layer holds once `n_new` positions are appended after `len`, if it
+    /// held every position from `oldest` on before: each new position writes over the slot of
+    /// the one `capacity` before it. The positions held are always one run, from this oldest to
+    /// the last (and the sink tokens): appends move its start on, and a truncation cuts its end
+    /// without giving back what the positions it cut wrote over.
+    pub(crate) fn oldest_after_append(self, oldest: usize, len: usize, n_new: usize) -> usize {
+        oldest.max((len + n_new).saturating_sub(self.capacity))
     }
 
-    /// Positions held of the first `len`, once the ring has written up to `written` (at least
-    /// `len`; more after a truncation): the sink tokens and the ring's from
-    /// [`first_held`](Self::first_held) on.
-    pub(crate) fn held(self, len: usize, written: usize) -> usize {
-        len.min(self.sink_tokens) + len.saturating_sub(self.first_held(written))
+    /// Positions held of the first `len`, the ring's from `oldest` on: the sink tokens and the
+    /// ring's.
+    pub(crate) fn held(self, len: usize, oldest: usize) -> usize {
+        len.min(self.sink_tokens) + len.saturating_sub(oldest.max(self.sink_tokens))
     }
 
     /// Whether position `position` of an append that ends at position `end` (exclusive) is
@@ -81,25 +82,25 @@ impl Ring {
         position >= self.sink_tokens && end - position > self.capacity
     }
 
-    /// Whether a layer that has written up to `written` positions still holds every position the
-    /// window of position `next` needs (the sink tokens are never written over).
-    pub(crate) fn holds_window_of(self, written: usize, next: usize) -> bool {
+    /// Whether a layer whose ring holds the positions from `oldest` on holds every position
+    /// before `next` that the window of position `next` needs (the sink tokens are never written
+    /// over; a window of 1 needs none).
+    pub(crate) fn holds_window_of(self, oldest: usize, next: usize) -> bool {
         let needed = (next + 1).saturating_sub(self.window).max(self.sink_tokens);
-        self.first_held(written) <= needed
+        needed >= next || oldest <= needed
     }
 
-    /// The most queries one step over `len` positions may have, once the ring has written up to
-    /// `written`: the window of the first of them and the step's own positions must all be held,
-    /// `window + n_q - 1 <= capacity` (fewer after a truncation, whose cut positions wrote over
-    /// older ones).
-    pub(crate) fn largest_step(self, len: usize, written: usize) -> usize {
+    /// The most queries one step over `len` positions may have, the ring holding those from
+    /// `oldest` on: the window of the first of them and the step's own positions must all be
+    /// held, `window + n_q - 1 <= capacity` (fewer right after a truncation, whose cut positions
+    /// wrote over older ones).
+    pub(crate) fn largest_step(self, len: usize, oldest: usize) -> usize {
         let whole = self.capacity - self.window + 1;
-        let first_held = self.first_held(written);
-        if first_held <= self.sink_tokens {
+        if oldest <= self.sink_tokens {
             return whole;
         }
         // The first query, at `len - n_q`, sees back to `len - n_q + 1 - window`.
-        whole.min((len + 1).saturating_sub(self.window + first_held))
+        whole.min((len + 1).saturating_sub(self.window + oldest))
     }
 
     /// The window as the dense masks spell it: the query and `window - 1` positions back.

@@ -498,9 +498,22 @@ fn truncations_in_a_row_count_from_the_furthest_position_written() {
             assert_eq!(layer.attend_with(q(1).view(), &options).unwrap()[[0, 0, 0]], 102.5, "{level}: keep");
         }
         append(&mut cache, 104..106);
-        let mut layer = cache.layer(0).unwrap();
-        let out = layer.attend(q(3).view()).unwrap();
+        let out = cache.layer(0).unwrap().attend(q(3).view()).unwrap();
         let means: Vec<f32> = out.iter().copied().collect();
         assert_eq!(means, [101.5, 102.5, 103.5], "{level}: 103 .. 105 see 100 .. 105 again");
+        // A window of 1 needs no position before its own: any truncation will do, however far
+        // the ring wrote.
+        let mut single =
+            KvCache::<f32>::with_window_for_level(CacheShape::new(1, 1, 4, 2, 1), 1, level).unwrap();
+        append(&mut single, 0..4);
+        append(&mut single, 4..8);
+        append(&mut single, 8..14);
+        for len in [9, 2, 0] {
+            single.truncate(len).unwrap();
+            append(&mut single, len..len + 1);
+            let out = single.layer(0).unwrap().attend(q(1).view()).unwrap();
+            assert_eq!(out[[0, 0, 0]], len as f32, "{level}: position {len} sees itself");
+            single.truncate(len).unwrap();
+        }
     }
 }

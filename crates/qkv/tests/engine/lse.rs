@@ -280,3 +280,29 @@ fn merges_in_pieces_give_every_row_and_name_the_first_bad_value() {
     assert_eq!(first.clone().merge(&bad_second).unwrap_err().to_string(), second_message);
     assert_eq!(into(&first, &bad_second), second_message);
 }
+
+/// A merge of two finite rows can overflow (outputs at f32's largest, weights that round to a
+/// sum above 1): a refused merge still names the value the caller gave, in `merge` too, whose
+/// first part is merged in place.
+#[test]
+fn a_refused_merge_names_a_value_given_not_one_merged() {
+    let rows = 2 * (1 << 14) + 1;
+    let part = |output: f32, lse: f32| PartialAttention::<f32> {
+        output: Array2::from_elem((rows, 1), output),
+        logsumexp: Array1::from_elem(rows, lse),
+    };
+    let (first, mut second) = (part(f32::MAX, 0.0), part(f32::MAX, -17.3286));
+    let merged = first.clone().merge(&second).unwrap();
+    assert_eq!(merged.output[[0, 0]], f32::INFINITY, "this pair overflows when merged");
+    second.logsumexp[rows - 1] = f32::NAN;
+    let message = format!(
+        "cannot merge: the second part's logsumexp[{}] is NaN; a logsumexp is finite, or -inf for a row that sees no key",
+        rows - 1
+    );
+    assert_eq!(first.clone().merge(&second).unwrap_err().to_string(), message);
+    let (mut out, mut lse) = (Array2::zeros((rows, 1)), Array1::zeros(rows));
+    let (a, b) =
+        ((first.output.view(), first.logsumexp.view()), (second.output.view(), second.logsumexp.view()));
+    let err = PartialAttention::merge_into(a, b, out.view_mut(), lse.view_mut());
+    assert_eq!(err.unwrap_err().to_string(), message);
+}

@@ -289,7 +289,7 @@
     }
     // A percentage where the key is no share of a whole (a count, a score, a variance) is a slip
     // in how the number is written, right or wrong: no try.
-    if (parsed.percent && this.key.share !== true && this.state !== "right") {
+    if (parsed.percent && this.key.share !== true) {
       this.say("not-a-percentage", MESSAGES.notPercentage);
       return;
     }
