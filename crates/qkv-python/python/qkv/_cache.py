@@ -166,7 +166,9 @@ class KvCache(_Cache):
         to ``length``): a speculative draft's rejected tokens, say; the next ``append`` writes over
         what was cut. Raises ``ValueError``, changing nothing, if no layer holds ``length``
         positions, or if a windowed cache's ring has already written over what the window of the
-        next position needs (it rolls back at most ``capacity - window + 1`` positions)."""
+        next position needs (it rolls back at most ``capacity - sink_tokens - window + 1`` positions
+        from the furthest it has written, in one truncation or several: positions it cut stay
+        written over until appends pass them)."""
         self._inner.truncate(_whole("length", length))
 
     @property
