@@ -600,8 +600,8 @@ impl<E: CacheStorage> KvCache<E> {
     /// the furthest it has written (positions a truncation cut count too, until appends write
     /// over them in turn), so it can roll back at most `capacity - sink_tokens - window + 1`
     /// positions from there, in one truncation or several (any number, where the next window
-    /// needs no position of the ring: a window of 1, or one within the sink tokens). Right after a truncation a step may also take
-    /// fewer queries ([`CacheLayer::attend`]).
+    /// needs no position of the ring: a window of 1, or one within the sink tokens). Right after
+    /// a truncation a step may also take fewer queries ([`CacheLayer::attend`]).
     ///
     /// ```
     /// use qkv::ndarray::Array3;

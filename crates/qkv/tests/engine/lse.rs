@@ -1,7 +1,7 @@
 //! Each row's logsumexp against the reference, and merging results over disjoint keys into the
 //! result over all of them.
 
-use ndarray::{Array1, Array2, Array3, Array4, Axis, Ix4, IxDyn, s};
+use ndarray::{Array1, Array2, Array3, Array4, Axis, Dimension, Ix4, IxDyn, s};
 use qkv::{AdditiveBias, AttentionOptions, KeepMask, Part, PartialAttention, Real};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -135,6 +135,11 @@ fn multi_head_parts_merge_into_the_whole() {
     );
 }
 
+/// A part as `merge_into` reads it, in place.
+fn parts<T, D: Dimension>(p: &PartialAttention<T, D>) -> Part<'_, T, D> {
+    (p.output.view(), p.logsumexp.view())
+}
+
 /// `merge_into` reads the parts where they are and gives `merge`'s bits: parts laid out row after
 /// row (merged as `[rows, d]`) and parts whose rows are not (a head-major tensor viewed
 /// query-major, merged a row at a time in their own shape), over a dynamic number of axes too.
@@ -152,9 +157,6 @@ fn merging_views_into_an_output_gives_merges_bits_in_any_layout() {
     let merged = first.clone().merge(&second).unwrap();
     let (mut out, mut lse) =
         (Array4::from_elem((2, 3, 5, 6), f64::NAN), Array3::from_elem((2, 3, 5), f64::NAN));
-    fn parts(p: &PartialAttention<f64, Ix4>) -> Part<'_, f64, Ix4> {
-        (p.output.view(), p.logsumexp.view())
-    }
     PartialAttention::merge_into(parts(&first), parts(&second), out.view_mut(), lse.view_mut()).unwrap();
     assert_eq!((&out, &lse), (&merged.output, &merged.logsumexp), "row after row");
     // Query-major views of head-major arrays: not one run of rows.
@@ -257,9 +259,6 @@ fn merges_in_pieces_give_every_row_and_name_the_first_bad_value() {
         }
     }
     let (mut out, mut lse) = (Array4::zeros(shape), Array3::zeros((3, 4, 300)));
-    fn parts(p: &PartialAttention<f64, Ix4>) -> Part<'_, f64, Ix4> {
-        (p.output.view(), p.logsumexp.view())
-    }
     PartialAttention::merge_into(parts(&first), parts(&second), out.view_mut(), lse.view_mut()).unwrap();
     assert_eq!((&out, &lse), (&merged.output, &merged.logsumexp));
 
@@ -301,8 +300,6 @@ fn a_refused_merge_names_a_value_given_not_one_merged() {
     );
     assert_eq!(first.clone().merge(&second).unwrap_err().to_string(), message);
     let (mut out, mut lse) = (Array2::zeros((rows, 1)), Array1::zeros(rows));
-    let (a, b) =
-        ((first.output.view(), first.logsumexp.view()), (second.output.view(), second.logsumexp.view()));
-    let err = PartialAttention::merge_into(a, b, out.view_mut(), lse.view_mut());
+    let err = PartialAttention::merge_into(parts(&first), parts(&second), out.view_mut(), lse.view_mut());
     assert_eq!(err.unwrap_err().to_string(), message);
 }
