@@ -2,6 +2,7 @@
 //! blocks tile the rows in whole tiles, evenly.
 
 use super::*;
+use crate::kernels::KEY_BLOCK;
 
 /// The key ranges of [`key_splits`], in order, in whole key blocks.
 fn splits(n_rows: usize, n_keys: usize) -> Vec<Range<usize>> {
