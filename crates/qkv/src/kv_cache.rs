@@ -944,15 +944,8 @@ impl<E: CacheStorage> CacheLayer<'_, E> {
         step::check_step(q.shape(), out.shape(), lse_shape, kv_heads, key_dim, value_dim)
             .map_err(|mismatch| self.shape_error(mismatch))?;
         let (len, held) = (self.len(), self.held());
-        if n_queries > held {
-            return Err(AttentionError::CacheInput {
-                layer: self.index,
-                argument: "queries",
-                found: q.shape().into(),
-                expected: format!("[{query_heads}, at most {held}, {key_dim}]"),
-                why: "the queries are the last positions held, so append their keys and values first",
-            });
-        }
+        // A ring's own limit first: a prefill longer than it is refused for that, even when it is
+        // longer than the ring holds too ("append first" would send the caller the wrong way).
         let ring = self.cache.ring;
         if let Some(ring) = ring {
             let largest = ring.largest_step(len, self.store().oldest);
@@ -981,6 +974,15 @@ impl<E: CacheStorage> CacheLayer<'_, E> {
                     window: ring.window,
                 });
             }
+        }
+        if n_queries > held {
+            return Err(AttentionError::CacheInput {
+                layer: self.index,
+                argument: "queries",
+                found: q.shape().into(),
+                expected: format!("[{query_heads}, at most {held}, {key_dim}]"),
+                why: "the queries are the last positions held, so append their keys and values first",
+            });
         }
         let level = self.cache.level;
         step::check_cache_options(options, level, query_heads, n_queries, held)?

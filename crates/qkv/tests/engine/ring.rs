@@ -253,6 +253,13 @@ fn bad_windows_and_steps_are_errors_naming_the_argument() {
          holds the windows of at most capacity - sink_tokens - window + 1 new queries: attend in smaller steps, \
          or make the capacity larger"
     );
+    // A prefill longer than the ring holds is refused for the ring's limit, not sent to append.
+    assert_eq!(
+        err(layer.attend(Array3::<f32>::zeros((2, 10, 2)).view()).unwrap_err()),
+        "layer 1 of the KV cache takes queries of shape [2, at most 3, 2], not [2, 10, 2]: a windowed cache \
+         holds the windows of at most capacity - sink_tokens - window + 1 new queries: attend in smaller steps, \
+         or make the capacity larger"
+    );
     let q = Array3::<f32>::zeros((2, 3, 2));
     let wider = CacheOptions::new().sliding_window(SlidingWindow::new(4, 0));
     assert_eq!(
