@@ -14,7 +14,7 @@ use pulldown_cmark::{CodeBlockKind, Event, Parser, Tag, TagEnd};
 
 use crate::error::Problem;
 use crate::format::{FORMATS, Format};
-use crate::markup::{markdown_options, slug};
+use crate::markup::{self, markdown_options, slug};
 
 /// A fenced block whose info string starts with `qkv`: a declaration (example, computation, figure).
 #[derive(Debug, Clone)]
@@ -308,6 +308,24 @@ pub(crate) fn parse(doc: usize, text: &str) -> Result<Document, Vec<Problem>> {
         if let (Some(h), Event::Text(t) | Event::Code(t)) = (subheading.as_mut(), &event) {
             h.push_str(t);
         }
+        if let Event::Text(_) = &event
+            && !in_region
+            && !literal.iter().any(|r| r.contains(&range.start))
+        {
+            // Prose (not code): `$…$` with braces that do not balance is not math to
+            // pulldown-cmark, and the dollars and the TeX would be shown as typed.
+            // The `$` may be an event of its own, the TeX the next one.
+            let mut dollars = text[range.clone()].match_indices('$').map(|(i, _)| range.start + i);
+            if let Some(at) = dollars.find(|&at| text[at + 1..].starts_with('\\')) {
+                problems.push(Problem::new(
+                    doc,
+                    at,
+                    "a `$` that opens no math, so the TeX after it would be shown as typed",
+                    first_line(&text[at..]),
+                    "`$…$` around TeX whose braces balance, with no space after the opening `$` or before the closing one",
+                ));
+            }
+        }
         match &event {
             // Code is literal text (a lesson may show the syntax itself); math is checked where
             // it is read; a region belongs to the build.
@@ -400,10 +418,26 @@ pub(crate) fn parse(doc: usize, text: &str) -> Result<Document, Vec<Problem>> {
                     open_region = Some((directive, range.start, line_end));
                 }
             }
-            Event::InlineMath(_) | Event::DisplayMath(_) if !in_region => {
+            Event::InlineMath(tex) | Event::DisplayMath(tex) if !in_region => {
                 // Offsets come from the source itself, not the event's text (which drops the
                 // prefixes of a block quote or list around display math).
                 let source = &text[range.clone()];
+                // A formula with a malformed citation marker (a `\vphantom` or `\verb` left once
+                // the markers read are removed) has its error already; the rest of its TeX is
+                // checked here.
+                let plain = without_math_citations(&tex);
+                let markers_read = math_citations(source).iter().all(Result::is_ok)
+                    && !plain.contains("\\verb")
+                    && !plain.contains("\\vphantom");
+                if markers_read && let Some(reason) = markup::tex_error(&plain) {
+                    problems.push(Problem::new(
+                        doc,
+                        range.start,
+                        format!("TeX the renderer cannot read ({reason}); the page would show an error box"),
+                        first_line(source),
+                        "TeX with balanced braces and commands the renderer knows (`\\frac`, `\\sqrt`, `\\text`, `\\mathrm`, …)",
+                    ));
+                }
                 // The `\verb` of every marker read below, well formed or not: any other
                 // citation shape in the formula is a near miss.
                 let mut explained = Vec::new();

@@ -47,6 +47,16 @@ pub(crate) fn mathml(tex: &str, display: bool) -> String {
     }
 }
 
+/// What the renderer cannot read in `tex`, if anything: the first parse error's reason (an
+/// unknown command, a group not closed), which the page would show as an error box.
+pub(crate) fn tex_error(tex: &str) -> Option<String> {
+    let storage = pulldown_latex::Storage::new();
+    let error = pulldown_latex::Parser::new(tex, &storage).find_map(Result::err)?;
+    let reason = error.to_string();
+    let reason = reason.strip_prefix("parsing error: ").unwrap_or(&reason);
+    Some(reason.lines().next().unwrap_or_default().to_string())
+}
+
 /// A display formula that fits a phone's column: `<span class="display-math">` holding one
 /// `<span class="equation">` per formula of a list (`a, \qquad b`), each holding one `<math>` per
 /// piece that starts at a relation (`=`, `\approx`, …). MathML cannot break a line, but the page
