@@ -23,12 +23,9 @@ fn value_error(error: qkv::AttentionError) -> PyErr {
 }
 
 /// Runs `work` with the GIL released (other Python threads run meanwhile), on PyTorch's OpenMP
-/// threads where the package found them (`team`), turning a panic into `RuntimeError`.
+/// threads where the package found them (`team::run`), turning a panic into `RuntimeError`.
 fn detached<R: Send>(py: Python<'_>, work: impl FnOnce() -> PyResult<R> + Send) -> PyResult<R> {
-    let call = || match team::current() {
-        Some(team) => qkv::with_thread_team(team, work),
-        None => work(),
-    };
+    let call = || team::run(work);
     py.detach(|| catch_unwind(AssertUnwindSafe(call))).unwrap_or_else(|panic| {
         let message = panic
             .downcast_ref::<&str>()

@@ -9,7 +9,7 @@
 //! points here (`python/qkv/_threads.py`).
 
 use std::ffi::{c_int, c_uint, c_void};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use pyo3::exceptions::PyValueError;
@@ -58,9 +58,92 @@ static TEAM: OnceLock<Arc<dyn qkv::ThreadTeam>> = OnceLock::new();
 /// How many calls shared their work on the team (`openmp_regions`).
 static REGIONS: AtomicU64 = AtomicU64::new(0);
 
-/// The team every call runs on, if the package set one.
-pub(crate) fn current() -> Option<Arc<dyn qkv::ThreadTeam>> {
-    TEAM.get().cloned()
+/// Runs `work` (one call of the engine) on the threads this process has: PyTorch's team where
+/// the package set one, else rayon's pool; in a process forked from one that had them, on threads
+/// of its own (`in_forked_child`).
+pub(crate) fn run<R: Send>(work: impl FnOnce() -> R + Send) -> R {
+    if FORKED.load(Ordering::Relaxed) {
+        return in_forked_child(work);
+    }
+    match TEAM.get() {
+        Some(team) => qkv::with_thread_team(team.clone(), work),
+        None => work(),
+    }
+}
+
+/// Set in a process forked from this one's (`forked`, which the package registers with
+/// `os.register_at_fork`), and in the processes forked from that.
+static FORKED: AtomicBool = AtomicBool::new(false);
+
+/// Notes that this process is a forked child (`os.register_at_fork(after_in_child=...)`).
+#[pyfunction]
+fn forked() {
+    FORKED.store(true, Ordering::Relaxed);
+}
+
+/// A forked child has only the thread that forked: rayon's pool and an OpenMP runtime's team still
+/// count the parent's threads, and a call shared with them would wait forever (a NumPy user's
+/// `multiprocessing` child hung so). So a child runs its calls as many threads wide as the parent
+/// would have (PyTorch's count, which `DataLoader` workers set to 1, or rayon's default,
+/// `RAYON_NUM_THREADS` or the CPUs), on a pool it starts for itself; one thread is the calling
+/// thread alone.
+fn in_forked_child<R: Send>(work: impl FnOnce() -> R + Send) -> R {
+    let threads = TEAM.get().map(|team| team.threads());
+    if threads == Some(1) {
+        static ALONE: OnceLock<Arc<dyn qkv::ThreadTeam>> = OnceLock::new();
+        return qkv::with_thread_team(ALONE.get_or_init(|| Arc::new(CallerAlone)).clone(), work);
+    }
+    child_pool(threads.unwrap_or(0)).install(work)
+}
+
+/// A team of the calling thread alone.
+struct CallerAlone;
+
+impl qkv::ThreadTeam for CallerAlone {
+    fn threads(&self) -> usize {
+        1
+    }
+
+    fn run(&self, _threads: usize, work: &(dyn Fn() + Sync)) {
+        work();
+    }
+}
+
+/// A pool started in a forked process, and that process's id: a process forked from the child
+/// inherits the pointer but not the threads, and starts one of its own.
+struct ChildPool {
+    pid: u32,
+    pool: rayon::ThreadPool,
+}
+
+/// The pool of this forked process (`threads` wide, 0 for rayon's default), started on first use.
+static CHILD_POOL: AtomicPtr<ChildPool> = AtomicPtr::new(std::ptr::null_mut());
+
+fn child_pool(threads: usize) -> &'static rayon::ThreadPool {
+    let pid = std::process::id();
+    let current = CHILD_POOL.load(Ordering::Acquire);
+    // SAFETY: a non-null pointer here came from `Box::into_raw` below and is never freed (the
+    // pool of a parent that forked is leaked with it: its threads are not in this process).
+    if let Some(pool) = unsafe { current.as_ref() }
+        && pool.pid == pid
+    {
+        return &pool.pool;
+    }
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .expect("a forked process starts its own threads");
+    let ours = Box::into_raw(Box::new(ChildPool { pid, pool }));
+    match CHILD_POOL.compare_exchange(current, ours, Ordering::AcqRel, Ordering::Acquire) {
+        // SAFETY: `ours` is now the static's, never freed.
+        Ok(_) => unsafe { &(*ours).pool },
+        Err(theirs) => {
+            // Another thread of this process started one first: ours stops, theirs serves.
+            // SAFETY: `ours` was never shared; `theirs` came from `Box::into_raw` in this process.
+            drop(unsafe { Box::from_raw(ours) });
+            unsafe { &(*theirs).pool }
+        }
+    }
 }
 
 /// Runs the engine's calls on the OpenMP runtime whose `GOMP_parallel` and `omp_get_max_threads`
@@ -105,5 +188,6 @@ pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(use_openmp, module)?)?;
     module.add_function(wrap_pyfunction!(uses_openmp, module)?)?;
     module.add_function(wrap_pyfunction!(openmp_regions, module)?)?;
+    module.add_function(wrap_pyfunction!(forked, module)?)?;
     Ok(())
 }

@@ -69,8 +69,18 @@ def _dispatched(torch, tensors):
     for t in tensors:
         if isinstance(t, torch.Tensor) and (type(t) not in plain or not t.is_cpu):
             return True
-    return (torch.compiler.is_compiling() or torch.jit.is_tracing()
-            or torch.utils._python_dispatch._get_current_dispatch_mode() is not None)
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return True
+    transform = torch._C._functorch.peek_interpreter_stack()
+    if transform is not None:
+        # Inside torch.func's transforms: vmap runs the operator once per batch element
+        # (PyTorch's fallback); the others have no formula to run through.
+        if transform.key() != torch._C._functorch.TransformType.Vmap:
+            raise RuntimeError("torch.func's grad, jacrev, jacfwd and jvp do not reach through qkv's attention: "
+                               "differentiate it with torch.autograd (loss.backward(), torch.autograd.grad); "
+                               "torch.vmap works")
+        return True
+    return torch.utils._python_dispatch._get_current_dispatch_mode() is not None
 
 
 def _operator(torch, operator, eager, tensors):
@@ -81,6 +91,7 @@ def _operator(torch, operator, eager, tensors):
 
 def _attend(query, key, value, attn_mask, is_causal, scale, enable_gqa, extensions, with_lse):
     """The direct call, or the operator (``_operator``) when autograd or torch.compile needs it."""
+    _core.check_arguments((("is_causal", is_causal), ("enable_gqa", enable_gqa)), scale)
     window, alibi, softcap, sinks = extensions
     if _needs_op(query, key, value, attn_mask, sinks):
         window = _core.sliding_window(window)
@@ -174,13 +185,14 @@ def scaled_dot_product_attention(
     - a 1-D ``attn_mask`` (``[S]``) broadcasts over the queries (PyTorch raises);
     - ``torch.autocast`` does not apply: the call computes in its inputs' dtype;
     - there is no double backward: a second derivative through qkv (``create_graph=True``,
-      ``gradgradcheck``) raises ``RuntimeError`` saying so, and ``torch.func``'s transforms
-      (``vmap``, ``grad``, ``jacrev``) do not reach through the call.
+      ``gradgradcheck``) raises ``RuntimeError`` saying so, as do ``torch.func``'s ``grad``,
+      ``jacrev``, ``jacfwd`` and ``jvp``; ``torch.vmap`` runs the call once per batch element.
 
     Errors in shapes and arguments raise ``ValueError`` with the engine's message.
     """
     if dropout_p != 0.0:
-        raise ValueError(f"dropout_p is {dropout_p}: qkv has no dropout; pass 0.0 (PyTorch's default in eval)")
+        raise ValueError(f"dropout_p is {dropout_p}: qkv has no dropout; pass 0.0 (PyTorch's default, and what a "
+                         "model passes in eval mode)")
     extensions = (sliding_window, alibi_slopes, softcap, sinks)
     return _attend(query, key, value, attn_mask, is_causal, scale, enable_gqa, extensions, with_lse=False)
 
@@ -258,6 +270,7 @@ def varlen_attention(
     graph serves packed batches of any layout (a list is part of the graph: a new layout
     recompiles).
     """
+    _core.check_arguments((("is_causal", is_causal),), scale)
     options = (is_causal, scale, sliding_window, alibi_slopes, softcap, sinks)
     return _varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, options, return_lse)
 
@@ -338,6 +351,7 @@ def flash_attn_varlen_func(
         raise ValueError(f"dropout_p is {dropout_p}: qkv has no dropout (pass 0.0, as flash-attn's inference does)")
     if block_table is not None:
         raise ValueError("block_table: qkv's paged keys and values live in qkv.PagedKvCache, not in block tables")
+    _core.check_arguments((("causal", causal),), softmax_scale, "softmax_scale")
     torch = sys.modules.get("torch")
     # Under torch.compile the offsets' values are not read here (that would break the graph):
     # the lengths are not checked against max_seqlen, which qkv does not use.
@@ -386,6 +400,49 @@ def merge(out_a, lse_a, out_b, lse_b):
     return _core.merge(out_a, lse_a, out_b, lse_b)
 
 
+class _RegisterWithTorch:
+    """A finder on ``sys.meta_path`` that registers qkv's operators as soon as ``import torch``
+    has run, when qkv was imported first (``import qkv`` before ``import torch``, as isort orders
+    them): torch.compile will not trace the import a first call would make (a graph break, or
+    with ``fullgraph`` an error), and ``torch.export.load`` finds only operators already
+    registered. NumPy users, who never import torch, never import it through qkv."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "torch":
+            return None
+        sys.meta_path.remove(self)
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            spec = None if find is None else find(name, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _ThenRegister(spec.loader)
+                return spec
+        return None
+
+
+class _ThenRegister:
+    """torch's own loader, registering qkv's operators once torch's module has run."""
+
+    def __init__(self, loader):
+        self._loader = loader
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        # torch keeps its own loader, as if qkv had never been in the way.
+        module.__loader__ = module.__spec__.loader = self._loader
+        self._loader.exec_module(module)
+        _torch_ops()
+
+    def __getattr__(self, name):
+        # Everything else (resources, source, code) is the loader's own.
+        return getattr(self._loader, name)
+
+
 if "torch" in sys.modules:
     # Registered now so that torch.compile finds the operators before its first trace.
     _torch_ops()
+else:
+    sys.meta_path.insert(0, _RegisterWithTorch())

@@ -1,6 +1,7 @@
 """The engine's KV caches for decoding: ``KvCache`` (one sequence) and ``PagedKvCache`` (many
 sequences in blocks of one pool), over torch tensors or NumPy arrays."""
 
+import functools
 import operator
 
 from . import _core, _qkv
@@ -22,6 +23,7 @@ def _spec(xp, query, scale, sliding_window, alibi_slopes, softcap, keep, sinks):
     heads = query.shape[0]
     alibi = _core.per_head("alibi_slopes", "slopes", alibi_slopes, heads)
     keep = None if keep is None else xp.raw(keep)
+    _core.check_arguments((), scale)
     return (None if scale is None else float(scale), _core.sliding_window(sliding_window), alibi,
             _core.cap(softcap), keep, _core.per_head("sinks", "logits", sinks, heads))
 
@@ -51,6 +53,34 @@ def _refuse_grad(function, *named):
     """A cache keeps no gradient: see ``_core.refuse_grad`` (``named``: ``(name, value)`` pairs)."""
     instead = "use qkv.scaled_dot_product_attention over the keys and values to differentiate"
     _core.refuse_grad(function, instead, named)
+
+
+def _one_thread_at_a_time(cls):
+    """Wraps every public method and property of a cache class so that a call made while another
+    thread is inside one of the cache's calls (the engine runs with the GIL released) says so,
+    rather than PyO3's "Already borrowed". A cache is one thread's at a time: hold a lock around
+    its calls to share it."""
+
+    def guarded(f):
+        @functools.wraps(f)
+        def call(self, *args, **kwargs):
+            try:
+                return f(self, *args, **kwargs)
+            except RuntimeError as e:
+                if str(e) not in ("Already borrowed", "Already mutably borrowed"):
+                    raise
+                raise RuntimeError(f"this {type(self).__name__} is in a call on another thread: a cache is one "
+                                   "thread's at a time (hold a lock around its calls to share it)") from None
+        return call
+
+    for name, member in list(vars(cls).items()):
+        if name.startswith("_") or isinstance(member, (staticmethod, classmethod)):
+            continue
+        if isinstance(member, property):
+            setattr(cls, name, property(guarded(member.fget), doc=member.__doc__))
+        elif callable(member):
+            setattr(cls, name, guarded(member))
+    return cls
 
 
 class _Cache:
@@ -96,6 +126,7 @@ class _Cache:
         return out, lse
 
 
+@_one_thread_at_a_time
 class KvCache(_Cache):
     """The keys and values of one sequence for every layer of a decoder (the engine's
     ``KvCache``), stored as ``dtype`` (float32, bfloat16, float16 or int8) and computed in float32.
@@ -182,6 +213,7 @@ class KvCache(_Cache):
         return self._inner.window
 
 
+@_one_thread_at_a_time
 class PagedKvCache(_Cache):
     """Many sequences' keys and values in blocks of ``block_size`` positions from one pool of
     ``blocks`` (the engine's ``PagedKvCache``), stored as ``dtype`` (float32, bfloat16, float16, or

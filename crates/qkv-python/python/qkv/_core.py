@@ -122,12 +122,22 @@ _backends = {}
 TORCH_CODES = {}
 
 
+def _library(t):
+    """``"torch"`` for a torch tensor (of any subclass), ``"numpy"`` for a NumPy array, else the
+    module its type comes from."""
+    for kind, base in (("torch", "Tensor"), ("numpy", "ndarray")):
+        module = sys.modules.get(kind)
+        if module is not None and isinstance(t, getattr(module, base)):
+            return kind
+    return type(t).__module__.split(".")[0]
+
+
 def backend(*tensors):
     """The library the tensors belong to (all of them the same one)."""
     first = tensors[0]
-    kind = type(first).__module__.split(".")[0]
+    kind = _library(first)
     for t in tensors[1:]:
-        if t is not None and type(t).__module__.split(".")[0] != kind:
+        if t is not None and _library(t) != kind:
             raise TypeError(f"mixed tensor types: {type(first).__name__} and {type(t).__name__}; pass one library's")
     if kind not in _backends:
         if kind == "torch":
@@ -180,6 +190,26 @@ def fast_backward(grad_out, query, key, value, out, lse, is_causal, scale, enabl
                                None if scale is None else float(scale), bool(enable_gqa), TORCH_CODES)
 
 
+def check_arguments(flags, scale=None, scale_name="scale"):
+    """PyTorch's rules for the arguments that are not tensors: each of ``flags`` (``(name,
+    value)`` pairs) a ``bool`` (``is_causal="no"`` would otherwise read as true), and the scale
+    None, a real number, or a tensor of one element that does not require grad (a scale that
+    requires grad would get no gradient: qkv's scale is a constant). Raises ``TypeError`` as
+    PyTorch does."""
+    for name, value in flags:
+        if value is not True and value is not False:
+            raise TypeError(f"argument '{name}' must be bool, not {type(value).__name__}")
+    if scale is None or isinstance(scale, (int, float)):
+        return
+    if hasattr(scale, "requires_grad"):
+        if scale.requires_grad:
+            raise TypeError(f"argument '{scale_name}' must be float, not a tensor that requires grad: qkv's scale "
+                            f"is a constant and gets no gradient; pass {scale_name}.item()")
+        return
+    if isinstance(scale, (str, bytes)) or not hasattr(scale, "__float__"):
+        raise TypeError(f"argument '{scale_name}' must be float, not {type(scale).__name__}")
+
+
 def compute_dtype(name):
     """The dtype the engine computes in, and returns the logsumexp in."""
     return "float64" if name == "float64" else "float32"
@@ -203,11 +233,13 @@ def per_head(argument, noun, values, heads):
     return values
 
 
-def checked_dtype(xp, tensors, rank_fits, needs):
-    """The one dtype of ``(query, key, value)``, each checked: on the CPU, of a rank ``rank_fits``
-    takes (``needs`` says which, in the error) and of a floating dtype qkv takes."""
+def checked_dtype(xp, tensors, rank_fits, needs, on_cpu=True):
+    """The one dtype of ``(query, key, value)``, each checked: on the CPU (unless ``on_cpu`` is
+    False), of a rank ``rank_fits`` takes (``needs`` says which, in the error) and of a floating
+    dtype qkv takes."""
     for argument, t in zip(("query", "key", "value"), tensors):
-        xp.check_device(argument, t)
+        if on_cpu:
+            xp.check_device(argument, t)
         if not rank_fits(t.ndim):
             raise ValueError(f"{argument} has shape {tuple(t.shape)}: {needs}")
         if xp.dtype_name(t) not in FLOATS:
@@ -415,6 +447,60 @@ class _Shapes:
         return "(query {}, key {}, value {})".format(*self.shapes)
 
 
+def one_device(named):
+    """Checks that the tensors of ``named`` (``(argument, tensor or None)`` pairs, the query's
+    first) lie on one device, as a fake implementation sees them (a CPU query with its keys on
+    ``meta`` would otherwise get an output of the query's device that nothing writes)."""
+    (first_name, first), *rest = named
+    for argument, t in rest:
+        device = getattr(t, "device", None)
+        if device is not None and device != first.device:
+            raise ValueError(f"{argument} is on {device} and {first_name} on {first.device}: qkv needs one device, "
+                             "the CPU")
+
+
+def dense_shapes(xp, query, key, value, attn_mask, is_causal, enable_gqa, on_cpu=True):
+    """A dense call's tensors checked against each other, on the CPU unless ``on_cpu`` is False
+    (a fake implementation's, which checks shapes only): ``(dtype, lead dimensions, query heads,
+    key/value heads)``."""
+    dtype = checked_dtype(xp, (query, key, value), lambda rank: rank >= 2, "it needs at least [n, d]", on_cpu)
+    qs, ks, vs = tuple(query.shape), tuple(key.shape), tuple(value.shape)
+    if not (len(qs) == len(ks) == len(vs)):
+        raise ValueError(f"query {qs}, key {ks} and value {vs} need the same number of dimensions")
+    shapes = _Shapes(qs, ks, vs)
+    if qs[-1] != ks[-1]:
+        raise ValueError(f"query and key have widths {qs[-1]} and {ks[-1]}: they need the same {shapes}")
+    if ks[:-1] != vs[:-1]:
+        raise ValueError(f"key and value need the same shape but for their width {shapes}")
+    lead = qs[:-2]
+    if lead[:-1] != ks[:-3]:
+        raise ValueError(f"query and key need the same batch dimensions (all but the last three) {shapes}")
+    heads, kv_heads = (lead[-1], ks[-3]) if lead else (1, 1)
+    if enable_gqa:
+        if kv_heads == 0 or heads % kv_heads:
+            raise ValueError(
+                f"enable_gqa: query heads ({heads}) must be a multiple of key/value heads ({kv_heads}) {shapes}"
+            )
+    elif heads != kv_heads:
+        raise ValueError(
+            f"query has {heads} heads and key {kv_heads}: pass enable_gqa=True for grouped-query attention {shapes}"
+        )
+    if is_causal and attn_mask is not None:
+        raise ValueError("attn_mask and is_causal are both set: pass one (PyTorch refuses both too)")
+    if attn_mask is not None:
+        if on_cpu:
+            xp.check_device("attn_mask", attn_mask)
+        name = xp.dtype_name(attn_mask)
+        if name != "bool" and name != dtype:
+            raise ValueError(f"attn_mask has dtype {name}: it is bool, or the query's dtype ({dtype})")
+        scores = lead + (qs[-2], ks[-2])
+        ms = tuple(attn_mask.shape)
+        padded = (1,) * (len(scores) - len(ms)) + ms
+        if len(ms) > len(scores) or any(m not in (1, s) for m, s in zip(padded, scores)):
+            raise ValueError(f"attn_mask has shape {ms}, which does not broadcast to the scores' shape {scores}")
+    return dtype, lead, heads, kv_heads
+
+
 class Call:
     """One dense call's inputs, checked and viewed as ``[batch, heads, n, d]``."""
 
@@ -424,39 +510,16 @@ class Call:
     ):
         xp = backend(query, key, value, attn_mask)
         self.xp = xp
-        dtype = checked_dtype(xp, (query, key, value), lambda rank: rank >= 2, "it needs at least [n, d]")
+        dtype, lead, heads, kv_heads = dense_shapes(xp, query, key, value, attn_mask, is_causal, enable_gqa)
         query, key, value = (xp.readable(t) for t in (query, key, value))
         attn_mask = None if attn_mask is None else xp.readable(attn_mask)
-        qs, ks, vs = tuple(query.shape), tuple(key.shape), tuple(value.shape)
-        if not (len(qs) == len(ks) == len(vs)):
-            raise ValueError(f"query {qs}, key {ks} and value {vs} need the same number of dimensions")
-        shapes = _Shapes(qs, ks, vs)
-        if qs[-1] != ks[-1]:
-            raise ValueError(f"query and key have widths {qs[-1]} and {ks[-1]}: they need the same {shapes}")
-        if ks[:-1] != vs[:-1]:
-            raise ValueError(f"key and value need the same shape but for their width {shapes}")
-        lead = qs[:-2]
-        if lead[:-1] != ks[:-3]:
-            raise ValueError(f"query and key need the same batch dimensions (all but the last three) {shapes}")
-        heads, kv_heads = (lead[-1], ks[-3]) if lead else (1, 1)
-        if enable_gqa:
-            if kv_heads == 0 or heads % kv_heads:
-                raise ValueError(
-                    f"enable_gqa: query heads ({heads}) must be a multiple of key/value heads ({kv_heads}) {shapes}"
-                )
-        elif heads != kv_heads:
-            raise ValueError(
-                f"query has {heads} heads and key {kv_heads}: pass enable_gqa=True for grouped-query attention {shapes}"
-            )
-        if is_causal and attn_mask is not None:
-            raise ValueError("attn_mask and is_causal are both set: pass one (PyTorch refuses both too)")
         batch = math.prod(lead[:-1])
-        self.dtype, self.lead, self.n_q, self.n_k = dtype, lead, qs[-2], ks[-2]
+        self.dtype, self.lead, self.n_q, self.n_k = dtype, lead, query.shape[-2], key.shape[-2]
         self.q = self._four(query, batch, heads)
         self.k = self._four(key, batch, kv_heads)
         self.v = self._four(value, batch, kv_heads)
         self.mask = None if attn_mask is None else self._mask(attn_mask, batch, heads)
-        self.out_shape = (batch, heads, qs[-2], vs[-1])
+        self.out_shape = (batch, heads, query.shape[-2], value.shape[-1])
         self.spec = spec(is_causal, scale, window, alibi, softcap, sinks, heads)
         self.sinks = self.spec[5]
 
@@ -464,16 +527,12 @@ class Call:
         return t if t.ndim == 4 else t.reshape(batch, heads, t.shape[-2], t.shape[-1])
 
     def _mask(self, mask, batch, heads):
+        """The mask (checked by ``dense_shapes``) broadcast to ``[shared, head, n_q, n_k]``."""
         xp = self.xp
-        xp.check_device("attn_mask", mask)
         name = xp.dtype_name(mask)
-        if name != "bool" and name != self.dtype:
-            raise ValueError(f"attn_mask has dtype {name}: it is bool, or the query's dtype ({self.dtype})")
         scores = self.lead + (self.n_q, self.n_k)
         ms = tuple(mask.shape)
         padded = (1,) * (len(scores) - len(ms)) + ms
-        if len(ms) > len(scores) or any(m not in (1, s) for m, s in zip(padded, scores)):
-            raise ValueError(f"attn_mask has shape {ms}, which does not broadcast to the scores' shape {scores}")
         outer = padded[: max(len(self.lead) - 1, 0)]
         head = padded[len(self.lead) - 1] if self.lead else 1
         if any(d != 1 for d in outer) and outer != self.lead[:-1]:

@@ -42,6 +42,9 @@ attention = torch.library.custom_op("qkv::attention", _attention, mutates_args=(
 
 @attention.register_fake
 def _(query, key, value, attn_mask, is_causal, scale, enable_gqa, window, alibi, softcap, sinks):
+    # The checks a real call makes of the shapes (ALiBi's slopes stay on the CPU, read when it runs).
+    _core.one_device((("query", query), ("key", key), ("value", value), ("attn_mask", attn_mask), ("sinks", sinks)))
+    _core.dense_shapes(_core.backend(query), query, key, value, attn_mask, is_causal, enable_gqa, on_cpu=False)
     lead, n_q = query.shape[:-2], query.shape[-2]
     out = query.new_empty((*lead, n_q, value.shape[-1]))
     lse = query.new_empty((*lead, n_q), dtype=torch.float64 if query.dtype == torch.float64 else torch.float32)
@@ -216,6 +219,9 @@ varlen_attention = torch.library.custom_op("qkv::varlen_attention", _varlen_atte
 @varlen_attention.register_fake
 def _(query, key, value, cu_seqlens_q, cu_seqlens_k, is_causal, scale, window, alibi, alibi_sequences,
       alibi_symmetric, softcap, sinks):
+    _core.one_device((("query", query), ("key", key), ("value", value), ("sinks", sinks)))
+    _core.checked_dtype(_core.backend(query), (query, key, value), lambda rank: rank == 3,
+                        "a packed batch is [total, heads, d]", on_cpu=False)
     total_q, heads = query.shape[0], query.shape[1]
     out = query.new_empty((total_q, heads, value.shape[-1]))
     lse = query.new_empty((heads, total_q), dtype=torch.float64 if query.dtype == torch.float64 else torch.float32)

@@ -8,6 +8,10 @@ thread's speed. So where PyTorch runs on OpenMP, the package hands the engine th
 calls run on PyTorch's threads, as many as ``omp_get_max_threads()`` on the calling thread (what
 ``torch.set_num_threads`` sets). ``QKV_TORCH_THREADS=0`` in the environment keeps qkv on its own
 threads (``RAYON_NUM_THREADS``).
+
+A process forked from one that used either has none of their threads: the extension then starts
+threads of its own in the child (``_qkv.forked``, registered below), where a call would otherwise
+wait forever for threads that are not there.
 """
 
 import ctypes
@@ -41,3 +45,7 @@ def use_torch_threads(torch):
 
     _qkv.use_openmp(address(parallel), address(max_threads))
     return True
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_qkv.forked)

@@ -252,6 +252,7 @@ def context_parallel_attention(query, key, value, *, is_causal=False, scale=None
     slices passed with ``is_causal=True`` give a wrong result."""
     # Before apply: inside a Function's forward grad mode is off, and whether a backward will run
     # is one of the things the ranks must agree on.
+    _core.check_arguments((("is_causal", is_causal), ("enable_gqa", enable_gqa)), scale)
     _agree(_Ring(group), query, key, value, is_causal, scale, enable_gqa)
     out, lse = _ContextParallel.apply(query, key, value, is_causal, scale, enable_gqa, group)
     return (out, lse) if return_lse else out
