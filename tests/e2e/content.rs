@@ -198,6 +198,30 @@ fn a_leftover_figure_is_reported_and_removed() {
     assert!(!dir.path().join("site/figures/old-figure.svg").exists());
 }
 
+#[test]
+fn a_renamed_section_leaves_no_stale_page_in_the_site_and_the_authors_files_stay() {
+    let dir = copy_of_content();
+    let (content, site) = (dir.path().join("content"), dir.path().join("site"));
+    let build = || xtask(&["build-content", "--content", arg(&content), "--out", arg(&site)]);
+    assert_eq!(build().status, 0);
+    fs::write(site.join("notes.txt"), "the author's own").expect("write");
+    fs::rename(content.join("09-training-attention.md"), content.join("09-training.md")).expect("rename");
+    let second = build();
+    assert_eq!(second.status, 0, "{}", second.stderr);
+    assert!(
+        second
+            .stdout
+            .contains("removed training-attention.html from the site: this build no longer writes it"),
+        "{}",
+        second.stdout
+    );
+    for gone in ["training-attention.html", "markdown/09-training-attention.md"] {
+        assert!(!site.join(gone).exists(), "{gone} stayed in the site");
+    }
+    assert!(site.join("training.html").is_file());
+    assert!(site.join("notes.txt").is_file(), "a file the build never wrote was removed");
+}
+
 /// Every path under `dir` that is a leftover temporary file.
 fn temporary_files(dir: &Path) -> Vec<PathBuf> {
     snapshot(dir).into_iter().map(|(p, _)| p).filter(|p| p.to_string_lossy().ends_with(".tmp")).collect()

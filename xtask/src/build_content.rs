@@ -33,6 +33,9 @@ pub fn run(args: Vec<String>) -> Result<()> {
         }
         bail!("{}", Stale::report(&outcome.stale));
     }
+    for name in &outcome.pruned {
+        say!("removed {name} from the site: this build no longer writes it");
+    }
     for orphan in &outcome.removed {
         say!("removed {orphan}: no figure block declares it");
     }

@@ -42,6 +42,9 @@ pub struct Outcome {
     pub figures: usize,
     /// Figure files removed because no block declares them any more.
     pub removed: Vec<String>,
+    /// Files an earlier build wrote to the site that this one does not (a page renamed, a
+    /// figure dropped), removed.
+    pub pruned: Vec<String>,
     /// Lesson sections read.
     pub sections: usize,
 }
@@ -77,7 +80,8 @@ pub fn run(paths: &Paths, mode: Mode) -> Result<Outcome, Failure> {
     let sections = sources.markdown.len();
     if mode == Mode::Check {
         let stale = qkv_course::check(&sources).map_err(Failure::Content)?;
-        return Ok(Outcome { stale, rewritten: Vec::new(), figures: 0, removed: Vec::new(), sections });
+        let (rewritten, removed, pruned) = (Vec::new(), Vec::new(), Vec::new());
+        return Ok(Outcome { stale, rewritten, figures: 0, removed, sections, pruned });
     }
     let build = qkv_course::build(&sources).map_err(Failure::Content)?;
     let (content, out) = (&paths.content, &paths.out);
@@ -112,7 +116,30 @@ pub fn run(paths: &Paths, mode: Mode) -> Result<Outcome, Failure> {
             .with_context(|| format!("reading {}", content.join(name).display()))?;
         staged.add(&out.join(name), &bytes)?;
     }
+    // The site's files are listed in it, so that the next build removes those it no longer
+    // writes, and only those: the folder may hold files of the author's own.
+    let written: BTreeSet<String> = staged.under(out);
+    let manifest = out.join(SITE_MANIFEST);
+    let listed = fs::read_to_string(&manifest).unwrap_or_default();
+    let mut list: String = written.iter().map(|name| format!("{name}\n")).collect();
+    list.insert_str(0, SITE_MANIFEST_HEADER);
+    staged.add(&manifest, list.as_bytes())?;
     staged.commit()?;
+    let mut pruned = Vec::new();
+    for name in listed.lines().filter(|l| !l.starts_with('#') && !l.is_empty() && !written.contains(*l)) {
+        // Never outside the site: the list is ours, but a file is only text.
+        if Path::new(name).components().all(|c| matches!(c, std::path::Component::Normal(_))) {
+            match fs::remove_file(out.join(name)) {
+                Ok(()) => pruned.push(name.to_string()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    return Err(anyhow::Error::from(e)
+                        .context(format!("removing {name} from the site"))
+                        .into());
+                }
+            }
+        }
+    }
     let mut removed = Vec::new();
     if mode == Mode::Build {
         // Figures no block declares any more go last, once everything else is in place.
@@ -121,8 +148,13 @@ pub fn run(paths: &Paths, mode: Mode) -> Result<Outcome, Failure> {
             removed.push(orphan.clone());
         }
     }
-    Ok(Outcome { stale: build.stale, rewritten, figures: build.figures.len() / 2, removed, sections })
+    Ok(Outcome { stale: build.stale, rewritten, figures: build.figures.len() / 2, removed, sections, pruned })
 }
+
+/// The list of the files a build wrote to the site, in the site's folder.
+const SITE_MANIFEST: &str = ".qkv-site-files";
+const SITE_MANIFEST_HEADER: &str =
+    "# The files `cargo xtask build-content` wrote here; the next build removes those it no longer writes.\n";
 
 fn file_name(path: &str) -> &str {
     path.rsplit(['/', '\\']).next().unwrap_or(path)
@@ -204,6 +236,16 @@ impl Staged {
         fs::create_dir_all(dir)
             .and_then(|()| fs::write(&temp, bytes))
             .with_context(|| format!("writing {}", target.display()))
+    }
+
+    /// The targets under `dir`, as paths relative to it with `/` between folders.
+    fn under(&self, dir: &Path) -> BTreeSet<String> {
+        let relative =
+            |(_, target): &(PathBuf, PathBuf)| target.strip_prefix(dir).ok().map(Path::to_path_buf);
+        let parts = |path: PathBuf| {
+            path.iter().map(|c| c.to_string_lossy().into_owned()).collect::<Vec<_>>().join("/")
+        };
+        self.files.iter().filter_map(relative).map(parts).collect()
     }
 
     fn commit(mut self) -> anyhow::Result<()> {
