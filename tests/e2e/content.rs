@@ -222,6 +222,34 @@ fn a_renamed_section_leaves_no_stale_page_in_the_site_and_the_authors_files_stay
     assert!(site.join("notes.txt").is_file(), "a file the build never wrote was removed");
 }
 
+#[test]
+fn a_lesson_gone_back_to_an_earlier_input_gets_its_figure_drawn_again() {
+    let dir = copy_of_content();
+    let content = dir.path().join("content");
+    let (lesson, svg) = (content.join("01-attention.md"), content.join("figures/sentence-heatmap.svg"));
+    let (text, committed) = (fs::read_to_string(&lesson).expect("lesson"), fs::read(&svg).expect("svg"));
+    let build =
+        || xtask(&["build-content", "--content", arg(&content), "--out", arg(&dir.path().join("site"))]);
+    // The heatmap outlines another row, and the lesson then goes back (`git checkout` of the
+    // markdown alone): the file still holds the other drawing.
+    let outlined = "id = \"sentence-heatmap\"\nkind = \"heatmap\"\nexample = \"sentence\"\nquery = \"love\"";
+    assert!(text.contains(outlined));
+    fs::write(&lesson, text.replacen(outlined, &outlined.replace("\"love\"", "\"NLP\""), 1)).expect("write");
+    assert_eq!(build().status, 0);
+    assert_ne!(fs::read(&svg).expect("svg"), committed);
+    fs::write(&lesson, &text).expect("write");
+    let check = xtask(&["build-content", "--check", "--content", arg(&content)]);
+    assert_eq!(check.status, 1, "{}", check.stderr);
+    assert!(
+        check
+            .stderr
+            .contains("figures/sentence-heatmap.svg:1: expected the figure drawn from the lesson's inputs")
+    );
+    let again = build();
+    assert!(again.stdout.contains("1 figure re-rendered"), "{}", again.stdout);
+    assert_eq!(fs::read(&svg).expect("svg"), committed);
+}
+
 /// Every path under `dir` that is a leftover temporary file.
 fn temporary_files(dir: &Path) -> Vec<PathBuf> {
     snapshot(dir).into_iter().map(|(p, _)| p).filter(|p| p.to_string_lossy().ends_with(".tmp")).collect()

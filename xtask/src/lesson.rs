@@ -186,12 +186,21 @@ pub fn read_sources(paths: &Paths) -> Result<Sources, Failure> {
         return Err(Failure::Content(ContentErrors(undecodable)));
     }
     let mut figures = BTreeSet::new();
+    let mut figure_hashes = BTreeMap::new();
     if let Ok(entries) = fs::read_dir(content.join("figures")) {
         for entry in entries.flatten() {
             if let Some(name) = entry.file_name().to_str()
                 && !name.starts_with('.')
             {
-                figures.insert(format!("figures/{name}"));
+                let name = format!("figures/{name}");
+                // An SVG says what it was drawn from (an unreadable one is drawn again).
+                if name.ends_with(".svg")
+                    && let Ok(svg) = fs::read_to_string(entry.path())
+                    && let Some(hash) = qkv_course::drawn_from(&svg)
+                {
+                    figure_hashes.insert(name.clone(), hash.to_string());
+                }
+                figures.insert(name);
             }
         }
     }
@@ -208,7 +217,7 @@ pub fn read_sources(paths: &Paths) -> Result<Sources, Failure> {
             }
         }
     }
-    Ok(Sources { markdown, figures, data })
+    Ok(Sources { markdown, figures, figure_hashes, data })
 }
 
 /// Temporary files written next to their targets, renamed into place together. Whatever is not

@@ -28,11 +28,19 @@ fn lesson(with_figures: bool) -> Sources {
             path: format!("content/{n}"),
         })
         .collect();
-    let figures = if with_figures {
+    let figures: std::collections::BTreeSet<String> = if with_figures {
         names(&content.join("figures")).into_iter().map(|n| format!("figures/{n}")).collect()
     } else {
         Default::default()
     };
+    // What each committed SVG says it was drawn from: without it every figure is drawn again.
+    let figure_hashes = figures
+        .iter()
+        .filter_map(|name| {
+            let svg = std::fs::read_to_string(content.join(name)).ok()?;
+            Some((name.clone(), qkv_course::drawn_from(&svg)?.to_string()))
+        })
+        .collect();
     // Measured numbers some figures draw (`content/data/*.toml`).
     let data = names(&content.join("data"))
         .into_iter()
@@ -41,7 +49,7 @@ fn lesson(with_figures: bool) -> Sources {
             (format!("data/{n}"), text)
         })
         .collect();
-    Sources { markdown, figures, data }
+    Sources { markdown, figures, figure_hashes, data }
 }
 
 /// Everything recomputed and every figure redrawn (no figure files present).

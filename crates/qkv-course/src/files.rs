@@ -21,6 +21,11 @@ pub struct Sources {
     pub markdown: Vec<SourceFile>,
     /// Figure files present next to the lesson, as `figures/NAME.svg` / `figures/NAME.png`.
     pub figures: BTreeSet<String>,
+    /// What each SVG figure file says it was drawn from (`figures/NAME.svg` → the hash that
+    /// [`drawn_from`] reads in it). A figure is current only if its file says so, not only its
+    /// region: a lesson reverted to an earlier input keeps the earlier hash, whatever was drawn
+    /// since. A figure missing here is drawn again.
+    pub figure_hashes: BTreeMap<String, String>,
     /// Data files next to the lesson, `data/NAME.toml` → its text (measured numbers, such as a
     /// benchmark's, that no example computes).
     pub data: BTreeMap<String, String>,
@@ -34,6 +39,22 @@ pub struct FigureFile {
     /// The file's bytes.
     pub bytes: Vec<u8>,
 }
+
+/// What an SVG figure file says it was drawn from: the hash of its inputs, in the comment the
+/// build writes after its root element; `None` for a file without one.
+pub fn drawn_from(svg: &str) -> Option<&str> {
+    let (_, after) = svg.rsplit_once(DRAWN_FROM)?;
+    after.split_whitespace().next()
+}
+
+/// `svg` with the hash of the inputs it was drawn from (see [`drawn_from`]).
+pub(crate) fn marked_drawn_from(mut svg: String, hash: &str) -> String {
+    svg.push_str(&format!("\n<!-- {DRAWN_FROM}{hash} -->\n"));
+    svg
+}
+
+/// The comment's words before the hash, in a lesson's figure region and in the SVG file.
+pub(crate) const DRAWN_FROM: &str = "qkv-figure-hash ";
 
 /// A text file of the site (page, stylesheet, notebook, markdown copy).
 #[derive(Debug, Clone, PartialEq, Eq)]

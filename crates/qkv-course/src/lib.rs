@@ -11,8 +11,7 @@
 //! use qkv_course::{SourceFile, Sources};
 //! let sources = Sources {
 //!     markdown: vec![SourceFile { path: "content/01-attention.md".into(), text: String::new() }],
-//!     figures: Default::default(),
-//!     data: Default::default(),
+//!     ..Default::default()
 //! };
 //! let stale = qkv_course::check(&sources)?;          // what `--check` reports
 //! let build = qkv_course::build(&sources)?;          // updated markdown, figures, site
@@ -45,7 +44,7 @@ mod values;
 
 pub use encoding::decode;
 pub use error::{ContentError, ContentErrors};
-pub use files::{FigureFile, OutputFile, SourceFile, Sources, section_id};
+pub use files::{FigureFile, OutputFile, SourceFile, Sources, drawn_from, section_id};
 pub use leftovers::leftover_citations;
 /// HTML-escapes text (for pages and attributes): what every page of the site uses.
 pub use markup::escape as escape_html;

@@ -9,7 +9,7 @@ use crate::error::{ContentError, ContentErrors, Problem};
 use crate::eval::Evaluator;
 use crate::examples::{self, Decl, DeclKind, PageDecl};
 use crate::figures::{self, FigureJob};
-use crate::files::{FigureFile, OutputFile, SourceFile, Sources, file_name, linked_file, section_id};
+use crate::files::{self, FigureFile, OutputFile, SourceFile, Sources, file_name, linked_file, section_id};
 use crate::location::LineIndex;
 use crate::stale::{self, Edit, Stale};
 use crate::values::Node;
@@ -68,7 +68,7 @@ fn without_boms(sources: &Sources) -> (Sources, Vec<bool>) {
             (SourceFile { path: f.path.clone(), text: text.to_string() }, bom)
         })
         .unzip();
-    (Sources { markdown, figures: sources.figures.clone(), data: sources.data.clone() }, boms)
+    (Sources { markdown, ..sources.clone() }, boms)
 }
 
 /// Builds the lesson: updated markdown, re-rendered figures (only stale ones) and the site.
@@ -91,7 +91,7 @@ pub fn build(sources: &Sources) -> Result<Build, ContentErrors> {
                 Ok(f) => {
                     figures.push(FigureFile {
                         name: format!("figures/{}.svg", job.id),
-                        bytes: f.svg.into_bytes(),
+                        bytes: files::marked_drawn_from(f.svg, &job.prepared.hash).into_bytes(),
                     });
                     figures.push(FigureFile { name: format!("figures/{}.png", job.id), bytes: f.png });
                 }
@@ -133,12 +133,16 @@ pub fn records(sources: &Sources) -> Result<Vec<(String, String)>, ContentErrors
         .collect())
 }
 
-/// Whether a figure's committed region carries its current hash and both files exist.
+/// Whether a figure's committed region and its SVG file carry its current hash and both files
+/// exist.
 fn figure_is_current(sources: &Sources, plan: &Plan, job: &FigureJob) -> bool {
-    let files = [format!("figures/{}.svg", job.id), format!("figures/{}.png", job.id)];
+    let svg = format!("figures/{}.svg", job.id);
+    let files = [format!("figures/{}.png", job.id), svg.clone()];
     let present = files.iter().all(|f| sources.figures.contains(f));
-    let marker = format!("qkv-figure-hash {}", job.prepared.hash);
+    let drawn = sources.figure_hashes.get(&svg).is_some_and(|hash| *hash == job.prepared.hash);
+    let marker = format!("{}{}", files::DRAWN_FROM, job.prepared.hash);
     present
+        && drawn
         && sources.markdown.iter().zip(&plan.docs).any(|(file, doc)| {
             doc.regions.iter().any(|r| {
                 r.directive.first().map(String::as_str) == Some("figure")
@@ -198,6 +202,21 @@ fn stale_places(sources: &Sources, plan: &Plan) -> Vec<Stale> {
                     found: "no file".into(),
                 });
             }
+        }
+        // A file drawn from other inputs (the lesson went back to an earlier one since), or
+        // from inputs it does not say.
+        let svg = format!("figures/{}.svg", job.id);
+        let drawn = sources.figure_hashes.get(&svg);
+        if sources.figures.contains(&svg) && drawn != Some(&job.prepared.hash) {
+            stale.push(Stale {
+                file: shown(&svg),
+                line: 1,
+                what: format!("figure {}", job.id),
+                expected: format!("the figure drawn from the lesson's inputs ({})", job.prepared.hash),
+                found: drawn.map_or("a file that does not say what it was drawn from".into(), |hash| {
+                    format!("a figure drawn from other inputs ({hash})")
+                }),
+            });
         }
     }
     stale

@@ -356,8 +356,7 @@ values = [[2], [6], [4]]
     pub(crate) fn one_section(name: &str, text: &str) -> (String, String) {
         let sources = Sources {
             markdown: vec![SourceFile { path: format!("content/01-{name}.md"), text: text.into() }],
-            figures: Default::default(),
-            data: Default::default(),
+            ..Default::default()
         };
         let built = build(&sources).unwrap_or_else(|e| panic!("{e}"));
         let page = built.site.iter().find(|f| f.name == format!("{name}.html")).expect("the page");

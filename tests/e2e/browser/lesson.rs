@@ -135,7 +135,7 @@ fn read() -> Lesson {
                 .collect()
         })
         .unwrap_or_default();
-    let sources = Sources { markdown, figures: Default::default(), data };
+    let sources = Sources { markdown, data, ..Default::default() };
     let mut records = BTreeMap::new();
     let mut paths = Vec::new();
     for (_, listing) in qkv_course::records(&sources).expect("the lesson evaluates") {

@@ -41,12 +41,20 @@ fn lesson_with(attention: &str, masking: &str) -> Sources {
     let mut markdown = committed();
     markdown[0].text = attention.into();
     markdown[1].text = masking.into();
-    // Every committed figure file is taken as present: these tests are about the markdown.
-    let figures = std::fs::read_dir(content_dir().join("figures"))
+    // Every committed figure file is taken as present, as drawn from what its SVG says: these
+    // tests are about the markdown.
+    let figures: BTreeSet<String> = std::fs::read_dir(content_dir().join("figures"))
         .expect("content/figures/")
         .filter_map(|e| Some(format!("figures/{}", e.ok()?.file_name().into_string().ok()?)))
         .collect();
-    Sources { markdown, figures, data: committed_data() }
+    let figure_hashes = figures
+        .iter()
+        .filter_map(|name| {
+            let svg = std::fs::read_to_string(content_dir().join(name)).ok()?;
+            Some((name.clone(), files::drawn_from(&svg)?.to_string()))
+        })
+        .collect();
+    Sources { markdown, figures, figure_hashes, data: committed_data() }
 }
 
 /// The committed course's data files, `data/NAME.toml` → text.
@@ -63,7 +71,14 @@ fn committed_data() -> std::collections::BTreeMap<String, String> {
 
 /// The course as a build rewrote it: every file, since later chapters cite the first two.
 fn rebuilt_lesson(rebuilt: &Build) -> Sources {
-    Sources { markdown: rebuilt.markdown.clone(), ..lesson() }
+    let mut sources = Sources { markdown: rebuilt.markdown.clone(), ..lesson() };
+    // The figures it drew, as if written back.
+    for figure in &rebuilt.figures {
+        if let Some(hash) = std::str::from_utf8(&figure.bytes).ok().and_then(files::drawn_from) {
+            sources.figure_hashes.insert(figure.name.clone(), hash.to_string());
+        }
+    }
+    sources
 }
 
 /// The error report for a lesson whose first file is `attention`.
@@ -153,7 +168,6 @@ fn changing_v_love_makes_every_dependent_place_stale_and_one_build_fixes_them() 
     let rebuilt = build(&sources).expect("builds");
     let again = rebuilt_lesson(&rebuilt);
     let after = check(&again).expect("still valid");
-    // Only figure files remain: this test does not write the re-rendered figures back.
     assert!(after.is_empty(), "{}", stale_report(&after));
     assert!(rebuilt.markdown[0].text.contains("[4.01](=sentence.love.output:2)"));
     assert!(
@@ -311,8 +325,7 @@ Output of a under the keep mask: [?](=kept.a.output.3:2).
 fn projections_masks_scales_and_wide_values() {
     let sources = Sources {
         markdown: vec![SourceFile { path: "content/01-features.md".into(), text: FEATURES.into() }],
-        figures: Default::default(),
-        data: Default::default(),
+        ..Default::default()
     };
     let built = build(&sources).unwrap_or_else(|e| panic!("{e}"));
     let text = &built.markdown[0].text;
@@ -328,8 +341,7 @@ fn projections_masks_scales_and_wide_values() {
 fn one_file(text: &str) -> Sources {
     Sources {
         markdown: vec![SourceFile { path: "content/01-test.md".into(), text: text.into() }],
-        figures: Default::default(),
-        data: Default::default(),
+        ..Default::default()
     }
 }
 
@@ -683,6 +695,10 @@ fn the_every_kind_fixture_builds_and_is_stable() {
     let mut again = one_file(&built.markdown[0].text);
     again.figures = built.figures.iter().map(|f| f.name.clone()).collect();
     assert_eq!(again.figures.len(), 2, "the head's heatmap, as SVG and PNG");
+    // The SVG says what it was drawn from; without that it would be drawn again.
+    let svg = built.figures.iter().find(|f| f.name.ends_with(".svg")).expect("the SVG");
+    let drawn = files::drawn_from(std::str::from_utf8(&svg.bytes).expect("text")).expect("marked");
+    again.figure_hashes.insert(svg.name.clone(), drawn.to_string());
     let again = check(&again).expect("valid");
     assert!(again.is_empty(), "{}", stale_report(&again));
 }

@@ -46,8 +46,9 @@ fn generate(cx: &mut Context<'_, '_>) -> Result<Generated, Problem> {
     };
     let caption = caption.trim();
     let body = format!(
-        "![{}](figures/{id}.svg)\n\n*{caption}* ([PNG](figures/{id}.png))\n\n<!-- qkv-figure-hash {} -->\n",
+        "![{}](figures/{id}.svg)\n\n*{caption}* ([PNG](figures/{id}.png))\n\n<!-- {}{} -->\n",
         escape_alt(&prepared.alt),
+        crate::files::DRAWN_FROM,
         prepared.hash
     );
     let html = format!(

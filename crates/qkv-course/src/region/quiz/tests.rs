@@ -123,8 +123,7 @@ fn a_change_to_a_cited_input_makes_the_quiz_stale() {
     let edited = markdown.replacen("scores = [1.0, 0.0]", "scores = [2.0, 0.0]", 1);
     let sources = Sources {
         markdown: vec![SourceFile { path: "content/01-quizzes.md".into(), text: edited }],
-        figures: Default::default(),
-        data: Default::default(),
+        ..Default::default()
     };
     let stale = crate::check(&sources).expect("valid");
     assert!(stale.iter().any(|s| s.what == "quiz weight"), "{}", crate::stale_report(&stale));
@@ -256,8 +255,7 @@ fn a_computed_key_follows_its_inputs_and_check_lists_the_quiz() {
     assert!(w[0] > w[2] && output <= 4.0, "{w:?} {output}");
     let sources = Sources {
         markdown: vec![SourceFile { path: "content/01-keys.md".into(), text: after.clone() }],
-        figures: Default::default(),
-        data: Default::default(),
+        ..Default::default()
     };
     let stale = crate::check(&sources).expect("valid");
     let report = crate::stale_report(&stale);
