@@ -766,6 +766,9 @@ pub(crate) fn parse(doc: usize, block: &Block) -> Result<Decl, Vec<Problem>> {
                     .unwrap_or_else(|| vec![1, 2, 4, 8, 16, 32, 64, 128, 256]),
                 data: get("data").and_then(|v| reader.string(v, "a data file, `data/NAME.toml`")),
             });
+            if let Some(f) = &figure {
+                reader.other_kinds_fields(&table, f.kind.name(), &FigureKind::all_fields());
+            }
             if let Some(f) = &figure
                 && f.kind == FigureKind::Measurements
                 && f.data.is_none()

@@ -68,4 +68,21 @@ impl FigureKind {
     pub(crate) fn needs_query(self) -> bool {
         matches!(self, Self::QueryDiagram | Self::ScoreCurve)
     }
+
+    /// The fields it reads besides `id`, `kind` and `caption`: a field of another kind's is an
+    /// error, where it would be ignored.
+    pub(crate) fn fields(self) -> &'static [&'static str] {
+        match self {
+            // A heatmap outlines `query`'s row; the others draw that query.
+            Self::Heatmap | Self::QueryDiagram | Self::ScoreCurve => &["example", "query"],
+            Self::TileTrace => &["example"],
+            Self::ScalingVariance | Self::ScalingSaturation => &["seed", "trials", "dims"],
+            Self::Measurements => &["data"],
+        }
+    }
+
+    /// Every kind's name and [`fields`](Self::fields).
+    pub(crate) fn all_fields() -> Vec<(&'static str, &'static [&'static str])> {
+        Self::NAMES.iter().filter_map(|&name| Some((name, Self::from_name(name)?.fields()))).collect()
+    }
 }

@@ -446,10 +446,15 @@ impl Reader<'_> {
         }
     }
 
-    /// Reports each field of `table` that belongs to another kind than `kind` (in `kinds`).
-    fn other_kinds_fields(&mut self, table: &DeTable<'_>, kind: &str, kinds: &[(&str, &[&str])]) {
+    /// Reports each field of `table` that belongs to another kind than `kind` (in `kinds`), and
+    /// not to `kind` too.
+    pub(super) fn other_kinds_fields(&mut self, table: &DeTable<'_>, kind: &str, kinds: &[(&str, &[&str])]) {
+        let own: &[&str] = kinds.iter().find(|(k, _)| *k == kind).map_or(&[], |(_, fields)| fields);
         for (key, _) in table.iter() {
             let name = key.get_ref().as_ref();
+            if own.contains(&name) {
+                continue;
+            }
             if let Some((owner, _)) = kinds.iter().find(|(k, fields)| *k != kind && fields.contains(&name)) {
                 self.problem(
                     key.span().start,
