@@ -254,6 +254,9 @@ pub(crate) struct Document {
     pub title: Option<String>,
     /// The author's links to places in the course: another section's file, a heading's anchor.
     pub links: Vec<SectionLink>,
+    /// The author's links and images to other files of the course (`figures/…`,
+    /// `notebooks/…`, a page's `.html`), which the build checks it writes.
+    pub file_links: Vec<SectionLink>,
     /// The anchors of the headings below the title, as the page gives them ids.
     pub anchors: Vec<String>,
 }
@@ -277,6 +280,16 @@ fn is_section_link(dest: &str) -> bool {
     });
     let file = dest.split('#').next().unwrap_or("");
     !scheme && !dest.starts_with('/') && (file.is_empty() || file.ends_with(".md")) && !dest.is_empty()
+}
+
+/// Whether `dest` is a link to a file relative to the lesson that is not a section's `.md` file (a
+/// figure, a notebook, a page as the site names it), nor a citation (`=PATH`).
+fn is_file_link(dest: &str) -> bool {
+    let scheme = dest.split_once(':').is_some_and(|(scheme, _)| {
+        !scheme.is_empty() && scheme.chars().all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c))
+    });
+    let file = dest.split('#').next().unwrap_or("");
+    !scheme && !dest.starts_with(['/', '=']) && !file.is_empty() && !file.ends_with(".md")
 }
 
 /// A citation link being read: destination, path offset, inner events (range, is text).
@@ -346,6 +359,13 @@ pub(crate) fn parse(doc: usize, text: &str) -> Result<Document, Vec<Problem>> {
                 let written = &text[range.clone()];
                 let at = written.find(&format!("]({dest_url}")).map_or(range.start, |i| range.start + i + 2);
                 document.links.push(SectionLink { dest: dest_url.to_string(), at });
+            }
+            Event::Start(Tag::Link { dest_url, .. } | Tag::Image { dest_url, .. })
+                if !in_region && is_file_link(dest_url) =>
+            {
+                let written = &text[range.clone()];
+                let at = written.find(&format!("]({dest_url}")).map_or(range.start, |i| range.start + i + 2);
+                document.file_links.push(SectionLink { dest: dest_url.to_string(), at });
             }
             Event::Start(Tag::Image { dest_url, .. })
                 if !in_region && dest_url.trim_start().starts_with('=') =>

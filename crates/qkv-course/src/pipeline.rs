@@ -410,6 +410,46 @@ fn link_problems(sources: &Sources, docs: &[Document]) -> Vec<Problem> {
     problems
 }
 
+/// The author's links and images to files other than sections that the course does not write: a
+/// figure no block declares, a notebook no lab writes, a page by its site name (which leads
+/// nowhere on a forge, where a section's `.md` file leads to both).
+fn file_link_problems(
+    sources: &Sources,
+    docs: &[Document],
+    figures: &[FigureJob],
+    notebooks: &[OutputFile],
+) -> Vec<Problem> {
+    let mut written: BTreeSet<String> = sources.figures.iter().cloned().collect();
+    written.extend(
+        figures.iter().flat_map(|f| [format!("figures/{}.svg", f.id), format!("figures/{}.png", f.id)]),
+    );
+    written.extend(notebooks.iter().map(|n| n.name.clone()));
+    // The site's own pages, which no section file stands for.
+    written.extend(["index.html", "glossary.html", "print.html"].map(String::from));
+    let mut problems = Vec::new();
+    for (i, doc) in docs.iter().enumerate() {
+        for link in &doc.file_links {
+            let file = link.dest.split('#').next().unwrap_or_default();
+            if written.contains(file) {
+                continue;
+            }
+            let section = sources.markdown.iter().find(|f| format!("{}.html", section_id(&f.path)) == file);
+            let (message, expected) = match section {
+                Some(f) => (
+                    format!("a link to `{file}`, a page by the name the site gives it: on a forge it leads nowhere"),
+                    format!("the section's file, `{}`, which leads to its page on the site and on a forge", file_name(&f.path)),
+                ),
+                None => (
+                    format!("a link to `{file}`, which the course does not write: it would lead nowhere"),
+                    "a section's `.md` file, a figure (`figures/ID.svg`) or a lab's notebook the course writes, or an address (`https://…`)".to_string(),
+                ),
+            };
+            problems.push(Problem::new(i, link.at, message, &link.dest, expected));
+        }
+    }
+    problems
+}
+
 fn plan(sources: &Sources) -> Result<Plan, ContentErrors> {
     let sections: Vec<String> = sources.markdown.iter().map(|f| section_id(&f.path)).collect();
     // Everything else is keyed by section: with two files under one id, later errors would mislead.
@@ -529,6 +569,7 @@ fn plan(sources: &Sources) -> Result<Plan, ContentErrors> {
         region_html.push(page);
     }
     problems.extend(region::misplaced(&decls, &docs));
+    problems.extend(file_link_problems(sources, &docs, &figures_out, &notebooks));
     problems.extend(term_problems(sources, &decls));
     problems.append(&mut eval.problems);
     if !problems.is_empty() {
