@@ -2,7 +2,9 @@
 tensors, tensor subclasses, torch.func's transforms, a cache shared by threads, and forked
 processes. Each case is one a user met: before its fix it failed, hung or gave wrong numbers."""
 
+import importlib
 import multiprocessing
+import os
 import subprocess
 import sys
 import threading
@@ -42,6 +44,36 @@ print(explained.graph_count, explained.graph_break_count)
 
 def test_import_before_torch_registers_the_operators_with_torch():
     assert run_python(IMPORT_QKV_FIRST).split() == ["1", "0"]
+
+
+TYPED_PROGRAM = """
+import torch
+import qkv
+
+q = torch.randn(1, 2, 4, 8)
+out: torch.Tensor = qkv.scaled_dot_product_attention(q, q, q, is_causal=True)
+cache = qkv.KvCache(1, 2, 16, 8)
+held: int = cache.length(0)
+qkv.scaled_dot_product_attention(q, q, q, is_causal="no")
+qkv.PagedKvCache(1, 2, 8).fork("first")
+"""
+
+
+def test_a_type_checker_reads_the_packages_signatures(tmp_path):
+    # Under CI mypy is installed (.ci/run); elsewhere the test needs it.
+    api = importlib.import_module("mypy.api") if "CI" in os.environ else pytest.importorskip("mypy.api")
+    (tmp_path / "user.py").write_text(TYPED_PROGRAM)
+    # torch's own annotations are not what is checked here, and take a minute to read.
+    (tmp_path / "mypy.ini").write_text("[mypy]\n[mypy-torch.*]\nfollow_imports = skip\n"
+                                       "[mypy-numpy.*]\nfollow_imports = skip\n")
+    stdout, _, status = api.run(["--python-executable", sys.executable, "--no-incremental",
+                                 "--config-file", str(tmp_path / "mypy.ini"), str(tmp_path / "user.py")])
+    errors = [line.split(": error: ")[1] for line in stdout.splitlines() if ": error: " in line]
+    assert status == 1 and errors == [
+        'Argument "is_causal" to "scaled_dot_product_attention" has incompatible type "str"; expected "bool"  '
+        "[arg-type]",
+        'Argument 1 to "fork" of "PagedKvCache" has incompatible type "str"; expected "int"  [arg-type]',
+    ], stdout
 
 
 def test_numpy_users_import_no_torch():

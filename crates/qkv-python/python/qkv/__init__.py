@@ -10,12 +10,18 @@ Context parallelism on ``torch.distributed`` is a module of its own, which impor
 ``import qkv.distributed``.
 """
 
+from __future__ import annotations
+
 import importlib
 import sys
+from typing import TYPE_CHECKING, Optional, Tuple, Union
 
 from . import _core
 from ._cache import KvCache, PagedKvCache
 from ._qkv import __version__, alibi_slopes, simd_report
+
+if TYPE_CHECKING:
+    from ._typing import Array, Offsets, PerHead, Scale, Window
 
 __all__ = [
     "scaled_dot_product_attention",
@@ -126,20 +132,20 @@ def _op_slopes(torch, slopes, checked):
 
 
 def scaled_dot_product_attention(
-    query,
-    key,
-    value,
-    attn_mask=None,
-    dropout_p=0.0,
-    is_causal=False,
-    scale=None,
-    enable_gqa=False,
+    query: Array,
+    key: Array,
+    value: Array,
+    attn_mask: Optional[Array] = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: Optional[Scale] = None,
+    enable_gqa: bool = False,
     *,
-    sliding_window=None,
-    alibi_slopes=None,
-    softcap=None,
-    sinks=None,
-):
+    sliding_window: Optional[Window] = None,
+    alibi_slopes: Optional[PerHead] = None,
+    softcap: Optional[float] = None,
+    sinks: Optional[PerHead] = None,
+) -> Array:
     """``softmax(query · keyᵀ · scale + mask) · value``, as PyTorch's
     ``torch.nn.functional.scaled_dot_product_attention`` computes it.
 
@@ -198,19 +204,19 @@ def scaled_dot_product_attention(
 
 
 def attention_with_lse(
-    query,
-    key,
-    value,
-    attn_mask=None,
-    is_causal=False,
-    scale=None,
-    enable_gqa=False,
+    query: Array,
+    key: Array,
+    value: Array,
+    attn_mask: Optional[Array] = None,
+    is_causal: bool = False,
+    scale: Optional[Scale] = None,
+    enable_gqa: bool = False,
     *,
-    sliding_window=None,
-    alibi_slopes=None,
-    softcap=None,
-    sinks=None,
-):
+    sliding_window: Optional[Window] = None,
+    alibi_slopes: Optional[PerHead] = None,
+    softcap: Optional[float] = None,
+    sinks: Optional[PerHead] = None,
+) -> Tuple[Array, Array]:
     """Like ``scaled_dot_product_attention``, also returning each row's logsumexp
     ``ln Σ_j exp(score_ij)`` (``[..., L]``, float64 for float64 inputs, float32 otherwise; ``-inf``
     for a row that sees no key; with ``sinks`` the sum has ``exp(s_h)`` too): ``(out, lse)``.
@@ -223,20 +229,20 @@ def attention_with_lse(
 
 
 def varlen_attention(
-    query,
-    key,
-    value,
-    cu_seqlens_q,
-    cu_seqlens_k,
+    query: Array,
+    key: Array,
+    value: Array,
+    cu_seqlens_q: Offsets,
+    cu_seqlens_k: Offsets,
     *,
-    is_causal=False,
-    scale=None,
-    sliding_window=None,
-    alibi_slopes=None,
-    softcap=None,
-    sinks=None,
-    return_lse=False,
-):
+    is_causal: bool = False,
+    scale: Optional[Scale] = None,
+    sliding_window: Optional[Window] = None,
+    alibi_slopes: Optional[PerHead] = None,
+    softcap: Optional[float] = None,
+    sinks: Optional[PerHead] = None,
+    return_lse: bool = False,
+) -> Union[Array, Tuple[Array, Array]]:
     """Attention over a packed batch of sequences of different lengths, with no padding, in
     flash-attn's ``flash_attn_varlen_func`` layout: ``query`` ``[total_q, heads, E]``, ``key``
     ``[total_k, kv_heads, E]``, ``value`` ``[total_k, kv_heads, Ev]`` (``kv_heads`` dividing
@@ -312,23 +318,23 @@ def _varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, options, with_lse):
 
 
 def flash_attn_varlen_func(
-    q,
-    k,
-    v,
-    cu_seqlens_q,
-    cu_seqlens_k,
-    max_seqlen_q,
-    max_seqlen_k,
-    dropout_p=0.0,
-    softmax_scale=None,
-    causal=False,
-    window_size=(-1, -1),
-    softcap=0.0,
-    alibi_slopes=None,
-    deterministic=False,
-    return_attn_probs=False,
-    block_table=None,
-):
+    q: Array,
+    k: Array,
+    v: Array,
+    cu_seqlens_q: Offsets,
+    cu_seqlens_k: Offsets,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    dropout_p: float = 0.0,
+    softmax_scale: Optional[Scale] = None,
+    causal: bool = False,
+    window_size: Tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: Optional[Array] = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+    block_table: None = None,
+) -> Union[Array, Tuple[Array, Array, None]]:
     """flash-attn's ``flash_attn_varlen_func`` (flash-attn 2.6's arguments, in its order), on the
     CPU: porting a call is changing its import. ``varlen_attention`` with flash-attn's spelling:
     ``softmax_scale``, ``causal`` (bottom-right), ``window_size=(left, right)`` (-1 unbounded),
@@ -392,7 +398,7 @@ _FLASH_NAMES = {
 }
 
 
-def merge(out_a, lse_a, out_b, lse_b):
+def merge(out_a: Array, lse_a: Array, out_b: Array, lse_b: Array) -> Tuple[Array, Array]:
     """Attention over two disjoint sets of keys (``(out, lse)`` each, from ``attention_with_lse``)
     merged exactly into attention over both: ``(out, lse)``. A row that sees no key in one part
     takes the other's. Not differentiable: an input that requires grad, with grad mode on, raises

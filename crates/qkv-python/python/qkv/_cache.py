@@ -1,10 +1,16 @@
 """The engine's KV caches for decoding: ``KvCache`` (one sequence) and ``PagedKvCache`` (many
 sequences in blocks of one pool), over torch tensors or NumPy arrays."""
 
+from __future__ import annotations
+
 import functools
 import operator
+from typing import TYPE_CHECKING, Any, Optional, Sequence, Tuple, Union
 
 from . import _core, _qkv
+
+if TYPE_CHECKING:
+    from ._typing import Array, PerHead, Scale, Window
 
 
 def _dtype_name(dtype):
@@ -145,8 +151,8 @@ class KvCache(_Cache):
     ``sink_tokens`` plus the window plus the largest step but one, on every CPU.
     """
 
-    def __init__(self, layers, kv_heads, capacity, key_dim, value_dim=None, dtype="float32", window=None,
-                 sink_tokens=None):
+    def __init__(self, layers: int, kv_heads: int, capacity: int, key_dim: int, value_dim: Optional[int] = None,
+                 dtype: Any = "float32", window: Optional[int] = None, sink_tokens: Optional[int] = None) -> None:
         dtype = _dtype_name(dtype)
         value_dim = key_dim if value_dim is None else value_dim
         sizes = {"layers": layers, "kv_heads": kv_heads, "capacity": capacity, "key_dim": key_dim,
@@ -155,7 +161,7 @@ class KvCache(_Cache):
         inner = _qkv.KvCache(*sizes[:5], dtype, *sizes[5:])
         super().__init__(inner, dtype)
 
-    def append(self, layer, key, value):
+    def append(self, layer: int, key: Array, value: Array) -> None:
         """Appends ``key`` ``[kv_heads, n_new, key_dim]`` and ``value`` to layer ``layer`` (inference
         only: see ``attend``)."""
         _refuse_grad("KvCache.append", ("key", key), ("value", value))
@@ -163,8 +169,10 @@ class KvCache(_Cache):
         key, value = self._appends(xp, key, value)
         self._inner.append(_whole("layer", layer), xp.raw(key), xp.raw(value))
 
-    def attend(self, layer, query, *, scale=None, sliding_window=None, alibi_slopes=None, softcap=None,
-               keep=None, sinks=None, return_lse=False):
+    def attend(self, layer: int, query: Array, *, scale: Optional[Scale] = None,
+               sliding_window: Optional[Window] = None, alibi_slopes: Optional[PerHead] = None,
+               softcap: Optional[float] = None, keep: Optional[Array] = None, sinks: Optional[PerHead] = None,
+               return_lse: bool = False) -> Union[Array, Tuple[Array, Array]]:
         """Attention of ``query`` over layer ``layer``: ``out`` (and ``(out, lse)`` with
         ``return_lse``). ``keep`` is a boolean ``[n_q, held]`` mask on top of the causal one;
         ``sinks`` one logit per query head, as ``qkv.scaled_dot_product_attention`` takes them.
@@ -180,19 +188,19 @@ class KvCache(_Cache):
                                (xp.raw(out), None if lse is None else xp.raw(lse)))
         return (out, lse) if return_lse else out
 
-    def length(self, layer):
+    def length(self, layer: int) -> int:
         """Positions appended to layer ``layer`` since the cache was made or cleared."""
         return self._inner.len(_whole("layer", layer))
 
-    def held(self, layer):
+    def held(self, layer: int) -> int:
         """Positions layer ``layer`` holds (a windowed cache holds at most its capacity)."""
         return self._inner.held(_whole("layer", layer))
 
-    def clear(self):
+    def clear(self) -> None:
         """Empties every layer."""
         self._inner.clear()
 
-    def truncate(self, length):
+    def truncate(self, length: int) -> None:
         """Rolls the cache back to its first ``length`` positions (every layer holding more is cut
         to ``length``): a speculative draft's rejected tokens, say; the next ``append`` writes over
         what was cut. Raises ``ValueError``, changing nothing, if no layer holds ``length``
@@ -203,12 +211,12 @@ class KvCache(_Cache):
         self._inner.truncate(_whole("length", length))
 
     @property
-    def shape(self):
+    def shape(self) -> Tuple[int, int, int, int, int]:
         """``(layers, kv_heads, capacity, key_dim, value_dim)``."""
         return self._inner.shape
 
     @property
-    def window(self):
+    def window(self) -> Optional[int]:
         """The window of a windowed cache, else None."""
         return self._inner.window
 
@@ -227,7 +235,8 @@ class PagedKvCache(_Cache):
     key_dim]``.
     """
 
-    def __init__(self, layers, kv_heads, key_dim, value_dim=None, block_size=64, blocks=256, dtype="float32"):
+    def __init__(self, layers: int, kv_heads: int, key_dim: int, value_dim: Optional[int] = None,
+                 block_size: int = 64, blocks: int = 256, dtype: Any = "float32") -> None:
         dtype = _dtype_name(dtype)
         value_dim = key_dim if value_dim is None else value_dim
         sizes = {"layers": layers, "kv_heads": kv_heads, "key_dim": key_dim, "value_dim": value_dim,
@@ -236,45 +245,45 @@ class PagedKvCache(_Cache):
         super().__init__(_qkv.PagedKvCache(*sizes, dtype), dtype)
 
     @staticmethod
-    def block_granularity():
+    def block_granularity() -> int:
         """Block sizes that are a multiple of this waste no memory on this CPU (any size works)."""
         return _qkv.PagedKvCache.block_granularity()
 
-    def add_sequence(self):
+    def add_sequence(self) -> int:
         """A new, empty sequence's handle."""
         return self._inner.add_sequence()
 
-    def fork(self, seq):
+    def fork(self, seq: int) -> int:
         """A new sequence sharing ``seq``'s positions."""
         return self._inner.fork(_whole("seq", seq))
 
-    def truncate(self, seq, length):
+    def truncate(self, seq: int, length: int) -> None:
         """Keeps ``seq``'s first ``length`` positions."""
         self._inner.truncate(_whole("seq", seq), _whole("length", length))
 
-    def free(self, seq):
+    def free(self, seq: int) -> None:
         """Returns ``seq``'s blocks to the pool."""
         self._inner.free(_whole("seq", seq))
 
-    def length(self, seq, layer=0):
+    def length(self, seq: int, layer: int = 0) -> int:
         """Positions ``seq`` holds at layer ``layer``."""
         return self._inner.len(_whole("seq", seq), _whole("layer", layer))
 
-    def evict_before(self, seq, position):
+    def evict_before(self, seq: int, position: int) -> None:
         """Returns to the pool ``seq``'s blocks that lie wholly before ``position`` (what a sliding
         window has left behind), at every layer. Positions keep their numbers: causal alignment,
         ALiBi distances and rotary angles count from 0 as before."""
         self._inner.evict_before(_whole("seq", seq), _whole("position", position))
 
-    def first_held(self, seq):
+    def first_held(self, seq: int) -> int:
         """The first position ``seq`` still holds (0 unless blocks were evicted)."""
         return self._inner.first_held(_whole("seq", seq))
 
-    def free_blocks(self):
+    def free_blocks(self) -> int:
         """Blocks no sequence holds."""
         return self._inner.free_blocks()
 
-    def append(self, layer, seq, key, value):
+    def append(self, layer: int, seq: int, key: Array, value: Array) -> None:
         """Appends ``key`` ``[kv_heads, n_new, key_dim]`` and ``value`` to ``seq`` at ``layer``
         (inference only, as ``KvCache.append`` is)."""
         _refuse_grad("PagedKvCache.append", ("key", key), ("value", value))
@@ -282,8 +291,11 @@ class PagedKvCache(_Cache):
         key, value = self._appends(xp, key, value)
         self._inner.append(_whole("layer", layer), _whole("seq", seq), xp.raw(key), xp.raw(value))
 
-    def attend(self, layer, sequences, offsets, query, *, scale=None, sliding_window=None, alibi_slopes=None,
-               softcap=None, keep=None, sinks=None, return_lse=False):
+    def attend(self, layer: int, sequences: Sequence[int], offsets: Sequence[int], query: Array, *,
+               scale: Optional[Scale] = None, sliding_window: Optional[Window] = None,
+               alibi_slopes: Optional[PerHead] = None, softcap: Optional[float] = None,
+               keep: Optional[Array] = None, sinks: Optional[PerHead] = None,
+               return_lse: bool = False) -> Union[Array, Tuple[Array, Array]]:
         """Attention for a batch of sequences, ``[query_heads, n_queries, value_dim]`` in float32
         packed as ``query`` is (and the logsumexp with ``return_lse``); ``sinks`` as in
         ``KvCache.attend``; inference only, as ``KvCache.attend`` is."""
@@ -300,6 +312,6 @@ class PagedKvCache(_Cache):
         return (out, lse) if return_lse else out
 
     @property
-    def shape(self):
+    def shape(self) -> Tuple[int, int, int, int, int, int]:
         """``(layers, kv_heads, key_dim, value_dim, block_size, blocks)``."""
         return self._inner.shape

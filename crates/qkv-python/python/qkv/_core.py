@@ -246,7 +246,8 @@ def checked_dtype(xp, tensors, rank_fits, needs, on_cpu=True):
             raise ValueError(f"{argument} has dtype {xp.dtype_name(t)}: qkv takes {', '.join(FLOATS)}")
     dtype, key, value = (xp.dtype_name(t) for t in tensors)
     if key != dtype or value != dtype:
-        raise ValueError(f"query, key and value have dtypes {dtype}, {key} and {value}: they need one dtype")
+        raise ValueError(f"query, key and value have dtypes {dtype}, {key} and {value}: they need one dtype "
+                         "(torch.autocast does not cast qkv's inputs: convert them, as with key.to(query.dtype))")
     return dtype
 
 

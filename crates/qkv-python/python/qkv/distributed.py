@@ -14,6 +14,8 @@ sequence is cut into ``2 · world_size`` chunks and process ``r`` takes chunks `
 ``2 · world_size - 1 - r`` (zig-zag), so every process does the same work.
 """
 
+from typing import Optional, Tuple, Union
+
 import torch
 import torch.distributed as dist
 
@@ -29,7 +31,7 @@ def _chunks(world_size, rank, is_causal):
     return (rank,), world_size
 
 
-def shard(x, rank, world_size, is_causal=False, dim=-2):
+def shard(x: torch.Tensor, rank: int, world_size: int, is_causal: bool = False, dim: int = -2) -> torch.Tensor:
     """Rank ``rank``'s slice of ``x`` along the sequence dimension ``dim``: a contiguous slice,
     or with ``is_causal`` the zig-zag pair of chunks. The length must divide evenly."""
     held, count = _chunks(world_size, rank, is_causal)
@@ -40,7 +42,8 @@ def shard(x, rank, world_size, is_causal=False, dim=-2):
     return torch.cat([pieces[i] for i in held], dim).contiguous()
 
 
-def unshard(local, world_size, is_causal=False, dim=-2, group=None):
+def unshard(local: torch.Tensor, world_size: int, is_causal: bool = False, dim: int = -2,
+            group: Optional[dist.ProcessGroup] = None) -> torch.Tensor:
     """The whole sequence from every rank's slice (an all-gather; for checks and small outputs)."""
     gathered = [torch.empty_like(local) for _ in range(world_size)]
     dist.all_gather(gathered, local.contiguous(), group=group)
@@ -239,8 +242,17 @@ class _ContextParallel(torch.autograd.Function):
         return dq.to(ctx.saved_tensors[0].dtype), dk.to(key.dtype), dv.to(value.dtype), None, None, None, None
 
 
-def context_parallel_attention(query, key, value, *, is_causal=False, scale=None, enable_gqa=False, group=None,
-                               return_lse=False):
+def context_parallel_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    *,
+    is_causal: bool = False,
+    scale: Optional[float] = None,
+    enable_gqa: bool = False,
+    group: Optional[dist.ProcessGroup] = None,
+    return_lse: bool = False,
+) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """Attention of this rank's slice of a sequence (``query``, ``key``, ``value``, ``[..., n /
     world_size, E]``, each from ``shard`` with the same ``is_causal``) over the whole sequence,
     whose other slices the other ranks of ``group`` hold: this rank's slice of the output
