@@ -57,6 +57,40 @@ pub(crate) fn tex_error(tex: &str) -> Option<String> {
     Some(reason.lines().next().unwrap_or_default().to_string())
 }
 
+/// What is wrong with the math of a short markdown text (a quiz's question, a figure's caption),
+/// if anything: TeX the renderer cannot read, or a `$` that opens no math (braces that do not
+/// balance), which the page would show as typed. The same rules as the prose's.
+pub(crate) fn fragment_math_error(markdown: &str) -> Option<String> {
+    // A citation (`{=PATH:FORMAT}`) stands for a number: its path is no TeX.
+    let mut cited = String::with_capacity(markdown.len());
+    let mut rest = markdown;
+    while let Some(open) = rest.find("{=") {
+        let Some(close) = rest[open..].find('}') else { break };
+        cited.push_str(&rest[..open]);
+        cited.push_str("{0}");
+        rest = &rest[open + close + 1..];
+    }
+    cited.push_str(rest);
+    let markdown = cited.as_str();
+    for (event, range) in Parser::new_ext(markdown, markdown_options()).into_offset_iter() {
+        match event {
+            Event::InlineMath(tex) | Event::DisplayMath(tex) => {
+                if let Some(reason) = tex_error(&tex) {
+                    return Some(format!(
+                        "TeX the renderer cannot read ({reason}) in `{}`",
+                        &markdown[range]
+                    ));
+                }
+            }
+            Event::Text(_) if markdown[range.start..].starts_with("$\\") => {
+                return Some("a `$` that opens no math (do its braces balance?)".to_string());
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
 /// A display formula that fits a phone's column: `<span class="display-math">` holding one
 /// `<span class="equation">` per formula of a list (`a, \qquad b`), each holding one `<math>` per
 /// piece that starts at a relation (`=`, `\approx`, …). MathML cannot break a line, but the page

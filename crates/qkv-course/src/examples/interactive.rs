@@ -380,7 +380,17 @@ impl Reader<'_> {
         };
         let term = line(self, "term", "the term as the glossary lists it");
         let symbol = line(self, "symbol", "its symbol in TeX, such as `d_k`");
+        if let (Some(tex), Some(v)) = (&symbol, table.get("symbol"))
+            && let Some(reason) = crate::markup::tex_error(tex)
+        {
+            self.wrong(v, &format!("TeX the renderer reads ({reason})"), "its symbol in TeX, such as `d_k`");
+        }
         let definition = line(self, "definition", "what the term means, in markdown");
+        if let (Some(text), Some(v)) = (&definition, table.get("definition"))
+            && let Some(message) = crate::markup::fragment_math_error(text)
+        {
+            self.wrong(v, &message, "TeX the renderer reads, between `$` and `$`");
+        }
         for (name, value) in [("term", &term), ("definition", &definition)] {
             if value.is_none() && table.get(name).is_none() {
                 self.problem(
@@ -426,6 +436,10 @@ impl Reader<'_> {
         let raw = self.block.content.get(span.clone()).unwrap_or("");
         let opens: Vec<usize> =
             citation_shapes(raw).into_iter().map(|(i, _)| self.block.source_offset(span.start + i)).collect();
+        if let Some(message) = crate::markup::fragment_math_error(&field.value) {
+            self.problem(span.start, message, first_line(raw), "TeX the renderer reads, between `$` and `$`");
+            return None;
+        }
         match Text::parse(self.doc, field.value, field.at, &opens) {
             Ok(t) => Some(t),
             Err(p) => {
