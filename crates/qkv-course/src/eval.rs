@@ -358,7 +358,12 @@ impl<'d> Evaluator<'d> {
         if known.is_empty() {
             return Err("the id of a `qkv` block, but the lesson declares none".into());
         }
-        Err(format!("an example id: {}", known.join(", ")))
+        let ids: Vec<&str> = known.iter().map(String::as_str).collect();
+        Err(match crate::examples::closest(segments[0], &ids) {
+            // The nearest id first: the list can be long.
+            Some(near) => format!("`{near}`, the example id nearest to it (the ids: {})", known.join(", ")),
+            None => format!("an example id: {}", known.join(", ")),
+        })
     }
 
     /// Whether `key` names a declaration with values (not a figure, quiz or widget).

@@ -959,7 +959,7 @@ fn unclosed_bracket(text: &str, at: usize) -> Option<usize> {
 }
 
 /// The allowed name nearest to a misspelt one, if it is close.
-fn closest<'a>(name: &str, allowed: &[&'a str]) -> Option<&'a str> {
+pub(crate) fn closest<'a>(name: &str, allowed: &[&'a str]) -> Option<&'a str> {
     let distance = |a: &str, b: &str| {
         let b: Vec<char> = b.chars().collect();
         let mut row: Vec<usize> = (0..=b.len()).collect();

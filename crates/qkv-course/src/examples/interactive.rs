@@ -451,10 +451,15 @@ impl Reader<'_> {
 
     /// A whole number of decimals, 0 to 12.
     fn digits(&mut self, v: &Value<'_>) -> Option<usize> {
+        const WHOLE: &str = "a whole number from 0 to 12, such as `3`";
+        if !matches!(v.get_ref(), DeValue::Integer(_) | DeValue::Float(_)) {
+            self.wrong(v, "a number of decimals", WHOLE);
+            return None;
+        }
         match self.scalar(v)? {
             x if (0.0..=12.0).contains(&x) && x == x.trunc() => Some(x as usize),
             _ => {
-                self.wrong(v, "a number of decimals", "a whole number from 0 to 12, such as `3`");
+                self.wrong(v, "a number of decimals", WHOLE);
                 None
             }
         }
