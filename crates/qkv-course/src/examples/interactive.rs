@@ -946,6 +946,15 @@ impl Reader<'_> {
             self.wrong(v, "a summary without citations", "plain text: a summary cannot cite numbers");
             return None;
         }
+        // The contents page shows it as written: markdown's marks and math would show as typed.
+        if let Some(mark) = ['*', '`', '$', '['].into_iter().find(|&c| text.contains(c)) {
+            self.wrong(
+                v,
+                &format!("a summary without markdown (`{mark}` would show as typed on the contents page)"),
+                EXPECTED,
+            );
+            return None;
+        }
         Some(text.to_string())
     }
 
