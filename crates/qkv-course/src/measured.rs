@@ -23,7 +23,14 @@ pub(crate) struct Measurements {
 /// Reads data file `path`; `Err` says what was expected instead.
 pub(crate) fn parse(path: &str, text: &str) -> Result<Measurements, String> {
     let table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
-        format!("a TOML data file (`{path}` does not read: {})", e.message())
+        // Where in the data file: the error is reported at the figure's `data` field.
+        let place = e.span().map_or_else(String::new, |span| {
+            let before = &text[..span.start.min(text.len())];
+            let line = before.matches('\n').count() + 1;
+            let column = before.rsplit('\n').next().unwrap_or_default().chars().count() + 1;
+            format!(" at line {line}, column {column}")
+        });
+        format!("a TOML data file (`{path}` does not read{place}: {})", e.message().trim_end())
     })?;
     let string = |name: &str| -> Result<String, String> {
         table
@@ -53,6 +60,15 @@ pub(crate) fn parse(path: &str, text: &str) -> Result<Measurements, String> {
     let mut series: Vec<(String, Vec<f64>)> = Vec::new();
     for (i, s) in tables.iter().enumerate() {
         let what = format!("series {}", i + 1);
+        // A misspelt field would read as a missing one.
+        if let Some(other) =
+            s.as_table().and_then(|t| t.keys().find(|k| !["name", "y"].contains(&k.as_str())))
+        {
+            let hint = crate::examples::closest(other, &["name", "y"])
+                .map(|k| format!(" (did you mean `{k}`?)"))
+                .unwrap_or_default();
+            return Err(format!("only `name` and `y` in {what} of `{path}`, not `{other}`{hint}"));
+        }
         let name = s
             .get("name")
             .and_then(toml::Value::as_str)

@@ -35,3 +35,16 @@ fn a_series_name_must_stand_in_a_path() {
         assert!(e.contains("`name`"), "{bad}: {e}");
     }
 }
+
+#[test]
+fn a_data_file_that_does_not_read_says_where() {
+    let e = parse("data/d.toml", &DATA.replace("[1024, 2048, 4096]", "[1024, 2048 4096]"))
+        .expect_err("a comma short");
+    assert!(e.starts_with("a TOML data file (`data/d.toml` does not read at line 6, column 12: "), "{e}");
+}
+
+#[test]
+fn a_misspelt_series_field_is_named() {
+    let e = parse("data/d.toml", &DATA.replace("name = \"f32\"", "nam = \"f32\"")).expect_err("misspelt");
+    assert_eq!(e, "only `name` and `y` in series 1 of `data/d.toml`, not `nam` (did you mean `name`?)");
+}
