@@ -246,8 +246,8 @@ fn rebuild(paths: &Paths, shared: &Shared) -> Result<()> {
                 String::new()
             } else {
                 format!(
-                    "; {stale} place{} in the lesson files out of date (`cargo xtask build-content` rewrites them)",
-                    if stale == 1 { " is" } else { "s are" }
+                    "; the lesson files have {stale} out-of-date place{} (`cargo xtask build-content` rewrites them)",
+                    if stale == 1 { "" } else { "s" }
                 )
             };
             say!("built in {} ms{note}", started.elapsed().as_millis());
