@@ -123,6 +123,18 @@ def test_scales_pytorch_takes_are_taken():
         assert_close(qkv.scaled_dot_product_attention(q, q, q, scale=scale), want, torch.float64, f"scale {scale!r}")
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_a_float32_mask_serves_a_query_of_any_dtype_as_pytorchs_does(dtype, generator):
+    q = torch.randn(2, 3, 5, 8, generator=generator).to(dtype)
+    mask = torch.randn(5, 5, generator=generator).requires_grad_()
+    want = reference(q, q, q, attn_mask=mask.detach())
+    out = qkv.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+    assert out.dtype == dtype
+    assert_close(out, want, dtype)
+    out.float().sum().backward()
+    assert mask.grad is not None and mask.grad.dtype == torch.float32
+
+
 class Tagged(torch.Tensor):
     """A tensor subclass of the user's own."""
 

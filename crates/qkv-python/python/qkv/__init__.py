@@ -152,7 +152,8 @@ def scaled_dot_product_attention(
     Arguments are PyTorch's: ``query`` ``[..., L, E]``, ``key`` ``[..., S, E]``, ``value``
     ``[..., S, Ev]`` (the same leading dimensions; with ``enable_gqa`` the key/value heads, the
     third dimension from the end, may divide the query heads); ``attn_mask`` boolean (``True``
-    takes part in attention) or additive (the query's dtype), broadcast to ``[..., L, S]``;
+    takes part in attention) or additive (float32 or the query's dtype, as PyTorch takes it),
+    broadcast to ``[..., L, S]``;
     ``is_causal`` hides the keys after each query, aligned top-left; ``scale`` defaults to
     ``1 / sqrt(E)``. Torch tensors or NumPy arrays, float32, float64, bfloat16 or float16 (half
     precision is computed in float32 and rounded once, but for bfloat16 on a CPU with AMX or

@@ -1,5 +1,9 @@
 """The engine's KV caches for decoding: ``KvCache`` (one sequence) and ``PagedKvCache`` (many
-sequences in blocks of one pool), over torch tensors or NumPy arrays."""
+sequences in blocks of one pool), over torch tensors or NumPy arrays.
+
+A cache holds state between calls, which torch.compile does not trace: under ``torch.compile``
+its calls run eagerly between graphs (a graph break; ``fullgraph=True`` refuses them). A cache is
+one thread's at a time: a call while another thread is inside one says so."""
 
 from __future__ import annotations
 

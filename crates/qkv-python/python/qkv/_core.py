@@ -492,8 +492,9 @@ def dense_shapes(xp, query, key, value, attn_mask, is_causal, enable_gqa, on_cpu
         if on_cpu:
             xp.check_device("attn_mask", attn_mask)
         name = xp.dtype_name(attn_mask)
-        if name != "bool" and name != dtype:
-            raise ValueError(f"attn_mask has dtype {name}: it is bool, or the query's dtype ({dtype})")
+        # PyTorch's rule: float32 whatever the query's dtype.
+        if name not in ("bool", "float32", dtype):
+            raise ValueError(f"attn_mask has dtype {name}: it is bool, float32 or the query's dtype ({dtype})")
         scores = lead + (qs[-2], ks[-2])
         ms = tuple(attn_mask.shape)
         padded = (1,) * (len(scores) - len(ms)) + ms
@@ -542,8 +543,9 @@ class Call:
             outer = self.lead[:-1]
         shared = 1 if all(d == 1 for d in outer) else batch
         mask = mask.reshape(shared, head, padded[-2], padded[-1])
-        if name != "bool" and self.dtype in ("bfloat16", "float16"):
-            mask = xp.cast(mask, "float32")
+        # An additive mask in the compute dtype, as the engine reads it.
+        if name != "bool" and name != compute_dtype(self.dtype):
+            mask = xp.cast(mask, compute_dtype(self.dtype))
         # Rows and columns of length 1 broadcast as zero strides: no copy.
         return xp.broadcast(mask, (shared, head, self.n_q, self.n_k))
 
