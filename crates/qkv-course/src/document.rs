@@ -325,11 +325,8 @@ pub(crate) fn parse(doc: usize, text: &str) -> Result<Document, Vec<Problem>> {
             && !in_region
             && !literal.iter().any(|r| r.contains(&range.start))
         {
-            // Prose (not code): `$…$` with braces that do not balance is not math to
-            // pulldown-cmark, and the dollars and the TeX would be shown as typed.
-            // The `$` may be an event of its own, the TeX the next one.
-            let mut dollars = text[range.clone()].match_indices('$').map(|(i, _)| range.start + i);
-            if let Some(at) = dollars.find(|&at| text[at + 1..].starts_with('\\')) {
+            // Prose only: code may show dollars and TeX as they are.
+            if let Some(at) = markup::dollar_opening_no_math(text, range.clone()) {
                 problems.push(Problem::new(
                     doc,
                     at,

@@ -57,6 +57,14 @@ pub(crate) fn tex_error(tex: &str) -> Option<String> {
     Some(reason.lines().next().unwrap_or_default().to_string())
 }
 
+/// Where in `text`'s text event at `range` a `$` stands that markdown did not read as math but TeX
+/// follows (its braces do not balance): the dollars and the TeX would be shown as typed. The `$`
+/// may be an event of its own, the TeX the next one.
+pub(crate) fn dollar_opening_no_math(text: &str, range: std::ops::Range<usize>) -> Option<usize> {
+    let mut dollars = text[range.clone()].match_indices('$').map(|(i, _)| range.start + i);
+    dollars.find(|&at| text[at + 1..].starts_with('\\'))
+}
+
 /// What is wrong with the math of a short markdown text (a quiz's question, a figure's caption),
 /// if anything: TeX the renderer cannot read, or a `$` that opens no math (braces that do not
 /// balance), which the page would show as typed. The same rules as the prose's.
@@ -82,7 +90,7 @@ pub(crate) fn fragment_math_error(markdown: &str) -> Option<String> {
                     ));
                 }
             }
-            Event::Text(_) if markdown[range.start..].starts_with("$\\") => {
+            Event::Text(_) if dollar_opening_no_math(markdown, range).is_some() => {
                 return Some("a `$` that opens no math (do its braces balance?)".to_string());
             }
             _ => {}

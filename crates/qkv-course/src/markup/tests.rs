@@ -32,3 +32,16 @@ fn a_display_formula_is_one_math_element_per_piece() {
     assert_eq!(html.matches("<math").count(), 3, "{html}");
     assert!(!html.contains("qquad"), "{html}");
 }
+
+#[test]
+fn a_fragments_math_is_checked_as_the_prose_is() {
+    assert_eq!(fragment_math_error("Is $\\eta = {=train.learning_rate:w}$ small?"), None);
+    let unknown = fragment_math_error("What is $q \\cdott k$?").expect("an unknown command");
+    assert!(
+        unknown.starts_with("TeX the renderer cannot read (unknown primitive command found)"),
+        "{unknown}"
+    );
+    let open = fragment_math_error("Each weight is $\\frac{e^{s_j}}{\\sum_k e^{s_k}$.").expect("braces");
+    assert_eq!(open, "a `$` that opens no math (do its braces balance?)");
+    assert_eq!(fragment_math_error("It costs $5 and $6."), None);
+}
