@@ -29,7 +29,9 @@ def run_python(program):
 # before torch.compile's first trace (which will not trace an import) and before
 # torch.export.load (which finds only registered operators).
 IMPORT_QKV_FIRST = """
+import importlib.util
 import qkv
+assert importlib.util.find_spec("torch") is not None  # as libraries check for torch
 import torch
 assert hasattr(torch.ops.qkv, "attention"), "registered as torch was imported"
 assert not type(torch.__spec__.loader).__module__.startswith("qkv"), torch.__spec__.loader

@@ -417,13 +417,14 @@ class _RegisterWithTorch:
     def find_spec(self, name, path=None, target=None):
         if name != "torch":
             return None
-        sys.meta_path.remove(self)
+        # Stays in place until torch has run: a spec asked for and not imported
+        # (`importlib.util.find_spec("torch")`, as libraries check for torch) imports nothing.
         for finder in sys.meta_path:
-            find = getattr(finder, "find_spec", None)
+            find = None if finder is self else getattr(finder, "find_spec", None)
             spec = None if find is None else find(name, path, target)
             if spec is not None:
                 if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _ThenRegister(spec.loader)
+                    spec.loader = _ThenRegister(spec.loader, self)
                 return spec
         return None
 
@@ -431,8 +432,8 @@ class _RegisterWithTorch:
 class _ThenRegister:
     """torch's own loader, registering qkv's operators once torch's module has run."""
 
-    def __init__(self, loader):
-        self._loader = loader
+    def __init__(self, loader, finder):
+        self._loader, self._finder = loader, finder
 
     def create_module(self, spec):
         return self._loader.create_module(spec)
@@ -441,6 +442,8 @@ class _ThenRegister:
         # torch keeps its own loader, as if qkv had never been in the way.
         module.__loader__ = module.__spec__.loader = self._loader
         self._loader.exec_module(module)
+        if self._finder in sys.meta_path:
+            sys.meta_path.remove(self._finder)
         _torch_ops()
 
     def __getattr__(self, name):
