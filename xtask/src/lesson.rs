@@ -118,7 +118,7 @@ pub fn run(paths: &Paths, mode: Mode) -> Result<Outcome, Failure> {
     }
     // The site's files are listed in it, so that the next build removes those it no longer
     // writes, and only those: the folder may hold files of the author's own.
-    let written: BTreeSet<String> = staged.under(out);
+    let written: BTreeSet<String> = staged.under(out, content);
     let manifest = out.join(SITE_MANIFEST);
     let listed = fs::read_to_string(&manifest).unwrap_or_default();
     let mut list: String = written.iter().map(|name| format!("{name}\n")).collect();
@@ -247,10 +247,15 @@ impl Staged {
             .with_context(|| format!("writing {}", target.display()))
     }
 
-    /// The targets under `dir`, as paths relative to it with `/` between folders.
-    fn under(&self, dir: &Path) -> BTreeSet<String> {
-        let relative =
-            |(_, target): &(PathBuf, PathBuf)| target.strip_prefix(dir).ok().map(Path::to_path_buf);
+    /// The targets under `dir` but not under `except` (the lesson folder, were the site around
+    /// it: its files are never the site's to remove), as paths relative to `dir` with `/` between
+    /// folders.
+    fn under(&self, dir: &Path, except: &Path) -> BTreeSet<String> {
+        let relative = |(_, target): &(PathBuf, PathBuf)| {
+            (!target.starts_with(except))
+                .then(|| target.strip_prefix(dir).ok().map(Path::to_path_buf))
+                .flatten()
+        };
         let parts = |path: PathBuf| {
             path.iter().map(|c| c.to_string_lossy().into_owned()).collect::<Vec<_>>().join("/")
         };
