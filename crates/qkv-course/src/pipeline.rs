@@ -419,10 +419,11 @@ fn file_link_problems(
     figures: &[FigureJob],
     notebooks: &[OutputFile],
 ) -> Vec<Problem> {
-    let mut written: BTreeSet<String> = sources.figures.iter().cloned().collect();
-    written.extend(
-        figures.iter().flat_map(|f| [format!("figures/{}.svg", f.id), format!("figures/{}.png", f.id)]),
-    );
+    // Declared figures only: a leftover file in `figures/` is removed by the build.
+    let mut written: BTreeSet<String> = figures
+        .iter()
+        .flat_map(|f| [format!("figures/{}.svg", f.id), format!("figures/{}.png", f.id)])
+        .collect();
     written.extend(notebooks.iter().map(|n| n.name.clone()));
     // The site's own pages, which no section file stands for.
     written.extend(["index.html", "glossary.html", "print.html"].map(String::from));
