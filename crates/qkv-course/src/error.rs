@@ -66,3 +66,22 @@ impl Problem {
         Self { doc, at, message: message.into(), found: found.into(), expected: expected.into() }
     }
 }
+
+/// The allowed name nearest to a misspelt one, if it is close.
+pub(crate) fn closest<'a>(name: &str, allowed: &[&'a str]) -> Option<&'a str> {
+    let distance = |a: &str, b: &str| {
+        let b: Vec<char> = b.chars().collect();
+        let mut row: Vec<usize> = (0..=b.len()).collect();
+        for (i, ca) in a.chars().enumerate() {
+            let mut prev = row[0];
+            row[0] = i + 1;
+            for (j, &cb) in b.iter().enumerate() {
+                let cur = row[j + 1];
+                row[j + 1] = (prev + usize::from(ca != cb)).min(row[j] + 1).min(cur + 1);
+                prev = cur;
+            }
+        }
+        row[b.len()]
+    };
+    allowed.iter().map(|&a| (distance(name, a), a)).filter(|&(d, _)| d <= 2).min().map(|(_, a)| a)
+}

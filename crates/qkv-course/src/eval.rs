@@ -359,7 +359,7 @@ impl<'d> Evaluator<'d> {
             return Err("the id of a `qkv` block, but the lesson declares none".into());
         }
         let ids: Vec<&str> = known.iter().map(String::as_str).collect();
-        Err(match crate::examples::closest(segments[0], &ids) {
+        Err(match crate::error::closest(segments[0], &ids) {
             // The nearest id first: the list can be long.
             Some(near) => format!("`{near}`, the example id nearest to it (the ids: {})", known.join(", ")),
             None => format!("an example id: {}", known.join(", ")),

@@ -64,7 +64,7 @@ pub(crate) fn parse(path: &str, text: &str) -> Result<Measurements, String> {
         if let Some(other) =
             s.as_table().and_then(|t| t.keys().find(|k| !["name", "y"].contains(&k.as_str())))
         {
-            let hint = crate::examples::closest(other, &["name", "y"])
+            let hint = crate::error::closest(other, &["name", "y"])
                 .map(|k| format!(" (did you mean `{k}`?)"))
                 .unwrap_or_default();
             return Err(format!("only `name` and `y` in {what} of `{path}`, not `{other}`{hint}"));

@@ -4,9 +4,10 @@
 
 use toml::de::{DeTable, DeValue};
 
-use super::{Field, Reader, Value, closest};
+use super::{Field, Reader, Value};
 use crate::citation::Text;
 use crate::document::{citation_shapes, first_line};
+use crate::error::closest;
 use crate::figure_kind::named_kinds;
 
 /// The id a `qkv settings` block is known by (it is written without one).
