@@ -139,7 +139,7 @@ fn figure_is_current(sources: &Sources, plan: &Plan, job: &FigureJob) -> bool {
     let svg = format!("figures/{}.svg", job.id);
     let files = [format!("figures/{}.png", job.id), svg.clone()];
     let present = files.iter().all(|f| sources.figures.contains(f));
-    let drawn = sources.figure_hashes.get(&svg).is_some_and(|hash| *hash == job.prepared.hash);
+    let drawn = drawn_from_inputs(sources, job).is_ok();
     let marker = format!("{}{}", files::DRAWN_FROM, job.prepared.hash);
     present
         && drawn
@@ -150,6 +150,15 @@ fn figure_is_current(sources: &Sources, plan: &Plan, job: &FigureJob) -> bool {
                     && file.text[r.body.clone()].contains(&marker)
             })
         })
+}
+
+/// Whether a figure's SVG says it was drawn from the lesson's inputs; if not, what it says instead
+/// (`None`: nothing, or no file).
+fn drawn_from_inputs<'s>(sources: &'s Sources, job: &FigureJob) -> Result<(), Option<&'s String>> {
+    match sources.figure_hashes.get(&format!("figures/{}.svg", job.id)) {
+        Some(hash) if *hash == job.prepared.hash => Ok(()),
+        other => Err(other),
+    }
 }
 
 fn apply(text: &str, edits: &[Edit]) -> String {
@@ -206,8 +215,7 @@ fn stale_places(sources: &Sources, plan: &Plan) -> Vec<Stale> {
         // A file drawn from other inputs (the lesson went back to an earlier one since), or
         // from inputs it does not say.
         let svg = format!("figures/{}.svg", job.id);
-        let drawn = sources.figure_hashes.get(&svg);
-        if sources.figures.contains(&svg) && drawn != Some(&job.prepared.hash) {
+        if let (true, Err(drawn)) = (sources.figures.contains(&svg), drawn_from_inputs(sources, job)) {
             stale.push(Stale {
                 file: shown(&svg),
                 line: 1,
