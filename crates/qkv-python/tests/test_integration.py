@@ -104,7 +104,9 @@ def test_meta_tensors_are_checked_as_a_real_call_checks_them():
 @pytest.mark.parametrize("arguments, message", [
     ({"is_causal": "no"}, "argument 'is_causal' must be bool, not str"),
     ({"is_causal": 1}, "argument 'is_causal' must be bool, not int"),
+    ({"is_causal": np.bool_(True)}, "argument 'is_causal' must be bool, not numpy.bool"),
     ({"enable_gqa": "no"}, "argument 'enable_gqa' must be bool, not str"),
+    ({"scale": torch.tensor([0.5, 0.25])}, "argument 'scale' must be float, not a tensor of 2 elements"),
     ({"scale": "0.5"}, "argument 'scale' must be float, not str"),
     ({"scale": torch.tensor(0.5, requires_grad=True)}, "argument 'scale' must be float, not a tensor that requires"),
 ])

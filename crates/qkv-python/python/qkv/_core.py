@@ -198,16 +198,24 @@ def check_arguments(flags, scale=None, scale_name="scale"):
     PyTorch does."""
     for name, value in flags:
         if value is not True and value is not False:
-            raise TypeError(f"argument '{name}' must be bool, not {type(value).__name__}")
+            raise TypeError(f"argument '{name}' must be bool, not {_type_name(value)}")
     if scale is None or isinstance(scale, (int, float)):
         return
     if hasattr(scale, "requires_grad"):
         if scale.requires_grad:
             raise TypeError(f"argument '{scale_name}' must be float, not a tensor that requires grad: qkv's scale "
                             f"is a constant and gets no gradient; pass {scale_name}.item()")
+        if scale.numel() != 1:
+            raise TypeError(f"argument '{scale_name}' must be float, not a tensor of {scale.numel()} elements")
         return
     if isinstance(scale, (str, bytes)) or not hasattr(scale, "__float__"):
-        raise TypeError(f"argument '{scale_name}' must be float, not {type(scale).__name__}")
+        raise TypeError(f"argument '{scale_name}' must be float, not {_type_name(scale)}")
+
+
+def _type_name(value):
+    """A value's type as a message names it: ``str``, ``numpy.bool`` (whose own name is ``bool``)."""
+    kind = type(value)
+    return kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__name__}"
 
 
 def compute_dtype(name):
