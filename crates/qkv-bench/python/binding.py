@@ -25,7 +25,8 @@ The binding's cost is timed on a problem too small to measure the engine by: one
 d = 8, calls in a tight loop. ``qkv call`` is the whole Python call; ``entry point`` the
 extension's ``forward`` with the tensors already described; ``dry run`` the same call doing
 everything but the engine's work (arguments, views, options, releasing the GIL). The binding's own
-cost is the call less the engine's work: ``qkv call - (entry point - dry run)``.
+cost is the call less the engine's work: ``qkv call - (entry point - dry run)``. The same call
+with a boolean mask is timed beside PyTorch's.
 """
 
 import os
@@ -130,7 +131,11 @@ def binding_cost(calls=20000):
     entry = per_call(lambda: _qkv.forward(raws, None, call.spec, out_raw))
     dry = per_call(lambda: _qkv.forward(raws, None, call.spec, out_raw, dry_run=True))
     torch_call = per_call(lambda: F.scaled_dot_product_attention(q, q, q))
-    return whole, entry, dry, torch_call
+    # A padding mask's call (boolean, [1, 1]), which a model on padded batches makes every time.
+    keep = torch.ones(1, 1, dtype=torch.bool)
+    masked = per_call(lambda: qkv.scaled_dot_product_attention(q, q, q, keep))
+    torch_masked = per_call(lambda: F.scaled_dot_product_attention(q, q, q, keep))
+    return whole, entry, dry, torch_call, masked, torch_masked
 
 
 # Training steps' shapes: (batch, query heads, n, d); 2 key/value heads.
@@ -201,10 +206,10 @@ def main():
     for shape in TRAINING_SHAPES:
         a, b = training_steps(shape)
         print(f"| {list(shape)} | {a:.0f} | {b:.0f} | {b / a:.2f} |", flush=True)
-    whole, entry, dry, torch_call = binding_cost()
+    whole, entry, dry, torch_call, masked, torch_masked = binding_cost()
     print(f"\nper call, 1 query x 1 key, d = 8: qkv call {whole:.2f} us, entry point {entry:.2f} us, dry run "
           f"{dry:.2f} us: the binding's own cost {whole - (entry - dry):.2f} us, the engine's {entry - dry:.2f} us; "
-          f"torch SDPA call {torch_call:.2f} us")
+          f"torch SDPA call {torch_call:.2f} us; with a boolean mask qkv {masked:.2f} us, torch {torch_masked:.2f} us")
 
 
 if __name__ == "__main__":

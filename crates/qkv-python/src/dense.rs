@@ -640,6 +640,45 @@ impl<'py> CommonCall<'py> {
         vec![qs[0], qs[1], qs[2], vs[3]]
     }
 
+    /// `attn_mask` as the engine reads it, `[batch or 1, heads or 1, n_q, n_k]`, if the call
+    /// takes it as it is: a CPU tensor, boolean or of the dtype the engine computes in (float32,
+    /// float64 for float64 inputs), of no more dimensions than the query, broadcasting to the
+    /// scores' shape as PyTorch broadcasts it (a row or a column of length 1 is read with a
+    /// stride of 0), without `is_causal`. `None` for any other mask, which the package casts,
+    /// copies or refuses with its own words.
+    fn mask(
+        &self,
+        mask: &Bound<'py, PyAny>,
+        is_causal: bool,
+        codes: &Bound<'py, pyo3::types::PyDict>,
+    ) -> PyResult<Option<Raw>> {
+        if is_causal {
+            return Ok(None);
+        }
+        let dtype = mask.getattr(pyo3::intern!(mask.py(), "dtype"))?;
+        let code = codes.get_item(&dtype)?.map(|c| c.extract::<u8>()).transpose()?;
+        let compute = if Dtype::from_code(self.code) == Some(Dtype::F64) { Dtype::F64 } else { Dtype::F32 };
+        let Some(code) =
+            code.filter(|&c| matches!(Dtype::from_code(c), Some(d) if d == Dtype::Bool || d == compute))
+        else {
+            return Ok(None);
+        };
+        let Some(shape) = cpu_shape(mask, &dtype)? else {
+            return Ok(None);
+        };
+        let [qs, ks, _] = &self.shapes;
+        let scores = [qs[0], qs[1], qs[2], ks[2]];
+        if shape.len() > scores.len() - self.added {
+            return Ok(None);
+        }
+        let padded = [vec![1; scores.len() - shape.len()], shape].concat();
+        if padded.iter().zip(&scores).any(|(&m, &s)| m != 1 && m != s) {
+            return Ok(None);
+        }
+        let read = [padded[0], padded[1], scores[2], scores[3]];
+        Ok(Some(torch_raw(mask, code, padded)?.expanded(&read)))
+    }
+
     /// The shape a tensor of the engine's `shape` has as the caller passed its inputs.
     fn as_given<'a>(&self, shape: &'a [usize]) -> &'a [usize] {
         &shape[self.added..]
@@ -656,18 +695,33 @@ impl<'py> CommonCall<'py> {
     }
 }
 
-/// The package's common call (`_core.fast_forward`, see [`common_call`]) on torch tensors as they
-/// are: the output (a new tensor), with `with_lse` `(output, logsumexp)` (float32 or float64
-/// inputs only: half precision's logsumexp is float32, which the package allocates), or `None`
-/// for any other call. Reading the tensors here rather than in Python took most of a small
-/// call's time off.
+/// The common call's mask: none, or one [`CommonCall::mask`] reads as it is (`Err(())` for
+/// any other, which makes the call another).
+fn common_mask<'py>(
+    call: &CommonCall<'py>,
+    attn_mask: Option<&Bound<'py, PyAny>>,
+    is_causal: bool,
+    codes: &Bound<'py, pyo3::types::PyDict>,
+) -> PyResult<Result<Option<Raw>, ()>> {
+    match attn_mask {
+        None => Ok(Ok(None)),
+        Some(mask) => Ok(call.mask(mask, is_causal, codes)?.map(Some).ok_or(())),
+    }
+}
+
+/// The package's common call (`_core.fast_forward`, see [`common_call`]; a mask as
+/// [`CommonCall::mask`] takes it) on torch tensors as they are: the output (a new tensor), with
+/// `with_lse` `(output, logsumexp)` (float32 or float64 inputs only: half precision's logsumexp
+/// is float32, which the package allocates), or `None` for any other call. Reading the tensors
+/// here rather than in Python took most of a small call's time off.
 #[pyfunction]
-#[pyo3(signature = (query, key, value, is_causal, scale, enable_gqa, codes, with_lse))]
+#[pyo3(signature = (query, key, value, attn_mask, is_causal, scale, enable_gqa, codes, with_lse))]
 #[allow(clippy::too_many_arguments)]
 fn forward_torch<'py>(
     query: &Bound<'py, PyAny>,
     key: &Bound<'py, PyAny>,
     value: &Bound<'py, PyAny>,
+    attn_mask: Option<&Bound<'py, PyAny>>,
     is_causal: bool,
     scale: Option<f64>,
     enable_gqa: bool,
@@ -678,11 +732,14 @@ fn forward_torch<'py>(
     let Some(call) = common_call((query, key, value), scale, enable_gqa, codes, with_lse)? else {
         return Ok(None);
     };
+    let Ok(mask) = common_mask(&call, attn_mask, is_causal, codes)? else {
+        return Ok(None);
+    };
     let out_shape = call.out_shape();
     let (out, out_raw) = call.new_tensor(query, out_shape.clone())?;
     let lse = with_lse.then(|| call.new_tensor(query, out_shape[..3].to_vec())).transpose()?;
     let spec = Spec(is_causal, scale, None, None, None, None);
-    forward(py, call.inputs, None, spec, out_raw, lse.as_ref().map(|(_, raw)| raw.clone()), false)?;
+    forward(py, call.inputs, mask, spec, out_raw, lse.as_ref().map(|(_, raw)| raw.clone()), false)?;
     match lse {
         Some((lse, _)) => Ok(Some(PyTuple::new(py, [out, lse])?.into_any())),
         None => Ok(Some(out)),
@@ -690,12 +747,13 @@ fn forward_torch<'py>(
 }
 
 /// The common call's backward (`_core.fast_backward`) on torch tensors as autograd hands them:
-/// float32 or float64 inputs of the common call (see [`common_call`]), the forward's `out` and
+/// float32 or float64 inputs of the common call (see [`common_call`]; a mask as
+/// [`CommonCall::mask`] takes it, which gets no gradient), the forward's `out` and
 /// `lse` as [`forward_torch`] made them, `grad_out` of the output's shape and dtype in any strides
 /// (a sum's gradient comes expanded). Returns `(dq, dk, dv)`, new tensors, or `None` for any other
 /// call; an incoming gradient that is not finite gives gradients of NaN (see [`backward`]).
 #[pyfunction]
-#[pyo3(signature = (grad_out, query, key, value, out, lse, is_causal, scale, enable_gqa, codes))]
+#[pyo3(signature = (grad_out, query, key, value, out, lse, attn_mask, is_causal, scale, enable_gqa, codes))]
 #[allow(clippy::too_many_arguments)]
 fn backward_torch<'py>(
     grad_out: &Bound<'py, PyAny>,
@@ -704,6 +762,7 @@ fn backward_torch<'py>(
     value: &Bound<'py, PyAny>,
     out: &Bound<'py, PyAny>,
     lse: &Bound<'py, PyAny>,
+    attn_mask: Option<&Bound<'py, PyAny>>,
     is_causal: bool,
     scale: Option<f64>,
     enable_gqa: bool,
@@ -711,6 +770,9 @@ fn backward_torch<'py>(
 ) -> PyResult<Option<Bound<'py, PyTuple>>> {
     let py = query.py();
     let Some(call) = common_call((query, key, value), scale, enable_gqa, codes, true)? else {
+        return Ok(None);
+    };
+    let Ok(mask) = common_mask(&call, attn_mask, is_causal, codes)? else {
         return Ok(None);
     };
     let out_shape = call.out_shape();
@@ -732,7 +794,7 @@ fn backward_torch<'py>(
     let ((dq, dq_raw), (dk, dk_raw), (dv, dv_raw)) =
         (call.new_tensor(query, qs)?, call.new_tensor(query, ks)?, call.new_tensor(query, vs)?);
     let spec = Spec(is_causal, scale, None, None, None, None);
-    backward(py, call.inputs, None, spec, saved, (dq_raw, dk_raw, dv_raw, None, None))?;
+    backward(py, call.inputs, mask, spec, saved, (dq_raw, dk_raw, dv_raw, None, None))?;
     Ok(Some(PyTuple::new(py, [dq, dk, dv])?))
 }
 

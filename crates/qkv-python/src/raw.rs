@@ -70,6 +70,18 @@ impl Raw {
         Raw(address, code, shape, strides)
     }
 
+    /// The same memory broadcast to `shape`, of the same rank: an axis of length 1 that
+    /// `shape` lengthens takes a stride of 0, as `torch.expand` gives it; every other axis
+    /// keeps its length (the caller has checked that `shape` broadcasts).
+    pub fn expanded(mut self, shape: &[usize]) -> Raw {
+        for ((extent, stride), &to) in self.2.iter_mut().zip(self.3.iter_mut()).zip(shape) {
+            if *extent == 1 && to != 1 {
+                (*extent, *stride) = (to, 0);
+            }
+        }
+        self
+    }
+
     /// Its element type; `argument` names it in the error.
     pub fn dtype(&self, argument: &str) -> PyResult<Dtype> {
         Dtype::from_code(self.1)

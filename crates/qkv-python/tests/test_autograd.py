@@ -152,10 +152,11 @@ def test_the_eager_training_step_gives_the_operators_gradients(dtype):
         if dtype != torch.bfloat16:
             # The common call's direct paths took these, a sum's expanded gradient included.
             tensors = [t.to(dtype) for t in (query, key, value)]
-            out, lse = _core.fast_forward(*tensors, kwargs.get("is_causal", False), kwargs.get("scale"), True, True)
+            out, lse = _core.fast_forward(*tensors, None, kwargs.get("is_causal", False), kwargs.get("scale"), True,
+                                          True)
             grad = torch.ones(()).to(dtype).expand(out.shape)
-            assert _core.fast_backward(grad, *tensors, out, lse, kwargs.get("is_causal", False), kwargs.get("scale"),
-                                       True) is not None
+            assert _core.fast_backward(grad, *tensors, out, lse, None, kwargs.get("is_causal", False),
+                                       kwargs.get("scale"), True) is not None
 
 
 def test_a_call_with_only_some_inputs_needing_a_gradient_gets_theirs():

@@ -278,6 +278,55 @@ def test_the_direct_call_reads_the_tensors_as_the_full_path_does(dtype):
         assert torch.equal(direct, full.forward(False))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_the_direct_call_reads_masks_as_the_full_path_does(dtype):
+    """A boolean mask, or an additive one in the dtype the engine computes in, is read by the
+    extension as it is (``forward_torch``), broadcast by strides of 0; any other mask by
+    ``_core.Call``, which casts it. Both must give the same bits, forward and backward (the mask
+    constant), and the same errors."""
+    from qkv import _core
+
+    torch.manual_seed(4)
+    q = torch.randn(2, 4, 5, 8).to(dtype)
+    k = torch.randn(2, 2, 7, 8).to(dtype)
+    v = torch.randn(2, 2, 7, 3).to(dtype)
+    compute = torch.float64 if dtype == torch.float64 else torch.float32
+    keep = torch.rand(2, 4, 5, 7) > 0.3
+    keep[0, 1, 2] = False  # a row that sees no key
+    additive = torch.randn(2, 4, 5, 7).to(compute)
+    masks = [keep, keep[1], keep[0, 0], keep[0, 0, 0], keep[:, :1], keep[:1, :, :1], keep[..., :1].expand(2, 4, 5, 7),
+             keep.transpose(-1, -2).contiguous().transpose(-1, -2), additive, additive[:, 2:3, :, :],
+             additive.masked_fill(~keep, -math.inf), additive.to(dtype), additive.float()]
+    for mask in masks:
+        for query, key, value in ((q, k, v), (q[1], k[1], v[1])):
+            if mask.dim() > query.dim():
+                continue
+            direct = qkv.scaled_dot_product_attention(query, key, value, mask, enable_gqa=True)
+            call = _core.Call(query, key, value, mask, False, None, True)
+            assert torch.equal(direct, call.forward(False)), (tuple(mask.shape), mask.dtype, query.dim())
+            direct_path = mask.dtype in (torch.bool, compute)
+            assert (_core.fast_forward(query, key, value, mask, False, None, True, False) is not None) == direct_path
+            if dtype == torch.bfloat16:
+                continue
+            out, lse = call.forward(True)
+            grad = torch.randn(out.shape, dtype=dtype)
+            fast = _core.fast_backward(grad, query, key, value, out, lse, mask, False, None, True)
+            assert (fast is not None) == direct_path
+            if fast is not None:
+                full = call.backward(out, lse, grad, False)[:3]
+                # Call's gradients are [batch, heads, n, d], the caller's shape for 4-D inputs.
+                assert all(torch.equal(a, b.reshape(a.shape)) for a, b in zip(fast, full))
+    # The engine's errors name the mask as the caller passed it.
+    bad = additive.clone()
+    bad[1, 0, 3, 4] = math.nan
+    with pytest.raises(ValueError, match=r"attn_mask\[1, 0, 3, 4\]"):
+        qkv.scaled_dot_product_attention(q, k, v, bad, enable_gqa=True)
+    with pytest.raises(ValueError, match="does not broadcast"):
+        qkv.scaled_dot_product_attention(q, k, v, keep[..., :6], enable_gqa=True)
+    with pytest.raises(ValueError, match="is_causal"):
+        qkv.scaled_dot_product_attention(q, k, v, keep, is_causal=True, enable_gqa=True)
+
+
 def test_calls_the_direct_path_declines_get_the_full_paths_answer():
     k = torch.randn(1, 2, 7, 8)
     with pytest.raises(ValueError, match="enable_gqa"):

@@ -152,41 +152,45 @@ def backend(*tensors):
     return _backends[kind]
 
 
-def plain(attn_mask, window, alibi, softcap, sinks):
-    """Whether a dense call is the common one: no mask and no extension."""
-    return attn_mask is None and window is None and alibi is None and softcap is None and sinks is None
+def no_extension(window, alibi, softcap, sinks):
+    """Whether a dense call uses none of qkv's extensions (the common call's first condition)."""
+    return window is None and alibi is None and softcap is None and sinks is None
 
 
 def attend(query, key, value, attn_mask, is_causal, scale, enable_gqa, window, alibi, softcap, sinks, with_lse):
     """A dense call's output, and with ``with_lse`` its logsumexp: the common call straight from
     the tensors (``fast_forward``), any other through ``Call``."""
-    if plain(attn_mask, window, alibi, softcap, sinks):
-        result = fast_forward(query, key, value, is_causal, scale, enable_gqa, with_lse)
+    if no_extension(window, alibi, softcap, sinks):
+        result = fast_forward(query, key, value, attn_mask, is_causal, scale, enable_gqa, with_lse)
         if result is not None:
             return result
     call = Call(query, key, value, attn_mask, is_causal, scale, enable_gqa, window, alibi, softcap, sinks)
     return call.forward(with_lse)
 
 
-def fast_forward(query, key, value, is_causal, scale, enable_gqa, with_lse):
-    """The common call (3-D or 4-D CPU torch tensors of one dtype, no mask, no extension), checked just
-    enough to hand to the engine, which checks the rest (the extension's ``forward_torch``, which
-    reads the tensors itself): the output, with ``with_lse`` ``(output, logsumexp)``; None for
-    anything else, which ``Call`` checks in full (and words the errors for). Saves most of the
-    Python side's cost per call."""
+def fast_forward(query, key, value, attn_mask, is_causal, scale, enable_gqa, with_lse):
+    """The common call (3-D or 4-D CPU torch tensors of one dtype, no extension, and no mask or
+    one the engine reads as it is: boolean or float32 (float64 for float64 inputs), broadcasting
+    to the scores), checked just enough to hand to the engine, which checks the rest (the
+    extension's ``forward_torch``, which reads the tensors itself): the output, with
+    ``with_lse`` ``(output, logsumexp)``; None for anything else, which ``Call`` checks in full
+    (and words the errors for). Saves most of the Python side's cost per call."""
     if not TORCH_CODES or type(query) is not TORCH_CODES["type"]:
         return None
-    return _qkv.forward_torch(query, key, value, bool(is_causal), None if scale is None else float(scale),
-                              bool(enable_gqa), TORCH_CODES, with_lse)
+    try:
+        return _qkv.forward_torch(query, key, value, attn_mask, bool(is_causal),
+                                  None if scale is None else float(scale), bool(enable_gqa), TORCH_CODES, with_lse)
+    except ValueError as error:
+        raise renamed(error, SDPA_NAMES) from None
 
 
-def fast_backward(grad_out, query, key, value, out, lse, is_causal, scale, enable_gqa):
+def fast_backward(grad_out, query, key, value, out, lse, attn_mask, is_causal, scale, enable_gqa):
     """``(dq, dk, dv)`` of the common call in float32 or float64 (see ``fast_forward``, whose
-    ``out`` and ``lse`` these are), from the tensors as they are (the extension's
-    ``backward_torch``); None for anything else, which ``Call.backward`` takes."""
+    ``out`` and ``lse`` these are; the mask gets no gradient), from the tensors as they are (the
+    extension's ``backward_torch``); None for anything else, which ``Call.backward`` takes."""
     if not TORCH_CODES or type(query) is not TORCH_CODES["type"]:
         return None
-    return _qkv.backward_torch(grad_out, query, key, value, out, lse, bool(is_causal),
+    return _qkv.backward_torch(grad_out, query, key, value, out, lse, attn_mask, bool(is_causal),
                                None if scale is None else float(scale), bool(enable_gqa), TORCH_CODES)
 
 
@@ -654,12 +658,16 @@ def named_as_passed(names):
     try:
         yield
     except ValueError as error:
-        message = renamed = str(error)
-        for engine, ours in names.items():
-            renamed = re.sub(rf"\b{engine}\b", ours, renamed)
-        if renamed == message:
-            raise
-        raise ValueError(renamed) from None
+        raise renamed(error, names) from None
+
+
+def renamed(error, names):
+    """The engine's ``ValueError`` ``error`` with its argument names replaced as
+    ``named_as_passed`` replaces them (``error`` itself if it names none of them)."""
+    message = text = str(error)
+    for engine, ours in names.items():
+        text = re.sub(rf"\b{engine}\b", ours, text)
+    return error if text == message else ValueError(text)
 
 
 # What scaled_dot_product_attention's arguments are called in the engine's errors.

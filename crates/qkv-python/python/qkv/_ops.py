@@ -81,9 +81,10 @@ def _attention_backward(
     """``(dq, dk, dv, dmask, dsinks)``; ``dmask`` is empty unless ``mask_grad``, ``dsinks``
     without sinks. ``grad_lse``: the logsumexp's gradient, when it has one."""
     gradients = None
-    if grad_lse is None and _core.plain(attn_mask, window, alibi, softcap, sinks):
+    if grad_lse is None and not mask_grad and _core.no_extension(window, alibi, softcap, sinks):
         # The common call straight from the tensors.
-        gradients = _core.fast_backward(grad_out, query, key, value, out, lse, is_causal, scale, enable_gqa)
+        gradients = _core.fast_backward(grad_out, query, key, value, out, lse, attn_mask, is_causal, scale,
+                                        enable_gqa)
         if gradients is not None:
             gradients = (*gradients, None, None)
     if gradients is None:
