@@ -469,6 +469,39 @@ pub enum AttentionError {
         /// Why: another cache's id, or a freed sequence's (whose slot may hold a later one).
         why: &'static str,
     },
+    /// A sequence listed twice in one [`PagedLayer`](crate::PagedLayer) step: its queries are
+    /// its last positions, one run of them a step.
+    #[error(
+        "sequences[{index}] repeats sequences[{first}] (sequence {sequence}): a step takes each sequence \
+         once, its queries the last positions it holds"
+    )]
+    RepeatedSequence {
+        /// Its place in the step's list.
+        index: usize,
+        /// Its first place there.
+        first: usize,
+        /// The sequence's index.
+        sequence: usize,
+    },
+    /// A [`PagedLayer`](crate::PagedLayer) step whose sliding window reaches positions that
+    /// [`evict_before`](crate::PagedKvCache::evict_before) let go.
+    #[error(
+        "sequences[{index}] (sequence {sequence}): the sliding window of its query at position {position} \
+         reaches back to position {reaches}, but the positions before {first_held} were evicted: evict only \
+         the positions no query will see again (before the next query's position - window.before)"
+    )]
+    WindowEvicted {
+        /// Its place in the step's list.
+        index: usize,
+        /// The sequence's index.
+        sequence: usize,
+        /// The step's first query's position.
+        position: usize,
+        /// The first position its window sees.
+        reaches: usize,
+        /// The first position the sequence holds.
+        first_held: usize,
+    },
     /// A truncation past the end of a sequence.
     #[error(
         "sequence {sequence} holds {len} positions: it cannot be truncated to {requested} (truncation \

@@ -355,7 +355,8 @@ impl<E: CacheStorage> KvCache<E> {
     /// `SlidingWindow::new(window - 1, 0)` has it). Appends never run out of room: a position
     /// takes the slot of the one `capacity` before it. A step of `n_q` queries needs the window
     /// of its first query and its own positions, so `capacity = window + n_q - 1` for the largest
-    /// step (`window` for decoding alone). `window` must be at least 1 and at most the capacity
+    /// step (`window` for decoding alone) once the ring has wrapped; until it first does, a step
+    /// may take every position held. `window` must be at least 1 and at most the capacity
     /// ([`AttentionError::CacheWindow`]).
     ///
     /// A separate constructor rather than a field of [`CacheShape`]: the window is how the layers
@@ -713,7 +714,11 @@ impl<E: CacheStorage> CacheLayer<'_, E> {
     /// that every element is finite before it writes anything, so a failed append leaves the
     /// layer as it was. A windowed
     /// cache has no end: each position overwrites the one `capacity` before it (of an append
-    /// longer than the capacity, only the last `capacity` positions are written).
+    /// longer than the capacity, only the last `capacity` positions are written). Once it has
+    /// wrapped, an append of more than `capacity - sink_tokens - window + 1` positions writes
+    /// over keys its own first positions' windows need, and a step then attends only its last
+    /// that many: a model's top layer, whose earlier rows nothing reads, may do so; a chunked
+    /// prefill appends and attends chunks of at most that many.
     ///
     /// ```
     /// use qkv::ndarray::Array3;
@@ -773,9 +778,10 @@ impl<E: CacheStorage> CacheLayer<'_, E> {
     /// cache's `kv_heads`) over every position held: one decoding step (`n_q = 1`) or a chunk of
     /// prefill (`n_q > 1`). The queries are the last `n_q` positions held (append their keys and
     /// values first), so query `i` sees positions `0 ..= len - n_q + i`; of a windowed cache,
-    /// the last `window` of those, and `n_q` is at most `capacity - sink_tokens - window + 1`
-    /// (fewer right after a [`truncate`](KvCache::truncate), until appends pass the positions it
-    /// cut). Query head `h`
+    /// the last `window` of those, and once the ring has wrapped (written over a position) `n_q`
+    /// is at most `capacity - sink_tokens - window + 1` (fewer right after a
+    /// [`truncate`](KvCache::truncate), until appends pass the positions it cut); before, a step
+    /// may take every position held. Query head `h`
     /// reads key/value head `h / (query_heads / kv_heads)`. Returns `[query_heads, n_q, d_v]` in
     /// f32.
     ///
@@ -960,8 +966,10 @@ impl<E: CacheStorage> CacheLayer<'_, E> {
                         "right after a truncation a windowed cache holds the windows of fewer queries \
                          (the positions it cut wrote over older ones): append first, or attend in smaller steps"
                     } else {
-                        "a windowed cache holds the windows of at most capacity - sink_tokens - window + 1 \
-                         new queries: attend in smaller steps, or make the capacity larger"
+                        "a windowed cache that has wrapped holds the windows of at most capacity - sink_tokens \
+                         - window + 1 new queries (an append of more wrote over keys its first positions' \
+                         windows need): append and attend in chunks of at most that many, or make the capacity \
+                         larger"
                     },
                 });
             }

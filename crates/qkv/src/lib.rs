@@ -26,7 +26,15 @@
 //! keep its first positions as sink tokens, [`with_sink_tokens`](KvCache::with_sink_tokens)), and
 //! [`PagedKvCache`] many sequences in fixed-size blocks of one pool (fork with copy on write,
 //! truncate, evict what a sliding window left behind, free), attending with a whole ragged batch's new queries in one call; a warm
-//! batched decoding step allocates nothing. [`varlen_attention`] runs a packed batch of
+//! batched decoding step allocates nothing. Both caches can turn keys and queries by a rotary
+//! position embedding as they store and attend ([`Rotary`]: Hugging Face Llama's half-split
+//! pairs, or GPT-J's [`interleaved`](Rotary::interleaved) ones), by absolute position. Two
+//! kinds of "sinks" are different things: [`AttentionOptions::sinks`] are learned logits (gpt-oss),
+//! [`KvCache::with_sink_tokens`] keeps a sequence's first positions (StreamingLLM). The caches,
+//! their ids and the errors are `Send` and `Sync`; every change and every step takes `&mut`, so
+//! threads that share a cache share it behind one lock (or each owns its own). Walk-throughs:
+//! `examples/tiny_decoder.rs` (a decoder over a [`KvCache`]) and `examples/serve_batch.rs` (a
+//! ragged batch over a [`PagedKvCache`]) in the crate's repository. [`varlen_attention`] runs a packed batch of
 //! sequences of different lengths without padding (flash-attn's `cu_seqlens`), in one call, and
 //! [`varlen_attention_backward`] its gradients.
 //!

@@ -180,6 +180,9 @@ pub struct PagedKvCache<E: CacheStorage = f32> {
 #[derive(Default)]
 struct StepBuffers {
     members: Vec<Member>,
+    /// By slot: whether the step being checked lists the sequence already (all false between
+    /// steps).
+    listed: Vec<bool>,
     step: step::StepBuffers<f32>,
 }
 
@@ -661,7 +664,9 @@ impl<E: CacheStorage> PagedKvCache<E> {
     /// generation runs in the window's blocks. Positions keep their numbers: [`len`](Self::len)
     /// is unchanged, the sequence holds positions [`first_held`](Self::first_held)`..len` (the
     /// start of `position`'s block on), and a step's queries see those alone, their causal
-    /// alignment, ALiBi distances and rotary angles still counted from position 0. Fails if a
+    /// alignment, ALiBi distances and rotary angles still counted from position 0; a step whose
+    /// sliding window reaches a position let go fails ([`AttentionError::WindowEvicted`]), so
+    /// evict before the next query's position less the window's `before`. Fails if a
     /// layer of `seq` holds fewer than `position` positions. Evicting before a position already
     /// let go of does nothing.
     ///
@@ -1008,7 +1013,8 @@ impl<E: CacheStorage> PagedLayer<'_, E> {
     /// (`[n_queries, longest]`, `longest` the most positions any sequence of the call holds) gives
     /// a query of a sequence that holds `len` positions the columns `0 .. len` of its row, column
     /// `p` for position `p`, the others unread (after [`evict_before`](PagedKvCache::evict_before),
-    /// the columns of the positions let go are unread too). A [`KvCache`](crate::KvCache)'s
+    /// the columns of the positions let go are unread too, and a window that reaches them is an
+    /// error). A sequence is listed at most once a step. A [`KvCache`](crate::KvCache)'s
     /// columns are the positions it holds instead, oldest first: a windowed one's start at its
     /// oldest held. Every option is checked before anything is computed; allocates as
     /// [`attend_into`](Self::attend_into) does.
@@ -1057,30 +1063,47 @@ impl<E: CacheStorage> PagedLayer<'_, E> {
             .map_err(|mismatch| self.shape_error(mismatch))?;
         let PagedKvCache { isa, block_layout: at, storage, scales, sequences: held, rotary, step, .. } =
             &mut *self.cache;
-        let StepBuffers { members, step: buffers } = step;
+        let StepBuffers { members, listed, step: buffers } = step;
         let shape_of =
             |m: &Member| Shape { n_queries: m.queries.len(), n_keys: m.n_keys(), key_dim, value_dim };
         // Each sequence with its queries, checked against what it holds at this layer.
         members.clear();
-        for (i, &id) in sequences.iter().enumerate() {
-            let sequence = held.get(id)?;
-            let (state, first_held) = (sequence.layers[layer], sequence.evicted * block_size);
-            let queries = query_offsets[i]..query_offsets[i + 1];
-            if queries.len() > state.len - first_held {
-                return Err(AttentionError::PagedInput {
-                    layer,
-                    argument: format!("the queries of sequences[{i}] (sequence {})", id.index()),
-                    found: Dims(vec![query_heads, queries.len(), key_dim]),
-                    expected: format!("[{query_heads}, at most {}, {key_dim}]", state.len - first_held),
-                    why: "the queries are the last positions held, so append their keys and values first",
-                });
-            }
-            if !queries.is_empty() {
+        listed.resize(held.slots.len(), false);
+        let checked = (|| {
+            for (i, &id) in sequences.iter().enumerate() {
+                let sequence = held.get(id)?;
+                if std::mem::replace(&mut listed[id.index()], true) {
+                    let first = sequences.iter().position(|&other| other == id).expect("listed before");
+                    return Err(AttentionError::RepeatedSequence { index: i, first, sequence: id.index() });
+                }
+                let (state, first_held) = (sequence.layers[layer], sequence.evicted * block_size);
+                let queries = query_offsets[i]..query_offsets[i + 1];
                 let member = Member { slot: id.index(), state, first_held, queries };
-                sequence_masks(options, &member).resolve_heads(&shape_of(&member), Some((1, query_heads)))?;
-                members.push(member);
+                if member.queries.len() > member.n_keys() {
+                    return Err(AttentionError::PagedInput {
+                        layer,
+                        argument: format!("the queries of sequences[{i}] (sequence {})", id.index()),
+                        found: Dims(vec![query_heads, member.queries.len(), key_dim]),
+                        expected: format!("[{query_heads}, at most {}, {key_dim}]", member.n_keys()),
+                        why: "the queries are the last positions held, so append their keys and values first",
+                    });
+                }
+                check_window(i, &member, options)?;
+                if !member.queries.is_empty() {
+                    sequence_masks(options, &member)
+                        .resolve_heads(&shape_of(&member), Some((1, query_heads)))?;
+                    members.push(member);
+                }
+            }
+            Ok(())
+        })();
+        // Cleared for the next step, whatever this one's checks found.
+        for &id in sequences {
+            if let Some(listed) = listed.get_mut(id.index()) {
+                *listed = false;
             }
         }
+        checked?;
         let members = &*members;
         if members.is_empty() {
             return Ok(());
@@ -1160,6 +1183,21 @@ impl<E: CacheStorage> PagedLayer<'_, E> {
         let ShapeMismatch { argument, found, expected, why } = mismatch;
         AttentionError::PagedInput { layer: self.index, argument: argument.into(), found, expected, why }
     }
+}
+
+/// Checks that the window of `options`, if any, reaches no position eviction let go for member
+/// `m`, `sequences[index]` of its step (its queries would see fewer keys than the window says,
+/// without a word).
+fn check_window(index: usize, m: &Member, options: &CacheOptions) -> Result<(), AttentionError> {
+    let Some(window) = options.window else { return Ok(()) };
+    // The first query sees furthest back.
+    let position = m.state.len - m.queries.len();
+    let reaches = position.saturating_sub(window.before);
+    if m.queries.is_empty() || reaches >= m.first_held {
+        return Ok(());
+    }
+    let (sequence, first_held) = (m.slot, m.first_held);
+    Err(AttentionError::WindowEvicted { index, sequence, position, reaches, first_held })
 }
 
 /// The options of member `m`'s queries over its keys: `options` with the bottom-right causal

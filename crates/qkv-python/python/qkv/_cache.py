@@ -149,7 +149,8 @@ class KvCache(_Cache):
     ``attend(layer, query)`` (``[query_heads, n_q, key_dim]``, the last ``n_q`` positions held,
     causal bottom-right) returns ``[query_heads, n_q, value_dim]`` in float32. With ``window`` the
     cache is a ring buffer of the last positions a sliding window of that many keys needs, and
-    ``capacity`` is the window plus the largest step but one; with ``sink_tokens`` as well it keeps
+    ``capacity`` is the window plus the largest step but one (until the ring first wraps, a step may
+    take every position held); with ``sink_tokens`` as well it keeps
     its first ``sink_tokens`` positions for good, beside the window (StreamingLLM's attention
     sinks), at their own positions, in ``sink_tokens`` slots of their own, so ``capacity`` is
     ``sink_tokens`` plus the window plus the largest step but one, on every CPU.

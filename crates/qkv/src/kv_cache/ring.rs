@@ -92,15 +92,17 @@ impl Ring {
 
     /// The most queries one step over `len` positions may have, the ring holding those from
     /// `oldest` on: the window of the first of them and the step's own positions must all be
-    /// held, `window + n_q - 1 <= capacity` (fewer right after a truncation, whose cut positions
-    /// wrote over older ones).
+    /// held. Before anything is written over, every window is (no limit: `usize::MAX`); from
+    /// then on `window + n_q - 1 <= capacity` (fewer right after a truncation, whose cut
+    /// positions wrote over older ones).
     pub(crate) fn largest_step(self, len: usize, oldest: usize) -> usize {
-        let whole = self.capacity - self.window + 1;
         if oldest <= self.sink_tokens {
-            return whole;
+            return usize::MAX;
         }
-        // The first query, at `len - n_q`, sees back to `len - n_q + 1 - window`.
-        whole.min((len + 1).saturating_sub(self.window + oldest))
+        // The first query, at `len - n_q`, sees back to `len - n_q + 1 - window`; the ring holds
+        // at most `capacity` positions back from `len`, so this is at most
+        // `capacity - window + 1`.
+        (len + 1).saturating_sub(self.window + oldest)
     }
 
     /// The window as the dense masks spell it: the query and `window - 1` positions back.
@@ -115,11 +117,12 @@ impl Ring {
     /// In the older run the slots before `head` stand for positions older than anything held,
     /// and no query sees them: a step's first query, at position `len - n_q`, sees back to
     /// `len - n_q - window + 1 >= len - capacity` when `n_q <= largest_step`, which is slot
-    /// `head` of that run.
+    /// `head` of that run. Before the ring wraps the older run reads nothing, and the newer one
+    /// holds every position: a step may then take them all.
     pub(crate) fn runs(self, len: usize) -> [Run; 2] {
         let len = self.ring_len(len);
         let head = len % self.capacity;
-        let older = if len >= self.capacity { self.capacity } else { head };
+        let older = if len >= self.capacity { self.capacity } else { 0 };
         [Run { n_keys: head + self.capacity, key_length: older }, Run { n_keys: head, key_length: head }]
     }
 

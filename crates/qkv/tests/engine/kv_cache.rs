@@ -517,3 +517,18 @@ fn truncations_in_a_row_count_from_the_furthest_position_written() {
         }
     }
 }
+
+/// The crate says the caches, their ids and the errors may move to and be shared with other
+/// threads (a server keeps its caches behind a lock, or one per worker); this stops compiling
+/// if one of them stops being so.
+#[test]
+fn caches_ids_and_errors_are_send_and_sync() {
+    fn send_and_sync<T: Send + Sync>() {}
+    send_and_sync::<KvCache<f32>>();
+    send_and_sync::<KvCache<half::bf16>>();
+    send_and_sync::<KvCache<qkv::Q8>>();
+    send_and_sync::<qkv::PagedKvCache<f32>>();
+    send_and_sync::<qkv::PagedKvCache<qkv::Q8>>();
+    send_and_sync::<qkv::SequenceId>();
+    send_and_sync::<qkv::AttentionError>();
+}

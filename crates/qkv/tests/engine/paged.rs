@@ -554,13 +554,17 @@ fn a_sliding_window_generation_runs_in_the_windows_blocks() {
             for seq in [a, b] {
                 harness.append(seq, 1);
                 let len = harness.cache.len(seq).unwrap();
-                harness.evict(seq, (len + 1).saturating_sub(window + 1));
+                // This step's query, at `len - 1`, sees `window` positions back (`Kind::Window`).
+                harness.evict(seq, (len - 1).saturating_sub(window));
             }
             if checked.contains(&step) {
                 for layer in 0..shape.layers {
                     harness.check(layer, &[(a, 1), (b, 1)]);
                     harness.check_with(layer, &[(b, 1), (a, 1)], Kind::Window);
-                    harness.check_with(layer, &[(a, 1)], Kind::All);
+                    // ALiBi's distances still count from position 0. (Every option at once
+                    // includes a window of 150, which reaches what this generation let go: an
+                    // error, `a_window_reaching_evicted_positions_is_an_error`.)
+                    harness.check_with(layer, &[(a, 1)], Kind::Alibi);
                 }
             }
         }
@@ -838,6 +842,16 @@ fn errors_name_the_sequence_the_argument_and_the_shapes() {
         err(layer.attend(&[a, a, a], &[0, 2, 1, 2], q.view()).unwrap_err()),
         "query_offsets [0, 2, 1, 2] do not fit 3 sequences and 2 packed rows: they never decrease"
     );
+    // A sequence listed twice is refused (its queries would both be its last position), and the
+    // check leaves nothing behind for the next step.
+    for _ in 0..2 {
+        assert_eq!(
+            err(layer.attend(&[a, a], &[0, 1, 2], q.view()).unwrap_err()),
+            "sequences[1] repeats sequences[0] (sequence 0): a step takes each sequence once, its queries the \
+             last positions it holds"
+        );
+        layer.attend(&[a], &[0, 2], q.view()).unwrap();
+    }
     assert_eq!(
         err(layer.attend(&[a], &[0, 2], Array3::<f32>::zeros((3, 2, 3)).view()).unwrap_err()),
         "layer 1 of the paged KV cache takes queries of shape [a multiple of 2, 2, 3], not [3, 2, 3]: \
@@ -923,6 +937,37 @@ fn errors_name_the_sequence_the_argument_and_the_shapes() {
          is empty: a pool needs at least one layer, key/value head and block, blocks of at least one position, \
          and keys and values at least one component wide"
     );
+}
+
+/// A window that reaches positions `evict_before` let go is an error naming them (its queries
+/// would see fewer keys than the window says); one that stops at the first position held is not.
+#[test]
+fn a_window_reaching_evicted_positions_is_an_error() {
+    let shape = PagedShape::new(1, 1, 2, 1, 64, 5);
+    let mut cache = PagedKvCache::<f32>::new(shape).unwrap();
+    let (other, seq) = (cache.add_sequence(), cache.add_sequence());
+    let kv = |n| (Array3::<f32>::zeros((1, n, 2)), Array3::<f32>::ones((1, n, 1)));
+    let (k, v) = kv(200);
+    cache.layer(0).unwrap().append(seq, k.view(), v.view()).unwrap();
+    let (k, v) = kv(3);
+    cache.layer(0).unwrap().append(other, k.view(), v.view()).unwrap();
+    cache.evict_before(seq, 130).unwrap();
+    assert_eq!(cache.first_held(seq).unwrap(), 128);
+    let q = Array3::<f32>::zeros((1, 3, 2));
+    let step = |cache: &mut PagedKvCache<f32>, before: usize| {
+        let options = CacheOptions::new().sliding_window(SlidingWindow::new(before, 0));
+        cache.layer(0).unwrap().attend_with(&[other, seq], &[0, 1, 3], q.view(), &options).map(|_| ())
+    };
+    // The first of the two queries, at position 198, sees back to 198 - before.
+    assert_eq!(
+        step(&mut cache, 71).unwrap_err().to_string(),
+        "sequences[1] (sequence 1): the sliding window of its query at position 198 reaches back to position \
+         127, but the positions before 128 were evicted: evict only the positions no query will see again \
+         (before the next query's position - window.before)"
+    );
+    step(&mut cache, 70).unwrap();
+    // Without a window the queries see what is held, as evict_before says.
+    cache.layer(0).unwrap().attend(&[other, seq], &[0, 1, 3], q.view()).unwrap();
 }
 
 #[test]

@@ -96,7 +96,8 @@ fn check_ring<E: Storage>(
             len += n_new;
             let held = len.min(shape.capacity);
             assert_eq!((layer.len(), layer.held()), (len, held), "{level} {ring:?}");
-            let n_q = n_new.min(ring.largest_step);
+            // Until the ring wraps every position is held, and a step may take them all.
+            let n_q = if len <= shape.capacity { n_new } else { n_new.min(ring.largest_step) };
             let q = q.slice(s![.., len - n_q..len, ..]);
             // The keep mask over the positions held, each row keeping its own position unless it
             // sees nothing (every 5th); over the whole history the older positions, outside
@@ -250,15 +251,17 @@ fn bad_windows_and_steps_are_errors_naming_the_argument() {
     assert_eq!(
         err(layer.attend(Array3::<f32>::zeros((2, 4, 2)).view()).unwrap_err()),
         "layer 1 of the KV cache takes queries of shape [2, at most 3, 2], not [2, 4, 2]: a windowed cache \
-         holds the windows of at most capacity - sink_tokens - window + 1 new queries: attend in smaller steps, \
-         or make the capacity larger"
+         that has wrapped holds the windows of at most capacity - sink_tokens - window + 1 new queries (an append \
+         of more wrote over keys its first positions' windows need): append and attend in chunks of at most that \
+         many, or make the capacity larger"
     );
     // A prefill longer than the ring holds is refused for the ring's limit, not sent to append.
     assert_eq!(
         err(layer.attend(Array3::<f32>::zeros((2, 10, 2)).view()).unwrap_err()),
         "layer 1 of the KV cache takes queries of shape [2, at most 3, 2], not [2, 10, 2]: a windowed cache \
-         holds the windows of at most capacity - sink_tokens - window + 1 new queries: attend in smaller steps, \
-         or make the capacity larger"
+         that has wrapped holds the windows of at most capacity - sink_tokens - window + 1 new queries (an append \
+         of more wrote over keys its first positions' windows need): append and attend in chunks of at most that \
+         many, or make the capacity larger"
     );
     let q = Array3::<f32>::zeros((2, 3, 2));
     let wider = CacheOptions::new().sliding_window(SlidingWindow::new(4, 0));

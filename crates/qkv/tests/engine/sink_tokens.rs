@@ -64,7 +64,7 @@ fn check(level: SimdLevel, c: Config, chunks: &[usize], truncate_at: Option<usiz
     if c.rotary {
         cache = cache.with_rotary(rotary).unwrap();
     }
-    let mut len = 0;
+    let (mut len, mut furthest) = (0, 0);
     for (n, &n_new) in chunks.iter().enumerate() {
         if truncate_at == Some(n) && len > 0 {
             // Roll back one position, and take the next one from elsewhere in the inputs.
@@ -79,7 +79,9 @@ fn check(level: SimdLevel, c: Config, chunks: &[usize], truncate_at: Option<usiz
         let new = s![.., len..len + n_new, ..];
         layer.append(k.slice(new), v.slice(new)).unwrap();
         len += n_new;
-        let n_q = n_new.min(c.queries);
+        furthest = furthest.max(len);
+        // Until the ring wraps every position is held, and a step may take them all.
+        let n_q = if furthest <= capacity { n_new } else { n_new.min(c.queries) };
         let qs = q.slice(s![.., len - n_q..len, ..]);
         let options = if c.options {
             CacheOptions::new().scale(0.8).alibi(&slopes).logit_softcap(3.0).sinks(&sinks)
@@ -213,6 +215,10 @@ fn long_appends_rotary_positions_and_truncation_keep_the_sink_tokens() {
         check(level, c, &[30, 1, 1, 2, 1], Some(3), 1101);
         let c = Config { rotary: false, ..c };
         check(level, c, &[2, 1, 1, 1, 1, 1, 2], Some(2), 1102);
+        // Chunks longer than a wrapped ring's step (3 here) while nothing is written over yet:
+        // every position is held, so a step takes them all, up to the capacity (12) exactly.
+        let c = Config { sink_tokens: 2, window: 8, largest_step: 3, queries: 12, ..c };
+        check(level, c, &[5, 5, 2, 1, 3, 1], None, 1103);
     }
 }
 
