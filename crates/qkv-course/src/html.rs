@@ -27,6 +27,7 @@ const SCRIPT_PARTS: &[&str] = &[
     include_str!("html/js/core.js"),
     include_str!("html/js/quiz.js"),
     include_str!("html/js/progress.js"),
+    include_str!("html/js/scroll.js"),
     include_str!("html/js/search.js"),
     include_str!("html/js/drag.js"),
     include_str!("html/js/matrix.js"),

@@ -4,6 +4,8 @@
 
 use pulldown_cmark::{Event, Options, Parser};
 
+mod spoken;
+
 /// The markdown extensions every lesson file is parsed with (here and when rendering HTML).
 pub(crate) fn markdown_options() -> Options {
     Options::ENABLE_MATH
@@ -28,7 +30,8 @@ pub fn escape(s: &str) -> String {
     out
 }
 
-/// TeX as MathML (inline or display); TeX the renderer cannot read is shown as code.
+/// TeX as MathML (inline or display), spoken as words in its `aria-label` ([`spoken`]); TeX the
+/// renderer cannot read is shown as code.
 pub(crate) fn mathml(tex: &str, display: bool) -> String {
     let storage = pulldown_latex::Storage::new();
     let parser = pulldown_latex::Parser::new(tex, &storage);
@@ -42,7 +45,10 @@ pub(crate) fn mathml(tex: &str, display: bool) -> String {
     };
     let mut out = String::new();
     match pulldown_latex::push_mathml(&mut out, parser, config) {
-        Ok(()) => out,
+        Ok(()) => {
+            let label = format!("<math aria-label=\"{}\"", escape(&spoken::spoken(&out)));
+            out.replacen("<math", &label, 1)
+        }
         Err(_) => format!("<code>{}</code>", escape(tex)),
     }
 }

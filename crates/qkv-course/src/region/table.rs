@@ -1,4 +1,4 @@
-//! `table EXAMPLE inputs|weights|scores|projections`: an attention example's inputs, its weight or
+//! `table EXAMPLE inputs|weights|scores|projections|w_qkv`: an attention example's inputs, its weight or
 //! score matrix (weights with a row-sum and an output column; masked cells say so), or the
 //! embeddings and projections its inputs came from; `table MATRIX` for a `qkv matrix` block; and
 //! `table MULTIHEAD x|concat|w_o|output` for a multi-head example (`MULTIHEAD.heads.HEAD` is a
@@ -21,7 +21,7 @@ use crate::format::shown;
 
 pub(super) const KIND: Kind = Kind {
     name: "table",
-    usage: "`table EXAMPLE inputs|weights|scores|projections`",
+    usage: "`table EXAMPLE inputs|weights|scores|projections|w_qkv`",
     options: &["digits"],
     generate,
 };
@@ -63,7 +63,7 @@ fn generate(cx: &mut Context<'_, '_>) -> Result<Generated, Problem> {
             cx.at_most_shown(&shown_counts(&inputs))?;
             inputs_table(&inputs, cx.digits)
         }
-        (Computed::Attention { inputs, .. }, true) if field == "projections" => {
+        (Computed::Attention { inputs, .. }, true) if field == "projections" || field == "w_qkv" => {
             let Some(p) = &inputs.projection else {
                 return Err(cx.problem(
                     format!(
@@ -73,7 +73,7 @@ fn generate(cx: &mut Context<'_, '_>) -> Result<Generated, Problem> {
                 ));
             };
             cx.at_most_shown(&shown_counts(&inputs))?;
-            projections_table(&inputs, p, cx.digits)
+            projections_table(&inputs, p, field == "w_qkv", cx.digits)
         }
         (Computed::Attention { inputs, result: Ok(result) }, true) => match field {
             "weights" | "scores" => {
@@ -84,7 +84,7 @@ fn generate(cx: &mut Context<'_, '_>) -> Result<Generated, Problem> {
             other => {
                 return Err(cx.problem(
                     format!("unknown table `{other}`"),
-                    "`inputs`, `weights`, `scores` or `projections`",
+                    "`inputs`, `weights`, `scores`, `projections` or `w_qkv`",
                 ));
             }
         },
@@ -273,8 +273,23 @@ fn labelled_table(header: &str, labels: &[String], rows: &[Vec<f64>], digits: us
 
 /// The embeddings, each projection and each product: `X`, `W_q`, `W_k`, `W_v`, then
 /// `Q = X W_q`, `K = X W_k`, `V = X W_v` (with `X_q` and `X_kv` for cross-attention).
-fn projections_table(inputs: &AttentionInputs, p: &crate::eval::Projection, digits: usize) -> String {
+/// With `weights_only`, the three matrices `W` alone (for an example whose `X` a page shows
+/// elsewhere, or whose heads read another input).
+fn projections_table(
+    inputs: &AttentionInputs,
+    p: &crate::eval::Projection,
+    weights_only: bool,
+    digits: usize,
+) -> String {
     let (ql, kl) = (inputs.query_labels(), inputs.key_labels());
+    let weights = [("W_q", &p.w_q), ("W_k", &p.w_k), ("W_v", &p.w_v)]
+        .map(|(name, w)| (format!("${name}$"), labelled_table("row", &numbers(w.len()), w, digits)));
+    let join = |parts: &[(String, String)]| {
+        parts.iter().map(|(title, table)| format!("**{title}**\n\n{table}")).collect::<Vec<_>>().join("\n")
+    };
+    if weights_only {
+        return join(&weights);
+    }
     let (x_q, x_kv) = match &p.x_kv {
         None => ("X", "X"),
         Some(_) => ("X_q", "X_{kv}"),
@@ -286,9 +301,7 @@ fn projections_table(inputs: &AttentionInputs, p: &crate::eval::Projection, digi
             labelled_table("token", &kl, x, digits),
         ));
     }
-    for (name, w) in [("W_q", &p.w_q), ("W_k", &p.w_k), ("W_v", &p.w_v)] {
-        parts.push((format!("${name}$"), labelled_table("row", &numbers(w.len()), w, digits)));
-    }
+    parts.extend(weights);
     for (name, from, w, labels, rows) in [
         ("Q", x_q, "W_q", &ql, &inputs.queries),
         ("K", x_kv, "W_k", &kl, &inputs.keys),
@@ -296,7 +309,7 @@ fn projections_table(inputs: &AttentionInputs, p: &crate::eval::Projection, digi
     ] {
         parts.push((format!("${name} = {from} {w}$"), labelled_table("token", labels, rows, digits)));
     }
-    parts.iter().map(|(title, table)| format!("**{title}**\n\n{table}")).collect::<Vec<_>>().join("\n")
+    join(&parts)
 }
 
 /// A label as table-cell markdown: no HTML, no emphasis, no column breaks.

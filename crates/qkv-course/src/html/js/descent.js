@@ -8,6 +8,7 @@
     var prev = root.querySelector("[data-qkv-prev]");
     var next = root.querySelector("[data-qkv-next]");
     if (!data || !prev || !next) return;
+    var announce = root.querySelector("[data-qkv-announce]");
     stepButtons(prev, next, 0, data.steps.length - 1, function (i) {
       var step = data.steps[i];
       root.querySelector("[data-qkv-title]").textContent = step.title;
@@ -15,9 +16,9 @@
         var cell = root.querySelector('[data-qkv-readout="' + CSS.escape(name) + '"]');
         if (cell) cell.textContent = step.readouts[name];
       });
-      root.querySelector("[data-qkv-announce]").textContent = step.announce;
+      announce.textContent = step.announce;
       root.setAttribute("data-qkv-step", String(i));
-    });
+    }, announce);
   }
 
   WIDGETS["gradient-descent"] = setupDescent;

@@ -11,7 +11,8 @@ use crate::format::{relation, shown};
 /// The worked rotations at the sweep's first and last points, at `digits` decimals.
 pub(super) fn positions_steps(p: &PositionsResult, digits: usize) -> String {
     let v = |xs: &[f64]| shown_all(xs, digits);
-    let rel = |xs: &[f64]| relation(v(xs).iter().all(|s| s.exact));
+    // What a vector turns into: `≈` before a rounded one, nothing before an exact one.
+    let into = |xs: &[f64]| if v(xs).iter().all(|s| s.exact) { "" } else { "\\approx" };
     let n = |x: f64| shown(x, digits);
     let (q, k) = (tex_label(&p.query), tex_label(&p.key));
     let theta = crate::eval::positions_angle(0, p.sweep[0].rope_query.len(), p.base);
@@ -26,15 +27,15 @@ pub(super) fn positions_steps(p: &PositionsResult, digits: usize) -> String {
         let point = &p.sweep[s];
         let _ = writeln!(
             out,
-            "{}. **Query at {}, key at {}.** $q_{{{q}}}$ turns by ${} \\theta$: ${} {}$; $k_{{{k}}}$ by ${} \\theta$: ${} {}$. Their scaled dot product is ${} {}$.",
+            "{}. **Query at {}, key at {}.** $q_{{{q}}}$ turns by ${} \\theta$ into ${} {}$; $k_{{{k}}}$ by ${} \\theta$ into ${} {}$. Their scaled dot product is ${} {}$.",
             step + 1,
             point.query_position,
             point.key_position,
             point.query_position,
-            rel(&point.rope_query),
+            into(&point.rope_query),
             tuple(&v(&point.rope_query)),
             point.key_position,
-            rel(&point.rope_key),
+            into(&point.rope_key),
             tuple(&v(&point.rope_key)),
             relation(n(point.rope_score).exact),
             n(point.rope_score).text

@@ -34,8 +34,9 @@ pub(super) fn table(
             Ok(labelled_table("row", &numbers(w.len()), w, digits))
         }
         ([], Some(name @ ("b_1" | "b_2"))) => {
-            let bias = if name == "b_1" { &b.b_1 } else { &b.b_2 };
-            Ok(labelled_table("bias", &[name.to_string()], std::slice::from_ref(bias), digits))
+            let (bias, label) = if name == "b_1" { (&b.b_1, "b₁") } else { (&b.b_2, "b₂") };
+            // The label as it reads (a cell's `_` is escaped, and would show as typed).
+            Ok(labelled_table("bias", &[label.to_string()], std::slice::from_ref(bias), digits))
         }
         _ => Err(USAGE.to_string()),
     }

@@ -77,9 +77,10 @@ pub(super) fn walk(cx: &mut Context<'_, '_>, id: &str, w: &WidgetDecl) -> Result
     let shown = &states[0][start];
     let text = state_text(ORDER_NAMES[0], &b.tokens[start]);
     let mut markdown =
-        format!("**Try it.** {}\n\n{text}\n\n| stage | vector | length |\n|:--|:--|--:|\n", prompt.trim());
+        format!("**Try it.** {}\n\n{text}\n\n| stage | length | vector |\n|:--|--:|:--|\n", prompt.trim());
+    // The columns of the page's readouts (and of the pass tables beside them).
     for ((f, v), l) in shown.formulas.iter().zip(&shown.vectors).zip(&shown.lengths) {
-        let _ = writeln!(markdown, "| ${f}$ | {v} | {l} |");
+        let _ = writeln!(markdown, "| ${f}$ | {l} | {v} |");
     }
     let data = json!({
         "orders": ORDER_NAMES,
