@@ -152,7 +152,8 @@ impl Case {
 }
 
 /// The shapes, d = 64: single heads from 256 to 16384 keys, causal variants; 8 heads of
-/// 256 and 1024, a batch of 4 × 8 heads of 128, GQA 8/2; decoding one query over 1024, 16384 and
+/// 256 and 1024, a batch of 4 × 8 heads of 128 and of 16 (short sequences, where each head's
+/// fixed costs weigh), GQA 8/2; decoding one query over 1024, 16384 and
 /// 131072 keys, and a GQA decoding step (32 query heads over 8 KV heads, one query each); full
 /// attention over bf16 inputs at n = 4096 and over 8 bf16 query heads on 2 KV heads of 1024;
 /// decoding over bf16 keys and values as they are (no cache): one query over 16384, and the GQA
@@ -174,6 +175,7 @@ pub fn all(quick: bool) -> Vec<Case> {
         Case::single(16384, 16384, true),
         heads(8, 8, Case::single(256, 256, false)),
         Case { batch: 4, ..heads(8, 8, Case::single(128, 128, false)) },
+        Case { batch: 4, ..heads(8, 8, Case::single(16, 16, false)) },
         heads(8, 8, Case::single(1024, 1024, false)),
         heads(8, 8, Case::single(1024, 1024, true)),
         heads(8, 2, Case::single(1024, 1024, false)),
