@@ -10,7 +10,8 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use qkv::half::{bf16, f16};
 use qkv::{
-    CacheOptions, CacheShape, CacheStorage, PagedShape, Q8, SequenceId, SimdLevel, SlidingWindow, Storage,
+    CacheOptions, CacheShape, CacheStorage, PagedShape, Q8, Rotary, SequenceId, SimdLevel, SlidingWindow,
+    Storage,
 };
 
 use crate::dense::{narrowed, per_head_values, side};
@@ -195,8 +196,11 @@ impl KvCache {
     ///
     /// With `sink_tokens`, a windowed cache also keeps its first positions for good
     /// (StreamingLLM's attention sinks; `qkv::KvCache::with_sink_tokens`).
+    ///
+    /// With `rotary`, the cache turns keys as it stores them and queries as they attend
+    /// (`qkv::KvCache::with_rotary`).
     #[new]
-    #[pyo3(signature = (layers, kv_heads, capacity, key_dim, value_dim, dtype, window=None, sink_tokens=None))]
+    #[pyo3(signature = (layers, kv_heads, capacity, key_dim, value_dim, dtype, window=None, sink_tokens=None, rotary=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         layers: usize,
@@ -207,27 +211,33 @@ impl KvCache {
         dtype: &str,
         window: Option<usize>,
         sink_tokens: Option<usize>,
+        rotary: Option<RotarySpec>,
     ) -> PyResult<KvCache> {
         let shape = CacheShape::new(layers, kv_heads, capacity, key_dim, value_dim);
+        let rotary = rotary.map(RotarySpec::rotary);
         fn make<E: CacheStorage>(
             shape: CacheShape,
             window: Option<usize>,
             sink_tokens: Option<usize>,
+            rotary: Option<Rotary>,
         ) -> Result<qkv::KvCache<E>, qkv::AttentionError> {
-            let cache = match window {
+            let mut cache = match window {
                 Some(w) => qkv::KvCache::with_window(shape, w)?,
                 None => qkv::KvCache::new(shape)?,
             };
-            match sink_tokens {
-                Some(k) => cache.with_sink_tokens(k),
+            if let Some(k) = sink_tokens {
+                cache = cache.with_sink_tokens(k)?;
+            }
+            match rotary {
+                Some(rotary) => cache.with_rotary(rotary),
                 None => Ok(cache),
             }
         }
         let inner = match storage(dtype)? {
-            Stored::F32 => AnyKvCache::F32(make(shape, window, sink_tokens).map_err(value_error)?),
-            Stored::Bf16 => AnyKvCache::Bf16(make(shape, window, sink_tokens).map_err(value_error)?),
-            Stored::F16 => AnyKvCache::F16(make(shape, window, sink_tokens).map_err(value_error)?),
-            Stored::Int8 => AnyKvCache::Int8(make(shape, window, sink_tokens).map_err(value_error)?),
+            Stored::F32 => AnyKvCache::F32(make(shape, window, sink_tokens, rotary).map_err(value_error)?),
+            Stored::Bf16 => AnyKvCache::Bf16(make(shape, window, sink_tokens, rotary).map_err(value_error)?),
+            Stored::F16 => AnyKvCache::F16(make(shape, window, sink_tokens, rotary).map_err(value_error)?),
+            Stored::Int8 => AnyKvCache::Int8(make(shape, window, sink_tokens, rotary).map_err(value_error)?),
         };
         Ok(KvCache { inner })
     }
@@ -300,6 +310,21 @@ impl KvCache {
     }
 }
 
+/// A rotary embedding as `python/qkv/_cache.py`'s `Rotary` packs it: `(base, interleaved, dims,
+/// position_scale)`.
+#[derive(Debug, Clone, Copy, FromPyObject)]
+pub struct RotarySpec(f64, bool, Option<usize>, f64);
+
+impl RotarySpec {
+    /// The engine's [`Rotary`] (which the cache checks against its widths).
+    fn rotary(self) -> Rotary {
+        let RotarySpec(base, interleaved, dims, scale) = self;
+        let rotary = Rotary::new(base).position_scale(scale);
+        let rotary = if interleaved { rotary.interleaved() } else { rotary };
+        dims.map_or(rotary, |dims| rotary.dims(dims))
+    }
+}
+
 /// Many sequences' keys and values in fixed-size blocks of one pool (`qkv::PagedKvCache`).
 /// Sequences are integer handles, never reused once freed and distinct across the process's
 /// caches, so that another cache refuses one.
@@ -309,14 +334,14 @@ pub struct PagedKvCache {
     sequences: HashMap<u64, SequenceId>,
 }
 
-/// Appends to `seq` at layer `layer` of a typed cache.
+/// Appends to `seq` (known to the caller as `handle`) at layer `layer` of a typed cache.
 ///
 /// # Safety
 /// As [`kv_append`].
 unsafe fn paged_append<E: CacheStorage>(
     cache: &mut qkv::PagedKvCache<E>,
     layer: usize,
-    seq: SequenceId,
+    (seq, handle): (SequenceId, u64),
     k: &Raw,
     v: &Raw,
 ) -> PyResult<()>
@@ -325,7 +350,7 @@ where
 {
     // SAFETY: the caller vouches for the memory.
     let (k, v) = unsafe { (k.view::<E::Appended, Ix3>("key")?, v.view::<E::Appended, Ix3>("value")?) };
-    cache.layer(layer).and_then(|mut l| l.append(seq, k, v)).map_err(value_error)
+    cache.layer(layer).and_then(|mut l| l.append(seq, k, v)).map_err(PagedKvCache::error(&[(seq, handle)]))
 }
 
 /// One batched step of a typed cache, with queries of the type its appends take (f32 for int8).
@@ -335,11 +360,12 @@ where
 unsafe fn paged_attend<E: CacheStorage, Q: Storage + Element>(
     cache: &mut qkv::PagedKvCache<E>,
     layer: usize,
-    (sequences, offsets): (&[SequenceId], &[usize]),
+    (sequences, handles, offsets): (&[SequenceId], &[u64], &[usize]),
     q: &Raw,
     spec: &CacheSpec,
     (out, lse): &(Raw, Option<Raw>),
 ) -> PyResult<()> {
+    let named: Vec<(SequenceId, u64)> = sequences.iter().copied().zip(handles.iter().copied()).collect();
     let per_head = spec.per_head()?;
     // SAFETY (every view): the caller vouches for the memory.
     let options = unsafe { spec.options(&per_head)? };
@@ -349,10 +375,42 @@ unsafe fn paged_attend<E: CacheStorage, Q: Storage + Element>(
     cache
         .layer(layer)
         .and_then(|mut l| l.attend_with_into(sequences, offsets, q, &options, out, lse))
-        .map_err(value_error)
+        .map_err(PagedKvCache::error(&named))
+}
+
+/// `message` (the engine's) with each "sequence N" that names the engine's slot of one of
+/// `named` (`(id, handle)` pairs) naming its handle instead: the number the caller holds. One
+/// pass, so that a slot that is another sequence's handle is not renamed twice.
+fn by_handle(message: &str, named: &[(SequenceId, u64)]) -> String {
+    const WORD: &str = "sequence ";
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message;
+    while let Some(at) = rest.find(WORD) {
+        let (before, after) = rest.split_at(at + WORD.len());
+        out.push_str(before);
+        let digits = after.len() - after.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+        let handle = after[..digits]
+            .parse::<usize>()
+            .ok()
+            .and_then(|slot| named.iter().find(|(id, _)| id.index() == slot))
+            .map(|&(_, handle)| handle);
+        match handle {
+            Some(handle) => out.push_str(&handle.to_string()),
+            None => out.push_str(&after[..digits]),
+        }
+        rest = &after[digits..];
+    }
+    out.push_str(rest);
+    out
 }
 
 impl PagedKvCache {
+    /// The engine's `error` about the sequences of `named` (`(id, handle)` pairs), as a
+    /// `ValueError` that names each by its handle ([`by_handle`]).
+    fn error(named: &[(SequenceId, u64)]) -> impl Fn(qkv::AttentionError) -> PyErr + '_ {
+        move |error| PyValueError::new_err(by_handle(&error.to_string(), named))
+    }
+
     /// The engine's id of handle `seq`.
     fn id(&self, seq: u64) -> PyResult<SequenceId> {
         self.sequences.get(&seq).copied().ok_or_else(|| {
@@ -375,7 +433,11 @@ impl PagedKvCache {
 impl PagedKvCache {
     /// A pool of `blocks` blocks of `block_size` positions (any number; a multiple of
     /// `block_granularity()` wastes no memory) for `layers` × `kv_heads` heads.
+    /// With `rotary`, the cache turns keys as it stores them and queries as they attend
+    /// (`qkv::PagedKvCache::with_rotary`).
     #[new]
+    #[pyo3(signature = (layers, kv_heads, key_dim, value_dim, block_size, blocks, dtype, rotary=None))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         layers: usize,
         kv_heads: usize,
@@ -384,13 +446,25 @@ impl PagedKvCache {
         block_size: usize,
         blocks: usize,
         dtype: &str,
+        rotary: Option<RotarySpec>,
     ) -> PyResult<PagedKvCache> {
         let shape = PagedShape::new(layers, kv_heads, key_dim, value_dim, block_size, blocks);
+        fn make<E: CacheStorage>(
+            shape: PagedShape,
+            rotary: Option<Rotary>,
+        ) -> Result<qkv::PagedKvCache<E>, qkv::AttentionError> {
+            let cache = qkv::PagedKvCache::new(shape)?;
+            match rotary {
+                Some(rotary) => cache.with_rotary(rotary),
+                None => Ok(cache),
+            }
+        }
+        let rotary = rotary.map(RotarySpec::rotary);
         let inner = match storage(dtype)? {
-            Stored::F32 => AnyPaged::F32(qkv::PagedKvCache::new(shape).map_err(value_error)?),
-            Stored::Bf16 => AnyPaged::Bf16(qkv::PagedKvCache::new(shape).map_err(value_error)?),
-            Stored::F16 => AnyPaged::F16(qkv::PagedKvCache::new(shape).map_err(value_error)?),
-            Stored::Int8 => AnyPaged::Int8(qkv::PagedKvCache::new(shape).map_err(value_error)?),
+            Stored::F32 => AnyPaged::F32(make(shape, rotary).map_err(value_error)?),
+            Stored::Bf16 => AnyPaged::Bf16(make(shape, rotary).map_err(value_error)?),
+            Stored::F16 => AnyPaged::F16(make(shape, rotary).map_err(value_error)?),
+            Stored::Int8 => AnyPaged::Int8(make(shape, rotary).map_err(value_error)?),
         };
         Ok(PagedKvCache { inner, sequences: HashMap::new() })
     }
@@ -411,20 +485,20 @@ impl PagedKvCache {
     /// A new sequence sharing `seq`'s positions (copied on write).
     fn fork(&mut self, seq: u64) -> PyResult<u64> {
         let id = self.id(seq)?;
-        let forked = each_paged!(&mut self.inner, c => c.fork(id)).map_err(value_error)?;
+        let forked = each_paged!(&mut self.inner, c => c.fork(id)).map_err(Self::error(&[(id, seq)]))?;
         Ok(self.handle(forked))
     }
 
     /// Keeps the first `len` positions of `seq` at every layer.
     fn truncate(&mut self, seq: u64, len: usize) -> PyResult<()> {
         let id = self.id(seq)?;
-        each_paged!(&mut self.inner, c => c.truncate(id, len)).map_err(value_error)
+        each_paged!(&mut self.inner, c => c.truncate(id, len)).map_err(Self::error(&[(id, seq)]))
     }
 
     /// Frees `seq`'s blocks; the handle names nothing afterwards.
     fn free(&mut self, seq: u64) -> PyResult<()> {
         let id = self.id(seq)?;
-        each_paged!(&mut self.inner, c => c.free(id)).map_err(value_error)?;
+        each_paged!(&mut self.inner, c => c.free(id)).map_err(Self::error(&[(id, seq)]))?;
         self.sequences.remove(&seq);
         Ok(())
     }
@@ -432,20 +506,21 @@ impl PagedKvCache {
     /// Positions `seq` holds at layer `layer`.
     fn len(&mut self, seq: u64, layer: usize) -> PyResult<usize> {
         let id = self.id(seq)?;
-        each_paged!(&mut self.inner, c => c.layer(layer).and_then(|l| l.len(id))).map_err(value_error)
+        each_paged!(&mut self.inner, c => c.layer(layer).and_then(|l| l.len(id)))
+            .map_err(Self::error(&[(id, seq)]))
     }
 
     /// Returns to the pool the blocks of `seq` that lie wholly before `position` (at every
     /// layer); positions keep their numbers.
     fn evict_before(&mut self, seq: u64, position: usize) -> PyResult<()> {
         let id = self.id(seq)?;
-        each_paged!(&mut self.inner, c => c.evict_before(id, position)).map_err(value_error)
+        each_paged!(&mut self.inner, c => c.evict_before(id, position)).map_err(Self::error(&[(id, seq)]))
     }
 
     /// The first position `seq` still holds (0 unless blocks were evicted).
     fn first_held(&self, seq: u64) -> PyResult<usize> {
         let id = self.id(seq)?;
-        each_paged!(&self.inner, c => c.first_held(id)).map_err(value_error)
+        each_paged!(&self.inner, c => c.first_held(id)).map_err(Self::error(&[(id, seq)]))
     }
 
     /// Blocks not held by any sequence.
@@ -459,7 +534,7 @@ impl PagedKvCache {
         let id = self.id(seq)?;
         let inner = &mut self.inner;
         // SAFETY: the package passes tensors it holds for the call.
-        detached(py, move || each_paged!(inner, c => unsafe { paged_append(c, layer, id, &k, &v) }))
+        detached(py, move || each_paged!(inner, c => unsafe { paged_append(c, layer, (id, seq), &k, &v) }))
     }
 
     /// Attention for a batch of sequences: `sequences[i]` attends with the queries
@@ -475,12 +550,12 @@ impl PagedKvCache {
         into: (Raw, Option<Raw>),
     ) -> PyResult<()> {
         let ids = batch.0.iter().map(|&s| self.id(s)).collect::<PyResult<Vec<_>>>()?;
-        let offsets = batch.1;
+        let (handles, offsets) = batch;
         let inner = &mut self.inner;
         detached(py, move || {
             // SAFETY: the package passes tensors it holds for the call, outputs fresh.
             by_query_paged!(inner, q.dtype("query")?, c, E, Q => unsafe {
-                paged_attend::<E, Q>(c, layer, (&ids, &offsets), &q, &spec, &into)
+                paged_attend::<E, Q>(c, layer, (&ids, &handles, &offsets), &q, &spec, &into)
             })
         })
     }

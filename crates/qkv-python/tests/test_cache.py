@@ -391,6 +391,103 @@ def test_paged_cache_fork_truncate_free():
         cache.append(0, a, big[1], big[2])
 
 
+def test_paged_errors_name_sequences_by_the_callers_handles():
+    """The engine numbers a cache's sequences by slot (a freed one's slot goes to the next); the
+    package's handles are distinct across the process. Every message names the handle the caller
+    holds, never a slot that may be another handle."""
+    # Handles of other caches first, so that slots and handles differ.
+    others = qkv.PagedKvCache(1, KV_HEADS, D_K, D_V, block_size=64, blocks=4)
+    for _ in range(3):
+        others.add_sequence()
+    cache = qkv.PagedKvCache(1, KV_HEADS, D_K, D_V, block_size=64, blocks=2)
+    freed = cache.add_sequence()
+    cache.free(freed)
+    a, b = cache.add_sequence(), cache.add_sequence()  # a takes the freed slot 0, b slot 1
+    assert (a, b) != (0, 1)
+    q, k, v = history(200)
+    cache.append(0, b, k[:, :3], v[:, :3])
+    cases = [
+        (lambda: cache.append(0, b, k, v), f"to sequence {b} "),
+        (lambda: cache.truncate(b, 9), f"sequence {b} holds 3 positions"),
+        (lambda: cache.evict_before(b, 9), f"sequence {b} cannot evict"),
+        (lambda: cache.attend(0, [b, b], [0, 1, 2], q[:, :2]), rf"sequences\[1\] repeats sequences\[0\] \(sequence {b}\)"),
+        (lambda: cache.attend(0, [a, b], [0, 1, 2], q[:, :2]), rf"sequences\[0\] \(sequence {a}\)"),
+    ]
+    for call, message in cases:
+        with pytest.raises(ValueError, match=message):
+            call()
+    # Copies would share the engine's memory; pickling has nothing to carry.
+    import copy
+    import pickle
+
+    for refused in (lambda: copy.copy(cache), lambda: copy.deepcopy(cache), lambda: pickle.dumps(cache),
+                    lambda: copy.copy(qkv.KvCache(1, KV_HEADS, 8, D_K, D_V))):
+        with pytest.raises(TypeError, match="cannot be (copied|pickled)"):
+            refused()
+    assert cache.length(b) == 3, "nothing changed"
+
+
+def rotated(x, first, base, interleaved, dims=None, scale=1.0):
+    """``x`` (``[heads, n, d]``) turned by a rotary embedding written out in float64, row ``i`` at
+    position ``first + i``: Hugging Face's ``rotate_half`` over the first ``dims`` components, or
+    GPT-J's interleaved pairs."""
+    x = x.double().clone()
+    d = dims or x.shape[-1]
+    half = d // 2
+    theta = base ** (-2.0 * torch.arange(half, dtype=torch.float64) / d)
+    angles = (first + torch.arange(x.shape[-2], dtype=torch.float64))[:, None] * scale * theta
+    cos, sin = angles.cos(), angles.sin()
+    part = x[..., :d]
+    a, b = (part[..., 0::2], part[..., 1::2]) if interleaved else (part[..., :half], part[..., half:])
+    turned_a, turned_b = a * cos - b * sin, a * sin + b * cos
+    if interleaved:
+        part[..., 0::2], part[..., 1::2] = turned_a, turned_b
+    else:
+        part[..., :half], part[..., half:] = turned_a, turned_b
+    return x
+
+
+@pytest.mark.parametrize("rotary", [qkv.Rotary(10000.0), qkv.Rotary(100.0, interleaved=True),
+                                    qkv.Rotary(500.0, dims=4, position_scale=0.5)])
+def test_caches_apply_a_rotary_embedding_by_absolute_position(rotary):
+    """A cache made with ``rotary`` equals attention over keys and queries turned by the
+    embedding written out here (prefill, then decoding steps; the paged cache beside a second
+    sequence, after evicting, whose positions keep their numbers)."""
+    base, interleaved, dims, scale = rotary
+    q, k, v = history(24, seed=3)
+    turn = (lambda x, first: rotated(x, first, base, interleaved, dims, scale))
+    cache = qkv.KvCache(1, KV_HEADS, 32, D_K, D_V, rotary=rotary)
+    paged = qkv.PagedKvCache(1, KV_HEADS, D_K, D_V, block_size=4, blocks=16, rotary=rotary)
+    other, seq = paged.add_sequence(), paged.add_sequence()
+    paged.append(0, other, k[:, :3], v[:, :3])
+    for start, end in ((0, 10), (10, 11), (11, 12), (12, 24)):
+        cache.append(0, k[:, start:end], v[:, start:end])
+        paged.append(0, seq, k[:, start:end], v[:, start:end])
+        want, _ = explicit(turn(q[:, start:end], start), turn(k[:, :end], 0), v[:, :end], is_causal=True,
+                           bottom_right=True)
+        assert_close(cache.attend(0, q[:, start:end]), want, torch.float32, f"KvCache to {end}")
+        out = paged.attend(0, [other, seq], [0, 1, 1 + end - start], torch.cat([q[:, 2:3], q[:, start:end]], 1))
+        assert_close(out[:, 1:], want, torch.float32, f"PagedKvCache to {end}")
+    # Evicted positions keep their numbers: the window's keys turn as they did.
+    paged.evict_before(seq, 16)
+    window = (7, 0)
+    want, _ = explicit(turn(q[:, 23:24], 23), turn(k[:, 16:24], 16), v[:, 16:24])
+    assert_close(paged.attend(0, [seq], [0, 1], q[:, 23:24], sliding_window=window), want, torch.float32, "evicted")
+
+
+def test_a_rotary_embedding_that_does_not_fit_is_an_error_naming_it():
+    with pytest.raises(ValueError, match="rotary embedding"):
+        qkv.KvCache(1, 1, 4, 5, rotary=qkv.Rotary())  # 5 components do not pair up
+    with pytest.raises(ValueError, match="rotary embedding"):
+        qkv.PagedKvCache(1, 1, 8, block_size=4, blocks=2, rotary=qkv.Rotary(dims=12))
+    with pytest.raises(TypeError, match="it is a qkv.Rotary"):
+        qkv.KvCache(1, 1, 4, 8, rotary=10000.0)
+    with pytest.raises(TypeError, match="interleaved"):
+        qkv.KvCache(1, 1, 4, 8, rotary=qkv.Rotary(interleaved="yes"))
+    with pytest.raises(TypeError, match="base is 'x'"):
+        qkv.KvCache(1, 1, 4, 8, rotary=qkv.Rotary("x"))
+
+
 def test_a_numpy_bfloat16_cache_without_ml_dtypes_says_what_to_install(monkeypatch):
     monkeypatch.setitem(__import__("sys").modules, "ml_dtypes", None)
     cache = qkv.KvCache(1, 1, 4, 2, dtype="bfloat16")

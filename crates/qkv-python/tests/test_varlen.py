@@ -139,6 +139,9 @@ def test_bad_packed_calls_raise_errors_that_name_the_argument():
     with torch.no_grad():
         with pytest.raises(ValueError, match=r"^cu_seqlens_q has dtype .*float.*: offsets are integers"):
             qkv.varlen_attention(q, k, v, torch.tensor([0.0, 2.0, 5.0]), cu_k)
+        # Offsets on meta hold no numbers (torch's own error named no argument).
+        with pytest.raises(ValueError, match=r"^cu_seqlens_k is on meta"):
+            qkv.varlen_attention(q, k, v, cu_q, torch.tensor([0, 4, 5], device="meta"))
 
 
 def test_a_gradient_that_is_not_finite_gives_gradients_of_nan():

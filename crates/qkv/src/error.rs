@@ -415,7 +415,8 @@ pub enum AttentionError {
     /// A step over a [`KvCache`](crate::KvCache) layer whose inputs are too large for f32.
     #[error(
         "layer {layer} of the KV cache: its keys and values with these queries could overflow an f32 \
-         score or sum; scale the inputs down"
+         score or sum; scale the inputs down (positions already appended with huge keys or values stay \
+         until truncate cuts them)"
     )]
     CacheOverflow {
         /// The layer.

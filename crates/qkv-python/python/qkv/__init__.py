@@ -17,7 +17,7 @@ import sys
 from typing import TYPE_CHECKING, Optional, Tuple, Union
 
 from . import _core
-from ._cache import KvCache, PagedKvCache
+from ._cache import KvCache, PagedKvCache, Rotary
 from ._qkv import __version__, alibi_slopes, simd_report
 
 if TYPE_CHECKING:
@@ -31,6 +31,7 @@ __all__ = [
     "flash_attn_varlen_func",
     "KvCache",
     "PagedKvCache",
+    "Rotary",
     "alibi_slopes",
     "simd_report",
 ]

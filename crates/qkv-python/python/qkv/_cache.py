@@ -9,12 +9,44 @@ from __future__ import annotations
 
 import functools
 import operator
-from typing import TYPE_CHECKING, Any, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Sequence, Tuple, Union
 
 from . import _core, _qkv
 
 if TYPE_CHECKING:
     from ._typing import Array, PerHead, Scale, Window
+
+
+class Rotary(NamedTuple):
+    """A rotary position embedding (RoFormer) for a cache to apply: keys as they are appended,
+    queries as they attend, each by its absolute position (the engine's ``Rotary``). Pair ``i``
+    of the first ``dims`` components (all with None) turns by ``position · position_scale ·
+    base^(-2i / dims)`` radians; pairs are ``i`` and ``i + dims / 2`` (Hugging Face's LLaMA and
+    Mistral, ``rotate_half``), or ``2i`` and ``2i + 1`` with ``interleaved`` (GPT-J; Meta's and
+    Mistral's reference code). ``position_scale`` below 1 is linear position interpolation."""
+
+    base: float = 10000.0
+    interleaved: bool = False
+    dims: Optional[int] = None
+    position_scale: float = 1.0
+
+    def _spec(self):
+        """As the extension takes it, checked: ``(base, interleaved, dims, position_scale)``."""
+        _core.check_arguments((("interleaved", self.interleaved),))
+        for name in ("base", "position_scale"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"Rotary's {name} is {value!r}: it is a number")
+        return (float(self.base), self.interleaved, _whole("Rotary's dims", self.dims), float(self.position_scale))
+
+
+def _rotary(rotary):
+    """``rotary`` (a ``Rotary`` or None) as the extension takes it."""
+    if rotary is None:
+        return None
+    if not isinstance(rotary, Rotary):
+        raise TypeError(f"rotary is {rotary!r}: it is a qkv.Rotary, as qkv.Rotary(10000.0)")
+    return rotary._spec()
 
 
 def _dtype_name(dtype):
@@ -129,6 +161,17 @@ class _Cache:
         """``key`` and ``value`` as the engine appends them, in the storage dtype (float32 for int8)."""
         return (self._input(xp, argument, t, (self._appended,)) for argument, t in (("key", key), ("value", value)))
 
+    def __copy__(self):
+        raise TypeError(f"a {type(self).__name__} cannot be copied: a copy would share its memory with the "
+                        "original (for a branch of a sequence, use PagedKvCache.fork)")
+
+    def __deepcopy__(self, memo):
+        self.__copy__()
+
+    def __reduce__(self):
+        raise TypeError(f"a {type(self).__name__} cannot be pickled: its keys and values live in the engine's "
+                        "memory, laid out for this CPU's kernels")
+
     def _outputs(self, xp, query, value_dim, return_lse):
         heads, n_q = query.shape[0], query.shape[1]
         out = xp.empty((heads, n_q, value_dim), "float32")
@@ -154,16 +197,24 @@ class KvCache(_Cache):
     its first ``sink_tokens`` positions for good, beside the window (StreamingLLM's attention
     sinks), at their own positions, in ``sink_tokens`` slots of their own, so ``capacity`` is
     ``sink_tokens`` plus the window plus the largest step but one, on every CPU.
+
+    With ``rotary`` (a ``qkv.Rotary``) the cache applies a rotary position embedding: keys as they
+    are appended, queries as they attend, by absolute position (the sink tokens' too); pass them
+    unrotated.
+
+    A cache is one thread's at a time (hold a lock around its calls to share it); it cannot be
+    copied or pickled.
     """
 
     def __init__(self, layers: int, kv_heads: int, capacity: int, key_dim: int, value_dim: Optional[int] = None,
-                 dtype: Any = "float32", window: Optional[int] = None, sink_tokens: Optional[int] = None) -> None:
+                 dtype: Any = "float32", window: Optional[int] = None, sink_tokens: Optional[int] = None,
+                 rotary: Optional[Rotary] = None) -> None:
         dtype = _dtype_name(dtype)
         value_dim = key_dim if value_dim is None else value_dim
         sizes = {"layers": layers, "kv_heads": kv_heads, "capacity": capacity, "key_dim": key_dim,
                  "value_dim": value_dim, "window": window, "sink_tokens": sink_tokens}
         sizes = [_whole(name, size) for name, size in sizes.items()]
-        inner = _qkv.KvCache(*sizes[:5], dtype, *sizes[5:])
+        inner = _qkv.KvCache(*sizes[:5], dtype, *sizes[5:], _rotary(rotary))
         super().__init__(inner, dtype)
 
     def append(self, layer: int, key: Array, value: Array) -> None:
@@ -237,17 +288,25 @@ class PagedKvCache(_Cache):
     on write), ``truncate(seq, length)``, ``evict_before(seq, position)``, ``free(seq)``.
     ``attend(layer, sequences, offsets, query)`` runs a whole ragged batch: ``sequences[i]`` with
     the queries ``offsets[i] .. offsets[i + 1]`` of ``query`` ``[query_heads, n_queries,
-    key_dim]``.
+    key_dim]``, which are that sequence's last positions appended (causal, bottom-right), each
+    sequence listed once. A block holds ``block_size`` positions of every layer and key/value
+    head. ``length(seq)`` is the position the next append takes; after ``evict_before`` the
+    sequence holds ``first_held(seq) .. length(seq)``, positions keeping their numbers, and a
+    ``sliding_window`` that reaches a position let go is an error. Errors name sequences by their
+    handles. With ``rotary`` (a ``qkv.Rotary``) the cache applies a rotary position embedding, as
+    ``KvCache`` does. A cache is one thread's at a time (hold a lock around its calls to share it); it
+    cannot be copied or pickled.
     """
 
     def __init__(self, layers: int, kv_heads: int, key_dim: int, value_dim: Optional[int] = None,
-                 block_size: int = 64, blocks: int = 256, dtype: Any = "float32") -> None:
+                 block_size: int = 64, blocks: int = 256, dtype: Any = "float32",
+                 rotary: Optional[Rotary] = None) -> None:
         dtype = _dtype_name(dtype)
         value_dim = key_dim if value_dim is None else value_dim
         sizes = {"layers": layers, "kv_heads": kv_heads, "key_dim": key_dim, "value_dim": value_dim,
                  "block_size": block_size, "blocks": blocks}
         sizes = [_whole(name, size) for name, size in sizes.items()]
-        super().__init__(_qkv.PagedKvCache(*sizes, dtype), dtype)
+        super().__init__(_qkv.PagedKvCache(*sizes, dtype, _rotary(rotary)), dtype)
 
     @staticmethod
     def block_granularity() -> int:
@@ -271,7 +330,8 @@ class PagedKvCache(_Cache):
         self._inner.free(_whole("seq", seq))
 
     def length(self, seq: int, layer: int = 0) -> int:
-        """Positions ``seq`` holds at layer ``layer``."""
+        """Positions appended to ``seq`` at layer ``layer``: the position its next append takes
+        (it holds those from ``first_held(seq)`` on)."""
         return self._inner.len(_whole("seq", seq), _whole("layer", layer))
 
     def evict_before(self, seq: int, position: int) -> None:

@@ -347,6 +347,10 @@ def integer_offsets(argument, offsets):
 def offset_list(argument, offsets):
     """``cu_seqlens`` (a list, an array or a tensor of integers) as a list of ints."""
     integer_offsets(argument, offsets)
+    # NumPy 2's arrays have a device too, the string "cpu".
+    if getattr(getattr(offsets, "device", None), "type", None) == "meta":
+        # A meta tensor holds no numbers to read (torch's own error names no argument).
+        raise ValueError(f"{argument} is on meta: qkv reads the offsets, on the CPU")
     values = offsets.tolist() if hasattr(offsets, "tolist") else list(offsets)
     if not all(whole(x) and x >= 0 for x in values):
         raise ValueError(f"{argument} is {values}: offsets are whole numbers from 0 to 2**63 - 1")

@@ -186,7 +186,7 @@ fn errors_name_the_layer_the_argument_and_the_shapes() {
     assert_eq!(
         err(huge.layer(0).unwrap().attend(Array3::<f32>::from_elem((2, 1, 3), 1e19).view()).unwrap_err()),
         "layer 0 of the KV cache: its keys and values with these queries could overflow an f32 score or sum; \
-         scale the inputs down"
+         scale the inputs down (positions already appended with huge keys or values stay until truncate cuts them)"
     );
     for (empty, dims) in
         [(shape.with_kv_heads(0), "[2, 0, 4, 3, 5]"), (shape.with_capacity(0), "[2, 2, 0, 3, 5]")]

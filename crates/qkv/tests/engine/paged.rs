@@ -929,7 +929,7 @@ fn errors_name_the_sequence_the_argument_and_the_shapes() {
             .attend(&[a], &[0, 1], Array3::from_elem((2, 1, 3), 1e19).view())
             .unwrap_err()),
         "layer 0 of the KV cache: its keys and values with these queries could overflow an f32 score or sum; \
-         scale the inputs down"
+         scale the inputs down (positions already appended with huge keys or values stay until truncate cuts them)"
     );
     assert_eq!(
         err(PagedKvCache::<f32>::new(shape.with_blocks(0)).err().unwrap()),
