@@ -570,6 +570,17 @@ fn cpu_shape(tensor: &Bound<'_, PyAny>, dtype: &Bound<'_, PyAny>) -> PyResult<Op
     Ok(Some(tensor.getattr(pyo3::intern!(py, "shape"))?.extract()?))
 }
 
+/// A torch tensor's dtype and, if the extension takes it, its code (`codes` maps torch's dtypes to
+/// the extension's codes).
+fn dtype_code<'py>(
+    tensor: &Bound<'py, PyAny>,
+    codes: &Bound<'py, pyo3::types::PyDict>,
+) -> PyResult<(Bound<'py, PyAny>, Option<u8>)> {
+    let dtype = tensor.getattr(pyo3::intern!(tensor.py(), "dtype"))?;
+    let code = codes.get_item(&dtype)?.map(|c| c.extract::<u8>()).transpose()?;
+    Ok((dtype, code))
+}
+
 /// The common call's query, key and value as the engine reads them, with the query's dtype.
 struct CommonCall<'py> {
     dtype: Bound<'py, PyAny>,
@@ -594,9 +605,7 @@ fn common_call<'py>(
     codes: &Bound<'py, pyo3::types::PyDict>,
     full_precision: bool,
 ) -> PyResult<Option<CommonCall<'py>>> {
-    let py = query.py();
-    let dtype = query.getattr(pyo3::intern!(py, "dtype"))?;
-    let code = codes.get_item(&dtype)?.map(|c| c.extract::<u8>()).transpose()?;
+    let (dtype, code) = dtype_code(query, codes)?;
     let takes = |dtype| match dtype {
         Some(Dtype::F32 | Dtype::F64) => true,
         Some(Dtype::Bf16 | Dtype::F16) => !full_precision,
@@ -655,8 +664,7 @@ impl<'py> CommonCall<'py> {
         if is_causal {
             return Ok(None);
         }
-        let dtype = mask.getattr(pyo3::intern!(mask.py(), "dtype"))?;
-        let code = codes.get_item(&dtype)?.map(|c| c.extract::<u8>()).transpose()?;
+        let (dtype, code) = dtype_code(mask, codes)?;
         let compute = if Dtype::from_code(self.code) == Some(Dtype::F64) { Dtype::F64 } else { Dtype::F32 };
         let Some(code) =
             code.filter(|&c| matches!(Dtype::from_code(c), Some(d) if d == Dtype::Bool || d == compute))
